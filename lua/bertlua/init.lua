@@ -1,0 +1,38 @@
+-- bertlua: `local bl = require "bertlua"` gives the tensor library
+-- (bl.zeros, bl.randn, t:matmul, ...) plus information about the build and
+-- the process group. Submodules load on first use: bl.nn, bl.optim, ...
+local core = require "bertlua.core"
+local tensor = require "bertlua.tensor"
+local ffi, C = core.ffi, core.C
+
+local M = {}
+for k, v in pairs(tensor) do M[k] = v end
+M.C = C
+M.ffi = ffi
+
+M.version = ffi.string(C.bl_version())
+
+function M.cuda_available() return C.bl_cuda_device_count() > 0 end
+function M.cuda_device_count() return C.bl_cuda_device_count() end
+function M.cuda_compiled() return C.bl_cuda_compiled() == 1 end
+function M.nccl_compiled() return C.bl_nccl_compiled() == 1 end
+function M.num_threads() return C.bl_num_threads() end
+function M.set_num_threads(n) C.bl_set_num_threads(n) end
+function M.bytes_in_use() return tonumber(C.bl_storage_bytes_in_use()) end
+
+-- process group (MPI when launched by mpirun/srun, else a world of one)
+M.rank = function() return C.bl_dist_rank() end
+M.world_size = function() return C.bl_dist_size() end
+M.local_rank = function() return C.bl_dist_local_rank() end
+
+setmetatable(M, {
+  __index = function(t, k)
+    if type(k) ~= "string" then return nil end
+    local ok, mod = pcall(require, "bertlua." .. k)
+    if ok then rawset(t, k, mod); return mod end
+    if not tostring(mod):find("module 'bertlua." .. k .. "' not found", 1, true) then error(mod, 2) end
+    return nil
+  end,
+})
+
+return M

@@ -1,0 +1,742 @@
+-- bertlua.tensor: the Lua face of the C tensor core.
+--
+-- Dims and indices are 1-based as everywhere in Lua (Torch7 style); negative
+-- dims count from the end (-1 is the last). Shapes are Lua arrays {2, 3}.
+-- Memory belongs to C: a tensor is freed when Lua collects it, or at once
+-- with t:free(). Struct fields carry a trailing underscore (t.ndim_,
+-- t.shape_[0]) — use the methods (t:dim(), t:shape()) in normal code.
+--
+-- A Lua tensor is a `bl_tensor` struct cdata (not a pointer): LuaJIT gives
+-- pointers built-in arithmetic (p - q, p + 1) that would shadow the
+-- operators below, while structs use the metamethods. Struct cdata still
+-- pass straight to C functions taking `bl_tensor *`.
+local core = require "bertlua.core"
+local ffi, C = core.ffi, core.C
+local check = core.check
+
+local M = {}
+local methods = {}
+M.methods = methods
+
+local tensor_out = ffi.typeof("bl_tensor*[1]")
+local tensor_t = ffi.typeof("bl_tensor")
+local i64arr = ffi.typeof("int64_t[?]")
+local intarr = ffi.typeof("int[?]")
+local dblarr = ffi.typeof("double[?]")
+
+-- dtypes -------------------------------------------------------------------
+local DTYPE = {
+  f32 = 0, float32 = 0, float = 0, f64 = 1, float64 = 1, double = 1,
+  f16 = 2, float16 = 2, half = 2, bf16 = 3, bfloat16 = 3,
+  i32 = 4, int32 = 4, int = 4, i64 = 5, int64 = 5, long = 5, u8 = 6, uint8 = 6, bool = 7,
+}
+local DTNAME = { [0] = "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool" }
+local PTRTYPE = { [0] = "float*", "double*", "uint16_t*", "uint16_t*", "int32_t*", "int64_t*", "uint8_t*", "uint8_t*" }
+local RANK = { [6] = 1, [7] = 0, [4] = 2, [5] = 3, [2] = 4, [3] = 4, [0] = 5, [1] = 6 }
+for k in pairs(PTRTYPE) do PTRTYPE[k] = ffi.typeof(PTRTYPE[k]) end
+M.dtypes = DTNAME
+
+local function dtype_of(d, op)
+  if d == nil then return 0 end
+  if type(d) == "number" and DTNAME[d] then return d end
+  local v = DTYPE[d]
+  if not v then error((op or "tensor") .. ": unknown dtype '" .. tostring(d) .. "' (f32, f64, f16, bf16, i32, i64, u8, bool)", 3) end
+  return v
+end
+M.dtype_of = dtype_of
+
+local function is_float(d) return d <= 3 end
+
+local function device_of(d, op)
+  if d == nil or d == "cpu" or d == -1 then return -1 end
+  if type(d) == "number" and d >= 0 then return d end
+  if d == "cuda" then return 0 end
+  local n = type(d) == "string" and d:match("^cuda:(%d+)$")
+  if not n then error((op or "tensor") .. ": unknown device '" .. tostring(d) .. "' (cpu, cuda, cuda:N)", 3) end
+  return tonumber(n)
+end
+M.device_of = device_of
+local function device_name(d) return d < 0 and "cpu" or ("cuda:" .. d) end
+
+local function is_tensor(x) return type(x) == "cdata" and ffi.istype(tensor_t, x) end
+M.is_tensor = is_tensor
+
+-- shapes -------------------------------------------------------------------
+local function shape_arg(shape, op, ...)
+  if type(shape) == "number" then shape = { shape, ... } end
+  if type(shape) ~= "table" then error(op .. ": shape must be a table of sizes, got " .. type(shape), 3) end
+  local n = #shape
+  if n > 8 then error(op .. ": at most 8 dims are supported, got " .. n, 3) end
+  local buf = i64arr(math.max(n, 1))
+  for i = 1, n do
+    local s = shape[i]
+    if type(s) ~= "number" or s < 0 or s ~= math.floor(s) then
+      error(op .. ": shape entries must be non-negative integers, got " .. tostring(s) .. " at position " .. i, 3)
+    end
+    buf[i - 1] = s
+  end
+  return n, buf
+end
+
+local tensor_size = ffi.sizeof(tensor_t)
+-- wrap(p): adopt a header returned by C (bl_tensor* from a bl_tensor*[1] out-param).
+local function wrap(p)
+  local t = tensor_t()
+  ffi.copy(t, p, tensor_size)
+  C.bl_tensor_free_header(p)
+  return ffi.gc(t, C.bl_tensor_release)
+end
+M.wrap = wrap
+
+local function new(n, buf, dtype, device)
+  local out = tensor_out()
+  check(C.bl_tensor_empty(n, buf, dtype, device, out))
+  return wrap(out[0])
+end
+
+local function shape_str(shape) return "[" .. table.concat(shape, ",") .. "]" end
+
+-- creation -----------------------------------------------------------------
+function M.empty(shape, opts, ...)
+  if type(shape) == "number" then shape, opts = { shape, opts, ... }, nil end
+  opts = opts or {}
+  local n, buf = shape_arg(shape, "empty")
+  return new(n, buf, dtype_of(opts.dtype, "empty"), device_of(opts.device, "empty"))
+end
+
+local function filled(op, shape, value, opts)
+  opts = opts or {}
+  local n, buf = shape_arg(shape, op)
+  local t = new(n, buf, dtype_of(opts.dtype, op), device_of(opts.device, op))
+  check(C.bl_tensor_fill(t, value == true and 1 or value == false and 0 or value))
+  return t
+end
+
+function M.full(shape, value, opts)
+  if type(value) ~= "number" and type(value) ~= "boolean" then error("full: value must be a number", 2) end
+  return filled("full", shape, value, opts)
+end
+function M.zeros(shape, opts, ...)
+  if type(shape) == "number" then shape, opts = { shape, opts, ... }, nil end
+  return filled("zeros", shape, 0, opts)
+end
+function M.ones(shape, opts, ...)
+  if type(shape) == "number" then shape, opts = { shape, opts, ... }, nil end
+  return filled("ones", shape, 1, opts)
+end
+
+-- arange(n) = 0..n-1; arange(a, b[, step]) = a, a+step, ... < b (PyTorch semantics)
+function M.arange(a, b, step, opts)
+  if type(b) == "table" then opts, b = b, nil end
+  if type(step) == "table" then opts, step = step, nil end
+  if b == nil then a, b = 0, a end
+  step = step or 1
+  if type(a) ~= "number" or type(b) ~= "number" or type(step) ~= "number" or step == 0 then
+    error("arange: expected numbers start, stop and a non-zero step", 2)
+  end
+  local n = math.max(0, math.ceil((b - a) / step))
+  opts = opts or {}
+  local dt = opts.dtype and dtype_of(opts.dtype, "arange")
+    or ((a % 1 == 0 and b % 1 == 0 and step % 1 == 0) and 5 or 0)
+  local t = M.empty({ n }, { dtype = dt })
+  check(C.bl_tensor_arange(t, a, step))
+  if opts.device then return t:to(opts.device) end
+  return t
+end
+
+-- from(nested table) with the shape inferred from the nesting
+function M.from(tbl, opts)
+  opts = opts or {}
+  if type(tbl) == "number" or type(tbl) == "boolean" then
+    local t = M.empty({}, opts)
+    check(C.bl_tensor_fill(t, tbl == true and 1 or tbl == false and 0 or tbl))
+    return t
+  end
+  if type(tbl) ~= "table" then error("from: expected a (nested) table of numbers, got " .. type(tbl), 2) end
+  local shape = {}
+  local x = tbl
+  while type(x) == "table" do
+    shape[#shape + 1] = #x
+    x = x[1]
+    if #shape > 8 then error("from: more than 8 levels of nesting", 2) end
+  end
+  local numel = 1
+  for _, s in ipairs(shape) do numel = numel * s end
+  local vals = dblarr(math.max(numel, 1))
+  local k = 0
+  local function walk(v, depth, path)
+    if depth > #shape then
+      local num = v == true and 1 or v == false and 0 or v
+      if type(num) ~= "number" then error("from: element at " .. path .. " is a " .. type(v) .. ", not a number", 0) end
+      vals[k] = num
+      k = k + 1
+      return
+    end
+    if type(v) ~= "table" or #v ~= shape[depth] then
+      error("from: ragged nesting at " .. (path == "" and "top level" or path) .. ": expected " .. shape[depth] .. " elements", 0)
+    end
+    for i = 1, #v do walk(v[i], depth + 1, path .. "[" .. i .. "]") end
+  end
+  local ok, err = pcall(walk, tbl, 1, "")
+  if not ok then error(err, 2) end
+  local dt = opts.dtype
+  local t = M.empty(shape, { dtype = dt })
+  check(C.bl_tensor_from_doubles(t, vals, numel))
+  if opts.device and device_of(opts.device) >= 0 then return t:to(opts.device) end
+  return t
+end
+
+-- random numbers: counter-based Philox; the stream is fixed by (seed, offset).
+local Generator = {}
+Generator.__index = Generator
+function M.Generator(seed) return setmetatable({ seed = seed or 0, offset = 0 }, Generator) end
+-- Reserve the counter blocks for n numbers and return the offset to use.
+function Generator:advance(n)
+  local off = self.offset
+  self.offset = self.offset + math.ceil(n / 4)
+  return off
+end
+function Generator:state() return { seed = self.seed, offset = self.offset } end
+function Generator:set_state(s) self.seed, self.offset = s.seed, s.offset end
+M.default_generator = M.Generator(0)
+function M.manual_seed(seed) M.default_generator = M.Generator(seed) return M.default_generator end
+
+local function random_fill(kind, shape, opts)
+  opts = opts or {}
+  local t = M.empty(shape, { dtype = opts.dtype, device = "cpu" })
+  local seed, offset = opts.seed, opts.offset
+  if seed == nil then
+    local g = opts.generator or M.default_generator
+    seed, offset = g.seed, g:advance(t:numel())
+  end
+  offset = offset or 0
+  if kind == "normal" then
+    check(C.bl_rand_normal(t, seed, offset, opts.mean or 0, opts.std or 1))
+  else
+    check(C.bl_rand_uniform(t, seed, offset, opts.low or 0, opts.high or 1))
+  end
+  if opts.device and device_of(opts.device) >= 0 then return t:to(opts.device) end
+  return t
+end
+-- rand(shape, {seed=, offset=, low=0, high=1, dtype=, generator=})
+function M.rand(shape, opts) return random_fill("uniform", shape, opts) end
+-- randn(shape, {seed=, offset=, mean=0, std=1, dtype=, generator=})
+function M.randn(shape, opts) return random_fill("normal", shape, opts) end
+
+-- metadata -----------------------------------------------------------------
+local function live(t, op)
+  if t.storage_ == nil then error((op or "tensor") .. ": tensor was freed", 3) end
+end
+
+function methods.dim(t) return t.ndim_ end
+function methods.numel(t) return tonumber(t.numel_) end
+function methods.dtype(t) return DTNAME[t.dtype_] end
+function methods.device(t) return device_name(t.device_) end
+function methods.is_cuda(t) return t.device_ >= 0 end
+function methods.shape(t)
+  local s = {}
+  for i = 0, t.ndim_ - 1 do s[i + 1] = tonumber(t.shape_[i]) end
+  return s
+end
+function methods.strides(t)
+  local s = {}
+  for i = 0, t.ndim_ - 1 do s[i + 1] = tonumber(t.stride_[i]) end
+  return s
+end
+
+-- 1-based / negative dim → 0-based
+local function cdim(t, d, op, extra)
+  local n = t.ndim_ + (extra or 0)
+  if type(d) ~= "number" or d ~= math.floor(d) then error(op .. ": dimension must be an integer, got " .. tostring(d), 3) end
+  if d < 0 then d = n + d + 1 end
+  if d < 1 or d > n then error(op .. ": dimension " .. d .. " out of range for a tensor with " .. t.ndim_ .. " dims", 3) end
+  return d - 1
+end
+M.cdim = cdim
+
+function methods.size(t, d)
+  if d == nil then return methods.shape(t) end
+  return tonumber(t.shape_[cdim(t, d, "size")])
+end
+function methods.is_contiguous(t) return C.bl_tensor_is_contiguous(t) == 1 end
+function methods.ptr(t)
+  live(t, "ptr")
+  return ffi.cast(PTRTYPE[t.dtype_], t.data_)
+end
+function methods.nbytes(t) return tonumber(C.bl_tensor_nbytes(t)) end
+
+function methods.free(t)
+  C.bl_tensor_release(t)
+end
+
+-- views --------------------------------------------------------------------
+local function view_result(rc)
+  return rc
+end
+
+function methods.view(t, shape, ...)
+  if type(shape) == "number" then shape = { shape, ... } end
+  live(t, "view")
+  shape = { unpack(shape) }
+  local known, infer = 1, nil
+  for i, s in ipairs(shape) do
+    if s == -1 then
+      if infer then error("view: only one dimension can be -1", 2) end
+      infer = i
+    else known = known * s end
+  end
+  if infer then shape[infer] = known > 0 and math.floor(t:numel() / known) or 0 end
+  local n, buf = shape_arg(shape, "view")
+  local out = tensor_out()
+  check(C.bl_tensor_view(t, n, buf, out))
+  return wrap(out[0])
+end
+
+-- reshape: a view when the strides allow, else a contiguous copy.
+function methods.reshape(t, shape, ...)
+  if type(shape) == "number" then shape = { shape, ... } end
+  local ok, v = pcall(methods.view, t, shape)
+  if ok then return v end
+  if not tostring(v):find("without a copy", 1, true) then error(v, 2) end
+  return methods.view(methods.contiguous(t), shape)
+end
+
+function methods.transpose(t, d0, d1)
+  live(t, "transpose")
+  local out = tensor_out()
+  check(C.bl_tensor_transpose(t, cdim(t, d0, "transpose"), cdim(t, d1, "transpose"), out))
+  return wrap(out[0])
+end
+function methods.t(t)
+  if t.ndim_ ~= 2 then error("t: expects a 2-D tensor, got " .. t.ndim_ .. " dims", 2) end
+  return methods.transpose(t, 1, 2)
+end
+
+function methods.permute(t, perm, ...)
+  if type(perm) == "number" then perm = { perm, ... } end
+  live(t, "permute")
+  if #perm ~= t.ndim_ then error("permute: " .. #perm .. " dims given for a tensor with " .. t.ndim_, 2) end
+  local p = intarr(math.max(#perm, 1))
+  for i = 1, #perm do p[i - 1] = cdim(t, perm[i], "permute") end
+  local out = tensor_out()
+  check(C.bl_tensor_permute(t, p, out))
+  return wrap(out[0])
+end
+
+-- narrow(dim, start, length): start is 1-based
+function methods.narrow(t, dim, start, length)
+  live(t, "narrow")
+  local d = cdim(t, dim, "narrow")
+  if type(start) ~= "number" or type(length) ~= "number" then error("narrow: start and length must be numbers", 2) end
+  local out = tensor_out()
+  check(C.bl_tensor_narrow(t, d, start - 1, length, out))
+  return wrap(out[0])
+end
+
+-- select(dim, index): index is 1-based (negative from the end); drops the dim
+function methods.select(t, dim, index)
+  live(t, "select")
+  local d = cdim(t, dim, "select")
+  if type(index) ~= "number" then error("select: index must be a number", 2) end
+  if index < 0 then index = tonumber(t.shape_[d]) + index + 1 end
+  local out = tensor_out()
+  check(C.bl_tensor_select(t, d, index - 1, out))
+  return wrap(out[0])
+end
+
+function methods.expand(t, shape, ...)
+  if type(shape) == "number" then shape = { shape, ... } end
+  live(t, "expand")
+  local n = #shape
+  local buf = i64arr(math.max(n, 1))
+  for i = 1, n do buf[i - 1] = shape[i] end
+  local out = tensor_out()
+  check(C.bl_tensor_expand(t, n, buf, out))
+  return wrap(out[0])
+end
+
+function methods.unsqueeze(t, dim)
+  live(t, "unsqueeze")
+  local out = tensor_out()
+  check(C.bl_tensor_unsqueeze(t, cdim(t, dim, "unsqueeze", 1), out))
+  return wrap(out[0])
+end
+
+function methods.squeeze(t, dim)
+  live(t, "squeeze")
+  if dim == nil then
+    local s = {}
+    for _, v in ipairs(t:shape()) do if v ~= 1 then s[#s + 1] = v end end
+    return methods.view(methods.contiguous_if_needed and t or t, s)
+  end
+  local out = tensor_out()
+  check(C.bl_tensor_squeeze(t, cdim(t, dim, "squeeze"), out))
+  return wrap(out[0])
+end
+
+function methods.alias(t)
+  local out = tensor_out()
+  check(C.bl_tensor_alias(t, out))
+  return wrap(out[0])
+end
+
+-- copies -------------------------------------------------------------------
+function methods.copy_(t, src)
+  if not is_tensor(src) then error("copy_: source must be a tensor, got " .. type(src), 2) end
+  check(C.bl_tensor_copy(t, src))
+  return t
+end
+function methods.fill_(t, v)
+  if type(v) == "boolean" then v = v and 1 or 0 end
+  if type(v) ~= "number" then error("fill_: value must be a number, got " .. type(v), 2) end
+  check(C.bl_tensor_fill(t, v))
+  return t
+end
+function methods.zero_(t) return methods.fill_(t, 0) end
+
+function methods.empty_like(t, opts)
+  opts = opts or {}
+  return new(t.ndim_, t.shape_, opts.dtype and dtype_of(opts.dtype) or t.dtype_,
+    opts.device and device_of(opts.device) or t.device_)
+end
+M.empty_like = methods.empty_like
+function M.zeros_like(t, opts) return methods.empty_like(t, opts):fill_(0) end
+function M.ones_like(t, opts) return methods.empty_like(t, opts):fill_(1) end
+
+function methods.clone(t) return methods.empty_like(t):copy_(t) end
+function methods.contiguous(t)
+  if C.bl_tensor_is_contiguous(t) == 1 then return t end
+  return methods.clone(t)
+end
+
+-- to(dtype) / to(device) / to{dtype=, device=}
+function methods.to(t, what)
+  local dtype, device = t.dtype_, t.device_
+  if type(what) == "table" then
+    if what.dtype then dtype = dtype_of(what.dtype, "to") end
+    if what.device then device = device_of(what.device, "to") end
+  elseif type(what) == "string" and (what == "cpu" or what:match("^cuda")) then
+    device = device_of(what, "to")
+  else
+    dtype = dtype_of(what, "to")
+  end
+  if dtype == t.dtype_ and device == t.device_ then return t end
+  return methods.empty_like(t, { dtype = dtype, device = device }):copy_(t)
+end
+function methods.float(t) return methods.to(t, "f32") end
+function methods.double(t) return methods.to(t, "f64") end
+function methods.cpu(t) return methods.to(t, "cpu") end
+function methods.cuda(t, n) return methods.to(t, "cuda:" .. (n or 0)) end
+
+-- element access and conversion to Lua ---------------------------------------
+local function index_buf(t, idx, op)
+  if #idx ~= t.ndim_ then error(op .. ": " .. #idx .. " indices given for a tensor with " .. t.ndim_ .. " dims", 3) end
+  local b = i64arr(math.max(#idx, 1))
+  for i = 1, #idx do
+    local v = idx[i]
+    if type(v) ~= "number" then error(op .. ": index " .. i .. " is not a number", 3) end
+    if v < 0 then v = tonumber(t.shape_[i - 1]) + v + 1 end
+    b[i - 1] = v - 1
+  end
+  return b
+end
+
+local dbl1 = ffi.new("double[1]")
+-- get(i, j, ...) with 1-based indices
+function methods.get(t, ...)
+  check(C.bl_tensor_get(t, index_buf(t, { ... }, "get"), dbl1))
+  return dbl1[0]
+end
+-- set(value, i, j, ...)
+function methods.set(t, value, ...)
+  check(C.bl_tensor_set(t, index_buf(t, { ... }, "set"), value))
+  return t
+end
+
+function methods.item(t)
+  if t:numel() ~= 1 then error("item: tensor has " .. t:numel() .. " elements, item() needs exactly one", 2) end
+  local buf = dblarr(1)
+  check(C.bl_tensor_to_doubles(t, buf, 1))
+  return buf[0]
+end
+
+function methods.tolist(t)
+  local n = t:numel()
+  local buf = dblarr(math.max(n, 1))
+  check(C.bl_tensor_to_doubles(t, buf, n))
+  local shape = t:shape()
+  if #shape == 0 then return buf[0] end
+  local k = 0
+  local function build(d)
+    local r = {}
+    if d == #shape then
+      for i = 1, shape[d] do r[i] = buf[k]; k = k + 1 end
+    else
+      for i = 1, shape[d] do r[i] = build(d + 1) end
+    end
+    return r
+  end
+  return build(1)
+end
+
+-- flat Lua array of all values (row-major)
+function methods.totable(t)
+  local n = t:numel()
+  local buf = dblarr(math.max(n, 1))
+  check(C.bl_tensor_to_doubles(t, buf, n))
+  local r = {}
+  for i = 1, n do r[i] = buf[i - 1] end
+  return r
+end
+
+-- arithmetic ---------------------------------------------------------------
+local BIN = { add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
+  eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12 }
+local UN = { neg = 0, abs = 1, exp = 2, log = 3, sqrt = 4, rsqrt = 5, tanh = 6, sigmoid = 7,
+  relu = 8, square = 9, reciprocal = 10, sign = 11, floor = 12, ceil = 13, erf = 14 }
+
+local function promote(a, b)
+  if RANK[a] >= RANK[b] then
+    if (a == 2 and b == 3) or (a == 3 and b == 2) then return 0 end
+    return a
+  end
+  return b
+end
+
+local function result_dtype(op, da, db)
+  if op >= 7 then return 7 end          -- comparisons give bool
+  local d = db and promote(da, db) or da
+  if op == BIN.div and not is_float(d) then return 0 end
+  return d
+end
+
+local function broadcast(a, b)
+  local na, nb = a.ndim_, b.ndim_
+  local n = math.max(na, nb)
+  local s = {}
+  for i = 1, n do
+    local x = i <= n - na and 1 or tonumber(a.shape_[i - 1 - (n - na)])
+    local y = i <= n - nb and 1 or tonumber(b.shape_[i - 1 - (n - nb)])
+    if x ~= y and x ~= 1 and y ~= 1 then return nil end
+    s[i] = x == 1 and y or x
+  end
+  return s
+end
+
+local function binary(name, a, b, out)
+  local op = BIN[name]
+  if is_tensor(a) and is_tensor(b) then
+    if not out then
+      local s = broadcast(a, b)
+      if not s then
+        error(name .. ": shapes " .. shape_str(a:shape()) .. " and " .. shape_str(b:shape()) .. " are not compatible", 3)
+      end
+      out = M.empty(s, { dtype = result_dtype(op, a.dtype_, b.dtype_), device = a.device_ })
+    end
+    check(C.bl_binary(op, out, a, b))
+  elseif is_tensor(a) and type(b) == "number" then
+    out = out or methods.empty_like(a, { dtype = result_dtype(op, is_float(a.dtype_) and a.dtype_ or (b % 1 == 0 and a.dtype_ or 0)) })
+    check(C.bl_binary_scalar(op, out, a, b, 0))
+  elseif type(a) == "number" and is_tensor(b) then
+    out = out or methods.empty_like(b, { dtype = result_dtype(op, is_float(b.dtype_) and b.dtype_ or (a % 1 == 0 and b.dtype_ or 0)) })
+    check(C.bl_binary_scalar(op, out, b, a, 1))
+  else
+    error(name .. ": expected tensors or numbers, got " .. type(a) .. " and " .. type(b), 3)
+  end
+  return out
+end
+
+for name in pairs(BIN) do
+  methods[name] = function(a, b, out) return binary(name, a, b, out) end
+  M[name] = methods[name]
+end
+for name, op in pairs(UN) do
+  methods[name] = function(a, out)
+    if not is_tensor(a) then error(name .. ": expected a tensor, got " .. type(a), 2) end
+    out = out or methods.empty_like(a, { dtype = is_float(a.dtype_) and a.dtype_ or 0 })
+    check(C.bl_unary(op, out, a))
+    return out
+  end
+  M[name] = methods[name]
+end
+
+-- in-place variants: t:add_(x) etc.
+for _, name in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum" }) do
+  methods[name .. "_"] = function(a, b) return binary(name, a, b, a) end
+end
+
+function methods.where(cond, a, b)
+  local function as_t(x, like) if is_tensor(x) then return x end return M.full({}, x, { dtype = like.dtype_ }) end
+  local ref = is_tensor(a) and a or b
+  a, b = as_t(a, ref), as_t(b, ref)
+  local s = broadcast(a, b)
+  s = s and broadcast(cond, M.empty(s, {}))
+  if not s then error("where: shapes are not compatible", 2) end
+  local out = M.empty(s, { dtype = promote(a.dtype_, b.dtype_) })
+  check(C.bl_where(out, cond, a, b))
+  return out
+end
+M.where = methods.where
+
+function methods.matmul(a, b, out)
+  if not is_tensor(a) or not is_tensor(b) then error("matmul: expected two tensors", 2) end
+  local sa, sb = a:shape(), b:shape()
+  local va, vb = #sa == 1, #sb == 1
+  -- 1-D operands as in PyTorch: a row vector on the left, a column on the right
+  if va then a = a:view({ 1, sa[1] }) end
+  if vb then b = b:view({ sb[1], 1 }) end
+  if a.ndim_ < 2 or b.ndim_ < 2 or a.shape_[a.ndim_ - 1] ~= b.shape_[b.ndim_ - 2] then
+    error("matmul: shapes " .. shape_str(sa) .. " and " .. shape_str(sb) .. " are not compatible", 2)
+  end
+  if not out then
+    local ba, bb = a:shape(), b:shape()
+    local m, n = ba[#ba - 1], bb[#bb]
+    ba[#ba], ba[#ba - 1] = nil, nil
+    bb[#bb], bb[#bb - 1] = nil, nil
+    local ta = M.empty(ba, {}); local tb = M.empty(bb, {})
+    local bs = broadcast(ta, tb)
+    if not bs then error("matmul: batch dims of " .. shape_str(sa) .. " and " .. shape_str(sb) .. " are not compatible", 2) end
+    bs[#bs + 1] = m; bs[#bs + 1] = n
+    out = M.empty(bs, { dtype = promote(a.dtype_, b.dtype_), device = a.device_ })
+  end
+  check(C.bl_matmul(out, a, b))
+  if va and vb then return out:view({}) end
+  if va then local s = out:shape(); table.remove(s, #s - 1); return out:view(s) end
+  if vb then local s = out:shape(); s[#s] = nil; return out:view(s) end
+  return out
+end
+M.matmul = methods.matmul
+
+-- reductions ---------------------------------------------------------------
+local RED = { sum = 0, mean = 1, max = 2, min = 3, argmax = 4, argmin = 5, prod = 6 }
+local function reduce(name, t, dims, keepdim)
+  live(t, name)
+  local op = RED[name]
+  if dims == nil then
+    if name == "argmax" or name == "argmin" then
+      return reduce(name, t:reshape({ t:numel() }), 1, false):item()
+    end
+    check(C.bl_reduce_all(op, t, dbl1))
+    return dbl1[0]
+  end
+  if type(dims) == "number" then dims = { dims } end
+  local mask = 0
+  for _, d in ipairs(dims) do mask = bit.bor(mask, bit.lshift(1, cdim(t, d, name))) end
+  local shape = {}
+  for i = 0, t.ndim_ - 1 do
+    if bit.band(mask, bit.lshift(1, i)) ~= 0 then
+      if keepdim then shape[#shape + 1] = 1 end
+    else
+      shape[#shape + 1] = tonumber(t.shape_[i])
+    end
+  end
+  local dt = t.dtype_
+  if name == "argmax" or name == "argmin" then dt = 5
+  elseif not is_float(dt) and (name == "mean") then dt = 0
+  elseif not is_float(dt) and (name == "sum" or name == "prod") then dt = 5 end
+  local out = M.empty(shape, { dtype = dt, device = t.device_ })
+  check(C.bl_reduce(op, out, t, mask, keepdim and 1 or 0))
+  if name == "argmax" or name == "argmin" then out:add_(1) end  -- 1-based indices
+  return out
+end
+for name in pairs(RED) do
+  methods[name] = function(t, dims, keepdim) return reduce(name, t, dims, keepdim) end
+  M[name] = methods[name]
+end
+
+function methods.allclose(a, b, rtol, atol)
+  rtol, atol = rtol or 1e-5, atol or 1e-8
+  local d = (a:to("f64") - b:to("f64")):abs()
+  local lim = b:to("f64"):abs():mul(rtol):add(atol)
+  return (d:gt(lim)):sum() == 0
+end
+
+-- printing -----------------------------------------------------------------
+local function fmt_number(v, dt)
+  if not is_float(dt) then return string.format("%d", v) end
+  if v ~= v then return "nan" end
+  if v == math.huge then return "inf" elseif v == -math.huge then return "-inf" end
+  return string.format("%.4f", v)
+end
+
+function methods.tostring(t)
+  if t.storage_ == nil then return "tensor(<freed>)" end
+  local meta = string.format("shape=%s, dtype=%s, device=%s", shape_str(t:shape()), DTNAME[t.dtype_], device_name(t.device_))
+  local src = t.device_ >= 0 and t:to("cpu") or t
+  local shape = t:shape()
+  local big = t:numel() > 1000
+  local edge = 3
+  local function idx_list(n)
+    if not big or n <= 2 * edge then local r = {} for i = 1, n do r[i] = i end return r end
+    local r = {}
+    for i = 1, edge do r[#r + 1] = i end
+    r[#r + 1] = false
+    for i = n - edge + 1, n do r[#r + 1] = i end
+    return r
+  end
+  if #shape == 0 then return "tensor(" .. fmt_number(src:item(), t.dtype_) .. ", " .. meta .. ")" end
+  -- collect strings to align columns
+  local cells, width = {}, 0
+  local function gather(view, d)
+    if d > #shape then return end
+  end
+  gather(nil, 1)
+  local idx = ffi.new("int64_t[8]")
+  local function val(ix)
+    for i = 1, #ix do idx[i - 1] = ix[i] - 1 end
+    check(C.bl_tensor_get(src, idx, dbl1))
+    return fmt_number(dbl1[0], t.dtype_)
+  end
+  local function scan(ix, d)
+    for _, i in ipairs(idx_list(shape[d])) do
+      if i then
+        ix[d] = i
+        if d == #shape then
+          local s = val(ix); cells[#cells + 1] = s; if #s > width then width = #s end
+        else scan(ix, d + 1) end
+      end
+    end
+  end
+  if t:numel() > 0 then scan({}, 1) end
+  local function render(ix, d, indent)
+    local parts = {}
+    for _, i in ipairs(idx_list(shape[d])) do
+      if not i then parts[#parts + 1] = "..."
+      else
+        ix[d] = i
+        if d == #shape then
+          local s = val(ix)
+          parts[#parts + 1] = string.rep(" ", width - #s) .. s
+        else
+          parts[#parts + 1] = render(ix, d + 1, indent .. " ")
+        end
+      end
+    end
+    local sep = d == #shape and ", " or (",\n" .. string.rep("\n", #shape - d - 1) .. indent .. " ")
+    return "[" .. table.concat(parts, sep) .. "]"
+  end
+  local body = t:numel() == 0 and "[]" or render({}, 1, "       ")
+  return "tensor(" .. body .. ",\n       " .. meta .. ")"
+end
+
+local mt = {
+  __index = methods,
+  __tostring = methods.tostring,
+  __add = function(a, b) return binary("add", a, b) end,
+  __sub = function(a, b) return binary("sub", a, b) end,
+  __mul = function(a, b) return binary("mul", a, b) end,
+  __div = function(a, b) return binary("div", a, b) end,
+  __pow = function(a, b) return binary("pow", a, b) end,
+  __unm = function(a) return methods.neg(a) end,  -- LuaJIT passes the operand twice; ignore the second
+  __len = function(t) return t.ndim_ > 0 and tonumber(t.shape_[0]) or 0 end,
+}
+ffi.metatype("bl_tensor", mt)
+
+-- where a tensor is expected but a Lua table or number was given
+function M.as_tensor(x, opts)
+  if is_tensor(x) then return x end
+  return M.from(x, opts)
+end
+
+M.shape_str = shape_str
+return M

@@ -1,0 +1,95 @@
+-- bertlua.testing: a tiny test runner for tests/lua/*.lua.
+--   local T = require "bertlua.testing"
+--   T.test("name", function() T.near(a, b, 1e-6) end)
+--   T.run()             -- prints "N passed, M failed[, K skipped]" and exits
+-- T.skip("why") inside a test marks it skipped; T.skip_all("why") skips the file (exit 77).
+local M = {}
+local tests = {}
+local SKIP = {}
+
+function M.test(name, fn) tests[#tests + 1] = { name = name, fn = fn } end
+
+function M.skip(why) error(setmetatable({ why = why }, SKIP), 0) end
+
+function M.skip_all(why)
+  io.write("skipped: ", why, "\n")
+  os.exit(77)
+end
+
+local function fmt(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  return tostring(v)
+end
+
+function M.eq(a, b, msg)
+  if a ~= b then error((msg and msg .. ": " or "") .. "expected " .. fmt(b) .. ", got " .. fmt(a), 2) end
+end
+
+function M.truthy(v, msg)
+  if not v then error(msg or "expected a true value", 2) end
+  return v
+end
+
+-- |a-b| <= atol + rtol*|b| for numbers or equal-length tables (nested allowed).
+function M.near(a, b, rtol, atol, path)
+  rtol = rtol or 1e-6; atol = atol or 0; path = path or ""
+  if type(a) == "table" and type(b) == "table" then
+    if #a ~= #b then error(("length mismatch at %s: %d vs %d"):format(path, #a, #b), 2) end
+    for i = 1, #b do M.near(a[i], b[i], rtol, atol, path .. "[" .. i .. "]") end
+    return
+  end
+  a, b = tonumber(a), tonumber(b)
+  local ok = (a == b) or (math.abs(a - b) <= atol + rtol * math.abs(b))
+  if not ok or a ~= a then
+    error(("not near at %s: got %.9g, expected %.9g (rtol %g, atol %g)"):format(path, a, b, rtol, atol), 2)
+  end
+end
+
+-- raises(fn, pattern): fn must raise an error whose message contains the plain text `pattern`.
+function M.raises(fn, pattern)
+  local ok, err = pcall(fn)
+  if ok then error("expected an error containing '" .. pattern .. "', got none", 2) end
+  err = tostring(err)
+  if not err:find(pattern, 1, true) then
+    error("error message '" .. err .. "' does not contain '" .. pattern .. "'", 2)
+  end
+  return err
+end
+
+-- shared_data(): path of ../shared/data (or $BL_SHARED_DATA) or nil.
+function M.shared_data(sub)
+  local base = os.getenv("BL_SHARED_DATA") or "../shared/data"
+  local p = sub and (base .. "/" .. sub) or base
+  local f = io.open(p, "r")
+  if f then f:close(); return p end
+  return nil
+end
+
+function M.run()
+  local passed, failed, skipped = 0, 0, 0
+  local filter = os.getenv("BL_TEST_FILTER")
+  for _, t in ipairs(tests) do
+    if not filter or t.name:find(filter, 1, true) then
+      local t0 = os.clock()
+      local ok, err = xpcall(t.fn, function(e)
+        if getmetatable(e) == SKIP then return e end
+        return debug.traceback(tostring(e), 2)
+      end)
+      if ok then
+        passed = passed + 1
+        io.write(("ok      %s (%.2fs)\n"):format(t.name, os.clock() - t0))
+      elseif type(err) == "table" and getmetatable(err) == SKIP then
+        skipped = skipped + 1
+        io.write(("skipped %s: %s\n"):format(t.name, err.why))
+      else
+        failed = failed + 1
+        io.write(("FAILED  %s\n%s\n"):format(t.name, err))
+      end
+      io.flush()
+    end
+  end
+  io.write(("%d passed, %d failed, %d skipped\n"):format(passed, failed, skipped))
+  os.exit(failed == 0 and (passed > 0 and 0 or (skipped > 0 and 77 or 1)) or 1)
+end
+
+return M

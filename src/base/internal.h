@@ -1,0 +1,58 @@
+/* Internal helpers shared by the C core (not part of the public API). */
+#ifndef BL_INTERNAL_H
+#define BL_INTERNAL_H
+#include <math.h>
+#include <string.h>
+#include "bertlua.h"
+
+/* "[2,3]" into buf; returns buf. */
+char *bl_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+#define BL_SHAPE(t, buf) bl_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
+const char *bl_device_str(int device, char *buf, size_t n);
+
+/* Element load/store through double (generic, slow path). */
+static inline double bl_load(int dtype, const void *p) {
+  switch (dtype) {
+    case BL_F32: return *(const float *)p;
+    case BL_F64: return *(const double *)p;
+    case BL_F16: return bl_f16_to_f32(*(const uint16_t *)p);
+    case BL_BF16: return bl_bf16_to_f32(*(const uint16_t *)p);
+    case BL_I32: return *(const int32_t *)p;
+    case BL_I64: return (double)*(const int64_t *)p;
+    case BL_U8: return *(const uint8_t *)p;
+    case BL_BOOL: return *(const uint8_t *)p ? 1.0 : 0.0;
+  }
+  return 0;
+}
+static inline void bl_store(int dtype, void *p, double v) {
+  switch (dtype) {
+    case BL_F32: *(float *)p = (float)v; break;
+    case BL_F64: *(double *)p = v; break;
+    case BL_F16: *(uint16_t *)p = bl_f32_to_f16((float)v); break;
+    case BL_BF16: *(uint16_t *)p = bl_f32_to_bf16((float)v); break;
+    /* Out-of-range and NaN conversions to integers are clamped instead of UB. */
+    case BL_I32: *(int32_t *)p = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v; break;
+    case BL_I64: *(int64_t *)p = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN : (int64_t)v; break;
+    case BL_U8: *(uint8_t *)p = v != v ? 0 : v >= 255.0 ? 255 : v <= 0 ? 0 : (uint8_t)v; break;
+    case BL_BOOL: *(uint8_t *)p = v != 0; break;
+  }
+}
+
+/* Strided n-d loop: calls fn(n, ptrs, inner_strides_bytes, ctx) for each run of the
+ * innermost (coalesced) dimension. strides are in BYTES, one row of BL_MAX_DIMS per operand. */
+typedef void (*bl_inner_fn)(int64_t n, char **ptrs, const int64_t *inner_strides, void *ctx);
+void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim, const int64_t *shape,
+                bl_inner_fn fn, void *ctx);
+/* Strides of t broadcast to (ndim, shape), in bytes (0 on broadcast dims). */
+void bl_broadcast_strides_bytes(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out);
+
+int bl_check_cpu(const bl_tensor *t, const char *op, const char *name);
+int bl_check_same_device(const bl_tensor *a, const bl_tensor *b, const char *op);
+
+/* Device memory (kernels/runtime.cu, or src/device/cuda_absent.c in CPU-only builds). */
+int bl_dev_malloc(int device, size_t n, void **p);
+void bl_dev_free(int device, void *p);
+int bl_dev_memcpy(int dst_device, void *dst, int src_device, const void *src, size_t n);
+int bl_dev_memset(int device, void *p, int value, size_t n);
+int bl_dev_check(int device, const char *op);
+#endif

@@ -1,0 +1,9 @@
+/* bertlua — the whole public C API. Include this one header.
+ * The Lua bindings are generated from the headers below, in this order
+ * (cmake/gen_cdef.c follows these #include lines). */
+#ifndef BERTLUA_H
+#define BERTLUA_H
+#include "bl_base.h"
+#include "bl_tensor.h"
+#include "bl_dist.h"
+#endif

@@ -1,0 +1,66 @@
+/* bertlua — base definitions: status codes, errors, dtypes, devices.
+ *
+ * Contract for every bl_ function that can fail: it returns 0 on success and
+ * a negative status otherwise, after recording a human-readable message
+ * ("op: what was wrong") retrievable with bl_last_error(). The message is
+ * thread-local. No bl_ function aborts or exits on bad input.
+ *
+ * Everything between BL_CDEF_BEGIN and BL_CDEF_END is also fed to LuaJIT's
+ * ffi.cdef at build time, so it must be plain C declarations: no macros,
+ * no includes, only types LuaJIT knows (stdint types, size_t, pointers).
+ */
+#ifndef BL_BASE_H
+#define BL_BASE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* BL_CDEF_BEGIN */
+enum {
+  BL_OK = 0,
+  BL_EINVAL = -1,   /* bad argument: shape, dtype, device, range */
+  BL_ENOMEM = -2,   /* allocation failed */
+  BL_EIO = -3,      /* file or stream problem */
+  BL_EFORMAT = -4,  /* corrupt or unsupported file content */
+  BL_EDEVICE = -5,  /* device missing or device runtime error */
+  BL_EUNSUPPORTED = -6 /* valid request this build/backend cannot do */
+};
+
+typedef enum bl_dtype {
+  BL_F32 = 0, BL_F64 = 1, BL_F16 = 2, BL_BF16 = 3,
+  BL_I32 = 4, BL_I64 = 5, BL_U8 = 6, BL_BOOL = 7,
+  BL_NUM_DTYPES = 8
+} bl_dtype;
+
+/* Devices are ints: -1 is the CPU, N >= 0 is cuda:N. */
+
+const char *bl_last_error(void);
+void bl_clear_error(void);
+int bl_set_error(int status, const char *fmt, ...);
+
+const char *bl_dtype_name(int dtype);
+int bl_dtype_size(int dtype);
+int bl_dtype_is_float(int dtype);
+
+const char *bl_version(void);
+const char *bl_blas_info(void);
+int bl_cuda_compiled(void);      /* 1 when built with the CUDA backend */
+int bl_nccl_compiled(void);
+int bl_cuda_device_count(void);  /* 0 when no driver/GPU or CPU-only build */
+int bl_cuda_device_name(int device, char *buf, int buflen);
+int bl_num_threads(void);
+void bl_set_num_threads(int n);
+/* BL_CDEF_END */
+
+/* Internal helpers (not part of the FFI surface). */
+#define BL_MAX_DIMS 8
+#define BL_CHECK(expr) do { int bl_rc_ = (expr); if (bl_rc_ != 0) return bl_rc_; } while (0)
+#define BL_ERR(fmt, ...) bl_set_error(BL_EINVAL, fmt, ##__VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,23 @@
+/* Device layer of a CPU-only build (configured without nvcc or with
+ * -DBERTLUA_CUDA=OFF): every request for a GPU is a clear error. */
+#include "../base/internal.h"
+
+static int no_cuda(int device, const char *op) {
+  return bl_set_error(BL_EDEVICE, "%s: cuda:%d requested, but this bertlua was built without CUDA", op, device);
+}
+
+int bl_cuda_compiled(void) { return 0; }
+int bl_nccl_compiled(void) { return 0; }
+int bl_cuda_device_count(void) { return 0; }
+int bl_cuda_device_name(int device, char *buf, int buflen) { return no_cuda(device, "device_name"); }
+int bl_dev_check(int device, const char *op) { return no_cuda(device, op); }
+int bl_dev_malloc(int device, size_t n, void **p) { *p = NULL; return no_cuda(device, "malloc"); }
+void bl_dev_free(int device, void *p) { (void)device; (void)p; }
+int bl_dev_memcpy(int dst_device, void *dst, int src_device, const void *src, size_t n) {
+  if (dst_device < 0 && src_device < 0) { memcpy(dst, src, n); return 0; }
+  return no_cuda(dst_device >= 0 ? dst_device : src_device, "copy");
+}
+int bl_dev_memset(int device, void *p, int value, size_t n) {
+  if (device < 0) { memset(p, value, n); return 0; }
+  return no_cuda(device, "memset");
+}

@@ -1,0 +1,109 @@
+/* Process group over MPI for CPU tensors. MPI is started only when a launcher
+ * (mpirun/mpiexec, srun with PMI/PMIx) started us, so a plain `bertlua x.lua`
+ * stays a world of one without touching MPI. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "../base/internal.h"
+
+static int dist_on, dist_rank, dist_size = 1, local_rank, local_size = 1;
+
+static int launched_by_mpi(void) {
+  static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_SIZE", NULL};
+  for (int i = 0; vars[i]; i++) if (getenv(vars[i])) return 1;
+  return 0;
+}
+
+static int mpi_fail(int err, const char *op) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(err, msg, &len);
+  return bl_set_error(BL_EIO, "%s: MPI error: %s", op, msg);
+}
+
+int bl_dist_init(int *argc, char ***argv) {
+  if (dist_on || !launched_by_mpi()) return 0;
+  int provided, already;
+  MPI_Initialized(&already);
+  if (!already) {
+    int err = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "dist_init");
+  }
+  /* Errors come back as codes so they turn into Lua errors, not silent aborts. */
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &dist_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &dist_size);
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, dist_rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  dist_on = 1;
+  return 0;
+}
+
+int bl_dist_initialized(void) { return dist_on; }
+int bl_dist_rank(void) { return dist_rank; }
+int bl_dist_size(void) { return dist_size; }
+int bl_dist_local_rank(void) { return local_rank; }
+int bl_dist_local_size(void) { return local_size; }
+
+int bl_dist_barrier(void) {
+  if (!dist_on) return 0;
+  int err = MPI_Barrier(MPI_COMM_WORLD);
+  return err == MPI_SUCCESS ? 0 : mpi_fail(err, "barrier");
+}
+
+static int mpi_type(const bl_tensor *t, MPI_Datatype *ty, const char *op) {
+  switch (t->dtype) {
+    case BL_F32: *ty = MPI_FLOAT; return 0;
+    case BL_F64: *ty = MPI_DOUBLE; return 0;
+    case BL_I32: *ty = MPI_INT32_T; return 0;
+    case BL_I64: *ty = MPI_INT64_T; return 0;
+    case BL_U8: case BL_BOOL: *ty = MPI_UINT8_T; return 0;
+  }
+  return bl_set_error(BL_EINVAL, "%s: dtype %s is not supported for CPU collectives", op, bl_dtype_name(t->dtype));
+}
+
+static int check_collective(const bl_tensor *t, const char *op) {
+  BL_CHECK(bl_tensor_check(t, op));
+  if (t->device >= 0)
+    return bl_set_error(BL_EUNSUPPORTED, "%s: tensor is on cuda:%d; GPU collectives go through NCCL", op, t->device);
+  if (!bl_tensor_is_contiguous(t)) return bl_set_error(BL_EINVAL, "%s: tensor must be contiguous", op);
+  if (t->numel > INT32_MAX) return bl_set_error(BL_EINVAL, "%s: tensor too large for one MPI call", op);
+  return 0;
+}
+
+int bl_dist_allreduce_sum(bl_tensor *t) {
+  BL_CHECK(check_collective(t, "allreduce"));
+  if (!dist_on || dist_size == 1) return 0;
+  MPI_Datatype ty = MPI_BYTE;
+  BL_CHECK(mpi_type(t, &ty, "allreduce"));
+  int err = MPI_Allreduce(MPI_IN_PLACE, t->data, (int)t->numel, ty, MPI_SUM, MPI_COMM_WORLD);
+  return err == MPI_SUCCESS ? 0 : mpi_fail(err, "allreduce");
+}
+
+int bl_dist_broadcast(bl_tensor *t, int root) {
+  BL_CHECK(check_collective(t, "broadcast"));
+  if (root < 0 || root >= dist_size) return bl_set_error(BL_EINVAL, "broadcast: root %d outside world of %d", root, dist_size);
+  if (!dist_on || dist_size == 1) return 0;
+  MPI_Datatype ty = MPI_BYTE;
+  BL_CHECK(mpi_type(t, &ty, "broadcast"));
+  int err = MPI_Bcast(t->data, (int)t->numel, ty, root, MPI_COMM_WORLD);
+  return err == MPI_SUCCESS ? 0 : mpi_fail(err, "broadcast");
+}
+
+void bl_dist_abort(const char *message, int code) {
+  fprintf(stderr, "[rank %d] %s\n", dist_rank, message ? message : "aborting");
+  fflush(stderr);
+  if (dist_on) MPI_Abort(MPI_COMM_WORLD, code ? code : 1);
+  exit(code ? code : 1);  /* the host's fatal path, never called on library errors */
+}
+
+void bl_dist_finalize(void) {
+  if (!dist_on) return;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+  dist_on = 0;
+}

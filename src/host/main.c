@@ -1,0 +1,287 @@
+/* bertlua — the host program: LuaJIT with cjson built in, the bertlua Lua
+ * library on its path, MPI when started by a launcher, a script runner and a
+ * REPL (libedit).
+ *
+ *   bertlua script.lua [args]    run a script (`arg` and `...` as in lua)
+ *   bertlua -e 'code'            run a string
+ *   bertlua -i [script.lua]      run, then enter the REPL
+ *   bertlua -                    run standard input
+ *   bertlua                      REPL on a terminal, else run standard input
+ *   bertlua --version            versions, BLAS, CUDA/NCCL and visible GPUs
+ */
+#include <errno.h>
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <editline/readline.h>
+
+#include "lauxlib.h"
+#include "lua.h"
+#include "luajit.h"
+#include "lualib.h"
+#include "bertlua.h"
+
+int luaopen_cjson(lua_State *L);
+int luaopen_cjson_safe(lua_State *L);
+
+static const char *progname = "bertlua";
+
+static int file_exists(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0;
+}
+
+/* The lua/ tree: next to an installed binary (../share/bertlua/lua), else the
+ * source tree this binary was built from. BERTLUA_LUA_DIR overrides both. */
+static void find_lua_dir(char *out, size_t n) {  /* n >= PATH_MAX + 64 */
+  const char *env = getenv("BERTLUA_LUA_DIR");
+  if (env && *env) { snprintf(out, n, "%s", env); return; }
+  char exe[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len > 0) {
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) {
+      *slash = 0;
+      char cand[PATH_MAX + 64], probe[PATH_MAX + 96];
+      snprintf(cand, sizeof cand, "%s/%s", exe, BL_INSTALL_LUA_REL);
+      snprintf(probe, sizeof probe, "%s/bertlua/init.lua", cand);
+      if (file_exists(probe)) { snprintf(out, n, "%s", cand); return; }
+    }
+  }
+  snprintf(out, n, "%s", BL_SOURCE_LUA_DIR);
+}
+
+static int traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+static void report(lua_State *L, int status) {
+  if (status && !lua_isnil(L, -1)) {
+    const char *msg = lua_tostring(L, -1);
+    if (!msg) msg = "(error object is not a string)";
+    if (bl_dist_size() > 1) fprintf(stderr, "%s [rank %d]: %s\n", progname, bl_dist_rank(), msg);
+    else fprintf(stderr, "%s: %s\n", progname, msg);
+    fflush(stderr);
+    lua_pop(L, 1);
+  }
+}
+
+static int docall(lua_State *L, int narg, int nres) {
+  int base = lua_gettop(L) - narg;
+  lua_pushcfunction(L, traceback);
+  lua_insert(L, base);
+  int status = lua_pcall(L, narg, nres, base);
+  lua_remove(L, base);
+  return status;
+}
+
+/* os.exit replacement: a failing rank takes the whole MPI job down instead of
+ * leaving the others waiting in a collective; a clean exit finalizes MPI. */
+static int host_exit(lua_State *L) {
+  int code;
+  if (lua_isnoneornil(L, 1)) code = 0;
+  else if (lua_isboolean(L, 1)) code = lua_toboolean(L, 1) ? 0 : 1;
+  else code = (int)luaL_checkinteger(L, 1);
+  fflush(stdout);
+  fflush(stderr);
+  if (code != 0 && code != 77 && bl_dist_size() > 1) bl_dist_abort("exiting with an error", code);
+  bl_dist_finalize();
+  lua_close(L);
+  exit(code);
+}
+
+static void setup(lua_State *L, char **argv, int argc, int script_index) {
+  luaL_openlibs(L);
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_cjson);
+  lua_setfield(L, -2, "cjson");
+  lua_pushcfunction(L, luaopen_cjson_safe);
+  lua_setfield(L, -2, "cjson.safe");
+  lua_pop(L, 1);
+  char dir[PATH_MAX + 64];
+  find_lua_dir(dir, sizeof dir);
+  lua_getfield(L, -1, "path");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 2);
+  lua_getglobal(L, "os");
+  lua_pushcfunction(L, host_exit);
+  lua_setfield(L, -2, "exit");
+  lua_pop(L, 1);
+  /* arg table like lua's: arg[0] = script, arg[1..] = its arguments, arg[-k] = options */
+  lua_createtable(L, argc, script_index + 1);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script_index);
+  }
+  lua_setglobal(L, "arg");
+}
+
+static int run_chunk(lua_State *L, int status, int nargs_from_arg) {
+  if (status == 0) {
+    int n = 0;
+    if (nargs_from_arg) {
+      lua_getglobal(L, "arg");
+      for (int i = 1;; i++) {
+        lua_rawgeti(L, -1 - n, i);
+        if (lua_isnil(L, -1)) { lua_pop(L, 1); break; }
+        n++;
+      }
+      lua_remove(L, -1 - n);
+    }
+    status = docall(L, n, 0);
+  }
+  report(L, status);
+  return status;
+}
+
+/* ---- REPL ---- */
+static int incomplete(lua_State *L, int status) {
+  if (status == LUA_ERRSYNTAX) {
+    size_t lmsg;
+    const char *msg = lua_tolstring(L, -1, &lmsg);
+    if (lmsg >= 7 && strcmp(msg + lmsg - 7, "'<eof>'") == 0) { lua_pop(L, 1); return 1; }
+  }
+  return 0;
+}
+
+static void repl(lua_State *L) {
+  char hist[PATH_MAX] = "";
+  const char *home = getenv("HOME");
+  if (home) { snprintf(hist, sizeof hist, "%s/.bertlua_history", home); read_history(hist); }
+  printf("bertlua %s — %s. Expressions print their value; Ctrl-D exits.\n", bl_version(), LUAJIT_VERSION);
+  for (;;) {
+    char *line = readline("> ");
+    if (!line) break;
+    if (!*line) { free(line); continue; }
+    size_t cap = strlen(line) + 1;
+    char *buf = malloc(cap);
+    if (!buf) { free(line); break; }
+    memcpy(buf, line, cap);
+    free(line);
+    int status;
+    for (;;) {
+      /* first as an expression to print, then as a statement */
+      lua_pushfstring(L, "return %s", buf);
+      status = luaL_loadbuffer(L, lua_tostring(L, -1), lua_objlen(L, -1), "=stdin");
+      lua_remove(L, -2);
+      if (status == 0) break;
+      lua_pop(L, 1);
+      status = luaL_loadbuffer(L, buf, strlen(buf), "=stdin");
+      if (!incomplete(L, status)) break;
+      char *more = readline(">> ");
+      if (!more) break;
+      size_t need = strlen(buf) + strlen(more) + 2;
+      char *nb = realloc(buf, need);
+      if (!nb) { free(more); break; }
+      buf = nb;
+      strcat(buf, "\n");
+      strcat(buf, more);
+      free(more);
+    }
+    add_history(buf);
+    free(buf);
+    if (status == 0) {
+      int base = lua_gettop(L) - 1;
+      status = docall(L, 0, LUA_MULTRET);
+      if (status == 0 && lua_gettop(L) > base) {
+        lua_getglobal(L, "print");
+        lua_insert(L, base + 1);
+        if (lua_pcall(L, lua_gettop(L) - base - 1, 0, 0)) report(L, 1);
+      }
+    }
+    report(L, status);
+    lua_settop(L, 0);
+  }
+  printf("\n");
+  if (*hist) write_history(hist);
+}
+
+static void print_version(void) {
+  printf("bertlua %s\n", bl_version());
+  printf("LuaJIT: %s\n", LUAJIT_VERSION);
+  printf("BLAS: OpenBLAS %s, %d threads\n", bl_blas_info(), bl_num_threads());
+  char mpiv[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(mpiv, &len);
+  char *nl = strchr(mpiv, '\n');
+  if (nl) *nl = 0;
+  printf("MPI: %s\n", mpiv);
+  if (!bl_cuda_compiled()) {
+    printf("CUDA: not built (CPU-only build)\nNCCL: not built\n");
+    return;
+  }
+  int n = bl_cuda_device_count();
+  printf("CUDA: built; %d device(s) visible\n", n);
+  for (int i = 0; i < n; i++) {
+    char name[256];
+    if (bl_cuda_device_name(i, name, sizeof name) == 0) printf("  cuda:%d %s\n", i, name);
+  }
+  printf("NCCL: %s\n", bl_nccl_compiled() ? "built" : "not built");
+}
+
+static void usage(void) {
+  printf("usage: %s [options] [script.lua [args]]\n"
+         "  -e code     run code\n"
+         "  -i          enter the REPL after running the script\n"
+         "  -           run standard input\n"
+         "  -v, --version  versions of bertlua, LuaJIT, BLAS, MPI, CUDA/NCCL and the GPUs seen\n"
+         "  -h, --help  this text\n"
+         "With no script, runs the REPL on a terminal or standard input otherwise.\n", progname);
+}
+
+int main(int argc, char **argv) {
+  int interactive = 0, script = 0, ran_e = 0;
+  /* options end at the script name; -e may repeat */
+  int i;
+  for (i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) { print_version(); return 0; }
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { usage(); return 0; }
+    if (strcmp(a, "-i") == 0) { interactive = 1; continue; }
+    if (strcmp(a, "-e") == 0) { if (++i >= argc) { fprintf(stderr, "%s: -e needs an argument\n", progname); return 1; } continue; }
+    if (strcmp(a, "--") == 0) { i++; break; }
+    if (a[0] == '-' && a[1] != 0) { fprintf(stderr, "%s: unknown option %s\n", progname, a); usage(); return 1; }
+    break;
+  }
+  script = i < argc ? i : 0;
+
+  if (bl_dist_init(&argc, &argv) != 0) { fprintf(stderr, "%s: %s\n", progname, bl_last_error()); return 1; }
+  lua_State *L = luaL_newstate();
+  if (!L) { fprintf(stderr, "%s: cannot create the Lua state (out of memory)\n", progname); return 1; }
+  setup(L, argv, argc, script ? script : argc);
+
+  int status = 0;
+  for (int k = 1; k < (script ? script : argc) && status == 0; k++) {
+    if (strcmp(argv[k], "-e") == 0) {
+      const char *code = argv[++k];
+      status = run_chunk(L, luaL_loadbuffer(L, code, strlen(code), "=(command line)"), 0);
+      ran_e = 1;
+    }
+  }
+  if (status == 0 && script) {
+    const char *name = strcmp(argv[script], "-") == 0 ? NULL : argv[script];
+    status = run_chunk(L, luaL_loadfile(L, name), 1);
+  } else if (status == 0 && !ran_e && !interactive) {
+    if (isatty(0)) interactive = 1;
+    else status = run_chunk(L, luaL_loadfile(L, NULL), 1);
+  }
+  if (status == 0 && interactive) repl(L);
+  fflush(stdout);
+  if (status != 0 && bl_dist_size() > 1) bl_dist_abort("uncaught error", 1);
+  lua_close(L);
+  bl_dist_finalize();
+  return status ? 1 : 0;
+}

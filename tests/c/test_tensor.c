@@ -1,0 +1,166 @@
+/* C unit tests of the tensor core: dtype rounding, Philox, views, copies,
+ * elementwise, reductions, matmul and error reporting. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "bertlua.h"
+
+static int failures, checks;
+#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+static bl_tensor *mk(int ndim, const int64_t *shape, int dtype) {
+  bl_tensor *t = NULL;
+  if (bl_tensor_empty(ndim, shape, dtype, -1, &t)) { printf("alloc failed: %s\n", bl_last_error()); exit(1); }
+  return t;
+}
+
+static void test_half(void) {
+  /* exhaustive round trip of every finite f16 / bf16 bit pattern */
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = bl_f16_to_f32((uint16_t)h);
+    if (f != f) continue;
+    CHECK(bl_f32_to_f16(f) == h, "f16 round trip of 0x%04x", h);
+    float b = bl_bf16_to_f32((uint16_t)h);
+    if (b == b) CHECK(bl_f32_to_bf16(b) == h, "bf16 round trip of 0x%04x", h);
+  }
+  /* round to nearest even at the halfway point */
+  CHECK(bl_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00, "1+2^-11 rounds to even (1.0)");
+  CHECK(bl_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02, "1+3*2^-11 rounds to even (1+2^-9)");
+  CHECK(bl_f32_to_f16(65504.0f) == 0x7bff, "max f16");
+  CHECK(bl_f32_to_f16(65520.0f) == 0x7c00, "65520 overflows to inf");
+  CHECK(bl_f32_to_f16(5.9604645e-8f) == 0x0001, "smallest subnormal");
+  CHECK(bl_f32_to_f16(2.98e-8f) == 0x0000, "below half the smallest subnormal -> 0");
+  CHECK(bl_f32_to_bf16(1.0f + 1.0f / 256) == 0x3f80, "bf16 halfway rounds to even");
+  CHECK(bl_f32_to_bf16(1.0f + 3.0f / 256) == 0x3f82, "bf16 halfway rounds up to even");
+  float nan = NAN;
+  CHECK((bl_f32_to_bf16(nan) & 0x7fc0) == 0x7fc0, "bf16 NaN stays NaN");
+  CHECK((bl_f32_to_f16(nan) & 0x7e00) == 0x7e00, "f16 NaN stays NaN");
+  /* compare against a double-precision rounding reference on random floats */
+  uint32_t s = 12345;
+  for (int i = 0; i < 200000; i++) {
+    s = s * 1664525u + 1013904223u;
+    float f = ldexpf((float)(s >> 8) / 16777216.0f + 0.5f, (int)(s % 40) - 26) * ((s & 1) ? -1 : 1);
+    float r = bl_f16_to_f32(bl_f32_to_f16(f));
+    /* the error must be at most half an f16 ulp of the result */
+    int e;
+    frexpf(fabsf(f), &e);
+    double ulp = ldexp(1.0, (e - 1 < -14 ? -14 : e - 1) - 10);
+    CHECK(fabs((double)r - f) <= ulp / 2 + 1e-30, "f16 rounding of %.9g gave %.9g", f, r);
+    if (failures > 20) return;
+  }
+}
+
+static void test_philox(void) {
+  /* Known-answer vectors of Random123's philox4x32-10 */
+  uint32_t r[4];
+  bl_philox4x32(0, 0, r);
+  CHECK(r[0] == 0x6627e8d5u && r[1] == 0xe169c58du && r[2] == 0xbc57ac4cu && r[3] == 0x9b00dbd8u,
+        "philox(0,0) = %08x %08x %08x %08x", r[0], r[1], r[2], r[3]);
+  /* Stream property: element i of an offset-0 call equals element i-4k of an offset-k call */
+  int64_t n = 37;
+  bl_tensor *a = mk(1, &n, BL_F32), *b = mk(1, &n, BL_F32);
+  bl_rand_uniform(a, 7, 0, 0, 1);
+  bl_rand_uniform(b, 7, 2, 0, 1);
+  const float *pa = a->data, *pb = b->data;
+  for (int i = 8; i < n; i++) CHECK(pa[i] == pb[i - 8], "offset shifts the stream by 4 per block");
+  bl_tensor *c = mk(1, &n, BL_F32);
+  bl_rand_uniform(c, 8, 0, 0, 1);
+  CHECK(((float *)c->data)[0] != pa[0], "different seeds differ");
+  bl_tensor_free(a); bl_tensor_free(b); bl_tensor_free(c);
+  /* normal moments */
+  int64_t big = 200000;
+  bl_tensor *z = mk(1, &big, BL_F32);
+  bl_rand_normal(z, 3, 0, 0, 1);
+  double m = 0, v = 0;
+  for (int64_t i = 0; i < big; i++) m += ((float *)z->data)[i];
+  m /= big;
+  for (int64_t i = 0; i < big; i++) { double d = ((float *)z->data)[i] - m; v += d * d; }
+  v /= big;
+  CHECK(fabs(m) < 0.01 && fabs(v - 1) < 0.02, "randn mean %g var %g", m, v);
+  bl_tensor_free(z);
+}
+
+static void test_views(void) {
+  int64_t s[2] = {3, 4};
+  bl_tensor *t = mk(2, s, BL_F32);
+  for (int i = 0; i < 12; i++) ((float *)t->data)[i] = (float)i;
+  bl_tensor *tr = NULL, *nar = NULL, *v = NULL, *tc = NULL;
+  CHECK(bl_tensor_transpose(t, 0, 1, &tr) == 0, "transpose");
+  CHECK(tr->shape[0] == 4 && tr->stride[0] == 1 && tr->stride[1] == 4, "transpose strides");
+  CHECK(!bl_tensor_is_contiguous(tr), "transpose is not contiguous");
+  int64_t flat = 12;
+  CHECK(bl_tensor_view(tr, 1, &flat, &v) != 0 && strstr(bl_last_error(), "without a copy"), "view of transpose fails: %s", bl_last_error());
+  CHECK(bl_tensor_narrow(t, 1, 1, 2, &nar) == 0, "narrow");
+  double x;
+  int64_t ix[2] = {2, 1};
+  bl_tensor_get(nar, ix, &x);
+  CHECK(x == 10, "narrow aliases: got %g", x);
+  bl_tensor_set(nar, ix, -5);
+  CHECK(((float *)t->data)[10] == -5, "write through a view reaches the storage");
+  CHECK(t->storage->refcount == 3, "refcount %d", t->storage->refcount);
+  bl_tensor_free(t);  /* views keep the storage alive */
+  bl_tensor_get(tr, ix, &x);
+  CHECK(x == 6, "storage alive after freeing the base: %g", x);
+  tc = mk(2, tr->shape, BL_F32);
+  bl_tensor_copy(tc, tr);
+  CHECK(((float *)tc->data)[1] == 4 && ((float *)tc->data)[3] == 1, "contiguous copy of transpose");
+  int64_t s3[3] = {2, 2, 3};
+  bl_tensor *v3 = NULL;
+  int64_t s2[2] = {4, 3};
+  bl_tensor *split = NULL;
+  CHECK(bl_tensor_view(tc, 3, s3, &v3) == 0, "view contiguous 4x3 as 2x2x3");
+  CHECK(bl_tensor_view(v3, 2, s2, &split) == 0, "and back");
+  bl_tensor_free(v3); bl_tensor_free(split);
+  /* errors */
+  bl_tensor *bad = NULL;
+  CHECK(bl_tensor_narrow(tc, 0, 3, 2, &bad) != 0 && strstr(bl_last_error(), "narrow"), "narrow out of range: %s", bl_last_error());
+  CHECK(bl_tensor_select(tc, 5, 0, &bad) != 0 && strstr(bl_last_error(), "dimension out of range"), "select bad dim");
+  int64_t neg[1] = {-2};
+  CHECK(bl_tensor_empty(1, neg, BL_F32, -1, &bad) != 0 && strstr(bl_last_error(), "negative"), "negative shape");
+  CHECK(bl_tensor_empty(1, s, 99, -1, &bad) != 0 && strstr(bl_last_error(), "dtype"), "bad dtype");
+  CHECK(bl_tensor_empty(1, s, BL_F32, 0, &bad) != 0 && strstr(bl_last_error(), "cuda:0"), "cuda without device: %s", bl_last_error());
+  bl_tensor_release(tc);
+  CHECK(bl_tensor_copy(tc, tr) != 0 && strstr(bl_last_error(), "freed"), "use after release is an error");
+  bl_tensor_free(tc); bl_tensor_free(tr); bl_tensor_free(nar);
+  CHECK(bl_storage_bytes_in_use() == 0, "all storage released: %lld bytes left", (long long)bl_storage_bytes_in_use());
+}
+
+static void test_math(void) {
+  int64_t sa[2] = {2, 3}, sb[1] = {3}, sm[2] = {3, 2}, so[2] = {2, 2};
+  bl_tensor *a = mk(2, sa, BL_F32), *b = mk(1, sb, BL_F64), *o = mk(2, sa, BL_F32);
+  for (int i = 0; i < 6; i++) ((float *)a->data)[i] = (float)(i + 1);
+  for (int i = 0; i < 3; i++) ((double *)b->data)[i] = 10.0 * (i + 1);
+  CHECK(bl_binary(BL_ADD, o, a, b) == 0, "broadcast add");
+  CHECK(((float *)o->data)[4] == 25, "1-based 5 + 20 = 25, got %g", ((float *)o->data)[4]);
+  double r;
+  bl_reduce_all(BL_SUM, o, &r);
+  CHECK(r == 21 + 2 * 60, "sum %g", r);
+  bl_tensor *m = mk(2, sm, BL_F32), *mo = mk(2, so, BL_F32);
+  for (int i = 0; i < 6; i++) ((float *)m->data)[i] = (float)(i % 4) - 1;
+  CHECK(bl_matmul(mo, a, m) == 0, "matmul: %s", bl_last_error());
+  /* reference */
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) {
+      float ref = 0;
+      for (int k = 0; k < 3; k++) ref += ((float *)a->data)[i * 3 + k] * ((float *)m->data)[k * 2 + j];
+      CHECK(((float *)mo->data)[i * 2 + j] == ref, "matmul[%d,%d]", i, j);
+    }
+  CHECK(bl_matmul(mo, a, a) != 0 && strstr(bl_last_error(), "matmul: shapes [2,3] and [2,3] are not compatible"), "matmul shape error: %s", bl_last_error());
+  int64_t s1[1] = {2};
+  bl_tensor *rs = mk(1, s1, BL_F32);
+  CHECK(bl_reduce(BL_MAX, rs, a, 2u, 0) == 0 && ((float *)rs->data)[1] == 6, "max over dim 1");
+  bl_tensor *am = mk(1, s1, BL_I64);
+  CHECK(bl_reduce(BL_ARGMAX, am, a, 2u, 0) == 0 && ((int64_t *)am->data)[0] == 2, "argmax");
+  CHECK(bl_binary(BL_ADD, o, a, m) != 0 && strstr(bl_last_error(), "add: shapes [2,3] and [3,2]"), "add shape error: %s", bl_last_error());
+  bl_tensor_free(a); bl_tensor_free(b); bl_tensor_free(o); bl_tensor_free(m); bl_tensor_free(mo); bl_tensor_free(rs); bl_tensor_free(am);
+}
+
+int main(void) {
+  test_half();
+  test_philox();
+  test_views();
+  test_math();
+  printf("%d checks, %d failures\n", checks, failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,40 @@
+# Test registration. Files are picked up by name, so adding a test never
+# needs an edit here:
+#   tests/c/test_*.c      C unit tests (one executable each)
+#   tests/lua/test_*.lua  Lua tests run by the bertlua host
+#   tests/mpi/test_*.lua  Lua tests run under `mpirun -np 2`
+# A test that cannot run here (no GPU, no shared data, no torch) exits 77,
+# which ctest reports as skipped, after printing why.
+set(BL_SHARED_DATA ${CMAKE_SOURCE_DIR}/../shared/data)
+set(BL_TEST_ENV "BL_SHARED_DATA=${BL_SHARED_DATA};BL_BUILD_DIR=${CMAKE_BINARY_DIR};BL_PYTHON=/usr/bin/python3;OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=2")
+if(BERTLUA_SANITIZE)
+  list(APPEND BL_TEST_ENV "ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1" "UBSAN_OPTIONS=print_stacktrace=1")
+endif()
+
+file(GLOB BL_C_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/c/test_*.c)
+foreach(src ${BL_C_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_executable(${name} ${src})
+  target_link_libraries(${name} PRIVATE bertlua)
+  target_compile_options(${name} PRIVATE ${BL_WARN})
+  add_test(NAME c_${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(c_${name} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${BL_TEST_ENV}" TIMEOUT 600)
+endforeach()
+
+file(GLOB BL_LUA_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/lua/test_*.lua)
+foreach(src ${BL_LUA_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_test(NAME lua_${name} COMMAND bertlua_host ${src} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(lua_${name} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${BL_TEST_ENV}" TIMEOUT 600)
+endforeach()
+
+file(GLOB BL_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.lua)
+foreach(src ${BL_MPI_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_test(NAME mpi_${name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --allow-run-as-root
+            $<TARGET_FILE:bertlua_host> ${src}
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(mpi_${name} PROPERTIES SKIP_RETURN_CODE 77
+    ENVIRONMENT "${BL_TEST_ENV};OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" TIMEOUT 600)
+endforeach()
