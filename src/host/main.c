@@ -212,7 +212,7 @@ static void repl(lua_State *L) {
 static void print_version(void) {
   printf("bertlua %s\n", bl_version());
   printf("LuaJIT: %s\n", LUAJIT_VERSION);
-  printf("BLAS: OpenBLAS %s, %d threads\n", bl_blas_info(), bl_num_threads());
+  printf("BLAS: %s, %d threads\n", bl_blas_info(), bl_num_threads());
   char mpiv[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MPI_Get_library_version(mpiv, &len);

@@ -1,0 +1,43 @@
+local T = require "bertlua.testing"
+local options = require "bertlua.options"
+
+local spec = {
+  { "lr", 6e-3, "learning rate" },
+  { "max_steps", 100, "steps" },
+  { "phase", "both", "phase" },
+  { "resume", false, "resume" },
+  { "name", nil, "free text" },
+}
+
+T.test("defaults, --a=b, --a b, flags and --no-flag", function()
+  local o = options.parse({ "--lr=1e-4", "--max-steps", "7", "--resume", "pos1", "--name=x=y" }, spec)
+  T.eq(o.lr, 1e-4); T.eq(o.max_steps, 7); T.eq(o.resume, true); T.eq(o.phase, "both"); T.eq(o.name, "x=y")
+  T.eq(o._positional[1], "pos1")
+  T.eq(options.parse({ "--no-resume" }, spec).resume, false)
+end)
+
+T.test("bad values and unknown options are errors", function()
+  T.raises(function() options.parse({ "--lr=fast" }, spec) end, "--lr expects a number, got 'fast'")
+  T.raises(function() options.parse({ "--bogus=1" }, spec) end, "unknown option --bogus")
+  T.raises(function() options.parse({ "--resume=maybe" }, spec) end, "expects true or false")
+end)
+
+T.test("config files, JSON and Lua; command line wins", function()
+  local p = os.tmpname() .. ".json"
+  local f = io.open(p, "w"); f:write('{"lr": 0.5, "phase": "1"}'); f:close()
+  local o = options.parse({ "--config=" .. p, "--phase=2" }, spec)
+  T.eq(o.lr, 0.5); T.eq(o.phase, "2")
+  os.remove(p)
+  p = os.tmpname() .. ".lua"
+  f = io.open(p, "w"); f:write('return { max_steps = 3, bogus = 1 }'); f:close()
+  T.raises(function() options.parse({ "--config", p }, spec) end, "unknown option 'bogus'")
+  os.remove(p)
+  T.raises(function() options.parse({ "--config=/nonexistent.lua" }, spec) end, "cannot open config file")
+end)
+
+T.test("help text lists every option", function()
+  local h = options.help(spec, { usage = "usage: x" })
+  T.truthy(h:find("--max-steps", 1, true) and h:find("default 100", 1, true), h)
+end)
+
+T.run()
