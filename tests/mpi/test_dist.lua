@@ -20,4 +20,13 @@ T.test("allreduce and broadcast of CPU tensors", function()
   T.truthy(bl.ffi.string(C.bl_last_error()):find("f16 is not supported", 1, true))
 end)
 
+T.test("bucketed all-reduce mean and number sums", function()
+  local dist = require "bertlua.dist"
+  local t = bl.arange(10, {dtype = "f32"}):add(bl.rank() * 10)
+  dist.all_reduce_mean(t, {bucket_elems = 3})
+  T.near(t:tolist(), {5, 6, 7, 8, 9, 10, 11, 12, 13, 14})
+  local s = dist.sum_numbers({bl.rank() + 1, 1})
+  T.near(s, {3, 2})
+end)
+
 T.run()
