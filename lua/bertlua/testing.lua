@@ -65,6 +65,10 @@ function M.shared_data(sub)
   return nil
 end
 
+local finalizers = {}
+-- at_exit(fn): run fn after all tests (cleanup of temp dirs, servers).
+function M.at_exit(fn) finalizers[#finalizers + 1] = fn end
+
 function M.run()
   local passed, failed, skipped = 0, 0, 0
   local filter = os.getenv("BL_TEST_FILTER")
@@ -88,6 +92,7 @@ function M.run()
       io.flush()
     end
   end
+  for _, fn in ipairs(finalizers) do pcall(fn) end
   io.write(("%d passed, %d failed, %d skipped\n"):format(passed, failed, skipped))
   os.exit(failed == 0 and (passed > 0 and 0 or (skipped > 0 and 77 or 1)) or 1)
 end
