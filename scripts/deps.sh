@@ -5,7 +5,8 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config
       libluajit2-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libopenblas-dev
       libbz2-dev libutf8proc-dev libedit-dev bzip2 curl
-      python3 python3-numpy python3-torch)
+      python3 python3-numpy python3-torch
+      jupyter-nbconvert python3-nbconvert python3-nbclient python3-ipykernel python3-matplotlib)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
