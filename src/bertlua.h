@@ -6,4 +6,5 @@
 #include "bl_base.h"
 #include "bl_tensor.h"
 #include "bl_dist.h"
+#include "bl_ops.h"
 #endif

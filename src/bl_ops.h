@@ -1,0 +1,167 @@
+/* bertlua — the BERT op library: explicit forward and backward entry points.
+ *
+ * General contract (every op below):
+ *  - Outputs are caller-provided tensors of the documented shape; every
+ *    function checks shapes, dtypes and devices and fails with a message
+ *    naming the op and the shapes ("linear: input [4,7] and weight [5,6] are
+ *    not compatible"), writing nothing.
+ *  - Math is f32 (accumulation included). Float tensors may be stored as
+ *    f32, f16, bf16 or f64: values are converted on load and on store.
+ *    f32 contiguous tensors are used in place; strided views and other
+ *    dtypes go through a contiguous f32 scratch copy.
+ *  - Gradients of INPUTS (dx, dq, dlogits...) are OVERWRITTEN unless the
+ *    function says otherwise (linear has an `accumulate` flag; gather and
+ *    the scatter-type backwards accumulate). Gradients of PARAMETERS
+ *    (dweight, dbias, dgamma, dbeta, dtable) ACCUMULATE (+=) so micro-batches
+ *    sum into the flat gradient buffer; zero them once per step.
+ *  - Outputs must not alias inputs (no in-place calls) unless stated.
+ *  - Reductions over rows (dW, db, dgamma, dbeta) use a fixed partition
+ *    independent of the thread count: results are bitwise reproducible.
+ *  - Dropout everywhere uses the Philox stream of bl_philox4x32: element i
+ *    (row-major index in the op's documented mask shape) takes block
+ *    (offset + i/4), lane i%4, u = (x >> 8) * 2^-24, keep = (u >= p), kept
+ *    values scaled by 1/(1-p). The same (seed, offset) gives the same mask on
+ *    every device; an op consumes ceil(numel/4) counter blocks.
+ *  - Device >= 0 (cuda:N) returns BL_EUNSUPPORTED until the CUDA twin
+ *    (kernels/<op>.cu) plugs in behind the same entry point.
+ */
+#ifndef BL_OPS_H
+#define BL_OPS_H
+#include "bl_tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* BL_CDEF_BEGIN */
+/* ---- linear: y = x W^T + b.  x [..., in], W [out, in] (HF layout), b [out] or NULL,
+ * y [..., out]. GEMMs are OpenBLAS sgemm on the tensors in place when each is
+ * an f32 matrix with unit column stride (row stride free: x[:,0,:] works) or
+ * a transposed one; otherwise a scratch copy is made.
+ * Saved for backward: nothing (backward takes x and W).
+ * Backward: dx = dy W (overwritten, or += when accumulate != 0; dx may be NULL),
+ * dW += dy^T x (NULL to skip), db += sum_rows dy (NULL to skip). */
+int bl_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b);
+int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
+                       const bl_tensor *x, const bl_tensor *w, int accumulate);
+
+/* ---- embedding: out[i, :] (+)= table[ids[i], :].  ids [...] i32/i64, table [V, H],
+ * out [..., H]. accumulate != 0 adds into out (word + position + type sums
+ * without temporaries). Every id is checked (0 <= id < V) before anything is written.
+ * Backward: dtable[ids[i], :] += dout[i, :] in index order (deterministic). */
+int bl_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor *ids, int accumulate);
+int bl_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_tensor *ids);
+
+/* ---- layernorm over the last dim: y = (x - mean) * rstd * gamma + beta,
+ * x/y [..., H], gamma/beta [H], mean/rstd [rows] f32 (rows = numel/H) saved
+ * for backward (plus x itself). rstd = 1/sqrt(var + eps), biased variance.
+ * Backward: dx overwritten, dgamma += , dbeta += (either may be NULL). */
+int bl_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                         const bl_tensor *gamma, const bl_tensor *beta, double eps);
+int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
+                          const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
+                          const bl_tensor *rstd);
+
+/* ---- fused dropout + residual + layernorm (BERT's SelfOutput/Output tail):
+ * y = LN(dropout_p(x) + residual). x, residual, y [..., H]; mean/rstd [rows]
+ * f32 saved. The dropout mask (shape of x) is regenerated in backward from
+ * (seed, offset), so nothing else is stored; p = 0 means no dropout.
+ * Backward: dx overwritten (= dsum * mask / (1-p)), dresidual overwritten
+ * (= dsum; may be NULL, and equals dx when p = 0), dgamma/dbeta += (may be NULL).
+ * Backward takes x and residual again to recompute the normalised sum. */
+int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
+                                  const bl_tensor *x, const bl_tensor *residual,
+                                  const bl_tensor *gamma, const bl_tensor *beta, double eps,
+                                  double p, uint64_t seed, uint64_t offset);
+int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                   bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
+                                   const bl_tensor *residual, const bl_tensor *gamma,
+                                   const bl_tensor *mean, const bl_tensor *rstd,
+                                   double p, uint64_t seed, uint64_t offset);
+
+/* ---- GELU (exact erf form): y = 0.5 x (1 + erf(x / sqrt 2)).
+ * bias_gelu: y = gelu(x + b), b [H] over the last dim; backward recomputes the
+ * pre-activation from x and b (saved: x only), dx overwritten, db += (may be NULL). */
+int bl_gelu_forward(bl_tensor *y, const bl_tensor *x);
+int bl_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x);
+int bl_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
+int bl_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                          const bl_tensor *b);
+
+/* ---- tanh (BERT pooler): backward uses the saved OUTPUT y: dx = dy (1 - y^2). */
+int bl_tanh_forward(bl_tensor *y, const bl_tensor *x);
+int bl_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
+
+/* ---- dropout: y = x * keep / (1-p); element i of the row-major order uses the
+ * Philox stream at (seed, offset) (see above). mask: optional u8 output of
+ * x's shape (1 = kept). Backward: dx = dy * keep / (1-p) with keep read from
+ * mask when non-NULL, else regenerated from (seed, offset). */
+int bl_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p,
+                       uint64_t seed, uint64_t offset);
+int bl_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mask, double p,
+                        uint64_t seed, uint64_t offset);
+
+/* ---- softmax over the last dim: y = softmax(x + mask), mask optional (NULL)
+ * and additive, broadcast to x's shape (e.g. BERT's extended mask [B,1,1,S]
+ * holding (1 - m) * -10000). Saved: y. Backward: dx = y (dy - sum(dy y)). */
+int bl_softmax_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *mask);
+int bl_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
+
+/* ---- fused scaled dot-product self-attention, layout [B, S, H] with H = heads*d
+ * (what the Q/K/V linears produce, so no permute copies; Q/K/V may be strided
+ * views such as column slices of one fused [B,S,3H] QKV output as long as the
+ * last dim has unit stride). Per batch b and head h:
+ *   scores = Q_bh K_bh^T * scale + (1 - key_mask[b, :]) * -10000
+ *   P = softmax(scores); ctx_bh = dropout_p(P) V_bh
+ * key_mask [B, S] (1 = keep, 0 = padding; any dtype; NULL = all keep);
+ * scale <= 0 means 1/sqrt(d). The dropout mask has shape [B, heads, S, S]
+ * (element i = ((b*heads + h)*S + q)*S + k of the Philox stream).
+ * Saved for backward: probs [B, heads, S, S] f32 (softmax before dropout),
+ * 4*B*heads*S^2 bytes: 24 MiB for B=8, 12 heads, S=256 — the trade-off made
+ * on the CPU instead of logsumexp + recompute, which would cost a second
+ * Q K^T GEMM in backward. The dropout mask is regenerated.
+ * Backward: dq, dk, dv [B, S, H] overwritten. */
+int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
+                         const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
+                         double p, uint64_t seed, uint64_t offset);
+int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                          const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                          const bl_tensor *probs, int heads, double scale, double p,
+                          uint64_t seed, uint64_t offset);
+
+/* ---- gather rows at flat positions: out[j, :] = x[pos[j], :], x viewed as
+ * [rows, H] (e.g. [B, S, H] with pos = b*S + s of each masked token), pos [M]
+ * i32/i64, out [M, H]. Positions are range-checked before writing.
+ * Backward ACCUMULATES: dx[pos[j], :] += dout[j, :] (deterministic order). */
+int bl_gather_forward(bl_tensor *out, const bl_tensor *x, const bl_tensor *pos);
+int bl_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *pos);
+
+/* ---- cross-entropy over the last dim with an ignored target value:
+ * logits [N, C] (or [..., C]), targets [N] i32/i64. Targets equal to
+ * ignore_index are skipped (BERT MLM uses -1 in NVIDIA's data, -100 in HF's;
+ * SQuAD clamps to S and ignores S); other targets outside [0, C) are an error.
+ * loss (f32/f64, numel 1) = mean over counted targets of logsumexp - logit[t]
+ * (0 when none counts). dlogits (optional, overwritten, logits' shape) =
+ * (softmax - onehot) * grad_scale / count, zero rows for ignored targets.
+ * count (optional) receives the number of counted targets. */
+int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                     const bl_tensor *targets, int64_t ignore_index, double grad_scale,
+                     int64_t *count);
+/* ---- mean squared error (STS-B regression): pred and target of equal numel
+ * (pred [N] or [N,1]); loss = mean (pred - target)^2; dpred (optional,
+ * overwritten) = 2 (pred - target) * grad_scale / N. */
+int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
+                double grad_scale);
+
+/* ---- argmax over the last dim: x [..., C] float, out [...] i64 or i32 (first max wins).
+ * accuracy: counts rows of logits [N, C] whose argmax equals targets [N]
+ * (targets equal to ignore_index are not counted). */
+int bl_argmax(bl_tensor *out, const bl_tensor *x);
+int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
+                int64_t *correct, int64_t *count);
+/* BL_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

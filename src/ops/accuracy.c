@@ -1,0 +1,84 @@
+/* argmax over the last dim and classification accuracy with an ignored
+ * target value (contract in bl_ops.h). Ties go to the first maximum, as in
+ * PyTorch's CPU argmax; NaN counts as the maximum so it is not hidden. */
+#include "ops_internal.h"
+#include <math.h>
+#include <stdlib.h>
+
+static void argmax_rows(const float *x, int64_t rows, int64_t c, int64_t *out) {
+  #pragma omp parallel for schedule(static) if (rows * c > 65536)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * c;
+    int64_t best = 0;
+    for (int64_t j = 1; j < c; j++) {
+      if (isnan(xr[best])) break;
+      if (xr[j] > xr[best] || isnan(xr[j])) best = j;
+    }
+    out[r] = best;
+  }
+}
+
+int bl_argmax(bl_tensor *out, const bl_tensor *x) {
+  const char *op = "argmax";
+  BL_CHECK(opx_check_float(op, x, "input"));
+  BL_CHECK(opx_check_index(op, out, "output"));
+  if (x->ndim < 1 || opx_cols(x) < 1) return BL_ERR("%s: input %s needs a non-empty last dim", op, OPX_SHAPE(x));
+  if (out->numel != opx_rows(x))
+    return BL_ERR("%s: output %s does not match input %s without its last dim", op, OPX_SHAPE(out), OPX_SHAPE(x));
+  int dev;
+  const bl_tensor *ts[] = {out, x};
+  BL_CHECK(opx_device(op, 2, ts, &dev));
+  if (dev >= 0) return opx_no_cuda(op, dev);
+  int64_t rows = opx_rows(x), c = opx_cols(x);
+  opx_buf bx = {0};
+  int64_t *res = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
+  if (!res) return bl_set_error(BL_ENOMEM, "%s: out of memory", op);
+  int rc = opx_load(op, x, &bx);
+  if (!rc) {
+    argmax_rows(bx.p, rows, c, res);
+    int nd = out->ndim;
+    int64_t idx[BL_MAX_DIMS] = {0};
+    for (int64_t i = 0; i < rows; i++) {
+      int64_t off = 0;
+      for (int k = 0; k < nd; k++) off += idx[k] * out->stride[k];
+      if (out->dtype == BL_I64) ((int64_t *)out->data)[off] = res[i];
+      else ((int32_t *)out->data)[off] = (int32_t)res[i];
+      for (int k = nd - 1; k >= 0; k--) { if (++idx[k] < out->shape[k]) break; idx[k] = 0; }
+    }
+  }
+  free(res); opx_free(&bx);
+  return rc;
+}
+
+int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
+                int64_t *correct, int64_t *count) {
+  const char *op = "accuracy";
+  BL_CHECK(opx_check_float(op, logits, "logits"));
+  BL_CHECK(opx_check_index(op, targets, "targets"));
+  if (!correct || !count) return BL_ERR("%s: correct and count must not be NULL", op);
+  if (logits->ndim < 1 || opx_cols(logits) < 1)
+    return BL_ERR("%s: logits %s need a non-empty class dim", op, OPX_SHAPE(logits));
+  if (targets->numel != opx_rows(logits))
+    return BL_ERR("%s: logits %s and targets %s are not compatible", op, OPX_SHAPE(logits), OPX_SHAPE(targets));
+  int dev;
+  const bl_tensor *ts[] = {logits, targets};
+  BL_CHECK(opx_device(op, 2, ts, &dev));
+  if (dev >= 0) return opx_no_cuda(op, dev);
+  int64_t rows = opx_rows(logits), c = opx_cols(logits), *t = NULL, ok = 0, cnt = 0;
+  int64_t *res = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
+  opx_buf bx = {0};
+  if (!res) return bl_set_error(BL_ENOMEM, "%s: out of memory", op);
+  int rc = opx_load_ids(op, targets, &t);
+  if (!rc) rc = opx_load(op, logits, &bx);
+  if (!rc) {
+    argmax_rows(bx.p, rows, c, res);
+    for (int64_t i = 0; i < rows; i++) {
+      if (t[i] == ignore_index) continue;
+      cnt++;
+      ok += res[i] == t[i];
+    }
+    *correct = ok; *count = cnt;
+  }
+  free(res); free(t); opx_free(&bx);
+  return rc;
+}

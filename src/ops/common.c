@@ -1,0 +1,193 @@
+/* Shared plumbing for the CPU ops: argument checks with messages that name
+ * the op and the shapes, f32 scratch images of non-f32 or strided tensors,
+ * index loading, and the Philox dropout keep-mask used by every op that
+ * drops (dropout.c, attention.c, layernorm.c). See ops_internal.h. */
+#include "ops_internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <math.h>
+
+const char *opx_shape(const bl_tensor *t, char *buf, size_t n) {
+  if (!t) { snprintf(buf, n, "(null)"); return buf; }
+  size_t k = 0;
+  k += (size_t)snprintf(buf + k, n - k, "[");
+  for (int d = 0; d < t->ndim && d < BL_MAX_DIMS && k < n; d++)
+    k += (size_t)snprintf(buf + k, n - k, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+int opx_check(const char *op, const bl_tensor *t, const char *name) {
+  if (!t) return BL_ERR("%s: %s is NULL", op, name);
+  if (t->ndim < 0 || t->ndim > BL_MAX_DIMS) return BL_ERR("%s: %s has invalid ndim %d", op, name, t->ndim);
+  if (!t->storage) return BL_ERR("%s: %s was released", op, name);
+  if (t->numel > 0 && !t->data) return BL_ERR("%s: %s has no data", op, name);
+  if (t->dtype < 0 || t->dtype >= BL_NUM_DTYPES) return BL_ERR("%s: %s has invalid dtype %d", op, name, t->dtype);
+  return 0;
+}
+
+int opx_check_float(const char *op, const bl_tensor *t, const char *name) {
+  BL_CHECK(opx_check(op, t, name));
+  if (t->dtype != BL_F32 && t->dtype != BL_F64 && t->dtype != BL_F16 && t->dtype != BL_BF16)
+    return BL_ERR("%s: %s must be f32/f64/f16/bf16, got %s", op, name, bl_dtype_name(t->dtype));
+  return 0;
+}
+
+int opx_check_index(const char *op, const bl_tensor *t, const char *name) {
+  BL_CHECK(opx_check(op, t, name));
+  if (t->dtype != BL_I32 && t->dtype != BL_I64)
+    return BL_ERR("%s: %s must be i32 or i64, got %s", op, name, bl_dtype_name(t->dtype));
+  return 0;
+}
+
+int opx_device(const char *op, int n, const bl_tensor *const *ts, int *dev) {
+  int d = -2;
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]) continue;
+    if (d == -2) d = ts[i]->device;
+    else if (ts[i]->device != d)
+      return BL_ERR("%s: tensors are on different devices (%d and %d)", op, d, ts[i]->device);
+  }
+  *dev = d == -2 ? -1 : d;
+  return 0;
+}
+
+int opx_no_cuda(const char *op, int dev) {
+  return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d not available yet (CPU only)", op, dev);
+}
+
+int64_t opx_cols(const bl_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
+int64_t opx_rows(const bl_tensor *t) {
+  int64_t r = 1;
+  for (int d = 0; d + 1 < t->ndim; d++) r *= t->shape[d];
+  return r;
+}
+int opx_same_shape(const bl_tensor *a, const bl_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++) if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+static int is_contig(const bl_tensor *t) {
+  int64_t s = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && t->stride[d] != s) return 0;
+    s *= t->shape[d];
+  }
+  return 1;
+}
+
+/* Walk t in row-major order, one innermost row at a time: calls back with
+ * the element offset of the row start, its stride and length. Kept out of the
+ * per-element path: the dtype switch happens once per row. */
+static void to_f32_row(const bl_tensor *t, int64_t off, int64_t st, int64_t len, float *dst) {
+  switch (t->dtype) {
+    case BL_F32: { const float *s = (const float *)t->data + off;
+      for (int64_t i = 0; i < len; i++) dst[i] = s[i * st];
+      break; }
+    case BL_F64: { const double *s = (const double *)t->data + off;
+      for (int64_t i = 0; i < len; i++) dst[i] = (float)s[i * st];
+      break; }
+    case BL_F16: { const uint16_t *s = (const uint16_t *)t->data + off;
+      for (int64_t i = 0; i < len; i++) dst[i] = opx_h2f(s[i * st]);
+      break; }
+    case BL_BF16: { const uint16_t *s = (const uint16_t *)t->data + off;
+      for (int64_t i = 0; i < len; i++) dst[i] = opx_bf2f(s[i * st]);
+      break; }
+    default: break;
+  }
+}
+static void from_f32_row(bl_tensor *t, int64_t off, int64_t st, int64_t len, const float *src) {
+  switch (t->dtype) {
+    case BL_F32: { float *s = (float *)t->data + off;
+      for (int64_t i = 0; i < len; i++) s[i * st] = src[i];
+      break; }
+    case BL_F64: { double *s = (double *)t->data + off;
+      for (int64_t i = 0; i < len; i++) s[i * st] = src[i];
+      break; }
+    case BL_F16: { uint16_t *s = (uint16_t *)t->data + off;
+      for (int64_t i = 0; i < len; i++) s[i * st] = opx_f2h(src[i]);
+      break; }
+    case BL_BF16: { uint16_t *s = (uint16_t *)t->data + off;
+      for (int64_t i = 0; i < len; i++) s[i * st] = opx_f2bf(src[i]);
+      break; }
+    default: break;
+  }
+}
+
+static void convert(bl_tensor *t, float *buf, int load) {
+  if (t->numel == 0) return;
+  int nd = t->ndim;
+  int64_t len = nd ? t->shape[nd - 1] : 1, st = nd ? t->stride[nd - 1] : 1;
+  int64_t rows = t->numel / len, idx[BL_MAX_DIMS] = {0};
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t off = 0;
+    for (int d = 0; d + 1 < nd; d++) off += idx[d] * t->stride[d];
+    if (load) to_f32_row(t, off, st, len, buf + r * len);
+    else from_f32_row(t, off, st, len, buf + r * len);
+    for (int d = nd - 2; d >= 0; d--) { if (++idx[d] < t->shape[d]) break; idx[d] = 0; }
+  }
+}
+
+int opx_load(const char *op, const bl_tensor *t, opx_buf *b) {
+  b->n = t->numel; b->owned = 0; b->p = NULL;
+  if (t->dtype == BL_F32 && is_contig(t)) { b->p = (float *)t->data; return 0; }
+  b->p = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
+  if (!b->p) return bl_set_error(BL_ENOMEM, "%s: out of memory for a %lld-element scratch", op, (long long)t->numel);
+  b->owned = 1;
+  convert((bl_tensor *)t, b->p, 1);
+  return 0;
+}
+
+int opx_out(const char *op, bl_tensor *t, opx_buf *b, int keep) {
+  b->n = t->numel; b->owned = 0; b->p = NULL;
+  if (t->dtype == BL_F32 && is_contig(t)) { b->p = (float *)t->data; return 0; }
+  b->p = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
+  if (!b->p) return bl_set_error(BL_ENOMEM, "%s: out of memory for a %lld-element scratch", op, (long long)t->numel);
+  b->owned = 1;
+  if (keep) convert(t, b->p, 1);
+  return 0;
+}
+
+void opx_store(bl_tensor *t, opx_buf *b) {
+  if (b->owned && b->p) convert(t, b->p, 0);
+  opx_free(b);
+}
+
+void opx_free(opx_buf *b) {
+  if (b->owned) free(b->p);
+  b->p = NULL; b->owned = 0;
+}
+
+int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids) {
+  int64_t n = t->numel;
+  int64_t *o = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+  if (!o) return bl_set_error(BL_ENOMEM, "%s: out of memory for %lld indices", op, (long long)n);
+  int nd = t->ndim, idx[BL_MAX_DIMS] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; d++) off += idx[d] * t->stride[d];
+    o[i] = t->dtype == BL_I32 ? ((const int32_t *)t->data)[off] : ((const int64_t *)t->data)[off];
+    for (int d = nd - 1; d >= 0; d--) { if (++idx[d] < t->shape[d]) break; idx[d] = 0; }
+  }
+  *ids = o;
+  return 0;
+}
+
+void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep) {
+  int64_t i = 0;
+  uint32_t r[4];
+  while (i < n) {
+    int64_t e = start + i;
+    bl_philox4x32(seed, offset + (uint64_t)(e >> 2), r);
+    for (int lane = (int)(e & 3); lane < 4 && i < n; lane++, i++) {
+      float u = (float)(r[lane] >> 8) * (1.0f / 16777216.0f);
+      keep[i] = u >= p;
+    }
+  }
+}
+
+int opx_check_p(const char *op, double p) {
+  if (!(p >= 0.0 && p < 1.0)) return BL_ERR("%s: dropout probability %g must be in [0, 1)", op, p);
+  return 0;
+}

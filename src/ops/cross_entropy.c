@@ -1,0 +1,142 @@
+/* Fused cross-entropy (loss and dlogits in one pass) and MSE (contract in
+ * bl_ops.h). Log-sum-exp is taken around the row max for stability; the
+ * per-row losses are summed in row order in double so the loss does not
+ * depend on the thread count. All targets are validated before writing. */
+#include "ops_internal.h"
+#include <math.h>
+#include <stdlib.h>
+
+static void store_scalar(bl_tensor *t, double v) {
+  switch (t->dtype) {
+    case BL_F32: *(float *)t->data = (float)v; break;
+    case BL_F64: *(double *)t->data = v; break;
+    case BL_F16: *(uint16_t *)t->data = opx_f2h((float)v); break;
+    case BL_BF16: *(uint16_t *)t->data = opx_f2bf((float)v); break;
+    default: break;
+  }
+}
+
+static int check_loss(const char *op, const bl_tensor *loss) {
+  BL_CHECK(opx_check_float(op, loss, "loss"));
+  if (loss->numel != 1) return BL_ERR("%s: loss must have one element, got %s", op, OPX_SHAPE(loss));
+  return 0;
+}
+
+static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
+                  int64_t ignore_index, double grad_scale, int64_t *count) {
+  const char *op = "cross_entropy";
+  int64_t n = opx_rows(logits), c = opx_cols(logits), cnt = 0;
+  int64_t *t = NULL;
+  double *rl = NULL;
+  opx_buf bx = {0}, bd = {0};
+  int rc = opx_load_ids(op, targets, &t);
+  if (rc) return rc;
+  for (int64_t i = 0; i < n; i++) {
+    if (t[i] == ignore_index) continue;
+    if (t[i] < 0 || t[i] >= c) {
+      rc = BL_ERR("%s: target %lld at row %lld is out of range for %lld classes (ignore_index %lld)", op,
+                  (long long)t[i], (long long)i, (long long)c, (long long)ignore_index);
+      goto done;
+    }
+    cnt++;
+  }
+  rl = malloc((size_t)(n ? n : 1) * sizeof(double));
+  if (!rl) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory", op); goto done; }
+  if ((rc = opx_load(op, logits, &bx)) || (dlogits && (rc = opx_out(op, dlogits, &bd, 0)))) goto done;
+  const float g = cnt ? (float)(grad_scale / (double)cnt) : 0.0f;
+  #pragma omp parallel for schedule(static) if (n * c > 16384)
+  for (int64_t i = 0; i < n; i++) {
+    const float *x = bx.p + i * c;
+    float *dr = bd.p ? bd.p + i * c : NULL;
+    if (t[i] == ignore_index) {
+      rl[i] = 0.0;
+      if (dr) memset(dr, 0, (size_t)c * sizeof(float));
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < c; j++) mx = x[j] > mx ? x[j] : mx;
+    float sum = 0.0f;
+    if (dr) { for (int64_t j = 0; j < c; j++) { float e = expf(x[j] - mx); dr[j] = e; sum += e; } }
+    else for (int64_t j = 0; j < c; j++) sum += expf(x[j] - mx);
+    rl[i] = (double)mx + log((double)sum) - (double)x[t[i]];
+    if (dr) {
+      float s = g / sum;
+      for (int64_t j = 0; j < c; j++) dr[j] *= s;
+      dr[t[i]] -= g;
+    }
+  }
+  double total = 0.0;
+  for (int64_t i = 0; i < n; i++) total += rl[i];
+  store_scalar(loss, cnt ? total / (double)cnt : 0.0);
+  if (dlogits) opx_store(dlogits, &bd);
+  if (count) *count = cnt;
+done:
+  free(t); free(rl); opx_free(&bx); opx_free(&bd);
+  return rc;
+}
+
+int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                     const bl_tensor *targets, int64_t ignore_index, double grad_scale,
+                     int64_t *count) {
+  const char *op = "cross_entropy";
+  BL_CHECK(check_loss(op, loss));
+  BL_CHECK(opx_check_float(op, logits, "logits"));
+  BL_CHECK(opx_check_index(op, targets, "targets"));
+  if (logits->ndim < 1 || opx_cols(logits) < 1)
+    return BL_ERR("%s: logits %s need a non-empty class dim", op, OPX_SHAPE(logits));
+  if (targets->numel != opx_rows(logits))
+    return BL_ERR("%s: logits %s and targets %s are not compatible", op, OPX_SHAPE(logits), OPX_SHAPE(targets));
+  if (dlogits) {
+    BL_CHECK(opx_check_float(op, dlogits, "grad_logits"));
+    if (!opx_same_shape(dlogits, logits))
+      return BL_ERR("%s: grad_logits %s does not match logits %s", op, OPX_SHAPE(dlogits), OPX_SHAPE(logits));
+  }
+  int dev;
+  const bl_tensor *ts[] = {loss, dlogits, logits, targets};
+  BL_CHECK(opx_device(op, 4, ts, &dev));
+  if (dev >= 0) return opx_no_cuda(op, dev);
+  return ce_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count);
+}
+
+static int mse_cpu(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
+                   double grad_scale) {
+  const char *op = "mse_loss";
+  opx_buf bp = {0}, bt = {0}, bd = {0};
+  int rc;
+  if ((rc = opx_load(op, pred, &bp)) || (rc = opx_load(op, target, &bt)) ||
+      (dpred && (rc = opx_out(op, dpred, &bd, 0))))
+    goto done;
+  int64_t n = pred->numel;
+  double total = 0.0;
+  float g = n ? (float)(2.0 * grad_scale / (double)n) : 0.0f;
+  for (int64_t i = 0; i < n; i++) {
+    double e = (double)bp.p[i] - (double)bt.p[i];
+    total += e * e;
+    if (bd.p) bd.p[i] = g * (bp.p[i] - bt.p[i]);
+  }
+  store_scalar(loss, n ? total / (double)n : 0.0);
+  if (dpred) opx_store(dpred, &bd);
+done:
+  opx_free(&bp); opx_free(&bt); opx_free(&bd);
+  return rc;
+}
+
+int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
+                double grad_scale) {
+  const char *op = "mse_loss";
+  BL_CHECK(check_loss(op, loss));
+  BL_CHECK(opx_check_float(op, pred, "prediction"));
+  BL_CHECK(opx_check_float(op, target, "target"));
+  if (pred->numel != target->numel)
+    return BL_ERR("%s: prediction %s and target %s are not compatible", op, OPX_SHAPE(pred), OPX_SHAPE(target));
+  if (dpred) {
+    BL_CHECK(opx_check_float(op, dpred, "grad_prediction"));
+    if (!opx_same_shape(dpred, pred))
+      return BL_ERR("%s: grad_prediction %s does not match prediction %s", op, OPX_SHAPE(dpred), OPX_SHAPE(pred));
+  }
+  int dev;
+  const bl_tensor *ts[] = {loss, dpred, pred, target};
+  BL_CHECK(opx_device(op, 4, ts, &dev));
+  if (dev >= 0) return opx_no_cuda(op, dev);
+  return mse_cpu(loss, dpred, pred, target, grad_scale);
+}

@@ -1,0 +1,210 @@
+/* linear: y = x W^T + b and its backward (contract in bl_ops.h).
+ * All three GEMMs go straight to OpenBLAS sgemm on the callers' buffers,
+ * choosing transpose flags and leading dimensions from the strides, so a
+ * row-strided slice (the [CLS] rows x[:,0,:]) or a transposed weight view
+ * costs no copy. Only non-f32 or irregularly strided operands get a scratch. */
+#include "ops_internal.h"
+#include <cblas.h>
+#include <stdlib.h>
+
+/* A GEMM operand: p[r*ld + c] (trans = 0) or p[c*ld + r] (trans = 1) holds
+ * element (r, c) of the logical rows x cols matrix. */
+typedef struct mat {
+  float *p;
+  int64_t rows, cols, ld;
+  int trans;
+  opx_buf buf;  /* scratch when the tensor could not be used in place */
+} mat;
+
+/* Can t (f32) be read as a rows x cols matrix without copying? Leading dims
+ * must collapse into one strided row index. */
+static int in_place(const bl_tensor *t, int64_t *ld, int *trans) {
+  if (t->dtype != BL_F32) return 0;
+  int nd = t->ndim;
+  int64_t cols = nd ? t->shape[nd - 1] : 1, cst = nd ? t->stride[nd - 1] : 1;
+  int64_t rows = t->numel / (cols ? cols : 1);
+  if (t->numel == 0) { *ld = cols > 0 ? cols : 1; *trans = 0; return 1; }
+  /* collapse dims 0..nd-2 into one stride (size-1 dims are free) */
+  int64_t rst = 0, expect = -1;
+  for (int d = nd - 2; d >= 0; d--) {
+    if (t->shape[d] == 1) continue;
+    if (expect < 0) { rst = t->stride[d]; expect = t->stride[d] * t->shape[d]; }
+    else if (t->stride[d] != expect) return 0;
+    else expect = t->stride[d] * t->shape[d];
+  }
+  if (rows == 1) rst = cols;
+  if (cols == 1) cst = 1;
+  if (cst == 1 && rst >= cols) { *ld = rst; *trans = 0; return 1; }
+  if (rst == 1 && cst >= rows && nd == 2) { *ld = cst; *trans = 1; return 1; }
+  if (rows == 1 && cst >= 1) { *ld = cst; *trans = 1; return 1; }  /* a strided vector */
+  return 0;
+}
+
+static int mat_load(const char *op, const bl_tensor *t, mat *m) {
+  m->cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+  m->rows = m->cols ? t->numel / m->cols : opx_rows(t);
+  m->buf.owned = 0; m->buf.p = NULL;
+  if (in_place(t, &m->ld, &m->trans)) { m->p = (float *)t->data; return 0; }
+  BL_CHECK(opx_load(op, t, &m->buf));
+  m->p = m->buf.p; m->ld = m->cols > 0 ? m->cols : 1; m->trans = 0;
+  return 0;
+}
+
+/* Output matrices must be untransposed for sgemm's C operand. */
+static int mat_out(const char *op, bl_tensor *t, mat *m, int keep) {
+  m->cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+  m->rows = m->cols ? t->numel / m->cols : opx_rows(t);
+  m->buf.owned = 0; m->buf.p = NULL;
+  if (in_place(t, &m->ld, &m->trans) && !m->trans) { m->p = (float *)t->data; return 0; }
+  BL_CHECK(opx_out(op, t, &m->buf, keep));
+  m->p = m->buf.p; m->ld = m->cols > 0 ? m->cols : 1; m->trans = 0;
+  return 0;
+}
+
+/* C = alpha op(A) op(B) + beta C with op chosen so that the product is
+ * (ta ? A^T : A)(tb ? B^T : B) in logical terms. */
+static void gemm(const mat *a, int ta, const mat *b, int tb, mat *c, float beta) {
+  int64_t m = ta ? a->cols : a->rows, k = ta ? a->rows : a->cols, n = tb ? b->rows : b->cols;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  /* sgemm with k = 0 is fine in OpenBLAS, but be explicit */
+    for (int64_t i = 0; i < m; i++) for (int64_t j = 0; j < n; j++) c->p[i * c->ld + j] *= beta;
+    return;
+  }
+  CBLAS_TRANSPOSE fa = (ta ^ a->trans) ? CblasTrans : CblasNoTrans;
+  CBLAS_TRANSPOSE fb = (tb ^ b->trans) ? CblasTrans : CblasNoTrans;
+  cblas_sgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0f, a->p, (int)a->ld, b->p,
+              (int)b->ld, beta, c->p, (int)c->ld);
+}
+
+static int check_args(const char *op, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
+  BL_CHECK(opx_check_float(op, x, "input"));
+  BL_CHECK(opx_check_float(op, w, "weight"));
+  if (b) BL_CHECK(opx_check_float(op, b, "bias"));
+  if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1])
+    return BL_ERR("%s: input %s and weight %s are not compatible", op, OPX_SHAPE(x), OPX_SHAPE(w));
+  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+    return BL_ERR("%s: bias %s does not match weight %s", op, OPX_SHAPE(b), OPX_SHAPE(w));
+  return 0;
+}
+
+/* y must be x's rows by out (same leading dims, or already flattened). */
+static int check_rows_out(const char *op, const char *name, const bl_tensor *y, const bl_tensor *x,
+                          int64_t out) {
+  if (y->ndim < 1 || opx_cols(y) != out || opx_rows(y) != opx_rows(x))
+    return BL_ERR("%s: %s %s does not match input %s and %lld output features", op, name,
+                  OPX_SHAPE(y), OPX_SHAPE(x), (long long)out);
+  return 0;
+}
+
+static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
+  const char *op = "linear";
+  mat mx, mw, my;
+  opx_buf bb = {0};
+  int rc = 0;
+  mx.buf.owned = mw.buf.owned = my.buf.owned = 0;
+  if ((rc = mat_load(op, x, &mx)) || (rc = mat_load(op, w, &mw)) || (rc = mat_out(op, y, &my, 0)))
+    goto done;
+  if (b && (rc = opx_load(op, b, &bb))) goto done;
+  if (b) {
+    int64_t n = my.cols;
+    #pragma omp parallel for schedule(static) if (my.rows * n > 65536)
+    for (int64_t r = 0; r < my.rows; r++) memcpy(my.p + r * my.ld, bb.p, (size_t)n * sizeof(float));
+  }
+  gemm(&mx, 0, &mw, 1, &my, b ? 1.0f : 0.0f);
+  opx_store(y, &my.buf);
+done:
+  opx_free(&mx.buf); opx_free(&mw.buf); opx_free(&my.buf); opx_free(&bb);
+  return rc;
+}
+
+int bl_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
+  const char *op = "linear";
+  BL_CHECK(check_args(op, x, w, b));
+  BL_CHECK(opx_check_float(op, y, "output"));
+  BL_CHECK(check_rows_out(op, "output", y, x, w->shape[0]));
+  int dev;
+  const bl_tensor *ts[] = {y, x, w, b};
+  BL_CHECK(opx_device(op, 4, ts, &dev));
+  if (dev >= 0) return opx_no_cuda(op, dev);
+  return linear_forward_cpu(y, x, w, b);
+}
+
+/* db[j] += sum_r dy[r, j]: columns split in fixed blocks, rows summed in
+ * order inside each block, so the result does not depend on the thread count. */
+static void bias_grad(float *db, const mat *dy) {
+  int64_t n = dy->cols, rows = dy->rows;
+  int64_t nblk = (n + 63) / 64;
+  #pragma omp parallel for schedule(static) if (rows * n > 65536)
+  for (int64_t blk = 0; blk < nblk; blk++) {
+    int64_t j0 = blk * 64, j1 = j0 + 64 < n ? j0 + 64 : n;
+    float acc[64] = {0};
+    if (!dy->trans) {
+      for (int64_t r = 0; r < rows; r++) {
+        const float *row = dy->p + r * dy->ld;
+        for (int64_t j = j0; j < j1; j++) acc[j - j0] += row[j];
+      }
+    } else {
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = j0; j < j1; j++) acc[j - j0] += dy->p[j * dy->ld + r];
+    }
+    for (int64_t j = j0; j < j1; j++) db[j] += acc[j - j0];
+  }
+}
+
+static int linear_backward_cpu(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
+                               const bl_tensor *x, const bl_tensor *w, int accumulate) {
+  const char *op = "linear_backward";
+  mat mdy, mx, mw, mdx, mdw;
+  opx_buf bdb = {0};
+  int rc = 0;
+  mdy.buf.owned = mx.buf.owned = mw.buf.owned = mdx.buf.owned = mdw.buf.owned = 0;
+  mdx.buf.p = mdw.buf.p = NULL;
+  if ((rc = mat_load(op, dy, &mdy))) goto done;
+  if (dx) {
+    if ((rc = mat_load(op, w, &mw)) || (rc = mat_out(op, dx, &mdx, accumulate))) goto done;
+    gemm(&mdy, 0, &mw, 0, &mdx, accumulate ? 1.0f : 0.0f);
+    opx_store(dx, &mdx.buf);
+  }
+  if (dw) {
+    if ((rc = mat_load(op, x, &mx)) || (rc = mat_out(op, dw, &mdw, 1))) goto done;
+    gemm(&mdy, 1, &mx, 0, &mdw, 1.0f);
+    opx_store(dw, &mdw.buf);
+  }
+  if (db) {
+    if ((rc = opx_out(op, db, &bdb, 1))) goto done;
+    bias_grad(bdb.p, &mdy);
+    opx_store(db, &bdb);
+  }
+done:
+  opx_free(&mdy.buf); opx_free(&mx.buf); opx_free(&mw.buf); opx_free(&mdx.buf); opx_free(&mdw.buf);
+  opx_free(&bdb);
+  return rc;
+}
+
+int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
+                       const bl_tensor *x, const bl_tensor *w, int accumulate) {
+  const char *op = "linear_backward";
+  BL_CHECK(check_args(op, x, w, NULL));
+  BL_CHECK(opx_check_float(op, dy, "grad_output"));
+  BL_CHECK(check_rows_out(op, "grad_output", dy, x, w->shape[0]));
+  if (dx) {
+    BL_CHECK(opx_check_float(op, dx, "grad_input"));
+    if (!opx_same_shape(dx, x) && (opx_rows(dx) != opx_rows(x) || opx_cols(dx) != opx_cols(x)))
+      return BL_ERR("%s: grad_input %s does not match input %s", op, OPX_SHAPE(dx), OPX_SHAPE(x));
+  }
+  if (dw) {
+    BL_CHECK(opx_check_float(op, dw, "grad_weight"));
+    if (!opx_same_shape(dw, w))
+      return BL_ERR("%s: grad_weight %s does not match weight %s", op, OPX_SHAPE(dw), OPX_SHAPE(w));
+  }
+  if (db) {
+    BL_CHECK(opx_check_float(op, db, "grad_bias"));
+    if (db->ndim != 1 || db->shape[0] != w->shape[0])
+      return BL_ERR("%s: grad_bias %s does not match weight %s", op, OPX_SHAPE(db), OPX_SHAPE(w));
+  }
+  int dev;
+  const bl_tensor *ts[] = {dx, dw, db, dy, x, w};
+  BL_CHECK(opx_device(op, 6, ts, &dev));
+  if (dev >= 0) return opx_no_cuda(op, dev);
+  return linear_backward_cpu(dx, dw, db, dy, x, w, accumulate);
+}

@@ -1,0 +1,123 @@
+-- bertlua.ops from Lua: the wrappers allocate the right shapes, agree with
+-- the tensor library's own math on random inputs, accept strided views, and
+-- turn C errors into Lua errors naming the op and the shapes. Numerics in
+-- depth (gradient checks, PyTorch) are in tests/c/test_ops*.c.
+local T = require "bertlua.testing"
+local bl = require "bertlua"
+local ops = require "bertlua.ops"
+
+local function randn(shape, seed) return bl.randn(shape, { seed = seed, offset = 0 }) end
+local function close(a, b, tol) T.truthy(a:allclose(b, tol or 1e-5, tol or 1e-5), "tensors differ") end
+
+T.test("linear forward/backward match matmul", function()
+  local x, w, b = randn({ 3, 7, 10 }, 1), randn({ 6, 10 }, 2), randn({ 6 }, 3)
+  local y = ops.linear(x, w, b)
+  T.eq(bl.shape_str(y:shape()), "[3,7,6]")
+  local x2 = x:view({ 21, 10 })
+  close(y:view({ 21, 6 }), x2:matmul(w:t()) + b:view({ 1, 6 }))
+  local dy = randn({ 3, 7, 6 }, 4)
+  local dw, db = bl.zeros({ 6, 10 }), bl.zeros({ 6 })
+  local dx = ops.linear_backward(dy, x, w, { dw = dw, db = db })
+  close(dx:view({ 21, 10 }), dy:view({ 21, 6 }):matmul(w))
+  close(dw, dy:view({ 21, 6 }):t():matmul(x2))
+  ops.linear_backward(dy, x, w, { dx = false, dw = dw })
+  close(dw, dy:view({ 21, 6 }):t():matmul(x2) * 2)
+  -- [CLS] rows as a strided view: same as the contiguous copy
+  local cls = x:select(2, 1)
+  close(ops.linear(cls, w, b), ops.linear(cls:contiguous(), w, b))
+  T.raises(function() ops.linear(bl.zeros({ 4, 7 }), bl.zeros({ 5, 6 })) end,
+    "linear: input [4,7] and weight [5,6] are not compatible")
+end)
+
+T.test("layernorm, residual layernorm, gelu, tanh, softmax", function()
+  local x, g, b = randn({ 3, 7, 10 }, 5), randn({ 10 }, 6), randn({ 10 }, 7)
+  local y, mean, rstd = ops.layernorm(x, g, b)
+  T.eq(mean:numel(), 21)
+  -- row 1 by hand
+  local row = x:view({ 21, 10 }):tolist()[1]
+  local m, v = 0, 0
+  for i = 1, 10 do m = m + row[i] / 10 end
+  for i = 1, 10 do v = v + (row[i] - m) ^ 2 / 10 end
+  local gl, bt = g:tolist(), b:tolist()
+  local yr = y:view({ 21, 10 }):tolist()[1]
+  for i = 1, 10 do T.near(yr[i], (row[i] - m) / math.sqrt(v + 1e-12) * gl[i] + bt[i], 1e-5, 1e-5) end
+  local r = randn({ 3, 7, 10 }, 8)
+  local y2 = ops.residual_layernorm(x, r, g, b)
+  close(y2, (ops.layernorm(x + r, g, b)))
+  local dy = randn({ 3, 7, 10 }, 9)
+  local dg1, dg2 = bl.zeros({ 10 }), bl.zeros({ 10 })
+  local dx1 = ops.layernorm_backward(dy, x + r, g, mean, rstd, nil, nil)  -- shapes only
+  T.eq(dx1:numel(), 210)
+  local _, m2, r2 = ops.layernorm(x + r, g, b)
+  local dxa = ops.layernorm_backward(dy, x + r, g, m2, r2, dg1)
+  local _, mr, rr = ops.residual_layernorm(x, r, g, b)
+  local dxb, dres = ops.residual_layernorm_backward(dy, x, r, g, mr, rr, { dgamma = dg2 })
+  close(dxa, dxb); close(dres, dxb); close(dg1, dg2)
+  -- gelu = 0.5 x (1 + erf(x / sqrt 2)); tanh; bias_gelu
+  local gx = ops.gelu(x)
+  close(gx, x * 0.5 * ((x * (1 / math.sqrt(2))):erf() + 1))
+  close(ops.bias_gelu(x, b), ops.gelu(x + b:view({ 1, 1, 10 })))
+  close(ops.tanh(x), x:tanh())
+  local s = ops.softmax(x, bl.zeros({ 3, 1, 10 }))
+  T.near(s:sum(), 21, 1e-5)
+  T.near(s:select(1, 2):select(1, 3):sum(), 1, 1e-6)
+  T.raises(function() ops.gelu(bl.zeros({ 2 }, { dtype = "i32" })) end, "gelu: input must be f32/f64/f16/bf16, got i32")
+end)
+
+T.test("dropout reproducible from seed and offset", function()
+  local x = bl.ones({ 1000 })
+  local g = bl.Generator(123)
+  local off = g:advance(x:numel())
+  local y1, mask = ops.dropout(x, 0.25, g.seed, off, true)
+  local y2 = ops.dropout(x, 0.25, g.seed, off)
+  close(y1, y2, 0)
+  T.eq(mask:dtype(), "u8")
+  local kept = mask:to("f64"):sum()
+  T.truthy(kept > 700 and kept < 800, "keep fraction " .. kept / 1000)
+  T.near(y1:sum(), kept / 0.75, 1e-5)
+  close(ops.dropout_backward(x, 0.25, g.seed, off), y1, 0)
+  close(ops.dropout_backward(x, 0.25, 0, 0, mask), y1, 0)
+  local y3 = ops.dropout(x, 0.25, g.seed, g:advance(x:numel()))
+  T.truthy((y3 - y1):abs():sum() > 0, "next offset must give another mask")
+end)
+
+T.test("attention on fused QKV slices, losses, accuracy", function()
+  local B, S, H, heads = 2, 5, 8, 2
+  local qkv = randn({ B, S, 3 * H }, 10)
+  local q, k, v = qkv:narrow(3, 1, H), qkv:narrow(3, H + 1, H), qkv:narrow(3, 2 * H + 1, H)
+  local mask = bl.from({ { 1, 1, 1, 1, 1 }, { 1, 1, 1, 0, 0 } })
+  local ctx, probs = ops.attention(q, k, v, mask, heads)
+  T.eq(bl.shape_str(ctx:shape()), "[2,5,8]"); T.eq(bl.shape_str(probs:shape()), "[2,2,5,5]")
+  local ctx2 = ops.attention(q:contiguous(), k:contiguous(), v:contiguous(), mask, heads)
+  close(ctx, ctx2, 0)
+  T.truthy(probs:select(1, 2):select(3, 5):sum() < 1e-3, "masked keys get ~no probability")
+  local dq, dk, dv = ops.attention_backward(randn({ B, S, H }, 11), q, k, v, probs, heads)
+  T.eq(bl.shape_str(dq:shape()), "[2,5,8]")
+  T.raises(function() ops.attention(q, k, v, mask, 3) end, "not divisible by 3 heads")
+
+  local logits = bl.from({ { 2, 1, 0 }, { 0, 3, 0 }, { 1, 1, 5 } })
+  local tg = bl.from({ 0, -100, 1 }, { dtype = "i64" })
+  local loss, dl, n = ops.cross_entropy(logits, tg)
+  T.eq(n, 2)
+  local l1 = math.log(math.exp(2) + math.exp(1) + 1) - 2
+  local l3 = math.log(2 * math.exp(1) + math.exp(5)) - 1
+  T.near(loss, (l1 + l3) / 2, 1e-6)
+  T.near(dl:tolist()[2], { 0, 0, 0 })
+  local correct, count = ops.accuracy(logits, tg)
+  T.eq(correct, 1); T.eq(count, 2)
+  T.near(ops.argmax(logits):tolist(), { 0, 1, 2 })
+  T.raises(function() ops.cross_entropy(logits, bl.from({ 0, 3, 1 }, { dtype = "i64" })) end,
+    "cross_entropy: target 3 at row 1 is out of range for 3 classes")
+  local mse, dp = ops.mse_loss(bl.from({ 1, 2 }), bl.from({ 0, 4 }))
+  T.near(mse, 2.5, 1e-6); T.near(dp:tolist(), { 1, -2 })
+  -- embedding + gather
+  local tbl = randn({ 11, 4 }, 12)
+  local ids = bl.from({ { 1, 10 }, { 3, 3 } }, { dtype = "i32" })
+  local e = ops.embedding(tbl, ids)
+  close(e:select(1, 2):select(1, 1), tbl:select(1, 4))
+  T.raises(function() ops.embedding(tbl, bl.from({ 11 }, { dtype = "i32" })) end, "id 11 at position 0 is out of range for vocabulary size 11")
+  local gsel = ops.gather(e, bl.from({ 3, 0 }, { dtype = "i64" }))
+  close(gsel:select(1, 1), tbl:select(1, 4))
+end)
+
+T.run()
