@@ -6,5 +6,6 @@
 #include "bl_base.h"
 #include "bl_tensor.h"
 #include "bl_dist.h"
+#include "bl_corpus.h"
 #include "bl_ops.h"
 #endif

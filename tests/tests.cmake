@@ -38,3 +38,16 @@ foreach(src ${BL_MPI_TESTS})
   set_tests_properties(mpi_${name} PROPERTIES SKIP_RETURN_CODE 77
     ENVIRONMENT "${BL_TEST_ENV};OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" TIMEOUT 600)
 endforeach()
+
+# libFuzzer targets (clang only): cmake -DCMAKE_C_COMPILER=clang -DBERTLUA_FUZZ=ON
+# registers a short run of each as a test; longer runs: ./fuzz_wikitext -max_total_time=600
+option(BERTLUA_FUZZ "Build libFuzzer targets (needs clang)" OFF)
+if(BERTLUA_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
+  add_executable(fuzz_wikitext tests/fuzz/fuzz_wikitext.c src/corpus/wikitext.c src/corpus/entities.c src/corpus/sentences.c)
+  target_compile_definitions(fuzz_wikitext PRIVATE BL_FUZZ_STANDALONE)
+  target_include_directories(fuzz_wikitext PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_compile_options(fuzz_wikitext PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(fuzz_wikitext PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_wikitext PRIVATE PkgConfig::UTF8PROC)
+  add_test(NAME fuzz_wikitext_short COMMAND fuzz_wikitext -max_total_time=20 -max_len=65536 -timeout=5)
+endif()

@@ -1,0 +1,30 @@
+-- prepare_bookcorpus.lua: turn a directory of books (.txt, e.g. BookCorpus or
+-- Project Gutenberg) into the inter-stage document format.
+--   bertlua recipes/prepare_bookcorpus.lua --input=books/ --output=data/books
+-- One book = one document (title from a "Title:" line, else the file name);
+-- paragraphs (separated by blank lines) are joined into single lines; the
+-- Gutenberg header/footer (*** START OF ... *** / *** END OF ...) is cut when
+-- present. Writes DIR/books_NNNNN.txt atomically; existing files are skipped.
+local corpus = require "bertlua.corpus"
+
+local defaults = {
+  input = "",           -- directory of .txt books
+  output = "",          -- output directory
+  docs_per_file = 1000, -- books per output file
+}
+
+local o = corpus.parse_options(defaults, arg, [[
+usage: bertlua recipes/prepare_bookcorpus.lua --input=DIR_OF_TXT --output=DIR]])
+if not o then os.exit(0) end
+if o.input == "" or o.output == "" then
+  io.stderr:write("prepare_bookcorpus: --input and --output are required (see --help)\n")
+  os.exit(2)
+end
+corpus.print_options("prepare_bookcorpus", o)
+local ok, s = pcall(corpus.prepare_bookcorpus, o)
+if not ok then
+  io.stderr:write("prepare_bookcorpus: error: ", tostring(s), "\n")
+  os.exit(1)
+end
+print(("books %d (%d paragraphs, %.1f MB read), empty %d, files written %d, already present %d, %.2f s")
+  :format(s.books, s.paragraphs, s.bytes_in / 1e6, s.empty, s.files_written, s.files_existing, s.seconds))

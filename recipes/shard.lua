@@ -1,0 +1,46 @@
+-- shard.lua: split documents into sentences, shuffle them deterministically and
+-- deal them into balanced train/test shards, with bounded memory.
+--   bertlua recipes/shard.lua --input=data/wiki,data/books --output=data/shards --num-shards=256
+-- Input: directories of .txt files in the inter-stage format (see below).
+-- Output: DIR/train_NNNNN.txt and DIR/test_NNNNN.txt (one sentence per line, a
+-- blank line between documents: create_pretraining_data.py's input) and
+-- DIR/shards.json (counts per shard; written last, so it marks completion).
+-- The train/test split is by document. Memory: documents are spilled to
+-- K bucket files by a random key (pass 1), and each bucket is sorted in memory
+-- (pass 2); K grows as --memory-mb shrinks, and the output does not depend on K.
+local corpus = require "bertlua.corpus"
+
+local defaults = {
+  input = "",             -- input directories, comma-separated
+  output = "",            -- output directory
+  num_shards = 256,       -- training shards
+  num_test_shards = -1,   -- test shards (-1: round(num_shards * test_fraction), at least 1)
+  test_fraction = 0.1,    -- fraction of documents that go to the test shards
+  seed = 12345,           -- shuffle / split seed
+  memory_mb = 1024,       -- memory budget for the in-memory pass
+  keep_titles = false,    -- keep each document's title as its first sentence
+}
+
+local o = corpus.parse_options(defaults, arg, [==[
+usage: bertlua recipes/shard.lua --input=DIR[,DIR2] --output=DIR --num-shards=N
+       [--test-fraction=0.1] [--seed=S] [--memory-mb=M]]==])
+if not o then os.exit(0) end
+if o.input == "" or o.output == "" then
+  io.stderr:write("shard: --input and --output are required (see --help)\n")
+  os.exit(2)
+end
+corpus.print_options("shard", o)
+local ok, s = pcall(corpus.shard, o)
+if not ok then
+  io.stderr:write("shard: error: ", tostring(s), "\n")
+  os.exit(1)
+end
+print(("documents %d (empty %d), sentences %d, buckets %d"):format(s.input_docs, s.empty_docs, s.sentences, s.buckets))
+for _, name in ipairs { "train", "test" } do
+  local t = s[name]
+  if t.shards > 0 then
+    print(("%s: %d shards, %d docs, %d sentences, %.1f MB, shard bytes min %d max %d"):format(name, t.shards,
+      t.docs, t.sentences, t.bytes / 1e6, t.min_bytes, t.max_bytes))
+  end
+end
+print(("%.2f s, peak RSS %.0f MB (VmHWM)"):format(s.seconds, s.peak_rss_mb))
