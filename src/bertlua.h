@@ -8,4 +8,5 @@
 #include "bl_dist.h"
 #include "bl_corpus.h"
 #include "bl_ops.h"
+#include "bl_io.h"
 #endif

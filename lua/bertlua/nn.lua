@@ -1,0 +1,422 @@
+-- bertlua.nn: neural-network modules with explicit forward and backward
+-- (the Torch7 `nn` contract, without its macro machinery).
+--
+--   local nn = require "bertlua.nn"
+--   local lin = nn.Linear(768, 3072)
+--   lin:flatten{ seed = 1 }               -- allocate + initialise parameters
+--   local y = lin:forward(x)              -- y is lin's buffer, reused next call
+--   local dx = lin:backward(x, dy)        -- grads ACCUMULATE into lin.grad_weight ...
+--
+-- Contract of every module:
+--  * forward(input, ...) -> output; backward(input, ..., grad_output) ->
+--    grad_input. backward must follow the forward of the same input (the
+--    module keeps what it needs: LayerNorm statistics, attention
+--    probabilities, the dropout counter offset).
+--  * Outputs and input gradients live in buffers owned by the module and
+--    reused on the next call when the shape repeats: copy them if you need
+--    them after the next forward/backward.
+--  * Parameter gradients ACCUMULATE (+=) across backward calls, so several
+--    micro-batches sum into one gradient; call model:zero_grad() per step.
+--  * Parameters are declared with `self:param(name, shape, init)` and
+--    children with `self:add(name, module)`. Nothing is allocated until the
+--    ROOT module's flatten() lays every parameter out in ONE flat f32 buffer
+--    (and one flat gradient buffer of the same layout) and sets
+--    `module[name]` / `module["grad_" .. name]` to views into them. Names are
+--    the dotted child path (Hugging Face names: "encoder.layer.0.output.dense.weight").
+--    After changing the structure (inserting a layer, swapping a module with
+--    parameters) call flatten() again: existing values are kept, new
+--    parameters are initialised.
+--  * Dropout draws from the root's Philox generator (`model.rng`, seeded by
+--    flatten{seed=}): each dropout call reserves a fresh counter range, so a
+--    run is reproducible from the seed, and backward regenerates the same mask.
+--  * train()/eval(): dropout is the identity in eval mode.
+local core = require "bertlua.core"
+local bl = require "bertlua.tensor"
+local C, ffi, check = core.C, core.ffi, core.check
+
+local M = {}
+
+-- classes --------------------------------------------------------------------
+local Module = {}
+Module.__index = Module
+Module.__name = "Module"
+M.Module = Module
+
+-- class(name[, parent]) -> class table; calling it constructs (runs __init).
+function M.class(name, parent)
+  parent = parent or Module
+  local cls = {}
+  cls.__index = cls
+  cls.__name = name
+  cls.__tostring = parent.__tostring
+  setmetatable(cls, {
+    __index = parent,
+    __call = function(c, ...)
+      local o = setmetatable({}, c)
+      o:__init(...)
+      return o
+    end,
+  })
+  M[name] = cls
+  return cls
+end
+
+function Module:__init()
+  self._params = {}
+  self._children = {}
+  self.training = true
+end
+
+function Module:__tostring() return getmetatable(self).__name end
+
+-- param(name, shape, init): init is "normal" (BERT truncated normal with the
+-- root's initializer_range), "zeros" or "ones".
+function Module:param(name, shape, init)
+  self._params[#self._params + 1] = { name = name, shape = shape, init = init or "normal" }
+  return self
+end
+
+-- add(name, module): a child; its parameters are named "<name>.<...>".
+function Module:add(name, mod)
+  for i, c in ipairs(self._children) do
+    if c.name == name then self._children[i].module = mod; self[name] = mod; return mod end
+  end
+  self._children[#self._children + 1] = { name = name, module = mod }
+  self[name] = mod
+  return mod
+end
+
+function Module:children()
+  local r = {}
+  for i, c in ipairs(self._children) do r[i] = c.module end
+  return r
+end
+
+-- apply(fn): fn(module) on this module and every descendant (pre-order).
+function Module:apply(fn)
+  fn(self)
+  for _, c in ipairs(self._children) do c.module:apply(fn) end
+  return self
+end
+
+function Module:train(flag)
+  if flag == nil then flag = true end
+  return self:apply(function(m) m.training = flag end)
+end
+function Module:eval() return self:train(false) end
+
+-- _layout(prefix, list): append {name, entry, module} in flat-buffer order.
+-- A module can override this to keep a group of parameters contiguous
+-- (entry.contiguous = true: no alignment gap before it), e.g. fused QKV.
+function Module:_layout(prefix, list)
+  for _, p in ipairs(self._params) do
+    list[#list + 1] = { name = prefix .. p.name, entry = p, module = self }
+  end
+  for _, c in ipairs(self._children) do c.module:_layout(prefix .. c.name .. ".", list) end
+end
+
+local ALIGN = 16  -- floats: every parameter group starts on a 64-byte boundary
+
+local function numel_of(shape)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return n
+end
+
+-- BERT's initializer: normal(0, std) truncated at 2 std by resampling, from
+-- the Philox stream (seed, rng offsets): the same seed gives the same weights.
+local function trunc_normal_(t, rng, std)
+  local n = t:numel()
+  check(C.bl_rand_normal(t, rng.seed, rng:advance(n), 0, std))
+  local p = t:ptr()
+  local lim = 2 * std
+  local bad = {}
+  for i = 0, n - 1 do
+    local v = p[i]
+    if v > lim or v < -lim then bad[#bad + 1] = i end
+  end
+  while #bad > 0 do
+    local tmp = bl.empty({ #bad })
+    check(C.bl_rand_normal(tmp, rng.seed, rng:advance(#bad), 0, std))
+    local q, still = tmp:ptr(), {}
+    for j, i in ipairs(bad) do
+      local v = q[j - 1]
+      if v <= lim and v >= -lim then p[i] = v else still[#still + 1] = i end
+    end
+    bad = still
+  end
+end
+M.trunc_normal_ = trunc_normal_
+
+-- flatten{seed=, std=}: (re)allocate the flat parameter and gradient buffers
+-- of this (root) module, keep the values of parameters that already exist,
+-- initialise the new ones, and give every module the root's generator.
+function Module:flatten(opts)
+  opts = opts or {}
+  if opts.seed ~= nil or not self.rng then self.rng = bl.Generator(opts.seed or 0) end
+  local std = opts.std or self.initializer_range or 0.02
+  local list = {}
+  self:_layout("", list)
+  local seen, off = {}, 0
+  local plist = {}
+  for _, e in ipairs(list) do
+    if seen[e.entry] then error("flatten: parameter " .. e.name .. " is registered twice", 2) end
+    seen[e.entry] = true
+    if not e.entry.contiguous then off = math.ceil(off / ALIGN) * ALIGN end
+    e.offset = off
+    e.numel = numel_of(e.entry.shape)
+    off = off + e.numel
+    plist[#plist + 1] = e
+  end
+  local total = math.max(math.ceil(off / ALIGN) * ALIGN, ALIGN)
+  local flat, gflat = bl.zeros({ total }), bl.zeros({ total })
+  for _, e in ipairs(plist) do
+    local p = e.entry
+    local v = flat:narrow(1, e.offset + 1, e.numel):view(p.shape)
+    local g = gflat:narrow(1, e.offset + 1, e.numel):view(p.shape)
+    local old = p.tensor
+    if old and old:numel() == e.numel then
+      v:copy_(old)
+    elseif p.init == "ones" then v:fill_(1)
+    elseif p.init == "zeros" then v:fill_(0)
+    else trunc_normal_(v, self.rng, std) end
+    p.tensor, p.grad = v, g
+    e.module[p.name] = v
+    e.module["grad_" .. p.name] = g
+  end
+  local rng = self.rng
+  self:apply(function(m) m.rng = rng end)
+  self.flat_params, self.flat_grads, self._plist = flat, gflat, plist
+  self:apply(function(m) if m._after_flatten then m:_after_flatten() end end)
+  return self
+end
+
+-- parameters() -> list of {name=, param=, grad=, offset=, numel=, shape=} in flat order.
+function Module:parameters()
+  if not self._plist then error("parameters: call flatten() on the root module first", 2) end
+  local r = {}
+  for i, e in ipairs(self._plist) do
+    r[i] = { name = e.name, param = e.entry.tensor, grad = e.entry.grad, offset = e.offset,
+      numel = e.numel, shape = e.entry.shape }
+  end
+  return r
+end
+
+function Module:num_parameters()
+  local n = 0
+  for _, e in ipairs(self._plist or {}) do n = n + e.numel end
+  return n
+end
+
+function Module:zero_grad()
+  if not self.flat_grads then error("zero_grad: call flatten() on the root module first", 2) end
+  self.flat_grads:zero_()
+  return self
+end
+
+-- buffers ----------------------------------------------------------------------
+local function same_shape(t, shape)
+  if t.ndim_ ~= #shape then return false end
+  for i = 1, #shape do if t.shape_[i - 1] ~= shape[i] then return false end end
+  return true
+end
+
+-- buf(self, key, shape[, dtype]): the module's reusable tensor `key`,
+-- reallocated only when the shape or dtype changes.
+local DT = { f32 = 0, i32 = 4, i64 = 5, f64 = 1 }
+local function buf(self, key, shape, dtype)
+  local t = self[key]
+  local dt = DT[dtype or "f32"]
+  if t ~= nil and t.storage_ ~= nil and t.dtype_ == dt and same_shape(t, shape) then return t end
+  if t ~= nil then t:free() end
+  t = bl.empty(shape, { dtype = dtype or "f32" })
+  self[key] = t
+  return t
+end
+M.buf = buf
+
+local function with_last(t, n)
+  local s = t:shape()
+  s[#s] = n
+  return s
+end
+M.with_last = with_last
+
+-- basic layers ----------------------------------------------------------------------
+local Linear = M.class("Linear")
+function Linear:__init(in_features, out_features, bias)
+  Module.__init(self)
+  self.in_features, self.out_features = in_features, out_features
+  self:param("weight", { out_features, in_features }, "normal")
+  if bias ~= false then self:param("bias", { out_features }, "zeros") end
+end
+function Linear:forward(x)
+  local y = buf(self, "output", with_last(x, self.out_features))
+  check(C.bl_linear_forward(y, x, self.weight, self.bias))
+  return y
+end
+-- backward(x, dy[, dx]): dx (overwritten) may be given, e.g. a view.
+function Linear:backward(x, dy, dx)
+  dx = dx or buf(self, "grad_input", x:shape())
+  check(C.bl_linear_backward(dx, self.grad_weight, self.grad_bias, dy, x, self.weight, 0))
+  return dx
+end
+
+local Embedding = M.class("Embedding")
+function Embedding:__init(num, dim)
+  Module.__init(self)
+  self.num_embeddings, self.embedding_dim = num, dim
+  self:param("weight", { num, dim }, "normal")
+end
+function Embedding:forward(ids)
+  local s = ids:shape()
+  s[#s + 1] = self.embedding_dim
+  local y = buf(self, "output", s)
+  check(C.bl_embedding_forward(y, self.weight, ids, 0))
+  return y
+end
+-- no gradient for integer ids: returns nil
+function Embedding:backward(ids, dy)
+  check(C.bl_embedding_backward(self.grad_weight, dy, ids))
+  return nil
+end
+
+local LayerNorm = M.class("LayerNorm")
+function LayerNorm:__init(dim, eps)
+  Module.__init(self)
+  self.dim, self.eps = dim, eps or 1e-12
+  self:param("weight", { dim }, "ones")
+  self:param("bias", { dim }, "zeros")
+end
+function LayerNorm:forward(x)
+  local y = buf(self, "output", x:shape())
+  local rows = x:numel() / self.dim
+  local mean, rstd = buf(self, "mean", { rows }), buf(self, "rstd", { rows })
+  check(C.bl_layernorm_forward(y, mean, rstd, x, self.weight, self.bias, self.eps))
+  return y
+end
+function LayerNorm:backward(x, dy)
+  local dx = buf(self, "grad_input", x:shape())
+  check(C.bl_layernorm_backward(dx, self.grad_weight, self.grad_bias, dy, x, self.weight, self.mean, self.rstd))
+  return dx
+end
+
+-- draw(module, n): (p, seed, offset) for a dropout over n elements in train
+-- mode, or p = 0 when dropout is off (eval, p = 0, or no generator yet).
+local function draw(self, p, n)
+  if not self.training or p == 0 then return 0, 0, 0 end
+  local rng = self.rng
+  if not rng then error(tostring(self) .. ": dropout needs the root's generator; call flatten() on the root", 3) end
+  return p, rng.seed, rng:advance(n)
+end
+M.draw = draw
+
+local Dropout = M.class("Dropout")
+function Dropout:__init(p)
+  Module.__init(self)
+  self.p = p or 0.1
+end
+function Dropout:forward(x)
+  local p, seed, off = draw(self, self.p, x:numel())
+  self._p, self._seed, self._off = p, seed, off
+  if p == 0 then return x end
+  local y = buf(self, "output", x:shape())
+  check(C.bl_dropout_forward(y, nil, x, p, seed, off))
+  return y
+end
+function Dropout:backward(x, dy)
+  if self._p == 0 then return dy end
+  local dx = buf(self, "grad_input", dy:shape())
+  check(C.bl_dropout_backward(dx, dy, nil, self._p, self._seed, self._off))
+  return dx
+end
+
+-- activations -------------------------------------------------------------------------
+-- An activation is a module without parameters. One that sets
+-- `fuses_bias = true` also provides forward_bias(x, b) / backward_bias(x, b,
+-- dy, db) computing act(x + b), which BertIntermediate uses to fuse the
+-- dense layer's bias into the activation.
+local GELU = M.class("GELU")
+GELU.fuses_bias = true
+function GELU:forward(x)
+  local y = buf(self, "output", x:shape())
+  check(C.bl_gelu_forward(y, x))
+  return y
+end
+function GELU:backward(x, dy)
+  local dx = buf(self, "grad_input", x:shape())
+  check(C.bl_gelu_backward(dx, dy, x))
+  return dx
+end
+function GELU:forward_bias(x, b)
+  local y = buf(self, "output", x:shape())
+  check(C.bl_bias_gelu_forward(y, x, b))
+  return y
+end
+function GELU:backward_bias(x, b, dy, db)
+  local dx = buf(self, "grad_input", x:shape())
+  check(C.bl_bias_gelu_backward(dx, db, dy, x, b))
+  return dx
+end
+
+local Tanh = M.class("Tanh")
+function Tanh:forward(x)
+  local y = buf(self, "output", x:shape())
+  check(C.bl_tanh_forward(y, x))
+  return y
+end
+function Tanh:backward(x, dy)
+  local dx = buf(self, "grad_input", x:shape())
+  check(C.bl_tanh_backward(dx, dy, self.output))
+  return dx
+end
+
+-- ReLU written with tensor operations only: the way a researcher adds an activation.
+local ReLU = M.class("ReLU")
+function ReLU:forward(x)
+  local y = buf(self, "output", x:shape())
+  check(C.bl_unary(8, y, x))  -- BL_RELU
+  return y
+end
+function ReLU:backward(x, dy)
+  local dx = buf(self, "grad_input", x:shape())
+  check(C.bl_binary(2, dx, dy, x:gt(0)))  -- BL_MUL by the 0/1 mask
+  return dx
+end
+
+-- tanh-approximated GELU (HF "gelu_new" / "gelu_pytorch_tanh"), in tensor ops.
+local GELUTanh = M.class("GELUTanh")
+local K0, K1 = math.sqrt(2 / math.pi), 0.044715
+function GELUTanh:forward(x)
+  local u = (x + x:pow(3) * K1) * K0
+  local t = u:tanh()
+  self._t = t
+  local y = buf(self, "output", x:shape())
+  check(C.bl_binary(2, y, x * 0.5, t + 1))
+  return y
+end
+function GELUTanh:backward(x, dy)
+  local t = self._t
+  -- d/dx 0.5 x (1 + t) = 0.5 (1 + t) + 0.5 x (1 - t^2) K0 (1 + 3 K1 x^2)
+  local g = (t + 1) * 0.5 + x * 0.5 * (1 - t * t) * ((x * x * (3 * K1) + 1) * K0)
+  local dx = buf(self, "grad_input", x:shape())
+  check(C.bl_binary(2, dx, dy, g))
+  return dx
+end
+
+-- activation(name) -> module for a Hugging Face hidden_act name
+function M.activation(name)
+  if name == "gelu" then return M.GELU() end
+  if name == "relu" then return M.ReLU() end
+  if name == "tanh" then return M.Tanh() end
+  if name == "gelu_new" or name == "gelu_pytorch_tanh" then return M.GELUTanh() end
+  error("nn.activation: unknown activation '" .. tostring(name) .. "' (gelu, relu, tanh, gelu_new, gelu_pytorch_tanh)", 2)
+end
+
+-- in-place dst += src (same shape)
+function M.add_(dst, src)
+  check(C.bl_binary(0, dst, dst, src))
+  return dst
+end
+
+return M
