@@ -1,0 +1,51 @@
+-- Checkpoints: atomic layout, keep-last-N, partial saves ignored, identity checks.
+local T = require "bertlua.testing"
+local bl = require "bertlua"
+local bert = require "bertlua.bert"
+local ckpt = require "bertlua.checkpoint"
+
+local cfg = { vocab_size = 50, hidden_size = 16, num_hidden_layers = 1, num_attention_heads = 2,
+  intermediate_size = 32, max_position_embeddings = 16 }
+local dir = os.tmpname(); os.remove(dir)
+T.at_exit(function() os.execute("rm -rf " .. dir) end)
+
+T.test("save, list, latest and keep the last N", function()
+  local m = bert.BertForPreTraining(cfg, { seed = 1 })
+  local mom = bl.randn({ 10 }, { seed = 3 })
+  for step = 10, 50, 10 do
+    ckpt.save(dir, { step = step, model = m, tensors = { ["opt.m"] = mom },
+      state = { phase = 1, rng = { seed = 1, offset = step * 1000 } }, identity = { optimizer = "lamb", world_size = 1 } }, { keep = 3 })
+  end
+  local l = ckpt.list(dir)
+  T.eq(#l, 3); T.eq(l[1].step, 30); T.eq(l[3].step, 50)
+  T.truthy(ckpt.latest(dir):find("ckpt%-00000050$"))
+  local m2 = bert.BertForPreTraining(cfg, { seed = 2 })
+  local c = ckpt.load(ckpt.latest(dir), { model = m2, identity = { optimizer = "lamb", world_size = 1 } })
+  T.eq(c.step, 50); T.eq(c.state.rng.offset, 50000)
+  T.eq((m2.flat_params - m.flat_params):abs():max(), 0)
+  T.eq((c.tensors["opt.m"] - mom):abs():max(), 0)
+end)
+
+T.test("a partial checkpoint left by a crash is ignored and cleaned", function()
+  os.execute("mkdir -p " .. dir .. "/.tmp-ckpt-00000060-1 " .. dir .. "/ckpt-00000070")  -- 70: no state.json
+  T.truthy(ckpt.latest(dir):find("00000050$"), "newest complete one wins")
+  local m = bert.BertForPreTraining(cfg, { seed = 1 })
+  ckpt.save(dir, { step = 80, model = m }, { keep = 5 })
+  local f = io.popen("ls -a " .. dir); local s = f:read("*a"); f:close()
+  T.truthy(not s:find(".tmp-ckpt", 1, true), "temporary directories are removed: " .. s)
+end)
+
+T.test("mismatched identity or config is a clear error", function()
+  local m = bert.BertForPreTraining(cfg, { seed = 1 })
+  local path = dir .. "/ckpt-00000050"
+  T.raises(function() ckpt.load(path, { identity = { optimizer = "adamw" } }) end, "made with optimizer = lamb, this run has adamw")
+  T.raises(function() ckpt.load(path, { identity = { world_size = 4 } }) end, "world_size = 1, this run has 4")
+  local other = bert.BertForPreTraining({ vocab_size = 50, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+    intermediate_size = 32, max_position_embeddings = 16 }, { seed = 1 })
+  T.raises(function() ckpt.load(path, { model = other }) end, "model.safetensors")
+  local f = io.open(path .. "/state.json", "w"); f:write("{not json"); f:close()
+  T.raises(function() ckpt.load(path, { model = m }) end, "not valid JSON")
+  T.raises(function() ckpt.load(dir .. "/nope") end, "not a complete checkpoint")
+end)
+
+T.run()
