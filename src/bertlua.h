@@ -9,4 +9,5 @@
 #include "bl_corpus.h"
 #include "bl_ops.h"
 #include "bl_io.h"
+#include "bl_tokenizer.h"
 #endif
