@@ -10,4 +10,5 @@
 #include "bl_ops.h"
 #include "bl_io.h"
 #include "bl_tokenizer.h"
+#include "bl_optim.h"
 #endif

@@ -1,0 +1,156 @@
+/* bertlua — optimizers over flat parameter buffers: LAMB (NVIDIA's BERT
+ * pre-training optimizer), AdamW / BertAdam, SGD, global gradient norm,
+ * fused unscale + inf/NaN check for dynamic loss scaling.
+ *
+ * Layout. Parameters, gradients and each optimizer moment are ONE flat,
+ * contiguous f32 tensor each (any shape; only numel matters), all with the
+ * same numel. Parameter tensor k is the segment [offset[k], offset[k] +
+ * length[k]) of every flat buffer. Segments must lie inside the buffers and
+ * must not overlap; they need not cover the buffer (alignment padding between
+ * them is never read for norms nor written). One call updates all segments.
+ *
+ * Gradients. Every step reads g_eff = grad_scale * g / clip, where grad_scale
+ * is the caller's multiplier (e.g. 1/loss_scale, 1/accumulation_steps; 1.0
+ * if the gradients are ready) and clip = max(1, ||grad_scale*g|| /
+ * max_grad_norm) when max_grad_norm > 0 (NVIDIA/apex "global gradient norm
+ * pre-normalisation"; exactly apex's rule: divide by norm/max_grad_norm, no
+ * epsilon). The global norm is over all segments, accumulated in f64 over
+ * fixed 16K-element chunks summed in order, so it is bitwise reproducible
+ * whatever the thread count. Pass grad_norm >= 0 to supply the norm of
+ * grad_scale*g yourself (e.g. from bl_grad_global_norm), or a negative
+ * value to have it computed. The gradient buffer is never modified.
+ *
+ * Non-finite gradients. If the norm is inf/NaN the step returns BL_EINVAL
+ * ("...: non-finite gradient ...") BEFORE writing anything: weights and
+ * moments are untouched. With fp16 use the loss scaler (bertlua.amp), which
+ * detects the overflow first and skips the step.
+ *
+ * Weight decay is applied only to segments with decay[k] != 0 (decay NULL =
+ * all). Decoupled (AdamW) decay is added to the update, u += wd*w; with
+ * adam_w_mode = 0 it is classic L2 (g += wd*w before the moments).
+ *
+ * `step` is the 1-based count of this update (bias corrections 1-beta^step).
+ * Only CPU tensors yet: a tensor on cuda:N gives BL_EUNSUPPORTED.
+ *
+ * LAMB, per segment (apex FusedLAMB / multi_tensor_lamb.cu semantics, used by
+ * NVIDIA DeepLearningExamples BERT):
+ *   m = b1*m + (1-b1)*g_eff          (grad_averaging = 0: m = b1*m + g_eff)
+ *   v = b2*v + (1-b2)*g_eff^2
+ *   u = (m/bc1) / (sqrt(v/bc2) + eps) + wd*w      bc = 1-b^step, or 1 when
+ *                                                 bias_correction = 0
+ *   trust = ||w|| / ||u||, 1 if either norm is 0  (norms of this segment)
+ *   w -= lr * trust * u
+ * The trust ratio applies where decay applies (decay[k] != 0 and
+ * weight_decay != 0), as in apex with NVIDIA's two parameter groups
+ * (weight_decay 0.01 / 0.0 for bias, LayerNorm): no-decay segments take a
+ * plain Adam step w -= lr*u. use_nvlamb = 1 applies the trust ratio to every
+ * segment (apex use_nvlamb=True). Options for the paper / other variants:
+ * max_weight_norm > 0 uses phi(||w||) = min(||w||, max_weight_norm) in the
+ * numerator (the paper's phi; cybertronai/pytorch-lamb clamps at 10);
+ * max_trust_ratio > 0 clamps the ratio (timm's trust_clip); 0 = off.
+ *
+ * AdamW (torch.optim.AdamW / apex FusedAdam adam_w_mode when
+ * bias_correction = 1; the original BERT "BertAdam" when bias_correction = 0):
+ *   m, v as above;  u = (m/bc1)/(sqrt(v/bc2)+eps) + wd*w;  w -= lr*u
+ * per_segment_clip = 1 clips each segment's gradient to max_grad_norm
+ * separately with torch.nn.utils.clip_grad_norm_'s rule (coef =
+ * max/(norm+1e-6) when < 1), as BertAdam did, instead of globally.
+ *
+ * SGD (torch.optim.SGD semantics):
+ *   d = g_eff + wd*w;  momentum: buf = d at step 1, else
+ *   buf = momentum*buf + (1-dampening)*d;  d = nesterov ? d + momentum*buf : buf
+ *   w -= lr*d          (buf may be NULL when momentum == 0)
+ */
+#ifndef BL_OPTIM_H
+#define BL_OPTIM_H
+#include "bl_tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* BL_CDEF_BEGIN */
+typedef struct bl_optim_segments {
+  int32_t count;
+  int32_t pad_;
+  const int64_t *offset;   /* element offsets into the flat buffers */
+  const int64_t *length;   /* element counts */
+  const uint8_t *decay;    /* 1 = weight decay (and LAMB trust ratio) applies; NULL = all */
+} bl_optim_segments;
+
+typedef struct bl_optim_stats {
+  double grad_norm;        /* ||grad_scale * g|| over all segments, before clipping */
+  double clip_coef;        /* factor applied for global clipping (1 = none) */
+  int32_t nonfinite;       /* 1 when the gradients held inf/NaN (nothing was written) */
+  int32_t pad_;
+} bl_optim_stats;
+
+typedef struct bl_lamb_config {
+  double beta1;            /* 0.9 */
+  double beta2;            /* 0.999 */
+  double eps;              /* 1e-6 */
+  double weight_decay;     /* 0.01 */
+  double max_grad_norm;    /* 1.0; 0 = no global pre-normalisation */
+  double max_weight_norm;  /* 0 = off; > 0: phi(||w||) = min(||w||, this) */
+  double max_trust_ratio;  /* 0 = off; > 0: trust = min(trust, this) */
+  int32_t bias_correction; /* 1 */
+  int32_t use_nvlamb;      /* 0: trust ratio only on decayed segments */
+  int32_t adam_w_mode;     /* 1: decoupled decay; 0: L2 on the gradient */
+  int32_t grad_averaging;  /* 1: (1-beta1) on g in m */
+} bl_lamb_config;
+
+typedef struct bl_adamw_config {
+  double beta1;            /* 0.9 */
+  double beta2;            /* 0.999 */
+  double eps;              /* 1e-6 (BERT); torch's default is 1e-8 */
+  double weight_decay;     /* 0.01 */
+  double max_grad_norm;    /* 0 = off */
+  int32_t bias_correction; /* 1 = AdamW; 0 = BertAdam */
+  int32_t adam_w_mode;     /* 1: decoupled decay; 0: L2 on the gradient (Adam) */
+  int32_t per_segment_clip;/* 1: clip each segment to max_grad_norm (BertAdam) */
+  int32_t pad_;
+} bl_adamw_config;
+
+typedef struct bl_sgd_config {
+  double momentum;         /* 0 = plain SGD */
+  double dampening;        /* 0 */
+  double weight_decay;     /* 0 */
+  double max_grad_norm;    /* 0 = off */
+  int32_t nesterov;        /* 0 */
+  int32_t pad_;
+} bl_sgd_config;
+
+void bl_lamb_config_default(bl_lamb_config *cfg);
+void bl_adamw_config_default(bl_adamw_config *cfg);
+void bl_sgd_config_default(bl_sgd_config *cfg);
+
+/* L2 norm of all elements of grads (f32, contiguous), f64 accumulation in a
+ * fixed order; *nonfinite (may be NULL) = 1 when any element is inf/NaN. */
+int bl_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite);
+
+/* grads *= inv_scale in place, *found_inf = 1 when any element is inf/NaN
+ * (before or after the multiply; inv_scale must be finite and > 0). All
+ * elements are multiplied even when one is non-finite. */
+int bl_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
+
+/* out (f32, contiguous) = grads (f16/bf16/f32, contiguous, same numel) *
+ * inv_scale, with the same found_inf check: turns half-precision model
+ * gradients into f32 master gradients in one pass. */
+int bl_unscale_to_f32(bl_tensor *out, const bl_tensor *grads, double inv_scale, int *found_inf);
+
+/* stats may be NULL. */
+int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                 const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
+                 bl_optim_stats *stats);
+int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                  const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
+                  bl_optim_stats *stats);
+int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
+                const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
+                bl_optim_stats *stats);
+/* BL_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
