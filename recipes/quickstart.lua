@@ -1,44 +1,128 @@
--- Quickstart: shows what this build of bertlua can do, on whatever machine it runs.
--- Grows into the full tiny pre-train → fine-tune walk-through as the stages land
--- (see README.md): each stage below runs when its module is present.
-local bl = require "bertlua"
+-- Quickstart: the whole BERT workflow on a small corpus, in minutes, on the CPU
+-- (or a GPU when there is one), with no downloads:
+--   corpus -> prepare -> shard -> vocab -> pre-training data -> pre-train a tiny
+--   BERT (loss going down) -> fine-tune on SQuAD-style QA -> predictions + EM/F1.
+-- Each stage is one of the recipes a user runs on real data; the commands are
+-- printed so they can be re-run or changed one by one.
+--
+--   bertlua recipes/quickstart.lua [--output=runs/quickstart] [--books=DIR] [--vocab=FILE] [--minutes=3]
+-- By default the corpus is a generated encyclopedia (bertlua.synthetic) and the
+-- QA set asks about its facts; --books=DIR uses your .txt books instead (the QA
+-- part still uses the generated set).
+local options = require "bertlua.options"
+local syn = require "bertlua.synthetic"
+local cjson = require "cjson"
 
-local opts = { seed = 1 }
-for _, a in ipairs(arg or {}) do
-  local k, v = a:match("^%-%-([%w_-]+)=(.*)$")
-  if k then opts[k:gsub("-", "_")] = tonumber(v) or v end
-  if a == "--help" then
-    print("usage: bertlua recipes/quickstart.lua [--seed=1]")
-    os.exit(0)
+local opt = options.parse(arg, {
+  { "output", "runs/quickstart", "where everything is written" },
+  { "books", nil, "directory of .txt books to use instead of the generated corpus" },
+  { "vocab", nil, "an existing vocab.txt (default: learn one from the corpus)" },
+  { "vocab_size", 1500, "size of the learned vocabulary" },
+  { "countries", 160, "size of the generated world" },
+  { "pretrain_steps", 400, "pre-training optimizer steps" },
+  { "finetune_epochs", 4, "QA fine-tuning epochs" },
+  { "minutes", 4, "time budget for pre-training (it stops early, with a checkpoint, when reached)" },
+  { "seed", 1, "seed of everything" },
+  { "threads", 0, "CPU threads (0: all)" },
+}, { name = "quickstart", usage = "usage: bertlua recipes/quickstart.lua [options]" })
+
+local exe = arg[-1] or "bertlua"
+local out = opt.output
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local clock = require("bertlua.log").clock
+local t_all = clock()
+
+local function stage(title, cmd)
+  print(("\n== %s\n$ %s"):format(title, cmd))
+  io.stdout:flush()
+  local t0 = clock()
+  local ok = os.execute(cmd)
+  if ok ~= 0 and ok ~= true then
+    io.stderr:write(("quickstart: stage '%s' failed (see its messages above)\n"):format(title))
+    os.exit(1)
+  end
+  print(("   (%.1f s)"):format(clock() - t0))
+end
+local function recipe(name, args) return exe .. " recipes/" .. name .. ".lua " .. args end
+local threads = opt.threads > 0 and (" --threads=" .. opt.threads) or ""
+
+os.execute("mkdir -p " .. q(out))
+local world = syn.world{ seed = opt.seed, countries = opt.countries }
+
+-- 1. a corpus: generated books (several countries per book) unless --books is given
+local books = opt.books
+if not books then
+  books = out .. "/books"
+  os.execute("mkdir -p " .. q(books))
+  local docs = syn.documents(world, { copies = 3, seed = opt.seed })
+  local per_book = 4
+  for b = 1, math.ceil(#docs / per_book) do
+    local parts = {}
+    for i = (b - 1) * per_book + 1, math.min(b * per_book, #docs) do
+      parts[#parts + 1] = table.concat(docs[i].sentences, " ")
+    end
+    local f = assert(io.open(("%s/book_%03d.txt"):format(books, b), "w"))
+    f:write(table.concat(parts, "\n\n"), "\n")
+    f:close()
+  end
+  print(("generated %d books about %d invented countries in %s"):format(math.ceil(#docs / per_book), opt.countries, books))
+end
+
+stage("prepare: one document per book", recipe("prepare_bookcorpus", ("--input=%s --output=%s/prepared"):format(q(books), q(out))))
+stage("shard: sentences, shuffled, balanced shards, held-out split",
+  recipe("shard", ("--input=%s/prepared --output=%s/shards --num-shards=2 --test-fraction=0.1 --seed=%d"):format(q(out), q(out), opt.seed)))
+local vocab = opt.vocab
+if not vocab then
+  vocab = out .. "/vocab.txt"
+  stage("vocab: learn a WordPiece vocabulary",
+    recipe("build_vocab", ("--input=%s/shards --output=%s --size=%d"):format(q(out), q(vocab), opt.vocab_size)))
+end
+stage("pre-training data: masked LM + next-sentence pairs",
+  recipe("create_pretraining_data", ("--input=%s/shards --vocab=%s --output=%s/pretrain_data --max-seq-length=64 --max-predictions=10 --dupe-factor=5 --seed=%d")
+    :format(q(out), q(vocab), q(out), opt.seed)))
+
+-- a tiny BERT sized to the vocabulary
+local nvocab = 0
+for _ in io.lines(vocab) do nvocab = nvocab + 1 end
+local cfg = { vocab_size = nvocab, hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 2,
+  intermediate_size = 512, max_position_embeddings = 128, type_vocab_size = 2, hidden_act = "gelu",
+  hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1, layer_norm_eps = 1e-12, initializer_range = 0.02 }
+local f = assert(io.open(out .. "/tiny_config.json", "w")); f:write(cjson.encode(cfg)); f:close()
+
+stage("pre-train a tiny BERT (phase 1 only, LAMB)", recipe("pretrain",
+  ("--model=%s/tiny_config.json --vocab=%s --data-phase1=%s/pretrain_data --output=%s --phase=1 --seq1=64 --pred1=10 " ..
+   "--batch1=32 --micro-batch=32 --lr1=5e-3 --warmup1=0.1 --steps1=%d --checkpoint-interval=100 --eval-batches=8 --max-time=%d --seed=%d%s")
+    :format(q(out), q(vocab), q(out), q(out), opt.pretrain_steps, opt.minutes * 60, opt.seed, threads)))
+
+-- 2. QA about the same world
+syn.write_squad(world, out .. "/qa-train.json", { split = "train", seed = opt.seed })
+syn.write_squad(world, out .. "/qa-dev.json", { split = "dev", seed = opt.seed })
+local model_dir = out .. "/phase1"
+if not io.open(model_dir .. "/model.safetensors") then
+  model_dir = out .. "/phase1-partial"
+  print("pre-training stopped early; fine-tuning from its last checkpoint")
+  local ckpt = require "bertlua.checkpoint"
+  local latest = ckpt.latest(out .. "/checkpoints/phase1")
+  os.execute(("mkdir -p %s && cp %s/model.safetensors %s/ && cp %s/tiny_config.json %s/config.json && cp %s %s/vocab.txt")
+    :format(q(model_dir), q(latest), q(model_dir), q(out), q(model_dir), q(vocab), q(model_dir)))
+end
+stage("fine-tune on QA and predict", recipe("squad",
+  ("--model=%s --vocab=%s --train-file=%s/qa-train.json --predict-file=%s/qa-dev.json --output=%s/squad --do-train --do-predict " ..
+   "--max-seq-length=128 --doc-stride=64 --max-query-length=32 --batch=16 --lr=1e-3 --epochs=%d --seed=%d%s")
+    :format(q(model_dir), q(vocab), q(out), q(out), q(out), opt.finetune_epochs, opt.seed, threads)))
+
+-- 3. show a few answers and the official metrics
+local preds = cjson.decode(assert(io.open(out .. "/squad/predictions.json")):read("*a"))
+local dev = syn.squad(world, { split = "dev", seed = opt.seed })
+print("\nsome questions about the held-out countries:")
+local shown = 0
+for _, art in ipairs(dev.data) do
+  for _, qa in ipairs(art.paragraphs[1].qas) do
+    if shown < 6 then
+      print(("  Q: %-48s predicted: %-20s gold: %s"):format(qa.question, tostring(preds[qa.id]), qa.answers[1].text))
+      shown = shown + 1
+    end
   end
 end
-
-print(("bertlua %s: %d CPU threads, CUDA %s"):format(bl.version, bl.num_threads(),
-  bl.cuda_available() and ("with " .. bl.cuda_device_count() .. " GPU(s)") or "not available (CPU run)"))
-
--- 1. tensors: a least-squares fit by gradient descent, all in tensor ops
-local n, d = 256, 8
-local X = bl.randn({n, d}, { seed = opts.seed })
-local w_true = bl.randn({d, 1}, { seed = opts.seed + 1 })
-local y = X:matmul(w_true)
-local w = bl.zeros({d, 1})
-local lr = 0.1
-for step = 1, 60 do
-  local err = X:matmul(w) - y
-  local loss = (err * err):mean()
-  local grad = X:t():matmul(err):mul(2 / n)
-  w:sub_(grad * lr)
-  if step == 1 or step % 20 == 0 then print(("  least squares step %2d  loss %.6f"):format(step, loss)) end
-end
-print(("  max |w - w_true| = %.2e"):format((w - w_true):abs():max()))
-
--- 2. later stages (tokenizer, model, pre-training, fine-tuning) run here when present
-local ok, Tok = pcall(require, "bertlua.tokenizer")
-local vocab = "../shared/data/vocab/bert-base-uncased-vocab.txt"
-local f = io.open(vocab)
-if ok and f then
-  f:close()
-  local tok = Tok.load(vocab, { lower = true })
-  print("  WordPiece: " .. table.concat(tok:tokenize("bertlua tokenizes unaffable text."), " "))
-end
-print("quickstart done")
+stage("official SQuAD v1.1 metrics", recipe("squad_eval", ("%s/qa-dev.json %s/squad/predictions.json"):format(q(out), q(out))))
+print(("\nquickstart done in %.1f minutes; everything is in %s"):format((clock() - t_all) / 60, out))

@@ -1,0 +1,296 @@
+-- BERT pre-training with LAMB, two phases, as NVIDIA's DeepLearningExamples
+-- recipe does it — on one CPU, one GPU or many ranks under mpirun.
+--
+--   bertlua recipes/pretrain.lua --data-phase1=DIR --data-phase2=DIR --model=large --output=runs/large
+--   mpirun -np 8 bertlua recipes/pretrain.lua ...        (one rank per GPU / CPU slot)
+--
+-- Defaults are NVIDIA's BERT-large settings. The global batch is fixed; the
+-- number of gradient-accumulation micro-batches follows from it, the
+-- per-device micro-batch and the world size. Gradients are averaged over
+-- ranks once per optimizer step. Everything a user may want to change is in
+-- SPEC below or in the few functions after it (the schedule, the model, the
+-- step): edit them here, no C needed.
+local bl = require "bertlua"
+local options = require "bertlua.options"
+local bert = require "bertlua.bert"
+local optim = require "bertlua.optim"
+local schedule = require "bertlua.schedule"
+local amp = require "bertlua.amp"
+local dist = require "bertlua.dist"
+local ckpt = require "bertlua.checkpoint"
+local logm = require "bertlua.log"
+local data = require "bertlua.data"
+local cjson = require "cjson"
+
+local SPEC = {
+  { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
+  { "init", nil, "start phase 1 from this model directory (config.json + model.safetensors)" },
+  { "vocab", nil, "vocab.txt used to create the data (checked against the shards; copied to the output model)" },
+  { "data_phase1", nil, "directory of phase-1 shards (S=128)" },
+  { "data_phase2", nil, "directory of phase-2 shards (S=512)" },
+  { "eval_data", nil, "held-out shard directory for MLM evaluation (default: test_* shards next to the training data)" },
+  { "output", "runs/pretrain", "run directory: checkpoints/, log.jsonl, phase1/ and phase2/ final models" },
+  { "phase", "both", "1, 2 or both" },
+  { "seq1", 128, "phase 1 sequence length" }, { "pred1", 20, "phase 1 max predictions per sequence" },
+  { "batch1", 65536, "phase 1 global batch (sequences per optimizer step)" },
+  { "lr1", 6e-3, "phase 1 peak learning rate" }, { "warmup1", 0.2843, "phase 1 warmup proportion" },
+  { "steps1", 7038, "phase 1 optimizer steps" },
+  { "seq2", 512, "phase 2 sequence length" }, { "pred2", 80, "phase 2 max predictions per sequence" },
+  { "batch2", 32768, "phase 2 global batch" }, { "lr2", 4e-3, "phase 2 peak learning rate" },
+  { "warmup2", 0.128, "phase 2 warmup proportion" }, { "steps2", 1563, "phase 2 optimizer steps" },
+  { "micro_batch", 8, "sequences per device per forward/backward" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16" },
+  { "power", 0.5, "polynomial decay power after warmup" },
+  { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)" },
+  { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation" },
+  { "keep_optimizer", false, "phase 2 keeps phase 1's optimizer state (NVIDIA starts it fresh)" },
+  { "seed", 12439, "seed for initialisation, data order and dropout" },
+  { "dropout", -1, "override hidden and attention dropout (-1: keep the config's 0.1)" },
+  { "checkpoint_interval", 200, "optimizer steps between checkpoints" },
+  { "keep_checkpoints", 3, "checkpoints kept per phase" },
+  { "resume", false, "continue from the newest complete checkpoint in --output" },
+  { "max_steps", 0, "stop each phase after this many steps of this run (0: all)" },
+  { "max_time", 0, "stop after this many seconds, with a checkpoint (0: no limit)" },
+  { "eval_interval", 0, "steps between held-out MLM evaluations (0: only at the end of a phase)" },
+  { "eval_batches", 20, "micro-batches per evaluation" },
+  { "log_every", 1, "steps between JSON log lines" },
+  { "threads", 0, "CPU threads (0: keep the default)" },
+}
+local opt = options.parse(arg, SPEC, { name = "pretrain",
+  usage = "usage: [mpirun -np N] bertlua recipes/pretrain.lua --data-phase1=DIR [--data-phase2=DIR] [options]" })
+if opt.threads > 0 then bl.set_num_threads(opt.threads) end
+
+local rank, world = dist.rank(), dist.size()
+local function say(...) if rank == 0 then print(...) end end
+say(("pretrain: world size %d, %d CPU threads per rank, %s"):format(world, bl.num_threads(),
+  bl.cuda_available() and "CUDA available" or "CPU"))
+say(options.show(opt))
+
+if opt.precision ~= "fp32" and opt.precision ~= "tf32" and opt.precision ~= "bf16" and opt.precision ~= "fp16" then
+  error("pretrain: --precision must be fp32, tf32, bf16 or fp16, got " .. tostring(opt.precision), 0)
+end
+
+local function phase_settings(p)
+  return {
+    phase = p, seq = opt["seq" .. p], pred = opt["pred" .. p], batch = opt["batch" .. p], lr = opt["lr" .. p],
+    warmup = opt["warmup" .. p], steps = opt["steps" .. p], data = opt["data_phase" .. p],
+  }
+end
+
+-- The model: a preset or a config.json, BERT initialisation from the seed.
+local function model_config()
+  local cfg = bert.config.is_preset(opt.model) and bert.config.preset(opt.model) or bert.config.load(opt.model)
+  if opt.dropout >= 0 then
+    cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob = opt.dropout, opt.dropout
+  end
+  return cfg
+end
+
+-- Dropout stream of one micro-batch: a function of (seed, step, global micro-batch
+-- index) only, so a run resumes exactly and N ranks x A accumulation steps see the
+-- same masks as 1 rank x N*A steps.
+local function dropout_seed(step, micro)
+  return ((opt.seed * 1000003 + step) * 8191 + micro) % 9007199254740881
+end
+
+-- Half-precision storage emulated on the CPU: weights and gradients are rounded
+-- to bf16/f16 (activations stay f32), so overflow, underflow and rounding of
+-- f16 gradients behave as on a GPU and the loss scaler is exercised for real.
+local function round_to(t, dtype)
+  if dtype then t:copy_(t:to(dtype)) end
+end
+local half = (opt.precision == "bf16" and "bf16") or (opt.precision == "fp16" and "f16") or nil
+
+local function write_json(path, tbl)
+  ckpt.write_atomic(path, cjson.encode(tbl))
+end
+
+local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,
+  config = { options = opt, world_size = world } }
+
+local function evaluate(model, ph, step)
+  local dir = opt.eval_data or ph.data
+  local ok, loader = pcall(data.Loader, { dir = dir, split = "test", batch_size = opt.micro_batch, rank = rank,
+    world_size = world, seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
+    shuffle = false })
+  if not ok then
+    say("pretrain: no held-out shards for evaluation (" .. tostring(loader) .. ")")
+    return nil
+  end
+  model:eval()
+  local loss, correct, count, batches = 0, 0, 0, 0
+  for _ = 1, opt.eval_batches do
+    local batch = loader:next()
+    if not batch then break end
+    local out = model:forward(batch)
+    loss = loss + (out.mlm_loss or 0) * (out.mlm_count or 0)
+    correct = correct + (out.mlm_accuracy or 0) * (out.mlm_count or 0)
+    count = count + (out.mlm_count or 0)
+    batches = batches + 1
+  end
+  loader:close()
+  model:train()
+  local s = dist.sum_numbers({ loss, correct, count })
+  if s[3] == 0 then return nil end
+  local r = { step = step, phase = ph.phase, eval_mlm_loss = s[1] / s[3], eval_mlm_acc = s[2] / s[3] }
+  log:event("eval", r)
+  say(("  eval phase %d step %d: MLM loss %.4f, MLM accuracy %.4f (%d predictions)"):format(ph.phase, step,
+    r.eval_mlm_loss, r.eval_mlm_acc, s[3]))
+  return r
+end
+
+local t_start = logm.clock()
+
+local function run_phase(ph, init_model_dir, prev_opt_state)
+  if not ph.data then error(("pretrain: --data-phase%d is required for phase %d"):format(ph.phase, ph.phase), 0) end
+  local per_step = opt.micro_batch * world
+  if ph.batch % per_step ~= 0 then
+    error(("pretrain: phase %d global batch %d is not a multiple of micro-batch %d x %d ranks"):format(
+      ph.phase, ph.batch, opt.micro_batch, world), 0)
+  end
+  local accum = math.floor(ph.batch / per_step)
+  say(("phase %d: S=%d, %d predictions, global batch %d = %d ranks x %d micro-batch x %d accumulation, %d steps, lr %g")
+    :format(ph.phase, ph.seq, ph.pred, ph.batch, world, opt.micro_batch, accum, ph.steps, ph.lr))
+
+  local cfg = model_config()
+  local model = bert.BertForPreTraining(cfg, { seed = opt.seed })
+  if init_model_dir then
+    require("bertlua.safetensors").load_model(model, init_model_dir .. "/model.safetensors")
+    say("  initialised from " .. init_model_dir)
+  end
+  local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm }
+  if prev_opt_state and opt.keep_optimizer then lamb:load_state_dict(prev_opt_state) end
+  local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, warmup_proportion = ph.warmup, power = opt.power }
+  local scaler = amp.scaler_for(opt.precision == "fp16" and "fp16" or "fp32")
+
+  -- Micro-batch j of a global batch (j = rank*accum + a) comes from virtual
+  -- rank j of world*accum: the data a step sees does not depend on how it is
+  -- split over ranks and accumulation (bounded to keep the loader count sane).
+  local virt = accum <= 16
+  local loaders = {}
+  local function loader_args(vrank, nvirt)
+    return { dir = ph.data, split = "train", batch_size = opt.micro_batch, rank = vrank, world_size = nvirt,
+      seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab }
+  end
+  if virt then
+    for a = 1, accum do loaders[a] = data.Loader(loader_args(rank * accum + a - 1, world * accum)) end
+  else
+    loaders[1] = data.Loader(loader_args(rank, world))
+  end
+
+  local ckdir = ("%s/checkpoints/phase%d"):format(opt.output, ph.phase)
+  local identity = { model_config = cfg, optimizer = "lamb", world_size = world, global_batch = ph.batch,
+    micro_batch = opt.micro_batch, phase = ph.phase }
+  local step = 0
+  if opt.resume then
+    local latest = ckpt.latest(ckdir)
+    if latest then
+      local c = ckpt.load(latest, { model = model, identity = identity })
+      local sd = { optimizer = "lamb", step = c.state.optimizer_step, lr = c.state.lr }
+      for k, t in pairs(c.tensors) do
+        local name = k:match("^optimizer%.(.+)$")
+        if name then sd[name] = t end
+      end
+      lamb:load_state_dict(sd)
+      scaler:load_state_dict(c.state.scaler)
+      for i, l in ipairs(loaders) do l:set_state(c.state.loaders[i]) end
+      step = c.step
+      say(("  resumed from %s at step %d"):format(latest, step))
+    end
+  end
+  if step >= ph.steps then say("  phase already complete") end
+
+  local function save_checkpoint()
+    if rank ~= 0 then return end
+    local tensors = {}
+    for k, v in pairs(lamb:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
+    local lstates = {}
+    for i, l in ipairs(loaders) do lstates[i] = l:state() end
+    ckpt.save(ckdir, { step = step, model = model, tensors = tensors, identity = identity,
+      state = { phase = ph.phase, optimizer_step = lamb.step_count, lr = lamb.last_lr, scaler = scaler:state_dict(),
+        loaders = lstates } }, { keep = opt.keep_checkpoints })
+  end
+
+  local ran, stop_reason = 0, nil
+  while step < ph.steps do
+    if opt.max_steps > 0 and ran >= opt.max_steps then stop_reason = "max-steps" break end
+    if opt.max_time > 0 and logm.clock() - t_start >= opt.max_time then stop_reason = "max-time" break end
+    local t0 = logm.clock()
+    step = step + 1
+    model:zero_grad()
+    if half then round_to(model.flat_params, half) end
+    local sums = { 0, 0, 0, 0, 0, 0 }  -- loss, mlm loss, mlm correct, mlm count, nsp correct, sequences
+    for a = 1, accum do
+      local loader = virt and loaders[a] or loaders[1]
+      local batch = loader:next()
+      if not batch then error("pretrain: the data loader returned no batch", 0) end
+      model.rng = bl.Generator(dropout_seed(step, rank * accum + a - 1))
+      model:apply(function(m) m.rng = model.rng end)
+      local out = model:forward(batch)
+      model:backward(scaler:scale() / accum)
+      local B = batch.input_ids:size(1)
+      sums[1] = sums[1] + out.loss
+      sums[2] = sums[2] + (out.mlm_loss or 0)
+      sums[3] = sums[3] + (out.mlm_accuracy or 0) * (out.mlm_count or 0)
+      sums[4] = sums[4] + (out.mlm_count or 0)
+      sums[5] = sums[5] + (out.nsp_accuracy or 0) * B
+      sums[6] = sums[6] + B
+    end
+    if half then round_to(model.flat_grads, half) end
+    dist.all_reduce_mean(model.flat_grads)
+    local lr = lr_at(lamb.step_count + 1)
+    local stepped = scaler:step(lamb, lr)
+    local s = dist.sum_numbers(sums)
+    local dt = logm.clock() - t0
+    local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
+      mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
+      loss_scale = scaler:scale(), skipped = not stepped or nil, seq_per_s = s[6] / dt, step_time = dt }
+    if step % opt.log_every == 0 or step == ph.steps then log:step(rec) end
+    if rec.loss ~= rec.loss then
+      error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
+        :format(step, opt.precision, ckdir), 0)
+    end
+    ran = ran + 1
+    if opt.checkpoint_interval > 0 and step % opt.checkpoint_interval == 0 then save_checkpoint() end
+    if opt.eval_interval > 0 and step % opt.eval_interval == 0 then evaluate(model, ph, step) end
+  end
+  if stop_reason then
+    save_checkpoint()
+    say(("phase %d: stopped at step %d (%s); --resume continues from here"):format(ph.phase, step, stop_reason))
+  end
+  for _, l in ipairs(loaders) do l:close() end
+  local finished = step >= ph.steps
+  local final_dir = ("%s/phase%d"):format(opt.output, ph.phase)
+  if finished then
+    save_checkpoint()
+    evaluate(model, ph, step)
+    if rank == 0 then
+      bert.save_pretrained(model, final_dir, { vocab = opt.vocab })
+      say(("phase %d: done, model saved to %s"):format(ph.phase, final_dir))
+    end
+    dist.barrier()
+  end
+  return finished, final_dir, lamb:state_dict()
+end
+
+local ok, err = xpcall(function()
+  local phases = opt.phase == "both" and { 1, 2 } or { tonumber(opt.phase) }
+  if not phases[1] then error("pretrain: --phase must be 1, 2 or both", 0) end
+  local init = opt.init
+  local prev_state
+  for _, p in ipairs(phases) do
+    if p == 2 and not init then
+      local dir = opt.output .. "/phase1"
+      local f = io.open(dir .. "/model.safetensors")
+      if f then f:close(); init = dir end
+    end
+    local finished, final_dir, state = run_phase(phase_settings(p), init, prev_state)
+    if not finished then break end
+    init, prev_state = final_dir, state
+  end
+end, debug.traceback)
+log:close()
+if not ok then
+  if world > 1 then dist.abort(tostring(err), 1) end
+  error(err, 0)
+end
