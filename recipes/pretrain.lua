@@ -19,7 +19,7 @@ local amp = require "bertlua.amp"
 local dist = require "bertlua.dist"
 local ckpt = require "bertlua.checkpoint"
 local logm = require "bertlua.log"
-local data = require "bertlua.data"
+local data = require "bertlua.pretraining_data"
 local cjson = require "cjson"
 
 local SPEC = {

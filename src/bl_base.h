@@ -53,6 +53,8 @@ int bl_cuda_device_count(void);  /* 0 when no driver/GPU or CPU-only build */
 int bl_cuda_device_name(int device, char *buf, int buflen);
 int bl_num_threads(void);
 void bl_set_num_threads(int n);
+/* FNV-1a 64-bit hash of n bytes, continuing from h (start with 14695981039346656037). */
+uint64_t bl_fnv1a64(const void *data, size_t n, uint64_t h);
 /* BL_CDEF_END */
 
 /* Internal helpers (not part of the FFI surface). */
