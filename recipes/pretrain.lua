@@ -211,6 +211,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
         loaders = lstates } }, { keep = opt.keep_checkpoints })
   end
 
+  -- With accumulation, each micro-batch's gradient is computed into the zeroed
+  -- model buffer and then added to `acc`: the same additions an all-reduce over
+  -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.
+  local acc = accum > 1 and bl.zeros_like(model.flat_grads) or nil
   local ran, stop_reason = 0, nil
   while step < ph.steps do
     if opt.max_steps > 0 and ran >= opt.max_steps then stop_reason = "max-steps" break end
@@ -227,7 +231,9 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       model.rng = bl.Generator(dropout_seed(step, rank * accum + a - 1))
       model:apply(function(m) m.rng = model.rng end)
       local out = model:forward(batch)
+      if acc then model:zero_grad() end
       model:backward(scaler:scale() / accum)
+      if acc then acc:add_(model.flat_grads) end
       local B = batch.input_ids:size(1)
       sums[1] = sums[1] + out.loss
       sums[2] = sums[2] + (out.mlm_loss or 0)
@@ -236,6 +242,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       sums[5] = sums[5] + (out.nsp_accuracy or 0) * B
       sums[6] = sums[6] + B
     end
+    if acc then model.flat_grads:copy_(acc); acc:zero_() end
     if half then round_to(model.flat_grads, half) end
     dist.all_reduce_mean(model.flat_grads)
     local lr = lr_at(lamb.step_count + 1)
