@@ -46,16 +46,7 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, 
                   bl_optim_stats *stats) {
   const char *op = "adamw_step";
   BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_flat(op, w, "params"));
-  BL_CHECK(opt_check_same(op, w, g, "grads"));
-  BL_CHECK(opt_check_same(op, w, m, "exp_avg"));
-  BL_CHECK(opt_check_same(op, w, v, "exp_avg_sq"));
-  {
-    const bl_tensor *ts[4] = { w, g, m, v };
-    const char *names[4] = { "params", "grads", "exp_avg", "exp_avg_sq" };
-    BL_CHECK(opt_check_disjoint(op, 4, ts, names));
-  }
-  BL_CHECK(opt_check_segments(op, seg, w->numel));
+  BL_CHECK(opt_check_adam_buffers(op, w, g, m, v, seg));
   if (stats) memset(stats, 0, sizeof *stats);
 
   opt_plan p;

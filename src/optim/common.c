@@ -277,3 +277,15 @@ int bl_unscale_to_f32(bl_tensor *out, const bl_tensor *grads, double inv_scale, 
   if (found_inf) *found_inf = bad;
   return 0;
 }
+
+int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *g, const bl_tensor *m,
+                           const bl_tensor *v, const bl_optim_segments *seg) {
+  BL_CHECK(opt_check_flat(op, w, "params"));
+  BL_CHECK(opt_check_same(op, w, g, "grads"));
+  BL_CHECK(opt_check_same(op, w, m, "exp_avg"));
+  BL_CHECK(opt_check_same(op, w, v, "exp_avg_sq"));
+  const bl_tensor *ts[4] = { w, g, m, v };
+  const char *names[4] = { "params", "grads", "exp_avg", "exp_avg_sq" };
+  BL_CHECK(opt_check_disjoint(op, 4, ts, names));
+  return opt_check_segments(op, seg, w->numel);
+}

@@ -84,4 +84,9 @@ int opt_prologue(const char *op, const opt_plan *p, const float *g, int64_t step
                  double grad_norm, double max_grad_norm, double *part, int *have_part, double *gmul,
                  bl_optim_stats *stats);
 int opt_check_beta(const char *op, const char *name, double b);
+/* The four flat Adam-family buffers (params, grads, exp_avg, exp_avg_sq):
+ * same size, f32, contiguous, CPU, not overlapping; segments inside them. */
+int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *g, const bl_tensor *m,
+                           const bl_tensor *v, const bl_optim_segments *seg);
+
 #endif
