@@ -1,0 +1,168 @@
+-- SQuAD v1.1 / v2.0 fine-tuning and prediction, as google-research/bert's
+-- run_squad.py and NVIDIA's recipe do it: features with doc_stride windows,
+-- AdamW with linear warmup and decay, n-best span search with the reference's
+-- text recovery, the official metrics at the end.
+--
+--   bertlua recipes/squad.lua --model=DIR --train-file=train-v1.1.json --predict-file=dev-v1.1.json \
+--       --output=runs/squad --do-train --do-predict
+-- DIR is a model directory (config.json + model.safetensors + vocab.txt): a
+-- bertlua pre-training output or a Hugging Face BERT. The QA head starts fresh
+-- when the directory has none.
+local bl = require "bertlua"
+local options = require "bertlua.options"
+local bert = require "bertlua.bert"
+local squad = require "bertlua.squad"
+local Tok = require "bertlua.tokenizer"
+local optim = require "bertlua.optim"
+local schedule = require "bertlua.schedule"
+local logm = require "bertlua.log"
+local cjson = require "cjson"
+
+local opt = options.parse(arg, {
+  { "model", nil, "model directory to start from" },
+  { "vocab", nil, "vocab.txt (default: the model directory's)" },
+  { "do_lower_case", true, "uncased tokenization (false for cased models)" },
+  { "train_file", nil, "SQuAD JSON to train on" },
+  { "predict_file", nil, "SQuAD JSON to predict (and evaluate when it has answers)" },
+  { "output", "runs/squad", "output directory: predictions and the fine-tuned model" },
+  { "do_train", false, "fine-tune" }, { "do_predict", false, "predict --predict-file" },
+  { "version_2_with_negative", false, "SQuAD 2.0 (unanswerable questions)" },
+  { "max_seq_length", 384, "tokens per window" }, { "doc_stride", 128, "stride between windows" },
+  { "max_query_length", 64, "question tokens kept" },
+  { "lr", 3e-5, "peak learning rate" }, { "epochs", 2, "training epochs" },
+  { "batch", 32, "sequences per optimizer step" }, { "micro_batch", 0, "sequences per forward (0: = batch)" },
+  { "warmup", 0.1, "warmup proportion" }, { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)" },
+  { "predict_batch", 32, "sequences per forward when predicting" },
+  { "n_best", 20, "n-best spans per question" }, { "max_answer_length", 30, "longest answer in tokens" },
+  { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
+  { "max_steps", 0, "stop training after this many steps (0: all)" },
+  { "seed", 42, "seed (initialisation of a new head, data order, dropout)" },
+  { "threads", 0, "CPU threads (0: default)" },
+}, { name = "squad", usage = "usage: bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] [--predict-file=F --do-predict]" })
+if opt.threads > 0 then bl.set_num_threads(opt.threads) end
+print(options.show(opt))
+if not opt.model then error("squad: --model=DIR is required", 0) end
+if not (opt.do_train or opt.do_predict) then error("squad: nothing to do: give --do-train and/or --do-predict", 0) end
+if opt.do_train and not opt.train_file then error("squad: --do-train needs --train-file", 0) end
+if opt.do_predict and not opt.predict_file then error("squad: --do-predict needs --predict-file", 0) end
+local micro = opt.micro_batch > 0 and opt.micro_batch or opt.batch
+if opt.batch % micro ~= 0 then error("squad: --batch must be a multiple of --micro-batch", 0) end
+local accum = opt.batch / micro
+
+os.execute("mkdir -p '" .. opt.output:gsub("'", "'\\''") .. "'")
+local tok = Tok.load(opt.vocab or (opt.model .. "/vocab.txt"), { lower = opt.do_lower_case })
+local model = bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed })
+local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride, max_query_length = opt.max_query_length }
+
+-- a batch of features as tensors, trimmed to the longest real sequence (multiple of 8)
+local function make_batch(feats, idx, first, count, with_labels)
+  local S = 8
+  for r = first, first + count - 1 do
+    local f = feats[idx[r]]
+    local n = 0
+    for i = 1, #f.input_mask do if f.input_mask[i] ~= 0 then n = i end end
+    if n > S then S = n end
+  end
+  S = math.min(math.ceil(S / 8) * 8, opt.max_seq_length)
+  local ids = bl.zeros({ count, S }, { dtype = "i32" })
+  local tt, am = bl.zeros({ count, S }, { dtype = "i32" }), bl.zeros({ count, S }, { dtype = "i32" })
+  local sp, ep = bl.zeros({ count }, { dtype = "i32" }), bl.zeros({ count }, { dtype = "i32" })
+  local pi, pt, pm = ids:ptr(), tt:ptr(), am:ptr()
+  for r = 0, count - 1 do
+    local f = feats[idx[first + r]]
+    for i = 1, S do
+      pi[r * S + i - 1], pt[r * S + i - 1], pm[r * S + i - 1] = f.input_ids[i], f.segment_ids[i], f.input_mask[i]
+    end
+    if with_labels then
+      sp:ptr()[r] = math.min(f.start_position, S - 1)
+      ep:ptr()[r] = math.min(f.end_position, S - 1)
+    end
+  end
+  local b = { input_ids = ids, token_type_ids = tt, attention_mask = am }
+  if with_labels then b.start_positions, b.end_positions = sp, ep end
+  return b, S
+end
+
+if opt.do_train then
+  local examples, rep = squad.read_examples(opt.train_file, { is_training = true, version_2_with_negative = opt.version_2_with_negative })
+  print(("train: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
+  feat_opts.is_training = true
+  local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
+  local steps_per_epoch = math.floor(#feats / opt.batch)
+  if steps_per_epoch == 0 then error(("squad: %d training features are fewer than one batch of %d"):format(#feats, opt.batch), 0) end
+  local total = steps_per_epoch * opt.epochs
+  if opt.max_steps > 0 then total = math.min(total, opt.max_steps) end
+  print(("train: %d features, %d steps (%d epochs x %d), batch %d = %d x %d"):format(#feats, total, opt.epochs,
+    steps_per_epoch, opt.batch, micro, accum))
+  local adamw = optim.AdamW{ model = model, lr = opt.lr, weight_decay = opt.weight_decay }
+  local lr_at = schedule.linear_warmup{ lr = opt.lr, total_steps = total, warmup_proportion = opt.warmup }
+  local log = logm.open{ path = opt.output .. "/train_log.jsonl", total = total, fields = { "loss", "lr", "seq_per_s" },
+    config = { options = opt } }
+  local rng = require("bertlua.synthetic").rng(opt.seed)
+  local idx = {}
+  for i = 1, #feats do idx[i] = i end
+  model:train()
+  local step = 0
+  for _ = 1, opt.epochs do
+    for i = #idx, 2, -1 do local j = rng(i); idx[i], idx[j] = idx[j], idx[i] end
+    for s = 0, steps_per_epoch - 1 do
+      if step >= total then break end
+      local t0 = logm.clock()
+      step = step + 1
+      model:zero_grad()
+      local loss = 0
+      for a = 0, accum - 1 do
+        local b = make_batch(feats, idx, s * opt.batch + a * micro + 1, micro, true)
+        local out = model:forward(b)
+        model:backward(1 / accum)
+        loss = loss + out.loss / accum
+      end
+      local lr = lr_at(adamw.step_count + 1)
+      adamw:step(lr)
+      log:step{ step = step, loss = loss, lr = lr, seq_per_s = opt.batch / (logm.clock() - t0) }
+    end
+  end
+  log:close()
+  bert.save_pretrained(model, opt.output .. "/model", { vocab = opt.vocab or (opt.model .. "/vocab.txt") })
+  print("train: model saved to " .. opt.output .. "/model")
+end
+
+if opt.do_predict then
+  local examples, rep = squad.read_examples(opt.predict_file, { is_training = false, version_2_with_negative = opt.version_2_with_negative })
+  print(("predict: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
+  feat_opts.is_training = false
+  local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
+  model:eval()
+  local idx = {}
+  for i = 1, #feats do idx[i] = i end
+  local results = {}
+  local t0 = logm.clock()
+  for first = 1, #feats, opt.predict_batch do
+    local n = math.min(opt.predict_batch, #feats - first + 1)
+    local b, S = make_batch(feats, idx, first, n, false)
+    local out = model:forward(b)
+    local st, en = out.start_logits:totable(), out.end_logits:totable()
+    for r = 0, n - 1 do
+      results[first + r] = { unique_id = feats[first + r].unique_id,
+        start_logits = { unpack(st, r * S + 1, r * S + S) }, end_logits = { unpack(en, r * S + 1, r * S + S) } }
+    end
+  end
+  local dt = logm.clock() - t0
+  print(("predict: %d features in %.1f s (%.1f sequences/s)"):format(#feats, dt, #feats / dt))
+  squad.write_predictions(examples, feats, results, { tokenizer = tok, output_dir = opt.output,
+    n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
+    version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })
+  print("predict: wrote " .. opt.output .. "/predictions.json")
+  local dataset = squad.load_json(opt.predict_file)
+  local has_answers = false
+  for _, art in ipairs(dataset.data) do
+    for _, p in ipairs(art.paragraphs or {}) do
+      for _, qa in ipairs(p.qas or {}) do if qa.answers and #qa.answers > 0 then has_answers = true end end
+    end
+  end
+  if has_answers then
+    local preds = cjson.decode(io.open(opt.output .. "/predictions.json"):read("*a"))
+    local result = squad.evaluate(dataset, preds)
+    print("evaluation: " .. squad.format_eval(result, squad.dataset_version(dataset)))
+  end
+end
