@@ -13,9 +13,7 @@ local options = require "bertlua.options"
 local bert = require "bertlua.bert"
 local squad = require "bertlua.squad"
 local Tok = require "bertlua.tokenizer"
-local optim = require "bertlua.optim"
-local schedule = require "bertlua.schedule"
-local logm = require "bertlua.log"
+local trainer = require "bertlua.trainer"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -45,9 +43,6 @@ if not opt.model then error("squad: --model=DIR is required", 0) end
 if not (opt.do_train or opt.do_predict) then error("squad: nothing to do: give --do-train and/or --do-predict", 0) end
 if opt.do_train and not opt.train_file then error("squad: --do-train needs --train-file", 0) end
 if opt.do_predict and not opt.predict_file then error("squad: --do-predict needs --predict-file", 0) end
-local micro = opt.micro_batch > 0 and opt.micro_batch or opt.batch
-if opt.batch % micro ~= 0 then error("squad: --batch must be a multiple of --micro-batch", 0) end
-local accum = opt.batch / micro
 
 os.execute("mkdir -p '" .. opt.output:gsub("'", "'\\''") .. "'")
 local tok = Tok.load(opt.vocab or (opt.model .. "/vocab.txt"), { lower = opt.do_lower_case })
@@ -88,41 +83,10 @@ if opt.do_train then
   print(("train: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
   feat_opts.is_training = true
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
-  local steps_per_epoch = math.floor(#feats / opt.batch)
-  if steps_per_epoch == 0 then error(("squad: %d training features are fewer than one batch of %d"):format(#feats, opt.batch), 0) end
-  local total = steps_per_epoch * opt.epochs
-  if opt.max_steps > 0 then total = math.min(total, opt.max_steps) end
-  print(("train: %d features, %d steps (%d epochs x %d), batch %d = %d x %d"):format(#feats, total, opt.epochs,
-    steps_per_epoch, opt.batch, micro, accum))
-  local adamw = optim.AdamW{ model = model, lr = opt.lr, weight_decay = opt.weight_decay }
-  local lr_at = schedule.linear_warmup{ lr = opt.lr, total_steps = total, warmup_proportion = opt.warmup }
-  local log = logm.open{ path = opt.output .. "/train_log.jsonl", total = total, fields = { "loss", "lr", "seq_per_s" },
-    config = { options = opt } }
-  local rng = require("bertlua.synthetic").rng(opt.seed)
-  local idx = {}
-  for i = 1, #feats do idx[i] = i end
-  model:train()
-  local step = 0
-  for _ = 1, opt.epochs do
-    for i = #idx, 2, -1 do local j = rng(i); idx[i], idx[j] = idx[j], idx[i] end
-    for s = 0, steps_per_epoch - 1 do
-      if step >= total then break end
-      local t0 = logm.clock()
-      step = step + 1
-      model:zero_grad()
-      local loss = 0
-      for a = 0, accum - 1 do
-        local b = make_batch(feats, idx, s * opt.batch + a * micro + 1, micro, true)
-        local out = model:forward(b)
-        model:backward(1 / accum)
-        loss = loss + out.loss / accum
-      end
-      local lr = lr_at(adamw.step_count + 1)
-      adamw:step(lr)
-      log:step{ step = step, loss = loss, lr = lr, seq_per_s = opt.batch / (logm.clock() - t0) }
-    end
-  end
-  log:close()
+  trainer.fit{ model = model, n = #feats, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
+    lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
+    log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
+    make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = opt.vocab or (opt.model .. "/vocab.txt") })
   print("train: model saved to " .. opt.output .. "/model")
 end
@@ -132,23 +96,18 @@ if opt.do_predict then
   print(("predict: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
   feat_opts.is_training = false
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
-  model:eval()
-  local idx = {}
-  for i = 1, #feats do idx[i] = i end
   local results = {}
-  local t0 = logm.clock()
-  for first = 1, #feats, opt.predict_batch do
-    local n = math.min(opt.predict_batch, #feats - first + 1)
-    local b, S = make_batch(feats, idx, first, n, false)
-    local out = model:forward(b)
-    local st, en = out.start_logits:totable(), out.end_logits:totable()
-    for r = 0, n - 1 do
-      results[first + r] = { unique_id = feats[first + r].unique_id,
-        start_logits = { unpack(st, r * S + 1, r * S + S) }, end_logits = { unpack(en, r * S + 1, r * S + S) } }
-    end
-  end
-  local dt = logm.clock() - t0
-  print(("predict: %d features in %.1f s (%.1f sequences/s)"):format(#feats, dt, #feats / dt))
+  local stats = trainer.predict{ model = model, n = #feats, batch = opt.predict_batch,
+    make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, false)) end,
+    consume = function(idx, out)
+      local S = out.start_logits:size(2)
+      local st, en = out.start_logits:totable(), out.end_logits:totable()
+      for r, i in ipairs(idx) do
+        results[i] = { unique_id = feats[i].unique_id,
+          start_logits = { unpack(st, (r - 1) * S + 1, r * S) }, end_logits = { unpack(en, (r - 1) * S + 1, r * S) } }
+      end
+    end }
+  print("predict: " .. trainer.format_latency(stats))
   squad.write_predictions(examples, feats, results, { tokenizer = tok, output_dir = opt.output,
     n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
     version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })

@@ -1,0 +1,160 @@
+-- GLUE fine-tuning, evaluation and test-set prediction, as run_classifier.py /
+-- NVIDIA's recipe do it: [CLS] a [SEP] b [SEP] truncated longest-first,
+-- classification (cross-entropy) or STS-B regression (MSE) on the pooled [CLS],
+-- AdamW with linear warmup and decay, the task's metrics.
+--
+--   bertlua recipes/glue.lua --task=mrpc --data-dir=glue/MRPC --model=DIR --output=runs/mrpc --do-train --do-eval
+-- Tasks: cola sst2 mrpc stsb qqp mnli (matched + mismatched) qnli rte wnli.
+-- Predictions are written in the GLUE submission format (index<TAB>prediction).
+local bl = require "bertlua"
+local options = require "bertlua.options"
+local bert = require "bertlua.bert"
+local glue = require "bertlua.glue"
+local metrics = require "bertlua.metrics"
+local Tok = require "bertlua.tokenizer"
+local trainer = require "bertlua.trainer"
+local cjson = require "cjson"
+
+local opt = options.parse(arg, {
+  { "task", nil, "cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli" },
+  { "data_dir", nil, "task directory with train.tsv, dev.tsv (dev_matched/mismatched for MNLI), test.tsv" },
+  { "model", nil, "model directory to start from" },
+  { "vocab", nil, "vocab.txt (default: the model directory's)" },
+  { "do_lower_case", true, "uncased tokenization" },
+  { "output", "runs/glue", "output directory" },
+  { "do_train", false, "fine-tune on train.tsv" }, { "do_eval", false, "evaluate on dev" },
+  { "do_predict", false, "predict test.tsv" },
+  { "train_file", nil, "override train.tsv" }, { "eval_file", nil, "override the dev file" },
+  { "max_seq_length", 128, "tokens per sequence" },
+  { "lr", 2e-5, "peak learning rate" }, { "epochs", 3, "epochs" }, { "batch", 32, "sequences per step" },
+  { "micro_batch", 0, "sequences per forward (0: = batch)" }, { "warmup", 0.1, "warmup proportion" },
+  { "weight_decay", 0.01, "AdamW weight decay" }, { "eval_batch", 64, "sequences per forward when evaluating" },
+  { "max_steps", 0, "stop training after this many steps (0: all)" },
+  { "seed", 42, "seed" }, { "threads", 0, "CPU threads (0: default)" },
+}, { name = "glue", usage = "usage: bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] [--do-eval] [--do-predict]" })
+if opt.threads > 0 then bl.set_num_threads(opt.threads) end
+print(options.show(opt))
+for _, k in ipairs({ "task", "model" }) do if not opt[k] then error("glue: --" .. k:gsub("_", "-") .. " is required", 0) end end
+if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing to do: give --do-train, --do-eval and/or --do-predict", 0) end
+if not opt.data_dir and not (opt.train_file or opt.eval_file) then error("glue: --data-dir is required", 0) end
+
+local task = opt.task:lower()
+local regression = glue.is_regression(task)
+local num_labels = regression and 1 or glue.num_labels(task)
+local labels = glue.labels(task)
+os.execute("mkdir -p '" .. opt.output:gsub("'", "'\\''") .. "'")
+local tok = Tok.load(opt.vocab or (opt.model .. "/vocab.txt"), { lower = opt.do_lower_case })
+local model = bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels, seed = opt.seed })
+
+local function read(split, file)
+  local ex, rep
+  if file then ex, rep = glue.read_examples(task, file, { set_type = split })
+  else ex, rep = glue.read_split(task, opt.data_dir, split) end
+  print(("%s: %d rows, %d examples, %d malformed rows skipped"):format(rep.file or split, rep.rows, rep.examples, rep.skipped))
+  return ex
+end
+
+local function featurize(examples)
+  local rows = {}
+  for i, e in ipairs(examples) do
+    local toks, types = bert.pair(tok:tokenize(e.text_a), e.text_b and tok:tokenize(e.text_b) or nil, opt.max_seq_length)
+    local label
+    if e.label ~= nil then label = regression and tonumber(e.label) or glue.label_id(task, e.label) end
+    rows[i] = { ids = tok:convert_tokens_to_ids(toks), types = types, label = label, guid = e.guid }
+  end
+  return rows
+end
+
+local function batch_of(rows, idx, with_labels)
+  local sel = {}
+  for k, i in ipairs(idx) do sel[k] = rows[i] end
+  local b = trainer.pad_rows(sel, opt.max_seq_length)
+  if with_labels then
+    local lab = bl.empty({ #sel }, { dtype = regression and "f32" or "i32" })
+    local p = lab:ptr()
+    for k, r in ipairs(sel) do p[k - 1] = r.label end
+    b.labels = lab
+  end
+  return b
+end
+
+if opt.do_train then
+  local rows = featurize(read("train", opt.train_file))
+  trainer.fit{ model = model, n = #rows, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
+    lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
+    log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
+    make_batch = function(idx) return batch_of(rows, idx, true) end }
+  bert.save_pretrained(model, opt.output .. "/model", { vocab = opt.vocab or (opt.model .. "/vocab.txt") })
+  print("train: model saved to " .. opt.output .. "/model")
+end
+
+-- predictions: class ids (0-based) or regression scores, one per row
+local function predict(rows)
+  local preds = {}
+  local stats = trainer.predict{ model = model, n = #rows, batch = opt.eval_batch,
+    make_batch = function(idx) return batch_of(rows, idx, false) end,
+    consume = function(idx, out)
+      local lg = out.logits:totable()
+      for k, i in ipairs(idx) do
+        if regression then preds[i] = lg[k]
+        else
+          local best, bi = -math.huge, 0
+          for c = 1, num_labels do
+            local v = lg[(k - 1) * num_labels + c]
+            if v > best then best, bi = v, c - 1 end
+          end
+          preds[i] = bi
+        end
+      end
+    end }
+  print("predict: " .. trainer.format_latency(stats))
+  return preds
+end
+
+local function label_name(p) return regression and ("%.3f"):format(p) or labels[p + 1] end
+
+local function write_predictions(path, rows, preds)
+  local lines = { "index\tprediction" }
+  for i = 1, #rows do lines[#lines + 1] = ("%d\t%s"):format(i - 1, label_name(preds[i])) end
+  require("bertlua.checkpoint").write_atomic(path, table.concat(lines, "\n") .. "\n")
+end
+
+if opt.do_eval then
+  local splits = task == "mnli" and { "mnli", "mnli-mm" } or { task }
+  local results = {}
+  for _, t in ipairs(splits) do
+    local file = opt.eval_file
+    local ex
+    if file then ex = read("dev", file)
+    else
+      local e, rep = glue.read_split(t, opt.data_dir, "dev")
+      print(("%s: %d examples, %d malformed rows skipped"):format(glue.split_file(t, "dev"), rep.examples, rep.skipped))
+      ex = e
+    end
+    local rows = featurize(ex)
+    local preds = predict(rows)
+    local gold = {}
+    for i, r in ipairs(rows) do gold[i] = r.label end
+    for k, v in pairs(metrics.glue(t, preds, gold)) do results[k] = v end
+    write_predictions(("%s/dev_predictions_%s.tsv"):format(opt.output, t), rows, preds)
+  end
+  results.task = task
+  for k, v in pairs(results) do   -- e.g. Pearson of constant predictions: say so instead of failing
+    if type(v) == "number" and v ~= v then results[k] = "nan (constant predictions or labels)" end
+  end
+  print("evaluation: " .. cjson.encode(results))
+  require("bertlua.checkpoint").write_atomic(opt.output .. "/eval_results.json", cjson.encode(results))
+end
+
+if opt.do_predict then
+  local splits = task == "mnli" and { "mnli", "mnli-mm" } or { task }
+  for _, t in ipairs(splits) do
+    local ex = glue.read_split(t, opt.data_dir, "test")
+    local rows = featurize(ex)
+    local preds = predict(rows)
+    local name = ({ cola = "CoLA", ["sst-2"] = "SST-2", sst2 = "SST-2", mrpc = "MRPC", ["sts-b"] = "STS-B", stsb = "STS-B",
+      qqp = "QQP", mnli = "MNLI-m", ["mnli-mm"] = "MNLI-mm", qnli = "QNLI", rte = "RTE", wnli = "WNLI" })[t] or t
+    write_predictions(("%s/%s.tsv"):format(opt.output, name), rows, preds)
+    print(("predict: wrote %s/%s.tsv"):format(opt.output, name))
+  end
+end
