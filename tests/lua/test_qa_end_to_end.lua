@@ -52,6 +52,18 @@ T.test("fine-tuning beats a trivial baseline on held-out questions", function()
   T.truthy(ev:find(('"f1": %.6f'):format(score.f1):sub(1, 12), 1, true), ev)
 end)
 
+T.test("the SQuAD notebook highlights answers and plots a head's attention", function()
+  local _, has = sh("command -v jupyter")
+  if has ~= 0 then T.skip("jupyter (jupyter-nbconvert) not installed") end
+  if not io.open(tmp .. "/run/model/model.safetensors") then T.skip("needs the fine-tuned model of the previous test") end
+  local out, rc = sh(("BL_QA_MODEL=%s/run/model BL_BERTLUA=%s BL_NB_OUT=%s/nb jupyter nbconvert --to notebook --execute notebooks/squad.ipynb --output-dir=%s/nb")
+    :format(tmp, exe, tmp, tmp))
+  T.eq(rc, 0, out)
+  T.truthy(io.open(tmp .. "/nb/qa_attention.png"), "heatmap written")
+  local page = io.open(tmp .. "/nb/qa_answers.html"):read("*a")
+  T.truthy(page:find("<mark", 1, true), "an answer span is highlighted")
+end)
+
 T.test("bad input: missing model, malformed JSON, no task", function()
   local out, rc = sh(("%s recipes/squad.lua --model=%s/nope --predict-file=%s/dev.json --do-predict"):format(exe, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("nope", 1, true), out)
