@@ -2,16 +2,22 @@
  * bl_ops.h): scores, key-padding mask, softmax, dropout and context in one
  * pass per (batch, head), parallel over batch*heads with OpenMP.
  *
- * Why no sgemm here: the per-head products are small (S x S x d) and would
- * be called from inside the OpenMP loop; the pthread build of OpenBLAS then
- * spawns its own threads per call (oversubscription, and concurrent calls
- * into its thread server are a known hazard). Instead every product is
- * written as rows of axpy's over contiguous memory (K and V are transposed
- * into a per-item scratch where needed), which the compiler vectorises, and
- * each (b, h) item is computed by one thread: results are bitwise identical
- * for any thread count. Attention is ~3% of BERT's FLOPs at S=128 and ~11%
- * at S=512, the linears (OpenBLAS) dominate. */
+ * Why no OpenBLAS here: the per-head products are small (S x S x d) and are
+ * called from inside the OpenMP loop; the pthread build of OpenBLAS would
+ * run each one on its own thread pool (oversubscription, serialised calls
+ * into its thread server), and its splitting could depend on the thread
+ * count. Instead each product goes through gemm_nn below, a register-tiled
+ * kernel (4 rows x 32 columns of accumulators, GCC vector extensions, so the
+ * same source becomes AVX-512, AVX2 or SSE code through OPX_CLONES runtime
+ * dispatch). Each (b, h) item is computed by one thread with a fixed order
+ * of operations: results are bitwise identical for any thread count.
+ * Forward per item: Q K^T (K^T packed once), one pass per row for scale +
+ * mask + softmax (vectorised exp) + dropout, then P V. Backward per item:
+ * dP = dctx V^T, dS = P (dP - rowsum(dP P)) row by row in cache, then
+ * dV = Pdrop^T dctx, dQ = dS K, dK = dS^T Q (gemm_tn reads the transposed
+ * left operands in place). */
 #include "ops_internal.h"
+#include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -92,9 +98,144 @@ static int load_key_mask(const char *op, const bl_tensor *m, int64_t b, int64_t 
   return 0;
 }
 
-/* y[0..n) += a * x[0..n) */
-static inline void axpy(int64_t n, float a, const float *restrict x, float *restrict y) {
-  for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+typedef float v16f __attribute__((vector_size(64)));
+
+/* unaligned vector load / store (macros: a function returning a 64-byte
+ * vector would have a different ABI in each OPX_CLONES variant) */
+#define LD16(v, p) memcpy(&(v), (p), sizeof(v16f))
+#define ST16(p, v) memcpy((p), &(v), sizeof(v16f))
+
+/* C[M x N] (+)= op(A)[M x K] B[K x N]: element (i, k) of op(A) is
+ * A[i*lda + k] (ta = 0) or A[k*lda + i] (ta = 1, A^T without a copy);
+ * B[k*ldb + j], C[i*ldc + j] row-major; acc = 0 overwrites C. Full 4 x 32
+ * tiles use 8 vector accumulators over the whole K; ragged edges use the
+ * same k order with scalar accumulators. */
+/* always_inline: each OPX_CLONES wrapper below must get its own copy compiled
+ * for its instruction set, with ta constant-folded */
+static inline __attribute__((always_inline)) void gemm_body(int ta, int64_t M, int64_t N, int64_t K,
+                                                            const float *restrict A, int64_t lda,
+                                                            const float *restrict B, int64_t ldb,
+                                                            float *restrict C, int64_t ldc, int acc) {
+  const int64_t si = ta ? 1 : lda, sk = ta ? lda : 1;  /* A(i, k) = A[i*si + k*sk] */
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) {
+    const float *a0 = A + i * si, *a1 = a0 + si, *a2 = a1 + si, *a3 = a2 + si;
+    int64_t j = 0;
+    for (; j + 32 <= N; j += 32) {
+      v16f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
+      const float *bp = B + j;
+      for (int64_t k = 0; k < K; k++, bp += ldb) {
+        v16f b0, b1;
+        LD16(b0, bp); LD16(b1, bp + 16);
+        int64_t ko = k * sk;
+        v16f x0 = (v16f){0} + a0[ko], x1 = (v16f){0} + a1[ko], x2 = (v16f){0} + a2[ko], x3 = (v16f){0} + a3[ko];
+        c00 += x0 * b0; c01 += x0 * b1;
+        c10 += x1 * b0; c11 += x1 * b1;
+        c20 += x2 * b0; c21 += x2 * b1;
+        c30 += x3 * b0; c31 += x3 * b1;
+      }
+      float *cp = C + i * ldc + j;
+      if (acc) {
+        v16f t[8];
+        LD16(t[0], cp); LD16(t[1], cp + 16); LD16(t[2], cp + ldc); LD16(t[3], cp + ldc + 16);
+        LD16(t[4], cp + 2 * ldc); LD16(t[5], cp + 2 * ldc + 16); LD16(t[6], cp + 3 * ldc); LD16(t[7], cp + 3 * ldc + 16);
+        c00 += t[0]; c01 += t[1]; c10 += t[2]; c11 += t[3]; c20 += t[4]; c21 += t[5]; c30 += t[6]; c31 += t[7];
+      }
+      ST16(cp, c00); ST16(cp + 16, c01); ST16(cp + ldc, c10); ST16(cp + ldc + 16, c11);
+      ST16(cp + 2 * ldc, c20); ST16(cp + 2 * ldc + 16, c21); ST16(cp + 3 * ldc, c30); ST16(cp + 3 * ldc + 16, c31);
+    }
+    for (; j < N; j++)
+      for (int64_t r = 0; r < 4; r++) {
+        const float *ar = A + (i + r) * si;
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; k++) sum += ar[k * sk] * B[k * ldb + j];
+        C[(i + r) * ldc + j] = acc ? C[(i + r) * ldc + j] + sum : sum;
+      }
+  }
+  for (; i < M; i++) {
+    const float *ar = A + i * si;
+    for (int64_t j = 0; j < N; j++) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < K; k++) sum += ar[k * sk] * B[k * ldb + j];
+      C[i * ldc + j] = acc ? C[i * ldc + j] + sum : sum;
+    }
+  }
+}
+
+OPX_CLONES static void gemm_nn(int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t lda,
+                               const float *restrict B, int64_t ldb, float *restrict C, int64_t ldc, int acc) {
+  gemm_body(0, M, N, K, A, lda, B, ldb, C, ldc, acc);
+}
+OPX_CLONES static void gemm_tn(int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t lda,
+                               const float *restrict B, int64_t ldb, float *restrict C, int64_t ldc, int acc) {
+  gemm_body(1, M, N, K, A, lda, B, ldb, C, ldc, acc);
+}
+
+/* dst[c*ld_dst + r] = src[r*ld_src + c] for an R x Cn block */
+static void transpose(int64_t R, int64_t Cn, const float *restrict src, int64_t ld_src, float *restrict dst,
+                      int64_t ld_dst) {
+  for (int64_t r0 = 0; r0 < R; r0 += 16)
+    for (int64_t c0 = 0; c0 < Cn; c0 += 16) {
+      int64_t r1 = r0 + 16 < R ? r0 + 16 : R, c1 = c0 + 16 < Cn ? c0 + 16 : Cn;
+      for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) dst[c * ld_dst + r] = src[r * ld_src + c];
+    }
+}
+
+/* out = keep ? p * dscale : 0 over n elements */
+OPX_CLONES static void drop_rows(int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale,
+                                 float *restrict out) {
+  #pragma omp simd
+  for (int64_t i = 0; i < n; i++) out[i] = keep[i] ? p[i] * dscale : 0.0f;
+}
+
+/* One score row -> probabilities in place: softmax(row * scale + madd); pd
+ * (when keep) receives the dropped and rescaled copy. */
+OPX_CLONES static void softmax_row(int64_t S, float *restrict row, const float *restrict madd, float scale,
+                                   const uint8_t *restrict keep, float dscale, float *restrict pd) {
+  if (madd) {
+    #pragma omp simd
+    for (int64_t j = 0; j < S; j++) row[j] = row[j] * scale + madd[j];
+  } else {
+    #pragma omp simd
+    for (int64_t j = 0; j < S; j++) row[j] *= scale;
+  }
+  float mx = vm_row_max(S, row);
+  float acc[16] = {0}, sum = 0.0f;
+  int64_t j = 0;
+  for (; j + 16 <= S; j += 16) {
+    #pragma omp simd
+    for (int l = 0; l < 16; l++) { float e = vm_exp(row[j + l] - mx); row[j + l] = e; acc[l] += e; }
+  }
+  for (; j < S; j++) { float e = vm_exp(row[j] - mx); row[j] = e; sum += e; }
+  for (int l = 0; l < 16; l++) sum += acc[l];
+  float inv = 1.0f / sum;
+  #pragma omp simd
+  for (int64_t k = 0; k < S; k++) row[k] *= inv;
+  if (keep) {
+    #pragma omp simd
+    for (int64_t k = 0; k < S; k++) pd[k] = keep[k] ? row[k] * dscale : 0.0f;
+  }
+}
+
+/* Backward of one row, in place: ds holds dPdrop = dctx V^T on entry; the
+ * dropout mask is applied (dP), then ds = P (dP - sum(dP P)) * scale. */
+OPX_CLONES static void softmax_bwd_row(int64_t S, float *restrict ds, const float *restrict pr,
+                                       const uint8_t *restrict keep, float dscale, float scale) {
+  if (keep) {
+    #pragma omp simd
+    for (int64_t j = 0; j < S; j++) ds[j] = keep[j] ? ds[j] * dscale : 0.0f;
+  }
+  float acc[16] = {0}, dot = 0.0f;
+  int64_t j = 0;
+  for (; j + 16 <= S; j += 16) {
+    #pragma omp simd
+    for (int l = 0; l < 16; l++) acc[l] += ds[j + l] * pr[j + l];
+  }
+  for (; j < S; j++) dot += ds[j] * pr[j];
+  for (int l = 0; l < 16; l++) dot += acc[l];
+  #pragma omp simd
+  for (int64_t k = 0; k < S; k++) ds[k] = pr[k] * (ds[k] - dot) * scale;
 }
 
 static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
@@ -111,44 +252,29 @@ static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *
     goto done;
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   float *P = (float *)probs->data;
-  #pragma omp parallel for schedule(dynamic, 1) if (B * heads > 1 && B * heads * S * S * d > 32768)
-  for (int64_t bh = 0; bh < B * heads; bh++) {
-    int64_t b = bh / heads, h = bh % heads;
-    float *kt = malloc((size_t)(d * S) * sizeof(float));
-    float *pd = p > 0 ? malloc((size_t)(S * S) * sizeof(float)) : NULL;
-    uint8_t *keep = p > 0 ? malloc((size_t)(S * S)) : NULL;
-    if (!kt || (p > 0 && (!pd || !keep))) {
+  #pragma omp parallel if (B * heads > 1 && B * heads * S * S * d > 32768)
+  {
+    float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
+    float *pd = p > 0 ? malloc((size_t)(S * S > 0 ? S * S : 1) * sizeof(float)) : NULL;
+    uint8_t *keep = p > 0 ? malloc((size_t)(S * S > 0 ? S * S : 1)) : NULL;
+    int ok = kt && (p <= 0 || (pd && keep));
+    if (!ok) {
       #pragma omp atomic write
       oom = 1;
-      free(kt); free(pd); free(keep);
-      continue;
     }
-    const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
-    float *cb = mc.p + b * mc.sb + h * d, *pb = P + bh * S * S;
-    for (int64_t j = 0; j < S; j++)
-      for (int64_t c = 0; c < d; c++) kt[c * S + j] = kb[j * mk.ss + c];
-    if (keep) opx_dropout_keep(seed, offset, bh * S * S, S * S, (float)p, keep);
-    for (int64_t i = 0; i < S; i++) {
-      float *row = pb + i * S;
-      const float *qi = qb + i * mq.ss;
-      if (madd) memcpy(row, madd + b * S, (size_t)S * sizeof(float));
-      else memset(row, 0, (size_t)S * sizeof(float));
-      for (int64_t c = 0; c < d; c++) axpy(S, qi[c] * sc, kt + c * S, row);
-      float mx = -INFINITY, sum = 0.0f;
-      for (int64_t j = 0; j < S; j++) mx = row[j] > mx ? row[j] : mx;
-      for (int64_t j = 0; j < S; j++) { float e = expf(row[j] - mx); row[j] = e; sum += e; }
-      float inv = 1.0f / sum;
-      for (int64_t j = 0; j < S; j++) row[j] *= inv;
-      const float *use = row;
-      if (keep) {
-        float *dr = pd + i * S;
-        const uint8_t *kr = keep + i * S;
-        for (int64_t j = 0; j < S; j++) dr[j] = kr[j] ? row[j] * dscale : 0.0f;
-        use = dr;
-      }
-      float *ci = cb + i * mc.ss;
-      memset(ci, 0, (size_t)d * sizeof(float));
-      for (int64_t j = 0; j < S; j++) if (use[j] != 0.0f) axpy(d, use[j], vb + j * mv.ss, ci);
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < B * heads; bh++) {
+      if (!ok) continue;
+      int64_t b = bh / heads, h = bh % heads;
+      const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
+      float *cb = mc.p + b * mc.sb + h * d, *pb = P + bh * S * S;
+      transpose(S, d, kb, mk.ss, kt, S);
+      gemm_nn(S, S, d, qb, mq.ss, kt, S, pb, S, 0);
+      if (keep) opx_dropout_keep(seed, offset, bh * S * S, S * S, (float)p, keep);
+      for (int64_t i = 0; i < S; i++)
+        softmax_row(S, pb + i * S, madd ? madd + b * S : NULL, sc, keep ? keep + i * S : NULL, dscale,
+                    pd ? pd + i * S : NULL);
+      gemm_nn(S, d, S, pd ? pd : pb, S, vb, mv.ss, cb, mc.ss, 0);
     }
     free(kt); free(pd); free(keep);
   }
@@ -192,54 +318,41 @@ static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const 
     goto done;
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   const float *P = (const float *)probs->data;
-  #pragma omp parallel for schedule(dynamic, 1) if (B * heads > 1 && B * heads * S * S * d > 32768)
-  for (int64_t bh = 0; bh < B * heads; bh++) {
-    int64_t b = bh / heads, h = bh % heads;
-    float *vt = malloc((size_t)(d * S) * sizeof(float));
-    float *ds = malloc((size_t)(S * S) * sizeof(float));
-    uint8_t *keep = p > 0 ? malloc((size_t)(S * S)) : NULL;
-    if (!vt || !ds || (p > 0 && !keep)) {
+  #pragma omp parallel if (B * heads > 1 && B * heads * S * S * d > 32768)
+  {
+    size_t ss = (size_t)(S * S > 0 ? S * S : 1);
+    float *vt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
+    float *ds = malloc(ss * sizeof(float)), *pdrop = p > 0 ? malloc(ss * sizeof(float)) : NULL;
+    uint8_t *keep = p > 0 ? malloc(ss) : NULL;
+    int ok = vt && ds && (p <= 0 || (keep && pdrop));
+    if (!ok) {
       #pragma omp atomic write
       oom = 1;
-      free(vt); free(ds); free(keep);
-      continue;
     }
-    const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
-    const float *ob = mo.p + b * mo.sb + h * d, *pb = P + bh * S * S;
-    float *dqb = mdq.p + b * mdq.sb + h * d, *dkb = mdk.p + b * mdk.sb + h * d, *dvb = mdv.p + b * mdv.sb + h * d;
-    for (int64_t j = 0; j < S; j++)
-      for (int64_t c = 0; c < d; c++) vt[c * S + j] = vb[j * mv.ss + c];
-    if (keep) opx_dropout_keep(seed, offset, bh * S * S, S * S, (float)p, keep);
-    for (int64_t j = 0; j < S; j++) {
-      memset(dvb + j * mdv.ss, 0, (size_t)d * sizeof(float));
-      memset(dkb + j * mdk.ss, 0, (size_t)d * sizeof(float));
-    }
-    for (int64_t i = 0; i < S; i++) {
-      const float *pr = pb + i * S, *oi = ob + i * mo.ss;
-      const uint8_t *kr = keep ? keep + i * S : NULL;
-      float *dr = ds + i * S;
-      /* dV[j] += Pdrop[i,j] dctx[i];  dPdrop[i,:] = dctx[i] . V^T */
-      for (int64_t j = 0; j < S; j++) {
-        float pdj = kr ? (kr[j] ? pr[j] * dscale : 0.0f) : pr[j];
-        if (pdj != 0.0f) axpy(d, pdj, oi, dvb + j * mdv.ss);
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < B * heads; bh++) {
+      if (!ok) continue;
+      int64_t b = bh / heads, h = bh % heads;
+      const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
+      const float *ob = mo.p + b * mo.sb + h * d, *pb = P + bh * S * S;
+      float *dqb = mdq.p + b * mdq.sb + h * d, *dkb = mdk.p + b * mdk.sb + h * d, *dvb = mdv.p + b * mdv.sb + h * d;
+      if (keep) opx_dropout_keep(seed, offset, bh * S * S, S * S, (float)p, keep);
+      /* dV = Pdrop^T dctx (the dropped probabilities, read transposed) */
+      if (keep) {
+        drop_rows(S * S, pb, keep, dscale, pdrop);
+        gemm_tn(S, d, S, pdrop, S, ob, mo.ss, dvb, mdv.ss, 0);
+      } else {
+        gemm_tn(S, d, S, pb, S, ob, mo.ss, dvb, mdv.ss, 0);
       }
-      memset(dr, 0, (size_t)S * sizeof(float));
-      for (int64_t c = 0; c < d; c++) axpy(S, oi[c], vt + c * S, dr);
-      if (kr) for (int64_t j = 0; j < S; j++) dr[j] = kr[j] ? dr[j] * dscale : 0.0f;
-      /* softmax backward, then fold in the score scale */
-      float dot = 0.0f;
-      for (int64_t j = 0; j < S; j++) dot += dr[j] * pr[j];
-      for (int64_t j = 0; j < S; j++) dr[j] = pr[j] * (dr[j] - dot) * sc;
-      float *dqi = dqb + i * mdq.ss;
-      const float *qi = qb + i * mq.ss;
-      memset(dqi, 0, (size_t)d * sizeof(float));
-      for (int64_t j = 0; j < S; j++) {
-        if (dr[j] == 0.0f) continue;
-        axpy(d, dr[j], kb + j * mk.ss, dqi);
-        axpy(d, dr[j], qi, dkb + j * mdk.ss);
-      }
+      /* dP = dctx V^T, then the softmax backward row by row */
+      transpose(S, d, vb, mv.ss, vt, S);
+      gemm_nn(S, S, d, ob, mo.ss, vt, S, ds, S, 0);
+      for (int64_t i = 0; i < S; i++)
+        softmax_bwd_row(S, ds + i * S, pb + i * S, keep ? keep + i * S : NULL, dscale, sc);
+      gemm_nn(S, d, S, ds, S, kb, mk.ss, dqb, mdq.ss, 0);
+      gemm_tn(S, d, S, ds, S, qb, mq.ss, dkb, mdk.ss, 0);
     }
-    free(vt); free(ds); free(keep);
+    free(vt); free(ds); free(pdrop); free(keep);
   }
   if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
   opx_store(dq, &mdq.buf); opx_store(dk, &mdk.buf); opx_store(dv, &mdv.buf);

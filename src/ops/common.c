@@ -3,6 +3,7 @@
  * index loading, and the Philox dropout keep-mask used by every op that
  * drops (dropout.c, attention.c, layernorm.c). See ops_internal.h. */
 #include "ops_internal.h"
+#include "vecmath.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
@@ -174,16 +175,49 @@ int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids) {
   return 0;
 }
 
+/* Whole counter blocks in one vectorisable loop (vm_philox is bl_philox4x32
+ * inlined; test_ops_vecmath checks they agree), the ragged ends one block at
+ * a time. Each block gives 4 consecutive keep bytes. */
+OPX_CLONES static void keep_blocks(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr,
+                                   uint8_t *restrict keep) {
+  #pragma omp simd
+  for (int64_t l = 0; l < nblk; l++) {
+    uint32_t o0, o1, o2, o3;
+    vm_philox(k0, k1, ctr + (uint64_t)l, &o0, &o1, &o2, &o3);
+    /* 4 bytes as one 32-bit store, in element order */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    uint32_t w = (uint32_t)((o3 >> 8) >= thr) | (uint32_t)((o2 >> 8) >= thr) << 8 |
+                 (uint32_t)((o1 >> 8) >= thr) << 16 | (uint32_t)((o0 >> 8) >= thr) << 24;
+#else
+    uint32_t w = (uint32_t)((o0 >> 8) >= thr) | (uint32_t)((o1 >> 8) >= thr) << 8 |
+                 (uint32_t)((o2 >> 8) >= thr) << 16 | (uint32_t)((o3 >> 8) >= thr) << 24;
+#endif
+    memcpy(keep + 4 * l, &w, 4);
+  }
+}
+
 void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep) {
+  /* keep = (x >> 8) * 2^-24 >= p  <=>  (x >> 8) >= ceil(p * 2^24): both sides
+   * are exact in float (24-bit integers times a power of two), so the integer
+   * threshold gives the same mask without a float per element. */
+  double tp = ceil((double)p * 16777216.0);
+  uint32_t thr = tp <= 0 ? 0 : (uint32_t)tp;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32), r[4];
   int64_t i = 0;
-  uint32_t r[4];
-  while (i < n) {
+  /* head: up to the next block boundary */
+  while (i < n && ((start + i) & 3)) {
     int64_t e = start + i;
     bl_philox4x32(seed, offset + (uint64_t)(e >> 2), r);
-    for (int lane = (int)(e & 3); lane < 4 && i < n; lane++, i++) {
-      float u = (float)(r[lane] >> 8) * (1.0f / 16777216.0f);
-      keep[i] = u >= p;
-    }
+    for (int lane = (int)(e & 3); lane < 4 && i < n; lane++, i++) keep[i] = (r[lane] >> 8) >= thr;
+  }
+  int64_t nblk = (n - i) / 4;
+  if (nblk > 0) {
+    keep_blocks(k0, k1, offset + (uint64_t)((start + i) >> 2), nblk, thr, keep + i);
+    i += 4 * nblk;
+  }
+  if (i < n) {  /* tail: a partial block */
+    bl_philox4x32(seed, offset + (uint64_t)((start + i) >> 2), r);
+    for (int lane = 0; i < n; lane++, i++) keep[i] = (r[lane] >> 8) >= thr;
   }
 }
 

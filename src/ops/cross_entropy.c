@@ -1,8 +1,12 @@
 /* Fused cross-entropy (loss and dlogits in one pass) and MSE (contract in
  * bl_ops.h). Log-sum-exp is taken around the row max for stability; the
  * per-row losses are summed in row order in double so the loss does not
- * depend on the thread count. All targets are validated before writing. */
+ * depend on the thread count. All targets are validated before writing.
+ * The row pass (max, exp, sum, scale) is vectorised: vm_exp instead of
+ * libm's expf, and the exp sum in 16 lane accumulators combined in a fixed
+ * order (also more accurate than one running f32 sum over 30k classes). */
 #include "ops_internal.h"
+#include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -20,6 +24,34 @@ static int check_loss(const char *op, const bl_tensor *loss) {
   BL_CHECK(opx_check_float(op, loss, "loss"));
   if (loss->numel != 1) return BL_ERR("%s: loss must have one element, got %s", op, OPX_SHAPE(loss));
   return 0;
+}
+
+/* Row max and sum of exp(x - max); dr (when not NULL) receives exp(x - max). */
+OPX_CLONES static void ce_row(int64_t c, const float *restrict x, float *restrict dr, float *mx_out,
+                              float *sum_out) {
+  float mx = vm_row_max(c, x);
+  float acc[16] = {0}, sum = 0.0f;
+  int64_t j = 0;
+  if (dr) {
+    for (; j + 16 <= c; j += 16) {
+      #pragma omp simd
+      for (int l = 0; l < 16; l++) { float e = vm_exp(x[j + l] - mx); dr[j + l] = e; acc[l] += e; }
+    }
+    for (; j < c; j++) { float e = vm_exp(x[j] - mx); dr[j] = e; sum += e; }
+  } else {
+    for (; j + 16 <= c; j += 16) {
+      #pragma omp simd
+      for (int l = 0; l < 16; l++) acc[l] += vm_exp(x[j + l] - mx);
+    }
+    for (; j < c; j++) sum += vm_exp(x[j] - mx);
+  }
+  for (int l = 0; l < 16; l++) sum += acc[l];
+  *mx_out = mx; *sum_out = sum;
+}
+
+OPX_CLONES static void scale_row(int64_t c, float *restrict v, float s) {
+  #pragma omp simd
+  for (int64_t j = 0; j < c; j++) v[j] *= s;
 }
 
 static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
@@ -53,15 +85,11 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
       if (dr) memset(dr, 0, (size_t)c * sizeof(float));
       continue;
     }
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < c; j++) mx = x[j] > mx ? x[j] : mx;
-    float sum = 0.0f;
-    if (dr) { for (int64_t j = 0; j < c; j++) { float e = expf(x[j] - mx); dr[j] = e; sum += e; } }
-    else for (int64_t j = 0; j < c; j++) sum += expf(x[j] - mx);
+    float mx, sum;
+    ce_row(c, x, dr, &mx, &sum);
     rl[i] = (double)mx + log((double)sum) - (double)x[t[i]];
     if (dr) {
-      float s = g / sum;
-      for (int64_t j = 0; j < c; j++) dr[j] *= s;
+      scale_row(c, dr, g / sum);
       dr[t[i]] -= g;
     }
   }

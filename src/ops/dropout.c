@@ -3,6 +3,7 @@
  * it instead of storing it; the optional u8 mask output is for callers that
  * prefer memory over recomputation, or want to inspect it. */
 #include "ops_internal.h"
+#include "vecmath.h"
 #include <stdlib.h>
 
 #define DROP_BLOCK 4096  /* elements per parallel work item; multiple of 4 */
@@ -36,6 +37,16 @@ static void mask_io(bl_tensor *m, uint8_t *buf, int store) {
   }
 }
 
+OPX_CLONES static void apply_keep(int64_t n, const float *restrict x, const uint8_t *restrict keep, float scale,
+                                  float *restrict y) {
+  #pragma omp simd
+  for (int64_t i = 0; i < n; i++) y[i] = keep[i] ? x[i] * scale : 0.0f;
+}
+
+/* Blocks of DROP_BLOCK elements are independent work items: the keep bytes
+ * of a block are made (or read) into a stack buffer, applied, and copied to
+ * a contiguous mask output, so the mask never makes a round trip through a
+ * tensor-sized buffer. Strided / bool masks take the generic walk. */
 static int dropout_cpu(const char *op, bl_tensor *out, bl_tensor *mask_out, const bl_tensor *mask_in,
                        const bl_tensor *in, double p, uint64_t seed, uint64_t offset) {
   opx_buf bi = {0}, bo = {0};
@@ -43,21 +54,39 @@ static int dropout_cpu(const char *op, bl_tensor *out, bl_tensor *mask_out, cons
   int64_t n = in->numel;
   int rc;
   if ((rc = opx_load(op, in, &bi)) || (rc = opx_out(op, out, &bo, 0))) goto done;
-  keep = malloc((size_t)(n ? n : 1));
-  if (!keep) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for the mask", op); goto done; }
-  if (mask_in) mask_io((bl_tensor *)mask_in, keep, 0);
-  else {
+  const float scale = (float)(1.0 / (1.0 - p));
+  const bl_tensor *mio = mask_in ? mask_in : mask_out;
+  /* u8 and bool are both one byte, read as nonzero = keep and written as 0/1 */
+  int flat_mask = !mio || (bl_tensor_is_contiguous(mio) && bl_dtype_size(mio->dtype) == 1);
+  if (flat_mask) {
+    const uint8_t *min = mask_in ? (const uint8_t *)mask_in->data : NULL;
+    uint8_t *mout = mask_out ? (uint8_t *)mask_out->data : NULL;
     int64_t nblk = (n + DROP_BLOCK - 1) / DROP_BLOCK;
     #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t blk = 0; blk < nblk; blk++) {
+      uint8_t kb[DROP_BLOCK];
       int64_t s = blk * DROP_BLOCK, len = s + DROP_BLOCK < n ? DROP_BLOCK : n - s;
-      opx_dropout_keep(seed, offset, s, len, (float)p, keep + s);
+      const uint8_t *k = kb;
+      if (min) k = min + s;
+      else opx_dropout_keep(seed, offset, s, len, (float)p, kb);
+      apply_keep(len, bi.p + s, k, scale, bo.p + s);
+      if (mout) memcpy(mout + s, kb, (size_t)len);
     }
+  } else {
+    keep = malloc((size_t)(n ? n : 1));
+    if (!keep) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for the mask", op); goto done; }
+    if (mask_in) mask_io((bl_tensor *)mask_in, keep, 0);
+    else {
+      int64_t nblk = (n + DROP_BLOCK - 1) / DROP_BLOCK;
+      #pragma omp parallel for schedule(static) if (n > 65536)
+      for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t s = blk * DROP_BLOCK, len = s + DROP_BLOCK < n ? DROP_BLOCK : n - s;
+        opx_dropout_keep(seed, offset, s, len, (float)p, keep + s);
+      }
+    }
+    apply_keep(n, bi.p, keep, scale, bo.p);
+    if (mask_out) mask_io(mask_out, keep, 1);
   }
-  const float scale = (float)(1.0 / (1.0 - p));
-  #pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; i++) bo.p[i] = keep[i] ? bi.p[i] * scale : 0.0f;
-  if (mask_out) mask_io(mask_out, keep, 1);
   opx_store(out, &bo);
 done:
   opx_free(&bi); opx_free(&bo); free(keep);

@@ -4,8 +4,12 @@
  * normalises it in place; its backward recomputes s from x and residual
  * rather than storing it, since that is one cheap pass over memory already
  * being read. dgamma/dbeta are summed per fixed 32-row chunk and the chunks
- * reduced in order, so results do not depend on the number of threads. */
+ * reduced in order, so results do not depend on the number of threads.
+ * Row sums use 16 independent lane accumulators combined in a fixed order
+ * (vectorisable without -ffast-math, and the same for every thread count);
+ * the row kernels are compiled for AVX-512/AVX2 with runtime dispatch. */
 #include "ops_internal.h"
+#include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -41,56 +45,153 @@ static int check_same(const char *op, const bl_tensor *t, const char *name, cons
   return 0;
 }
 
-static int make_keep(const char *op, int64_t rows, int64_t h, double p, uint64_t seed, uint64_t offset,
-                     uint8_t **keep) {
-  *keep = NULL;
-  if (p <= 0) return 0;
-  *keep = malloc(rows * h > 0 ? (size_t)(rows * h) : 1);
-  if (!*keep) return bl_set_error(BL_ENOMEM, "%s: out of memory for a dropout mask", op);
-  uint8_t *k = *keep;
-  #pragma omp parallel for schedule(static) if (rows * h > 65536)
-  for (int64_t r = 0; r < rows; r++) opx_dropout_keep(seed, offset, r * h, h, (float)p, k + r * h);
-  return 0;
+#define LANES 16
+
+/* sum of v[0..n) in LANES interleaved partial sums, combined in a fixed order */
+static inline float lane_sum(int64_t n, const float *restrict v) {
+  float acc[LANES] = {0};
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES) {
+    #pragma omp simd
+    for (int l = 0; l < LANES; l++) acc[l] += v[j + l];
+  }
+  float t = 0.0f;
+  for (; j < n; j++) t += v[j];
+  for (int l = 0; l < LANES; l++) t += acc[l];
+  return t;
+}
+
+/* One forward row: s = dropout(x) + res (or x) into y, then y = LN(s).
+ * keep == NULL: no dropout; res == NULL: plain LayerNorm. */
+OPX_CLONES static void ln_fwd_row(int64_t h, const float *restrict x, const float *restrict res,
+                                  const uint8_t *restrict keep, float scale, const float *restrict g,
+                                  const float *restrict b, float eps, float *restrict y, float *m_out,
+                                  float *rs_out) {
+  const float *s = x;
+  if (res) {
+    if (keep) {
+      #pragma omp simd
+      for (int64_t j = 0; j < h; j++) y[j] = (keep[j] ? x[j] * scale : 0.0f) + res[j];
+    } else {
+      #pragma omp simd
+      for (int64_t j = 0; j < h; j++) y[j] = x[j] + res[j];
+    }
+    s = y;
+  }
+  float m = lane_sum(h, s) / (float)h;
+  float acc[LANES] = {0}, var = 0.0f;
+  int64_t j = 0;
+  for (; j + LANES <= h; j += LANES) {
+    #pragma omp simd
+    for (int l = 0; l < LANES; l++) { float d = s[j + l] - m; acc[l] += d * d; }
+  }
+  for (; j < h; j++) { float d = s[j] - m; var += d * d; }
+  for (int l = 0; l < LANES; l++) var += acc[l];
+  float rs = 1.0f / sqrtf(var / (float)h + eps);
+  if (b) {
+    #pragma omp simd
+    for (int64_t k = 0; k < h; k++) y[k] = (s[k] - m) * rs * g[k] + b[k];
+  } else {
+    #pragma omp simd
+    for (int64_t k = 0; k < h; k++) y[k] = (s[k] - m) * rs * g[k];
+  }
+  *m_out = m; *rs_out = rs;
+}
+
+/* One backward row: xh = normalised input (recomputed), dx = rs (dy g - mean(dy g) - xh mean(dy g xh)),
+ * dres = dx before the dropout mask, pg/pb += dy xh / dy (chunk partials; NULL to skip). */
+OPX_CLONES static void ln_bwd_row(int64_t h, const float *restrict x, const float *restrict res,
+                                  const uint8_t *restrict keep, float scale, const float *restrict g,
+                                  const float *restrict dy, float m, float rs, float *restrict dx,
+                                  float *restrict dres, float *restrict pg, float *restrict pb) {
+  /* one pass: xh into dx and the two row sums (the loop body is spelled out
+   * per case so that every variant vectorises) */
+  float aa[LANES] = {0}, ab[LANES] = {0}, a = 0.0f, bsum = 0.0f;
+  int64_t j0 = h - h % LANES;
+#define LN_PASS(XH)                                                               \
+  for (int64_t j = 0; j < j0; j += LANES) {                                      \
+    _Pragma("omp simd")                                                          \
+    for (int l = 0; l < LANES; l++) {                                            \
+      int64_t k = j + l;                                                         \
+      float xh = (XH), gj = dy[k] * g[k];                                        \
+      dx[k] = xh; aa[l] += gj; ab[l] += gj * xh;                                 \
+    }                                                                            \
+  }                                                                              \
+  for (int64_t k = j0; k < h; k++) {                                             \
+    float xh = (XH), gj = dy[k] * g[k];                                          \
+    dx[k] = xh; a += gj; bsum += gj * xh;                                        \
+  }
+  if (res) {  /* the sum s = dropout(x) + res first, into dx (a plain loop that vectorises) */
+    if (keep) {
+      #pragma omp simd
+      for (int64_t k = 0; k < h; k++) dx[k] = (keep[k] ? x[k] * scale : 0.0f) + res[k];
+    } else {
+      #pragma omp simd
+      for (int64_t k = 0; k < h; k++) dx[k] = x[k] + res[k];
+    }
+    LN_PASS((dx[k] - m) * rs)
+  } else {
+    LN_PASS((x[k] - m) * rs)
+  }
+#undef LN_PASS
+  for (int l = 0; l < LANES; l++) { a += aa[l]; bsum += ab[l]; }
+  if (pg) {
+    #pragma omp simd
+    for (int64_t k = 0; k < h; k++) { pg[k] += dy[k] * dx[k]; pb[k] += dy[k]; }
+  }
+  a /= (float)h; bsum /= (float)h;
+  /* dres = the gradient of the sum; dx = it through the dropout mask (one
+   * loop per case: a conditional read of keep inside the loop would not vectorise) */
+#define LN_DX (rs * (dy[k] * g[k] - a - dx[k] * bsum))
+  if (dres && keep) {
+    #pragma omp simd
+    for (int64_t k = 0; k < h; k++) { float v = LN_DX; dres[k] = v; dx[k] = keep[k] ? v * scale : 0.0f; }
+  } else if (dres) {
+    #pragma omp simd
+    for (int64_t k = 0; k < h; k++) { float v = LN_DX; dres[k] = v; dx[k] = v; }
+  } else if (keep) {
+    #pragma omp simd
+    for (int64_t k = 0; k < h; k++) { float v = LN_DX; dx[k] = keep[k] ? v * scale : 0.0f; }
+  } else {
+    #pragma omp simd
+    for (int64_t k = 0; k < h; k++) dx[k] = LN_DX;
+  }
+#undef LN_DX
 }
 
 static int ln_forward_cpu(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                           const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *beta, double eps,
                           double p, uint64_t seed, uint64_t offset) {
   opx_buf bx = {0}, br = {0}, bg = {0}, bb = {0}, by = {0}, bm = {0}, bs = {0};
-  uint8_t *keep = NULL;
   int64_t h = opx_cols(x), rows = opx_rows(x);
-  int rc;
+  int rc, oom = 0;
   if ((rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) || (rc = opx_load(op, gamma, &bg)) ||
       (beta && (rc = opx_load(op, beta, &bb))) || (rc = opx_out(op, y, &by, 0)) ||
-      (rc = opx_out(op, mean, &bm, 0)) || (rc = opx_out(op, rstd, &bs, 0)) ||
-      (rc = make_keep(op, rows, h, p, seed, offset, &keep)))
+      (rc = opx_out(op, mean, &bm, 0)) || (rc = opx_out(op, rstd, &bs, 0)))
     goto done;
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f, feps = (float)eps;
-  #pragma omp parallel for schedule(static) if (rows * h > 32768)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = bx.p + r * h, *g = bg.p, *b = bb.p;
-    float *yr = by.p + r * h;
-    const float *s = xr;
-    if (res) {
-      const float *rr = br.p + r * h;
-      if (keep) { const uint8_t *kr = keep + r * h;
-        for (int64_t j = 0; j < h; j++) yr[j] = (kr[j] ? xr[j] * scale : 0.0f) + rr[j]; }
-      else for (int64_t j = 0; j < h; j++) yr[j] = xr[j] + rr[j];
-      s = yr;
+  /* the dropout mask is made one row at a time into a per-thread buffer
+   * (still the documented stream: row r is elements r*h .. r*h+h-1) */
+  #pragma omp parallel if (rows * h > 32768)
+  {
+    uint8_t *keep = p > 0 ? malloc((size_t)h) : NULL;
+    if (p > 0 && !keep) {
+      #pragma omp atomic write
+      oom = 1;
     }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < h; j++) sum += s[j];
-    float m = sum / (float)h, var = 0.0f;
-    for (int64_t j = 0; j < h; j++) { float d = s[j] - m; var += d * d; }
-    float rs = 1.0f / sqrtf(var / (float)h + feps);
-    if (b) for (int64_t j = 0; j < h; j++) yr[j] = (s[j] - m) * rs * g[j] + b[j];
-    else for (int64_t j = 0; j < h; j++) yr[j] = (s[j] - m) * rs * g[j];
-    bm.p[r] = m; bs.p[r] = rs;
+    #pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      if (p > 0 && !keep) continue;
+      if (keep) opx_dropout_keep(seed, offset, r * h, h, (float)p, keep);
+      ln_fwd_row(h, bx.p + r * h, res ? br.p + r * h : NULL, keep, scale, bg.p, bb.p, feps, by.p + r * h,
+                 &bm.p[r], &bs.p[r]);
+    }
+    free(keep);
   }
+  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for a dropout mask row", op); goto done; }
   opx_store(y, &by); opx_store(mean, &bm); opx_store(rstd, &bs);
 done:
   opx_free(&bx); opx_free(&br); opx_free(&bg); opx_free(&bb); opx_free(&by); opx_free(&bm); opx_free(&bs);
-  free(keep);
   return rc;
 }
 
@@ -99,47 +200,41 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
                            const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
                            uint64_t offset) {
   opx_buf bdy = {0}, bx = {0}, br = {0}, bg = {0}, bm = {0}, bs = {0}, bdx = {0}, bdr = {0}, bdg = {0}, bdb = {0};
-  uint8_t *keep = NULL;
   float *part = NULL;
   int64_t h = opx_cols(x), rows = opx_rows(x), nchunk = (rows + LN_CHUNK - 1) / LN_CHUNK;
   int want_param = dgamma || dbeta;
-  int rc;
+  int rc, oom = 0;
   if ((rc = opx_load(op, dy, &bdy)) || (rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) ||
       (rc = opx_load(op, gamma, &bg)) || (rc = opx_load(op, mean, &bm)) || (rc = opx_load(op, rstd, &bs)) ||
       (rc = opx_out(op, dx, &bdx, 0)) || (dres && (rc = opx_out(op, dres, &bdr, 0))) ||
-      (dgamma && (rc = opx_out(op, dgamma, &bdg, 1))) || (dbeta && (rc = opx_out(op, dbeta, &bdb, 1))) ||
-      (rc = make_keep(op, rows, h, p, seed, offset, &keep)))
+      (dgamma && (rc = opx_out(op, dgamma, &bdg, 1))) || (dbeta && (rc = opx_out(op, dbeta, &bdb, 1))))
     goto done;
   if (want_param && nchunk > 0) {
     part = calloc((size_t)(nchunk * 2 * h), sizeof(float));
     if (!part) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for gamma/beta partial sums", op); goto done; }
   }
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  #pragma omp parallel for schedule(static) if (rows * h > 32768)
-  for (int64_t c = 0; c < nchunk; c++) {
-    float *pg = part ? part + c * 2 * h : NULL, *pb = pg ? pg + h : NULL;
-    int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
-    for (int64_t r = c * LN_CHUNK; r < r1; r++) {
-      const float *xr = bx.p + r * h, *dyr = bdy.p + r * h, *g = bg.p;
-      const uint8_t *kr = keep ? keep + r * h : NULL;
-      float *xh = bdx.p + r * h;  /* normalised input, then overwritten by dx */
-      float m = bm.p[r], rs = bs.p[r];
-      if (res) {
-        const float *rr = br.p + r * h;
-        if (kr) for (int64_t j = 0; j < h; j++) xh[j] = ((kr[j] ? xr[j] * scale : 0.0f) + rr[j] - m) * rs;
-        else for (int64_t j = 0; j < h; j++) xh[j] = (xr[j] + rr[j] - m) * rs;
-      } else {
-        for (int64_t j = 0; j < h; j++) xh[j] = (xr[j] - m) * rs;
-      }
-      float a = 0.0f, b = 0.0f;
-      for (int64_t j = 0; j < h; j++) { float gj = dyr[j] * g[j]; a += gj; b += gj * xh[j]; }
-      if (pg) for (int64_t j = 0; j < h; j++) { pg[j] += dyr[j] * xh[j]; pb[j] += dyr[j]; }
-      a /= (float)h; b /= (float)h;
-      for (int64_t j = 0; j < h; j++) xh[j] = rs * (dyr[j] * g[j] - a - xh[j] * b);
-      if (dres) memcpy(bdr.p + r * h, xh, (size_t)h * sizeof(float));
-      if (kr) for (int64_t j = 0; j < h; j++) xh[j] = kr[j] ? xh[j] * scale : 0.0f;
+  #pragma omp parallel if (rows * h > 32768)
+  {
+    uint8_t *keep = p > 0 ? malloc((size_t)h) : NULL;
+    if (p > 0 && !keep) {
+      #pragma omp atomic write
+      oom = 1;
     }
+    #pragma omp for schedule(static)
+    for (int64_t c = 0; c < nchunk; c++) {
+      if (p > 0 && !keep) continue;
+      float *pg = part ? part + c * 2 * h : NULL, *pb = pg ? pg + h : NULL;
+      int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
+      for (int64_t r = c * LN_CHUNK; r < r1; r++) {
+        if (keep) opx_dropout_keep(seed, offset, r * h, h, (float)p, keep);
+        ln_bwd_row(h, bx.p + r * h, res ? br.p + r * h : NULL, keep, scale, bg.p, bdy.p + r * h, bm.p[r], bs.p[r],
+                   bdx.p + r * h, dres ? bdr.p + r * h : NULL, pg, pb);
+      }
+    }
+    free(keep);
   }
+  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for a dropout mask row", op); goto done; }
   if (part) {
     #pragma omp parallel for schedule(static) if (nchunk * h > 65536)
     for (int64_t j = 0; j < h; j++) {
@@ -156,7 +251,7 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
 done:
   opx_free(&bdy); opx_free(&bx); opx_free(&br); opx_free(&bg); opx_free(&bm); opx_free(&bs);
   opx_free(&bdx); opx_free(&bdr); opx_free(&bdg); opx_free(&bdb);
-  free(keep); free(part);
+  free(part);
   return rc;
 }
 

@@ -4,6 +4,7 @@
  * row-strided slice (the [CLS] rows x[:,0,:]) or a transposed weight view
  * costs no copy. Only non-f32 or irregularly strided operands get a scratch. */
 #include "ops_internal.h"
+#include "vecmath.h"
 #include <cblas.h>
 #include <stdlib.h>
 
@@ -96,6 +97,11 @@ static int check_rows_out(const char *op, const char *name, const bl_tensor *y, 
   return 0;
 }
 
+OPX_CLONES static void add_row(int64_t n, const float *restrict b, float *restrict y) {
+  #pragma omp simd
+  for (int64_t j = 0; j < n; j++) y[j] += b[j];
+}
+
 static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
   const char *op = "linear";
   mat mx, mw, my;
@@ -105,12 +111,15 @@ static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor 
   if ((rc = mat_load(op, x, &mx)) || (rc = mat_load(op, w, &mw)) || (rc = mat_out(op, y, &my, 0)))
     goto done;
   if (b && (rc = opx_load(op, b, &bb))) goto done;
+  /* GEMM first, bias after: an OpenMP region right before the GEMM would
+   * leave libgomp's worker spin-waiting (several ms with the default
+   * OMP_WAIT_POLICY) on a core that OpenBLAS's own threads need. */
+  gemm(&mx, 0, &mw, 1, &my, 0.0f);
   if (b) {
     int64_t n = my.cols;
     #pragma omp parallel for schedule(static) if (my.rows * n > 65536)
-    for (int64_t r = 0; r < my.rows; r++) memcpy(my.p + r * my.ld, bb.p, (size_t)n * sizeof(float));
+    for (int64_t r = 0; r < my.rows; r++) add_row(n, bb.p, my.p + r * my.ld);
   }
-  gemm(&mx, 0, &mw, 1, &my, b ? 1.0f : 0.0f);
   opx_store(y, &my.buf);
 done:
   opx_free(&mx.buf); opx_free(&mw.buf); opx_free(&my.buf); opx_free(&bb);

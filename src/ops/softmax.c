@@ -2,7 +2,39 @@
  * (contract in bl_ops.h). The mask is read through broadcast strides (0 on
  * size-1 dims), so BERT's [B,1,1,S] extended mask is never expanded. */
 #include "ops_internal.h"
+#include "vecmath.h"
 #include <math.h>
+
+/* Row kernels: vectorised exp (vm_exp), sums in 16 lanes combined in a fixed
+ * order (thread-count independent, vectorisable without -ffast-math). */
+OPX_CLONES static void softmax_row(int64_t n, const float *x, float *y) {  /* x == y allowed */
+  float mx = vm_row_max(n, x);
+  float acc[16] = {0}, sum = 0.0f;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    #pragma omp simd
+    for (int l = 0; l < 16; l++) { float e = vm_exp(x[j + l] - mx); y[j + l] = e; acc[l] += e; }
+  }
+  for (; j < n; j++) { float e = vm_exp(x[j] - mx); y[j] = e; sum += e; }
+  for (int l = 0; l < 16; l++) sum += acc[l];
+  float inv = 1.0f / sum;
+  #pragma omp simd
+  for (int64_t k = 0; k < n; k++) y[k] *= inv;
+}
+
+OPX_CLONES static void softmax_bwd_row(int64_t n, const float *restrict g, const float *restrict y,
+                                       float *restrict o) {
+  float acc[16] = {0}, dot = 0.0f;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    #pragma omp simd
+    for (int l = 0; l < 16; l++) acc[l] += g[j + l] * y[j + l];
+  }
+  for (; j < n; j++) dot += g[j] * y[j];
+  for (int l = 0; l < 16; l++) dot += acc[l];
+  #pragma omp simd
+  for (int64_t k = 0; k < n; k++) o[k] = y[k] * (g[k] - dot);
+}
 
 static int check_same(const char *op, const bl_tensor *t, const char *name, const bl_tensor *x) {
   BL_CHECK(opx_check_float(op, t, name));
@@ -48,12 +80,7 @@ static int softmax_fwd_cpu(const char *op, bl_tensor *y, const bl_tensor *x, con
       for (int64_t j = 0; j < n; j++) yr[j] = xr[j] + mr[j * ms];
       xr = yr;
     }
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) mx = xr[j] > mx ? xr[j] : mx;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; j++) { float e = expf(xr[j] - mx); yr[j] = e; sum += e; }
-    float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; j++) yr[j] *= inv;
+    softmax_row(n, xr, yr);
   }
   opx_store(y, &by);
 done:
@@ -86,9 +113,7 @@ static int softmax_bwd_cpu(const char *op, bl_tensor *dx, const bl_tensor *dy, c
   #pragma omp parallel for schedule(static) if (rows * n > 16384)
   for (int64_t r = 0; r < rows; r++) {
     const float *g = bdy.p + r * n, *yr = by.p + r * n;
-    float *o = bdx.p + r * n, dot = 0.0f;
-    for (int64_t j = 0; j < n; j++) dot += g[j] * yr[j];
-    for (int64_t j = 0; j < n; j++) o[j] = yr[j] * (g[j] - dot);
+    softmax_bwd_row(n, g, yr, bdx.p + r * n);
   }
   opx_store(dx, &bdx);
 done:

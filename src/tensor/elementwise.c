@@ -3,6 +3,49 @@
 #include <stdlib.h>
 #include "../base/internal.h"
 
+/* The unit-stride f32 loops below are compiled for AVX-512 / AVX2 / baseline
+ * x86-64 and picked at load time (GCC target_clones), like the CPU ops'
+ * kernels (src/ops/vecmath.h). FMA contraction is switched off for them, so
+ * a*alpha + beta rounds twice exactly as on the baseline path: every variant
+ * gives bitwise the same results. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define EW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define EW_CLONES
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+/* o = a (op) b for unit-stride a and o; b unit-stride (bs = 1) or one value (bs = 0). */
+EW_CLONES static void f32_binary_flat(int op, int64_t n, float *o, const float *a, const float *b, int bs) {
+  if (bs) {
+    switch (op) {
+      case BL_ADD: for (int64_t i = 0; i < n; i++) o[i] = a[i] + b[i]; return;
+      case BL_SUB: for (int64_t i = 0; i < n; i++) o[i] = a[i] - b[i]; return;
+      case BL_MUL: for (int64_t i = 0; i < n; i++) o[i] = a[i] * b[i]; return;
+      case BL_DIV: for (int64_t i = 0; i < n; i++) o[i] = a[i] / b[i]; return;
+    }
+  } else {
+    const float bv = b[0];
+    switch (op) {
+      case BL_ADD: for (int64_t i = 0; i < n; i++) o[i] = a[i] + bv; return;
+      case BL_SUB: for (int64_t i = 0; i < n; i++) o[i] = a[i] - bv; return;
+      case BL_MUL: for (int64_t i = 0; i < n; i++) o[i] = a[i] * bv; return;
+      case BL_DIV: for (int64_t i = 0; i < n; i++) o[i] = a[i] / bv; return;
+    }
+  }
+}
+
+/* o = a * alpha + beta for unit-stride a and o (two roundings: no FMA here). */
+EW_CLONES static void f32_affine_flat(int64_t n, float *o, const float *a, float al, float be) {
+  for (int64_t i = 0; i < n; i++) o[i] = a[i] * al + be;
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
 static const char *const binop_names[BL_NUM_BINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
                                                        "eq", "ne", "lt", "le", "gt", "ge"};
 static const char *const unop_names[BL_NUM_UNOPS] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
@@ -72,6 +115,10 @@ static void binary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     float *o = (float *)p[0];
     const float *a = (const float *)p[1], *b = (const float *)p[2];
     int64_t so = s[0] / 4, sa = s[1] / 4, sb = s[2] / 4;
+    if (so == 1 && sa == 1 && (sb == 1 || sb == 0)) {  /* unit-stride rows: the common case */
+      f32_binary_flat(c->op, n, o, a, b, (int)sb);
+      return;
+    }
     switch (c->op) {
       case BL_ADD: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] + b[i * sb]; return;
       case BL_SUB: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] - b[i * sb]; return;
@@ -117,6 +164,10 @@ static void affine_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     const float *a = (const float *)p[1];
     int64_t so = s[0] / 4, sa = s[1] / 4;
     float al = (float)c->alpha, be = (float)c->beta;
+    if (so == 1 && sa == 1) {  /* unit stride: vectorisable, same operations */
+      f32_affine_flat(n, o, a, al, be);
+      return;
+    }
     for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] * al + be;
     return;
   }

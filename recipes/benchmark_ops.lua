@@ -1,0 +1,168 @@
+-- Per-op CPU timings of the ops one BERT training step is made of, side by
+-- side with PyTorch on the same shapes and thread count.
+--
+--   bertlua recipes/benchmark_ops.lua --threads=2 --size=base
+--   bertlua recipes/benchmark_ops.lua --size=mini --only=attention_fwd,attention_fwdbwd --compare=
+--
+-- Each row is the median (and, in parentheses, the minimum) over --reps
+-- timed repetitions after one untimed warm-up; "fwdbwd" rows time forward and backward together. Outputs
+-- are preallocated and reused (as the nn modules do). The PyTorch side is
+-- tests/py/bench_ops_torch.py (Hugging Face's formulation of each op, f32,
+-- torch.set_num_threads(--threads)); ratio = torch ms / bertlua ms, so > 1
+-- means bertlua is faster.
+local bl = require "bertlua"
+local ops = require "bertlua.ops"
+local core = require "bertlua.core"
+local options = require "bertlua.options"
+local log = require "bertlua.log"
+local C, check = core.C, core.check
+
+local opt = options.parse(arg, {
+  { "threads", 2, "CPU threads for us and for PyTorch" },
+  { "size", "base", "base (B=8 S=128 H=768 I=3072 12 heads) or mini (B=32 S=128 H=256 I=1024 4 heads)" },
+  { "reps", 7, "timed repetitions per op (median reported)" },
+  { "only", "", "comma-separated op names to run (default all)" },
+  { "compare", "torch", "'torch' runs tests/py/bench_ops_torch.py for the same rows; empty: ours only" },
+  { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch" },
+}, { usage = "bertlua recipes/benchmark_ops.lua [options]" })
+print("benchmark_ops options:\n" .. options.show(opt))
+
+local SIZES = {
+  base = { B = 8, S = 128, H = 768, I = 3072, NH = 12, V = 30528, M = 20 },
+  mini = { B = 32, S = 128, H = 256, I = 1024, NH = 4, V = 30528, M = 20 },
+}
+local z = SIZES[opt.size]
+if not z then error("benchmark_ops: --size must be base or mini, got '" .. opt.size .. "'", 0) end
+if opt.reps < 1 then error("benchmark_ops: --reps must be >= 1", 0) end
+bl.set_num_threads(opt.threads)
+local B, S, H, I, NH, V, M = z.B, z.S, z.H, z.I, z.NH, z.V, z.M
+local p = 0.1
+local only = {}
+for name in opt.only:gmatch("[^,]+") do only[name] = true end
+local wanted = next(only) == nil and function() return true end or function(n) return only[n] end
+
+print(("bertlua threads %d size %s B=%d S=%d H=%d I=%d heads=%d"):format(bl.num_threads(), opt.size, B, S, H, I, NH))
+
+local seed = 0
+local function rn(shape) seed = seed + 1; return bl.randn(shape, { seed = seed, offset = 0 }) end
+
+local rows, order = {}, {}
+local function bench(name, fn)
+  if not wanted(name) then return end
+  fn()
+  local ts = {}
+  for r = 1, opt.reps do
+    local t0 = log.clock()
+    fn()
+    ts[r] = (log.clock() - t0) * 1e3
+  end
+  table.sort(ts)
+  local med = (#ts % 2 == 1) and ts[(#ts + 1) / 2] or 0.5 * (ts[#ts / 2] + ts[#ts / 2 + 1])
+  rows[name] = { med = med, min = ts[1] }
+  order[#order + 1] = name
+  io.stderr:write(("  %-20s %9.3f ms\n"):format(name, med))
+end
+
+-- linear ---------------------------------------------------------------------
+for _, L in ipairs({ { "linear_h_i", H, I }, { "linear_i_h", I, H } }) do
+  local name, fin, fout = L[1], L[2], L[3]
+  local x, w, b, dy = rn({ B * S, fin }), rn({ fout, fin }), rn({ fout }), rn({ B * S, fout })
+  local y, dx, dw, db = bl.empty({ B * S, fout }), bl.empty({ B * S, fin }), bl.zeros({ fout, fin }), bl.zeros({ fout })
+  bench(name .. "_fwd", function() ops.linear(x, w, b, y) end)
+  bench(name .. "_fwdbwd", function()
+    ops.linear(x, w, b, y)
+    ops.linear_backward(dy, x, w, { dx = dx, dw = dw, db = db })
+  end)
+end
+
+-- attention ------------------------------------------------------------------
+do
+  local q, k, v, dctx = rn({ B, S, H }), rn({ B, S, H }), rn({ B, S, H }), rn({ B, S, H })
+  local km = bl.ones({ B, S })
+  km:narrow(2, S - math.floor(S / 8) + 1, math.floor(S / 8)):fill_(0)  -- last S/8 tokens padded
+  local ctx, probs = bl.empty({ B, S, H }), bl.empty({ B, NH, S, S })
+  local dq, dk, dv = bl.empty({ B, S, H }), bl.empty({ B, S, H }), bl.empty({ B, S, H })
+  local o = { p = p, seed = 7, offset = 0, out = ctx, probs = probs }
+  local ob = { p = p, seed = 7, offset = 0, dq = dq, dk = dk, dv = dv }
+  bench("attention_fwd", function() ops.attention(q, k, v, km, NH, o) end)
+  bench("attention_fwdbwd", function()
+    ops.attention(q, k, v, km, NH, o)
+    ops.attention_backward(dctx, q, k, v, probs, NH, ob)
+  end)
+end
+
+-- bias + GELU --------------------------------------------------------------------
+do
+  local x, b, dy = rn({ B, S, I }), rn({ I }), rn({ B, S, I })
+  local y, dx, db = bl.empty({ B, S, I }), bl.empty({ B, S, I }), bl.zeros({ I })
+  bench("bias_gelu_fwd", function() ops.bias_gelu(x, b, y) end)
+  bench("bias_gelu_fwdbwd", function()
+    ops.bias_gelu(x, b, y)
+    ops.bias_gelu_backward(dy, x, b, db, dx)
+  end)
+end
+
+-- dropout + residual + LayerNorm, LayerNorm, dropout ----------------------------------
+do
+  local x, r, g, be, dy = rn({ B, S, H }), rn({ B, S, H }), rn({ H }), rn({ H }), rn({ B, S, H })
+  local y, dx, dres = bl.empty({ B, S, H }), bl.empty({ B, S, H }), bl.empty({ B, S, H })
+  local mean, rstd = bl.empty({ B * S }), bl.empty({ B * S })
+  local dg, dbe = bl.zeros({ H }), bl.zeros({ H })
+  local function rln()
+    check(C.bl_residual_layernorm_forward(y, mean, rstd, x, r, g, be, 1e-12, p, 3, 0))
+  end
+  bench("residual_ln_fwd", rln)
+  bench("residual_ln_fwdbwd", function()
+    rln()
+    check(C.bl_residual_layernorm_backward(dx, dres, dg, dbe, dy, x, r, g, mean, rstd, p, 3, 0))
+  end)
+  bench("layernorm_fwdbwd", function()
+    check(C.bl_layernorm_forward(y, mean, rstd, x, g, be, 1e-12))
+    check(C.bl_layernorm_backward(dx, dg, dbe, dy, x, g, mean, rstd))
+  end)
+  bench("dropout_fwdbwd", function()
+    check(C.bl_dropout_forward(y, nil, x, p, 5, 0))
+    check(C.bl_dropout_backward(dx, dy, nil, p, 5, 0))
+  end)
+end
+
+-- MLM cross-entropy (forward + dlogits) ---------------------------------------------
+do
+  local logits = rn({ B * M, V })
+  local tgt = (bl.rand({ B * M }, { seed = 99, offset = 0 }) * (V - 1)):to("i64")
+  local loss, dlogits = bl.empty({ 1 }, { dtype = "f64" }), bl.empty({ B * M, V })
+  bench("cross_entropy", function() check(C.bl_cross_entropy(loss, dlogits, logits, tgt, -100, 1, nil)) end)
+end
+
+-- tensor arithmetic (the tensor core's f32 fast paths) ----------------------------------
+do
+  local a, b, out = rn({ B, S, H }), rn({ B, S, H }), bl.empty({ B, S, H })
+  bench("add", function() check(C.bl_binary(C.BL_ADD, out, a, b)) end)
+  bench("mul", function() check(C.bl_binary(C.BL_MUL, out, a, b)) end)
+  bench("scale", function() check(C.bl_affine(out, a, 0.5, 0)) end)
+end
+
+-- the PyTorch side, then the table ------------------------------------------------------
+local theirs = {}
+if opt.compare == "torch" then
+  local cmd = ("OMP_NUM_THREADS=%d %s tests/py/bench_ops_torch.py --threads=%d --size=%s --reps=%d --only=%s 2>&1")
+    :format(opt.threads, opt.python, opt.threads, opt.size, opt.reps, table.concat(order, ","))
+  local f = io.popen(cmd)
+  local out = f:read("*a")
+  f:close()
+  for name, med, mn in out:gmatch("torch ([%w_]+) ([%d%.]+) ([%d%.]+)") do
+    theirs[name] = { med = tonumber(med), min = tonumber(mn) }
+  end
+  if next(theirs) == nil then print("torch comparison failed:\n" .. out) end
+elseif opt.compare ~= "" then
+  error("benchmark_ops: --compare must be 'torch' or empty", 0)
+end
+
+-- median (min) in ms; ratio = torch / bertlua on the medians (on the minima)
+print(("%-20s %20s %20s %18s"):format("op", "bertlua ms", "torch ms", "torch/ours"))
+for _, name in ipairs(order) do
+  local r, t = rows[name], theirs[name]
+  print(("%-20s %20s %20s %18s"):format(name, ("%.3f (%.3f)"):format(r.med, r.min),
+    t and ("%.3f (%.3f)"):format(t.med, t.min) or "-",
+    t and ("%.2fx (%.2fx)"):format(t.med / r.med, t.min / r.min) or "-"))
+end

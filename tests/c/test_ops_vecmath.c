@@ -1,0 +1,197 @@
+/* Accuracy of the vectorised f32 math used by the CPU ops (src/ops/vecmath.h)
+ * against double-precision libm over dense grids, the inline Philox against
+ * bl_philox4x32 and the dropout masks of the ops against the documented
+ * stream, and GELU / its derivative through the public ops against a
+ * double-precision formula. The bounds checked here are the ones documented
+ * in vecmath.h; the loops are compiled with the same OPX_CLONES dispatch as
+ * the library, so the AVX-512 / AVX2 code paths are what is measured on
+ * machines that have them. */
+#include "bertlua.h"
+#include "ops/vecmath.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+/* distance in units of the f32 spacing at the reference value */
+static double ulps(float got, double ref) {
+  if (isnan(ref)) return isnan(got) ? 0 : 1e30;
+  double sp = ref == 0 ? ldexp(1.0, -149) : ldexp(1.0, ilogb(ref) - 23);
+  if (fabs(ref) < ldexp(1.0, -126)) sp = ldexp(1.0, -149);
+  return fabs((double)got - ref) / sp;
+}
+
+OPX_CLONES static void run_exp(int n, const float *restrict x, float *restrict y) {
+  #pragma omp simd
+  for (int i = 0; i < n; i++) y[i] = vm_exp(x[i]);
+}
+OPX_CLONES static void run_erf(int n, const float *restrict x, float *restrict y) {
+  #pragma omp simd
+  for (int i = 0; i < n; i++) y[i] = vm_erf(x[i]);
+}
+OPX_CLONES static void run_phi(int n, const float *restrict x, float *restrict y, float *restrict d) {
+  #pragma omp simd
+  for (int i = 0; i < n; i++) y[i] = vm_phi(x[i], &d[i]);
+}
+OPX_CLONES static void run_philox(int n, uint64_t seed, uint64_t off, uint32_t *restrict o) {
+  #pragma omp simd
+  for (int i = 0; i < n; i++)
+    vm_philox((uint32_t)seed, (uint32_t)(seed >> 32), off + (uint64_t)i, &o[4 * i], &o[4 * i + 1], &o[4 * i + 2], &o[4 * i + 3]);
+}
+
+#define N 2000001
+
+int main(void) {
+  float *x = malloc(N * 4), *y = malloc(N * 4), *d = malloc(N * 4);
+  if (!x || !y || !d) return 1;
+
+  /* exp over [-103.9, 88.6], normal results within 2 ulp, subnormals within 2 ulp of 2^-149 steps */
+  double worst = 0, at = 0;
+  for (int i = 0; i < N; i++) x[i] = -103.9f + (88.6f + 103.9f) * (float)i / (N - 1);
+  run_exp(N, x, y);
+  for (int i = 0; i < N; i++) {
+    double e = ulps(y[i], exp((double)x[i]));
+    if (e > worst) { worst = e; at = x[i]; }
+  }
+  printf("vm_exp: max %.2f ulp (at %.6g)\n", worst, at);
+  CHECK(worst <= 2.0, "vm_exp error %.2f ulp at %g", worst, at);
+  x[0] = -200.0f; x[1] = NAN; x[2] = 0.0f; x[3] = -0.0f;
+  run_exp(4, x, y);
+  CHECK(y[0] == 0.0f && isnan(y[1]) && y[2] == 1.0f && y[3] == 1.0f, "vm_exp specials: %g %g %g %g", y[0], y[1], y[2], y[3]);
+
+  /* erf over [-12, 12]: relative error <= 2e-7 */
+  double wrel = 0; at = 0;
+  for (int i = 0; i < N; i++) x[i] = -12.0f + 24.0f * (float)i / (N - 1);
+  run_erf(N, x, y);
+  for (int i = 0; i < N; i++) {
+    double r = erf((double)x[i]);
+    double e = r == 0 ? fabs(y[i]) : fabs(y[i] - r) / fabs(r);
+    if (e > wrel) { wrel = e; at = x[i]; }
+  }
+  printf("vm_erf: max rel error %.3g (at %.6g)\n", wrel, at);
+  CHECK(wrel <= 2e-7, "vm_erf rel error %g at %g", wrel, at);
+  /* dense near 0 and near the region seam |t| = 1 */
+  for (int i = 0; i < N; i++) x[i] = (i % 2 ? 1.0f : 1e-6f) * ((float)i / (N - 1) * 2.0f - 1.0f) + (i % 2 ? (i % 4 == 1 ? 1.0f : -1.0f) : 0.0f);
+  run_erf(N, x, y);
+  wrel = 0;
+  for (int i = 0; i < N; i++) {
+    double r = erf((double)x[i]);
+    double e = r == 0 ? fabs(y[i]) : fabs(y[i] - r) / fabs(r);
+    if (e > wrel) { wrel = e; at = x[i]; }
+  }
+  printf("vm_erf near 0 and |t| = 1: max rel error %.3g (at %.9g)\n", wrel, at);
+  CHECK(wrel <= 2e-7, "vm_erf rel error %g at %g", wrel, at);
+
+  /* Phi and phi over [-16, 16]: relative error <= 5e-7 where Phi >= 1e-37 */
+  wrel = 0; at = 0;
+  double wpdf = 0, atp = 0;
+  for (int i = 0; i < N; i++) x[i] = -16.0f + 32.0f * (float)i / (N - 1);
+  run_phi(N, x, y, d);
+  for (int i = 0; i < N; i++) {
+    double xd = x[i], r = 0.5 * erfc(-xd / sqrt(2.0)), pr = exp(-0.5 * xd * xd) / sqrt(2.0 * M_PI);
+    if (r >= 1e-37) { double e = fabs(y[i] - r) / r; if (e > wrel) { wrel = e; at = xd; } }
+    if (pr >= 1e-37) { double e = fabs(d[i] - pr) / pr; if (e > wpdf) { wpdf = e; atp = xd; } }
+  }
+  printf("vm_phi: max rel error %.3g (at %.6g), pdf %.3g (at %.6g)\n", wrel, at, wpdf, atp);
+  CHECK(wrel <= 5e-7, "vm_phi rel error %g at %g", wrel, at);
+  CHECK(wpdf <= 5e-7, "vm_phi pdf rel error %g at %g", wpdf, atp);
+
+  /* Philox: identical to the library's generator */
+  uint32_t *o = (uint32_t *)y;
+  uint64_t seeds[] = {0, 42, 0xFFFFFFFFFFFFFFFFull}, offs[] = {0, 123456789, 0xFFFFFFF0ull + 3};
+  for (int s = 0; s < 3; s++) {
+    run_philox(1000, seeds[s], offs[s], o);
+    int bad = 0;
+    for (int i = 0; i < 1000; i++) {
+      uint32_t r[4];
+      bl_philox4x32(seeds[s], offs[s] + (uint64_t)i, r);
+      if (memcmp(r, o + 4 * i, 16)) bad++;
+    }
+    CHECK(bad == 0, "vm_philox differs from bl_philox4x32 in %d blocks (seed %llu)", bad, (unsigned long long)seeds[s]);
+  }
+
+  /* GELU and its derivative through the public ops, against double precision */
+  {
+    int64_t n = 400001, shape[] = {n};
+    bl_tensor *tx = NULL, *ty = NULL, *tdy = NULL, *tdx = NULL;
+    if (bl_tensor_empty(1, shape, BL_F32, -1, &tx) || bl_tensor_empty(1, shape, BL_F32, -1, &ty) ||
+        bl_tensor_empty(1, shape, BL_F32, -1, &tdy) || bl_tensor_empty(1, shape, BL_F32, -1, &tdx)) return 1;
+    float *px = tx->data, *pdy = tdy->data;
+    for (int64_t i = 0; i < n; i++) { px[i] = -12.0f + 24.0f * (float)i / (float)(n - 1); pdy[i] = 1.0f; }
+    CHECK(bl_gelu_forward(ty, tx) == 0, "gelu: %s", bl_last_error());
+    CHECK(bl_gelu_backward(tdx, tdy, tx) == 0, "gelu_backward: %s", bl_last_error());
+    double wy = 0, wd = 0, aty = 0, atd = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double xd = px[i], cdf = 0.5 * erfc(-xd / sqrt(2.0));
+      double g = xd * cdf, gd = cdf + xd * exp(-0.5 * xd * xd) / sqrt(2.0 * M_PI);
+      /* relative where the value is representable, absolute 1e-30 below */
+      double ey = fabs(((float *)ty->data)[i] - g) / fmax(fabs(g), 1e-30);
+      double ed = fabs(((float *)tdx->data)[i] - gd) / fmax(fabs(gd), 1e-30);
+      if (ey > wy) { wy = ey; aty = xd; }
+      if (ed > wd) { wd = ed; atd = xd; }
+    }
+    printf("gelu: max rel error %.3g (at %.6g); gelu': %.3g (at %.6g)\n", wy, aty, wd, atd);
+    CHECK(wy <= 1e-6, "gelu rel error %g at %g", wy, aty);
+    /* the derivative cancels near its zero at x ~ -0.75: compare relative to |Phi| + |x phi| there */
+    double wd2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double xd = px[i], cdf = 0.5 * erfc(-xd / sqrt(2.0)), pdf = exp(-0.5 * xd * xd) / sqrt(2.0 * M_PI);
+      double gd = cdf + xd * pdf, mag = fmax(cdf + fabs(xd) * pdf, 1e-30);
+      double e = fabs(((float *)tdx->data)[i] - gd) / mag;
+      if (e > wd2) wd2 = e;
+    }
+    printf("gelu': max error relative to |Phi| + |x phi|: %.3g\n", wd2);
+    CHECK(wd2 <= 1e-6, "gelu' error %g", wd2);
+    bl_tensor_free(tx); bl_tensor_free(ty); bl_tensor_free(tdy); bl_tensor_free(tdx);
+  }
+  /* Dropout masks: every element of bl_dropout_forward's mask follows the
+   * documented stream (block offset + i/4, lane i%4, keep = (x>>8) 2^-24 >= p),
+   * and the fused residual LayerNorm (rows starting mid-block, h = 13) drops
+   * exactly the same elements. */
+  {
+    const int64_t rows = 77, h = 13, n = rows * h;
+    int64_t s2[] = {rows, h};
+    bl_tensor *tx = NULL, *ty = NULL, *tm = NULL, *tr = NULL, *tg = NULL, *tb = NULL, *mean = NULL, *rstd = NULL;
+    bl_tensor *tdy = NULL, *tdx = NULL, *tdr = NULL;
+    int64_t sh[] = {h}, sr[] = {rows};
+    if (bl_tensor_empty(2, s2, BL_F32, -1, &tx) || bl_tensor_empty(2, s2, BL_F32, -1, &ty) ||
+        bl_tensor_empty(2, s2, BL_U8, -1, &tm) || bl_tensor_empty(2, s2, BL_F32, -1, &tr) ||
+        bl_tensor_empty(1, sh, BL_F32, -1, &tg) || bl_tensor_empty(1, sh, BL_F32, -1, &tb) ||
+        bl_tensor_empty(1, sr, BL_F32, -1, &mean) || bl_tensor_empty(1, sr, BL_F32, -1, &rstd) ||
+        bl_tensor_empty(2, s2, BL_F32, -1, &tdy) || bl_tensor_empty(2, s2, BL_F32, -1, &tdx) ||
+        bl_tensor_empty(2, s2, BL_F32, -1, &tdr)) return 1;
+    for (int64_t i = 0; i < n; i++) {
+      ((float *)tx->data)[i] = 0.5f + (float)(i % 7); ((float *)tr->data)[i] = (float)(i % 5) - 2.0f;
+      ((float *)tdy->data)[i] = 1.0f + (float)(i % 3);
+    }
+    for (int64_t j = 0; j < h; j++) { ((float *)tg->data)[j] = 1.0f + 0.1f * j; ((float *)tb->data)[j] = 0.0f; }
+    double ps[] = {0.1, 0.5, 0.9, 1.0 / 3.0};
+    for (int k = 0; k < 4; k++) {
+      uint64_t seed = 1234567u + k, off = 99 + 3 * k;
+      CHECK(bl_dropout_forward(ty, tm, tx, ps[k], seed, off) == 0, "dropout: %s", bl_last_error());
+      int bad = 0, bad_ln = 0;
+      for (int64_t i = 0; i < n; i++) {
+        uint32_t r[4];
+        bl_philox4x32(seed, off + (uint64_t)(i / 4), r);
+        float u = (float)(r[i % 4] >> 8) * (1.0f / 16777216.0f);
+        if ((u >= (float)ps[k]) != ((uint8_t *)tm->data)[i]) bad++;
+      }
+      CHECK(bad == 0, "dropout p=%g: %d mask elements off the documented stream", ps[k], bad);
+      CHECK(bl_residual_layernorm_forward(ty, mean, rstd, tx, tr, tg, tb, 1e-5, ps[k], seed, off) == 0, "%s", bl_last_error());
+      CHECK(bl_residual_layernorm_backward(tdx, tdr, NULL, NULL, tdy, tx, tr, tg, mean, rstd, ps[k], seed, off) == 0, "%s", bl_last_error());
+      for (int64_t i = 0; i < n; i++)
+        if ((((float *)tdx->data)[i] != 0.0f) != ((uint8_t *)tm->data)[i] && ((float *)tdr->data)[i] != 0.0f) bad_ln++;
+      CHECK(bad_ln == 0, "residual_layernorm p=%g: %d elements masked differently from dropout", ps[k], bad_ln);
+    }
+    bl_tensor_free(tx); bl_tensor_free(ty); bl_tensor_free(tm); bl_tensor_free(tr); bl_tensor_free(tg);
+    bl_tensor_free(tb); bl_tensor_free(mean); bl_tensor_free(rstd); bl_tensor_free(tdy); bl_tensor_free(tdx);
+    bl_tensor_free(tdr);
+  }
+  free(x); free(y); free(d);
+  if (failures) { printf("%d failure(s)\n", failures); return 1; }
+  printf("all vecmath checks passed\n");
+  return 0;
+}
