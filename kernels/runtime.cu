@@ -1,14 +1,17 @@
-// CUDA device layer: device discovery, memory and copies. A caching allocator
-// keeps freed blocks per (device, size class) so the training loop never calls
-// cudaMalloc/cudaFree once warmed up.
+// CUDA device layer: device discovery, memory and copies, the per-device
+// stream every kernel runs on, pinned host memory, and the error plumbing of
+// kernels/common.cuh. A caching allocator keeps freed blocks per (device,
+// size class) so the training loop never calls cudaMalloc/cudaFree once
+// warmed up. Freed blocks are reused immediately: that is safe because all
+// kernels of a device run on one stream (work is ordered) and the stream is a
+// blocking one, so legacy-stream copies (bl_dev_memcpy) also wait for it.
 #include <cuda_runtime.h>
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 #include <cstring>
-extern "C" {
-#include "../src/base/internal.h"
-}
+#include "common.cuh"
 
 namespace {
 std::mutex pool_mu;
@@ -110,5 +113,112 @@ extern "C" int bl_dev_memset(int device, void *p, int value, size_t n) {
   cudaSetDevice(device);
   cudaError_t e = cudaMemset(p, value, n);
   if (e != cudaSuccess) return cuda_error(e, "memset", device);
+  return 0;
+}
+
+// ---------------------------------------------------------------- streams and errors (common.cuh)
+namespace {
+std::mutex stream_mu;
+std::unordered_map<int, cudaStream_t> streams;
+}
+
+int cu_err(const char *op, int dev, cudaError_t e) {
+  return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, dev, cudaGetErrorString(e));
+}
+
+int cu_launched(const char *op, int dev) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel launch failed: %s", op, dev, cudaGetErrorString(e));
+#ifndef NDEBUG
+  e = cudaStreamSynchronize(cu_stream(dev));
+  if (e != cudaSuccess) return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel failed: %s", op, dev, cudaGetErrorString(e));
+#endif
+  return 0;
+}
+
+// Launch-path lookup: a lock-free cache in front of bl_cuda_stream (streams are
+// created once and never destroyed).
+static std::atomic<cudaStream_t> stream_cache[64];
+cudaStream_t cu_stream(int dev) {
+  if (dev >= 0 && dev < 64) {
+    cudaStream_t s = stream_cache[dev].load(std::memory_order_acquire);
+    if (s) { cudaSetDevice(dev); return s; }
+  }
+  cudaStream_t s = (cudaStream_t)bl_cuda_stream(dev);
+  if (s && dev >= 0 && dev < 64) stream_cache[dev].store(s, std::memory_order_release);
+  return s;
+}
+
+extern "C" void *bl_cuda_stream(int device) {
+  if (bl_dev_check(device, "stream")) return nullptr;
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) { cu_err("stream", device, e); return nullptr; }
+  std::lock_guard<std::mutex> g(stream_mu);
+  auto it = streams.find(device);
+  if (it != streams.end()) return (void *)it->second;
+  cudaStream_t s = nullptr;
+  // Blocking (not cudaStreamNonBlocking): legacy default stream work, e.g.
+  // cudaMemcpy/cudaMemset in bl_dev_memcpy/bl_dev_memset, is ordered with it.
+  e = cudaStreamCreateWithFlags(&s, cudaStreamDefault);
+  if (e != cudaSuccess) { cu_err("stream", device, e); return nullptr; }
+  streams[device] = s;
+  return (void *)s;
+}
+
+extern "C" int bl_cuda_synchronize(int device) {
+  void *s = bl_cuda_stream(device);
+  if (!s) return BL_EDEVICE;
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)s);
+  if (e != cudaSuccess) return cu_err("synchronize", device, e);
+  return 0;
+}
+
+int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev) {
+  int d = -2;
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]) continue;
+    if (d == -2) d = ts[i]->device;
+    else if (ts[i]->device != d)
+      return bl_set_error(BL_EINVAL, "%s: tensors are on different devices (%d and %d)", op, d, ts[i]->device);
+  }
+  if (d < 0) return bl_set_error(BL_EINVAL, "%s: CUDA op called with CPU tensors", op);
+  BL_CHECK(bl_dev_check(d, op));
+  if (!bl_cuda_stream(d)) return BL_EDEVICE;
+  *dev = d;
+  return 0;
+}
+
+int cu_mem::alloc(const char *op, int device, size_t bytes) {
+  if (p) { bl_dev_free(dev, p); p = nullptr; }
+  dev = device;
+  int rc = bl_dev_malloc(device, bytes ? bytes : 16, &p);
+  if (rc) { p = nullptr; return bl_set_error(rc, "%s: cuda:%d: cannot allocate %zu bytes of scratch", op, device, bytes); }
+  return 0;
+}
+
+// ---------------------------------------------------------------- pinned host memory, async copies
+extern "C" int bl_cuda_host_alloc(size_t n, void **p) {
+  *p = nullptr;
+  cudaError_t e = cudaHostAlloc(p, n ? n : 1, cudaHostAllocPortable);
+  if (e != cudaSuccess) { *p = nullptr; cudaGetLastError(); return bl_set_error(BL_ENOMEM, "host_alloc: cannot pin %zu bytes: %s", n, cudaGetErrorString(e)); }
+  return 0;
+}
+
+extern "C" void bl_cuda_host_free(void *p) {
+  if (p) cudaFreeHost(p);
+}
+
+extern "C" int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, const void *src, size_t n) {
+  if (n == 0) return 0;
+  if (dst_device < 0 && src_device < 0) { memcpy(dst, src, n); return 0; }
+  int dev = dst_device >= 0 ? dst_device : src_device;
+  void *s = bl_cuda_stream(dev);
+  if (!s) return BL_EDEVICE;
+  cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+  if (dst_device >= 0 && src_device >= 0 && dst_device != src_device) {
+    CU_TRY("copy_async", dev, cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, (cudaStream_t)s));
+    return 0;
+  }
+  CU_TRY("copy_async", dev, cudaMemcpyAsync(dst, src, n, kind, (cudaStream_t)s));
   return 0;
 }

@@ -1,0 +1,142 @@
+// Elementwise activations of the BERT op library (contracts in bl_ops.h):
+// GELU (exact erf form) and the fused bias + GELU, each with its backward
+// (db: deterministic column sum of dx), tanh (backward from the saved output)
+// and Philox dropout (optional u8 mask out; backward from the mask or by
+// regenerating it). Element i (row-major) of the dropout uses the Philox
+// stream at (seed, offset) exactly as the CPU (kernels/philox.cuh).
+// Grid: one thread per element, grid-stride loop, 256 threads per block;
+// operands are contiguous f32 images (cu_buf), bias indexed by i % H.
+#include "common.cuh"
+#include "philox.cuh"
+
+namespace {
+
+#define INV_SQRT2 0.70710678118654752440f
+#define INV_SQRT_2PI 0.39894228040143267794f
+
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * INV_SQRT2)); }
+__device__ __forceinline__ float gelu_grad(float x) {
+  return 0.5f * (1.0f + erff(x * INV_SQRT2)) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+enum { K_GELU = 0, K_GELU_BWD, K_TANH, K_TANH_BWD, K_DROPOUT };
+
+// out[i] = f(a[i] (+ b[i % h]), g[i]); kind selects f.
+__global__ void act_kernel(int kind, float *out, const float *a, const float *b, const float *g, int64_t n, int64_t h) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float x = a[i];
+    if (b) x += b[i % h];
+    switch (kind) {
+      case K_GELU: out[i] = gelu(x); break;
+      case K_GELU_BWD: out[i] = g[i] * gelu_grad(x); break;
+      case K_TANH: out[i] = tanhf(x); break;
+      default: out[i] = g[i] * (1.0f - x * x); break;   // K_TANH_BWD: a is the saved output y
+    }
+  }
+}
+
+// y = keep ? x * scale : 0, keep from the mask (mask_in) or Philox; optional u8 mask out.
+__global__ void dropout_kernel(float *y, const float *x, const uint8_t *mask_in, uint8_t *mask_out, int64_t n, float p,
+                               float scale, uint64_t seed, uint64_t offset) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    bool keep = mask_in ? mask_in[i] != 0 : bl_dropout_keep(seed, offset, (uint64_t)i, p);
+    y[i] = keep ? x[i] * scale : 0.0f;
+    if (mask_out) mask_out[i] = keep ? 1 : 0;
+  }
+}
+
+int same_numel(const char *op, const bl_tensor *a, const bl_tensor *b) {
+  if (a && b && a->numel != b->numel)
+    return bl_set_error(BL_EINVAL, "%s: operands have %lld and %lld elements", op, (long long)a->numel, (long long)b->numel);
+  return 0;
+}
+
+int run_act(const char *op, int kind, bl_tensor *out, bl_tensor *db, const bl_tensor *g, const bl_tensor *a,
+            const bl_tensor *b) {
+  int dev;
+  const bl_tensor *ts[] = {out, db, g, a, b};
+  BL_CHECK(cu_device(op, 5, ts, &dev));
+  BL_CHECK(same_numel(op, out, a));
+  BL_CHECK(same_numel(op, g, a));
+  int64_t n = a->numel, h = 1;
+  if (b) {
+    h = a->ndim ? a->shape[a->ndim - 1] : 1;
+    if (b->numel != h || h < 1) return bl_set_error(BL_EINVAL, "%s: bias has %lld elements, input's last dim is %lld", op, (long long)b->numel, (long long)h);
+    if (db && db->numel != h) return bl_set_error(BL_EINVAL, "%s: grad_bias has %lld elements, expected %lld", op, (long long)db->numel, (long long)h);
+  }
+  if (n == 0) return 0;
+  cu_buf ba, bb, bg, bo;
+  BL_CHECK(cu_load(op, a, &ba));
+  if (b) BL_CHECK(cu_load(op, b, &bb));
+  if (g) BL_CHECK(cu_load(op, g, &bg));
+  BL_CHECK(cu_out(op, out, &bo, 0));
+  act_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(kind, bo.p, ba.p, b ? bb.p : nullptr, g ? bg.p : nullptr, n, h);
+  BL_CHECK(cu_launched(op, dev));
+  if (db) {
+    cu_buf bdb;
+    BL_CHECK(cu_out(op, db, &bdb, 1));
+    BL_CHECK(cu_colsum_acc(op, dev, bo.p, n / h, h, bdb.p));
+    BL_CHECK(cu_store(op, db, &bdb));
+  }
+  return cu_store(op, out, &bo);
+}
+
+int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tensor *mask_in, const bl_tensor *x, double p,
+                uint64_t seed, uint64_t offset) {
+  int dev;
+  const bl_tensor *ts[] = {y, mask_out, mask_in, x};
+  BL_CHECK(cu_device(op, 4, ts, &dev));
+  BL_CHECK(same_numel(op, y, x));
+  BL_CHECK(same_numel(op, mask_out, x));
+  BL_CHECK(same_numel(op, mask_in, x));
+  if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
+  int64_t n = x->numel;
+  if (n == 0) return 0;
+  cu_buf bx, by;
+  cu_mem min, mout;
+  BL_CHECK(cu_load(op, x, &bx));
+  BL_CHECK(cu_out(op, y, &by, 0));
+  if (mask_in) {   // any dtype/strides -> contiguous u8 (nonzero = keep)
+    BL_CHECK(min.alloc(op, dev, (size_t)n));
+    bl_tensor h;
+    memset(&h, 0, sizeof h);
+    h.data = min.p; h.ndim = mask_in->ndim; h.numel = n; h.dtype = BL_BOOL; h.device = dev;
+    int64_t s = 1;
+    for (int d = mask_in->ndim - 1; d >= 0; d--) { h.shape[d] = mask_in->shape[d]; h.stride[d] = s; s *= mask_in->shape[d]; }
+    BL_CHECK(bl_cuda_tensor_copy(&h, mask_in));
+  }
+  if (mask_out) BL_CHECK(mout.alloc(op, dev, (size_t)n));
+  dropout_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(by.p, bx.p, min.as<uint8_t>(), mout.as<uint8_t>(), n, (float)p,
+                                                                (float)(1.0 / (1.0 - p)), seed, offset);
+  BL_CHECK(cu_launched(op, dev));
+  if (mask_out) BL_CHECK(cu_copy_from_contig(op, mask_out, mout.p, BL_U8));
+  return cu_store(op, y, &by);
+}
+
+}  // namespace
+
+extern "C" int bl_cuda_gelu_forward(bl_tensor *y, const bl_tensor *x) { return run_act("gelu", K_GELU, y, nullptr, nullptr, x, nullptr); }
+extern "C" int bl_cuda_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x) {
+  return run_act("gelu_backward", K_GELU_BWD, dx, nullptr, dy, x, nullptr);
+}
+extern "C" int bl_cuda_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b) {
+  if (!b) return bl_set_error(BL_EINVAL, "bias_gelu: bias is NULL");
+  return run_act("bias_gelu", K_GELU, y, nullptr, nullptr, x, b);
+}
+extern "C" int bl_cuda_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                                          const bl_tensor *b) {
+  if (!b) return bl_set_error(BL_EINVAL, "bias_gelu_backward: bias is NULL");
+  return run_act("bias_gelu_backward", K_GELU_BWD, dx, db, dy, x, b);
+}
+extern "C" int bl_cuda_tanh_forward(bl_tensor *y, const bl_tensor *x) { return run_act("tanh", K_TANH, y, nullptr, nullptr, x, nullptr); }
+extern "C" int bl_cuda_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y) {
+  return run_act("tanh_backward", K_TANH_BWD, dx, nullptr, dy, y, nullptr);
+}
+extern "C" int bl_cuda_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p, uint64_t seed,
+                                       uint64_t offset) {
+  return run_dropout("dropout", y, mask, nullptr, x, p, seed, offset);
+}
+extern "C" int bl_cuda_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mask, double p,
+                                        uint64_t seed, uint64_t offset) {
+  return run_dropout("dropout_backward", dx, nullptr, mask, dy, p, seed, offset);
+}

@@ -1,0 +1,118 @@
+// Shared plumbing of the CUDA kernels (internal to kernels/*.cu).
+//
+// - Error handling: every CUDA call is checked; failures become
+//   bl_set_error(BL_EDEVICE, "op: cuda:N: <cuda message>"). After each launch
+//   cu_launched() checks the launch error (and, in builds without NDEBUG,
+//   synchronises so asynchronous faults are attributed to the right op).
+// - Streams: every kernel goes to cu_stream(dev), the per-device stream kept by
+//   runtime.cu.
+// - Operands: cu_buf is the device twin of opx_buf (src/ops/ops_internal.h): a
+//   contiguous f32 view of a tensor, in place when the tensor is already f32 and
+//   contiguous, else a converted scratch from the caching allocator (RAII: the
+//   scratch goes back to the pool when the cu_buf goes out of scope; the pool is
+//   stream-ordered because all ops share one stream per device).
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+extern "C" {
+#include "../src/base/internal.h"
+#include "../src/device/cuda_ops.h"
+}
+
+// ---------------------------------------------------------------- errors
+int cu_err(const char *op, int dev, cudaError_t e);
+int cu_launched(const char *op, int dev);   // check the last launch
+cudaStream_t cu_stream(int dev);             // never NULL after cu_device() succeeded
+// All non-NULL tensors on the same cuda device (>= 0) and that device usable.
+// Sets *dev. Also makes it current.
+int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
+
+#define CU_TRY(op, dev, expr) do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) return cu_err(op, dev, e_); } while (0)
+
+static inline unsigned cu_blocks(int64_t n, int threads, int64_t cap = 65535LL * 8) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > cap) b = cap;
+  return (unsigned)b;
+}
+
+// ---------------------------------------------------------------- device memory (RAII)
+struct cu_mem {
+  int dev = -1;
+  void *p = nullptr;
+  cu_mem() = default;
+  cu_mem(const cu_mem &) = delete;
+  cu_mem &operator=(const cu_mem &) = delete;
+  ~cu_mem() { if (p) bl_dev_free(dev, p); }
+  int alloc(const char *op, int device, size_t bytes);   // bytes may be 0 (allocates a minimum block)
+  template <class T> T *as() const { return (T *)p; }
+};
+
+// ---------------------------------------------------------------- f32 operand images
+struct cu_buf {
+  float *p = nullptr;
+  int64_t n = 0;
+  cu_mem mem;          // owns the scratch when the tensor could not be used in place
+  bool owned() const { return mem.p != nullptr; }
+};
+int cu_is_contig(const bl_tensor *t);
+int cu_load(const char *op, const bl_tensor *t, cu_buf *b);              // read view
+int cu_out(const char *op, bl_tensor *t, cu_buf *b, int keep);           // writable view (keep: load current values)
+int cu_store(const char *op, bl_tensor *t, cu_buf *b);                   // write back a scratch (no-op in place)
+// Index tensor (i32/i64, any strides) as a contiguous int64 device array.
+int cu_load_ids(const char *op, const bl_tensor *t, cu_mem *ids);
+// out[j] += sum_r x[r*cols + j] (f32, contiguous x), deterministic two-stage column sum.
+int cu_colsum_acc(const char *op, int dev, const float *x, int64_t rows, int64_t cols, float *out);
+// Copy raw typed data: contiguous src of `dtype_src` -> tensor dst (any strides/dtype).
+// Used by ops that produce a contiguous result of another dtype (argmax: i64 -> i32).
+int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src_dtype);
+// Read the first index (row-major) where a device int64 flag array is set; helpers for validation.
+int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n);
+
+// ---------------------------------------------------------------- device helpers
+__device__ __forceinline__ float cu_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double cu_warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float cu_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide sum with a fixed combination order (deterministic for a fixed
+// blockDim). blockDim.x must be a multiple of 32 and <= 1024; `sh` has 32
+// floats. All threads get the result. Contains __syncthreads: call from
+// uniform control flow only.
+__device__ __forceinline__ float cu_block_sum(float v, float *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = cu_warp_sum(v);
+  __syncthreads();                 // sh may still be read by a previous call
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  float t = lane < nw ? sh[lane] : 0.0f;
+  return cu_warp_sum(t);
+}
+__device__ __forceinline__ double cu_block_sum_d(double v, double *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = cu_warp_sum_d(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  double t = lane < nw ? sh[lane] : 0.0;
+  return cu_warp_sum_d(t);
+}
+__device__ __forceinline__ float cu_block_max(float v, float *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = cu_warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  float t = lane < nw ? sh[lane] : -INFINITY;
+  return cu_warp_max(t);
+}

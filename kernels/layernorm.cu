@@ -1,0 +1,250 @@
+// LayerNorm over the last dim, and the fused dropout + residual + LayerNorm
+// (contracts in bl_ops.h: bl_layernorm_*, bl_residual_layernorm_*).
+//
+// Forward (ln_fwd): one block per row (x viewed as [rows, H]), up to 256
+// threads striding over H. For the residual variant the block first forms
+// s = dropout(x) + residual into y (each thread writes and later re-reads
+// only its own columns, so no barrier is needed for that), then mean and the
+// biased variance are taken in two passes (block sums with a fixed tree:
+// deterministic), rstd = 1/sqrt(var + eps). Saved: mean, rstd [rows] f32.
+// Dropout: element r*H + j of the Philox stream (seed, offset), as the CPU.
+//
+// Backward: ln_bwd, one block per row, recomputes xhat from x (+ dropout +
+// residual), mean, rstd: dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)),
+// dresidual = that, dx = mask-scaled. dgamma/dbeta are a two-stage
+// deterministic reduction: ln_param_partial sums dy*xhat and dy over fixed
+// 256-row chunks per column (grid: 32 columns x chunk, 32x8 threads, xhat
+// recomputed), ln_param_final adds the chunks in order and accumulates (+=).
+#include "common.cuh"
+#include "philox.cuh"
+
+namespace {
+
+const int kChunk = 256;
+
+__device__ __forceinline__ float ln_s(const float *x, const float *res, int64_t i, float p, float scale, uint64_t seed,
+                                      uint64_t offset) {
+  float v = x[i];
+  if (res) {
+    if (p > 0.0f) v = bl_dropout_keep(seed, offset, (uint64_t)i, p) ? v * scale : 0.0f;
+    v += res[i];
+  }
+  return v;
+}
+
+__global__ void ln_fwd(const float *x, const float *res, const float *gamma, const float *beta, float *y, float *mean,
+                       float *rstd, int64_t rows, int64_t h, float eps, float p, float scale, uint64_t seed,
+                       uint64_t offset) {
+  __shared__ float sh[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t base = r * h;
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+      float s = ln_s(x, res, base + j, p, scale, seed, offset);
+      if (res) y[base + j] = s;   // kept for the passes below (same thread, same column)
+      sum += s;
+    }
+    const float m = cu_block_sum(sum, sh) / (float)h;
+    const float *src = res ? y : x;
+    float var = 0.0f;
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) { float d = src[base + j] - m; var += d * d; }
+    const float rs = 1.0f / sqrtf(cu_block_sum(var, sh) / (float)h + eps);
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+      float o = (src[base + j] - m) * rs * gamma[j];
+      y[base + j] = beta ? o + beta[j] : o;
+    }
+    if (threadIdx.x == 0) { mean[r] = m; rstd[r] = rs; }
+  }
+}
+
+__global__ void ln_bwd(const float *dy, const float *x, const float *res, const float *gamma, const float *mean,
+                       const float *rstd, float *dx, float *dres, int64_t rows, int64_t h, float p, float scale,
+                       uint64_t seed, uint64_t offset) {
+  __shared__ float sh[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t base = r * h;
+    const float m = mean[r], rs = rstd[r];
+    float a = 0.0f, b = 0.0f;
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+      float xh = (ln_s(x, res, base + j, p, scale, seed, offset) - m) * rs;
+      float gj = dy[base + j] * gamma[j];
+      a += gj;
+      b += gj * xh;
+    }
+    a = cu_block_sum(a, sh) / (float)h;
+    b = cu_block_sum(b, sh) / (float)h;
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+      const int64_t i = base + j;
+      float xh = (ln_s(x, res, i, p, scale, seed, offset) - m) * rs;
+      float d = rs * (dy[i] * gamma[j] - a - xh * b);
+      if (dres) dres[i] = d;
+      if (res && p > 0.0f) d = bl_dropout_keep(seed, offset, (uint64_t)i, p) ? d * scale : 0.0f;
+      dx[i] = d;
+    }
+  }
+}
+
+__global__ void ln_param_partial(const float *dy, const float *x, const float *res, const float *mean, const float *rstd,
+                                 float *pg, float *pb, int64_t rows, int64_t h, float p, float scale, uint64_t seed,
+                                 uint64_t offset) {
+  __shared__ float sg[8][33], sb[8][33];
+  const int64_t j = blockIdx.x * 32LL + threadIdx.x;
+  const int64_t r0 = blockIdx.y * (int64_t)kChunk, r1 = min(r0 + kChunk, rows);
+  float ag = 0.0f, ab = 0.0f;
+  if (j < h)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const int64_t i = r * h + j;
+      float xh = (ln_s(x, res, i, p, scale, seed, offset) - mean[r]) * rstd[r];
+      ag += dy[i] * xh;
+      ab += dy[i];
+    }
+  sg[threadIdx.y][threadIdx.x] = ag;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < h) {
+    float g = 0.0f, b = 0.0f;
+    for (int k = 0; k < 8; k++) { g += sg[k][threadIdx.x]; b += sb[k][threadIdx.x]; }
+    pg[blockIdx.y * h + j] = g;
+    pb[blockIdx.y * h + j] = b;
+  }
+}
+
+__global__ void ln_param_final(const float *pg, const float *pb, int64_t nchunk, int64_t h, float *dgamma, float *dbeta) {
+  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < h; j += (int64_t)gridDim.x * blockDim.x) {
+    float g = 0.0f, b = 0.0f;
+    for (int64_t c = 0; c < nchunk; c++) { g += pg[c * h + j]; b += pb[c * h + j]; }
+    if (dgamma) dgamma[j] += g;
+    if (dbeta) dbeta[j] += b;
+  }
+}
+
+int threads_for(int64_t h) {
+  int t = 32;
+  while (t < 256 && t < h) t <<= 1;
+  return t;
+}
+
+int check_numel(const char *op, const bl_tensor *t, int64_t n, const char *name) {
+  if (t && t->numel != n)
+    return bl_set_error(BL_EINVAL, "%s: %s has %lld elements, expected %lld", op, name, (long long)t->numel, (long long)n);
+  return 0;
+}
+
+int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x, const bl_tensor *res,
+               const bl_tensor *gamma, const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset) {
+  int dev;
+  const bl_tensor *ts[] = {y, mean, rstd, x, res, gamma, beta};
+  BL_CHECK(cu_device(op, 7, ts, &dev));
+  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
+  int64_t h = x->shape[x->ndim - 1], rows = x->numel / h;
+  BL_CHECK(check_numel(op, y, x->numel, "output"));
+  BL_CHECK(check_numel(op, res, x->numel, "residual"));
+  BL_CHECK(check_numel(op, gamma, h, "gamma"));
+  BL_CHECK(check_numel(op, beta, h, "beta"));
+  BL_CHECK(check_numel(op, mean, rows, "mean"));
+  BL_CHECK(check_numel(op, rstd, rows, "rstd"));
+  if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
+  if (rows == 0) return 0;
+  cu_buf bx, br, bg, bb, by, bm, bs;
+  BL_CHECK(cu_load(op, x, &bx));
+  if (res) BL_CHECK(cu_load(op, res, &br));
+  BL_CHECK(cu_load(op, gamma, &bg));
+  if (beta) BL_CHECK(cu_load(op, beta, &bb));
+  BL_CHECK(cu_out(op, y, &by, 0));
+  BL_CHECK(cu_out(op, mean, &bm, 0));
+  BL_CHECK(cu_out(op, rstd, &bs, 0));
+  float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
+  ln_fwd<<<cu_blocks(rows, 1, 1 << 20), threads_for(h), 0, cu_stream(dev)>>>(
+      bx.p, res ? br.p : nullptr, bg.p, beta ? bb.p : nullptr, by.p, bm.p, bs.p, rows, h, (float)eps, (float)p, scale,
+      seed, offset);
+  BL_CHECK(cu_launched(op, dev));
+  BL_CHECK(cu_store(op, y, &by));
+  BL_CHECK(cu_store(op, mean, &bm));
+  return cu_store(op, rstd, &bs);
+}
+
+int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
+                const bl_tensor *x, const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *mean,
+                const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
+  int dev;
+  const bl_tensor *ts[] = {dx, dres, dgamma, dbeta, dy, x, res, gamma, mean, rstd};
+  BL_CHECK(cu_device(op, 10, ts, &dev));
+  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
+  int64_t h = x->shape[x->ndim - 1], rows = x->numel / h;
+  BL_CHECK(check_numel(op, dx, x->numel, "grad_input"));
+  BL_CHECK(check_numel(op, dres, x->numel, "grad_residual"));
+  BL_CHECK(check_numel(op, dy, x->numel, "grad_output"));
+  BL_CHECK(check_numel(op, res, x->numel, "residual"));
+  BL_CHECK(check_numel(op, gamma, h, "gamma"));
+  BL_CHECK(check_numel(op, dgamma, h, "grad_gamma"));
+  BL_CHECK(check_numel(op, dbeta, h, "grad_beta"));
+  BL_CHECK(check_numel(op, mean, rows, "mean"));
+  BL_CHECK(check_numel(op, rstd, rows, "rstd"));
+  if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
+  if (rows == 0) return 0;
+  cu_buf bdy, bx, br, bg, bm, bs, bdx, bdr, bdg, bdb;
+  BL_CHECK(cu_load(op, dy, &bdy));
+  BL_CHECK(cu_load(op, x, &bx));
+  if (res) BL_CHECK(cu_load(op, res, &br));
+  BL_CHECK(cu_load(op, gamma, &bg));
+  BL_CHECK(cu_load(op, mean, &bm));
+  BL_CHECK(cu_load(op, rstd, &bs));
+  BL_CHECK(cu_out(op, dx, &bdx, 0));
+  if (dres) BL_CHECK(cu_out(op, dres, &bdr, 0));
+  float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
+  const float *rp = res ? br.p : nullptr;
+  ln_bwd<<<cu_blocks(rows, 1, 1 << 20), threads_for(h), 0, cu_stream(dev)>>>(
+      bdy.p, bx.p, rp, bg.p, bm.p, bs.p, bdx.p, dres ? bdr.p : nullptr, rows, h, (float)p, scale, seed, offset);
+  BL_CHECK(cu_launched(op, dev));
+  if (dgamma || dbeta) {
+    int64_t nchunk = (rows + kChunk - 1) / kChunk;
+    if (nchunk > 65535) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many", op, dev, (long long)rows);
+    cu_mem part;
+    BL_CHECK(part.alloc(op, dev, (size_t)(2 * nchunk * h) * sizeof(float)));
+    float *pg = part.as<float>(), *pb = pg + nchunk * h;
+    ln_param_partial<<<dim3((unsigned)((h + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0, cu_stream(dev)>>>(
+        bdy.p, bx.p, rp, bm.p, bs.p, pg, pb, rows, h, (float)p, scale, seed, offset);
+    BL_CHECK(cu_launched(op, dev));
+    if (dgamma) BL_CHECK(cu_out(op, dgamma, &bdg, 1));
+    if (dbeta) BL_CHECK(cu_out(op, dbeta, &bdb, 1));
+    ln_param_final<<<cu_blocks(h, 256), 256, 0, cu_stream(dev)>>>(pg, pb, nchunk, h, dgamma ? bdg.p : nullptr,
+                                                                   dbeta ? bdb.p : nullptr);
+    BL_CHECK(cu_launched(op, dev));
+    if (dgamma) BL_CHECK(cu_store(op, dgamma, &bdg));
+    if (dbeta) BL_CHECK(cu_store(op, dbeta, &bdb));
+  }
+  BL_CHECK(cu_store(op, dx, &bdx));
+  if (dres) BL_CHECK(cu_store(op, dres, &bdr));
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                                         const bl_tensor *gamma, const bl_tensor *beta, double eps) {
+  return ln_forward("layernorm", y, mean, rstd, x, nullptr, gamma, beta, eps, 0.0, 0, 0);
+}
+
+extern "C" int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
+                                          const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
+                                          const bl_tensor *rstd) {
+  return ln_backward("layernorm_backward", dx, nullptr, dgamma, dbeta, dy, x, nullptr, gamma, mean, rstd, 0.0, 0, 0);
+}
+
+extern "C" int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                                                  const bl_tensor *residual, const bl_tensor *gamma,
+                                                  const bl_tensor *beta, double eps, double p, uint64_t seed,
+                                                  uint64_t offset) {
+  if (!residual) return bl_set_error(BL_EINVAL, "residual_layernorm: residual is NULL");
+  return ln_forward("residual_layernorm", y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset);
+}
+
+extern "C" int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                                   bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
+                                                   const bl_tensor *residual, const bl_tensor *gamma,
+                                                   const bl_tensor *mean, const bl_tensor *rstd, double p,
+                                                   uint64_t seed, uint64_t offset) {
+  if (!residual) return bl_set_error(BL_EINVAL, "residual_layernorm_backward: residual is NULL");
+  return ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dy, x, residual, gamma, mean, rstd,
+                     p, seed, offset);
+}

@@ -1,0 +1,254 @@
+// Losses and metrics (contracts in bl_ops.h): fused cross-entropy (loss and
+// dlogits in one pass over the logits, ignore_index), MSE, argmax over the
+// last dim and accuracy.
+//
+// Cross-entropy: (1) ce_check validates targets and counts the counted rows
+// (integer atomics: exact), one synchronisation reads {first bad row, count}
+// back — needed anyway because grad_scale/count scales dlogits and `count` is
+// a host output; (2) ce_rows, one block per row: max, sum of exp (block tree),
+// row loss = mx + log(sum) - x[t] in double, dlogits = softmax * g - g*onehot;
+// (3) sum_rows adds the row losses in double in one block with a fixed
+// partition (deterministic) and writes mean over the counted rows.
+// argmax: one block per row, (value, index) pairs combined with the CPU's rule
+// (first NaN wins, else the first maximum).
+#include "common.cuh"
+
+namespace {
+
+__global__ void ce_check(const int64_t *t, int64_t n, int64_t c, int64_t ignore, unsigned long long *res) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    if (t[i] == ignore) continue;
+    if (t[i] < 0 || t[i] >= c) atomicMin(&res[0], (unsigned long long)i);
+    else atomicAdd(&res[1], 1ull);
+  }
+}
+
+__global__ void init2(unsigned long long *res) { res[0] = ~0ull; res[1] = 0; }
+
+__global__ void ce_rows(const float *x, const int64_t *t, float *dlogits, double *rl, int64_t n, int64_t c, int64_t ignore,
+                        float g) {
+  __shared__ float sh[32];
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const float *xr = x + i * c;
+    float *dr = dlogits ? dlogits + i * c : nullptr;
+    const int64_t ti = t[i];
+    if (ti == ignore) {   // uniform per block
+      if (threadIdx.x == 0) rl[i] = 0.0;
+      if (dr) for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dr[j] = 0.0f;
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) mx = xr[j] > mx ? xr[j] : mx;
+    mx = cu_block_max(mx, sh);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += expf(xr[j] - mx);
+    sum = cu_block_sum(sum, sh);
+    if (threadIdx.x == 0) rl[i] = (double)mx + log((double)sum) - (double)xr[ti];
+    if (dr) {
+      const float s = g / sum;
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+        float v = expf(xr[j] - mx) * s;
+        dr[j] = j == ti ? v - g : v;
+      }
+    }
+  }
+}
+
+// out[0] = sum(v[0..n)) * mul, one block of 256 threads, fixed partition.
+__global__ void sum_rows(const double *v, int64_t n, double mul, double *out) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += v[i];
+  acc = cu_block_sum_d(acc, sh);
+  if (threadIdx.x == 0) out[0] = acc * mul;
+}
+
+__global__ void mse_rows(const float *p, const float *t, float *dp, double *e2, int64_t n, float g) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    double e = (double)p[i] - (double)t[i];
+    e2[i] = e * e;
+    if (dp) dp[i] = g * (p[i] - t[i]);
+  }
+}
+
+__device__ __forceinline__ bool am_better(float v, int64_t i, float w, int64_t j) {
+  bool vn = v != v, wn = w != w;
+  if (vn || wn) return vn && (!wn || i < j);
+  if (v != w) return v > w;
+  return i < j;
+}
+
+__global__ void argmax_rows(const float *x, int64_t rows, int64_t c, int64_t *out) {
+  __shared__ float sv[256];
+  __shared__ int64_t si[256];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *xr = x + r * c;
+    float bv = 0.0f;
+    int64_t bi = -1;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+      if (bi < 0 || am_better(xr[j], j, bv, bi)) { bv = xr[j]; bi = j; }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+      if ((int)threadIdx.x < w) {
+        int64_t j = si[threadIdx.x + w];
+        if (j >= 0 && (si[threadIdx.x] < 0 || am_better(sv[threadIdx.x + w], j, sv[threadIdx.x], si[threadIdx.x]))) {
+          sv[threadIdx.x] = sv[threadIdx.x + w];
+          si[threadIdx.x] = j;
+        }
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) out[r] = si[0];
+    __syncthreads();
+  }
+}
+
+__global__ void acc_count(const int64_t *pred, const int64_t *t, int64_t n, int64_t ignore, unsigned long long *res) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    if (t[i] == ignore) continue;
+    atomicAdd(&res[1], 1ull);
+    if (pred[i] == t[i]) atomicAdd(&res[0], 1ull);
+  }
+}
+
+int threads_for(int64_t n) {
+  int t = 32;
+  while (t < 256 && t < n) t <<= 1;
+  return t;
+}
+
+int write_scalar(const char *op, bl_tensor *loss, const double *dv) {
+  return cu_copy_from_contig(op, loss, dv, BL_F64);
+}
+
+int argmax_into(const char *op, int dev, const bl_tensor *x, cu_mem *res, int64_t *rows_out) {
+  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
+  int64_t c = x->shape[x->ndim - 1], rows = x->numel / c;
+  *rows_out = rows;
+  BL_CHECK(res->alloc(op, dev, (size_t)rows * sizeof(int64_t)));
+  if (rows == 0) return 0;
+  cu_buf bx;
+  BL_CHECK(cu_load(op, x, &bx));
+  argmax_rows<<<cu_blocks(rows, 1, 1 << 20), 256, 0, cu_stream(dev)>>>(bx.p, rows, c, res->as<int64_t>());
+  return cu_launched(op, dev);
+}
+
+}  // namespace
+
+extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
+                                     int64_t ignore_index, double grad_scale, int64_t *count) {
+  const char *op = "cross_entropy";
+  int dev;
+  const bl_tensor *ts[] = {loss, dlogits, logits, targets};
+  BL_CHECK(cu_device(op, 4, ts, &dev));
+  if (logits->ndim < 1 || logits->shape[logits->ndim - 1] < 1)
+    return bl_set_error(BL_EINVAL, "%s: logits need a non-empty class dim", op);
+  int64_t c = logits->shape[logits->ndim - 1], n = logits->numel / c;
+  if (targets->numel != n || loss->numel != 1 || (dlogits && dlogits->numel != logits->numel))
+    return bl_set_error(BL_EINVAL, "%s: logits, targets, loss and grad_logits are not compatible", op);
+  cu_mem t, res, rl, tot;
+  BL_CHECK(cu_load_ids(op, targets, &t));
+  BL_CHECK(res.alloc(op, dev, 2 * sizeof(unsigned long long)));
+  init2<<<1, 1, 0, cu_stream(dev)>>>(res.as<unsigned long long>());
+  BL_CHECK(cu_launched(op, dev));
+  if (n > 0) {
+    ce_check<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(t.as<int64_t>(), n, c, ignore_index, res.as<unsigned long long>());
+    BL_CHECK(cu_launched(op, dev));
+  }
+  int64_t h[2];
+  BL_CHECK(cu_read_i64(op, dev, res.as<int64_t>(), h, 2));
+  if (h[0] != -1) {
+    int64_t v = 0;
+    BL_CHECK(cu_read_i64(op, dev, t.as<int64_t>() + h[0], &v, 1));
+    return bl_set_error(BL_EINVAL, "%s: target %lld at row %lld is out of range for %lld classes (ignore_index %lld)", op,
+                        (long long)v, (long long)h[0], (long long)c, (long long)ignore_index);
+  }
+  const int64_t cnt = h[1];
+  const float g = cnt ? (float)(grad_scale / (double)cnt) : 0.0f;
+  BL_CHECK(rl.alloc(op, dev, (size_t)n * sizeof(double)));
+  BL_CHECK(tot.alloc(op, dev, sizeof(double)));
+  cu_buf bx, bd;
+  if (n > 0) {
+    BL_CHECK(cu_load(op, logits, &bx));
+    if (dlogits) BL_CHECK(cu_out(op, dlogits, &bd, 0));
+    ce_rows<<<cu_blocks(n, 1, 1 << 20), threads_for(c), 0, cu_stream(dev)>>>(bx.p, t.as<int64_t>(), dlogits ? bd.p : nullptr,
+                                                                             rl.as<double>(), n, c, ignore_index, g);
+    BL_CHECK(cu_launched(op, dev));
+  }
+  sum_rows<<<1, 256, 0, cu_stream(dev)>>>(rl.as<double>(), cnt ? n : 0, cnt ? 1.0 / (double)cnt : 0.0, tot.as<double>());
+  BL_CHECK(cu_launched(op, dev));
+  BL_CHECK(write_scalar(op, loss, tot.as<double>()));
+  if (dlogits && n > 0) BL_CHECK(cu_store(op, dlogits, &bd));
+  if (count) *count = cnt;
+  return 0;
+}
+
+extern "C" int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
+                                double grad_scale) {
+  const char *op = "mse_loss";
+  int dev;
+  const bl_tensor *ts[] = {loss, dpred, pred, target};
+  BL_CHECK(cu_device(op, 4, ts, &dev));
+  int64_t n = pred->numel;
+  if (target->numel != n || loss->numel != 1 || (dpred && dpred->numel != n))
+    return bl_set_error(BL_EINVAL, "%s: prediction, target, loss and grad are not compatible", op);
+  cu_mem e2, tot;
+  BL_CHECK(e2.alloc(op, dev, (size_t)n * sizeof(double)));
+  BL_CHECK(tot.alloc(op, dev, sizeof(double)));
+  cu_buf bp, bt, bd;
+  if (n > 0) {
+    BL_CHECK(cu_load(op, pred, &bp));
+    BL_CHECK(cu_load(op, target, &bt));
+    if (dpred) BL_CHECK(cu_out(op, dpred, &bd, 0));
+    mse_rows<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(bp.p, bt.p, dpred ? bd.p : nullptr, e2.as<double>(), n,
+                                                           (float)(2.0 * grad_scale / (double)n));
+    BL_CHECK(cu_launched(op, dev));
+  }
+  sum_rows<<<1, 256, 0, cu_stream(dev)>>>(e2.as<double>(), n, n ? 1.0 / (double)n : 0.0, tot.as<double>());
+  BL_CHECK(cu_launched(op, dev));
+  BL_CHECK(write_scalar(op, loss, tot.as<double>()));
+  if (dpred && n > 0) BL_CHECK(cu_store(op, dpred, &bd));
+  return 0;
+}
+
+extern "C" int bl_cuda_argmax(bl_tensor *out, const bl_tensor *x) {
+  const char *op = "argmax";
+  int dev;
+  const bl_tensor *ts[] = {out, x};
+  BL_CHECK(cu_device(op, 2, ts, &dev));
+  if (out->dtype != BL_I32 && out->dtype != BL_I64) return bl_set_error(BL_EINVAL, "%s: output must be i32 or i64", op);
+  cu_mem res;
+  int64_t rows;
+  BL_CHECK(argmax_into(op, dev, x, &res, &rows));
+  if (out->numel != rows) return bl_set_error(BL_EINVAL, "%s: output does not match input without its last dim", op);
+  if (rows == 0) return 0;
+  return cu_copy_from_contig(op, out, res.p, BL_I64);
+}
+
+extern "C" int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index, int64_t *correct,
+                                int64_t *count) {
+  const char *op = "accuracy";
+  if (!correct || !count) return bl_set_error(BL_EINVAL, "%s: correct and count must not be NULL", op);
+  int dev;
+  const bl_tensor *ts[] = {logits, targets};
+  BL_CHECK(cu_device(op, 2, ts, &dev));
+  cu_mem pred, t, res;
+  int64_t rows;
+  BL_CHECK(argmax_into(op, dev, logits, &pred, &rows));
+  if (targets->numel != rows) return bl_set_error(BL_EINVAL, "%s: logits and targets are not compatible", op);
+  BL_CHECK(cu_load_ids(op, targets, &t));
+  BL_CHECK(res.alloc(op, dev, 2 * sizeof(unsigned long long)));
+  CU_TRY(op, dev, cudaMemsetAsync(res.p, 0, 2 * sizeof(unsigned long long), cu_stream(dev)));
+  if (rows > 0) {
+    acc_count<<<cu_blocks(rows, 256), 256, 0, cu_stream(dev)>>>(pred.as<int64_t>(), t.as<int64_t>(), rows, ignore_index,
+                                                               res.as<unsigned long long>());
+    BL_CHECK(cu_launched(op, dev));
+  }
+  int64_t h[2];
+  BL_CHECK(cu_read_i64(op, dev, res.as<int64_t>(), h, 2));
+  *correct = h[0];
+  *count = h[1];
+  return 0;
+}

@@ -1,0 +1,206 @@
+/* bertlua — CUDA backend entry points (internal: not part of bertlua.h, not seen by the FFI).
+ *
+ * Every function here is the device twin of a CPU entry point with the same
+ * name minus the `cuda_` infix (bl_layernorm_forward -> bl_cuda_layernorm_forward)
+ * and the SAME signature and contract (bl_ops.h, bl_tensor.h), unless a
+ * comment below says otherwise. They are implemented in kernels/<family>.cu and only
+ * exist when the library is built with CUDA (BL_HAVE_CUDA), so callers wrap
+ * the dispatch in #ifdef BL_HAVE_CUDA.
+ *
+ * What the CPU entry point has already done before dispatching: argument
+ * presence, shapes, dtypes, that all tensors are on one device. The CUDA
+ * functions re-check what they rely on for memory safety (device, shapes they
+ * index with, contiguity) and fail with BL_EINVAL / BL_EDEVICE /
+ * BL_EUNSUPPORTED and a message "op: cuda:N: ...".
+ *
+ * Common rules of the CUDA ops:
+ *  - All work is queued on the per-device stream bl_cuda_stream(device)
+ *    (a blocking stream, so the legacy-stream cudaMemcpy in bl_dev_memcpy is
+ *    ordered with it). Functions return once the work is queued, except those
+ *    that return a host value (counts, flags, norms), which synchronise.
+ *  - Math is f32 with f32 accumulation (f64 for the generic tensor ops and
+ *    the loss sums). f32 contiguous tensors are used in place; other float
+ *    dtypes and strided views go through a contiguous f32 device scratch,
+ *    exactly like the CPU ops (ops_internal.h). GEMMs read f16/bf16 directly.
+ *  - Reductions (dW, db, dgamma, dbeta, dtable, norms, losses) use a fixed
+ *    partition and a fixed combination order: results are bitwise
+ *    reproducible run to run on the same GPU and launch configuration.
+ *  - Dropout masks come from the same Philox stream as the CPU (kernels/philox.cuh):
+ *    identical masks on both devices for the same (seed, offset).
+ *  - Index validation (embedding ids, gather positions, targets) happens on
+ *    the device before any output is written and costs one synchronisation.
+ */
+#ifndef BL_CUDA_OPS_H
+#define BL_CUDA_OPS_H
+#include "bl_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- runtime (kernels/runtime.cu) ---- */
+/* The per-device stream every kernel is queued on (a cudaStream_t). NULL with
+ * an error set when the device is not available. Also makes `device` current. */
+void *bl_cuda_stream(int device);
+/* Waits for all work queued on the device's stream; reports asynchronous
+ * kernel errors as BL_EDEVICE. */
+int bl_cuda_synchronize(int device);
+/* Page-locked host memory for fast, asynchronous host<->device copies. */
+int bl_cuda_host_alloc(size_t n, void **p);
+void bl_cuda_host_free(void *p);
+/* Async copy on the device stream (host memory should be pinned). */
+int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, const void *src, size_t n);
+
+/* ---- GEMM precision for f32 operands (kernels/gemm.cu) ----
+ * 0 = full f32 (default), 1 = TF32 tensor cores (10-bit mantissa inputs,
+ * f32 accumulate; like torch.backends.cuda.matmul.allow_tf32). Global. */
+void bl_cuda_set_tf32(int enable);
+int bl_cuda_get_tf32(void);
+
+/* ---- linear (kernels/gemm.cu): cuBLASLt, bias epilogue; db is a deterministic column sum.
+ * x, w: f32, or both f16 or both bf16 (f32 accumulate); mixed/f64 operands go
+ * through an f32 scratch. y/dx may be f32 or the operands' dtype. */
+int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b);
+int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
+                            const bl_tensor *x, const bl_tensor *w, int accumulate);
+/* Fused linear + bias + GELU through cuBLASLt's GELU_AUX_BIAS epilogue:
+ * pre = x W^T + b (saved for backward, same shape/dtype rules as y),
+ * y = gelu(pre). NOTE: cuBLASLt's GELU is the tanh approximation
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), not BERT's exact erf
+ * (|difference| < 5e-4 absolute); use bl_cuda_linear_forward +
+ * bl_cuda_bias_gelu_forward for the exact form.
+ * Backward (DGELU epilogue): dpre = (dy_out W2) * gelu'(pre) where the caller
+ * supplies dh = dy_out and w2: dpre = (dh @ w2) .* gelu_tanh'(pre), and
+ * db += column sums of dpre (may be NULL). Shapes: dh [M, N2], w2 [N2, N],
+ * pre/dpre [M, N], db [N]. */
+int bl_cuda_linear_gelu_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
+                                const bl_tensor *b);
+int bl_cuda_linear_dgelu_backward(bl_tensor *dpre, bl_tensor *db, const bl_tensor *dh, const bl_tensor *w2,
+                                  const bl_tensor *pre);
+/* bl_matmul twin: out[..., m, n] = a[..., m, k] @ b[..., k, n], batch dims
+ * broadcast (strided-batched cuBLASLt; broadcast operands get batch stride 0). */
+int bl_cuda_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b);
+
+/* ---- tensor core device side (kernels/elementwise.cu): same contracts as bl_tensor.h,
+ * every operand on the same cuda device. Generic path computes in double. */
+int bl_cuda_tensor_copy(bl_tensor *dst, const bl_tensor *src);   /* both on one device; broadcast + dtype conversion, any strides */
+int bl_cuda_tensor_fill(bl_tensor *t, double value);
+int bl_cuda_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b);
+int bl_cuda_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int scalar_first);
+int bl_cuda_unary(int op, bl_tensor *out, const bl_tensor *a);
+int bl_cuda_affine(bl_tensor *out, const bl_tensor *a, double alpha, double beta);
+int bl_cuda_where(bl_tensor *out, const bl_tensor *cond, const bl_tensor *a, const bl_tensor *b);
+int bl_cuda_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32_t dim_mask, int keepdim);
+int bl_cuda_rand_uniform(bl_tensor *t, uint64_t seed, uint64_t offset, double low, double high);
+int bl_cuda_rand_normal(bl_tensor *t, uint64_t seed, uint64_t offset, double mean, double std);
+
+/* ---- ops (same contracts as bl_ops.h) ---- */
+int bl_cuda_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor *ids, int accumulate);
+int bl_cuda_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_tensor *ids);
+int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                              const bl_tensor *gamma, const bl_tensor *beta, double eps);
+int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
+                               const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
+                               const bl_tensor *rstd);
+int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
+                                       const bl_tensor *x, const bl_tensor *residual,
+                                       const bl_tensor *gamma, const bl_tensor *beta, double eps,
+                                       double p, uint64_t seed, uint64_t offset);
+int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                        bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
+                                        const bl_tensor *residual, const bl_tensor *gamma,
+                                        const bl_tensor *mean, const bl_tensor *rstd,
+                                        double p, uint64_t seed, uint64_t offset);
+int bl_cuda_gelu_forward(bl_tensor *y, const bl_tensor *x);
+int bl_cuda_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x);
+int bl_cuda_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
+int bl_cuda_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                               const bl_tensor *b);
+int bl_cuda_tanh_forward(bl_tensor *y, const bl_tensor *x);
+int bl_cuda_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
+int bl_cuda_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p,
+                            uint64_t seed, uint64_t offset);
+int bl_cuda_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mask, double p,
+                             uint64_t seed, uint64_t offset);
+int bl_cuda_softmax_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *mask);
+int bl_cuda_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
+int bl_cuda_gather_forward(bl_tensor *out, const bl_tensor *x, const bl_tensor *pos);
+int bl_cuda_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *pos);
+int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                          const bl_tensor *targets, int64_t ignore_index, double grad_scale,
+                          int64_t *count);
+int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
+                     double grad_scale);
+int bl_cuda_argmax(bl_tensor *out, const bl_tensor *x);
+int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
+                     int64_t *correct, int64_t *count);
+
+/* ---- fused attention (kernels/attention.cu) — DIFFERENT saved state from the CPU op.
+ * Same math and dropout element order as bl_attention_forward/backward
+ * (bl_ops.h), flash-style: S x S scores are never written to global memory.
+ * What is saved for backward is the row logsumexp, not the probabilities:
+ *   lse: contiguous f32 [B, heads, S], lse[b,h,q] = log sum_k exp(score[q,k])
+ *        (scores scaled and masked, before dropout).
+ * The backward additionally takes the forward OUTPUT ctx [B, S, H] (the
+ * module keeps it anyway as the next linear's input) to form
+ * D_q = sum_c dctx[q,c] ctx[q,c] = rowsum(dP .* P), which replaces the S x S
+ * probabilities, and the same key_mask as the forward (P is recomputed as
+ * exp(score + mask - lse)). Head size d = H/heads must be <= 128.
+ * q/k/v/ctx/dctx/dq/dk/dv: f32 with unit stride in the last dim are used in
+ * place (fused QKV column slices work); other dtypes/strides use scratch.
+ * dq, dk, dv are overwritten; dq is computed by a separate pass so no atomics
+ * are used (deterministic). */
+int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const bl_tensor *q, const bl_tensor *k,
+                              const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
+                              double p, uint64_t seed, uint64_t offset);
+int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                               const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                               const bl_tensor *ctx, const bl_tensor *lse, const bl_tensor *key_mask,
+                               int heads, double scale, double p, uint64_t seed, uint64_t offset);
+
+/* ---- optimizers over flat f32 buffers (kernels/optim.cu).
+ * param, grad, m, v: contiguous f32 tensors of equal numel on one device.
+ * The buffer is cut into nseg segments (host arrays): segment s covers
+ * [seg_offset[s], seg_offset[s] + seg_length[s]) and gets weight decay iff
+ * seg_decay[s] != 0 (biases and LayerNorm weights are the no-decay ones).
+ * Segments must lie inside the buffer and must not overlap; elements outside
+ * every segment are left untouched.
+ * step is the 1-based step number after this update (bias correction uses it).
+ * grad_scale: gradients are divided by it first (loss scale; 1 = none).
+ * Non-finite gradients (inf/NaN anywhere) skip the whole update on the device
+ * (params and moments unchanged); *skipped (optional, host) reports it and
+ * *grad_norm (optional, host) receives the global norm of the unscaled
+ * gradients — asking for either costs a synchronisation. */
+int bl_cuda_lamb_step(bl_tensor *param, const bl_tensor *grad, bl_tensor *m, bl_tensor *v,
+                      const int64_t *seg_offset, const int64_t *seg_length, const uint8_t *seg_decay,
+                      int nseg, double lr, double beta1, double beta2, double eps, double weight_decay,
+                      int64_t step, double grad_scale, double max_grad_norm, int trust_all,
+                      double *grad_norm, int *skipped);
+/* NVLAMB as in NVIDIA DeepLearningExamples / apex FusedLAMB:
+ *   n = ||g / grad_scale||_2 over all segments; g' = g / grad_scale / max(1, n / max_grad_norm)
+ *   (no pre-normalisation when max_grad_norm <= 0)
+ *   m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2
+ *   u = (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps) + wd * p   (wd only if the segment decays)
+ *   r = ||p||_seg / ||u||_seg when both > 0, else 1; r = 1 also for no-decay
+ *       segments unless trust_all != 0 (NVLAMB applies the trust ratio to all)
+ *   p = p - lr * r * u
+ * Norms are two-stage deterministic reductions. */
+int bl_cuda_adamw_step(bl_tensor *param, const bl_tensor *grad, bl_tensor *m, bl_tensor *v,
+                       const int64_t *seg_offset, const int64_t *seg_length, const uint8_t *seg_decay,
+                       int nseg, double lr, double beta1, double beta2, double eps, double weight_decay,
+                       int64_t step, double grad_scale, double max_grad_norm,
+                       double *grad_norm, int *skipped);
+/* AdamW as torch.optim.AdamW (decoupled decay): p *= 1 - lr*wd (decay segments);
+ * p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps), with the same
+ * unscale, optional global-norm clipping (max_grad_norm > 0) and skip rules. */
+/* grad *= inv_scale in place (any float dtype, contiguous) and *found_inf = 1
+ * if any element of the result is inf or NaN (else 0). Synchronises. */
+int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *found_inf);
+/* Flat-buffer casts f32 <-> f16/bf16 (master weights -> half copies and back):
+ * same as bl_cuda_tensor_copy for contiguous buffers of equal numel. */
+int bl_cuda_cast(bl_tensor *dst, const bl_tensor *src);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,504 @@
+/* CUDA kernels vs the CPU reference ops (kernels/<family>.cu vs src/ops, src/tensor).
+ *
+ * For every kernel: random non-zero inputs made on the CPU, the CPU op and the
+ * CUDA op run on the same values, device outputs poisoned with NaN first (so
+ * an element a kernel forgets to write fails), results compared with
+ * |gpu - cpu| <= atol + rtol |cpu|. Tolerances: f32 paths 1e-5 relative (plus
+ * a small atol scaled to the reduction length), bf16 GEMMs 2e-2, attention
+ * 1e-4 (online softmax changes the summation order). Odd shapes throughout;
+ * attention for S in {1, 7, 64, 128, 384, 512}, with and without dropout, vs
+ * the CPU op and vs an unfused GPU path (matmul + softmax + matmul).
+ * Determinism: reductions are rerun and compared bitwise.
+ * Without a CUDA device (or in a CPU-only build): prints "skipped: ..." and exits 77. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "bertlua.h"
+#ifdef BL_HAVE_CUDA
+#include "device/cuda_ops.h"
+#endif
+
+#ifndef BL_HAVE_CUDA
+int main(void) {
+  printf("skipped: no CUDA device (CPU-only build, bl_cuda_compiled() = %d)\n", bl_cuda_compiled());
+  return 77;
+}
+#else
+
+static int fails = 0, checks = 0;
+static const int DEV = 0;
+
+#define OK(expr) do { int rc_ = (expr); if (rc_) { printf("FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, rc_, bl_last_error()); fails++; } } while (0)
+#define SH(...) (const int64_t[]){__VA_ARGS__}
+
+static bl_tensor *mk(int dev, int dtype, int nd, const int64_t *shape) {
+  bl_tensor *t = NULL;
+  if (bl_tensor_empty(nd, shape, dtype, dev, &t)) { printf("FAIL alloc: %s\n", bl_last_error()); exit(1); }
+  if (dev >= 0 && t->numel > 0 && bl_dtype_is_float(dtype)) bl_cuda_tensor_fill(t, NAN);   /* poison */
+  return t;
+}
+static bl_tensor *rnd(int nd, const int64_t *shape, uint64_t seed, double lo, double hi) {
+  bl_tensor *t = mk(-1, BL_F32, nd, shape);
+  OK(bl_rand_uniform(t, seed, 0, lo, hi));
+  return t;
+}
+/* Device copy of a CPU tensor, converted to dtype. */
+static bl_tensor *up(const bl_tensor *c, int dtype) {
+  bl_tensor *h = mk(-1, dtype, c->ndim, c->shape), *d = mk(DEV, dtype, c->ndim, c->shape);
+  OK(bl_tensor_copy(h, c));
+  OK(bl_tensor_copy(d, h));
+  bl_tensor_free(h);
+  return d;
+}
+/* A CPU f64 image of any tensor (device, strided, any dtype). */
+static double *host(const bl_tensor *t) {
+  bl_tensor *src = (bl_tensor *)t, *tmp = NULL;
+  if (t->device >= 0 && !bl_tensor_is_contiguous(t)) {
+    tmp = mk(t->device, t->dtype, t->ndim, t->shape);
+    OK(bl_cuda_tensor_copy(tmp, t));
+    src = tmp;
+  }
+  bl_tensor *h = mk(-1, t->dtype, t->ndim, t->shape);
+  OK(bl_tensor_copy(h, src));
+  double *v = malloc(sizeof(double) * (size_t)(t->numel ? t->numel : 1));
+  OK(bl_tensor_to_doubles(h, v, t->numel));
+  bl_tensor_free(h);
+  if (tmp) bl_tensor_free(tmp);
+  return v;
+}
+static void close_(const char *name, const bl_tensor *ref, const bl_tensor *got, double rtol, double atol) {
+  checks++;
+  if (ref->numel != got->numel) { printf("FAIL %s: numel %lld vs %lld\n", name, (long long)ref->numel, (long long)got->numel); fails++; return; }
+  double *a = host(ref), *b = host(got), worst = 0;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < ref->numel; i++) {
+    double e = fabs(a[i] - b[i]), lim = atol + rtol * fabs(a[i]);
+    if (!(e <= lim)) { if (bad < 0) bad = i; }
+    if (e > worst || e != e) worst = e;
+  }
+  if (bad >= 0) { printf("FAIL %s: element %lld cpu %.9g gpu %.9g (max abs err %.3g)\n", name, (long long)bad, a[bad], b[bad], worst); fails++; }
+  free(a); free(b);
+}
+static void same_bits(const char *name, const bl_tensor *x, const bl_tensor *y) {
+  checks++;
+  double *a = host(x), *b = host(y);
+  if (memcmp(a, b, sizeof(double) * (size_t)x->numel)) { printf("FAIL %s: reruns differ (not deterministic)\n", name); fails++; }
+  free(a); free(b);
+}
+static void F(bl_tensor *t) { bl_tensor_free(t); }
+
+/* ---------------------------------------------------------------- tensor core */
+static void test_elementwise(void) {
+  bl_tensor *a = rnd(3, SH(3, 5, 7), 1, -2, 2), *b = rnd(2, SH(5, 1), 2, 0.5, 2);
+  bl_tensor *da = up(a, BL_F32), *db = up(b, BL_F32);
+  int ops[] = {BL_ADD, BL_SUB, BL_MUL, BL_DIV, BL_POW, BL_MAXIMUM, BL_GT};
+  for (int i = 0; i < 7; i++) {
+    /* pow: b ** b (positive base, shape [5,1]); everything else a (op) b broadcast to [3,5,7] */
+    int pw = ops[i] == BL_POW;
+    bl_tensor *pa = pw ? b : a, *pda = pw ? db : da;
+    bl_tensor *c = mk(-1, BL_F32, pa->ndim, pa->shape), *dc = mk(DEV, BL_F32, pa->ndim, pa->shape);
+    OK(bl_binary(ops[i], c, pa, b));
+    OK(bl_cuda_binary(ops[i], dc, pda, db));
+    char n[64]; snprintf(n, sizeof n, "binary op %d", ops[i]);
+    close_(n, c, dc, 1e-6, 1e-7);
+    F(c); F(dc);
+  }
+  int uops[] = {BL_NEG, BL_EXP, BL_TANH, BL_ERF, BL_SIGMOID, BL_ABS, BL_FLOOR};
+  for (int i = 0; i < 7; i++) {
+    bl_tensor *c = mk(-1, BL_F32, 3, a->shape), *dc = mk(DEV, BL_F32, 3, a->shape);
+    OK(bl_unary(uops[i], c, a)); OK(bl_cuda_unary(uops[i], dc, da));
+    char n[64]; snprintf(n, sizeof n, "unary op %d", uops[i]);
+    close_(n, c, dc, 1e-6, 1e-7);
+    F(c); F(dc);
+  }
+  { /* affine, scalar ops, copy with conversion, strided (transposed) copy, fill */
+    bl_tensor *c = mk(-1, BL_F32, 3, a->shape), *dc = mk(DEV, BL_F32, 3, a->shape);
+    OK(bl_affine(c, a, 1.5, -0.25)); OK(bl_cuda_affine(dc, da, 1.5, -0.25)); close_("affine", c, dc, 1e-7, 0);
+    OK(bl_binary_scalar(BL_DIV, c, a, 3.0, 1)); OK(bl_cuda_binary_scalar(BL_DIV, dc, da, 3.0, 1)); close_("scalar div", c, dc, 1e-6, 0);
+    bl_tensor *hb = mk(-1, BL_BF16, 3, a->shape), *dbf = mk(DEV, BL_BF16, 3, a->shape);
+    OK(bl_tensor_copy(hb, a)); OK(bl_cuda_tensor_copy(dbf, da)); close_("copy f32->bf16", hb, dbf, 0, 0);
+    bl_tensor *ti = mk(-1, BL_I32, 3, a->shape), *dti = mk(DEV, BL_I32, 3, a->shape);
+    OK(bl_tensor_copy(ti, a)); OK(bl_cuda_tensor_copy(dti, da)); close_("copy f32->i32", ti, dti, 0, 0);
+    bl_tensor *tr = NULL, *dtr = NULL;
+    OK(bl_tensor_transpose(a, 0, 2, &tr)); OK(bl_tensor_transpose(da, 0, 2, &dtr));
+    bl_tensor *ct = mk(-1, BL_F32, 3, tr->shape), *dct = mk(DEV, BL_F32, 3, tr->shape);
+    OK(bl_tensor_copy(ct, tr)); OK(bl_cuda_tensor_copy(dct, dtr)); close_("strided copy", ct, dct, 0, 0);
+    OK(bl_tensor_fill(c, -3.5)); OK(bl_cuda_tensor_fill(dc, -3.5)); close_("fill", c, dc, 0, 0);
+    F(c); F(dc); F(hb); F(dbf); F(ti); F(dti); F(tr); F(dtr); F(ct); F(dct);
+  }
+  { /* reductions: last dim, first dim, two dims, argmax with ties */
+    struct { int op; uint32_t mask; int keep; } rs[] = {{BL_SUM, 4, 0}, {BL_MEAN, 1, 1}, {BL_MAX, 5, 0}, {BL_MIN, 2, 0},
+                                                       {BL_ARGMAX, 4, 0}, {BL_PROD, 4, 1}, {BL_SUM, 7, 0}};
+    for (int i = 0; i < 7; i++) {
+      int64_t sh[3]; int nk = 0;
+      for (int d = 0; d < 3; d++) { if (rs[i].mask & (1u << d)) { if (rs[i].keep) sh[nk++] = 1; } else sh[nk++] = a->shape[d]; }
+      int odt = rs[i].op == BL_ARGMAX ? BL_I64 : BL_F32;
+      bl_tensor *c = mk(-1, odt, nk, sh), *dc = mk(DEV, odt, nk, sh);
+      OK(bl_reduce(rs[i].op, c, a, rs[i].mask, rs[i].keep)); OK(bl_cuda_reduce(rs[i].op, dc, da, rs[i].mask, rs[i].keep));
+      char n[64]; snprintf(n, sizeof n, "reduce op %d mask %u", rs[i].op, rs[i].mask);
+      close_(n, c, dc, 1e-5, 1e-6);
+      F(c); F(dc);
+    }
+  }
+  { /* Philox fills: bit-identical to the CPU */
+    bl_tensor *c = mk(-1, BL_F32, 1, SH(1001)), *dc = mk(DEV, BL_F32, 1, SH(1001));
+    OK(bl_rand_uniform(c, 42, 7, -1, 3)); OK(bl_cuda_rand_uniform(dc, 42, 7, -1, 3)); close_("rand_uniform", c, dc, 0, 0);
+    OK(bl_rand_normal(c, 42, 9, 0.5, 2)); OK(bl_cuda_rand_normal(dc, 42, 9, 0.5, 2)); close_("rand_normal", c, dc, 1e-6, 1e-6);
+    F(c); F(dc);
+  }
+  F(a); F(b); F(da); F(db);
+}
+
+/* ---------------------------------------------------------------- GEMMs */
+static void test_gemm(void) {
+  bl_cuda_set_tf32(0);
+  { /* batched matmul with broadcast batch dims */
+    bl_tensor *a = rnd(4, SH(2, 3, 5, 7), 3, -1, 1), *b = rnd(2, SH(7, 4), 4, -1, 1);
+    bl_tensor *c = mk(-1, BL_F32, 4, SH(2, 3, 5, 4)), *da = up(a, BL_F32), *db = up(b, BL_F32), *dc = mk(DEV, BL_F32, 4, c->shape);
+    OK(bl_matmul(c, a, b)); OK(bl_cuda_matmul(dc, da, db)); close_("matmul broadcast", c, dc, 1e-5, 1e-5);
+    bl_tensor *bt = NULL, *dbt = NULL;   /* transposed operand view */
+    bl_tensor *b2 = rnd(2, SH(4, 7), 5, -1, 1), *db2 = up(b2, BL_F32);
+    OK(bl_tensor_transpose(b2, 0, 1, &bt)); OK(bl_tensor_transpose(db2, 0, 1, &dbt));
+    OK(bl_matmul(c, a, bt)); OK(bl_cuda_matmul(dc, da, dbt)); close_("matmul transposed b", c, dc, 1e-5, 1e-5);
+    F(a); F(b); F(c); F(da); F(db); F(dc); F(bt); F(dbt); F(b2); F(db2);
+  }
+  for (int dt = 0; dt < 2; dt++) {   /* f32, then bf16 operands */
+    int dtype = dt ? BL_BF16 : BL_F32;
+    double rt = dt ? 2e-2 : 1e-5, at = dt ? 2e-2 : 1e-5;
+    bl_tensor *x = rnd(3, SH(3, 7, 13), 6, -1, 1), *w = rnd(2, SH(11, 13), 7, -1, 1), *b = rnd(1, SH(11), 8, -1, 1);
+    if (dt) {   /* round the CPU inputs to bf16 so both sides see the same values */
+      bl_tensor *t[3] = {x, w, b};
+      for (int i = 0; i < 3; i++) { bl_tensor *h = mk(-1, BL_BF16, t[i]->ndim, t[i]->shape); OK(bl_tensor_copy(h, t[i])); OK(bl_tensor_copy(t[i], h)); F(h); }
+    }
+    bl_tensor *y = mk(-1, BL_F32, 3, SH(3, 7, 11)), *dx_ = up(x, dtype), *dw_ = up(w, dtype), *db_ = up(b, dtype);
+    bl_tensor *dy = mk(DEV, dtype, 3, y->shape);
+    OK(bl_linear_forward(y, x, w, b)); OK(bl_cuda_linear_forward(dy, dx_, dw_, db_));
+    close_(dt ? "linear bf16" : "linear f32", y, dy, rt, at);
+    /* backward: dx (overwrite then accumulate), dW += , db += */
+    bl_tensor *g = rnd(3, y->shape, 9, -1, 1), *gx = mk(-1, BL_F32, 3, x->shape), *gw = rnd(2, w->shape, 10, -1, 1), *gb = rnd(1, b->shape, 11, -1, 1);
+    bl_tensor *dg = up(g, dtype), *dgx = mk(DEV, BL_F32, 3, x->shape), *dgw = up(gw, BL_F32), *dgb = up(gb, BL_F32);
+    if (dt) { bl_tensor *h = mk(-1, BL_BF16, 3, g->shape); OK(bl_tensor_copy(h, g)); OK(bl_tensor_copy(g, h)); F(h); }
+    OK(bl_linear_backward(gx, gw, gb, g, x, w, 0)); OK(bl_cuda_linear_backward(dgx, dgw, dgb, dg, dx_, dw_, 0));
+    close_("linear dx", gx, dgx, rt, at); close_("linear dW", gw, dgw, rt, at * 4); close_("linear db", gb, dgb, rt, at * 4);
+    OK(bl_linear_backward(gx, NULL, NULL, g, x, w, 1)); OK(bl_cuda_linear_backward(dgx, NULL, NULL, dg, dx_, dw_, 1));
+    close_("linear dx accumulate", gx, dgx, rt, at * 2);
+    F(x); F(w); F(b); F(y); F(dx_); F(dw_); F(db_); F(dy); F(g); F(gx); F(gw); F(gb); F(dg); F(dgx); F(dgw); F(dgb);
+  }
+  { /* linear + GELU epilogue (cuBLASLt's tanh GELU) and the DGELU backward */
+    bl_tensor *x = rnd(2, SH(9, 16), 12, -1, 1), *w = rnd(2, SH(24, 16), 13, -1, 1), *b = rnd(1, SH(24), 14, -1, 1);
+    bl_tensor *pre = mk(-1, BL_F32, 2, SH(9, 24)), *ref = mk(-1, BL_F32, 2, SH(9, 24));
+    OK(bl_linear_forward(pre, x, w, b));
+    float *pp = pre->data, *rp = ref->data;
+    for (int64_t i = 0; i < pre->numel; i++) { float v = pp[i]; rp[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))); }
+    bl_tensor *dx_ = up(x, BL_F32), *dw_ = up(w, BL_F32), *db_ = up(b, BL_F32), *dy = mk(DEV, BL_F32, 2, ref->shape), *dpre = mk(DEV, BL_F32, 2, ref->shape);
+    OK(bl_cuda_linear_gelu_forward(dy, dpre, dx_, dw_, db_));
+    close_("linear_gelu pre", pre, dpre, 1e-5, 1e-5); close_("linear_gelu y (tanh gelu)", ref, dy, 1e-4, 1e-5);
+    /* dpre = (dh @ w2) * gelu_tanh'(pre) */
+    bl_tensor *dh = rnd(2, SH(9, 5), 15, -1, 1), *w2 = rnd(2, SH(5, 24), 16, -1, 1), *mm = mk(-1, BL_F32, 2, SH(9, 24));
+    OK(bl_matmul(mm, dh, w2));
+    float *mp = mm->data;
+    for (int64_t i = 0; i < pre->numel; i++) {
+      float v = pp[i], k = 0.7978845608f, u = k * (v + 0.044715f * v * v * v), t = tanhf(u);
+      float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v);
+      mp[i] *= d;
+    }
+    bl_tensor *ddh = up(dh, BL_F32), *dw2 = up(w2, BL_F32), *dd = mk(DEV, BL_F32, 2, mm->shape), *gb = mk(DEV, BL_F32, 1, SH(24));
+    OK(bl_cuda_tensor_fill(gb, 0));
+    OK(bl_cuda_linear_dgelu_backward(dd, gb, ddh, dw2, dpre));
+    close_("linear_dgelu dpre", mm, dd, 1e-4, 1e-5);
+    F(x); F(w); F(b); F(pre); F(ref); F(dx_); F(dw_); F(db_); F(dy); F(dpre); F(dh); F(w2); F(mm); F(ddh); F(dw2); F(dd); F(gb);
+  }
+}
+
+/* ---------------------------------------------------------------- layernorm family */
+static void test_layernorm(void) {
+  for (int fused = 0; fused < 2; fused++) {
+    const int64_t R = 37, H = 300;
+    double p = fused ? 0.1 : 0.0;
+    bl_tensor *x = rnd(2, SH(R, H), 20, -2, 2), *res = rnd(2, SH(R, H), 21, -1, 1), *g = rnd(1, SH(H), 22, 0.5, 1.5), *b = rnd(1, SH(H), 23, -1, 1);
+    bl_tensor *y = mk(-1, BL_F32, 2, x->shape), *m = mk(-1, BL_F32, 1, SH(R)), *s = mk(-1, BL_F32, 1, SH(R));
+    bl_tensor *dx_ = up(x, BL_F32), *dres = up(res, BL_F32), *dg = up(g, BL_F32), *db = up(b, BL_F32);
+    bl_tensor *dy = mk(DEV, BL_F32, 2, x->shape), *dm = mk(DEV, BL_F32, 1, SH(R)), *ds = mk(DEV, BL_F32, 1, SH(R));
+    if (fused) {
+      OK(bl_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100));
+      OK(bl_cuda_residual_layernorm_forward(dy, dm, ds, dx_, dres, dg, db, 1e-12, p, 5, 100));
+    } else {
+      OK(bl_layernorm_forward(y, m, s, x, g, b, 1e-12));
+      OK(bl_cuda_layernorm_forward(dy, dm, ds, dx_, dg, db, 1e-12));
+    }
+    close_(fused ? "residual_ln y" : "ln y", y, dy, 1e-5, 2e-5); close_("ln mean", m, dm, 1e-5, 1e-6); close_("ln rstd", s, ds, 1e-5, 1e-6);
+    bl_tensor *gy = rnd(2, x->shape, 24, -1, 1), *gx = mk(-1, BL_F32, 2, x->shape), *gr = mk(-1, BL_F32, 2, x->shape);
+    bl_tensor *gg = rnd(1, SH(H), 25, -1, 1), *gbb = rnd(1, SH(H), 26, -1, 1);
+    bl_tensor *dgy = up(gy, BL_F32), *dgx = mk(DEV, BL_F32, 2, x->shape), *dgr = mk(DEV, BL_F32, 2, x->shape), *dgg = up(gg, BL_F32), *dgb = up(gbb, BL_F32);
+    if (fused) {
+      OK(bl_residual_layernorm_backward(gx, gr, gg, gbb, gy, x, res, g, m, s, p, 5, 100));
+      OK(bl_cuda_residual_layernorm_backward(dgx, dgr, dgg, dgb, dgy, dx_, dres, dg, dm, ds, p, 5, 100));
+      close_("residual_ln dresidual", gr, dgr, 1e-4, 1e-5);
+    } else {
+      OK(bl_layernorm_backward(gx, gg, gbb, gy, x, g, m, s));
+      OK(bl_cuda_layernorm_backward(dgx, dgg, dgb, dgy, dx_, dg, dm, ds));
+    }
+    close_("ln dx", gx, dgx, 1e-4, 1e-5); close_("ln dgamma", gg, dgg, 1e-4, 1e-4); close_("ln dbeta", gbb, dgb, 1e-5, 1e-4);
+    /* determinism of the two-stage dgamma reduction */
+    bl_tensor *z1 = mk(DEV, BL_F32, 1, SH(H)), *z2 = mk(DEV, BL_F32, 1, SH(H));
+    OK(bl_cuda_tensor_fill(z1, 0)); OK(bl_cuda_tensor_fill(z2, 0));
+    OK(bl_cuda_layernorm_backward(dgx, z1, NULL, dgy, dx_, dg, dm, ds));
+    OK(bl_cuda_layernorm_backward(dgx, z2, NULL, dgy, dx_, dg, dm, ds));
+    same_bits("ln dgamma rerun", z1, z2);
+    F(x); F(res); F(g); F(b); F(y); F(m); F(s); F(dx_); F(dres); F(dg); F(db); F(dy); F(dm); F(ds);
+    F(gy); F(gx); F(gr); F(gg); F(gbb); F(dgy); F(dgx); F(dgr); F(dgg); F(dgb); F(z1); F(z2);
+  }
+}
+
+/* ---------------------------------------------------------------- activations, dropout, softmax */
+static void test_activations(void) {
+  bl_tensor *x = rnd(3, SH(4, 9, 33), 30, -3, 3), *b = rnd(1, SH(33), 31, -1, 1), *gy = rnd(3, x->shape, 32, -1, 1);
+  bl_tensor *dx_ = up(x, BL_F32), *db = up(b, BL_F32), *dgy = up(gy, BL_F32);
+  bl_tensor *y = mk(-1, BL_F32, 3, x->shape), *dy = mk(DEV, BL_F32, 3, x->shape);
+  OK(bl_gelu_forward(y, x)); OK(bl_cuda_gelu_forward(dy, dx_)); close_("gelu", y, dy, 1e-5, 1e-6);
+  OK(bl_gelu_backward(y, gy, x)); OK(bl_cuda_gelu_backward(dy, dgy, dx_)); close_("gelu backward", y, dy, 1e-5, 1e-6);
+  OK(bl_bias_gelu_forward(y, x, b)); OK(bl_cuda_bias_gelu_forward(dy, dx_, db)); close_("bias_gelu", y, dy, 1e-5, 1e-6);
+  bl_tensor *gb = rnd(1, SH(33), 33, -1, 1), *dgb = up(gb, BL_F32);
+  OK(bl_bias_gelu_backward(y, gb, gy, x, b)); OK(bl_cuda_bias_gelu_backward(dy, dgb, dgy, dx_, db));
+  close_("bias_gelu dx", y, dy, 1e-5, 1e-6); close_("bias_gelu db", gb, dgb, 1e-5, 1e-5);
+  OK(bl_tanh_forward(y, x)); OK(bl_cuda_tanh_forward(dy, dx_)); close_("tanh", y, dy, 1e-6, 1e-7);
+  OK(bl_tanh_backward(y, gy, x)); OK(bl_cuda_tanh_backward(dy, dgy, dx_)); close_("tanh backward", y, dy, 1e-6, 1e-6);
+  /* dropout: same mask bit for bit */
+  bl_tensor *mk_ = mk(-1, BL_U8, 3, x->shape), *dmk = mk(DEV, BL_U8, 3, x->shape);
+  OK(bl_dropout_forward(y, mk_, x, 0.3, 77, 5)); OK(bl_cuda_dropout_forward(dy, dmk, dx_, 0.3, 77, 5));
+  close_("dropout y", y, dy, 0, 0); close_("dropout mask", mk_, dmk, 0, 0);
+  OK(bl_dropout_backward(y, gy, NULL, 0.3, 77, 5)); OK(bl_cuda_dropout_backward(dy, dgy, NULL, 0.3, 77, 5)); close_("dropout bwd regen", y, dy, 0, 0);
+  OK(bl_cuda_dropout_backward(dy, dgy, dmk, 0.3, 0, 0)); close_("dropout bwd mask", y, dy, 0, 0);
+  /* softmax with a [B,1,1,S] additive mask */
+  bl_tensor *s = rnd(4, SH(3, 2, 5, 19), 34, -4, 4), *msk = rnd(4, SH(3, 1, 1, 19), 35, -10000, 0);
+  bl_tensor *ds_ = up(s, BL_F32), *dmsk = up(msk, BL_F32), *p = mk(-1, BL_F32, 4, s->shape), *dp = mk(DEV, BL_F32, 4, s->shape);
+  OK(bl_softmax_forward(p, s, msk)); OK(bl_cuda_softmax_forward(dp, ds_, dmsk)); close_("softmax", p, dp, 1e-5, 1e-7);
+  bl_tensor *gs = rnd(4, s->shape, 36, -1, 1), *dgs = up(gs, BL_F32), *gx = mk(-1, BL_F32, 4, s->shape), *dgx = mk(DEV, BL_F32, 4, s->shape);
+  OK(bl_softmax_backward(gx, gs, p)); OK(bl_cuda_softmax_backward(dgx, dgs, dp)); close_("softmax backward", gx, dgx, 1e-4, 1e-6);
+  F(x); F(b); F(gy); F(dx_); F(db); F(dgy); F(y); F(dy); F(gb); F(dgb); F(mk_); F(dmk);
+  F(s); F(msk); F(ds_); F(dmsk); F(p); F(dp); F(gs); F(dgs); F(gx); F(dgx);
+}
+
+/* ---------------------------------------------------------------- embedding, gather, losses */
+static void test_lookup_losses(void) {
+  const int64_t V = 50, H = 300, N = 23;
+  bl_tensor *tab = rnd(2, SH(V, H), 40, -1, 1), *ids = mk(-1, BL_I64, 2, SH(1, N));
+  int64_t *ip = ids->data;
+  for (int64_t i = 0; i < N; i++) ip[i] = (i * 7 + 3) % 11;   /* repeats */
+  bl_tensor *dtab = up(tab, BL_F32), *dids = up(ids, BL_I64), *out = rnd(3, SH(1, N, H), 41, -1, 1), *dout = up(out, BL_F32);
+  OK(bl_embedding_forward(out, tab, ids, 1)); OK(bl_cuda_embedding_forward(dout, dtab, dids, 1)); close_("embedding accumulate", out, dout, 1e-6, 0);
+  bl_tensor *g = rnd(3, SH(1, N, H), 42, -1, 1), *dg = up(g, BL_F32), *gt = rnd(2, SH(V, H), 43, -1, 1), *dgt = up(gt, BL_F32);
+  OK(bl_embedding_backward(gt, g, ids)); OK(bl_cuda_embedding_backward(dgt, dg, dids)); close_("embedding backward (same order)", gt, dgt, 0, 0);
+  ip[5] = V;   /* out of range: error, output untouched */
+  bl_tensor *bad = up(ids, BL_I64);
+  int rc = bl_cuda_embedding_forward(dout, dtab, bad, 0);
+  checks++;
+  if (rc != BL_EINVAL || !strstr(bl_last_error(), "out of range")) { printf("FAIL bad id not rejected: %d %s\n", rc, bl_last_error()); fails++; }
+  close_("embedding untouched after error", out, dout, 1e-6, 0);
+  /* gather */
+  bl_tensor *x = rnd(3, SH(3, 8, 17), 44, -1, 1), *pos = mk(-1, BL_I32, 1, SH(6));
+  int32_t pp[6] = {0, 23, 5, 5, 12, 7};
+  memcpy(pos->data, pp, sizeof pp);
+  bl_tensor *dxx = up(x, BL_F32), *dpos = up(pos, BL_I32), *go = mk(-1, BL_F32, 2, SH(6, 17)), *dgo = mk(DEV, BL_F32, 2, SH(6, 17));
+  OK(bl_gather_forward(go, x, pos)); OK(bl_cuda_gather_forward(dgo, dxx, dpos)); close_("gather", go, dgo, 0, 0);
+  OK(bl_gather_backward(x, go, pos)); OK(bl_cuda_gather_backward(dxx, dgo, dpos)); close_("gather backward", x, dxx, 0, 0);
+  /* cross-entropy with ignore_index, odd class count */
+  const int64_t R = 13, C = 1001;
+  bl_tensor *lg = rnd(2, SH(R, C), 45, -5, 5), *tg = mk(-1, BL_I64, 1, SH(R));
+  int64_t *tp = tg->data;
+  for (int64_t i = 0; i < R; i++) tp[i] = i % 4 == 1 ? -100 : (i * 97) % C;
+  bl_tensor *dlg = up(lg, BL_F32), *dtg = up(tg, BL_I64), *loss = mk(-1, BL_F32, 1, SH(1)), *dloss = mk(DEV, BL_F32, 1, SH(1));
+  bl_tensor *gl = mk(-1, BL_F32, 2, lg->shape), *dgl = mk(DEV, BL_F32, 2, lg->shape);
+  int64_t c1 = 0, c2 = 0;
+  OK(bl_cross_entropy(loss, gl, lg, tg, -100, 2.0, &c1)); OK(bl_cuda_cross_entropy(dloss, dgl, dlg, dtg, -100, 2.0, &c2));
+  close_("cross_entropy loss", loss, dloss, 1e-6, 1e-6); close_("cross_entropy dlogits", gl, dgl, 1e-5, 1e-9);
+  checks++;
+  if (c1 != c2) { printf("FAIL cross_entropy count %lld vs %lld\n", (long long)c1, (long long)c2); fails++; }
+  /* argmax with a tie (first wins), accuracy */
+  float *lp = lg->data;
+  lp[3 * C + 10] = 100; lp[3 * C + 20] = 100;
+  bl_tensor *dlg2 = up(lg, BL_F32), *am = mk(-1, BL_I32, 1, SH(R)), *dam = mk(DEV, BL_I32, 1, SH(R));
+  OK(bl_argmax(am, lg)); OK(bl_cuda_argmax(dam, dlg2)); close_("argmax", am, dam, 0, 0);
+  int64_t k1 = 0, n1 = 0, k2 = -1, n2 = -1;
+  tp[3] = 10;
+  bl_tensor *dtg2 = up(tg, BL_I64);
+  OK(bl_accuracy(lg, tg, -100, &k1, &n1)); OK(bl_cuda_accuracy(dlg2, dtg2, -100, &k2, &n2));
+  checks++;
+  if (k1 != k2 || n1 != n2 || k1 < 1) { printf("FAIL accuracy %lld/%lld vs %lld/%lld\n", (long long)k1, (long long)n1, (long long)k2, (long long)n2); fails++; }
+  /* mse */
+  bl_tensor *pr = rnd(1, SH(29), 46, -1, 1), *ta = rnd(1, SH(29), 47, -1, 1), *dpr = up(pr, BL_F32), *dta = up(ta, BL_F32);
+  bl_tensor *gp = mk(-1, BL_F32, 1, SH(29)), *dgp = mk(DEV, BL_F32, 1, SH(29));
+  OK(bl_mse_loss(loss, gp, pr, ta, 1.0)); OK(bl_cuda_mse_loss(dloss, dgp, dpr, dta, 1.0));
+  close_("mse loss", loss, dloss, 1e-6, 0); close_("mse grad", gp, dgp, 1e-6, 0);
+  F(tab); F(ids); F(dtab); F(dids); F(out); F(dout); F(g); F(dg); F(gt); F(dgt); F(bad); F(x); F(pos); F(dxx); F(dpos); F(go); F(dgo);
+  F(lg); F(tg); F(dlg); F(dtg); F(loss); F(dloss); F(gl); F(dgl); F(dlg2); F(am); F(dam); F(dtg2); F(pr); F(ta); F(dpr); F(dta); F(gp); F(dgp);
+}
+
+/* ---------------------------------------------------------------- attention */
+static bl_tensor *heads_view(bl_tensor *t, int64_t B, int64_t S, int64_t heads, int64_t d) {   /* [B,S,H] -> [B,heads,S,d] view */
+  bl_tensor *v = NULL, *p = NULL;
+  OK(bl_tensor_view(t, 4, SH(B, S, heads, d), &v));
+  OK(bl_tensor_permute(v, (const int[]){0, 2, 1, 3}, &p));
+  F(v);
+  return p;
+}
+
+static void test_attention_case(int64_t B, int64_t S, int heads, int64_t d, double p) {
+  int64_t H = heads * d;
+  char name[128];
+  bl_tensor *q = rnd(3, SH(B, S, H), 50 + S, -1, 1), *k = rnd(3, SH(B, S, H), 60 + S, -1, 1), *v = rnd(3, SH(B, S, H), 70 + S, -1, 1);
+  bl_tensor *km = mk(-1, BL_F32, 2, SH(B, S));
+  float *kp = km->data;
+  for (int64_t b = 0; b < B; b++) for (int64_t s = 0; s < S; s++) kp[b * S + s] = s < S - b * (S / 3) || s == 0 ? 1.0f : 0.0f;   /* padding */
+  bl_tensor *ctx = mk(-1, BL_F32, 3, q->shape), *probs = mk(-1, BL_F32, 4, SH(B, heads, S, S));
+  OK(bl_attention_forward(ctx, probs, q, k, v, km, heads, 0, p, 11, 3));
+  bl_tensor *dq_ = up(q, BL_F32), *dk_ = up(k, BL_F32), *dv_ = up(v, BL_F32), *dkm = up(km, BL_F32);
+  bl_tensor *dctx = mk(DEV, BL_F32, 3, q->shape), *lse = mk(DEV, BL_F32, 3, SH(B, heads, S));
+  OK(bl_cuda_attention_forward(dctx, lse, dq_, dk_, dv_, dkm, heads, 0, p, 11, 3));
+  snprintf(name, sizeof name, "attention ctx S=%lld d=%lld p=%.1f", (long long)S, (long long)d, p);
+  close_(name, ctx, dctx, 1e-4, 1e-5);
+  bl_tensor *g = rnd(3, q->shape, 80 + S, -1, 1), *gq = mk(-1, BL_F32, 3, q->shape), *gk = mk(-1, BL_F32, 3, q->shape), *gv = mk(-1, BL_F32, 3, q->shape);
+  OK(bl_attention_backward(gq, gk, gv, g, q, k, v, probs, heads, 0, p, 11, 3));
+  bl_tensor *dg = up(g, BL_F32), *dgq = mk(DEV, BL_F32, 3, q->shape), *dgk = mk(DEV, BL_F32, 3, q->shape), *dgv = mk(DEV, BL_F32, 3, q->shape);
+  OK(bl_cuda_attention_backward(dgq, dgk, dgv, dg, dq_, dk_, dv_, dctx, lse, dkm, heads, 0, p, 11, 3));
+  snprintf(name, sizeof name, "attention dq S=%lld", (long long)S); close_(name, gq, dgq, 1e-3, 1e-4);
+  snprintf(name, sizeof name, "attention dk S=%lld", (long long)S); close_(name, gk, dgk, 1e-3, 1e-4);
+  snprintf(name, sizeof name, "attention dv S=%lld", (long long)S); close_(name, gv, dgv, 1e-3, 1e-4);
+  if (p == 0) {   /* unfused GPU path: softmax(q k^T * scale + mask) v */
+    bl_tensor *qh = heads_view(dq_, B, S, heads, d), *kh = heads_view(dk_, B, S, heads, d), *vh = heads_view(dv_, B, S, heads, d), *kt = NULL;
+    OK(bl_tensor_transpose(kh, 2, 3, &kt));
+    bl_tensor *sc = mk(DEV, BL_F32, 4, SH(B, heads, S, S)), *pr = mk(DEV, BL_F32, 4, SH(B, heads, S, S)), *ch = mk(DEV, BL_F32, 4, SH(B, heads, S, d));
+    bl_tensor *madd = mk(-1, BL_F32, 4, SH(B, 1, 1, S));
+    for (int64_t i = 0; i < B * S; i++) ((float *)madd->data)[i] = (float)((1.0 - kp[i]) * -10000.0);
+    bl_tensor *dmadd = up(madd, BL_F32);
+    OK(bl_cuda_matmul(sc, qh, kt)); OK(bl_cuda_affine(sc, sc, 1.0 / sqrt((double)d), 0));
+    OK(bl_cuda_softmax_forward(pr, sc, dmadd)); OK(bl_cuda_matmul(ch, pr, vh));
+    bl_tensor *fh = heads_view(dctx, B, S, heads, d);
+    snprintf(name, sizeof name, "attention fused vs unfused S=%lld", (long long)S); close_(name, ch, fh, 1e-4, 1e-5);
+    close_("attention probs (unfused gpu vs cpu)", probs, pr, 1e-4, 1e-6);
+    F(qh); F(kh); F(vh); F(kt); F(sc); F(pr); F(ch); F(madd); F(dmadd); F(fh);
+  }
+  /* determinism */
+  bl_tensor *dgq2 = mk(DEV, BL_F32, 3, q->shape);
+  OK(bl_cuda_attention_backward(dgq2, dgk, dgv, dg, dq_, dk_, dv_, dctx, lse, dkm, heads, 0, p, 11, 3));
+  same_bits("attention dq rerun", dgq, dgq2);
+  F(q); F(k); F(v); F(km); F(ctx); F(probs); F(dq_); F(dk_); F(dv_); F(dkm); F(dctx); F(lse); F(g); F(gq); F(gk); F(gv); F(dg); F(dgq); F(dgk); F(dgv); F(dgq2);
+}
+
+static void test_attention(void) {
+  const int64_t Ss[] = {1, 7, 64, 128, 384, 512};
+  for (int i = 0; i < 6; i++) test_attention_case(2, Ss[i], 2, 32, 0.0);
+  test_attention_case(2, 77, 3, 64, 0.1);
+  test_attention_case(1, 130, 2, 128, 0.1);
+  test_attention_case(3, 33, 4, 24, 0.0);
+}
+
+/* ---------------------------------------------------------------- optimizers */
+static void ref_step(int lamb, float *p, const float *g, float *m, float *v, const int64_t *off, const int64_t *len, const uint8_t *dec,
+                     int nseg, double lr, double b1, double b2, double eps, double wd, int64_t step, double scale, double maxn) {
+  double nn = 0;
+  for (int s = 0; s < nseg; s++) for (int64_t i = off[s]; i < off[s] + len[s]; i++) { float x = g[i] * (float)(1.0 / scale); nn += (double)x * x; }
+  nn = sqrt(nn);
+  float clip = (maxn > 0 && nn > maxn) ? (float)(nn / maxn) : 1.0f, gs = (float)(1.0 / scale) / clip;
+  float bc1 = (float)(1 - pow(b1, (double)step)), bc2 = (float)(1 - pow(b2, (double)step));
+  for (int s = 0; s < nseg; s++) {
+    double pn = 0, un = 0;
+    for (int64_t i = off[s]; i < off[s] + len[s]; i++) {
+      float gi = g[i] * gs;
+      m[i] = (float)b1 * m[i] + (1.0f - (float)b1) * gi;
+      v[i] = (float)b2 * v[i] + (1.0f - (float)b2) * gi * gi;
+      if (lamb) {
+        float u = (m[i] / bc1) / (sqrtf(v[i] / bc2) + (float)eps) + (dec[s] ? (float)wd * p[i] : 0.0f);
+        pn += (double)p[i] * p[i]; un += (double)u * u;
+      } else {
+        float pi = p[i];
+        if (dec[s]) pi *= 1.0f - (float)lr * (float)wd;
+        p[i] = pi - ((float)lr / bc1) * m[i] / (sqrtf(v[i]) / sqrtf(bc2) + (float)eps);
+      }
+    }
+    if (!lamb) continue;
+    float r = (pn > 0 && un > 0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
+    for (int64_t i = off[s]; i < off[s] + len[s]; i++) {
+      float u = (m[i] / bc1) / (sqrtf(v[i] / bc2) + (float)eps) + (dec[s] ? (float)wd * p[i] : 0.0f);
+      p[i] -= (float)lr * r * u;
+    }
+  }
+}
+
+static void test_optim(void) {
+  const int64_t N = 20011;
+  int64_t off[3] = {0, 17000, 17013}, len[3] = {17000, 13, 2998};
+  uint8_t dec[3] = {1, 0, 1};
+  for (int lamb = 0; lamb < 2; lamb++) {
+    bl_tensor *p = rnd(1, SH(N), 90, -1, 1), *g = rnd(1, SH(N), 91, -0.1, 0.1), *m = rnd(1, SH(N), 92, -0.01, 0.01), *v = rnd(1, SH(N), 93, 0, 0.01);
+    bl_tensor *dp = up(p, BL_F32), *dg = up(g, BL_F32), *dm = up(m, BL_F32), *dv = up(v, BL_F32);
+    double gn = -1; int skipped = -1;
+    for (int64_t step = 1; step <= 3; step++) {
+      ref_step(lamb, p->data, g->data, m->data, v->data, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 4.0, 1.0);
+      if (lamb) OK(bl_cuda_lamb_step(dp, dg, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 4.0, 1.0, 1, &gn, &skipped));
+      else OK(bl_cuda_adamw_step(dp, dg, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 4.0, 1.0, &gn, &skipped));
+    }
+    close_(lamb ? "lamb params" : "adamw params", p, dp, 1e-5, 1e-6);
+    close_(lamb ? "lamb exp_avg" : "adamw exp_avg", m, dm, 1e-5, 1e-8);
+    close_(lamb ? "lamb exp_avg_sq" : "adamw exp_avg_sq", v, dv, 1e-5, 1e-9);
+    checks++;
+    if (skipped != 0 || !(gn > 0)) { printf("FAIL optimizer reported norm %g skipped %d\n", gn, skipped); fails++; }
+    /* an inf gradient skips the step on the device */
+    ((float *)g->data)[17005] = INFINITY;
+    bl_tensor *dg2 = up(g, BL_F32);
+    if (lamb) OK(bl_cuda_lamb_step(dp, dg2, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, 4, 4.0, 1.0, 1, &gn, &skipped));
+    else OK(bl_cuda_adamw_step(dp, dg2, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, 4, 4.0, 1.0, &gn, &skipped));
+    checks++;
+    if (skipped != 1) { printf("FAIL non-finite gradient did not skip\n"); fails++; }
+    close_("params unchanged after skipped step", p, dp, 0, 0);
+    /* unscale + inf check */
+    int inf = -1;
+    OK(bl_cuda_unscale_check(dg2, 0.5, &inf));
+    checks++;
+    if (inf != 1) { printf("FAIL unscale_check missed an inf\n"); fails++; }
+    OK(bl_cuda_unscale_check(dg, 0.5, &inf));
+    checks++;
+    if (inf != 0) { printf("FAIL unscale_check false positive\n"); fails++; }
+    /* bad segment table */
+    int64_t boff[1] = {N - 5}, blen[1] = {10};
+    checks++;
+    if (bl_cuda_adamw_step(dp, dg, dm, dv, boff, blen, dec, 1, 1e-3, 0.9, 0.999, 1e-6, 0, 1, 1, 0, NULL, NULL) != BL_EINVAL) {
+      printf("FAIL segment outside the buffer accepted\n"); fails++;
+    }
+    F(p); F(g); F(m); F(v); F(dp); F(dg); F(dm); F(dv); F(dg2);
+  }
+  { /* casts */
+    bl_tensor *a = rnd(1, SH(1000), 95, -100, 100), *h = mk(-1, BL_F16, 1, SH(1000)), *da = up(a, BL_F32), *dh = mk(DEV, BL_F16, 1, SH(1000));
+    OK(bl_tensor_copy(h, a)); OK(bl_cuda_cast(dh, da)); close_("cast f32->f16", h, dh, 0, 0);
+    F(a); F(h); F(da); F(dh);
+  }
+}
+
+static void test_errors(void) {
+  bl_tensor *c = rnd(2, SH(3, 4), 99, -1, 1), *d = up(c, BL_F32);
+  checks++;
+  if (bl_cuda_tanh_forward(d, c) == 0) { printf("FAIL mixed devices accepted\n"); fails++; }
+  checks++;
+  if (bl_cuda_tanh_forward(c, c) == 0) { printf("FAIL CPU tensors accepted by a CUDA op\n"); fails++; }
+  F(c); F(d);
+}
+
+int main(void) {
+  int n = bl_cuda_device_count();
+  if (n == 0) { printf("skipped: no CUDA device\n"); return 77; }
+  char name[256];
+  if (bl_cuda_device_name(DEV, name, sizeof name) == 0) printf("device: %s\n", name);
+  test_elementwise();
+  test_gemm();
+  test_layernorm();
+  test_activations();
+  test_lookup_losses();
+  test_attention();
+  test_optim();
+  test_errors();
+  OK(bl_cuda_synchronize(DEV));
+  printf("%d checks, %d failures\n", checks, fails);
+  return fails ? 1 : 0;
+}
+#endif
