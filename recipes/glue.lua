@@ -13,6 +13,7 @@ local glue = require "bertlua.glue"
 local metrics = require "bertlua.metrics"
 local Tok = require "bertlua.tokenizer"
 local trainer = require "bertlua.trainer"
+local ft = require "bertlua.finetune"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -33,17 +34,49 @@ local opt = options.parse(arg, {
   { "seed", 42, "seed" }, { "threads", 0, "CPU threads (0: default)" },
 }, { name = "glue", usage = "usage: bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] [--do-eval] [--do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
+ft.line_buffered()
 print(options.show(opt))
 for _, k in ipairs({ "task", "model" }) do if not opt[k] then error("glue: --" .. k:gsub("_", "-") .. " is required", 0) end end
 if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing to do: give --do-train, --do-eval and/or --do-predict", 0) end
 if not opt.data_dir and not (opt.train_file or opt.eval_file) then error("glue: --data-dir is required", 0) end
 
 local task = opt.task:lower()
+do
+  local ok, err = pcall(glue.labels, task)
+  if not ok then error("glue: " .. tostring(err):gsub("^.-glue: ", ""), 0) end
+end
+if opt.micro_batch > 0 and opt.batch % opt.micro_batch ~= 0 then
+  error(("glue: --batch=%d is not a multiple of --micro-batch=%d"):format(opt.batch, opt.micro_batch), 0)
+end
+-- every input is checked before any work, so a typo does not cost a training run
+local vocab = ft.model_dir("glue", opt.model, opt.vocab)
+local function split_path(t, split)
+  if not opt.data_dir then error(("glue: the %s split needs --data-dir"):format(split), 0) end
+  return opt.data_dir .. "/" .. glue.split_file(t, split)
+end
+local eval_splits = task:match("^mnli") and task ~= "mnli-mm" and { "mnli", "mnli-mm" } or { task }
+if opt.do_train then ft.input_file("glue", opt.train_file or split_path(task, "train"), "training data") end
+if opt.do_eval then
+  if opt.eval_file then ft.input_file("glue", opt.eval_file, "--eval-file")
+  else for _, t in ipairs(eval_splits) do ft.input_file("glue", split_path(t, "dev"), "dev data") end end
+end
+if opt.do_predict then
+  if not opt.data_dir then error("glue: --do-predict needs --data-dir (with test.tsv)", 0) end
+  for _, t in ipairs(eval_splits) do ft.input_file("glue", split_path(t, "test"), "test data") end
+end
 local regression = glue.is_regression(task)
 local num_labels = regression and 1 or glue.num_labels(task)
 local labels = glue.labels(task)
-os.execute("mkdir -p '" .. opt.output:gsub("'", "'\\''") .. "'")
-local tok = Tok.load(opt.vocab or (opt.model .. "/vocab.txt"), { lower = opt.do_lower_case })
+ft.mkdir(opt.output)
+local tok = Tok.load(vocab, { lower = opt.do_lower_case })
+do  -- a classifier fine-tuned for another task does not fit: say so before loading
+  local c = bert.config.load(opt.model .. "/config.json")
+  local arch = type(c.architectures) == "table" and c.architectures[1] or nil
+  if arch == "BertForSequenceClassification" and c.num_labels and c.num_labels ~= num_labels then
+    error(("glue: %s is a classifier with %d outputs; %s needs %d (start from a pre-trained model directory)")
+      :format(opt.model, c.num_labels, task, num_labels), 0)
+  end
+end
 local model = bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels, seed = opt.seed })
 
 local function read(split, file)
@@ -51,6 +84,7 @@ local function read(split, file)
   if file then ex, rep = glue.read_examples(task, file, { set_type = split })
   else ex, rep = glue.read_split(task, opt.data_dir, split) end
   print(("%s: %d rows, %d examples, %d malformed rows skipped"):format(rep.file or split, rep.rows, rep.examples, rep.skipped))
+  if #ex == 0 then error(("glue: no usable rows in %s (reasons above)"):format(rep.file or split), 0) end
   return ex
 end
 
@@ -84,7 +118,7 @@ if opt.do_train then
     lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
     log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return batch_of(rows, idx, true) end }
-  bert.save_pretrained(model, opt.output .. "/model", { vocab = opt.vocab or (opt.model .. "/vocab.txt") })
+  bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
   print("train: model saved to " .. opt.output .. "/model")
 end
 
@@ -120,7 +154,7 @@ local function write_predictions(path, rows, preds)
 end
 
 if opt.do_eval then
-  local splits = task == "mnli" and { "mnli", "mnli-mm" } or { task }
+  local splits = eval_splits
   local results = {}
   for _, t in ipairs(splits) do
     local file = opt.eval_file
@@ -147,9 +181,8 @@ if opt.do_eval then
 end
 
 if opt.do_predict then
-  local splits = task == "mnli" and { "mnli", "mnli-mm" } or { task }
-  for _, t in ipairs(splits) do
-    local ex = glue.read_split(t, opt.data_dir, "test")
+  for _, t in ipairs(eval_splits) do
+    local ex = read("test", split_path(t, "test"))
     local rows = featurize(ex)
     local preds = predict(rows)
     local name = ({ cola = "CoLA", ["sst-2"] = "SST-2", sst2 = "SST-2", mrpc = "MRPC", ["sts-b"] = "STS-B", stsb = "STS-B",

@@ -1,130 +1,267 @@
--- Batch inference with a fine-tuned model directory: throughput and latency.
+-- Batch inference with a fine-tuned model directory: predictions, throughput
+-- and latency.
 --
---   bertlua recipes/predict.lua --model=runs/mrpc/model --input=pairs.jsonl --output=preds.jsonl [--batch=32]
---   bertlua recipes/predict.lua --model=runs/squad/model --input=questions.jsonl --output=answers.jsonl --batch=1
--- Input: JSON lines. A classification model reads {"text_a": ..., "text_b": ...}
--- ("text" is text_a) and writes {"index", "label" (0-based class or the
--- regression score), "logits"}; a QA model reads {"question": ..., "context": ...}
--- and writes {"index", "answer", "probability"}. Batches are padded to their
--- longest sequence; the model runs in eval mode. --batch=1 measures per-request
--- latency. Sequences/s and latency percentiles (p50/p90/p99 per batch) are
--- printed at the end. A line that is not valid JSON or lacks its fields is
--- reported with its line number and skipped.
+--   bertlua recipes/predict.lua --model=runs/squad/model --task=squad --input=dev-v1.1.json --output=preds.json
+--   bertlua recipes/predict.lua --model=runs/mrpc/model --task=glue-mrpc --input=glue/MRPC/test.tsv --output=MRPC.tsv
+--   bertlua recipes/predict.lua --model=runs/sst2/model --input=texts.jsonl --output=preds.jsonl --batch=1
+--
+-- --task picks the input format:
+--   squad       a SQuAD JSON file (v1.1, or v2.0 with --version-2-with-negative);
+--               writes predictions.json's format (id -> answer text) and, when
+--               the file has answers, prints the official metrics.
+--   glue-TASK   a GLUE TSV (TASK = cola sst2 mrpc stsb qqp mnli qnli rte wnli;
+--               --split=dev|test, default from the file name); writes the GLUE
+--               submission format (index<TAB>prediction) and, for dev files,
+--               prints the task metrics.
+--   jsonl       (default) JSON lines. A classification model reads
+--               {"text_a": ..., "text_b": ...} ("text" is text_a) and writes
+--               {"index", "label" (0-based class or the regression score),
+--               "logits"}; a QA model reads {"question": ..., "context": ...} and
+--               writes {"index", "answer", "probability"}.
+-- Batches are padded to their longest sequence (a multiple of 8); the model runs
+-- in eval mode (no dropout). Sequences/s and the latency of one batch's forward
+-- (p50/p90/p99) are printed at the end and written as JSON to --stats; --batch=1
+-- measures per-request latency. --warmup-batches runs that many batches first,
+-- untimed. Malformed input (a JSON line, a TSV row, a SQuAD entry) is reported
+-- with its location and skipped; the count is printed.
 local bl = require "bertlua"
 local options = require "bertlua.options"
 local bert = require "bertlua.bert"
 local Tok = require "bertlua.tokenizer"
 local trainer = require "bertlua.trainer"
+local ft = require "bertlua.finetune"
 local cjson = require "cjson.safe"
 
 local opt = options.parse(arg, {
   { "model", nil, "fine-tuned model directory (QA or sequence classification)" },
   { "vocab", nil, "vocab.txt (default: the model directory's)" },
   { "do_lower_case", true, "uncased tokenization" },
-  { "input", nil, "JSON-lines input" }, { "output", nil, "JSON-lines output (default: stdout)" },
+  { "task", "jsonl", "input format: jsonl, squad, glue-TASK (e.g. glue-sst2)" },
+  { "input", nil, "input file" }, { "output", nil, "output file (default: stdout)" },
+  { "split", "auto", "glue: dev (labelled) or test (the file name decides by default)" },
   { "batch", 32, "sequences per forward (1: latency mode)" },
+  { "warmup_batches", 0, "untimed batches run first" },
   { "max_seq_length", 384, "tokens per sequence" }, { "doc_stride", 128, "QA: stride between context windows" },
   { "max_query_length", 64, "QA: question tokens kept" }, { "max_answer_length", 30, "QA: longest answer" },
+  { "n_best", 20, "QA: n-best spans per question" },
+  { "version_2_with_negative", false, "squad: SQuAD 2.0 (unanswerable questions)" },
+  { "null_score_diff_threshold", 0.0, "squad v2: predict no answer when null score - best > this" },
+  { "stats", nil, "write throughput and latency as JSON here" },
   { "threads", 0, "CPU threads (0: default)" },
-}, { name = "predict", usage = "usage: bertlua recipes/predict.lua --model=DIR --input=FILE.jsonl [--output=FILE.jsonl] [--batch=N]" })
+}, { name = "predict", usage = "usage: bertlua recipes/predict.lua --model=DIR --input=FILE [--task=jsonl|squad|glue-TASK] [--output=FILE] [--batch=N]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 if not opt.model or not opt.input then error("predict: --model and --input are required (see --help)", 0) end
+if opt.batch < 1 then error("predict: --batch must be at least 1", 0) end
+local task = opt.task:lower()
+local glue_task = task:match("^glue%-(.+)$")
+if task ~= "jsonl" and task ~= "squad" and not glue_task then
+  error("predict: --task must be jsonl, squad or glue-TASK (e.g. glue-sst2), got " .. opt.task, 0)
+end
+local glue = require "bertlua.glue"
+if glue_task then glue.labels(glue_task) end  -- unknown task names fail here, before loading anything
+local vocab = ft.model_dir("predict", opt.model, opt.vocab)
+ft.input_file("predict", opt.input, "--input")
 
-local tok = Tok.load(opt.vocab or (opt.model .. "/vocab.txt"), { lower = opt.do_lower_case })
+local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = bert.from_pretrained(opt.model)
 local is_qa = model.qa_outputs ~= nil
 if not is_qa and not model.classifier then error("predict: " .. opt.model .. " is neither a QA nor a classification model", 0) end
+if task == "squad" and not is_qa then error("predict: --task=squad needs a QA model; " .. opt.model .. " is a classifier", 0) end
+if glue_task and is_qa then error("predict: --task=" .. opt.task .. " needs a classification model; " .. opt.model .. " is a QA model", 0) end
 
-local records, skipped = {}, 0
-local f, err = io.open(opt.input, "rb")
-if not f then error("predict: cannot open " .. opt.input .. ": " .. tostring(err), 0) end
-local lineno = 0
-for line in f:lines() do
-  lineno = lineno + 1
-  if not line:match("^%s*$") then
-    local rec = cjson.decode(line)
-    local why
-    if type(rec) ~= "table" then why = "not a JSON object"
-    elseif is_qa and (type(rec.question) ~= "string" or type(rec.context) ~= "string" or rec.context == "") then
-      why = "needs string fields question and a non-empty context"
-    elseif not is_qa and type(rec.text_a or rec.text) ~= "string" then why = "needs a string field text_a (or text)" end
-    if why then
-      skipped = skipped + 1
-      io.stderr:write(("predict: %s:%d: %s (skipped)\n"):format(opt.input, lineno, why))
-    else
-      rec._line = lineno
-      records[#records + 1] = rec
-    end
+-- runs the model over n sequences (batches from make_batch), with untimed warmup batches first
+local function run(n, make_batch, consume)
+  if opt.warmup_batches > 0 then
+    local w = math.min(n, opt.warmup_batches * opt.batch)
+    trainer.predict{ model = model, n = w, batch = opt.batch, make_batch = make_batch }
   end
+  return trainer.predict{ model = model, n = n, batch = opt.batch, make_batch = make_batch, consume = consume }
 end
-f:close()
-if #records == 0 then error("predict: no usable records in " .. opt.input, 0) end
 
-local out_lines = {}
-local stats
-if is_qa then
+local function write_output(text)
+  if opt.output then require("bertlua.checkpoint").write_atomic(opt.output, text) else io.write(text) end
+end
+
+-- QA over a SQuAD file (path) or decoded dataset: returns predictions, nbest, null odds, stats, skipped, count
+local function answer_questions(src, name)
   local squad = require "bertlua.squad"
-  local data = { version = "1.1", data = { { title = "predict", paragraphs = {} } } }
-  for i, r in ipairs(records) do
-    table.insert(data.data[1].paragraphs, { context = r.context, qas = { { id = tostring(i), question = r.question, answers = {} } } })
-  end
-  local examples = squad.read_examples(data, { is_training = false, quiet = true })
+  local examples, rep = squad.read_examples(src, { is_training = false,
+    version_2_with_negative = opt.version_2_with_negative, quiet = false })
+  if #examples == 0 then error(("predict: no usable questions in %s"):format(name), 0) end
   local feats = squad.convert_examples_to_features(examples, tok, { max_seq_length = opt.max_seq_length,
     doc_stride = opt.doc_stride, max_query_length = opt.max_query_length, is_training = false })
   local results = {}
-  stats = trainer.predict{ model = model, n = #feats, batch = opt.batch,
-    make_batch = function(idx)
+  local stats = run(#feats,
+    function(idx)
       local rows = {}
       for k, i in ipairs(idx) do
-        local ft = feats[i]
+        local f = feats[i]
         local n = 0
-        for j = 1, #ft.input_mask do if ft.input_mask[j] ~= 0 then n = j end end
-        rows[k] = { ids = { unpack(ft.input_ids, 1, n) }, types = { unpack(ft.segment_ids, 1, n) } }
+        for j = 1, #f.input_mask do if f.input_mask[j] ~= 0 then n = j end end
+        rows[k] = { ids = { unpack(f.input_ids, 1, n) }, types = { unpack(f.segment_ids, 1, n) } }
       end
       return (trainer.pad_rows(rows, opt.max_seq_length))
     end,
-    consume = function(idx, out)
+    function(idx, out)
       local S = out.start_logits:size(2)
       local st, en = out.start_logits:totable(), out.end_logits:totable()
       for r, i in ipairs(idx) do
         results[i] = { unique_id = feats[i].unique_id, start_logits = { unpack(st, (r - 1) * S + 1, r * S) },
           end_logits = { unpack(en, (r - 1) * S + 1, r * S) } }
       end
-    end }
-  local preds, nbest = squad.write_predictions(examples, feats, results, { tokenizer = tok,
-    max_answer_length = opt.max_answer_length })
-  for i, r in ipairs(records) do
-    local best = nbest and nbest[tostring(i)] and nbest[tostring(i)][1]
-    out_lines[i] = cjson.encode({ index = i - 1, answer = preds[tostring(i)] or "", probability = best and best.probability or nil })
+    end)
+  local preds, nbest, odds = squad.write_predictions(examples, feats, results, { tokenizer = tok,
+    n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
+    version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })
+  return preds, nbest, odds, stats, rep.skipped, #examples
+end
+
+local records, skipped, stats = 0, 0, nil
+local summary = {}
+
+if task == "squad" then
+  local squad = require "bertlua.squad"
+  local dataset = squad.load_json(opt.input)
+  local preds, _, odds, st, sk, n = answer_questions(opt.input, opt.input)
+  stats, skipped, records = st, sk, n
+  local metrics = require "bertlua.metrics"
+  write_output(metrics.json_dumps(preds, { indent = 4 }) .. "\n")
+  local has_answers = false
+  for _, art in ipairs(dataset.data) do
+    for _, p in ipairs(type(art) == "table" and type(art.paragraphs) == "table" and art.paragraphs or {}) do
+      for _, qa in ipairs(type(p) == "table" and type(p.qas) == "table" and p.qas or {}) do
+        if type(qa) == "table" and type(qa.answers) == "table" and #qa.answers > 0 then has_answers = true end
+      end
+    end
   end
-else
+  if has_answers then
+    local ok, result, version = pcall(squad.evaluate, dataset, preds, { na_probs = odds })
+    if ok then
+      io.stderr:write("predict: evaluation: ", squad.format_eval(result, version, true), "\n")
+      summary.evaluation = result
+    else
+      io.stderr:write("predict: no evaluation (", tostring(result), ")\n")
+    end
+  end
+elseif glue_task then
+  local split = opt.split
+  if split == "auto" then split = opt.input:match("test[^/]*$") and "test" or "dev" end
+  local ex, rep = glue.read_examples(glue_task, opt.input, { set_type = split })
+  skipped, records = rep.skipped, #ex
+  if #ex == 0 then error(("predict: no usable rows in %s"):format(opt.input), 0) end
+  local regression = glue.is_regression(glue_task)
+  local labels = glue.labels(glue_task)
+  local nl = model.num_labels
+  if (regression and nl ~= 1) or (not regression and nl ~= #labels) then
+    error(("predict: %s has %d outputs but %s needs %d"):format(opt.model, nl, glue_task, regression and 1 or #labels), 0)
+  end
   local rows = {}
-  for i, r in ipairs(records) do
-    local toks, types = bert.pair(tok:tokenize(r.text_a or r.text), r.text_b and tok:tokenize(r.text_b) or nil, opt.max_seq_length)
+  for i, e in ipairs(ex) do
+    local toks, types = bert.pair(tok:tokenize(e.text_a), e.text_b and tok:tokenize(e.text_b) or nil, opt.max_seq_length)
     rows[i] = { ids = tok:convert_tokens_to_ids(toks), types = types }
   end
-  local nl = model.num_labels
-  stats = trainer.predict{ model = model, n = #rows, batch = opt.batch,
-    make_batch = function(idx)
+  local preds = {}
+  stats = run(#rows,
+    function(idx)
       local sel = {}
       for k, i in ipairs(idx) do sel[k] = rows[i] end
       return (trainer.pad_rows(sel, opt.max_seq_length))
     end,
-    consume = function(idx, out)
+    function(idx, out)
       local lg = out.logits:totable()
       for k, i in ipairs(idx) do
-        local logits = { unpack(lg, (k - 1) * nl + 1, k * nl) }
-        local label = logits[1]
-        if nl > 1 then
+        if regression then preds[i] = lg[k]
+        else
           local bi = 1
-          for c = 2, nl do if logits[c] > logits[bi] then bi = c end end
-          label = bi - 1
+          for c = 2, nl do if lg[(k - 1) * nl + c] > lg[(k - 1) * nl + bi] then bi = c end end
+          preds[i] = bi - 1
         end
-        out_lines[i] = cjson.encode({ index = i - 1, label = label, logits = logits })
       end
-    end }
+    end)
+  local lines = { "index\tprediction" }
+  for i = 1, #rows do
+    lines[#lines + 1] = ("%d\t%s"):format(i - 1, regression and ("%.3f"):format(preds[i]) or labels[preds[i] + 1])
+  end
+  write_output(table.concat(lines, "\n") .. "\n")
+  if split ~= "test" then
+    local gold = {}
+    for i, e in ipairs(ex) do gold[i] = regression and tonumber(e.label) or glue.label_id(glue_task, e.label) end
+    local m = require("bertlua.metrics").glue(glue_task, preds, gold)
+    io.stderr:write("predict: evaluation: ", require("cjson").encode(m), "\n")
+    summary.evaluation = m
+  end
+else
+  local recs = {}
+  local f, err = io.open(opt.input, "rb")
+  if not f then error("predict: cannot open " .. opt.input .. ": " .. tostring(err), 0) end
+  local lineno = 0
+  for line in f:lines() do
+    lineno = lineno + 1
+    if not line:match("^%s*$") then
+      local rec, jerr = cjson.decode(line)
+      local why
+      if type(rec) ~= "table" or rec[1] ~= nil then why = rec == nil and ("not JSON (" .. tostring(jerr) .. ")") or "not a JSON object"
+      elseif is_qa and (type(rec.question) ~= "string" or type(rec.context) ~= "string" or rec.context:match("^%s*$")) then
+        why = "needs string fields question and a non-empty context"
+      elseif not is_qa and type(rec.text_a or rec.text) ~= "string" then why = "needs a string field text_a (or text)"
+      elseif not is_qa and rec.text_b ~= nil and type(rec.text_b) ~= "string" then why = "text_b must be a string" end
+      if why then
+        skipped = skipped + 1
+        io.stderr:write(("predict: %s:%d: %s (skipped)\n"):format(opt.input, lineno, why))
+      else
+        recs[#recs + 1] = rec
+      end
+    end
+  end
+  f:close()
+  records = #recs
+  if #recs == 0 then error("predict: no usable records in " .. opt.input, 0) end
+
+  local out_lines = {}
+  if is_qa then
+    local data = { version = "1.1", data = { { title = "predict", paragraphs = {} } } }
+    for i, r in ipairs(recs) do
+      table.insert(data.data[1].paragraphs, { context = r.context, qas = { { id = tostring(i), question = r.question, answers = {} } } })
+    end
+    local preds, nbest, _, st = answer_questions(data, opt.input)
+    stats = st
+    for i = 1, #recs do
+      local best = nbest and nbest[tostring(i)] and nbest[tostring(i)][1]
+      out_lines[i] = cjson.encode({ index = i - 1, answer = preds[tostring(i)] or "", probability = best and best.probability or nil })
+    end
+  else
+    local rows = {}
+    for i, r in ipairs(recs) do
+      local toks, types = bert.pair(tok:tokenize(r.text_a or r.text), r.text_b and tok:tokenize(r.text_b) or nil, opt.max_seq_length)
+      rows[i] = { ids = tok:convert_tokens_to_ids(toks), types = types }
+    end
+    local nl = model.num_labels
+    stats = run(#rows,
+      function(idx)
+        local sel = {}
+        for k, i in ipairs(idx) do sel[k] = rows[i] end
+        return (trainer.pad_rows(sel, opt.max_seq_length))
+      end,
+      function(idx, out)
+        local lg = out.logits:totable()
+        for k, i in ipairs(idx) do
+          local logits = { unpack(lg, (k - 1) * nl + 1, k * nl) }
+          local label = logits[1]
+          if nl > 1 then
+            local bi = 1
+            for c = 2, nl do if logits[c] > logits[bi] then bi = c end end
+            label = bi - 1
+          end
+          out_lines[i] = cjson.encode({ index = i - 1, label = label, logits = logits })
+        end
+      end)
+  end
+  write_output(table.concat(out_lines, "\n") .. "\n")
 end
 
-local text = table.concat(out_lines, "\n") .. "\n"
-if opt.output then require("bertlua.checkpoint").write_atomic(opt.output, text) else io.write(text) end
-io.stderr:write(("predict: %d records (%d skipped); %s\n"):format(#records, skipped, trainer.format_latency(stats)))
+io.stderr:write(("predict: %d records (%d skipped); %s\n"):format(records, skipped, trainer.format_latency(stats)))
+if opt.stats then
+  summary.task, summary.records, summary.skipped, summary.batch, summary.threads = task, records, skipped, opt.batch, bl.num_threads()
+  for _, k in ipairs({ "sequences", "seconds", "seq_per_s", "p50_ms", "p90_ms", "p99_ms", "batches" }) do summary[k] = stats[k] end
+  ft.write_json(opt.stats, summary)
+end

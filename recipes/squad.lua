@@ -14,6 +14,7 @@ local bert = require "bertlua.bert"
 local squad = require "bertlua.squad"
 local Tok = require "bertlua.tokenizer"
 local trainer = require "bertlua.trainer"
+local ft = require "bertlua.finetune"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -38,14 +39,22 @@ local opt = options.parse(arg, {
   { "threads", 0, "CPU threads (0: default)" },
 }, { name = "squad", usage = "usage: bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] [--predict-file=F --do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
+ft.line_buffered()
 print(options.show(opt))
 if not opt.model then error("squad: --model=DIR is required", 0) end
 if not (opt.do_train or opt.do_predict) then error("squad: nothing to do: give --do-train and/or --do-predict", 0) end
 if opt.do_train and not opt.train_file then error("squad: --do-train needs --train-file", 0) end
 if opt.do_predict and not opt.predict_file then error("squad: --do-predict needs --predict-file", 0) end
+-- every input is checked before any work, so a typo does not cost a training run
+local vocab = ft.model_dir("squad", opt.model, opt.vocab)
+if opt.do_train then ft.input_file("squad", opt.train_file, "--train-file") end
+if opt.do_predict then ft.input_file("squad", opt.predict_file, "--predict-file") end
+if opt.micro_batch > 0 and opt.batch % opt.micro_batch ~= 0 then
+  error(("squad: --batch=%d is not a multiple of --micro-batch=%d"):format(opt.batch, opt.micro_batch), 0)
+end
 
-os.execute("mkdir -p '" .. opt.output:gsub("'", "'\\''") .. "'")
-local tok = Tok.load(opt.vocab or (opt.model .. "/vocab.txt"), { lower = opt.do_lower_case })
+ft.mkdir(opt.output)
+local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed })
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride, max_query_length = opt.max_query_length }
 
@@ -81,19 +90,34 @@ end
 if opt.do_train then
   local examples, rep = squad.read_examples(opt.train_file, { is_training = true, version_2_with_negative = opt.version_2_with_negative })
   print(("train: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
+  if rep.version == "1.1" and squad.dataset_version(squad.load_json(opt.train_file)) == "2.0" then
+    io.stderr:write("squad: warning: " .. opt.train_file .. " is SQuAD 2.0 but --version-2-with-negative is off: " ..
+      "unanswerable questions are skipped\n")
+  end
+  if #examples == 0 then
+    error(("squad: no usable training questions in %s (%d of %d skipped, reasons above; training takes exactly one " ..
+      "answer per answerable question, as run_squad.py)"):format(opt.train_file, rep.skipped, rep.questions), 0)
+  end
   feat_opts.is_training = true
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   trainer.fit{ model = model, n = #feats, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
     log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
-  bert.save_pretrained(model, opt.output .. "/model", { vocab = opt.vocab or (opt.model .. "/vocab.txt") })
+  bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
   print("train: model saved to " .. opt.output .. "/model")
 end
 
 if opt.do_predict then
   local examples, rep = squad.read_examples(opt.predict_file, { is_training = false, version_2_with_negative = opt.version_2_with_negative })
   print(("predict: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
+  if #examples == 0 then error(("squad: no usable questions in %s (reasons above)"):format(opt.predict_file), 0) end
+  local dataset = squad.load_json(opt.predict_file)
+  local data_version = squad.dataset_version(dataset)
+  if data_version == "2.0" and not opt.version_2_with_negative then
+    io.stderr:write("squad: warning: " .. opt.predict_file .. " is SQuAD 2.0 but --version-2-with-negative is off: " ..
+      "every question gets an answer and no null_odds.json is written\n")
+  end
   feat_opts.is_training = false
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   local results = {}
@@ -112,7 +136,6 @@ if opt.do_predict then
     n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
     version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })
   print("predict: wrote " .. opt.output .. "/predictions.json")
-  local dataset = squad.load_json(opt.predict_file)
   local has_answers = false
   for _, art in ipairs(dataset.data) do
     for _, p in ipairs(art.paragraphs or {}) do
@@ -121,7 +144,18 @@ if opt.do_predict then
   end
   if has_answers then
     local preds = cjson.decode(io.open(opt.output .. "/predictions.json"):read("*a"))
-    local result = squad.evaluate(dataset, preds)
-    print("evaluation: " .. squad.format_eval(result, squad.dataset_version(dataset)))
+    local eopts = {}
+    if opt.version_2_with_negative then
+      -- as evaluate-v2.0.py --na-prob-file null_odds.json: best_f1_thresh is the
+      -- --null-score-diff-threshold to use for this model
+      local text = squad.read_file(opt.output .. "/null_odds.json")
+      eopts.na_probs = cjson.decode(text)
+      eopts.na_prob_keys, eopts.na_prob_ints = require("bertlua.metrics").json_object_keys(text, "null_odds.json")
+    end
+    local result = squad.evaluate(dataset, preds, eopts)
+    print("evaluation: " .. squad.format_eval(result, data_version))
+    result.predict_seq_per_s, result.predict_p50_ms, result.predict_p99_ms = stats.seq_per_s, stats.p50_ms, stats.p99_ms
+    result.skipped_questions = rep.skipped
+    ft.write_json(opt.output .. "/eval_results.json", result)
   end
 end

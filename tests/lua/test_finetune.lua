@@ -1,0 +1,177 @@
+-- The fine-tuning loop the recipes share (bertlua.trainer) and their input
+-- checks (bertlua.finetune): accumulation gives the step of the whole batch,
+-- every example is seen once per epoch, the logged learning rate follows the
+-- schedule, padding to the longest in a batch does not change outputs,
+-- prediction covers every sequence once and reports ordered percentiles.
+local T = require "bertlua.testing"
+local bl = require "bertlua"
+local bert = require "bertlua.bert"
+local trainer = require "bertlua.trainer"
+local schedule = require "bertlua.schedule"
+local ft = require "bertlua.finetune"
+local cjson = require "cjson"
+
+local tmp = os.tmpname(); os.remove(tmp)
+os.execute("mkdir -p " .. tmp)
+T.at_exit(function() os.execute("rm -rf " .. tmp) end)
+
+-- no dropout, so a batch split into micro-batches must give the same gradient
+local cfg = { vocab_size = 97, hidden_size = 16, num_hidden_layers = 2, num_attention_heads = 2,
+  intermediate_size = 32, max_position_embeddings = 64, hidden_dropout_prob = 0, attention_probs_dropout_prob = 0 }
+
+-- 24 random rows of random lengths 5..20; the label is a function of the second token
+local function data(seed, n)
+  local rng = require("bertlua.synthetic").rng(seed)
+  local rows = {}
+  for i = 1, n do
+    local len = 4 + rng(16)
+    local ids, types = { 2 }, { 0 }
+    for k = 2, len do ids[k] = 4 + rng(90); types[k] = k > len / 2 and 1 or 0 end
+    rows[i] = { ids = ids, types = types, label = ids[2] < 49 and 1 or 0 }
+  end
+  return rows
+end
+local rows = data(1, 24)
+local function batch_of(idx)
+  local sel = {}
+  for k, i in ipairs(idx) do sel[k] = rows[i] end
+  local b = trainer.pad_rows(sel, 64)
+  b.labels = bl.from((function() local l = {} for k, r in ipairs(sel) do l[k] = r.label end return l end)(), { dtype = "i32" })
+  return b
+end
+
+local function trained(micro, steps)
+  local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
+  trainer.fit{ model = m, n = #rows, batch = 8, micro_batch = micro, epochs = 1, lr = 1e-2, warmup = 0.34,
+    seed = 4, max_steps = steps, make_batch = batch_of }
+  return m.flat_params:totable(), m
+end
+
+T.test("accumulation: 8 = 4 x 2 = 2 x 4 gives the same weights", function()
+  local full = trained(8, 3)
+  local init = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 }).flat_params:totable()
+  local moved = 0
+  for i = 1, #full do moved = math.max(moved, math.abs(full[i] - init[i])) end
+  T.truthy(moved > 1e-3, "the weights moved " .. moved)
+  for _, micro in ipairs({ 4, 2 }) do
+    local w = trained(micro, 3)
+    T.near(w, full, 1e-4, 2e-6, "micro " .. micro)
+  end
+end)
+
+T.test("every example once per epoch; lr of each step follows the linear schedule", function()
+  local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
+  local seen = {}
+  local log = tmp .. "/log.jsonl"
+  local r = trainer.fit{ model = m, n = #rows, batch = 6, micro_batch = 3, epochs = 2, lr = 1e-3, warmup = 0.25, seed = 5,
+    log_path = log, make_batch = function(idx)
+      for _, i in ipairs(idx) do seen[i] = (seen[i] or 0) + 1 end
+      return batch_of(idx)
+    end }
+  T.eq(r.steps, 8)
+  for i = 1, #rows do T.eq(seen[i], 2, "example " .. i) end
+  local lr_at = schedule.linear_warmup{ lr = 1e-3, total_steps = 8, warmup_proportion = 0.25 }
+  local steps = {}
+  for l in io.lines(log) do local x = cjson.decode(l); if x.step then steps[#steps + 1] = x end end
+  T.eq(#steps, 8)
+  for s, x in ipairs(steps) do
+    T.eq(x.step, s)
+    T.near(x.lr, lr_at(s), 1e-9, 1e-15)
+    T.truthy(x.loss > 0 and x.seq_per_s > 0, l)
+  end
+  T.near(steps[3].lr, 1e-3, 1e-9); T.truthy(steps[8].lr < steps[4].lr, "decays")
+  -- a different seed shuffles differently
+  local order1, order2 = {}, {}
+  for _, pair in ipairs({ { 5, order1 }, { 6, order2 } }) do
+    trainer.fit{ model = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 }), n = #rows, batch = 6,
+      epochs = 1, lr = 1e-3, seed = pair[1], max_steps = 1,
+      make_batch = function(idx) for _, i in ipairs(idx) do pair[2][#pair[2] + 1] = i end return batch_of(idx) end }
+  end
+  T.truthy(table.concat(order1, ",") ~= table.concat(order2, ","), "seeded order")
+end)
+
+T.test("the loss falls on a learnable toy task", function()
+  local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
+  local log = tmp .. "/toy.jsonl"
+  trainer.fit{ model = m, n = #rows, batch = 8, epochs = 20, lr = 1e-2, warmup = 0.1, seed = 1, log_path = log, make_batch = batch_of }
+  local l = {}
+  for line in io.lines(log) do local x = cjson.decode(line); if x.loss then l[#l + 1] = x.loss end end
+  local first, last = (l[1] + l[2] + l[3]) / 3, (l[#l] + l[#l - 1] + l[#l - 2]) / 3
+  T.truthy(last < first * 0.7, ("loss %.4f -> %.4f"):format(first, last))
+  if os.getenv("BL_VERBOSE") then print(("toy loss %.4f -> %.4f"):format(first, last)) end
+end)
+
+T.test("pad_rows: longest in batch, multiple of 8; padding does not change logits", function()
+  local b, S = trainer.pad_rows({ rows[1], rows[2], rows[3] }, 64)
+  local longest = math.max(#rows[1].ids, #rows[2].ids, #rows[3].ids)
+  T.eq(S, math.ceil(longest / 8) * 8)
+  T.eq(b.input_ids:size(1), 3); T.eq(b.input_ids:size(2), S)
+  local mask, ids, types = b.attention_mask:totable(), b.input_ids:totable(), b.token_type_ids:totable()
+  for r = 1, 3 do
+    for i = 1, S do
+      local real = i <= #rows[r].ids
+      T.eq(mask[(r - 1) * S + i], real and 1 or 0)
+      T.eq(ids[(r - 1) * S + i], real and rows[r].ids[i] or 0)
+      T.eq(types[(r - 1) * S + i], real and rows[r].types[i] or 0)
+    end
+  end
+  local _, S2 = trainer.pad_rows({ { ids = { 1, 2, 3 } } }, 64)
+  T.eq(S2, 8)
+  local _, S3 = trainer.pad_rows({ { ids = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 } } }, 9)
+  T.eq(S3, 9)
+  local m = bert.BertForSequenceClassification(cfg, { seed = 3, num_labels = 2 })
+  m:eval()
+  local together = m:forward(b).logits:totable()
+  for r = 1, 3 do
+    local alone = m:forward((trainer.pad_rows({ rows[r] }, #rows[r].ids))).logits:totable()
+    T.near({ together[2 * r - 1], together[2 * r] }, alone, 1e-4, 1e-6, "row " .. r)
+  end
+end)
+
+T.test("predict: eval mode, every sequence once, ordered percentiles", function()
+  local m = bert.BertForSequenceClassification(cfg, { seed = 3, num_labels = 2 })
+  m:train()
+  local got = {}
+  local st = trainer.predict{ model = m, n = #rows, batch = 5, make_batch = batch_of,
+    consume = function(idx, out)
+      T.eq(out.logits:size(1), #idx)
+      for _, i in ipairs(idx) do got[#got + 1] = i end
+    end }
+  T.eq(#got, #rows)
+  for i = 1, #rows do T.eq(got[i], i) end
+  T.eq(st.batches, 5); T.eq(st.sequences, 24)
+  T.truthy(st.p50_ms > 0 and st.p50_ms <= st.p90_ms and st.p90_ms <= st.p99_ms and st.seq_per_s > 0, cjson.encode(st))
+  T.truthy(trainer.format_latency(st):find("p99", 1, true), "formatted")
+  -- eval mode: no dropout even in a model configured with it, so runs repeat exactly
+  local c2 = {}
+  for k, v in pairs(cfg) do c2[k] = v end
+  c2.hidden_dropout_prob, c2.attention_probs_dropout_prob = 0.5, 0.5
+  local md = bert.BertForSequenceClassification(c2, { seed = 3, num_labels = 2 })
+  local runs = {}
+  for k = 1, 2 do
+    runs[k] = {}
+    trainer.predict{ model = md, n = 8, batch = 8, make_batch = batch_of,
+      consume = function(_, out) runs[k] = out.logits:totable() end }
+  end
+  T.near(runs[2], runs[1], 0, 0)
+end)
+
+T.test("bad input: batch and micro-batch, too little data, input checks", function()
+  local m = bert.BertForSequenceClassification(cfg, { seed = 3, num_labels = 2 })
+  T.raises(function() trainer.fit{ model = m, n = 24, batch = 8, micro_batch = 3, epochs = 1, lr = 1e-3, make_batch = batch_of } end,
+    "batch must be a multiple of micro_batch")
+  T.raises(function() trainer.fit{ model = m, n = 5, batch = 8, epochs = 1, lr = 1e-3, make_batch = batch_of } end,
+    "5 training examples are fewer than one batch of 8")
+  T.raises(function() ft.model_dir("x", tmp .. "/none") end, "model directory " .. tmp .. "/none does not exist")
+  T.raises(function() ft.model_dir("x", tmp) end, "no config.json")
+  T.raises(function() ft.input_file("x", tmp, "--input") end, "is a directory")
+  T.raises(function() ft.input_file("x", tmp .. "/nofile", "--input") end, "--input=" .. tmp .. "/nofile cannot be read")
+  T.raises(function() ft.input_file("x", nil, "--input") end, "--input=FILE is required")
+  bert.save_pretrained(m, tmp .. "/m", {})
+  os.remove(tmp .. "/m/vocab.txt")
+  T.raises(function() ft.model_dir("x", tmp .. "/m") end, "has no vocab.txt")
+  local f = io.open(tmp .. "/v.txt", "w"); f:write("[PAD]\n"); f:close()
+  T.eq(ft.model_dir("x", tmp .. "/m", tmp .. "/v.txt"), tmp .. "/v.txt")
+end)
+
+T.run()

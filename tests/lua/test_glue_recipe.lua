@@ -1,0 +1,162 @@
+-- recipes/glue.lua beyond SST-2/STS-B (test_glue_predict.lua): sentence pairs
+-- (MRPC) with accumulation, metrics that agree with the predictions file, the
+-- GLUE submission file for test.tsv; CoLA's headerless files and MCC; MNLI's
+-- matched + mismatched dev files; bad input reported before any work.
+local T = require "bertlua.testing"
+local cjson = require "cjson"
+local bert = require "bertlua.bert"
+local metrics = require "bertlua.metrics"
+
+local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
+local mrpc = T.shared_data("glue/MRPC/dev.tsv")
+local cola = T.shared_data("glue/CoLA/dev.tsv")
+if not vocab or not mrpc or not cola then T.skip_all("needs ../shared/data (vocab, glue/MRPC, glue/CoLA)") end
+
+local tmp = os.tmpname(); os.remove(tmp)
+os.execute(("mkdir -p %s/mrpc %s/cola %s/mnli"):format(tmp, tmp, tmp))
+T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
+local function sh(cmd)
+  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
+  local out = f:read("*a"); f:close()
+  return out, tonumber(out:match("rc=(%d+)%s*$"))
+end
+local function write(path, lines) local f = io.open(path, "w"); f:write(table.concat(lines, "\n"), "\n"); f:close() end
+local function read_lines(path)
+  local r = {}
+  for l in io.lines(path) do r[#r + 1] = l end
+  return r
+end
+local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+  intermediate_size = 64, max_position_embeddings = 128 }
+local function model(dir, labels)
+  bert.save_pretrained(bert.BertForSequenceClassification(cfg, { seed = 2, num_labels = labels }), dir, { vocab = vocab })
+end
+model(tmp .. "/cls2", 2)
+model(tmp .. "/cls3", 3)
+local common = "--max-seq-length=64 --threads=2"
+
+T.test("MRPC pairs: accumulation, loss falls, metrics agree with the predictions file, submission file", function()
+  local lines = read_lines(mrpc)
+  lines[1] = lines[1]:gsub("^\239\187\191", "")
+  write(tmp .. "/mrpc/train.tsv", { unpack(lines, 1, 257) })
+  local dev = { lines[1], unpack(lines, 258, 357) }
+  write(tmp .. "/mrpc/dev.tsv", dev)
+  -- test.tsv: index, #1 ID, #2 ID, #1 String, #2 String (no labels)
+  local test = { "index\t#1 ID\t#2 ID\t#1 String\t#2 String" }
+  for i = 2, 31 do
+    local c = { lines[i + 358]:match("^(%d)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$") }
+    test[#test + 1] = ("%d\t%s\t%s\t%s\t%s"):format(i - 2, c[2], c[3], c[4], c[5])
+  end
+  write(tmp .. "/mrpc/test.tsv", test)
+  local out, rc = sh(("%s recipes/glue.lua --task=mrpc --data-dir=%s/mrpc --model=%s/cls2 --output=%s/mrpc/out " ..
+    "--do-train --do-eval --do-predict --batch=16 --micro-batch=8 --lr=3e-3 --epochs=3 %s"):format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("batch 16 = 8 x 2", 1, true), out)
+  local steps = {}
+  for l in io.lines(tmp .. "/mrpc/out/train_log.jsonl") do local x = cjson.decode(l); if x.step then steps[#steps + 1] = x end end
+  T.eq(#steps, 3 * math.floor(256 / 16))
+  local first, last = (steps[1].loss + steps[2].loss + steps[3].loss) / 3, 0
+  for i = #steps - 5, #steps do last = last + steps[i].loss / 6 end
+  T.truthy(last < first - 0.02, ("loss %.4f -> %.4f"):format(first, last))
+
+  local res = cjson.decode(io.open(tmp .. "/mrpc/out/eval_results.json"):read("*a"))
+  local pl = read_lines(tmp .. "/mrpc/out/dev_predictions_mrpc.tsv")
+  T.eq(pl[1], "index\tprediction"); T.eq(#pl, 101)
+  local preds, gold = {}, {}
+  for i = 2, #pl do
+    preds[i - 1] = tonumber(pl[i]:match("\t(%d)$"))
+    gold[i - 1] = tonumber(dev[i]:match("^(%d)"))
+  end
+  local m = metrics.glue("mrpc", preds, gold)
+  T.near(res.acc, m.acc, 1e-12); T.near(res.f1, m.f1, 1e-12); T.near(res.acc_and_f1, (m.acc + m.f1) / 2, 1e-12)
+  local sub = read_lines(tmp .. "/mrpc/out/MRPC.tsv")
+  T.eq(sub[1], "index\tprediction"); T.eq(#sub, 31)
+  for i = 2, #sub do T.truthy(sub[i] == ("%d\t0"):format(i - 2) or sub[i] == ("%d\t1"):format(i - 2), sub[i]) end
+  -- the fine-tuned model reloads and, through predict.lua, gives the same dev predictions
+  out, rc = sh(("%s recipes/predict.lua --model=%s/mrpc/out/model --task=glue-mrpc --input=%s/mrpc/dev.tsv --output=%s/mrpc/p.tsv %s")
+    :format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  local again = read_lines(tmp .. "/mrpc/p.tsv")
+  for i = 2, #pl do T.eq(again[i], pl[i], "row " .. i) end
+end)
+
+T.test("CoLA (no header line): Matthews correlation", function()
+  local lines = read_lines(cola)
+  write(tmp .. "/cola/train.tsv", { unpack(lines, 1, 64) })
+  write(tmp .. "/cola/dev.tsv", { unpack(lines, 65, 124) })
+  local out, rc = sh(("%s recipes/glue.lua --task=cola --data-dir=%s/cola --model=%s/cls2 --output=%s/cola/out " ..
+    "--do-train --do-eval --batch=16 --epochs=1 %s"):format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("60 rows, 60 examples", 1, true) or out:find("dev.tsv: 60 examples", 1, true), out)
+  local res = cjson.decode(io.open(tmp .. "/cola/out/eval_results.json"):read("*a"))
+  T.truthy(type(res.mcc) == "number" or tostring(res.mcc):find("constant", 1, true), tostring(res.mcc))
+  T.eq(res.task, "cola")
+end)
+
+T.test("MNLI: matched and mismatched dev files, three labels, submission files", function()
+  local labels = { "contradiction", "entailment", "neutral" }
+  local words = { "cats", "dogs", "birds", "fish" }
+  local function rows(n, cols, offset)
+    local header = { "index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+      "sentence1_parse", "sentence2_parse", "sentence1", "sentence2" }
+    if cols == 16 then for k = 1, 5 do header[#header + 1] = "label" .. k end end
+    header[#header + 1] = "gold_label"
+    local r = { table.concat(header, "\t") }
+    for i = 1, n do
+      local a, b = words[(i + offset) % 4 + 1], words[(i * 3 + offset) % 4 + 1]
+      local lab = labels[(i + offset) % 3 + 1]
+      local c = { tostring(i), "1", "1", "fiction", "x", "x", "x", "x", a .. " are nice", b .. " are nice" }
+      if cols == 16 then for _ = 1, 5 do c[#c + 1] = lab end end
+      c[#c + 1] = lab
+      r[#r + 1] = table.concat(c, "\t")
+    end
+    return r
+  end
+  write(tmp .. "/mnli/train.tsv", rows(48, 12, 0))
+  write(tmp .. "/mnli/dev_matched.tsv", rows(20, 16, 1))
+  write(tmp .. "/mnli/dev_mismatched.tsv", rows(15, 16, 2))
+  local t = { "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\tsentence2_parse\tsentence1\tsentence2" }
+  for i = 1, 7 do t[#t + 1] = ("%d\t1\t1\tx\tx\tx\tx\tx\tcats are nice\tdogs are nice"):format(i - 1) end
+  write(tmp .. "/mnli/test_matched.tsv", t)
+  write(tmp .. "/mnli/test_mismatched.tsv", { unpack(t, 1, 5) })
+  local out, rc = sh(("%s recipes/glue.lua --task=mnli --data-dir=%s/mnli --model=%s/cls3 --output=%s/mnli/out " ..
+    "--do-train --do-eval --do-predict --batch=16 --epochs=1 %s"):format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  local res = cjson.decode(io.open(tmp .. "/mnli/out/eval_results.json"):read("*a"))
+  T.truthy(res.mnli_acc >= 0 and res.mnli_acc <= 1 and res["mnli-mm_acc"] >= 0, cjson.encode(res))
+  T.eq(#read_lines(tmp .. "/mnli/out/dev_predictions_mnli.tsv"), 21)
+  T.eq(#read_lines(tmp .. "/mnli/out/dev_predictions_mnli-mm.tsv"), 16)
+  local m, mm = read_lines(tmp .. "/mnli/out/MNLI-m.tsv"), read_lines(tmp .. "/mnli/out/MNLI-mm.tsv")
+  T.eq(#m, 8); T.eq(#mm, 5)
+  for i = 2, #m do
+    local lab = m[i]:match("^%d+\t(.+)$")
+    T.truthy(lab == labels[1] or lab == labels[2] or lab == labels[3], m[i])
+  end
+end)
+
+T.test("bad input is reported before any work", function()
+  local base = ("%s recipes/glue.lua %s"):format(exe, common)
+  local out, rc = sh(("%s --task=nope --data-dir=%s/mrpc --model=%s/cls2 --do-eval"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("glue: unknown task 'nope'", 1, true), out)
+  -- no dev.tsv: found before training starts
+  out, rc = sh(("%s --task=sst2 --data-dir=%s/mrpc --train-file=%s/mrpc/train.tsv --model=%s/cls2 --output=%s/bad1 --do-train --do-eval --eval-file=%s/none.tsv")
+    :format(base, tmp, tmp, tmp, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("--eval-file=" .. tmp .. "/none.tsv cannot be read", 1, true), out)
+  T.truthy(not io.open(tmp .. "/bad1/train_log.jsonl"), "nothing trained")
+  out, rc = sh(("%s --task=cola --data-dir=%s/cola --model=%s/cls2 --do-predict"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("test data " .. tmp .. "/cola/test.tsv cannot be read", 1, true), out)
+  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/nope --do-eval"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("model directory " .. tmp .. "/nope does not exist", 1, true), out)
+  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls2 --do-train --batch=10 --micro-batch=4"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("not a multiple of --micro-batch", 1, true), out)
+  -- MRPC rows read as SST-2: every row is malformed; each is located, then a clear stop
+  out, rc = sh(("%s --task=sst2 --eval-file=%s/mrpc/dev.tsv --model=%s/cls2 --do-eval --output=%s/bad2"):format(base, tmp, tmp, tmp))
+  T.eq(rc, 1)
+  T.truthy(out:find("dev.tsv:2: 5 columns, expected 2", 1, true) and out:find("no usable rows", 1, true), out)
+  -- a 3-label model for a 2-label task
+  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls3 --do-eval --output=%s/bad3"):format(base, tmp, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("is a classifier with 3 outputs; mrpc needs 2", 1, true), out)
+end)
+
+T.run()

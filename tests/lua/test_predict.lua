@@ -1,0 +1,168 @@
+-- recipes/predict.lua: SQuAD JSON, GLUE TSV and JSON-lines inputs; answers equal
+-- those of recipes/squad.lua and do not depend on the batch size (padding to the
+-- longest in the batch is masked out); throughput and latency percentiles are
+-- reported; bad input is located and counted.
+local T = require "bertlua.testing"
+local cjson = require "cjson"
+local bert = require "bertlua.bert"
+
+local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
+local dev1 = T.shared_data("squad/dev-v1.1.json")
+local sst = T.shared_data("glue/SST-2/dev.tsv")
+if not vocab or not dev1 or not sst then T.skip_all("needs ../shared/data (vocab, squad/dev-v1.1.json, glue/SST-2)") end
+
+local tmp = os.tmpname(); os.remove(tmp)
+os.execute("mkdir -p " .. tmp)
+T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
+local function sh(cmd)
+  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
+  local out = f:read("*a"); f:close()
+  return out, tonumber(out:match("rc=(%d+)%s*$"))
+end
+local function slurp(path)
+  local f = assert(io.open(path, "rb"), path .. " not written")
+  local s = f:read("*a"); f:close()
+  return s
+end
+local function write(path, s) local f = io.open(path, "w"); f:write(s); f:close() end
+
+local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2,
+  intermediate_size = 64, max_position_embeddings = 128 }
+-- random non-zero heads (seeded): predictions are arbitrary but deterministic
+bert.save_pretrained(bert.BertForQuestionAnswering(cfg, { seed = 5 }), tmp .. "/qa", { vocab = vocab })
+bert.save_pretrained(bert.BertForSequenceClassification(cfg, { seed = 6, num_labels = 2 }), tmp .. "/cls", { vocab = vocab })
+bert.save_pretrained(bert.BertForSequenceClassification(cfg, { seed = 7, num_labels = 1 }), tmp .. "/reg", { vocab = vocab })
+
+local d = cjson.decode(slurp(dev1))
+local slice = { version = d.version, data = { { title = d.data[1].title, paragraphs = { unpack(d.data[1].paragraphs, 1, 2) } } } }
+write(tmp .. "/v1.json", cjson.encode(slice))
+local nq = 0
+for _, p in ipairs(slice.data[1].paragraphs) do nq = nq + #p.qas end
+local qa_opts = "--max-seq-length=96 --doc-stride=48 --max-query-length=24 --threads=2"
+
+T.test("squad input: same answers as recipes/squad.lua at any batch size; stats", function()
+  local out, rc = sh(("%s recipes/squad.lua --model=%s/qa --predict-file=%s/v1.json --output=%s/ref --do-predict %s")
+    :format(exe, tmp, tmp, tmp, qa_opts))
+  T.eq(rc, 0, out)
+  local ref = slurp(tmp .. "/ref/predictions.json")
+  for _, b in ipairs({ 1, 6, 64 }) do
+    out, rc = sh(("%s recipes/predict.lua --model=%s/qa --task=squad --input=%s/v1.json --output=%s/p%d.json --batch=%d " ..
+      "--stats=%s/s%d.json %s"):format(exe, tmp, tmp, tmp, b, b, tmp, b, qa_opts))
+    T.eq(rc, 0, out)
+    T.eq(slurp(("%s/p%d.json"):format(tmp, b)), ref, "batch " .. b)
+    local s = cjson.decode(slurp(("%s/s%d.json"):format(tmp, b)))
+    T.eq(s.records, nq); T.eq(s.skipped, 0); T.eq(s.batch, b)
+    T.eq(s.batches, math.ceil(s.sequences / b))
+    T.truthy(s.sequences >= nq and s.seq_per_s > 0 and s.seconds > 0, out)
+    T.truthy(s.p50_ms > 0 and s.p50_ms <= s.p90_ms and s.p90_ms <= s.p99_ms, out)
+    T.truthy(s.evaluation and s.evaluation.f1 >= 0 and s.evaluation.f1 <= 100, "evaluated")
+    T.truthy(out:find("sequences/s; latency per batch p50 ", 1, true), out)
+  end
+end)
+
+T.test("glue input: submission format, dev metrics, test split, malformed rows", function()
+  local lines = {}
+  for l in io.lines(sst) do lines[#lines + 1] = l; if #lines == 41 then break end end
+  write(tmp .. "/dev.tsv", table.concat(lines, "\n", 1, 21) .. "\nno label column here\n" .. table.concat(lines, "\n", 22, 41) .. "\n")
+  local out, rc = sh(("%s recipes/predict.lua --model=%s/cls --task=glue-sst2 --input=%s/dev.tsv --output=%s/sst.tsv " ..
+    "--batch=8 --max-seq-length=64 --stats=%s/sst_stats.json --threads=2"):format(exe, tmp, tmp, tmp, tmp))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("dev.tsv:22: 1 columns, expected 2", 1, true) and out:find("40 records (1 skipped)", 1, true), out)
+  local pred = {}
+  local got = slurp(tmp .. "/sst.tsv")
+  T.eq(got:match("^[^\n]*"), "index\tprediction")
+  for idx, label in got:gmatch("\n(%d+)\t([^\n]+)") do pred[#pred + 1] = label; T.eq(tonumber(idx), #pred - 1) end
+  T.eq(#pred, 40)
+  local correct = 0
+  for i = 2, 41 do
+    local gold = lines[i]:match("\t(%d)$")
+    T.truthy(pred[i - 1] == "0" or pred[i - 1] == "1", pred[i - 1])
+    if pred[i - 1] == gold then correct = correct + 1 end
+  end
+  local s = cjson.decode(slurp(tmp .. "/sst_stats.json"))
+  T.near(s.evaluation.acc, correct / 40, 1e-12)
+  -- a test file (index<TAB>sentence, no labels): predictions only
+  local t = { "index\tsentence" }
+  for i = 2, 11 do t[#t + 1] = ("%d\t%s"):format(i - 2, lines[i]:match("^(.-)\t")) end
+  write(tmp .. "/test.tsv", table.concat(t, "\n") .. "\n")
+  out, rc = sh(("%s recipes/predict.lua --model=%s/cls --task=glue-sst2 --input=%s/test.tsv --output=%s/SST-2.tsv --max-seq-length=64")
+    :format(exe, tmp, tmp, tmp))
+  T.eq(rc, 0, out)
+  T.truthy(not out:find("evaluation", 1, true), out)
+  local n = 0
+  for l in io.lines(tmp .. "/SST-2.tsv") do n = n + 1; if n > 1 then T.eq(l:match("^(%d+)\t"), tostring(n - 2)) end end
+  T.eq(n, 11)
+  -- the test-file predictions equal the dev-file predictions of the same sentences
+  local test_pred = {}
+  for l in io.lines(tmp .. "/SST-2.tsv") do test_pred[#test_pred + 1] = l:match("\t(.+)$") end
+  for i = 1, 10 do T.eq(test_pred[i + 1], pred[i], "sentence " .. i) end
+end)
+
+T.test("jsonl input: padding does not change logits; QA answers; regression scores", function()
+  local recs = {
+    '{"text_a": "a charming and often affecting journey", "text_b": "it is a film"}',
+    '{"text": "dull"}',
+    '{"text_a": "the story is told with a kind of grave humor and the acting is uniformly excellent throughout"}',
+    '{"text_a": "no", "text_b": "yes"}',
+    '{"text_a": "unflinchingly bleak and desperate"}',
+  }
+  write(tmp .. "/in.jsonl", table.concat(recs, "\n") .. "\n")
+  local function logits(model, b)
+    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/in.jsonl --output=%s/o.jsonl --batch=%d --max-seq-length=64")
+      :format(exe, tmp, model, tmp, tmp, b))
+    T.eq(rc, 0, out)
+    local r = {}
+    for l in io.lines(tmp .. "/o.jsonl") do
+      local x = cjson.decode(l)
+      T.eq(x.index, #r)
+      r[#r + 1] = x
+    end
+    T.eq(#r, #recs)
+    return r
+  end
+  for _, m in ipairs({ "cls", "reg" }) do
+    local one, many = logits(m, 1), logits(m, 5)
+    for i = 1, #recs do
+      T.near(many[i].logits, one[i].logits, 1e-4, 1e-5, m .. " record " .. i)
+      if m == "reg" then T.near(one[i].label, one[i].logits[1], 0, 0) else T.eq(many[i].label, one[i].label) end
+    end
+    -- the inputs differ, so must the outputs (a broken model would give one answer for all)
+    T.truthy(math.abs(one[1].logits[1] - one[3].logits[1]) > 1e-6, "outputs depend on the input")
+  end
+  write(tmp .. "/q.jsonl", '{"question": "Who won Super Bowl 50?", "context": "The Denver Broncos defeated the Carolina Panthers to win Super Bowl 50."}\n' ..
+    '{"question": "Where?", "context": "   "}\n')
+  local out, rc = sh(("%s recipes/predict.lua --model=%s/qa --input=%s/q.jsonl --batch=1 --max-seq-length=64"):format(exe, tmp, tmp))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("q.jsonl:2: needs string fields question and a non-empty context", 1, true), out)
+  local line = out:match("(%b{})")
+  local a = cjson.decode(line)
+  T.eq(a.index, 0)
+  T.truthy(type(a.answer) == "string" and a.answer ~= "" and ("The Denver Broncos defeated the Carolina Panthers to win Super Bowl 50."):find(a.answer, 1, true), line)
+  T.truthy(a.probability > 0 and a.probability <= 1, line)
+end)
+
+T.test("bad input", function()
+  local base = ("%s recipes/predict.lua --max-seq-length=64"):format(exe)
+  write(tmp .. "/bad.jsonl", '{"text_a": 5}\nnot json\n[1]\n\n')
+  local out, rc = sh(("%s --model=%s/cls --input=%s/bad.jsonl"):format(base, tmp, tmp))
+  T.eq(rc, 1)
+  T.truthy(out:find("bad.jsonl:1: needs a string field", 1, true) and out:find("bad.jsonl:2: not JSON", 1, true)
+    and out:find("bad.jsonl:3: not a JSON object", 1, true) and out:find("no usable records", 1, true), out)
+  out, rc = sh(("%s --model=%s/cls --task=glue-nope --input=%s/bad.jsonl"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("unknown task 'nope'", 1, true), out)
+  out, rc = sh(("%s --model=%s/cls --task=xml --input=%s/bad.jsonl"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("--task must be jsonl, squad or glue-TASK", 1, true), out)
+  out, rc = sh(("%s --model=%s/cls --task=squad --input=%s/v1.json"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("--task=squad needs a QA model", 1, true), out)
+  out, rc = sh(("%s --model=%s/reg --task=glue-sst2 --input=%s/dev.tsv"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("has 1 outputs but glue-sst2 needs 2", 1, true) or out:find("has 1 outputs but sst2 needs 2", 1, true), out)
+  out, rc = sh(("%s --model=%s/cls --input=%s/missing.jsonl"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("--input=" .. tmp .. "/missing.jsonl cannot be read", 1, true), out)
+  out, rc = sh(("%s --model=%s --input=%s/bad.jsonl"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("is not a model directory: no config.json", 1, true), out)
+  out, rc = sh(("%s --model=%s/cls --input=%s/bad.jsonl --batch=0"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("--batch must be at least 1", 1, true), out)
+end)
+
+T.run()

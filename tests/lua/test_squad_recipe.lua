@@ -1,0 +1,193 @@
+-- recipes/squad.lua on slices of the real SQuAD dev files (v1.1 and v2.0):
+-- the files the official tools read are written and agree with them,
+-- accumulation and the schedule show in the log, and bad input is reported
+-- before any work. (Learning itself is checked on the generated QA set by
+-- test_qa_end_to_end.lua.)
+local T = require "bertlua.testing"
+local cjson = require "cjson"
+local bert = require "bertlua.bert"
+
+local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
+local dev1 = T.shared_data("squad/dev-v1.1.json")
+local dev2 = T.shared_data("squad/dev-v2.0.cs224n-half.json")
+if not vocab or not dev1 or not dev2 then T.skip_all("needs ../shared/data (vocab, squad/dev-v1.1.json, squad/dev-v2.0.cs224n-half.json)") end
+
+local tmp = os.tmpname(); os.remove(tmp)
+os.execute("mkdir -p " .. tmp)
+T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
+local function sh(cmd)
+  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
+  local out = f:read("*a"); f:close()
+  return out, tonumber(out:match("rc=(%d+)%s*$"))
+end
+local function read_json(path)
+  local f = assert(io.open(path), path .. " not written")
+  local s = f:read("*a"); f:close()
+  return cjson.decode(s)
+end
+local function write_json(path, v)
+  local f = io.open(path, "w"); f:write(cjson.encode(v)); f:close()
+end
+
+-- slices: the first 3 paragraphs of the first article; training copies keep
+-- the first answer only (run_squad.py trains on exactly one answer per question)
+local function slice(path, name)
+  local d = read_json(path)
+  local s = { version = d.version, data = { { title = d.data[1].title, paragraphs = { unpack(d.data[1].paragraphs, 1, 3) } } } }
+  write_json(tmp .. "/" .. name .. ".json", s)
+  local ids = {}
+  for _, p in ipairs(s.data[1].paragraphs) do
+    for _, qa in ipairs(p.qas) do
+      ids[#ids + 1] = qa.id
+      if #qa.answers > 1 then qa.answers = { qa.answers[1] } end
+    end
+  end
+  write_json(tmp .. "/" .. name .. "_train.json", s)
+  return ids
+end
+local ids1, ids2 = slice(dev1, "v1"), slice(dev2, "v2")
+
+local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+  intermediate_size = 64, max_position_embeddings = 128 }
+bert.save_pretrained(bert.BertForQuestionAnswering(cfg, { seed = 3 }), tmp .. "/init", { vocab = vocab })
+local common = "--max-seq-length=128 --doc-stride=64 --max-query-length=32 --lr=1e-3 --threads=2"
+
+local function step_lines(path)
+  local r = {}
+  for l in io.lines(path) do local x = cjson.decode(l); if x.step then r[#r + 1] = x end end
+  return r
+end
+
+T.test("v1.1 slice: train with accumulation, predict, files parse, official evaluation agrees", function()
+  local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/v1_train.json --predict-file=%s/v1.json " ..
+    "--output=%s/run1 --do-train --do-predict --batch=8 --micro-batch=4 --epochs=1 --warmup=0.25 %s")
+    :format(exe, tmp, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  -- 135 features / batch 8 = 16 steps, each 2 micro-batches of 4
+  T.truthy(out:find("batch 8 = 4 x 2", 1, true), out)
+  local steps = step_lines(tmp .. "/run1/train_log.jsonl")
+  T.eq(#steps, 16)
+  -- linear warmup over 4 steps to 1e-3 then linear decay to 0 at step 16
+  T.near(steps[1].lr, 0, 0, 1e-12); T.near(steps[3].lr, 5e-4, 1e-6); T.near(steps[5].lr, 1e-3, 1e-6)
+  T.near(steps[16].lr, 1e-3 * 1 / 12, 1e-6)
+  for _, s in ipairs(steps) do T.truthy(s.loss > 0 and s.loss < 10, "loss " .. s.loss) end
+
+  local preds = read_json(tmp .. "/run1/predictions.json")
+  local nbest = read_json(tmp .. "/run1/nbest_predictions.json")
+  for _, id in ipairs(ids1) do
+    T.truthy(type(preds[id]) == "string" and preds[id] ~= "", "prediction for " .. id)
+    local nb = nbest[id]
+    T.truthy(type(nb) == "table" and #nb >= 1 and #nb <= 20, "n-best for " .. id)
+    local sum = 0
+    for k, e in ipairs(nb) do
+      sum = sum + e.probability
+      if k > 1 then T.truthy(e.probability <= nb[k - 1].probability, "n-best sorted") end
+    end
+    T.near(sum, 1, 1e-6)
+    T.eq(nb[1].text, preds[id])
+  end
+  T.truthy(not io.open(tmp .. "/run1/null_odds.json"), "no null_odds.json for v1.1")
+  T.truthy(io.open(tmp .. "/run1/model/model.safetensors") and io.open(tmp .. "/run1/model/vocab.txt"), "model saved")
+  local res = read_json(tmp .. "/run1/eval_results.json")
+  T.truthy(res.f1 >= 0 and res.f1 <= 100 and res.exact_match >= 0, out)
+  T.truthy(res.predict_seq_per_s > 0 and res.predict_p99_ms >= res.predict_p50_ms, "throughput recorded")
+  local ev, rc2 = sh(("%s recipes/squad_eval.lua %s/v1.json %s/run1/predictions.json 2>/dev/null"):format(exe, tmp, tmp))
+  T.eq(rc2, 0, ev)
+  local official = cjson.decode(ev:match("(%b{})"))
+  T.near(official.f1, res.f1, 1e-9); T.near(official.exact_match, res.exact_match, 1e-9)
+
+  -- the saved model reloads with its head and predicts the same answers
+  local out2, rc3 = sh(("%s recipes/squad.lua --model=%s/run1/model --predict-file=%s/v1.json --output=%s/run1b --do-predict " ..
+    "--predict-batch=5 %s"):format(exe, tmp, tmp, tmp, common))
+  T.eq(rc3, 0, out2)
+  local preds2 = read_json(tmp .. "/run1b/predictions.json")
+  for _, id in ipairs(ids1) do T.eq(preds2[id], preds[id], id) end
+end)
+
+T.test("v2.0 slice: null_odds.json, no-answer metrics, best threshold as the official script", function()
+  local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/v2_train.json --predict-file=%s/v2.json " ..
+    "--output=%s/run2 --do-train --do-predict --version-2-with-negative --batch=8 --max-steps=3 %s")
+    :format(exe, tmp, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  T.eq(#step_lines(tmp .. "/run2/train_log.jsonl"), 3)
+  local preds = read_json(tmp .. "/run2/predictions.json")
+  local odds = read_json(tmp .. "/run2/null_odds.json")
+  for _, id in ipairs(ids2) do
+    T.truthy(type(preds[id]) == "string", "prediction for " .. id)
+    T.truthy(type(odds[id]) == "number", "null odds for " .. id)
+    -- threshold 0: "" exactly when the null score beats the best span
+    T.eq(preds[id] == "", odds[id] > 0, id)
+  end
+  local res = read_json(tmp .. "/run2/eval_results.json")
+  T.eq(res.HasAns_total + res.NoAns_total, #ids2)
+  local ev, rc2 = sh(("%s recipes/squad_eval.lua %s/v2.json %s/run2/predictions.json --na-prob=%s/run2/null_odds.json 2>/dev/null")
+    :format(exe, tmp, tmp, tmp))
+  T.eq(rc2, 0, ev)
+  local official = cjson.decode(ev:match("(%b{})"))
+  for _, k in ipairs({ "exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "best_f1_thresh" }) do
+    T.near(official[k], res[k], 1e-9, 1e-9, k)
+  end
+  -- v2.0 data without the flag: said, not silently evaluated as if answerable
+  out = sh(("%s recipes/squad.lua --model=%s/init --predict-file=%s/v2.json --output=%s/run2b --do-predict %s")
+    :format(exe, tmp, tmp, tmp, common))
+  T.truthy(out:find("is SQuAD 2.0 but --version-2-with-negative is off", 1, true), out)
+end)
+
+T.test("notebooks/squad.ipynb runs headless on the fine-tuned model", function()
+  if select(2, sh("command -v jupyter")) ~= 0 then T.skip("jupyter (jupyter-nbconvert) not installed") end
+  if not io.open(tmp .. "/run1/model/model.safetensors") then T.skip("needs the model of the v1.1 test") end
+  local out, rc = sh(("BL_QA_MODEL=%s/run1/model BL_BERTLUA=%s BL_NB_OUT=%s/nb BL_HEAD=2 timeout 300 jupyter nbconvert --to notebook " ..
+    "--execute notebooks/squad.ipynb --output-dir=%s/nb"):format(tmp, exe, tmp, tmp))
+  T.eq(rc, 0, out)
+  T.truthy(io.open(tmp .. "/nb/qa_attention.png") and io.open(tmp .. "/nb/qa_start_end.png"), "plots written")
+  local page = io.open(tmp .. "/nb/qa_answers.html"):read("*a")
+  local marks = 0
+  for _ in page:gmatch("<mark") do marks = marks + 1 end
+  T.eq(marks, 2, page)  -- one highlighted span per question
+  local nb = read_json(tmp .. "/nb/squad.ipynb")
+  for _, c in ipairs(nb.cells) do
+    for _, o in ipairs(c.outputs or {}) do T.truthy(o.output_type ~= "error", cjson.encode(o)) end
+  end
+end)
+
+T.test("bad input is reported before any work", function()
+  local base = ("%s recipes/squad.lua %s"):format(exe, common)
+  local out, rc = sh(("%s --model=%s/nope --predict-file=%s/v1.json --do-predict"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("model directory " .. tmp .. "/nope does not exist", 1, true), out)
+  os.execute(("mkdir -p %s/novocab && cp %s/init/config.json %s/init/model.safetensors %s/novocab/"):format(tmp, tmp, tmp, tmp))
+  out, rc = sh(("%s --model=%s/novocab --predict-file=%s/v1.json --do-predict"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("has no vocab.txt", 1, true) and out:find("--vocab=FILE", 1, true), out)
+  out, rc = sh(("%s --model=%s/novocab --vocab=%s/missing.txt --predict-file=%s/v1.json --do-predict"):format(base, tmp, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("missing.txt cannot be read", 1, true), out)
+  -- a missing predict file stops a train+predict run before training
+  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --predict-file=%s/typo.json --do-train --do-predict --output=%s/bad1")
+    :format(base, tmp, tmp, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("--predict-file=" .. tmp .. "/typo.json cannot be read", 1, true), out)
+  T.truthy(not io.open(tmp .. "/bad1/train_log.jsonl"), "nothing trained")
+  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --do-train --batch=6 --micro-batch=4"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("not a multiple of --micro-batch", 1, true), out)
+  -- training on questions with several answers: each one named, then a clear stop
+  out, rc = sh(("%s --model=%s/init --train-file=%s/v1.json --do-train --output=%s/bad2"):format(base, tmp, tmp, tmp))
+  T.eq(rc, 1)
+  T.truthy(out:find("no usable training questions", 1, true) and out:find("question 1 (id " .. ids1[1], 1, true), out)
+  -- malformed entries in the predict file: located, skipped, counted; the rest is predicted
+  local d = read_json(tmp .. "/v1.json")
+  local p = d.data[1].paragraphs
+  p[1].qas[2].question = 7
+  p[2].context = nil
+  write_json(tmp .. "/broken.json", d)
+  out, rc = sh(("%s --model=%s/init --predict-file=%s/broken.json --do-predict --output=%s/bad3"):format(base, tmp, tmp, tmp))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("article 1 paragraph 1 question 2", 1, true) and out:find("article 1 paragraph 2", 1, true), out)
+  local n2 = #p[2].qas
+  T.truthy(out:find(("predict: %d questions, %d examples, %d skipped"):format(#ids1, #ids1 - 1 - n2, 1 + n2), 1, true), out)
+  local preds = read_json(tmp .. "/bad3/predictions.json")
+  T.eq(preds[p[1].qas[2].id], nil); T.truthy(preds[p[1].qas[1].id] ~= nil, "the good questions are answered")
+  -- not JSON at all
+  local f = io.open(tmp .. "/notjson.json", "w"); f:write("{\"data\": [ 1, 2"); f:close()
+  out, rc = sh(("%s --model=%s/init --predict-file=%s/notjson.json --do-predict --output=%s/bad4"):format(base, tmp, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("notjson.json", 1, true), out)
+end)
+
+T.run()
