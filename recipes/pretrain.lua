@@ -179,8 +179,12 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   end
 
   local ckdir = ("%s/checkpoints/phase%d"):format(opt.output, ph.phase)
-  local identity = { model_config = cfg, optimizer = "lamb", world_size = world, global_batch = ph.batch,
-    micro_batch = opt.micro_batch, phase = ph.phase }
+  -- A checkpoint is tied to how the global batch is cut into data slices
+  -- (world x accumulation virtual ranks), not to the world size: resuming on
+  -- a different number of ranks with the same global and micro batch (so
+  -- accumulation makes up the difference) continues exactly.
+  local identity = { model_config = cfg, optimizer = "lamb", data_slices = virt and world * accum or world,
+    global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase }
   local step = 0
   if opt.resume then
     local latest = ckpt.latest(ckdir)
@@ -193,7 +197,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       end
       lamb:load_state_dict(sd)
       scaler:load_state_dict(c.state.scaler)
-      for i, l in ipairs(loaders) do l:set_state(c.state.loaders[i]) end
+      for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
       step = c.step
       say(("  resumed from %s at step %d"):format(latest, step))
     end
@@ -204,11 +208,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     if rank ~= 0 then return end
     local tensors = {}
     for k, v in pairs(lamb:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
-    local lstates = {}
-    for i, l in ipairs(loaders) do lstates[i] = l:state() end
     ckpt.save(ckdir, { step = step, model = model, tensors = tensors, identity = identity,
+      -- every rank's (virtual) loaders step in lockstep: one position describes them all
       state = { phase = ph.phase, optimizer_step = lamb.step_count, lr = lamb.last_lr, scaler = scaler:state_dict(),
-        loaders = lstates } }, { keep = opt.keep_checkpoints })
+        loader = loaders[1]:state(), world_size = world, accumulation = accum } }, { keep = opt.keep_checkpoints })
   end
 
   -- With accumulation, each micro-batch's gradient is computed into the zeroed

@@ -5,7 +5,7 @@
 --     step = 100, model = model,                          -- weights, HF names (model.safetensors)
 --     tensors = { ["optimizer.exp_avg"] = m, ... },         -- optimizer state etc. (state.safetensors)
 --     state = { phase = 1, rng = ..., loader = ..., scaler = ..., optimizer = {...} },  -- JSON
---     identity = { model_config = cfg, optimizer = "lamb", world_size = 2 },           -- must match on load
+--     identity = { model_config = cfg, optimizer = "lamb", data_slices = 2 },          -- must match on load
 --   }, { keep = 3 })
 --   local path = ckpt.latest("runs/x/checkpoints")       -- newest COMPLETE checkpoint or nil
 --   local c = ckpt.load(path, { model = model, identity = {...} })  -- c.step, c.state, c.tensors
