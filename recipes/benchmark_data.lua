@@ -3,6 +3,14 @@
 -- process, with throughput and peak RSS (GNU time's maximum resident set).
 --
 --   bertlua recipes/benchmark_data.lua [--wiki=FILE.xml.bz2] [--books=DIR] [--vocab=FILE] [--jobs=2]
+--   bertlua recipes/benchmark_data.lua --loader-data=DIR [--vocab=FILE]   (only the loader rows)
+--
+-- The loader rows time the batch loop alone (items/s = batches/s, after the
+-- shards are opened and checked) for the C loader with its prefetch thread,
+-- the C loader without the thread (the work of building batches), with length
+-- binning, and the Lua reference loader; peak RSS is the whole process's.
+-- --step-ms=N spends N ms after each batch as a training step would: the
+-- prefetch thread then builds the next batches meanwhile.
 local options = require "bertlua.options"
 local logm = require "bertlua.log"
 
@@ -14,6 +22,10 @@ local opt = options.parse(arg, {
   { "work", "/tmp/bertlua_benchmark_data", "scratch directory (removed first)" },
   { "jobs", 2, "parallel jobs for create_pretraining_data's scaling row" },
   { "seq", 128, "max sequence length" },
+  { "loader_data", "", "benchmark only the loader on this directory of train_*.blshard" },
+  { "loader_batches", 400, "batches per loader row" },
+  { "batch", 64, "loader batch size" },
+  { "step_ms", 0, "simulated training step after each batch (busy), to show what the prefetch thread hides" },
 }, { name = "benchmark_data", usage = "usage: bertlua recipes/benchmark_data.lua [options]" })
 
 local exe = arg[-1] or "bertlua"
@@ -34,53 +46,93 @@ local function stage(name, cmd, input_bytes, count_fn)
   if rc ~= 0 and rc ~= true then error("benchmark_data: stage " .. name .. " failed, see " .. opt.work .. "/" .. name .. ".log", 0) end
   local rss = 0
   if has_time then local f = io.open(rss_file); rss = tonumber(f:read("*a"):match("(%d+)")) or 0; f:close() end
-  local count, unit = nil, nil
-  if count_fn then count, unit = count_fn() end
-  rows[#rows + 1] = { name = name, seconds = dt, mb = input_bytes / 1e6, rss_mb = rss / 1024, count = count, unit = unit }
+  local count, unit, rate_s = nil, nil, nil
+  if count_fn then count, unit, rate_s = count_fn() end
+  rows[#rows + 1] = { name = name, seconds = dt, mb = input_bytes / 1e6, rss_mb = rss / 1024, count = count, unit = unit,
+    rate_s = rate_s }
   io.stderr:write(("  %-28s %6.2f s\n"):format(name, dt))
 end
 
 os.execute("rm -rf " .. q(opt.work) .. " && mkdir -p " .. q(opt.work))
 local W = opt.work
-local xml_bytes = 0
-do local f = io.popen("bzcat " .. q(opt.wiki) .. " | wc -c"); xml_bytes = tonumber(f:read("*a")) or 0; f:close() end
-stage("prepare_wikipedia", ("%s recipes/prepare_wikipedia.lua --input=%s --output=%s/wiki"):format(exe, q(opt.wiki), W), xml_bytes)
-stage("prepare_bookcorpus", ("%s recipes/prepare_bookcorpus.lua --input=%s --output=%s/books"):format(exe, q(opt.books), W), size_of(opt.books))
-local text_bytes = size_of(W .. "/wiki") + size_of(W .. "/books")
-stage("shard", ("%s recipes/shard.lua --input=%s/wiki,%s/books --output=%s/shards --num-shards=4 --memory-mb=4"):format(exe, W, W, W), text_bytes)
-stage("tokenize (1 thread)", ("sh -c %s"):format(q(("%s recipes/tokenize.lua --vocab=%s --ids --quiet < %s/shards/train_00000.txt > /dev/null"):format(exe, opt.vocab, W))),
-  size_of(W .. "/shards/train_00000.txt"))
-local function instances(dir)
-  return function()
-    local n = 0
-    local f = io.popen("cat " .. q(W .. "/" .. dir) .. "/*.log 2>/dev/null; cat " .. q(W) .. "/create_pretraining_data*.log")
-    for line in f:lines() do local k = line:match("(%d+) instances in") if k then n = n + tonumber(k) end end
-    f:close()
-    return n, "instances"
+local loader_dir = opt.loader_data
+if loader_dir == "" then
+  local xml_bytes = 0
+  do local f = io.popen("bzcat " .. q(opt.wiki) .. " | wc -c"); xml_bytes = tonumber(f:read("*a")) or 0; f:close() end
+  stage("prepare_wikipedia", ("%s recipes/prepare_wikipedia.lua --input=%s --output=%s/wiki"):format(exe, q(opt.wiki), W), xml_bytes)
+  stage("prepare_bookcorpus", ("%s recipes/prepare_bookcorpus.lua --input=%s --output=%s/books"):format(exe, q(opt.books), W), size_of(opt.books))
+  local text_bytes = size_of(W .. "/wiki") + size_of(W .. "/books")
+  stage("shard", ("%s recipes/shard.lua --input=%s/wiki,%s/books --output=%s/shards --num-shards=4 --memory-mb=4"):format(exe, W, W, W), text_bytes)
+  stage("tokenize (1 thread)", ("sh -c %s"):format(q(("%s recipes/tokenize.lua --vocab=%s --ids --quiet < %s/shards/train_00000.txt > /dev/null"):format(exe, opt.vocab, W))),
+    size_of(W .. "/shards/train_00000.txt"))
+  local function instances(dir)
+    return function()
+      local n = 0
+      local f = io.popen("cat " .. q(W .. "/" .. dir) .. "/*.log 2>/dev/null; cat " .. q(W) .. "/create_pretraining_data*.log")
+      for line in f:lines() do local k = line:match("(%d+) instances in") if k then n = n + tonumber(k) end end
+      f:close()
+      return n, "instances"
+    end
   end
+  local cpd = "%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s --output=%s/%s --max-seq-length=%d --max-predictions=20 --dupe-factor=5 --jobs=%d"
+  stage("create_pretraining_data j1", cpd:format(exe, W, q(opt.vocab), W, "pd1", opt.seq, 1), size_of(W .. "/shards"), instances("pd1"))
+  stage("create_pretraining_data j" .. opt.jobs, cpd:format(exe, W, q(opt.vocab), W, "pdN", opt.seq, opt.jobs), size_of(W .. "/shards"))
+  rows[#rows].count, rows[#rows].unit = rows[#rows - 1].count, "instances"
+  loader_dir = W .. "/pd1"
 end
-local cpd = "%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s --output=%s/%s --max-seq-length=%d --max-predictions=20 --dupe-factor=5 --jobs=%d"
-stage("create_pretraining_data j1", cpd:format(exe, W, q(opt.vocab), W, "pd1", opt.seq, 1), size_of(W .. "/shards"), instances("pd1"))
-stage("create_pretraining_data j" .. opt.jobs, cpd:format(exe, W, q(opt.vocab), W, "pdN", opt.seq, opt.jobs), size_of(W .. "/shards"))
-rows[#rows].count, rows[#rows].unit = rows[#rows - 1].count, "instances"
+
+-- loader rows: one process each, the batch loop timed inside it
+local vf = io.open(opt.vocab)
+local vocab_ok = vf ~= nil
+if vf then vf:close() end
 local loader_script = W .. "/loader.lua"
 local f = io.open(loader_script, "w")
-f:write(([[
+f:write([[
 local pd = require "bertlua.pretraining_data"
-local l = pd.Loader{ dir = %q, split = "train", batch_size = 64, seed = 1, max_seq_length = %d, max_predictions = 20 }
-local n = 0
-for _ = 1, math.min(200, l.steps_per_epoch) do l:next(); n = n + 1 end
-print(n .. " batches")
-]]):format(W .. "/pd1", opt.seq))
+local logm = require "bertlua.log"
+local ffi = require "ffi"
+local ts = ffi.new("bl_timespec")   -- declared by bertlua.log
+local function cpu() ffi.C.clock_gettime(3, ts); return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end  -- this thread
+local dir, impl, prefetch, bin, batch, n, seq, step_ms, vocab = ...
+local l = pd.Loader{ dir = dir, split = "train", batch_size = tonumber(batch), seed = 1, max_seq_length = tonumber(seq),
+  impl = impl, prefetch = tonumber(prefetch), bin_lengths = bin == "1", vocab = vocab ~= "" and vocab or nil }
+n = math.min(tonumber(n), 4 * l.steps_per_epoch)
+step_ms = tonumber(step_ms) / 1000
+local t0, busy = logm.clock(), 0
+for _ = 1, n do
+  local c0 = cpu()
+  pd.free_batch(l:next())   -- a training loop frees its batch (or leaves it to the GC)
+  busy = busy + cpu() - c0
+  if step_ms > 0 then local t = logm.clock(); while logm.clock() - t < step_ms do end end
+end
+local dt = logm.clock() - t0
+local st = l.stats and l:stats()
+print(("%d batches in %.6f s, %.1f us CPU of the training thread per batch%s"):format(n, dt, busy / n * 1e6,
+  st and (", waits %d, padding %.3f"):format(st.waits, st.padding) or ""))
+l:close()
+]])
 f:close()
-stage("loader (batch 64)", ("%s %s"):format(exe, loader_script), 0, function()
-  local g = io.open(W .. "/loader (batch 64).log"); local s = g:read("*a"); g:close()
-  return tonumber(s:match("(%d+) batches")), "batches"
-end)
+local loader_notes = {}
+local function loader_row(name, impl, prefetch, bin)
+  local log = W .. "/" .. name .. ".log"
+  stage(name, ("%s %s %s %s %d %d %d %d %d %g %s"):format(exe, q(loader_script), q(loader_dir), impl, prefetch, bin and 1 or 0,
+    opt.batch, opt.loader_batches, opt.seq, opt.step_ms, q(vocab_ok and opt.vocab or "")), 0, function()
+    local g = io.open(log); local s = g:read("*a"); g:close()
+    local n, secs, rest = s:match("(%d+) batches in ([%d.]+) s, ([^\n]*)")
+    loader_notes[#loader_notes + 1] = ("%-28s %s"):format(name, rest or "?")
+    return tonumber(n), "batches", tonumber(secs)
+  end)
+end
+loader_row(("loader C (batch %d)"):format(opt.batch), "c", 4, false)
+loader_row("loader C, no thread", "c", 0, false)
+loader_row("loader C, bin_lengths", "c", 4, true)
+loader_row(("loader Lua (batch %d)"):format(opt.batch), "lua", 0, false)
 
 print(("\n%-28s %9s %10s %14s %10s"):format("stage", "seconds", "MB/s", "items/s", "peak RSS"))
 for _, r in ipairs(rows) do
   print(("%-28s %9.2f %10s %14s %8.0f MB"):format(r.name, r.seconds, r.mb > 0 and ("%.1f"):format(r.mb / r.seconds) or "-",
-    r.count and ("%.0f %s"):format(r.count / r.seconds, r.unit) or "-", r.rss_mb))
+    r.count and ("%.0f %s"):format(r.count / (r.rate_s or r.seconds), r.unit) or "-", r.rss_mb))
 end
-print(("\n(wall-clock per process on %d CPU threads; MB/s of the stage's input)"):format(require("bertlua").num_threads()))
+print(("\n(wall-clock per process on %d CPU threads; MB/s of the stage's input; loader rows: batches/s of the batch loop)")
+  :format(require("bertlua").num_threads()))
+print("\n" .. table.concat(loader_notes, "\n"))

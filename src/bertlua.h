@@ -11,4 +11,5 @@
 #include "bl_io.h"
 #include "bl_tokenizer.h"
 #include "bl_optim.h"
+#include "bl_loader.h"
 #endif

@@ -31,8 +31,10 @@
 --     uint16 length L, uint16 len_a (tokens of "[CLS] A [SEP]"), uint16 M (masked),
 --     uint8 next_sentence_label (1 = B is a random sentence), uint8 reserved,
 --     token ids[L] (token_bytes each, masks applied), uint16 positions[M], labels[M] (token_bytes each)
--- The loader memory-maps shards and refuses a file whose size, magic, version,
--- offsets, checksum or vocab hash is wrong, naming the file and the problem.
+-- The reader (C, src/data/shard.c) memory-maps shards and refuses a file whose
+-- size, magic, version, offsets, checksum, record lengths/positions/ids or vocab
+-- hash is wrong, naming the file and the problem. The loader (C with a prefetch
+-- thread, src/data/loader.c; contract in src/bl_loader.h) is described at M.Loader.
 local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local syn = require "bertlua.synthetic"
@@ -42,18 +44,7 @@ local M = {}
 M.MAGIC = "BLSHARD1"
 M.VERSION = 1
 
-pcall(ffi.cdef, [[
-typedef struct {
-  char magic[8]; uint32_t version; uint32_t header_bytes; uint64_t vocab_hash;
-  uint32_t vocab_size; uint32_t max_seq_length; uint32_t max_predictions; uint32_t flags;
-  float masked_lm_prob; uint32_t token_bytes; uint64_t seed; uint64_t num_instances;
-  uint64_t data_bytes; uint64_t checksum;
-} bl_shard_header;
-int open(const char *path, int flags);
-int close(int fd);
-void *mmap(void *addr, size_t len, int prot, int flags, int fd, int64_t off);
-int munmap(void *addr, size_t len);
-]])
+-- bl_shard_header and the shard reader/loader come from the C API (src/bl_loader.h)
 local HDR = ffi.sizeof("bl_shard_header")
 assert(HDR == 80)
 local FNV0 = 14695981039346656037ULL
@@ -262,81 +253,40 @@ function M.write_shard(path, records, o)
 end
 
 -- shard reader --------------------------------------------------------------------------
+-- Opening, validation and record access are C (src/data/shard.c), shared by both loaders.
 local Shard = {}
 Shard.__index = Shard
 
-local function bad(path, what) error(("shard %s: %s"):format(path, what), 0) end
-
+-- open_shard(path [, expect{ vocab_hash=, vocab=, max_seq_length= }]) -> shard with .path,
+-- .h (header), .n, .tb and :record(k). A file that fails a check raises "shard PATH: why".
 function M.open_shard(path, expect)
-  local fp = ffi.new("bl_file*[1]")
-  if C.bl_file_open_read(path, fp) ~= 0 then bad(path, "cannot open: " .. ffi.string(C.bl_last_error())) end
-  local sz = ffi.new("int64_t[1]")
-  C.bl_file_size(fp[0], sz)
-  C.bl_file_close(fp[0])
-  local size = tonumber(sz[0])
-  if size < HDR then bad(path, ("truncated: %d bytes, smaller than the %d-byte header"):format(size, HDR)) end
-  local fd = ffi.C.open(path, 0)
-  if fd < 0 then bad(path, "cannot open") end
-  local base = ffi.C.mmap(nil, size, 1, 2, fd, 0)
-  ffi.C.close(fd)
-  if ffi.cast("intptr_t", base) == -1 then bad(path, "mmap failed") end
-  local self = setmetatable({ path = path, base = ffi.cast("uint8_t*", base), size = size }, Shard)
-  local ok, err = pcall(function()
-    local h = ffi.cast("bl_shard_header*", base)
-    if ffi.string(h.magic, 8) ~= M.MAGIC then bad(path, "not a bertlua shard (wrong magic)") end
-    if h.version ~= M.VERSION then bad(path, ("format version %d, this bertlua reads version %d"):format(h.version, M.VERSION)) end
-    if h.header_bytes ~= HDR then bad(path, "header size " .. h.header_bytes .. " is wrong") end
-    local n = tonumber(h.num_instances)
-    local need = HDR + 8 * (n + 1) + tonumber(h.data_bytes)
-    if n < 0 or need ~= size then
-      bad(path, ("truncated or corrupt: header promises %d bytes, the file has %d"):format(need, size))
-    end
-    if h.token_bytes ~= 2 and h.token_bytes ~= 4 then bad(path, "token width " .. h.token_bytes .. " is invalid") end
-    local ck = C.bl_fnv1a64(self.base + HDR, size - HDR, FNV0)
-    if ck ~= h.checksum then bad(path, "checksum mismatch: the file is corrupt") end
-    if expect and expect.vocab_hash and h.vocab_hash ~= expect.vocab_hash then
-      bad(path, "was made with another vocabulary than " .. tostring(expect.vocab))
-    end
-    if expect and expect.max_seq_length and h.max_seq_length > expect.max_seq_length then
-      bad(path, ("holds sequences of up to %d tokens, more than the %d asked for"):format(h.max_seq_length, expect.max_seq_length))
-    end
-    local offs = ffi.cast("uint64_t*", self.base + HDR)
-    local data_start = HDR + 8 * (n + 1)
-    local prev = 0ULL
-    for k = 0, n do
-      local o = offs[k]
-      if o < prev or o > h.data_bytes then bad(path, ("offset %d of record %d is out of range"):format(tonumber(o), k)) end
-      prev = o
-    end
-    self.h, self.n, self.offs, self.data = h, n, offs, self.base + data_start
-    self.tb = h.token_bytes
-  end)
-  if not ok then self:close(); error(err, 0) end
-  return self
+  local ex = ffi.new("bl_shard_expect")
+  if expect then
+    ex.vocab_hash = expect.vocab_hash or 0
+    ex.vocab_name = expect.vocab and tostring(expect.vocab) or nil
+    ex.max_seq_length = expect.max_seq_length or 0
+  end
+  local out = ffi.new("bl_shard*[1]")
+  if C.bl_shard_open(path, ex, out) ~= 0 then error(ffi.string(C.bl_last_error()), 0) end
+  local c = ffi.gc(out[0], C.bl_shard_close)
+  local h = C.bl_shard_get_header(c)
+  return setmetatable({ path = path, c = c, h = h, n = tonumber(C.bl_shard_count(c)), tb = h.token_bytes,
+    rec = ffi.new("bl_shard_record") }, Shard)
 end
 
 function Shard:close()
-  if self.base ~= nil then ffi.C.munmap(self.base, self.size); self.base = nil end
+  if self.c ~= nil then C.bl_shard_close(ffi.gc(self.c, nil)); self.c, self.h = nil, nil end
 end
 
 -- record k (0-based): L, len_a, M, nsp, token pointer, positions pointer, labels pointer
 function Shard:record(k)
-  local p = self.data + self.offs[k]
-  local hdr = ffi.cast("uint16_t*", p)
-  local L, la, Mn = hdr[0], hdr[1], hdr[2]
-  local nsp = p[6]
-  local need = 8 + L * self.tb + Mn * 2 + Mn * self.tb
-  if self.offs[k] + need > self.offs[k + 1] then bad(self.path, "record " .. k .. " overruns its slot") end
-  local tok = p + 8
-  local pos = ffi.cast("uint16_t*", tok + L * self.tb)
-  local lab = ffi.cast("uint8_t*", pos + Mn)
-  return L, la, Mn, nsp, tok, pos, lab
+  local r = self.rec
+  if C.bl_shard_get_record(self.c, k, r) ~= 0 then error(ffi.string(C.bl_last_error()), 2) end
+  return r.length, r.len_a, r.num_masked, r.next_sentence_label, ffi.cast("const uint8_t*", r.tokens), r.positions,
+    ffi.cast("const uint8_t*", r.labels)
 end
 
--- loader ---------------------------------------------------------------------------------
-local Loader = {}
-Loader.__index = Loader
-
+-- loaders -------------------------------------------------------------------------------
 local function list_shards(dir, split)
   local f = io.popen("ls -1 '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
   local r = {}
@@ -349,29 +299,36 @@ local function list_shards(dir, split)
 end
 M.list_shards = list_shards
 
--- Loader{ dir=, split="train" | files={...}, batch_size=, rank=0, world_size=1, seed=,
---         max_seq_length=, max_predictions=, vocab=path (hash check), shuffle=true }
--- Every epoch is a permutation of all instances (seeded by seed and epoch);
--- rank r takes positions r, r+W, r+2W, ... of it, so ranks are disjoint and
--- together cover the epoch (the remainder beyond a multiple of W*batch is
--- dropped so that every rank runs the same number of steps).
-function M.Loader(o)
-  local files = o.files or list_shards(o.dir or ".", o.split)
-  if #files == 0 then
-    error(("data: no %s*.blshard files in %s"):format(o.split and (o.split .. "_") or "", tostring(o.dir)), 2)
+-- What dynamic masking needs from the vocabulary: the special ids and, for
+-- whole-word masking, which ids are "##" continuation pieces.
+local function mask_vocab(vocab, whole_word)
+  local Tok = require "bertlua.tokenizer"
+  local tk = Tok.load(vocab, { lower = true })
+  local v = { cls_id = tk.cls_id, sep_id = tk.sep_id, mask_id = tk.mask_id, vocab_size = tk.size }
+  if whole_word then
+    v.is_continuation = {}
+    for id = 0, tk.size - 1 do if tk:token(id):sub(1, 2) == "##" then v.is_continuation[id] = true end end
   end
-  local expect = { max_seq_length = o.max_seq_length }
-  if o.vocab then expect.vocab_hash, expect.vocab = M.vocab_hash(o.vocab), o.vocab end
-  local self = setmetatable({ shards = {}, starts = {}, batch = o.batch_size or 8, rank = o.rank or 0,
+  return v
+end
+
+-- The reference loader, in Lua (impl = "lua"): the C loader must give the same bits.
+local Loader = {}
+Loader.__index = Loader
+
+local function lua_loader(o, files, expect)
+  if o.bin_lengths then error("data: bin_lengths needs the C loader (impl = \"c\")", 3) end
+  local self = setmetatable({ impl = "lua", shards = {}, starts = {}, batch = o.batch_size or 8, rank = o.rank or 0,
     world = o.world_size or 1, seed = o.seed or 0, shuffle = o.shuffle ~= false, epoch = 0, pos = 0,
     max_pred = o.max_predictions }, Loader)
-  local total = 0
+  local total, whole_word = 0, false
   for i, path in ipairs(files) do
     local s = M.open_shard(path, expect)
     self.shards[i], self.starts[i] = s, total
     total = total + s.n
     self.max_pred = math.max(self.max_pred or 0, s.h.max_predictions)
     self.dynamic = self.dynamic or bit.band(s.h.flags, 1) ~= 0
+    whole_word = whole_word or bit.band(s.h.flags, 2) ~= 0
     self.masked_lm_prob = s.h.masked_lm_prob
     self.vocab_size = s.h.vocab_size
   end
@@ -379,14 +336,14 @@ function M.Loader(o)
   self.per_rank = math.floor(total / self.world)
   self.steps_per_epoch = math.floor(self.per_rank / self.batch)
   if self.steps_per_epoch == 0 then
-    error(("data: %d instances are not enough for %d rank(s) x batch %d"):format(total, self.world, self.batch), 2)
+    error(("data: %d instances are not enough for %d rank(s) x batch %d"):format(total, self.world, self.batch), 3)
   end
   if self.dynamic then
-    if not o.vocab then error("data: dynamic-masking shards need vocab= (for [MASK]/[CLS]/[SEP] ids)", 2) end
-    local Tok = require "bertlua.tokenizer"
-    local tk = Tok.load(o.vocab, { lower = true })
-    self.mask_opts = { cls_id = tk.cls_id, sep_id = tk.sep_id, mask_id = tk.mask_id, vocab_size = tk.size,
-      max_predictions = self.max_pred, masked_lm_prob = self.masked_lm_prob }
+    if not o.vocab then error("data: dynamic-masking shards need vocab= (for [MASK]/[CLS]/[SEP] ids)", 3) end
+    local v = mask_vocab(o.vocab, whole_word)
+    self.mask_opts = { cls_id = v.cls_id, sep_id = v.sep_id, mask_id = v.mask_id, vocab_size = v.vocab_size,
+      max_predictions = self.max_pred, masked_lm_prob = self.masked_lm_prob,
+      whole_word = whole_word, is_continuation = v.is_continuation }
   end
   self:_permute()
   return self
@@ -412,7 +369,6 @@ local function locate(self, g)
   return self.shards[lo], g - self.starts[lo]
 end
 
--- next() -> batch table of tensors (a new epoch starts transparently)
 function Loader:next()
   if self.pos >= self.steps_per_epoch then
     self.epoch, self.pos = self.epoch + 1, 0
@@ -465,11 +421,19 @@ function Loader:next()
     masked_lm_labels = mlab, next_sentence_labels = nspt }
 end
 
+local function check_state(self, s)
+  if type(s) ~= "table" then error("data: loader state must be a table from state()", 3) end
+  if s.seed ~= self.seed then error(("data: loader state has seed %s, this loader %s"):format(tostring(s.seed), tostring(self.seed)), 3) end
+  if (s.bin_lengths or 0) ~= (self.bin_window or 0) then
+    error(("data: loader state has length binning %s, this loader %s"):format(tostring(s.bin_lengths or "off"),
+      self.bin_window and tostring(self.bin_window) or "off"), 3)
+  end
+end
+
 function Loader:state() return { epoch = self.epoch, pos = self.pos, seed = self.seed } end
 
 function Loader:set_state(s)
-  if type(s) ~= "table" then error("data: loader state must be a table from state()", 2) end
-  if s.seed ~= self.seed then error(("data: loader state has seed %s, this loader %s"):format(tostring(s.seed), tostring(self.seed)), 2) end
+  check_state(self, s)
   self.epoch, self.pos = s.epoch, s.pos
   self:_permute()
 end
@@ -477,6 +441,162 @@ end
 function Loader:close()
   for _, s in ipairs(self.shards) do s:close() end
   self.shards = {}
+end
+
+-- The C loader (default): src/data/loader.c, batches prepared on a prefetch thread.
+local CLoader = {}
+CLoader.__index = CLoader
+
+-- flags of the shards' headers (1 dynamic masking, 2 whole word), read without
+-- checks: only to know whether the vocabulary is needed (C validates the files)
+local function peek_flags(files)
+  local flags = 0
+  for _, path in ipairs(files) do
+    local f = io.open(path, "rb")
+    local h = f and f:read(HDR)
+    if f then f:close() end
+    if h and #h == HDR and h:sub(1, 8) == M.MAGIC then
+      flags = bit.bor(flags, ffi.cast("const bl_shard_header*", h).flags)
+    end
+  end
+  return flags
+end
+
+local function c_loader(o, files, expect)
+  local co = ffi.new("bl_loader_options")
+  co.batch_size, co.rank, co.world_size = o.batch_size or 8, o.rank or 0, o.world_size or 1
+  co.seed, co.shuffle = o.seed or 0, o.shuffle ~= false and 1 or 0
+  co.max_seq_length, co.max_predictions = o.max_seq_length or 0, o.max_predictions or 0
+  co.prefetch = o.prefetch or 4
+  local bin = o.bin_lengths
+  if bin == true then bin = M.BIN_WINDOW elseif not bin then bin = 0 end
+  if type(bin) ~= "number" or bin < 0 then error("data: bin_lengths must be true, false or a number of steps", 3) end
+  co.bin_window = bin
+  co.vocab_hash, co.vocab_name = expect.vocab_hash or 0, expect.vocab
+  co.mask_id = -1
+  local keep = {}   -- arrays C reads during open (it copies them), alive until the call returns
+  local flags = peek_flags(files)
+  if bit.band(flags, 1) ~= 0 and o.vocab then
+    local whole_word = bit.band(flags, 2) ~= 0
+    local v = mask_vocab(o.vocab, whole_word)
+    co.cls_id, co.sep_id, co.mask_id, co.vocab_size = v.cls_id, v.sep_id, v.mask_id, v.vocab_size
+    if whole_word then
+      local cont = ffi.new("uint8_t[?]", v.vocab_size)
+      for id in pairs(v.is_continuation) do cont[id] = 1 end
+      co.is_continuation, keep[1] = cont, cont
+    end
+  end
+  local paths = ffi.new("const char*[?]", #files)
+  for i, p in ipairs(files) do paths[i - 1] = p end
+  local out = ffi.new("bl_loader*[1]")
+  if C.bl_loader_open(paths, #files, co, out) ~= 0 then error(ffi.string(C.bl_last_error()), 3) end
+  local c = ffi.gc(out[0], C.bl_loader_close)
+  local info = ffi.new("bl_loader_info")
+  check(C.bl_loader_get_info(c, info))
+  local self = setmetatable({ impl = "c", c = c, batch = tonumber(co.batch_size), rank = co.rank, world = co.world_size,
+    seed = o.seed or 0, shuffle = o.shuffle ~= false, epoch = 0, pos = 0, bin_window = bin > 0 and bin or nil,
+    total = tonumber(info.total), per_rank = tonumber(info.per_rank), steps_per_epoch = tonumber(info.steps_per_epoch),
+    max_pred = info.max_predictions, max_length = info.max_length, dynamic = info.dynamic ~= 0,
+    whole_word = info.whole_word ~= 0, masked_lm_prob = info.masked_lm_prob, prefetch = info.prefetch,
+    _b = ffi.new("bl_loader_batch"), _i64 = ffi.new("int64_t[2]") }, CLoader)
+  return self
+end
+
+local function alive(self)
+  if self.c == nil then error("data: the loader is closed", 3) end
+  return self.c
+end
+
+function CLoader:next()
+  local b = self._b
+  if C.bl_loader_next(alive(self), b) ~= 0 then error(ffi.string(C.bl_last_error()), 2) end
+  local wrap = bl.wrap
+  self.epoch, self.pos = tonumber(b.epoch), tonumber(b.pos) + 1
+  local batch = { input_ids = wrap(b.input_ids), token_type_ids = wrap(b.token_type_ids),
+    attention_mask = wrap(b.attention_mask), masked_lm_positions = wrap(b.masked_lm_positions),
+    masked_lm_labels = wrap(b.masked_lm_labels), next_sentence_labels = wrap(b.next_sentence_labels) }
+  -- The GC cannot see a batch's C memory and this loader makes little Lua
+  -- garbage: when the previous batch was dropped rather than freed
+  -- (free_batch), count its bytes as allocated so the GC collects it as
+  -- promptly as the Lua loader's garbage would have been.
+  local prev = self._prev
+  if prev and prev.storage_ ~= nil then collectgarbage("step", self._prev_kb) end
+  self._prev, self._prev_kb = batch.input_ids, math.ceil(tonumber(C.bl_tensor_nbytes(batch.input_ids)) * 3 / 1024)
+  return batch
+end
+
+-- (kept on the Lua side after each call, so a closed loader still tells where it was)
+function CLoader:state()
+  return { epoch = self.epoch, pos = self.pos, seed = self.seed, bin_lengths = self.bin_window }
+end
+
+function CLoader:set_state(s)
+  check_state(self, s)
+  if C.bl_loader_set_state(alive(self), s.epoch, s.pos) ~= 0 then error(ffi.string(C.bl_last_error()), 2) end
+  self.epoch, self.pos = s.epoch, s.pos
+end
+
+-- stats() -> { batches, waits (next() found nothing prefetched), wait_seconds,
+--             tokens, padded (B*S summed), padding (fraction of padded slots) }
+function CLoader:stats()
+  local st = ffi.new("bl_loader_stats")
+  check(C.bl_loader_get_stats(alive(self), st))
+  local padded = tonumber(st.padded)
+  return { batches = tonumber(st.batches), waits = tonumber(st.waits), wait_seconds = st.wait_seconds,
+    tokens = tonumber(st.tokens), padded = padded, padding = padded > 0 and 1 - tonumber(st.tokens) / padded or 0 }
+end
+
+-- instance_at(epoch, pos, b) -> index (0-based, into the concatenated shards) of
+-- row b (0-based) of step pos (0-based) of that epoch, for this loader's rank
+function CLoader:instance_at(epoch, pos, b)
+  local v = self._i64
+  check(C.bl_loader_instance_at(alive(self), epoch, pos, b, v))
+  return tonumber(v[0])
+end
+
+function CLoader:close()
+  if self.c ~= nil then C.bl_loader_close(ffi.gc(self.c, nil)); self.c = nil end
+  self._prev = nil
+end
+
+-- free_batch(batch): release a batch's tensors now instead of at GC.
+function M.free_batch(batch)
+  for _, t in pairs(batch) do t:free() end
+end
+
+-- Default length-binning window (steps) for bin_lengths = true.
+M.BIN_WINDOW = 64
+
+-- Loader{ dir=, split="train" | files={...}, batch_size=, rank=0, world_size=1, seed=,
+--         max_seq_length=, max_predictions=, vocab=path (hash check; ids for dynamic masking),
+--         shuffle=true, prefetch=4, bin_lengths=false|true|steps, impl="c"|"lua" }
+-- Every epoch is a permutation of all instances (seeded by seed and epoch);
+-- rank r takes positions r, r+W, r+2W, ... of it, so ranks are disjoint and
+-- together cover the epoch (the remainder beyond a multiple of W*batch is
+-- dropped so that every rank runs the same number of steps). Batches are padded
+-- to their longest sequence (rounded up to 8). next() -> { input_ids,
+-- token_type_ids, attention_mask [B,S], masked_lm_positions, masked_lm_labels
+-- [B,P], next_sentence_labels [B] } (int32 CPU tensors); a new epoch starts
+-- transparently. state()/set_state() save and restore the position exactly.
+--
+-- impl="c" (default) is src/data/loader.c: a thread prepares the next `prefetch`
+-- batches while training runs (prefetch=0: no thread); bin_lengths sorts the
+-- sequences by length within windows of that many steps (true: M.BIN_WINDOW) and
+-- shuffles the steps of each window, so batches pad less (useful for phase 2);
+-- the order stays a function of seed and epoch and every instance is still seen
+-- once per epoch. impl="lua" is the reference implementation: the C loader
+-- returns the same bits for the same options (tests/lua/test_loader.lua).
+function M.Loader(o)
+  local files = o.files or list_shards(o.dir or ".", o.split)
+  if #files == 0 then
+    error(("data: no %s*.blshard files in %s"):format(o.split and (o.split .. "_") or "", tostring(o.dir)), 2)
+  end
+  local expect = { max_seq_length = o.max_seq_length }
+  if o.vocab then expect.vocab_hash, expect.vocab = M.vocab_hash(o.vocab), o.vocab end
+  local impl = o.impl or "c"
+  if impl == "c" then return c_loader(o, files, expect) end
+  if impl == "lua" then return lua_loader(o, files, expect) end
+  error("data: impl must be \"c\" or \"lua\", got " .. tostring(impl), 2)
 end
 
 return M

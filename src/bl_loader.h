@@ -1,0 +1,163 @@
+/* bertlua — pre-training shards and the batch loader (lua/bertlua/pretraining_data.lua
+ * wraps this as pretraining_data.Loader).
+ *
+ * Shard file format BLSHARD1 (little-endian), documented in full at the top of
+ * lua/bertlua/pretraining_data.lua, which writes it: an 80-byte header
+ * (bl_shard_header), uint64 offsets[N + 1], then N records
+ *   uint16 L, uint16 len_a, uint16 M, uint8 nsp, uint8 reserved,
+ *   token ids[L], uint16 positions[M], labels[M]   (ids/labels token_bytes wide).
+ *
+ * bl_shard_open memory-maps a file and refuses it (BL_EFORMAT, message
+ * "shard PATH: what failed") unless: the size covers the header; magic,
+ * version, header size and token width are right; header + offsets + data
+ * bytes equal the file size; offsets are non-decreasing and within the data;
+ * the FNV-1a checksum matches; every record fits its slot, has
+ * 1 <= L <= max_seq_length of its header, len_a <= L, M <= L, positions < L,
+ * token ids and labels < vocab_size; and, when asked, the vocabulary hash and
+ * a maximum sequence length match. After that nothing is read out of bounds.
+ *
+ * The loader (bl_loader_open) opens a list of shards as one dataset of
+ * `total` instances and serves batches for rank r of W:
+ *   - epoch e is a permutation of all instances: the identity when shuffle is
+ *     off, otherwise a Fisher-Yates shuffle with xorshift64* seeded by
+ *     seed*1000003 + e (the stream of bertlua.synthetic.rng);
+ *   - step p of rank r takes entries (p*B + b)*W + r, b = 0..B-1, of it, so
+ *     ranks are disjoint and all ranks of a step read one contiguous block of
+ *     B*W entries; steps_per_epoch = floor(floor(total / W) / B) (the rest of
+ *     the epoch is dropped so every rank runs the same number of steps);
+ *   - length binning (bin_window = K > 0): the used part of the permutation is
+ *     cut into windows of K steps (K*B*W entries), each window is sorted by
+ *     sequence length (ties by permutation order) and its K step blocks are
+ *     shuffled (seeded by seed and epoch), so a batch holds sequences of
+ *     similar length and pads less, each instance is still seen once per
+ *     epoch, and the order is a function of (seed, epoch, B, W, K) only;
+ *   - dynamic masking (shards with flag 1): instance i of epoch e is masked with
+ *     the rng seeded by (seed*1000003 + e)*1000003 + i, by the algorithm of
+ *     pretraining_data.mask (15% of tokens, capped; never [CLS]/[SEP];
+ *     80% [MASK] / 10% unchanged / 10% random; whole words when the shard
+ *     has flag 2 and is_continuation is given). The seed arithmetic is done in
+ *     double, as the Lua reference does it, so both give the same bits.
+ * A batch is padded to its longest sequence rounded up to a multiple of 8
+ * (at least 8): input_ids, token_type_ids, attention_mask int32 [B, S],
+ * masked_lm_positions int32 [B, P] (0 padded), masked_lm_labels int32 [B, P]
+ * (-1 padded), next_sentence_labels int32 [B]; P = max(max_predictions, the
+ * shards' max_predictions).
+ *
+ * Prefetch: with prefetch = K > 0 a thread builds the next K batches, each in
+ * its own new CPU tensors, into a ring; bl_loader_next hands the oldest over
+ * (no copy; the caller owns and frees them). prefetch = 0 builds on the call.
+ * The position (epoch, pos) is that of the consumer, not of the thread:
+ * bl_loader_set_state discards what was prefetched, and bl_loader_close joins
+ * the thread. One loader is driven from one thread at a time.
+ */
+#ifndef BL_LOADER_H
+#define BL_LOADER_H
+#include "bl_base.h"
+#include "bl_tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* BL_CDEF_BEGIN */
+typedef struct bl_shard_header {
+  char magic[8]; uint32_t version; uint32_t header_bytes; uint64_t vocab_hash;
+  uint32_t vocab_size; uint32_t max_seq_length; uint32_t max_predictions; uint32_t flags;
+  float masked_lm_prob; uint32_t token_bytes; uint64_t seed; uint64_t num_instances;
+  uint64_t data_bytes; uint64_t checksum;
+} bl_shard_header;
+
+enum { BL_SHARD_DYNAMIC_MASKING = 1, BL_SHARD_WHOLE_WORD = 2 };
+
+typedef struct bl_shard bl_shard;
+
+/* What the caller expects of a shard; zero fields are not checked. */
+typedef struct bl_shard_expect {
+  uint64_t vocab_hash;
+  const char *vocab_name;   /* named when the hash differs */
+  int32_t max_seq_length;
+  int32_t pad_;
+} bl_shard_expect;
+
+/* One record; pointers into the mapping, valid until bl_shard_close. */
+typedef struct bl_shard_record {
+  int32_t length, len_a, num_masked, next_sentence_label;
+  const void *tokens;       /* length ids, token_bytes each */
+  const uint16_t *positions;/* num_masked */
+  const void *labels;       /* num_masked ids, token_bytes each */
+} bl_shard_record;
+
+int bl_shard_open(const char *path, const bl_shard_expect *expect, bl_shard **out);
+const bl_shard_header *bl_shard_get_header(const bl_shard *s);
+int64_t bl_shard_count(const bl_shard *s);
+int bl_shard_get_record(const bl_shard *s, int64_t k, bl_shard_record *rec);  /* k 0-based */
+void bl_shard_close(bl_shard *s);
+
+typedef struct bl_loader bl_loader;
+
+typedef struct bl_loader_options {
+  int64_t batch_size;
+  int32_t rank, world_size;
+  double seed;              /* a number, as Lua has it: seeds are derived in double */
+  int32_t shuffle;          /* 0: every epoch in file order */
+  int32_t max_seq_length;   /* shards holding longer sequences are refused; 0: no check */
+  int32_t max_predictions;  /* masked slots per sequence (at least the shards') */
+  int32_t prefetch;         /* batches prepared ahead on a thread; 0: no thread */
+  int32_t bin_window;       /* length binning over this many steps; 0: off */
+  int32_t pad_;
+  uint64_t vocab_hash;      /* 0: not checked */
+  const char *vocab_name;
+  /* dynamic masking (needed only when a shard has BL_SHARD_DYNAMIC_MASKING) */
+  int32_t cls_id, sep_id, mask_id, vocab_size;   /* mask_id < 0: no vocabulary given */
+  const uint8_t *is_continuation;  /* [vocab_size] 1 for "##" pieces, or NULL; copied */
+} bl_loader_options;
+
+typedef struct bl_loader_info {
+  int64_t total;            /* instances in all shards */
+  int64_t per_rank;         /* floor(total / world_size) */
+  int64_t steps_per_epoch;
+  int32_t max_predictions;  /* P */
+  int32_t max_length;       /* longest sequence in the shards */
+  int32_t dynamic;          /* 1 when masks are drawn by the loader */
+  int32_t whole_word;       /* 1 when dynamic masks cover whole words */
+  int32_t num_shards;
+  int32_t prefetch;
+  double masked_lm_prob;
+} bl_loader_info;
+
+typedef struct bl_loader_batch {
+  bl_tensor *input_ids, *token_type_ids, *attention_mask;      /* int32 [B, S] */
+  bl_tensor *masked_lm_positions, *masked_lm_labels;           /* int32 [B, P] */
+  bl_tensor *next_sentence_labels;                             /* int32 [B] */
+  int64_t epoch, pos;       /* where this batch is in the epoch order (pos 0-based) */
+  int64_t tokens;           /* real (unpadded) tokens in the batch */
+} bl_loader_batch;
+
+typedef struct bl_loader_stats {
+  int64_t batches;          /* returned by bl_loader_next */
+  int64_t waits;            /* times bl_loader_next found no batch ready */
+  double wait_seconds;      /* time spent waiting for the prefetch thread */
+  int64_t tokens, padded;   /* real tokens and B*S summed over returned batches */
+} bl_loader_stats;
+
+int bl_loader_open(const char **paths, int32_t num_paths, const bl_loader_options *opts, bl_loader **out);
+int bl_loader_get_info(const bl_loader *l, bl_loader_info *info);
+/* The next batch; starts the next epoch transparently. The tensors are the
+ * caller's (bl_tensor_free). Fails only when memory runs out; the same step is
+ * then tried again by the next call. */
+int bl_loader_next(bl_loader *l, bl_loader_batch *out);
+/* (epoch, pos): the batch the next call returns is step pos of epoch epoch
+ * (pos == steps_per_epoch means the first step of epoch + 1). */
+int bl_loader_get_state(const bl_loader *l, int64_t *epoch, int64_t *pos);
+int bl_loader_set_state(bl_loader *l, int64_t epoch, int64_t pos);
+int bl_loader_get_stats(const bl_loader *l, bl_loader_stats *st);
+/* Instance index (into the concatenated shards) of row b of step pos of epoch
+ * epoch for this loader's rank: the order, for tests and tools. */
+int bl_loader_instance_at(bl_loader *l, int64_t epoch, int64_t pos, int64_t b, int64_t *index);
+void bl_loader_close(bl_loader *l);   /* joins the thread, unmaps the shards; NULL is fine */
+/* BL_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
