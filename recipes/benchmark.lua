@@ -3,12 +3,25 @@
 --
 --   bertlua recipes/benchmark.lua --model=mini --seq=128 --batch=32 --steps=10 [--compare=torch]
 --   bertlua recipes/benchmark.lua --model=base --seq=384 --batch=8 --infer
+--   bertlua recipes/benchmark.lua --model=large --device=cuda --precision=bf16 --batch=64 --compare=torch
 --
 -- A training step is what pre-training does: forward of BertForPreTraining
 -- (MLM decoder on the masked positions only, NSP), backward into the flat
 -- gradient buffer, and a plain SGD update over the flat parameter buffer.
 -- Both sides use the same shapes, --threads threads, dropout --dropout, and
 -- a batch with the last seq/8 tokens of every sequence padded.
+-- On a GPU (--device=cuda[:N]) the model runs there (model:to), the SGD update
+-- is one fused tensor op over the flat buffer, --precision picks fp32, tf32
+-- (f32 GEMMs on TF32 tensor cores) or bf16 (bf16 compute copy of the weights
+-- and bf16 activations, f32 master weights and gradients), and
+-- --compare=torch runs tests/py/bench_bert_torch.py on the same GPU (bf16 =
+-- torch.autocast, fused SDPA attention). Throughput is also given as model
+-- FLOP/s and MFU: training FLOPs per step = 6 N B S (N = encoder matmul
+-- weights 12 L H^2 + pooler H^2, all S positions, padding included)
+-- + 12 L H S^2 B (attention scores and context, forward + backward)
+-- + 6 M (H^2 + H V) (MLM transform and decoder at the M = B * masked positions
+-- only); inference is a third of the encoder part. MFU divides by the
+-- device's dense peak for the precision (--peak_tflops overrides).
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local config = require "bertlua.config"
@@ -21,7 +34,9 @@ local opt = options.parse(arg, {
   { "batch", 32, "sequences per step" },
   { "steps", 10, "timed steps" },
   { "warmup", 2, "untimed steps first" },
-  { "device", "cpu", "cpu (cuda once the CUDA kernels land)" },
+  { "device", "cpu", "cpu, cuda or cuda:N" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 (tf32 and bf16 need a GPU)" },
+  { "peak_tflops", 0, "peak TFLOP/s for MFU (0 = known GPUs by name)" },
   { "threads", 0, "CPU threads for us and for PyTorch (0 = bertlua's default)" },
   { "masked", 20, "masked positions per sequence (MLM decoder rows)" },
   { "dropout", 0.1, "hidden and attention dropout" },
@@ -32,7 +47,20 @@ local opt = options.parse(arg, {
 }, { usage = "bertlua recipes/benchmark.lua [options]" })
 print("benchmark options:\n" .. options.show(opt))
 
-if opt.device ~= "cpu" then error("benchmark: device '" .. opt.device .. "' is not available in this build (cpu)", 0) end
+local dev = bl.device_of(opt.device, "benchmark")
+local on_gpu = dev >= 0
+if opt.precision ~= "fp32" and opt.precision ~= "tf32" and opt.precision ~= "bf16" then
+  error("benchmark: --precision must be fp32, tf32 or bf16, got " .. tostring(opt.precision), 0)
+end
+if on_gpu then
+  if not bl.cuda_compiled() then error("benchmark: --device=" .. opt.device .. " but this bertlua was built without CUDA", 0) end
+  if dev >= bl.cuda_device_count() then
+    error(("benchmark: --device=%s but %d CUDA device(s) are visible"):format(opt.device, bl.cuda_device_count()), 0)
+  end
+  bl.C.bl_cuda_set_tf32(opt.precision == "tf32" and 1 or 0)
+elseif opt.precision ~= "fp32" then
+  error("benchmark: --precision=" .. opt.precision .. " needs --device=cuda", 0)
+end
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 local threads = bl.num_threads()
 
@@ -47,9 +75,15 @@ local B, S, V = opt.batch, opt.seq, cfg.vocab_size
 if S > cfg.max_position_embeddings then cfg.max_position_embeddings = S end
 
 local model = bert.BertForPreTraining(cfg, { seed = 1 })
+local devname = "cpu"
+if on_gpu then
+  model:to{ device = dev, dtype = opt.precision == "bf16" and "bf16" or "f32" }
+  local nb = bl.ffi.new("char[256]")
+  if bl.C.bl_cuda_device_name(dev, nb, 256) == 0 then devname = bl.ffi.string(nb) end
+end
 if opt.infer then model:eval() else model:train() end
-print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads"):format(cfg.num_hidden_layers,
-  cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads))
+print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
+  cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads, devname, opt.precision))
 
 -- a fixed batch: random tokens, last S/8 padded, `masked` MLM positions per sequence
 local pad = math.floor(S / 8)
@@ -75,8 +109,27 @@ local batch = {
   next_sentence_labels = bl.from((function() local t = {} for b = 1, B do t[b] = b % 2 end return t end)(), { dtype = "i32" }),
 }
 
-local n = model.flat_params:numel()
-local p, g = model.flat_params:ptr(), model.flat_grads:ptr()
+local update
+if on_gpu then
+  -- the batch lives on the GPU once (positions/labels stay on the host: the
+  -- model reads them to pick the masked rows); SGD is two fused launches
+  for _, k in ipairs({ "input_ids", "attention_mask", "token_type_ids", "next_sentence_labels" }) do
+    batch[k] = batch[k]:to(opt.device)
+  end
+  local C, check = bl.C, require("bertlua.core").check
+  local upd = bl.empty({ model.flat_params:numel() }, { device = dev })
+  update = function(lr)
+    check(C.bl_affine(upd, model.flat_grads, -lr, 0))
+    check(C.bl_binary(0, model.flat_params, model.flat_params, upd))
+    model:sync_compute()
+  end
+else
+  local n = model.flat_params:numel()
+  local p, g = model.flat_params:ptr(), model.flat_grads:ptr()
+  update = function(lr)
+    for i = 0, n - 1 do p[i] = p[i] - lr * g[i] end
+  end
+end
 local function step()
   if opt.infer then
     model.bert:forward(batch)
@@ -85,20 +138,60 @@ local function step()
   model:zero_grad()
   local out = model:forward(batch)
   model:backward()
-  local lr = opt.lr
-  for i = 0, n - 1 do p[i] = p[i] - lr * g[i] end
+  update(opt.lr)
   return out.loss
 end
+local function sync() if on_gpu then require("bertlua.core").check(bl.C.bl_cuda_synchronize(dev)) end end
 
 for _ = 1, opt.warmup do step() end
+sync()
 local t0 = log.clock()
 for _ = 1, opt.steps do step() end
+sync()
 local dt = log.clock() - t0
 local ours = B * opt.steps / dt
-print(("bertlua: %.2f seq/s (%.1f ms/step, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
-  opt.infer and "inference" or "training", threads))
+print(("bertlua: %.2f seq/s (%.1f ms/step, %s, %s, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
+  opt.infer and "inference" or "training", opt.device, opt.precision, threads))
 
-if opt.compare == "torch" then
+-- model FLOPs (see the header) and MFU against the device's dense peak
+local L, H = cfg.num_hidden_layers, cfg.hidden_size
+local enc = 2 * (12 * L * H * H * S + H * H) + 4 * L * H * S * S   -- forward, per sequence
+local flops = opt.infer and enc * B or (3 * enc * B + 6 * B * opt.masked * (H * H + H * V))
+local PEAK = {  -- dense TFLOP/s: { bf16, tf32, fp32 }
+  { "H200", 989.4, 494.7, 66.9 }, { "H100 PCIe", 756, 378, 51.2 }, { "H100", 989.4, 494.7, 66.9 },
+  { "A100", 312, 156, 19.5 }, { "L40S", 362, 183, 91.6 }, { "A10", 125, 62.5, 31.2 },
+}
+local peak = opt.peak_tflops > 0 and opt.peak_tflops or nil
+if not peak and on_gpu then
+  for _, e in ipairs(PEAK) do
+    if devname:find(e[1], 1, true) then
+      peak = opt.precision == "bf16" and e[2] or opt.precision == "tf32" and e[3] or e[4]
+      break
+    end
+  end
+end
+local achieved = flops * opt.steps / dt / 1e12
+print(("model FLOPs: %.3g per step, %.1f TFLOP/s%s"):format(flops, achieved,
+  peak and ("; MFU %.1f%% of %.0f TFLOP/s (%s)"):format(100 * achieved / peak, peak, opt.precision) or ""))
+
+if opt.compare == "torch" and on_gpu then
+  local cmd = ("%s tests/py/bench_bert_torch.py --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d --masked %d --warmup %d --dropout %g --lr %g --device %s --precision %s%s 2>&1")
+    :format(opt.python, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
+      threads, V, opt.masked, opt.warmup, opt.dropout, opt.lr, opt.device == "cuda" and "cuda:0" or opt.device,
+      opt.precision, opt.infer and " --infer" or "")
+  local f = io.popen(cmd)
+  local out = f:read("*a")
+  f:close()
+  io.write(out)
+  local theirs = tonumber(out:match("torch: ([%d%.]+) seq/s"))
+  if theirs then
+    print(("ratio bertlua/torch: %.2fx"):format(ours / theirs))
+    print(("torch model FLOP/s: %.1f TFLOP/s%s"):format(flops * theirs / B / 1e12,
+      peak and (", MFU %.1f%%"):format(100 * flops * theirs / B / 1e12 / peak) or ""))
+  else
+    print("torch comparison failed (see output above)")
+  end
+elseif opt.compare == "torch" then
   local cmd = ("%s tests/py/bert_reference.py bench --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d --masked %d --warmup %d --dropout %g%s 2>&1")
     :format(opt.python, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
       threads, V, opt.masked, opt.warmup, opt.dropout, opt.infer and " --infer" or "")

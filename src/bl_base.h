@@ -51,6 +51,13 @@ int bl_cuda_compiled(void);      /* 1 when built with the CUDA backend */
 int bl_nccl_compiled(void);
 int bl_cuda_device_count(void);  /* 0 when no driver/GPU or CPU-only build */
 int bl_cuda_device_name(int device, char *buf, int buflen);
+/* Waits for the work queued on cuda:N (kernels run asynchronously; timings
+ * and host reads of device memory wait here). Error in a CPU-only build. */
+int bl_cuda_synchronize(int device);
+/* f32 GEMMs on TF32 tensor cores (1) or in full f32 (0, the default); global,
+ * like torch.backends.cuda.matmul.allow_tf32. No-op in a CPU-only build. */
+void bl_cuda_set_tf32(int enable);
+int bl_cuda_get_tf32(void);
 int bl_num_threads(void);
 void bl_set_num_threads(int n);
 /* FNV-1a 64-bit hash of n bytes, continuing from h (start with 14695981039346656037). */

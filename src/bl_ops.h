@@ -22,8 +22,12 @@
  *    (offset + i/4), lane i%4, u = (x >> 8) * 2^-24, keep = (u >= p), kept
  *    values scaled by 1/(1-p). The same (seed, offset) gives the same mask on
  *    every device; an op consumes ceil(numel/4) counter blocks.
- *  - Device >= 0 (cuda:N) returns BL_EUNSUPPORTED until the CUDA twin
- *    (kernels/<op>.cu) plugs in behind the same entry point.
+ *  - Tensors on cuda:N run the CUDA twin (kernels/<op>.cu, contracts in
+ *    src/device/cuda_ops.h) behind the same entry point; all tensors of a
+ *    call must be on one device (else an error naming both). Attention has a
+ *    device-independent pair (bl_attention_*_saved) because the two devices
+ *    save different state for backward. A CPU-only build reports cuda
+ *    tensors as an error.
  */
 #ifndef BL_OPS_H
 #define BL_OPS_H
@@ -128,6 +132,30 @@ int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_
                           const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
                           const bl_tensor *probs, int heads, double scale, double p,
                           uint64_t seed, uint64_t offset);
+
+/* ---- the same attention on any device. What forward saves for backward
+ * depends on the device: the CPU op above keeps the probabilities; the CUDA
+ * kernel (flash-style, S x S never in memory) keeps the row logsumexp
+ * lse[b,h,q] = log sum_k exp(score[q,k]) (scaled and masked scores, before
+ * dropout) and recomputes P in backward, for which it needs the forward
+ * output ctx and the same key_mask again. These entry points carry both, so a
+ * module never asks which device it runs on:
+ *  - bl_attention_saved_shape(device, B, S, heads, shape[4]) returns the ndim
+ *    of `saved` and fills shape: 4 = [B, heads, S, S] on the CPU, 3 =
+ *    [B, heads, S] on cuda:N. `saved` is a contiguous f32 tensor.
+ *  - bl_attention_forward_saved: on the CPU exactly bl_attention_forward
+ *    (saved = probs, bitwise the same results); on cuda the fused kernel.
+ *  - bl_attention_backward_saved: ctx (the forward's output) and key_mask
+ *    (the forward's, may be NULL) are read on cuda and ignored on the CPU.
+ * Dropout mask, scale, p, seed, offset: as above, identical on both devices. */
+int bl_attention_saved_shape(int device, int64_t batch, int64_t seq, int heads, int64_t *shape);
+int bl_attention_forward_saved(bl_tensor *ctx, bl_tensor *saved, const bl_tensor *q, const bl_tensor *k,
+                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
+                               double p, uint64_t seed, uint64_t offset);
+int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                                const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                                const bl_tensor *ctx, const bl_tensor *saved, const bl_tensor *key_mask,
+                                int heads, double scale, double p, uint64_t seed, uint64_t offset);
 
 /* ---- gather rows at flat positions: out[j, :] = x[pos[j], :], x viewed as
  * [rows, H] (e.g. [B, S, H] with pos = b*S + s of each masked token), pos [M]

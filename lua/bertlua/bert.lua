@@ -19,6 +19,10 @@
 -- attention_mask [B,S] (1 = token, 0 = padding; default all 1).
 -- Every module keeps its activations for backward and reuses its buffers
 -- while shapes repeat; the returned tensors are those buffers.
+-- Devices: model:to("cuda:0") (nn.Module:to) runs the model on a GPU; batch
+-- tensors (ids, masks, labels) may stay on the CPU, they are copied to the
+-- model's device here. Results (losses, counts, accuracies) come back as Lua
+-- numbers as on the CPU; returned tensors live on the model's device.
 local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local nn = require "bertlua.nn"
@@ -30,6 +34,14 @@ local M = {}
 M.config = config
 
 local i64box = ffi.typeof("int64_t[1]")
+
+-- t on the module's device (a copy when it lives elsewhere; t itself on the CPU path)
+local function on_device(self, t)
+  local d = self.device
+  if t == nil or d == nil or t.device_ == d then return t end
+  return t:to{ device = d }
+end
+M.on_device = on_device
 
 local function as_ids(t, what)
   if t == nil then return nil end
@@ -53,17 +65,18 @@ end
 -- position ids 0..S-1 per row, cached per shape
 local function position_ids(self, B, S)
   local p = self._pos
-  if p and p:size(1) == B and p:size(2) == S then return p end
+  if p and p:size(1) == B and p:size(2) == S and p.device_ == (self.device or -1) then return p end
   p = bl.empty({ B, S }, { dtype = "i32" })
   local ptr = p:ptr()
   for b = 0, B - 1 do for s = 0, S - 1 do ptr[b * S + s] = s end end
+  p = on_device(self, p)
   self._pos = p
   return p
 end
 local function zero_types(self, B, S)
   local t = self._zero_types
-  if t and t:size(1) == B and t:size(2) == S then return t end
-  t = bl.zeros({ B, S }, { dtype = "i32" })
+  if t and t:size(1) == B and t:size(2) == S and t.device_ == (self.device or -1) then return t end
+  t = bl.zeros({ B, S }, { dtype = "i32", device = self.device })
   self._zero_types = t
   return t
 end
@@ -126,8 +139,8 @@ end
 function BertSelfAttention:_after_flatten()
   local H = self.cfg.hidden_size
   local q, k, v = self.query, self.key, self.value
-  local function adjacent(a, b, n)
-    return ffi.cast("char*", b.data_) - ffi.cast("char*", a.data_) == n * 4
+  local function adjacent(a, b, n)  -- b starts n elements after a (f32 or a half compute copy)
+    return ffi.cast("char*", b.data_) - ffi.cast("char*", a.data_) == n * C.bl_dtype_size(a.dtype_)
   end
   self._qkv = nil
   if q.weight and adjacent(q.weight, k.weight, H * H) and adjacent(k.weight, v.weight, H * H)
@@ -165,10 +178,22 @@ function BertSelfAttention:forward(x, mask)
     self._used_fused = false
   end
   local ctx = buf(self, "output", { B, S, H })
-  local probs = buf(self, "probs", { B, self.heads, S, S })
+  -- what backward needs: the probabilities [B,heads,S,S] on the CPU (self.probs),
+  -- the row logsumexp [B,heads,S] on a GPU (self.lse); see bl_attention_saved_shape
+  local saved
+  if self.device then
+    local sh = ffi.new("int64_t[4]")
+    local nd = C.bl_attention_saved_shape(self.device, B, S, self.heads, sh)
+    local shape = {}
+    for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
+    saved = buf(self, "lse", shape, "f32")
+  else
+    saved = buf(self, "probs", { B, self.heads, S, S }, "f32")
+  end
+  self._saved, self._mask = saved, mask
   local p, seed, off = draw(self, self.p, B * self.heads * S * S)
   self._drop = { p, seed, off }
-  check(C.bl_attention_forward(ctx, probs, q, k, v, mask, self.heads, 0, p, seed, off))
+  check(C.bl_attention_forward_saved(ctx, saved, q, k, v, mask, self.heads, 0, p, seed, off))
   return ctx
 end
 function BertSelfAttention:backward(x, dctx)
@@ -181,12 +206,13 @@ function BertSelfAttention:backward(x, dctx)
       self._dq, self._dk, self._dv = dqkv:narrow(3, 1, H), dqkv:narrow(3, H + 1, H), dqkv:narrow(3, 2 * H + 1, H)
       self._dqkv_src = dqkv
     end
-    check(C.bl_attention_backward(self._dq, self._dk, self._dv, dctx, self._q, self._k, self._v, self.probs,
-      self.heads, 0, p, seed, off))
+    check(C.bl_attention_backward_saved(self._dq, self._dk, self._dv, dctx, self._q, self._k, self._v, self.output,
+      self._saved, self._mask, self.heads, 0, p, seed, off))
     check(C.bl_linear_backward(dx, self._qkv.gw, self._qkv.gb, dqkv, x, self._qkv.w, 0))
   else
     local dq, dk, dv = buf(self, "grad_q", { B, S, H }), buf(self, "grad_k", { B, S, H }), buf(self, "grad_v", { B, S, H })
-    check(C.bl_attention_backward(dq, dk, dv, dctx, self._q, self._k, self._v, self.probs, self.heads, 0, p, seed, off))
+    check(C.bl_attention_backward_saved(dq, dk, dv, dctx, self._q, self._k, self._v, self.output, self._saved,
+      self._mask, self.heads, 0, p, seed, off))
     check(C.bl_linear_backward(dx, self.query.grad_weight, self.query.grad_bias, dq, x, self.query.weight, 0))
     check(C.bl_linear_backward(dx, self.key.grad_weight, self.key.grad_bias, dk, x, self.key.weight, 1))
     check(C.bl_linear_backward(dx, self.value.grad_weight, self.value.grad_bias, dv, x, self.value.weight, 1))
@@ -208,7 +234,7 @@ function BertOutput:forward(h, residual)
   local d = self.dense:forward(h)
   local y = buf(self, "output", residual:shape())
   local rows = residual:numel() / self.cfg.hidden_size
-  local mean, rstd = buf(self, "mean", { rows }), buf(self, "rstd", { rows })
+  local mean, rstd = buf(self, "mean", { rows }, "f32"), buf(self, "rstd", { rows }, "f32")
   local p, seed, off = draw(self, self.p, d:numel())
   self._drop = { p, seed, off }
   local ln = self.LayerNorm
@@ -388,6 +414,7 @@ function BertModel:forward(batch)
     end
   end
   same(types, "token_type_ids"); same(mask, "attention_mask")
+  ids, types, mask = on_device(self, ids), on_device(self, types), on_device(self, mask)
   self._ids, self._mask = ids, mask
   local emb = self.embeddings:forward(ids, types)
   local seq = self.encoder:forward(emb, mask)
@@ -560,11 +587,17 @@ local function masked_positions(self, batch, B, S)
     return nil
   end
   local n = #pos
-  local pt = buf(self, "_mpos", { math.max(n, 1) }, "i32")
-  local lt = buf(self, "_mlab", { math.max(n, 1) }, "i32")
+  local m = math.max(n, 1)
+  -- filled on the host: the module's own buffers on the CPU, staging tensors for a GPU
+  local pt = self.device and bl.empty({ m }, { dtype = "i32" }) or buf(self, "_mpos", { m }, "i32")
+  local lt = self.device and bl.empty({ m }, { dtype = "i32" }) or buf(self, "_mlab", { m }, "i32")
   local pp, lp = pt:ptr(), lt:ptr()
   for i = 1, n do pp[i - 1] = pos[i]; lp[i - 1] = lab[i] end
   if n == 0 then pp[0] = 0; lp[0] = ign end  -- one ignored row keeps the shapes non-empty
+  if self.device then
+    pt = buf(self, "_mpos", { m }, "i32"):copy_(pt)
+    lt = buf(self, "_mlab", { m }, "i32"):copy_(lt)
+  end
   return pt, lt, n
 end
 
@@ -595,7 +628,7 @@ function BertForPreTraining:forward(batch)
   if nsp ~= nil and self.nsp then
     local t = bl.as_tensor(nsp, { dtype = "i32" })
     if t:numel() ~= B then error("BertForPreTraining: next_sentence_labels must have one label per sequence", 2) end
-    t = t:view({ B })
+    t = on_device(self, t:view({ B }))
     self._nsp_t = t
     local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index, 1)
     res.nsp_loss = loss
@@ -655,9 +688,10 @@ function BertForQuestionAnswering:forward(batch)
       local t = bl.as_tensor(x, { dtype = "i64" })
       if t:numel() ~= B then error("BertForQuestionAnswering: " .. key .. " must have one position per sequence", 3) end
       local v = t:totable()
-      local r = buf(self, "_" .. key, { B }, "i32")
+      local r = self.device and bl.empty({ B }, { dtype = "i32" }) or buf(self, "_" .. key, { B }, "i32")
       local p = r:ptr()
       for i = 1, B do p[i - 1] = math.min(math.max(v[i], 0), S) end
+      if self.device then r = buf(self, "_" .. key, { B }, "i32"):copy_(r) end
       return r
     end
     local sp, ep = clamp(batch.start_positions, "start_positions"), clamp(batch.end_positions, "end_positions")
@@ -711,7 +745,7 @@ function BertForSequenceClassification:forward(batch)
   self._kind = nil
   if batch.labels ~= nil then
     if self.num_labels == 1 then
-      local t = bl.as_tensor(batch.labels, { dtype = "f32" })
+      local t = on_device(self, bl.as_tensor(batch.labels, { dtype = "f32" }))
       if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
       local loss = f64_scalar(self, "_loss")
       local dl = buf(self, "_dlogits", logits:shape())
@@ -721,7 +755,7 @@ function BertForSequenceClassification:forward(batch)
     else
       local t = bl.as_tensor(batch.labels, { dtype = "i32" })
       if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
-      t = t:view({ B })
+      t = on_device(self, t:view({ B }))
       res.loss = cross_entropy(self, "_dlogits", logits, t, -100, 1)
       res.accuracy = accuracy(logits, t, -100)
       self._kind = "ce"
@@ -823,6 +857,7 @@ function M.extract_features(model, examples, opts, emit)
     local ptrs = {}
     for k, li in ipairs(layers) do
       local h = hs[li < 0 and (L + 1 + li + 1) or (li + 1)]:contiguous()
+      if h:is_cuda() or h:dtype() ~= "f32" then h = h:to{ dtype = "f32", device = "cpu" } end
       ptrs[k] = { h, h:ptr() }
     end
     for i = first, last do

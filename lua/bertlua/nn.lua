@@ -30,6 +30,15 @@
 --    flatten{seed=}): each dropout call reserves a fresh counter range, so a
 --    run is reproducible from the seed, and backward regenerates the same mask.
 --  * train()/eval(): dropout is the identity in eval mode.
+--  * Devices: model:to("cuda:0") (after flatten) moves the flat parameter and
+--    gradient buffers to the GPU; every module then allocates its buffers
+--    there (`module.device`) and the same C entry points run the CUDA
+--    kernels. Inputs may stay on the CPU: BertModel copies them over.
+--    model:to{ device = "cuda:0", dtype = "bf16" } also runs forward and
+--    backward in bf16 (or f16): f32 master parameters and gradients stay in
+--    flat_params/flat_grads, the modules read a half copy (flat_compute) and
+--    keep half activations; call model:sync_compute() after each optimizer
+--    step to refresh the copy. The CPU path is unchanged by all this.
 local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local C, ffi, check = core.C, core.ffi, core.check
@@ -187,7 +196,65 @@ function Module:flatten(opts)
   local rng = self.rng
   self:apply(function(m) m.rng = rng end)
   self.flat_params, self.flat_grads, self._plist = flat, gflat, plist
+  if self.device or self.compute_dtype then  -- a model already moved: move the new buffers too
+    return self:to{ device = self.device or "cpu", dtype = self.compute_dtype or "f32" }
+  end
   self:apply(function(m) if m._after_flatten then m:_after_flatten() end end)
+  return self
+end
+
+-- to(device) / to(dtype) / to{ device =, dtype = } on the ROOT module (after
+-- flatten): moves the flat parameter and gradient buffers to `device` (cpu,
+-- cuda, cuda:N) and makes every module allocate its buffers there. dtype
+-- (f32, bf16, f16) is the compute dtype: for a half dtype the modules use a
+-- half copy of the parameters (self.flat_compute, same layout) and half
+-- activations, while flat_params / flat_grads stay f32 (master weights,
+-- gradients accumulated in f32); call sync_compute() after every update of
+-- flat_params. Tensors returned by earlier forwards are not moved.
+local COMPUTE = { f32 = "f32", float32 = "f32", bf16 = "bf16", bfloat16 = "bf16", f16 = "f16", float16 = "f16",
+  half = "f16" }
+function Module:to(what)
+  if not self._plist then error("to: call flatten() on the root module first", 2) end
+  local device, dtype
+  if type(what) == "table" then
+    device, dtype = what.device, what.dtype
+  elseif type(what) == "string" and (what == "cpu" or what:match("^cuda")) or type(what) == "number" then
+    device = what
+  else
+    dtype = what
+  end
+  local dev = device ~= nil and bl.device_of(device, "to") or self.flat_params.device_
+  local cdt = COMPUTE[dtype or self.compute_dtype or "f32"]
+  if not cdt then error("to: compute dtype must be f32, bf16 or f16, got " .. tostring(dtype), 2) end
+  dtype = cdt
+  local flat, gflat = self.flat_params, self.flat_grads
+  if flat.device_ ~= dev then
+    flat, gflat = flat:to{ device = dev }, gflat:to{ device = dev }
+    self.flat_params:free(); self.flat_grads:free()
+  end
+  if self.flat_compute then self.flat_compute:free() end
+  local comp = dtype ~= "f32" and flat:to(dtype) or nil
+  for _, e in ipairs(self._plist) do
+    local p = e.entry
+    local v = flat:narrow(1, e.offset + 1, e.numel):view(p.shape)
+    local g = gflat:narrow(1, e.offset + 1, e.numel):view(p.shape)
+    p.tensor, p.grad = v, g
+    e.module[p.name] = comp and comp:narrow(1, e.offset + 1, e.numel):view(p.shape) or v
+    e.module["grad_" .. p.name] = g
+  end
+  self.flat_params, self.flat_grads, self.flat_compute = flat, gflat, comp
+  self.compute_dtype = dtype ~= "f32" and dtype or nil
+  local mdev, act = dev >= 0 and dev or nil, self.compute_dtype
+  self:apply(function(m)
+    m.device, m.act_dtype = mdev, act
+    if m._after_flatten then m:_after_flatten() end
+  end)
+  return self
+end
+
+-- sync_compute(): refresh the half parameter copy from flat_params (no-op in f32).
+function Module:sync_compute()
+  if self.flat_compute then self.flat_compute:copy_(self.flat_params) end
   return self
 end
 
@@ -223,13 +290,16 @@ end
 
 -- buf(self, key, shape[, dtype]): the module's reusable tensor `key`,
 -- reallocated only when the shape or dtype changes.
-local DT = { f32 = 0, i32 = 4, i64 = 5, f64 = 1 }
+-- On the module's device (`self.device`, nil = CPU); dtype defaults to the
+-- module's activation dtype (`self.act_dtype`, nil = f32, see Module:to).
+local DT = { f32 = 0, i32 = 4, i64 = 5, f64 = 1, f16 = 2, bf16 = 3 }
 local function buf(self, key, shape, dtype)
   local t = self[key]
-  local dt = DT[dtype or "f32"]
-  if t ~= nil and t.storage_ ~= nil and t.dtype_ == dt and same_shape(t, shape) then return t end
+  dtype = dtype or self.act_dtype or "f32"
+  local dt, dev = DT[dtype], self.device or -1
+  if t ~= nil and t.storage_ ~= nil and t.dtype_ == dt and t.device_ == dev and same_shape(t, shape) then return t end
   if t ~= nil then t:free() end
-  t = bl.empty(shape, { dtype = dtype or "f32" })
+  t = bl.empty(shape, { dtype = dtype, device = self.device })
   self[key] = t
   return t
 end
@@ -291,7 +361,7 @@ end
 function LayerNorm:forward(x)
   local y = buf(self, "output", x:shape())
   local rows = x:numel() / self.dim
-  local mean, rstd = buf(self, "mean", { rows }), buf(self, "rstd", { rows })
+  local mean, rstd = buf(self, "mean", { rows }, "f32"), buf(self, "rstd", { rows }, "f32")
   check(C.bl_layernorm_forward(y, mean, rstd, x, self.weight, self.bias, self.eps))
   return y
 end

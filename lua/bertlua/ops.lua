@@ -142,22 +142,33 @@ function M.softmax_backward(dy, y, dx) dx = dx or like(y); check(C.bl_softmax_ba
 -- attention ------------------------------------------------------------------------
 -- q, k, v [B, S, H] (column slices of a fused QKV output are fine), key_mask
 -- [B, S] 1 = keep (or nil). opts: p, seed, offset, scale (default 1/sqrt(d)),
--- out, probs (reusable buffers). Returns ctx [B, S, H], probs [B, heads, S, S].
+-- out, probs (reusable buffers). Returns ctx [B, S, H] and what backward
+-- needs: on the CPU the probabilities [B, heads, S, S], on a GPU the row
+-- logsumexp [B, heads, S] (bl_attention_forward_saved in bl_ops.h).
+local i64x4 = ffi.typeof("int64_t[4]")
 function M.attention(q, k, v, key_mask, heads, opts)
   opts = opts or {}
-  local B, S = q:size(1), q:size(2)
   local ctx = opts.out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
-  local probs = opts.probs or bl.empty({ B, heads, S, S }, { dtype = "f32", device = q:device() })
-  check(C.bl_attention_forward(ctx, probs, q, k, v, key_mask, heads, opts.scale or 0, opts.p or 0,
+  local probs = opts.probs
+  if not probs then
+    local sh = i64x4()
+    local nd = C.bl_attention_saved_shape(q.device_, q:size(1), q:size(2), heads, sh)
+    local shape = {}
+    for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
+    probs = bl.empty(shape, { dtype = "f32", device = q:device() })
+  end
+  check(C.bl_attention_forward_saved(ctx, probs, q, k, v, key_mask, heads, opts.scale or 0, opts.p or 0,
     opts.seed or 0, opts.offset or 0))
   return ctx, probs
 end
 -- Returns dq, dk, dv (or writes opts.dq/dk/dv, e.g. slices of one dQKV buffer).
+-- On a GPU, opts.ctx (the forward's output) and opts.key_mask (the forward's
+-- mask) are required too: the kernel recomputes the probabilities.
 function M.attention_backward(dctx, q, k, v, probs, heads, opts)
   opts = opts or {}
   local dq, dk, dv = opts.dq or like(q), opts.dk or like(k), opts.dv or like(v)
-  check(C.bl_attention_backward(dq, dk, dv, dctx, q, k, v, probs, heads, opts.scale or 0, opts.p or 0,
-    opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_backward_saved(dq, dk, dv, dctx, q, k, v, opts.ctx, probs, opts.key_mask, heads,
+    opts.scale or 0, opts.p or 0, opts.seed or 0, opts.offset or 0))
   return dq, dk, dv
 end
 
@@ -166,7 +177,7 @@ end
 -- opts: ignore_index (-100, HF; NVIDIA data uses -1), grad_scale (1).
 function M.cross_entropy(logits, targets, opts)
   opts = opts or {}
-  local loss = bl.empty({ 1 }, { dtype = "f64" })
+  local loss = bl.empty({ 1 }, { dtype = "f64", device = logits:device() })
   local dlogits = opts.grad ~= false and f32_like(logits) or nil
   local cnt = i64box()
   check(C.bl_cross_entropy(loss, dlogits, logits, targets, opts.ignore_index or -100,
@@ -177,7 +188,7 @@ end
 -- Returns loss (number) and dpred (unless opts.grad == false).
 function M.mse_loss(pred, target, opts)
   opts = opts or {}
-  local loss = bl.empty({ 1 }, { dtype = "f64" })
+  local loss = bl.empty({ 1 }, { dtype = "f64", device = pred:device() })
   local dpred = opts.grad ~= false and f32_like(pred) or nil
   check(C.bl_mse_loss(loss, dpred, pred, target, opts.grad_scale or 1))
   return loss:item(), dpred

@@ -259,8 +259,13 @@ function methods.size(t, d)
   return tonumber(t.shape_[cdim(t, d, "size")])
 end
 function methods.is_contiguous(t) return C.bl_tensor_is_contiguous(t) == 1 end
+-- ptr(): a typed host pointer to the first element (CPU tensors only: a GPU
+-- address read from Lua would crash the process, so that is an error).
 function methods.ptr(t)
   live(t, "ptr")
+  if t.device_ >= 0 then
+    error("ptr: tensor is on " .. device_name(t.device_) .. "; copy it to the cpu first (t:to(\"cpu\"))", 2)
+  end
   return ffi.cast(PTRTYPE[t.dtype_], t.data_)
 end
 function methods.nbytes(t) return tonumber(C.bl_tensor_nbytes(t)) end

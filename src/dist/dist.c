@@ -1,10 +1,11 @@
-/* Process group over MPI for CPU tensors. MPI is started only when a launcher
+/* Process group over MPI for CPU tensors (CUDA tensors: NCCL, nccl.c). MPI is started only when a launcher
  * (mpirun/mpiexec, srun with PMI/PMIx) started us, so a plain `bertlua x.lua`
  * stays a world of one without touching MPI. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "../base/internal.h"
+#include "dist_internal.h"
 
 static int dist_on, dist_rank, dist_size = 1, local_rank, local_size = 1;
 
@@ -75,6 +76,10 @@ static int check_collective(const bl_tensor *t, const char *op) {
 }
 
 int bl_dist_allreduce_sum(bl_tensor *t) {
+#ifdef BL_HAVE_NCCL
+  if (t && t->storage && t->device >= 0)  /* CUDA tensors: NCCL (nccl.c) */
+    return !dist_on || dist_size == 1 ? 0 : bl_nccl_allreduce_sum(t, MPI_COMM_WORLD, dist_rank, dist_size);
+#endif
   BL_CHECK(check_collective(t, "allreduce"));
   if (!dist_on || dist_size == 1) return 0;
   MPI_Datatype ty = MPI_BYTE;
@@ -84,6 +89,13 @@ int bl_dist_allreduce_sum(bl_tensor *t) {
 }
 
 int bl_dist_broadcast(bl_tensor *t, int root) {
+#ifdef BL_HAVE_NCCL
+  if (t && t->storage && t->device >= 0) {
+    if (root < 0 || root >= dist_size)
+      return bl_set_error(BL_EINVAL, "broadcast: root %d outside world of %d", root, dist_size);
+    return !dist_on || dist_size == 1 ? 0 : bl_nccl_broadcast(t, root, MPI_COMM_WORLD, dist_rank, dist_size);
+  }
+#endif
   BL_CHECK(check_collective(t, "broadcast"));
   if (root < 0 || root >= dist_size) return bl_set_error(BL_EINVAL, "broadcast: root %d outside world of %d", root, dist_size);
   if (!dist_on || dist_size == 1) return 0;
@@ -96,12 +108,18 @@ int bl_dist_broadcast(bl_tensor *t, int root) {
 void bl_dist_abort(const char *message, int code) {
   fprintf(stderr, "[rank %d] %s\n", dist_rank, message ? message : "aborting");
   fflush(stderr);
+#ifdef BL_HAVE_NCCL
+  bl_nccl_shutdown(1);  /* frees this rank's GPU side at once; MPI_Abort ends the others */
+#endif
   if (dist_on) MPI_Abort(MPI_COMM_WORLD, code ? code : 1);
   exit(code ? code : 1);  /* the host's fatal path, never called on library errors */
 }
 
 void bl_dist_finalize(void) {
   if (!dist_on) return;
+#ifdef BL_HAVE_NCCL
+  bl_nccl_shutdown(0);
+#endif
   int fin = 0;
   MPI_Finalized(&fin);
   if (!fin) MPI_Finalize();

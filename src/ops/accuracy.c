@@ -2,6 +2,7 @@
  * target value (contract in bl_ops.h). Ties go to the first maximum, as in
  * PyTorch's CPU argmax; NaN counts as the maximum so it is not hidden. */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -28,7 +29,7 @@ int bl_argmax(bl_tensor *out, const bl_tensor *x) {
   int dev;
   const bl_tensor *ts[] = {out, x};
   BL_CHECK(opx_device(op, 2, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_argmax(out, x));
   int64_t rows = opx_rows(x), c = opx_cols(x);
   opx_buf bx = {0};
   int64_t *res = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
@@ -63,7 +64,7 @@ int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignor
   int dev;
   const bl_tensor *ts[] = {logits, targets};
   BL_CHECK(opx_device(op, 2, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_accuracy(logits, targets, ignore_index, correct, count));
   int64_t rows = opx_rows(logits), c = opx_cols(logits), *t = NULL, ok = 0, cnt = 0;
   int64_t *res = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
   opx_buf bx = {0};

@@ -17,6 +17,7 @@
  * dV = Pdrop^T dctx, dQ = dS K, dK = dS^T Q (gemm_tn reads the transposed
  * left operands in place). */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
@@ -285,6 +286,13 @@ done:
   return rc;
 }
 
+/* The CUDA kernel never forms the probabilities: this signature has no twin there. */
+static int no_probs_on_cuda(const char *op, int dev) {
+  return bl_set_error(BL_EUNSUPPORTED,
+                      "%s: not implemented on cuda with saved probabilities (cuda:%d); use "
+                      "bl_attention_forward_saved / bl_attention_backward_saved (bl_ops.h)", op, dev);
+}
+
 int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
                          const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
                          double p, uint64_t seed, uint64_t offset) {
@@ -300,7 +308,7 @@ int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, c
   int dev;
   const bl_tensor *ts[] = {ctx, probs, q, k, v, key_mask};
   BL_CHECK(opx_device(op, 6, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return no_probs_on_cuda(op, dev);
   return attention_fwd_cpu(ctx, probs, q, k, v, key_mask, heads, scale, p, seed, offset);
 }
 
@@ -376,6 +384,40 @@ int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_
   int dev;
   const bl_tensor *ts[] = {dq, dk, dv, dctx, q, k, v, probs};
   BL_CHECK(opx_device(op, 8, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return no_probs_on_cuda(op, dev);
   return attention_bwd_cpu(dq, dk, dv, dctx, q, k, v, probs, heads, scale, p, seed, offset);
+}
+
+/* Device-independent entry points (bl_ops.h): the CPU op with its probabilities,
+ * or the flash-style CUDA kernel with its row logsumexp. */
+int bl_attention_saved_shape(int device, int64_t batch, int64_t seq, int heads, int64_t *shape) {
+  if (!shape) return BL_ERR("attention_saved_shape: shape is NULL");
+  shape[0] = batch; shape[1] = heads; shape[2] = seq; shape[3] = seq;
+  return device >= 0 ? 3 : 4;
+}
+
+int bl_attention_forward_saved(bl_tensor *ctx, bl_tensor *saved, const bl_tensor *q, const bl_tensor *k,
+                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
+                               double p, uint64_t seed, uint64_t offset) {
+  int dev;
+  const bl_tensor *ts[] = {ctx, saved, q, k, v, key_mask};
+  BL_CHECK(opx_device("attention", 6, ts, &dev));
+  if (dev >= 0)
+    return BL_ON_CUDA("attention", dev,
+                      bl_cuda_attention_forward(ctx, saved, q, k, v, key_mask, heads, scale, p, seed, offset));
+  return bl_attention_forward(ctx, saved, q, k, v, key_mask, heads, scale, p, seed, offset);
+}
+
+int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                                const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                                const bl_tensor *ctx, const bl_tensor *saved, const bl_tensor *key_mask,
+                                int heads, double scale, double p, uint64_t seed, uint64_t offset) {
+  int dev;
+  const bl_tensor *ts[] = {dq, dk, dv, dctx, q, k, v, ctx, saved, key_mask};
+  BL_CHECK(opx_device("attention_backward", 10, ts, &dev));
+  if (dev >= 0)
+    return BL_ON_CUDA("attention_backward", dev,
+                      bl_cuda_attention_backward(dq, dk, dv, dctx, q, k, v, ctx, saved, key_mask, heads, scale, p,
+                                                 seed, offset));
+  return bl_attention_backward(dq, dk, dv, dctx, q, k, v, saved, heads, scale, p, seed, offset);
 }

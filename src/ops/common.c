@@ -41,20 +41,25 @@ int opx_check_index(const char *op, const bl_tensor *t, const char *name) {
   return 0;
 }
 
+static const char *dev_name(int d, char *buf, size_t n) {
+  if (d < 0) snprintf(buf, n, "cpu");
+  else snprintf(buf, n, "cuda:%d", d);
+  return buf;
+}
+
 int opx_device(const char *op, int n, const bl_tensor *const *ts, int *dev) {
   int d = -2;
   for (int i = 0; i < n; i++) {
     if (!ts[i]) continue;
     if (d == -2) d = ts[i]->device;
-    else if (ts[i]->device != d)
-      return BL_ERR("%s: tensors are on different devices (%d and %d)", op, d, ts[i]->device);
+    else if (ts[i]->device != d) {
+      char a[16], b[16];
+      return BL_ERR("%s: tensors are on different devices (%s and %s)", op, dev_name(d, a, sizeof a),
+                    dev_name(ts[i]->device, b, sizeof b));
+    }
   }
   *dev = d == -2 ? -1 : d;
   return 0;
-}
-
-int opx_no_cuda(const char *op, int dev) {
-  return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d not available yet (CPU only)", op, dev);
 }
 
 int64_t opx_cols(const bl_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }

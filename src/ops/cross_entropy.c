@@ -6,6 +6,7 @@
  * libm's expf, and the exp sum in 16 lane accumulators combined in a fixed
  * order (also more accurate than one running f32 sum over 30k classes). */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
@@ -122,7 +123,9 @@ int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logit
   int dev;
   const bl_tensor *ts[] = {loss, dlogits, logits, targets};
   BL_CHECK(opx_device(op, 4, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev,
+                      bl_cuda_cross_entropy(loss, dlogits, logits, targets, ignore_index, grad_scale, count));
   return ce_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count);
 }
 
@@ -165,6 +168,6 @@ int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const 
   int dev;
   const bl_tensor *ts[] = {loss, dpred, pred, target};
   BL_CHECK(opx_device(op, 4, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_mse_loss(loss, dpred, pred, target, grad_scale));
   return mse_cpu(loss, dpred, pred, target, grad_scale);
 }

@@ -3,6 +3,7 @@
  * it instead of storing it; the optional u8 mask output is for callers that
  * prefer memory over recomputation, or want to inspect it. */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include "vecmath.h"
 #include <stdlib.h>
 
@@ -103,7 +104,7 @@ int bl_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double
   int dev;
   const bl_tensor *ts[] = {y, mask, x};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_dropout_forward(y, mask, x, p, seed, offset));
   return dropout_cpu(op, y, mask, NULL, x, p, seed, offset);
 }
 
@@ -117,6 +118,6 @@ int bl_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mas
   int dev;
   const bl_tensor *ts[] = {dx, dy, mask};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_dropout_backward(dx, dy, mask, p, seed, offset));
   return dropout_cpu(op, dx, NULL, mask, dy, p, seed, offset);
 }

@@ -4,6 +4,7 @@
  * splits the hidden dim across threads, which keeps the summation order of
  * repeated ids fixed (deterministic) without atomics. */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include <stdlib.h>
 
 static int check_ids(const char *op, const int64_t *ids, int64_t n, int64_t v) {
@@ -55,7 +56,7 @@ int bl_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor
   int dev;
   const bl_tensor *ts[] = {out, table, ids};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_embedding_forward(out, table, ids, accumulate));
   return embedding_forward_cpu(out, table, ids, accumulate);
 }
 
@@ -93,6 +94,6 @@ int bl_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_ten
   int dev;
   const bl_tensor *ts[] = {dtable, dout, ids};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_embedding_backward(dtable, dout, ids));
   return embedding_backward_cpu(dtable, dout, ids);
 }

@@ -3,6 +3,7 @@
  * MLM head only on the masked positions. Positions are checked before any
  * write; the backward keeps index order per column block (deterministic). */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include <stdlib.h>
 
 static int check_pos(const char *op, const int64_t *pos, int64_t m, int64_t rows, const bl_tensor *x) {
@@ -48,7 +49,7 @@ int bl_gather_forward(bl_tensor *out, const bl_tensor *x, const bl_tensor *pos) 
   int dev;
   const bl_tensor *ts[] = {out, x, pos};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_gather_forward(out, x, pos));
   return gather_forward_cpu(out, x, pos);
 }
 
@@ -86,6 +87,6 @@ int bl_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *po
   int dev;
   const bl_tensor *ts[] = {dx, dout, pos};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_gather_backward(dx, dout, pos));
   return gather_backward_cpu(dx, dout, pos);
 }

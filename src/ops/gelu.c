@@ -3,6 +3,7 @@
  * recomputes the pre-activation x + b from its inputs instead of saving it:
  * one add per element is cheaper than a second activation-sized buffer. */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
@@ -125,7 +126,10 @@ static int dispatch(const char *op, bl_tensor *out, bl_tensor *db, const bl_tens
   int dev;
   const bl_tensor *ts[] = {out, db, dy, x, b};
   BL_CHECK(opx_device(op, 5, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev, !backward ? (b ? bl_cuda_bias_gelu_forward(out, x, b) : bl_cuda_gelu_forward(out, x))
+                                         : (b ? bl_cuda_bias_gelu_backward(out, db, dy, x, b)
+                                              : bl_cuda_gelu_backward(out, dy, x)));
   return gelu_cpu(op, out, db, dy, x, b, backward);
 }
 

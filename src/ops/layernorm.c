@@ -9,6 +9,7 @@
  * (vectorisable without -ffast-math, and the same for every thread count);
  * the row kernels are compiled for AVX-512/AVX2 with runtime dispatch. */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
@@ -269,7 +270,7 @@ int bl_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const b
   int dev;
   const bl_tensor *ts[] = {y, mean, rstd, x, gamma, beta};
   BL_CHECK(opx_device(op, 6, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_layernorm_forward(y, mean, rstd, x, gamma, beta, eps));
   return ln_forward_cpu(op, y, mean, rstd, x, NULL, gamma, beta, eps, 0.0, 0, 0);
 }
 
@@ -285,7 +286,9 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
   int dev;
   const bl_tensor *ts[] = {dx, dgamma, dbeta, dy, x, gamma, mean, rstd};
   BL_CHECK(opx_device(op, 8, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev,
+                      bl_cuda_layernorm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd));
   return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, dy, x, NULL, gamma, mean, rstd, 0.0, 0, 0);
 }
 
@@ -302,7 +305,9 @@ int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd
   int dev;
   const bl_tensor *ts[] = {y, mean, rstd, x, residual, gamma, beta};
   BL_CHECK(opx_device(op, 7, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev,
+                      bl_cuda_residual_layernorm_forward(y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset));
   return ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset);
 }
 
@@ -323,6 +328,9 @@ int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tenso
   int dev;
   const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dy, x, residual, gamma, mean, rstd};
   BL_CHECK(opx_device(op, 10, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev,
+                      bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dy, x, residual, gamma,
+                                                          mean, rstd, p, seed, offset));
   return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dy, x, residual, gamma, mean, rstd, p, seed, offset);
 }

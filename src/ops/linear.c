@@ -4,6 +4,7 @@
  * row-strided slice (the [CLS] rows x[:,0,:]) or a transposed weight view
  * costs no copy. Only non-f32 or irregularly strided operands get a scratch. */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include "vecmath.h"
 #include <cblas.h>
 #include <stdlib.h>
@@ -134,7 +135,7 @@ int bl_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, cons
   int dev;
   const bl_tensor *ts[] = {y, x, w, b};
   BL_CHECK(opx_device(op, 4, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_forward(y, x, w, b));
   return linear_forward_cpu(y, x, w, b);
 }
 
@@ -214,6 +215,6 @@ int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_ten
   int dev;
   const bl_tensor *ts[] = {dx, dw, db, dy, x, w};
   BL_CHECK(opx_device(op, 6, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_backward(dx, dw, db, dy, x, w, accumulate));
   return linear_backward_cpu(dx, dw, db, dy, x, w, accumulate);
 }

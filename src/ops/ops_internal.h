@@ -31,12 +31,10 @@ int opx_check_float(const char *op, const bl_tensor *t, const char *name);
 /* Integer index tensor (i32/i64). */
 int opx_check_index(const char *op, const bl_tensor *t, const char *name);
 
-/* Device of the first non-NULL tensor among ts[0..n); all must agree.
- * Returns -1 (CPU), N >= 0 (cuda:N) or a negative status < -1 ... so we
- * report through *dev and return a status instead. */
+/* Device of the first non-NULL tensor among ts[0..n) into *dev: -1 (CPU)
+ * or N >= 0 (cuda:N); all must agree, else an error naming both devices.
+ * The caller then dispatches (src/device/dispatch.h). */
 int opx_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
-/* The error every op returns for a CUDA tensor until kernels/ plugs in. */
-int opx_no_cuda(const char *op, int dev);
 
 /* Product of all dims but the last (rows) and the last dim (cols). */
 int64_t opx_rows(const bl_tensor *t);

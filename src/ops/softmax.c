@@ -2,6 +2,7 @@
  * (contract in bl_ops.h). The mask is read through broadcast strides (0 on
  * size-1 dims), so BERT's [B,1,1,S] extended mask is never expanded. */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>
 
@@ -101,7 +102,7 @@ int bl_softmax_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *mask) 
   int dev;
   const bl_tensor *ts[] = {y, x, mask};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_softmax_forward(y, x, mask));
   return softmax_fwd_cpu(op, y, x, mask);
 }
 
@@ -130,6 +131,6 @@ int bl_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y) 
   int dev;
   const bl_tensor *ts[] = {dx, dy, y};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_softmax_backward(dx, dy, y));
   return softmax_bwd_cpu(op, dx, dy, y);
 }

@@ -1,6 +1,7 @@
 /* tanh (the BERT pooler's activation) and its backward from the saved
  * output, dx = dy (1 - y^2), so the input need not be kept (bl_ops.h). */
 #include "ops_internal.h"
+#include "device/dispatch.h"
 #include <math.h>
 
 static int check_same(const char *op, const bl_tensor *t, const char *name, const bl_tensor *x) {
@@ -36,7 +37,7 @@ int bl_tanh_forward(bl_tensor *y, const bl_tensor *x) {
   int dev;
   const bl_tensor *ts[] = {y, x};
   BL_CHECK(opx_device(op, 2, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_tanh_forward(y, x));
   return tanh_cpu(op, y, x, NULL);
 }
 
@@ -48,6 +49,6 @@ int bl_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y) {
   int dev;
   const bl_tensor *ts[] = {dx, dy, y};
   BL_CHECK(opx_device(op, 3, ts, &dev));
-  if (dev >= 0) return opx_no_cuda(op, dev);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_tanh_backward(dx, dy, y));
   return tanh_cpu(op, dx, y, dy);
 }

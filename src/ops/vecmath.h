@@ -48,13 +48,11 @@ static inline int32_t vm_asi(float f) { int32_t i; memcpy(&i, &f, 4); return i; 
  * input reaches here with a huge e (the result is then discarded). */
 static inline float vm_pow2_biased(int32_t e) { return vm_asf((int32_t)((uint32_t)e << 23)); }
 
-/* exp(x): x = n ln2 + r, |r| <= ln2/2, Cephes' degree-7 polynomial for e^r,
- * 2^n applied in two halves so that subnormal results come out right. */
-static inline float vm_exp(float x) {
-  x = x < -103.9f ? -103.9f : x;
-  x = x > 88.7f ? 88.7f : x;
+/* exp(x): x = n ln2 + r, |r| <= ln2/2, Cephes' degree-7 polynomial for e^r;
+ * vm_exp applies 2^n in two halves so that subnormal results come out right. */
+static inline float vm_exp_reduced(float x, int32_t *n) {
   float kb = x * 1.44269504088896341f + 12582912.0f;  /* round(x/ln2) in the low mantissa bits */
-  int32_t n = vm_asi(kb) - 0x4B400000;
+  *n = vm_asi(kb) - 0x4B400000;
   float kf = kb - 12582912.0f;
   float r = x - kf * 0.693359375f;
   r = r - kf * -2.12194440e-4f;
@@ -64,7 +62,14 @@ static inline float vm_exp(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
+  return p * (r * r) + r + 1.0f;  /* e^r; e^x = e^r 2^n */
+}
+
+static inline float vm_exp(float x) {
+  x = x < -103.9f ? -103.9f : x;
+  x = x > 88.7f ? 88.7f : x;
+  int32_t n;
+  float p = vm_exp_reduced(x, &n);
   int32_t n1 = n >> 1, n2 = n - n1;
   float y = p * vm_pow2_biased(n1 + 127) * vm_pow2_biased(n2 + 127);
   return x <= -103.9f ? 0.0f : y;
@@ -76,18 +81,8 @@ static inline float vm_exp(float x) {
 static inline float vm_exp_ftz(float x) {
   int tiny = x < -87.33f;
   x = x < -87.33f ? -87.33f : x;
-  float kb = x * 1.44269504088896341f + 12582912.0f;
-  int32_t n = vm_asi(kb) - 0x4B400000;
-  float kf = kb - 12582912.0f;
-  float r = x - kf * 0.693359375f;
-  r = r - kf * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
+  int32_t n;
+  float p = vm_exp_reduced(x, &n);
   float y = p * vm_pow2_biased(n + 127);
   return tiny ? 0.0f : y;
 }

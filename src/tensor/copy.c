@@ -1,6 +1,7 @@
 /* Copies (broadcast, dtype conversion, across devices), fill, element access. */
 #include <stdlib.h>
 #include "../base/internal.h"
+#include "../device/dispatch.h"
 
 static void copy_inner(int64_t n, char **p, const int64_t *s, void *ctx) {
   const int *dt = ctx;  /* dt[0] = dst dtype, dt[1] = src dtype */
@@ -60,53 +61,54 @@ fail:
   return bl_set_error(BL_EINVAL, "%s: source of shape %s cannot be broadcast to %s", op, BL_SHAPE(src, a), BL_SHAPE(dst, b));
 }
 
+/* Same-device copy on either side of copy_across (CPU loop or CUDA twin). */
+static int copy_on(bl_tensor *dst, const bl_tensor *src) {
+  if (dst->device < 0) return copy_cpu(dst, src);
+  return BL_ON_CUDA("copy", dst->device, bl_cuda_tensor_copy(dst, src));
+}
+
+/* src and dst on different devices, layouts or dtypes differ: make src
+ * contiguous on its own device, move its bytes to dst's device, then do the
+ * broadcasting/converting/strided copy there. */
+static int copy_across(bl_tensor *dst, const bl_tensor *src) {
+  bl_tensor *c = NULL, *m = NULL;
+  int rc = 0;
+  const bl_tensor *s = src;
+  if (!bl_tensor_is_contiguous(src)) {
+    if ((rc = bl_tensor_empty(src->ndim, src->shape, src->dtype, src->device, &c))) return rc;
+    if ((rc = copy_on(c, src))) goto done;
+    s = c;
+  }
+  if ((rc = bl_tensor_empty(s->ndim, s->shape, s->dtype, dst->device, &m))) goto done;
+  if ((rc = bl_dev_memcpy(dst->device, m->data, s->device, s->data, bl_tensor_nbytes(s)))) goto done;
+  rc = copy_on(dst, m);
+done:
+  bl_tensor_free(c);
+  bl_tensor_free(m);
+  return rc;
+}
+
 int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
   BL_CHECK(bl_tensor_check(dst, "copy"));
   BL_CHECK(bl_tensor_check(src, "copy"));
   BL_CHECK(check_broadcastable(dst, src, "copy"));
   if (dst->device < 0 && src->device < 0) return copy_cpu(dst, src);
   /* Across devices or on a GPU: raw bytes move only between contiguous tensors of one
-   * dtype and shape; otherwise stage through a contiguous host tensor. */
+   * dtype and shape; on one GPU the CUDA twin does broadcast, conversion and strides. */
   int same_layout = dst->dtype == src->dtype && dst->numel == src->numel && bl_tensor_is_contiguous(dst) &&
                     bl_tensor_is_contiguous(src);
   for (int i = 0; same_layout && i < dst->ndim; i++)
     if (i >= src->ndim || src->ndim != dst->ndim || src->shape[i] != dst->shape[i]) same_layout = 0;
   if (same_layout)
     return bl_dev_memcpy(dst->device, dst->data, src->device, src->data, bl_tensor_nbytes(dst));
-  bl_tensor *hs = NULL, *hd = NULL;
-  int rc = 0;
-  const bl_tensor *s = src;
-  if (src->device >= 0) {
-    if (!bl_tensor_is_contiguous(src))
-      return bl_set_error(BL_EUNSUPPORTED, "copy: non-contiguous source on cuda:%d is not supported yet", src->device);
-    if ((rc = bl_tensor_empty(src->ndim, src->shape, src->dtype, -1, &hs))) return rc;
-    if ((rc = bl_dev_memcpy(-1, hs->data, src->device, src->data, bl_tensor_nbytes(src)))) goto done;
-    s = hs;
-  }
-  if (dst->device < 0) { rc = copy_cpu(dst, s); goto done; }
-  if (!bl_tensor_is_contiguous(dst)) {
-    rc = bl_set_error(BL_EUNSUPPORTED, "copy: non-contiguous destination on cuda:%d is not supported yet", dst->device);
-    goto done;
-  }
-  if ((rc = bl_tensor_empty(dst->ndim, dst->shape, dst->dtype, -1, &hd))) goto done;
-  if ((rc = copy_cpu(hd, s))) goto done;
-  rc = bl_dev_memcpy(dst->device, dst->data, -1, hd->data, bl_tensor_nbytes(dst));
-done:
-  bl_tensor_free(hs);
-  bl_tensor_free(hd);
-  return rc;
+  if (dst->device >= 0 && dst->device == src->device)
+    return BL_ON_CUDA("copy", dst->device, bl_cuda_tensor_copy(dst, src));
+  return copy_across(dst, src);
 }
 
 int bl_tensor_fill(bl_tensor *t, double value) {
   BL_CHECK(bl_tensor_check(t, "fill"));
-  if (t->device >= 0) {
-    bl_tensor *h = NULL;
-    BL_CHECK(bl_tensor_empty(0, NULL, t->dtype, -1, &h));
-    bl_store(h->dtype, h->data, value);
-    int rc = bl_tensor_copy(t, h);
-    bl_tensor_free(h);
-    return rc;
-  }
+  if (t->device >= 0) return BL_ON_CUDA("fill", t->device, bl_cuda_tensor_fill(t, value));
   char one[8];
   bl_store(t->dtype, one, value);
   bl_tensor src = *t;
@@ -117,7 +119,14 @@ int bl_tensor_fill(bl_tensor *t, double value) {
 
 int bl_tensor_arange(bl_tensor *t, double start, double step) {
   BL_CHECK(bl_tensor_check(t, "arange"));
-  BL_CHECK(bl_check_cpu(t, "arange", "output"));
+  if (t->device >= 0) {  /* made on the host (a few values), then copied */
+    bl_tensor *h = NULL;
+    BL_CHECK(bl_tensor_empty(t->ndim, t->shape, t->dtype, -1, &h));
+    int rc = bl_tensor_arange(h, start, step);
+    if (!rc) rc = bl_tensor_copy(t, h);
+    bl_tensor_free(h);
+    return rc;
+  }
   if (t->ndim != 1) return bl_set_error(BL_EINVAL, "arange: output must be 1-D, got %d dims", t->ndim);
   int es = bl_dtype_size(t->dtype);
   for (int64_t i = 0; i < t->shape[0]; i++)
@@ -127,7 +136,6 @@ int bl_tensor_arange(bl_tensor *t, double start, double step) {
 
 static int element_ptr(const bl_tensor *t, const int64_t *index, const char *op, char **p) {
   BL_CHECK(bl_tensor_check(t, op));
-  BL_CHECK(bl_check_cpu(t, op, "tensor"));
   int64_t off = 0;
   for (int i = 0; i < t->ndim; i++) {
     if (index[i] < 0 || index[i] >= t->shape[i]) {
@@ -144,6 +152,12 @@ static int element_ptr(const bl_tensor *t, const int64_t *index, const char *op,
 int bl_tensor_get(const bl_tensor *t, const int64_t *index, double *value) {
   char *p;
   BL_CHECK(element_ptr(t, index, "get", &p));
+  if (t->device >= 0) {  /* one element through the host; p is a device address */
+    char one[8];
+    BL_CHECK(bl_dev_memcpy(-1, one, t->device, p, (size_t)bl_dtype_size(t->dtype)));
+    *value = bl_load(t->dtype, one);
+    return 0;
+  }
   *value = bl_load(t->dtype, p);
   return 0;
 }
@@ -151,6 +165,11 @@ int bl_tensor_get(const bl_tensor *t, const int64_t *index, double *value) {
 int bl_tensor_set(bl_tensor *t, const int64_t *index, double value) {
   char *p;
   BL_CHECK(element_ptr(t, index, "set", &p));
+  if (t->device >= 0) {
+    char one[8];
+    bl_store(t->dtype, one, value);
+    return bl_dev_memcpy(t->device, p, -1, one, (size_t)bl_dtype_size(t->dtype));
+  }
   bl_store(t->dtype, p, value);
   return 0;
 }

@@ -2,6 +2,7 @@
  * path (OpenMP over chunks when contiguous); other dtypes compute in double. */
 #include <stdlib.h>
 #include "../base/internal.h"
+#include "../device/dispatch.h"
 
 /* The unit-stride f32 loops below are compiled for AVX-512 / AVX2 / baseline
  * x86-64 and picked at load time (GCC target_clones), like the CPU ops'
@@ -223,7 +224,6 @@ static int check_common(const char *op, bl_tensor *out, const bl_tensor *a) {
   BL_CHECK(bl_tensor_check(out, op));
   BL_CHECK(bl_tensor_check(a, op));
   BL_CHECK(bl_check_same_device(out, a, op));
-  BL_CHECK(bl_check_cpu(a, op, "input"));
   return 0;
 }
 
@@ -240,6 +240,7 @@ int bl_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
     return bl_set_error(BL_EINVAL, "%s: shapes %s and %s are not compatible", name, BL_SHAPE(a, sa), BL_SHAPE(b, sb));
   }
   BL_CHECK(check_out(name, out, n, shape));
+  if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_binary(op, out, a, b));
   ew_ctx c = {op, {out->dtype, a->dtype, b->dtype}, 0, 0};
   const bl_tensor *in[2] = {a, b};
   run(2, out, in, binary_inner, &c);
@@ -251,6 +252,9 @@ int bl_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int s
   const char *name = binop_names[op];
   BL_CHECK(check_common(name, out, a));
   BL_CHECK(check_out(name, out, a->ndim, a->shape));
+  if (out->device >= 0)
+    return BL_ON_CUDA(name, out->device,
+                      bl_cuda_binary_scalar(op, out, a, s, scalar_first));
   /* x+s, x-s and x*s are exact as alpha*x+beta; division is not (1/s rounds), so it takes the generic path. */
   if (!scalar_first && (op == BL_ADD || op == BL_SUB || op == BL_MUL))
     return bl_affine(out, a, op == BL_MUL ? s : 1.0, op == BL_ADD ? s : op == BL_SUB ? -s : 0.0);
@@ -265,6 +269,7 @@ int bl_unary(int op, bl_tensor *out, const bl_tensor *a) {
   const char *name = unop_names[op];
   BL_CHECK(check_common(name, out, a));
   BL_CHECK(check_out(name, out, a->ndim, a->shape));
+  if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_unary(op, out, a));
   ew_ctx c = {op, {out->dtype, a->dtype, 0}, 0, 0};
   const bl_tensor *in[1] = {a};
   run(1, out, in, unary_inner, &c);
@@ -274,6 +279,9 @@ int bl_unary(int op, bl_tensor *out, const bl_tensor *a) {
 int bl_affine(bl_tensor *out, const bl_tensor *a, double alpha, double beta) {
   BL_CHECK(check_common("affine", out, a));
   BL_CHECK(check_out("affine", out, a->ndim, a->shape));
+  if (out->device >= 0)
+    return BL_ON_CUDA("affine", out->device,
+                      bl_cuda_affine(out, a, alpha, beta));
   affine_ctx c = {alpha, beta, {out->dtype, a->dtype}};
   const bl_tensor *in[1] = {a};
   run(1, out, in, affine_inner, &c);
@@ -300,6 +308,7 @@ int bl_where(bl_tensor *out, const bl_tensor *cond, const bl_tensor *a, const bl
   BL_CHECK(bl_broadcast_shape(a->ndim, a->shape, b->ndim, b->shape, &n1, s1));
   BL_CHECK(bl_broadcast_shape(n1, s1, cond->ndim, cond->shape, &n2, s2));
   BL_CHECK(check_out("where", out, n2, s2));
+  if (out->device >= 0) return BL_ON_CUDA("where", out->device, bl_cuda_where(out, cond, a, b));
   int dt[4] = {out->dtype, cond->dtype, a->dtype, b->dtype};
   const bl_tensor *in[3] = {cond, a, b};
   run(3, out, in, where_inner, dt);

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <stdlib.h>
 #include "../base/internal.h"
+#include "../device/dispatch.h"
 
 /* Layout of the last two dims as a BLAS operand: returns 1 when usable, sets trans and ld. */
 static int blas_layout(const bl_tensor *t, CBLAS_TRANSPOSE *trans, int64_t *ld) {
@@ -36,7 +37,6 @@ int bl_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
     return bl_set_error(BL_EINVAL, "matmul: shapes %s and %s are not compatible", BL_SHAPE(a, sa), BL_SHAPE(b, sb));
   BL_CHECK(bl_check_same_device(a, b, "matmul"));
   BL_CHECK(bl_check_same_device(a, out, "matmul"));
-  BL_CHECK(bl_check_cpu(a, "matmul", "input"));
   if (!bl_dtype_is_float(a->dtype) || !bl_dtype_is_float(b->dtype) || !bl_dtype_is_float(out->dtype))
     return bl_set_error(BL_EINVAL, "matmul: floating-point tensors required, got %s and %s", bl_dtype_name(a->dtype), bl_dtype_name(b->dtype));
   int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
@@ -52,6 +52,7 @@ int bl_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
   if (!ok)
     return bl_set_error(BL_EINVAL, "matmul: output has shape %s, expected %s", BL_SHAPE(out, so), bl_shape_str(nb + 2, bshape, se, sizeof se));
   if (out->numel == 0) return 0;
+  if (a->device >= 0) return BL_ON_CUDA("matmul", a->device, bl_cuda_matmul(out, a, b));
 
   int cdt = (a->dtype == BL_F64 && b->dtype == BL_F64 && out->dtype == BL_F64) ? BL_F64 : BL_F32;
   bl_tensor *ta = NULL, *tb = NULL, *tc = NULL;

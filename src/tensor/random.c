@@ -3,6 +3,7 @@
  * uses block (offset + i/4), lane i%4, so any element can be generated
  * independently — the same stream on the CPU and in CUDA kernels. */
 #include "../base/internal.h"
+#include "../device/dispatch.h"
 
 static inline uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t *hi) {
   uint64_t p = (uint64_t)a * b;
@@ -32,9 +33,11 @@ typedef struct { uint64_t seed, offset; double a, b; int normal; int dtype; } rn
 
 static int fill_random(bl_tensor *t, rng_ctx *c, const char *op) {
   BL_CHECK(bl_tensor_check(t, op));
-  BL_CHECK(bl_check_cpu(t, op, "output"));
   if (!bl_dtype_is_float(t->dtype))
     return bl_set_error(BL_EINVAL, "%s: floating-point output required, got %s", op, bl_dtype_name(t->dtype));
+  if (t->device >= 0)
+    return BL_ON_CUDA(op, t->device, c->normal ? bl_cuda_rand_normal(t, c->seed, c->offset, c->a, c->b)
+                                               : bl_cuda_rand_uniform(t, c->seed, c->offset, c->a, c->b));
   bl_tensor *tmp = NULL;
   bl_tensor *dst = t;
   if (!bl_tensor_is_contiguous(t) || t->dtype != BL_F32) {

@@ -4,6 +4,7 @@
 #include <float.h>
 #include <stdlib.h>
 #include "../base/internal.h"
+#include "../device/dispatch.h"
 
 static const char *const redop_names[BL_NUM_REDOPS] = {"sum", "mean", "max", "min", "argmax", "argmin", "prod"};
 
@@ -60,7 +61,6 @@ int bl_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32_t dim_mask, int
   const char *name = redop_names[op];
   BL_CHECK(bl_tensor_check(out, name));
   BL_CHECK(bl_tensor_check(a, name));
-  BL_CHECK(bl_check_cpu(a, name, "input"));
   BL_CHECK(bl_check_same_device(out, a, name));
   if (a->ndim < 32 && (dim_mask >> a->ndim))
     return bl_set_error(BL_EINVAL, "%s: dimension out of range for a tensor with %d dims", name, a->ndim);
@@ -89,6 +89,7 @@ int bl_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32_t dim_mask, int
   }
   if (c.count == 0 && (op == BL_MAX || op == BL_MIN || op == BL_ARGMAX || op == BL_ARGMIN))
     return bl_set_error(BL_EINVAL, "%s: cannot reduce over an empty dimension", name);
+  if (a->device >= 0) return BL_ON_CUDA(name, a->device, bl_cuda_reduce(op, out, a, dim_mask, keepdim));
   /* output strides aligned with the kept dims */
   int64_t outstr[BL_MAX_DIMS];
   int oe = bl_dtype_size(out->dtype);
@@ -117,10 +118,11 @@ int bl_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32_t dim_mask, int
 int bl_reduce_all(int op, const bl_tensor *a, double *result) {
   BL_CHECK(bl_tensor_check(a, "reduce"));
   bl_tensor *o = NULL;
-  BL_CHECK(bl_tensor_empty(0, NULL, BL_F64, -1, &o));
+  BL_CHECK(bl_tensor_empty(0, NULL, BL_F64, a->device, &o));
   uint32_t mask = a->ndim ? ((a->ndim >= 32 ? 0xffffffffu : (1u << a->ndim) - 1)) : 0;
   int rc = bl_reduce(op, o, a, mask, 0);
-  if (!rc) *result = *(double *)o->data;
+  if (!rc && a->device >= 0) rc = bl_dev_memcpy(-1, result, a->device, o->data, sizeof(double));
+  else if (!rc) *result = *(double *)o->data;
   bl_tensor_free(o);
   return rc;
 }

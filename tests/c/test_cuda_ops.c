@@ -9,6 +9,8 @@
  * attention for S in {1, 7, 64, 128, 384, 512}, with and without dropout, vs
  * the CPU op and vs an unfused GPU path (matmul + softmax + matmul).
  * Determinism: reductions are rerun and compared bitwise.
+ * Dispatch: the public bl_ entry points on cuda tensors run the twins
+ * (test_dispatch), including cross-device strided/converting copies.
  * Without a CUDA device (or in a CPU-only build): prints "skipped: ..." and exits 77. */
 #include <math.h>
 #include <stdio.h>
@@ -484,6 +486,79 @@ static void test_errors(void) {
   F(c); F(d);
 }
 
+/* ---------------------------------------------------------------- dispatch
+ * The public entry points (bl_linear_forward, bl_tensor_copy, ...) on cuda
+ * tensors must run the CUDA twins, and give the CPU results. */
+static void test_dispatch(void) {
+  bl_tensor *x = rnd(3, SH(2, 5, 24), 201, -1, 1), *w = rnd(2, SH(7, 24), 202, -0.5, 0.5), *b = rnd(1, SH(7), 203, -1, 1);
+  bl_tensor *dx = up(x, BL_F32), *dw = up(w, BL_F32), *db = up(b, BL_F32);
+  bl_tensor *y = mk(-1, BL_F32, 3, SH(2, 5, 7)), *dy = mk(DEV, BL_F32, 3, SH(2, 5, 7));
+  OK(bl_linear_forward(y, x, w, b));
+  OK(bl_linear_forward(dy, dx, dw, db));
+  close_("dispatch linear", y, dy, 1e-5, 1e-6);
+  bl_tensor *ln = mk(-1, BL_F32, 3, x->shape), *dln = mk(DEV, BL_F32, 3, x->shape);
+  bl_tensor *m = mk(-1, BL_F32, 1, SH(10)), *r = mk(-1, BL_F32, 1, SH(10)), *dm = mk(DEV, BL_F32, 1, SH(10)), *dr = mk(DEV, BL_F32, 1, SH(10));
+  bl_tensor *g = rnd(1, SH(24), 204, 0.5, 1.5), *dg = up(g, BL_F32);
+  OK(bl_layernorm_forward(ln, m, r, x, g, NULL, 1e-12));
+  OK(bl_layernorm_forward(dln, dm, dr, dx, dg, NULL, 1e-12));
+  close_("dispatch layernorm", ln, dln, 1e-5, 1e-6);
+  /* elementwise / reduce / matmul / copy / fill / rand through bl_ entry points */
+  bl_tensor *e = mk(-1, BL_F32, 3, x->shape), *de = mk(DEV, BL_F32, 3, x->shape);
+  OK(bl_binary(BL_MUL, e, x, x)); OK(bl_binary(BL_MUL, de, dx, dx)); close_("dispatch binary", e, de, 1e-6, 0);
+  OK(bl_unary(BL_EXP, e, x)); OK(bl_unary(BL_EXP, de, dx)); close_("dispatch unary", e, de, 1e-6, 0);
+  double s1 = 0, s2 = 0;
+  OK(bl_reduce_all(BL_SUM, x, &s1)); OK(bl_reduce_all(BL_SUM, dx, &s2));
+  checks++;
+  if (!(fabs(s1 - s2) <= 1e-5 * (1 + fabs(s1)))) { printf("FAIL dispatch reduce_all: %g vs %g\n", s1, s2); fails++; }
+  bl_tensor *wt = NULL, *dwt = NULL;
+  OK(bl_tensor_transpose(w, 0, 1, &wt)); OK(bl_tensor_transpose(dw, 0, 1, &dwt));
+  bl_tensor *mm = mk(-1, BL_F32, 3, SH(2, 5, 7)), *dmm = mk(DEV, BL_F32, 3, SH(2, 5, 7));
+  OK(bl_matmul(mm, x, wt)); OK(bl_matmul(dmm, dx, dwt)); close_("dispatch matmul", mm, dmm, 1e-5, 1e-6);
+  bl_tensor *ct = mk(DEV, BL_BF16, 2, SH(24, 7)), *cc = mk(-1, BL_BF16, 2, SH(24, 7));
+  OK(bl_tensor_copy(ct, wt));   /* cpu strided f32 -> cuda bf16 */
+  OK(bl_tensor_copy(cc, wt));
+  close_("dispatch copy cpu strided -> cuda bf16", cc, ct, 0, 0);
+  bl_tensor *back = mk(-1, BL_F32, 2, SH(24, 7));
+  OK(bl_tensor_copy(back, dwt));   /* cuda strided -> cpu */
+  close_("dispatch copy cuda strided -> cpu", wt, back, 0, 0);
+  OK(bl_tensor_fill(de, 0.25)); OK(bl_tensor_fill(e, 0.25)); close_("dispatch fill", e, de, 0, 0);
+  OK(bl_rand_normal(e, 9, 4, 0, 1)); OK(bl_rand_normal(de, 9, 4, 0, 1)); close_("dispatch randn (Philox twin)", e, de, 1e-6, 1e-6);
+  double v = 0;
+  OK(bl_tensor_set(de, SH(1, 2, 3), 7.5)); OK(bl_tensor_get(de, SH(1, 2, 3), &v));
+  checks++;
+  if (v != 7.5) { printf("FAIL dispatch get/set: %g\n", v); fails++; }
+  /* attention: the probabilities signature has no CUDA twin; the _saved pair runs the kernel */
+  bl_tensor *q = rnd(3, SH(2, 9, 32), 205, -1, 1), *dq = up(q, BL_F32);
+  bl_tensor *ctx = mk(-1, BL_F32, 3, q->shape), *dctx = mk(DEV, BL_F32, 3, q->shape);
+  int64_t sh[4];
+  checks++;
+  if (bl_attention_saved_shape(DEV, 2, 9, 4, sh) != 3 || bl_attention_saved_shape(-1, 2, 9, 4, sh) != 4) {
+    printf("FAIL attention_saved_shape\n"); fails++;
+  }
+  bl_tensor *pr = mk(-1, BL_F32, 4, SH(2, 4, 9, 9)), *lse = mk(DEV, BL_F32, 3, SH(2, 4, 9)), *dpr = mk(DEV, BL_F32, 4, SH(2, 4, 9, 9));
+  checks++;
+  if (bl_attention_forward(dctx, dpr, dq, dq, dq, NULL, 4, 0, 0, 0, 0) != BL_EUNSUPPORTED || !strstr(bl_last_error(), "not implemented on cuda")) {
+    printf("FAIL attention with probabilities on cuda: %s\n", bl_last_error()); fails++;
+  }
+  OK(bl_attention_forward_saved(ctx, pr, q, q, q, NULL, 4, 0, 0.1, 5, 6));
+  OK(bl_attention_forward_saved(dctx, lse, dq, dq, dq, NULL, 4, 0, 0.1, 5, 6));
+  close_("dispatch attention_forward_saved", ctx, dctx, 1e-4, 1e-5);
+  bl_tensor *gq = mk(-1, BL_F32, 3, q->shape), *gk = mk(-1, BL_F32, 3, q->shape), *gv = mk(-1, BL_F32, 3, q->shape);
+  bl_tensor *dgq = mk(DEV, BL_F32, 3, q->shape), *dgk = mk(DEV, BL_F32, 3, q->shape), *dgv = mk(DEV, BL_F32, 3, q->shape);
+  OK(bl_attention_backward_saved(gq, gk, gv, q, q, q, q, NULL, pr, NULL, 4, 0, 0.1, 5, 6));
+  OK(bl_attention_backward_saved(dgq, dgk, dgv, dq, dq, dq, dq, dctx, lse, NULL, 4, 0, 0.1, 5, 6));
+  close_("dispatch attention_backward_saved dq", gq, dgq, 1e-3, 1e-4);
+  close_("dispatch attention_backward_saved dv", gv, dgv, 1e-3, 1e-4);
+  /* mixed devices: an error naming both, nothing run */
+  checks++;
+  if (bl_linear_forward(dy, x, dw, db) != BL_EINVAL || !strstr(bl_last_error(), "different devices (cuda:0 and cpu)")) {
+    printf("FAIL mixed devices: %s\n", bl_last_error()); fails++;
+  }
+  bl_tensor *all[] = {x, w, b, dx, dw, db, y, dy, ln, dln, m, r, dm, dr, g, dg, e, de, wt, dwt, mm, dmm, ct, cc, back,
+                      q, dq, ctx, dctx, pr, lse, dpr, gq, gk, gv, dgq, dgk, dgv};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) F(all[i]);
+}
+
 int main(void) {
   int n = bl_cuda_device_count();
   if (n == 0) { printf("skipped: no CUDA device\n"); return 77; }
@@ -497,6 +572,7 @@ int main(void) {
   test_attention();
   test_optim();
   test_errors();
+  test_dispatch();
   OK(bl_cuda_synchronize(DEV));
   printf("%d checks, %d failures\n", checks, fails);
   return fails ? 1 : 0;

@@ -1,0 +1,25 @@
+/* Internal interface between the MPI process group (dist.c) and the NCCL
+ * communicator for CUDA tensors (nccl.c, compiled only when the build found
+ * CUDA and NCCL: BL_HAVE_NCCL). Not part of the FFI surface. */
+#ifndef BL_DIST_INTERNAL_H
+#define BL_DIST_INTERNAL_H
+#include <mpi.h>
+#include "bl_tensor.h"
+
+#ifdef BL_HAVE_NCCL
+/* In-place sum all-reduce / broadcast of a contiguous tensor on cuda:N
+ * (f32, f64, f16, bf16, i32, i64, u8) across the MPI world. The communicator
+ * is made on first use: rank 0 creates the ncclUniqueId and broadcasts it
+ * over `world`; every rank must call with a tensor on its own GPU (usually
+ * cuda:<local rank>), in the same order, as with any collective.
+ * The call queues the collective on the device's stream (bl_cuda_stream) and
+ * waits for it with a watchdog: an NCCL error, or no completion within
+ * BL_NCCL_TIMEOUT seconds (default 600), aborts the communicator
+ * (ncclCommAbort) and returns BL_EIO with a message, so the caller can end
+ * the job (bl_dist_abort) instead of hanging on a dead rank. */
+int bl_nccl_allreduce_sum(bl_tensor *t, MPI_Comm world, int rank, int size);
+int bl_nccl_broadcast(bl_tensor *t, int root, MPI_Comm world, int rank, int size);
+/* abort != 0: ncclCommAbort (error paths), else ncclCommDestroy. Idempotent. */
+void bl_nccl_shutdown(int abort);
+#endif
+#endif
