@@ -3,32 +3,42 @@
 --   bertlua recipes/extract_features.lua --model=DIR --input=FILE --output=FILE.jsonl \
 --       [--layers=-1,-2,-3,-4] [--max-seq-length=128] [--batch=8]
 --
--- Input: one example per line, a sentence or "text_a ||| text_b".
--- Output: one JSON line per input line:
+-- Input: one example per line, a sentence or "text_a ||| text_b" (as the
+-- original: the line is stripped, then split at the last " ||| "; a blank line
+-- is an example with no words, so linex_index is always the 0-based line number).
+-- Output: one JSON line per input line, laid out as the original's:
 --   {"linex_index": i, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]}, ...]}, ...]}
--- Layer -1 is the last encoder layer, -2 the one before...; 0 is the
--- embedding output. Values have 9 significant digits (%.9g). The model
--- directory holds config.json, model.safetensors and vocab.txt (--vocab
--- overrides); any BERT checkpoint works (its heads are ignored).
+-- one feature per token ([CLS] and [SEP] included, no padding). Layer -1 is
+-- the last encoder layer, -2 the one before...; 0 is the embedding output and
+-- k > 0 encoder layer k (the original's non-negative indices count from the
+-- first encoder layer instead: its 0 is our 1). Values have 9 significant
+-- digits (%.9g; the original rounds to 6 decimals). Examples are batched
+-- (--batch) and padded to the longest of the batch; padding is masked out, so
+-- the values do not depend on --batch. The model directory holds
+-- config.json, model.safetensors and vocab.txt (--vocab overrides); any BERT
+-- checkpoint works (its heads are ignored).
 local bert = require "bertlua.bert"
 local options = require "bertlua.options"
+local ft = require "bertlua.finetune"
 
 local opt = options.parse(arg, {
   { "model", "", "model directory (config.json, model.safetensors, vocab.txt)" },
   { "input", "", "text file: one sentence or 'text_a ||| text_b' per line" },
   { "output", "", "JSON lines output file" },
-  { "layers", "-1,-2,-3,-4", "comma-separated layer indices (-1 = last layer)" },
+  { "layers", "-1,-2,-3,-4", "comma-separated layer indices (-1 = last layer, 0 = embeddings)" },
   { "max_seq_length", 128, "tokens per example after WordPiece, [CLS] and [SEP] included" },
   { "batch", 8, "examples per forward pass" },
   { "vocab", "", "vocab.txt (default: the model directory's)" },
   { "do_lower_case", true, "lower-case and strip accents (uncased models)" },
   { "threads", 0, "CPU threads (0 = default)" },
-}, { usage = "bertlua recipes/extract_features.lua --model=DIR --input=FILE --output=FILE.jsonl [options]" })
+}, { name = "extract_features",
+  usage = "bertlua recipes/extract_features.lua --model=DIR --input=FILE --output=FILE.jsonl [options]" })
 print("extract_features options:\n" .. options.show(opt))
 
-local function die(msg) io.stderr:write("extract_features: ", msg, "\n"); os.exit(1) end
+local function die(msg) error("extract_features: " .. msg, 0) end
 if opt.model == "" or opt.input == "" or opt.output == "" then die("--model, --input and --output are required (see --help)") end
 if opt.max_seq_length < 3 then die("--max-seq-length must be at least 3") end
+if opt.batch < 1 or opt.batch % 1 ~= 0 then die("--batch must be an integer >= 1") end
 if opt.threads > 0 then require("bertlua").set_num_threads(opt.threads) end
 
 local layers = {}
@@ -37,25 +47,48 @@ for v in tostring(opt.layers):gmatch("[^,]+") do
   if not n or n % 1 ~= 0 then die("--layers: '" .. v .. "' is not an integer") end
   layers[#layers + 1] = n
 end
+if #layers == 0 then die("--layers is empty") end
+
+-- every input is checked before the model is loaded
+local vocab = ft.model_dir("extract_features", opt.model, opt.vocab ~= "" and opt.vocab or nil)
+ft.input_file("extract_features", opt.input, "--input")
+local cfg = bert.config.load(opt.model .. "/config.json")
+local L = cfg.num_hidden_layers
+for _, li in ipairs(layers) do
+  if li < -L or li > L then
+    die(("--layers: %d is out of range for a %d-layer model (-%d..-1 from the last layer, 0 = embeddings, 1..%d)")
+      :format(li, L, L, L))
+  end
+end
+if opt.max_seq_length > cfg.max_position_embeddings then
+  die(("--max-seq-length=%d is longer than the model's %d positions (the length it was trained up to)")
+    :format(opt.max_seq_length, cfg.max_position_embeddings))
+end
+
+local lines = {}
+do
+  local fin, err = io.open(opt.input, "r")
+  if not fin then die("cannot open " .. opt.input .. ": " .. tostring(err)) end
+  local any = false
+  for line in fin:lines() do
+    line = line:gsub("^%s+", ""):gsub("%s+$", "")
+    if line ~= "" then any = true end
+    lines[#lines + 1] = line
+  end
+  fin:close()
+  if not any then die(opt.input .. " is empty: expected one sentence or 'text_a ||| text_b' per line") end
+end
 
 local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
-local vocab = opt.vocab ~= "" and opt.vocab or (opt.model .. "/vocab.txt")
 local tok = require("bertlua.tokenizer").load(vocab, { lower = opt.do_lower_case })
 
-local fin, err = io.open(opt.input, "r")
-if not fin then die("cannot open " .. opt.input .. ": " .. tostring(err)) end
 local examples = {}
-local idx = 0
-for line in fin:lines() do
-  local a, b = line:match("^(.-)%s*|||%s*(.*)$")
+for i, line in ipairs(lines) do
+  local a, b = line:match("^(.*) ||| (.*)$")   -- the original's ^(.*) \|\|\| (.*)$
   if not a then a = line end
-  local ta = tok:tokenize(a)
-  local tb = b and tok:tokenize(b) or nil
-  local toks, types = bert.pair(ta, tb, opt.max_seq_length)
-  examples[#examples + 1] = { index = idx, tokens = toks, type_ids = types, ids = tok:convert_tokens_to_ids(toks) }
-  idx = idx + 1
+  local toks, types = bert.pair(tok:tokenize(a), b and tok:tokenize(b) or nil, opt.max_seq_length)
+  examples[i] = { index = i - 1, tokens = toks, type_ids = types, ids = tok:convert_tokens_to_ids(toks) }
 end
-fin:close()
 
 local tmp = opt.output .. ".tmp"
 local fout, oerr = io.open(tmp, "w")
@@ -64,5 +97,6 @@ bert.extract_features(model, examples, { layers = layers, batch = opt.batch }, f
   fout:write(line, "\n")
 end)
 fout:close()
-assert(os.rename(tmp, opt.output))
+local ok, rerr = os.rename(tmp, opt.output)
+if not ok then die("cannot write " .. opt.output .. ": " .. tostring(rerr)) end
 print(("extract_features: %d examples -> %s"):format(#examples, opt.output))

@@ -14,6 +14,7 @@ local metrics = require "bertlua.metrics"
 local Tok = require "bertlua.tokenizer"
 local trainer = require "bertlua.trainer"
 local ft = require "bertlua.finetune"
+local amp = require "bertlua.amp"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -31,6 +32,7 @@ local opt = options.parse(arg, {
   { "micro_batch", 0, "sequences per forward (0: = batch)" }, { "warmup", 0.1, "warmup proportion" },
   { "weight_decay", 0.01, "AdamW weight decay" }, { "eval_batch", 64, "sequences per forward when evaluating" },
   { "max_steps", 0, "stop training after this many steps (0: all)" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is emulated (f32 activations)" },
   { "seed", 42, "seed" }, { "threads", 0, "CPU threads (0: default)" },
 }, { name = "glue", usage = "usage: bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] [--do-eval] [--do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
@@ -39,6 +41,7 @@ print(options.show(opt))
 for _, k in ipairs({ "task", "model" }) do if not opt[k] then error("glue: --" .. k:gsub("_", "-") .. " is required", 0) end end
 if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing to do: give --do-train, --do-eval and/or --do-predict", 0) end
 if not opt.data_dir and not (opt.train_file or opt.eval_file) then error("glue: --data-dir is required", 0) end
+amp.check_precision("glue", opt.precision)
 
 local task = opt.task:lower()
 do
@@ -79,12 +82,18 @@ do  -- a classifier fine-tuned for another task does not fit: say so before load
 end
 local model = bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels, seed = opt.seed })
 
-local function read(split, file)
+-- examples of a split (t: the task, or mnli-mm for MNLI's mismatched files); a
+-- file with no usable row stops the run with the file's name (reasons above)
+local function read(split, file, t)
+  t = t or task
   local ex, rep
-  if file then ex, rep = glue.read_examples(task, file, { set_type = split })
-  else ex, rep = glue.read_split(task, opt.data_dir, split) end
+  if file then ex, rep = glue.read_examples(t, file, { set_type = split })
+  else ex, rep = glue.read_split(t, opt.data_dir, split) end
   print(("%s: %d rows, %d examples, %d malformed rows skipped"):format(rep.file or split, rep.rows, rep.examples, rep.skipped))
-  if #ex == 0 then error(("glue: no usable rows in %s (reasons above)"):format(rep.file or split), 0) end
+  if #ex == 0 then
+    error(rep.rows == 0 and ("glue: %s has no data rows"):format(rep.file or split)
+      or ("glue: no usable rows in %s (%d rows, all malformed: listed above)"):format(rep.file or split, rep.rows), 0)
+  end
   return ex
 end
 
@@ -116,10 +125,14 @@ if opt.do_train then
   local rows = featurize(read("train", opt.train_file))
   trainer.fit{ model = model, n = #rows, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
-    log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
+    precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return batch_of(rows, idx, true) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
   print("train: model saved to " .. opt.output .. "/model")
+end
+-- the saved model keeps the f32 master weights; evaluation and prediction run in --precision
+if (opt.do_eval or opt.do_predict) and amp.round_weights(model, opt.precision) then
+  print("predict: weights rounded to " .. opt.precision)
 end
 
 -- predictions: class ids (0-based) or regression scores, one per row
@@ -157,15 +170,7 @@ if opt.do_eval then
   local splits = eval_splits
   local results = {}
   for _, t in ipairs(splits) do
-    local file = opt.eval_file
-    local ex
-    if file then ex = read("dev", file)
-    else
-      local e, rep = glue.read_split(t, opt.data_dir, "dev")
-      print(("%s: %d examples, %d malformed rows skipped"):format(glue.split_file(t, "dev"), rep.examples, rep.skipped))
-      ex = e
-    end
-    local rows = featurize(ex)
+    local rows = featurize(read("dev", opt.eval_file, t))
     local preds = predict(rows)
     local gold = {}
     for i, r in ipairs(rows) do gold[i] = r.label end
@@ -182,7 +187,7 @@ end
 
 if opt.do_predict then
   for _, t in ipairs(eval_splits) do
-    local ex = read("test", split_path(t, "test"))
+    local ex = read("test", split_path(t, "test"), t)
     local rows = featurize(ex)
     local preds = predict(rows)
     local name = ({ cola = "CoLA", ["sst-2"] = "SST-2", sst2 = "SST-2", mrpc = "MRPC", ["sts-b"] = "STS-B", stsb = "STS-B",

@@ -21,15 +21,18 @@
 -- Batches are padded to their longest sequence (a multiple of 8); the model runs
 -- in eval mode (no dropout). Sequences/s and the latency of one batch's forward
 -- (p50/p90/p99) are printed at the end and written as JSON to --stats; --batch=1
--- measures per-request latency. --warmup-batches runs that many batches first,
--- untimed. Malformed input (a JSON line, a TSV row, a SQuAD entry) is reported
--- with its location and skipped; the count is printed.
+-- measures per-request latency. --warmup-batches runs that many batches
+-- first, untimed. --precision=bf16|fp16 rounds the weights to that type once
+-- (activations stay f32: half-precision storage emulated on the CPU).
+-- Malformed input (a JSON line, a TSV row, a SQuAD entry) is reported with its
+-- location and skipped; the count is printed.
 local bl = require "bertlua"
 local options = require "bertlua.options"
 local bert = require "bertlua.bert"
 local Tok = require "bertlua.tokenizer"
 local trainer = require "bertlua.trainer"
 local ft = require "bertlua.finetune"
+local amp = require "bertlua.amp"
 local cjson = require "cjson.safe"
 
 local opt = options.parse(arg, {
@@ -46,12 +49,14 @@ local opt = options.parse(arg, {
   { "n_best", 20, "QA: n-best spans per question" },
   { "version_2_with_negative", false, "squad: SQuAD 2.0 (unanswerable questions)" },
   { "null_score_diff_threshold", 0.0, "squad v2: predict no answer when null score - best > this" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16: weights rounded to bf16/f16 once at load; on the CPU tf32 = fp32 and activations stay f32 (half-precision storage emulated)" },
   { "stats", nil, "write throughput and latency as JSON here" },
   { "threads", 0, "CPU threads (0: default)" },
 }, { name = "predict", usage = "usage: bertlua recipes/predict.lua --model=DIR --input=FILE [--task=jsonl|squad|glue-TASK] [--output=FILE] [--batch=N]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 if not opt.model or not opt.input then error("predict: --model and --input are required (see --help)", 0) end
 if opt.batch < 1 then error("predict: --batch must be at least 1", 0) end
+amp.check_precision("predict", opt.precision)
 local task = opt.task:lower()
 local glue_task = task:match("^glue%-(.+)$")
 if task ~= "jsonl" and task ~= "squad" and not glue_task then
@@ -68,6 +73,7 @@ local is_qa = model.qa_outputs ~= nil
 if not is_qa and not model.classifier then error("predict: " .. opt.model .. " is neither a QA nor a classification model", 0) end
 if task == "squad" and not is_qa then error("predict: --task=squad needs a QA model; " .. opt.model .. " is a classifier", 0) end
 if glue_task and is_qa then error("predict: --task=" .. opt.task .. " needs a classification model; " .. opt.model .. " is a QA model", 0) end
+amp.round_weights(model, opt.precision)
 
 -- runs the model over n sequences (batches from make_batch), with untimed warmup batches first
 local function run(n, make_batch, consume)
@@ -126,15 +132,7 @@ if task == "squad" then
   stats, skipped, records = st, sk, n
   local metrics = require "bertlua.metrics"
   write_output(metrics.json_dumps(preds, { indent = 4 }) .. "\n")
-  local has_answers = false
-  for _, art in ipairs(dataset.data) do
-    for _, p in ipairs(type(art) == "table" and type(art.paragraphs) == "table" and art.paragraphs or {}) do
-      for _, qa in ipairs(type(p) == "table" and type(p.qas) == "table" and p.qas or {}) do
-        if type(qa) == "table" and type(qa.answers) == "table" and #qa.answers > 0 then has_answers = true end
-      end
-    end
-  end
-  if has_answers then
+  if squad.has_answers(dataset) then
     local ok, result, version = pcall(squad.evaluate, dataset, preds, { na_probs = odds })
     if ok then
       io.stderr:write("predict: evaluation: ", squad.format_eval(result, version, true), "\n")
@@ -148,7 +146,10 @@ elseif glue_task then
   if split == "auto" then split = opt.input:match("test[^/]*$") and "test" or "dev" end
   local ex, rep = glue.read_examples(glue_task, opt.input, { set_type = split })
   skipped, records = rep.skipped, #ex
-  if #ex == 0 then error(("predict: no usable rows in %s"):format(opt.input), 0) end
+  if #ex == 0 then
+    error(rep.rows == 0 and ("predict: %s has no data rows"):format(opt.input)
+      or ("predict: no usable rows in %s (%d rows, all malformed: listed above)"):format(opt.input, rep.rows), 0)
+  end
   local regression = glue.is_regression(glue_task)
   local labels = glue.labels(glue_task)
   local nl = model.num_labels
@@ -262,6 +263,7 @@ end
 io.stderr:write(("predict: %d records (%d skipped); %s\n"):format(records, skipped, trainer.format_latency(stats)))
 if opt.stats then
   summary.task, summary.records, summary.skipped, summary.batch, summary.threads = task, records, skipped, opt.batch, bl.num_threads()
+  summary.precision = opt.precision
   for _, k in ipairs({ "sequences", "seconds", "seq_per_s", "p50_ms", "p90_ms", "p99_ms", "batches" }) do summary[k] = stats[k] end
   ft.write_json(opt.stats, summary)
 end

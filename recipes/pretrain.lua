@@ -39,7 +39,8 @@ local SPEC = {
   { "batch2", 32768, "phase 2 global batch" }, { "lr2", 4e-3, "phase 2 peak learning rate" },
   { "warmup2", 0.128, "phase 2 warmup proportion" }, { "steps2", 1563, "phase 2 optimizer steps" },
   { "micro_batch", 8, "sequences per device per forward/backward" },
-  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16" },
+  { "bin_lengths", false, "loader sorts sequences by length within windows of 64 steps: less padding (phase 2)" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, fp16 with loss scaling)" },
   { "power", 0.5, "polynomial decay power after warmup" },
   { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)" },
   { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation" },
@@ -66,9 +67,7 @@ say(("pretrain: world size %d, %d CPU threads per rank, %s"):format(world, bl.nu
   bl.cuda_available() and "CUDA available" or "CPU"))
 say(options.show(opt))
 
-if opt.precision ~= "fp32" and opt.precision ~= "tf32" and opt.precision ~= "bf16" and opt.precision ~= "fp16" then
-  error("pretrain: --precision must be fp32, tf32, bf16 or fp16, got " .. tostring(opt.precision), 0)
-end
+amp.check_precision("pretrain", opt.precision)
 
 local function phase_settings(p)
   return {
@@ -92,14 +91,6 @@ end
 local function dropout_seed(step, micro)
   return ((opt.seed * 1000003 + step) * 8191 + micro) % 9007199254740881
 end
-
--- Half-precision storage emulated on the CPU: weights and gradients are rounded
--- to bf16/f16 (activations stay f32), so overflow, underflow and rounding of
--- f16 gradients behave as on a GPU and the loss scaler is exercised for real.
-local function round_to(t, dtype)
-  if dtype then t:copy_(t:to(dtype)) end
-end
-local half = (opt.precision == "bf16" and "bf16") or (opt.precision == "fp16" and "f16") or nil
 
 local function write_json(path, tbl)
   ckpt.write_atomic(path, cjson.encode(tbl))
@@ -161,7 +152,9 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm }
   if prev_opt_state and opt.keep_optimizer then lamb:load_state_dict(prev_opt_state) end
   local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, warmup_proportion = ph.warmup, power = opt.power }
-  local scaler = amp.scaler_for(opt.precision == "fp16" and "fp16" or "fp32")
+  -- bf16/fp16: f32 master weights, half-precision weights and gradients
+  -- (emulated on the CPU, see bertlua.amp), loss scaling for fp16
+  local mp = amp.MixedPrecision{ model = model, precision = opt.precision }
 
   -- Micro-batch j of a global batch (j = rank*accum + a) comes from virtual
   -- rank j of world*accum: the data a step sees does not depend on how it is
@@ -170,7 +163,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local loaders = {}
   local function loader_args(vrank, nvirt)
     return { dir = ph.data, split = "train", batch_size = opt.micro_batch, rank = vrank, world_size = nvirt,
-      seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab }
+      seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab, bin_lengths = opt.bin_lengths }
   end
   if virt then
     for a = 1, accum do loaders[a] = data.Loader(loader_args(rank * accum + a - 1, world * accum)) end
@@ -196,7 +189,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
         if name then sd[name] = t end
       end
       lamb:load_state_dict(sd)
-      scaler:load_state_dict(c.state.scaler)
+      mp:load_state_dict(c.state.scaler)
       for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
       step = c.step
       say(("  resumed from %s at step %d"):format(latest, step))
@@ -210,7 +203,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     for k, v in pairs(lamb:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
     ckpt.save(ckdir, { step = step, model = model, tensors = tensors, identity = identity,
       -- every rank's (virtual) loaders step in lockstep: one position describes them all
-      state = { phase = ph.phase, optimizer_step = lamb.step_count, lr = lamb.last_lr, scaler = scaler:state_dict(),
+      state = { phase = ph.phase, optimizer_step = lamb.step_count, lr = lamb.last_lr, scaler = mp:state_dict(),
         loader = loaders[1]:state(), world_size = world, accumulation = accum } }, { keep = opt.keep_checkpoints })
   end
 
@@ -225,7 +218,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     local t0 = logm.clock()
     step = step + 1
     model:zero_grad()
-    if half then round_to(model.flat_params, half) end
+    mp:begin_step()
     local sums = { 0, 0, 0, 0, 0, 0 }  -- loss, mlm loss, mlm correct, mlm count, nsp correct, sequences
     for a = 1, accum do
       local loader = virt and loaders[a] or loaders[1]
@@ -235,7 +228,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       model:apply(function(m) m.rng = model.rng end)
       local out = model:forward(batch)
       if acc then model:zero_grad() end
-      model:backward(scaler:scale() / accum)
+      model:backward(mp:scale() / accum)
       if acc then acc:add_(model.flat_grads) end
       local B = batch.input_ids:size(1)
       sums[1] = sums[1] + out.loss
@@ -246,15 +239,15 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       sums[6] = sums[6] + B
     end
     if acc then model.flat_grads:copy_(acc); acc:zero_() end
-    if half then round_to(model.flat_grads, half) end
+    mp:end_backward()
     dist.all_reduce_mean(model.flat_grads)
     local lr = lr_at(lamb.step_count + 1)
-    local stepped = scaler:step(lamb, lr)
+    local stepped = mp:step(lamb, lr)
     local s = dist.sum_numbers(sums)
     local dt = logm.clock() - t0
     local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
       mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
-      loss_scale = scaler:scale(), skipped = not stepped or nil, seq_per_s = s[6] / dt, step_time = dt }
+      loss_scale = mp:scale(), skipped = not stepped or nil, seq_per_s = s[6] / dt, step_time = dt }
     if step % opt.log_every == 0 or step == ph.steps then log:step(rec) end
     if rec.loss ~= rec.loss then
       error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")

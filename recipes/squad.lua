@@ -15,6 +15,7 @@ local squad = require "bertlua.squad"
 local Tok = require "bertlua.tokenizer"
 local trainer = require "bertlua.trainer"
 local ft = require "bertlua.finetune"
+local amp = require "bertlua.amp"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -36,6 +37,7 @@ local opt = options.parse(arg, {
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
   { "max_steps", 0, "stop training after this many steps (0: all)" },
   { "seed", 42, "seed (initialisation of a new head, data order, dropout)" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is emulated (f32 activations)" },
   { "threads", 0, "CPU threads (0: default)" },
 }, { name = "squad", usage = "usage: bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] [--predict-file=F --do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
@@ -45,6 +47,7 @@ if not opt.model then error("squad: --model=DIR is required", 0) end
 if not (opt.do_train or opt.do_predict) then error("squad: nothing to do: give --do-train and/or --do-predict", 0) end
 if opt.do_train and not opt.train_file then error("squad: --do-train needs --train-file", 0) end
 if opt.do_predict and not opt.predict_file then error("squad: --do-predict needs --predict-file", 0) end
+amp.check_precision("squad", opt.precision)
 -- every input is checked before any work, so a typo does not cost a training run
 local vocab = ft.model_dir("squad", opt.model, opt.vocab)
 if opt.do_train then ft.input_file("squad", opt.train_file, "--train-file") end
@@ -95,20 +98,22 @@ if opt.do_train then
       "unanswerable questions are skipped\n")
   end
   if #examples == 0 then
-    error(("squad: no usable training questions in %s (%d of %d skipped, reasons above; training takes exactly one " ..
-      "answer per answerable question, as run_squad.py)"):format(opt.train_file, rep.skipped, rep.questions), 0)
+    error(("squad: no usable training questions in %s (%d questions, %d entries skipped, reasons above; training " ..
+      "takes exactly one answer per answerable question, as run_squad.py)"):format(opt.train_file, rep.questions, rep.skipped), 0)
   end
   feat_opts.is_training = true
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   trainer.fit{ model = model, n = #feats, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
-    log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
+    precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
   print("train: model saved to " .. opt.output .. "/model")
 end
 
 if opt.do_predict then
+  -- the saved model keeps the f32 master weights; prediction runs in --precision
+  if amp.round_weights(model, opt.precision) then print("predict: weights rounded to " .. opt.precision) end
   local examples, rep = squad.read_examples(opt.predict_file, { is_training = false, version_2_with_negative = opt.version_2_with_negative })
   print(("predict: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
   if #examples == 0 then error(("squad: no usable questions in %s (reasons above)"):format(opt.predict_file), 0) end
@@ -136,13 +141,7 @@ if opt.do_predict then
     n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
     version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })
   print("predict: wrote " .. opt.output .. "/predictions.json")
-  local has_answers = false
-  for _, art in ipairs(dataset.data) do
-    for _, p in ipairs(art.paragraphs or {}) do
-      for _, qa in ipairs(p.qas or {}) do if qa.answers and #qa.answers > 0 then has_answers = true end end
-    end
-  end
-  if has_answers then
+  if squad.has_answers(dataset) then
     local preds = cjson.decode(io.open(opt.output .. "/predictions.json"):read("*a"))
     local eopts = {}
     if opt.version_2_with_negative then
@@ -152,7 +151,12 @@ if opt.do_predict then
       eopts.na_probs = cjson.decode(text)
       eopts.na_prob_keys, eopts.na_prob_ints = require("bertlua.metrics").json_object_keys(text, "null_odds.json")
     end
-    local result = squad.evaluate(dataset, preds, eopts)
+    -- the official scripts refuse a malformed file; the predictions are written either way
+    local ok, result = pcall(squad.evaluate, dataset, preds, eopts)
+    if not ok then
+      io.stderr:write("squad: no evaluation: ", tostring(result), "\n")
+      return
+    end
     print("evaluation: " .. squad.format_eval(result, data_version))
     result.predict_seq_per_s, result.predict_p50_ms, result.predict_p99_ms = stats.seq_per_s, stats.p50_ms, stats.p99_ms
     result.skipped_questions = rep.skipped

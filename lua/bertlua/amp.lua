@@ -1,5 +1,8 @@
--- bertlua.amp: dynamic loss scaling for fp16 training (bf16 and fp32 need
--- none: amp.NoScaler has the same interface and does nothing).
+-- bertlua.amp: mixed precision. Dynamic loss scaling for fp16 training (bf16
+-- and fp32 need none: amp.NoScaler has the same interface and does nothing);
+-- the --precision option of the recipes (check_precision, round_weights); and
+-- MixedPrecision, the training step with f32 master weights that
+-- recipes/pretrain.lua and bertlua.trainer (SQuAD, GLUE) share (further below).
 --
 --   local amp = require "bertlua.amp"
 --   local scaler = amp.scaler_for("fp16")          -- or amp.DynamicLossScaler{...}
@@ -187,6 +190,123 @@ function M.scaler_for(precision, opts)
   end
   error("amp.scaler_for: unknown precision '" .. tostring(precision) .. "' (fp16, bf16, fp32)", 2)
 end
+
+-- Precision of a run: the --precision option every training and inference
+-- recipe takes (pretrain, squad, glue, predict).
+--   fp32  f32 everywhere.
+--   tf32  on a GPU, f32 GEMMs on TF32 tensor cores (10-bit mantissa inputs, f32
+--         accumulate); on the CPU there is no TF32 unit: the same as fp32.
+--   bf16  weights and gradients stored as bf16; f32 master weights and
+--         optimizer state; no loss scaling (bf16 has f32's exponent range).
+--   fp16  weights and gradients stored as f16; f32 master weights; dynamic
+--         loss scaling (DynamicLossScaler above): an overflowing step is
+--         skipped and the scale backs off.
+-- On the CPU half-precision storage is emulated (MixedPrecision below): the
+-- weights the forward and backward passes read and the gradients they write
+-- are rounded to bf16/f16 while activations stay f32, so the rounding,
+-- overflow and underflow of half-precision weights and gradients happen as on
+-- a GPU, and the loss scaler is exercised for real.
+M.PRECISIONS = { "fp32", "tf32", "bf16", "fp16" }
+local HALF = { fp32 = false, tf32 = false, bf16 = "bf16", fp16 = "f16" }
+
+-- check_precision(recipe, p) -> p, or an error "recipe: --precision must be ..."
+-- raised at level 0 (one clear line from the host).
+function M.check_precision(recipe, p)
+  if HALF[p] == nil then
+    error(("%s: --precision must be fp32, tf32, bf16 or fp16, got %s"):format(recipe, tostring(p)), 0)
+  end
+  return p
+end
+
+-- storage_dtype(p) -> "bf16", "f16", or nil for the f32 precisions
+function M.storage_dtype(p)
+  M.check_precision("amp.storage_dtype", p)
+  return HALF[p] or nil
+end
+
+-- round_(t, dtype[, buf]): t's values rounded to dtype (round to nearest even)
+-- in place; buf, a tensor of dtype and t's shape, avoids a temporary.
+function M.round_(t, dtype, buf)
+  if not dtype then return t end
+  if buf then buf:copy_(t); t:copy_(buf)
+  else
+    local h = t:to(dtype)
+    t:copy_(h)
+    h:free()
+  end
+  return t
+end
+
+-- round_weights(model, p): inference in precision p: the model's parameters
+-- rounded to bf16/f16 once, in place (no-op for fp32/tf32). Returns the dtype or nil.
+function M.round_weights(model, p)
+  local dt = M.storage_dtype(p)
+  if dt then M.round_(model.flat_params, dt) end
+  return dt
+end
+
+-- MixedPrecision{model=, precision=, scaler=opts}: one training step in
+-- precision p with f32 master weights, shared by recipes/pretrain.lua and
+-- bertlua.trainer (SQuAD, GLUE):
+--
+--   local mp = amp.MixedPrecision{ model = model, precision = "fp16" }
+--   model:zero_grad()
+--   mp:begin_step()                  -- master <- params; params <- round(params)
+--   ... forward; model:backward(mp:scale() / accum) ...
+--   mp:end_backward()                -- grads <- round(grads); params <- master
+--   ... all-reduce the gradients across ranks, if any ...
+--   local stepped, stats = mp:step(opt, lr)   -- fp16: false when skipped
+--
+-- For fp32/tf32 every call but step is a no-op and step is opt:step(lr), so
+-- an fp32 run is bitwise what it was without this object. For bf16/fp16 the
+-- optimizer updates the f32 master copy: updates smaller than half a unit in
+-- the last place of a bf16 weight (lr 3e-5 on a weight of 0.05 is) still
+-- accumulate, as with a GPU's f32 master weights. Memory: one f32 copy and
+-- one half copy of the parameters.
+local MP = {}
+MP.__index = MP
+
+function M.MixedPrecision(o)
+  if type(o) ~= "table" or not o.model or not o.model.flat_params then
+    error("amp.MixedPrecision: expects {model = <flattened module>, precision = ...}", 2)
+  end
+  local p = o.precision or "fp32"
+  if HALF[p] == nil then
+    error("amp.MixedPrecision: unknown precision '" .. tostring(p) .. "' (fp32, tf32, bf16, fp16)", 2)
+  end
+  local self = setmetatable({ model = o.model, precision = p, dtype = HALF[p] or nil }, MP)
+  self.scaler = p == "fp16" and M.DynamicLossScaler(o.scaler) or M.NoScaler()
+  if self.dtype then
+    local fp = o.model.flat_params
+    self.master = fp:clone()
+    self.half = fp:empty_like({ dtype = self.dtype })
+  end
+  return self
+end
+
+function MP:scale() return self.scaler:scale() end
+
+function MP:begin_step()
+  if not self.dtype then return end
+  local fp = self.model.flat_params
+  self.master:copy_(fp)
+  M.round_(fp, self.dtype, self.half)
+end
+
+function MP:end_backward()
+  if not self.dtype then return end
+  M.round_(self.model.flat_grads, self.dtype, self.half)
+  self.model.flat_params:copy_(self.master)
+end
+
+function MP:step(opt, lr, opts)
+  if self.precision == "fp16" then return self.scaler:step(opt, lr, opts) end
+  self.scaler.steps = self.scaler.steps + 1
+  return true, opt:step(lr, opts)
+end
+
+function MP:state_dict() return self.scaler:state_dict() end
+function MP:load_state_dict(sd) self.scaler:load_state_dict(sd); return self end
 
 M.Scaler = Scaler
 M.NoScaler_class = NoScaler

@@ -108,20 +108,32 @@ function M.save(dir, c, opts)
   return final
 end
 
--- identity fields that must match between the run and the checkpoint
+-- identity fields that must match between the run and the checkpoint; every
+-- mismatch is named, in sorted order (pairs() order varies between runs)
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks, function(a, b) return tostring(a) < tostring(b) end)
+  return ks
+end
+
 local function compare(path, want, have)
-  for k, v in pairs(want or {}) do
-    local h = have[k]
+  local diffs = {}
+  for _, k in ipairs(sorted_keys(want or {})) do
+    local v, h = want[k], have[k]
     if type(v) == "table" and type(h) == "table" then
-      for kk, vv in pairs(v) do
+      for _, kk in ipairs(sorted_keys(v)) do
+        local vv = v[kk]
         if h[kk] ~= nil and vv ~= h[kk] and type(vv) ~= "table" then
-          error(("checkpoint %s was made with a different %s: %s = %s there, %s now"):format(
-            path, k, kk, tostring(h[kk]), tostring(vv)), 0)
+          diffs[#diffs + 1] = ("a different %s: %s = %s there, %s now"):format(k, kk, tostring(h[kk]), tostring(vv))
         end
       end
     elseif h ~= nil and v ~= h then
-      error(("checkpoint %s was made with %s = %s, this run has %s"):format(path, k, tostring(h), tostring(v)), 0)
+      diffs[#diffs + 1] = ("%s = %s, this run has %s"):format(k, tostring(h), tostring(v))
     end
+  end
+  if #diffs > 0 then
+    error(("checkpoint %s was made with %s"):format(path, table.concat(diffs, "; ")), 0)
   end
 end
 

@@ -277,6 +277,12 @@ function M.compute_f1(a_gold, a_pred)
   return token_f1(pred, gold)
 end
 
+-- a JSON array as cjson decodes it: a table with element 1, or empty ({} and
+-- [] decode alike); a non-empty JSON object has string keys and no element 1
+local function is_array(t)
+  return type(t) == "table" and (t[1] ~= nil or next(t) == nil)
+end
+
 local function where(ai, pi, qi, id)
   local s = ("article %d paragraph %d question %d"):format(ai, pi, qi)
   if id ~= nil then s = s .. " (id " .. tostring(id) .. ")" end
@@ -503,6 +509,20 @@ function M.dataset_version(dataset)
   return "1.1"
 end
 
+-- has_answers(json) -> true when any question has a non-empty 'answers'
+-- array (a dev file that can be scored); malformed entries are passed over.
+function M.has_answers(dataset)
+  local function arr(t, k) return type(t) == "table" and type(t[k]) == "table" and t[k] or {} end
+  for _, article in ipairs(arr(dataset, "data")) do
+    for _, p in ipairs(arr(article, "paragraphs")) do
+      for _, qa in ipairs(arr(p, "qas")) do
+        if type(qa) == "table" and type(qa.answers) == "table" and #qa.answers > 0 then return true end
+      end
+    end
+  end
+  return false
+end
+
 -- evaluate(dataset, preds[, opts]): dataset is the decoded JSON file (with
 -- 'data' and 'version'); opts.version forces "1.1"/"2.0". Returns the result
 -- object (print it with squad.format_eval) and the version used.
@@ -610,7 +630,7 @@ function M.read_examples(src, opts)
   opts = opts or {}
   local name, dataset = "squad", src
   if type(src) == "string" then name = src; dataset = M.load_json(src) end
-  if type(dataset) ~= "table" or type(dataset.data) ~= "table" then
+  if type(dataset) ~= "table" or not is_array(dataset.data) then
     error(name .. ": not a SQuAD file (no 'data' array)", 0)
   end
   local v2 = opts.version_2_with_negative
@@ -627,7 +647,7 @@ function M.read_examples(src, opts)
   local examples = {}
   for ai, article in ipairs(dataset.data) do
     local paragraphs = type(article) == "table" and article.paragraphs
-    if type(paragraphs) ~= "table" then
+    if not is_array(paragraphs) then
       problem(("article %d"):format(ai), "no 'paragraphs' array", true)
       paragraphs = {}
     end
@@ -635,7 +655,7 @@ function M.read_examples(src, opts)
       local qas = type(p) == "table" and p.qas
       local context = type(p) == "table" and p.context
       local ploc = ("article %d paragraph %d"):format(ai, pi)
-      if type(qas) ~= "table" then
+      if not is_array(qas) then
         problem(ploc, "no 'qas' array", true)
       elseif type(context) ~= "string" then
         report.questions = report.questions + #qas
@@ -658,7 +678,7 @@ function M.read_examples(src, opts)
           if type(qa) ~= "table" then bad("not an object")
           elseif type(id) ~= "string" then bad("'id' is missing or not a string")
           elseif type(qa.question) ~= "string" then bad("'question' is missing or not a string")
-          elseif qa.answers ~= nil and type(qa.answers) ~= "table" then bad("'answers' is not an array")
+          elseif qa.answers ~= nil and not is_array(qa.answers) then bad("'answers' is not an array")
           end
           local ex
           if ok_q then

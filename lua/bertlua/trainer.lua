@@ -5,7 +5,8 @@
 --
 --   local trainer = require "bertlua.trainer"
 --   trainer.fit{ model = m, n = #features, batch = 32, micro_batch = 8, epochs = 2, lr = 3e-5,
---                warmup = 0.1, make_batch = function(indices) return batch_table end, log_path = ... }
+--                warmup = 0.1, make_batch = function(indices) return batch_table end, log_path = ...,
+--                precision = "fp32" }   -- or tf32, bf16, fp16: bertlua.amp.MixedPrecision, as pre-training
 --   local stats = trainer.predict{ model = m, n = #features, batch = 32,
 --                                  make_batch = function(indices) ... end, consume = function(indices, out) ... end }
 local bl = require "bertlua"
@@ -13,6 +14,7 @@ local optim = require "bertlua.optim"
 local schedule = require "bertlua.schedule"
 local logm = require "bertlua.log"
 local syn = require "bertlua.synthetic"
+local amp = require "bertlua.amp"
 
 local M = {}
 
@@ -29,12 +31,14 @@ function M.fit(o)
   local model = o.model
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01 }
   local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_proportion = o.warmup or 0.1 }
+  -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
+  local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "seq_per_s" }, config = o.config }
   local rng = syn.rng(o.seed or 42)
   local order = {}
   for i = 1, o.n do order[i] = i end
   model:train()
-  local step, last_loss = 0, nil
+  local step, last_loss, skipped = 0, nil, 0
   for _ = 1, o.epochs do
     for i = #order, 2, -1 do local j = rng(i); order[i], order[j] = order[j], order[i] end
     for s = 0, steps_per_epoch - 1 do
@@ -42,22 +46,31 @@ function M.fit(o)
       local t0 = logm.clock()
       step = step + 1
       model:zero_grad()
+      mp:begin_step()
       local loss = 0
       for a = 0, accum - 1 do
         local first = s * o.batch + a * micro
         local out = model:forward(o.make_batch({ unpack(order, first + 1, first + micro) }))
-        model:backward(1 / accum)
+        model:backward(mp:scale() / accum)
         loss = loss + out.loss / accum
       end
-      if loss ~= loss then error(("trainer: loss is NaN at step %d"):format(step), 0) end
+      mp:end_backward()
+      if loss ~= loss then
+        error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
+      end
       local lr = lr_at(adamw.step_count + 1)
-      adamw:step(lr)
+      local stepped = mp:step(adamw, lr)
+      if not stepped then skipped = skipped + 1 end
       last_loss = loss
-      log:step{ step = step, loss = loss, lr = lr, seq_per_s = o.batch / (logm.clock() - t0) }
+      log:step{ step = step, loss = loss, lr = lr, seq_per_s = o.batch / (logm.clock() - t0),
+        loss_scale = mp.dtype == "f16" and mp:scale() or nil, skipped = not stepped or nil }
     end
   end
   log:close()
-  return { steps = step, loss = last_loss }
+  if skipped > 0 then
+    print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(skipped, step, mp:scale()))
+  end
+  return { steps = step, loss = last_loss, skipped = skipped, loss_scale = mp:scale() }
 end
 
 local function percentile(sorted, p)

@@ -1,7 +1,8 @@
 -- bertlua.amp: dynamic loss scaling. Overflow injected into one gradient ->
 -- step skipped, weights and moments unchanged, scale halved; growth after
 -- growth_interval clean steps; floor; persistent-NaN error; fused step path
--- equals the unscale-then-step path; state_dict; the bf16 pass-through.
+-- equals the unscale-then-step path; state_dict; the bf16 pass-through;
+-- MixedPrecision (f32 master weights, half weights/gradients in the step).
 local T = require "bertlua.testing"
 local bl = require "bertlua"
 local optim = require "bertlua.optim"
@@ -136,6 +137,106 @@ T.test("bf16 / fp32: pass-through scaler with the same interface", function()
   T.truthy(not same(p, p0), "optimizer did not step")
   T.eq(amp.scaler_for("fp16").enabled, true)
   T.raises(function() amp.scaler_for("int8") end, "unknown precision 'int8'")
+end)
+
+-- a stand-in for a flattened model: one parameter vector and its gradient
+local function fake_model(seed)
+  local p = bl.rand({ N }, { seed = seed, low = -0.1, high = 0.1 })
+  return { flat_params = p, flat_grads = bl.zeros({ N }) }
+end
+local function representable(t, dtype)
+  return same(t, t:to(dtype):to("f32"))
+end
+
+T.test("MixedPrecision fp32/tf32: every hook a no-op, the step is opt:step", function()
+  for _, prec in ipairs({ "fp32", "tf32" }) do
+    local m = fake_model(3)
+    local opt = optim.LAMB { params = m.flat_params, grads = m.flat_grads, segments = SEGS, lr = 1e-2 }
+    local mp = amp.MixedPrecision { model = m, precision = prec }
+    T.eq(mp.dtype, nil); T.eq(mp:scale(), 1)
+    local p0 = m.flat_params:clone()
+    mp:begin_step()
+    T.truthy(same(m.flat_params, p0), prec .. ": begin_step changed the weights")
+    fill_scaled_grads(m.flat_grads, 7, 1)
+    local g0 = m.flat_grads:clone()
+    mp:end_backward()
+    T.truthy(same(m.flat_grads, g0), prec .. ": end_backward changed the gradients")
+    -- bitwise what a plain optimizer step gives
+    local ref = fake_model(3)
+    local ropt = optim.LAMB { params = ref.flat_params, grads = ref.flat_grads, segments = SEGS, lr = 1e-2 }
+    ref.flat_grads:copy_(g0)
+    ropt:step()
+    T.eq(mp:step(opt), true)
+    T.truthy(same(m.flat_params, ref.flat_params), prec .. ": step differs from opt:step")
+  end
+end)
+
+T.test("MixedPrecision bf16/fp16: half weights and gradients inside the step, f32 master outside", function()
+  for _, c in ipairs({ { "bf16", "bf16" }, { "fp16", "f16" } }) do
+    local prec, dt = c[1], c[2]
+    local m = fake_model(4)
+    local opt = optim.AdamW { params = m.flat_params, grads = m.flat_grads, segments = SEGS, lr = 1e-6 }
+    local mp = amp.MixedPrecision { model = m, precision = prec }
+    T.eq(mp.dtype, dt)
+    local master = m.flat_params:clone()
+    T.truthy(not representable(master, dt), "random f32 weights are not all " .. dt)
+    mp:begin_step()
+    T.truthy(representable(m.flat_params, dt), prec .. ": working weights rounded")
+    T.truthy(same(m.flat_params, master:to(dt):to("f32")), prec .. ": round to nearest")
+    fill_scaled_grads(m.flat_grads, 8, mp:scale() * 1e-3)
+    mp:end_backward()
+    T.truthy(representable(m.flat_grads, dt), prec .. ": gradients rounded")
+    T.truthy(same(m.flat_params, master), prec .. ": master weights restored bitwise")
+    local stepped = mp:step(opt, 1e-6)
+    T.eq(stepped, true)
+    -- lr 1e-6 moves a weight of ~0.05 by far less than half a bf16/f16 ulp: only
+    -- f32 master weights keep such updates (rounding in place would lose them all)
+    local moved, lost = 0, 0
+    local after, before = m.flat_params:ptr(), master:ptr()
+    local ra, rb = m.flat_params:to(dt):to("f32"), master:to(dt):to("f32")
+    local pa, pb = ra:ptr(), rb:ptr()
+    for i = 0, N - 1 do
+      if after[i] ~= before[i] then moved = moved + 1 end
+      if pa[i] == pb[i] then lost = lost + 1 end
+    end
+    T.truthy(moved > N * 0.9, prec .. ": small updates kept in the master weights (" .. moved .. " moved)")
+    T.truthy(lost > N * 0.9, prec .. ": the same updates vanish when rounded (" .. lost .. " lost)")
+    T.eq(mp.scaler.enabled, prec == "fp16")
+  end
+end)
+
+T.test("MixedPrecision fp16: an overflowing gradient skips the step and backs off", function()
+  local m = fake_model(6)
+  local opt = optim.AdamW { params = m.flat_params, grads = m.flat_grads, segments = SEGS, lr = 1e-3 }
+  local mp = amp.MixedPrecision { model = m, precision = "fp16", scaler = { init_scale = 2 ^ 20 } }
+  local p0 = m.flat_params:clone()
+  mp:begin_step()
+  fill_scaled_grads(m.flat_grads, 9, mp:scale())   -- |g| up to 2^20 > f16 max 65504: inf after rounding
+  mp:end_backward()
+  T.eq(mp:step(opt, 1e-3), false)
+  T.truthy(same(m.flat_params, p0), "skipped step left the weights alone")
+  T.eq(mp:scale(), 2 ^ 19); T.eq(opt.step_count, 0)
+  mp:begin_step()
+  fill_scaled_grads(m.flat_grads, 9, 1)
+  mp:end_backward()
+  T.eq(mp:step(opt, 1e-3), true)
+  T.eq(mp:state_dict().skipped_steps, 1)
+end)
+
+T.test("precision names: check_precision, storage_dtype, round_weights", function()
+  for _, p in ipairs(amp.PRECISIONS) do T.eq(amp.check_precision("r", p), p) end
+  T.eq(amp.storage_dtype("bf16"), "bf16"); T.eq(amp.storage_dtype("fp16"), "f16")
+  T.eq(amp.storage_dtype("tf32"), nil); T.eq(amp.storage_dtype("fp32"), nil)
+  T.raises(function() amp.check_precision("squad", "fp8") end, "squad: --precision must be fp32, tf32, bf16 or fp16, got fp8")
+  T.raises(function() amp.check_precision("glue", nil) end, "glue: --precision must be fp32, tf32, bf16 or fp16, got nil")
+  T.raises(function() amp.MixedPrecision { model = fake_model(1), precision = "half" } end, "unknown precision 'half'")
+  T.raises(function() amp.MixedPrecision { precision = "bf16" } end, "expects {model")
+  local m = fake_model(2)
+  local p0 = m.flat_params:clone()
+  T.eq(amp.round_weights(m, "fp32"), nil)
+  T.truthy(same(m.flat_params, p0), "fp32 leaves the weights alone")
+  T.eq(amp.round_weights(m, "bf16"), "bf16")
+  T.truthy(same(m.flat_params, p0:to("bf16"):to("f32")), "bf16 rounding")
 end)
 
 T.test("bad options", function()

@@ -2,7 +2,8 @@
 -- checks (bertlua.finetune): accumulation gives the step of the whole batch,
 -- every example is seen once per epoch, the logged learning rate follows the
 -- schedule, padding to the longest in a batch does not change outputs,
--- prediction covers every sequence once and reports ordered percentiles.
+-- prediction covers every sequence once and reports ordered percentiles;
+-- bf16/fp16 training (bertlua.amp.MixedPrecision) tracks fp32.
 local T = require "bertlua.testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -13,7 +14,7 @@ local cjson = require "cjson"
 
 local tmp = os.tmpname(); os.remove(tmp)
 os.execute("mkdir -p " .. tmp)
-T.at_exit(function() os.execute("rm -rf " .. tmp) end)
+T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
 
 -- no dropout, so a batch split into micro-batches must give the same gradient
 local cfg = { vocab_size = 97, hidden_size = 16, num_hidden_layers = 2, num_attention_heads = 2,
@@ -99,6 +100,47 @@ T.test("the loss falls on a learnable toy task", function()
   local first, last = (l[1] + l[2] + l[3]) / 3, (l[#l] + l[#l - 1] + l[#l - 2]) / 3
   T.truthy(last < first * 0.7, ("loss %.4f -> %.4f"):format(first, last))
   if os.getenv("BL_VERBOSE") then print(("toy loss %.4f -> %.4f"):format(first, last)) end
+end)
+
+T.test("precision: bf16 and fp16 (f32 master weights) track the fp32 loss curve; fp32 is the default bitwise", function()
+  local function run(prec, scaler)
+    local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
+    local log = ("%s/prec_%s%s.jsonl"):format(tmp, prec or "default", scaler and "_s" or "")
+    local r = trainer.fit{ model = m, n = #rows, batch = 8, epochs = 20, lr = 1e-2, warmup = 0.1, seed = 1, log_path = log,
+      make_batch = batch_of, precision = prec, scaler = scaler }
+    local l, recs = {}, {}
+    for line in io.lines(log) do local x = cjson.decode(line); if x.step then l[#l + 1] = x.loss; recs[#recs + 1] = x end end
+    return l, r, m, recs
+  end
+  local ref, _, mref = run(nil)
+  local f32, _, m32 = run("fp32")
+  T.near(f32, ref, 0, 0, "explicit fp32 = default")
+  T.near(m32.flat_params:totable(), mref.flat_params:totable(), 0, 0, "fp32 weights bitwise")
+  local tf32 = run("tf32")
+  T.near(tf32, ref, 0, 0, "tf32 = fp32 on the CPU")
+  local function tail(l) return (l[#l] + l[#l - 1] + l[#l - 2]) / 3 end
+  local verbose = os.getenv("BL_VERBOSE")
+  for _, prec in ipairs({ "bf16", "fp16" }) do
+    local l, r, _, recs = run(prec)
+    T.eq(#l, #ref)
+    local worst = 0
+    for i = 1, #l do worst = math.max(worst, math.abs(l[i] - ref[i])) end
+    if verbose then print(("%s: tail loss %.4f (fp32 %.4f), largest step difference %.4f"):format(prec, tail(l), tail(ref), worst)) end
+    T.truthy(worst < 0.05, ("%s: largest per-step loss difference %.4f"):format(prec, worst))
+    T.near(tail(l), tail(ref), 0, 0.01, prec .. " tail")
+    T.truthy(tail(l) < l[1] * 0.2, prec .. " learned")
+    T.eq(r.skipped, 0)
+    T.eq(recs[1].loss_scale, prec == "fp16" and 65536 or nil)
+  end
+  -- a loss scale far too large: the first fp16 steps overflow, are skipped and
+  -- back off the scale; training then proceeds and still learns
+  local l, r, _, recs = run("fp16", { init_scale = 2 ^ 24 })
+  local logged = 0
+  for _, x in ipairs(recs) do if x.skipped then logged = logged + 1 end end
+  T.truthy(r.skipped > 0 and logged == r.skipped and r.loss_scale < 2 ^ 24, ("%d skipped, scale %g"):format(r.skipped, r.loss_scale))
+  if verbose then print(("fp16 from scale 2^24: %d steps skipped, scale %g, tail loss %.4f"):format(r.skipped, r.loss_scale, tail(l))) end
+  T.truthy(tail(l) < l[1] * 0.3, ("fp16 with skips learned: %.4f -> %.4f"):format(l[1], tail(l)))
+  T.raises(function() run("fp8") end, "unknown precision 'fp8'")
 end)
 
 T.test("pad_rows: longest in batch, multiple of 8; padding does not change logits", function()

@@ -1,7 +1,8 @@
 -- recipes/glue.lua beyond SST-2/STS-B (test_glue_predict.lua): sentence pairs
 -- (MRPC) with accumulation, metrics that agree with the predictions file, the
 -- GLUE submission file for test.tsv; CoLA's headerless files and MCC; MNLI's
--- matched + mismatched dev files; bad input reported before any work.
+-- matched + mismatched dev files; bf16/fp16 training tracks fp32; bad input
+-- reported before any work.
 local T = require "bertlua.testing"
 local cjson = require "cjson"
 local bert = require "bertlua.bert"
@@ -135,6 +136,77 @@ T.test("MNLI: matched and mismatched dev files, three labels, submission files",
   end
 end)
 
+T.test("--precision=bf16|fp16 training tracks fp32 (loss per step, dev accuracy)", function()
+  local lines = read_lines(mrpc)
+  lines[1] = lines[1]:gsub("^\239\187\191", "")
+  os.execute("mkdir -p " .. tmp .. "/prec")
+  write(tmp .. "/prec/train.tsv", { unpack(lines, 1, 97) })
+  write(tmp .. "/prec/dev.tsv", { lines[1], unpack(lines, 258, 321) })
+  local function run(prec)
+    local out, rc = sh(("%s recipes/glue.lua --task=mrpc --data-dir=%s/prec --model=%s/cls2 --output=%s/prec/%s " ..
+      "--do-train --do-eval --batch=16 --lr=3e-3 --epochs=2 --precision=%s %s"):format(exe, tmp, tmp, tmp, prec, prec, common))
+    T.eq(rc, 0, out)
+    local l = {}
+    for x in io.lines(("%s/prec/%s/train_log.jsonl"):format(tmp, prec)) do
+      local r = cjson.decode(x)
+      if r.step then l[#l + 1] = r end
+    end
+    return l, cjson.decode(io.open(("%s/prec/%s/eval_results.json"):format(tmp, prec)):read("*a")), out
+  end
+  local ref, ref_res = run("fp32")
+  T.eq(#ref, 12)
+  for _, prec in ipairs({ "bf16", "fp16" }) do
+    local l, res, out = run(prec)
+    T.truthy(out:find("weights rounded to " .. prec, 1, true), out)
+    T.eq(#l, #ref)
+    local worst = 0
+    for i = 1, #l do worst = math.max(worst, math.abs(l[i].loss - ref[i].loss)) end
+    if os.getenv("BL_VERBOSE") then
+      print(("%s: largest per-step loss difference %.4f; dev acc %.4f (fp32 %.4f)"):format(prec, worst, res.acc, ref_res.acc))
+    end
+    T.truthy(worst < 0.05, ("%s: largest per-step loss difference %.4f"):format(prec, worst))
+    T.near(res.acc, ref_res.acc, 0, 0.05, prec .. " dev accuracy")
+    if prec == "fp16" then T.eq(l[1].loss_scale, 65536) else T.eq(l[1].loss_scale, nil) end
+  end
+end)
+
+T.test("malformed rows (missing fields, bad labels, empty lines): FILE:LINE, skipped, counted; an empty split refused", function()
+  os.execute("mkdir -p " .. tmp .. "/rows")
+  local lines = read_lines(mrpc)
+  lines[1] = lines[1]:gsub("^\239\187\191", "")
+  local train = { unpack(lines, 1, 41) }
+  train[3] = "1\t123\t456\tonly one sentence"                   -- 4 columns: a missing field
+  train[6] = train[6]:gsub("^%d", "7")                            -- unknown label
+  train[9] = ""                                                   -- empty line
+  train[12] = train[12] .. "\textra"                              -- one column too many
+  write(tmp .. "/rows/train.tsv", train)
+  write(tmp .. "/rows/dev.tsv", { lines[1] })                    -- a header and no rows
+  local out, rc = sh(("%s recipes/glue.lua --task=mrpc --data-dir=%s/rows --model=%s/cls2 --output=%s/rows/out " ..
+    "--do-train --batch=8 --epochs=1 %s"):format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  local f = tmp .. "/rows/train.tsv"
+  for _, w in ipairs({ f .. ":3: 4 columns, expected 5 (skipped)", f .. ":6: unknown label '7' (expected 0/1) (skipped)",
+    f .. ":9: empty line (skipped)", f .. ":12: 6 columns, expected 5 (skipped)", "40 rows, 36 examples, 4 malformed rows skipped" }) do
+    T.truthy(out:find(w, 1, true), "missing '" .. w .. "' in:\n" .. out)
+  end
+  T.truthy(out:find("train: 36 examples, 4 steps", 1, true), out)
+  out, rc = sh(("%s recipes/glue.lua --task=mrpc --data-dir=%s/rows --model=%s/cls2 --output=%s/rows/out2 --do-eval %s")
+    :format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 1); T.truthy(out:find("glue: " .. tmp .. "/rows/dev.tsv has no data rows", 1, true), out)
+  -- STS-B: a score that is not a number
+  os.execute("mkdir -p " .. tmp .. "/stsb")
+  local head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+  local rows = { head }
+  for i = 1, 9 do rows[#rows + 1] = ("%d\tmain\tf\t2012\t%d\tnone\tnone\tA cat sat.\tA dog sat.\t%s"):format(i, i, i == 4 and "high" or tostring(i % 5)) end
+  write(tmp .. "/stsb/dev.tsv", rows)
+  model(tmp .. "/reg", 1)
+  out, rc = sh(("%s recipes/glue.lua --task=stsb --data-dir=%s/stsb --model=%s/reg --output=%s/stsb/out --do-eval %s")
+    :format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  T.truthy(out:find(tmp .. "/stsb/dev.tsv:5: label 'high' is not a number (skipped)", 1, true)
+    and out:find("9 rows, 8 examples, 1 malformed rows skipped", 1, true), out)
+end)
+
 T.test("bad input is reported before any work", function()
   local base = ("%s recipes/glue.lua %s"):format(exe, common)
   local out, rc = sh(("%s --task=nope --data-dir=%s/mrpc --model=%s/cls2 --do-eval"):format(base, tmp, tmp))
@@ -154,6 +226,9 @@ T.test("bad input is reported before any work", function()
   out, rc = sh(("%s --task=sst2 --eval-file=%s/mrpc/dev.tsv --model=%s/cls2 --do-eval --output=%s/bad2"):format(base, tmp, tmp, tmp))
   T.eq(rc, 1)
   T.truthy(out:find("dev.tsv:2: 5 columns, expected 2", 1, true) and out:find("no usable rows", 1, true), out)
+  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls2 --do-train --precision=fp8 --output=%s/bad4"):format(base, tmp, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("glue: --precision must be fp32, tf32, bf16 or fp16, got fp8", 1, true), out)
+  T.truthy(not io.open(tmp .. "/bad4/train_log.jsonl"), "nothing trained")
   -- a 3-label model for a 2-label task
   out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls3 --do-eval --output=%s/bad3"):format(base, tmp, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("is a classifier with 3 outputs; mrpc needs 2", 1, true), out)

@@ -1,7 +1,9 @@
 -- recipes/predict.lua: SQuAD JSON, GLUE TSV and JSON-lines inputs; answers equal
 -- those of recipes/squad.lua and do not depend on the batch size (padding to the
 -- longest in the batch is masked out); throughput and latency percentiles are
--- reported; bad input is located and counted.
+-- reported, also in latency mode (--batch=1) for QA and classification;
+-- --precision=bf16|fp16 gives nearly fp32's logits; bad input is located and
+-- counted.
 local T = require "bertlua.testing"
 local cjson = require "cjson"
 local bert = require "bertlua.bert"
@@ -142,6 +144,74 @@ T.test("jsonl input: padding does not change logits; QA answers; regression scor
   T.truthy(a.probability > 0 and a.probability <= 1, line)
 end)
 
+T.test("latency mode --batch=1: QA and classification, one sequence per timed forward, ordered percentiles", function()
+  write(tmp .. "/lat_cls.jsonl", table.concat({ '{"text_a": "a charming and often affecting journey"}', '{"text": "dull"}',
+    '{"text_a": "no", "text_b": "yes"}', '{"text_a": "unflinchingly bleak and desperate"}', '{"text": "fine"}' }, "\n") .. "\n")
+  write(tmp .. "/lat_qa.jsonl", table.concat({
+    '{"question": "Who won?", "context": "The Denver Broncos defeated the Carolina Panthers."}',
+    '{"question": "Where is it?", "context": "Super Bowl 50 was played at Levi\'s Stadium in Santa Clara, California."}',
+    '{"question": "When?", "context": "The game was played on February 7, 2016."}' }, "\n") .. "\n")
+  for _, c in ipairs({ { "cls", "lat_cls.jsonl", 5 }, { "qa", "lat_qa.jsonl", 3 } }) do
+    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/%s --output=%s/lat_%s.out --batch=1 --warmup-batches=2 " ..
+      "--max-seq-length=64 --stats=%s/lat_%s.json --threads=2"):format(exe, tmp, c[1], tmp, c[2], tmp, c[1], tmp, c[1]))
+    T.eq(rc, 0, out)
+    local st = cjson.decode(slurp(("%s/lat_%s.json"):format(tmp, c[1])))
+    T.eq(st.batch, 1); T.eq(st.records, c[3]); T.eq(st.skipped, 0); T.eq(st.precision, "fp32")
+    T.eq(st.sequences, c[3]); T.eq(st.batches, c[3])   -- short contexts: one window per question
+    T.truthy(st.p50_ms > 0 and st.p50_ms <= st.p90_ms and st.p90_ms <= st.p99_ms, c[1] .. ": " .. slurp(("%s/lat_%s.json"):format(tmp, c[1])))
+    T.truthy(st.seq_per_s > 0 and st.seconds > 0, c[1])
+    T.truthy(out:find(("predict: %d records (0 skipped); %d sequences in"):format(c[3], c[3]), 1, true)
+      and out:find("latency per batch p50 ", 1, true), out)
+    local n = 0
+    for l in io.lines(("%s/lat_%s.out"):format(tmp, c[1])) do n = n + 1; T.eq(cjson.decode(l).index, n - 1) end
+    T.eq(n, c[3])
+    if os.getenv("BL_VERBOSE") then
+      print(("latency %s batch 1: %.1f seq/s, p50 %.2f ms, p90 %.2f ms, p99 %.2f ms"):format(c[1], st.seq_per_s, st.p50_ms, st.p90_ms, st.p99_ms))
+    end
+  end
+end)
+
+T.test("--precision=bf16|fp16: weights rounded once, logits nearly those of fp32", function()
+  local function outputs(model, input, prec)
+    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/%s --output=%s/pr.jsonl --batch=4 --max-seq-length=64 " ..
+      "--precision=%s --stats=%s/pr_stats.json"):format(exe, tmp, model, tmp, input, tmp, prec, tmp))
+    T.eq(rc, 0, out)
+    T.eq(cjson.decode(slurp(tmp .. "/pr_stats.json")).precision, prec)
+    local r = {}
+    for l in io.lines(tmp .. "/pr.jsonl") do r[#r + 1] = cjson.decode(l) end
+    return r
+  end
+  for _, m in ipairs({ "cls", "reg" }) do
+    local ref = outputs(m, "lat_cls.jsonl", "fp32")
+    T.eq(#ref, 5)
+    local tf = outputs(m, "lat_cls.jsonl", "tf32")
+    for i = 1, #ref do T.near(tf[i].logits, ref[i].logits, 0, 0, "tf32 = fp32 on the CPU") end
+    for _, prec in ipairs({ "bf16", "fp16" }) do
+      local got = outputs(m, "lat_cls.jsonl", prec)
+      local worst, big = 0, 0
+      for i = 1, #ref do
+        for k = 1, #ref[i].logits do
+          worst = math.max(worst, math.abs(got[i].logits[k] - ref[i].logits[k]))
+          big = math.max(big, math.abs(ref[i].logits[k]))
+        end
+      end
+      local rel = worst / big
+      if os.getenv("BL_VERBOSE") then
+        print(("%s %s: largest logit difference %.2e (%.2e of the largest logit %.3g)"):format(m, prec, worst, rel, big))
+      end
+      T.truthy(worst > 0, m .. " " .. prec .. ": the weights were rounded")
+      -- bf16 keeps 8 significant bits (relative rounding 2^-9 = 2e-3), f16 11 (2.4e-4)
+      T.truthy(rel < (prec == "bf16" and 0.03 or 0.004), ("%s %s: largest logit difference %.3g of the largest logit"):format(m, prec, rel))
+    end
+  end
+  -- QA: answers with bf16 weights are spans of the context, probabilities close
+  local ref, got = outputs("qa", "lat_qa.jsonl", "fp32"), outputs("qa", "lat_qa.jsonl", "bf16")
+  for i = 1, #ref do
+    T.truthy(type(got[i].answer) == "string" and got[i].answer ~= "", "answer " .. i)
+    T.near(got[i].probability, ref[i].probability, 0, 0.05, "probability " .. i)
+  end
+end)
+
 T.test("bad input", function()
   local base = ("%s recipes/predict.lua --max-seq-length=64"):format(exe)
   write(tmp .. "/bad.jsonl", '{"text_a": 5}\nnot json\n[1]\n\n')
@@ -161,6 +231,8 @@ T.test("bad input", function()
   T.eq(rc, 1); T.truthy(out:find("--input=" .. tmp .. "/missing.jsonl cannot be read", 1, true), out)
   out, rc = sh(("%s --model=%s --input=%s/bad.jsonl"):format(base, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("is not a model directory: no config.json", 1, true), out)
+  out, rc = sh(("%s --model=%s/cls --input=%s/bad.jsonl --precision=f16"):format(base, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("predict: --precision must be fp32, tf32, bf16 or fp16, got f16", 1, true), out)
   out, rc = sh(("%s --model=%s/cls --input=%s/bad.jsonl --batch=0"):format(base, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("--batch must be at least 1", 1, true), out)
 end)

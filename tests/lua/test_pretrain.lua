@@ -37,6 +37,10 @@ local function pretrain(out, extra, launcher)
     "--seq1=32 --pred1=5 --lr1=1e-2 --warmup1=0.1 --threads=1 --checkpoint-interval=5 %s")
     :format(launcher or "", exe, tmp, tmp, tmp, out, extra))
 end
+local MPIRUN = "mpirun -np 2 --oversubscribe --allow-run-as-root "
+local function need_mpirun()
+  if not sh("command -v mpirun"):find("/", 1, true) then T.skip("mpirun not installed") end
+end
 local function losses(out)
   local r = {}
   for line in io.lines(out .. "/log.jsonl") do
@@ -68,12 +72,11 @@ T.test("loss falls, the model is saved and reloads with the same outputs", funct
 end)
 
 T.test("2 ranks x 1 micro-batch == 1 rank x 2 micro-batches", function()
-  local mpirun = sh("command -v mpirun")
-  if not mpirun:find("/", 1, true) then T.skip("mpirun not installed") end
+  need_mpirun()
   local _, rc1 = pretrain(tmp .. "/one", "--batch1=16 --micro-batch=8 --steps1=6")
   T.eq(rc1, 0)
   local out, rc2 = pretrain(tmp .. "/two", "--batch1=16 --micro-batch=8 --steps1=6",
-    "mpirun -np 2 --oversubscribe --allow-run-as-root ")
+    MPIRUN)
   T.eq(rc2, 0, out)
   local a, b = losses(tmp .. "/one"), losses(tmp .. "/two")
   for s = 1, 6 do T.near(b[s], a[s], 1e-6) end
@@ -91,12 +94,11 @@ T.test("2 ranks x 1 micro-batch == 1 rank x 2 micro-batches", function()
 end)
 
 T.test("a 2-rank checkpoint resumes on 1 rank (accumulation 2) with the same losses", function()
-  local mpirun = sh("command -v mpirun")
-  if not mpirun:find("/", 1, true) then T.skip("mpirun not installed") end
+  need_mpirun()
   local _, rc1 = pretrain(tmp .. "/ws_ref", "--batch1=16 --micro-batch=8 --steps1=6")
   T.eq(rc1, 0)
   local out, rc2 = pretrain(tmp .. "/ws", "--batch1=16 --micro-batch=8 --steps1=6 --max-steps=3",
-    "mpirun -np 2 --oversubscribe --allow-run-as-root ")
+    MPIRUN)
   T.eq(rc2, 0, out)
   -- a different cut of the global batch into data slices is refused, naming the field
   local bad, rc3 = pretrain(tmp .. "/ws", "--batch1=16 --micro-batch=4 --steps1=6 --resume")

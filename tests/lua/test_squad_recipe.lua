@@ -1,7 +1,7 @@
 -- recipes/squad.lua on slices of the real SQuAD dev files (v1.1 and v2.0):
 -- the files the official tools read are written and agree with them,
--- accumulation and the schedule show in the log, and bad input is reported
--- before any work. (Learning itself is checked on the generated QA set by
+-- accumulation and the schedule show in the log, fp16 training tracks fp32,
+-- and bad input is reported before any work. (Learning itself is checked on the generated QA set by
 -- test_qa_end_to_end.lua.)
 local T = require "bertlua.testing"
 local cjson = require "cjson"
@@ -105,6 +105,26 @@ T.test("v1.1 slice: train with accumulation, predict, files parse, official eval
   for _, id in ipairs(ids1) do T.eq(preds2[id], preds[id], id) end
 end)
 
+T.test("--precision=fp16 (loss scaling, f32 master weights) tracks the fp32 run step by step", function()
+  if not io.open(tmp .. "/run1/train_log.jsonl") then T.skip("needs the fp32 run of the v1.1 test") end
+  local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/v1_train.json --predict-file=%s/v1.json " ..
+    "--output=%s/run1h --do-train --do-predict --batch=8 --micro-batch=4 --epochs=1 --warmup=0.25 --precision=fp16 %s")
+    :format(exe, tmp, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("predict: weights rounded to fp16", 1, true), out)
+  local ref, got = step_lines(tmp .. "/run1/train_log.jsonl"), step_lines(tmp .. "/run1h/train_log.jsonl")
+  T.eq(#got, #ref)
+  local worst = 0
+  for i = 1, #ref do
+    worst = math.max(worst, math.abs(got[i].loss - ref[i].loss))
+    T.truthy(got[i].loss_scale and got[i].loss_scale >= 1, "loss scale logged")
+  end
+  if os.getenv("BL_VERBOSE") then print(("fp16 vs fp32: largest per-step loss difference %.4f"):format(worst)) end
+  T.truthy(worst < 0.05, ("largest per-step loss difference %.4f"):format(worst))
+  local a, b = read_json(tmp .. "/run1/eval_results.json"), read_json(tmp .. "/run1h/eval_results.json")
+  T.near(b.f1, a.f1, 0, 10, "F1 of the fp16 run")
+end)
+
 T.test("v2.0 slice: null_odds.json, no-answer metrics, best threshold as the official script", function()
   local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/v2_train.json --predict-file=%s/v2.json " ..
     "--output=%s/run2 --do-train --do-predict --version-2-with-negative --batch=8 --max-steps=3 %s")
@@ -132,6 +152,73 @@ T.test("v2.0 slice: null_odds.json, no-answer metrics, best threshold as the off
   out = sh(("%s recipes/squad.lua --model=%s/init --predict-file=%s/v2.json --output=%s/run2b --do-predict %s")
     :format(exe, tmp, tmp, tmp, common))
   T.truthy(out:find("is SQuAD 2.0 but --version-2-with-negative is off", 1, true), out)
+end)
+
+T.test("malformed SQuAD entries (missing fields, offsets outside the context, empty contexts, non-string ids, " ..
+  "wrong JSON types): located, skipped, counted; never a crash", function()
+  local d = read_json(tmp .. "/v1_train.json")
+  local p = d.data[1].paragraphs
+  local nq = #p[1].qas + #p[2].qas + #p[3].qas
+  local q1, q2, q3 = p[1].qas[1], p[1].qas[2], p[1].qas[3]
+  q1.id = 12345                                                       -- non-string id
+  q2.answers[1].answer_start = #p[1].context + 10                     -- offset outside the context
+  q3.question = nil                                                   -- missing field
+  p[1].qas[4].answers = { text = "x", answer_start = 0 }              -- an object, not an array
+  p[1].qas[5].answers[1].answer_start = "3"                           -- not an integer
+  p[2].context = "   "                                                -- empty context
+  p[3].qas[1] = cjson.null                                            -- null question entry
+  table.insert(d.data, 1, 3)                                          -- an article that is not an object
+  table.insert(d.data, { title = "x", paragraphs = { context = "c" } }) -- paragraphs: an object
+  write_json(tmp .. "/messy.json", d)
+  -- the first article of the file is now 2: its paragraph 1 holds the broken questions
+  local want = {
+    "messy.json: article 1: no 'paragraphs' array (skipped)",
+    "article 2 paragraph 1 question 1 (id 12345): 'id' is missing or not a string (skipped)",
+    ("article 2 paragraph 1 question 2 (id %s): answer 1 at %d+"):format(q2.id, #p[1].context + 10),
+    ("article 2 paragraph 1 question 3 (id %s): 'question' is missing or not a string (skipped)"):format(q3.id),
+    ("article 2 paragraph 1 question 4 (id %s): 'answers' is not an array (skipped)"):format(p[1].qas[4].id),
+    ("article 2 paragraph 1 question 5 (id %s): answer 1 has no integer 'answer_start'"):format(p[1].qas[5].id),
+    ("article 2 paragraph 2: empty context, %d question(s) (skipped)"):format(#p[2].qas),
+    "article 2 paragraph 3 question 1: not an object (skipped)",
+    "article 3: no 'paragraphs' array (skipped)",
+  }
+  local function check(out, what)
+    for _, w in ipairs(want) do T.truthy(out:find(w, 1, true), what .. ": missing '" .. w .. "' in:\n" .. out) end
+  end
+  -- training: the broken questions are skipped, the others train
+  local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/messy.json --do-train --output=%s/messy_t " ..
+    "--batch=8 --max-steps=2 %s"):format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  check(out, "train")
+  T.truthy(out:find("outside the context (", 1, true), out)
+  -- 6 broken questions + the empty paragraph's questions + 2 broken articles
+  local skipped = 6 + #p[2].qas + 2
+  T.truthy(out:find(("train: %d questions, %d examples, %d skipped"):format(nq, nq - 6 - #p[2].qas, skipped), 1, true), out)
+  T.eq(#step_lines(tmp .. "/messy_t/train_log.jsonl"), 2)
+  -- prediction: the same entries are located; the answer problems are warnings
+  -- there (answers are not used to predict); the official evaluation refuses
+  -- the malformed file with its location, after predictions.json is written
+  out, rc = sh(("%s recipes/squad.lua --model=%s/init --predict-file=%s/messy.json --do-predict --output=%s/messy_p %s")
+    :format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("article 2 paragraph 1 question 1 (id 12345): 'id' is missing or not a string (skipped)", 1, true)
+    and out:find("article 2 paragraph 2: empty context", 1, true) and out:find("article 3: no 'paragraphs' array", 1, true), out)
+  T.truthy(out:find("squad: no evaluation: squad.evaluate: article 1 has no 'paragraphs' array", 1, true), out)
+  local preds = read_json(tmp .. "/messy_p/predictions.json")
+  T.eq(preds[q3.id], nil); T.truthy(type(preds[q2.id]) == "string", "a question with a bad answer offset is still answered")
+  T.truthy(not io.open(tmp .. "/messy_p/eval_results.json"), "no evaluation written")
+  -- predict.lua reads the same file the same way
+  out, rc = sh(("%s recipes/predict.lua --model=%s/init --task=squad --input=%s/messy.json --output=%s/messy_pp.json %s")
+    :format(exe, tmp, tmp, tmp, common:gsub("%-%-lr=%S+ ", "")))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("article 2 paragraph 1 question 1 (id 12345): 'id' is missing or not a string (skipped)", 1, true)
+    and out:find("predict: no evaluation", 1, true), out)
+  -- only broken entries: a clear stop naming the counts
+  write_json(tmp .. "/allbad.json", { version = "1.1", data = { 3, { paragraphs = { { context = "", qas = { { id = "a", question = "q" } } } } } } })
+  out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/allbad.json --do-train --output=%s/allbad %s")
+    :format(exe, tmp, tmp, tmp, common))
+  T.eq(rc, 1, out)
+  T.truthy(out:find("no usable training questions in " .. tmp .. "/allbad.json (1 questions, 2 entries skipped", 1, true), out)
 end)
 
 T.test("notebooks/squad.ipynb runs headless on the fine-tuned model", function()
@@ -165,6 +252,9 @@ T.test("bad input is reported before any work", function()
     :format(base, tmp, tmp, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("--predict-file=" .. tmp .. "/typo.json cannot be read", 1, true), out)
   T.truthy(not io.open(tmp .. "/bad1/train_log.jsonl"), "nothing trained")
+  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --do-train --precision=half --output=%s/bad5"):format(base, tmp, tmp, tmp))
+  T.eq(rc, 1); T.truthy(out:find("squad: --precision must be fp32, tf32, bf16 or fp16, got half", 1, true), out)
+  T.truthy(not io.open(tmp .. "/bad5/train_log.jsonl"), "nothing trained")
   out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --do-train --batch=6 --micro-batch=4"):format(base, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("not a multiple of --micro-batch", 1, true), out)
   -- training on questions with several answers: each one named, then a clear stop
