@@ -179,7 +179,7 @@ if opt.compare == "torch" and on_gpu then
     :format(opt.python, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
       threads, V, opt.masked, opt.warmup, opt.dropout, opt.lr, opt.device == "cuda" and "cuda:0" or opt.device,
       opt.precision, opt.infer and " --infer" or "")
-  local f = io.popen(cmd)
+  local f = io.popen(bl.peer_env_prefix() .. cmd)
   local out = f:read("*a")
   f:close()
   io.write(out)
@@ -195,7 +195,7 @@ elseif opt.compare == "torch" then
   local cmd = ("%s tests/py/bert_reference.py bench --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d --masked %d --warmup %d --dropout %g%s 2>&1")
     :format(opt.python, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
       threads, V, opt.masked, opt.warmup, opt.dropout, opt.infer and " --infer" or "")
-  local f = io.popen(cmd)
+  local f = io.popen(bl.peer_env_prefix() .. cmd)
   local out = f:read("*a")
   f:close()
   io.write(out)

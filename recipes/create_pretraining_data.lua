@@ -32,9 +32,6 @@ local opt = options.parse(arg, {
 for _, k in ipairs({ "input", "vocab", "output" }) do
   if not opt[k] then error("create_pretraining_data: --" .. k .. " is required (see --help)", 0) end
 end
-if opt.dynamic_masking and opt.whole_word_masking then
-  error("create_pretraining_data: --dynamic-masking with --whole-word-masking is not supported yet", 0)
-end
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 local files = {}

@@ -149,6 +149,13 @@ T.test("dynamic masking draws new masks every epoch, reproducibly", function()
   local b1 = first_two_epochs()
   T.near(a1, b1)
   T.truthy(table.concat(a1, ",") ~= table.concat(a2, ","), "epoch 2 masks differ")
+  -- with whole-word masking the shard says so (flags 1|2) and the loader masks whole words
+  local out2, rc2 = run(("--input=%s/in/train_00000.txt --vocab=%s --output=%s/dw --max-seq-length=64 --max-predictions=10 --dupe-factor=1 --dynamic-masking --whole-word-masking")
+    :format(tmp, vocab, tmp))
+  T.eq(rc2, 0, out2)
+  local s = pd.open_shard(pd.list_shards(tmp .. "/dw", "train")[1])
+  T.eq(s.h.flags, 3)
+  s:close()
 end)
 
 T.test("corrupt or mismatched shards are refused with the reason", function()
