@@ -174,37 +174,34 @@ local achieved = flops * opt.steps / dt / 1e12
 print(("model FLOPs: %.3g per step, %.1f TFLOP/s%s"):format(flops, achieved,
   peak and ("; MFU %.1f%% of %.0f TFLOP/s (%s)"):format(100 * achieved / peak, peak, opt.precision) or ""))
 
+-- runs a PyTorch peer (script and its extra options) on the same model and batch, in the
+-- peers' environment, echoes its output and prints the throughput ratio (and, on a GPU, report(theirs))
+local function compare_with_torch(script, extra, report)
+  local cmd = ("%s %s --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d --masked %d --warmup %d --dropout %g%s%s 2>&1")
+    :format(opt.python, script, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
+      threads, V, opt.masked, opt.warmup, opt.dropout, extra, opt.infer and " --infer" or "")
+  local f = io.popen(bl.peer_env_prefix() .. cmd)
+  local out = f:read("*a")
+  f:close()
+  io.write(out)
+  local theirs = tonumber(out:match("torch: ([%d%.]+) seq/s"))
+  if theirs then
+    print(("ratio bertlua/torch: %.2fx"):format(ours / theirs))
+    if report then report(theirs) end
+  else
+    print("torch comparison failed (see output above)")
+  end
+end
+
 if opt.compare == "torch" and on_gpu then
-  local cmd = ("%s tests/py/bench_bert_torch.py --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d --masked %d --warmup %d --dropout %g --lr %g --device %s --precision %s%s 2>&1")
-    :format(opt.python, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
-      threads, V, opt.masked, opt.warmup, opt.dropout, opt.lr, opt.device == "cuda" and "cuda:0" or opt.device,
-      opt.precision, opt.infer and " --infer" or "")
-  local f = io.popen(bl.peer_env_prefix() .. cmd)
-  local out = f:read("*a")
-  f:close()
-  io.write(out)
-  local theirs = tonumber(out:match("torch: ([%d%.]+) seq/s"))
-  if theirs then
-    print(("ratio bertlua/torch: %.2fx"):format(ours / theirs))
-    print(("torch model FLOP/s: %.1f TFLOP/s%s"):format(flops * theirs / B / 1e12,
-      peak and (", MFU %.1f%%"):format(100 * flops * theirs / B / 1e12 / peak) or ""))
-  else
-    print("torch comparison failed (see output above)")
-  end
+  compare_with_torch("tests/py/bench_bert_torch.py", (" --lr %g --device %s --precision %s")
+    :format(opt.lr, opt.device == "cuda" and "cuda:0" or opt.device, opt.precision),
+    function(theirs)
+      print(("torch model FLOP/s: %.1f TFLOP/s%s"):format(flops * theirs / B / 1e12,
+        peak and (", MFU %.1f%%"):format(100 * flops * theirs / B / 1e12 / peak) or ""))
+    end)
 elseif opt.compare == "torch" then
-  local cmd = ("%s tests/py/bert_reference.py bench --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d --masked %d --warmup %d --dropout %g%s 2>&1")
-    :format(opt.python, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
-      threads, V, opt.masked, opt.warmup, opt.dropout, opt.infer and " --infer" or "")
-  local f = io.popen(bl.peer_env_prefix() .. cmd)
-  local out = f:read("*a")
-  f:close()
-  io.write(out)
-  local theirs = tonumber(out:match("torch: ([%d%.]+) seq/s"))
-  if theirs then
-    print(("ratio bertlua/torch: %.2fx"):format(ours / theirs))
-  else
-    print("torch comparison failed (see output above)")
-  end
+  compare_with_torch("tests/py/bert_reference.py bench", "")
 elseif opt.compare ~= "" then
   error("benchmark: --compare must be 'torch' or empty", 0)
 end

@@ -84,6 +84,23 @@ local function run(n, make_batch, consume)
   return trainer.predict{ model = model, n = n, batch = opt.batch, make_batch = make_batch, consume = consume }
 end
 
+-- a classifier's input row ({ids=, types=}) for text_a and the optional text_b
+local function encode_pair(a, b)
+  local toks, types = bert.pair(tok:tokenize(a), b and tok:tokenize(b) or nil, opt.max_seq_length)
+  return { ids = tok:convert_tokens_to_ids(toks), types = types }
+end
+
+-- run() over such rows, each batch padded to its longest row (trainer.pad_rows)
+local function run_rows(rows, consume)
+  return run(#rows,
+    function(idx)
+      local sel = {}
+      for k, i in ipairs(idx) do sel[k] = rows[i] end
+      return (trainer.pad_rows(sel, opt.max_seq_length))
+    end,
+    consume)
+end
+
 local function write_output(text)
   if opt.output then require("bertlua.checkpoint").write_atomic(opt.output, text) else io.write(text) end
 end
@@ -158,16 +175,10 @@ elseif glue_task then
   end
   local rows = {}
   for i, e in ipairs(ex) do
-    local toks, types = bert.pair(tok:tokenize(e.text_a), e.text_b and tok:tokenize(e.text_b) or nil, opt.max_seq_length)
-    rows[i] = { ids = tok:convert_tokens_to_ids(toks), types = types }
+    rows[i] = encode_pair(e.text_a, e.text_b)
   end
   local preds = {}
-  stats = run(#rows,
-    function(idx)
-      local sel = {}
-      for k, i in ipairs(idx) do sel[k] = rows[i] end
-      return (trainer.pad_rows(sel, opt.max_seq_length))
-    end,
+  stats = run_rows(rows,
     function(idx, out)
       local lg = out.logits:totable()
       for k, i in ipairs(idx) do
@@ -233,16 +244,10 @@ else
   else
     local rows = {}
     for i, r in ipairs(recs) do
-      local toks, types = bert.pair(tok:tokenize(r.text_a or r.text), r.text_b and tok:tokenize(r.text_b) or nil, opt.max_seq_length)
-      rows[i] = { ids = tok:convert_tokens_to_ids(toks), types = types }
+      rows[i] = encode_pair(r.text_a or r.text, r.text_b)
     end
     local nl = model.num_labels
-    stats = run(#rows,
-      function(idx)
-        local sel = {}
-        for k, i in ipairs(idx) do sel[k] = rows[i] end
-        return (trainer.pad_rows(sel, opt.max_seq_length))
-      end,
+    stats = run_rows(rows,
       function(idx, out)
         local lg = out.logits:totable()
         for k, i in ipairs(idx) do

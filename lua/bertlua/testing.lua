@@ -69,6 +69,70 @@ local finalizers = {}
 -- at_exit(fn): run fn after all tests (cleanup of temp dirs, servers).
 function M.at_exit(fn) finalizers[#finalizers + 1] = fn end
 
+-- Helpers for tests that run recipes through the executable --------------------
+
+-- exe(): path of the bertlua executable: $BL_BUILD_DIR/bertlua (ctest sets it), else build/bertlua.
+function M.exe() return (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua" end
+
+-- sh(cmd) -> out, rc: runs a shell command; out is its stdout and stderr together
+-- (followed by a last line "rc=N"), rc its exit status as a number.
+function M.sh(cmd)
+  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
+  local out = f:read("*a"); f:close()
+  return out, tonumber(out:match("rc=(%d+)%s*$"))
+end
+
+-- tmpdir(sub, ...) -> path: a new directory (with the named subdirectories),
+-- removed after all tests unless $BL_KEEP is set.
+function M.tmpdir(...)
+  local tmp = os.tmpname(); os.remove(tmp)
+  local dirs = { tmp }
+  for _, sub in ipairs({ ... }) do dirs[#dirs + 1] = tmp .. "/" .. sub end
+  os.execute("mkdir -p " .. table.concat(dirs, " "))
+  M.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
+  return tmp
+end
+
+-- slurp(path): the whole file (binary); fails with "<path> not written" when it cannot be opened.
+function M.slurp(path)
+  local f = assert(io.open(path, "rb"), path .. " not written")
+  local s = f:read("*a"); f:close()
+  return s
+end
+
+-- write_file(path, s): (over)writes path with the string s.
+function M.write_file(path, s)
+  local f = assert(io.open(path, "w")); f:write(s); f:close()
+end
+
+-- read_lines(path): the file's lines as a list.
+function M.read_lines(path)
+  local r = {}
+  for l in io.lines(path) do r[#r + 1] = l end
+  return r
+end
+
+local HEADS = { qa = "BertForQuestionAnswering", cls = "BertForSequenceClassification",
+  pretraining = "BertForPreTraining" }
+-- tiny_model_dir(dir, opts) -> cfg: saves a randomly initialised (seeded) small
+-- BERT as a model directory (config.json, model.safetensors, vocab.txt).
+--   opts.vocab: path of the vocab.txt to copy in (required)
+--   opts.head: "cls" (default; opts.num_labels, default 2), "qa" or "pretraining"
+--   opts.seed: initialisation seed
+--   opts.config: fields overriding the default config: BERT-base's vocabulary
+--     (30522), hidden 32, 1 layer, 2 heads, intermediate 64, 128 positions
+function M.tiny_model_dir(dir, opts)
+  local bert = require "bertlua.bert"
+  local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+    intermediate_size = 64, max_position_embeddings = 128 }
+  for k, v in pairs(opts.config or {}) do cfg[k] = v end
+  local head = HEADS[opts.head or "cls"] or error("tiny_model_dir: unknown head " .. tostring(opts.head), 2)
+  local mopts = { seed = opts.seed }
+  if head == HEADS.cls then mopts.num_labels = opts.num_labels or 2 end
+  bert.save_pretrained(bert[head](cfg, mopts), dir, { vocab = assert(opts.vocab, "tiny_model_dir: opts.vocab") })
+  return cfg
+end
+
 function M.run()
   local passed, failed, skipped = 0, 0, 0
   local filter = os.getenv("BL_TEST_FILTER")

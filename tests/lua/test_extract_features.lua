@@ -11,25 +11,17 @@ local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local cjson = require "cjson"
 
-local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local exe = T.exe()
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
-local tmp = os.tmpname(); os.remove(tmp)
-os.execute("mkdir -p " .. tmp)
-T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
-  local out = f:read("*a"); f:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
-local function write(path, s) local f = assert(io.open(path, "w")); f:write(s); f:close() end
+local tmp = T.tmpdir()
+local sh, write, read_lines = T.sh, T.write_file, T.read_lines
 
 -- a tiny vocabulary and a 4-layer model with a pre-training head (ignored by the recipe)
 local words = { "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog", "##s",
   ".", "big", "red", "ran", "away", "and", "jump", "##ed", "over", "fence", "," }
 write(tmp .. "/vocab.txt", table.concat(words, "\n") .. "\n")
-local CFG = { vocab_size = #words, hidden_size = 24, num_hidden_layers = 4, num_attention_heads = 2,
-  intermediate_size = 40, max_position_embeddings = 128 }
-bert.save_pretrained(bert.BertForPreTraining(CFG, { seed = 17 }), tmp .. "/m", { vocab = tmp .. "/vocab.txt" })
+local CFG = T.tiny_model_dir(tmp .. "/m", { head = "pretraining", seed = 17, vocab = tmp .. "/vocab.txt",
+  config = { vocab_size = #words, hidden_size = 24, num_hidden_layers = 4, intermediate_size = 40 } })
 
 local INPUT = table.concat({
   "The cat sat on the mat.",
@@ -52,11 +44,6 @@ local WANT = {
 local function extract(out, extra)
   return sh(("%s recipes/extract_features.lua --model=%s/m --input=%s/in.txt --output=%s %s")
     :format(exe, tmp, tmp, out, extra or ""))
-end
-local function read_lines(path)
-  local r = {}
-  for l in io.lines(path) do r[#r + 1] = l end
-  return r
 end
 
 -- the model's hidden states for one example, computed directly (no padding)

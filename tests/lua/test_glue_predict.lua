@@ -1,23 +1,14 @@
 -- recipes/glue.lua (classification and STS-B regression) and recipes/predict.lua.
 local T = require "bertlua.testing"
 local cjson = require "cjson"
-local bert = require "bertlua.bert"
 
-local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local exe = T.exe()
 local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
 local sst = T.shared_data("glue/SST-2/dev.tsv")
 if not vocab or not sst then T.skip_all("needs ../shared/data (vocab and glue/SST-2)") end
-local tmp = os.tmpname(); os.remove(tmp)
-os.execute("mkdir -p " .. tmp .. "/sst " .. tmp .. "/stsb")
-T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
-  local out = f:read("*a"); f:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
-local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
-  intermediate_size = 64, max_position_embeddings = 128 }
-bert.save_pretrained(bert.BertForSequenceClassification(cfg, { seed = 1, num_labels = 2 }), tmp .. "/cls", { vocab = vocab })
+local tmp = T.tmpdir("sst", "stsb")
+local sh = T.sh
+T.tiny_model_dir(tmp .. "/cls", { seed = 1, num_labels = 2, vocab = vocab })
 
 -- SST-2: train on the first 400 dev rows, evaluate on the rest; one malformed row
 local lines = {}
@@ -53,7 +44,7 @@ T.test("SST-2: loss falls, metrics and predictions are written, bad rows reporte
 end)
 
 T.test("STS-B regression learns a score", function()
-  bert.save_pretrained(bert.BertForSequenceClassification(cfg, { seed = 1, num_labels = 1 }), tmp .. "/reg", { vocab = vocab })
+  T.tiny_model_dir(tmp .. "/reg", { seed = 1, num_labels = 1, vocab = vocab })
   local header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
   local words = { "cat", "dog", "bird", "fish", "horse", "mouse" }
   local rows = { header }

@@ -5,34 +5,18 @@
 -- reported before any work.
 local T = require "bertlua.testing"
 local cjson = require "cjson"
-local bert = require "bertlua.bert"
 local metrics = require "bertlua.metrics"
 
-local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local exe = T.exe()
 local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
 local mrpc = T.shared_data("glue/MRPC/dev.tsv")
 local cola = T.shared_data("glue/CoLA/dev.tsv")
 if not vocab or not mrpc or not cola then T.skip_all("needs ../shared/data (vocab, glue/MRPC, glue/CoLA)") end
 
-local tmp = os.tmpname(); os.remove(tmp)
-os.execute(("mkdir -p %s/mrpc %s/cola %s/mnli"):format(tmp, tmp, tmp))
-T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
-  local out = f:read("*a"); f:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
-local function write(path, lines) local f = io.open(path, "w"); f:write(table.concat(lines, "\n"), "\n"); f:close() end
-local function read_lines(path)
-  local r = {}
-  for l in io.lines(path) do r[#r + 1] = l end
-  return r
-end
-local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
-  intermediate_size = 64, max_position_embeddings = 128 }
-local function model(dir, labels)
-  bert.save_pretrained(bert.BertForSequenceClassification(cfg, { seed = 2, num_labels = labels }), dir, { vocab = vocab })
-end
+local tmp = T.tmpdir("mrpc", "cola", "mnli")
+local sh, read_lines = T.sh, T.read_lines
+local function write(path, lines) T.write_file(path, table.concat(lines, "\n") .. "\n") end
+local function model(dir, labels) T.tiny_model_dir(dir, { seed = 2, num_labels = labels, vocab = vocab }) end
 model(tmp .. "/cls2", 2)
 model(tmp .. "/cls3", 3)
 local common = "--max-seq-length=64 --threads=2"

@@ -6,35 +6,21 @@
 -- counted.
 local T = require "bertlua.testing"
 local cjson = require "cjson"
-local bert = require "bertlua.bert"
 
-local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local exe = T.exe()
 local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
 local dev1 = T.shared_data("squad/dev-v1.1.json")
 local sst = T.shared_data("glue/SST-2/dev.tsv")
 if not vocab or not dev1 or not sst then T.skip_all("needs ../shared/data (vocab, squad/dev-v1.1.json, glue/SST-2)") end
 
-local tmp = os.tmpname(); os.remove(tmp)
-os.execute("mkdir -p " .. tmp)
-T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
-  local out = f:read("*a"); f:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
-local function slurp(path)
-  local f = assert(io.open(path, "rb"), path .. " not written")
-  local s = f:read("*a"); f:close()
-  return s
-end
-local function write(path, s) local f = io.open(path, "w"); f:write(s); f:close() end
+local tmp = T.tmpdir()
+local sh, slurp, write = T.sh, T.slurp, T.write_file
 
-local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 2,
-  intermediate_size = 64, max_position_embeddings = 128 }
 -- random non-zero heads (seeded): predictions are arbitrary but deterministic
-bert.save_pretrained(bert.BertForQuestionAnswering(cfg, { seed = 5 }), tmp .. "/qa", { vocab = vocab })
-bert.save_pretrained(bert.BertForSequenceClassification(cfg, { seed = 6, num_labels = 2 }), tmp .. "/cls", { vocab = vocab })
-bert.save_pretrained(bert.BertForSequenceClassification(cfg, { seed = 7, num_labels = 1 }), tmp .. "/reg", { vocab = vocab })
+local two = { num_hidden_layers = 2 }
+T.tiny_model_dir(tmp .. "/qa", { head = "qa", seed = 5, vocab = vocab, config = two })
+T.tiny_model_dir(tmp .. "/cls", { seed = 6, num_labels = 2, vocab = vocab, config = two })
+T.tiny_model_dir(tmp .. "/reg", { seed = 7, num_labels = 1, vocab = vocab, config = two })
 
 local d = cjson.decode(slurp(dev1))
 local slice = { version = d.version, data = { { title = d.data[1].title, paragraphs = { unpack(d.data[1].paragraphs, 1, 2) } } } }
@@ -215,26 +201,24 @@ end)
 T.test("bad input", function()
   local base = ("%s recipes/predict.lua --max-seq-length=64"):format(exe)
   write(tmp .. "/bad.jsonl", '{"text_a": 5}\nnot json\n[1]\n\n')
-  local out, rc = sh(("%s --model=%s/cls --input=%s/bad.jsonl"):format(base, tmp, tmp))
-  T.eq(rc, 1)
-  T.truthy(out:find("bad.jsonl:1: needs a string field", 1, true) and out:find("bad.jsonl:2: not JSON", 1, true)
-    and out:find("bad.jsonl:3: not a JSON object", 1, true) and out:find("no usable records", 1, true), out)
-  out, rc = sh(("%s --model=%s/cls --task=glue-nope --input=%s/bad.jsonl"):format(base, tmp, tmp))
-  T.eq(rc, 1); T.truthy(out:find("unknown task 'nope'", 1, true), out)
-  out, rc = sh(("%s --model=%s/cls --task=xml --input=%s/bad.jsonl"):format(base, tmp, tmp))
-  T.eq(rc, 1); T.truthy(out:find("--task must be jsonl, squad or glue-TASK", 1, true), out)
-  out, rc = sh(("%s --model=%s/cls --task=squad --input=%s/v1.json"):format(base, tmp, tmp))
-  T.eq(rc, 1); T.truthy(out:find("--task=squad needs a QA model", 1, true), out)
-  out, rc = sh(("%s --model=%s/reg --task=glue-sst2 --input=%s/dev.tsv"):format(base, tmp, tmp))
-  T.eq(rc, 1); T.truthy(out:find("has 1 outputs but glue-sst2 needs 2", 1, true) or out:find("has 1 outputs but sst2 needs 2", 1, true), out)
-  out, rc = sh(("%s --model=%s/cls --input=%s/missing.jsonl"):format(base, tmp, tmp))
-  T.eq(rc, 1); T.truthy(out:find("--input=" .. tmp .. "/missing.jsonl cannot be read", 1, true), out)
-  out, rc = sh(("%s --model=%s --input=%s/bad.jsonl"):format(base, tmp, tmp))
-  T.eq(rc, 1); T.truthy(out:find("is not a model directory: no config.json", 1, true), out)
-  out, rc = sh(("%s --model=%s/cls --input=%s/bad.jsonl --precision=f16"):format(base, tmp, tmp))
-  T.eq(rc, 1); T.truthy(out:find("predict: --precision must be fp32, tf32, bf16 or fp16, got f16", 1, true), out)
-  out, rc = sh(("%s --model=%s/cls --input=%s/bad.jsonl --batch=0"):format(base, tmp, tmp))
-  T.eq(rc, 1); T.truthy(out:find("--batch must be at least 1", 1, true), out)
+  -- args (both %s: the temp dir) must fail with exit status 1 and every one of the messages
+  local function refused(args, ...)
+    local out, rc = sh(base .. " " .. args:format(tmp, tmp))
+    T.eq(rc, 1, out)
+    for _, want in ipairs({ ... }) do T.truthy(out:find(want, 1, true), out) end
+    return out
+  end
+  refused("--model=%s/cls --input=%s/bad.jsonl", "bad.jsonl:1: needs a string field", "bad.jsonl:2: not JSON",
+    "bad.jsonl:3: not a JSON object", "no usable records")
+  refused("--model=%s/cls --task=glue-nope --input=%s/bad.jsonl", "unknown task 'nope'")
+  refused("--model=%s/cls --task=xml --input=%s/bad.jsonl", "--task must be jsonl, squad or glue-TASK")
+  refused("--model=%s/cls --task=squad --input=%s/v1.json", "--task=squad needs a QA model")
+  local out = refused("--model=%s/reg --task=glue-sst2 --input=%s/dev.tsv")
+  T.truthy(out:find("has 1 outputs but glue-sst2 needs 2", 1, true) or out:find("has 1 outputs but sst2 needs 2", 1, true), out)
+  refused("--model=%s/cls --input=%s/missing.jsonl", "--input=" .. tmp .. "/missing.jsonl cannot be read")
+  refused("--model=%s --input=%s/bad.jsonl", "is not a model directory: no config.json")
+  refused("--model=%s/cls --input=%s/bad.jsonl --precision=f16", "predict: --precision must be fp32, tf32, bf16 or fp16, got f16")
+  refused("--model=%s/cls --input=%s/bad.jsonl --batch=0", "--batch must be at least 1")
 end)
 
 T.run()

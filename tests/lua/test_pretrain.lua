@@ -6,18 +6,12 @@ local T = require "bertlua.testing"
 local cjson = require "cjson"
 local syn = require "bertlua.synthetic"
 
-local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
-local tmp = os.tmpname(); os.remove(tmp)
-T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
-  local out = f:read("*a"); f:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
+local exe = T.exe()
+local tmp = T.tmpdir("books")
+local sh = T.sh
 local function must(cmd) local out, rc = sh(cmd); if rc ~= 0 then error(cmd .. "\n" .. out, 2) end; return out end
 
 -- data: generated books -> shards -> vocab -> instances (S=32)
-os.execute("mkdir -p " .. tmp .. "/books")
 local docs = syn.documents(syn.world{ seed = 2, countries = 60 }, { copies = 2 })
 for b = 1, 30 do
   local f = io.open(("%s/books/b%02d.txt"):format(tmp, b), "w")
@@ -30,7 +24,7 @@ must(("%s recipes/build_vocab.lua --input=%s/shards --output=%s/vocab.txt --size
 must(("%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s/vocab.txt --output=%s/data --max-seq-length=32 --max-predictions=5 --dupe-factor=3"):format(exe, tmp, tmp, tmp))
 local cfg = { vocab_size = 600, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 128,
   max_position_embeddings = 64 }
-local f = io.open(tmp .. "/cfg.json", "w"); f:write(cjson.encode(cfg)); f:close()
+T.write_file(tmp .. "/cfg.json", cjson.encode(cfg))
 
 local function pretrain(out, extra, launcher)
   return sh(("%s%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s/data --output=%s --phase=1 " ..
@@ -40,6 +34,15 @@ end
 local MPIRUN = "mpirun -np 2 --oversubscribe --allow-run-as-root "
 local function need_mpirun()
   if not sh("command -v mpirun"):find("/", 1, true) then T.skip("mpirun not installed") end
+end
+-- the same 6 steps of batch 16 on 1 rank (2 micro-batches of 8) into tmp/ref and on
+-- 2 ranks (1 micro-batch each; extra: more options) into tmp/two; both must succeed
+local function one_and_two_ranks(ref, two, extra)
+  need_mpirun()
+  local out1, rc1 = pretrain(tmp .. "/" .. ref, "--batch1=16 --micro-batch=8 --steps1=6")
+  T.eq(rc1, 0, out1)
+  local out2, rc2 = pretrain(tmp .. "/" .. two, "--batch1=16 --micro-batch=8 --steps1=6" .. (extra or ""), MPIRUN)
+  T.eq(rc2, 0, out2)
 end
 local function losses(out)
   local r = {}
@@ -72,12 +75,7 @@ T.test("loss falls, the model is saved and reloads with the same outputs", funct
 end)
 
 T.test("2 ranks x 1 micro-batch == 1 rank x 2 micro-batches", function()
-  need_mpirun()
-  local _, rc1 = pretrain(tmp .. "/one", "--batch1=16 --micro-batch=8 --steps1=6")
-  T.eq(rc1, 0)
-  local out, rc2 = pretrain(tmp .. "/two", "--batch1=16 --micro-batch=8 --steps1=6",
-    MPIRUN)
-  T.eq(rc2, 0, out)
+  one_and_two_ranks("one", "two")
   local a, b = losses(tmp .. "/one"), losses(tmp .. "/two")
   for s = 1, 6 do T.near(b[s], a[s], 1e-6) end
   local st = require "bertlua.safetensors"
@@ -94,12 +92,7 @@ T.test("2 ranks x 1 micro-batch == 1 rank x 2 micro-batches", function()
 end)
 
 T.test("a 2-rank checkpoint resumes on 1 rank (accumulation 2) with the same losses", function()
-  need_mpirun()
-  local _, rc1 = pretrain(tmp .. "/ws_ref", "--batch1=16 --micro-batch=8 --steps1=6")
-  T.eq(rc1, 0)
-  local out, rc2 = pretrain(tmp .. "/ws", "--batch1=16 --micro-batch=8 --steps1=6 --max-steps=3",
-    MPIRUN)
-  T.eq(rc2, 0, out)
+  one_and_two_ranks("ws_ref", "ws", " --max-steps=3")
   -- a different cut of the global batch into data slices is refused, naming the field
   local bad, rc3 = pretrain(tmp .. "/ws", "--batch1=16 --micro-batch=4 --steps1=6 --resume")
   T.truthy(rc3 ~= 0 and bad:find("data_slices", 1, true), bad)

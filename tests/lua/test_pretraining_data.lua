@@ -5,12 +5,10 @@ local pd = require "bertlua.pretraining_data"
 local Tok = require "bertlua.tokenizer"
 local syn = require "bertlua.synthetic"
 
-local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local exe = T.exe()
 local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
 if not vocab then T.skip_all("needs ../shared/data/vocab (BL_SHARED_DATA)") end
-local tmp = os.tmpname(); os.remove(tmp)
-os.execute("mkdir -p " .. tmp .. "/in")
-T.at_exit(function() os.execute("rm -rf " .. tmp) end)
+local tmp = T.tmpdir("in")
 
 -- input: the generated corpus (two files) + google's sample text when present
 local w = syn.world{ seed = 5, countries = 40 }
@@ -23,12 +21,8 @@ end
 local sample = T.shared_data("pretraining_text/bert_sample_text.txt")
 if sample then os.execute("cp " .. sample .. " " .. tmp .. "/in/train_00002.txt") end
 
-local function run(args)
-  local f = io.popen(exe .. " recipes/create_pretraining_data.lua " .. args .. " 2>&1; echo rc=$?")
-  local out = f:read("*a"); f:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
-local function slurp(p) local f = io.open(p, "rb"); local s = f:read("*a"); f:close(); return s end
+local function run(args) return T.sh(exe .. " recipes/create_pretraining_data.lua " .. args) end
+local slurp = T.slurp
 
 T.test("instances follow create_pretraining_data's rules", function()
   local out, rc = run(("--input=%s/in --vocab=%s --output=%s/a --max-seq-length=64 --max-predictions=10 --dupe-factor=3 --seed=7")

@@ -5,30 +5,17 @@
 -- test_qa_end_to_end.lua.)
 local T = require "bertlua.testing"
 local cjson = require "cjson"
-local bert = require "bertlua.bert"
 
-local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
+local exe = T.exe()
 local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
 local dev1 = T.shared_data("squad/dev-v1.1.json")
 local dev2 = T.shared_data("squad/dev-v2.0.cs224n-half.json")
 if not vocab or not dev1 or not dev2 then T.skip_all("needs ../shared/data (vocab, squad/dev-v1.1.json, squad/dev-v2.0.cs224n-half.json)") end
 
-local tmp = os.tmpname(); os.remove(tmp)
-os.execute("mkdir -p " .. tmp)
-T.at_exit(function() if not os.getenv("BL_KEEP") then os.execute("rm -rf " .. tmp) end end)
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo rc=$?")
-  local out = f:read("*a"); f:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
-local function read_json(path)
-  local f = assert(io.open(path), path .. " not written")
-  local s = f:read("*a"); f:close()
-  return cjson.decode(s)
-end
-local function write_json(path, v)
-  local f = io.open(path, "w"); f:write(cjson.encode(v)); f:close()
-end
+local tmp = T.tmpdir()
+local sh = T.sh
+local function read_json(path) return cjson.decode(T.slurp(path)) end
+local function write_json(path, v) T.write_file(path, cjson.encode(v)) end
 
 -- slices: the first 3 paragraphs of the first article; training copies keep
 -- the first answer only (run_squad.py trains on exactly one answer per question)
@@ -48,9 +35,7 @@ local function slice(path, name)
 end
 local ids1, ids2 = slice(dev1, "v1"), slice(dev2, "v2")
 
-local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
-  intermediate_size = 64, max_position_embeddings = 128 }
-bert.save_pretrained(bert.BertForQuestionAnswering(cfg, { seed = 3 }), tmp .. "/init", { vocab = vocab })
+T.tiny_model_dir(tmp .. "/init", { head = "qa", seed = 3, vocab = vocab })
 local common = "--max-seq-length=128 --doc-stride=64 --max-query-length=32 --lr=1e-3 --threads=2"
 
 local function step_lines(path)
