@@ -1,8 +1,9 @@
 -- recipes/squad.lua on slices of the real SQuAD dev files (v1.1 and v2.0):
 -- the files the official tools read are written and agree with them,
 -- accumulation and the schedule show in the log, fp16 training tracks fp32,
--- and bad input is reported before any work. (Learning itself is checked on the generated QA set by
--- test_qa_end_to_end.lua.)
+-- a tiny model fitted to a slice beats a trivial baseline, and bad input is
+-- reported before any work. (Learning that generalises to held-out questions
+-- is checked on the generated QA set by test_qa_end_to_end.lua.)
 local T = require "bertlua.testing"
 local cjson = require "cjson"
 
@@ -88,6 +89,35 @@ T.test("v1.1 slice: train with accumulation, predict, files parse, official eval
   T.eq(rc3, 0, out2)
   local preds2 = read_json(tmp .. "/run1b/predictions.json")
   for _, id in ipairs(ids1) do T.eq(preds2[id], preds[id], id) end
+end)
+
+-- The issue's CPU accuracy check: a tiny model fine-tuned on a slice of the
+-- real SQuAD data reaches an F1 clearly above a trivial baseline (the first
+-- three words of the context, about a gold answer's length), scored by the
+-- official evaluation. A randomly initialised tiny model cannot generalise
+-- from 80 questions, so it is scored on the questions it was fitted to
+-- (with all their gold answers); held-out learning is checked on generated
+-- data by test_qa_end_to_end.lua.
+T.test("a tiny model fine-tuned on a SQuAD v1.1 slice beats a trivial baseline (official F1)", function()
+  local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/v1_train.json --predict-file=%s/v1.json " ..
+    "--output=%s/fit --do-train --do-predict --batch=8 --epochs=30 --warmup=0.1 --seed=1 %s")
+    :format(exe, tmp, tmp, tmp, tmp, (common:gsub("%-%-lr=1e%-3", "--lr=2e-3"))))
+  T.eq(rc, 0, out)
+  local base = {}
+  for _, p in ipairs(read_json(tmp .. "/v1.json").data[1].paragraphs) do
+    local first = table.concat({ p.context:match("^(%S+)%s+(%S+)%s+(%S+)") }, " ")
+    for _, qa in ipairs(p.qas) do base[qa.id] = first end
+  end
+  write_json(tmp .. "/baseline.json", base)
+  local function official(pred)
+    local ev, rc2 = sh(("%s recipes/squad_eval.lua %s/v1.json %s 2>/dev/null"):format(exe, tmp, pred))
+    T.eq(rc2, 0, ev)
+    return cjson.decode(ev:match("(%b{})"))
+  end
+  local model, trivial = official(tmp .. "/fit/predictions.json"), official(tmp .. "/baseline.json")
+  print(("  fitted tiny model: EM %.1f F1 %.1f; baseline: EM %.1f F1 %.1f"):format(
+    model.exact_match, model.f1, trivial.exact_match, trivial.f1))
+  T.truthy(model.f1 > trivial.f1 + 20, ("F1 %.1f vs baseline %.1f"):format(model.f1, trivial.f1))
 end)
 
 T.test("--precision=fp16 (loss scaling, f32 master weights) tracks the fp32 run step by step", function()
