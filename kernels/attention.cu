@@ -340,6 +340,24 @@ int check_common(const char *op, const bl_tensor *q, const bl_tensor *k, const b
   return 0;
 }
 
+int check_mask(const char *op, const bl_tensor *key_mask, int64_t B, int64_t S) {
+  if (key_mask && (key_mask->ndim != 2 || key_mask->shape[0] != B || key_mask->shape[1] != S))
+    return bl_set_error(BL_EINVAL, "%s: key_mask must be [batch, seq] = [%lld,%lld]", op, (long long)B, (long long)S);
+  return 0;
+}
+
+// The additive mask (1 - m) * -10000 of the n = batch*seq key_mask values
+// into *madd, for a->madd; *bm holds the loaded mask (both the caller's, so
+// they live as long as the launches that use them).
+int load_mask(const char *op, int dev, const bl_tensor *key_mask, int64_t n, cu_buf *bm, cu_mem *madd, attn_args *a) {
+  BL_CHECK(cu_load(op, key_mask, bm));
+  BL_CHECK(madd->alloc(op, dev, (size_t)n * sizeof(float)));
+  mask_add<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(bm->p, madd->as<float>(), n);
+  BL_CHECK(cu_launched(op, dev));
+  a->madd = madd->as<float>();
+  return 0;
+}
+
 template <class K>
 int launch(const char *op, int dev, K kernel, dim3 grid, size_t smem, const attn_args &a) {
   if (smem > 48 * 1024) CU_TRY(op, dev, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -360,8 +378,7 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
   BL_CHECK(check_common(op, q, k, v, lse, heads, p, &a, scale));
   BL_CHECK(check_bsh(op, ctx, "context", q));
   int64_t B = q->shape[0], S = q->shape[1];
-  if (key_mask && (key_mask->ndim != 2 || key_mask->shape[0] != B || key_mask->shape[1] != S))
-    return bl_set_error(BL_EINVAL, "%s: key_mask must be [batch, seq] = [%lld,%lld]", op, (long long)B, (long long)S);
+  BL_CHECK(check_mask(op, key_mask, B, S));
   if (B == 0 || S == 0 || a.d == 0) return 0;
   a.seed = seed; a.offset = offset;
   operand oq, ok, ov, oc;
@@ -372,13 +389,7 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
   a.q = oq.v; a.k = ok.v; a.v = ov.v; a.o = oc.v;
   cu_buf bm;
   cu_mem madd;
-  if (key_mask) {
-    BL_CHECK(cu_load(op, key_mask, &bm));
-    BL_CHECK(madd.alloc(op, dev, (size_t)(B * S) * sizeof(float)));
-    mask_add<<<cu_blocks(B * S, 256), 256, 0, cu_stream(dev)>>>(bm.p, madd.as<float>(), B * S);
-    BL_CHECK(cu_launched(op, dev));
-    a.madd = madd.as<float>();
-  }
+  if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B * S, &bm, &madd, &a));
   const int dp = (int)a.d + 1;
   size_t smem = (size_t)(BQ * dp + 2 * BK * dp + BQ * (BK + 1)) * sizeof(float);
   dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)(B * heads));
@@ -404,19 +415,12 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
   int64_t B = q->shape[0], S = q->shape[1];
   if (B == 0 || S == 0 || a.d == 0) return 0;
   a.seed = seed; a.offset = offset;
-  if (key_mask && (key_mask->ndim != 2 || key_mask->shape[0] != B || key_mask->shape[1] != S))
-    return bl_set_error(BL_EINVAL, "%s: key_mask must be [batch, seq] = [%lld,%lld]", op, (long long)B, (long long)S);
+  BL_CHECK(check_mask(op, key_mask, B, S));
   // P = exp(s + mask - lse) is recomputed tile by tile, so the backward needs
   // the same key mask as the forward (the CPU op has it baked into probs).
   cu_buf bm;
   cu_mem madd;
-  if (key_mask) {
-    BL_CHECK(cu_load(op, key_mask, &bm));
-    BL_CHECK(madd.alloc(op, dev, (size_t)(B * S) * sizeof(float)));
-    mask_add<<<cu_blocks(B * S, 256), 256, 0, cu_stream(dev)>>>(bm.p, madd.as<float>(), B * S);
-    BL_CHECK(cu_launched(op, dev));
-    a.madd = madd.as<float>();
-  }
+  if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B * S, &bm, &madd, &a));
   operand oq, ok, ov, oo, og, odq, odk, odv;
   BL_CHECK(op_load(op, q, &oq));
   BL_CHECK(op_load(op, k, &ok));

@@ -89,30 +89,23 @@ __device__ __forceinline__ float cu_warp_max(float v) {
 // blockDim). blockDim.x must be a multiple of 32 and <= 1024; `sh` has 32
 // floats. All threads get the result. Contains __syncthreads: call from
 // uniform control flow only.
-__device__ __forceinline__ float cu_block_sum(float v, float *sh) {
+// The middle of a block reduction: lane 0 of each warp posts its warp's
+// result `v` to sh[warp]; returns sh[lane] for the first blockDim.x/32 lanes
+// and `fill` for the others, to be reduced once more across the warp.
+template <typename T>
+__device__ __forceinline__ T cu_block_gather(T v, T *sh, T fill) {
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = cu_warp_sum(v);
   __syncthreads();                 // sh may still be read by a previous call
   if (lane == 0) sh[w] = v;
   __syncthreads();
-  float t = lane < nw ? sh[lane] : 0.0f;
-  return cu_warp_sum(t);
+  return lane < nw ? sh[lane] : fill;
+}
+__device__ __forceinline__ float cu_block_sum(float v, float *sh) {
+  return cu_warp_sum(cu_block_gather(cu_warp_sum(v), sh, 0.0f));
 }
 __device__ __forceinline__ double cu_block_sum_d(double v, double *sh) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = cu_warp_sum_d(v);
-  __syncthreads();
-  if (lane == 0) sh[w] = v;
-  __syncthreads();
-  double t = lane < nw ? sh[lane] : 0.0;
-  return cu_warp_sum_d(t);
+  return cu_warp_sum_d(cu_block_gather(cu_warp_sum_d(v), sh, 0.0));
 }
 __device__ __forceinline__ float cu_block_max(float v, float *sh) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = cu_warp_max(v);
-  __syncthreads();
-  if (lane == 0) sh[w] = v;
-  __syncthreads();
-  float t = lane < nw ? sh[lane] : -INFINITY;
-  return cu_warp_max(t);
+  return cu_warp_max(cu_block_gather(cu_warp_max(v), sh, -INFINITY));
 }

@@ -119,6 +119,7 @@ int linear_mat(const char *op, const bl_tensor *t, int dtype, mat *m, bool writa
 
 // Copy a tensor into the contiguous scratch of m (load) or back (store).
 int mat_sync(const char *op, const bl_tensor *t, mat *m, bool load) {
+  (void)op;  // the copy's own error names the tensors
   if (!m->mem.p) return 0;
   bl_tensor h;
   memset(&h, 0, sizeof h);
@@ -275,6 +276,15 @@ int64_t rows_of(const bl_tensor *t) {
   return r;
 }
 
+// db[N] += the column sums of g[M,N] (the bias gradient, accumulated).
+int bias_grad(const char *op, int dev, const bl_tensor *g, int64_t M, int64_t N, bl_tensor *db) {
+  cu_buf bg, bdb;
+  BL_CHECK(cu_load(op, g, &bg));
+  BL_CHECK(cu_out(op, db, &bdb, 1));
+  BL_CHECK(cu_colsum_acc(op, dev, bg.p, M, N, bdb.p));
+  return cu_store(op, db, &bdb);
+}
+
 }  // namespace
 
 extern "C" void bl_cuda_set_tf32(int enable) { g_tf32 = enable != 0; }
@@ -388,11 +398,7 @@ extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *
     BL_CHECK(mat_sync(op, dw, &mdw, false));
   }
   if (db && N > 0 && M > 0) {
-    cu_buf bdy, bdb;
-    BL_CHECK(cu_load(op, dy, &bdy));
-    BL_CHECK(cu_out(op, db, &bdb, 1));
-    BL_CHECK(cu_colsum_acc(op, dev, bdy.p, M, N, bdb.p));
-    BL_CHECK(cu_store(op, db, &bdb));
+    BL_CHECK(bias_grad(op, dev, dy, M, N, db));
   }
   return 0;
 }
@@ -432,11 +438,7 @@ extern "C" int bl_cuda_linear_dgelu_backward(bl_tensor *dpre, bl_tensor *db, con
   BL_CHECK(gemm(op, dev, g));
   BL_CHECK(mat_sync(op, dpre, &md, false));
   if (db) {
-    cu_buf bd, bdb;
-    BL_CHECK(cu_load(op, dpre, &bd));
-    BL_CHECK(cu_out(op, db, &bdb, 1));
-    BL_CHECK(cu_colsum_acc(op, dev, bd.p, M, N, bdb.p));
-    BL_CHECK(cu_store(op, db, &bdb));
+    BL_CHECK(bias_grad(op, dev, dpre, M, N, db));
   }
   return 0;
 }

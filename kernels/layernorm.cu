@@ -130,20 +130,33 @@ int check_numel(const char *op, const bl_tensor *t, int64_t n, const char *name)
   return 0;
 }
 
+// h = the (non-empty) last dim of x, rows = the rows of h values it holds.
+int ln_dims(const char *op, const bl_tensor *x, int64_t *h, int64_t *rows) {
+  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
+  *h = x->shape[x->ndim - 1];
+  *rows = x->numel / *h;
+  return 0;
+}
+
+int check_dropout(const char *op, double p) {
+  if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
+  return 0;
+}
+
 int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x, const bl_tensor *res,
                const bl_tensor *gamma, const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset) {
   int dev;
   const bl_tensor *ts[] = {y, mean, rstd, x, res, gamma, beta};
   BL_CHECK(cu_device(op, 7, ts, &dev));
-  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
-  int64_t h = x->shape[x->ndim - 1], rows = x->numel / h;
+  int64_t h = 0, rows = 0;
+  BL_CHECK(ln_dims(op, x, &h, &rows));
   BL_CHECK(check_numel(op, y, x->numel, "output"));
   BL_CHECK(check_numel(op, res, x->numel, "residual"));
   BL_CHECK(check_numel(op, gamma, h, "gamma"));
   BL_CHECK(check_numel(op, beta, h, "beta"));
   BL_CHECK(check_numel(op, mean, rows, "mean"));
   BL_CHECK(check_numel(op, rstd, rows, "rstd"));
-  if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
+  BL_CHECK(check_dropout(op, p));
   if (rows == 0) return 0;
   cu_buf bx, br, bg, bb, by, bm, bs;
   BL_CHECK(cu_load(op, x, &bx));
@@ -169,8 +182,8 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
   int dev;
   const bl_tensor *ts[] = {dx, dres, dgamma, dbeta, dy, x, res, gamma, mean, rstd};
   BL_CHECK(cu_device(op, 10, ts, &dev));
-  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
-  int64_t h = x->shape[x->ndim - 1], rows = x->numel / h;
+  int64_t h = 0, rows = 0;
+  BL_CHECK(ln_dims(op, x, &h, &rows));
   BL_CHECK(check_numel(op, dx, x->numel, "grad_input"));
   BL_CHECK(check_numel(op, dres, x->numel, "grad_residual"));
   BL_CHECK(check_numel(op, dy, x->numel, "grad_output"));
@@ -180,7 +193,7 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
   BL_CHECK(check_numel(op, dbeta, h, "grad_beta"));
   BL_CHECK(check_numel(op, mean, rows, "mean"));
   BL_CHECK(check_numel(op, rstd, rows, "rstd"));
-  if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
+  BL_CHECK(check_dropout(op, p));
   if (rows == 0) return 0;
   cu_buf bdy, bx, br, bg, bm, bs, bdx, bdr, bdg, bdb;
   BL_CHECK(cu_load(op, dy, &bdy));

@@ -69,6 +69,15 @@ __device__ __forceinline__ float lamb_update(float m, float v, float p, int deca
   return u;
 }
 
+// The Adam moments of element i from its scaled gradient gi, stored and returned.
+__device__ __forceinline__ void adam_moments(float *m, float *v, int64_t i, float gi, const adam_hyper &hp, float *mi,
+                                             float *vi) {
+  *mi = hp.b1 * m[i] + (1.0f - hp.b1) * gi;
+  *vi = hp.b2 * v[i] + (1.0f - hp.b2) * gi * gi;
+  m[i] = *mi;
+  v[i] = *vi;
+}
+
 // Moments update and per-chunk ||p||^2, ||u||^2.
 __global__ void lamb_moments(const float *p, const float *g, float *m, float *v, const chunk *ch, adam_hyper hp,
                              const step_state *st, double *pn, double *un) {
@@ -79,11 +88,8 @@ __global__ void lamb_moments(const float *p, const float *g, float *m, float *v,
   double ap = 0.0, au = 0.0;
   for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
     const int64_t i = c.start + k;
-    const float gi = g[i] * gs;
-    const float mi = hp.b1 * m[i] + (1.0f - hp.b1) * gi;
-    const float vi = hp.b2 * v[i] + (1.0f - hp.b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
+    float mi, vi;
+    adam_moments(m, v, i, g[i] * gs, hp, &mi, &vi);
     const float u = lamb_update(mi, vi, p[i], c.decay, hp);
     ap += (double)p[i] * (double)p[i];
     au += (double)u * (double)u;
@@ -130,11 +136,8 @@ __global__ void adamw_apply(float *p, const float *g, float *m, float *v, const 
   const float step = hp.lr / hp.bc1, sbc2 = sqrtf(hp.bc2), shrink = 1.0f - hp.lr * hp.wd;
   for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
     const int64_t i = c.start + k;
-    const float gi = g[i] * gs;
-    const float mi = hp.b1 * m[i] + (1.0f - hp.b1) * gi;
-    const float vi = hp.b2 * v[i] + (1.0f - hp.b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
+    float mi, vi;
+    adam_moments(m, v, i, g[i] * gs, hp, &mi, &vi);
     float pi = p[i];
     if (c.decay) pi *= shrink;
     p[i] = pi - step * mi / (sqrtf(vi) / sbc2 + hp.eps);
@@ -162,17 +165,21 @@ int check_flat(const char *op, const bl_tensor *t, const char *name, int64_t n) 
   return 0;
 }
 
-// Everything both optimizers share: checks, the chunk table on the device, the global norm.
+// Everything both optimizers share: the device, checks, the chunk table on the device, the global norm.
 struct plan {
   cu_mem chunks, seg_first, seg_count, seg_dec, state, partial;
   int64_t nchunk = 0;
   adam_hyper hp;
 };
 
-int prepare(const char *op, int dev, const bl_tensor *param, const bl_tensor *grad, const bl_tensor *m, const bl_tensor *v,
-            const int64_t *seg_offset, const int64_t *seg_length, const uint8_t *seg_decay, int nseg, double lr,
-            double beta1, double beta2, double eps, double wd, int64_t step, double grad_scale, double max_grad_norm,
-            plan *pl) {
+// *dev_out gets the device of the four tensors (found first, as the ops do).
+int prepare(const char *op, int *dev_out, const bl_tensor *param, const bl_tensor *grad, const bl_tensor *m,
+            const bl_tensor *v, const int64_t *seg_offset, const int64_t *seg_length, const uint8_t *seg_decay, int nseg,
+            double lr, double beta1, double beta2, double eps, double wd, int64_t step, double grad_scale,
+            double max_grad_norm, plan *pl) {
+  const bl_tensor *ts[] = {param, grad, m, v};
+  BL_CHECK(cu_device(op, 4, ts, dev_out));
+  const int dev = *dev_out;
   int64_t n = param->numel;
   BL_CHECK(check_flat(op, param, "param", n));
   BL_CHECK(check_flat(op, grad, "grad", n));
@@ -258,10 +265,8 @@ extern "C" int bl_cuda_lamb_step(bl_tensor *param, const bl_tensor *grad, bl_ten
                                  double max_grad_norm, int trust_all, double *grad_norm, int *skipped) {
   const char *op = "lamb";
   int dev;
-  const bl_tensor *ts[] = {param, grad, m, v};
-  BL_CHECK(cu_device(op, 4, ts, &dev));
   plan pl;
-  BL_CHECK(prepare(op, dev, param, grad, m, v, seg_offset, seg_length, seg_decay, nseg, lr, beta1, beta2, eps, weight_decay,
+  BL_CHECK(prepare(op, &dev, param, grad, m, v, seg_offset, seg_length, seg_decay, nseg, lr, beta1, beta2, eps, weight_decay,
                    step, grad_scale, max_grad_norm, &pl));
   if (pl.nchunk > 0) {
     cudaStream_t s = cu_stream(dev);
@@ -291,10 +296,8 @@ extern "C" int bl_cuda_adamw_step(bl_tensor *param, const bl_tensor *grad, bl_te
                                   double max_grad_norm, double *grad_norm, int *skipped) {
   const char *op = "adamw";
   int dev;
-  const bl_tensor *ts[] = {param, grad, m, v};
-  BL_CHECK(cu_device(op, 4, ts, &dev));
   plan pl;
-  BL_CHECK(prepare(op, dev, param, grad, m, v, seg_offset, seg_length, seg_decay, nseg, lr, beta1, beta2, eps, weight_decay,
+  BL_CHECK(prepare(op, &dev, param, grad, m, v, seg_offset, seg_length, seg_decay, nseg, lr, beta1, beta2, eps, weight_decay,
                    step, grad_scale, max_grad_norm, &pl));
   if (pl.nchunk > 0) {
     adamw_apply<<<(unsigned)pl.nchunk, kThreads, 0, cu_stream(dev)>>>((float *)param->data, (const float *)grad->data,

@@ -57,6 +57,11 @@ function M.raises(fn, pattern)
 end
 
 -- shared_data(): path of ../shared/data (or $BL_SHARED_DATA) or nil.
+-- True in the AddressSanitizer build's tests (BL_SANITIZED=1 from
+-- tests/tests.cmake): long training runs there shrink to smoke runs, since
+-- the Release build's run checks the accuracy and ASan runs ~10x slower.
+function M.sanitized() return os.getenv("BL_SANITIZED") == "1" end
+
 function M.shared_data(sub)
   local base = os.getenv("BL_SHARED_DATA") or "../shared/data"
   local p = sub and (base .. "/" .. sub) or base

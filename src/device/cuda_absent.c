@@ -9,12 +9,15 @@ static int no_cuda(int device, const char *op) {
 int bl_cuda_compiled(void) { return 0; }
 int bl_nccl_compiled(void) { return 0; }
 int bl_cuda_device_count(void) { return 0; }
-int bl_cuda_device_name(int device, char *buf, int buflen) { return no_cuda(device, "device_name"); }
+int bl_cuda_device_name(int device, char *buf, int buflen) {
+  if (buf && buflen > 0) buf[0] = 0;
+  return no_cuda(device, "device_name");
+}
 int bl_cuda_synchronize(int device) { return no_cuda(device, "synchronize"); }
 void bl_cuda_set_tf32(int enable) { (void)enable; }
 int bl_cuda_get_tf32(void) { return 0; }
 int bl_dev_check(int device, const char *op) { return no_cuda(device, op); }
-int bl_dev_malloc(int device, size_t n, void **p) { *p = NULL; return no_cuda(device, "malloc"); }
+int bl_dev_malloc(int device, size_t n, void **p) { (void)n; *p = NULL; return no_cuda(device, "malloc"); }
 void bl_dev_free(int device, void *p) { (void)device; (void)p; }
 int bl_dev_memcpy(int dst_device, void *dst, int src_device, const void *src, size_t n) {
   if (dst_device < 0 && src_device < 0) { memcpy(dst, src, n); return 0; }

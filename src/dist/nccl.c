@@ -159,15 +159,19 @@ static int prepare(const char *op, bl_tensor *t, MPI_Comm world, int rank, int s
   return 0;
 }
 
+/* The end of a collective: r is what queueing it returned. */
+static int finish(const char *op, const char *what, ncclResult_t r, cudaStream_t s) {
+  if (r != ncclSuccess && r != ncclInProgress) return fail(op, what, r);
+  return wait_stream(op, what, s);
+}
+
 int bl_nccl_allreduce_sum(bl_tensor *t, MPI_Comm world, int rank, int size) {
   const char *op = "allreduce";
   ncclDataType_t ty;
   cudaStream_t s;
   BL_CHECK(prepare(op, t, world, rank, size, &ty, &s));
   if (t->numel == 0) return 0;
-  ncclResult_t r = ncclAllReduce(t->data, t->data, (size_t)t->numel, ty, ncclSum, comm, s);
-  if (r != ncclSuccess && r != ncclInProgress) return fail(op, "all-reduce", r);
-  return wait_stream(op, "all-reduce", s);
+  return finish(op, "all-reduce", ncclAllReduce(t->data, t->data, (size_t)t->numel, ty, ncclSum, comm, s), s);
 }
 
 int bl_nccl_broadcast(bl_tensor *t, int root, MPI_Comm world, int rank, int size) {
@@ -176,7 +180,5 @@ int bl_nccl_broadcast(bl_tensor *t, int root, MPI_Comm world, int rank, int size
   cudaStream_t s;
   BL_CHECK(prepare(op, t, world, rank, size, &ty, &s));
   if (t->numel == 0) return 0;
-  ncclResult_t r = ncclBroadcast(t->data, t->data, (size_t)t->numel, ty, root, comm, s);
-  if (r != ncclSuccess && r != ncclInProgress) return fail(op, "broadcast", r);
-  return wait_stream(op, "broadcast", s);
+  return finish(op, "broadcast", ncclBroadcast(t->data, t->data, (size_t)t->numel, ty, root, comm, s), s);
 }

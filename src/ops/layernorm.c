@@ -62,6 +62,22 @@ static inline float lane_sum(int64_t n, const float *restrict v) {
   return t;
 }
 
+/* out = dropout(x) + res over a row of h (keep == NULL: no dropout).
+ * always_inline: each OPX_CLONES caller gets its own copy compiled for its
+ * instruction set, as the loops written out in place were. */
+static inline __attribute__((always_inline)) void ln_sum_row(int64_t h, const float *restrict x,
+                                                             const float *restrict res,
+                                                             const uint8_t *restrict keep, float scale,
+                                                             float *restrict out) {
+  if (keep) {
+    #pragma omp simd
+    for (int64_t j = 0; j < h; j++) out[j] = (keep[j] ? x[j] * scale : 0.0f) + res[j];
+  } else {
+    #pragma omp simd
+    for (int64_t j = 0; j < h; j++) out[j] = x[j] + res[j];
+  }
+}
+
 /* One forward row: s = dropout(x) + res (or x) into y, then y = LN(s).
  * keep == NULL: no dropout; res == NULL: plain LayerNorm. */
 OPX_CLONES static void ln_fwd_row(int64_t h, const float *restrict x, const float *restrict res,
@@ -70,13 +86,7 @@ OPX_CLONES static void ln_fwd_row(int64_t h, const float *restrict x, const floa
                                   float *rs_out) {
   const float *s = x;
   if (res) {
-    if (keep) {
-      #pragma omp simd
-      for (int64_t j = 0; j < h; j++) y[j] = (keep[j] ? x[j] * scale : 0.0f) + res[j];
-    } else {
-      #pragma omp simd
-      for (int64_t j = 0; j < h; j++) y[j] = x[j] + res[j];
-    }
+    ln_sum_row(h, x, res, keep, scale, y);
     s = y;
   }
   float m = lane_sum(h, s) / (float)h;
@@ -123,13 +133,7 @@ OPX_CLONES static void ln_bwd_row(int64_t h, const float *restrict x, const floa
     dx[k] = xh; a += gj; bsum += gj * xh;                                        \
   }
   if (res) {  /* the sum s = dropout(x) + res first, into dx (a plain loop that vectorises) */
-    if (keep) {
-      #pragma omp simd
-      for (int64_t k = 0; k < h; k++) dx[k] = (keep[k] ? x[k] * scale : 0.0f) + res[k];
-    } else {
-      #pragma omp simd
-      for (int64_t k = 0; k < h; k++) dx[k] = x[k] + res[k];
-    }
+    ln_sum_row(h, x, res, keep, scale, dx);
     LN_PASS((dx[k] - m) * rs)
   } else {
     LN_PASS((x[k] - m) * rs)
@@ -160,6 +164,21 @@ OPX_CLONES static void ln_bwd_row(int64_t h, const float *restrict x, const floa
 #undef LN_DX
 }
 
+/* A thread's dropout mask row of h flags (NULL when p == 0); when p > 0 and
+ * the row cannot be had, sets *oom (shared by the threads) and returns NULL. */
+static uint8_t *ln_keep_row(double p, int64_t h, int *oom) {
+  uint8_t *keep = p > 0 ? malloc((size_t)h) : NULL;
+  if (p > 0 && !keep) {
+    #pragma omp atomic write
+    *oom = 1;
+  }
+  return keep;
+}
+
+static int ln_oom_row(const char *op) {
+  return bl_set_error(BL_ENOMEM, "%s: out of memory for a dropout mask row", op);
+}
+
 static int ln_forward_cpu(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                           const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *beta, double eps,
                           double p, uint64_t seed, uint64_t offset) {
@@ -175,11 +194,7 @@ static int ln_forward_cpu(const char *op, bl_tensor *y, bl_tensor *mean, bl_tens
    * (still the documented stream: row r is elements r*h .. r*h+h-1) */
   #pragma omp parallel if (rows * h > 32768)
   {
-    uint8_t *keep = p > 0 ? malloc((size_t)h) : NULL;
-    if (p > 0 && !keep) {
-      #pragma omp atomic write
-      oom = 1;
-    }
+    uint8_t *keep = ln_keep_row(p, h, &oom);
     #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       if (p > 0 && !keep) continue;
@@ -189,7 +204,7 @@ static int ln_forward_cpu(const char *op, bl_tensor *y, bl_tensor *mean, bl_tens
     }
     free(keep);
   }
-  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for a dropout mask row", op); goto done; }
+  if (oom) { rc = ln_oom_row(op); goto done; }
   opx_store(y, &by); opx_store(mean, &bm); opx_store(rstd, &bs);
 done:
   opx_free(&bx); opx_free(&br); opx_free(&bg); opx_free(&bb); opx_free(&by); opx_free(&bm); opx_free(&bs);
@@ -217,11 +232,7 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   #pragma omp parallel if (rows * h > 32768)
   {
-    uint8_t *keep = p > 0 ? malloc((size_t)h) : NULL;
-    if (p > 0 && !keep) {
-      #pragma omp atomic write
-      oom = 1;
-    }
+    uint8_t *keep = ln_keep_row(p, h, &oom);
     #pragma omp for schedule(static)
     for (int64_t c = 0; c < nchunk; c++) {
       if (p > 0 && !keep) continue;
@@ -235,7 +246,7 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
     }
     free(keep);
   }
-  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for a dropout mask row", op); goto done; }
+  if (oom) { rc = ln_oom_row(op); goto done; }
   if (part) {
     #pragma omp parallel for schedule(static) if (nchunk * h > 65536)
     for (int64_t j = 0; j < h; j++) {

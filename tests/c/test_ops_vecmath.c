@@ -42,6 +42,18 @@ OPX_CLONES static void run_philox(int n, uint64_t seed, uint64_t off, uint32_t *
     vm_philox((uint32_t)seed, (uint32_t)(seed >> 32), off + (uint64_t)i, &o[4 * i], &o[4 * i + 1], &o[4 * i + 2], &o[4 * i + 3]);
 }
 
+/* largest relative error of y[i] against erf(x[i]) (absolute where erf is 0);
+ * *at is moved to the x of each new worst */
+static double erf_worst(int n, const float *x, const float *y, double *at) {
+  double worst = 0;
+  for (int i = 0; i < n; i++) {
+    double r = erf((double)x[i]);
+    double e = r == 0 ? fabs(y[i]) : fabs(y[i] - r) / fabs(r);
+    if (e > worst) { worst = e; *at = x[i]; }
+  }
+  return worst;
+}
+
 #define N 2000001
 
 int main(void) {
@@ -63,25 +75,16 @@ int main(void) {
   CHECK(y[0] == 0.0f && isnan(y[1]) && y[2] == 1.0f && y[3] == 1.0f, "vm_exp specials: %g %g %g %g", y[0], y[1], y[2], y[3]);
 
   /* erf over [-12, 12]: relative error <= 2e-7 */
-  double wrel = 0; at = 0;
+  at = 0;
   for (int i = 0; i < N; i++) x[i] = -12.0f + 24.0f * (float)i / (N - 1);
   run_erf(N, x, y);
-  for (int i = 0; i < N; i++) {
-    double r = erf((double)x[i]);
-    double e = r == 0 ? fabs(y[i]) : fabs(y[i] - r) / fabs(r);
-    if (e > wrel) { wrel = e; at = x[i]; }
-  }
+  double wrel = erf_worst(N, x, y, &at);
   printf("vm_erf: max rel error %.3g (at %.6g)\n", wrel, at);
   CHECK(wrel <= 2e-7, "vm_erf rel error %g at %g", wrel, at);
   /* dense near 0 and near the region seam |t| = 1 */
   for (int i = 0; i < N; i++) x[i] = (i % 2 ? 1.0f : 1e-6f) * ((float)i / (N - 1) * 2.0f - 1.0f) + (i % 2 ? (i % 4 == 1 ? 1.0f : -1.0f) : 0.0f);
   run_erf(N, x, y);
-  wrel = 0;
-  for (int i = 0; i < N; i++) {
-    double r = erf((double)x[i]);
-    double e = r == 0 ? fabs(y[i]) : fabs(y[i] - r) / fabs(r);
-    if (e > wrel) { wrel = e; at = x[i]; }
-  }
+  wrel = erf_worst(N, x, y, &at);
   printf("vm_erf near 0 and |t| = 1: max rel error %.3g (at %.9g)\n", wrel, at);
   CHECK(wrel <= 2e-7, "vm_erf rel error %g at %g", wrel, at);
 

@@ -31,9 +31,12 @@ bert.save_pretrained(m, tmp .. "/init", { vocab = tmp .. "/vocab.txt" })
 
 T.test("fine-tuning beats a trivial baseline on held-out questions", function()
   local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/train.json --predict-file=%s/dev.json --output=%s/run " ..
-    "--do-train --do-predict --max-seq-length=128 --doc-stride=64 --max-query-length=24 --batch=16 --lr=2e-3 --epochs=8 --seed=1 --threads=2")
-    :format(exe, tmp, tmp, tmp, tmp))
+    "--do-train --do-predict --max-seq-length=128 --doc-stride=64 --max-query-length=24 --batch=16 --lr=2e-3 --epochs=%d --seed=1 --threads=2")
+    :format(exe, tmp, tmp, tmp, tmp, T.sanitized() and 1 or 8))
   T.eq(rc, 0, out)
+  T.truthy(io.open(tmp .. "/run/nbest_predictions.json"), "n-best file written")
+  T.truthy(io.open(tmp .. "/run/model/model.safetensors"), "fine-tuned model saved")
+  if T.sanitized() then T.skip("sanitizer build: one epoch as a smoke run; the Release build checks the F1") end
   local dev = squad.load_json(tmp .. "/dev.json")
   local preds = cjson.decode(io.open(tmp .. "/run/predictions.json"):read("*a"))
   local score = squad.evaluate(dev, preds)
@@ -45,8 +48,6 @@ T.test("fine-tuning beats a trivial baseline on held-out questions", function()
   end
   local b = squad.evaluate(dev, base)
   T.truthy(score.f1 > b.f1 + 10, ("F1 %.1f vs baseline %.1f"):format(score.f1, b.f1))
-  T.truthy(io.open(tmp .. "/run/nbest_predictions.json"), "n-best file written")
-  T.truthy(io.open(tmp .. "/run/model/model.safetensors"), "fine-tuned model saved")
   local ev, rc2 = sh(("%s recipes/squad_eval.lua %s/dev.json %s/run/predictions.json"):format(exe, tmp, tmp))
   T.eq(rc2, 0, ev)
   T.truthy(ev:find(('"f1": %.6f'):format(score.f1):sub(1, 12), 1, true), ev)

@@ -70,11 +70,7 @@ def main(argv):
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.manual_seed(0)
-    c = dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-             intermediate_size=4 * a.hidden, max_position_embeddings=max(512, a.seq), type_vocab_size=2,
-             hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout, layer_norm_eps=1e-12,
-             hidden_act="gelu")
-    model = ref.BertForPreTraining(c)
+    model = ref.BertForPreTraining(ref.bench_config(a))
     if a.attention == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
         print(f"note: torch {torch.__version__} has no scaled_dot_product_attention; using --attention=math")
         a.attention = "math"
@@ -86,14 +82,7 @@ def main(argv):
     model.to(dev)
     model.train(not a.infer)
     B, S = a.batch, a.seq
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, a.vocab, (B, S), generator=g)
-    mask = torch.ones(B, S)
-    mask[:, S - S // 8:] = 0
-    labels = torch.full((B, S), -1, dtype=torch.long)
-    pos = torch.randint(1, S - S // 8, (B, a.masked), generator=g)
-    labels.scatter_(1, pos, torch.randint(0, a.vocab, (B, a.masked), generator=g))
-    nsp = torch.randint(0, 2, (B,), generator=g)
+    ids, mask, labels, nsp = ref.bench_batch(B, S, a.vocab, a.masked)
     ids, mask, labels, nsp = ids.to(dev), mask.to(dev), labels.to(dev), nsp.to(dev)
     types = torch.zeros_like(ids)
     sel = (labels.reshape(-1) != -1).nonzero().squeeze(1)   # the masked positions, once

@@ -320,6 +320,29 @@ def parity(d):
 
 
 # ---------------------------------------------------------------- benchmark
+def bench_config(a):
+    """The model config of the torch benchmarks (here and tests/py/bench_bert_torch.py) from their arguments."""
+    return dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                intermediate_size=4 * a.hidden, max_position_embeddings=max(512, a.seq), type_vocab_size=2,
+                hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout, layer_norm_eps=1e-12,
+                hidden_act="gelu")
+
+
+def bench_batch(B, S, vocab, masked):
+    """The benchmark batch (as recipes/benchmark.lua lays it out): random ids, the last S/8 tokens of every
+    sequence padding, `masked` MLM labels per sequence (-1 elsewhere) and NSP labels, from a fixed seed.
+    Returns ids, mask, labels, nsp on the CPU."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (B, S), generator=g)
+    mask = torch.ones(B, S)
+    mask[:, S - S // 8:] = 0
+    labels = torch.full((B, S), -1, dtype=torch.long)
+    pos = torch.randint(1, S - S // 8, (B, masked), generator=g)
+    labels.scatter_(1, pos, torch.randint(0, vocab, (B, masked), generator=g))
+    nsp = torch.randint(0, 2, (B,), generator=g)
+    return ids, mask, labels, nsp
+
+
 def bench(argv):
     import argparse
     ap = argparse.ArgumentParser()
@@ -331,23 +354,14 @@ def bench(argv):
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    c = dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-             intermediate_size=4 * a.hidden, max_position_embeddings=max(512, a.seq), type_vocab_size=2,
-             hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout, layer_norm_eps=1e-12, hidden_act="gelu")
-    model = BertForPreTraining(c)
+    model = BertForPreTraining(bench_config(a))
     model.train(not a.infer)
     for p in model.parameters():
         p.data.normal_(0, 0.02)
     B, S = a.batch, a.seq
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, a.vocab, (B, S), generator=g)
-    mask = torch.ones(B, S)
-    mask[:, S - S // 8:] = 0
-    labels = torch.full((B, S), -1, dtype=torch.long)
-    pos = torch.randint(1, S - S // 8, (B, a.masked), generator=g)
-    labels.scatter_(1, pos, torch.randint(0, a.vocab, (B, a.masked), generator=g))
+    ids, mask, labels, nsp = bench_batch(B, S, a.vocab, a.masked)
     batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask,
-             "masked_lm_labels": labels, "next_sentence_labels": torch.randint(0, 2, (B,), generator=g)}
+             "masked_lm_labels": labels, "next_sentence_labels": nsp}
 
     # the MLM decoder only at the masked positions, like bertlua (and NVIDIA's BERT)
     def step():
