@@ -20,13 +20,15 @@ function M.num_threads() return C.bl_num_threads() end
 function M.set_num_threads(n) C.bl_set_num_threads(n) end
 function M.bytes_in_use() return tonumber(C.bl_storage_bytes_in_use()) end
 -- Prefix for a shell command that runs a peer program (PyTorch in the
--- benchmarks) in the environment the user gave: the host sets
--- OMP_WAIT_POLICY=passive for itself (src/host/main.c), not for others.
+-- benchmarks) in the environment the user gave: the host sets thread-waiting
+-- variables for itself (src/host/main.c) and lists them in
+-- BERTLUA_THREAD_ENV_SET, not for others.
 function M.peer_env_prefix()
-  if os.getenv("BERTLUA_OMP_WAIT_POLICY_SET") == "1" then
-    return "env -u OMP_WAIT_POLICY -u BERTLUA_OMP_WAIT_POLICY_SET "
-  end
-  return ""
+  local set = os.getenv("BERTLUA_THREAD_ENV_SET")
+  if not set then return "" end
+  local parts = { "env -u BERTLUA_THREAD_ENV_SET" }
+  for name in set:gmatch("[%w_]+") do parts[#parts + 1] = "-u " .. name end
+  return table.concat(parts, " ") .. " "
 end
 
 -- process group (MPI when launched by mpirun/srun, else a world of one)

@@ -242,23 +242,33 @@ static void usage(void) {
          "With no script, runs the REPL on a terminal or standard input otherwise.\n", progname);
 }
 
-/* OpenMP's worker threads spin for a while after each parallel region; here
- * they share the cores with OpenBLAS's own thread pool and slow its GEMMs
- * down (a 2-core training step of BERT-mini is 1.3-1.4x faster with passive
- * waiting). libgomp reads OMP_WAIT_POLICY once, when it is loaded, before
- * main: so the host sets it and executes itself again. A user's own setting
- * wins; BERTLUA_OMP_WAIT_POLICY_SET tells scripts that the host chose it, so
- * a benchmark can start its peer (PyTorch) without it. */
-static void prefer_passive_openmp(char **argv) {
-  if (getenv("OMP_WAIT_POLICY")) return;
-  setenv("OMP_WAIT_POLICY", "passive", 1);
-  setenv("BERTLUA_OMP_WAIT_POLICY_SET", "1", 1);
+/* Idle threads should sleep, not spin: OpenMP's workers (our ops) and
+ * OpenBLAS's own pool (the GEMMs) share the same cores, and each pool's
+ * spinning between its jobs slows the other down. Measured on 2 cores:
+ * OMP_WAIT_POLICY=passive takes a BERT-mini training step from 26 to 36
+ * seq/s; OPENBLAS_THREAD_TIMEOUT=4 (OpenBLAS workers sleep after 2^4 cycles
+ * idle) another 5-7% on BERT-base. Both libraries read these once, when they
+ * are loaded, before main: so the host sets the ones the user has not set and
+ * executes itself again. BERTLUA_THREAD_ENV_SET lists what the host set, so
+ * a benchmark can start its peer (PyTorch) without it (bl.peer_env_prefix). */
+static void prefer_sleeping_threads(char **argv) {
+  static const char *const vars[][2] = { { "OMP_WAIT_POLICY", "passive" }, { "OPENBLAS_THREAD_TIMEOUT", "4" } };
+  if (getenv("BERTLUA_THREAD_ENV_SET")) return;
+  char set[128] = "";
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    if (getenv(vars[i][0])) continue;
+    setenv(vars[i][0], vars[i][1], 1);
+    if (set[0]) strcat(set, " ");
+    strcat(set, vars[i][0]);
+  }
+  setenv("BERTLUA_THREAD_ENV_SET", set[0] ? set : "-", 1);
+  if (!set[0]) return;
   execv("/proc/self/exe", argv);
-  /* exec failed: carry on with the default policy (slower, not wrong) */
+  /* exec failed: carry on with the defaults (slower, not wrong) */
 }
 
 int main(int argc, char **argv) {
-  prefer_passive_openmp(argv);
+  prefer_sleeping_threads(argv);
   int interactive = 0, script = 0, ran_e = 0;
   /* options end at the script name; -e may repeat */
   int i;
