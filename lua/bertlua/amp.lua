@@ -299,11 +299,8 @@ function MP:end_backward()
   self.model.flat_params:copy_(self.master)
 end
 
-function MP:step(opt, lr, opts)
-  if self.precision == "fp16" then return self.scaler:step(opt, lr, opts) end
-  self.scaler.steps = self.scaler.steps + 1
-  return true, opt:step(lr, opts)
-end
+-- fp16: the dynamic scaler's checked step; otherwise NoScaler's plain opt:step
+function MP:step(opt, lr, opts) return self.scaler:step(opt, lr, opts) end
 
 function MP:state_dict() return self.scaler:state_dict() end
 function MP:load_state_dict(sd) self.scaler:load_state_dict(sd); return self end
