@@ -9,13 +9,13 @@
 -- bertlua pre-training output or a Hugging Face BERT. The QA head starts fresh
 -- when the directory has none.
 local bl = require "bertlua"
-local options = require "bertlua.options"
+local options = require "bertlua.util.options"
 local bert = require "bertlua.bert"
-local squad = require "bertlua.squad"
-local Tok = require "bertlua.tokenizer"
-local trainer = require "bertlua.trainer"
-local ft = require "bertlua.finetune"
-local amp = require "bertlua.amp"
+local squad = require "bertlua.tasks.squad"
+local Tok = require "bertlua.data.tokenizer"
+local trainer = require "bertlua.train.loop"
+local ft = require "bertlua.tasks.common"
+local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -149,7 +149,7 @@ if opt.do_predict then
       -- --null-score-diff-threshold to use for this model
       local text = squad.read_file(opt.output .. "/null_odds.json")
       eopts.na_probs = cjson.decode(text)
-      eopts.na_prob_keys, eopts.na_prob_ints = require("bertlua.metrics").json_object_keys(text, "null_odds.json")
+      eopts.na_prob_keys, eopts.na_prob_ints = require("bertlua.util.json").object_keys(text, "null_odds.json")
     end
     -- the official scripts refuse a malformed file; the predictions are written either way
     local ok, result = pcall(squad.evaluate, dataset, preds, eopts)

@@ -1,7 +1,7 @@
 /* bertlua — corpus preparation: Wikipedia dump extraction, wikitext
  * cleaning, sentence segmentation and small file-system helpers used by the
  * data recipes (recipes/prepare_wikipedia.lua, prepare_bookcorpus.lua,
- * shard.lua through lua/bertlua/corpus.lua).
+ * shard.lua through lua/bertlua/data/corpus.lua).
  *
  * Document format between stages (plain UTF-8 text files):
  *   - one document per block, blocks separated by one blank line;

@@ -2,8 +2,8 @@
 -- prepare_wikipedia (real dump sample, resume, truncated input),
 -- prepare_bookcorpus (Gutenberg boilerplate, real books) and shard
 -- (determinism, exactly-once, balance, spill == no spill, bad options).
-local T = require "bertlua.testing"
-local corpus = require "bertlua.corpus"
+local T = require "testing"
+local corpus = require "bertlua.data.corpus"
 
 local function tmpdir()
   local p = os.tmpname()
@@ -37,14 +37,6 @@ T.test("clean_wikitext and split_sentences via FFI", function()
   T.eq(n, 3)
   local e, n0 = corpus.split_sentences("")
   T.eq(e, ""); T.eq(n0, 0)
-end)
-
-T.test("options parser", function()
-  local d = { input = "", num_shards = 4, keep = false }
-  local o = corpus.parse_options(d, { "--input=x", "--num-shards=7", "--keep" })
-  T.eq(o.input, "x"); T.eq(o.num_shards, 7); T.eq(o.keep, true)
-  T.raises(function() corpus.parse_options(d, { "--bogus=1" }) end, "unknown option --bogus")
-  T.raises(function() corpus.parse_options(d, { "--num-shards=abc" }) end, "expects a number")
 end)
 
 T.test("prepare_wikipedia on the dump sample, resumable", function()
