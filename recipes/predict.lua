@@ -28,6 +28,7 @@
 -- location and skipped; the count is printed.
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
+local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
@@ -102,7 +103,7 @@ local function run_rows(rows, consume)
 end
 
 local function write_output(text)
-  if opt.output then require("bertlua.train.checkpoint").write_atomic(opt.output, text) else io.write(text) end
+  if opt.output then fs.write_atomic(opt.output, text) else io.write(text) end
 end
 
 -- QA over a SQuAD file (path) or decoded dataset: returns predictions, nbest, null odds, stats, skipped, count

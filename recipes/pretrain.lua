@@ -12,6 +12,7 @@
 -- step): edit them here, no C needed.
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
+local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
@@ -93,7 +94,7 @@ local function dropout_seed(step, micro)
 end
 
 local function write_json(path, tbl)
-  ckpt.write_atomic(path, cjson.encode(tbl))
+  fs.write_atomic(path, cjson.encode(tbl))
 end
 
 local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,

@@ -10,6 +10,7 @@
 -- when the directory has none.
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
+local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
@@ -56,7 +57,7 @@ if opt.micro_batch > 0 and opt.batch % opt.micro_batch ~= 0 then
   error(("squad: --batch=%d is not a multiple of --micro-batch=%d"):format(opt.batch, opt.micro_batch), 0)
 end
 
-ft.mkdir(opt.output)
+fs.mkdir_p(opt.output)
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed })
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride, max_query_length = opt.max_query_length }

@@ -78,7 +78,7 @@ T.test("every example once per epoch; lr of each step follows the linear schedul
   for s, x in ipairs(steps) do
     T.eq(x.step, s)
     T.near(x.lr, lr_at(s), 1e-9, 1e-15)
-    T.truthy(x.loss > 0 and x.seq_per_s > 0, l)
+    T.truthy(x.loss > 0 and x.seq_per_s > 0, "step " .. s)
   end
   T.near(steps[3].lr, 1e-3, 1e-9); T.truthy(steps[8].lr < steps[4].lr, "decays")
   -- a different seed shuffles differently

@@ -12,6 +12,7 @@
 -- external bucket pass). Outputs are written to NAME.tmp and renamed, so a
 -- file that exists is complete; prepare_* skip existing outputs when re-run.
 local core = require "bertlua.core"
+local fs = require "bertlua.util.fs"
 local C, ffi = core.C, core.ffi
 
 local M = {}
@@ -31,24 +32,6 @@ local sizep = ffi.typeof("size_t[1]")
 ---------------------------------------------------------------- small helpers
 function M.now() return C.bl_corpus_now() end
 function M.peak_rss_mb() return tonumber(C.bl_corpus_peak_rss_kb()) / 1024 end
-function M.file_size(path) return tonumber(C.bl_corpus_file_size(path)) end
-function M.exists(path) return C.bl_corpus_file_size(path) >= 0 end
-function M.is_dir(path) return C.bl_corpus_is_dir(path) == 1 end
-function M.mkdir_p(path) core.check(C.bl_corpus_mkdir_p(path)) end
-
--- Sorted regular files of dir (names only), optionally filtered by a Lua pattern.
-function M.list_dir(dir, pattern)
-  local out, len = charpp(), sizep()
-  core.check(C.bl_corpus_list_dir(dir, out, len))
-  local s = ffi.string(out[0], len[0])
-  C.bl_corpus_free(out[0])
-  local names = {}
-  for name in s:gmatch("[^\n]+") do
-    if not pattern or name:match(pattern) then names[#names + 1] = name end
-  end
-  return names
-end
-
 function M.split_list(s)
   local t = {}
   for p in tostring(s):gmatch("[^,]+") do t[#t + 1] = p end
@@ -202,13 +185,13 @@ function M.prepare_wikipedia(o)
   if not o.output or o.output == "" then uerr("prepare_wikipedia: --output is required") end
   local N = math.floor(o.docs_per_file or 10000)
   if N < 1 then uerr("prepare_wikipedia: --docs-per-file must be >= 1") end
-  M.mkdir_p(o.output)
+  fs.mkdir_p(o.output)
   local sum = { files_written = 0, files_existing = 0, docs = 0, short = 0, chars = 0, pages = 0, articles = 0,
                 redirects = 0, other_ns = 0, skipped_bad = 0, skipped_large = 0, warnings = 0, bytes_in = 0,
                 bytes_xml = 0 }
   local t0 = M.now()
   local total_in = 0
-  for _, p in ipairs(inputs) do total_in = total_in + math.max(M.file_size(p), 0) end
+  for _, p in ipairs(inputs) do total_in = total_in + math.max(fs.file_size(p), 0) end
   local done_in = 0
   for ii, path in ipairs(inputs) do
     local function name(k)
@@ -216,7 +199,7 @@ function M.prepare_wikipedia(o)
       return ("%s/wiki_%02d_%05d.txt"):format(o.output, ii - 1, k)
     end
     local function first_missing(k)
-      while M.exists(name(k)) do sum.files_existing = sum.files_existing + 1; k = k + 1 end
+      while fs.exists(name(k)) do sum.files_existing = sum.files_existing + 1; k = k + 1 end
       return k
     end
     local r = M.wiki_open(path, o)
@@ -232,7 +215,7 @@ function M.prepare_wikipedia(o)
         if k ~= cur then
           if w then w:close(); sum.files_written = sum.files_written + 1; w = nil end
           cur = k
-          if M.exists(name(k)) then
+          if fs.exists(name(k)) then
             local kn = first_missing(k)
             r:seek_article(kn * N)
             goto continue
@@ -301,20 +284,20 @@ end
 
 -- Convert DIR_OF_TXT/*.txt into DIR/books_NNNNN.txt (docs_per_file books each).
 function M.prepare_bookcorpus(o)
-  if not o.input or not M.is_dir(o.input) then uerr("prepare_bookcorpus: --input must be a directory, got " .. tostring(o.input)) end
+  if not o.input or not fs.is_dir(o.input) then uerr("prepare_bookcorpus: --input must be a directory, got " .. tostring(o.input)) end
   if not o.output or o.output == "" then uerr("prepare_bookcorpus: --output is required") end
-  M.mkdir_p(o.output)
-  local files = M.list_dir(o.input, "%.txt$")
+  fs.mkdir_p(o.output)
+  local files = fs.list_dir(o.input, "%.txt$")
   local N = math.floor(o.docs_per_file or 1000)
   if N < 1 then uerr("prepare_bookcorpus: --docs-per-file must be >= 1") end
   local sum = { books = 0, files_written = 0, files_existing = 0, empty = 0, paragraphs = 0, bytes_in = 0 }
   local total = 0
-  for _, n in ipairs(files) do total = total + M.file_size(o.input .. "/" .. n) end
+  for _, n in ipairs(files) do total = total + fs.file_size(o.input .. "/" .. n) end
   local prog = M.progress("books", total)
   local t0 = M.now()
   for k = 0, math.ceil(#files / N) - 1 do
     local out = ("%s/books_%05d.txt"):format(o.output, k)
-    if M.exists(out) then
+    if fs.exists(out) then
       sum.files_existing = sum.files_existing + 1
     else
       local w = M.doc_writer(out)
@@ -393,17 +376,17 @@ function M.shard(o)
   local files = {}
   local total = 0
   for _, d in ipairs(dirs) do
-    if not M.is_dir(d) then uerr("shard: input " .. d .. " is not a directory") end
-    for _, n in ipairs(M.list_dir(d, "%.txt$")) do
+    if not fs.is_dir(d) then uerr("shard: input " .. d .. " is not a directory") end
+    for _, n in ipairs(fs.list_dir(d, "%.txt$")) do
       local p = d .. "/" .. n
       files[#files + 1] = p
-      total = total + M.file_size(p)
+      total = total + fs.file_size(p)
     end
   end
   if #files == 0 then uerr("shard: no .txt files in " .. table.concat(dirs, ",")) end
-  M.mkdir_p(o.output)
+  fs.mkdir_p(o.output)
   local tmpdir = o.output .. "/.shard_tmp"
-  M.mkdir_p(tmpdir)
+  fs.mkdir_p(tmpdir)
   -- a bucket is held in memory as Lua strings plus per-document tables: budget 1/3 of memory_mb
   local K = math.max(1, math.ceil(total * 1.1 / (mem / 3)))
   if K > 1000 then uerr(("shard: %d buckets needed for %.0f MB with --memory-mb=%g; raise --memory-mb"):format(K, total / 1e6, o.memory_mb)) end

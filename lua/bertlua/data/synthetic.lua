@@ -8,6 +8,7 @@
 --   local world = syn.world{ seed = 1, countries = 60 }
 --   syn.write_corpus(world, "out/corpus")       -- documents, blank line between, title first
 --   syn.write_squad(world, "out/qa-train.json", { split = "train" })
+local fs = require "bertlua.util.fs"
 local M = {}
 
 -- small deterministic PRNG (xorshift64*), independent of math.random
@@ -107,25 +108,16 @@ function M.documents(w, o)
   return docs
 end
 
-local function write_atomic(path, text)
-  local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "wb")
-  if not f then error("synthetic: cannot write " .. path .. ": " .. tostring(err), 2) end
-  f:write(text)
-  f:close()
-  assert(os.rename(tmp, path))
-end
-
 -- Corpus in the sharded text format: one sentence per line, blank line between documents.
 function M.write_corpus(w, dir, o)
-  os.execute("mkdir -p '" .. dir .. "'")
+  fs.mkdir_p(dir)
   local out = {}
   for _, d in ipairs(M.documents(w, o)) do
     for _, s in ipairs(d.sentences) do out[#out + 1] = s end
     out[#out + 1] = ""
   end
   local path = dir .. "/synthetic_corpus.txt"
-  write_atomic(path, table.concat(out, "\n"))
+  fs.write_atomic(path, table.concat(out, "\n"))
   return path
 end
 
@@ -169,7 +161,7 @@ function M.squad(w, o)
 end
 
 function M.write_squad(w, path, o)
-  write_atomic(path, require("cjson").encode(M.squad(w, o)))
+  fs.write_atomic(path, require("cjson").encode(M.squad(w, o)))
   return path
 end
 

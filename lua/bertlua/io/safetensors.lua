@@ -27,6 +27,7 @@
 local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local cjson = require "cjson"
+local fs = require "bertlua.util.fs"
 local C, ffi, check = core.C, core.ffi, core.check
 
 local M = {}
@@ -434,26 +435,13 @@ function M.save_model(model, path, opts)
 end
 
 -- model directories ---------------------------------------------------------------
-local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function copy_file(src, dst)
-  local f, err = io.open(src, "rb")
-  if not f then error("save_pretrained: cannot read " .. src .. ": " .. tostring(err), 3) end
-  local data = f:read("*a")
-  f:close()
-  local out = file_out()
-  check(C.bl_file_create_atomic(dst, out))
-  local rc = C.bl_file_write(out[0], data, #data)
-  if rc ~= 0 then C.bl_file_close(out[0]); core.fail(2) end
-  check(C.bl_file_commit(out[0]))
-end
-
 -- save_pretrained(model, dir[, opts]): dir/config.json (+ "architectures"),
 -- dir/model.safetensors, dir/vocab.txt (copied from opts.vocab when given).
 function M.save_pretrained(model, dir, opts)
   opts = opts or {}
   local config = require "bertlua.bert.config"
-  if not os.execute("mkdir -p " .. shell_quote(dir)) then error("save_pretrained: cannot create directory " .. dir, 2) end
+  local made, why = pcall(fs.mkdir_p, dir)
+  if not made then error("save_pretrained: cannot create directory " .. dir .. " (" .. tostring(why) .. ")", 2) end
   local cfg = {}
   for k, v in pairs(model.cfg or {}) do cfg[k] = v end
   local arch = tostring(model)
@@ -464,14 +452,8 @@ function M.save_pretrained(model, dir, opts)
   if opts.config then for k, v in pairs(opts.config) do cfg[k] = v end end
   config.save(cfg, dir .. "/config.json")
   M.save_model(model, dir .. "/model.safetensors", opts)
-  if opts.vocab then copy_file(opts.vocab, dir .. "/vocab.txt") end
+  if opts.vocab then fs.copy(opts.vocab, dir .. "/vocab.txt", "save_pretrained") end
   return dir
-end
-
-local function exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() return true end
-  return false
 end
 
 -- from_pretrained(dir[, opts]) -> model, cfg.
@@ -486,7 +468,7 @@ function M.from_pretrained(dir, opts)
   local config = require "bertlua.bert.config"
   local bert = require "bertlua.bert"
   local cfgpath = dir .. "/config.json"
-  if not exists(cfgpath) then error("from_pretrained: " .. cfgpath .. " not found (a model directory holds config.json + model.safetensors)", 2) end
+  if not fs.exists(cfgpath) then error("from_pretrained: " .. cfgpath .. " not found (a model directory holds config.json + model.safetensors)", 2) end
   local cfg = config.load(cfgpath)
   local head = opts.head
   if not head and type(cfg.architectures) == "table" then head = bert.architectures[cfg.architectures[1]] end
@@ -495,14 +477,14 @@ function M.from_pretrained(dir, opts)
   if not ctor then error("from_pretrained: unknown head '" .. tostring(head) .. "' (pretraining, qa, classification, model)", 2) end
   local model = ctor(cfg, { seed = opts.seed or 0, num_labels = opts.num_labels })
   local wpath = dir .. "/model.safetensors"
-  if not exists(wpath) then error("from_pretrained: " .. wpath .. " not found", 2) end
+  if not fs.exists(wpath) then error("from_pretrained: " .. wpath .. " not found", 2) end
   local strict = opts.strict
   M.load_model(model, wpath, {
     allow_missing = not strict and is_head or false,
     allow_unexpected = not strict and is_head or false,
     quiet = opts.quiet,
   })
-  if exists(dir .. "/vocab.txt") then model.vocab_path = dir .. "/vocab.txt" end
+  if fs.exists(dir .. "/vocab.txt") then model.vocab_path = dir .. "/vocab.txt" end
   return model, model.cfg
 end
 

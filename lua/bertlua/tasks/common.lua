@@ -1,13 +1,13 @@
 -- bertlua.tasks.common: what the fine-tuning and inference recipes (squad, glue,
 -- predict) share besides the training loop (bertlua.train.loop): checking their
 -- inputs up front, so a missing vocab or predict file is reported before an
--- hour of training rather than after it, and small output helpers.
+-- hour of training rather than after it, and small output helpers (files and
+-- directories: bertlua.util.fs).
 --
 --   local ft = require "bertlua.tasks.common"
 --   local vocab = ft.model_dir("squad", opt.model, opt.vocab)  -- error unless config.json,
 --                                                               -- model.safetensors and a vocab exist
 --   ft.input_file("squad", opt.predict_file, "--predict-file")  -- error unless readable
---   ft.mkdir(opt.output)
 --   ft.write_json(path, tbl)                                    -- atomic
 --   ft.report_skipped("squad", "train", rep)                    -- one line with the reader's counts
 --
@@ -15,25 +15,8 @@
 -- prints one clear line.
 local M = {}
 
-local ffi = require "ffi"
-pcall(ffi.cdef, "void *opendir(const char *name); int closedir(void *dirp);")
-
-local function is_dir(path)
-  local d = ffi.C.opendir(path)
-  if d == nil then return false end
-  ffi.C.closedir(d)
-  return true
-end
-M.is_dir = is_dir
-
-local function readable(path)
-  if is_dir(path) then return false end
-  local f = io.open(path, "rb")
-  if not f then return false end
-  f:close()
-  return true
-end
-M.readable = readable
+local fs = require "bertlua.util.fs"
+local is_dir, readable = fs.is_dir, fs.readable
 
 -- model_dir(recipe, dir, vocab) -> vocab path. A model directory holds
 -- config.json + model.safetensors (Hugging Face names) and usually vocab.txt;
@@ -73,14 +56,8 @@ function M.input_file(recipe, path, flag)
   return path
 end
 
-function M.mkdir(dir)
-  local ok = os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
-  if ok ~= 0 and ok ~= true then error("cannot create directory " .. dir, 0) end
-  return dir
-end
-
 function M.write_json(path, tbl)
-  require("bertlua.train.checkpoint").write_atomic(path, require("cjson").encode(tbl))
+  fs.write_atomic(path, require("cjson").encode(tbl))
 end
 
 -- report_skipped(recipe, what, rep): a one-line summary of a reader's report

@@ -20,55 +20,21 @@
 -- safetensors files or as integers.
 local cjson = require "cjson"
 local st = require "bertlua.io.safetensors"
+local fs = require "bertlua.util.fs"
 
 local M = {}
 M.FORMAT = 1
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
-local function list(dir)
-  local f = io.popen("ls -1a " .. q(dir) .. " 2>/dev/null")
-  local out = {}
-  for line in f:lines() do out[#out + 1] = line end
-  f:close()
-  return out
-end
-
-local function exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() return true end
-  return false
-end
-
-local function read_all(p)
-  local f, err = io.open(p, "rb")
-  if not f then return nil, err end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
--- write a small text file atomically (temp + fsync + rename via the C file helpers)
-local function write_atomic(path, text)
-  local core = require "bertlua.core"
-  local C, ffi = core.C, core.ffi
-  local fp = ffi.new("bl_file*[1]")
-  core.check(C.bl_file_create_atomic(path, fp))
-  local rc = C.bl_file_write(fp[0], text, #text)
-  if rc ~= 0 then
-    C.bl_file_close(fp[0])
-    error(ffi.string(C.bl_last_error()), 2)
-  end
-  core.check(C.bl_file_commit(fp[0]))
-end
-M.write_atomic = write_atomic
+local exists = fs.exists
 
 function M.name(step) return ("ckpt-%08d"):format(step) end
 
 -- Complete checkpoints in dir, oldest first: { {step=, path=}, ... }
 function M.list(dir)
   local r = {}
-  for _, e in ipairs(list(dir)) do
+  for _, e in ipairs(fs.is_dir(dir) and fs.list_dir(dir, nil, "dirs") or {}) do
     local step = e:match("^ckpt%-(%d+)$")
     if step and exists(dir .. "/" .. e .. "/state.json") then
       r[#r + 1] = { step = tonumber(step), path = dir .. "/" .. e }
@@ -86,19 +52,19 @@ end
 function M.save(dir, c, opts)
   opts = opts or {}
   if type(c.step) ~= "number" then error("checkpoint.save: step must be a number", 2) end
-  os.execute("mkdir -p " .. q(dir))
+  fs.mkdir_p(dir)
   -- leftovers of interrupted saves
-  for _, e in ipairs(list(dir)) do
+  for _, e in ipairs(fs.list_dir(dir, nil, "hidden")) do
     if e:match("^%.tmp%-ckpt%-") then os.execute("rm -rf " .. q(dir .. "/" .. e)) end
   end
   local final = dir .. "/" .. M.name(c.step)
   local tmp = ("%s/.tmp-%s-%d"):format(dir, M.name(c.step), math.random(1, 1e9))
-  os.execute("mkdir -p " .. q(tmp))
+  fs.mkdir_p(tmp)
   if c.model then st.save_model(c.model, tmp .. "/model.safetensors") end
   if c.tensors and next(c.tensors) then st.save(tmp .. "/state.safetensors", c.tensors) end
   local meta = { format = M.FORMAT, step = c.step, state = c.state or {}, identity = c.identity or {},
     time = os.time() }
-  write_atomic(tmp .. "/state.json", cjson.encode(meta))
+  fs.write_atomic(tmp .. "/state.json", cjson.encode(meta))
   if exists(final .. "/state.json") then os.execute("rm -rf " .. q(final)) end
   local ok, err = os.rename(tmp, final)
   if not ok then error("checkpoint.save: cannot move " .. tmp .. " to " .. final .. ": " .. tostring(err), 2) end
@@ -139,7 +105,7 @@ end
 
 function M.load(path, opts)
   opts = opts or {}
-  local text, err = read_all(path .. "/state.json")
+  local text, err = fs.read(path .. "/state.json")
   if not text then error("checkpoint: " .. path .. " is not a complete checkpoint (no state.json: " .. tostring(err) .. ")", 2) end
   local ok, meta = pcall(cjson.decode, text)
   if not ok or type(meta) ~= "table" then error("checkpoint: " .. path .. "/state.json is not valid JSON", 2) end
