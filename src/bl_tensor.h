@@ -55,7 +55,8 @@ size_t bl_tensor_nbytes(const bl_tensor *t);
 int64_t bl_storage_bytes_in_use(void);  /* bytes of live CPU+GPU storages */
 
 /* --- views (share storage; new header in *res) --- */
-int bl_tensor_view(const bl_tensor *t, int ndim, const int64_t *shape, bl_tensor **res);   /* reshape without copy; error if strides forbid */
+int bl_tensor_view(const bl_tensor *t, int ndim, const int64_t *shape,
+                   bl_tensor **res); /* reshape without copy; error if strides forbid */
 int bl_tensor_as_strided(const bl_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
                          int64_t offset, bl_tensor **res);
 int bl_tensor_permute(const bl_tensor *t, const int *perm, bl_tensor **res);

@@ -31,8 +31,15 @@ static inline void bl_store(int dtype, void *p, double v) {
     case BL_F16: *(uint16_t *)p = bl_f32_to_f16((float)v); break;
     case BL_BF16: *(uint16_t *)p = bl_f32_to_bf16((float)v); break;
     /* Out-of-range and NaN conversions to integers are clamped instead of UB. */
-    case BL_I32: *(int32_t *)p = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v; break;
-    case BL_I64: *(int64_t *)p = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN : (int64_t)v; break;
+    case BL_I32:
+      *(int32_t *)p = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+      break;
+    case BL_I64:
+      *(int64_t *)p = v != v                        ? 0
+                      : v >= 9.2233720368547758e18  ? INT64_MAX
+                      : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                    : (int64_t)v;
+      break;
     case BL_U8: *(uint8_t *)p = v != v ? 0 : v >= 255.0 ? 255 : v <= 0 ? 0 : (uint8_t)v; break;
     case BL_BOOL: *(uint8_t *)p = v != 0; break;
   }

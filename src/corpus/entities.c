@@ -279,7 +279,8 @@ static size_t decode_one(const char *s, size_t n, size_t i, int html, bl_cbuf *o
     return j + 1 - i;
   }
   char name[16]; size_t k = 0;
-  while (j < n && k < sizeof name - 1 && ((s[j] >= 'a' && s[j] <= 'z') || (s[j] >= 'A' && s[j] <= 'Z') || (s[j] >= '0' && s[j] <= '9')))
+  while (j < n && k < sizeof name - 1 &&
+         ((s[j] >= 'a' && s[j] <= 'z') || (s[j] >= 'A' && s[j] <= 'Z') || (s[j] >= '0' && s[j] <= '9')))
     name[k++] = s[j++];
   if (k == 0 || j >= n || s[j] != ';') return 0;
   name[k] = 0;
@@ -325,7 +326,8 @@ size_t bl_corpus_utf8_check(const char *str, size_t n) {
       if ((s[i + k] & 0xC0) != 0x80) return i;
       cp = (cp << 6) | (s[i + k] & 0x3F);
     }
-    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+      return i;
     i += len;
   }
   return n;

@@ -17,7 +17,10 @@ int64_t bl_corpus_peak_rss_kb(void) {
   char line[256];
   int64_t kb = -1;
   while (fgets(line, sizeof line, f)) {
-    if (!strncmp(line, "VmHWM:", 6)) { kb = strtoll(line + 6, NULL, 10); break; }
+    if (!strncmp(line, "VmHWM:", 6)) {
+      kb = strtoll(line + 6, NULL, 10);
+      break;
+    }
   }
   fclose(f);
   return kb;

@@ -210,7 +210,9 @@ int bl_wiki_open(const char *path, const bl_wiki_options *opts, bl_wiki_reader *
     if (k >= 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF) i = 3;
     while (i < k && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t')) i++;
     if (i < k && b[i] != '<') {
-      const char *what = (k >= 2 && b[0] == 0x1f && b[1] == 0x8b) ? " (gzip is not supported: use the .bz2 dump or decompress it)" : "";
+      const char *what = (k >= 2 && b[0] == 0x1f && b[1] == 0x8b)
+                             ? " (gzip is not supported: use the .bz2 dump or decompress it)"
+                             : "";
       bl_wiki_close(r);
       return bl_set_error(BL_EFORMAT, "wiki_open: %s is neither MediaWiki XML nor bzip2%s", path, what);
     }
@@ -269,7 +271,10 @@ static int handle_page(bl_wiki_reader *r, bl_wiki_doc *doc) {
   const char *p = r->page.p;
   size_t n = r->page.n;
   unsigned long long off = (unsigned long long)r->page_off;
-  if (r->page.oom) { r->page.oom = 0; return fail(r, BL_ENOMEM, "out of memory buffering the page at offset %llu", off); }
+  if (r->page.oom) {
+    r->page.oom = 0;
+    return fail(r, BL_ENOMEM, "out of memory buffering the page at offset %llu", off);
+  }
   /* the header is everything before <text; searching it alone keeps this O(header) */
   const char *tt = NULL;
   for (const char *q = p; (q = (const char *)memmem(q, n - (size_t)(q - p), "<text", 5)) != NULL; q += 5) {

@@ -367,7 +367,10 @@ static size_t clean_line(char *p, size_t n) {
     char c = p[r];
     if (c == ' ') {
       if (w == 0 || p[w - 1] == ' ' || p[w - 1] == '(') { r++; continue; }
-      if (r + 1 < n && (p[r + 1] == ',' || p[r + 1] == '.' || p[r + 1] == ';' || p[r + 1] == ')' || p[r + 1] == ' ')) { r++; continue; }
+      if (r + 1 < n && (p[r + 1] == ',' || p[r + 1] == '.' || p[r + 1] == ';' || p[r + 1] == ')' || p[r + 1] == ' ')) {
+        r++;
+        continue;
+      }
     }
     p[w++] = c; r++;
   }

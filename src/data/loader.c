@@ -237,7 +237,8 @@ void bl_loader_close(bl_loader *l) {
 }
 
 static int check_options(const bl_loader_options *o) {
-  if (o->batch_size < 1) return bl_set_error(BL_EINVAL, "data: batch_size must be >= 1, got %lld", (long long)o->batch_size);
+  if (o->batch_size < 1)
+    return bl_set_error(BL_EINVAL, "data: batch_size must be >= 1, got %lld", (long long)o->batch_size);
   if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
     return bl_set_error(BL_EINVAL, "data: rank %d is not in 0..world_size-1 (world_size %d)", o->rank, o->world_size);
   if (o->prefetch < 0 || o->prefetch > 1024)
@@ -254,7 +255,9 @@ static int open_shards(bl_loader *l, const char **paths, int32_t n, const bl_loa
   l->shards = calloc((size_t)n, sizeof *l->shards);
   l->starts = calloc((size_t)n, sizeof *l->starts);
   if (!l->shards || !l->starts) return bl_set_error(BL_ENOMEM, "loader: out of memory");
-  bl_shard_expect ex = { .vocab_hash = o->vocab_hash, .vocab_name = o->vocab_name, .max_seq_length = o->max_seq_length };
+  bl_shard_expect ex = { .vocab_hash = o->vocab_hash,
+                         .vocab_name = o->vocab_name,
+                         .max_seq_length = o->max_seq_length };
   int64_t total = 0;
   int32_t P = o->max_predictions, maxlen = 0, ww = 0;
   for (int32_t i = 0; i < n; i++) {
@@ -270,7 +273,8 @@ static int open_shards(bl_loader *l, const char **paths, int32_t n, const bl_loa
     l->masked_lm_prob = s->h->masked_lm_prob;   /* the last shard's, as the reference */
   }
   if (total > (int64_t)UINT32_MAX)
-    return bl_set_error(BL_EUNSUPPORTED, "data: %lld instances, more than the loader's limit of 2^32-1", (long long)total);
+    return bl_set_error(BL_EUNSUPPORTED, "data: %lld instances, more than the loader's limit of 2^32-1",
+                        (long long)total);
   if (P > 65535) return bl_set_error(BL_EFORMAT, "data: max_predictions %d is out of range", P);
   l->total = total;
   l->P = P;
@@ -297,7 +301,8 @@ static int setup_masking(bl_loader *l, const bl_loader_options *o) {
     .vocab_size = o->vocab_size, .max_predictions = l->P, .masked_lm_prob = l->masked_lm_prob };
   if (l->whole_word) {
     if (!o->is_continuation)
-      return bl_set_error(BL_EINVAL, "data: whole-word dynamic masking needs the vocabulary's \"##\" pieces (is_continuation)");
+      return bl_set_error(BL_EINVAL,
+                          "data: whole-word dynamic masking needs the vocabulary's \"##\" pieces (is_continuation)");
     l->is_continuation = malloc((size_t)o->vocab_size);
     if (!l->is_continuation) return bl_set_error(BL_ENOMEM, "loader: out of memory");
     memcpy(l->is_continuation, o->is_continuation, (size_t)o->vocab_size);
@@ -329,8 +334,8 @@ static int open_loader(bl_loader *l, const char **paths, int32_t num_paths, cons
   l->per_rank = l->total / l->world;
   l->steps = l->per_rank / l->B;
   if (l->steps == 0)
-    return bl_set_error(BL_EINVAL, "data: %lld instances are not enough for %d rank(s) x batch %lld", (long long)l->total,
-                        l->world, (long long)l->B);
+    return bl_set_error(BL_EINVAL, "data: %lld instances are not enough for %d rank(s) x batch %lld",
+                        (long long)l->total, l->world, (long long)l->B);
   if (o->bin_window > 0 && (double)o->bin_window * (double)l->B * (double)l->world >= 2147483648.0)
     return bl_set_error(BL_EINVAL, "data: a length-binning window of %d steps x %lld x %d ranks is too large",
                         o->bin_window, (long long)l->B, l->world);

@@ -55,8 +55,10 @@ static int check_records(bl_shard *s) {
       uint16_t p;
       memcpy(&p, r.positions + j, 2);
       uint32_t lab = bl_shard_token(r.labels, tb, j);
-      if (p >= r.length) return bad(s->path, "record %lld: masked position %u is past its length %d", (long long)k, p, r.length);
-      if (lab >= h->vocab_size) return bad(s->path, "record %lld: masked label %u is outside the vocabulary", (long long)k, lab);
+      if (p >= r.length)
+        return bad(s->path, "record %lld: masked position %u is past its length %d", (long long)k, p, r.length);
+      if (lab >= h->vocab_size)
+        return bad(s->path, "record %lld: masked label %u is outside the vocabulary", (long long)k, lab);
     }
     if (r.length > s->max_length) s->max_length = r.length;
   }
@@ -145,7 +147,8 @@ int64_t bl_shard_count(const bl_shard *s) { return s ? s->n : 0; }
 int bl_shard_get_record(const bl_shard *s, int64_t k, bl_shard_record *rec) {
   if (!s || !rec) return bl_set_error(BL_EINVAL, "shard: record of a NULL shard");
   if (k < 0 || k >= s->n)
-    return bl_set_error(BL_EINVAL, "shard %s: record %lld out of range 0..%lld", s->path, (long long)k, (long long)s->n - 1);
+    return bl_set_error(BL_EINVAL, "shard %s: record %lld out of range 0..%lld", s->path, (long long)k,
+                        (long long)s->n - 1);
   bl_shard_rec(s, k, rec);
   return 0;
 }

@@ -10,7 +10,9 @@
 static int dist_on, dist_rank, dist_size = 1, local_rank, local_size = 1;
 
 static int launched_by_mpi(void) {
-  static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_SIZE", NULL};
+  static const char *vars[] = {
+    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_SIZE", NULL
+  };
   for (int i = 0; vars[i]; i++) if (getenv(vars[i])) return 1;
   return 0;
 }
@@ -97,7 +99,8 @@ int bl_dist_broadcast(bl_tensor *t, int root) {
   }
 #endif
   BL_CHECK(check_collective(t, "broadcast"));
-  if (root < 0 || root >= dist_size) return bl_set_error(BL_EINVAL, "broadcast: root %d outside world of %d", root, dist_size);
+  if (root < 0 || root >= dist_size)
+    return bl_set_error(BL_EINVAL, "broadcast: root %d outside world of %d", root, dist_size);
   if (!dist_on || dist_size == 1) return 0;
   MPI_Datatype ty = MPI_BYTE;
   BL_CHECK(mpi_type(t, &ty, "broadcast"));

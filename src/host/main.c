@@ -277,7 +277,13 @@ int main(int argc, char **argv) {
     if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) { print_version(); return 0; }
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { usage(); return 0; }
     if (strcmp(a, "-i") == 0) { interactive = 1; continue; }
-    if (strcmp(a, "-e") == 0) { if (++i >= argc) { fprintf(stderr, "%s: -e needs an argument\n", progname); return 1; } continue; }
+    if (strcmp(a, "-e") == 0) {
+      if (++i >= argc) {
+        fprintf(stderr, "%s: -e needs an argument\n", progname);
+        return 1;
+      }
+      continue;
+    }
     if (strcmp(a, "--") == 0) { i++; break; }
     if (a[0] == '-' && a[1] != 0) { fprintf(stderr, "%s: unknown option %s\n", progname, a); usage(); return 1; }
     break;

@@ -84,7 +84,8 @@ int bl_fs_mkdir_p(const char *path) {
     }
   }
   struct stat st;
-  if (stat(path, &st) || !S_ISDIR(st.st_mode)) return bl_set_error(BL_EIO, "mkdir_p: %s exists and is not a directory", path);
+  if (stat(path, &st) || !S_ISDIR(st.st_mode))
+    return bl_set_error(BL_EIO, "mkdir_p: %s exists and is not a directory", path);
   return 0;
 }
 

@@ -58,7 +58,8 @@ static int check_broadcastable(const bl_tensor *dst, const bl_tensor *src, const
   }
   return 0;
 fail:
-  return bl_set_error(BL_EINVAL, "%s: source of shape %s cannot be broadcast to %s", op, BL_SHAPE(src, a), BL_SHAPE(dst, b));
+  return bl_set_error(BL_EINVAL, "%s: source of shape %s cannot be broadcast to %s", op, BL_SHAPE(src, a),
+                      BL_SHAPE(dst, b));
 }
 
 /* Same-device copy on either side of copy_across (CPU loop or CUDA twin). */
@@ -176,7 +177,9 @@ int bl_tensor_set(bl_tensor *t, const int64_t *index, double value) {
 
 int bl_tensor_to_doubles(const bl_tensor *t, double *out, int64_t n) {
   BL_CHECK(bl_tensor_check(t, "to_doubles"));
-  if (n != t->numel) return bl_set_error(BL_EINVAL, "to_doubles: buffer has %lld slots, tensor has %lld elements", (long long)n, (long long)t->numel);
+  if (n != t->numel)
+    return bl_set_error(BL_EINVAL, "to_doubles: buffer has %lld slots, tensor has %lld elements", (long long)n,
+                        (long long)t->numel);
   bl_tensor *d = NULL;
   int64_t shape1 = n;
   BL_CHECK(bl_tensor_wrap(out, t->ndim, t->shape, NULL, BL_F64, -1, &d));
@@ -188,7 +191,9 @@ int bl_tensor_to_doubles(const bl_tensor *t, double *out, int64_t n) {
 
 int bl_tensor_from_doubles(bl_tensor *t, const double *in, int64_t n) {
   BL_CHECK(bl_tensor_check(t, "from_doubles"));
-  if (n != t->numel) return bl_set_error(BL_EINVAL, "from_doubles: %lld values given for a tensor of %lld elements", (long long)n, (long long)t->numel);
+  if (n != t->numel)
+    return bl_set_error(BL_EINVAL, "from_doubles: %lld values given for a tensor of %lld elements", (long long)n,
+                        (long long)t->numel);
   bl_tensor *s = NULL;
   BL_CHECK(bl_tensor_wrap((void *)in, t->ndim, t->shape, NULL, BL_F64, -1, &s));
   int rc = bl_tensor_copy(t, s);

@@ -59,8 +59,8 @@ int bl_broadcast_shape(int na, const int64_t *sa, int nb, const int64_t *sb, int
     int64_t y = i < n - nb ? 1 : sb[i - (n - nb)];
     if (x != y && x != 1 && y != 1) {
       char a[128], b[128];
-      return bl_set_error(BL_EINVAL, "broadcast: shapes %s and %s are not compatible", bl_shape_str(na, sa, a, sizeof a),
-                          bl_shape_str(nb, sb, b, sizeof b));
+      return bl_set_error(BL_EINVAL, "broadcast: shapes %s and %s are not compatible",
+                          bl_shape_str(na, sa, a, sizeof a), bl_shape_str(nb, sb, b, sizeof b));
     }
     sout[i] = x == 1 ? y : x;
   }
@@ -128,7 +128,8 @@ static void binary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     }
   }
   for (int64_t i = 0; i < n; i++)
-    bl_store(c->dt[0], p[0] + i * s[0], binop_d(c->op, bl_load(c->dt[1], p[1] + i * s[1]), bl_load(c->dt[2], p[2] + i * s[2])));
+    bl_store(c->dt[0], p[0] + i * s[0],
+             binop_d(c->op, bl_load(c->dt[1], p[1] + i * s[1]), bl_load(c->dt[2], p[2] + i * s[2])));
 }
 
 static void unary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
@@ -215,7 +216,8 @@ static int check_out(const char *op, const bl_tensor *out, int n, const int64_t 
   for (int i = 0; same && i < n; i++) same = out->shape[i] == shape[i];
   if (!same) {
     char a[128], b[128];
-    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", op, BL_SHAPE(out, a), bl_shape_str(n, shape, b, sizeof b));
+    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", op, BL_SHAPE(out, a),
+                        bl_shape_str(n, shape, b, sizeof b));
   }
   return 0;
 }

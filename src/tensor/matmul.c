@@ -11,8 +11,16 @@
 static int blas_layout(const bl_tensor *t, CBLAS_TRANSPOSE *trans, int64_t *ld) {
   int64_t r = t->shape[t->ndim - 2], c = t->shape[t->ndim - 1];
   int64_t sr = t->stride[t->ndim - 2], sc = t->stride[t->ndim - 1];
-  if ((sc == 1 || c == 1) && (sr >= (c > 1 ? c : 1) || r == 1)) { *trans = CblasNoTrans; *ld = r == 1 ? (c > 1 ? c : 1) : sr; return 1; }
-  if ((sr == 1 || r == 1) && (sc >= (r > 1 ? r : 1) || c == 1)) { *trans = CblasTrans; *ld = c == 1 ? (r > 1 ? r : 1) : sc; return 1; }
+  if ((sc == 1 || c == 1) && (sr >= (c > 1 ? c : 1) || r == 1)) {
+    *trans = CblasNoTrans;
+    *ld = r == 1 ? (c > 1 ? c : 1) : sr;
+    return 1;
+  }
+  if ((sr == 1 || r == 1) && (sc >= (r > 1 ? r : 1) || c == 1)) {
+    *trans = CblasTrans;
+    *ld = c == 1 ? (r > 1 ? r : 1) : sc;
+    return 1;
+  }
   return 0;
 }
 
@@ -38,19 +46,22 @@ int bl_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
   BL_CHECK(bl_check_same_device(a, b, "matmul"));
   BL_CHECK(bl_check_same_device(a, out, "matmul"));
   if (!bl_dtype_is_float(a->dtype) || !bl_dtype_is_float(b->dtype) || !bl_dtype_is_float(out->dtype))
-    return bl_set_error(BL_EINVAL, "matmul: floating-point tensors required, got %s and %s", bl_dtype_name(a->dtype), bl_dtype_name(b->dtype));
+    return bl_set_error(BL_EINVAL, "matmul: floating-point tensors required, got %s and %s", bl_dtype_name(a->dtype),
+                        bl_dtype_name(b->dtype));
   int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
   int nb;
   int64_t bshape[BL_MAX_DIMS + 2];
   if (bl_broadcast_shape(a->ndim - 2, a->shape, b->ndim - 2, b->shape, &nb, bshape))
-    return bl_set_error(BL_EINVAL, "matmul: batch dims of %s and %s are not compatible", BL_SHAPE(a, sa), BL_SHAPE(b, sb));
+    return bl_set_error(BL_EINVAL, "matmul: batch dims of %s and %s are not compatible", BL_SHAPE(a, sa),
+                        BL_SHAPE(b, sb));
   if (nb + 2 > BL_MAX_DIMS) return bl_set_error(BL_EINVAL, "matmul: too many dims");
   bshape[nb] = m;
   bshape[nb + 1] = n;
   int ok = out->ndim == nb + 2;
   for (int i = 0; ok && i < nb + 2; i++) ok = out->shape[i] == bshape[i];
   if (!ok)
-    return bl_set_error(BL_EINVAL, "matmul: output has shape %s, expected %s", BL_SHAPE(out, so), bl_shape_str(nb + 2, bshape, se, sizeof se));
+    return bl_set_error(BL_EINVAL, "matmul: output has shape %s, expected %s", BL_SHAPE(out, so),
+                        bl_shape_str(nb + 2, bshape, se, sizeof se));
   if (out->numel == 0) return 0;
   if (a->device >= 0) return BL_ON_CUDA("matmul", a->device, bl_cuda_matmul(out, a, b));
 

@@ -85,7 +85,8 @@ int bl_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32_t dim_mask, int
   for (int i = 0; ok && i < nk; i++) ok = out->shape[i] == kshape[i];
   if (!ok) {
     char x[128], y[128];
-    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", name, BL_SHAPE(out, x), bl_shape_str(nk, kshape, y, sizeof y));
+    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", name, BL_SHAPE(out, x),
+                        bl_shape_str(nk, kshape, y, sizeof y));
   }
   if (c.count == 0 && (op == BL_MAX || op == BL_MIN || op == BL_ARGMAX || op == BL_ARGMIN))
     return bl_set_error(BL_EINVAL, "%s: cannot reduce over an empty dimension", name);

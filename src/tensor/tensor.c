@@ -200,8 +200,9 @@ int bl_tensor_view(const bl_tensor *t, int ndim, const int64_t *shape, bl_tensor
   recompute(*res);
   return 0;
 fail:
-  return bl_set_error(BL_EINVAL, "view: cannot view the non-contiguous tensor %s as %s without a copy (use reshape or contiguous())",
-                      BL_SHAPE(t, a), bl_shape_str(ndim, shape, b, sizeof b));
+  return bl_set_error(
+      BL_EINVAL, "view: cannot view the non-contiguous tensor %s as %s without a copy (use reshape or contiguous())",
+      BL_SHAPE(t, a), bl_shape_str(ndim, shape, b, sizeof b));
 }
 
 int bl_tensor_as_strided(const bl_tensor *t, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset,
@@ -312,7 +313,8 @@ int bl_tensor_expand(const bl_tensor *t, int ndim, const int64_t *shape, bl_tens
   recompute(*res);
   return 0;
 fail:
-  return bl_set_error(BL_EINVAL, "expand: cannot expand %s to %s", BL_SHAPE(t, a), bl_shape_str(ndim, shape, b, sizeof b));
+  return bl_set_error(BL_EINVAL, "expand: cannot expand %s to %s", BL_SHAPE(t, a),
+                      bl_shape_str(ndim, shape, b, sizeof b));
 }
 
 int bl_tensor_unsqueeze(const bl_tensor *t, int dim, bl_tensor **res) {

@@ -35,7 +35,8 @@ static void init_tables(void) {
     unsigned char k = A_WORD;
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r') k = A_WS;
     else if (c < 32 || c == 127) k = A_CTRL;
-    else if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126)) k = A_PUNCT;
+    else if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126))
+      k = A_PUNCT;
     ascii_class[c] = k;
     ascii_lower[c] = (unsigned char)((c >= 'A' && c <= 'Z') ? c + 32 : c);
   }
@@ -286,7 +287,10 @@ static int grow(eng *e, int32_t **buf, int *cap, int32_t *stack, int need) {
     nc *= 2;
   }
   int32_t *nb = *buf == stack ? malloc(sizeof(int32_t) * (size_t)nc) : realloc(*buf, sizeof(int32_t) * (size_t)nc);
-  if (!nb) { e->status = bl_set_error(BL_ENOMEM, "tokenizer: out of memory normalizing %d code points", need); return -1; }
+  if (!nb) {
+    e->status = bl_set_error(BL_ENOMEM, "tokenizer: out of memory normalizing %d code points", need);
+    return -1;
+  }
   if (*buf == stack) memcpy(nb, stack, sizeof(int32_t) * (size_t)*cap);
   *buf = nb; *cap = nc;
   return 0;
@@ -315,7 +319,10 @@ static void reorder(int32_t *b, int n) {
       if (tmp) {
         unsigned char *cls = (unsigned char *)(tmp + m);
         int count[257] = {0};
-        for (int a = 0; a < m; a++) { cls[a] = (unsigned char)utf8proc_get_property(b[i + a])->combining_class; count[cls[a] + 1]++; }
+        for (int a = 0; a < m; a++) {
+          cls[a] = (unsigned char)utf8proc_get_property(b[i + a])->combining_class;
+          count[cls[a] + 1]++;
+        }
         for (int c = 1; c < 257; c++) count[c] += count[c - 1];
         for (int a = 0; a < m; a++) tmp[count[cls[a]]++] = b[i + a];
         memcpy(b + i, tmp, sizeof(int32_t) * (size_t)m);
@@ -567,7 +574,8 @@ int bl_tokenizer_format(const bl_tokenizer *tok, const char *text, size_t len, i
                         char *out, size_t cap, size_t *need, int64_t *invalid_utf8) {
   if (!tok) return bl_set_error(BL_EINVAL, "tokenizer_format: tokenizer is NULL");
   if (!text && len) return bl_set_error(BL_EINVAL, "tokenizer_format: text is NULL with length %zu", len);
-  if (mode < 0 || mode > 2) return bl_set_error(BL_EINVAL, "tokenizer_format: mode must be 0 (tokens), 1 (ids) or 2 (basic), got %d", mode);
+  if (mode < 0 || mode > 2)
+    return bl_set_error(BL_EINVAL, "tokenizer_format: mode must be 0 (tokens), 1 (ids) or 2 (basic), got %d", mode);
   if (!out) cap = 0;
   init_tables();
   sink sk = {0};
@@ -580,7 +588,10 @@ int bl_tokenizer_format(const bl_tokenizer *tok, const char *text, size_t len, i
   while (i < len) {
     const char *nl = memchr(text + i, '\n', len - i);
     size_t l = nl ? (size_t)(nl - (text + i)) : len - i;
-    if (l > (size_t)INT32_MAX) { rc = bl_set_error(BL_EINVAL, "tokenizer_format: a line of %zu bytes is over the 2 GB limit", l); break; }
+    if (l > (size_t)INT32_MAX) {
+      rc = bl_set_error(BL_EINVAL, "tokenizer_format: a line of %zu bytes is over the 2 GB limit", l);
+      break;
+    }
     sk.line_has_tok = 0;
     e.invalid = 0;
     rc = run(&e, text + i, l, (int64_t)i);

@@ -88,7 +88,10 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
   if (!buf) { rc = bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory reading %s", path); goto fail; }
   for (;;) {
     if (n == cap) {
-      if (cap > ((size_t)1 << 31)) { rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s is larger than 2 GB", path); goto fail; }
+      if (cap > ((size_t)1 << 31)) {
+        rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s is larger than 2 GB", path);
+        goto fail;
+      }
       char *nb = realloc(buf, cap * 2 + 1);
       if (!nb) { rc = bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory reading %s", path); goto fail; }
       buf = nb; cap *= 2;
@@ -106,7 +109,8 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
   if (bad != n) {
     size_t line = 1;
     for (size_t i = 0; i < bad; i++) line += buf[i] == '\n';
-    rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s: invalid UTF-8 at byte %zu (line %zu)", path, bad, line);
+    rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s: invalid UTF-8 at byte %zu (line %zu)", path, bad,
+                      line);
     goto fail;
   }
   if (memchr(buf, 0, n)) {
@@ -120,7 +124,10 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
     else if (buf[i] == '\r') { lines++; if (i + 1 < n && buf[i + 1] == '\n') i++; }
   }
   if (buf[n - 1] != '\n' && buf[n - 1] != '\r') lines++;
-  if (lines > (size_t)INT32_MAX - 1) { rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s has too many lines", path); goto fail; }
+  if (lines > (size_t)INT32_MAX - 1) {
+    rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s has too many lines", path);
+    goto fail;
+  }
   t->size = (int)lines;
   t->off = malloc(sizeof(uint32_t) * lines);
   t->len = malloc(sizeof(uint32_t) * lines);

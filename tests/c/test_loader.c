@@ -42,7 +42,8 @@ static uint8_t *make_shard(int n, int dynamic, size_t *size) {
   size_t d = 0;
   for (int k = 0; k < n; k++) {
     offs[k] = d;
-    uint16_t L = (uint16_t)(4 + rnd(60)), la = (uint16_t)(2 + rnd(L - 3)), M = dynamic ? 0 : (uint16_t)(1 + rnd(L - 2 < 10 ? L - 2 : 10));
+    uint16_t L = (uint16_t)(4 + rnd(60)), la = (uint16_t)(2 + rnd(L - 3)),
+             M = dynamic ? 0 : (uint16_t)(1 + rnd(L - 2 < 10 ? L - 2 : 10));
     uint16_t hdr[3] = {L, la, M};
     memcpy(data + d, hdr, 6);
     data[d + 6] = (uint8_t)rnd(2);
@@ -97,7 +98,8 @@ static int open_checked(const char *path, size_t size) {
     const uint8_t *t = r.tokens;
     const uint8_t *last = (const uint8_t *)r.labels + (size_t)r.num_masked * h->token_bytes;
     CHECK(t >= base + 80 && last <= end, "record %lld inside the file", (long long)k);
-    CHECK(r.length >= 1 && (uint32_t)r.length <= h->max_seq_length && r.len_a <= r.length, "record %lld lengths", (long long)k);
+    CHECK(r.length >= 1 && (uint32_t)r.length <= h->max_seq_length && r.len_a <= r.length, "record %lld lengths",
+          (long long)k);
     for (int j = 0; j < r.num_masked; j++) CHECK(r.positions[j] < r.length, "position in range");
   }
   bl_shard_record r;

@@ -21,8 +21,23 @@
 #include <string.h>
 
 static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
-#define OK(expr) do { int rc_ = (expr); if (rc_ != 0) { failures++; printf("FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, rc_, bl_last_error()); } } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      failures++;                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
+#define OK(expr)                                                                             \
+  do {                                                                                       \
+    int rc_ = (expr);                                                                        \
+    if (rc_ != 0) {                                                                          \
+      failures++;                                                                            \
+      printf("FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, rc_, bl_last_error()); \
+    }                                                                                        \
+  } while (0)
 
 /* ---------------------------------------------------------------- helpers */
 static uint64_t rng_state = 0x1234567ULL;
@@ -41,7 +56,10 @@ static bl_tensor *tens(int ndim, const int64_t *shape, int dtype) {
 static bl_tensor *t1(int64_t a) { int64_t s[] = {a}; return tens(1, s, BL_F32); }
 static bl_tensor *t2(int64_t a, int64_t b) { int64_t s[] = {a, b}; return tens(2, s, BL_F32); }
 static bl_tensor *t3(int64_t a, int64_t b, int64_t c) { int64_t s[] = {a, b, c}; return tens(3, s, BL_F32); }
-static bl_tensor *t4(int64_t a, int64_t b, int64_t c, int64_t d) { int64_t s[] = {a, b, c, d}; return tens(4, s, BL_F32); }
+static bl_tensor *t4(int64_t a, int64_t b, int64_t c, int64_t d) {
+  int64_t s[] = { a, b, c, d };
+  return tens(4, s, BL_F32);
+}
 static bl_tensor *like(const bl_tensor *t) { return tens(t->ndim, t->shape, BL_F32); }
 static float *F(const bl_tensor *t) { return (float *)t->data; }
 static void fill_rand(bl_tensor *t) { for (int64_t i = 0; i < t->numel; i++) F(t)[i] = nzrand(); }
@@ -233,7 +251,8 @@ static void test_layernorm(void) {
     for (int j = 0; j < 10; j++) v += pow(F(k.x)[r * 10 + j] - m, 2);
     v /= 10;
     for (int j = 0; j < 10; j++)
-      worst = fmax(worst, fabs((F(k.x)[r * 10 + j] - m) / sqrt(v + 1e-12) * F(k.g)[j] + F(k.b)[j] - F(k.y)[r * 10 + j]));
+      worst =
+          fmax(worst, fabs((F(k.x)[r * 10 + j] - m) / sqrt(v + 1e-12) * F(k.g)[j] + F(k.b)[j] - F(k.y)[r * 10 + j]));
   }
   CHECK(worst < 1e-5, "layernorm forward vs naive %g", worst);
   bl_tensor *dx = like(k.x), *dg = zero(like(k.g)), *db = zero(like(k.b));
@@ -273,7 +292,8 @@ static void test_layernorm(void) {
   OK(bl_layernorm_backward(dxb, dgb, NULL, k.w, xv, k.g, m0, r0));
   CHECK(maxrel(dxa, dxb) == 0 && maxrel(dga, dgb) == 0, "layernorm strided backward differs");
   /* determinism across thread counts (dgamma over many rows) */
-  bl_tensor *xl = rnd(t2(1000, 33)), *yl = like(xl), *ml = t1(1000), *rl = t1(1000), *gl = rnd(t1(33)), *bl = rnd(t1(33));
+  bl_tensor *xl = rnd(t2(1000, 33)), *yl = like(xl), *ml = t1(1000), *rl = t1(1000), *gl = rnd(t1(33)),
+            *bl = rnd(t1(33));
   bl_tensor *wl = rnd(like(xl)), *dxl = like(xl), *dg1 = zero(t1(33)), *dg2 = zero(t1(33));
   OK(bl_layernorm_forward(yl, ml, rl, xl, gl, bl, 1e-12));
   omp_set_num_threads(1);
@@ -285,7 +305,8 @@ static void test_layernorm(void) {
   /* bad input */
   bl_tensor *g9 = t1(9);
   int rc = bl_layernorm_forward(k.y, k.mean, k.rstd, k.x, g9, k.b, 1e-12);
-  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "layernorm: gamma [9] does not match input [3,7,10]"), "%s", bl_last_error());
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "layernorm: gamma [9] does not match input [3,7,10]"), "%s",
+        bl_last_error());
   rc = bl_layernorm_forward(k.y, k.mean, k.rstd, k.x, k.g, k.b, 0.0);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "eps"), "%s", bl_last_error());
   bl_tensor *pieces[] = {k.y, k.mean, k.rstd, k.x, k.res, k.g, k.b, k.w, dx, dg, db, dr, sum, y0, m0, r0, xt, xv, xc,
@@ -343,7 +364,8 @@ static void test_elementwise(void) {
   CHECK(maxrel(ya, yb) == 0, "softmax strided differs");
   bl_tensor *badm = t2(2, 10);
   int rc = bl_softmax_forward(ya, xc, badm);
-  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "softmax: mask [2,10] cannot be broadcast to input [3,7,10]"), "%s", bl_last_error());
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "softmax: mask [2,10] cannot be broadcast to input [3,7,10]"), "%s",
+        bl_last_error());
   /* dropout */
   k.kind = 4;
   ew_loss(&k);
@@ -417,7 +439,8 @@ static void test_attention(void) {
     double sc[7], mx = -1e300, sum = 0;
     for (int j = 0; j < S; j++) {
       double s = 0;
-      for (int c = 0; c < d; c++) s += (double)F(a.q)[(b * S + i) * H + h * d + c] * F(a.k)[(b * S + j) * H + h * d + c];
+      for (int c = 0; c < d; c++)
+        s += (double)F(a.q)[(b * S + i) * H + h * d + c] * F(a.k)[(b * S + j) * H + h * d + c];
       sc[j] = s / sqrt((double)d) + (1.0 - F(a.mask)[b * S + j]) * -10000.0;
       mx = fmax(mx, sc[j]);
     }
@@ -440,13 +463,17 @@ static void test_attention(void) {
   }
   /* Q/K/V as column slices of one fused [B,S,3H] tensor, output into a slice: same as contiguous */
   bl_tensor *qkv = rnd(t3(B, S, 3 * H)), *qs = NULL, *ks = NULL, *vs = NULL;
-  OK(bl_tensor_narrow(qkv, 2, 0, H, &qs)); OK(bl_tensor_narrow(qkv, 2, H, H, &ks)); OK(bl_tensor_narrow(qkv, 2, 2 * H, H, &vs));
+  OK(bl_tensor_narrow(qkv, 2, 0, H, &qs));
+  OK(bl_tensor_narrow(qkv, 2, H, H, &ks));
+  OK(bl_tensor_narrow(qkv, 2, 2 * H, H, &vs));
   bl_tensor *qc = clone(qs), *kc = clone(ks), *vc = clone(vs), *c1 = like(qc), *c2 = like(qc), *p2 = t4(B, NH, S, S);
   OK(bl_attention_forward(c1, a.probs, qc, kc, vc, a.mask, NH, 0, 0.1, 5, 6));
   OK(bl_attention_forward(c2, p2, qs, ks, vs, a.mask, NH, 0, 0.1, 5, 6));
   CHECK(maxrel(c1, c2) == 0, "attention on fused-QKV slices differs");
   bl_tensor *dqkv = zero(t3(B, S, 3 * H)), *dqs = NULL, *dks = NULL, *dvs = NULL;
-  OK(bl_tensor_narrow(dqkv, 2, 0, H, &dqs)); OK(bl_tensor_narrow(dqkv, 2, H, H, &dks)); OK(bl_tensor_narrow(dqkv, 2, 2 * H, H, &dvs));
+  OK(bl_tensor_narrow(dqkv, 2, 0, H, &dqs));
+  OK(bl_tensor_narrow(dqkv, 2, H, H, &dks));
+  OK(bl_tensor_narrow(dqkv, 2, 2 * H, H, &dvs));
   OK(bl_attention_backward(dq, dk, dv, a.w, qc, kc, vc, a.probs, NH, 0, 0.1, 5, 6));
   OK(bl_attention_backward(dqs, dks, dvs, a.w, qs, ks, vs, p2, NH, 0, 0.1, 5, 6));
   CHECK(maxrel(dq, dqs) == 0 && maxrel(dk, dks) == 0 && maxrel(dv, dvs) == 0, "attention backward on slices differs");
@@ -466,9 +493,10 @@ static void test_attention(void) {
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "probs must be"), "%s", bl_last_error());
   bl_tensor *kbad = t3(B, S + 1, H);
   rc = bl_attention_forward(c1, a.probs, qc, kbad, vc, a.mask, NH, 0, 0, 0, 0);
-  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "attention: key [3,8,10] does not match query [3,7,10]"), "%s", bl_last_error());
-  bl_tensor *pieces[] = {a.ctx, a.probs, a.q, a.k, a.v, a.mask, a.w, dq, dk, dv, qkv, qs, ks, vs, qc, kc, vc, c1, c2, p2,
-                         dqkv, dqs, dks, dvs, m8, c3, pbad, kbad};
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "attention: key [3,8,10] does not match query [3,7,10]"), "%s",
+        bl_last_error());
+  bl_tensor *pieces[] = { a.ctx, a.probs, a.q, a.k, a.v, a.mask, a.w,  dq,  dk,  dv,  qkv, qs, ks,   vs,
+                          qc,    kc,      vc,  c1,  c2,  p2,     dqkv, dqs, dks, dvs, m8,  c3, pbad, kbad };
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) bl_tensor_free(pieces[i]);
 }
 
@@ -511,7 +539,8 @@ static void test_losses(void) {
   /* bad targets */
   tv[4] = 10;
   int rc = bl_cross_entropy(k.loss, dl2, k.logits, tg, -100, 1.0, NULL);
-  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "target 10 at row 4 is out of range for 10 classes"), "%s", bl_last_error());
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "target 10 at row 4 is out of range for 10 classes"), "%s",
+        bl_last_error());
   for (int i = 0; i < 21; i++) if (tv[i] == -100) tv[i] = -1;  /* NVIDIA-style ignore value */
   tv[4] = -1;
   rc = bl_cross_entropy(k.loss, dl2, k.logits, tg, -1, 1.0, NULL);
@@ -557,9 +586,11 @@ static void test_errors(void) {
   int64_t s[] = {4, 7};
   bl_tensor *xi = tens(2, s, BL_I32);
   rc = bl_linear_forward(y, xi, w2, NULL);
-  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "linear: input must be f32/f64/f16/bf16, got i32"), "%s", bl_last_error());
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "linear: input must be f32/f64/f16/bf16, got i32"), "%s",
+        bl_last_error());
   rc = bl_gelu_forward(y, x);
-  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "gelu: output [4,5] does not match input [4,7]"), "%s", bl_last_error());
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "gelu: output [4,5] does not match input [4,7]"), "%s",
+        bl_last_error());
   rc = bl_linear_forward(NULL, x, w2, NULL);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "output is NULL"), "%s", bl_last_error());
   /* a CUDA tensor: the header claims cuda:0 over host memory. Mixed devices

@@ -14,8 +14,23 @@
 #include <string.h>
 
 static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
-#define OK(expr) do { int rc_ = (expr); if (rc_ != 0) { failures++; printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, bl_last_error()); } } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      failures++;                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
+#define OK(expr)                                                                  \
+  do {                                                                            \
+    int rc_ = (expr);                                                             \
+    if (rc_ != 0) {                                                               \
+      failures++;                                                                 \
+      printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, bl_last_error()); \
+    }                                                                             \
+  } while (0)
 
 static uint64_t rs = 0x2545F4914F6CDD1DULL;
 static float urand(void) {  /* non-zero values in +-[0.1, 1.1) */
@@ -106,7 +121,9 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
           gk += dP[j * S + i] * AT(q, b, j, c);
           gv += P[j * S + i] * kp[j * S + i] * AT(dctx, b, j, c);
         }
-        rdq[(b * S + i) * H + h * d + c] = gq; rdk[(b * S + i) * H + h * d + c] = gk; rdv[(b * S + i) * H + h * d + c] = gv;
+        rdq[(b * S + i) * H + h * d + c] = gq;
+        rdk[(b * S + i) * H + h * d + c] = gk;
+        rdv[(b * S + i) * H + h * d + c] = gv;
       }
   }
 #undef AT
@@ -146,7 +163,10 @@ static void test_residual_layernorm(int64_t rows, int64_t h, double p) {
   double *rdg = calloc((size_t)h, 8), *rdb = calloc((size_t)h, 8), *s = malloc((size_t)h * 8);
   for (int64_t i = 0; i < rows; i++) {
     double m = 0, var = 0, a = 0, bb = 0;
-    for (int64_t j = 0; j < h; j++) { s[j] = (double)F(x)[i * h + j] * F(keep)[i * h + j] + F(r)[i * h + j]; m += s[j]; }
+    for (int64_t j = 0; j < h; j++) {
+      s[j] = (double)F(x)[i * h + j] * F(keep)[i * h + j] + F(r)[i * h + j];
+      m += s[j];
+    }
     m /= (double)h;
     for (int64_t j = 0; j < h; j++) var += (s[j] - m) * (s[j] - m);
     double rsd = 1.0 / sqrt(var / (double)h + 1e-12);
@@ -165,14 +185,16 @@ static void test_residual_layernorm(int64_t rows, int64_t h, double p) {
   double e1 = err(y, ry), e2 = err(dx, rdx), e3 = err(dr, rdr), e4 = err(dg, rdg), e5 = err(db, rdb);
   printf("residual_layernorm %lldx%lld p=%.2f: y %.2g dx %.2g dres %.2g dgamma %.2g dbeta %.2g\n",
          (long long)rows, (long long)h, p, e1, e2, e3, e4, e5);
-  CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-5 && e5 < 1e-5, "residual layernorm differs from the double reference");
+  CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-5 && e5 < 1e-5,
+        "residual layernorm differs from the double reference");
   for (int th = 1; th <= 3; th += 2) {
     bl_tensor *y2 = clone(y), *dx2 = clone(dx), *dg2 = T(1, h, 0, 0, 0, BL_F32), *db2 = T(1, h, 0, 0, 0, BL_F32);
     omp_set_num_threads(th);
     OK(bl_residual_layernorm_forward(y2, mean, rstd, x, r, g, be, 1e-12, p, seed, off));
     OK(bl_residual_layernorm_backward(dx2, NULL, dg2, db2, dy, x, r, g, mean, rstd, p, seed, off));
     omp_set_num_threads(2);
-    CHECK(same(y2, y) && same(dx2, dx) && same(dg2, dg) && same(db2, db), "residual layernorm with %d threads differs", th);
+    CHECK(same(y2, y) && same(dx2, dx) && same(dg2, dg) && same(db2, db), "residual layernorm with %d threads differs",
+          th);
     bl_tensor_free(y2); bl_tensor_free(dx2); bl_tensor_free(dg2); bl_tensor_free(db2);
   }
   free(ry); free(rdx); free(rdr); free(rdg); free(rdb); free(s);
@@ -255,12 +277,16 @@ static void test_softmax(int64_t B, int64_t NH, int64_t S) {
     int64_t b = r / (NH * S);
     double mx = -1e300, sum = 0, dot = 0;
     for (int64_t j = 0; j < S; j++) mx = fmax(mx, (double)F(x)[r * S + j] + F(m)[b * S + j]);
-    for (int64_t j = 0; j < S; j++) { ry[r * S + j] = exp((double)F(x)[r * S + j] + F(m)[b * S + j] - mx); sum += ry[r * S + j]; }
+    for (int64_t j = 0; j < S; j++) {
+      ry[r * S + j] = exp((double)F(x)[r * S + j] + F(m)[b * S + j] - mx);
+      sum += ry[r * S + j];
+    }
     for (int64_t j = 0; j < S; j++) { ry[r * S + j] /= sum; dot += (double)F(dy)[r * S + j] * F(y)[r * S + j]; }
     for (int64_t j = 0; j < S; j++) rdx[r * S + j] = (double)F(y)[r * S + j] * (F(dy)[r * S + j] - dot);
   }
   double e1 = err(y, ry), e2 = err(dx, rdx);
-  printf("softmax [%lld,%lld,%lld,%lld]: y %.2g dx %.2g\n", (long long)B, (long long)NH, (long long)S, (long long)S, e1, e2);
+  printf("softmax [%lld,%lld,%lld,%lld]: y %.2g dx %.2g\n", (long long)B, (long long)NH, (long long)S, (long long)S, e1,
+         e2);
   CHECK(e1 < 1e-6 && e2 < 1e-6, "softmax differs from the double reference");
   bl_tensor *y2 = clone(y), *dx2 = clone(dx);
   omp_set_num_threads(1);

@@ -12,7 +12,14 @@
 
 static FILE *out;
 static int failures = 0;
-#define OK(expr) do { int rc_ = (expr); if (rc_ != 0) { failures++; printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, bl_last_error()); } } while (0)
+#define OK(expr)                                                                  \
+  do {                                                                            \
+    int rc_ = (expr);                                                             \
+    if (rc_ != 0) {                                                               \
+      failures++;                                                                 \
+      printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, bl_last_error()); \
+    }                                                                             \
+  } while (0)
 
 static uint64_t st = 0x9E3779B97F4A7C15ULL;
 static float nz(void) {
@@ -45,7 +52,10 @@ static void put(const char *cas, const char *name, bl_tensor *t) {
   fwrite(&n, 4, 1, out); fwrite(full, 1, n, out); fwrite(&nd, 4, 1, out);
   fwrite(t->shape, 8, nd, out);
   bl_tensor *f = NULL;
-  if (bl_tensor_empty(t->ndim, t->shape, BL_F32, -1, &f) || bl_tensor_copy(f, t)) { printf("copy: %s\n", bl_last_error()); exit(1); }
+  if (bl_tensor_empty(t->ndim, t->shape, BL_F32, -1, &f) || bl_tensor_copy(f, t)) {
+    printf("copy: %s\n", bl_last_error());
+    exit(1);
+  }
   fwrite(f->data, 4, (size_t)f->numel, out);
   bl_tensor_free(f);
   bl_tensor_free(t);
@@ -73,7 +83,8 @@ int main(void) {
     for (int fused = 0; fused < 2; fused++) {
       const char *c = fused ? "residual_layernorm" : "layernorm";
       bl_tensor *x = R(3, B, S, H, 0), *r = R(3, B, S, H, 0), *g = R(1, H, 0, 0, 0), *b = R(1, H, 0, 0, 0);
-      bl_tensor *y = Z(x), *m = T(1, B * S, 0, 0, 0, BL_F32), *rs = T(1, B * S, 0, 0, 0, BL_F32), *dy = R(3, B, S, H, 0);
+      bl_tensor *y = Z(x), *m = T(1, B * S, 0, 0, 0, BL_F32), *rs = T(1, B * S, 0, 0, 0, BL_F32),
+                *dy = R(3, B, S, H, 0);
       bl_tensor *dx = Z(x), *dr = Z(x), *dg = Z(g), *db = Z(b);
       if (fused) {
         OK(bl_residual_layernorm_forward(y, m, rs, x, r, g, b, 1e-12, 0.0, 0, 0));
@@ -108,13 +119,18 @@ int main(void) {
     for (int64_t i = 0; i < x->numel; i++) ((float *)x->data)[i] *= 3.0f;
     bl_tensor *y = Z(x), *dx = Z(x);
     OK(bl_softmax_forward(y, x, m)); OK(bl_softmax_backward(dx, dy, y));
-    put("softmax", "x", x); put("softmax", "m", m); put("softmax", "y", y); put("softmax", "dy", dy); put("softmax", "dx", dx);
+    put("softmax", "x", x);
+    put("softmax", "m", m);
+    put("softmax", "y", y);
+    put("softmax", "dy", dy);
+    put("softmax", "dx", dx);
   }
   { /* attention, no dropout (the torch side is HF's BertSelfAttention math) */
     bl_tensor *q = R(3, B, S, H, 0), *k = R(3, B, S, H, 0), *v = R(3, B, S, H, 0), *mask = T(2, B, S, 0, 0, BL_F32);
     for (int i = 0; i < B * S; i++) ((float *)mask->data)[i] = (i % S) < S - i / S ? 1.0f : 0.0f;
     for (int64_t i = 0; i < q->numel; i++) { ((float *)q->data)[i] *= 2; ((float *)k->data)[i] *= 2; }
-    bl_tensor *ctx = Z(q), *probs = T(4, B, NH, S, S, BL_F32), *dctx = R(3, B, S, H, 0), *dq = Z(q), *dk = Z(q), *dv = Z(q);
+    bl_tensor *ctx = Z(q), *probs = T(4, B, NH, S, S, BL_F32), *dctx = R(3, B, S, H, 0), *dq = Z(q), *dk = Z(q),
+              *dv = Z(q);
     OK(bl_attention_forward(ctx, probs, q, k, v, mask, NH, 0, 0.0, 0, 0));
     OK(bl_attention_backward(dq, dk, dv, dctx, q, k, v, probs, NH, 0, 0.0, 0, 0));
     bl_tensor *heads = T(1, 1, 0, 0, 0, BL_F32);
@@ -139,11 +155,15 @@ int main(void) {
     put("mse", "pred", pred); put("mse", "target", tg); put("mse", "loss", loss); put("mse", "dpred", dp);
   }
   { /* embedding with repeated ids */
-    bl_tensor *table = R(2, 13, H, 0, 0), *ids = T(2, B, S, 0, 0, BL_I32), *y = T(3, B, S, H, 0, BL_F32), *dy = R(3, B, S, H, 0);
+    bl_tensor *table = R(2, 13, H, 0, 0), *ids = T(2, B, S, 0, 0, BL_I32), *y = T(3, B, S, H, 0, BL_F32),
+              *dy = R(3, B, S, H, 0);
     for (int i = 0; i < B * S; i++) ((int32_t *)ids->data)[i] = (i * 5) % 13 % 9;
     bl_tensor *dt = Z(table);
     OK(bl_embedding_forward(y, table, ids, 0)); OK(bl_embedding_backward(dt, dy, ids));
-    put("embedding", "table", table); put("embedding", "ids", ids); put("embedding", "y", y); put("embedding", "dy", dy);
+    put("embedding", "table", table);
+    put("embedding", "ids", ids);
+    put("embedding", "y", y);
+    put("embedding", "dy", dy);
     put("embedding", "dtable", dt);
   }
   fclose(out);

@@ -14,7 +14,15 @@
 #include <string.h>
 
 static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      failures++;                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
 
 /* distance in units of the f32 spacing at the reference value */
 static double ulps(float got, double ref) {
@@ -39,7 +47,8 @@ OPX_CLONES static void run_phi(int n, const float *restrict x, float *restrict y
 OPX_CLONES static void run_philox(int n, uint64_t seed, uint64_t off, uint32_t *restrict o) {
   #pragma omp simd
   for (int i = 0; i < n; i++)
-    vm_philox((uint32_t)seed, (uint32_t)(seed >> 32), off + (uint64_t)i, &o[4 * i], &o[4 * i + 1], &o[4 * i + 2], &o[4 * i + 3]);
+    vm_philox((uint32_t)seed, (uint32_t)(seed >> 32), off + (uint64_t)i, &o[4 * i], &o[4 * i + 1], &o[4 * i + 2],
+              &o[4 * i + 3]);
 }
 
 /* largest relative error of y[i] against erf(x[i]) (absolute where erf is 0);
@@ -72,7 +81,8 @@ int main(void) {
   CHECK(worst <= 2.0, "vm_exp error %.2f ulp at %g", worst, at);
   x[0] = -200.0f; x[1] = NAN; x[2] = 0.0f; x[3] = -0.0f;
   run_exp(4, x, y);
-  CHECK(y[0] == 0.0f && isnan(y[1]) && y[2] == 1.0f && y[3] == 1.0f, "vm_exp specials: %g %g %g %g", y[0], y[1], y[2], y[3]);
+  CHECK(y[0] == 0.0f && isnan(y[1]) && y[2] == 1.0f && y[3] == 1.0f, "vm_exp specials: %g %g %g %g", y[0], y[1], y[2],
+        y[3]);
 
   /* erf over [-12, 12]: relative error <= 2e-7 */
   at = 0;
@@ -82,7 +92,8 @@ int main(void) {
   printf("vm_erf: max rel error %.3g (at %.6g)\n", wrel, at);
   CHECK(wrel <= 2e-7, "vm_erf rel error %g at %g", wrel, at);
   /* dense near 0 and near the region seam |t| = 1 */
-  for (int i = 0; i < N; i++) x[i] = (i % 2 ? 1.0f : 1e-6f) * ((float)i / (N - 1) * 2.0f - 1.0f) + (i % 2 ? (i % 4 == 1 ? 1.0f : -1.0f) : 0.0f);
+  for (int i = 0; i < N; i++)
+    x[i] = (i % 2 ? 1.0f : 1e-6f) * ((float)i / (N - 1) * 2.0f - 1.0f) + (i % 2 ? (i % 4 == 1 ? 1.0f : -1.0f) : 0.0f);
   run_erf(N, x, y);
   wrel = erf_worst(N, x, y, &at);
   printf("vm_erf near 0 and |t| = 1: max rel error %.3g (at %.9g)\n", wrel, at);
@@ -183,8 +194,10 @@ int main(void) {
         if ((u >= (float)ps[k]) != ((uint8_t *)tm->data)[i]) bad++;
       }
       CHECK(bad == 0, "dropout p=%g: %d mask elements off the documented stream", ps[k], bad);
-      CHECK(bl_residual_layernorm_forward(ty, mean, rstd, tx, tr, tg, tb, 1e-5, ps[k], seed, off) == 0, "%s", bl_last_error());
-      CHECK(bl_residual_layernorm_backward(tdx, tdr, NULL, NULL, tdy, tx, tr, tg, mean, rstd, ps[k], seed, off) == 0, "%s", bl_last_error());
+      CHECK(bl_residual_layernorm_forward(ty, mean, rstd, tx, tr, tg, tb, 1e-5, ps[k], seed, off) == 0, "%s",
+            bl_last_error());
+      CHECK(bl_residual_layernorm_backward(tdx, tdr, NULL, NULL, tdy, tx, tr, tg, mean, rstd, ps[k], seed, off) == 0,
+            "%s", bl_last_error());
       for (int64_t i = 0; i < n; i++)
         if ((((float *)tdx->data)[i] != 0.0f) != ((uint8_t *)tm->data)[i] && ((float *)tdr->data)[i] != 0.0f) bad_ln++;
       CHECK(bad_ln == 0, "residual_layernorm p=%g: %d elements masked differently from dropout", ps[k], bad_ln);

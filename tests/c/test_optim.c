@@ -184,7 +184,10 @@ static void run_lamb(const char *name, const bl_lamb_config *cfg, double gscale,
   snprintf(what, sizeof what, "%s exp_avg_sq", name); expect_close(what, v, V, 1e-5, 1e-12);
   /* the padding between segments is neither read nor written */
   for (int64_t i = 0; i < N; i++)
-    if (in_seg(i) < 0 && F(w)[i] != (float)W0[i]) { CHECK(0, "%s: gap element %lld modified", name, (long long)i); break; }
+    if (in_seg(i) < 0 && F(w)[i] != (float)W0[i]) {
+      CHECK(0, "%s: gap element %lld modified", name, (long long)i);
+      break;
+    }
   CHECK(F(w)[10] != (float)W0[10], "%s: weights did not change", name);
   bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(m); bl_tensor_free(v);
 }
@@ -228,7 +231,12 @@ static void test_lamb_trust_cases(void) {
   bl_lamb_config_default(&c);
   c.max_grad_norm = 0;
   /* w = 0, decayed: ||w|| = 0 -> trust 1 -> w = -lr * m^/(sqrt(v^)+eps) ~ -lr*sign(g) at step 1 */
-  for (int64_t i = 0; i < n; i++) { F(w)[i] = 0; F(g)[i] = (i % 2 ? 1.0f : -1.0f) * (0.5f + (float)i / n); F(m)[i] = 0; F(v)[i] = 0; }
+  for (int64_t i = 0; i < n; i++) {
+    F(w)[i] = 0;
+    F(g)[i] = (i % 2 ? 1.0f : -1.0f) * (0.5f + (float)i / n);
+    F(m)[i] = 0;
+    F(v)[i] = 0;
+  }
   CHECK(bl_lamb_step(&c, w, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "w=0: %s", bl_last_error());
   /* i = 0: g = -0.5, m^ = g, sqrt(v^) = |g| -> u = -0.5/(0.5+eps), w = -lr*u */
   CHECK(fabs(F(w)[0] - 0.1 * 0.5 / (0.5 + 1e-6)) < 1e-7, "w=0 trust 1: got %.9g", F(w)[0]);

@@ -50,7 +50,11 @@ int main(void) {
   sent_case("Roe v. Wade was decided. It matters.", "Roe v. Wade was decided. | It matters.");
   sent_case("Smith et al. (2005) found it. Good.", "Smith et al. (2005) found it. | Good.");
   sent_case("Apples, pears, etc. The end.", "Apples, pears, etc. | The end.");
-  sent_case("\xC3\x89t\xC3\xA9 arrive. \xC3\x89norme. \xC3\xA9" "crit ici.", "\xC3\x89t\xC3\xA9 arrive. | \xC3\x89norme. \xC3\xA9" "crit ici.");
+  sent_case(
+      "\xC3\x89t\xC3\xA9 arrive. \xC3\x89norme. \xC3\xA9"
+      "crit ici.",
+      "\xC3\x89t\xC3\xA9 arrive. | \xC3\x89norme. \xC3\xA9"
+      "crit ici.");
   sent_case("\xE6\x88\x91\xE6\x9D\xA5\xE4\xBA\x86\xE3\x80\x82\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x81",
             "\xE6\x88\x91\xE6\x9D\xA5\xE4\xBA\x86\xE3\x80\x82 | \xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x81");
   sent_case("Line one without stop\nLine two. Three.", "Line one without stop | Line two. | Three.");

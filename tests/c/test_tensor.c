@@ -7,7 +7,16 @@
 #include "bertlua.h"
 
 static int failures, checks;
-#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    checks++;                                     \
+    if (!(cond)) {                                \
+      failures++;                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
 
 static bl_tensor *mk(int ndim, const int64_t *shape, int dtype) {
   bl_tensor *t = NULL;
@@ -90,7 +99,8 @@ static void test_views(void) {
   CHECK(tr->shape[0] == 4 && tr->stride[0] == 1 && tr->stride[1] == 4, "transpose strides");
   CHECK(!bl_tensor_is_contiguous(tr), "transpose is not contiguous");
   int64_t flat = 12;
-  CHECK(bl_tensor_view(tr, 1, &flat, &v) != 0 && strstr(bl_last_error(), "without a copy"), "view of transpose fails: %s", bl_last_error());
+  CHECK(bl_tensor_view(tr, 1, &flat, &v) != 0 && strstr(bl_last_error(), "without a copy"),
+        "view of transpose fails: %s", bl_last_error());
   CHECK(bl_tensor_narrow(t, 1, 1, 2, &nar) == 0, "narrow");
   double x;
   int64_t ix[2] = {2, 1};
@@ -114,12 +124,14 @@ static void test_views(void) {
   bl_tensor_free(v3); bl_tensor_free(split);
   /* errors */
   bl_tensor *bad = NULL;
-  CHECK(bl_tensor_narrow(tc, 0, 3, 2, &bad) != 0 && strstr(bl_last_error(), "narrow"), "narrow out of range: %s", bl_last_error());
+  CHECK(bl_tensor_narrow(tc, 0, 3, 2, &bad) != 0 && strstr(bl_last_error(), "narrow"), "narrow out of range: %s",
+        bl_last_error());
   CHECK(bl_tensor_select(tc, 5, 0, &bad) != 0 && strstr(bl_last_error(), "dimension out of range"), "select bad dim");
   int64_t neg[1] = {-2};
   CHECK(bl_tensor_empty(1, neg, BL_F32, -1, &bad) != 0 && strstr(bl_last_error(), "negative"), "negative shape");
   CHECK(bl_tensor_empty(1, s, 99, -1, &bad) != 0 && strstr(bl_last_error(), "dtype"), "bad dtype");
-  CHECK(bl_tensor_empty(1, s, BL_F32, 0, &bad) != 0 && strstr(bl_last_error(), "cuda:0"), "cuda without device: %s", bl_last_error());
+  CHECK(bl_tensor_empty(1, s, BL_F32, 0, &bad) != 0 && strstr(bl_last_error(), "cuda:0"), "cuda without device: %s",
+        bl_last_error());
   bl_tensor_release(tc);
   CHECK(bl_tensor_copy(tc, tr) != 0 && strstr(bl_last_error(), "freed"), "use after release is an error");
   bl_tensor_free(tc); bl_tensor_free(tr); bl_tensor_free(nar);
@@ -146,14 +158,22 @@ static void test_math(void) {
       for (int k = 0; k < 3; k++) ref += ((float *)a->data)[i * 3 + k] * ((float *)m->data)[k * 2 + j];
       CHECK(((float *)mo->data)[i * 2 + j] == ref, "matmul[%d,%d]", i, j);
     }
-  CHECK(bl_matmul(mo, a, a) != 0 && strstr(bl_last_error(), "matmul: shapes [2,3] and [2,3] are not compatible"), "matmul shape error: %s", bl_last_error());
+  CHECK(bl_matmul(mo, a, a) != 0 && strstr(bl_last_error(), "matmul: shapes [2,3] and [2,3] are not compatible"),
+        "matmul shape error: %s", bl_last_error());
   int64_t s1[1] = {2};
   bl_tensor *rs = mk(1, s1, BL_F32);
   CHECK(bl_reduce(BL_MAX, rs, a, 2u, 0) == 0 && ((float *)rs->data)[1] == 6, "max over dim 1");
   bl_tensor *am = mk(1, s1, BL_I64);
   CHECK(bl_reduce(BL_ARGMAX, am, a, 2u, 0) == 0 && ((int64_t *)am->data)[0] == 2, "argmax");
-  CHECK(bl_binary(BL_ADD, o, a, m) != 0 && strstr(bl_last_error(), "add: shapes [2,3] and [3,2]"), "add shape error: %s", bl_last_error());
-  bl_tensor_free(a); bl_tensor_free(b); bl_tensor_free(o); bl_tensor_free(m); bl_tensor_free(mo); bl_tensor_free(rs); bl_tensor_free(am);
+  CHECK(bl_binary(BL_ADD, o, a, m) != 0 && strstr(bl_last_error(), "add: shapes [2,3] and [3,2]"),
+        "add shape error: %s", bl_last_error());
+  bl_tensor_free(a);
+  bl_tensor_free(b);
+  bl_tensor_free(o);
+  bl_tensor_free(m);
+  bl_tensor_free(mo);
+  bl_tensor_free(rs);
+  bl_tensor_free(am);
 }
 
 int main(void) {

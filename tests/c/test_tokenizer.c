@@ -87,7 +87,8 @@ static void test_small(void) {
 
   /* wordpiece alone */
   int32_t ids[8]; int n = 0;
-  CHECK(bl_tokenizer_wordpiece(lo, "unaffable", 9, ids, 8, &n) == 0 && n == 3 && ids[0] == 5 && ids[1] == 6 && ids[2] == 7,
+  CHECK(bl_tokenizer_wordpiece(lo, "unaffable", 9, ids, 8, &n) == 0 && n == 3 && ids[0] == 5 && ids[1] == 6 &&
+            ids[2] == 7,
         "wordpiece unaffable n=%d", n);
   CHECK(bl_tokenizer_wordpiece(lo, "unaffablex", 10, ids, 8, &n) == 0 && n == 1 && ids[0] == 1, "wordpiece -> [UNK]");
 
@@ -100,7 +101,8 @@ static void test_small(void) {
   if (r.n == 4) {
     CHECK(wid[0] == 5 && wid[1] == 6 && wid[2] == 9 && wid[3] == 20, "ids %d %d %d %d", wid[0], wid[1], wid[2], wid[3]);
     CHECK(word[0] == 0 && word[1] == 0 && word[2] == 1 && word[3] == 2, "word index");
-    CHECK(st[0] == 2 && en[0] == 7 && st[1] == 2 && en[1] == 7, "span of UNaff: %lld..%lld", (long long)st[0], (long long)en[0]);
+    CHECK(st[0] == 2 && en[0] == 7 && st[1] == 2 && en[1] == 7, "span of UNaff: %lld..%lld", (long long)st[0],
+          (long long)en[0]);
     CHECK(st[2] == 7 && en[2] == 8, "span of ,");
     CHECK(st[3] == 9 && en[3] == 14, "span of café (5 bytes): %lld..%lld", (long long)st[3], (long long)en[3]);
   }
@@ -119,15 +121,18 @@ static void test_vocab_errors(void) {
   CHECK(bl_tokenizer_load(missing, 1, &t) == BL_EIO && t == NULL, "missing file");
   CHECK(strstr(bl_last_error(), "no_such_vocab.txt") != NULL, "message names the file: %s", bl_last_error());
   const char *p = write_file("empty.txt", "", 0);
-  CHECK(bl_tokenizer_load(p, 1, &t) == BL_EFORMAT && strstr(bl_last_error(), "empty.txt") && strstr(bl_last_error(), "empty"),
+  CHECK(bl_tokenizer_load(p, 1, &t) == BL_EFORMAT && strstr(bl_last_error(), "empty.txt") &&
+            strstr(bl_last_error(), "empty"),
         "empty vocab: %s", bl_last_error());
   const char nounk[] = "[PAD]\n[CLS]\n[SEP]\n[MASK]\nhello\n";
   p = write_file("nounk.txt", nounk, sizeof nounk - 1);
-  CHECK(bl_tokenizer_load(p, 1, &t) == BL_EFORMAT && strstr(bl_last_error(), "[UNK]") && strstr(bl_last_error(), "nounk.txt"),
+  CHECK(bl_tokenizer_load(p, 1, &t) == BL_EFORMAT && strstr(bl_last_error(), "[UNK]") &&
+            strstr(bl_last_error(), "nounk.txt"),
         "no [UNK]: %s", bl_last_error());
   const char bad[] = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nh\xffi\n";
   p = write_file("badutf8.txt", bad, sizeof bad - 1);
-  CHECK(bl_tokenizer_load(p, 1, &t) == BL_EFORMAT && strstr(bl_last_error(), "line 6"), "bad UTF-8: %s", bl_last_error());
+  CHECK(bl_tokenizer_load(p, 1, &t) == BL_EFORMAT && strstr(bl_last_error(), "line 6"), "bad UTF-8: %s",
+        bl_last_error());
   /* CRLF and a last line without newline */
   const char crlf[] = "[PAD]\r\n[UNK]\r\n[CLS]\r\n[SEP]\r\n[MASK]\r\nhello\r\nworld";
   p = write_file("crlf.txt", crlf, sizeof crlf - 1);
@@ -203,7 +208,8 @@ static void test_threads(const char *vocab, const char *text_path) {
   fclose(f);
   int32_t *want = malloc(sizeof(int32_t) * (len + 1));
   int nwant = 0;
-  CHECK(bl_tokenizer_encode(t, text, len, want, (int)len + 1, &nwant) == 0 && nwant > 1000, "single thread n=%d", nwant);
+  CHECK(bl_tokenizer_encode(t, text, len, want, (int)len + 1, &nwant) == 0 && nwant > 1000, "single thread n=%d",
+        nwant);
   enum { NT = 4 };
   job jobs[NT];
   pthread_t th[NT];

@@ -12,7 +12,15 @@
 #include "bl_corpus.h"
 
 static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      failures++;                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
 
 static void clean_case(const char *in, const char *want, int flags) {
   char *out = NULL; size_t n = 0;
@@ -33,9 +41,13 @@ static void test_clean(void) {
   clean_case("[[File:Foo.jpg|thumb|A caption with [[link]] and [[x|y]].]]Text here.", "Text here.", 0);
   clean_case("[[Category:Anarchism]]\n[[de:Anarchismus]]\nBody text.", "Body text.", 0);
   clean_case("See [http://example.com the site] and [https://x.org].", "See the site and.", 0);
-  clean_case("== History ==\nFirst para.\n\n=== Sub ===\n* item one\n# item two\n: indented", "First para.\nitem one\nitem two\nindented", 0);
+  clean_case("== History ==\nFirst para.\n\n=== Sub ===\n* item one\n# item two\n: indented",
+             "First para.\nitem one\nitem two\nindented", 0);
   clean_case("== History ==\nText.", "History\nText.", BL_WIKI_KEEP_HEADINGS);
-  clean_case("__TOC__\nA&nbsp;B &ndash; C &amp; D&mdash;E &#65;&#x42; &lt;b&gt;", "A B \xE2\x80\x93 C & D\xE2\x80\x94" "E AB <b>", 0);
+  clean_case("__TOC__\nA&nbsp;B &ndash; C &amp; D&mdash;E &#65;&#x42; &lt;b&gt;",
+             "A B \xE2\x80\x93 C & D\xE2\x80\x94"
+             "E AB <b>",
+             0);
   clean_case("The <b>bold</b> and <math>x^{2}</math> go.", "The bold and go.", 0);
   clean_case("<gallery>\nA.jpg|cap\n</gallery>\nKept.", "Kept.", 0);
   clean_case("Anarchism ({{IPA|/x/}}) is ( ; a) thing.", "Anarchism is (a) thing.", 0);
@@ -59,14 +71,18 @@ static const char *PAGE_FMT =
 static char *make_xml(int npages, size_t *len) {
   size_t cap = 1 << 20, n = 0;
   char *b = malloc(cap);
-  n += (size_t)snprintf(b + n, cap - n, "<mediawiki xmlns=\"http://www.mediawiki.org/xml/export-0.10/\">\n  <siteinfo><sitename>W</sitename></siteinfo>\n");
+  n += (size_t)snprintf(b + n, cap - n,
+                        "<mediawiki xmlns=\"http://www.mediawiki.org/xml/export-0.10/\">\n  "
+                        "<siteinfo><sitename>W</sitename></siteinfo>\n");
   for (int i = 0; i < npages; i++) {
     char title[64], text[256];
     snprintf(title, sizeof title, "Page %d &amp; co", i);
     int redirect = i % 5 == 4, ns = i % 7 == 6 ? 4 : 0;
-    snprintf(text, sizeof text, "'''Page %d''' is about [[topic %d|things]].&lt;ref&gt;cite&lt;/ref&gt; {{tmpl|%d}}Done.", i, i, i);
-    n += (size_t)snprintf(b + n, cap - n, PAGE_FMT, title, ns, i + 10,
-                          redirect ? "    <redirect title=\"Other\" />\n" : "", redirect ? "#REDIRECT [[Other]]" : text);
+    snprintf(text, sizeof text,
+             "'''Page %d''' is about [[topic %d|things]].&lt;ref&gt;cite&lt;/ref&gt; {{tmpl|%d}}Done.", i, i, i);
+    n +=
+        (size_t)snprintf(b + n, cap - n, PAGE_FMT, title, ns, i + 10,
+                         redirect ? "    <redirect title=\"Other\" />\n" : "", redirect ? "#REDIRECT [[Other]]" : text);
   }
   n += (size_t)snprintf(b + n, cap - n, "</mediawiki>\n");
   *len = n;
@@ -97,7 +113,8 @@ static int read_all(const char *path, int *articles, bl_wiki_stats *st, int quie
   bl_wiki_doc d;
   int n = 0;
   while ((rc = bl_wiki_next(r, &d)) == 1) {
-    if (n == 0 && first_text) snprintf(first_text, ftcap, "%.*s|%.*s", (int)d.title_len, d.title, (int)d.text_len, d.text);
+    if (n == 0 && first_text)
+      snprintf(first_text, ftcap, "%.*s|%.*s", (int)d.title_len, d.title, (int)d.text_len, d.text);
     n++;
   }
   bl_wiki_get_stats(r, st);
@@ -143,7 +160,8 @@ static void test_reader(const char *dir) {
   memcpy(cat, b1, b1n); memcpy(cat + b1n, b2, b2n);
   write_file(p_bz2s, cat, b1n + b2n);
   n = read_all(p_bz2s, &arts, &st, 0, NULL, 0);
-  CHECK(n == want_docs && st.bz2_streams == 2, "two-stream bz2: %d docs (want %d), %d streams", n, want_docs, st.bz2_streams);
+  CHECK(n == want_docs && st.bz2_streams == 2, "two-stream bz2: %d docs (want %d), %d streams", n, want_docs,
+        st.bz2_streams);
 
   /* garbage after the last stream is an error naming the offset */
   char *g = malloc(bn + 16);
@@ -157,7 +175,8 @@ static void test_reader(const char *dir) {
   write_file(p_trunc, b, bn * 2 / 3);
   n = read_all(p_trunc, &arts, &st, 1, NULL, 0);
   CHECK(n == BL_EFORMAT, "truncated bz2 rc %d", n);
-  CHECK(strstr(bl_last_error(), "trunc.xml.bz2") && strstr(bl_last_error(), "offset") && strstr(bl_last_error(), "truncated"),
+  CHECK(strstr(bl_last_error(), "trunc.xml.bz2") && strstr(bl_last_error(), "offset") &&
+            strstr(bl_last_error(), "truncated"),
         "truncated message: %s", bl_last_error());
 
   /* malformed XML: a page without </page>, a page without <title>, a page
@@ -184,7 +203,8 @@ static void test_reader(const char *dir) {
   bl_wiki_doc d;
   int rc = bl_wiki_next(r, &d);
   CHECK(rc == 1 && d.title_len == 4 && !memcmp(d.title, "Fine", 4) && d.article_index == 1, "utf: rc %d", rc);
-  CHECK(strstr(bl_wiki_last_warning(r), "Bad bytes") && strstr(bl_wiki_last_warning(r), "UTF-8"), "warning: %s", bl_wiki_last_warning(r));
+  CHECK(strstr(bl_wiki_last_warning(r), "Bad bytes") && strstr(bl_wiki_last_warning(r), "UTF-8"), "warning: %s",
+        bl_wiki_last_warning(r));
   CHECK(bl_wiki_next(r, &d) == 0, "utf: end");
   bl_wiki_close(r);
 
@@ -194,7 +214,8 @@ static void test_reader(const char *dir) {
   int got = 0;
   while ((rc = bl_wiki_next(r, &d)) == 1) got++;
   bl_wiki_get_stats(r, &st);
-  CHECK(rc == 0 && got == 0 && st.skipped_large == want_docs, "cap: %d docs, %lld large", got, (long long)st.skipped_large);
+  CHECK(rc == 0 && got == 0 && st.skipped_large == want_docs, "cap: %d docs, %lld large", got,
+        (long long)st.skipped_large);
   bl_wiki_close(r);
 
   /* seek: resume at article 10 */
@@ -205,7 +226,8 @@ static void test_reader(const char *dir) {
   bl_wiki_close(r);
 
   /* bad arguments and files */
-  CHECK(bl_wiki_open("/nonexistent/x.xml", NULL, &r) == BL_EIO && strstr(bl_last_error(), "/nonexistent/x.xml"), "missing file");
+  CHECK(bl_wiki_open("/nonexistent/x.xml", NULL, &r) == BL_EIO && strstr(bl_last_error(), "/nonexistent/x.xml"),
+        "missing file");
   write_file(p_bad, "hello world", 11);
   CHECK(bl_wiki_open(p_bad, NULL, &r) == BL_EFORMAT, "not xml: %s", bl_last_error());
   write_file(p_bad, "", 0);

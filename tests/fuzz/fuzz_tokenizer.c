@@ -94,7 +94,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if ((r.invalid_utf8 == 0) != (utf8_valid(data, size) == size)) DIE("invalid count disagrees with validation");
     for (int i = 0; i < r.n; i++) {
       if (ids[i] < 0 || ids[i] >= vs) DIE("id %d out of range", ids[i]);
-      if (st[i] < 0 || en[i] > (int64_t)size || st[i] >= en[i]) DIE("bad span %lld..%lld", (long long)st[i], (long long)en[i]);
+      if (st[i] < 0 || en[i] > (int64_t)size || st[i] >= en[i])
+        DIE("bad span %lld..%lld", (long long)st[i], (long long)en[i]);
       if (word[i] < 0 || word[i] >= r.n_words) DIE("bad word index");
       if (i && (word[i] < word[i - 1] || st[i] < st[i - 1])) DIE("spans not ordered");
     }
