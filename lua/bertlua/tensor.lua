@@ -40,7 +40,8 @@ local function dtype_of(d, op)
   if d == nil then return 0 end
   if type(d) == "number" and DTNAME[d] then return d end
   local v = DTYPE[d]
-  if not v then error((op or "tensor") .. ": unknown dtype '" .. tostring(d) .. "' (f32, f64, f16, bf16, i32, i64, u8, bool)", 3) end
+  if not v then error((op or "tensor") .. ": unknown dtype '" .. tostring(d)
+    .. "' (f32, f64, f16, bf16, i32, i64, u8, bool)", 3) end
   return v
 end
 M.dtype_of = dtype_of
@@ -173,7 +174,8 @@ function M.from(tbl, opts)
       return
     end
     if type(v) ~= "table" or #v ~= shape[depth] then
-      error("from: ragged nesting at " .. (path == "" and "top level" or path) .. ": expected " .. shape[depth] .. " elements", 0)
+      error("from: ragged nesting at " .. (path == "" and "top level" or path) .. ": expected " .. shape[depth]
+        .. " elements", 0)
     end
     for i = 1, #v do walk(v[i], depth + 1, path .. "[" .. i .. "]") end
   end
@@ -247,9 +249,11 @@ end
 -- 1-based / negative dim → 0-based
 local function cdim(t, d, op, extra)
   local n = t.ndim_ + (extra or 0)
-  if type(d) ~= "number" or d ~= math.floor(d) then error(op .. ": dimension must be an integer, got " .. tostring(d), 3) end
+  if type(d) ~= "number" or d ~= math.floor(d) then error(op .. ": dimension must be an integer, got " .. tostring(d),
+    3) end
   if d < 0 then d = n + d + 1 end
-  if d < 1 or d > n then error(op .. ": dimension " .. d .. " out of range for a tensor with " .. t.ndim_ .. " dims", 3) end
+  if d < 1 or d > n then error(op .. ": dimension " .. d .. " out of range for a tensor with " .. t.ndim_ .. " dims",
+    3) end
   return d - 1
 end
 M.cdim = cdim
@@ -275,10 +279,6 @@ function methods.free(t)
 end
 
 -- views --------------------------------------------------------------------
-local function view_result(rc)
-  return rc
-end
-
 function methods.view(t, shape, ...)
   if type(shape) == "number" then shape = { shape, ... } end
   live(t, "view")
@@ -372,7 +372,7 @@ function methods.squeeze(t, dim)
   if dim == nil then
     local s = {}
     for _, v in ipairs(t:shape()) do if v ~= 1 then s[#s + 1] = v end end
-    return methods.view(methods.contiguous_if_needed and t or t, s)
+    return methods.view(t, s)
   end
   local out = tensor_out()
   check(C.bl_tensor_squeeze(t, cdim(t, dim, "squeeze"), out))
@@ -494,235 +494,11 @@ function methods.totable(t)
   return r
 end
 
--- arithmetic ---------------------------------------------------------------
-local BIN = { add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
-  eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12 }
-local UN = { neg = 0, abs = 1, exp = 2, log = 3, sqrt = 4, rsqrt = 5, tanh = 6, sigmoid = 7,
-  relu = 8, square = 9, reciprocal = 10, sign = 11, floor = 12, ceil = 13, erf = 14 }
-
-local function promote(a, b)
-  if RANK[a] >= RANK[b] then
-    if (a == 2 and b == 3) or (a == 3 and b == 2) then return 0 end
-    return a
-  end
-  return b
-end
-
-local function result_dtype(op, da, db)
-  if op >= 7 then return 7 end          -- comparisons give bool
-  local d = db and promote(da, db) or da
-  if op == BIN.div and not is_float(d) then return 0 end
-  return d
-end
-
-local function broadcast(a, b)
-  local na, nb = a.ndim_, b.ndim_
-  local n = math.max(na, nb)
-  local s = {}
-  for i = 1, n do
-    local x = i <= n - na and 1 or tonumber(a.shape_[i - 1 - (n - na)])
-    local y = i <= n - nb and 1 or tonumber(b.shape_[i - 1 - (n - nb)])
-    if x ~= y and x ~= 1 and y ~= 1 then return nil end
-    s[i] = x == 1 and y or x
-  end
-  return s
-end
-
-local function binary(name, a, b, out)
-  local op = BIN[name]
-  if is_tensor(a) and is_tensor(b) then
-    if not out then
-      local s = broadcast(a, b)
-      if not s then
-        error(name .. ": shapes " .. shape_str(a:shape()) .. " and " .. shape_str(b:shape()) .. " are not compatible", 3)
-      end
-      out = M.empty(s, { dtype = result_dtype(op, a.dtype_, b.dtype_), device = a.device_ })
-    end
-    check(C.bl_binary(op, out, a, b))
-  elseif is_tensor(a) and type(b) == "number" then
-    out = out or methods.empty_like(a, { dtype = result_dtype(op, is_float(a.dtype_) and a.dtype_ or (b % 1 == 0 and a.dtype_ or 0)) })
-    check(C.bl_binary_scalar(op, out, a, b, 0))
-  elseif type(a) == "number" and is_tensor(b) then
-    out = out or methods.empty_like(b, { dtype = result_dtype(op, is_float(b.dtype_) and b.dtype_ or (a % 1 == 0 and b.dtype_ or 0)) })
-    check(C.bl_binary_scalar(op, out, b, a, 1))
-  else
-    error(name .. ": expected tensors or numbers, got " .. type(a) .. " and " .. type(b), 3)
-  end
-  return out
-end
-
-for name in pairs(BIN) do
-  methods[name] = function(a, b, out) return binary(name, a, b, out) end
-  M[name] = methods[name]
-end
-for name, op in pairs(UN) do
-  methods[name] = function(a, out)
-    if not is_tensor(a) then error(name .. ": expected a tensor, got " .. type(a), 2) end
-    out = out or methods.empty_like(a, { dtype = is_float(a.dtype_) and a.dtype_ or 0 })
-    check(C.bl_unary(op, out, a))
-    return out
-  end
-  M[name] = methods[name]
-end
-
--- in-place variants: t:add_(x) etc.
-for _, name in ipairs({ "add", "sub", "mul", "div", "pow", "maximum", "minimum" }) do
-  methods[name .. "_"] = function(a, b) return binary(name, a, b, a) end
-end
-
-function methods.where(cond, a, b)
-  local function as_t(x, like) if is_tensor(x) then return x end return M.full({}, x, { dtype = like.dtype_ }) end
-  local ref = is_tensor(a) and a or b
-  a, b = as_t(a, ref), as_t(b, ref)
-  local s = broadcast(a, b)
-  s = s and broadcast(cond, M.empty(s, {}))
-  if not s then error("where: shapes are not compatible", 2) end
-  local out = M.empty(s, { dtype = promote(a.dtype_, b.dtype_) })
-  check(C.bl_where(out, cond, a, b))
-  return out
-end
-M.where = methods.where
-
-function methods.matmul(a, b, out)
-  if not is_tensor(a) or not is_tensor(b) then error("matmul: expected two tensors", 2) end
-  local sa, sb = a:shape(), b:shape()
-  local va, vb = #sa == 1, #sb == 1
-  -- 1-D operands as in PyTorch: a row vector on the left, a column on the right
-  if va then a = a:view({ 1, sa[1] }) end
-  if vb then b = b:view({ sb[1], 1 }) end
-  if a.ndim_ < 2 or b.ndim_ < 2 or a.shape_[a.ndim_ - 1] ~= b.shape_[b.ndim_ - 2] then
-    error("matmul: shapes " .. shape_str(sa) .. " and " .. shape_str(sb) .. " are not compatible", 2)
-  end
-  if not out then
-    local ba, bb = a:shape(), b:shape()
-    local m, n = ba[#ba - 1], bb[#bb]
-    ba[#ba], ba[#ba - 1] = nil, nil
-    bb[#bb], bb[#bb - 1] = nil, nil
-    local ta = M.empty(ba, {}); local tb = M.empty(bb, {})
-    local bs = broadcast(ta, tb)
-    if not bs then error("matmul: batch dims of " .. shape_str(sa) .. " and " .. shape_str(sb) .. " are not compatible", 2) end
-    bs[#bs + 1] = m; bs[#bs + 1] = n
-    out = M.empty(bs, { dtype = promote(a.dtype_, b.dtype_), device = a.device_ })
-  end
-  check(C.bl_matmul(out, a, b))
-  if va and vb then return out:view({}) end
-  if va then local s = out:shape(); table.remove(s, #s - 1); return out:view(s) end
-  if vb then local s = out:shape(); s[#s] = nil; return out:view(s) end
-  return out
-end
-M.matmul = methods.matmul
-
--- reductions ---------------------------------------------------------------
-local RED = { sum = 0, mean = 1, max = 2, min = 3, argmax = 4, argmin = 5, prod = 6 }
-local function reduce(name, t, dims, keepdim)
-  live(t, name)
-  local op = RED[name]
-  if dims == nil then
-    if name == "argmax" or name == "argmin" then
-      return reduce(name, t:reshape({ t:numel() }), 1, false):item()
-    end
-    check(C.bl_reduce_all(op, t, dbl1))
-    return dbl1[0]
-  end
-  if type(dims) == "number" then dims = { dims } end
-  local mask = 0
-  for _, d in ipairs(dims) do mask = bit.bor(mask, bit.lshift(1, cdim(t, d, name))) end
-  local shape = {}
-  for i = 0, t.ndim_ - 1 do
-    if bit.band(mask, bit.lshift(1, i)) ~= 0 then
-      if keepdim then shape[#shape + 1] = 1 end
-    else
-      shape[#shape + 1] = tonumber(t.shape_[i])
-    end
-  end
-  local dt = t.dtype_
-  if name == "argmax" or name == "argmin" then dt = 5
-  elseif not is_float(dt) and (name == "mean") then dt = 0
-  elseif not is_float(dt) and (name == "sum" or name == "prod") then dt = 5 end
-  local out = M.empty(shape, { dtype = dt, device = t.device_ })
-  check(C.bl_reduce(op, out, t, mask, keepdim and 1 or 0))
-  if name == "argmax" or name == "argmin" then out:add_(1) end  -- 1-based indices
-  return out
-end
-for name in pairs(RED) do
-  methods[name] = function(t, dims, keepdim) return reduce(name, t, dims, keepdim) end
-  M[name] = methods[name]
-end
-
-function methods.allclose(a, b, rtol, atol)
-  rtol, atol = rtol or 1e-5, atol or 1e-8
-  local d = (a:to("f64") - b:to("f64")):abs()
-  local lim = b:to("f64"):abs():mul(rtol):add(atol)
-  return (d:gt(lim)):sum() == 0
-end
-
--- printing -----------------------------------------------------------------
-local function fmt_number(v, dt)
-  if not is_float(dt) then return string.format("%d", v) end
-  if v ~= v then return "nan" end
-  if v == math.huge then return "inf" elseif v == -math.huge then return "-inf" end
-  return string.format("%.4f", v)
-end
-
-function methods.tostring(t)
-  if t.storage_ == nil then return "tensor(<freed>)" end
-  local meta = string.format("shape=%s, dtype=%s, device=%s", shape_str(t:shape()), DTNAME[t.dtype_], device_name(t.device_))
-  local src = t.device_ >= 0 and t:to("cpu") or t
-  local shape = t:shape()
-  local big = t:numel() > 1000
-  local edge = 3
-  local function idx_list(n)
-    if not big or n <= 2 * edge then local r = {} for i = 1, n do r[i] = i end return r end
-    local r = {}
-    for i = 1, edge do r[#r + 1] = i end
-    r[#r + 1] = false
-    for i = n - edge + 1, n do r[#r + 1] = i end
-    return r
-  end
-  if #shape == 0 then return "tensor(" .. fmt_number(src:item(), t.dtype_) .. ", " .. meta .. ")" end
-  -- collect strings to align columns
-  local cells, width = {}, 0
-  local function gather(view, d)
-    if d > #shape then return end
-  end
-  gather(nil, 1)
-  local idx = ffi.new("int64_t[8]")
-  local function val(ix)
-    for i = 1, #ix do idx[i - 1] = ix[i] - 1 end
-    check(C.bl_tensor_get(src, idx, dbl1))
-    return fmt_number(dbl1[0], t.dtype_)
-  end
-  local function scan(ix, d)
-    for _, i in ipairs(idx_list(shape[d])) do
-      if i then
-        ix[d] = i
-        if d == #shape then
-          local s = val(ix); cells[#cells + 1] = s; if #s > width then width = #s end
-        else scan(ix, d + 1) end
-      end
-    end
-  end
-  if t:numel() > 0 then scan({}, 1) end
-  local function render(ix, d, indent)
-    local parts = {}
-    for _, i in ipairs(idx_list(shape[d])) do
-      if not i then parts[#parts + 1] = "..."
-      else
-        ix[d] = i
-        if d == #shape then
-          local s = val(ix)
-          parts[#parts + 1] = string.rep(" ", width - #s) .. s
-        else
-          parts[#parts + 1] = render(ix, d + 1, indent .. " ")
-        end
-      end
-    end
-    local sep = d == #shape and ", " or (",\n" .. string.rep("\n", #shape - d - 1) .. indent .. " ")
-    return "[" .. table.concat(parts, sep) .. "]"
-  end
-  local body = t:numel() == 0 and "[]" or render({}, 1, "       ")
-  return "tensor(" .. body .. ",\n       " .. meta .. ")"
-end
+-- arithmetic, reductions and printing live in tensor/math.lua and tensor/print.lua
+local parts = { M = M, methods = methods, RANK = RANK, DTNAME = DTNAME, is_float = is_float, is_tensor = is_tensor,
+  shape_str = shape_str, device_name = device_name, live = live, cdim = cdim, dbl1 = dbl1 }
+local binary = require("bertlua.tensor.math")(parts)
+require("bertlua.tensor.print")(parts)
 
 local mt = {
   __index = methods,

@@ -41,7 +41,7 @@
 --    step to refresh the copy. The CPU path is unchanged by all this.
 local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
-local C, ffi, check = core.C, core.ffi, core.check
+local C, check = core.C, core.check
 
 local M = {}
 
@@ -444,14 +444,10 @@ end
 -- ReLU written with tensor operations only: the way a researcher adds an activation.
 local ReLU = M.class("ReLU")
 function ReLU:forward(x)
-  local y = buf(self, "output", x:shape())
-  check(C.bl_unary(8, y, x))  -- BL_RELU
-  return y
+  return x:relu(buf(self, "output", x:shape()))
 end
 function ReLU:backward(x, dy)
-  local dx = buf(self, "grad_input", x:shape())
-  check(C.bl_binary(2, dx, dy, x:gt(0)))  -- BL_MUL by the 0/1 mask
-  return dx
+  return dy:mul(x:gt(0), buf(self, "grad_input", x:shape()))   -- by the 0/1 mask
 end
 
 -- tanh-approximated GELU (HF "gelu_new" / "gelu_pytorch_tanh"), in tensor ops.
@@ -461,17 +457,13 @@ function GELUTanh:forward(x)
   local u = (x + x:pow(3) * K1) * K0
   local t = u:tanh()
   self._t = t
-  local y = buf(self, "output", x:shape())
-  check(C.bl_binary(2, y, x * 0.5, t + 1))
-  return y
+  return (x * 0.5):mul(t + 1, buf(self, "output", x:shape()))
 end
 function GELUTanh:backward(x, dy)
   local t = self._t
   -- d/dx 0.5 x (1 + t) = 0.5 (1 + t) + 0.5 x (1 - t^2) K0 (1 + 3 K1 x^2)
   local g = (t + 1) * 0.5 + x * 0.5 * (1 - t * t) * ((x * x * (3 * K1) + 1) * K0)
-  local dx = buf(self, "grad_input", x:shape())
-  check(C.bl_binary(2, dx, dy, g))
-  return dx
+  return dy:mul(g, buf(self, "grad_input", x:shape()))
 end
 
 -- activation(name) -> module for a Hugging Face hidden_act name
@@ -480,13 +472,13 @@ function M.activation(name)
   if name == "relu" then return M.ReLU() end
   if name == "tanh" then return M.Tanh() end
   if name == "gelu_new" or name == "gelu_pytorch_tanh" then return M.GELUTanh() end
-  error("nn.activation: unknown activation '" .. tostring(name) .. "' (gelu, relu, tanh, gelu_new, gelu_pytorch_tanh)", 2)
+  error("nn.activation: unknown activation '" .. tostring(name) .. "' (gelu, relu, tanh, gelu_new, gelu_pytorch_tanh)",
+    2)
 end
 
 -- in-place dst += src (same shape)
 function M.add_(dst, src)
-  check(C.bl_binary(0, dst, dst, src))
-  return dst
+  return dst:add_(src)
 end
 
 return M

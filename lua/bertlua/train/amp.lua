@@ -57,7 +57,8 @@ function M.DynamicLossScaler(opts)
   if not (cfg.min_scale > 0) then bad("min_scale must be > 0") end
   if not (cfg.max_scale >= cfg.min_scale) then bad("max_scale must be >= min_scale") end
   if not (cfg.init_scale >= cfg.min_scale and cfg.init_scale <= cfg.max_scale) then
-    bad(("init_scale %g must be within [min_scale %g, max_scale %g]"):format(cfg.init_scale, cfg.min_scale, cfg.max_scale))
+    bad(("init_scale %g must be within [min_scale %g, max_scale %g]"):format(cfg.init_scale, cfg.min_scale,
+      cfg.max_scale))
   end
   if not (cfg.growth_factor >= 1) then bad("growth_factor must be >= 1") end
   if not (cfg.backoff_factor > 0 and cfg.backoff_factor < 1) then bad("backoff_factor must be in (0, 1)") end
@@ -305,6 +306,4 @@ function MP:step(opt, lr, opts) return self.scaler:step(opt, lr, opts) end
 function MP:state_dict() return self.scaler:state_dict() end
 function MP:load_state_dict(sd) self.scaler:load_state_dict(sd); return self end
 
-M.Scaler = Scaler
-M.NoScaler_class = NoScaler
 return M
