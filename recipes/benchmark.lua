@@ -55,7 +55,8 @@ if opt.precision ~= "fp32" and opt.precision ~= "tf32" and opt.precision ~= "bf1
   error("benchmark: --precision must be fp32, tf32 or bf16, got " .. tostring(opt.precision), 0)
 end
 if on_gpu then
-  if not bl.cuda_compiled() then error("benchmark: --device=" .. opt.device .. " but this bertlua was built without CUDA", 0) end
+  if not bl.cuda_compiled() then error("benchmark: --device=" .. opt.device
+    .. " but this bertlua was built without CUDA", 0) end
   if dev >= bl.cuda_device_count() then
     error(("benchmark: --device=%s but %d CUDA device(s) are visible"):format(opt.device, bl.cuda_device_count()), 0)
   end
@@ -108,7 +109,8 @@ local batch = {
   input_ids = bl.from(ids, { dtype = "i32" }), attention_mask = bl.from(mask),
   token_type_ids = bl.zeros({ B, S }, { dtype = "i32" }),
   masked_lm_positions = bl.from(pos, { dtype = "i32" }), masked_lm_labels = bl.from(lab, { dtype = "i32" }),
-  next_sentence_labels = bl.from((function() local t = {} for b = 1, B do t[b] = b % 2 end return t end)(), { dtype = "i32" }),
+  next_sentence_labels = bl.from((function() local t = {} for b = 1, B do t[b] = b % 2 end return t end)(),
+    { dtype = "i32" }),
 }
 
 local update
@@ -179,7 +181,8 @@ print(("model FLOPs: %.3g per step, %.1f TFLOP/s%s"):format(flops, achieved,
 -- runs a PyTorch peer (script and its extra options) on the same model and batch, in the
 -- peers' environment, echoes its output and prints the throughput ratio (and, on a GPU, report(theirs))
 local function compare_with_torch(script, extra, report)
-  local cmd = ("%s %s --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d --masked %d --warmup %d --dropout %g%s%s 2>&1")
+  local cmd = ("%s %s --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d " ..
+    "--masked %d --warmup %d --dropout %g%s%s 2>&1")
     :format(opt.python, script, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
       threads, V, opt.masked, opt.warmup, opt.dropout, extra, opt.infer and " --infer" or "")
   local f = io.popen(bl.peer_env_prefix() .. cmd)

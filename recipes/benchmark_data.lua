@@ -16,7 +16,8 @@ local logm = require "bertlua.util.log"
 
 local shared = os.getenv("BL_SHARED_DATA") or "../shared/data"
 local opt = options.parse(arg, {
-  { "wiki", shared .. "/wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2", "Wikipedia dump" },
+  { "wiki", shared .. "/wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+    "Wikipedia dump" },
   { "books", shared .. "/books", "directory of .txt books" },
   { "vocab", shared .. "/vocab/bert-base-uncased-vocab.txt", "vocab.txt" },
   { "work", "/tmp/bertlua_benchmark_data", "scratch directory (removed first)" },
@@ -43,12 +44,14 @@ local function stage(name, cmd, input_bytes, count_fn)
   local t0 = logm.clock()
   local rc = os.execute(full .. " > " .. q(opt.work .. "/" .. name .. ".log") .. " 2>&1")
   local dt = logm.clock() - t0
-  if rc ~= 0 and rc ~= true then error("benchmark_data: stage " .. name .. " failed, see " .. opt.work .. "/" .. name .. ".log", 0) end
+  if rc ~= 0 and rc ~= true then error("benchmark_data: stage " .. name .. " failed, see " .. opt.work .. "/" .. name
+    .. ".log", 0) end
   local rss = 0
   if has_time then local f = io.open(rss_file); rss = tonumber(f:read("*a"):match("(%d+)")) or 0; f:close() end
   local count, unit, rate_s = nil, nil, nil
   if count_fn then count, unit, rate_s = count_fn() end
-  rows[#rows + 1] = { name = name, seconds = dt, mb = input_bytes / 1e6, rss_mb = rss / 1024, count = count, unit = unit,
+  rows[#rows + 1] = { name = name, seconds = dt, mb = input_bytes / 1e6, rss_mb = rss / 1024, count = count,
+    unit = unit,
     rate_s = rate_s }
   io.stderr:write(("  %-28s %6.2f s\n"):format(name, dt))
 end
@@ -57,26 +60,34 @@ os.execute("rm -rf " .. q(opt.work) .. " && mkdir -p " .. q(opt.work))
 local W = opt.work
 local loader_dir = opt.loader_data
 if loader_dir == "" then
-  local xml_bytes = 0
+  local xml_bytes
   do local f = io.popen("bzcat " .. q(opt.wiki) .. " | wc -c"); xml_bytes = tonumber(f:read("*a")) or 0; f:close() end
-  stage("prepare_wikipedia", ("%s recipes/prepare_wikipedia.lua --input=%s --output=%s/wiki"):format(exe, q(opt.wiki), W), xml_bytes)
-  stage("prepare_bookcorpus", ("%s recipes/prepare_bookcorpus.lua --input=%s --output=%s/books"):format(exe, q(opt.books), W), size_of(opt.books))
+  stage("prepare_wikipedia", ("%s recipes/prepare_wikipedia.lua --input=%s --output=%s/wiki"):format(exe, q(opt.wiki),
+    W), xml_bytes)
+  stage("prepare_bookcorpus", ("%s recipes/prepare_bookcorpus.lua --input=%s --output=%s/books"):format(exe,
+    q(opt.books), W), size_of(opt.books))
   local text_bytes = size_of(W .. "/wiki") + size_of(W .. "/books")
-  stage("shard", ("%s recipes/shard.lua --input=%s/wiki,%s/books --output=%s/shards --num-shards=4 --memory-mb=4"):format(exe, W, W, W), text_bytes)
-  stage("tokenize (1 thread)", ("sh -c %s"):format(q(("%s recipes/tokenize.lua --vocab=%s --ids --quiet < %s/shards/train_00000.txt > /dev/null"):format(exe, opt.vocab, W))),
+  stage("shard", ("%s recipes/shard.lua --input=%s/wiki,%s/books --output=%s/shards --num-shards=4 --memory-mb=4")
+    :format(exe, W, W, W), text_bytes)
+  stage("tokenize (1 thread)", ("sh -c %s"):format(q(("%s recipes/tokenize.lua --vocab=%s --ids --quiet < " ..
+    "%s/shards/train_00000.txt > /dev/null"):format(exe, opt.vocab, W))),
     size_of(W .. "/shards/train_00000.txt"))
   local function instances(dir)
     return function()
       local n = 0
-      local f = io.popen("cat " .. q(W .. "/" .. dir) .. "/*.log 2>/dev/null; cat " .. q(W) .. "/create_pretraining_data*.log")
+      local f = io.popen("cat " .. q(W .. "/" .. dir) .. "/*.log 2>/dev/null; cat " .. q(W)
+        .. "/create_pretraining_data*.log")
       for line in f:lines() do local k = line:match("(%d+) instances in") if k then n = n + tonumber(k) end end
       f:close()
       return n, "instances"
     end
   end
-  local cpd = "%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s --output=%s/%s --max-seq-length=%d --max-predictions=20 --dupe-factor=5 --jobs=%d"
-  stage("create_pretraining_data j1", cpd:format(exe, W, q(opt.vocab), W, "pd1", opt.seq, 1), size_of(W .. "/shards"), instances("pd1"))
-  stage("create_pretraining_data j" .. opt.jobs, cpd:format(exe, W, q(opt.vocab), W, "pdN", opt.seq, opt.jobs), size_of(W .. "/shards"))
+  local cpd = "%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s --output=%s/%s " ..
+    "--max-seq-length=%d --max-predictions=20 --dupe-factor=5 --jobs=%d"
+  stage("create_pretraining_data j1", cpd:format(exe, W, q(opt.vocab), W, "pd1", opt.seq, 1), size_of(W .. "/shards"),
+    instances("pd1"))
+  stage("create_pretraining_data j" .. opt.jobs, cpd:format(exe, W, q(opt.vocab), W, "pdN", opt.seq, opt.jobs),
+    size_of(W .. "/shards"))
   rows[#rows].count, rows[#rows].unit = rows[#rows - 1].count, "instances"
   loader_dir = W .. "/pd1"
 end
@@ -92,7 +103,8 @@ local pd = require "bertlua.data.loader"
 local logm = require "bertlua.util.log"
 local ffi = require "ffi"
 local ts = ffi.new("bl_timespec")   -- declared by bertlua.util.log
-local function cpu() ffi.C.clock_gettime(3, ts); return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end  -- this thread
+-- CPU time of this thread
+local function cpu() ffi.C.clock_gettime(3, ts); return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
 local dir, prefetch, bin, batch, n, seq, step_ms, vocab = ...
 local l = pd.Loader{ dir = dir, split = "train", batch_size = tonumber(batch), seed = 1, max_seq_length = tonumber(seq),
   prefetch = tonumber(prefetch), bin_lengths = bin == "1", vocab = vocab ~= "" and vocab or nil }
@@ -129,9 +141,11 @@ loader_row("loader C, bin_lengths", 4, true)
 
 print(("\n%-28s %9s %10s %14s %10s"):format("stage", "seconds", "MB/s", "items/s", "peak RSS"))
 for _, r in ipairs(rows) do
-  print(("%-28s %9.2f %10s %14s %8.0f MB"):format(r.name, r.seconds, r.mb > 0 and ("%.1f"):format(r.mb / r.seconds) or "-",
+  print(("%-28s %9.2f %10s %14s %8.0f MB"):format(r.name, r.seconds,
+    r.mb > 0 and ("%.1f"):format(r.mb / r.seconds) or "-",
     r.count and ("%.0f %s"):format(r.count / (r.rate_s or r.seconds), r.unit) or "-", r.rss_mb))
 end
-print(("\n(wall-clock per process on %d CPU threads; MB/s of the stage's input; loader rows: batches/s of the batch loop)")
+print(("\n(wall-clock per process on %d CPU threads; MB/s of the stage's input; loader rows: batches/s of the " ..
+  "batch loop)")
   :format(require("bertlua").num_threads()))
 print("\n" .. table.concat(loader_notes, "\n"))

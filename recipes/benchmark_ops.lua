@@ -147,7 +147,8 @@ end
 -- the PyTorch side, then the table ------------------------------------------------------
 local theirs = {}
 if opt.compare == "torch" then
-  local cmd = bl.peer_env_prefix() .. ("OMP_NUM_THREADS=%d %s %sbench_ops_torch.py --threads=%d --size=%s --reps=%d --only=%s 2>&1")
+  local cmd = bl.peer_env_prefix()
+    .. ("OMP_NUM_THREADS=%d %s %sbench_ops_torch.py --threads=%d --size=%s --reps=%d --only=%s 2>&1")
     :format(opt.threads, opt.python, PEERS, opt.threads, opt.size, opt.reps, table.concat(order, ","))
   local f = io.popen(cmd)
   local out = f:read("*a")

@@ -22,7 +22,8 @@ local spec = {
   { "unused", 0, "number of [unusedN] placeholders after [PAD] (BERT has 994)" },
   { "limit_alphabet", 1000, "keep at most this many initial characters (most frequent)" },
 }
-local opt = options.parse(arg, spec, { usage = "bertlua recipes/build_vocab.lua --input=PATH --output=vocab.txt --size=N" })
+local opt = options.parse(arg, spec,
+  { usage = "bertlua recipes/build_vocab.lua --input=PATH --output=vocab.txt --size=N" })
 print("build_vocab options:\n" .. options.show(opt))
 if opt.input == "" then io.stderr:write("build_vocab: --input is required\n"); os.exit(2) end
 
@@ -175,4 +176,5 @@ local f, err = io.open(opt.output, "wb")
 if not f then io.stderr:write("build_vocab: cannot write ", opt.output, ": ", tostring(err), "\n"); os.exit(1) end
 f:write(table.concat(vocab, "\n"), "\n")
 f:close()
-print(("wrote %s: %d tokens (%d alphabet, %d merges)"):format(opt.output, #vocab, math.min(#alphabet, opt.limit_alphabet), merges))
+print(("wrote %s: %d tokens (%d alphabet, %d merges)"):format(opt.output, #vocab, math.min(#alphabet,
+  opt.limit_alphabet), merges))

@@ -67,7 +67,9 @@ if opt.worker == "" then
       local outp = opt.output .. "/" .. path:match("([^/]+)%.txt$") .. ".blshard"
       local fh = io.open(outp); if fh then fh:close() else missing = missing + 1 end
     end
-    if missing > 0 then error(("create_pretraining_data: %d shard(s) were not written (see worker errors above)"):format(missing), 0) end
+    if missing > 0 then
+      error(("create_pretraining_data: %d shard(s) were not written (see worker errors above)"):format(missing), 0)
+    end
     print(("create_pretraining_data: %d shards in %s"):format(#files, opt.output))
     os.exit(0)
   end
@@ -110,7 +112,8 @@ for idx, path in ipairs(files) do
       shards.write_shard(outp, recs, o)
       total, sentences, done = total + #recs, sentences + stats.sentences, done + 1
       local dt = logm.clock() - t0
-      io.stderr:write(("  %s: %d documents, %d instances (%.0f instances/s)\n"):format(outp, #docs, #recs, total / math.max(dt, 1e-9)))
+      io.stderr:write(("  %s: %d documents, %d instances (%.0f instances/s)\n"):format(outp, #docs, #recs,
+        total / math.max(dt, 1e-9)))
     end
   end
 end

@@ -37,7 +37,8 @@ local DATASETS = {
   glue = function()
     local t = {}
     for _, task in ipairs({ "CoLA", "SST-2", "MRPC", "QQP", "STS-B", "MNLI", "QNLI", "RTE", "WNLI" }) do
-      t[#t + 1] = { file = task .. ".zip", url = "https://dl.fbaipublicfiles.com/glue/data/" .. task .. ".zip", unzip = true }
+      t[#t + 1] = { file = task .. ".zip", url = "https://dl.fbaipublicfiles.com/glue/data/" .. task .. ".zip",
+        unzip = true }
     end
     return t
   end,
@@ -51,7 +52,7 @@ local DATASETS = {
 }
 
 local function sh(cmd)
-  local ok, how, code = os.execute(cmd)
+  local ok, _, code = os.execute(cmd)
   if type(ok) == "number" then return ok == 0, math.floor(ok / 256) end  -- LuaJIT: raw wait status
   return ok == true, code
 end
@@ -82,7 +83,8 @@ Project Gutenberg books as plain UTF-8 text. Put the .txt files in one directory
   os.exit(0)
 end
 local make = DATASETS[opt.dataset]
-if not make then error("download: unknown dataset '" .. tostring(opt.dataset) .. "' (wikipedia, bookcorpus, squad, glue, vocab)", 0) end
+if not make then error("download: unknown dataset '" .. tostring(opt.dataset)
+  .. "' (wikipedia, bookcorpus, squad, glue, vocab)", 0) end
 local files = make()
 print(options.show(opt))
 sh("mkdir -p " .. q(opt.output))
@@ -109,7 +111,8 @@ for _, f in ipairs(files) do
   local expect_algo, expect = f.sha256 and "sha256", f.sha256
   if f.checksum_file then
     local curl = io.popen("curl -fsSL --connect-timeout " .. opt.timeout .. " " ..
-      q(opt.base_url and (opt.base_url:gsub("/$", "") .. "/" .. f.checksum_file.url:match("[^/]+$")) or f.checksum_file.url) .. " 2>/dev/null")
+      q(opt.base_url and (opt.base_url:gsub("/$",
+        "") .. "/" .. f.checksum_file.url:match("[^/]+$")) or f.checksum_file.url) .. " 2>/dev/null")
     local sums = curl:read("*a") or ""
     curl:close()
     for line in sums:gmatch("[^\n]+") do

@@ -36,7 +36,8 @@ local opt = options.parse(arg, {
 print("extract_features options:\n" .. options.show(opt))
 
 local function die(msg) error("extract_features: " .. msg, 0) end
-if opt.model == "" or opt.input == "" or opt.output == "" then die("--model, --input and --output are required (see --help)") end
+if opt.model == "" or opt.input == "" or opt.output == "" then die("--model, --input and --output are required " ..
+  "(see --help)") end
 if opt.max_seq_length < 3 then die("--max-seq-length must be at least 3") end
 if opt.batch < 1 or opt.batch % 1 ~= 0 then die("--batch must be an integer >= 1") end
 if opt.threads > 0 then require("bertlua").set_num_threads(opt.threads) end

@@ -33,14 +33,21 @@ local opt = options.parse(arg, {
   { "micro_batch", 0, "sequences per forward (0: = batch)" }, { "warmup", 0.1, "warmup proportion" },
   { "weight_decay", 0.01, "AdamW weight decay" }, { "eval_batch", 64, "sequences per forward when evaluating" },
   { "max_steps", 0, "stop training after this many steps (0: all)" },
-  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is emulated (f32 activations)" },
+  { "precision", "fp32",
+    "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with " ..
+      "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
+        "emulated (f32 activations)" },
   { "seed", 42, "seed" }, { "threads", 0, "CPU threads (0: default)" },
-}, { name = "glue", usage = "usage: bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] [--do-eval] [--do-predict]" })
+}, { name = "glue",
+  usage = "usage: bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] [--do-eval] " ..
+    "[--do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 ft.line_buffered()
 print(options.show(opt))
-for _, k in ipairs({ "task", "model" }) do if not opt[k] then error("glue: --" .. k:gsub("_", "-") .. " is required", 0) end end
-if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing to do: give --do-train, --do-eval and/or --do-predict", 0) end
+for _, k in ipairs({ "task", "model" }) do if not opt[k] then error("glue: --" .. k:gsub("_", "-") .. " is required",
+  0) end end
+if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing to do: give --do-train, --do-eval " ..
+  "and/or --do-predict", 0) end
 if not opt.data_dir and not (opt.train_file or opt.eval_file) then error("glue: --data-dir is required", 0) end
 amp.check_precision("glue", opt.precision)
 
@@ -90,7 +97,8 @@ local function read(split, file, t)
   local ex, rep
   if file then ex, rep = glue.read_examples(t, file, { set_type = split })
   else ex, rep = glue.read_split(t, opt.data_dir, split) end
-  print(("%s: %d rows, %d examples, %d malformed rows skipped"):format(rep.file or split, rep.rows, rep.examples, rep.skipped))
+  print(("%s: %d rows, %d examples, %d malformed rows skipped"):format(rep.file or split, rep.rows, rep.examples,
+    rep.skipped))
   if #ex == 0 then
     error(rep.rows == 0 and ("glue: %s has no data rows"):format(rep.file or split)
       or ("glue: no usable rows in %s (%d rows, all malformed: listed above)"):format(rep.file or split, rep.rows), 0)
@@ -101,7 +109,8 @@ end
 local function featurize(examples)
   local rows = {}
   for i, e in ipairs(examples) do
-    local toks, types = bert.pair(tok:tokenize(e.text_a), e.text_b and tok:tokenize(e.text_b) or nil, opt.max_seq_length)
+    local toks, types = bert.pair(tok:tokenize(e.text_a), e.text_b and tok:tokenize(e.text_b) or nil,
+      opt.max_seq_length)
     local label
     if e.label ~= nil then label = regression and tonumber(e.label) or glue.label_id(task, e.label) end
     rows[i] = { ids = tok:convert_tokens_to_ids(toks), types = types, label = label, guid = e.guid }
@@ -191,7 +200,8 @@ if opt.do_predict then
     local ex = read("test", split_path(t, "test"), t)
     local rows = featurize(ex)
     local preds = predict(rows)
-    local name = ({ cola = "CoLA", ["sst-2"] = "SST-2", sst2 = "SST-2", mrpc = "MRPC", ["sts-b"] = "STS-B", stsb = "STS-B",
+    local name = ({ cola = "CoLA", ["sst-2"] = "SST-2", sst2 = "SST-2", mrpc = "MRPC", ["sts-b"] = "STS-B",
+      stsb = "STS-B",
       qqp = "QQP", mnli = "MNLI-m", ["mnli-mm"] = "MNLI-mm", qnli = "QNLI", rte = "RTE", wnli = "WNLI" })[t] or t
     write_predictions(("%s/%s.tsv"):format(opt.output, name), rows, preds)
     print(("predict: wrote %s/%s.tsv"):format(opt.output, name))

@@ -35,9 +35,8 @@ local function run()
   for line in f:lines() do
     lineno = lineno + 1
     line = line:gsub("\r$", "")
-    if lineno == 1 and line:lower():match("^index\tprediction") then
-      -- GLUE submission header
-    elseif line ~= "" then
+    local header = lineno == 1 and line:lower():match("^index\tprediction")   -- GLUE submission header
+    if not header and line ~= "" then
       local cols = glue.split_tsv_line(line)
       local v = cols[#cols]
       if glue.is_regression(opt.task) then

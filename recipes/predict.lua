@@ -50,10 +50,14 @@ local opt = options.parse(arg, {
   { "n_best", 20, "QA: n-best spans per question" },
   { "version_2_with_negative", false, "squad: SQuAD 2.0 (unanswerable questions)" },
   { "null_score_diff_threshold", 0.0, "squad v2: predict no answer when null score - best > this" },
-  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16: weights rounded to bf16/f16 once at load; on the CPU tf32 = fp32 and activations stay f32 (half-precision storage emulated)" },
+  { "precision", "fp32",
+    "fp32 | tf32 | bf16 | fp16: weights rounded to bf16/f16 once at load; on the CPU tf32 = fp32 and activations " ..
+      "stay f32 (half-precision storage emulated)" },
   { "stats", nil, "write throughput and latency as JSON here" },
   { "threads", 0, "CPU threads (0: default)" },
-}, { name = "predict", usage = "usage: bertlua recipes/predict.lua --model=DIR --input=FILE [--task=jsonl|squad|glue-TASK] [--output=FILE] [--batch=N]" })
+}, { name = "predict",
+  usage = "usage: bertlua recipes/predict.lua --model=DIR --input=FILE [--task=jsonl|squad|glue-TASK] " ..
+    "[--output=FILE] [--batch=N]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 if not opt.model or not opt.input then error("predict: --model and --input are required (see --help)", 0) end
 if opt.batch < 1 then error("predict: --batch must be at least 1", 0) end
@@ -71,9 +75,12 @@ ft.input_file("predict", opt.input, "--input")
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = bert.from_pretrained(opt.model)
 local is_qa = model.qa_outputs ~= nil
-if not is_qa and not model.classifier then error("predict: " .. opt.model .. " is neither a QA nor a classification model", 0) end
-if task == "squad" and not is_qa then error("predict: --task=squad needs a QA model; " .. opt.model .. " is a classifier", 0) end
-if glue_task and is_qa then error("predict: --task=" .. opt.task .. " needs a classification model; " .. opt.model .. " is a QA model", 0) end
+if not is_qa and not model.classifier then error("predict: " .. opt.model
+  .. " is neither a QA nor a classification model", 0) end
+if task == "squad" and not is_qa then error("predict: --task=squad needs a QA model; " .. opt.model
+  .. " is a classifier", 0) end
+if glue_task and is_qa then error("predict: --task=" .. opt.task .. " needs a classification model; " .. opt.model
+  .. " is a QA model", 0) end
 amp.round_weights(model, opt.precision)
 
 -- runs the model over n sequences (batches from make_batch), with untimed warmup batches first
@@ -140,7 +147,7 @@ local function answer_questions(src, name)
   return preds, nbest, odds, stats, rep.skipped, #examples
 end
 
-local records, skipped, stats = 0, 0, nil
+local records, skipped, stats
 local summary = {}
 
 if task == "squad" then
@@ -172,7 +179,8 @@ elseif glue_task then
   local labels = glue.labels(glue_task)
   local nl = model.num_labels
   if (regression and nl ~= 1) or (not regression and nl ~= #labels) then
-    error(("predict: %s has %d outputs but %s needs %d"):format(opt.model, nl, glue_task, regression and 1 or #labels), 0)
+    error(("predict: %s has %d outputs but %s needs %d"):format(opt.model, nl, glue_task, regression and 1 or #labels),
+      0)
   end
   local rows = {}
   for i, e in ipairs(ex) do
@@ -213,8 +221,10 @@ else
     if not line:match("^%s*$") then
       local rec, jerr = cjson.decode(line)
       local why
-      if type(rec) ~= "table" or rec[1] ~= nil then why = rec == nil and ("not JSON (" .. tostring(jerr) .. ")") or "not a JSON object"
-      elseif is_qa and (type(rec.question) ~= "string" or type(rec.context) ~= "string" or rec.context:match("^%s*$")) then
+      if type(rec) ~= "table" or rec[1] ~= nil then why = rec == nil and ("not JSON (" .. tostring(jerr)
+        .. ")") or "not a JSON object"
+      elseif is_qa and (type(rec.question) ~= "string" or type(rec.context) ~= "string"
+          or rec.context:match("^%s*$")) then
         why = "needs string fields question and a non-empty context"
       elseif not is_qa and type(rec.text_a or rec.text) ~= "string" then why = "needs a string field text_a (or text)"
       elseif not is_qa and rec.text_b ~= nil and type(rec.text_b) ~= "string" then why = "text_b must be a string" end
@@ -234,13 +244,15 @@ else
   if is_qa then
     local data = { version = "1.1", data = { { title = "predict", paragraphs = {} } } }
     for i, r in ipairs(recs) do
-      table.insert(data.data[1].paragraphs, { context = r.context, qas = { { id = tostring(i), question = r.question, answers = {} } } })
+      table.insert(data.data[1].paragraphs, { context = r.context, qas = { { id = tostring(i), question = r.question,
+        answers = {} } } })
     end
     local preds, nbest, _, st = answer_questions(data, opt.input)
     stats = st
     for i = 1, #recs do
       local best = nbest and nbest[tostring(i)] and nbest[tostring(i)][1]
-      out_lines[i] = cjson.encode({ index = i - 1, answer = preds[tostring(i)] or "", probability = best and best.probability or nil })
+      out_lines[i] = cjson.encode({ index = i - 1, answer = preds[tostring(i)] or "",
+        probability = best and best.probability or nil })
     end
   else
     local rows = {}
@@ -268,8 +280,10 @@ end
 
 io.stderr:write(("predict: %d records (%d skipped); %s\n"):format(records, skipped, trainer.format_latency(stats)))
 if opt.stats then
-  summary.task, summary.records, summary.skipped, summary.batch, summary.threads = task, records, skipped, opt.batch, bl.num_threads()
+  summary.task, summary.records, summary.skipped, summary.batch, summary.threads = task, records, skipped, opt.batch,
+    bl.num_threads()
   summary.precision = opt.precision
-  for _, k in ipairs({ "sequences", "seconds", "seq_per_s", "p50_ms", "p90_ms", "p99_ms", "batches" }) do summary[k] = stats[k] end
+  for _, k in ipairs({ "sequences", "seconds", "seq_per_s", "p50_ms", "p90_ms", "p99_ms",
+    "batches" }) do summary[k] = stats[k] end
   ft.write_json(opt.stats, summary)
 end

@@ -12,7 +12,6 @@
 -- step): edit them here, no C needed.
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
-local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
@@ -21,7 +20,6 @@ local dist = require "bertlua.train.dist"
 local ckpt = require "bertlua.train.checkpoint"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
-local cjson = require "cjson"
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
@@ -29,7 +27,8 @@ local SPEC = {
   { "vocab", nil, "vocab.txt used to create the data (checked against the shards; copied to the output model)" },
   { "data_phase1", nil, "directory of phase-1 shards (S=128)" },
   { "data_phase2", nil, "directory of phase-2 shards (S=512)" },
-  { "eval_data", nil, "held-out shard directory for MLM evaluation (default: test_* shards next to the training data)" },
+  { "eval_data", nil,
+    "held-out shard directory for MLM evaluation (default: test_* shards next to the training data)" },
   { "output", "runs/pretrain", "run directory: checkpoints/, log.jsonl, phase1/ and phase2/ final models" },
   { "phase", "both", "1, 2 or both" },
   { "seq1", 128, "phase 1 sequence length" }, { "pred1", 20, "phase 1 max predictions per sequence" },
@@ -41,7 +40,9 @@ local SPEC = {
   { "warmup2", 0.128, "phase 2 warmup proportion" }, { "steps2", 1563, "phase 2 optimizer steps" },
   { "micro_batch", 8, "sequences per device per forward/backward" },
   { "bin_lengths", false, "loader sorts sequences by length within windows of 64 steps: less padding (phase 2)" },
-  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, fp16 with loss scaling)" },
+  { "precision", "fp32",
+    "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, " ..
+      "fp16 with loss scaling)" },
   { "power", 0.5, "polynomial decay power after warmup" },
   { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)" },
   { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation" },
@@ -91,10 +92,6 @@ end
 -- same masks as 1 rank x N*A steps.
 local function dropout_seed(step, micro)
   return ((opt.seed * 1000003 + step) * 8191 + micro) % 9007199254740881
-end
-
-local function write_json(path, tbl)
-  fs.write_atomic(path, cjson.encode(tbl))
 end
 
 local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,
@@ -150,9 +147,11 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     require("bertlua.io.safetensors").load_model(model, init_model_dir .. "/model.safetensors")
     say("  initialised from " .. init_model_dir)
   end
-  local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm }
+  local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay,
+    max_grad_norm = opt.max_grad_norm }
   if prev_opt_state and opt.keep_optimizer then lamb:load_state_dict(prev_opt_state) end
-  local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, warmup_proportion = ph.warmup, power = opt.power }
+  local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, warmup_proportion = ph.warmup,
+    power = opt.power }
   -- bf16/fp16: f32 master weights, half-precision weights and gradients
   -- (emulated on the CPU, see bertlua.train.amp), loss scaling for fp16
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision }
@@ -164,7 +163,8 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local loaders = {}
   local function loader_args(vrank, nvirt)
     return { dir = ph.data, split = "train", batch_size = opt.micro_batch, rank = vrank, world_size = nvirt,
-      seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab, bin_lengths = opt.bin_lengths }
+      seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
+        bin_lengths = opt.bin_lengths }
   end
   if virt then
     for a = 1, accum do loaders[a] = data.Loader(loader_args(rank * accum + a - 1, world * accum)) end

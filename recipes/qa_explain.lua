@@ -23,9 +23,11 @@ local model = bert.from_pretrained(opt.model, { head = "qa" })
 model:eval()
 local layers = model.bert.encoder.layer
 local li = opt.layer < 0 and #layers + opt.layer + 1 or opt.layer
-if not layers[li] then error(("qa_explain: layer %d does not exist (the model has %d)"):format(opt.layer, #layers), 0) end
+if not layers[li] then error(("qa_explain: layer %d does not exist (the model has %d)"):format(opt.layer, #layers),
+  0) end
 local attn = layers[li].attention.self
-if opt.head < 1 or opt.head > attn.heads then error(("qa_explain: head %d does not exist (%d heads)"):format(opt.head, attn.heads), 0) end
+if opt.head < 1 or opt.head > attn.heads then error(("qa_explain: head %d does not exist (%d heads)"):format(opt.head,
+  attn.heads), 0) end
 
 local function softmax(v)
   local m = -math.huge
@@ -60,7 +62,8 @@ for line in io.lines(opt.input) do
     for i = bs, be do words[#words + 1] = toks[i] end
     results[#results + 1] = { question = rec.question, context = rec.context, tokens = toks,
       start_prob = st, end_prob = en, answer_start = bs - 1, answer_end = be - 1,
-      answer = (table.concat(words, " "):gsub(" ##", "")), probability = best, layer = li, head = opt.head, attention = probs }
+      answer = (table.concat(words, " "):gsub(" ##", "")), probability = best, layer = li, head = opt.head,
+        attention = probs }
   end
 end
 io.write(cjson.encode(results), "\n")

@@ -65,12 +65,15 @@ if not books then
     f:write(table.concat(parts, "\n\n"), "\n")
     f:close()
   end
-  print(("generated %d books about %d invented countries in %s"):format(math.ceil(#docs / per_book), opt.countries, books))
+  print(("generated %d books about %d invented countries in %s"):format(math.ceil(#docs / per_book), opt.countries,
+    books))
 end
 
-stage("prepare: one document per book", recipe("prepare_bookcorpus", ("--input=%s --output=%s/prepared"):format(q(books), q(out))))
+stage("prepare: one document per book",
+  recipe("prepare_bookcorpus", ("--input=%s --output=%s/prepared"):format(q(books), q(out))))
 stage("shard: sentences, shuffled, balanced shards, held-out split",
-  recipe("shard", ("--input=%s/prepared --output=%s/shards --num-shards=2 --test-fraction=0.1 --seed=%d"):format(q(out), q(out), opt.seed)))
+  recipe("shard", ("--input=%s/prepared --output=%s/shards --num-shards=2 --test-fraction=0.1 --seed=%d"):format(q(out),
+    q(out), opt.seed)))
 local vocab = opt.vocab
 if not vocab then
   vocab = out .. "/vocab.txt"
@@ -78,7 +81,8 @@ if not vocab then
     recipe("build_vocab", ("--input=%s/shards --output=%s --size=%d"):format(q(out), q(vocab), opt.vocab_size)))
 end
 stage("pre-training data: masked LM + next-sentence pairs",
-  recipe("create_pretraining_data", ("--input=%s/shards --vocab=%s --output=%s/pretrain_data --max-seq-length=64 --max-predictions=10 --dupe-factor=5 --seed=%d")
+  recipe("create_pretraining_data", ("--input=%s/shards --vocab=%s --output=%s/pretrain_data --max-seq-length=64 " ..
+    "--max-predictions=10 --dupe-factor=5 --seed=%d")
     :format(q(out), q(vocab), q(out), opt.seed)))
 
 -- a tiny BERT sized to the vocabulary
@@ -90,8 +94,10 @@ local cfg = { vocab_size = nvocab, hidden_size = 128, num_hidden_layers = 2, num
 local f = assert(io.open(out .. "/tiny_config.json", "w")); f:write(cjson.encode(cfg)); f:close()
 
 stage("pre-train a tiny BERT (phase 1 only, LAMB)", recipe("pretrain",
-  ("--model=%s/tiny_config.json --vocab=%s --data-phase1=%s/pretrain_data --output=%s --phase=1 --seq1=64 --pred1=10 " ..
-   "--batch1=32 --micro-batch=32 --lr1=5e-3 --warmup1=0.1 --steps1=%d --checkpoint-interval=100 --eval-batches=8 --max-time=%d --seed=%d%s")
+  ("--model=%s/tiny_config.json --vocab=%s --data-phase1=%s/pretrain_data --output=%s --phase=1 " ..
+   "--seq1=64 --pred1=10 " ..
+   "--batch1=32 --micro-batch=32 --lr1=5e-3 --warmup1=0.1 --steps1=%d --checkpoint-interval=100 --eval-batches=8 " ..
+     "--max-time=%d --seed=%d%s")
     :format(q(out), q(vocab), q(out), q(out), opt.pretrain_steps, opt.minutes * 60, opt.seed, threads)))
 
 -- 2. QA about the same world
@@ -103,11 +109,13 @@ if not io.open(model_dir .. "/model.safetensors") then
   print("pre-training stopped early; fine-tuning from its last checkpoint")
   local ckpt = require "bertlua.train.checkpoint"
   local latest = ckpt.latest(out .. "/checkpoints/phase1")
-  os.execute(("mkdir -p %s && cp %s/model.safetensors %s/ && cp %s/tiny_config.json %s/config.json && cp %s %s/vocab.txt")
+  os.execute(("mkdir -p %s && cp %s/model.safetensors %s/ && cp %s/tiny_config.json %s/config.json && cp %s " ..
+    "%s/vocab.txt")
     :format(q(model_dir), q(latest), q(model_dir), q(out), q(model_dir), q(vocab), q(model_dir)))
 end
 stage("fine-tune on QA and predict", recipe("squad",
-  ("--model=%s --vocab=%s --train-file=%s/qa-train.json --predict-file=%s/qa-dev.json --output=%s/squad --do-train --do-predict " ..
+  ("--model=%s --vocab=%s --train-file=%s/qa-train.json --predict-file=%s/qa-dev.json --output=%s/squad --do-train " ..
+    "--do-predict " ..
    "--max-seq-length=128 --doc-stride=64 --max-query-length=32 --batch=16 --lr=1e-3 --epochs=%d --seed=%d%s")
     :format(q(model_dir), q(vocab), q(out), q(out), q(out), opt.finetune_epochs, opt.seed, threads)))
 
@@ -124,7 +132,8 @@ for _, art in ipairs(dev.data) do
     end
   end
 end
-stage("official SQuAD v1.1 metrics", recipe("squad_eval", ("%s/qa-dev.json %s/squad/predictions.json"):format(q(out), q(out))))
+stage("official SQuAD v1.1 metrics", recipe("squad_eval", ("%s/qa-dev.json %s/squad/predictions.json"):format(q(out),
+  q(out))))
 -- a trivial baseline for comparison: answer every question with the first word of its context
 local squad = require "bertlua.tasks.squad"
 local base = {}

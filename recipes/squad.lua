@@ -38,9 +38,13 @@ local opt = options.parse(arg, {
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
   { "max_steps", 0, "stop training after this many steps (0: all)" },
   { "seed", 42, "seed (initialisation of a new head, data order, dropout)" },
-  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is emulated (f32 activations)" },
+  { "precision", "fp32",
+    "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with " ..
+      "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
+        "emulated (f32 activations)" },
   { "threads", 0, "CPU threads (0: default)" },
-}, { name = "squad", usage = "usage: bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] [--predict-file=F --do-predict]" })
+}, { name = "squad",
+  usage = "usage: bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] [--predict-file=F --do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 ft.line_buffered()
 print(options.show(opt))
@@ -60,7 +64,8 @@ end
 fs.mkdir_p(opt.output)
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed })
-local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride, max_query_length = opt.max_query_length }
+local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,
+  max_query_length = opt.max_query_length }
 
 -- a batch of features as tensors, trimmed to the longest real sequence (multiple of 8)
 local function make_batch(feats, idx, first, count, with_labels)
@@ -92,7 +97,8 @@ local function make_batch(feats, idx, first, count, with_labels)
 end
 
 if opt.do_train then
-  local examples, rep = squad.read_examples(opt.train_file, { is_training = true, version_2_with_negative = opt.version_2_with_negative })
+  local examples, rep = squad.read_examples(opt.train_file, { is_training = true,
+    version_2_with_negative = opt.version_2_with_negative })
   print(("train: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
   if rep.version == "1.1" and squad.dataset_version(squad.load_json(opt.train_file)) == "2.0" then
     io.stderr:write("squad: warning: " .. opt.train_file .. " is SQuAD 2.0 but --version-2-with-negative is off: " ..
@@ -100,7 +106,8 @@ if opt.do_train then
   end
   if #examples == 0 then
     error(("squad: no usable training questions in %s (%d questions, %d entries skipped, reasons above; training " ..
-      "takes exactly one answer per answerable question, as run_squad.py)"):format(opt.train_file, rep.questions, rep.skipped), 0)
+      "takes exactly one answer per answerable question, as run_squad.py)"):format(opt.train_file, rep.questions,
+        rep.skipped), 0)
   end
   feat_opts.is_training = true
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
@@ -115,7 +122,8 @@ end
 if opt.do_predict then
   -- the saved model keeps the f32 master weights; prediction runs in --precision
   if amp.round_weights(model, opt.precision) then print("predict: weights rounded to " .. opt.precision) end
-  local examples, rep = squad.read_examples(opt.predict_file, { is_training = false, version_2_with_negative = opt.version_2_with_negative })
+  local examples, rep = squad.read_examples(opt.predict_file, { is_training = false,
+    version_2_with_negative = opt.version_2_with_negative })
   print(("predict: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))
   if #examples == 0 then error(("squad: no usable questions in %s (reasons above)"):format(opt.predict_file), 0) end
   local dataset = squad.load_json(opt.predict_file)

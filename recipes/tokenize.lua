@@ -66,6 +66,7 @@ end
 stdout:flush()
 if not opt.quiet then
   local dt = os.clock() - t0
-  io.stderr:write(("tokenize: %d lines, %.1f MB in %.2f s CPU (%.1f MB/s), %d invalid UTF-8 sequences dropped\n"):format(
+  io.stderr:write(("tokenize: %d lines, %.1f MB in %.2f s CPU (%.1f MB/s), %d invalid UTF-8 sequences dropped\n")
+  :format(
     lines, bytes / 1e6, dt, dt > 0 and bytes / 1e6 / dt or 0, invalid))
 end

@@ -227,8 +227,10 @@ T.test("precision names: check_precision, storage_dtype, round_weights", functio
   for _, p in ipairs(amp.PRECISIONS) do T.eq(amp.check_precision("r", p), p) end
   T.eq(amp.storage_dtype("bf16"), "bf16"); T.eq(amp.storage_dtype("fp16"), "f16")
   T.eq(amp.storage_dtype("tf32"), nil); T.eq(amp.storage_dtype("fp32"), nil)
-  T.raises(function() amp.check_precision("squad", "fp8") end, "squad: --precision must be fp32, tf32, bf16 or fp16, got fp8")
-  T.raises(function() amp.check_precision("glue", nil) end, "glue: --precision must be fp32, tf32, bf16 or fp16, got nil")
+  T.raises(function() amp.check_precision("squad", "fp8") end,
+    "squad: --precision must be fp32, tf32, bf16 or fp16, got fp8")
+  T.raises(function() amp.check_precision("glue", nil) end,
+    "glue: --precision must be fp32, tf32, bf16 or fp16, got nil")
   T.raises(function() amp.MixedPrecision { model = fake_model(1), precision = "half" } end, "unknown precision 'half'")
   T.raises(function() amp.MixedPrecision { precision = "bf16" } end, "expects {model")
   local m = fake_model(2)

@@ -88,7 +88,8 @@ end
 local function check_close(name, a, b, tol, floor)
   T.eq(bl.shape_str(a:shape()), bl.shape_str(b:shape()), name .. " shape")
   local r, d, m = rel_err(a, b, floor)
-  if not (r <= tol) then error(("%s: relative error %.3g (max abs diff %.3g, max |ref| %.3g) > %g"):format(name, r, d, m, tol), 2) end
+  if not (r <= tol) then error(("%s: relative error %.3g (max abs diff %.3g, max |ref| %.3g) > %g"):format(name, r, d,
+    m, tol), 2) end
   return r
 end
 
@@ -163,7 +164,8 @@ T.test("pre-training parity with PyTorch: hidden states, MLM/NSP losses, every g
   local hf = {}
   for i, v in ipairs(l:totable()) do hf[i] = v == -1 and -100 or v end
   local out2 = model:forward{ input_ids = batch.input_ids, token_type_ids = batch.token_type_ids,
-    attention_mask = batch.attention_mask, labels = bl.from(hf):view({ B, S }), next_sentence_labels = batch.next_sentence_labels }
+    attention_mask = batch.attention_mask, labels = bl.from(hf):view({ B, S }),
+      next_sentence_labels = batch.next_sentence_labels }
   T.near(out2.mlm_loss, ref.mlm_loss:item(), TOL)
 end)
 
@@ -326,7 +328,8 @@ T.test("config validation and presets", function()
   T.eq(c.num_hidden_layers, 24); T.eq(c.hidden_size, 1024); T.eq(c.num_attention_heads, 16)
   T.eq(c.intermediate_size, 4096); T.eq(c.vocab_size, 30522); T.eq(c.layer_norm_eps, 1e-12)
   local t = bert.BertModel("tiny", { seed = 1 })
-  -- 30522*128 + 512*128 + 2*128 + 2*128 (emb LN) + 2 * (4*(128*128+128) + 2*2*128 + 2*128*512 + 512 + 128) + 128*128+128
+  -- 30522*128 + 512*128 + 2*128 + 2*128 (emb LN)
+  --   + 2 * (4*(128*128+128) + 2*2*128 + 2*128*512 + 512 + 128) + 128*128+128
   T.eq(t:num_parameters(), 4385920)
   T.raises(function()
     t:forward{ input_ids = bl.zeros({ 1, 600 }, { dtype = "i32" }) }
@@ -365,7 +368,8 @@ T.test("extract_features: pairs, truncation, JSON lines with 9 digits, batch pad
   local solo = {}
   bert.extract_features(model, { ex[1] }, { layers = { -1, -2, 0 }, batch = 1 }, function(_, l) solo[1] = l end)
   local a, b = cjson.decode(solo[1]), cjson.decode(lines[1])
-  for t = 1, 3 do for k = 1, 3 do T.near(a.features[t].layers[k].values, b.features[t].layers[k].values, 1e-5, 1e-6) end end
+  for t = 1, 3 do for k = 1, 3 do T.near(a.features[t].layers[k].values, b.features[t].layers[k].values, 1e-5,
+    1e-6) end end
   -- and they are the model's hidden states: last layer of example 2, token 4
   model:eval()
   local ids = bl.from({ ex[2].ids }, { dtype = "i32" })
@@ -373,7 +377,8 @@ T.test("extract_features: pairs, truncation, JSON lines with 9 digits, batch pad
   T.near(j2.features[4].layers[1].values[7], out.hidden_states[3]:get(1, 4, 7), 1e-5, 1e-7)
   T.near(j2.features[4].layers[2].values[7], out.hidden_states[2]:get(1, 4, 7), 1e-5, 1e-7)
   T.near(j2.features[4].layers[3].values[7], out.hidden_states[1]:get(1, 4, 7), 1e-5, 1e-7)
-  T.raises(function() bert.extract_features(model, ex, { layers = { -3 } }, function() end) end, "layer index -3 out of range")
+  T.raises(function() bert.extract_features(model, ex, { layers = { -3 } }, function() end) end,
+    "layer index -3 out of range")
 end)
 
 T.test("recipes/extract_features.lua end to end (needs bertlua.data.tokenizer)", function()
@@ -382,7 +387,8 @@ T.test("recipes/extract_features.lua end to end (needs bertlua.data.tokenizer)",
   local build = os.getenv("BL_BUILD_DIR")
   if not build then T.skip("BL_BUILD_DIR not set (run through ctest)") end
   local d = tmpdir()
-  local words = { "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog", "##s", "." }
+  local words = { "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog", "##s",
+    "." }
   local f = io.open(d .. "/vocab.txt", "w"); f:write(table.concat(words, "\n") .. "\n"); f:close()
   local c = {}
   for k, v in pairs(CFG) do c[k] = v end
@@ -390,7 +396,8 @@ T.test("recipes/extract_features.lua end to end (needs bertlua.data.tokenizer)",
   local model = bert.BertForPreTraining(c, { seed = 3 })
   bert.save_pretrained(model, d .. "/m", { vocab = d .. "/vocab.txt" })
   f = io.open(d .. "/in.txt", "w"); f:write("The cat sat on the mat.\nthe dogs ||| a cat\n"); f:close()
-  local rc, out = run(("%s/bertlua recipes/extract_features.lua --model=%s/m --input=%s/in.txt --output=%s/out.jsonl --layers=-1,-2 --max-seq-length=16"):format(
+  local rc, out = run(("%s/bertlua recipes/extract_features.lua --model=%s/m --input=%s/in.txt " ..
+    "--output=%s/out.jsonl --layers=-1,-2 --max-seq-length=16"):format(
     build, d, d, d, d))
   T.eq(rc, 0, out)
   local cjson = require "cjson"

@@ -14,7 +14,8 @@ T.test("save, list, latest and keep the last N", function()
   local mom = bl.randn({ 10 }, { seed = 3 })
   for step = 10, 50, 10 do
     ckpt.save(dir, { step = step, model = m, tensors = { ["opt.m"] = mom },
-      state = { phase = 1, rng = { seed = 1, offset = step * 1000 } }, identity = { optimizer = "lamb", world_size = 1 } }, { keep = 3 })
+      state = { phase = 1, rng = { seed = 1, offset = step * 1000 } }, identity = { optimizer = "lamb",
+        world_size = 1 } }, { keep = 3 })
   end
   local l = ckpt.list(dir)
   T.eq(#l, 3); T.eq(l[1].step, 30); T.eq(l[3].step, 50)
@@ -38,9 +39,11 @@ end)
 T.test("mismatched identity or config is a clear error", function()
   local m = bert.BertForPreTraining(cfg, { seed = 1 })
   local path = dir .. "/ckpt-00000050"
-  T.raises(function() ckpt.load(path, { identity = { optimizer = "adamw" } }) end, "made with optimizer = lamb, this run has adamw")
+  T.raises(function() ckpt.load(path, { identity = { optimizer = "adamw" } }) end,
+    "made with optimizer = lamb, this run has adamw")
   T.raises(function() ckpt.load(path, { identity = { world_size = 4 } }) end, "world_size = 1, this run has 4")
-  local other = bert.BertForPreTraining({ vocab_size = 50, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+  local other = bert.BertForPreTraining({ vocab_size = 50, hidden_size = 32, num_hidden_layers = 1,
+    num_attention_heads = 2,
     intermediate_size = 32, max_position_embeddings = 16 }, { seed = 1 })
   T.raises(function() ckpt.load(path, { model = other }) end, "model.safetensors")
   local f = io.open(path .. "/state.json", "w"); f:write("{not json"); f:close()

@@ -72,7 +72,8 @@ T.test("prepare_wikipedia on the dump sample, resumable", function()
   for _, n in ipairs(names) do T.eq(slurp(dir .. "/" .. n) == before[n], true, n .. " differs after resume") end
   -- min_chars filters short articles
   local dir2 = tmpdir()
-  local s3 = corpus.prepare_wikipedia { input = data, output = dir2, docs_per_file = 1000, min_chars = 5000, quiet = true }
+  local s3 = corpus.prepare_wikipedia { input = data, output = dir2, docs_per_file = 1000, min_chars = 5000,
+    quiet = true }
   T.truthy(s3.short > 0 and s3.docs + s3.short == 106, "min_chars split: " .. s3.docs .. "+" .. s3.short)
   rm_rf(dir); rm_rf(dir2)
 end)
@@ -89,12 +90,14 @@ T.test("prepare_wikipedia: truncated bz2 is an error naming file and offset, no 
   end, "truncated")
   T.truthy(err:find("cut.xml.bz2", 1, true) and err:find("offset", 1, true), err)
   T.eq(#fs.list_dir(dir .. "/out"), 0)
-  T.raises(function() corpus.prepare_wikipedia { input = dir .. "/missing.bz2", output = dir .. "/o2" } end, "missing.bz2")
+  T.raises(function() corpus.prepare_wikipedia { input = dir .. "/missing.bz2", output = dir .. "/o2" } end,
+    "missing.bz2")
   rm_rf(dir)
 end)
 
 T.test("book_to_document strips Gutenberg boilerplate and joins paragraphs", function()
-  local book = "The Project Gutenberg eBook of X\r\nTitle: A Tale\r\n\r\n*** START OF THE PROJECT GUTENBERG EBOOK A TALE ***\r\n\r\n" ..
+  local book = "The Project Gutenberg eBook of X\r\nTitle: A Tale\r\n\r\n*** START OF THE PROJECT GUTENBERG EBOOK " ..
+    "A TALE ***\r\n\r\n" ..
     "CHAPTER I.\r\n\r\nIt was a dark\r\nand stormy night.\r\n\r\n\r\n[Illustration]\r\n\r\nThe end.\r\n" ..
     "*** END OF THE PROJECT GUTENBERG EBOOK A TALE ***\r\nLicense text here.\r\n"
   local title, body, n = corpus.book_to_document(book, "fallback")
@@ -117,7 +120,8 @@ T.test("prepare_bookcorpus on the shared books", function()
     if title == "pg11-0" then alice = body end
   end
   T.eq(n, 3)
-  T.truthy(alice and alice:find("Alice was beginning to get very tired of sitting by her sister on the bank, and of having nothing to do:", 1, true), "Alice paragraph joined")
+  T.truthy(alice and alice:find("Alice was beginning to get very tired of sitting by her sister on the bank, and " ..
+    "of having nothing to do:", 1, true), "Alice paragraph joined")
   local s2 = corpus.prepare_bookcorpus { input = books, output = dir }
   T.eq(s2.files_existing, 1); T.eq(s2.files_written, 0)
   T.raises(function() corpus.prepare_bookcorpus { input = dir .. "/nope", output = dir } end, "must be a directory")
@@ -222,10 +226,13 @@ T.test("shard: bad options", function()
   local root = tmpdir()
   make_corpus(root .. "/in", 5, 1)
   T.raises(function() corpus.shard { input = root .. "/in", output = root .. "/o", num_shards = 0 } end, "--num-shards")
-  T.raises(function() corpus.shard { input = root .. "/nope", output = root .. "/o", num_shards = 2 } end, "not a directory")
-  T.raises(function() corpus.shard { input = root .. "/in", output = root .. "/o", num_shards = 2, test_fraction = 1.5 } end, "--test-fraction")
+  T.raises(function() corpus.shard { input = root .. "/nope", output = root .. "/o", num_shards = 2 } end,
+    "not a directory")
+  T.raises(function() corpus.shard { input = root .. "/in", output = root .. "/o", num_shards = 2,
+    test_fraction = 1.5 } end, "--test-fraction")
   fs.mkdir_p(root .. "/empty")
-  T.raises(function() corpus.shard { input = root .. "/empty", output = root .. "/o", num_shards = 2 } end, "no .txt files")
+  T.raises(function() corpus.shard { input = root .. "/empty", output = root .. "/o", num_shards = 2 } end,
+    "no .txt files")
   rm_rf(root)
 end)
 

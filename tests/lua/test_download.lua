@@ -18,7 +18,8 @@ local f = io.open(tmp .. "/srv/dev-v1.1.json", "wb")
 local payload = string.rep("0123456789abcdef", 40000)
 f:write(payload); f:close()
 local portfile = tmp .. "/port"
-os.execute(py .. " tests/py/range_http_server.py " .. tmp .. "/srv " .. portfile .. " > " .. tmp .. "/server.log 2>&1 &")
+os.execute(py .. " tests/py/range_http_server.py " .. tmp .. "/srv " .. portfile .. " > " .. tmp
+  .. "/server.log 2>&1 &")
 local port
 for _ = 1, 100 do
   local pf = io.open(portfile); if pf then port = pf:read("*a"); pf:close(); break end
@@ -49,7 +50,8 @@ T.test("resume of a partial download gives the whole file", function()
 end)
 
 T.test("unreachable source prints what to fetch and where", function()
-  local out, rc = sh(exe .. " recipes/download.lua --dataset=vocab --output=" .. tmp .. "/out2 --base-url=http://127.0.0.1:9 --retries=0 --timeout=2")
+  local out, rc = sh(exe .. " recipes/download.lua --dataset=vocab --output=" .. tmp
+    .. "/out2 --base-url=http://127.0.0.1:9 --retries=0 --timeout=2")
   T.eq(rc, 1)
   T.truthy(out:find("Fetch these files yourself", 1, true) and out:find("bert-base-uncased-vocab.txt", 1, true), out)
 end)

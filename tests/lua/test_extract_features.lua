@@ -54,7 +54,8 @@ local function direct(tokens, types)
   local ids = tok:convert_tokens_to_ids(tokens)
   local ty = {}
   for i = 1, #types do ty[i] = tonumber(types:sub(i, i)) end
-  local out = model:forward{ input_ids = bl.from({ ids }, { dtype = "i32" }), token_type_ids = bl.from({ ty }, { dtype = "i32" }) }
+  local out = model:forward{ input_ids = bl.from({ ids }, { dtype = "i32" }), token_type_ids = bl.from({ ty },
+    { dtype = "i32" }) }
   local hs = {}
   for k, h in ipairs(out.hidden_states) do hs[k - 1] = h:contiguous():totable() end  -- hs[0] = embeddings
   return hs, ids, ty
@@ -70,7 +71,8 @@ T.test("layout of BERT's extract_features.py, tokens, 9 digits, values = hidden 
   local H = CFG.hidden_size
   for i, line in ipairs(lines) do
     -- the original's json.dumps(OrderedDict) layout: keys in this order, ", " and ": " separators
-    local head = ('{"linex_index": %d, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": ['):format(i - 1)
+    local head = ('{"linex_index": %d, "features": [{"token": "[CLS]", ' ..
+      '"layers": [{"index": -1, "values": ['):format(i - 1)
     T.eq(line:sub(1, #head), head)
     T.truthy(line:sub(#head + 1):match("^%-?%d"), line:sub(1, #head + 20))
     T.eq(line:sub(-4), "]}]}")
@@ -167,7 +169,8 @@ end)
 
 T.test("values equal transformers' BertModel output_hidden_states", function()
   if select(2, sh(PY .. " -c 'import transformers, torch'")) ~= 0 then
-    T.skip("transformers not importable by " .. PY .. " (pip install --break-system-packages 'transformers<4.40' safetensors)")
+    T.skip("transformers not importable by " .. PY
+      .. " (pip install --break-system-packages 'transformers<4.40' safetensors)")
   end
   if not results[3] then T.skip("needs the output of the layout test") end
   local ex = {}
@@ -199,7 +202,8 @@ json.dump(out, open(sys.argv[3], "w"))
     for t, feat in ipairs(j.features) do
       for k, l in ipairs(feat.layers) do
         local ref = hf[i][L + 2 - k][t]   -- hidden_states[L + 1 - k], 1-based
-        for d = 1, #ref do worst = math.max(worst, math.abs(l.values[d] - ref[d]) / math.max(math.abs(ref[d]), 1e-3)) end
+        for d = 1, #ref do worst = math.max(worst, math.abs(l.values[d] - ref[d]) / math.max(math.abs(ref[d]),
+          1e-3)) end
       end
     end
   end
@@ -215,7 +219,8 @@ T.test("bad input: a clear message, exit 1, no output file", function()
     T.truthy(out:find(want, 1, true), "expected '" .. want .. "' in:\n" .. out)
     T.truthy(not io.open(tmp .. "/bad.jsonl"), "no output written")
   end
-  fails(("--model=%s/nope --input=%s/in.txt"):format(tmp, tmp), "extract_features: model directory " .. tmp .. "/nope does not exist")
+  fails(("--model=%s/nope --input=%s/in.txt"):format(tmp, tmp),
+    "extract_features: model directory " .. tmp .. "/nope does not exist")
   os.execute("mkdir -p " .. tmp .. "/notmodel")
   fails(("--model=%s/notmodel --input=%s/in.txt"):format(tmp, tmp), "is not a model directory: no config.json")
   write(tmp .. "/empty.txt", "")
@@ -223,12 +228,14 @@ T.test("bad input: a clear message, exit 1, no output file", function()
   write(tmp .. "/blank.txt", "\n  \n")
   fails(("--model=%s/m --input=%s/blank.txt"):format(tmp, tmp), "blank.txt is empty")
   fails(("--model=%s/m --input=%s/missing.txt"):format(tmp, tmp), "--input=" .. tmp .. "/missing.txt cannot be read")
-  fails(("--model=%s/m --input=%s/in.txt --layers=-5"):format(tmp, tmp), "--layers: -5 is out of range for a 4-layer model")
+  fails(("--model=%s/m --input=%s/in.txt --layers=-5"):format(tmp, tmp),
+    "--layers: -5 is out of range for a 4-layer model")
   fails(("--model=%s/m --input=%s/in.txt --layers=5"):format(tmp, tmp), "--layers: 5 is out of range")
   fails(("--model=%s/m --input=%s/in.txt --layers=-1,x"):format(tmp, tmp), "--layers: 'x' is not an integer")
   fails(("--model=%s/m --input=%s/in.txt --batch=0"):format(tmp, tmp), "--batch must be an integer >= 1")
   fails(("--model=%s/m --input=%s/in.txt --max-seq-length=2"):format(tmp, tmp), "--max-seq-length must be at least 3")
-  fails(("--model=%s/m --input=%s/in.txt --max-seq-length=129"):format(tmp, tmp), "longer than the model's 128 positions")
+  fails(("--model=%s/m --input=%s/in.txt --max-seq-length=129"):format(tmp, tmp),
+    "longer than the model's 128 positions")
   fails(("--input=%s/in.txt"):format(tmp), "--model, --input and --output are required")
 end)
 

@@ -37,7 +37,8 @@ local function batch_of(idx)
   local sel = {}
   for k, i in ipairs(idx) do sel[k] = rows[i] end
   local b = trainer.pad_rows(sel, 64)
-  b.labels = bl.from((function() local l = {} for k, r in ipairs(sel) do l[k] = r.label end return l end)(), { dtype = "i32" })
+  b.labels = bl.from((function() local l = {} for k, r in ipairs(sel) do l[k] = r.label end return l end)(),
+    { dtype = "i32" })
   return b
 end
 
@@ -64,7 +65,8 @@ T.test("every example once per epoch; lr of each step follows the linear schedul
   local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
   local seen = {}
   local log = tmp .. "/log.jsonl"
-  local r = trainer.fit{ model = m, n = #rows, batch = 6, micro_batch = 3, epochs = 2, lr = 1e-3, warmup = 0.25, seed = 5,
+  local r = trainer.fit{ model = m, n = #rows, batch = 6, micro_batch = 3, epochs = 2, lr = 1e-3, warmup = 0.25,
+    seed = 5,
     log_path = log, make_batch = function(idx)
       for _, i in ipairs(idx) do seen[i] = (seen[i] or 0) + 1 end
       return batch_of(idx)
@@ -94,7 +96,8 @@ end)
 T.test("the loss falls on a learnable toy task", function()
   local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
   local log = tmp .. "/toy.jsonl"
-  trainer.fit{ model = m, n = #rows, batch = 8, epochs = 20, lr = 1e-2, warmup = 0.1, seed = 1, log_path = log, make_batch = batch_of }
+  trainer.fit{ model = m, n = #rows, batch = 8, epochs = 20, lr = 1e-2, warmup = 0.1, seed = 1, log_path = log,
+    make_batch = batch_of }
   local l = {}
   for line in io.lines(log) do local x = cjson.decode(line); if x.loss then l[#l + 1] = x.loss end end
   local first, last = (l[1] + l[2] + l[3]) / 3, (l[#l] + l[#l - 1] + l[#l - 2]) / 3
@@ -102,14 +105,19 @@ T.test("the loss falls on a learnable toy task", function()
   if os.getenv("BL_VERBOSE") then print(("toy loss %.4f -> %.4f"):format(first, last)) end
 end)
 
-T.test("precision: bf16 and fp16 (f32 master weights) track the fp32 loss curve; fp32 is the default bitwise", function()
+T.test("precision: bf16 and fp16 (f32 master weights) track the fp32 loss curve; fp32 is the default bitwise",
+  function()
   local function run(prec, scaler)
     local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
     local log = ("%s/prec_%s%s.jsonl"):format(tmp, prec or "default", scaler and "_s" or "")
-    local r = trainer.fit{ model = m, n = #rows, batch = 8, epochs = 20, lr = 1e-2, warmup = 0.1, seed = 1, log_path = log,
+    local r = trainer.fit{ model = m, n = #rows, batch = 8, epochs = 20, lr = 1e-2, warmup = 0.1, seed = 1,
+      log_path = log,
       make_batch = batch_of, precision = prec, scaler = scaler }
     local l, recs = {}, {}
-    for line in io.lines(log) do local x = cjson.decode(line); if x.step then l[#l + 1] = x.loss; recs[#recs + 1] = x end end
+    for line in io.lines(log) do
+      local x = cjson.decode(line)
+      if x.step then l[#l + 1] = x.loss; recs[#recs + 1] = x end
+    end
     return l, r, m, recs
   end
   local ref, _, mref = run(nil)
@@ -125,7 +133,8 @@ T.test("precision: bf16 and fp16 (f32 master weights) track the fp32 loss curve;
     T.eq(#l, #ref)
     local worst = 0
     for i = 1, #l do worst = math.max(worst, math.abs(l[i] - ref[i])) end
-    if verbose then print(("%s: tail loss %.4f (fp32 %.4f), largest step difference %.4f"):format(prec, tail(l), tail(ref), worst)) end
+    if verbose then print(("%s: tail loss %.4f (fp32 %.4f), largest step difference %.4f"):format(prec, tail(l),
+      tail(ref), worst)) end
     T.truthy(worst < 0.05, ("%s: largest per-step loss difference %.4f"):format(prec, worst))
     T.near(tail(l), tail(ref), 0, 0.01, prec .. " tail")
     T.truthy(tail(l) < l[1] * 0.2, prec .. " learned")
@@ -137,8 +146,10 @@ T.test("precision: bf16 and fp16 (f32 master weights) track the fp32 loss curve;
   local l, r, _, recs = run("fp16", { init_scale = 2 ^ 24 })
   local logged = 0
   for _, x in ipairs(recs) do if x.skipped then logged = logged + 1 end end
-  T.truthy(r.skipped > 0 and logged == r.skipped and r.loss_scale < 2 ^ 24, ("%d skipped, scale %g"):format(r.skipped, r.loss_scale))
-  if verbose then print(("fp16 from scale 2^24: %d steps skipped, scale %g, tail loss %.4f"):format(r.skipped, r.loss_scale, tail(l))) end
+  T.truthy(r.skipped > 0 and logged == r.skipped and r.loss_scale < 2 ^ 24, ("%d skipped, scale %g"):format(r.skipped,
+    r.loss_scale))
+  if verbose then print(("fp16 from scale 2^24: %d steps skipped, scale %g, tail loss %.4f"):format(r.skipped,
+    r.loss_scale, tail(l))) end
   T.truthy(tail(l) < l[1] * 0.3, ("fp16 with skips learned: %.4f -> %.4f"):format(l[1], tail(l)))
   T.raises(function() run("fp8") end, "unknown precision 'fp8'")
 end)
@@ -200,14 +211,16 @@ end)
 
 T.test("bad input: batch and micro-batch, too little data, input checks", function()
   local m = bert.BertForSequenceClassification(cfg, { seed = 3, num_labels = 2 })
-  T.raises(function() trainer.fit{ model = m, n = 24, batch = 8, micro_batch = 3, epochs = 1, lr = 1e-3, make_batch = batch_of } end,
+  T.raises(function() trainer.fit{ model = m, n = 24, batch = 8, micro_batch = 3, epochs = 1, lr = 1e-3,
+    make_batch = batch_of } end,
     "batch must be a multiple of micro_batch")
   T.raises(function() trainer.fit{ model = m, n = 5, batch = 8, epochs = 1, lr = 1e-3, make_batch = batch_of } end,
     "5 training examples are fewer than one batch of 8")
   T.raises(function() ft.model_dir("x", tmp .. "/none") end, "model directory " .. tmp .. "/none does not exist")
   T.raises(function() ft.model_dir("x", tmp) end, "no config.json")
   T.raises(function() ft.input_file("x", tmp, "--input") end, "is a directory")
-  T.raises(function() ft.input_file("x", tmp .. "/nofile", "--input") end, "--input=" .. tmp .. "/nofile cannot be read")
+  T.raises(function() ft.input_file("x", tmp .. "/nofile", "--input") end,
+    "--input=" .. tmp .. "/nofile cannot be read")
   T.raises(function() ft.input_file("x", nil, "--input") end, "--input=FILE is required")
   bert.save_pretrained(m, tmp .. "/m", {})
   os.remove(tmp .. "/m/vocab.txt")

@@ -46,12 +46,15 @@ T.test("SST-2 dev: header, 872 rows, 444 positive", function()
 end)
 
 T.test("every task's layout (train/dev/test), CRLF, labels", function()
-  local mnli_head = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
+  local mnli_head = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t" ..
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
   local p = write("mnli_dev.tsv", mnli_head ..
-    "7\t1\t2\tgov\tb1\tb2\tp1\tp2\tThe new rights are nice.\tEveryone loves them.\tneutral\tneutral\tx\ty\tz\tneutral\r\n" ..
+    "7\t1\t2\tgov\tb1\tb2\tp1\tp2\tThe new rights are nice.\tEveryone loves " ..
+      "them.\tneutral\tneutral\tx\ty\tz\tneutral\r\n" ..
     "8\t1\t2\tgov\tb1\tb2\tp1\tp2\tA\tB\tentailment\tx\tx\tx\tx\tcontradiction\r\n")
   local ex = glue.read_examples("mnli-mm", p, { quiet = true })
-  T.eq(#ex, 2); T.eq(ex[1].guid, "dev-7"); T.eq(ex[1].text_b, "Everyone loves them."); T.eq(ex[2].label, "contradiction")
+  T.eq(#ex, 2); T.eq(ex[1].guid, "dev-7"); T.eq(ex[1].text_b, "Everyone loves them."); T.eq(ex[2].label,
+    "contradiction")
   T.eq(glue.split_file("mnli-mm", "dev"), "dev_mismatched.tsv"); T.eq(glue.split_file("MNLI", "dev"), "dev_matched.tsv")
   p = write("stsb.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n" ..
     "0\tmain\tf\t2012\t1\tnone\tnone\tA plane is taking off.\tAn air plane is taking off.\t5.000\n" ..
@@ -64,7 +67,8 @@ T.test("every task's layout (train/dev/test), CRLF, labels", function()
   ex = glue.read_examples("qnli", p); T.eq(ex[1].label, "not_entailment"); T.eq(ex[1].text_a, "What?")
   p = write("rte.tsv", "index\tsentence1\tsentence2\tlabel\n0\tA\tB\tentailment\n")
   ex = glue.read_examples("rte", p); T.eq(ex[1].label, "entailment")
-  p = write("qqp.tsv", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n5\t1\t2\tHow?\tWhy?\t1\n6\t3\t4\tonly one\n")
+  p = write("qqp.tsv",
+    "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n5\t1\t2\tHow?\tWhy?\t1\n6\t3\t4\tonly one\n")
   local ex3, rep3 = glue.read_examples("qqp", p, { quiet = true })
   T.eq(#ex3, 1); T.eq(ex3[1].guid, "dev-5"); T.eq(ex3[1].text_b, "Why?")
   T.truthy(rep3.problems[1]:find("qqp.tsv:3: 4 columns, expected 6", 1, true), rep3.problems[1])
@@ -109,7 +113,8 @@ T.test("recipes/glue_eval.lua on MRPC dev", function()
     preds[i], labels[i] = p, e.label
   end
   local pf = write("mrpc_preds.tsv", table.concat(lines, "\n") .. "\n")
-  local h = io.popen(exe .. " recipes/glue_eval.lua --task=mrpc --data=" .. glue_dir() .. "/MRPC/dev.tsv --predictions=" .. pf .. " 2>/dev/null")
+  local h = io.popen(exe .. " recipes/glue_eval.lua --task=mrpc --data=" .. glue_dir()
+    .. "/MRPC/dev.tsv --predictions=" .. pf .. " 2>/dev/null")
   local out = h:read("*a"); h:close()
   local r = require("cjson").decode(out)
   T.near(r.acc, 306 / 408, 1e-15)   -- 102 of 408 flipped
@@ -121,7 +126,8 @@ T.test("recipes/glue_eval.lua on MRPC dev", function()
   T.near(r.f1, 2 * tp / (2 * tp + fp + fn), 1e-15)
   T.truthy(r.f1 > 0.5 and r.f1 < 0.95)
   local bad = write("bad_preds.tsv", "1\n0\n")
-  h = io.popen(exe .. " recipes/glue_eval.lua --task=mrpc --data=" .. glue_dir() .. "/MRPC/dev.tsv --predictions=" .. bad .. " 2>&1; echo rc=$?")
+  h = io.popen(exe .. " recipes/glue_eval.lua --task=mrpc --data=" .. glue_dir() .. "/MRPC/dev.tsv --predictions="
+    .. bad .. " 2>&1; echo rc=$?")
   out = h:read("*a"); h:close()
   T.truthy(out:find("2 predictions for 408 examples", 1, true) and out:find("rc=1", 1, true), out)
 end)

@@ -15,7 +15,8 @@ local lines = {}
 for l in io.lines(sst) do lines[#lines + 1] = l end
 local f = io.open(tmp .. "/sst/train.tsv", "w")
 f:write(table.concat(lines, "\n", 1, 401), "\nthis row has no label column\n"); f:close()
-f = io.open(tmp .. "/sst/dev.tsv", "w"); f:write(lines[1], "\n", table.concat(lines, "\n", 402, #lines), "\n"); f:close()
+f = io.open(tmp .. "/sst/dev.tsv", "w"); f:write(lines[1], "\n", table.concat(lines, "\n", 402, #lines),
+  "\n"); f:close()
 
 local function log_losses(path)
   local r = {}
@@ -24,7 +25,8 @@ local function log_losses(path)
 end
 
 T.test("SST-2: loss falls, metrics and predictions are written, bad rows reported", function()
-  local out, rc = sh(("%s recipes/glue.lua --task=sst2 --data-dir=%s/sst --model=%s/cls --output=%s/sst/out --do-train --do-eval " ..
+  local out, rc = sh(("%s recipes/glue.lua --task=sst2 --data-dir=%s/sst --model=%s/cls --output=%s/sst/out " ..
+    "--do-train --do-eval " ..
     "--batch=16 --lr=5e-3 --epochs=4 --max-seq-length=64 --threads=2"):format(exe, tmp, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(out:find("train.tsv:402: ", 1, true) and out:find("1 malformed rows skipped", 1, true), out)
@@ -37,7 +39,8 @@ T.test("SST-2: loss falls, metrics and predictions are written, bad rows reporte
   for _ in io.lines(tmp .. "/sst/out/dev_predictions_sst2.tsv") do n = n + 1 end
   T.eq(n, #lines - 401 + 1)
   -- the official-format scorer agrees with the recipe's accuracy
-  local ev, rc2 = sh(("%s recipes/glue_eval.lua --task=sst-2 --data=%s/sst/dev.tsv --predictions=%s/sst/out/dev_predictions_sst2.tsv")
+  local ev, rc2 = sh(("%s recipes/glue_eval.lua --task=sst-2 --data=%s/sst/dev.tsv " ..
+    "--predictions=%s/sst/out/dev_predictions_sst2.tsv")
     :format(exe, tmp, tmp))
   T.eq(rc2, 0, ev)
   T.truthy(ev:find(tostring(res.acc):sub(1, 6), 1, true), ev .. " vs " .. res.acc)
@@ -50,11 +53,13 @@ T.test("STS-B regression learns a score", function()
   local rows = { header }
   for i = 1, 160 do
     local a, b = words[(i % 6) + 1], words[(i * 5 % 6) + 1]
-    rows[#rows + 1] = ("%d\tmain\tx\t2012\t%d\ts\ts\tthe %s runs\tthe %s runs\t%.1f"):format(i, i, a, b, a == b and 5.0 or 1.0)
+    rows[#rows + 1] = ("%d\tmain\tx\t2012\t%d\ts\ts\tthe %s runs\tthe %s runs\t%.1f"):format(i, i, a, b,
+      a == b and 5.0 or 1.0)
   end
   local g = io.open(tmp .. "/stsb/train.tsv", "w"); g:write(table.concat(rows, "\n")); g:close()
   g = io.open(tmp .. "/stsb/dev.tsv", "w"); g:write(table.concat(rows, "\n", 1, 61)); g:close()
-  local out, rc = sh(("%s recipes/glue.lua --task=stsb --data-dir=%s/stsb --model=%s/reg --output=%s/stsb/out --do-train --do-eval " ..
+  local out, rc = sh(("%s recipes/glue.lua --task=stsb --data-dir=%s/stsb --model=%s/reg --output=%s/stsb/out " ..
+    "--do-train --do-eval " ..
     "--batch=16 --lr=5e-3 --epochs=6 --max-seq-length=32 --threads=2"):format(exe, tmp, tmp, tmp))
   T.eq(rc, 0, out)
   local res = cjson.decode(io.open(tmp .. "/stsb/out/eval_results.json"):read("*a"))
@@ -64,7 +69,8 @@ end)
 T.test("predict.lua: outputs, throughput, latency percentiles, bad lines", function()
   local g = io.open(tmp .. "/in.jsonl", "w")
   g:write('{"text_a": "a charming film"}\n{"text": "dull", "text_b": "x"}\n[1,2]\n{"text_b": "only b"}\n'); g:close()
-  local out, rc = sh(("%s recipes/predict.lua --model=%s/sst/out/model --input=%s/in.jsonl --output=%s/out.jsonl --batch=1")
+  local out, rc = sh(("%s recipes/predict.lua --model=%s/sst/out/model --input=%s/in.jsonl --output=%s/out.jsonl " ..
+    "--batch=1")
     :format(exe, tmp, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(out:find("in.jsonl:3:", 1, true) and out:find("in.jsonl:4:", 1, true), out)

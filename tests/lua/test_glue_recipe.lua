@@ -35,11 +35,13 @@ T.test("MRPC pairs: accumulation, loss falls, metrics agree with the predictions
   end
   write(tmp .. "/mrpc/test.tsv", test)
   local out, rc = sh(("%s recipes/glue.lua --task=mrpc --data-dir=%s/mrpc --model=%s/cls2 --output=%s/mrpc/out " ..
-    "--do-train --do-eval --do-predict --batch=16 --micro-batch=8 --lr=3e-3 --epochs=3 %s"):format(exe, tmp, tmp, tmp, common))
+    "--do-train --do-eval --do-predict --batch=16 --micro-batch=8 --lr=3e-3 --epochs=3 %s"):format(exe, tmp, tmp, tmp,
+      common))
   T.eq(rc, 0, out)
   T.truthy(out:find("batch 16 = 8 x 2", 1, true), out)
   local steps = {}
-  for l in io.lines(tmp .. "/mrpc/out/train_log.jsonl") do local x = cjson.decode(l); if x.step then steps[#steps + 1] = x end end
+  for l in io.lines(tmp
+    .. "/mrpc/out/train_log.jsonl") do local x = cjson.decode(l); if x.step then steps[#steps + 1] = x end end
   T.eq(#steps, 3 * math.floor(256 / 16))
   local first, last = (steps[1].loss + steps[2].loss + steps[3].loss) / 3, 0
   for i = #steps - 5, #steps do last = last + steps[i].loss / 6 end
@@ -59,7 +61,8 @@ T.test("MRPC pairs: accumulation, loss falls, metrics agree with the predictions
   T.eq(sub[1], "index\tprediction"); T.eq(#sub, 31)
   for i = 2, #sub do T.truthy(sub[i] == ("%d\t0"):format(i - 2) or sub[i] == ("%d\t1"):format(i - 2), sub[i]) end
   -- the fine-tuned model reloads and, through predict.lua, gives the same dev predictions
-  out, rc = sh(("%s recipes/predict.lua --model=%s/mrpc/out/model --task=glue-mrpc --input=%s/mrpc/dev.tsv --output=%s/mrpc/p.tsv %s")
+  out, rc = sh(("%s recipes/predict.lua --model=%s/mrpc/out/model --task=glue-mrpc --input=%s/mrpc/dev.tsv " ..
+    "--output=%s/mrpc/p.tsv %s")
     :format(exe, tmp, tmp, tmp, common))
   T.eq(rc, 0, out)
   local again = read_lines(tmp .. "/mrpc/p.tsv")
@@ -101,7 +104,8 @@ T.test("MNLI: matched and mismatched dev files, three labels, submission files",
   write(tmp .. "/mnli/train.tsv", rows(48, 12, 0))
   write(tmp .. "/mnli/dev_matched.tsv", rows(20, 16, 1))
   write(tmp .. "/mnli/dev_mismatched.tsv", rows(15, 16, 2))
-  local t = { "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\tsentence2_parse\tsentence1\tsentence2" }
+  local t = { "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t" ..
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2" }
   for i = 1, 7 do t[#t + 1] = ("%d\t1\t1\tx\tx\tx\tx\tx\tcats are nice\tdogs are nice"):format(i - 1) end
   write(tmp .. "/mnli/test_matched.tsv", t)
   write(tmp .. "/mnli/test_mismatched.tsv", { unpack(t, 1, 5) })
@@ -128,7 +132,8 @@ T.test("--precision=bf16|fp16 training tracks fp32 (loss per step, dev accuracy)
   write(tmp .. "/prec/dev.tsv", { lines[1], unpack(lines, 258, 321) })
   local function run(prec)
     local out, rc = sh(("%s recipes/glue.lua --task=mrpc --data-dir=%s/prec --model=%s/cls2 --output=%s/prec/%s " ..
-      "--do-train --do-eval --batch=16 --lr=3e-3 --epochs=2 --precision=%s %s"):format(exe, tmp, tmp, tmp, prec, prec, common))
+      "--do-train --do-eval --batch=16 --lr=3e-3 --epochs=2 --precision=%s %s"):format(exe, tmp, tmp, tmp, prec, prec,
+        common))
     T.eq(rc, 0, out)
     local l = {}
     for x in io.lines(("%s/prec/%s/train_log.jsonl"):format(tmp, prec)) do
@@ -146,7 +151,8 @@ T.test("--precision=bf16|fp16 training tracks fp32 (loss per step, dev accuracy)
     local worst = 0
     for i = 1, #l do worst = math.max(worst, math.abs(l[i].loss - ref[i].loss)) end
     if os.getenv("BL_VERBOSE") then
-      print(("%s: largest per-step loss difference %.4f; dev acc %.4f (fp32 %.4f)"):format(prec, worst, res.acc, ref_res.acc))
+      print(("%s: largest per-step loss difference %.4f; dev acc %.4f (fp32 %.4f)"):format(prec, worst, res.acc,
+        ref_res.acc))
     end
     T.truthy(worst < 0.05, ("%s: largest per-step loss difference %.4f"):format(prec, worst))
     T.near(res.acc, ref_res.acc, 0, 0.05, prec .. " dev accuracy")
@@ -154,7 +160,8 @@ T.test("--precision=bf16|fp16 training tracks fp32 (loss per step, dev accuracy)
   end
 end)
 
-T.test("malformed rows (missing fields, bad labels, empty lines): FILE:LINE, skipped, counted; an empty split refused", function()
+T.test("malformed rows (missing fields, bad labels, empty lines): FILE:LINE, skipped, counted; an empty split refused",
+  function()
   os.execute("mkdir -p " .. tmp .. "/rows")
   local lines = read_lines(mrpc)
   lines[1] = lines[1]:gsub("^\239\187\191", "")
@@ -169,8 +176,10 @@ T.test("malformed rows (missing fields, bad labels, empty lines): FILE:LINE, ski
     "--do-train --batch=8 --epochs=1 %s"):format(exe, tmp, tmp, tmp, common))
   T.eq(rc, 0, out)
   local f = tmp .. "/rows/train.tsv"
-  for _, w in ipairs({ f .. ":3: 4 columns, expected 5 (skipped)", f .. ":6: unknown label '7' (expected 0/1) (skipped)",
-    f .. ":9: empty line (skipped)", f .. ":12: 6 columns, expected 5 (skipped)", "40 rows, 36 examples, 4 malformed rows skipped" }) do
+  for _, w in ipairs({ f .. ":3: 4 columns, expected 5 (skipped)",
+    f .. ":6: unknown label '7' (expected 0/1) (skipped)",
+    f .. ":9: empty line (skipped)", f .. ":12: 6 columns, expected 5 (skipped)",
+      "40 rows, 36 examples, 4 malformed rows skipped" }) do
     T.truthy(out:find(w, 1, true), "missing '" .. w .. "' in:\n" .. out)
   end
   T.truthy(out:find("train: 36 examples, 4 steps", 1, true), out)
@@ -181,7 +190,8 @@ T.test("malformed rows (missing fields, bad labels, empty lines): FILE:LINE, ski
   os.execute("mkdir -p " .. tmp .. "/stsb")
   local head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
   local rows = { head }
-  for i = 1, 9 do rows[#rows + 1] = ("%d\tmain\tf\t2012\t%d\tnone\tnone\tA cat sat.\tA dog sat.\t%s"):format(i, i, i == 4 and "high" or tostring(i % 5)) end
+  for i = 1, 9 do rows[#rows + 1] = ("%d\tmain\tf\t2012\t%d\tnone\tnone\tA cat sat.\tA dog sat.\t%s"):format(i, i,
+    i == 4 and "high" or tostring(i % 5)) end
   write(tmp .. "/stsb/dev.tsv", rows)
   model(tmp .. "/reg", 1)
   out, rc = sh(("%s recipes/glue.lua --task=stsb --data-dir=%s/stsb --model=%s/reg --output=%s/stsb/out --do-eval %s")
@@ -196,7 +206,8 @@ T.test("bad input is reported before any work", function()
   local out, rc = sh(("%s --task=nope --data-dir=%s/mrpc --model=%s/cls2 --do-eval"):format(base, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("glue: unknown task 'nope'", 1, true), out)
   -- no dev.tsv: found before training starts
-  out, rc = sh(("%s --task=sst2 --data-dir=%s/mrpc --train-file=%s/mrpc/train.tsv --model=%s/cls2 --output=%s/bad1 --do-train --do-eval --eval-file=%s/none.tsv")
+  out, rc = sh(("%s --task=sst2 --data-dir=%s/mrpc --train-file=%s/mrpc/train.tsv --model=%s/cls2 --output=%s/bad1 " ..
+    "--do-train --do-eval --eval-file=%s/none.tsv")
     :format(base, tmp, tmp, tmp, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("--eval-file=" .. tmp .. "/none.tsv cannot be read", 1, true), out)
   T.truthy(not io.open(tmp .. "/bad1/train_log.jsonl"), "nothing trained")
@@ -204,17 +215,21 @@ T.test("bad input is reported before any work", function()
   T.eq(rc, 1); T.truthy(out:find("test data " .. tmp .. "/cola/test.tsv cannot be read", 1, true), out)
   out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/nope --do-eval"):format(base, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("model directory " .. tmp .. "/nope does not exist", 1, true), out)
-  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls2 --do-train --batch=10 --micro-batch=4"):format(base, tmp, tmp))
+  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls2 --do-train --batch=10 --micro-batch=4"):format(base,
+    tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("not a multiple of --micro-batch", 1, true), out)
   -- MRPC rows read as SST-2: every row is malformed; each is located, then a clear stop
-  out, rc = sh(("%s --task=sst2 --eval-file=%s/mrpc/dev.tsv --model=%s/cls2 --do-eval --output=%s/bad2"):format(base, tmp, tmp, tmp))
+  out, rc = sh(("%s --task=sst2 --eval-file=%s/mrpc/dev.tsv --model=%s/cls2 --do-eval --output=%s/bad2"):format(base,
+    tmp, tmp, tmp))
   T.eq(rc, 1)
   T.truthy(out:find("dev.tsv:2: 5 columns, expected 2", 1, true) and out:find("no usable rows", 1, true), out)
-  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls2 --do-train --precision=fp8 --output=%s/bad4"):format(base, tmp, tmp, tmp))
+  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls2 --do-train --precision=fp8 --output=%s/bad4")
+    :format(base, tmp, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("glue: --precision must be fp32, tf32, bf16 or fp16, got fp8", 1, true), out)
   T.truthy(not io.open(tmp .. "/bad4/train_log.jsonl"), "nothing trained")
   -- a 3-label model for a 2-label task
-  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls3 --do-eval --output=%s/bad3"):format(base, tmp, tmp, tmp))
+  out, rc = sh(("%s --task=mrpc --data-dir=%s/mrpc --model=%s/cls3 --do-eval --output=%s/bad3"):format(base, tmp, tmp,
+    tmp))
   T.eq(rc, 1); T.truthy(out:find("is a classifier with 3 outputs; mrpc needs 2", 1, true), out)
 end)
 

@@ -47,7 +47,7 @@ T.test("stdin script and os.exit codes", function()
   T.eq(rc, 0)
   T.truthy(out:find("shape=[2,3], dtype=f32, device=cpu", 1, true), out)
   out, rc = run(exe .. [[ -e 'os.exit(3)']])
-  T.eq(rc, 3)
+  T.eq(rc, 3, out)
 end)
 
 T.test("--version reports the build", function()
@@ -59,7 +59,8 @@ T.test("--version reports the build", function()
 end)
 
 T.test("cjson and bertlua load with no environment", function()
-  local out, rc = run("env -i " .. exe .. [[ -e 'local c = require "cjson"; local b = require "bertlua"; print(c.encode({a=1}), b.version)']])
+  local out, rc = run("env -i " .. exe
+    .. [[ -e 'local c = require "cjson"; local b = require "bertlua"; print(c.encode({a=1}), b.version)']])
   T.eq(rc, 0)
   T.truthy(out:find('{"a":1}', 1, true), out)
 end)

@@ -6,7 +6,8 @@ if not build then T.skip_all("BL_BUILD_DIR not set (run through ctest)") end
 T.test("installed host runs with no environment", function()
   local prefix = os.tmpname(); os.remove(prefix)
   local f = io.popen("cmake --install " .. build .. " --prefix " .. prefix .. " >/dev/null 2>&1 && cd / && env -i "
-    .. prefix .. "/bin/bertlua -e 'local bl = require \"bertlua\"; print(package.path:match(\"^[^;]+\"), bl.ones({3}):sum())' 2>&1")
+    .. prefix .. "/bin/bertlua -e 'local bl = require \"bertlua\"; print(package.path:match(\"^[^;]+\"), " ..
+      "bl.ones({3}):sum())' 2>&1")
   local out = f:read("*a"); f:close()
   -- the benchmark recipes find their PyTorch peers beside them, installed or not
   local peer = io.open(prefix .. "/share/bertlua/recipes/peers/bench_bert_torch.py")

@@ -7,7 +7,7 @@ local ffi = require "ffi"
 local pd = require "bertlua.data.pretraining"
 local shards = require "bertlua.data.shards"
 local ld = require "bertlua.data.loader"
-local ref = require "ref_loader"
+local ref_loader = require "ref_loader"
 local Tok = require "bertlua.data.tokenizer"
 local syn = require "bertlua.data.synthetic"
 local C = ffi.C
@@ -30,7 +30,8 @@ local cont = {}
 for id = 0, tok.size - 1 do if tok:token(id):sub(1, 2) == "##" then cont[id] = true end end
 local vhash = shards.vocab_hash(vocab)
 local function make(name, o)
-  local opts = { seed = o.seed or 1, max_seq_length = o.seq or 64, max_predictions = o.pred or 10, masked_lm_prob = 0.15,
+  local opts = { seed = o.seed or 1, max_seq_length = o.seq or 64, max_predictions = o.pred or 10,
+    masked_lm_prob = 0.15,
     short_seq_prob = 0.3, dupe_factor = o.dupe or 1, whole_word = o.whole_word, dynamic_masking = o.dynamic,
     cls_id = tok.cls_id, sep_id = tok.sep_id, mask_id = tok.mask_id, vocab_size = o.vocab_size or tok.size,
     vocab_hash = vhash, is_continuation = cont }
@@ -66,14 +67,15 @@ local function loader(dir, extra)
   local o = { dir = tmp .. "/" .. dir, split = "train", batch_size = 5, seed = 9, max_seq_length = 128,
     max_predictions = 10, vocab = vocab }
   for k, v in pairs(extra or {}) do o[k] = v end
-  return (o.impl == "lua" and ref or ld).Loader(o)
+  return (o.impl == "lua" and ref_loader or ld).Loader(o)
 end
 
 T.test("C loader == Lua loader, every tensor, several epochs and ranks", function()
   local cases = {
     { "static", {} }, { "static", { shuffle = false } }, { "static", { world_size = 3 } },
     { "static", { max_predictions = 12, batch_size = 4, prefetch = 1 } },
-    { "dynamic", {} }, { "dynamic", { world_size = 2, prefetch = 0 } }, { "dynamic", { shuffle = false, batch_size = 3 } },
+    { "dynamic", {} }, { "dynamic", { world_size = 2, prefetch = 0 } }, { "dynamic", { shuffle = false,
+      batch_size = 3 } },
     { "wwm", {} }, { "wwm", { world_size = 2 } }, { "wide", { max_predictions = 0 } }, { "long", { batch_size = 7 } },
   }
   local batches = 0
@@ -182,12 +184,14 @@ T.test("length binning: less padding, each instance once per epoch, deterministi
   local small = pass({ batch_size = 4, bin_lengths = 3 })
   T.truthy(binned.padding < 0.5 * plain.padding,
     ("padding %.3f -> %.3f with bin_lengths"):format(plain.padding, binned.padding))
-  T.truthy(small.padding < plain.padding, ("padding %.3f -> %.3f with 3-step windows"):format(plain.padding, small.padding))
+  T.truthy(small.padding < plain.padding, ("padding %.3f -> %.3f with 3-step windows"):format(plain.padding,
+    small.padding))
   T.eq(plain.tokens, binned.tokens, "the same tokens")
   for _, window in ipairs({ true, 3 }) do
     for _, world in ipairs({ 1, 3 }) do
       local ls, seen = {}, {}
-      for r = 0, world - 1 do ls[r] = loader("long", { batch_size = 4, world_size = world, rank = r, bin_lengths = window }) end
+      for r = 0, world - 1 do ls[r] = loader("long", { batch_size = 4, world_size = world, rank = r,
+        bin_lengths = window }) end
       local plain_l = loader("long", { batch_size = 4, world_size = world, rank = 0 })
       local steps = ls[0].steps_per_epoch
       local used = steps * 4 * world
@@ -248,8 +252,8 @@ end)
 -- shard bytes with the checksum recomputed, so that the record checks are reached
 local function slurp(p) local f = io.open(p, "rb"); local s = f:read("*a"); f:close(); return s end
 local function write(p, s) local f = io.open(p, "wb"); f:write(s); f:close() end
-local function patch(bytes, at, new)   -- at: 0-based offset
-  local s = bytes:sub(1, at) .. new .. bytes:sub(at + #new + 1)
+local function patch(data, at, new)   -- at: 0-based offset
+  local s = data:sub(1, at) .. new .. data:sub(at + #new + 1)
   local buf = ffi.new("uint8_t[?]", #s)
   ffi.copy(buf, s, #s)
   local ck = C.bl_fnv1a64(buf + 80, #s - 80, 14695981039346656037ULL)
@@ -264,7 +268,7 @@ T.test("the loader refuses a shard that fails a check, naming the file and the c
   local n = tonumber(h.num_instances)
   local data0 = 80 + 8 * (n + 1)           -- record 0 starts here
   local dir = tmp .. "/bad"
-  local function refused(name, bytes, pattern, max_seq_length)
+  local function refused(name, data, pattern, max_seq_length)
     os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
     write(dir .. "/train_00000.blshard", bytes)
     local err = T.raises(function()

@@ -145,7 +145,8 @@ T.test("state_dict / load_state_dict resume gives identical results", function()
   T.eq(sd.optimizer, "lamb"); T.eq(sd.step, 3)
   local pb = pa:clone()
   local b = make(pb)
-  b:load_state_dict { optimizer = "lamb", step = sd.step, exp_avg = sd.exp_avg:clone(), exp_avg_sq = sd.exp_avg_sq:clone() }
+  b:load_state_dict { optimizer = "lamb", step = sd.step, exp_avg = sd.exp_avg:clone(),
+    exp_avg_sq = sd.exp_avg_sq:clone() }
   for s = 4, 5 do
     local gs = rand_flat(200 + s, 1)
     a.grads:copy_(gs); b.grads:copy_(gs)

@@ -23,7 +23,8 @@ T.tiny_model_dir(tmp .. "/cls", { seed = 6, num_labels = 2, vocab = vocab, confi
 T.tiny_model_dir(tmp .. "/reg", { seed = 7, num_labels = 1, vocab = vocab, config = two })
 
 local d = cjson.decode(slurp(dev1))
-local slice = { version = d.version, data = { { title = d.data[1].title, paragraphs = { unpack(d.data[1].paragraphs, 1, 2) } } } }
+local slice = { version = d.version, data = { { title = d.data[1].title, paragraphs = { unpack(d.data[1].paragraphs, 1,
+  2) } } } }
 write(tmp .. "/v1.json", cjson.encode(slice))
 local nq = 0
 for _, p in ipairs(slice.data[1].paragraphs) do nq = nq + #p.qas end
@@ -35,7 +36,8 @@ T.test("squad input: same answers as recipes/squad.lua at any batch size; stats"
   T.eq(rc, 0, out)
   local ref = slurp(tmp .. "/ref/predictions.json")
   for _, b in ipairs({ 1, 6, 64 }) do
-    out, rc = sh(("%s recipes/predict.lua --model=%s/qa --task=squad --input=%s/v1.json --output=%s/p%d.json --batch=%d " ..
+    out, rc = sh(("%s recipes/predict.lua --model=%s/qa --task=squad --input=%s/v1.json --output=%s/p%d.json " ..
+      "--batch=%d " ..
       "--stats=%s/s%d.json %s"):format(exe, tmp, tmp, tmp, b, b, tmp, b, qa_opts))
     T.eq(rc, 0, out)
     T.eq(slurp(("%s/p%d.json"):format(tmp, b)), ref, "batch " .. b)
@@ -52,8 +54,10 @@ end)
 T.test("glue input: submission format, dev metrics, test split, malformed rows", function()
   local lines = {}
   for l in io.lines(sst) do lines[#lines + 1] = l; if #lines == 41 then break end end
-  write(tmp .. "/dev.tsv", table.concat(lines, "\n", 1, 21) .. "\nno label column here\n" .. table.concat(lines, "\n", 22, 41) .. "\n")
-  local out, rc = sh(("%s recipes/predict.lua --model=%s/cls --task=glue-sst2 --input=%s/dev.tsv --output=%s/sst.tsv " ..
+  write(tmp .. "/dev.tsv", table.concat(lines, "\n", 1, 21) .. "\nno label column here\n" .. table.concat(lines, "\n",
+    22, 41) .. "\n")
+  local out, rc = sh(("%s recipes/predict.lua --model=%s/cls --task=glue-sst2 --input=%s/dev.tsv " ..
+    "--output=%s/sst.tsv " ..
     "--batch=8 --max-seq-length=64 --stats=%s/sst_stats.json --threads=2"):format(exe, tmp, tmp, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(out:find("dev.tsv:22: 1 columns, expected 2", 1, true) and out:find("40 records (1 skipped)", 1, true), out)
@@ -74,7 +78,8 @@ T.test("glue input: submission format, dev metrics, test split, malformed rows",
   local t = { "index\tsentence" }
   for i = 2, 11 do t[#t + 1] = ("%d\t%s"):format(i - 2, lines[i]:match("^(.-)\t")) end
   write(tmp .. "/test.tsv", table.concat(t, "\n") .. "\n")
-  out, rc = sh(("%s recipes/predict.lua --model=%s/cls --task=glue-sst2 --input=%s/test.tsv --output=%s/SST-2.tsv --max-seq-length=64")
+  out, rc = sh(("%s recipes/predict.lua --model=%s/cls --task=glue-sst2 --input=%s/test.tsv --output=%s/SST-2.tsv " ..
+    "--max-seq-length=64")
     :format(exe, tmp, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(not out:find("evaluation", 1, true), out)
@@ -97,7 +102,8 @@ T.test("jsonl input: padding does not change logits; QA answers; regression scor
   }
   write(tmp .. "/in.jsonl", table.concat(recs, "\n") .. "\n")
   local function logits(model, b)
-    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/in.jsonl --output=%s/o.jsonl --batch=%d --max-seq-length=64")
+    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/in.jsonl --output=%s/o.jsonl --batch=%d " ..
+      "--max-seq-length=64")
       :format(exe, tmp, model, tmp, tmp, b))
     T.eq(rc, 0, out)
     local r = {}
@@ -118,33 +124,42 @@ T.test("jsonl input: padding does not change logits; QA answers; regression scor
     -- the inputs differ, so must the outputs (a broken model would give one answer for all)
     T.truthy(math.abs(one[1].logits[1] - one[3].logits[1]) > 1e-6, "outputs depend on the input")
   end
-  write(tmp .. "/q.jsonl", '{"question": "Who won Super Bowl 50?", "context": "The Denver Broncos defeated the Carolina Panthers to win Super Bowl 50."}\n' ..
+  write(tmp .. "/q.jsonl",
+    '{"question": "Who won Super Bowl 50?", "context": "The Denver Broncos defeated the Carolina Panthers to win ' ..
+      'Super Bowl 50."}\n' ..
     '{"question": "Where?", "context": "   "}\n')
-  local out, rc = sh(("%s recipes/predict.lua --model=%s/qa --input=%s/q.jsonl --batch=1 --max-seq-length=64"):format(exe, tmp, tmp))
+  local out, rc = sh(("%s recipes/predict.lua --model=%s/qa --input=%s/q.jsonl --batch=1 --max-seq-length=64")
+    :format(exe, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(out:find("q.jsonl:2: needs string fields question and a non-empty context", 1, true), out)
   local line = out:match("(%b{})")
   local a = cjson.decode(line)
   T.eq(a.index, 0)
-  T.truthy(type(a.answer) == "string" and a.answer ~= "" and ("The Denver Broncos defeated the Carolina Panthers to win Super Bowl 50."):find(a.answer, 1, true), line)
+  T.truthy(type(a.answer) == "string" and a.answer ~= "" and ("The Denver Broncos defeated the Carolina Panthers " ..
+    "to win Super Bowl 50."):find(a.answer, 1, true), line)
   T.truthy(a.probability > 0 and a.probability <= 1, line)
 end)
 
 T.test("latency mode --batch=1: QA and classification, one sequence per timed forward, ordered percentiles", function()
-  write(tmp .. "/lat_cls.jsonl", table.concat({ '{"text_a": "a charming and often affecting journey"}', '{"text": "dull"}',
-    '{"text_a": "no", "text_b": "yes"}', '{"text_a": "unflinchingly bleak and desperate"}', '{"text": "fine"}' }, "\n") .. "\n")
+  write(tmp .. "/lat_cls.jsonl", table.concat({ '{"text_a": "a charming and often affecting journey"}',
+    '{"text": "dull"}',
+    '{"text_a": "no", "text_b": "yes"}', '{"text_a": "unflinchingly bleak and desperate"}', '{"text": "fine"}' },
+      "\n") .. "\n")
   write(tmp .. "/lat_qa.jsonl", table.concat({
     '{"question": "Who won?", "context": "The Denver Broncos defeated the Carolina Panthers."}',
-    '{"question": "Where is it?", "context": "Super Bowl 50 was played at Levi\'s Stadium in Santa Clara, California."}',
+    '{"question": "Where is it?", "context": "Super Bowl 50 was played at Levi\'s Stadium in Santa Clara, ' ..
+      'California."}',
     '{"question": "When?", "context": "The game was played on February 7, 2016."}' }, "\n") .. "\n")
   for _, c in ipairs({ { "cls", "lat_cls.jsonl", 5 }, { "qa", "lat_qa.jsonl", 3 } }) do
-    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/%s --output=%s/lat_%s.out --batch=1 --warmup-batches=2 " ..
+    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/%s --output=%s/lat_%s.out --batch=1 " ..
+      "--warmup-batches=2 " ..
       "--max-seq-length=64 --stats=%s/lat_%s.json --threads=2"):format(exe, tmp, c[1], tmp, c[2], tmp, c[1], tmp, c[1]))
     T.eq(rc, 0, out)
     local st = cjson.decode(slurp(("%s/lat_%s.json"):format(tmp, c[1])))
     T.eq(st.batch, 1); T.eq(st.records, c[3]); T.eq(st.skipped, 0); T.eq(st.precision, "fp32")
     T.eq(st.sequences, c[3]); T.eq(st.batches, c[3])   -- short contexts: one window per question
-    T.truthy(st.p50_ms > 0 and st.p50_ms <= st.p90_ms and st.p90_ms <= st.p99_ms, c[1] .. ": " .. slurp(("%s/lat_%s.json"):format(tmp, c[1])))
+    T.truthy(st.p50_ms > 0 and st.p50_ms <= st.p90_ms and st.p90_ms <= st.p99_ms,
+      c[1] .. ": " .. slurp(("%s/lat_%s.json"):format(tmp, c[1])))
     T.truthy(st.seq_per_s > 0 and st.seconds > 0, c[1])
     T.truthy(out:find(("predict: %d records (0 skipped); %d sequences in"):format(c[3], c[3]), 1, true)
       and out:find("latency per batch p50 ", 1, true), out)
@@ -152,14 +167,16 @@ T.test("latency mode --batch=1: QA and classification, one sequence per timed fo
     for l in io.lines(("%s/lat_%s.out"):format(tmp, c[1])) do n = n + 1; T.eq(cjson.decode(l).index, n - 1) end
     T.eq(n, c[3])
     if os.getenv("BL_VERBOSE") then
-      print(("latency %s batch 1: %.1f seq/s, p50 %.2f ms, p90 %.2f ms, p99 %.2f ms"):format(c[1], st.seq_per_s, st.p50_ms, st.p90_ms, st.p99_ms))
+      print(("latency %s batch 1: %.1f seq/s, p50 %.2f ms, p90 %.2f ms, p99 %.2f ms"):format(c[1], st.seq_per_s,
+        st.p50_ms, st.p90_ms, st.p99_ms))
     end
   end
 end)
 
 T.test("--precision=bf16|fp16: weights rounded once, logits nearly those of fp32", function()
   local function outputs(model, input, prec)
-    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/%s --output=%s/pr.jsonl --batch=4 --max-seq-length=64 " ..
+    local out, rc = sh(("%s recipes/predict.lua --model=%s/%s --input=%s/%s --output=%s/pr.jsonl --batch=4 " ..
+      "--max-seq-length=64 " ..
       "--precision=%s --stats=%s/pr_stats.json"):format(exe, tmp, model, tmp, input, tmp, prec, tmp))
     T.eq(rc, 0, out)
     T.eq(cjson.decode(slurp(tmp .. "/pr_stats.json")).precision, prec)
@@ -183,11 +200,13 @@ T.test("--precision=bf16|fp16: weights rounded once, logits nearly those of fp32
       end
       local rel = worst / big
       if os.getenv("BL_VERBOSE") then
-        print(("%s %s: largest logit difference %.2e (%.2e of the largest logit %.3g)"):format(m, prec, worst, rel, big))
+        print(("%s %s: largest logit difference %.2e (%.2e of the largest logit %.3g)"):format(m, prec, worst, rel,
+          big))
       end
       T.truthy(worst > 0, m .. " " .. prec .. ": the weights were rounded")
       -- bf16 keeps 8 significant bits (relative rounding 2^-9 = 2e-3), f16 11 (2.4e-4)
-      T.truthy(rel < (prec == "bf16" and 0.03 or 0.004), ("%s %s: largest logit difference %.3g of the largest logit"):format(m, prec, rel))
+      T.truthy(rel < (prec == "bf16" and 0.03 or 0.004),
+        ("%s %s: largest logit difference %.3g of the largest logit"):format(m, prec, rel))
     end
   end
   -- QA: answers with bf16 weights are spans of the context, probabilities close
@@ -214,10 +233,12 @@ T.test("bad input", function()
   refused("--model=%s/cls --task=xml --input=%s/bad.jsonl", "--task must be jsonl, squad or glue-TASK")
   refused("--model=%s/cls --task=squad --input=%s/v1.json", "--task=squad needs a QA model")
   local out = refused("--model=%s/reg --task=glue-sst2 --input=%s/dev.tsv")
-  T.truthy(out:find("has 1 outputs but glue-sst2 needs 2", 1, true) or out:find("has 1 outputs but sst2 needs 2", 1, true), out)
+  T.truthy(out:find("has 1 outputs but glue-sst2 needs 2", 1, true) or out:find("has 1 outputs but sst2 needs 2", 1,
+    true), out)
   refused("--model=%s/cls --input=%s/missing.jsonl", "--input=" .. tmp .. "/missing.jsonl cannot be read")
   refused("--model=%s --input=%s/bad.jsonl", "is not a model directory: no config.json")
-  refused("--model=%s/cls --input=%s/bad.jsonl --precision=f16", "predict: --precision must be fp32, tf32, bf16 or fp16, got f16")
+  refused("--model=%s/cls --input=%s/bad.jsonl --precision=f16",
+    "predict: --precision must be fp32, tf32, bf16 or fp16, got f16")
   refused("--model=%s/cls --input=%s/bad.jsonl --batch=0", "--batch must be at least 1")
 end)
 

@@ -19,15 +19,19 @@ for b = 1, 30 do
   f:close()
 end
 must(("%s recipes/prepare_bookcorpus.lua --input=%s/books --output=%s/prep"):format(exe, tmp, tmp))
-must(("%s recipes/shard.lua --input=%s/prep --output=%s/shards --num-shards=2 --test-fraction=0.1"):format(exe, tmp, tmp))
+must(("%s recipes/shard.lua --input=%s/prep --output=%s/shards --num-shards=2 --test-fraction=0.1"):format(exe, tmp,
+  tmp))
 must(("%s recipes/build_vocab.lua --input=%s/shards --output=%s/vocab.txt --size=600"):format(exe, tmp, tmp))
-must(("%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s/vocab.txt --output=%s/data --max-seq-length=32 --max-predictions=5 --dupe-factor=3"):format(exe, tmp, tmp, tmp))
-local cfg = { vocab_size = 600, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2, intermediate_size = 128,
+must(("%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s/vocab.txt --output=%s/data " ..
+  "--max-seq-length=32 --max-predictions=5 --dupe-factor=3"):format(exe, tmp, tmp, tmp))
+local cfg = { vocab_size = 600, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2,
+  intermediate_size = 128,
   max_position_embeddings = 64 }
 T.write_file(tmp .. "/cfg.json", cjson.encode(cfg))
 
 local function pretrain(out, extra, launcher)
-  return sh(("%s%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s/data --output=%s --phase=1 " ..
+  return sh(("%s%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s/data --output=%s " ..
+    "--phase=1 " ..
     "--seq1=32 --pred1=5 --lr1=1e-2 --warmup1=0.1 --threads=1 --checkpoint-interval=5 %s")
     :format(launcher or "", exe, tmp, tmp, tmp, out, extra))
 end
@@ -63,7 +67,8 @@ T.test("loss falls, the model is saved and reloads with the same outputs", funct
   local bert = require "bertlua.bert"
   local m = bert.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
   local pd = require "bertlua.data.loader"
-  local loader = pd.Loader{ dir = tmp .. "/data", split = "test", batch_size = 4, max_seq_length = 32, max_predictions = 5, shuffle = false }
+  local loader = pd.Loader{ dir = tmp .. "/data", split = "test", batch_size = 4, max_seq_length = 32,
+    max_predictions = 5, shuffle = false }
   local batch = loader:next()
   m:eval()
   local a = m:forward(batch).mlm_loss
@@ -109,8 +114,10 @@ T.test("SIGKILL mid-run, --resume: the same loss at every later step", function(
   local ref = losses(tmp .. "/ref")
   -- kill the run after its step-10 checkpoint appears (checkpoints every 5 steps)
   local kill_at = 7 + (os.time() % 15)   -- some step after the first checkpoint
-  os.execute(("(%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s/data --output=%s/killed " ..
-    "--phase=1 --seq1=32 --pred1=5 --lr1=1e-2 --warmup1=0.1 --threads=1 --checkpoint-interval=5 --batch1=32 --micro-batch=32 --steps1=40 " ..
+  os.execute(("(%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s/data " ..
+    "--output=%s/killed " ..
+    "--phase=1 --seq1=32 --pred1=5 --lr1=1e-2 --warmup1=0.1 --threads=1 --checkpoint-interval=5 --batch1=32 " ..
+      "--micro-batch=32 --steps1=40 " ..
     ">/dev/null 2>&1 & echo $! > %s/pid)"):format(exe, tmp, tmp, tmp, tmp, tmp))
   local pid = io.open(tmp .. "/pid"):read("*l")
   local n = 0
@@ -152,7 +159,8 @@ end)
 T.test("the pre-training notebook plots the log", function()
   local _, has = sh("command -v jupyter")
   if has ~= 0 then T.skip("jupyter (jupyter-nbconvert) not installed") end
-  local out, rc = sh(("BL_LOG=%s/run/log.jsonl BL_NB_OUT=%s/nb jupyter nbconvert --to notebook --execute notebooks/pretraining.ipynb --output-dir=%s/nb")
+  local out, rc = sh(("BL_LOG=%s/run/log.jsonl BL_NB_OUT=%s/nb jupyter nbconvert --to notebook --execute " ..
+    "notebooks/pretraining.ipynb --output-dir=%s/nb")
     :format(tmp, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(io.open(tmp .. "/nb/pretraining_curves.png"), "the plot was written")

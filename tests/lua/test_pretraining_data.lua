@@ -1,6 +1,5 @@
 -- Pre-training instances, shard files and the loader.
 local T = require "testing"
-local bl = require "bertlua"
 local loader = require "bertlua.data.loader"
 local shards = require "bertlua.data.shards"
 local Tok = require "bertlua.data.tokenizer"
@@ -26,7 +25,8 @@ local function run(args) return T.sh(exe .. " recipes/create_pretraining_data.lu
 local slurp = T.slurp
 
 T.test("instances follow create_pretraining_data's rules", function()
-  local out, rc = run(("--input=%s/in --vocab=%s --output=%s/a --max-seq-length=64 --max-predictions=10 --dupe-factor=3 --seed=7")
+  local out, rc = run(("--input=%s/in --vocab=%s --output=%s/a --max-seq-length=64 --max-predictions=10 " ..
+    "--dupe-factor=3 --seed=7")
     :format(tmp, vocab, tmp))
   T.eq(rc, 0, out)
   local tok = Tok.load(vocab, { lower = true })
@@ -74,7 +74,8 @@ T.test("instances follow create_pretraining_data's rules", function()
 end)
 
 T.test("deterministic, and --jobs=2 writes the same bytes", function()
-  local _, rc1 = run(("--input=%s/in --vocab=%s --output=%s/b --max-seq-length=64 --max-predictions=10 --dupe-factor=3 --seed=7 --jobs=2")
+  local _, rc1 = run(("--input=%s/in --vocab=%s --output=%s/b --max-seq-length=64 --max-predictions=10 " ..
+    "--dupe-factor=3 --seed=7 --jobs=2")
     :format(tmp, vocab, tmp))
   T.eq(rc1, 0)
   for _, name in ipairs({ "train_00000.blshard", "train_00001.blshard" }) do
@@ -84,7 +85,8 @@ end)
 
 T.test("ranks are disjoint and cover the epoch; resume is exact", function()
   local function ids_of(rank, world)
-    local l = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, rank = rank, world_size = world, seed = 3,
+    local l = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, rank = rank, world_size = world,
+      seed = 3,
       max_seq_length = 64, max_predictions = 10, vocab = vocab }
     local set = {}
     for _ = 1, l.steps_per_epoch do
@@ -117,19 +119,22 @@ T.test("ranks are disjoint and cover the epoch; resume is exact", function()
   T.truthy(#all - (#a + #b) < 2 * 4, "and together they cover it up to one batch per rank")
   T.truthy(#a == #b, "equal steps per rank")
   -- resume: state after 3 batches, then 5 more, equals an uninterrupted run
-  local l1 = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, seed = 9, max_seq_length = 64, max_predictions = 10 }
+  local l1 = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, seed = 9, max_seq_length = 64,
+    max_predictions = 10 }
   for _ = 1, 3 do l1:next() end
   local st = l1:state()
   local ref = {}
   for i = 1, l1.steps_per_epoch + 2 do ref[i] = l1:next().input_ids:totable() end  -- crosses an epoch
-  local l2 = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, seed = 9, max_seq_length = 64, max_predictions = 10 }
+  local l2 = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, seed = 9, max_seq_length = 64,
+    max_predictions = 10 }
   l2:set_state(st)
   for i = 1, #ref do T.near(l2:next().input_ids:totable(), ref[i]) end
   la:close()
 end)
 
 T.test("dynamic masking draws new masks every epoch, reproducibly", function()
-  local out, rc = run(("--input=%s/in/train_00000.txt --vocab=%s --output=%s/d --max-seq-length=64 --max-predictions=10 --dupe-factor=1 --dynamic-masking")
+  local out, rc = run(("--input=%s/in/train_00000.txt --vocab=%s --output=%s/d --max-seq-length=64 " ..
+    "--max-predictions=10 --dupe-factor=1 --dynamic-masking")
     :format(tmp, vocab, tmp))
   T.eq(rc, 0, out)
   local function first_two_epochs()
@@ -145,7 +150,8 @@ T.test("dynamic masking draws new masks every epoch, reproducibly", function()
   T.near(a1, b1)
   T.truthy(table.concat(a1, ",") ~= table.concat(a2, ","), "epoch 2 masks differ")
   -- with whole-word masking the shard says so (flags 1|2) and the loader masks whole words
-  local out2, rc2 = run(("--input=%s/in/train_00000.txt --vocab=%s --output=%s/dw --max-seq-length=64 --max-predictions=10 --dupe-factor=1 --dynamic-masking --whole-word-masking")
+  local out2, rc2 = run(("--input=%s/in/train_00000.txt --vocab=%s --output=%s/dw --max-seq-length=64 " ..
+    "--max-predictions=10 --dupe-factor=1 --dynamic-masking --whole-word-masking")
     :format(tmp, vocab, tmp))
   T.eq(rc2, 0, out2)
   local s = shards.open_shard(shards.list_shards(tmp .. "/dw", "train")[1])
@@ -165,11 +171,13 @@ T.test("corrupt or mismatched shards are refused with the reason", function()
   bad("tiny.blshard", good:sub(1, 20), "truncated: 20 bytes")
   bad("magic.blshard", "XXSHARD1" .. good:sub(9), "wrong magic")
   bad("version.blshard", good:sub(1, 8) .. "\2\0\0\0" .. good:sub(13), "format version 2")
-  bad("flip.blshard", good:sub(1, #good - 5) .. string.char((good:byte(#good - 4) + 1) % 256) .. good:sub(#good - 3), "checksum mismatch")
+  bad("flip.blshard", good:sub(1, #good - 5) .. string.char((good:byte(#good - 4) + 1) % 256) .. good:sub(#good - 3),
+    "checksum mismatch")
   local other = tmp .. "/other_vocab.txt"
   local f = io.open(other, "w"); f:write(slurp(vocab) .. "extra\n"); f:close()
   bad("vocab.blshard", good, "another vocabulary", { vocab_hash = shards.vocab_hash(other), vocab = other })
-  T.raises(function() loader.Loader{ dir = tmp .. "/nothing", split = "train", batch_size = 2 } end, "no train_*.blshard files")
+  T.raises(function() loader.Loader{ dir = tmp .. "/nothing", split = "train", batch_size = 2 } end,
+    "no train_*.blshard files")
 end)
 
 T.run()

@@ -8,7 +8,6 @@ local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local st = require "bertlua.io.safetensors"
-local ffi = require "ffi"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 local CFG = { vocab_size = 97, hidden_size = 48, num_hidden_layers = 2, num_attention_heads = 4,
@@ -180,11 +179,13 @@ T.test("hostile files: each gives a clear error naming the file and the tensor",
       return raw("range", hdr('{"w":{"dtype":"F32","shape":[100],"data_offsets":[0,400]}}'), string.rep("\0", 16))
     end, "tensor 'w': data_offsets [0, 400] go beyond the data buffer (16 bytes)" },
     { "overlap", function()
-      return raw("overlap", '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}',
+      return raw("overlap",
+        '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}',
         string.rep("\0", 12))
     end, "tensor 'b': data_offsets [4, 12] overlap tensor 'a'" },
     { "hole", function()
-      return raw("hole", '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}}',
+      return raw("hole",
+        '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}}',
         string.rep("\0", 16))
     end, "tensor 'b': bytes [8, 12) before it belong to no tensor" },
     { "trailing", function()
@@ -205,7 +206,8 @@ T.test("hostile files: each gives a clear error naming the file and the tensor",
     { "nooffsets", function()
       return raw("nooffsets", '{"a":{"dtype":"F32","shape":[2]}}', string.rep("\0", 8))
     end, "tensor 'a': data_offsets must be [begin, end]" },
-    { "meta", function() return raw("meta", '{"__metadata__":{"format":1}}', "") end, "__metadata__ must map strings to strings" },
+    { "meta", function() return raw("meta", '{"__metadata__":{"format":1}}', "") end,
+      "__metadata__ must map strings to strings" },
   }
   for _, c in ipairs(cases) do
     local path = c[2]()
@@ -243,7 +245,8 @@ end)
 local function need_transformers()
   local rc = run(PY .. " -c 'import transformers, torch'")
   if rc ~= 0 then
-    T.skip("transformers not importable by " .. PY .. " (pip install --break-system-packages 'transformers<4.40' safetensors)")
+    T.skip("transformers not importable by " .. PY
+      .. " (pip install --break-system-packages 'transformers<4.40' safetensors)")
   end
 end
 
@@ -293,7 +296,8 @@ T.test("a model saved here loads in transformers (tied decoder, QA head initiali
   st.save(d .. "/batch.safetensors", batch())
   local model = bert.BertForPreTraining(CFG, { seed = 17 })
   for _, p in ipairs(model:parameters()) do  -- non-trivial biases / LayerNorm
-    if p.name:match("bias$") or p.name:match("LayerNorm") then p.param:add_(bl.randn(p.shape, { seed = 2, offset = p.offset }) * 0.1) end
+    if p.name:match("bias$") or p.name:match("LayerNorm") then p.param:add_(bl.randn(p.shape, { seed = 2,
+      offset = p.offset }) * 0.1) end
   end
   bert.save_pretrained(model, d .. "/ours")
   local rc, out = run(PY .. " recipes/peers/bert_reference.py hf_check '" .. d .. "/ours'")

@@ -161,7 +161,8 @@ local function make_results(features, seed, peaks)
     local sl, el = {}, {}
     for k = 1, #f.input_ids do
       -- a trained model gives padding very low scores
-      if f.input_mask[k] == 1 then sl[k] = r() * 4 - 2; el[k] = r() * 4 - 2 else sl[k] = -10000 - r(); el[k] = -10000 - r() end
+      if f.input_mask[k] == 1 then sl[k] = r() * 4 - 2; el[k] = r() * 4 - 2
+      else sl[k] = -10000 - r(); el[k] = -10000 - r() end
     end
     if peaks and f.start_position and f.start_position > 0 and r() < 0.8 then
       sl[f.start_position + 1] = 8 + r(); el[f.end_position + 1] = 8 + r()
@@ -190,7 +191,8 @@ local function run_case(name, opts)
   local results, logits = make_results(features, opts.seed or 1, opts.training)
   write(dir .. "/logits.json", logits)
   local v2 = opts.file:find("v2") ~= nil
-  local cmd = ("%s %s %s %s %s/py --max-seq-length %d --doc-stride %d --max-query-length %d --logits %s/logits.json%s%s 2>&1")
+  local cmd = ("%s %s %s %s %s/py --max-seq-length %d --doc-stride %d --max-query-length %d --logits " ..
+    "%s/logits.json%s%s 2>&1")
     :format(PY, REF, data, vocab, dir, fopts.max_seq_length, fopts.doc_stride, fopts.max_query_length, dir,
       opts.training and " --training" or "", v2 and " --v2" or "")
   local out, rc = sh(cmd)
@@ -204,7 +206,8 @@ local function run_case(name, opts)
     if a ~= b then
       local i = 1
       while a:sub(i, i) == b:sub(i, i) do i = i + 1 end
-      error(("%s differs at byte %d: lua ...%s... python ...%s..."):format(fname, i, a:sub(i - 80, i + 40), b:sub(i - 80, i + 40)))
+      error(("%s differs at byte %d: lua ...%s... python ...%s..."):format(fname, i, a:sub(i - 80, i + 40),
+        b:sub(i - 80, i + 40)))
     end
   end
   T.eq(odds ~= nil, v2)
@@ -215,20 +218,23 @@ local function run_case(name, opts)
   return examples, features, preds, data
 end
 
-T.test("dev-v1.1 (1 article), eval mode, seq 128 / stride 32 / query 16: examples, features, predictions = reference", function()
+T.test("dev-v1.1 (1 article), eval mode, seq 128 / stride 32 / query 16: examples, features, predictions = reference",
+  function()
   local ex, feats = run_case("v1eval", { file = "dev-v1.1.json", articles = 1, max_seq_length = 128,
     doc_stride = 32, max_query_length = 16 })
   T.truthy(#feats > #ex, "long contexts must give several spans")
 end)
 
-T.test("dev-v1.1 (2 articles, first answers), training, 384/128/64: positions and predictions = reference; EM high", function()
+T.test("dev-v1.1 (2 articles, first answers), training, 384/128/64: positions and predictions = reference; EM high",
+  function()
   local _, _, preds, data = run_case("v1train", { file = "dev-v1.1.json", articles = 2, training = true, seed = 3 })
   local r = squad.evaluate(squad.load_json(data), preds)
   -- 80% of answer-bearing features have logit peaks on the gold span
   T.truthy(r.exact_match > 60 and r.exact_match < 99, "EM " .. r.exact_match)
 end)
 
-T.test("dev-v2.0 half (2 articles), training, seq 160 / stride 48: impossible questions -> [CLS]; = reference", function()
+T.test("dev-v2.0 half (2 articles), training, seq 160 / stride 48: impossible questions -> [CLS]; = reference",
+  function()
   local _, feats = run_case("v2train", { file = "dev-v2.0.cs224n-half.json", articles = 2, training = true,
     max_seq_length = 160, doc_stride = 48, seed = 5 })
   local cls, inside = 0, 0
@@ -267,9 +273,11 @@ T.test("read_examples: malformed input is reported with its location and skipped
         { id = "far", question = "Who?", answers = { { text = "cat", answer_start = 40 } } },
         { id = "wrong", question = "Who?", answers = { { text = "dog", answer_start = 4 } } },
         { id = "shift", question = "Who?", answers = { { text = "at", answer_start = 4 } } },
-        { id = "two", question = "Who?", answers = { { text = "cat", answer_start = 4 }, { text = "mat", answer_start = 19 } } },
+        { id = "two", question = "Who?", answers = { { text = "cat", answer_start = 4 }, { text = "mat",
+          answer_start = 19 } } },
       } },
-      { context = "   ", qas = { { id = "e1", question = "q", answers = {} }, { id = "e2", question = "q", answers = {} } } },
+      { context = "   ", qas = { { id = "e1", question = "q", answers = {} }, { id = "e2", question = "q",
+        answers = {} } } },
       { qas = { { id = "nc", question = "q", answers = {} } } },
     } },
     { title = "no paragraphs" },
@@ -345,7 +353,8 @@ T.test("get_final_text and softmax (hand-computed)", function()
   T.raises(function() squad.write_predictions({}, {}, {}, {}) end, "opts.tokenizer is required")
 end)
 
-T.test("real tokenizer (bertlua.data.tokenizer): oracle logits give near-perfect EM on dev-v1.1 (3 articles)", function()
+T.test("real tokenizer (bertlua.data.tokenizer): oracle logits give near-perfect EM on dev-v1.1 (3 articles)",
+  function()
   local ok, tmod = pcall(require, "bertlua.data.tokenizer")
   if not ok then T.skip("bertlua.data.tokenizer not available yet: " .. tostring(tmod):sub(1, 80)) end
   local tok = tmod.load(shared("vocab/bert-base-uncased-vocab.txt"), { lower = true })
@@ -365,7 +374,8 @@ T.test("real tokenizer (bertlua.data.tokenizer): oracle logits give near-perfect
   -- scored against all 10570 questions; the 3 articles hold a known share of them
   local n = 0
   for _ in pairs(preds) do n = n + 1 end
-  T.truthy(r.exact_match / 100 * 10570 / n > 0.95, ("oracle EM on the subset too low: %g%% of all"):format(r.exact_match))
+  T.truthy(r.exact_match / 100 * 10570 / n > 0.95,
+    ("oracle EM on the subset too low: %g%% of all"):format(r.exact_match))
 end)
 
 T.run()

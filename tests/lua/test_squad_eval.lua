@@ -82,7 +82,8 @@ end)
 local function tiny_v1()
   return { version = "1.1", data = { { title = "t", paragraphs = {
     { context = "x", qas = {
-      { id = "q1", question = "?", answers = { { text = "Denver Broncos", answer_start = 0 }, { text = "Broncos", answer_start = 0 } } },
+      { id = "q1", question = "?", answers = { { text = "Denver Broncos", answer_start = 0 }, { text = "Broncos",
+        answer_start = 0 } } },
       { id = "q2", question = "?", answers = { { text = "the big cat", answer_start = 0 } } },
       { id = "q3", question = "?", answers = { { text = "1990", answer_start = 0 } } },
     } } } } } }
@@ -131,7 +132,8 @@ T.test("v2.0 evaluation: hand-computed with na-probs and best threshold", functi
   T.truthy(s:find('^{\n  "exact": 75.0,\n  "f1": '), s)
   T.truthy(s:find('"total": 4,\n'), s)
   T.truthy(s:find('"best_f1_thresh": 0.3\n}$'), s)
-  T.raises(function() squad.evaluate(tiny_v2(), { a = "x" }, { warn = function() end }) end, "3 question(s) have no prediction")
+  T.raises(function() squad.evaluate(tiny_v2(), { a = "x" }, { warn = function() end }) end,
+    "3 question(s) have no prediction")
   T.raises(function() squad.evaluate(tiny_v2(), preds, { na_probs = { a = 0.1 } }) end, "no number for question")
 end)
 
@@ -297,7 +299,8 @@ T.test("v2.0 on the CS224N half of dev-v2.0 equals the official script (na-probs
     local args = D .. " " .. pf .. " --na-prob-thresh=" .. thresh .. (seed < 3 and (" --na-prob-file=" .. nf) or "")
     local want, rc = sh(PY .. " " .. REF .. " v2 " .. args .. " 2>&1")
     T.eq(rc, 0, want)
-    local got, rc2 = sh(EXE .. " recipes/squad_eval.lua " .. args:gsub("%-%-na%-prob%-file", "--na-prob") .. " 2>/dev/null")
+    local got, rc2 = sh(EXE .. " recipes/squad_eval.lua " .. args:gsub("%-%-na%-prob%-file",
+      "--na-prob") .. " 2>/dev/null")
     T.eq(rc2, 0, got)
     compare_json_numbers(got, want, "v2 seed " .. seed)
     T.eq(got, want)
@@ -309,7 +312,8 @@ T.test("v2.0 on the CS224N half of dev-v2.0 equals the official script (na-probs
   local pf = tmp .. "/v2_1.json"
   local _, rc = sh(PY .. " " .. REF .. " v2 " .. D .. " " .. pf .. " -o " .. tmp .. "/py_out.json")
   T.eq(rc, 0)
-  local _, rc2 = sh(EXE .. " recipes/squad_eval.lua " .. D .. " " .. pf .. " --out-file=" .. tmp .. "/lua_out.json 2>/dev/null")
+  local _, rc2 = sh(EXE .. " recipes/squad_eval.lua " .. D .. " " .. pf .. " --out-file=" .. tmp
+    .. "/lua_out.json 2>/dev/null")
   T.eq(rc2, 0)
   T.eq(read(tmp .. "/lua_out.json"), read(tmp .. "/py_out.json"))
 end)
@@ -323,7 +327,8 @@ T.test("recipe: bad inputs give clear errors", function()
   T.eq(rc, 1); T.truthy(out:find("cannot open", 1, true), out)
   out, rc = sh(EXE .. " recipes/squad_eval.lua onlyone.json 2>&1")
   T.eq(rc, 2); T.truthy(out:find("usage", 1, true), out)
-  write(tmp .. "/d.json", cjson.encode({ version = "1.1", data = { { paragraphs = { { context = "c", qas = { { question = "q" } } } } } } }))
+  write(tmp .. "/d.json", cjson.encode({ version = "1.1", data = { { paragraphs = { { context = "c",
+    qas = { { question = "q" } } } } } } }))
   write(tmp .. "/p.json", "{}")
   out, rc = sh(EXE .. " recipes/squad_eval.lua " .. tmp .. "/d.json " .. tmp .. "/p.json 2>&1")
   T.eq(rc, 1); T.truthy(out:find("article 1 paragraph 1 question 1: 'id' is missing", 1, true), out)

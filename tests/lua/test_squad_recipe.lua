@@ -11,7 +11,8 @@ local exe = T.exe()
 local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
 local dev1 = T.shared_data("squad/dev-v1.1.json")
 local dev2 = T.shared_data("squad/dev-v2.0.cs224n-half.json")
-if not vocab or not dev1 or not dev2 then T.skip_all("needs ../shared/data (vocab, squad/dev-v1.1.json, squad/dev-v2.0.cs224n-half.json)") end
+if not vocab or not dev1 or not dev2 then T.skip_all("needs ../shared/data (vocab, squad/dev-v1.1.json, " ..
+  "squad/dev-v2.0.cs224n-half.json)") end
 
 local tmp = T.tmpdir()
 local sh = T.sh
@@ -22,7 +23,8 @@ local function write_json(path, v) T.write_file(path, cjson.encode(v)) end
 -- the first answer only (run_squad.py trains on exactly one answer per question)
 local function slice(path, name)
   local d = read_json(path)
-  local s = { version = d.version, data = { { title = d.data[1].title, paragraphs = { unpack(d.data[1].paragraphs, 1, 3) } } } }
+  local s = { version = d.version, data = { { title = d.data[1].title, paragraphs = { unpack(d.data[1].paragraphs, 1,
+    3) } } } }
   write_json(tmp .. "/" .. name .. ".json", s)
   local ids = {}
   for _, p in ipairs(s.data[1].paragraphs) do
@@ -78,13 +80,15 @@ T.test("v1.1 slice: train with accumulation, predict, files parse, official eval
   local res = read_json(tmp .. "/run1/eval_results.json")
   T.truthy(res.f1 >= 0 and res.f1 <= 100 and res.exact_match >= 0, out)
   T.truthy(res.predict_seq_per_s > 0 and res.predict_p99_ms >= res.predict_p50_ms, "throughput recorded")
-  local ev, rc2 = sh(("%s recipes/squad_eval.lua %s/v1.json %s/run1/predictions.json 2>/dev/null"):format(exe, tmp, tmp))
+  local ev, rc2 = sh(("%s recipes/squad_eval.lua %s/v1.json %s/run1/predictions.json 2>/dev/null"):format(exe, tmp,
+    tmp))
   T.eq(rc2, 0, ev)
   local official = cjson.decode(ev:match("(%b{})"))
   T.near(official.f1, res.f1, 1e-9); T.near(official.exact_match, res.exact_match, 1e-9)
 
   -- the saved model reloads with its head and predicts the same answers
-  local out2, rc3 = sh(("%s recipes/squad.lua --model=%s/run1/model --predict-file=%s/v1.json --output=%s/run1b --do-predict " ..
+  local out2, rc3 = sh(("%s recipes/squad.lua --model=%s/run1/model --predict-file=%s/v1.json --output=%s/run1b " ..
+    "--do-predict " ..
     "--predict-batch=5 %s"):format(exe, tmp, tmp, tmp, common))
   T.eq(rc3, 0, out2)
   local preds2 = read_json(tmp .. "/run1b/predictions.json")
@@ -99,7 +103,8 @@ end)
 -- (with all their gold answers); held-out learning is checked on generated
 -- data by test_qa_end_to_end.lua.
 T.test("a tiny model fine-tuned on a SQuAD v1.1 slice beats a trivial baseline (official F1)", function()
-  if T.sanitized() then T.skip("sanitizer build: the Release build checks the accuracy (30 epochs take minutes under ASan)") end
+  if T.sanitized() then T.skip("sanitizer build: the Release build checks the accuracy (30 epochs take minutes " ..
+    "under ASan)") end
   local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/v1_train.json --predict-file=%s/v1.json " ..
     "--output=%s/fit --do-train --do-predict --batch=8 --epochs=30 --warmup=0.1 --seed=1 %s")
     :format(exe, tmp, tmp, tmp, tmp, (common:gsub("%-%-lr=1e%-3", "--lr=2e-3"))))
@@ -157,7 +162,8 @@ T.test("v2.0 slice: null_odds.json, no-answer metrics, best threshold as the off
   end
   local res = read_json(tmp .. "/run2/eval_results.json")
   T.eq(res.HasAns_total + res.NoAns_total, #ids2)
-  local ev, rc2 = sh(("%s recipes/squad_eval.lua %s/v2.json %s/run2/predictions.json --na-prob=%s/run2/null_odds.json 2>/dev/null")
+  local ev, rc2 = sh(("%s recipes/squad_eval.lua %s/v2.json %s/run2/predictions.json " ..
+    "--na-prob=%s/run2/null_odds.json 2>/dev/null")
     :format(exe, tmp, tmp, tmp))
   T.eq(rc2, 0, ev)
   local official = cjson.decode(ev:match("(%b{})"))
@@ -202,14 +208,16 @@ T.test("malformed SQuAD entries (missing fields, offsets outside the context, em
     for _, w in ipairs(want) do T.truthy(out:find(w, 1, true), what .. ": missing '" .. w .. "' in:\n" .. out) end
   end
   -- training: the broken questions are skipped, the others train
-  local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/messy.json --do-train --output=%s/messy_t " ..
+  local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/messy.json --do-train " ..
+    "--output=%s/messy_t " ..
     "--batch=8 --max-steps=2 %s"):format(exe, tmp, tmp, tmp, common))
   T.eq(rc, 0, out)
   check(out, "train")
   T.truthy(out:find("outside the context (", 1, true), out)
   -- 6 broken questions + the empty paragraph's questions + 2 broken articles
   local skipped = 6 + #p[2].qas + 2
-  T.truthy(out:find(("train: %d questions, %d examples, %d skipped"):format(nq, nq - 6 - #p[2].qas, skipped), 1, true), out)
+  T.truthy(out:find(("train: %d questions, %d examples, %d skipped"):format(nq, nq - 6 - #p[2].qas, skipped), 1, true),
+    out)
   T.eq(#step_lines(tmp .. "/messy_t/train_log.jsonl"), 2)
   -- prediction: the same entries are located; the answer problems are warnings
   -- there (answers are not used to predict); the official evaluation refuses
@@ -218,29 +226,35 @@ T.test("malformed SQuAD entries (missing fields, offsets outside the context, em
     :format(exe, tmp, tmp, tmp, common))
   T.eq(rc, 0, out)
   T.truthy(out:find("article 2 paragraph 1 question 1 (id 12345): 'id' is missing or not a string (skipped)", 1, true)
-    and out:find("article 2 paragraph 2: empty context", 1, true) and out:find("article 3: no 'paragraphs' array", 1, true), out)
+    and out:find("article 2 paragraph 2: empty context", 1, true) and out:find("article 3: no 'paragraphs' array", 1,
+      true), out)
   T.truthy(out:find("squad: no evaluation: squad.evaluate: article 1 has no 'paragraphs' array", 1, true), out)
   local preds = read_json(tmp .. "/messy_p/predictions.json")
-  T.eq(preds[q3.id], nil); T.truthy(type(preds[q2.id]) == "string", "a question with a bad answer offset is still answered")
+  T.eq(preds[q3.id], nil); T.truthy(type(preds[q2.id]) == "string",
+    "a question with a bad answer offset is still answered")
   T.truthy(not io.open(tmp .. "/messy_p/eval_results.json"), "no evaluation written")
   -- predict.lua reads the same file the same way
-  out, rc = sh(("%s recipes/predict.lua --model=%s/init --task=squad --input=%s/messy.json --output=%s/messy_pp.json %s")
+  out, rc = sh(("%s recipes/predict.lua --model=%s/init --task=squad --input=%s/messy.json " ..
+    "--output=%s/messy_pp.json %s")
     :format(exe, tmp, tmp, tmp, common:gsub("%-%-lr=%S+ ", "")))
   T.eq(rc, 0, out)
   T.truthy(out:find("article 2 paragraph 1 question 1 (id 12345): 'id' is missing or not a string (skipped)", 1, true)
     and out:find("predict: no evaluation", 1, true), out)
   -- only broken entries: a clear stop naming the counts
-  write_json(tmp .. "/allbad.json", { version = "1.1", data = { 3, { paragraphs = { { context = "", qas = { { id = "a", question = "q" } } } } } } })
+  write_json(tmp .. "/allbad.json", { version = "1.1", data = { 3, { paragraphs = { { context = "", qas = { { id = "a",
+    question = "q" } } } } } } })
   out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/allbad.json --do-train --output=%s/allbad %s")
     :format(exe, tmp, tmp, tmp, common))
   T.eq(rc, 1, out)
-  T.truthy(out:find("no usable training questions in " .. tmp .. "/allbad.json (1 questions, 2 entries skipped", 1, true), out)
+  T.truthy(out:find("no usable training questions in " .. tmp .. "/allbad.json (1 questions, 2 entries skipped", 1,
+    true), out)
 end)
 
 T.test("notebooks/squad.ipynb runs headless on the fine-tuned model", function()
   if select(2, sh("command -v jupyter")) ~= 0 then T.skip("jupyter (jupyter-nbconvert) not installed") end
   if not io.open(tmp .. "/run1/model/model.safetensors") then T.skip("needs the model of the v1.1 test") end
-  local out, rc = sh(("BL_QA_MODEL=%s/run1/model BL_BERTLUA=%s BL_NB_OUT=%s/nb BL_HEAD=2 timeout 300 jupyter nbconvert --to notebook " ..
+  local out, rc = sh(("BL_QA_MODEL=%s/run1/model BL_BERTLUA=%s BL_NB_OUT=%s/nb BL_HEAD=2 timeout 300 jupyter " ..
+    "nbconvert --to notebook " ..
     "--execute notebooks/squad.ipynb --output-dir=%s/nb"):format(tmp, exe, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(io.open(tmp .. "/nb/qa_attention.png") and io.open(tmp .. "/nb/qa_start_end.png"), "plots written")
@@ -258,20 +272,25 @@ T.test("bad input is reported before any work", function()
   local base = ("%s recipes/squad.lua %s"):format(exe, common)
   local out, rc = sh(("%s --model=%s/nope --predict-file=%s/v1.json --do-predict"):format(base, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("model directory " .. tmp .. "/nope does not exist", 1, true), out)
-  os.execute(("mkdir -p %s/novocab && cp %s/init/config.json %s/init/model.safetensors %s/novocab/"):format(tmp, tmp, tmp, tmp))
+  os.execute(("mkdir -p %s/novocab && cp %s/init/config.json %s/init/model.safetensors %s/novocab/"):format(tmp, tmp,
+    tmp, tmp))
   out, rc = sh(("%s --model=%s/novocab --predict-file=%s/v1.json --do-predict"):format(base, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("has no vocab.txt", 1, true) and out:find("--vocab=FILE", 1, true), out)
-  out, rc = sh(("%s --model=%s/novocab --vocab=%s/missing.txt --predict-file=%s/v1.json --do-predict"):format(base, tmp, tmp, tmp))
+  out, rc = sh(("%s --model=%s/novocab --vocab=%s/missing.txt --predict-file=%s/v1.json --do-predict"):format(base, tmp,
+    tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("missing.txt cannot be read", 1, true), out)
   -- a missing predict file stops a train+predict run before training
-  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --predict-file=%s/typo.json --do-train --do-predict --output=%s/bad1")
+  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --predict-file=%s/typo.json --do-train " ..
+    "--do-predict --output=%s/bad1")
     :format(base, tmp, tmp, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("--predict-file=" .. tmp .. "/typo.json cannot be read", 1, true), out)
   T.truthy(not io.open(tmp .. "/bad1/train_log.jsonl"), "nothing trained")
-  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --do-train --precision=half --output=%s/bad5"):format(base, tmp, tmp, tmp))
+  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --do-train --precision=half --output=%s/bad5")
+    :format(base, tmp, tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("squad: --precision must be fp32, tf32, bf16 or fp16, got half", 1, true), out)
   T.truthy(not io.open(tmp .. "/bad5/train_log.jsonl"), "nothing trained")
-  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --do-train --batch=6 --micro-batch=4"):format(base, tmp, tmp))
+  out, rc = sh(("%s --model=%s/init --train-file=%s/v1_train.json --do-train --batch=6 --micro-batch=4"):format(base,
+    tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("not a multiple of --micro-batch", 1, true), out)
   -- training on questions with several answers: each one named, then a clear stop
   out, rc = sh(("%s --model=%s/init --train-file=%s/v1.json --do-train --output=%s/bad2"):format(base, tmp, tmp, tmp))
@@ -283,16 +302,19 @@ T.test("bad input is reported before any work", function()
   p[1].qas[2].question = 7
   p[2].context = nil
   write_json(tmp .. "/broken.json", d)
-  out, rc = sh(("%s --model=%s/init --predict-file=%s/broken.json --do-predict --output=%s/bad3"):format(base, tmp, tmp, tmp))
+  out, rc = sh(("%s --model=%s/init --predict-file=%s/broken.json --do-predict --output=%s/bad3"):format(base, tmp, tmp,
+    tmp))
   T.eq(rc, 0, out)
   T.truthy(out:find("article 1 paragraph 1 question 2", 1, true) and out:find("article 1 paragraph 2", 1, true), out)
   local n2 = #p[2].qas
-  T.truthy(out:find(("predict: %d questions, %d examples, %d skipped"):format(#ids1, #ids1 - 1 - n2, 1 + n2), 1, true), out)
+  T.truthy(out:find(("predict: %d questions, %d examples, %d skipped"):format(#ids1, #ids1 - 1 - n2, 1 + n2), 1, true),
+    out)
   local preds = read_json(tmp .. "/bad3/predictions.json")
   T.eq(preds[p[1].qas[2].id], nil); T.truthy(preds[p[1].qas[1].id] ~= nil, "the good questions are answered")
   -- not JSON at all
   local f = io.open(tmp .. "/notjson.json", "w"); f:write("{\"data\": [ 1, 2"); f:close()
-  out, rc = sh(("%s --model=%s/init --predict-file=%s/notjson.json --do-predict --output=%s/bad4"):format(base, tmp, tmp, tmp))
+  out, rc = sh(("%s --model=%s/init --predict-file=%s/notjson.json --do-predict --output=%s/bad4"):format(base, tmp,
+    tmp, tmp))
   T.eq(rc, 1); T.truthy(out:find("notjson.json", 1, true), out)
 end)
 

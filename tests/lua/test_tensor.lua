@@ -100,7 +100,8 @@ T.test("matmul against a direct loop", function()
   T.near(a:to("f16"):matmul(b:to("f16")):to("f32"):sum(), c:sum(), 2e-2, 2e-2)
   -- vectors
   T.near(bl.from({1, 2}):matmul(bl.from({{1, 0}, {0, 1}})):tolist(), {1, 2})
-  T.raises(function() return bl.zeros({2, 3}):matmul(bl.zeros({2, 3})) end, "matmul: shapes [2,3] and [2,3] are not compatible")
+  T.raises(function() return bl.zeros({2, 3}):matmul(bl.zeros({2, 3})) end,
+    "matmul: shapes [2,3] and [2,3] are not compatible")
 end)
 
 T.test("random streams are reproducible", function()

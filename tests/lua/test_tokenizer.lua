@@ -126,7 +126,8 @@ local function real_text()
     local s = f:read(limit or "*a"); f:close()
     parts[#parts + 1] = s:gsub("[^\n]*$", "")  -- whole lines only
   end
-  for _, b in ipairs { "books/pg1342-0.txt", "books/pg11-0.txt", "books/pg84-0.txt" } do add(data .. "/" .. b, 80000) end
+  for _, b in ipairs { "books/pg1342-0.txt", "books/pg11-0.txt", "books/pg84-0.txt" } do add(data .. "/" .. b,
+    80000) end
   add(data .. "/pretraining_text/bert_sample_text.txt")
   for _, g in ipairs { "MRPC", "CoLA", "SST-2" } do add(data .. "/glue/" .. g .. "/dev.tsv", 60000) end
   local wiki = data .. "/wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -241,8 +242,10 @@ T.test("recipe: tokenize.lua end to end", function()
   T.truthy(rc == 0 or rc == true, "recipe exit status")
   T.eq(read(op), "hello , world !\n\n\nnaive [CLS] x ##y\n")
   rc = os.execute(("%s recipes/tokenize.lua --vocab=%s --ids --quiet < %s > %s"):format(exe, UNCASED, ip, op))
+  T.truthy(rc == 0 or rc == true, "recipe exit status (--ids)")
   T.eq(read(op):match("^[^\n]*"), "7592 1010 2088 999")
-  rc = os.execute(("%s recipes/tokenize.lua --vocab=/nonexistent/v.txt --quiet < %s > %s 2>%s"):format(exe, ip, op, op .. ".err"))
+  rc = os.execute(("%s recipes/tokenize.lua --vocab=/nonexistent/v.txt --quiet < %s > %s 2>%s"):format(exe, ip, op,
+    op .. ".err"))
   tmpfiles[#tmpfiles + 1] = op .. ".err"
   T.truthy(not (rc == 0 or rc == true), "missing vocab fails")
   T.truthy(read(op .. ".err"):find("/nonexistent/v.txt", 1, true), "error names the file")
@@ -253,7 +256,8 @@ T.test("recipe: build_vocab.lua learns a usable, deterministic vocab", function(
   local book = data .. "/books/pg11-0.txt"
   local v1, v2, log = tmp(), tmp(), tmp()
   for _, v in ipairs { v1, v2 } do
-    local rc = os.execute(("%s recipes/build_vocab.lua --input=%s --output=%s --size=1500 > %s 2>&1"):format(exe, book, v, log))
+    local rc = os.execute(("%s recipes/build_vocab.lua --input=%s --output=%s --size=1500 > %s 2>&1"):format(exe, book,
+      v, log))
     T.truthy(rc == 0 or rc == true, "build_vocab ran: " .. read(log))
   end
   T.eq(read(v1), read(v2), "deterministic")

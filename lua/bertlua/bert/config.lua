@@ -60,7 +60,8 @@ function M.validate(cfg, where)
   end
   for _, k in ipairs({ "hidden_dropout_prob", "attention_probs_dropout_prob" }) do
     local v = cfg[k]
-    if type(v) ~= "number" or v < 0 or v >= 1 then fail(where, ("%s must be in [0, 1), got %s"):format(k, tostring(v))) end
+    if type(v) ~= "number" or v < 0 or v >= 1 then fail(where, ("%s must be in [0, 1), got %s"):format(k,
+      tostring(v))) end
   end
   if type(cfg.layer_norm_eps) ~= "number" or cfg.layer_norm_eps <= 0 then
     fail(where, "layer_norm_eps must be a positive number, got " .. tostring(cfg.layer_norm_eps))
@@ -75,7 +76,8 @@ function M.validate(cfg, where)
     fail(where, ("unknown hidden_act '%s' (supported: %s)"):format(tostring(cfg.hidden_act), table.concat(names, ", ")))
   end
   if cfg.position_embedding_type ~= nil and cfg.position_embedding_type ~= "absolute" then
-    fail(where, ("position_embedding_type '%s' is not supported (only 'absolute')"):format(tostring(cfg.position_embedding_type)))
+    fail(where, ("position_embedding_type '%s' is not supported (only 'absolute')")
+      :format(tostring(cfg.position_embedding_type)))
   end
   if cfg.num_labels ~= nil and (type(cfg.num_labels) ~= "number" or cfg.num_labels < 1 or cfg.num_labels % 1 ~= 0) then
     fail(where, "num_labels must be a positive integer, got " .. tostring(cfg.num_labels))

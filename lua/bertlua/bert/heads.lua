@@ -182,7 +182,7 @@ function BertForPreTraining:forward(batch)
   local seq, pooled = out.last_hidden_state, out.pooler_output
   local B, S, H = seq:size(1), seq:size(2), seq:size(3)
   local res = { sequence_output = seq, pooled_output = pooled, hidden_states = out.hidden_states, loss = 0 }
-  local pos, lab, n = masked_positions(self, batch, B, S)
+  local pos, lab = masked_positions(self, batch, B, S)
   self._pos, self._lab = pos, lab
   local E = self.bert.embeddings.word_embeddings.weight
   if pos then

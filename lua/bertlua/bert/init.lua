@@ -88,7 +88,8 @@ function M.extract_features(model, examples, opts, emit)
   local layers = opts.layers or { -1, -2, -3, -4 }
   local L = #m.encoder.layer
   for _, li in ipairs(layers) do
-    if li < -L or li > L then error(("extract_features: layer index %d out of range for %d layers"):format(li, L), 2) end
+    if li < -L or li > L then error(("extract_features: layer index %d out of range for %d layers"):format(li, L),
+      2) end
   end
   local bs = opts.batch or 8
   local first = 1
@@ -128,7 +129,8 @@ function M.extract_features(model, examples, opts, emit)
         end
         feats[j] = ('{"token": %s, "layers": [%s]}'):format(cjson.encode(e.tokens[j]), table.concat(ls, ", "))
       end
-      emit(e.index or (i - 1), ('{"linex_index": %d, "features": [%s]}'):format(e.index or (i - 1), table.concat(feats, ", ")))
+      emit(e.index or (i - 1), ('{"linex_index": %d, "features": [%s]}'):format(e.index or (i - 1), table.concat(feats,
+        ", ")))
     end
     first = last + 1
   end

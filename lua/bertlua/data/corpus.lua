@@ -284,7 +284,8 @@ end
 
 -- Convert DIR_OF_TXT/*.txt into DIR/books_NNNNN.txt (docs_per_file books each).
 function M.prepare_bookcorpus(o)
-  if not o.input or not fs.is_dir(o.input) then uerr("prepare_bookcorpus: --input must be a directory, got " .. tostring(o.input)) end
+  if not o.input or not fs.is_dir(o.input) then uerr("prepare_bookcorpus: --input must be a directory, got "
+    .. tostring(o.input)) end
   if not o.output or o.output == "" then uerr("prepare_bookcorpus: --output is required") end
   fs.mkdir_p(o.output)
   local files = fs.list_dir(o.input, "%.txt$")
@@ -389,7 +390,8 @@ function M.shard(o)
   fs.mkdir_p(tmpdir)
   -- a bucket is held in memory as Lua strings plus per-document tables: budget 1/3 of memory_mb
   local K = math.max(1, math.ceil(total * 1.1 / (mem / 3)))
-  if K > 1000 then uerr(("shard: %d buckets needed for %.0f MB with --memory-mb=%g; raise --memory-mb"):format(K, total / 1e6, o.memory_mb)) end
+  if K > 1000 then uerr(("shard: %d buckets needed for %.0f MB with --memory-mb=%g; raise --memory-mb"):format(K,
+    total / 1e6, o.memory_mb)) end
   local t0 = M.now()
 
   -- pass 1: split and spill
@@ -442,7 +444,7 @@ function M.shard(o)
     local cur
     for line in f:lines() do
       if not cur then
-        local u, idx, t, cnt = line:match("^(%S+) (%d+) (%d) (%d+)$")
+        local u, idx, t = line:match("^(%S+) (%d+) (%d) (%d+)$")
         if not u then f:close(); uerr("shard: corrupt bucket file " .. path) end
         cur = { tonumber(u), tonumber(idx), t == "1", {} }
       elseif line == "" then
@@ -467,7 +469,7 @@ function M.shard(o)
       set.bytes[i] = set.bytes[i] + sz
       dealt = dealt + 1
     end
-    docs = nil
+    docs = nil  -- luacheck: ignore 311 (released before the next bucket is read)
     os.remove(path)
     collectgarbage()
     prog.update(dealt, nil)
@@ -508,7 +510,8 @@ function M.shard(o)
       s.shards, s.docs, s.sentences, s.bytes, table.concat(parts, ","))
   end
   mf:write(('{"format":"one sentence per line, blank line between documents","seed":%d,"input_docs":%d,' ..
-            '"empty_docs":%d,"train":%s,"test":%s}\n'):format(seed, ndocs, empty, set_json(sum.train), set_json(sum.test)))
+            '"empty_docs":%d,"train":%s,"test":%s}\n'):format(seed, ndocs, empty, set_json(sum.train),
+              set_json(sum.test)))
   assert(mf:close())
   assert(os.rename(o.output .. "/shards.json.tmp", o.output .. "/shards.json"))
   return sum

@@ -26,7 +26,8 @@ M.mask_vocab = mask_vocab
 
 local function check_state(self, s)
   if type(s) ~= "table" then error("data: loader state must be a table from state()", 3) end
-  if s.seed ~= self.seed then error(("data: loader state has seed %s, this loader %s"):format(tostring(s.seed), tostring(self.seed)), 3) end
+  if s.seed ~= self.seed then error(("data: loader state has seed %s, this loader %s"):format(tostring(s.seed),
+    tostring(self.seed)), 3) end
   if (s.bin_lengths or 0) ~= (self.bin_window or 0) then
     error(("data: loader state has length binning %s, this loader %s"):format(tostring(s.bin_lengths or "off"),
       self.bin_window and tostring(self.bin_window) or "off"), 3)
@@ -66,7 +67,8 @@ local function c_loader(o, files, expect)
   co.bin_window = bin
   co.vocab_hash, co.vocab_name = expect.vocab_hash or 0, expect.vocab
   co.mask_id = -1
-  local keep = {}   -- arrays C reads during open (it copies them), alive until the call returns
+  -- arrays C reads during open (it copies them), alive until the call returns
+  local keep = {}  -- luacheck: ignore 241
   local flags = peek_flags(files)
   if bit.band(flags, 1) ~= 0 and o.vocab then
     local whole_word = bit.band(flags, 2) ~= 0

@@ -137,7 +137,8 @@ local function list_shards(dir, split)
   local f = io.popen("ls -1 '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
   local r = {}
   for name in f:lines() do
-    if name:match("%.blshard$") and (not split or name:sub(1, #split + 1) == split .. "_") then r[#r + 1] = dir .. "/" .. name end
+    if name:match("%.blshard$") and (not split or name:sub(1,
+      #split + 1) == split .. "_") then r[#r + 1] = dir .. "/" .. name end
   end
   f:close()
   table.sort(r)

@@ -26,7 +26,8 @@ local function rng(seed)
 end
 M.rng = rng
 
-local ONSETS = { "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "st", "gr", "th", "sh", "kr", "pl" }
+local ONSETS = { "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "st", "gr",
+  "th", "sh", "kr", "pl" }
 local VOWELS = { "a", "e", "i", "o", "u", "ae", "ia", "ou", "ei" }
 local CODAS = { "", "", "n", "r", "s", "l", "nd", "th", "m", "x" }
 

@@ -40,7 +40,8 @@ local DTYPES = {
 }
 local SPEC_ONLY = { I8 = 1, I16 = 2, U16 = 2, U32 = 4, U64 = 8, F8_E4M3 = 1, F8_E5M2 = 1, F8_E8M0 = 1,
   F6_E2M3 = 1, F6_E3M2 = 1, F4 = 1, C64 = 8 }
-local TO_ST = { f64 = "F64", f32 = "F32", f16 = "F16", bf16 = "BF16", i64 = "I64", i32 = "I32", u8 = "U8", bool = "BOOL" }
+local TO_ST = { f64 = "F64", f32 = "F32", f16 = "F16", bf16 = "BF16", i64 = "I64", i32 = "I32", u8 = "U8",
+  bool = "BOOL" }
 M.dtypes = DTYPES
 
 local file_out = ffi.typeof("bl_file*[1]")
@@ -69,12 +70,16 @@ function M.read_header(path)
     local size = i64box()
     check(C.bl_file_size(f, size))
     local fsize = tonumber(size[0])
-    if fsize < 8 then ferr(path, ("file is truncated: %d bytes, shorter than the 8-byte header length"):format(fsize)) end
+    if fsize < 8 then
+      ferr(path, ("file is truncated: %d bytes, shorter than the 8-byte header length"):format(fsize))
+    end
     local lenbuf = ffi.new("uint8_t[8]")
     check(C.bl_file_read_at(f, 0, lenbuf, 8))
     local n = 0
     for i = 7, 0, -1 do n = n * 256 + lenbuf[i] end
-    if n > M.MAX_HEADER then ferr(path, ("header length %.0f is absurd (limit %d bytes): not a safetensors file?"):format(n, M.MAX_HEADER)) end
+    if n > M.MAX_HEADER then
+      ferr(path, ("header length %.0f is absurd (limit %d bytes): not a safetensors file?"):format(n, M.MAX_HEADER))
+    end
     if 8 + n > fsize then
       ferr(path, ("header length %d goes beyond the end of the file (%d bytes): truncated file?"):format(n, fsize))
     end
@@ -103,7 +108,8 @@ function M.read_header(path)
         if type(dt) ~= "string" then terr(path, name, "missing or non-string dtype") end
         local d = DTYPES[dt]
         if not d then
-          if SPEC_ONLY[dt] then terr(path, name, "dtype " .. dt .. " is not supported (F32, F16, BF16, F64, I64, I32, U8, BOOL)") end
+          if SPEC_ONLY[dt] then terr(path, name,
+            "dtype " .. dt .. " is not supported (F32, F16, BF16, F64, I64, I32, U8, BOOL)") end
           terr(path, name, "unknown dtype '" .. dt .. "'")
         end
         local shape = e.shape
@@ -124,7 +130,8 @@ function M.read_header(path)
         local b, en = off[1], off[2]
         if b > en then terr(path, name, ("data_offsets [%d, %d] are reversed"):format(b, en)) end
         if en > buflen then
-          terr(path, name, ("data_offsets [%d, %d] go beyond the data buffer (%d bytes): truncated file?"):format(b, en, buflen))
+          terr(path, name, ("data_offsets [%d, %d] go beyond the data buffer (%d bytes): truncated file?"):format(b, en,
+            buflen))
         end
         if en - b ~= numel * d[2] then
           terr(path, name, ("shape [%s] x %s needs %.0f bytes but data_offsets [%d, %d] hold %d"):format(
@@ -132,7 +139,8 @@ function M.read_header(path)
         end
         local sh = {}
         for i = 1, #shape do sh[i] = shape[i] end
-        info.tensors[name] = { name = name, dtype = dt, bl_dtype = d[1], shape = sh, begin = b, ["end"] = en, nbytes = en - b, numel = numel }
+        info.tensors[name] = { name = name, dtype = dt, bl_dtype = d[1], shape = sh, begin = b, ["end"] = en,
+          nbytes = en - b, numel = numel }
         info.names[#info.names + 1] = name
         spans[#spans + 1] = info.tensors[name]
       end
@@ -146,9 +154,11 @@ function M.read_header(path)
     local pos, prev = 0, nil
     for _, s in ipairs(spans) do
       if s.begin < pos then
-        terr(path, s.name, ("data_offsets [%d, %d] overlap tensor '%s' (ends at %d)"):format(s.begin, s["end"], prev.name, pos))
+        terr(path, s.name, ("data_offsets [%d, %d] overlap tensor '%s' (ends at %d)"):format(s.begin, s["end"],
+          prev.name, pos))
       elseif s.begin > pos then
-        terr(path, s.name, ("bytes [%d, %d) before it belong to no tensor (hole in the data buffer)"):format(pos, s.begin))
+        terr(path, s.name, ("bytes [%d, %d) before it belong to no tensor (hole in the data buffer)"):format(pos,
+          s.begin))
       end
       pos, prev = s["end"], s
     end
@@ -249,7 +259,8 @@ function M.save(path, tensors, opts)
       t = t:to({ dtype = DTYPES[dt][1], device = "cpu" }):contiguous()
     end
     local nb = t:numel() * DTYPES[dt][2]
-    entries[#entries + 1] = { name = it.name, dtype = dt, shape = t:shape(), begin = off, ["end"] = off + nb, tensor = t }
+    entries[#entries + 1] = { name = it.name, dtype = dt, shape = t:shape(), begin = off, ["end"] = off + nb,
+      tensor = t }
     off = off + nb
   end
   local header = json_header(entries, opts.metadata or { format = "pt" })
@@ -309,7 +320,8 @@ local function map_names(model_names, info)
   local decoder_w, decoder_b
   for _, fname in ipairs(info.names) do
     local n = canonical(fname)
-    if has_prefix_model and not has_prefix_file and (n:match("^embeddings%.") or n:match("^encoder%.") or n:match("^pooler%.")) then
+    if has_prefix_model and not has_prefix_file
+      and (n:match("^embeddings%.") or n:match("^encoder%.") or n:match("^pooler%.")) then
       n = "bert." .. n
     elseif not has_prefix_model and has_prefix_file and n:sub(1, 5) == "bert." then
       n = n:sub(6)
@@ -359,7 +371,8 @@ function M.load_model(model, path, opts)
   for _, p in ipairs(params) do
     if not map[p.name] then
       if not allow_missing(p.name) then
-        error(("safetensors: %s: tensor '%s' is missing (the model needs it; pass allow_missing to initialise it fresh)"):format(
+        error(("safetensors: %s: tensor '%s' is missing (the model needs it; pass allow_missing to initialise it " ..
+          "fresh)"):format(
           path, p.name), 0)
       end
       missing[#missing + 1] = p.name
@@ -367,7 +380,8 @@ function M.load_model(model, path, opts)
   end
   for _, n in ipairs(unexpected) do
     if not allow_unexpected(n) then
-      error(("safetensors: %s: tensor '%s' is not a parameter of this model (pass allow_unexpected to ignore it)"):format(path, n), 0)
+      error(("safetensors: %s: tensor '%s' is not a parameter of this model (pass allow_unexpected to ignore it)")
+        :format(path, n), 0)
     end
   end
   -- check every shape before writing anything: a failed load leaves the model as it was
@@ -404,7 +418,8 @@ function M.load_model(model, path, opts)
   if not ok then error(err, 0) end
   if not opts.quiet then
     if #missing > 0 then
-      io.stderr:write(("note: %s: %d parameter(s) not in the checkpoint, initialised fresh: %s\n"):format(path, #missing,
+      io.stderr:write(("note: %s: %d parameter(s) not in the checkpoint, initialised fresh: %s\n"):format(path,
+        #missing,
         table.concat(missing, ", ")))
     end
     if #unexpected > 0 then
@@ -468,13 +483,15 @@ function M.from_pretrained(dir, opts)
   local config = require "bertlua.bert.config"
   local bert = require "bertlua.bert"
   local cfgpath = dir .. "/config.json"
-  if not fs.exists(cfgpath) then error("from_pretrained: " .. cfgpath .. " not found (a model directory holds config.json + model.safetensors)", 2) end
+  if not fs.exists(cfgpath) then error("from_pretrained: " .. cfgpath
+    .. " not found (a model directory holds config.json + model.safetensors)", 2) end
   local cfg = config.load(cfgpath)
   local head = opts.head
   if not head and type(cfg.architectures) == "table" then head = bert.architectures[cfg.architectures[1]] end
   head = head or "pretraining"
   local ctor = bert.heads[head]
-  if not ctor then error("from_pretrained: unknown head '" .. tostring(head) .. "' (pretraining, qa, classification, model)", 2) end
+  if not ctor then error("from_pretrained: unknown head '" .. tostring(head)
+    .. "' (pretraining, qa, classification, model)", 2) end
   local model = ctor(cfg, { seed = opts.seed or 0, num_labels = opts.num_labels })
   local wpath = dir .. "/model.safetensors"
   if not fs.exists(wpath) then error("from_pretrained: " .. wpath .. " not found", 2) end

@@ -40,7 +40,8 @@ function M.model_dir(recipe, dir, vocab)
   end
   local v = dir .. "/vocab.txt"
   if not readable(v) then
-    error(("%s: %s has no vocab.txt; give the vocabulary the model was trained with as --vocab=FILE"):format(recipe, dir), 0)
+    error(("%s: %s has no vocab.txt; give the vocabulary the model was trained with as --vocab=FILE"):format(recipe,
+      dir), 0)
   end
   return v
 end

@@ -106,11 +106,13 @@ end
 function M.load(path, opts)
   opts = opts or {}
   local text, err = fs.read(path .. "/state.json")
-  if not text then error("checkpoint: " .. path .. " is not a complete checkpoint (no state.json: " .. tostring(err) .. ")", 2) end
+  if not text then error("checkpoint: " .. path .. " is not a complete checkpoint (no state.json: " .. tostring(err)
+    .. ")", 2) end
   local ok, meta = pcall(cjson.decode, text)
   if not ok or type(meta) ~= "table" then error("checkpoint: " .. path .. "/state.json is not valid JSON", 2) end
   if meta.format ~= M.FORMAT then
-    error(("checkpoint: %s has format %s, this bertlua reads format %d"):format(path, tostring(meta.format), M.FORMAT), 2)
+    error(("checkpoint: %s has format %s, this bertlua reads format %d"):format(path, tostring(meta.format), M.FORMAT),
+      2)
   end
   compare(path, opts.identity, meta.identity or {})
   if opts.model then st.load_model(opts.model, path .. "/model.safetensors", { strict = opts.strict }) end

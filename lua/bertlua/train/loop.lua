@@ -23,14 +23,16 @@ function M.fit(o)
   if o.batch % micro ~= 0 then error("trainer: batch must be a multiple of micro_batch", 2) end
   local accum = o.batch / micro
   local steps_per_epoch = math.floor(o.n / o.batch)
-  if steps_per_epoch == 0 then error(("trainer: %d training examples are fewer than one batch of %d"):format(o.n, o.batch), 2) end
+  if steps_per_epoch == 0 then error(("trainer: %d training examples are fewer than one batch of %d"):format(o.n,
+    o.batch), 2) end
   local total = steps_per_epoch * o.epochs
   if o.max_steps and o.max_steps > 0 then total = math.min(total, o.max_steps) end
   print(("train: %d examples, %d steps (%d epochs x %d), batch %d = %d x %d"):format(o.n, total, o.epochs,
     steps_per_epoch, o.batch, micro, accum))
   local model = o.model
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01 }
-  local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_proportion = o.warmup or 0.1 }
+  local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total,
+    warmup_proportion = o.warmup or 0.1 }
   -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
   local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "seq_per_s" }, config = o.config }
@@ -112,7 +114,8 @@ function M.pad_rows(rows, max_len)
   for _, r in ipairs(rows) do if #r.ids > S then S = #r.ids end end
   S = math.min(math.ceil(S / 8) * 8, max_len or math.huge)
   local B = #rows
-  local ids, tt, am = bl.zeros({ B, S }, { dtype = "i32" }), bl.zeros({ B, S }, { dtype = "i32" }), bl.zeros({ B, S }, { dtype = "i32" })
+  local ids, tt, am = bl.zeros({ B, S }, { dtype = "i32" }), bl.zeros({ B, S }, { dtype = "i32" }), bl.zeros({ B, S },
+    { dtype = "i32" })
   local pi, pt, pm = ids:ptr(), tt:ptr(), am:ptr()
   for b, r in ipairs(rows) do
     for i = 1, math.min(#r.ids, S) do
