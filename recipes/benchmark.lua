@@ -60,7 +60,7 @@ if on_gpu then
   if dev >= bl.cuda_device_count() then
     error(("benchmark: --device=%s but %d CUDA device(s) are visible"):format(opt.device, bl.cuda_device_count()), 0)
   end
-  bl.C.bl_cuda_set_tf32(opt.precision == "tf32" and 1 or 0)
+  bl.cuda_set_tf32(opt.precision == "tf32")
 elseif opt.precision ~= "fp32" then
   error("benchmark: --precision=" .. opt.precision .. " needs --device=cuda", 0)
 end
@@ -81,8 +81,7 @@ local model = bert.BertForPreTraining(cfg, { seed = 1 })
 local devname = "cpu"
 if on_gpu then
   model:to{ device = dev, dtype = opt.precision == "bf16" and "bf16" or "f32" }
-  local nb = bl.ffi.new("char[256]")
-  if bl.C.bl_cuda_device_name(dev, nb, 256) == 0 then devname = bl.ffi.string(nb) end
+  devname = bl.cuda_device_name(dev) or devname
 end
 if opt.infer then model:eval() else model:train() end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
@@ -120,11 +119,10 @@ if on_gpu then
   for _, k in ipairs({ "input_ids", "attention_mask", "token_type_ids", "next_sentence_labels" }) do
     batch[k] = batch[k]:to(opt.device)
   end
-  local C, check = bl.C, require("bertlua.core").check
   local upd = bl.empty({ model.flat_params:numel() }, { device = dev })
   update = function(lr)
-    check(C.bl_affine(upd, model.flat_grads, -lr, 0))
-    check(C.bl_binary(0, model.flat_params, model.flat_params, upd))
+    model.flat_grads:mul(-lr, upd)
+    model.flat_params:add_(upd)
     model:sync_compute()
   end
 else
@@ -145,7 +143,7 @@ local function step()
   update(opt.lr)
   return out.loss
 end
-local function sync() if on_gpu then require("bertlua.core").check(bl.C.bl_cuda_synchronize(dev)) end end
+local function sync() if on_gpu then bl.cuda_synchronize(dev) end end
 
 for _ = 1, opt.warmup do step() end
 sync()

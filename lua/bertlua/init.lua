@@ -3,17 +3,27 @@
 -- the process group. Submodules load on first use: bl.nn, bl.optim, ...
 local core = require "bertlua.core"
 local tensor = require "bertlua.tensor"
-local ffi, C = core.ffi, core.C
+local ffi, C, check = core.ffi, core.C, core.check
 
+-- The raw C API (bertlua.core) is for the library's own modules: scripts
+-- call the named functions here and in the submodules.
 local M = {}
 for k, v in pairs(tensor) do M[k] = v end
-M.C = C
-M.ffi = ffi
 
 M.version = ffi.string(C.bl_version())
 
 function M.cuda_available() return C.bl_cuda_device_count() > 0 end
 function M.cuda_device_count() return C.bl_cuda_device_count() end
+-- TF32 tensor-core GEMMs for f32 on the GPU (on) or exact f32 (off)
+function M.cuda_set_tf32(on) C.bl_cuda_set_tf32(on and 1 or 0) end
+-- name of GPU `dev` (0-based), or nil when it cannot be read
+function M.cuda_device_name(dev)
+  local nb = ffi.new("char[256]")
+  if C.bl_cuda_device_name(dev, nb, 256) ~= 0 then return nil end
+  return ffi.string(nb)
+end
+-- wait until GPU `dev` has finished its queued work
+function M.cuda_synchronize(dev) check(C.bl_cuda_synchronize(dev)) end
 function M.cuda_compiled() return C.bl_cuda_compiled() == 1 end
 function M.nccl_compiled() return C.bl_nccl_compiled() == 1 end
 function M.num_threads() return C.bl_num_threads() end
