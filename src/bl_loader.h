@@ -1,11 +1,28 @@
 /* bertlua — pre-training shards and the batch loader (lua/bertlua/data/loader.lua
  * wraps this as loader.Loader).
  *
- * Shard file format BLSHARD1 (little-endian), documented in full at the top of
- * lua/bertlua/data/shards.lua, which writes it: an 80-byte header
- * (bl_shard_header), uint64 offsets[N + 1], then N records
- *   uint16 L, uint16 len_a, uint16 M, uint8 nsp, uint8 reserved,
- *   token ids[L], uint16 positions[M], labels[M]   (ids/labels token_bytes wide).
+ * Shard file format BLSHARD1, version 1 (little-endian; written atomically by
+ * lua/bertlua/data/shards.lua):
+ *   header, 80 bytes:
+ *     char     magic[8]        "BLSHARD1"
+ *     uint32   version         1
+ *     uint32   header_bytes    80
+ *     uint64   vocab_hash      FNV-1a 64 of the vocab file's bytes
+ *     uint32   vocab_size
+ *     uint32   max_seq_length
+ *     uint32   max_predictions
+ *     uint32   flags           1 = dynamic masking (no masks stored), 2 = whole-word masking
+ *     float32  masked_lm_prob
+ *     uint32   token_bytes     2 when vocab_size <= 65535, else 4
+ *     uint64   seed
+ *     uint64   num_instances   N
+ *     uint64   data_bytes      bytes after the offsets table
+ *     uint64   checksum        FNV-1a 64 of the offsets table and the data
+ *   uint64 offsets[N + 1]      record k is data[offsets[k], offsets[k+1])
+ *   records:
+ *     uint16 length L, uint16 len_a (tokens of "[CLS] A [SEP]"), uint16 M (masked),
+ *     uint8 next_sentence_label (1 = B is a random sentence), uint8 reserved,
+ *     token ids[L] (token_bytes each, masks applied), uint16 positions[M], labels[M] (token_bytes each)
  *
  * bl_shard_open memory-maps a file and refuses it (BL_EFORMAT, message
  * "shard PATH: what failed") unless: the size covers the header; magic,
@@ -19,8 +36,8 @@
  * The loader (bl_loader_open) opens a list of shards as one dataset of
  * `total` instances and serves batches for rank r of W:
  *   - epoch e is a permutation of all instances: the identity when shuffle is
- *     off, otherwise a Fisher-Yates shuffle with xorshift64* seeded by
- *     seed*1000003 + e (the stream of bertlua.data.synthetic.rng);
+ *     off, otherwise a Fisher-Yates shuffle with the generator below seeded
+ *     by seed*1000003 + e;
  *   - step p of rank r takes entries (p*B + b)*W + r, b = 0..B-1, of it, so
  *     ranks are disjoint and all ranks of a step read one contiguous block of
  *     B*W entries; steps_per_epoch = floor(floor(total / W) / B) (the rest of
@@ -33,7 +50,7 @@
  *     epoch, and the order is a function of (seed, epoch, B, W, K) only;
  *   - dynamic masking (shards with flag 1): instance i of epoch e is masked with
  *     the rng seeded by (seed*1000003 + e)*1000003 + i, by the algorithm of
- *     pretraining_data.mask (15% of tokens, capped; never [CLS]/[SEP];
+ *     bertlua.data.pretraining.mask (15% of tokens, capped; never [CLS]/[SEP];
  *     80% [MASK] / 10% unchanged / 10% random; whole words when the shard
  *     has flag 2 and is_continuation is given). The seed arithmetic is done in
  *     double, as the Lua reference does it, so both give the same bits.
@@ -42,6 +59,12 @@
  * masked_lm_positions int32 [B, P] (0 padded), masked_lm_labels int32 [B, P]
  * (-1 padded), next_sentence_labels int32 [B]; P = max(max_predictions, the
  * shards' max_predictions).
+ *
+ * The generator (bl_xrng; Lua: bertlua.util.rng) is xorshift64*: state
+ * s = 0x9E3779B97F4A7C15 + seed * 0x100000001B3 (mod 2^64); a draw does
+ * s ^= s >> 12, s ^= s << 25, s ^= s >> 27 and returns
+ * ((s * 0x2545F4914F6CDD1D mod 2^64) >> 11) / 2^53, a double in [0, 1);
+ * an integer in 1..n is floor(draw * n) + 1.
  *
  * Prefetch: with prefetch = K > 0 a thread builds the next K batches, each in
  * its own new CPU tensors, into a ring; bl_loader_next hands the oldest over

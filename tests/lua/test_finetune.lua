@@ -22,7 +22,7 @@ local cfg = { vocab_size = 97, hidden_size = 16, num_hidden_layers = 2, num_atte
 
 -- 24 random rows of random lengths 5..20; the label is a function of the second token
 local function data(seed, n)
-  local rng = require("bertlua.data.synthetic").rng(seed)
+  local rng = require("bertlua.util.rng")(seed)
   local rows = {}
   for i = 1, n do
     local len = 4 + rng(16)

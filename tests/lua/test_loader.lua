@@ -270,7 +270,7 @@ T.test("the loader refuses a shard that fails a check, naming the file and the c
   local dir = tmp .. "/bad"
   local function refused(name, data, pattern, max_seq_length)
     os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
-    write(dir .. "/train_00000.blshard", bytes)
+    write(dir .. "/train_00000.blshard", data)
     local err = T.raises(function()
       ld.Loader{ dir = dir, split = "train", batch_size = 2, max_seq_length = max_seq_length or 64 }
     end, pattern)

@@ -9,7 +9,7 @@
 -- word masking, dupe_factor passes). The random stream is our own xorshift64*
 -- seeded by --seed and the input file, not Python's: the same distributions,
 -- reproducible bit for bit here.
-local syn = require "bertlua.data.synthetic"
+local rng = require "bertlua.util.rng"
 
 local M = {}
 
@@ -139,7 +139,7 @@ end
 
 -- create(docs, opts) -> list of records; opts: tokenizer ids and the parameters
 function M.create(docs, o)
-  local r = syn.rng(o.seed)
+  local r = rng(o.seed)
   local out = {}
   local order = {}
   for i = 1, #docs do order[i] = docs[i] end

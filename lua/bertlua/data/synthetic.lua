@@ -11,20 +11,7 @@
 local fs = require "bertlua.util.fs"
 local M = {}
 
--- small deterministic PRNG (xorshift64*), independent of math.random
-local function rng(seed)
-  local ffi = require "ffi"
-  local s = ffi.new("uint64_t[1]", 0x9E3779B97F4A7C15ULL + seed * 0x100000001B3ULL)
-  return function(n)
-    local x = s[0]
-    x = bit.bxor(x, bit.rshift(x, 12)); x = bit.bxor(x, bit.lshift(x, 25)); x = bit.bxor(x, bit.rshift(x, 27))
-    s[0] = x
-    local r = tonumber(bit.rshift(x * 0x2545F4914F6CDD1DULL, 11)) / 2 ^ 53
-    if n then return math.floor(r * n) + 1 end
-    return r
-  end
-end
-M.rng = rng
+local rng = require "bertlua.util.rng"
 
 local ONSETS = { "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "st", "gr",
   "th", "sh", "kr", "pl" }

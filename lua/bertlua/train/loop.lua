@@ -13,7 +13,7 @@ local bl = require "bertlua"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
 local logm = require "bertlua.util.log"
-local syn = require "bertlua.data.synthetic"
+local rng = require "bertlua.util.rng"
 local amp = require "bertlua.train.amp"
 
 local M = {}
@@ -36,13 +36,13 @@ function M.fit(o)
   -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
   local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "seq_per_s" }, config = o.config }
-  local rng = syn.rng(o.seed or 42)
+  local draw = rng(o.seed or 42)
   local order = {}
   for i = 1, o.n do order[i] = i end
   model:train()
   local step, last_loss, skipped = 0, nil, 0
   for _ = 1, o.epochs do
-    for i = #order, 2, -1 do local j = rng(i); order[i], order[j] = order[j], order[i] end
+    for i = #order, 2, -1 do local j = draw(i); order[i], order[j] = order[j], order[i] end
     for s = 0, steps_per_epoch - 1 do
       if step >= total then break end
       local t0 = logm.clock()

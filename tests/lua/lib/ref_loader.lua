@@ -2,7 +2,7 @@
 -- loader must give the same bits for the same options (tests/lua/test_loader.lua).
 local bl = require "bertlua.tensor"
 local ffi = require "ffi"
-local syn = require "bertlua.data.synthetic"
+local rng = require "bertlua.util.rng"
 local pd = require "bertlua.data.pretraining"
 local shards = require "bertlua.data.shards"
 local loader = require "bertlua.data.loader"
@@ -54,7 +54,7 @@ function Loader:_permute()
   local perm = ffi.new("int32_t[?]", n)
   for i = 0, n - 1 do perm[i] = i end
   if self.shuffle then
-    local r = syn.rng(self.seed * 1000003 + self.epoch)
+    local r = rng(self.seed * 1000003 + self.epoch)
     for i = n - 1, 1, -1 do local j = r(i + 1) - 1; perm[i], perm[j] = perm[j], perm[i] end
   end
   self.perm = perm
@@ -104,8 +104,8 @@ function Loader:next()
     end
     pn[b - 1] = r.nsp
     if self.dynamic then
-      local rng = syn.rng((self.seed * 1000003 + self.epoch) * 1000003 + r.gi)
-      local out, posl, labl = pd.mask(toks, self.mask_opts, rng)
+      local draw = rng((self.seed * 1000003 + self.epoch) * 1000003 + r.gi)
+      local out, posl, labl = pd.mask(toks, self.mask_opts, draw)
       for i = 1, r.L do pi[row + i - 1] = out[i] end
       for j = 1, math.min(#posl, P) do pp[(b - 1) * P + j - 1] = posl[j]; pl[(b - 1) * P + j - 1] = labl[j] end
     else
