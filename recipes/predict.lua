@@ -121,33 +121,27 @@ local function answer_questions(src, name)
   if #examples == 0 then error(("predict: no usable questions in %s"):format(name), 0) end
   local feats = squad.convert_examples_to_features(examples, tok, { max_seq_length = opt.max_seq_length,
     doc_stride = opt.doc_stride, max_query_length = opt.max_query_length, is_training = false })
-  local results = {}
-  local stats = run(#feats,
-    function(idx)
-      local rows = {}
-      for k, i in ipairs(idx) do
-        local f = feats[i]
-        local n = 0
-        for j = 1, #f.input_mask do if f.input_mask[j] ~= 0 then n = j end end
-        rows[k] = { ids = { unpack(f.input_ids, 1, n) }, types = { unpack(f.segment_ids, 1, n) } }
-      end
-      return (trainer.pad_rows(rows, opt.max_seq_length))
-    end,
-    function(idx, out)
-      local S = out.start_logits:size(2)
-      local st, en = out.start_logits:totable(), out.end_logits:totable()
-      for r, i in ipairs(idx) do
-        results[i] = { unique_id = feats[i].unique_id, start_logits = { unpack(st, (r - 1) * S + 1, r * S) },
-          end_logits = { unpack(en, (r - 1) * S + 1, r * S) } }
-      end
-    end)
-  local preds, nbest, odds = squad.write_predictions(examples, feats, results, { tokenizer = tok,
-    n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
-    version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })
+  -- a feature's row is its tokens up to the last unmasked one; run() pads the batch
+  local function feature_rows(idx)
+    local rows = {}
+    for k, i in ipairs(idx) do
+      local f = feats[i]
+      local n = 0
+      for j = 1, #f.input_mask do if f.input_mask[j] ~= 0 then n = j end end
+      rows[k] = { ids = { unpack(f.input_ids, 1, n) }, types = { unpack(f.segment_ids, 1, n) } }
+    end
+    return (trainer.pad_rows(rows, opt.max_seq_length))
+  end
+  local preds, nbest, odds, stats = squad.predict(examples, feats,
+    function(n, consume) return run(n, feature_rows, consume) end,
+    { tokenizer = tok, n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
+      version_2_with_negative = opt.version_2_with_negative,
+        null_score_diff_threshold = opt.null_score_diff_threshold })
   return preds, nbest, odds, stats, rep.skipped, #examples
 end
 
-local records, skipped, stats
+local records, stats
+local skipped = 0
 local summary = {}
 
 if task == "squad" then

@@ -134,21 +134,14 @@ if opt.do_predict then
   end
   feat_opts.is_training = false
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
-  local results = {}
-  local stats = trainer.predict{ model = model, n = #feats, batch = opt.predict_batch,
-    make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, false)) end,
-    consume = function(idx, out)
-      local S = out.start_logits:size(2)
-      local st, en = out.start_logits:totable(), out.end_logits:totable()
-      for r, i in ipairs(idx) do
-        results[i] = { unique_id = feats[i].unique_id,
-          start_logits = { unpack(st, (r - 1) * S + 1, r * S) }, end_logits = { unpack(en, (r - 1) * S + 1, r * S) } }
-      end
-    end }
-  print("predict: " .. trainer.format_latency(stats))
-  squad.write_predictions(examples, feats, results, { tokenizer = tok, output_dir = opt.output,
+  local function run(n, consume)
+    return trainer.predict{ model = model, n = n, batch = opt.predict_batch,
+      make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, false)) end, consume = consume }
+  end
+  local _, _, _, stats = squad.predict(examples, feats, run, { tokenizer = tok, output_dir = opt.output,
     n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
     version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })
+  print("predict: " .. trainer.format_latency(stats))
   print("predict: wrote " .. opt.output .. "/predictions.json")
   if squad.has_answers(dataset) then
     local preds = cjson.decode(io.open(opt.output .. "/predictions.json"):read("*a"))

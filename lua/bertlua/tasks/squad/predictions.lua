@@ -216,4 +216,24 @@ function M.write_predictions(examples, features, results, opts)
   return all_predictions, all_nbest, v2 and scores_diff or nil
 end
 
+-- predict(examples, features, run, opts) -> predictions, nbest, null_odds, stats:
+-- the QA model's logits for every feature, then write_predictions(opts).
+-- run(n, consume) runs the model over features 1..n in batches (the caller
+-- chooses batching and timing) and calls consume(idx, out) with the features'
+-- indices and the model's { start_logits, end_logits } [rows, S]; it returns
+-- its statistics, passed through as `stats`.
+function M.predict(examples, features, run, opts)
+  local results = {}
+  local stats = run(#features, function(idx, out)
+    local S = out.start_logits:size(2)
+    local st, en = out.start_logits:totable(), out.end_logits:totable()
+    for r, i in ipairs(idx) do
+      results[i] = { unique_id = features[i].unique_id,
+        start_logits = { unpack(st, (r - 1) * S + 1, r * S) }, end_logits = { unpack(en, (r - 1) * S + 1, r * S) } }
+    end
+  end)
+  local preds, nbest, odds = M.write_predictions(examples, features, results, opts)
+  return preds, nbest, odds, stats
+end
+
 return M
