@@ -50,29 +50,12 @@ function BertPredictionHeadTransform:__init(cfg)
   self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
 end
 function BertPredictionHeadTransform:forward(x)
-  local act, dense = self.transform_act_fn, self.dense
-  self._fused = act.fuses_bias
-  local a
-  if self._fused then
-    local pre = buf(self, "pre", nn.with_last(x, dense.out_features))
-    check(C.bl_linear_forward(pre, x, dense.weight, nil))
-    a = act:forward_bias(pre, dense.bias)
-  else
-    a = act:forward(dense:forward(x))
-  end
-  self._act = a
-  return self.LayerNorm:forward(a)
+  self._act = nn.dense_act_forward(self, self.dense, self.transform_act_fn, x)
+  return self.LayerNorm:forward(self._act)
 end
 function BertPredictionHeadTransform:backward(x, dy)
-  local act, dense = self.transform_act_fn, self.dense
   local da = self.LayerNorm:backward(self._act, dy)
-  if self._fused then
-    local dpre = act:backward_bias(self.pre, dense.bias, da, dense.grad_bias)
-    local dx = buf(self, "grad_input", x:shape())
-    check(C.bl_linear_backward(dx, dense.grad_weight, nil, dpre, x, dense.weight, 0))
-    return dx
-  end
-  return dense:backward(x, act:backward(dense.output, da))
+  return nn.dense_act_backward(self, self.dense, self.transform_act_fn, x, da)
 end
 
 -- MLM head: transform, then logits = t E^T + bias with E the (tied) word embeddings.

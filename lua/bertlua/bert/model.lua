@@ -253,26 +253,11 @@ function BertIntermediate:__init(cfg)
   self:add("intermediate_act_fn", nn.activation(cfg.hidden_act))
 end
 function BertIntermediate:forward(x)
-  local act, dense = self.intermediate_act_fn, self.dense
-  self._fused = act.fuses_bias and dense.bias ~= nil
-  if self._fused then
-    local lin = buf(self, "pre", nn.with_last(x, dense.out_features))
-    check(C.bl_linear_forward(lin, x, dense.weight, nil))
-    self.output = act:forward_bias(lin, dense.bias)
-  else
-    self.output = act:forward(dense:forward(x))
-  end
+  self.output = nn.dense_act_forward(self, self.dense, self.intermediate_act_fn, x)
   return self.output
 end
 function BertIntermediate:backward(x, dy)
-  local act, dense = self.intermediate_act_fn, self.dense
-  if self._fused then
-    local dpre = act:backward_bias(self.pre, dense.bias, dy, dense.grad_bias)
-    local dx = buf(self, "grad_input", x:shape())
-    check(C.bl_linear_backward(dx, dense.grad_weight, nil, dpre, x, dense.weight, 0))
-    return dx
-  end
-  return dense:backward(x, act:backward(dense.output, dy))
+  return nn.dense_act_backward(self, self.dense, self.intermediate_act_fn, x, dy)
 end
 
 local BertLayer = class("BertLayer")

@@ -476,6 +476,25 @@ function M.activation(name)
     2)
 end
 
+-- dense then activation (BertIntermediate, the MLM head's transform): the dense
+-- bias goes into the activation's kernel when it can take it (bias+GELU).
+-- The module keeps its buffers ("pre", "grad_input") and whether it fused.
+function M.dense_act_forward(self, dense, act, x)
+  self._fused = act.fuses_bias and dense.bias ~= nil
+  if not self._fused then return act:forward(dense:forward(x)) end
+  local pre = buf(self, "pre", M.with_last(x, dense.out_features))
+  check(C.bl_linear_forward(pre, x, dense.weight, nil))
+  return act:forward_bias(pre, dense.bias)
+end
+-- dy: gradient of the activation's output -> gradient of x (dense's grads accumulate)
+function M.dense_act_backward(self, dense, act, x, dy)
+  if not self._fused then return dense:backward(x, act:backward(dense.output, dy)) end
+  local dpre = act:backward_bias(self.pre, dense.bias, dy, dense.grad_bias)
+  local dx = buf(self, "grad_input", x:shape())
+  check(C.bl_linear_backward(dx, dense.grad_weight, nil, dpre, x, dense.weight, 0))
+  return dx
+end
+
 -- in-place dst += src (same shape)
 function M.add_(dst, src)
   return dst:add_(src)
