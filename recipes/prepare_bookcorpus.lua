@@ -19,7 +19,7 @@ if o.input == "" or o.output == "" then
   io.stderr:write("prepare_bookcorpus: --input and --output are required (see --help)\n")
   os.exit(2)
 end
-print("prepare_bookcorpus options:\n" .. options.show(o))
+print("prepare_bookcorpus options:\n" .. options.show(o, "  %-18s %s"))   -- the corpus stages' layout
 local ok, s = pcall(corpus.prepare_bookcorpus, o)
 if not ok then
   io.stderr:write("prepare_bookcorpus: error: ", tostring(s), "\n")

@@ -24,7 +24,7 @@ if o.input == "" or o.output == "" then
   io.stderr:write("prepare_wikipedia: --input and --output are required (see --help)\n")
   os.exit(2)
 end
-print("prepare_wikipedia options:\n" .. options.show(o))
+print("prepare_wikipedia options:\n" .. options.show(o, "  %-18s %s"))   -- the corpus stages' layout
 
 local ok, s = pcall(corpus.prepare_wikipedia, o)
 if not ok then

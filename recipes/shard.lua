@@ -28,7 +28,7 @@ if o.input == "" or o.output == "" then
   io.stderr:write("shard: --input and --output are required (see --help)\n")
   os.exit(2)
 end
-print("shard options:\n" .. options.show(o))
+print("shard options:\n" .. options.show(o, "  %-18s %s"))   -- the corpus stages' layout
 local ok, s = pcall(corpus.shard, o)
 if not ok then
   io.stderr:write("shard: error: ", tostring(s), "\n")

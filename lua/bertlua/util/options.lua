@@ -119,13 +119,14 @@ function M.parse(argv, spec, info)
   return opt
 end
 
--- show(opt): the options as one "name=value" line per option, sorted (printed at start by recipes)
-function M.show(opt)
+-- show(opt[, fmt]): the options as one line per option, sorted (printed at start by recipes);
+-- fmt formats name and value (default "  %s = %s")
+function M.show(opt, fmt)
   local keys = {}
   for k in pairs(opt) do if k:sub(1, 1) ~= "_" then keys[#keys + 1] = k end end
   table.sort(keys)
   local out = {}
-  for _, k in ipairs(keys) do out[#out + 1] = ("  %s = %s"):format(k, tostring(opt[k])) end
+  for _, k in ipairs(keys) do out[#out + 1] = (fmt or "  %s = %s"):format(k, tostring(opt[k])) end
   return table.concat(out, "\n")
 end
 
