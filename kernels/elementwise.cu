@@ -194,11 +194,11 @@ __global__ void ew_kernel(iter it, int kind, int op, double s, double alpha, int
         break;
       }
       case EW_UNARY: st(it.dtype[0], o, unop_d(op, ld(it.dtype[1], a))); break;
-      case EW_AFFINE:
+      case EW_AFFINE:   // two roundings as on the CPU: _rn intrinsics keep nvcc from fusing them into an FMA
         if (it.dtype[0] == BL_F32 && it.dtype[1] == BL_F32)   // the CPU's f32 fast path computes in f32
-          *(float *)o = *(const float *)a * (float)alpha + (float)s;
+          *(float *)o = __fadd_rn(__fmul_rn(*(const float *)a, (float)alpha), (float)s);
         else
-          st(it.dtype[0], o, ld(it.dtype[1], a) * alpha + s);
+          st(it.dtype[0], o, __dadd_rn(__dmul_rn(ld(it.dtype[1], a), alpha), s));
         break;
       default: {  // EW_WHERE: operands out, cond, a, b
         bool take = ld(it.dtype[1], a) != 0;
