@@ -63,14 +63,11 @@ int bl_cuda_get_tf32(void);
 int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b);
 int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
                             const bl_tensor *x, const bl_tensor *w, int accumulate);
-/* Fused linear + bias + GELU through cuBLASLt's GELU_AUX_BIAS epilogue:
- * pre = x W^T + b (saved for backward, same shape/dtype rules as y),
- * y = gelu(pre). NOTE: cuBLASLt's GELU is the tanh approximation
- * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), not BERT's exact erf
- * (|difference| < 5e-4 absolute); use bl_cuda_linear_forward +
- * bl_cuda_bias_gelu_forward for the exact form.
- * Backward (DGELU epilogue): dpre = (dy_out W2) * gelu'(pre) where the caller
- * supplies dh = dy_out and w2: dpre = (dh @ w2) .* gelu_tanh'(pre), and
+/* Linear + bias + GELU: pre = x W^T + b (saved for backward, same shape/dtype
+ * rules as y), y = gelu(pre) with BERT's exact erf GELU, the CPU's
+ * bl_linear_forward + bl_gelu_forward. (cuBLASLt's GELU epilogues compute the
+ * tanh approximation, so the GELU runs after the GEMM, not in its epilogue.)
+ * Backward: dpre = (dh @ w2) .* gelu'(pre) (erf GELU, as bl_gelu_backward),
  * db += column sums of dpre (may be NULL). Shapes: dh [M, N2], w2 [N2, N],
  * pre/dpre [M, N], db [N]. */
 int bl_cuda_linear_gelu_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
