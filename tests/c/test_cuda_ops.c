@@ -400,9 +400,11 @@ static void test_attention(void) {
 static void ref_step(int lamb, float *p, const float *g, float *m, float *v, const int64_t *off, const int64_t *len, const uint8_t *dec,
                      int nseg, double lr, double b1, double b2, double eps, double wd, int64_t step, double scale, double maxn) {
   double nn = 0;
-  for (int s = 0; s < nseg; s++) for (int64_t i = off[s]; i < off[s] + len[s]; i++) { float x = g[i] * (float)(1.0 / scale); nn += (double)x * x; }
-  nn = sqrt(nn);
-  float clip = (maxn > 0 && nn > maxn) ? (float)(nn / maxn) : 1.0f, gs = (float)(1.0 / scale) / clip;
+  /* the CPU contract (bl_optim.h): grad_scale multiplies, g_eff = g * (grad_scale / clip) */
+  for (int s = 0; s < nseg; s++) for (int64_t i = off[s]; i < off[s] + len[s]; i++) nn += (double)g[i] * g[i];
+  nn = sqrt(nn) * scale;
+  double clip = (maxn > 0 && nn > maxn) ? nn / maxn : 1.0;
+  float gs = (float)(scale / clip);
   float bc1 = (float)(1 - pow(b1, (double)step)), bc2 = (float)(1 - pow(b2, (double)step));
   for (int s = 0; s < nseg; s++) {
     double pn = 0, un = 0;
@@ -437,23 +439,35 @@ static void test_optim(void) {
     bl_tensor *dp = up(p, BL_F32), *dg = up(g, BL_F32), *dm = up(m, BL_F32), *dv = up(v, BL_F32);
     double gn = -1; int skipped = -1;
     for (int64_t step = 1; step <= 3; step++) {
-      ref_step(lamb, p->data, g->data, m->data, v->data, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 4.0, 1.0);
-      if (lamb) OK(bl_cuda_lamb_step(dp, dg, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 4.0, 1.0, 1, &gn, &skipped));
-      else OK(bl_cuda_adamw_step(dp, dg, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 4.0, 1.0, &gn, &skipped));
+      ref_step(lamb, p->data, g->data, m->data, v->data, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 0.25,
+               1.0);
+      /* grad_scale 0.25 multiplies (a kernel dividing by it would scale the gradients 16x too much) */
+      if (lamb)
+        OK(bl_cuda_lamb_step(dp, dg, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 0.25, 1.0, 1, &gn,
+                             &skipped));
+      else
+        OK(bl_cuda_adamw_step(dp, dg, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 0.25, 1.0, &gn,
+                              &skipped));
     }
     close_(lamb ? "lamb params" : "adamw params", p, dp, 1e-5, 1e-6);
     close_(lamb ? "lamb exp_avg" : "adamw exp_avg", m, dm, 1e-5, 1e-8);
     close_(lamb ? "lamb exp_avg_sq" : "adamw exp_avg_sq", v, dv, 1e-5, 1e-9);
     checks++;
     if (skipped != 0 || !(gn > 0)) { printf("FAIL optimizer reported norm %g skipped %d\n", gn, skipped); fails++; }
-    /* an inf gradient skips the step on the device */
+    /* an inf gradient fails the step as on the CPU (BL_EINVAL naming it), writing nothing */
     ((float *)g->data)[17005] = INFINITY;
     bl_tensor *dg2 = up(g, BL_F32);
-    if (lamb) OK(bl_cuda_lamb_step(dp, dg2, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, 4, 4.0, 1.0, 1, &gn, &skipped));
-    else OK(bl_cuda_adamw_step(dp, dg2, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, 4, 4.0, 1.0, &gn, &skipped));
+    int rc = lamb ? bl_cuda_lamb_step(dp, dg2, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, 4, 0.25, 1.0, 1,
+                                      &gn, &skipped)
+                  : bl_cuda_adamw_step(dp, dg2, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, 4, 0.25, 1.0,
+                                       &gn, &skipped);
     checks++;
-    if (skipped != 1) { printf("FAIL non-finite gradient did not skip\n"); fails++; }
-    close_("params unchanged after skipped step", p, dp, 0, 0);
+    if (rc != BL_EINVAL || skipped != 1 || !strstr(bl_last_error(), "non-finite gradient")) {
+      printf("FAIL non-finite gradient: rc %d skipped %d (%s), expected BL_EINVAL\n", rc, skipped, bl_last_error());
+      fails++;
+    }
+    close_("params unchanged after a non-finite step", p, dp, 0, 0);
+    close_("exp_avg unchanged after a non-finite step", m, dm, 0, 0);
     /* unscale + inf check */
     int inf = -1;
     OK(bl_cuda_unscale_check(dg2, 0.5, &inf));
