@@ -18,7 +18,8 @@ if(NOT EXISTS ${CMAKE_SOURCE_DIR}/tests/emu/cublasLt.h)
   endforeach()
   list(APPEND BL_CUDA_SOURCES ${no_gemm})
 endif()
-foreach(cu ${BL_EMU_KERNELS})
+# The host C++ copy of a .cu file, in the build tree.
+function(bl_emu_rewrite cu out_var)
   get_filename_component(name ${cu} NAME_WE)
   set(out ${CMAKE_BINARY_DIR}/emu_kernels/${name}.cpp)
   add_custom_command(OUTPUT ${out}
@@ -26,6 +27,10 @@ foreach(cu ${BL_EMU_KERNELS})
     COMMAND emu_rewrite ${cu} ${out}
     DEPENDS ${cu} emu_rewrite
     COMMENT "Emulated CUDA: rewriting ${name}.cu")
+  set(${out_var} ${out} PARENT_SCOPE)
+endfunction()
+foreach(cu ${BL_EMU_KERNELS})
+  bl_emu_rewrite(${cu} out)
   list(APPEND BL_CUDA_SOURCES ${out})
   list(APPEND BL_EMU_GENERATED ${out})
 endforeach()
@@ -67,11 +72,7 @@ function(bl_emu_tests)
   file(GLOB BL_EMU_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/emu/test_*.cu)
   foreach(cu ${BL_EMU_TESTS})
     get_filename_component(name ${cu} NAME_WE)
-    set(out ${CMAKE_BINARY_DIR}/emu_kernels/${name}.cpp)
-    add_custom_command(OUTPUT ${out}
-      COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/emu_kernels
-      COMMAND emu_rewrite ${cu} ${out}
-      DEPENDS ${cu} emu_rewrite)
+    bl_emu_rewrite(${cu} out)
     add_executable(${name} ${out})
     target_include_directories(${name} BEFORE PRIVATE ${BL_EMU_DIR})
     target_compile_options(${name} PRIVATE -include cuda_runtime.h -ffp-contract=off -Wall -Wextra -Wno-unknown-pragmas
