@@ -460,6 +460,12 @@ int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src
   return copy_between(op, dst->device, dst, &h);
 }
 
+int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor *src) {
+  bl_tensor h;
+  contig_header(&h, src, dst, dst_dtype);
+  return copy_between(op, src->device, &h, src);
+}
+
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n) {
   CU_TRY(op, dev, cudaMemcpyAsync(host, dptr, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost, cu_stream(dev)));
   CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
