@@ -460,6 +460,11 @@ int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src
   return copy_between(op, dst->device, dst, &h);
 }
 
+int cu_copy_header(const char *op, int dev, const bl_tensor *dst, const bl_tensor *src) {
+  BL_CHECK(check_broadcast_to(op, src, dst));
+  return copy_between(op, dev, dst, src);
+}
+
 int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor *src) {
   bl_tensor h;
   contig_header(&h, src, dst, dst_dtype);

@@ -123,14 +123,8 @@ int linear_mat(const char *op, const bl_tensor *t, int dtype, mat *m, bool writa
 
 // Copy a tensor into the contiguous scratch of m (load) or back (store).
 int mat_sync(const char *op, const bl_tensor *t, mat *m, bool load) {
-  (void)op;  // the copy's own error names the tensors
   if (!m->mem.p) return 0;
-  bl_tensor h;
-  memset(&h, 0, sizeof h);
-  h.data = m->mem.p; h.ndim = t->ndim; h.numel = t->numel; h.dtype = m->dtype; h.device = t->device;
-  int64_t s = 1;
-  for (int d = t->ndim - 1; d >= 0; d--) { h.shape[d] = t->shape[d]; h.stride[d] = s; s *= t->shape[d]; }
-  return load ? bl_cuda_tensor_copy(&h, t) : bl_cuda_tensor_copy((bl_tensor *)t, &h);
+  return load ? cu_copy_to_contig(op, m->mem.p, m->dtype, t) : cu_copy_from_contig(op, (bl_tensor *)t, m->mem.p, m->dtype);
 }
 
 struct gemm_args {
@@ -244,11 +238,8 @@ int out_dtype(const bl_tensor *y, int cdt) {
 int vec_as(const char *op, const bl_tensor *v, int dt, cu_mem *mem, const void **p) {
   if (v->dtype == dt && (v->numel <= 1 || v->stride[0] == 1)) { *p = v->data; return 0; }
   BL_CHECK(mem->alloc(op, v->device, (size_t)v->numel * bl_dtype_size(dt)));
-  bl_tensor h;
-  memset(&h, 0, sizeof h);
-  h.data = mem->p; h.ndim = 1; h.shape[0] = v->numel; h.stride[0] = 1; h.numel = v->numel; h.dtype = dt; h.device = v->device;
   *p = mem->p;
-  return bl_cuda_tensor_copy(&h, v);
+  return cu_copy_to_contig(op, mem->p, dt, v);
 }
 
 int check_linear(const char *op, const bl_tensor *x, const bl_tensor *w, const bl_tensor *out, const char *outname) {
@@ -501,8 +492,8 @@ extern "C" int bl_cuda_matmul(bl_tensor *out, const bl_tensor *a, const bl_tenso
   BL_CHECK(batch_mat(op, b, cdt, nb, shape, &mb, false));
   BL_CHECK(batch_mat(op, out, odt, nb, shape, &mo, true));
   bl_tensor h;
-  if (ma.mem.p) { batch_header(&h, &ma, nb, shape, dev); BL_CHECK(bl_cuda_tensor_copy(&h, a)); }
-  if (mb.mem.p) { batch_header(&h, &mb, nb, shape, dev); BL_CHECK(bl_cuda_tensor_copy(&h, b)); }
+  if (ma.mem.p) { batch_header(&h, &ma, nb, shape, dev); BL_CHECK(cu_copy_header(op, dev, &h, a)); }
+  if (mb.mem.p) { batch_header(&h, &mb, nb, shape, dev); BL_CHECK(cu_copy_header(op, dev, &h, b)); }
   if (mo.bstride == 0 && batch > 1) {   // an output cannot be broadcast: (never true for a valid out) guard anyway
     return bl_set_error(BL_EINVAL, "matmul: output %s has a zero batch stride", BL_SHAPE(out, so));
   }
@@ -511,6 +502,6 @@ extern "C" int bl_cuda_matmul(bl_tensor *out, const bl_tensor *a, const bl_tenso
   g.m = m; g.n = n; g.k = k; g.batch = batch; g.alpha = 1.0f; g.beta = 0.0f;
   g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
   BL_CHECK(gemm(op, dev, g));
-  if (mo.mem.p) { batch_header(&h, &mo, nb, shape, dev); BL_CHECK(bl_cuda_tensor_copy(out, &h)); }
+  if (mo.mem.p) { batch_header(&h, &mo, nb, shape, dev); BL_CHECK(cu_copy_header(op, dev, out, &h)); }
   return 0;
 }

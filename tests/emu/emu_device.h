@@ -247,6 +247,23 @@ static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c);
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __dadd_rn(double a, double b) { return a + b; }
 static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+// sin and cos of pi*x with an exact argument reduction (quadrant n, |f| <= 1/4), as accurate as the GPU's.
+static inline void sincospi(double x, double *s, double *c) {
+  double r = x - 2.0 * nearbyint(x * 0.5), n = nearbyint(2.0 * r), f = r - 0.5 * n;
+  double s0 = sin(M_PI * f), c0 = cos(M_PI * f);
+  switch (((int)n % 4 + 4) % 4) {
+    case 0: *s = s0; *c = c0; break;
+    case 1: *s = c0; *c = -s0; break;
+    case 2: *s = -s0; *c = -c0; break;
+    default: *s = -c0; *c = s0; break;
+  }
+}
+static inline void sincospif(float x, float *s, float *c) {
+  double sd, cd;
+  sincospi((double)x, &sd, &cd);
+  *s = (float)sd;
+  *c = (float)cd;
+}
 static inline float normcdff(float x) { return 0.5f * erfcf(-x * 0.70710678118654752f); }
 
 // ---------------------------------------------------------------- launches
