@@ -97,8 +97,10 @@ double timeout_s() {
 }
 
 // Completes an MPI request of a collective, or marks the communicator failed
-// after the timeout (the request is left behind: the job is expected to end).
-bool wait_peer(comm_state *st, MPI_Request *req, const char *what) {
+// after the timeout. The request then stays pending (MPI cannot cancel a
+// collective), so its host buffer `buf` is leaked on purpose: a late peer may
+// still complete it.
+bool wait_peer(comm_state *st, MPI_Request *req, std::vector<char> &buf, const char *what) {
   double deadline = now_s() + timeout_s();
   for (;;) {
     int done = 0;
@@ -109,6 +111,7 @@ bool wait_peer(comm_state *st, MPI_Request *req, const char *what) {
     }
     if (done) return true;
     if (now_s() > deadline) {
+      new std::vector<char>(std::move(buf));
       st->async = ncclRemoteError;
       fail(st, ncclRemoteError, "%s: a peer did not join within %.0f s (rank %d of %d; BL_EMU_NCCL_TIMEOUT)", what,
            timeout_s(), st->rank, st->nranks);
@@ -156,10 +159,7 @@ void reduce_half(const char *all, void *out, size_t count, int n, ncclRedOp_t op
   for (size_t i = 0; i < count; i++) {
     float acc = emu_load_f(all, t, (int64_t)i);
     for (int r = 1; r < n; r++) {
-      acc = combine(acc, emu_load_f(all, t, (int64_t)((size_t)r * count + i)), op);
-      uint16_t h;
-      emu_store_f(&h, t, 0, acc);
-      acc = emu_load_f(&h, t, 0);
+      acc = emu_round_to(t, combine(acc, emu_load_f(all, t, (int64_t)((size_t)r * count + i)), op));
     }
     if (op == ncclAvg) acc /= (float)n;
     emu_store_f(out, t, (int64_t)i, acc);
@@ -193,7 +193,7 @@ bool gather(comm_state *st, const void *mine, size_t bytes, std::vector<char> &a
     fail(st, ncclSystemError, "%s: MPI all-gather failed", what);
     return false;
   }
-  return wait_peer(st, &req, what);
+  return wait_peer(st, &req, all, what);
 }
 
 // Checks shared by the collectives; `bytes` of each buffer (0: not used).
@@ -390,7 +390,7 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
         fail(st.get(), ncclSystemError, "ncclBroadcast: MPI broadcast failed");
         return;
       }
-      if (!wait_peer(st.get(), &req, "ncclBroadcast")) return;
+      if (!wait_peer(st.get(), &req, buf, "ncclBroadcast")) return;
     }
     memcpy(recv, buf.data(), bytes);
   });
