@@ -3,21 +3,8 @@
 # host C++ against the headers of tests/emu (cuda_runtime.h, cuda_fp16.h, ...), with every tests/emu/*.cpp.
 file(GLOB BL_EMU_KERNELS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/*.cu)
 file(GLOB BL_EMU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/emu/*.cpp)
-file(GLOB BL_EMU_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/emu/*.h ${CMAKE_SOURCE_DIR}/kernels/*.cuh)
 add_executable(emu_rewrite ${CMAKE_SOURCE_DIR}/cmake/emu_rewrite.c)
 set(BL_CUDA_SOURCES ${BL_EMU_SOURCES})
-if(NOT EXISTS ${CMAKE_SOURCE_DIR}/tests/emu/cublasLt.h)
-  # Until the emulated cuBLASLt lands (branch emu-libs), the GEMM entry points report that they are missing.
-  list(FILTER BL_EMU_KERNELS EXCLUDE REGEX "/gemm\\.cu$")
-  set(no_gemm ${CMAKE_BINARY_DIR}/emu_kernels/no_gemm.c)
-  file(WRITE ${no_gemm} "#include \"base/internal.h\"\n"
-    "static int no(void) { return bl_set_error(BL_EDEVICE, \"GEMM: this emulated build has no cuBLASLt yet\"); }\n"
-    "static int g_tf32;\nvoid bl_cuda_set_tf32(int e) { g_tf32 = e != 0; }\nint bl_cuda_get_tf32(void) { return g_tf32; }\n")
-  foreach(f matmul linear_forward linear_gelu_forward linear_backward linear_dgelu_backward)
-    file(APPEND ${no_gemm} "int bl_cuda_${f}() { return no(); }\n")
-  endforeach()
-  list(APPEND BL_CUDA_SOURCES ${no_gemm})
-endif()
 # The host C++ copy of a .cu file, in the build tree.
 function(bl_emu_rewrite cu out_var)
   get_filename_component(name ${cu} NAME_WE)
