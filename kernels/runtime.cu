@@ -28,6 +28,13 @@ size_t size_class(size_t n) {
   return c;
 }
 
+// Calls of this device layer, for bl_cuda_counters in a real-GPU build (the emulator counts every call itself).
+struct counts { std::atomic<int64_t> syncs{0}, mallocs{0}, frees{0}; };
+counts call_counts[64];
+void count_call(int dev, std::atomic<int64_t> counts::*which) {
+  if (dev >= 0 && dev < 64) (call_counts[dev].*which)++;
+}
+
 int cuda_error(cudaError_t e, const char *op, int device) {
   return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, device, cudaGetErrorString(e));
 }
@@ -75,12 +82,16 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
     if (!v.empty()) { *p = v.back(); v.pop_back(); return 0; }
   }
   cudaSetDevice(device);
+  count_call(device, &counts::mallocs);
   cudaError_t e = cudaMalloc(p, c);
   if (e == cudaErrorMemoryAllocation) {
     // release cached blocks and retry once
     cudaGetLastError();
     std::lock_guard<std::mutex> g(pool_mu);
-    for (auto &kv : pool[device]) { for (void *q : kv.second) { cudaFree(q); block_size.erase(q); } kv.second.clear(); }
+    for (auto &kv : pool[device]) {
+      for (void *q : kv.second) { count_call(device, &counts::frees); cudaFree(q); block_size.erase(q); }
+      kv.second.clear();
+    }
     e = cudaMalloc(p, c);
   }
   if (e != cudaSuccess) { *p = nullptr; return bl_set_error(BL_ENOMEM, "malloc: cuda:%d: cannot allocate %zu bytes: %s", device, n, cudaGetErrorString(e)); }
@@ -103,6 +114,7 @@ extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const vo
   cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
   int dev = dst_device >= 0 ? dst_device : src_device;
   cudaSetDevice(dev);
+  count_call(dev, &counts::syncs);
   cudaError_t e = cudaMemcpy(dst, src, n, kind);
   if (e != cudaSuccess) return cuda_error(e, "copy", dev);
   return 0;
@@ -168,6 +180,7 @@ extern "C" void *bl_cuda_stream(int device) {
 extern "C" int bl_cuda_synchronize(int device) {
   void *s = bl_cuda_stream(device);
   if (!s) return BL_EDEVICE;
+  count_call(device, &counts::syncs);
   cudaError_t e = cudaStreamSynchronize((cudaStream_t)s);
   if (e != cudaSuccess) return cu_err("synchronize", device, e);
   return 0;
@@ -220,5 +233,20 @@ extern "C" int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, c
     return 0;
   }
   CU_TRY("copy_async", dev, cudaMemcpyAsync(dst, src, n, kind, (cudaStream_t)s));
+  return 0;
+}
+
+extern "C" int bl_cuda_counters(int device, bl_cuda_count *out) {
+  memset(out, 0, sizeof *out);
+  BL_CHECK(bl_dev_check(device, "counters"));
+#ifdef BL_CUDA_EMU
+  emu_counters c;
+  if (emu_get_counters(device, &c) != 0) return bl_set_error(BL_EDEVICE, "counters: cuda:%d: no such device", device);
+  *out = bl_cuda_count{c.syncs, c.mallocs, c.frees, c.launches};
+#else
+  if (device >= 64) return bl_set_error(BL_EINVAL, "counters: cuda:%d: only devices 0..63 are counted", device);
+  const counts &k = call_counts[device];
+  *out = bl_cuda_count{k.syncs.load(), k.mallocs.load(), k.frees.load(), -1};
+#endif
   return 0;
 }
