@@ -31,21 +31,20 @@ struct frag_c { float x[4]; };
 #if defined(__CUDACC__)
 namespace ptx {
 
+// mma.sync.aligned.m16n8k16.row.col.f32.<ty>.<ty>.f32 (ty: "bf16" or "f16")
+#define BL_PTX_MMA_M16N8K16(ty, d, a, b, c)                                                                      \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ty "." ty ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+               "{%10,%11,%12,%13};\n"                                                                           \
+               : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])                                        \
+               : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]), "f"(c.x[0]),    \
+                 "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]))
 __device__ __forceinline__ void mma_m16n8k16_bf16(frag_c &d, const frag_a &a, const frag_b &b, const frag_c &c) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%10,%11,%12,%13};\n"
-               : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
-               : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]), "f"(c.x[0]),
-                 "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]));
+  BL_PTX_MMA_M16N8K16("bf16", d, a, b, c);
 }
-
 __device__ __forceinline__ void mma_m16n8k16_f16(frag_c &d, const frag_a &a, const frag_b &b, const frag_c &c) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%10,%11,%12,%13};\n"
-               : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])
-               : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]), "f"(c.x[0]),
-                 "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]));
+  BL_PTX_MMA_M16N8K16("f16", d, a, b, c);
 }
+#undef BL_PTX_MMA_M16N8K16
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
