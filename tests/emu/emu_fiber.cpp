@@ -147,6 +147,18 @@ char *get_stack() {
   return m + kGuard;
 }
 
+// Copies between GPU threads' buffers done by the scheduler. Not memcpy: TSan intercepts memcpy even here and would
+// see the host context write into a fiber's stack.
+void quiet_copy(void *dst, const void *src, size_t n) {
+  asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
+}
+
+#ifdef BL_EMU_TSAN
+// Under TSan each thread slot keeps its own stack: a stack passed from one fiber to an unordered other would look
+// like a race on its frames.
+std::vector<char *> slot_stacks;
+#endif
+
 [[noreturn]] void to_host() {
   gthread *t = T;
 #ifdef BL_EMU_TSAN
@@ -179,7 +191,13 @@ void fiber_main() {
 }
 
 void start(gthread *t) {
+#ifdef BL_EMU_TSAN
+  size_t slot = (size_t)(t - G->th.data());
+  while (slot_stacks.size() <= slot) slot_stacks.push_back(get_stack());
+  t->stack = slot_stacks[slot];
+#else
   t->stack = get_stack();
+#endif
   uintptr_t top = ((uintptr_t)t->stack + kStack) & ~(uintptr_t)15;
   void **sp = (void **)top;
   *--sp = nullptr;                  // fake return address of fiber_main: keeps the ABI's stack alignment
@@ -243,7 +261,7 @@ void warp_arrive(gthread *t) {
     gthread &ti = w0[i];
     if (ti.all)
       for (int j = 0; j < 32; j++)
-        if ((op.mask >> j) & 1u) memcpy((char *)ti.all + (size_t)j * op.bytes, w0[j].mine, op.bytes);
+        if ((op.mask >> j) & 1u) quiet_copy((char *)ti.all + (size_t)j * op.bytes, w0[j].mine, op.bytes);
     ti.st = READY;
     G->runq.push_back((int)(&ti - G->th.data()));
   }
@@ -277,6 +295,13 @@ void deadlock() {
   fail(msg);
 }
 
+void release_stack(gthread *t) {
+#ifndef BL_EMU_TSAN
+  if (t->stack) stack_pool.push_back(t->stack);
+#endif
+  t->stack = nullptr;
+}
+
 void run_block() {
   for (auto &r : shared_sections()) memset(r.first, 0xff, (size_t)(r.second - r.first));
   if (!G->dsmem.empty()) memset(G->dsmem.data(), 0xff, G->dsmem.size());
@@ -302,7 +327,7 @@ void run_block() {
       emu_ctx_switch(&host_sp, t->sp);
       T = nullptr;
       if (G->failed) break;
-      if (t->st == DONE) { G->done++; stack_pool.push_back(t->stack); t->stack = nullptr; }
+      if (t->st == DONE) { G->done++; release_stack(t); }
       else if (t->st == BAR) G->at_bar++;
       else if (t->st == WARP) warp_arrive(t);
       if (G->failed) break;
@@ -317,8 +342,7 @@ void run_block() {
   __tsan_acquire(&G->block_end);
 #endif
   if (G->failed)   // abandoned fibers: their stacks go back to the pool
-    for (gthread &t : G->th)
-      if (t.stack) { stack_pool.push_back(t.stack); t.stack = nullptr; }
+    for (gthread &t : G->th) release_stack(&t);
 }
 }  // namespace
 
