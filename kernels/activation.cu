@@ -98,12 +98,7 @@ int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tens
   BL_CHECK(cu_out(op, y, &by, 0));
   if (mask_in) {   // any dtype/strides -> contiguous u8 (nonzero = keep)
     BL_CHECK(min.alloc(op, dev, (size_t)n));
-    bl_tensor h;
-    memset(&h, 0, sizeof h);
-    h.data = min.p; h.ndim = mask_in->ndim; h.numel = n; h.dtype = BL_BOOL; h.device = dev;
-    int64_t s = 1;
-    for (int d = mask_in->ndim - 1; d >= 0; d--) { h.shape[d] = mask_in->shape[d]; h.stride[d] = s; s *= mask_in->shape[d]; }
-    BL_CHECK(bl_cuda_tensor_copy(&h, mask_in));
+    BL_CHECK(cu_copy_to_contig(op, min.p, BL_BOOL, mask_in));
   }
   if (mask_out) BL_CHECK(mout.alloc(op, dev, (size_t)n));
   dropout_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(by.p, bx.p, min.as<uint8_t>(), mout.as<uint8_t>(), n, (float)p,

@@ -66,6 +66,11 @@ int cu_colsum_acc(const char *op, int dev, const float *x, int64_t rows, int64_t
 // Copy raw typed data: contiguous src of `dtype_src` -> tensor dst (any strides/dtype).
 // Used by ops that produce a contiguous result of another dtype (argmax: i64 -> i32).
 int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src_dtype);
+// bl_cuda_tensor_copy for headers made by a kernel file over its own scratch (no storage: the public entry point
+// rejects those as freed tensors). src broadcasts to dst.
+int cu_copy_header(const char *op, int dev, const bl_tensor *dst, const bl_tensor *src);
+// The reverse: tensor src (any strides/dtype) -> contiguous dst of `dst_dtype` (src->numel elements).
+int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor *src);
 // Read the first index (row-major) where a device int64 flag array is set; helpers for validation.
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n);
 

@@ -74,12 +74,17 @@ struct iter {
   int dtype[4];
 };
 
-__device__ __forceinline__ void iter_offsets(const iter &it, int64_t i, int64_t *off) {
-  for (int k = 0; k < it.nops; k++) off[k] = 0;
+// Element offsets of linear index i for all 4 operand slots. The operand loop
+// has a constant trip count so off[] stays in registers (a runtime count
+// would put it in local memory); unused slots have stride 0.
+__device__ __forceinline__ void iter_offsets(const iter &it, int64_t i, int64_t off[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; k++) off[k] = 0;
   for (int d = it.ndim - 1; d >= 0; d--) {
     int64_t ix = i % it.shape[d];
     i /= it.shape[d];
-    for (int k = 0; k < it.nops; k++) off[k] += ix * it.stride[k][d];
+#pragma unroll
+    for (int k = 0; k < 4; k++) off[k] += ix * it.stride[k][d];
   }
 }
 
@@ -96,6 +101,7 @@ void make_iter(iter *it, int nops, const bl_tensor *const *ops) {
   const bl_tensor *o = ops[0];
   int nd = o->ndim;
   int64_t shape[BL_MAX_DIMS], str[4][BL_MAX_DIMS];
+  memset(it, 0, sizeof *it);   // strides of unused operand slots are 0 (iter_offsets reads all 4)
   for (int d = 0; d < nd; d++) shape[d] = o->shape[d];
   for (int k = 0; k < nops; k++) bcast_strides(ops[k], nd, shape, str[k]);
   it->nops = nops;
@@ -194,11 +200,11 @@ __global__ void ew_kernel(iter it, int kind, int op, double s, double alpha, int
         break;
       }
       case EW_UNARY: st(it.dtype[0], o, unop_d(op, ld(it.dtype[1], a))); break;
-      case EW_AFFINE:
+      case EW_AFFINE:   // two roundings as on the CPU: _rn intrinsics keep nvcc from fusing them into an FMA
         if (it.dtype[0] == BL_F32 && it.dtype[1] == BL_F32)   // the CPU's f32 fast path computes in f32
-          *(float *)o = *(const float *)a * (float)alpha + (float)s;
+          *(float *)o = __fadd_rn(__fmul_rn(*(const float *)a, (float)alpha), (float)s);
         else
-          st(it.dtype[0], o, ld(it.dtype[1], a) * alpha + s);
+          st(it.dtype[0], o, __dadd_rn(__dmul_rn(ld(it.dtype[1], a), alpha), s));
         break;
       default: {  // EW_WHERE: operands out, cond, a, b
         bool take = ld(it.dtype[1], a) != 0;
@@ -320,24 +326,39 @@ __global__ void reduce_kernel(red_args a) {
 }
 
 // ---------------------------------------------------------------- random fills (f32 contiguous scratch)
+// One Box-Muller pair from two 32-bit draws (24 bits each; u1 in (0, 1]).
+__device__ __forceinline__ void box_muller(uint32_t r1, uint32_t r2, double a, double b, float *z0, float *z1) {
+  double u1 = (double)(r1 >> 8) * (1.0 / 16777216.0) + 1.0 / 16777216.0;
+  double u2 = (double)(r2 >> 8) * (1.0 / 16777216.0);
+  // sincospi(2 u2) = (sin, cos)(2 pi u2): no large-argument reduction, whose
+  // slow path keeps an array in local memory (cos/sin of a double argument).
+  double rad = sqrt(-2.0 * log(u1)), sn, cs;
+  sincospi(2.0 * u2, &sn, &cs);
+  *z0 = (float)(a + b * rad * cs);
+  *z1 = (float)(a + b * rad * sn);
+}
+__device__ __forceinline__ float uniform24(uint32_t r, double a, double b) {
+  return (float)(a + (b - a) * ((double)(r >> 8) * (1.0 / 16777216.0)));
+}
+
+// Four values per Philox block, named scalars rather than arrays so nothing
+// is kept in local memory.
 __global__ void rand_kernel(float *p, int64_t n, uint64_t seed, uint64_t offset, double a, double b, int normal) {
   int64_t nblk = (n + 3) / 4;
   for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk; blk += (int64_t)gridDim.x * blockDim.x) {
-    uint4 r4 = bl_philox4x32_dev(seed, offset + (uint64_t)blk);
-    uint32_t r[4] = {r4.x, r4.y, r4.z, r4.w};
-    float v[4];
+    uint4 r = bl_philox4x32_dev(seed, offset + (uint64_t)blk);
+    float v0, v1, v2, v3;
     if (normal) {
-      for (int h = 0; h < 2; h++) {
-        double u1 = (double)(r[2 * h] >> 8) * (1.0 / 16777216.0) + 1.0 / 16777216.0;
-        double u2 = (double)(r[2 * h + 1] >> 8) * (1.0 / 16777216.0);
-        double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
-        v[2 * h] = (float)(a + b * rad * cos(th));
-        v[2 * h + 1] = (float)(a + b * rad * sin(th));
-      }
+      box_muller(r.x, r.y, a, b, &v0, &v1);
+      box_muller(r.z, r.w, a, b, &v2, &v3);
     } else {
-      for (int l = 0; l < 4; l++) v[l] = (float)(a + (b - a) * ((double)(r[l] >> 8) * (1.0 / 16777216.0)));
+      v0 = uniform24(r.x, a, b); v1 = uniform24(r.y, a, b); v2 = uniform24(r.z, a, b); v3 = uniform24(r.w, a, b);
     }
-    for (int l = 0; l < 4 && blk * 4 + l < n; l++) p[blk * 4 + l] = v[l];
+    int64_t i = blk * 4;   // < n
+    p[i] = v0;
+    if (i + 1 < n) p[i + 1] = v1;
+    if (i + 2 < n) p[i + 2] = v2;
+    if (i + 3 < n) p[i + 3] = v3;
   }
 }
 
@@ -437,6 +458,17 @@ int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src
   bl_tensor h;
   contig_header(&h, dst, (void *)src, src_dtype);
   return copy_between(op, dst->device, dst, &h);
+}
+
+int cu_copy_header(const char *op, int dev, const bl_tensor *dst, const bl_tensor *src) {
+  BL_CHECK(check_broadcast_to(op, src, dst));
+  return copy_between(op, dev, dst, src);
+}
+
+int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor *src) {
+  bl_tensor h;
+  contig_header(&h, src, dst, dst_dtype);
+  return copy_between(op, src->device, &h, src);
 }
 
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n) {

@@ -1,7 +1,11 @@
 // GEMMs on cuBLASLt: the linear layer (forward with a bias epilogue, backward
-// dX / dW (+= with beta = 1) / db), the fused linear + bias + GELU forward
-// (GELU_AUX_BIAS epilogue, pre-activation saved) and its DGELU backward, and
-// the batched bl_matmul twin (strided-batched, batch stride 0 for broadcast).
+// dX / dW (+= with beta = 1) / db), linear + bias + GELU (pre-activation saved)
+// and its backward, and the batched bl_matmul twin (strided-batched, batch
+// stride 0 for broadcast).
+//
+// GELU is BERT's exact erf GELU, as on the CPU (bl_gelu_forward), applied by
+// activation.cu after the GEMM: cuBLASLt's GELU/DGELU epilogues compute the
+// tanh approximation, which differs by up to ~5e-4 (relative 1e-3).
 //
 // Row-major <-> cuBLASLt: our matrices are row-major; cuBLASLt is
 // column-major. A row-major C[m,n] is the column-major C^T[n,m], so we ask
@@ -119,14 +123,8 @@ int linear_mat(const char *op, const bl_tensor *t, int dtype, mat *m, bool writa
 
 // Copy a tensor into the contiguous scratch of m (load) or back (store).
 int mat_sync(const char *op, const bl_tensor *t, mat *m, bool load) {
-  (void)op;  // the copy's own error names the tensors
   if (!m->mem.p) return 0;
-  bl_tensor h;
-  memset(&h, 0, sizeof h);
-  h.data = m->mem.p; h.ndim = t->ndim; h.numel = t->numel; h.dtype = m->dtype; h.device = t->device;
-  int64_t s = 1;
-  for (int d = t->ndim - 1; d >= 0; d--) { h.shape[d] = t->shape[d]; h.stride[d] = s; s *= t->shape[d]; }
-  return load ? bl_cuda_tensor_copy(&h, t) : bl_cuda_tensor_copy((bl_tensor *)t, &h);
+  return load ? cu_copy_to_contig(op, m->mem.p, m->dtype, t) : cu_copy_from_contig(op, (bl_tensor *)t, m->mem.p, m->dtype);
 }
 
 struct gemm_args {
@@ -138,12 +136,11 @@ struct gemm_args {
   float alpha, beta;
   cublasLtEpilogue_t epi;
   const void *bias;   // dtype of c (length n)
-  void *aux;          // dtype of c, same layout as c (ld = c->ld, batch stride = c->bstride)
 };
 
 int gemm(const char *op, int dev, const gemm_args &g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return 0;
-  dev_state *st;
+  dev_state *st = nullptr;
   BL_CHECK(get_state(op, dev, &st));
   int rc = 0;
   cublasLtMatmulDesc_t desc = nullptr;
@@ -158,9 +155,9 @@ int gemm(const char *op, int dev, const gemm_args &g) {
   cublasComputeType_t ct = A.dtype == BL_F32 ? (g_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_32F;
   int esab = bl_dtype_size(A.dtype), escd = bl_dtype_size(g.c->dtype);
   int alx = align_of(B.p, B.bstride * esab), aly = align_of(A.p, A.bstride * esab), alc = align_of(g.c->p, g.c->bstride * escd);
-  int alaux = g.aux ? align_of(g.aux, g.c->bstride * escd) : 256, albias = g.bias ? align_of(g.bias, 0) : 256;
+  int albias = g.bias ? align_of(g.bias, 0) : 256;
   int64_t key[24] = {g.m, g.n, g.k, B.ld, A.ld, g.c->ld, opx, opy, (int64_t)tab, (int64_t)tcd, (int64_t)ct, (int64_t)g.epi,
-                     g.batch, B.bstride != 0, A.bstride != 0, alx, aly, alc, alaux, albias, g.beta != 0.0f, dev, 0, 0};
+                     g.batch, B.bstride != 0, A.bstride != 0, alx, aly, alc, 0, albias, g.beta != 0.0f, dev, 0, 0};
   std::string skey((const char *)key, sizeof key);
   cublasLtMatmulAlgo_t algo;
   bool have = false;
@@ -178,14 +175,6 @@ int gemm(const char *op, int dev, const gemm_args &g) {
     if (g.bias) {
       LT_TRY(op, dev, "bias", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
       LT_TRY(op, dev, "bias", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &tcd, sizeof tcd));
-    }
-    if (g.aux) {
-      int64_t ldaux = g.c->ld, bsaux = g.c->bstride;
-      LT_TRY(op, dev, "aux", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
-      LT_TRY(op, dev, "aux", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof ldaux));
-      LT_TRY(op, dev, "aux", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &tcd, sizeof tcd));
-      if (g.batch > 1)
-        LT_TRY(op, dev, "aux", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &bsaux, sizeof bsaux));
     }
   }
   LT_TRY(op, dev, "layout", cublasLtMatrixLayoutCreate(&lx, tab, xr, xc, B.ld));
@@ -249,11 +238,8 @@ int out_dtype(const bl_tensor *y, int cdt) {
 int vec_as(const char *op, const bl_tensor *v, int dt, cu_mem *mem, const void **p) {
   if (v->dtype == dt && (v->numel <= 1 || v->stride[0] == 1)) { *p = v->data; return 0; }
   BL_CHECK(mem->alloc(op, v->device, (size_t)v->numel * bl_dtype_size(dt)));
-  bl_tensor h;
-  memset(&h, 0, sizeof h);
-  h.data = mem->p; h.ndim = 1; h.shape[0] = v->numel; h.stride[0] = 1; h.numel = v->numel; h.dtype = dt; h.device = v->device;
   *p = mem->p;
-  return bl_cuda_tensor_copy(&h, v);
+  return cu_copy_to_contig(op, mem->p, dt, v);
 }
 
 int check_linear(const char *op, const bl_tensor *x, const bl_tensor *w, const bl_tensor *out, const char *outname) {
@@ -291,60 +277,51 @@ extern "C" void bl_cuda_set_tf32(int enable) { g_tf32 = enable != 0; }
 extern "C" int bl_cuda_get_tf32(void) { return g_tf32; }
 
 // ---------------------------------------------------------------- linear
-// Shared by linear (epi = BIAS or DEFAULT) and linear+GELU (GELU_AUX_BIAS).
-static int linear_fwd(const char *op, bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
-                      const bl_tensor *b, bool gelu) {
+// y = x W^T (+ b): the bias epilogue, or DEFAULT without a bias.
+static int linear_fwd(const char *op, bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
   int dev;
-  const bl_tensor *ts[] = {y, pre, x, w, b};
-  BL_CHECK(cu_device(op, 5, ts, &dev));
+  const bl_tensor *ts[] = {y, x, w, b};
+  BL_CHECK(cu_device(op, 4, ts, &dev));
   BL_CHECK(check_linear(op, x, w, y, "output"));
-  if (pre && (pre->ndim != y->ndim || memcmp(pre->shape, y->shape, sizeof(int64_t) * y->ndim)))
-    return bl_set_error(BL_EINVAL, "%s: pre-activation must have the output's shape", op);
   if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
     return bl_set_error(BL_EINVAL, "%s: bias must be [%lld]", op, (long long)w->shape[0]);
   int64_t M = rows_of(y), N = w->shape[0], K = w->shape[1];
   if (M == 0 || N == 0) return 0;
-  if (K == 0) {   // empty reduction: y = b (or 0), as the CPU's sgemm
-    if (gelu) return bl_set_error(BL_EUNSUPPORTED, "%s: empty input features", op);
+  if (K == 0)   // empty reduction: y = b (or 0), as the CPU's sgemm
     return b ? bl_cuda_tensor_copy(y, b) : bl_cuda_tensor_fill(y, 0.0);
-  }
   int cdt = compute_dtype(x, w), odt = out_dtype(y, cdt);
-  if (pre && out_dtype(pre, cdt) != odt) odt = BL_F32;
-  mat mx, mw, my, mpre;
+  mat mx, mw, my;
   BL_CHECK(linear_mat(op, x, cdt, &mx, false));
   BL_CHECK(mat_sync(op, x, &mx, true));
   BL_CHECK(linear_mat(op, w, cdt, &mw, false));
   BL_CHECK(mat_sync(op, w, &mw, true));
   BL_CHECK(linear_mat(op, y, odt, &my, true));
-  if (pre) {
-    BL_CHECK(linear_mat(op, pre, odt, &mpre, true));
-    if (mpre.ld != my.ld) {   // aux shares D's leading dim: fall back to a contiguous y
-      if (!my.mem.p) { BL_CHECK(my.mem.alloc(op, dev, (size_t)y->numel * bl_dtype_size(odt))); my.p = my.mem.p; my.ld = N; }
-      if (!mpre.mem.p) { BL_CHECK(mpre.mem.alloc(op, dev, (size_t)pre->numel * bl_dtype_size(odt))); mpre.p = mpre.mem.p; mpre.ld = N; }
-    }
-  }
   cu_mem bmem;
   const void *bp = nullptr;
   if (b) BL_CHECK(vec_as(op, b, odt, &bmem, &bp));
   gemm_args g;
   g.a = &mx; g.ta = 0; g.b = &mw; g.tb = 1; g.c = &my;
   g.m = M; g.n = N; g.k = K; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
-  g.bias = bp; g.aux = pre ? mpre.p : nullptr;
-  g.epi = gelu ? (bp ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX) : (bp ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  g.bias = bp;
+  g.epi = bp ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   BL_CHECK(gemm(op, dev, g));
-  BL_CHECK(mat_sync(op, y, &my, false));
-  if (pre) BL_CHECK(mat_sync(op, pre, &mpre, false));
-  return 0;
+  return mat_sync(op, y, &my, false);
 }
 
 extern "C" int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
-  return linear_fwd("linear", y, nullptr, x, w, b, false);
+  return linear_fwd("linear", y, x, w, b);
 }
 
 extern "C" int bl_cuda_linear_gelu_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
                                            const bl_tensor *b) {
-  if (!pre) return bl_set_error(BL_EINVAL, "linear_gelu: the pre-activation output is required (saved for backward)");
-  return linear_fwd("linear_gelu", y, pre, x, w, b, true);
+  const char *op = "linear_gelu";
+  if (!pre) return bl_set_error(BL_EINVAL, "%s: the pre-activation output is required (saved for backward)", op);
+  char a[128], c[128];
+  if (pre->ndim != y->ndim || memcmp(pre->shape, y->shape, sizeof(int64_t) * y->ndim))
+    return bl_set_error(BL_EINVAL, "%s: pre-activation %s must have the output's shape %s", op, BL_SHAPE(pre, a),
+                        BL_SHAPE(y, c));
+  BL_CHECK(linear_fwd(op, pre, x, w, b));
+  return bl_cuda_gelu_forward(y, pre);
 }
 
 extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
@@ -378,7 +355,7 @@ extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *
       gemm_args g;
       g.a = &mdy; g.ta = 0; g.b = &mw; g.tb = 0; g.c = &mdx;
       g.m = M; g.n = K; g.k = N; g.batch = 1; g.alpha = 1.0f; g.beta = accumulate ? 1.0f : 0.0f;
-      g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr; g.aux = nullptr;
+      g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
       BL_CHECK(gemm(op, dev, g));
       BL_CHECK(mat_sync(op, dx, &mdx, false));
     }
@@ -393,7 +370,7 @@ extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *
     gemm_args g;
     g.a = &mdy; g.ta = 1; g.b = &mx; g.tb = 0; g.c = &mdw;
     g.m = N; g.n = K; g.k = M; g.batch = 1; g.alpha = 1.0f; g.beta = 1.0f;
-    g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr; g.aux = nullptr;
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
     BL_CHECK(gemm(op, dev, g));
     BL_CHECK(mat_sync(op, dw, &mdw, false));
   }
@@ -419,24 +396,19 @@ extern "C" int bl_cuda_linear_dgelu_backward(bl_tensor *dpre, bl_tensor *db, con
   if (M == 0 || N == 0) return 0;
   if (N2 == 0) return bl_cuda_tensor_fill(dpre, 0.0);
   int cdt = compute_dtype(dh, w2), odt = out_dtype(dpre, cdt);
-  mat mdh, mw, md, mpre;
+  mat mdh, mw, md;
   BL_CHECK(linear_mat(op, dh, cdt, &mdh, false));
   BL_CHECK(mat_sync(op, dh, &mdh, true));
   BL_CHECK(linear_mat(op, w2, cdt, &mw, false));
   BL_CHECK(mat_sync(op, w2, &mw, true));
   BL_CHECK(linear_mat(op, dpre, odt, &md, true));
-  BL_CHECK(linear_mat(op, pre, odt, &mpre, true));   // aux input: must be D's dtype and ld
-  if (mpre.ld != md.ld) {
-    if (!md.mem.p) { BL_CHECK(md.mem.alloc(op, dev, (size_t)dpre->numel * bl_dtype_size(odt))); md.p = md.mem.p; md.ld = N; }
-    if (!mpre.mem.p) { BL_CHECK(mpre.mem.alloc(op, dev, (size_t)pre->numel * bl_dtype_size(odt))); mpre.p = mpre.mem.p; mpre.ld = N; }
-  }
-  BL_CHECK(mat_sync(op, pre, &mpre, true));
   gemm_args g;
   g.a = &mdh; g.ta = 0; g.b = &mw; g.tb = 0; g.c = &md;
   g.m = M; g.n = N; g.k = N2; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
-  g.epi = CUBLASLT_EPILOGUE_DGELU; g.bias = nullptr; g.aux = mpre.p;
+  g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
   BL_CHECK(gemm(op, dev, g));
   BL_CHECK(mat_sync(op, dpre, &md, false));
+  BL_CHECK(bl_cuda_gelu_backward(dpre, dpre, pre));   // erf GELU' in place, as the CPU's gelu_backward
   if (db) {
     BL_CHECK(bias_grad(op, dev, dpre, M, N, db));
   }
@@ -520,16 +492,16 @@ extern "C" int bl_cuda_matmul(bl_tensor *out, const bl_tensor *a, const bl_tenso
   BL_CHECK(batch_mat(op, b, cdt, nb, shape, &mb, false));
   BL_CHECK(batch_mat(op, out, odt, nb, shape, &mo, true));
   bl_tensor h;
-  if (ma.mem.p) { batch_header(&h, &ma, nb, shape, dev); BL_CHECK(bl_cuda_tensor_copy(&h, a)); }
-  if (mb.mem.p) { batch_header(&h, &mb, nb, shape, dev); BL_CHECK(bl_cuda_tensor_copy(&h, b)); }
+  if (ma.mem.p) { batch_header(&h, &ma, nb, shape, dev); BL_CHECK(cu_copy_header(op, dev, &h, a)); }
+  if (mb.mem.p) { batch_header(&h, &mb, nb, shape, dev); BL_CHECK(cu_copy_header(op, dev, &h, b)); }
   if (mo.bstride == 0 && batch > 1) {   // an output cannot be broadcast: (never true for a valid out) guard anyway
     return bl_set_error(BL_EINVAL, "matmul: output %s has a zero batch stride", BL_SHAPE(out, so));
   }
   gemm_args g;
   g.a = &ma; g.ta = 0; g.b = &mb; g.tb = 0; g.c = &mo;
   g.m = m; g.n = n; g.k = k; g.batch = batch; g.alpha = 1.0f; g.beta = 0.0f;
-  g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr; g.aux = nullptr;
+  g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
   BL_CHECK(gemm(op, dev, g));
-  if (mo.mem.p) { batch_header(&h, &mo, nb, shape, dev); BL_CHECK(bl_cuda_tensor_copy(out, &h)); }
+  if (mo.mem.p) { batch_header(&h, &mo, nb, shape, dev); BL_CHECK(cu_copy_header(op, dev, out, &h)); }
   return 0;
 }

@@ -9,10 +9,12 @@
 // slot, and a second kernel adds the slots of a segment (or of the whole
 // buffer) in chunk order.
 //
-// Step state lives on the device ({global grad norm, clip divisor, skip}),
-// so a step needs no host synchronisation unless the caller asks for the
-// norm or the skip flag. A non-finite gradient norm makes every later kernel
-// of the step return without writing (the step is skipped).
+// The contract is the CPU optimizers' (src/bl_optim.h): grad_scale
+// multiplies the gradients, and a non-finite global norm fails the step with
+// BL_EINVAL before anything is written. The step state ({norm, gradient
+// multiplier, non-finite}) lives on the device: on a non-finite norm every
+// kernel after the norm returns without writing, and the one synchronisation
+// at the end reads the flag to return the error.
 #include "common.cuh"
 #include <algorithm>
 #include <vector>
@@ -28,39 +30,39 @@ struct chunk {
 };
 
 struct step_state {
-  double norm;   // ||g / grad_scale||
-  float clip;    // divisor applied to g / grad_scale (>= 1)
-  int skip;      // non-finite gradients
+  double norm;   // ||grad_scale * g||
+  float gmul;    // grad_scale / clip: the multiplier of every gradient element
+  int skip;      // non-finite gradients: nothing is written
 };
 
-// partial[c] = sum over chunk c of (g * inv_scale)^2
-__global__ void sq_partial(const float *g, const chunk *ch, float inv_scale, double *partial) {
+// partial[c] = grad_scale^2 * sum over chunk c of g^2 (in f64, as the CPU's opt_sumsq)
+__global__ void sq_partial(const float *g, const chunk *ch, double grad_scale, double *partial) {
   __shared__ double sh[32];
   const chunk c = ch[blockIdx.x];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < c.len; i += blockDim.x) {
-    float x = g[c.start + i] * inv_scale;
-    acc += (double)x * (double)x;
+    double x = (double)g[c.start + i];
+    acc += x * x;
   }
   acc = cu_block_sum_d(acc, sh);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc * grad_scale * grad_scale;
 }
 
-__global__ void norm_final(const double *partial, int64_t n, double max_norm, step_state *st) {
+__global__ void norm_final(const double *partial, int64_t n, double max_norm, double grad_scale, step_state *st) {
   __shared__ double sh[32];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];   // fixed partition
   acc = cu_block_sum_d(acc, sh);
   if (threadIdx.x == 0) {
-    double nrm = sqrt(acc);
+    double nrm = sqrt(acc), clip = (max_norm > 0.0 && nrm > max_norm) ? nrm / max_norm : 1.0;
     st->norm = nrm;
     st->skip = !isfinite(nrm);
-    st->clip = (max_norm > 0.0 && nrm > max_norm) ? (float)(nrm / max_norm) : 1.0f;
+    st->gmul = (float)(grad_scale / clip);
   }
 }
 
 struct adam_hyper {
-  float lr, b1, b2, eps, wd, bc1, bc2, inv_scale;
+  float lr, b1, b2, eps, wd, bc1, bc2;
 };
 
 __device__ __forceinline__ float lamb_update(float m, float v, float p, int decay, const adam_hyper &hp) {
@@ -84,7 +86,7 @@ __global__ void lamb_moments(const float *p, const float *g, float *m, float *v,
   __shared__ double sh[32];
   if (st->skip) return;   // uniform
   const chunk c = ch[blockIdx.x];
-  const float gs = hp.inv_scale / st->clip;
+  const float gs = st->gmul;
   double ap = 0.0, au = 0.0;
   for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
     const int64_t i = c.start + k;
@@ -132,7 +134,7 @@ __global__ void adamw_apply(float *p, const float *g, float *m, float *v, const 
                             const step_state *st) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gs = hp.inv_scale / st->clip;
+  const float gs = st->gmul;
   const float step = hp.lr / hp.bc1, sbc2 = sqrtf(hp.bc2), shrink = 1.0f - hp.lr * hp.wd;
   for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
     const int64_t i = c.start + k;
@@ -231,29 +233,32 @@ int prepare(const char *op, int *dev_out, const bl_tensor *param, const bl_tenso
   CU_TRY(op, dev, cudaMemcpyAsync(pl->seg_count.p, count.data(), count.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
   CU_TRY(op, dev, cudaMemcpyAsync(pl->seg_dec.p, dec.data(), dec.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
   CU_TRY(op, dev, cudaStreamSynchronize(s));   // the table copies must complete before the host vectors go away
-  const float inv_scale = (float)(1.0 / grad_scale);
   if (pl->nchunk > 0) {
     sq_partial<<<(unsigned)pl->nchunk, kThreads, 0, s>>>(grad->data ? (const float *)grad->data : nullptr,
-                                                         pl->chunks.as<chunk>(), inv_scale, pl->partial.as<double>());
+                                                         pl->chunks.as<chunk>(), grad_scale, pl->partial.as<double>());
     BL_CHECK(cu_launched(op, dev));
   }
-  norm_final<<<1, kThreads, 0, s>>>(pl->partial.as<double>(), pl->nchunk, max_grad_norm, pl->state.as<step_state>());
+  norm_final<<<1, kThreads, 0, s>>>(pl->partial.as<double>(), pl->nchunk, max_grad_norm, grad_scale,
+                                    pl->state.as<step_state>());
   BL_CHECK(cu_launched(op, dev));
   adam_hyper &hp = pl->hp;
   hp.lr = (float)lr; hp.b1 = (float)beta1; hp.b2 = (float)beta2; hp.eps = (float)eps; hp.wd = (float)wd;
   hp.bc1 = (float)(1.0 - pow(beta1, (double)step));
   hp.bc2 = (float)(1.0 - pow(beta2, (double)step));
-  hp.inv_scale = inv_scale;
   return 0;
 }
 
+// Reads the step state back (one synchronisation): the norm, and the
+// non-finite failure of the CPU contract.
 int report(const char *op, int dev, const plan &pl, double *grad_norm, int *skipped) {
-  if (!grad_norm && !skipped) return 0;
   step_state st;
   CU_TRY(op, dev, cudaMemcpyAsync(&st, pl.state.p, sizeof st, cudaMemcpyDeviceToHost, cu_stream(dev)));
   CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
   if (grad_norm) *grad_norm = st.norm;
   if (skipped) *skipped = st.skip;
+  if (st.skip)
+    return bl_set_error(BL_EINVAL, "%s: non-finite gradient (global norm %g): step not applied, weights unchanged "
+                        "(with fp16 use the dynamic loss scaler, which skips such steps)", op, st.norm);
   return 0;
 }
 

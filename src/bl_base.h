@@ -57,6 +57,12 @@ int bl_cuda_synchronize(int device);
 /* f32 GEMMs on TF32 tensor cores (1) or in full f32 (0, the default); global,
  * like torch.backends.cuda.matmul.allow_tf32. No-op in a CPU-only build. */
 void bl_cuda_set_tf32(int enable);
+/* Counts of CUDA runtime calls on cuda:N since start: host-blocking synchronisations (stream/device/event
+ * synchronize, synchronous copies), cudaMalloc, cudaFree and kernel launches. The emulated device
+ * (-DBERTLUA_CUDA_EMU=ON) counts every call; a real-GPU build counts those of bertlua's device layer
+ * (bl_dev_malloc/free, bl_dev_memcpy, bl_cuda_synchronize) and reports launches as -1. Error in a CPU-only build. */
+typedef struct bl_cuda_count { int64_t syncs, mallocs, frees, launches; } bl_cuda_count;
+int bl_cuda_counters(int device, bl_cuda_count *out);
 int bl_cuda_get_tf32(void);
 int bl_num_threads(void);
 void bl_set_num_threads(int n);

@@ -15,6 +15,10 @@ int bl_cuda_device_name(int device, char *buf, int buflen) {
 }
 int bl_cuda_synchronize(int device) { return no_cuda(device, "synchronize"); }
 void bl_cuda_set_tf32(int enable) { (void)enable; }
+int bl_cuda_counters(int device, bl_cuda_count *out) {
+  memset(out, 0, sizeof *out);
+  return no_cuda(device, "counters");
+}
 int bl_cuda_get_tf32(void) { return 0; }
 int bl_dev_check(int device, const char *op) { return no_cuda(device, op); }
 int bl_dev_malloc(int device, size_t n, void **p) { (void)n; *p = NULL; return no_cuda(device, "malloc"); }

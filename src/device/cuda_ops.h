@@ -63,14 +63,11 @@ int bl_cuda_get_tf32(void);
 int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b);
 int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
                             const bl_tensor *x, const bl_tensor *w, int accumulate);
-/* Fused linear + bias + GELU through cuBLASLt's GELU_AUX_BIAS epilogue:
- * pre = x W^T + b (saved for backward, same shape/dtype rules as y),
- * y = gelu(pre). NOTE: cuBLASLt's GELU is the tanh approximation
- * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), not BERT's exact erf
- * (|difference| < 5e-4 absolute); use bl_cuda_linear_forward +
- * bl_cuda_bias_gelu_forward for the exact form.
- * Backward (DGELU epilogue): dpre = (dy_out W2) * gelu'(pre) where the caller
- * supplies dh = dy_out and w2: dpre = (dh @ w2) .* gelu_tanh'(pre), and
+/* Linear + bias + GELU: pre = x W^T + b (saved for backward, same shape/dtype
+ * rules as y), y = gelu(pre) with BERT's exact erf GELU, the CPU's
+ * bl_linear_forward + bl_gelu_forward. (cuBLASLt's GELU epilogues compute the
+ * tanh approximation, so the GELU runs after the GEMM, not in its epilogue.)
+ * Backward: dpre = (dh @ w2) .* gelu'(pre) (erf GELU, as bl_gelu_backward),
  * db += column sums of dpre (may be NULL). Shapes: dh [M, N2], w2 [N2, N],
  * pre/dpre [M, N], db [N]. */
 int bl_cuda_linear_gelu_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
@@ -166,18 +163,19 @@ int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, cons
  * Segments must lie inside the buffer and must not overlap; elements outside
  * every segment are left untouched.
  * step is the 1-based step number after this update (bias correction uses it).
- * grad_scale: gradients are divided by it first (loss scale; 1 = none).
- * Non-finite gradients (inf/NaN anywhere) skip the whole update on the device
- * (params and moments unchanged); *skipped (optional, host) reports it and
- * *grad_norm (optional, host) receives the global norm of the unscaled
- * gradients — asking for either costs a synchronisation. */
+ * grad_scale multiplies the gradients (e.g. 1/loss_scale; 1 = none), as in
+ * the CPU optimizers (bl_optim.h). Non-finite gradients (inf/NaN anywhere)
+ * return BL_EINVAL ("non-finite gradient") with params and moments unchanged,
+ * as on the CPU; *skipped (optional) is then 1. *grad_norm (optional)
+ * receives the global norm of grad_scale * g. Each step synchronises once
+ * (to report the non-finite case). */
 int bl_cuda_lamb_step(bl_tensor *param, const bl_tensor *grad, bl_tensor *m, bl_tensor *v,
                       const int64_t *seg_offset, const int64_t *seg_length, const uint8_t *seg_decay,
                       int nseg, double lr, double beta1, double beta2, double eps, double weight_decay,
                       int64_t step, double grad_scale, double max_grad_norm, int trust_all,
                       double *grad_norm, int *skipped);
 /* NVLAMB as in NVIDIA DeepLearningExamples / apex FusedLAMB:
- *   n = ||g / grad_scale||_2 over all segments; g' = g / grad_scale / max(1, n / max_grad_norm)
+ *   n = ||grad_scale g||_2 over all segments; g' = grad_scale g / max(1, n / max_grad_norm)
  *   (no pre-normalisation when max_grad_norm <= 0)
  *   m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2
  *   u = (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps) + wd * p   (wd only if the segment decays)
@@ -192,7 +190,7 @@ int bl_cuda_adamw_step(bl_tensor *param, const bl_tensor *grad, bl_tensor *m, bl
                        double *grad_norm, int *skipped);
 /* AdamW as torch.optim.AdamW (decoupled decay): p *= 1 - lr*wd (decay segments);
  * p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps), with the same
- * unscale, optional global-norm clipping (max_grad_norm > 0) and skip rules. */
+ * grad_scale, optional global-norm clipping (max_grad_norm > 0) and non-finite rules. */
 /* grad *= inv_scale in place (any float dtype, contiguous) and *found_inf = 1
  * if any element of the result is inf or NaN (else 0). Synchronises. */
 int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *found_inf);

@@ -6,7 +6,15 @@
  * ncclCommGetAsyncError and the stream with a deadline, and on an error or a
  * timeout the communicator is aborted (ncclCommAbort releases the GPU
  * resources and makes the other ranks' collectives fail too) and the call
- * returns an error. Compiled only when CMake found NCCL (BL_HAVE_NCCL). */
+ * returns an error. Compiled only when CMake found NCCL (BL_HAVE_NCCL).
+ *
+ * Creating the communicator is itself collective (the unique id goes from
+ * rank 0 to the others over MPI), so every rank joins that exchange even when
+ * its own arguments are bad, and all ranks then agree on whether every rank
+ * is ready: a rank that fails locally makes the others fail too, with a
+ * message, instead of leaving them in the broadcast. The broadcast is
+ * non-blocking and polled under the same deadline, so a rank 0 that never
+ * arrives (crashed, or stuck elsewhere) ends the wait too. */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdio.h>
@@ -79,38 +87,71 @@ static int wait_comm(const char *op, const char *what, double deadline) {
   }
 }
 
-static int ensure_comm(const char *op, int device, MPI_Comm world, int rank, int size) {
+/* Waits for an MPI request under a deadline (MPI collectives cannot time out by themselves). */
+static int wait_mpi(const char *op, const char *what, MPI_Request *req, double deadline) {
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      return bl_set_error(BL_EIO, "%s: MPI %s failed", op, what);
+    if (done) return 0;
+    if (now_s() > deadline)   /* the request is left pending: the job is expected to end (bl_dist_abort) */
+      return bl_set_error(BL_EIO, "%s: MPI %s did not complete within %.0f s (rank 0 failed, died or is stuck "
+                          "before creating the NCCL communicator; BL_NCCL_TIMEOUT sets the limit)", op, what,
+                          timeout_s());
+    sleep_us(100);
+  }
+}
+
+/* The NCCL id exchange; `local` is this rank's status so far (0 = ready). */
+struct id_msg {
+  int32_t status;   /* rank 0's: 0 = the id below is valid */
+  ncclUniqueId id;
+};
+
+static int ensure_comm(const char *op, int local, int device, MPI_Comm world, int rank, int size) {
   if (comm) {
-    if (device != comm_device)
+    if (!local && device != comm_device)
       return bl_set_error(BL_EINVAL, "%s: tensor is on cuda:%d but this rank's NCCL communicator is on cuda:%d", op,
                           device, comm_device);
-    return 0;
+    return local;
   }
-  BL_CHECK(bl_dev_check(device, op));
-  cudaError_t ce = cudaSetDevice(device);
-  if (ce != cudaSuccess) return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, device, cudaGetErrorString(ce));
-  ncclUniqueId id;
+  char why[512] = "";
+  if (!local) local = bl_dev_check(device, op);
+  if (!local) {
+    cudaError_t ce = cudaSetDevice(device);
+    if (ce != cudaSuccess) local = bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, device, cudaGetErrorString(ce));
+  }
+  struct id_msg msg;
+  memset(&msg, 0, sizeof msg);
   if (rank == 0) {
-    ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) memset(&id, 0, sizeof id);  /* still join the broadcast so no rank waits forever */
-    int err = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, world);
-    if (r != ncclSuccess) return bl_set_error(BL_EIO, "%s: ncclGetUniqueId failed: %s", op, ncclGetErrorString(r));
-    if (err != MPI_SUCCESS) return bl_set_error(BL_EIO, "%s: MPI broadcast of the NCCL id failed", op);
-  } else {
-    if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, world) != MPI_SUCCESS)
-      return bl_set_error(BL_EIO, "%s: MPI broadcast of the NCCL id failed", op);
-    static const ncclUniqueId zero;
-    if (!memcmp(&id, &zero, sizeof id)) return bl_set_error(BL_EIO, "%s: rank 0 could not create an NCCL id", op);
+    ncclResult_t r = local ? ncclSuccess : ncclGetUniqueId(&msg.id);
+    if (r != ncclSuccess) local = bl_set_error(BL_EIO, "%s: ncclGetUniqueId failed: %s", op, ncclGetErrorString(r));
+    msg.status = local != 0;
   }
+  if (local) snprintf(why, sizeof why, "%s", bl_last_error());
+  /* Every rank joins the exchange and the agreement, whatever its own state. */
+  double deadline = now_s() + timeout_s();
+  MPI_Request req;
+  if (MPI_Ibcast(&msg, (int)sizeof msg, MPI_BYTE, 0, world, &req) != MPI_SUCCESS)
+    return bl_set_error(BL_EIO, "%s: MPI broadcast of the NCCL id failed", op);
+  BL_CHECK(wait_mpi(op, "broadcast of the NCCL id", &req, deadline));
+  int mine = local ? rank + 1 : size + 1, first_bad = 0;   /* min: the lowest failed rank + 1, size + 1 = none */
+  if (MPI_Iallreduce(&mine, &first_bad, 1, MPI_INT, MPI_MIN, world, &req) != MPI_SUCCESS)
+    return bl_set_error(BL_EIO, "%s: MPI agreement before NCCL init failed", op);
+  BL_CHECK(wait_mpi(op, "agreement before NCCL init", &req, deadline));
+  if (local) return bl_set_error(local, "%s", why);
+  if (first_bad <= size)
+    return bl_set_error(BL_EIO, "%s: NCCL communicator not created: rank %d failed before the id exchange (see its "
+                        "error)", op, first_bad - 1);
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &cfg);
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, msg.id, rank, &cfg);
   if (r != ncclSuccess && r != ncclInProgress) {
     comm = NULL;
     return bl_set_error(BL_EIO, "%s: ncclCommInitRank failed: %s", op, ncclGetErrorString(r));
   }
   comm_device = device;
-  return wait_comm(op, "communicator init", now_s() + timeout_s());
+  return wait_comm(op, "communicator init", deadline);
 }
 
 static int nccl_type(const bl_tensor *t, ncclDataType_t *ty, const char *op) {
@@ -149,11 +190,14 @@ static int wait_stream(const char *op, const char *what, cudaStream_t s) {
   }
 }
 
+/* Argument errors do not return before ensure_comm: the first call creates
+ * the communicator with every rank, whatever this rank's arguments. */
 static int prepare(const char *op, bl_tensor *t, MPI_Comm world, int rank, int size, ncclDataType_t *ty,
                    cudaStream_t *s) {
-  if (!bl_tensor_is_contiguous(t)) return bl_set_error(BL_EINVAL, "%s: tensor must be contiguous", op);
-  BL_CHECK(nccl_type(t, ty, op));
-  BL_CHECK(ensure_comm(op, t->device, world, rank, size));
+  *ty = ncclFloat32;
+  int local = bl_tensor_is_contiguous(t) ? nccl_type(t, ty, op)
+                                         : bl_set_error(BL_EINVAL, "%s: tensor must be contiguous", op);
+  BL_CHECK(ensure_comm(op, local, t->device, world, rank, size));
   *s = (cudaStream_t)bl_cuda_stream(t->device);
   if (!*s) return BL_EDEVICE;
   return 0;

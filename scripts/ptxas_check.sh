@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Static checks of the real CUDA build: compiles every kernels/*.cu for the
+# shipped architectures (sm_80, sm_90) with ptxas' resource report and fails
+# if any kernel spills registers or uses local memory (a stack frame: arrays
+# indexed at run time, large-argument trig reductions, ...). Prints a table
+# of registers, shared memory and stack per kernel and architecture.
+# usage: scripts/ptxas_check.sh [kernels/foo.cu ...]   (default: all)
+# Needs nvcc (CUDA toolkit); exits 77 (skipped) without one.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+if [ ! -x "$NVCC" ]; then echo "ptxas_check: skipped, no nvcc"; exit 77; fi
+ARCHS="${BL_PTXAS_ARCHS:-80 90}"
+FILTER="$(command -v c++filt || echo cat)"
+GENCODE=()
+for a in $ARCHS; do GENCODE+=(-gencode "arch=compute_$a,code=sm_$a"); done
+# ptx_wrappers.cu instantiates kernels/ptx.cuh (inline PTX no kernel may use yet).
+if [ $# -gt 0 ]; then FILES=("$@"); else FILES=("$ROOT"/kernels/*.cu "$ROOT/scripts/ptx_wrappers.cu"); fi
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+status=0
+for f in "${FILES[@]}"; do
+  name="$(basename "$f")"
+  # The Release flags of CMakeLists.txt (-O3 -DNDEBUG, relaxed constexpr).
+  if ! "$NVCC" -c -O3 -DNDEBUG -std=c++17 --expt-relaxed-constexpr -I"$ROOT/src" -I"$ROOT/kernels" "${GENCODE[@]}" \
+        -Xptxas -warn-spills,-warn-lmem-usage -res-usage -o "$TMP/$name.o" "$f" 2>"$TMP/$name.log"; then
+    cat "$TMP/$name.log"; echo "ptxas_check: $name does not compile"; status=1; continue
+  fi
+  # One row per entry function and arch: file kernel arch regs smem stack spill_stores spill_loads
+  awk -v file="$name" '
+    /Compiling entry function/ { split($0, q, "'\''"); fn = q[2]; arch = q[4]; entry = 1; next }
+    /Function properties for/  { split($0, w, "for "); if (w[2] != fn) entry = 0; next }
+    entry && /bytes stack frame/   { stack = $1; sst = $5; sld = $9 }
+    entry && /Used [0-9]+ registers/ {
+      regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
+      smem = 0; if (match($0, /[0-9]+ bytes smem/)) smem = substr($0, RSTART, RLENGTH - 11)
+      print file, fn, arch, regs, smem, stack, sst, sld; entry = 0
+    }' "$TMP/$name.log" >> "$TMP/rows"
+  if grep -E "Local memory used|spill" "$TMP/$name.log" | grep -v " 0 bytes spill stores, 0 bytes spill loads" \
+       | grep -q .; then
+    grep -E "Local memory used|[1-9][0-9]* bytes spill" "$TMP/$name.log" | "$FILTER" | sed "s/^/$name: /"
+    status=1
+  fi
+done
+
+printf '%-17s %-7s %5s %7s %6s %6s  %s\n' file arch regs smem_B stack spill kernel
+sort -k1,1 -k3,3 -k2,2 "$TMP/rows" | while read -r file fn arch regs smem stack sst sld; do
+  kernel="$(echo "$fn" | "$FILTER" | sed -E 's/^\(anonymous namespace\):://; s/\(.*//')"
+  printf '%-17s %-7s %5s %7s %6s %6s  %s\n' "$file" "$arch" "$regs" "$smem" "$stack" "$((sst + sld))" "$kernel"
+  if [ "$stack" != 0 ] || [ "$sst" != 0 ] || [ "$sld" != 0 ]; then status=1; fi
+done || status=1
+# the while loop runs in a subshell: re-check the rows for the exit status
+if awk '$6 != 0 || $7 != 0 || $8 != 0 { bad = 1 } END { exit !bad }' "$TMP/rows"; then status=1; fi
+if [ "$status" = 0 ]; then
+  echo "ptxas_check: $(wc -l < "$TMP/rows") kernel builds, no spills, no local memory"
+else
+  echo "ptxas_check: FAILED (spills or local memory above)"
+fi
+exit $status

@@ -1,0 +1,148 @@
+// Emulated CUDA device (-DBERTLUA_CUDA_EMU=ON): the runtime API subset bertlua
+// uses, as declared by NVIDIA's cuda_runtime.h. The C part serves C callers
+// (src/dist/nccl.c); C++ translation units also get the device side
+// (emu_device.h: thread indices, barriers, warp collectives, atomics, math,
+// the launch call that <<<>>> is rewritten into). See tests/emu/README.md.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInitializationError = 3,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchOutOfResources = 701,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNoDevice = 100,
+  cudaErrorPeerAccessAlreadyEnabled = 704,
+  cudaErrorUnknown = 999,
+} cudaError_t;
+
+typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+
+typedef enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+} cudaMemcpyKind;
+
+typedef enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9,
+} cudaFuncAttribute;
+
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
+#define cudaHostAllocMapped 0x02
+#define cudaHostAllocWriteCombined 0x04
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+
+// The fields bertlua and its users read; values of an H100 SXM (sm_90).
+typedef struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlock;
+  size_t sharedMemPerBlockOptin;
+  size_t sharedMemPerMultiprocessor;
+  int regsPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int maxThreadsDim[3];
+  int maxGridSize[3];
+  int major, minor;
+  int multiProcessorCount;
+  int maxThreadsPerMultiProcessor;
+  int clockRate;
+  int memoryClockRate;
+  int memoryBusWidth;
+  int l2CacheSize;
+  size_t totalConstMem;
+  int unifiedAddressing;
+  int canMapHostMemory;
+  int concurrentKernels;
+  int asyncEngineCount;
+  int pciBusID, pciDeviceID, pciDomainID;
+} cudaDeviceProp;
+
+const char *cudaGetErrorString(cudaError_t e);
+const char *cudaGetErrorName(cudaError_t e);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDevice(int *dev);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int dev);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceReset(void);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaDeviceCanAccessPeer(int *can, int dev, int peer);
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags);
+
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev, size_t n);
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev, size_t n, cudaStream_t s);
+cudaError_t cudaMemset(void *p, int value, size_t n);
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s);
+
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value);
+
+// Per-device counters of the emulated runtime (read through bl_cuda_counters).
+typedef struct emu_counters {
+  int64_t syncs;     // host-blocking calls: stream/device/event synchronize, synchronous copies
+  int64_t mallocs;   // cudaMalloc
+  int64_t frees;     // cudaFree
+  int64_t launches;  // kernel launches
+} emu_counters;
+int emu_get_counters(int dev, emu_counters *out);
+
+#ifdef __cplusplus
+}
+template <class T>
+static inline cudaError_t cudaFuncSetAttribute(T *fn, cudaFuncAttribute attr, int value) {
+  return emu_func_set_attribute((const void *)fn, attr, value);
+}
+#include "emu_device.h"
+#endif
