@@ -163,6 +163,31 @@ T.test("hostile TF files: truncated or corrupt index, missing or short shard, wr
     "tf checkpoint: " .. index .. ": tensor 'bert/embeddings/word_embeddings': shape [99,32] does not match")
 end)
 
+T.test("convert.lua: an HF directory from a TF checkpoint, loaded by transformers with the same outputs", function()
+  fixture("tf")
+  local out = DIR .. "/converted"
+  local rc, log = run(("%s recipes/convert.lua --input=%s/tf/bert_model.ckpt --output=%s"):format(T.exe(), DIR, out))
+  T.eq(rc, 0, log)
+  T.truthy(log:find("skipped 95 tensor(s) that are not model weights", 1, true), log)
+  local from_tf = bert.from_pretrained(DIR .. "/tf", { quiet = true })
+  same(bert.from_pretrained(out, { quiet = true }).flat_params, from_tf.flat_params)
+  T.eq(slurp(out .. "/vocab.txt"), slurp(DIR .. "/tf/vocab.txt"))
+  local py = ("import torch, transformers\n"
+    .. "from safetensors.torch import load_file\n"
+    .. "r = load_file('%s/tf_ref.safetensors')\n"
+    .. "m = transformers.BertForPreTraining.from_pretrained('%s').eval()\n"
+    .. "with torch.no_grad(): o = m(input_ids=r['input_ids'], token_type_ids=r['token_type_ids'], "
+    .. "attention_mask=r['attention_mask'], output_hidden_states=True)\n"
+    .. "print('maxdiff', float((o.hidden_states[-1] - r['last_hidden']).abs().max()))\n"):format(DIR, out)
+  write(DIR .. "/check.py", py)
+  rc, log = run(PY .. " " .. DIR .. "/check.py")
+  T.eq(rc, 0, log)
+  T.truthy(tonumber(log:match("maxdiff (%S+)")) <= 1e-6, log)
+  rc, log = run(("%s recipes/convert.lua --input=%s/nowhere --output=%s/x"):format(T.exe(), DIR, DIR))
+  T.eq(rc, 1)
+  T.truthy(log:find("model directory " .. DIR .. "/nowhere does not exist", 1, true), log)
+end)
+
 -- PyTorch -------------------------------------------------------------------------------------
 T.test("transformers' pytorch_model.bin loads with outputs identical to its safetensors twin", function()
   fixture("torch")
