@@ -17,7 +17,9 @@
  * could run. Every tensor reachable from the pickled object is an entry,
  * named by its path of dict keys / list indices joined with "." (a state
  * dict gives its own names; {"model": sd} gives "model.<name>"). Storages are
- * checked against the zip entry's CRC-32 on read.
+ * checked against the zip entry's CRC-32 on read. The legacy format (pickles
+ * followed by the raw storages, _use_new_zipfile_serialization=False) is read
+ * too; it has no checksums.
  *
  * Entries whose dtype bertlua does not have (TF strings, int16, ...) are
  * listed with dtype -1 and bl_ckpt_source_dtype() naming it; reading one is
@@ -35,7 +37,7 @@ extern "C" {
 typedef struct bl_ckpt bl_ckpt;
 /* prefix: the path without ".index" (as tf.train.Saver names it), or the .index path itself. */
 int bl_ckpt_open_tf(const char *prefix, bl_ckpt **res);
-/* path: a torch.save file (zip archive format, torch >= 1.6). */
+/* path: a torch.save file: the zip archive format (torch >= 1.6), or the legacy one before it. */
 int bl_ckpt_open_torch(const char *path, bl_ckpt **res);
 int64_t bl_ckpt_count(const bl_ckpt *c);
 /* Entry i (0-based): its name (owned by c), dtype (BL_* or -1), ndim and shape (up to 8 dims written). */

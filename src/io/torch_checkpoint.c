@@ -1,4 +1,4 @@
-/* torch.save reader: zip archive + a pickle VM that can only build state dicts.
+/* torch.save reader: zip archive (or the legacy stream) + a pickle VM that can only build state dicts.
  *
  * Zip: the end-of-central-directory record (zip64 when the sizes need it),
  * then the central directory; entries must be stored (torch never compresses)
@@ -218,6 +218,10 @@ typedef struct {
   size_t memo_n;
   val *all;
   int64_t nvals;
+  char where[80];    /* "archive/data.pkl", or "pickle" in the legacy format */
+  int legacy;
+  val **storages;    /* legacy: storages by first reference, bound to the file after the key list */
+  size_t ns, nscap;
   char name[MAX_NAME];
 } vm;
 
@@ -228,7 +232,7 @@ static int perr(vm *m, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  return bl_set_error(BL_EFORMAT, WHAT ": %s: %s/data.pkl at byte %lld: %s", m->z->c->path, m->z->prefix,
+  return bl_set_error(BL_EFORMAT, WHAT ": %s: %s at byte %lld: %s", m->z->c->path, m->where,
                       (long long)(m->p - m->start), msg);
 }
 
@@ -354,6 +358,27 @@ static int line(vm *m, const char **s, size_t *n) {
   return 0;
 }
 
+/* legacy format: ('storage', StorageType, key, location, numel, view_metadata); the bytes come after
+ * the pickles, bound in legacy_bind. One storage per key however often it is referenced. */
+static val *legacy_storage(vm *m, val *pid) {
+  if (pid->n != 6 || pid->items[5]->type != V_NONE) {
+    perr(m, "storage views (old torch.save) are not supported; re-save with a current torch");
+    return NULL;
+  }
+  for (size_t k = 0; k < m->ns; k++)
+    if (strcmp(m->storages[k]->s, pid->items[2]->s) == 0) return m->storages[k];
+  val *g = pid->items[1], *s = new_val(m, V_STORAGE);
+  if (!s || grow((void **)&m->storages, &m->nscap, m->ns + 1, sizeof *m->storages)) return NULL;
+  if (!(s->s = strdup(pid->items[2]->s))) { bl_set_error(BL_ENOMEM, WHAT ": out of memory"); return NULL; }
+  s->dtype = g->dtype;
+  s->esize = g->esize;
+  s->dtname = g->dtname;
+  s->i = pid->items[4]->i;
+  s->data_off = -1;
+  m->storages[m->ns++] = s;
+  return s;
+}
+
 /* ('storage', StorageType, key, location, numel) -> a storage bound to ARCHIVE/data/key */
 static val *persistent(vm *m, val *pid) {
   if (pid->type != V_TUPLE || pid->n < 5 || pid->items[0]->type != V_STR || strcmp(pid->items[0]->s, "storage") ||
@@ -367,6 +392,7 @@ static val *persistent(vm *m, val *pid) {
   int64_t numel = pid->items[4]->i;
   char rest[300];
   if (strlen(key) > 200 || numel < 0) { perr(m, "bad storage key or size"); return NULL; }
+  if (m->legacy) return legacy_storage(m, pid);
   snprintf(rest, sizeof rest, "data/%s", key);
   zip_entry *e = zip_find(m->z, m->z->prefix, rest);
   if (!e) { perr(m, "storage '%s' has no entry %s/%s in the archive", key, m->z->prefix, rest); return NULL; }
@@ -635,7 +661,7 @@ static int add_tensor(vm *m, val *t) {
   it->region_off = s->data_off;
   it->region_len = s->data_len;
   it->elem_off = t->off;
-  it->crc_kind = BL_CRC_ZIP;
+  it->crc_kind = m->legacy ? BL_CRC_NONE : BL_CRC_ZIP;  /* the legacy format has no checksums */
   it->crc = s->crc;
   return 0;
 }
@@ -676,17 +702,86 @@ static void vm_free(vm *m) {
   free(m->stack);
   free(m->marks);
   free(m->memo);
+  free(m->storages);
+}
+
+/* ------------------------------------------------------------------ the legacy (pre-1.6) format */
+/* pickles of: the magic number, the protocol version (1001), sys_info, the object, the sorted storage
+ * keys; then per key an int64 element count and the raw bytes */
+static const uint8_t LEGACY_MAGIC[15] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                         0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, 0x2e};
+
+/* the next pickle of the stream: fresh stack and memo */
+static int run_next(vm *m, val **out) {
+  m->sn = m->mn = 0;
+  if (m->memo_n) memset(m->memo, 0, m->memo_n * sizeof *m->memo);
+  return run(m, out);
+}
+
+static val *dict_get(val *d, const char *key) {
+  for (size_t i = 0; d->type == V_DICT && i + 1 < d->n; i += 2)
+    if (d->items[i]->type == V_STR && strcmp(d->items[i]->s, key) == 0) return d->items[i + 1];
+  return NULL;
+}
+
+static int legacy_bind(vm *m, val *keys, int64_t off) {
+  zip_reader *z = m->z;
+  if (keys->type != V_LIST) return perr(m, "the storage key list is not a list");
+  for (size_t k = 0; k < keys->n; k++) {
+    val *key = keys->items[k], *s = NULL;
+    if (key->type != V_STR) return perr(m, "a storage key is not a string");
+    for (size_t j = 0; j < m->ns && !s; j++)
+      if (strcmp(m->storages[j]->s, key->s) == 0) s = m->storages[j];
+    if (!s || s->data_off >= 0) return zerr(z, "storage '%s' is listed but not used once by the pickle", key->s);
+    uint8_t h[8];
+    if (off > z->fsize - 8 || bl_file_read_at(z->f, off, h, 8))
+      return zerr(z, "storage '%s': the file ends at %lld, before its data: truncated?", key->s, (long long)z->fsize);
+    int64_t numel = (int64_t)le64(h), nb;
+    if (numel != s->i) return zerr(z, "storage '%s': the file says %lld elements, the pickle %lld", key->s,
+                                   (long long)numel, (long long)s->i);
+    if (__builtin_mul_overflow(numel, (int64_t)s->esize, &nb) || nb > z->fsize - off - 8)
+      return zerr(z, "storage '%s' (%lld x %d bytes at %lld) runs past the end of the file: truncated?", key->s,
+                  (long long)numel, s->esize, (long long)off + 8);
+    s->data_off = off + 8;
+    s->data_len = nb;
+    off += 8 + nb;
+  }
+  for (size_t j = 0; j < m->ns; j++)
+    if (m->storages[j]->data_off < 0) return zerr(z, "storage '%s' is missing from the file", m->storages[j]->s);
+  return 0;
+}
+
+static int open_legacy(bl_ckpt *c, zip_reader *z) {
+  int64_t n = z->fsize < MAX_PICKLE_BYTES ? z->fsize : MAX_PICKLE_BYTES;
+  uint8_t *buf = malloc((size_t)n);
+  if (!buf) return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
+  int rc = bl_file_read_at(z->f, 0, buf, n);
+  vm m = {.z = z, .p = buf + sizeof LEGACY_MAGIC, .end = buf + n, .start = buf, .legacy = 1};
+  snprintf(m.where, sizeof m.where, "the legacy torch.save pickle");
+  val *ver = NULL, *info = NULL, *root = NULL, *keys = NULL, *le;
+  if (rc == 0) rc = run_next(&m, &ver);
+  if (rc == 0 && (ver->type != V_INT || ver->i != 1001))
+    rc = perr(&m, "protocol version is not 1001: not a torch.save file this reader knows");
+  if (rc == 0) rc = run_next(&m, &info);
+  if (rc == 0 && (le = dict_get(info, "little_endian")) && le->type == V_BOOL && !le->i)
+    rc = zerr(z, "the tensors are stored big-endian; only little-endian is read");
+  if (rc == 0) rc = run_next(&m, &root);
+  if (rc == 0) rc = run_next(&m, &keys);
+  if (rc == 0) rc = legacy_bind(&m, keys, (int64_t)(m.p - m.start));
+  if (rc == 0) rc = collect(&m, root, 0, 0);
+  if (rc == 0 && c->n == 0) rc = zerr(z, "the pickled object holds no tensors");
+  vm_free(&m);
+  free(buf);
+  return rc;
 }
 
 static int open_torch(bl_ckpt *c, zip_reader *z) {
   BL_CHECK(bl_ckpt_add_file_(c, c->path));
   z->f = c->files[0];
-  uint8_t magic[4] = {0};
-  int64_t size;
-  bl_file_size(z->f, &size);
-  if (size >= 4) BL_CHECK(bl_file_read_at(z->f, 0, magic, 4));
-  if (magic[0] == 0x80 && magic[1] == 0x02 && magic[2] == 0x8a && magic[3] == 0x0a)
-    return zerr(z, "legacy (pre-1.6) torch.save format; re-save it with torch.save(obj, path) from torch >= 1.6");
+  uint8_t magic[sizeof LEGACY_MAGIC] = {0};
+  BL_CHECK(bl_file_size(z->f, &z->fsize));
+  if (z->fsize >= (int64_t)sizeof magic) BL_CHECK(bl_file_read_at(z->f, 0, magic, sizeof magic));
+  if (memcmp(magic, LEGACY_MAGIC, sizeof magic) == 0) return open_legacy(c, z);
   if (le32(magic) != 0x04034b50) return zerr(z, "not a zip archive: not a torch.save file, or truncated");
   BL_CHECK(zip_open(z));
   zip_entry *pk = NULL;
@@ -717,6 +812,7 @@ static int open_torch(bl_ckpt *c, zip_reader *z) {
     rc = zerr(z, "%s fails its zip CRC-32 check: corrupt file", pk->name);
 #endif
   vm m = {.z = z, .p = pkl, .end = pkl + pk->usize, .start = pkl};
+  snprintf(m.where, sizeof m.where, "%s/data.pkl", z->prefix);
   val *root = NULL;
   if (rc == 0) rc = run(&m, &root);
   if (rc == 0) rc = collect(&m, root, 0, 0);

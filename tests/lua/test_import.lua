@@ -203,6 +203,18 @@ T.test("transformers' pytorch_model.bin loads with outputs identical to its safe
   same(bert.from_pretrained(DIR .. "/hf_bin/pytorch_model.bin", { quiet = true }).flat_params, a.flat_params)
 end)
 
+T.test("the legacy (pre-1.6, non-zip) torch.save format loads too; truncated, it names the storage", function()
+  fixture("torch")
+  local a = bert.from_pretrained(DIR .. "/st", { quiet = true })
+  local bin = DIR .. "/legacy/pytorch_model.bin"
+  same(bert.from_pretrained(bin, { quiet = true }).flat_params, a.flat_params)
+  local s = slurp(bin)
+  write(DIR .. "/legacy_cut.bin", s:sub(1, #s - 100))
+  T.raises(function() imp.open("torch", DIR .. "/legacy_cut.bin") end, "runs past the end of the file: truncated?")
+  write(DIR .. "/legacy_cut.bin", s:sub(1, 200))
+  T.raises(function() imp.open("torch", DIR .. "/legacy_cut.bin") end, "torch checkpoint: " .. DIR .. "/legacy_cut.bin: ")
+end)
+
 T.test("an NVIDIA .pt ({model = state dict}, module. prefixes, dense_act) equals its safetensors twin", function()
   fixture("torch")
   local a = bert.from_pretrained(DIR .. "/qa_st", { quiet = true })

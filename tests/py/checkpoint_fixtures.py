@@ -5,6 +5,7 @@ usage:
   /usr/bin/python3 tests/py/checkpoint_fixtures.py torch OUT
       OUT/st/        transformers BertForPreTraining, safetensors (the twin)
       OUT/hf_bin/    the same model, pytorch_model.bin (torch.save zip) + config.json + vocab.txt
+      OUT/legacy/    the same model in torch.save's legacy (pre-1.6, non-zip) format
       OUT/qa_st/     a BertForQuestionAnswering, safetensors
       OUT/nvidia/    the same QA model as NVIDIA saves it: bert_qa.pt = {"model": state dict with
                      "module." prefixes and NVIDIA's "dense_act" names, "optimizer": ..., "epoch": 2}
@@ -86,6 +87,9 @@ def make_torch(out):
     save_dir(pt, f"{out}/st", True)
     save_dir(pt, f"{out}/hf_bin", False)
     assert os.path.exists(f"{out}/hf_bin/pytorch_model.bin")
+    os.makedirs(f"{out}/legacy", exist_ok=True)
+    torch.save(pt.state_dict(), f"{out}/legacy/pytorch_model.bin", _use_new_zipfile_serialization=False)
+    pt.config.to_json_file(f"{out}/legacy/config.json")
     qa = model("BertForQuestionAnswering", 2)
     save_dir(qa, f"{out}/qa_st", True)
     os.makedirs(f"{out}/nvidia", exist_ok=True)
