@@ -166,8 +166,19 @@ function M.source(format, path, opts)
     for _, m in ipairs(list) do add(m.hf, m.entry, false) end
   end
   table.sort(info.names)
-  info.read = function(te)
-    local t = M.read(r, te.entry)
+  -- read(e[, dst]): a tensor in the model's layout, or nil after reading straight into dst (same dtype, no
+  -- transpose, contiguous on the CPU: one read, no copy)
+  info.read = function(te, dst)
+    local e = te.entry
+    if dst and not te.transpose and e.dtype == dst:dtype() and dst:is_contiguous() and dst:device() == "cpu" then
+      check(C.bl_ckpt_read(r.handle, e.index, dst.data_, dst:numel() * C.bl_dtype_size(e.dtype_id)))
+      return nil
+    end
+    local t = M.read(r, e)
+    if te.transpose and dst then
+      dst:copy_(t:transpose(1, 2))
+      return nil
+    end
     if te.transpose then t = t:transpose(1, 2):contiguous() end
     return t
   end

@@ -401,7 +401,8 @@ function M.load_model(model, path, opts)
     for _, p in ipairs(params) do
       local e = map[p.name]
       if e and info.read then
-        p.param:copy_(info.read(e))  -- another checkpoint format (bertlua.import)
+        local t = info.read(e, p.param)  -- another checkpoint format (bertlua.import); nil: read in place
+        if t then p.param:copy_(t) end
       elseif e then
         if e.dtype == "F32" and p.param:is_contiguous() and p.param:device() == "cpu" then
           local rc = C.bl_file_read_at(f, info.data_start + e.begin, p.param.data_, e.nbytes)
