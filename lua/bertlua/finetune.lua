@@ -15,25 +15,9 @@
 -- prints one clear line.
 local M = {}
 
-local ffi = require "ffi"
-pcall(ffi.cdef, "void *opendir(const char *name); int closedir(void *dirp);")
-
-local function is_dir(path)
-  local d = ffi.C.opendir(path)
-  if d == nil then return false end
-  ffi.C.closedir(d)
-  return true
-end
-M.is_dir = is_dir
-
-local function readable(path)
-  if is_dir(path) then return false end
-  local f = io.open(path, "rb")
-  if not f then return false end
-  f:close()
-  return true
-end
-M.readable = readable
+local imp = require "bertlua.import"
+local is_dir, readable = imp.is_dir, imp.is_file  -- readable: a file (not a directory) we can open
+M.is_dir, M.readable = is_dir, readable
 
 -- model_dir(recipe, dir, vocab) -> vocab path. A model directory holds
 -- config.json + model.safetensors (Hugging Face names) and usually vocab.txt;
@@ -42,7 +26,7 @@ M.readable = readable
 -- the directory's vocab.txt.
 function M.model_dir(recipe, dir, vocab)
   if not dir or dir == "" then error(recipe .. ": --model=DIR is required", 0) end
-  local ok, src = pcall(require("bertlua.import").locate, dir)
+  local ok, src = pcall(imp.locate, dir)
   if not ok then error(recipe .. ": " .. tostring(src), 0) end
   if vocab then
     if not readable(vocab) then error(("%s: --vocab=%s cannot be read"):format(recipe, vocab), 0) end

@@ -39,6 +39,7 @@ local function is_file(p)
   if f then f:close() end
   return f ~= nil
 end
+M.is_dir, M.is_file = is_dir, is_file
 local function ls(dir)
   local out = {}
   local p = io.popen("ls -1 " .. q(dir) .. " 2>/dev/null")

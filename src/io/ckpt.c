@@ -44,6 +44,12 @@ int bl_ckpt_add_file_(bl_ckpt *c, const char *path) {
   return 0;
 }
 
+int bl_ckpt_vfail_(const char *what, const char *path, const char *fmt, va_list ap) {
+  char msg[800];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  return bl_set_error(BL_EFORMAT, "%s: %s: %s", what, path, msg);
+}
+
 int64_t bl_ckpt_numel_(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int d = 0; d < ndim; d++)

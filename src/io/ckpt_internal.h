@@ -1,6 +1,7 @@
 /* Shared by the checkpoint readers (tf_checkpoint.c, torch_checkpoint.c, ckpt.c); not public. */
 #ifndef BL_CKPT_INTERNAL_H
 #define BL_CKPT_INTERNAL_H
+#include <stdarg.h>
 #include "bl_ckpt.h"
 #include "bl_io.h"
 
@@ -36,5 +37,7 @@ int bl_ckpt_add_file_(bl_ckpt *c, const char *path);
 /* numel of shape with overflow check: -1 when it overflows int64 */
 int64_t bl_ckpt_numel_(int ndim, const int64_t *shape);
 uint32_t bl_crc32c_sw(uint32_t crc, const void *data, size_t n);
+/* BL_EFORMAT with "what: path: message" (message from fmt/ap) */
+int bl_ckpt_vfail_(const char *what, const char *path, const char *fmt, va_list ap);
 
 #endif

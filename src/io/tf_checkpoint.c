@@ -53,12 +53,11 @@ static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
 
 static int ferr(tf_reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int ferr(tf_reader *r, const char *fmt, ...) {
-  char msg[600];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  int rc = bl_ckpt_vfail_(WHAT, r->ipath, fmt, ap);
   va_end(ap);
-  return bl_set_error(BL_EFORMAT, WHAT ": %s: %s", r->ipath, msg);
+  return rc;
 }
 
 /* One protobuf field: number, wire type, and its value (varint/fixed) or bytes. */

@@ -46,12 +46,11 @@ static uint64_t le64(const uint8_t *p) { return le32(p) | (uint64_t)le32(p + 4) 
 
 static int zerr(zip_reader *z, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int zerr(zip_reader *z, const char *fmt, ...) {
-  char msg[700];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  int rc = bl_ckpt_vfail_(WHAT, z->c->path, fmt, ap);
   va_end(ap);
-  return bl_set_error(BL_EFORMAT, WHAT ": %s: %s", z->c->path, msg);
+  return rc;
 }
 
 /* zip64 extended information: the fields whose 32-bit value is all ones, in this order */
@@ -227,13 +226,13 @@ typedef struct {
 
 static int perr(vm *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int perr(vm *m, const char *fmt, ...) {
-  char msg[700];
+  char path[600];  /* the pickle and the position in it name the place */
+  snprintf(path, sizeof path, "%s: %s at byte %lld", m->z->c->path, m->where, (long long)(m->p - m->start));
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  int rc = bl_ckpt_vfail_(WHAT, path, fmt, ap);
   va_end(ap);
-  return bl_set_error(BL_EFORMAT, WHAT ": %s: %s at byte %lld: %s", m->z->c->path, m->where,
-                      (long long)(m->p - m->start), msg);
+  return rc;
 }
 
 static val *new_val(vm *m, int type) {

@@ -16,10 +16,8 @@ local C = require("bertlua.core").C
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 local DIR = T.tmpdir()
 local function run(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("__rc=(%d+)%s*$")), out:gsub("__rc=%d+%s*$", "")
+  local out, rc = T.sh(cmd)
+  return rc, out
 end
 local function slurp(p) local f = assert(io.open(p, "rb")); local s = f:read("*a"); f:close(); return s end
 local function write(p, s) local f = assert(io.open(p, "wb")); f:write(s); f:close() end
