@@ -211,6 +211,14 @@ end
 local function in_dir(dir)
   if is_file(dir .. "/model.safetensors") then return "safetensors", dir .. "/model.safetensors" end
   if is_file(dir .. "/pytorch_model.bin") then return "torch", dir .. "/pytorch_model.bin" end
+  -- tf.train.Saver's "checkpoint" file names the newest of several
+  local f = io.open(dir .. "/checkpoint", "rb")
+  local newest = f and f:read("*a"):match('model_checkpoint_path:%s*"([^"]+)"')
+  if f then f:close() end
+  if newest then
+    local p = newest:sub(1, 1) == "/" and newest or dir .. "/" .. newest
+    if is_file(p .. ".index") then return "tf", p end
+  end
   local tf, pt = {}, {}
   for _, f in ipairs(ls(dir)) do
     if f:match("%.index$") then tf[#tf + 1] = f:sub(1, -7)

@@ -371,7 +371,8 @@ function M.load_model(model, path, opts)
   end
   local refused = {}
   for _, n in ipairs(unexpected) do
-    if not allow_unexpected(n) then refused[#refused + 1] = n end
+    local orig = info.tensors[n] and info.tensors[n].name  -- another format's own name, when it differs
+    if not allow_unexpected(n) then refused[#refused + 1] = (orig and orig ~= n) and (orig .. " (" .. n .. ")") or n end
   end
   if #refused == 1 then
     error(("%s: %s: tensor '%s' is not a parameter of this model (pass allow_unexpected to ignore it)"):format(what,

@@ -210,7 +210,8 @@ T.test("the legacy (pre-1.6, non-zip) torch.save format loads too; truncated, it
   write(DIR .. "/legacy_cut.bin", s:sub(1, #s - 100))
   T.raises(function() imp.open("torch", DIR .. "/legacy_cut.bin") end, "runs past the end of the file: truncated?")
   write(DIR .. "/legacy_cut.bin", s:sub(1, 200))
-  T.raises(function() imp.open("torch", DIR .. "/legacy_cut.bin") end, "torch checkpoint: " .. DIR .. "/legacy_cut.bin: ")
+  local cut = DIR .. "/legacy_cut.bin"
+  T.raises(function() imp.open("torch", cut) end, "torch checkpoint: " .. cut .. ": ")
 end)
 
 T.test("an NVIDIA .pt ({model = state dict}, module. prefixes, dense_act) equals its safetensors twin", function()
@@ -296,6 +297,21 @@ T.test("a name bertlua cannot place is listed; a directory with two checkpoints 
   T.raises(function() imp.load_into(m, d .. "/a.pt", { quiet = true }) end, "not parameters of this model")
   local ok, err = pcall(imp.load_into, m, d .. "/a.pt", { quiet = true })
   T.truthy(not ok and err:find("qa_outputs.weight", 1, true) and err:find("qa_outputs.bias", 1, true), err)
+end)
+
+T.test("TF: Saver's checkpoint file picks the newest of several; unplaced tensors listed by their own names", function()
+  fixture("tf")
+  local t = DIR .. "/two_tf"
+  os.execute(("mkdir -p %q && cp %q/tf/* %q/ && cd %q && mv bert_model.ckpt.index model.ckpt-2.index && "
+    .. "mv bert_model.ckpt.data-00000-of-00001 model.ckpt-2.data-00000-of-00001 && cp model.ckpt-2.index "
+    .. "model.ckpt-1.index"):format(t, DIR, t, t))
+  T.raises(function() bert.from_pretrained(t) end, "holds several checkpoints (model.ckpt-1, model.ckpt-2)")
+  write(t .. "/checkpoint", 'model_checkpoint_path: "model.ckpt-2"\nall_model_checkpoint_paths: "model.ckpt-2"\n')
+  T.eq(imp.locate(t).weights, t .. "/model.ckpt-2")
+  local m = bert.BertModel(bert.config.load(DIR .. "/tf_squad/bert_config.json"))
+  local ok, err = pcall(imp.load_into, m, DIR .. "/tf_squad", { quiet = true })
+  T.truthy(not ok and err:find("2 tensors are not parameters", 1, true)
+    and err:find("cls/squad/output_bias (qa_outputs.bias), cls/squad/output_weights (qa_outputs.weight)", 1, true), err)
 end)
 
 T.run()
