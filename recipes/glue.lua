@@ -31,6 +31,8 @@ local opt = options.parse(arg, {
   { "max_seq_length", 128, "tokens per sequence" },
   { "lr", 2e-5, "peak learning rate" }, { "epochs", 3, "epochs" }, { "batch", 32, "sequences per step" },
   { "micro_batch", 0, "sequences per forward (0: = batch)" }, { "warmup", 0.1, "warmup proportion" },
+  { "warmup_steps", -1, "warmup in optimizer steps instead of --warmup (-1: use the proportion)" },
+  { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 128)" },
   { "weight_decay", 0.01, "AdamW weight decay" }, { "eval_batch", 64, "sequences per forward when evaluating" },
   { "max_steps", 0, "stop training after this many steps (0: all)" },
   { "precision", "fp32",
@@ -50,6 +52,7 @@ if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing
   "and/or --do-predict", 0) end
 if not opt.data_dir and not (opt.train_file or opt.eval_file) then error("glue: --data-dir is required", 0) end
 amp.check_precision("glue", opt.precision)
+local scaler_opts = amp.loss_scale_option(opt.loss_scale, "glue")
 
 local task = opt.task:lower()
 do
@@ -134,7 +137,8 @@ end
 if opt.do_train then
   local rows = featurize(read("train", opt.train_file))
   trainer.fit{ model = model, n = #rows, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
-    lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
+    lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
+    scaler = scaler_opts, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return batch_of(rows, idx, true) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })

@@ -23,7 +23,8 @@ local data = require "bertlua.data.loader"
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
-  { "init", nil, "start phase 1 from this model directory (config.json + model.safetensors)" },
+  { "init", nil, "start phase 1 from these weights: a model directory, or a checkpoint bertlua.import reads "
+    .. "(Google's TF bert_model.ckpt, pytorch_model.bin, NVIDIA's .pt)" },
   { "vocab", nil, "vocab.txt used to create the data (checked against the shards; copied to the output model)" },
   { "data_phase1", nil, "directory of phase-1 shards (S=128)" },
   { "data_phase2", nil, "directory of phase-2 shards (S=512)" },
@@ -38,11 +39,14 @@ local SPEC = {
   { "seq2", 512, "phase 2 sequence length" }, { "pred2", 80, "phase 2 max predictions per sequence" },
   { "batch2", 32768, "phase 2 global batch" }, { "lr2", 4e-3, "phase 2 peak learning rate" },
   { "warmup2", 0.128, "phase 2 warmup proportion" }, { "steps2", 1563, "phase 2 optimizer steps" },
+  { "warmup_steps1", -1, "phase 1 warmup in steps instead of --warmup1 (Google/TF2: 2000; -1: the proportion)" },
+  { "warmup_steps2", -1, "phase 2 warmup in steps instead of --warmup2 (Google/TF2: 200; -1: the proportion)" },
   { "micro_batch", 8, "sequences per device per forward/backward" },
   { "bin_lengths", false, "loader sorts sequences by length within windows of 64 steps: less padding (phase 2)" },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, " ..
       "fp16 with loss scaling)" },
+  { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 2^15 = 32768)" },
   { "power", 0.5, "polynomial decay power after warmup" },
   { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)" },
   { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation" },
@@ -70,11 +74,13 @@ say(("pretrain: world size %d, %d CPU threads per rank, %s"):format(world, bl.nu
 say(options.show(opt))
 
 amp.check_precision("pretrain", opt.precision)
+local scaler_opts = amp.loss_scale_option(opt.loss_scale, "pretrain")
 
 local function phase_settings(p)
   return {
     phase = p, seq = opt["seq" .. p], pred = opt["pred" .. p], batch = opt["batch" .. p], lr = opt["lr" .. p],
     warmup = opt["warmup" .. p], steps = opt["steps" .. p], data = opt["data_phase" .. p],
+    warmup_steps = opt["warmup_steps" .. p] >= 0 and opt["warmup_steps" .. p] or nil,
   }
 end
 
@@ -144,17 +150,17 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local cfg = model_config()
   local model = bert.BertForPreTraining(cfg, { seed = opt.seed })
   if init_model_dir then
-    require("bertlua.io.safetensors").load_model(model, init_model_dir .. "/model.safetensors")
+    require("bertlua.io.import").load_into(model, init_model_dir)
     say("  initialised from " .. init_model_dir)
   end
   local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay,
     max_grad_norm = opt.max_grad_norm }
   if prev_opt_state and opt.keep_optimizer then lamb:load_state_dict(prev_opt_state) end
-  local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, warmup_proportion = ph.warmup,
-    power = opt.power }
+  local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, power = opt.power,
+    warmup_steps = ph.warmup_steps, warmup_proportion = not ph.warmup_steps and ph.warmup or nil }
   -- bf16/fp16: f32 master weights, half-precision weights and gradients
   -- (emulated on the CPU, see bertlua.train.amp), loss scaling for fp16
-  local mp = amp.MixedPrecision{ model = model, precision = opt.precision }
+  local mp = amp.MixedPrecision{ model = model, precision = opt.precision, scaler = scaler_opts }
 
   -- Micro-batch j of a global batch (j = rank*accum + a) comes from virtual
   -- rank j of world*accum: the data a step sees does not depend on how it is

@@ -32,7 +32,10 @@ local opt = options.parse(arg, {
   { "max_query_length", 64, "question tokens kept" },
   { "lr", 3e-5, "peak learning rate" }, { "epochs", 2, "training epochs" },
   { "batch", 32, "sequences per optimizer step" }, { "micro_batch", 0, "sequences per forward (0: = batch)" },
-  { "warmup", 0.1, "warmup proportion" }, { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)" },
+  { "warmup", 0.1, "warmup proportion" },
+  { "warmup_steps", -1, "warmup in optimizer steps instead of --warmup (-1: use the proportion)" },
+  { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 128)" },
+  { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)" },
   { "predict_batch", 32, "sequences per forward when predicting" },
   { "n_best", 20, "n-best spans per question" }, { "max_answer_length", 30, "longest answer in tokens" },
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
@@ -53,6 +56,7 @@ if not (opt.do_train or opt.do_predict) then error("squad: nothing to do: give -
 if opt.do_train and not opt.train_file then error("squad: --do-train needs --train-file", 0) end
 if opt.do_predict and not opt.predict_file then error("squad: --do-predict needs --predict-file", 0) end
 amp.check_precision("squad", opt.precision)
+local scaler_opts = amp.loss_scale_option(opt.loss_scale, "squad")
 -- every input is checked before any work, so a typo does not cost a training run
 local vocab = ft.model_dir("squad", opt.model, opt.vocab)
 if opt.do_train then ft.input_file("squad", opt.train_file, "--train-file") end
@@ -112,7 +116,8 @@ if opt.do_train then
   feat_opts.is_training = true
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   trainer.fit{ model = model, n = #feats, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
-    lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
+    lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
+    scaler = scaler_opts, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })

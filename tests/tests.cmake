@@ -61,6 +61,20 @@ if(BERTLUA_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
   target_link_libraries(fuzz_tokenizer PRIVATE PkgConfig::UTF8PROC)
   add_test(NAME fuzz_tokenizer_short COMMAND fuzz_tokenizer -max_total_time=20 -max_len=65536 -timeout=5)
   set_tests_properties(fuzz_tokenizer_short PROPERTIES ENVIRONMENT "BL_FUZZ_VOCAB=${BL_SHARED_DATA}/vocab/bert-base-uncased-vocab.txt")
+  # checkpoint readers, seeded with files TensorFlow / torch.save wrote (tests/fuzz/corpus/NAME)
+  foreach(name tf_checkpoint torch_checkpoint)
+    add_executable(fuzz_${name} tests/fuzz/fuzz_${name}.c src/io/${name}.c src/io/ckpt.c src/io/crc32c.c src/io/file.c)
+    # index-block and data.pkl checksums off: mutated inputs then reach the parsers behind them
+    target_compile_definitions(fuzz_${name} PRIVATE BL_FUZZ_STANDALONE FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
+    target_include_directories(fuzz_${name} PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/src/io)
+    target_compile_options(fuzz_${name} PRIVATE -fsanitize=fuzzer,address,undefined)
+    target_link_options(fuzz_${name} PRIVATE -fsanitize=fuzzer,address,undefined)
+    target_link_libraries(fuzz_${name} PRIVATE Threads::Threads)
+    # a copy of the seeds: libFuzzer adds what it finds to the first corpus directory
+    add_test(NAME fuzz_${name}_short COMMAND sh -c "rm -rf corpus_${name} && \
+cp -r ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/${name} corpus_${name} && \
+./fuzz_${name} corpus_${name} -max_total_time=20 -max_len=65536 -timeout=5")
+  endforeach()
 endif()
 
 # Self-tests of the emulated CUDA libraries (tests/emu) on a test double of the

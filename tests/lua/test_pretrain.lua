@@ -166,4 +166,30 @@ T.test("the pre-training notebook plots the log", function()
   T.truthy(io.open(tmp .. "/nb/pretraining_curves.png"), "the plot was written")
 end)
 
+T.test("--init from a torch.save pytorch_model.bin, --warmup-steps1 and a fixed --loss-scale reach the run", function()
+  local src = tmp .. "/run/phase1"  -- the first test's model, re-saved by torch as pytorch_model.bin
+  local bin = tmp .. "/bin_init"
+  local out, rc = sh(("%s -c \"import os, torch, shutil; from safetensors.torch import load_file; "
+    .. "os.makedirs('%s', exist_ok=True); torch.save(load_file('%s/model.safetensors'), '%s/pytorch_model.bin'); "
+    .. "shutil.copy('%s/config.json', '%s')\""):format(os.getenv("BL_PYTHON") or "/usr/bin/python3", bin, src, bin,
+    src, bin))
+  if rc ~= 0 then T.skip("torch/safetensors not importable: " .. out) end
+  out, rc = pretrain(tmp .. "/init_bin", ("--init=%s --batch1=16 --micro-batch=16 --steps1=8 --warmup-steps1=4 "
+    .. "--precision=fp16 --loss-scale=1024"):format(bin))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("initialised from " .. bin, 1, true), out)
+  local lr, scale = {}, {}
+  for line in io.lines(tmp .. "/init_bin/log.jsonl") do
+    local r = cjson.decode(line)
+    if r.step and r.lr then lr[r.step], scale[r.step] = r.lr, r.loss_scale end
+  end
+  -- poly_warmup: lr = lr1 * step / warmup_steps during warmup
+  T.near(lr[2], 1e-2 * 2 / 4, 1e-9)
+  T.near(lr[3], 1e-2 * 3 / 4, 1e-9)
+  for s = 1, 8 do T.eq(scale[s], 1024, "fixed loss scale at step " .. s) end
+  -- initialised, not random: the first loss is near where the first run ended, far below a fresh model's
+  local first = losses(tmp .. "/run")
+  T.truthy(losses(tmp .. "/init_bin")[1] < first[1] - 0.5, "starts from the trained weights")
+end)
+
 T.run()

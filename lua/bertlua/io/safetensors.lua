@@ -58,7 +58,9 @@ local function close(f)
 end
 
 local function ferr(path, msg) error("safetensors: " .. path .. ": " .. msg, 0) end
-local function terr(path, name, msg) error(("safetensors: %s: tensor '%s': %s"):format(path, name, msg), 0) end
+local function terr(path, name, msg, what)
+  error(("%s: %s: tensor '%s': %s"):format(what or "safetensors", path, name, msg), 0)
+end
 
 local function is_int(v) return type(v) == "number" and v == math.floor(v) and v >= 0 and v < 2 ^ 53 end
 
@@ -358,31 +360,39 @@ end
 -- opts.allow_unexpected: true, a Lua pattern or list of patterns, or a
 -- function(name); allowed missing parameters keep their initial values
 -- (printed note, as transformers does). opts.quiet suppresses notes.
+-- path may also be a source from bertlua.import (another checkpoint format).
 -- Returns { loaded = n, missing = {...}, unexpected = {...} }.
 function M.load_model(model, path, opts)
   opts = opts or {}
   local params = model:parameters()
   local by_name = {}
   for _, p in ipairs(params) do by_name[p.name] = p end
-  local info = M.read_header(path)
+  local info = type(path) == "table" and path or M.read_header(path)
+  path = info.path
+  local what = info.what or "safetensors"
   local map, unexpected, notes = map_names(by_name, info)
   local allow_missing, allow_unexpected = matcher(opts.allow_missing), matcher(opts.allow_unexpected)
   local missing = {}
   for _, p in ipairs(params) do
     if not map[p.name] then
       if not allow_missing(p.name) then
-        error(("safetensors: %s: tensor '%s' is missing (the model needs it; pass allow_missing to initialise it " ..
-          "fresh)"):format(
-          path, p.name), 0)
+        error(("%s: %s: tensor '%s' is missing (the model needs it; pass allow_missing to initialise it fresh)")
+          :format(what, path, p.name), 0)
       end
       missing[#missing + 1] = p.name
     end
   end
+  local refused = {}
   for _, n in ipairs(unexpected) do
-    if not allow_unexpected(n) then
-      error(("safetensors: %s: tensor '%s' is not a parameter of this model (pass allow_unexpected to ignore it)")
-        :format(path, n), 0)
-    end
+    local orig = info.tensors[n] and info.tensors[n].name  -- another format's own name, when it differs
+    if not allow_unexpected(n) then refused[#refused + 1] = (orig and orig ~= n) and (orig .. " (" .. n .. ")") or n end
+  end
+  if #refused == 1 then
+    error(("%s: %s: tensor '%s' is not a parameter of this model (pass allow_unexpected to ignore it)"):format(what,
+      path, refused[1]), 0)
+  elseif #refused > 1 then
+    error(("%s: %s: %d tensors are not parameters of this model (pass allow_unexpected to ignore them): %s"):format(
+      what, path, #refused, table.concat(refused, ", ")), 0)
   end
   -- check every shape before writing anything: a failed load leaves the model as it was
   for _, p in ipairs(params) do
@@ -393,18 +403,21 @@ function M.load_model(model, path, opts)
       for i = 1, #ps do if ps[i] ~= e.shape[i] then same = false end end
       if not same then
         terr(path, e.name, ("shape [%s] does not match the model's %s [%s] (wrong config?)"):format(
-          table.concat(e.shape, ","), p.name, table.concat(ps, ",")))
+          table.concat(e.shape, ","), p.name, table.concat(ps, ",")), what)
       end
-      if DTYPES[e.dtype][1] ~= "f32" and bl.dtype_of(DTYPES[e.dtype][1]) > 3 then
-        terr(path, e.name, "dtype " .. e.dtype .. " is not a floating-point type")
+      if not DTYPES[e.dtype] or bl.dtype_of(DTYPES[e.dtype][1]) > 3 then
+        terr(path, e.name, "dtype " .. e.dtype .. " is not a floating-point type", what)
       end
     end
   end
-  local f = open_read(path)
+  local f = not info.read and open_read(path)
   local ok, err = pcall(function()
     for _, p in ipairs(params) do
       local e = map[p.name]
-      if e then
+      if e and info.read then
+        local t = info.read(e, p.param)  -- another checkpoint format (bertlua.import); nil: read in place
+        if t then p.param:copy_(t) end
+      elseif e then
         if e.dtype == "F32" and p.param:is_contiguous() and p.param:device() == "cpu" then
           local rc = C.bl_file_read_at(f, info.data_start + e.begin, p.param.data_, e.nbytes)
           if rc ~= 0 then terr(path, e.name, ffi.string(C.bl_last_error())) end
@@ -414,7 +427,7 @@ function M.load_model(model, path, opts)
       end
     end
   end)
-  close(f)
+  if f then close(f) end
   if not ok then error(err, 0) end
   if not opts.quiet then
     if #missing > 0 then
@@ -472,36 +485,40 @@ function M.save_pretrained(model, dir, opts)
 end
 
 -- from_pretrained(dir[, opts]) -> model, cfg.
+-- dir: a model directory, or any checkpoint bertlua.import reads (pytorch_model.bin, a TensorFlow
+-- checkpoint with bert_config.json, NVIDIA's .pt; a directory holding one, or its file/prefix).
 -- opts.head: "pretraining", "qa", "classification", "model" (default: from
--- config.json "architectures", else "pretraining"); opts.num_labels; opts.seed
+-- config.json "architectures", else from the heads the checkpoint holds); opts.num_labels; opts.seed
 -- (initialisation of parameters absent from the checkpoint); opts.strict
 -- (default false: head parameters may be missing — initialised fresh with
 -- a note — and other heads' tensors are ignored, as transformers does; the
--- encoder itself must always be complete).
+-- encoder itself must always be complete); opts.config: a config file to use instead of the one found.
 function M.from_pretrained(dir, opts)
   opts = opts or {}
   local config = require "bertlua.bert.config"
   local bert = require "bertlua.bert"
-  local cfgpath = dir .. "/config.json"
-  if not fs.exists(cfgpath) then error("from_pretrained: " .. cfgpath
-    .. " not found (a model directory holds config.json + model.safetensors)", 2) end
-  local cfg = config.load(cfgpath)
-  local head = opts.head
+  local imp = require "bertlua.io.import"
+  local src = imp.locate(dir, opts.config)
+  local cfg = config.load(src.config)
+  local head, num_labels = opts.head, opts.num_labels
   if not head and type(cfg.architectures) == "table" then head = bert.architectures[cfg.architectures[1]] end
+  if not head and src.format ~= "safetensors" then
+    local n
+    head, n = imp.head_of(src)
+    num_labels = num_labels or n
+  end
   head = head or "pretraining"
   local ctor = bert.heads[head]
   if not ctor then error("from_pretrained: unknown head '" .. tostring(head)
     .. "' (pretraining, qa, classification, model)", 2) end
-  local model = ctor(cfg, { seed = opts.seed or 0, num_labels = opts.num_labels })
-  local wpath = dir .. "/model.safetensors"
-  if not fs.exists(wpath) then error("from_pretrained: " .. wpath .. " not found", 2) end
+  local model = ctor(cfg, { seed = opts.seed or 0, num_labels = num_labels })
   local strict = opts.strict
-  M.load_model(model, wpath, {
+  M.load_model(model, imp.weights(src, { quiet = opts.quiet }), {
     allow_missing = not strict and is_head or false,
     allow_unexpected = not strict and is_head or false,
     quiet = opts.quiet,
   })
-  if fs.exists(dir .. "/vocab.txt") then model.vocab_path = dir .. "/vocab.txt" end
+  if src.vocab then model.vocab_path = src.vocab end
   return model, model.cfg
 end
 

@@ -5,8 +5,8 @@
 -- directories: bertlua.util.fs).
 --
 --   local ft = require "bertlua.tasks.common"
---   local vocab = ft.model_dir("squad", opt.model, opt.vocab)  -- error unless config.json,
---                                                               -- model.safetensors and a vocab exist
+--   local vocab = ft.model_dir("squad", opt.model, opt.vocab)  -- error unless a config, weights
+--                                                               -- (any bertlua.io.import format) and a vocab exist
 --   ft.input_file("squad", opt.predict_file, "--predict-file")  -- error unless readable
 --   ft.write_json(path, tbl)                                    -- atomic
 --   ft.report_skipped("squad", "train", rep)                    -- one line with the reader's counts
@@ -16,34 +16,27 @@
 local M = {}
 
 local fs = require "bertlua.util.fs"
+local imp = require "bertlua.io.import"
 local is_dir, readable = fs.is_dir, fs.readable
 
 -- model_dir(recipe, dir, vocab) -> vocab path. A model directory holds
 -- config.json + model.safetensors (Hugging Face names) and usually vocab.txt;
--- vocab overrides the directory's vocab.txt.
+-- the checkpoints bertlua.import reads (pytorch_model.bin, a TensorFlow
+-- checkpoint with bert_config.json, a .pt) are accepted too. vocab overrides
+-- the directory's vocab.txt.
 function M.model_dir(recipe, dir, vocab)
   if not dir or dir == "" then error(recipe .. ": --model=DIR is required", 0) end
-  if not is_dir(dir) then
-    error(("%s: model directory %s does not exist"):format(recipe, dir), 0)
-  end
-  for _, f in ipairs({ "config.json", "model.safetensors" }) do
-    if not readable(dir .. "/" .. f) then
-      local hint = f == "model.safetensors" and readable(dir .. "/pytorch_model.bin")
-        and " (only pytorch_model.bin: save it with transformers' save_pretrained(dir, safe_serialization=True))" or ""
-      error(("%s: %s is not a model directory: no %s%s (expected config.json, model.safetensors, vocab.txt)")
-        :format(recipe, dir, f, hint), 0)
-    end
-  end
+  local ok, src = pcall(imp.locate, dir)
+  if not ok then error(recipe .. ": " .. tostring(src), 0) end
   if vocab then
     if not readable(vocab) then error(("%s: --vocab=%s cannot be read"):format(recipe, vocab), 0) end
     return vocab
   end
-  local v = dir .. "/vocab.txt"
-  if not readable(v) then
+  if not src.vocab then
     error(("%s: %s has no vocab.txt; give the vocabulary the model was trained with as --vocab=FILE"):format(recipe,
       dir), 0)
   end
-  return v
+  return src.vocab
 end
 
 -- input_file(recipe, path, flag): error unless path is a readable file

@@ -180,6 +180,18 @@ function NoScaler:load_state_dict(sd)
   return self
 end
 
+-- loss_scale_option(v, where) -> DynamicLossScaler options for a recipe's --loss-scale:
+-- "dynamic" (nil: the defaults) or a fixed scale N (min = init = max = N, as TF's
+-- FixedLossScaleManager: an overflowing step is still skipped, the scale never moves).
+function M.loss_scale_option(v, where)
+  if v == nil or v == "dynamic" then return nil end
+  local n = tonumber(v)
+  if not n or n <= 0 or n ~= n or n == math.huge then
+    error(("%s: --loss-scale must be 'dynamic' or a positive number, got '%s'"):format(where or "amp", tostring(v)), 0)
+  end
+  return { init_scale = n, min_scale = n, max_scale = n }
+end
+
 -- scaler_for(precision, opts): DynamicLossScaler for "fp16"/"f16"/"half",
 -- NoScaler for "bf16" and "fp32".
 function M.scaler_for(precision, opts)

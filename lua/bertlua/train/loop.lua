@@ -5,8 +5,8 @@
 --
 --   local trainer = require "bertlua.train.loop"
 --   trainer.fit{ model = m, n = #features, batch = 32, micro_batch = 8, epochs = 2, lr = 3e-5,
---                warmup = 0.1, make_batch = function(indices) return batch_table end, log_path = ...,
---                precision = "fp32" }   -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision, as pre-training
+--                warmup = 0.1 (or warmup_steps = N), make_batch = function(indices) return batch_table end,
+--                log_path = ..., precision = "fp32" }   -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision
 --   local stats = trainer.predict{ model = m, n = #features, batch = 32,
 --                                  make_batch = function(indices) ... end, consume = function(indices, out) ... end }
 local bl = require "bertlua"
@@ -31,8 +31,8 @@ function M.fit(o)
     steps_per_epoch, o.batch, micro, accum))
   local model = o.model
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01 }
-  local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total,
-    warmup_proportion = o.warmup or 0.1 }
+  local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_steps = o.warmup_steps,
+    warmup_proportion = not o.warmup_steps and (o.warmup or 0.1) or nil }
   -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
   local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "seq_per_s" }, config = o.config }
