@@ -1,9 +1,10 @@
 -- Under `mpirun -np 2`: the NCCL path for CUDA tensors (src/dist/nccl.c) on
 -- cuda:0 of each rank. Runs on GPU machines and on the emulated device
 -- (-DBERTLUA_CUDA_EMU=ON: emulated NCCL over MPI); skipped without a device.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
-local C, ffi = bl.C, bl.ffi
+local core = require "bertlua.core"
+local C, ffi = core.C, core.ffi
 
 if not bl.cuda_available() then
   T.skip_all(bl.cuda_compiled() and "no CUDA device" or "no CUDA device (CPU-only build)")
