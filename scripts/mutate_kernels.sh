@@ -22,6 +22,11 @@ fi
 run_tests() {   # 0: the suite passes (mutant survives)
   (cd "$SRC" && BL_SHARED_DATA="$ROOT/../shared/data" timeout 600 "$1/test_cuda_ops" >"$WORK/last.log" 2>&1)
 }
+run_tsan() {    # 0: the TSan build compiles and reports no race
+  cmake --build "$WORK/build-tsan" -j"$(nproc)" --target test_cuda_ops >/dev/null 2>&1 &&
+    (cd "$SRC" && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=exitcode=66 \
+      BL_SHARED_DATA="$ROOT/../shared/data" timeout 1800 "$WORK/build-tsan/test_cuda_ops" >"$WORK/tsan.log" 2>&1)
+}
 run_tests "$WORK/build" || { echo "the unmutated suite fails: see $WORK/last.log"; exit 1; }
 
 # Mutants: "file<TAB>occurrence<TAB>text<TAB>replacement" (occurrence counts matches of text in the file from 1).
@@ -63,10 +68,9 @@ PY
     verdict="killed (does not compile)"
   elif ! run_tests "$WORK/build"; then
     verdict="killed ($(grep -m1 -E 'FAIL|emulated CUDA' "$WORK/last.log" | cut -c1-150))"
-  elif [ "${BL_MUTANT_TSAN:-0}" = 1 ] && ! { cmake --build "$WORK/build-tsan" -j"$(nproc)" --target test_cuda_ops \
-      >/dev/null 2>&1 && (cd "$SRC" && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=exitcode=66 \
-      BL_SHARED_DATA="$ROOT/../shared/data" timeout 900 "$WORK/build-tsan/test_cuda_ops" >"$WORK/tsan.log" 2>&1); }; then
-    verdict="killed by ThreadSanitizer ($(grep -m1 -A3 'WARNING: ThreadSanitizer' "$WORK/tsan.log" | grep -m1 'kernels/' | sed 's/^ *//' | cut -c1-120))"
+  elif [ "${BL_MUTANT_TSAN:-0}" = 1 ] && ! run_tsan; then
+    verdict="killed by ThreadSanitizer ($(grep -m1 -A3 'WARNING: ThreadSanitizer' "$WORK/tsan.log" \
+      | grep -m1 'kernels/' | sed 's/^ *//' | cut -c1-120))"
   else
     verdict="SURVIVED"
   fi

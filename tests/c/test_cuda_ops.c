@@ -394,6 +394,9 @@ static void test_attention(void) {
   test_attention_case(2, 77, 3, 64, 0.1);
   test_attention_case(1, 130, 2, 128, 0.1);
   test_attention_case(3, 33, 4, 24, 0.0);
+  /* a head size that is not a multiple of 4: a tile of 32 x d is then not a whole number of passes of the
+     block's 128 threads, so a tile load that writes past its end is caught (the mutation check's survivor) */
+  test_attention_case(2, 45, 2, 30, 0.0);
 }
 
 /* ---------------------------------------------------------------- optimizers */
