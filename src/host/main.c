@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,6 +269,9 @@ static void prefer_sleeping_threads(char **argv) {
 }
 
 int main(int argc, char **argv) {
+  /* over a file-size limit (ulimit -f) a write then fails with EFBIG, which the writers report naming the
+   * file, instead of the kernel killing us between a temporary's write and its rename */
+  signal(SIGXFSZ, SIG_IGN);
   prefer_sleeping_threads(argv);
   int interactive = 0, script = 0, ran_e = 0;
   /* options end at the script name; -e may repeat */
