@@ -1,5 +1,5 @@
 -- Training / inference throughput of a BERT model, optionally side by side
--- with the same model in PyTorch (tests/py/bert_reference.py).
+-- with the same model in PyTorch (recipes/peers/bert_reference.py).
 --
 --   bertlua recipes/benchmark.lua --model=mini --seq=128 --batch=32 --steps=10 [--compare=torch]
 --   bertlua recipes/benchmark.lua --model=base --seq=384 --batch=8 --infer
@@ -14,7 +14,7 @@
 -- is one fused tensor op over the flat buffer, --precision picks fp32, tf32
 -- (f32 GEMMs on TF32 tensor cores) or bf16 (bf16 compute copy of the weights
 -- and bf16 activations, f32 master weights and gradients), and
--- --compare=torch runs tests/py/bench_bert_torch.py on the same GPU (bf16 =
+-- --compare=torch runs recipes/peers/bench_bert_torch.py on the same GPU (bf16 =
 -- torch.autocast, fused SDPA attention). Throughput is also given as model
 -- FLOP/s and MFU: training FLOPs per step = 6 N B S (N = encoder matmul
 -- weights 12 L H^2 + pooler H^2, all S positions, padding included)
@@ -24,9 +24,11 @@
 -- device's dense peak for the precision (--peak_tflops overrides).
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
-local config = require "bertlua.config"
-local options = require "bertlua.options"
-local log = require "bertlua.log"
+local config = require "bertlua.bert.config"
+local options = require "bertlua.util.options"
+local log = require "bertlua.util.log"
+-- the PyTorch peers live beside the recipes (installed with them)
+local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
 
 local opt = options.parse(arg, {
   { "model", "mini", "preset (tiny, mini, small, medium, base, large) or a model directory" },
@@ -194,14 +196,14 @@ local function compare_with_torch(script, extra, report)
 end
 
 if opt.compare == "torch" and on_gpu then
-  compare_with_torch("tests/py/bench_bert_torch.py", (" --lr %g --device %s --precision %s")
+  compare_with_torch(PEERS .. "bench_bert_torch.py", (" --lr %g --device %s --precision %s")
     :format(opt.lr, opt.device == "cuda" and "cuda:0" or opt.device, opt.precision),
     function(theirs)
       print(("torch model FLOP/s: %.1f TFLOP/s%s"):format(flops * theirs / B / 1e12,
         peak and (", MFU %.1f%%"):format(100 * flops * theirs / B / 1e12 / peak) or ""))
     end)
 elseif opt.compare == "torch" then
-  compare_with_torch("tests/py/bert_reference.py bench", "")
+  compare_with_torch(PEERS .. "bert_reference.py bench", "")
 elseif opt.compare ~= "" then
   error("benchmark: --compare must be 'torch' or empty", 0)
 end

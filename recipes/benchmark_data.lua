@@ -11,8 +11,8 @@
 -- binning, and the Lua reference loader; peak RSS is the whole process's.
 -- --step-ms=N spends N ms after each batch as a training step would: the
 -- prefetch thread then builds the next batches meanwhile.
-local options = require "bertlua.options"
-local logm = require "bertlua.log"
+local options = require "bertlua.util.options"
+local logm = require "bertlua.util.log"
 
 local shared = os.getenv("BL_SHARED_DATA") or "../shared/data"
 local opt = options.parse(arg, {
@@ -88,14 +88,14 @@ if vf then vf:close() end
 local loader_script = W .. "/loader.lua"
 local f = io.open(loader_script, "w")
 f:write([[
-local pd = require "bertlua.pretraining_data"
-local logm = require "bertlua.log"
+local pd = require "bertlua.data.loader"
+local logm = require "bertlua.util.log"
 local ffi = require "ffi"
-local ts = ffi.new("bl_timespec")   -- declared by bertlua.log
+local ts = ffi.new("bl_timespec")   -- declared by bertlua.util.log
 local function cpu() ffi.C.clock_gettime(3, ts); return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end  -- this thread
-local dir, impl, prefetch, bin, batch, n, seq, step_ms, vocab = ...
+local dir, prefetch, bin, batch, n, seq, step_ms, vocab = ...
 local l = pd.Loader{ dir = dir, split = "train", batch_size = tonumber(batch), seed = 1, max_seq_length = tonumber(seq),
-  impl = impl, prefetch = tonumber(prefetch), bin_lengths = bin == "1", vocab = vocab ~= "" and vocab or nil }
+  prefetch = tonumber(prefetch), bin_lengths = bin == "1", vocab = vocab ~= "" and vocab or nil }
 n = math.min(tonumber(n), 4 * l.steps_per_epoch)
 step_ms = tonumber(step_ms) / 1000
 local t0, busy = logm.clock(), 0
@@ -113,9 +113,9 @@ l:close()
 ]])
 f:close()
 local loader_notes = {}
-local function loader_row(name, impl, prefetch, bin)
+local function loader_row(name, prefetch, bin)
   local log = W .. "/" .. name .. ".log"
-  stage(name, ("%s %s %s %s %d %d %d %d %d %g %s"):format(exe, q(loader_script), q(loader_dir), impl, prefetch, bin and 1 or 0,
+  stage(name, ("%s %s %s %d %d %d %d %d %g %s"):format(exe, q(loader_script), q(loader_dir), prefetch, bin and 1 or 0,
     opt.batch, opt.loader_batches, opt.seq, opt.step_ms, q(vocab_ok and opt.vocab or "")), 0, function()
     local g = io.open(log); local s = g:read("*a"); g:close()
     local n, secs, rest = s:match("(%d+) batches in ([%d.]+) s, ([^\n]*)")
@@ -123,10 +123,9 @@ local function loader_row(name, impl, prefetch, bin)
     return tonumber(n), "batches", tonumber(secs)
   end)
 end
-loader_row(("loader C (batch %d)"):format(opt.batch), "c", 4, false)
-loader_row("loader C, no thread", "c", 0, false)
-loader_row("loader C, bin_lengths", "c", 4, true)
-loader_row(("loader Lua (batch %d)"):format(opt.batch), "lua", 0, false)
+loader_row(("loader C (batch %d)"):format(opt.batch), 4, false)
+loader_row("loader C, no thread", 0, false)
+loader_row("loader C, bin_lengths", 4, true)
 
 print(("\n%-28s %9s %10s %14s %10s"):format("stage", "seconds", "MB/s", "items/s", "peak RSS"))
 for _, r in ipairs(rows) do

@@ -7,14 +7,16 @@
 -- Each row is the median (and, in parentheses, the minimum) over --reps
 -- timed repetitions after one untimed warm-up; "fwdbwd" rows time forward and backward together. Outputs
 -- are preallocated and reused (as the nn modules do). The PyTorch side is
--- tests/py/bench_ops_torch.py (Hugging Face's formulation of each op, f32,
+-- recipes/peers/bench_ops_torch.py (Hugging Face's formulation of each op, f32,
 -- torch.set_num_threads(--threads)); ratio = torch ms / bertlua ms, so > 1
 -- means bertlua is faster.
 local bl = require "bertlua"
-local ops = require "bertlua.ops"
+local ops = require "bertlua.nn.ops"
 local core = require "bertlua.core"
-local options = require "bertlua.options"
-local log = require "bertlua.log"
+local options = require "bertlua.util.options"
+local log = require "bertlua.util.log"
+-- the PyTorch peers live beside the recipes (installed with them)
+local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
 local C, check = core.C, core.check
 
 local opt = options.parse(arg, {
@@ -22,7 +24,7 @@ local opt = options.parse(arg, {
   { "size", "base", "base (B=8 S=128 H=768 I=3072 12 heads) or mini (B=32 S=128 H=256 I=1024 4 heads)" },
   { "reps", 7, "timed repetitions per op (median reported)" },
   { "only", "", "comma-separated op names to run (default all)" },
-  { "compare", "torch", "'torch' runs tests/py/bench_ops_torch.py for the same rows; empty: ours only" },
+  { "compare", "torch", "'torch' runs peers/bench_ops_torch.py for the same rows; empty: ours only" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch" },
 }, { usage = "bertlua recipes/benchmark_ops.lua [options]" })
 print("benchmark_ops options:\n" .. options.show(opt))
@@ -145,8 +147,8 @@ end
 -- the PyTorch side, then the table ------------------------------------------------------
 local theirs = {}
 if opt.compare == "torch" then
-  local cmd = bl.peer_env_prefix() .. ("OMP_NUM_THREADS=%d %s tests/py/bench_ops_torch.py --threads=%d --size=%s --reps=%d --only=%s 2>&1")
-    :format(opt.threads, opt.python, opt.threads, opt.size, opt.reps, table.concat(order, ","))
+  local cmd = bl.peer_env_prefix() .. ("OMP_NUM_THREADS=%d %s %sbench_ops_torch.py --threads=%d --size=%s --reps=%d --only=%s 2>&1")
+    :format(opt.threads, opt.python, PEERS, opt.threads, opt.size, opt.reps, table.concat(order, ","))
   local f = io.popen(cmd)
   local out = f:read("*a")
   f:close()

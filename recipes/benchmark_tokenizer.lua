@@ -1,12 +1,12 @@
 -- benchmark_tokenizer.lua: single-thread tokenization throughput (MB/s) of
 -- bertlua's WordPiece tokenizer, and of Hugging Face tokenizers (Rust,
 -- BertWordPieceTokenizer, RAYON_NUM_THREADS=1) on the same text when
--- tests/py/tokenizer_reference.py can import it.
+-- recipes/peers/tokenizer_reference.py can import it.
 --   bertlua recipes/benchmark_tokenizer.lua --vocab=vocab.txt --input=a.txt,b.txt [--cased] [--repeat=5]
 -- Both sides tokenize line by line (one call per line); bertlua also in one
 -- call per whole text (bl_tokenizer_encode). Use a Release build.
-local options = require "bertlua.options"
-local Tok = require "bertlua.tokenizer"
+local options = require "bertlua.util.options"
+local Tok = require "bertlua.data.tokenizer"
 local ffi = require "ffi"
 
 local data = os.getenv("BL_SHARED_DATA") or "../shared/data"
@@ -30,6 +30,8 @@ end
 local text = table.concat(parts)
 local tok = Tok.load(opt.vocab, { lower = not opt.cased })
 local C = require("bertlua.core").C
+-- the PyTorch peers live beside the recipes (installed with them)
+local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
 
 local function now()
   local t = ffi.new("struct { long s; long ns; }[1]")
@@ -83,8 +85,8 @@ bench("whole_text", whole)
 if opt.peer then
   local tmp = os.tmpname()
   local f = assert(io.open(tmp, "wb")); f:write(text); f:close()
-  local cmd = ("RAYON_NUM_THREADS=1 %s tests/py/tokenizer_reference.py --vocab=%s %s --bench=%s --repeat=%d"):format(
-    opt.python, opt.vocab, opt.cased and "--cased" or "", tmp, opt["repeat"])
+  local cmd = ("RAYON_NUM_THREADS=1 %s %stokenizer_reference.py --vocab=%s %s --bench=%s --repeat=%d"):format(
+    opt.python, PEERS, opt.vocab, opt.cased and "--cased" or "", tmp, opt["repeat"])
   local h = io.popen(cmd .. " 2>&1")
   local out = h:read("*a"); h:close()
   os.remove(tmp)

@@ -2,7 +2,7 @@
 --   bertlua recipes/build_vocab.lua --input=FILE_OR_DIR[,...] --output=vocab.txt --size=30522 [--cased]
 -- Algorithm (that of Hugging Face's WordPieceTrainer, which is BPE with a
 -- "##" continuation prefix): the corpus is split into basic tokens exactly as
--- BERT's BasicTokenizer does (bertlua.tokenizer, so lowercasing/accents match
+-- BERT's BasicTokenizer does (bertlua.data.tokenizer, so lowercasing/accents match
 -- the model that will use the vocab); every word starts as its characters
 -- (first "c", then "##c"); the most frequent adjacent symbol pair (weighted by
 -- word count) is merged, repeatedly, until the vocab has --size entries or no
@@ -10,8 +10,8 @@
 -- pair, so the output is deterministic. Output order: [PAD], --unused
 -- [unusedN] entries, [UNK] [CLS] [SEP] [MASK], the alphabet (by frequency),
 -- then merges in the order they were made. Memory: one entry per distinct word.
-local options = require "bertlua.options"
-local Tok = require "bertlua.tokenizer"
+local options = require "bertlua.util.options"
+local Tok = require "bertlua.data.tokenizer"
 
 local spec = {
   { "input", "", "text file(s) or directories of *.txt, comma-separated" },

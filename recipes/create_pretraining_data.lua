@@ -6,10 +6,11 @@
 --
 --   bertlua recipes/create_pretraining_data.lua --input=shards/ --vocab=vocab.txt --output=data128/ \
 --       --max-seq-length=128 --max-predictions=20 --dupe-factor=5 --jobs=2
-local options = require "bertlua.options"
-local pd = require "bertlua.pretraining_data"
-local Tok = require "bertlua.tokenizer"
-local logm = require "bertlua.log"
+local options = require "bertlua.util.options"
+local pd = require "bertlua.data.pretraining"
+local shards = require "bertlua.data.shards"
+local Tok = require "bertlua.data.tokenizer"
+local logm = require "bertlua.util.log"
 
 local opt = options.parse(arg, {
   { "input", nil, "directory of *.txt shards, or comma-separated files" },
@@ -83,7 +84,7 @@ local o = {
   max_seq_length = opt.max_seq_length, max_predictions = opt.max_predictions, masked_lm_prob = opt.masked_lm_prob,
   short_seq_prob = opt.short_seq_prob, dupe_factor = opt.dupe_factor, whole_word = opt.whole_word_masking,
   dynamic_masking = opt.dynamic_masking, cls_id = tok.cls_id, sep_id = tok.sep_id, mask_id = tok.mask_id,
-  vocab_size = tok.size, vocab_hash = pd.vocab_hash(opt.vocab),
+  vocab_size = tok.size, vocab_hash = shards.vocab_hash(opt.vocab),
 }
 if o.whole_word then
   o.is_continuation = {}
@@ -106,7 +107,7 @@ for idx, path in ipairs(files) do
       for c in path:match("[^/]+$"):gmatch(".") do name_hash = (name_hash * 31 + c:byte()) % 1000000007 end
       o.seed = (opt.seed * 1000003 + name_hash) % 9007199254740881
       local recs = pd.create(docs, o)
-      pd.write_shard(outp, recs, o)
+      shards.write_shard(outp, recs, o)
       total, sentences, done = total + #recs, sentences + stats.sentences, done + 1
       local dt = logm.clock() - t0
       io.stderr:write(("  %s: %d documents, %d instances (%.0f instances/s)\n"):format(outp, #docs, #recs, total / math.max(dt, 1e-9)))

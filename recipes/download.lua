@@ -5,7 +5,7 @@
 --   bertlua recipes/download.lua --dataset=wikipedia --output=data/wikipedia
 --
 -- Offline (or when a source refuses), it prints what to fetch and where to put it.
-local options = require "bertlua.options"
+local options = require "bertlua.util.options"
 
 local opt = options.parse(arg, {
   { "dataset", "squad", "wikipedia | bookcorpus | squad | glue | vocab" },

@@ -18,8 +18,8 @@
 -- config.json, model.safetensors and vocab.txt (--vocab overrides); any BERT
 -- checkpoint works (its heads are ignored).
 local bert = require "bertlua.bert"
-local options = require "bertlua.options"
-local ft = require "bertlua.finetune"
+local options = require "bertlua.util.options"
+local ft = require "bertlua.tasks.common"
 
 local opt = options.parse(arg, {
   { "model", "", "model directory (config.json, model.safetensors, vocab.txt)" },
@@ -80,7 +80,7 @@ do
 end
 
 local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
-local tok = require("bertlua.tokenizer").load(vocab, { lower = opt.do_lower_case })
+local tok = require("bertlua.data.tokenizer").load(vocab, { lower = opt.do_lower_case })
 
 local examples = {}
 for i, line in ipairs(lines) do

@@ -7,14 +7,15 @@
 -- Tasks: cola sst2 mrpc stsb qqp mnli (matched + mismatched) qnli rte wnli.
 -- Predictions are written in the GLUE submission format (index<TAB>prediction).
 local bl = require "bertlua"
-local options = require "bertlua.options"
+local options = require "bertlua.util.options"
+local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
-local glue = require "bertlua.glue"
-local metrics = require "bertlua.metrics"
-local Tok = require "bertlua.tokenizer"
-local trainer = require "bertlua.trainer"
-local ft = require "bertlua.finetune"
-local amp = require "bertlua.amp"
+local glue = require "bertlua.tasks.glue"
+local metrics = require "bertlua.tasks.metrics"
+local Tok = require "bertlua.data.tokenizer"
+local trainer = require "bertlua.train.loop"
+local ft = require "bertlua.tasks.common"
+local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -70,7 +71,7 @@ end
 local regression = glue.is_regression(task)
 local num_labels = regression and 1 or glue.num_labels(task)
 local labels = glue.labels(task)
-ft.mkdir(opt.output)
+fs.mkdir_p(opt.output)
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 do  -- a classifier fine-tuned for another task does not fit: say so before loading
   local c = bert.config.load(opt.model .. "/config.json")
@@ -163,7 +164,7 @@ local function label_name(p) return regression and ("%.3f"):format(p) or labels[
 local function write_predictions(path, rows, preds)
   local lines = { "index\tprediction" }
   for i = 1, #rows do lines[#lines + 1] = ("%d\t%s"):format(i - 1, label_name(preds[i])) end
-  require("bertlua.checkpoint").write_atomic(path, table.concat(lines, "\n") .. "\n")
+  fs.write_atomic(path, table.concat(lines, "\n") .. "\n")
 end
 
 if opt.do_eval then
@@ -182,7 +183,7 @@ if opt.do_eval then
     if type(v) == "number" and v ~= v then results[k] = "nan (constant predictions or labels)" end
   end
   print("evaluation: " .. cjson.encode(results))
-  require("bertlua.checkpoint").write_atomic(opt.output .. "/eval_results.json", cjson.encode(results))
+  fs.write_atomic(opt.output .. "/eval_results.json", cjson.encode(results))
 end
 
 if opt.do_predict then

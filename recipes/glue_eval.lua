@@ -5,9 +5,10 @@
 -- Predictions: the GLUE submission format ("index\tprediction" with that header
 -- line) or one prediction per line, in the order of the data file's rows;
 -- labels as in the data (0/1, entailment, ...) or STS-B scores.
-local options = require "bertlua.options"
-local glue = require "bertlua.glue"
-local metrics = require "bertlua.metrics"
+local options = require "bertlua.util.options"
+local glue = require "bertlua.tasks.glue"
+local metrics = require "bertlua.tasks.metrics"
+local json = require "bertlua.util.json"
 
 local spec = {
   { "task", "", "cola, sst-2, mrpc, sts-b, qqp, mnli, mnli-mm, qnli, rte, wnli" },
@@ -55,7 +56,7 @@ local function run()
   end
   local labels = {}
   for i, e in ipairs(examples) do labels[i] = e.label end
-  io.write(metrics.json_dumps(metrics.glue(opt.task, preds, labels)), "\n")
+  io.write(json.dumps(metrics.glue(opt.task, preds, labels)), "\n")
 end
 
 local rok, e = pcall(run)

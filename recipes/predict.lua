@@ -27,12 +27,13 @@
 -- Malformed input (a JSON line, a TSV row, a SQuAD entry) is reported with its
 -- location and skipped; the count is printed.
 local bl = require "bertlua"
-local options = require "bertlua.options"
+local options = require "bertlua.util.options"
+local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
-local Tok = require "bertlua.tokenizer"
-local trainer = require "bertlua.trainer"
-local ft = require "bertlua.finetune"
-local amp = require "bertlua.amp"
+local Tok = require "bertlua.data.tokenizer"
+local trainer = require "bertlua.train.loop"
+local ft = require "bertlua.tasks.common"
+local amp = require "bertlua.train.amp"
 local cjson = require "cjson.safe"
 
 local opt = options.parse(arg, {
@@ -62,7 +63,7 @@ local glue_task = task:match("^glue%-(.+)$")
 if task ~= "jsonl" and task ~= "squad" and not glue_task then
   error("predict: --task must be jsonl, squad or glue-TASK (e.g. glue-sst2), got " .. opt.task, 0)
 end
-local glue = require "bertlua.glue"
+local glue = require "bertlua.tasks.glue"
 if glue_task then glue.labels(glue_task) end  -- unknown task names fail here, before loading anything
 local vocab = ft.model_dir("predict", opt.model, opt.vocab)
 ft.input_file("predict", opt.input, "--input")
@@ -102,12 +103,12 @@ local function run_rows(rows, consume)
 end
 
 local function write_output(text)
-  if opt.output then require("bertlua.checkpoint").write_atomic(opt.output, text) else io.write(text) end
+  if opt.output then fs.write_atomic(opt.output, text) else io.write(text) end
 end
 
 -- QA over a SQuAD file (path) or decoded dataset: returns predictions, nbest, null odds, stats, skipped, count
 local function answer_questions(src, name)
-  local squad = require "bertlua.squad"
+  local squad = require "bertlua.tasks.squad"
   local examples, rep = squad.read_examples(src, { is_training = false,
     version_2_with_negative = opt.version_2_with_negative, quiet = false })
   if #examples == 0 then error(("predict: no usable questions in %s"):format(name), 0) end
@@ -143,12 +144,12 @@ local records, skipped, stats = 0, 0, nil
 local summary = {}
 
 if task == "squad" then
-  local squad = require "bertlua.squad"
+  local squad = require "bertlua.tasks.squad"
   local dataset = squad.load_json(opt.input)
   local preds, _, odds, st, sk, n = answer_questions(opt.input, opt.input)
   stats, skipped, records = st, sk, n
-  local metrics = require "bertlua.metrics"
-  write_output(metrics.json_dumps(preds, { indent = 4 }) .. "\n")
+  local json = require "bertlua.util.json"
+  write_output(json.dumps(preds, { indent = 4 }) .. "\n")
   if squad.has_answers(dataset) then
     local ok, result, version = pcall(squad.evaluate, dataset, preds, { na_probs = odds })
     if ok then
@@ -198,7 +199,7 @@ elseif glue_task then
   if split ~= "test" then
     local gold = {}
     for i, e in ipairs(ex) do gold[i] = regression and tonumber(e.label) or glue.label_id(glue_task, e.label) end
-    local m = require("bertlua.metrics").glue(glue_task, preds, gold)
+    local m = require("bertlua.tasks.metrics").glue(glue_task, preds, gold)
     io.stderr:write("predict: evaluation: ", require("cjson").encode(m), "\n")
     summary.evaluation = m
   end

@@ -5,22 +5,21 @@
 -- paragraphs (separated by blank lines) are joined into single lines; the
 -- Gutenberg header/footer (*** START OF ... *** / *** END OF ...) is cut when
 -- present. Writes DIR/books_NNNNN.txt atomically; existing files are skipped.
-local corpus = require "bertlua.corpus"
+local corpus = require "bertlua.data.corpus"
+local options = require "bertlua.util.options"
 
-local defaults = {
-  input = "",           -- directory of .txt books
-  output = "",          -- output directory
-  docs_per_file = 1000, -- books per output file
-}
-
-local o = corpus.parse_options(defaults, arg, [[
-usage: bertlua recipes/prepare_bookcorpus.lua --input=DIR_OF_TXT --output=DIR]])
-if not o then os.exit(0) end
+local o = options.parse(arg, {
+  { "input", "", "directory of .txt books" },
+  { "output", "", "output directory" },
+  { "docs_per_file", 1000, "books per output file" },
+}, { name = "prepare_bookcorpus",
+  usage = "usage: bertlua recipes/prepare_bookcorpus.lua --input=DIR_OF_TXT --output=DIR",
+  description = corpus.FORMAT_HELP })
 if o.input == "" or o.output == "" then
   io.stderr:write("prepare_bookcorpus: --input and --output are required (see --help)\n")
   os.exit(2)
 end
-corpus.print_options("prepare_bookcorpus", o)
+print("prepare_bookcorpus options:\n" .. options.show(o))
 local ok, s = pcall(corpus.prepare_bookcorpus, o)
 if not ok then
   io.stderr:write("prepare_bookcorpus: error: ", tostring(s), "\n")

@@ -6,27 +6,25 @@
 -- writes DIR/wiki_NNNNN.txt, docs_per_file articles each, atomically
 -- (NAME.tmp then rename). Re-running skips the files that already exist.
 -- Several dumps: --input=a.xml.bz2,b.xml.bz2 (files DIR/wiki_II_NNNNN.txt).
-local corpus = require "bertlua.corpus"
+local corpus = require "bertlua.data.corpus"
+local options = require "bertlua.util.options"
 
-local defaults = {
-  input = "",            -- dump path(s), comma-separated
-  output = "",           -- output directory
-  docs_per_file = 10000, -- articles per output file (by article index)
-  min_chars = 0,         -- drop articles whose cleaned text is shorter
-  keep_headings = false, -- keep section titles as their own line (WikiExtractor drops them)
-  max_page_mb = 64,      -- pages larger than this are skipped with a warning
-  quiet = false,         -- do not print per-page warnings (they are still counted)
-}
-
-local o = corpus.parse_options(defaults, arg, [[
-usage: bertlua recipes/prepare_wikipedia.lua --input=DUMP.xml[.bz2][,DUMP2...] --output=DIR
-Extracts Wikipedia articles (namespace 0, no redirects) as plain text.]])
-if not o then os.exit(0) end
+local o = options.parse(arg, {
+  { "input", "", "dump path(s), comma-separated" },
+  { "output", "", "output directory" },
+  { "docs_per_file", 10000, "articles per output file (by article index)" },
+  { "min_chars", 0, "drop articles whose cleaned text is shorter" },
+  { "keep_headings", false, "keep section titles as their own line (WikiExtractor drops them)" },
+  { "max_page_mb", 64, "pages larger than this are skipped with a warning" },
+  { "quiet", false, "do not print per-page warnings (they are still counted)" },
+}, { name = "prepare_wikipedia",
+  usage = "usage: bertlua recipes/prepare_wikipedia.lua --input=DUMP.xml[.bz2][,DUMP2...] --output=DIR",
+  description = "Extracts Wikipedia articles (namespace 0, no redirects) as plain text.\n" .. corpus.FORMAT_HELP })
 if o.input == "" or o.output == "" then
   io.stderr:write("prepare_wikipedia: --input and --output are required (see --help)\n")
   os.exit(2)
 end
-corpus.print_options("prepare_wikipedia", o)
+print("prepare_wikipedia options:\n" .. options.show(o))
 
 local ok, s = pcall(corpus.prepare_wikipedia, o)
 if not ok then

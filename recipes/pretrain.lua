@@ -11,15 +11,16 @@
 -- SPEC below or in the few functions after it (the schedule, the model, the
 -- step): edit them here, no C needed.
 local bl = require "bertlua"
-local options = require "bertlua.options"
+local options = require "bertlua.util.options"
+local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
-local optim = require "bertlua.optim"
-local schedule = require "bertlua.schedule"
-local amp = require "bertlua.amp"
-local dist = require "bertlua.dist"
-local ckpt = require "bertlua.checkpoint"
-local logm = require "bertlua.log"
-local data = require "bertlua.pretraining_data"
+local optim = require "bertlua.train.optim"
+local schedule = require "bertlua.train.schedule"
+local amp = require "bertlua.train.amp"
+local dist = require "bertlua.train.dist"
+local ckpt = require "bertlua.train.checkpoint"
+local logm = require "bertlua.util.log"
+local data = require "bertlua.data.loader"
 local cjson = require "cjson"
 
 local SPEC = {
@@ -93,7 +94,7 @@ local function dropout_seed(step, micro)
 end
 
 local function write_json(path, tbl)
-  ckpt.write_atomic(path, cjson.encode(tbl))
+  fs.write_atomic(path, cjson.encode(tbl))
 end
 
 local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,
@@ -146,14 +147,14 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local cfg = model_config()
   local model = bert.BertForPreTraining(cfg, { seed = opt.seed })
   if init_model_dir then
-    require("bertlua.safetensors").load_model(model, init_model_dir .. "/model.safetensors")
+    require("bertlua.io.safetensors").load_model(model, init_model_dir .. "/model.safetensors")
     say("  initialised from " .. init_model_dir)
   end
   local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm }
   if prev_opt_state and opt.keep_optimizer then lamb:load_state_dict(prev_opt_state) end
   local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, warmup_proportion = ph.warmup, power = opt.power }
   -- bf16/fp16: f32 master weights, half-precision weights and gradients
-  -- (emulated on the CPU, see bertlua.amp), loss scaling for fp16
+  -- (emulated on the CPU, see bertlua.train.amp), loss scaling for fp16
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision }
 
   -- Micro-batch j of a global batch (j = rank*accum + a) comes from virtual

@@ -5,10 +5,10 @@
 --   bertlua recipes/qa_explain.lua --model=runs/squad/model --input=questions.jsonl --layer=-1 --head=1 > out.json
 -- Input lines: {"question": ..., "context": ...}. Layer is 1-based (negative from
 -- the last), head 1-based. The context is truncated to fit --max-seq-length.
-local options = require "bertlua.options"
+local options = require "bertlua.util.options"
 local bert = require "bertlua.bert"
-local Tok = require "bertlua.tokenizer"
-local trainer = require "bertlua.trainer"
+local Tok = require "bertlua.data.tokenizer"
+local trainer = require "bertlua.train.loop"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {

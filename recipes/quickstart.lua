@@ -6,11 +6,11 @@
 -- printed so they can be re-run or changed one by one.
 --
 --   bertlua recipes/quickstart.lua [--output=runs/quickstart] [--books=DIR] [--vocab=FILE] [--minutes=3]
--- By default the corpus is a generated encyclopedia (bertlua.synthetic) and the
+-- By default the corpus is a generated encyclopedia (bertlua.data.synthetic) and the
 -- QA set asks about its facts; --books=DIR uses your .txt books instead (the QA
 -- part still uses the generated set).
-local options = require "bertlua.options"
-local syn = require "bertlua.synthetic"
+local options = require "bertlua.util.options"
+local syn = require "bertlua.data.synthetic"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -29,7 +29,7 @@ local opt = options.parse(arg, {
 local exe = arg[-1] or "bertlua"
 local out = opt.output
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local clock = require("bertlua.log").clock
+local clock = require("bertlua.util.log").clock
 local t_all = clock()
 
 local function stage(title, cmd)
@@ -101,7 +101,7 @@ local model_dir = out .. "/phase1"
 if not io.open(model_dir .. "/model.safetensors") then
   model_dir = out .. "/phase1-partial"
   print("pre-training stopped early; fine-tuning from its last checkpoint")
-  local ckpt = require "bertlua.checkpoint"
+  local ckpt = require "bertlua.train.checkpoint"
   local latest = ckpt.latest(out .. "/checkpoints/phase1")
   os.execute(("mkdir -p %s && cp %s/model.safetensors %s/ && cp %s/tiny_config.json %s/config.json && cp %s %s/vocab.txt")
     :format(q(model_dir), q(latest), q(model_dir), q(out), q(model_dir), q(vocab), q(model_dir)))
@@ -126,7 +126,7 @@ for _, art in ipairs(dev.data) do
 end
 stage("official SQuAD v1.1 metrics", recipe("squad_eval", ("%s/qa-dev.json %s/squad/predictions.json"):format(q(out), q(out))))
 -- a trivial baseline for comparison: answer every question with the first word of its context
-local squad = require "bertlua.squad"
+local squad = require "bertlua.tasks.squad"
 local base = {}
 for _, art in ipairs(dev.data) do
   for _, p in ipairs(art.paragraphs) do

@@ -8,28 +8,27 @@
 -- The train/test split is by document. Memory: documents are spilled to
 -- K bucket files by a random key (pass 1), and each bucket is sorted in memory
 -- (pass 2); K grows as --memory-mb shrinks, and the output does not depend on K.
-local corpus = require "bertlua.corpus"
+local corpus = require "bertlua.data.corpus"
+local options = require "bertlua.util.options"
 
-local defaults = {
-  input = "",             -- input directories, comma-separated
-  output = "",            -- output directory
-  num_shards = 256,       -- training shards
-  num_test_shards = -1,   -- test shards (-1: round(num_shards * test_fraction), at least 1)
-  test_fraction = 0.1,    -- fraction of documents that go to the test shards
-  seed = 12345,           -- shuffle / split seed
-  memory_mb = 1024,       -- memory budget for the in-memory pass
-  keep_titles = false,    -- keep each document's title as its first sentence
-}
-
-local o = corpus.parse_options(defaults, arg, [==[
-usage: bertlua recipes/shard.lua --input=DIR[,DIR2] --output=DIR --num-shards=N
-       [--test-fraction=0.1] [--seed=S] [--memory-mb=M]]==])
-if not o then os.exit(0) end
+local o = options.parse(arg, {
+  { "input", "", "input directories, comma-separated" },
+  { "output", "", "output directory" },
+  { "num_shards", 256, "training shards" },
+  { "num_test_shards", -1, "test shards (-1: round(num_shards * test_fraction), at least 1)" },
+  { "test_fraction", 0.1, "fraction of documents that go to the test shards" },
+  { "seed", 12345, "shuffle / split seed" },
+  { "memory_mb", 1024, "memory budget for the in-memory pass" },
+  { "keep_titles", false, "keep each document's title as its first sentence" },
+}, { name = "shard",
+  usage = "usage: bertlua recipes/shard.lua --input=DIR[,DIR2] --output=DIR --num-shards=N\n" ..
+    "       [--test-fraction=0.1] [--seed=S] [--memory-mb=M]",
+  description = corpus.FORMAT_HELP })
 if o.input == "" or o.output == "" then
   io.stderr:write("shard: --input and --output are required (see --help)\n")
   os.exit(2)
 end
-corpus.print_options("shard", o)
+print("shard options:\n" .. options.show(o))
 local ok, s = pcall(corpus.shard, o)
 if not ok then
   io.stderr:write("shard: error: ", tostring(s), "\n")

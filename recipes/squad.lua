@@ -9,13 +9,14 @@
 -- bertlua pre-training output or a Hugging Face BERT. The QA head starts fresh
 -- when the directory has none.
 local bl = require "bertlua"
-local options = require "bertlua.options"
+local options = require "bertlua.util.options"
+local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
-local squad = require "bertlua.squad"
-local Tok = require "bertlua.tokenizer"
-local trainer = require "bertlua.trainer"
-local ft = require "bertlua.finetune"
-local amp = require "bertlua.amp"
+local squad = require "bertlua.tasks.squad"
+local Tok = require "bertlua.data.tokenizer"
+local trainer = require "bertlua.train.loop"
+local ft = require "bertlua.tasks.common"
+local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -56,7 +57,7 @@ if opt.micro_batch > 0 and opt.batch % opt.micro_batch ~= 0 then
   error(("squad: --batch=%d is not a multiple of --micro-batch=%d"):format(opt.batch, opt.micro_batch), 0)
 end
 
-ft.mkdir(opt.output)
+fs.mkdir_p(opt.output)
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed })
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride, max_query_length = opt.max_query_length }
@@ -149,7 +150,7 @@ if opt.do_predict then
       -- --null-score-diff-threshold to use for this model
       local text = squad.read_file(opt.output .. "/null_odds.json")
       eopts.na_probs = cjson.decode(text)
-      eopts.na_prob_keys, eopts.na_prob_ints = require("bertlua.metrics").json_object_keys(text, "null_odds.json")
+      eopts.na_prob_keys, eopts.na_prob_ints = require("bertlua.util.json").object_keys(text, "null_odds.json")
     end
     -- the official scripts refuse a malformed file; the predictions are written either way
     local ok, result = pcall(squad.evaluate, dataset, preds, eopts)

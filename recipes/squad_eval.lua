@@ -6,9 +6,9 @@
 -- fields); --version=1.1|2.0 forces it. Prints the metrics as JSON on stdout
 -- (v1.1: one line; v2.0: indent=2) or writes them to --out-file; options and
 -- the official warnings go to stderr.
-local options = require "bertlua.options"
-local squad = require "bertlua.squad"
-local metrics = require "bertlua.metrics"
+local options = require "bertlua.util.options"
+local squad = require "bertlua.tasks.squad"
+local json = require "bertlua.util.json"
 
 local spec = {
   { "na_prob", "", "JSON file qid -> probability of no answer (v2.0; null_odds.json)" },
@@ -46,7 +46,7 @@ local function run()
     local na, text = squad.load_json(na_file)
     if type(na) ~= "table" then error(na_file .. ": must be a JSON object (id -> probability)", 0) end
     eopts.na_probs = na
-    eopts.na_prob_keys, eopts.na_prob_ints = metrics.json_object_keys(text, na_file)
+    eopts.na_prob_keys, eopts.na_prob_ints = json.object_keys(text, na_file)
   end
   local result = squad.evaluate(dataset, preds, eopts)
   if opt.out_file ~= "" then

@@ -5,10 +5,10 @@
 -- single spaces. An empty or all-whitespace line gives an empty line; control
 -- characters (NUL included) are dropped like the reference does; invalid UTF-8
 -- is dropped too and counted on stderr. Exact to Hugging Face's slow
--- BertTokenizer (see lua/bertlua/tokenizer.lua). Options go to stderr, so
+-- BertTokenizer (see lua/bertlua/data/tokenizer.lua). Options go to stderr, so
 -- stdout carries only the tokens.
-local options = require "bertlua.options"
-local Tok = require "bertlua.tokenizer"
+local options = require "bertlua.util.options"
+local Tok = require "bertlua.data.tokenizer"
 
 local spec = {
   { "vocab", "", "vocab.txt of the model (required)" },

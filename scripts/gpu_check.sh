@@ -2,7 +2,7 @@
 # GPU check in ONE call of at most 10 minutes on a machine with an NVIDIA GPU
 # and no network: build for sm_80;sm_90, the CUDA tests (ctest -R cuda),
 # compute-sanitizer memcheck on test_cuda_ops, and the BERT-large benchmarks
-# side by side with PyTorch (bf16 autocast, tests/py/bench_bert_torch.py):
+# side by side with PyTorch (bf16 autocast, recipes/peers/bench_bert_torch.py):
 #   pre-training phase 1  S=128 B=64 20 masked positions per sequence
 #   pre-training phase 2  S=512 B=$BL_P2_BATCH (16) 80 masked positions
 #   inference             S=384 B=32, and latency at B=1 S=128

@@ -1,7 +1,7 @@
 /* bertlua — corpus preparation: Wikipedia dump extraction, wikitext
  * cleaning, sentence segmentation and small file-system helpers used by the
  * data recipes (recipes/prepare_wikipedia.lua, prepare_bookcorpus.lua,
- * shard.lua through lua/bertlua/corpus.lua).
+ * shard.lua through lua/bertlua/data/corpus.lua).
  *
  * Document format between stages (plain UTF-8 text files):
  *   - one document per block, blocks separated by one blank line;
@@ -103,13 +103,7 @@ int bl_sent_split(const char *text, size_t len, char **out, size_t *out_len, siz
 
 void bl_corpus_free(void *p);
 
-/* File-system helpers for the recipes (LuaJIT has no directory API).
- * bl_corpus_list_dir: sorted names of the regular files in `dir`
- * (not starting with '.'), '\n'-separated, allocated (bl_corpus_free). */
-int bl_corpus_list_dir(const char *dir, char **out, size_t *out_len);
-int bl_corpus_mkdir_p(const char *path);
-int bl_corpus_is_dir(const char *path);       /* 1 dir, 0 not (or missing) */
-int64_t bl_corpus_file_size(const char *path); /* -1 when missing */
+/* Process helpers for progress lines (file-system helpers: bl_io.h). */
 int bl_corpus_stderr_isatty(void);
 int64_t bl_corpus_peak_rss_kb(void);           /* VmHWM from /proc/self/status, -1 if unknown */
 double bl_corpus_now(void);                    /* monotonic wall clock, seconds */

@@ -33,6 +33,18 @@ int bl_file_commit(bl_file *f);
 /* Closes and frees f; for an uncommitted atomic write, deletes the temporary. NULL is fine. */
 void bl_file_close(bl_file *f);
 const char *bl_file_path(const bl_file *f);
+
+/* File-system helpers (LuaJIT has no directory API). bl_fs_list_dir: sorted
+ * names of the entries of `dir` that are regular files (what & BL_FS_FILES)
+ * or directories (what & BL_FS_DIRS); names starting with '.' only with
+ * BL_FS_HIDDEN ("." and ".." never). '\n'-separated, allocated (release with
+ * bl_fs_free). */
+enum { BL_FS_FILES = 1, BL_FS_DIRS = 2, BL_FS_HIDDEN = 4 };
+int bl_fs_list_dir(const char *dir, int what, char **out, size_t *out_len);
+void bl_fs_free(void *p);
+int bl_fs_mkdir_p(const char *path);
+int bl_fs_is_dir(const char *path);       /* 1 dir, 0 not (or missing) */
+int64_t bl_fs_file_size(const char *path); /* -1 when missing */
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

@@ -1,8 +1,8 @@
-/* bertlua — pre-training shards and the batch loader (lua/bertlua/pretraining_data.lua
- * wraps this as pretraining_data.Loader).
+/* bertlua — pre-training shards and the batch loader (lua/bertlua/data/loader.lua
+ * wraps this as loader.Loader).
  *
  * Shard file format BLSHARD1 (little-endian), documented in full at the top of
- * lua/bertlua/pretraining_data.lua, which writes it: an 80-byte header
+ * lua/bertlua/data/shards.lua, which writes it: an 80-byte header
  * (bl_shard_header), uint64 offsets[N + 1], then N records
  *   uint16 L, uint16 len_a, uint16 M, uint8 nsp, uint8 reserved,
  *   token ids[L], uint16 positions[M], labels[M]   (ids/labels token_bytes wide).
@@ -20,7 +20,7 @@
  * `total` instances and serves batches for rank r of W:
  *   - epoch e is a permutation of all instances: the identity when shuffle is
  *     off, otherwise a Fisher-Yates shuffle with xorshift64* seeded by
- *     seed*1000003 + e (the stream of bertlua.synthetic.rng);
+ *     seed*1000003 + e (the stream of bertlua.data.synthetic.rng);
  *   - step p of rank r takes entries (p*B + b)*W + r, b = 0..B-1, of it, so
  *     ranks are disjoint and all ranks of a step read one contiguous block of
  *     B*W entries; steps_per_epoch = floor(floor(total / W) / B) (the rest of

@@ -22,7 +22,7 @@
  *
  * Non-finite gradients. If the norm is inf/NaN the step returns BL_EINVAL
  * ("...: non-finite gradient ...") BEFORE writing anything: weights and
- * moments are untouched. With fp16 use the loss scaler (bertlua.amp), which
+ * moments are untouched. With fp16 use the loss scaler (bertlua.train.amp), which
  * detects the overflow first and skips the step.
  *
  * Weight decay is applied only to segments with decay[k] != 0 (decay NULL =

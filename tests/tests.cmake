@@ -6,9 +6,10 @@
 # A test that cannot run here (no GPU, no shared data, no torch) exits 77,
 # which ctest reports as skipped, after printing why.
 set(BL_SHARED_DATA ${CMAKE_SOURCE_DIR}/../shared/data)
-set(BL_TEST_ENV "BL_SHARED_DATA=${BL_SHARED_DATA};BL_BUILD_DIR=${CMAKE_BINARY_DIR};BL_PYTHON=/usr/bin/python3;OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=2")
+# LUA_PATH: the test helpers (tests/lua/lib: testing, ref_loader); ";;" keeps the default path.
+set(BL_TEST_ENV "LUA_PATH=${CMAKE_SOURCE_DIR}/tests/lua/lib/?.lua\\;\\;;BL_SHARED_DATA=${BL_SHARED_DATA};BL_BUILD_DIR=${CMAKE_BINARY_DIR};BL_PYTHON=/usr/bin/python3;OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=2")
 if(BERTLUA_SANITIZE)
-  # BL_SANITIZED lets long accuracy checks shrink to a smoke run (bertlua.testing's T.sanitized()):
+  # BL_SANITIZED lets long accuracy checks shrink to a smoke run (testing's T.sanitized()):
   # training runs ~10x slower under ASan, and the Release build checks the numbers.
   list(APPEND BL_TEST_ENV "ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1" "UBSAN_OPTIONS=print_stacktrace=1" "BL_SANITIZED=1")
 endif()

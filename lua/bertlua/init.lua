@@ -36,13 +36,25 @@ M.rank = function() return C.bl_dist_rank() end
 M.world_size = function() return C.bl_dist_size() end
 M.local_rank = function() return C.bl_dist_local_rank() end
 
+-- Submodules by their short names (bl.optim, bl.squad, ...): the folders follow
+-- the C tree, the short names stay what users type.
+local SUBMODULE = {
+  nn = "nn", ops = "nn.ops", bert = "bert", config = "bert.config",
+  trainer = "train.loop", optim = "train.optim", amp = "train.amp", schedule = "train.schedule",
+  checkpoint = "train.checkpoint", dist = "train.dist", safetensors = "io.safetensors",
+  corpus = "data.corpus", tokenizer = "data.tokenizer", synthetic = "data.synthetic",
+  pretraining_data = "data.pretraining", shards = "data.shards", loader = "data.loader",
+  squad = "tasks.squad", glue = "tasks.glue", metrics = "tasks.metrics",
+  options = "util.options", log = "util.log", fs = "util.fs", json = "util.json",
+}
+
 setmetatable(M, {
   __index = function(t, k)
-    if type(k) ~= "string" then return nil end
-    local ok, mod = pcall(require, "bertlua." .. k)
-    if ok then rawset(t, k, mod); return mod end
-    if not tostring(mod):find("module 'bertlua." .. k .. "' not found", 1, true) then error(mod, 2) end
-    return nil
+    local name = type(k) == "string" and SUBMODULE[k]
+    if not name then return nil end
+    local mod = require("bertlua." .. name)
+    rawset(t, k, mod)
+    return mod
   end,
 })
 

@@ -38,7 +38,7 @@ static inline uint32_t bl_shard_token(const void *p, int tb, int64_t i) {
   uint32_t v; memcpy(&v, (const uint8_t *)p + 4 * i, 4); return v;
 }
 
-/* xorshift64* exactly as bertlua.synthetic.rng: state 0x9E3779B97F4A7C15 +
+/* xorshift64* exactly as bertlua.data.synthetic.rng: state 0x9E3779B97F4A7C15 +
  * seed * 0x100000001B3 (mod 2^64), each draw a 53-bit double in [0, 1). */
 typedef struct bl_xrng { uint64_t s; } bl_xrng;
 

@@ -1,7 +1,7 @@
 /* The pre-training batch loader: shards as one dataset, the epoch order for
  * one rank, padded batches, and a prefetch thread filling a ring of ready
  * batches in host memory (contract in bl_loader.h). The batches are bit-identical to the
- * Lua reference loader in lua/bertlua/pretraining_data.lua (impl = "lua"). */
+ * Lua reference loader in tests/lua/lib/ref_loader.lua. */
 #define _POSIX_C_SOURCE 200809L  /* pthread_sigmask, clock_gettime */
 #include <pthread.h>
 #include <signal.h>

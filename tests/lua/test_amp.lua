@@ -1,12 +1,12 @@
--- bertlua.amp: dynamic loss scaling. Overflow injected into one gradient ->
+-- bertlua.train.amp: dynamic loss scaling. Overflow injected into one gradient ->
 -- step skipped, weights and moments unchanged, scale halved; growth after
 -- growth_interval clean steps; floor; persistent-NaN error; fused step path
 -- equals the unscale-then-step path; state_dict; the bf16 pass-through;
 -- MixedPrecision (f32 master weights, half weights/gradients in the step).
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
-local optim = require "bertlua.optim"
-local amp = require "bertlua.amp"
+local optim = require "bertlua.train.optim"
+local amp = require "bertlua.train.amp"
 
 local N = 5000
 local SEGS = { { name = "w", offset = 0, length = 4000 }, { name = "b.bias", offset = 4000, length = 1000 } }

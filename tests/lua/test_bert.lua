@@ -1,15 +1,15 @@
 -- Whole-model tests of bertlua.bert: parity with an independent PyTorch BERT
--- (tests/py/bert_reference.py, float64) on hidden states, losses, logits and
+-- (recipes/peers/bert_reference.py, float64) on hidden states, losses, logits and
 -- EVERY parameter gradient for the pre-training, QA and classification heads;
 -- bitwise determinism from the seed; dropout reproducibility; a few SGD
 -- steps that lower the MLM loss; and a model edited in Lua (activation
 -- swapped, layer inserted) that still trains.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local nn = require "bertlua.nn"
-local config = require "bertlua.config"
-local st = require "bertlua.safetensors"
+local config = require "bertlua.bert.config"
+local st = require "bertlua.io.safetensors"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 
@@ -108,7 +108,7 @@ local function reference(model, batch, head, extra_cfg)
   if batch.labels then bt.labels = batch.labels end
   st.save(dir .. "/batch.safetensors", bt)
   local f = io.open(dir .. "/head.txt", "w"); f:write(head); f:close()
-  local rc, out = run(PY .. " tests/py/bert_reference.py parity '" .. dir .. "'")
+  local rc, out = run(PY .. " recipes/peers/bert_reference.py parity '" .. dir .. "'")
   if rc == 77 then T.skip(out) end
   if rc ~= 0 then error("reference failed (rc " .. tostring(rc) .. "):\n" .. out) end
   return (st.load(dir .. "/ref.safetensors"))
@@ -376,9 +376,9 @@ T.test("extract_features: pairs, truncation, JSON lines with 9 digits, batch pad
   T.raises(function() bert.extract_features(model, ex, { layers = { -3 } }, function() end) end, "layer index -3 out of range")
 end)
 
-T.test("recipes/extract_features.lua end to end (needs bertlua.tokenizer)", function()
-  local ok = pcall(require, "bertlua.tokenizer")
-  if not ok then T.skip("bertlua.tokenizer is not available yet") end
+T.test("recipes/extract_features.lua end to end (needs bertlua.data.tokenizer)", function()
+  local ok = pcall(require, "bertlua.data.tokenizer")
+  if not ok then T.skip("bertlua.data.tokenizer is not available yet") end
   local build = os.getenv("BL_BUILD_DIR")
   if not build then T.skip("BL_BUILD_DIR not set (run through ctest)") end
   local d = tmpdir()

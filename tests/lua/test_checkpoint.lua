@@ -1,8 +1,8 @@
 -- Checkpoints: atomic layout, keep-last-N, partial saves ignored, identity checks.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
-local ckpt = require "bertlua.checkpoint"
+local ckpt = require "bertlua.train.checkpoint"
 
 local cfg = { vocab_size = 50, hidden_size = 16, num_hidden_layers = 1, num_attention_heads = 2,
   intermediate_size = 32, max_position_embeddings = 16 }

@@ -2,13 +2,14 @@
 -- prepare_wikipedia (real dump sample, resume, truncated input),
 -- prepare_bookcorpus (Gutenberg boilerplate, real books) and shard
 -- (determinism, exactly-once, balance, spill == no spill, bad options).
-local T = require "bertlua.testing"
-local corpus = require "bertlua.corpus"
+local T = require "testing"
+local corpus = require "bertlua.data.corpus"
+local fs = require "bertlua.util.fs"
 
 local function tmpdir()
   local p = os.tmpname()
   os.remove(p)
-  corpus.mkdir_p(p)
+  fs.mkdir_p(p)
   return p
 end
 
@@ -39,14 +40,6 @@ T.test("clean_wikitext and split_sentences via FFI", function()
   T.eq(e, ""); T.eq(n0, 0)
 end)
 
-T.test("options parser", function()
-  local d = { input = "", num_shards = 4, keep = false }
-  local o = corpus.parse_options(d, { "--input=x", "--num-shards=7", "--keep" })
-  T.eq(o.input, "x"); T.eq(o.num_shards, 7); T.eq(o.keep, true)
-  T.raises(function() corpus.parse_options(d, { "--bogus=1" }) end, "unknown option --bogus")
-  T.raises(function() corpus.parse_options(d, { "--num-shards=abc" }) end, "expects a number")
-end)
-
 T.test("prepare_wikipedia on the dump sample, resumable", function()
   local data = T.shared_data(WIKI)
   if not data then T.skip("shared data " .. WIKI .. " absent") end
@@ -54,7 +47,7 @@ T.test("prepare_wikipedia on the dump sample, resumable", function()
   local s = corpus.prepare_wikipedia { input = data, output = dir, docs_per_file = 50, quiet = true }
   T.eq(s.pages, 206); T.eq(s.redirects, 100); T.eq(s.articles, 106); T.eq(s.other_ns, 0)
   T.eq(s.docs, 106); T.eq(s.files_written, 3)
-  local names = corpus.list_dir(dir)
+  local names = fs.list_dir(dir)
   T.eq(table.concat(names, ","), "wiki_00000.txt,wiki_00001.txt,wiki_00002.txt")
   local titles, anarchism = {}, nil
   for _, n in ipairs(names) do
@@ -95,7 +88,7 @@ T.test("prepare_wikipedia: truncated bz2 is an error naming file and offset, no 
     corpus.prepare_wikipedia { input = cut, output = dir .. "/out", docs_per_file = 1000, quiet = true }
   end, "truncated")
   T.truthy(err:find("cut.xml.bz2", 1, true) and err:find("offset", 1, true), err)
-  T.eq(#corpus.list_dir(dir .. "/out"), 0)
+  T.eq(#fs.list_dir(dir .. "/out"), 0)
   T.raises(function() corpus.prepare_wikipedia { input = dir .. "/missing.bz2", output = dir .. "/o2" } end, "missing.bz2")
   rm_rf(dir)
 end)
@@ -133,7 +126,7 @@ end)
 
 -- synthetic corpus: unique documents with random sentence counts and lengths
 local function make_corpus(dir, ndocs, nfiles)
-  corpus.mkdir_p(dir)
+  fs.mkdir_p(dir)
   local rng = 12345
   local function rand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return rng % n end
   local words = { "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma" }
@@ -165,7 +158,7 @@ end
 
 local function read_shards(dir, prefix)
   local out = {}
-  for _, n in ipairs(corpus.list_dir(dir, "^" .. prefix .. "_%d+%.txt$")) do
+  for _, n in ipairs(fs.list_dir(dir, "^" .. prefix .. "_%d+%.txt$")) do
     local s = slurp(dir .. "/" .. n)
     local docs = {}
     for block in s:gmatch("(.-)\n\n") do docs[#docs + 1] = block end
@@ -221,7 +214,7 @@ T.test("shard: exactly once, deterministic, balanced, spill-independent", functi
   corpus.shard(opts)
   T.eq(read_shards(root .. "/c", "train")[1].text == train[1].text, false, "seed has no effect")
   -- no leftovers from the bucket pass
-  T.eq(corpus.is_dir(root .. "/a/.shard_tmp"), false)
+  T.eq(fs.is_dir(root .. "/a/.shard_tmp"), false)
   rm_rf(root)
 end)
 
@@ -231,7 +224,7 @@ T.test("shard: bad options", function()
   T.raises(function() corpus.shard { input = root .. "/in", output = root .. "/o", num_shards = 0 } end, "--num-shards")
   T.raises(function() corpus.shard { input = root .. "/nope", output = root .. "/o", num_shards = 2 } end, "not a directory")
   T.raises(function() corpus.shard { input = root .. "/in", output = root .. "/o", num_shards = 2, test_fraction = 1.5 } end, "--test-fraction")
-  corpus.mkdir_p(root .. "/empty")
+  fs.mkdir_p(root .. "/empty")
   T.raises(function() corpus.shard { input = root .. "/empty", output = root .. "/o", num_shards = 2 } end, "no .txt files")
   rm_rf(root)
 end)

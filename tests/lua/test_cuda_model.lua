@@ -9,10 +9,10 @@
 --   * model:to{ dtype = "bf16" }: loss close to f32, finite gradients,
 --     sync_compute() after an SGD step; model:to("cpu") round trip
 --   * errors: mixed devices name both, ptr() on a GPU tensor
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
-local config = require "bertlua.config"
+local config = require "bertlua.bert.config"
 local core = require "bertlua.core"
 local C, check = core.C, core.check
 

@@ -1,5 +1,5 @@
 -- A failing or killed rank ends the whole MPI job with a message instead of a hang.
-local T = require "bertlua.testing"
+local T = require "testing"
 local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
 local function sh(cmd)
   local f = io.popen(cmd .. " 2>&1; echo rc=$?")
@@ -18,7 +18,7 @@ end
 T.test("an error on one rank aborts every rank", function()
   local p = script([[
 local bl = require "bertlua"
-local dist = require "bertlua.dist"
+local dist = require "bertlua.train.dist"
 local t = bl.ones({4})
 dist.all_reduce_sum(t)
 if bl.rank() == 1 then error("rank one gives up") end
@@ -33,7 +33,7 @@ end)
 T.test("a rank killed by a signal ends the job", function()
   local p = script([[
 local bl = require "bertlua"
-local dist = require "bertlua.dist"
+local dist = require "bertlua.train.dist"
 local ffi = require "ffi"
 ffi.cdef "int getpid(void); int kill(int, int);"
 dist.barrier()

@@ -1,6 +1,6 @@
 -- recipes/download.lua against a loopback HTTP server with range support:
 -- fresh download, resume of a partial file, checksum mismatch, offline help.
-local T = require "bertlua.testing"
+local T = require "testing"
 local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
 local py = os.getenv("BL_PYTHON") or "python3"
 

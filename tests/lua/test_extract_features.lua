@@ -6,7 +6,7 @@
 -- directly (and to transformers' BertModel output_hidden_states when
 -- transformers is importable), the same values at any --batch; bad input
 -- gives one clear line.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local cjson = require "cjson"
@@ -49,7 +49,7 @@ end
 -- the model's hidden states for one example, computed directly (no padding)
 local model = bert.from_pretrained(tmp .. "/m", { head = "model", quiet = true })
 model:eval()
-local tok = require("bertlua.tokenizer").load(tmp .. "/vocab.txt", { lower = true })
+local tok = require("bertlua.data.tokenizer").load(tmp .. "/vocab.txt", { lower = true })
 local function direct(tokens, types)
   local ids = tok:convert_tokens_to_ids(tokens)
   local ty = {}

@@ -1,15 +1,15 @@
--- The fine-tuning loop the recipes share (bertlua.trainer) and their input
--- checks (bertlua.finetune): accumulation gives the step of the whole batch,
+-- The fine-tuning loop the recipes share (bertlua.train.loop) and their input
+-- checks (bertlua.tasks.common): accumulation gives the step of the whole batch,
 -- every example is seen once per epoch, the logged learning rate follows the
 -- schedule, padding to the longest in a batch does not change outputs,
 -- prediction covers every sequence once and reports ordered percentiles;
--- bf16/fp16 training (bertlua.amp.MixedPrecision) tracks fp32.
-local T = require "bertlua.testing"
+-- bf16/fp16 training (bertlua.train.amp.MixedPrecision) tracks fp32.
+local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
-local trainer = require "bertlua.trainer"
-local schedule = require "bertlua.schedule"
-local ft = require "bertlua.finetune"
+local trainer = require "bertlua.train.loop"
+local schedule = require "bertlua.train.schedule"
+local ft = require "bertlua.tasks.common"
 local cjson = require "cjson"
 
 local tmp = os.tmpname(); os.remove(tmp)
@@ -22,7 +22,7 @@ local cfg = { vocab_size = 97, hidden_size = 16, num_hidden_layers = 2, num_atte
 
 -- 24 random rows of random lengths 5..20; the label is a function of the second token
 local function data(seed, n)
-  local rng = require("bertlua.synthetic").rng(seed)
+  local rng = require("bertlua.data.synthetic").rng(seed)
   local rows = {}
   for i = 1, n do
     local len = 4 + rng(16)
@@ -78,7 +78,7 @@ T.test("every example once per epoch; lr of each step follows the linear schedul
   for s, x in ipairs(steps) do
     T.eq(x.step, s)
     T.near(x.lr, lr_at(s), 1e-9, 1e-15)
-    T.truthy(x.loss > 0 and x.seq_per_s > 0, l)
+    T.truthy(x.loss > 0 and x.seq_per_s > 0, "step " .. s)
   end
   T.near(steps[3].lr, 1e-3, 1e-9); T.truthy(steps[8].lr < steps[4].lr, "decays")
   -- a different seed shuffles differently

@@ -1,7 +1,7 @@
 -- GLUE TSV readers: the real dev files (counts from shared/data/SOURCES.md),
 -- every task's layout on small hand-made files, and malformed rows.
-local T = require "bertlua.testing"
-local glue = require "bertlua.glue"
+local T = require "testing"
+local glue = require "bertlua.tasks.glue"
 
 local tmp = os.tmpname(); os.remove(tmp); os.execute("mkdir -p " .. tmp)
 T.at_exit(function() os.execute("rm -rf " .. tmp) end)

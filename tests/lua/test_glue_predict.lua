@@ -1,5 +1,5 @@
 -- recipes/glue.lua (classification and STS-B regression) and recipes/predict.lua.
-local T = require "bertlua.testing"
+local T = require "testing"
 local cjson = require "cjson"
 
 local exe = T.exe()

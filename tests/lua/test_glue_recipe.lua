@@ -3,9 +3,9 @@
 -- GLUE submission file for test.tsv; CoLA's headerless files and MCC; MNLI's
 -- matched + mismatched dev files; bf16/fp16 training tracks fp32; bad input
 -- reported before any work.
-local T = require "bertlua.testing"
+local T = require "testing"
 local cjson = require "cjson"
-local metrics = require "bertlua.metrics"
+local metrics = require "bertlua.tasks.metrics"
 
 local exe = T.exe()
 local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")

@@ -1,5 +1,5 @@
 -- The host program: script args, -e, exit codes, tracebacks, --version, cjson, REPL.
-local T = require "bertlua.testing"
+local T = require "testing"
 local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
 
 local function run(cmd)

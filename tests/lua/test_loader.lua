@@ -2,15 +2,18 @@
 -- bits for every tensor over several epochs, ranks, static and dynamic
 -- (whole-word) masking; exact resume with the prefetch thread running; length
 -- binning; shards that fail a check; close and garbage collection.
-local T = require "bertlua.testing"
+local T = require "testing"
 local ffi = require "ffi"
-local pd = require "bertlua.pretraining_data"
-local Tok = require "bertlua.tokenizer"
-local syn = require "bertlua.synthetic"
+local pd = require "bertlua.data.pretraining"
+local shards = require "bertlua.data.shards"
+local ld = require "bertlua.data.loader"
+local ref = require "ref_loader"
+local Tok = require "bertlua.data.tokenizer"
+local syn = require "bertlua.data.synthetic"
 local C = ffi.C
 
 local tmp = T.tmpdir()
-local vocab = dofile("tests/lua/fixture_vocab.lua")(tmp, { size = 400 })  -- small: words split into pieces
+local vocab = require("fixtures").vocab(tmp, { size = 400 })  -- small: words split into pieces
 
 -- data: the generated corpus, instances made in-process so that flags can be combined
 local tok = Tok.load(vocab, { lower = true })
@@ -22,7 +25,7 @@ for _, d in ipairs(syn.documents(syn.world{ seed = 11, countries = 30 }, { copie
 end
 local cont = {}
 for id = 0, tok.size - 1 do if tok:token(id):sub(1, 2) == "##" then cont[id] = true end end
-local vhash = pd.vocab_hash(vocab)
+local vhash = shards.vocab_hash(vocab)
 local function make(name, o)
   local opts = { seed = o.seed or 1, max_seq_length = o.seq or 64, max_predictions = o.pred or 10, masked_lm_prob = 0.15,
     short_seq_prob = 0.3, dupe_factor = o.dupe or 1, whole_word = o.whole_word, dynamic_masking = o.dynamic,
@@ -33,7 +36,7 @@ local function make(name, o)
   for i = lo, hi do sub[#sub + 1] = docs[i] end
   local recs = pd.create(sub, opts)
   os.execute("mkdir -p " .. tmp .. "/" .. name)
-  pd.write_shard(("%s/%s/train_%05d.blshard"):format(tmp, name, o.index or 0), recs, opts)
+  shards.write_shard(("%s/%s/train_%05d.blshard"):format(tmp, name, o.index or 0), recs, opts)
   return #recs
 end
 local half = math.floor(#docs / 2)
@@ -60,7 +63,7 @@ local function loader(dir, extra)
   local o = { dir = tmp .. "/" .. dir, split = "train", batch_size = 5, seed = 9, max_seq_length = 128,
     max_predictions = 10, vocab = vocab }
   for k, v in pairs(extra or {}) do o[k] = v end
-  return pd.Loader(o)
+  return (o.impl == "lua" and ref or ld).Loader(o)
 end
 
 T.test("C loader == Lua loader, every tensor, several epochs and ranks", function()
@@ -206,8 +209,8 @@ T.test("length binning: less padding, each instance once per epoch, deterministi
         T.eq(n, used)
       end
       -- the batches are those instances, and a fresh loader gives the same order
-      local shards = {}
-      for _, f in ipairs(pd.list_shards(tmp .. "/long", "train")) do shards[#shards + 1] = pd.open_shard(f) end
+      local opened = {}
+      for _, f in ipairs(shards.list_shards(tmp .. "/long", "train")) do opened[#opened + 1] = shards.open_shard(f) end
       local again = loader("long", { batch_size = 4, world_size = world, rank = world - 1, bin_lengths = window })
       local r = world - 1
       for p = 0, steps + 1 do
@@ -217,7 +220,7 @@ T.test("length binning: less padding, each instance once per epoch, deterministi
         local S = b.input_ids:size(2)
         local ids = b.input_ids:totable()
         for row = 0, 3 do
-          local L, _, _, _, tp = shards[1]:record(ls[r]:instance_at(e, pp, row))
+          local L, _, _, _, tp = opened[1]:record(ls[r]:instance_at(e, pp, row))
           local t16 = ffi.cast("const uint16_t*", tp)
           for i = 0, L - 1 do T.eq(ids[row * S + i + 1], t16[i]) end
           if L < S then T.eq(ids[row * S + L + 1], 0, "padding after the sequence") end
@@ -226,12 +229,12 @@ T.test("length binning: less padding, each instance once per epoch, deterministi
       end
       -- resume with binning
       local st = again:state()
-      T.eq(st.bin_lengths, window == true and pd.BIN_WINDOW or window)
+      T.eq(st.bin_lengths, window == true and ld.BIN_WINDOW or window)
       local ref = again:next()
       local other = loader("long", { batch_size = 4, world_size = world, rank = world - 1, bin_lengths = window })
       other:set_state(st)
       same_batch(other:next(), ref, "binned resume")
-      for _, s in ipairs(shards) do s:close() end
+      for _, s in ipairs(opened) do s:close() end
       for rr = 0, world - 1 do ls[rr]:close() end
       plain_l:close(); again:close(); other:close()
     end
@@ -262,7 +265,7 @@ T.test("the loader refuses a shard that fails a check, naming the file and the c
     os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
     write(dir .. "/train_00000.blshard", bytes)
     local err = T.raises(function()
-      pd.Loader{ dir = dir, split = "train", batch_size = 2, max_seq_length = max_seq_length or 64 }
+      ld.Loader{ dir = dir, split = "train", batch_size = 2, max_seq_length = max_seq_length or 64 }
     end, pattern)
     T.truthy(err:find(dir .. "/train_00000.blshard", 1, true), name .. ": names the file: " .. err)
   end

@@ -1,9 +1,9 @@
 -- GLUE metrics: hand-computed values and random inputs against numpy/scipy
 -- ($BL_PYTHON), including ties for Spearman and multiclass Matthews.
-local T = require "bertlua.testing"
-local metrics = require "bertlua.metrics"
+local T = require "testing"
+local metrics = require "bertlua.tasks.metrics"
 local cjson = require "cjson"
-local rng = require("bertlua.synthetic").rng
+local rng = require("bertlua.data.synthetic").rng
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 

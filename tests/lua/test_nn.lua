@@ -1,7 +1,7 @@
 -- bertlua.nn module contract: flat parameter/gradient buffers with views,
 -- accumulation, buffer reuse, re-flatten keeping values, BERT's truncated
 -- normal init, dropout in train/eval, activations against finite differences.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 local nn = require "bertlua.nn"
 

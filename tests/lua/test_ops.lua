@@ -1,10 +1,10 @@
--- bertlua.ops from Lua: the wrappers allocate the right shapes, agree with
+-- bertlua.nn.ops from Lua: the wrappers allocate the right shapes, agree with
 -- the tensor library's own math on random inputs, accept strided views, and
 -- turn C errors into Lua errors naming the op and the shapes. Numerics in
 -- depth (gradient checks, PyTorch) are in tests/c/test_ops*.c.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
-local ops = require "bertlua.ops"
+local ops = require "bertlua.nn.ops"
 
 local function randn(shape, seed) return bl.randn(shape, { seed = seed, offset = 0 }) end
 local function close(a, b, tol) T.truthy(a:allclose(b, tol or 1e-5, tol or 1e-5), "tensors differ") end

@@ -1,10 +1,10 @@
--- bertlua.optim: LAMB/AdamW/SGD through the Lua API against a plain f64
+-- bertlua.train.optim: LAMB/AdamW/SGD through the Lua API against a plain f64
 -- reference written here, AdamW and SGD against torch.optim (1.13, via
 -- $BL_PYTHON), the no-decay name rule, state_dict round trips, clipping and
 -- bad-input errors. The C test tests/c/test_optim.c covers the variants.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
-local optim = require "bertlua.optim"
+local optim = require "bertlua.train.optim"
 local ffi = require "ffi"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"

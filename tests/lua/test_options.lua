@@ -1,5 +1,5 @@
-local T = require "bertlua.testing"
-local options = require "bertlua.options"
+local T = require "testing"
+local options = require "bertlua.util.options"
 
 local spec = {
   { "lr", 6e-3, "learning rate" },

@@ -4,7 +4,7 @@
 -- reported, also in latency mode (--batch=1) for QA and classification;
 -- --precision=bf16|fp16 gives nearly fp32's logits; bad input is located and
 -- counted.
-local T = require "bertlua.testing"
+local T = require "testing"
 local cjson = require "cjson"
 
 local exe = T.exe()

@@ -2,9 +2,9 @@
 -- the saved model reloads with the same outputs, 2 ranks x 1 micro-batch equal
 -- 1 rank x 2 micro-batches, a SIGKILLed run resumes with the same losses, fp16
 -- and bf16 track fp32; the notebook plots the log.
-local T = require "bertlua.testing"
+local T = require "testing"
 local cjson = require "cjson"
-local syn = require "bertlua.synthetic"
+local syn = require "bertlua.data.synthetic"
 
 local exe = T.exe()
 local tmp = T.tmpdir("books")
@@ -62,7 +62,7 @@ T.test("loss falls, the model is saved and reloads with the same outputs", funct
   T.truthy(last < first - 1.0, ("loss %.3f -> %.3f"):format(first, last))
   local bert = require "bertlua.bert"
   local m = bert.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
-  local pd = require "bertlua.pretraining_data"
+  local pd = require "bertlua.data.loader"
   local loader = pd.Loader{ dir = tmp .. "/data", split = "test", batch_size = 4, max_seq_length = 32, max_predictions = 5, shuffle = false }
   local batch = loader:next()
   m:eval()
@@ -78,7 +78,7 @@ T.test("2 ranks x 1 micro-batch == 1 rank x 2 micro-batches", function()
   one_and_two_ranks("one", "two")
   local a, b = losses(tmp .. "/one"), losses(tmp .. "/two")
   for s = 1, 6 do T.near(b[s], a[s], 1e-6) end
-  local st = require "bertlua.safetensors"
+  local st = require "bertlua.io.safetensors"
   local wa = st.load(tmp .. "/one/phase1/model.safetensors")
   local wb = st.load(tmp .. "/two/phase1/model.safetensors")
   local worst = 0

@@ -1,13 +1,14 @@
 -- Pre-training instances, shard files and the loader.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
-local pd = require "bertlua.pretraining_data"
-local Tok = require "bertlua.tokenizer"
-local syn = require "bertlua.synthetic"
+local loader = require "bertlua.data.loader"
+local shards = require "bertlua.data.shards"
+local Tok = require "bertlua.data.tokenizer"
+local syn = require "bertlua.data.synthetic"
 
 local exe = T.exe()
 local tmp = T.tmpdir("in")
-local vocab = dofile("tests/lua/fixture_vocab.lua")(tmp)
+local vocab = require("fixtures").vocab(tmp)
 
 -- input: the generated corpus (two files) + google's sample text when present
 local w = syn.world{ seed = 5, countries = 40 }
@@ -28,7 +29,7 @@ T.test("instances follow create_pretraining_data's rules", function()
     :format(tmp, vocab, tmp))
   T.eq(rc, 0, out)
   local tok = Tok.load(vocab, { lower = true })
-  local l = pd.Loader{ dir = tmp .. "/a", split = "train", batch_size = 16, seed = 1, max_seq_length = 64,
+  local l = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 16, seed = 1, max_seq_length = 64,
     max_predictions = 10, vocab = vocab, shuffle = false }
   local masked, tokens, mask_tok, same, nsp1, n = 0, 0, 0, 0, 0, 0
   local seen = 0
@@ -82,7 +83,7 @@ end)
 
 T.test("ranks are disjoint and cover the epoch; resume is exact", function()
   local function ids_of(rank, world)
-    local l = pd.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, rank = rank, world_size = world, seed = 3,
+    local l = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, rank = rank, world_size = world, seed = 3,
       max_seq_length = 64, max_predictions = 10, vocab = vocab }
     local set = {}
     for _ = 1, l.steps_per_epoch do
@@ -115,12 +116,12 @@ T.test("ranks are disjoint and cover the epoch; resume is exact", function()
   T.truthy(#all - (#a + #b) < 2 * 4, "and together they cover it up to one batch per rank")
   T.truthy(#a == #b, "equal steps per rank")
   -- resume: state after 3 batches, then 5 more, equals an uninterrupted run
-  local l1 = pd.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, seed = 9, max_seq_length = 64, max_predictions = 10 }
+  local l1 = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, seed = 9, max_seq_length = 64, max_predictions = 10 }
   for _ = 1, 3 do l1:next() end
   local st = l1:state()
   local ref = {}
   for i = 1, l1.steps_per_epoch + 2 do ref[i] = l1:next().input_ids:totable() end  -- crosses an epoch
-  local l2 = pd.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, seed = 9, max_seq_length = 64, max_predictions = 10 }
+  local l2 = loader.Loader{ dir = tmp .. "/a", split = "train", batch_size = 4, seed = 9, max_seq_length = 64, max_predictions = 10 }
   l2:set_state(st)
   for i = 1, #ref do T.near(l2:next().input_ids:totable(), ref[i]) end
   la:close()
@@ -131,7 +132,7 @@ T.test("dynamic masking draws new masks every epoch, reproducibly", function()
     :format(tmp, vocab, tmp))
   T.eq(rc, 0, out)
   local function first_two_epochs()
-    local l = pd.Loader{ dir = tmp .. "/d", batch_size = 2, seed = 4, max_seq_length = 64, max_predictions = 10,
+    local l = loader.Loader{ dir = tmp .. "/d", batch_size = 2, seed = 4, max_seq_length = 64, max_predictions = 10,
       vocab = vocab, shuffle = false }
     local e1 = l:next().masked_lm_positions:totable()
     for _ = 2, l.steps_per_epoch do l:next() end
@@ -146,7 +147,7 @@ T.test("dynamic masking draws new masks every epoch, reproducibly", function()
   local out2, rc2 = run(("--input=%s/in/train_00000.txt --vocab=%s --output=%s/dw --max-seq-length=64 --max-predictions=10 --dupe-factor=1 --dynamic-masking --whole-word-masking")
     :format(tmp, vocab, tmp))
   T.eq(rc2, 0, out2)
-  local s = pd.open_shard(pd.list_shards(tmp .. "/dw", "train")[1])
+  local s = shards.open_shard(shards.list_shards(tmp .. "/dw", "train")[1])
   T.eq(s.h.flags, 3)
   s:close()
 end)
@@ -157,7 +158,7 @@ T.test("corrupt or mismatched shards are refused with the reason", function()
     local p = tmp .. "/bad/" .. name
     os.execute("mkdir -p " .. tmp .. "/bad")
     local f = io.open(p, "wb"); f:write(bytes); f:close()
-    T.raises(function() pd.open_shard(p, opts) end, pattern)
+    T.raises(function() shards.open_shard(p, opts) end, pattern)
   end
   bad("trunc.blshard", good:sub(1, #good - 10), "truncated or corrupt")
   bad("tiny.blshard", good:sub(1, 20), "truncated: 20 bytes")
@@ -166,8 +167,8 @@ T.test("corrupt or mismatched shards are refused with the reason", function()
   bad("flip.blshard", good:sub(1, #good - 5) .. string.char((good:byte(#good - 4) + 1) % 256) .. good:sub(#good - 3), "checksum mismatch")
   local other = tmp .. "/other_vocab.txt"
   local f = io.open(other, "w"); f:write(slurp(vocab) .. "extra\n"); f:close()
-  bad("vocab.blshard", good, "another vocabulary", { vocab_hash = pd.vocab_hash(other), vocab = other })
-  T.raises(function() pd.Loader{ dir = tmp .. "/nothing", split = "train", batch_size = 2 } end, "no train_*.blshard files")
+  bad("vocab.blshard", good, "another vocabulary", { vocab_hash = shards.vocab_hash(other), vocab = other })
+  T.raises(function() loader.Loader{ dir = tmp .. "/nothing", split = "train", batch_size = 2 } end, "no train_*.blshard files")
 end)
 
 T.run()

@@ -1,10 +1,10 @@
 -- recipes/squad.lua on the generated QA set: a tiny BERT trained from scratch
 -- must beat a trivial baseline clearly on held-out countries; the files the
 -- official tools read are written; bad input is reported.
-local T = require "bertlua.testing"
+local T = require "testing"
 local cjson = require "cjson"
-local syn = require "bertlua.synthetic"
-local squad = require "bertlua.squad"
+local syn = require "bertlua.data.synthetic"
+local squad = require "bertlua.tasks.squad"
 
 local exe = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
 local tmp = os.tmpname(); os.remove(tmp)

@@ -1,13 +1,13 @@
--- bertlua.safetensors: round trips (F32/F16/BF16), Hugging Face names and
+-- bertlua.io.safetensors: round trips (F32/F16/BF16), Hugging Face names and
 -- conventions (prefix-less BertModel checkpoints, gamma/beta, the tied
 -- decoder), model directories, head mismatches, every hostile-file case
 -- (each error names the file and the tensor), and — when transformers is
 -- importable by BL_PYTHON — files written by transformers load here with the
 -- same outputs and files written here load in transformers.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
-local st = require "bertlua.safetensors"
+local st = require "bertlua.io.safetensors"
 local ffi = require "ffi"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
@@ -278,7 +278,7 @@ T.test("a model saved by transformers loads here with the same outputs", functio
   need_transformers()
   local d = tmpdir()
   st.save(d .. "/batch.safetensors", batch())
-  local rc, out = run(PY .. " tests/py/bert_reference.py hf_save '" .. d .. "/hf'")
+  local rc, out = run(PY .. " recipes/peers/bert_reference.py hf_save '" .. d .. "/hf'")
   if rc == 77 then T.skip(out) end
   T.eq(rc, 0, "transformers save failed: " .. out)
   local ref = st.load(d .. "/hf_out.safetensors")
@@ -296,7 +296,7 @@ T.test("a model saved here loads in transformers (tied decoder, QA head initiali
     if p.name:match("bias$") or p.name:match("LayerNorm") then p.param:add_(bl.randn(p.shape, { seed = 2, offset = p.offset }) * 0.1) end
   end
   bert.save_pretrained(model, d .. "/ours")
-  local rc, out = run(PY .. " tests/py/bert_reference.py hf_check '" .. d .. "/ours'")
+  local rc, out = run(PY .. " recipes/peers/bert_reference.py hf_check '" .. d .. "/ours'")
   if rc == 77 then T.skip(out) end
   T.eq(rc, 0, "transformers load failed: " .. out)
   T.truthy(not out:find("newly initialized", 1, true) or out:find("qa_outputs", 1, true),

@@ -1,4 +1,4 @@
--- bertlua.schedule: hand-computed values, then every step of several runs
+-- bertlua.train.schedule: hand-computed values, then every step of several runs
 -- against the references run by $BL_PYTHON: transformers' own
 -- get_linear_schedule_with_warmup / get_constant_schedule_with_warmup /
 -- get_polynomial_decay_schedule_with_warmup driven like HF's Trainer
@@ -6,8 +6,8 @@
 -- PolyWarmUpScheduler / LinearWarmUpScheduler get_lr (transcribed below, in
 -- torch float32 as NVIDIA runs it) driven like run_pretraining.py
 -- (scheduler.step() before optimizer.step(), last_epoch = step count + 1).
-local T = require "bertlua.testing"
-local schedule = require "bertlua.schedule"
+local T = require "testing"
+local schedule = require "bertlua.train.schedule"
 local cjson = require "cjson"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"

@@ -2,10 +2,10 @@
 -- google-research/bert run_squad.py (tests/py/squad_reference.py), both driven
 -- by the same small deterministic tokenizer (defined here and there), plus
 -- malformed-input handling and hand-computed cases.
-local T = require "bertlua.testing"
-local squad = require "bertlua.squad"
+local T = require "testing"
+local squad = require "bertlua.tasks.squad"
 local cjson = require "cjson"
-local rng = require("bertlua.synthetic").rng
+local rng = require("bertlua.data.synthetic").rng
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 local REF = "tests/py/squad_reference.py"
@@ -345,9 +345,9 @@ T.test("get_final_text and softmax (hand-computed)", function()
   T.raises(function() squad.write_predictions({}, {}, {}, {}) end, "opts.tokenizer is required")
 end)
 
-T.test("real tokenizer (bertlua.tokenizer): oracle logits give near-perfect EM on dev-v1.1 (3 articles)", function()
-  local ok, tmod = pcall(require, "bertlua.tokenizer")
-  if not ok then T.skip("bertlua.tokenizer not available yet: " .. tostring(tmod):sub(1, 80)) end
+T.test("real tokenizer (bertlua.data.tokenizer): oracle logits give near-perfect EM on dev-v1.1 (3 articles)", function()
+  local ok, tmod = pcall(require, "bertlua.data.tokenizer")
+  if not ok then T.skip("bertlua.data.tokenizer not available yet: " .. tostring(tmod):sub(1, 80)) end
   local tok = tmod.load(shared("vocab/bert-base-uncased-vocab.txt"), { lower = true })
   local data = subset(shared("squad/dev-v1.1.json"), 3, tmp .. "/real.json", true)
   local ex = squad.read_examples(data, { is_training = true, quiet = true })

@@ -1,11 +1,11 @@
 -- SQuAD official evaluation: hand-computed cases, Unicode normalization and
 -- full-file scores against a faithful Python copy of evaluate-v1.1.py /
 -- evaluate-v2.0.py (tests/py/squad_official_eval.py, run with $BL_PYTHON).
-local T = require "bertlua.testing"
-local squad = require "bertlua.squad"
-local metrics = require "bertlua.metrics"
+local T = require "testing"
+local squad = require "bertlua.tasks.squad"
+local json = require "bertlua.util.json"
 local cjson = require "cjson"
-local rng = require("bertlua.synthetic").rng
+local rng = require("bertlua.data.synthetic").rng
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 local EXE = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
@@ -136,21 +136,21 @@ T.test("v2.0 evaluation: hand-computed with na-probs and best threshold", functi
 end)
 
 T.test("float repr and JSON like Python", function()
-  T.eq(metrics.float_repr(100.0), "100.0")
-  T.eq(metrics.float_repr(0.1), "0.1")
-  T.eq(metrics.float_repr(1 / 3), "0.3333333333333333")
-  T.eq(metrics.float_repr(1e-5), "1e-05")
-  T.eq(metrics.float_repr(0.0001), "0.0001")
-  T.eq(metrics.float_repr(1e16), "1e+16")
-  T.eq(metrics.float_repr(123456789012345.6), "123456789012345.6")
-  T.eq(metrics.float_repr(-2.5e-7), "-2.5e-07")
-  T.eq(metrics.json_string("a\"b\\c\n\1é€😀\127"), '"a\\"b\\\\c\\n\\u0001\\u00e9\\u20ac\\ud83d\\ude00\\u007f"')
-  T.eq(metrics.json_dumps(metrics.object({ x = 1, y = { 1.5, "s" } }, { "y", "x" }, { x = true })), '{"y": [1.5, "s"], "x": 1}')
-  T.eq(metrics.json_dumps(metrics.object({ x = {} , y = metrics.array({}) }, { "x", "y" }), { indent = 4 }),
+  T.eq(json.float_repr(100.0), "100.0")
+  T.eq(json.float_repr(0.1), "0.1")
+  T.eq(json.float_repr(1 / 3), "0.3333333333333333")
+  T.eq(json.float_repr(1e-5), "1e-05")
+  T.eq(json.float_repr(0.0001), "0.0001")
+  T.eq(json.float_repr(1e16), "1e+16")
+  T.eq(json.float_repr(123456789012345.6), "123456789012345.6")
+  T.eq(json.float_repr(-2.5e-7), "-2.5e-07")
+  T.eq(json.string("a\"b\\c\n\1é€😀\127"), '"a\\"b\\\\c\\n\\u0001\\u00e9\\u20ac\\ud83d\\ude00\\u007f"')
+  T.eq(json.dumps(json.object({ x = 1, y = { 1.5, "s" } }, { "y", "x" }, { x = true })), '{"y": [1.5, "s"], "x": 1}')
+  T.eq(json.dumps(json.object({ x = {} , y = json.array({}) }, { "x", "y" }), { indent = 4 }),
     '{\n    "x": [],\n    "y": []\n}')
-  local keys = metrics.json_object_keys('{"b": [1, {"z": "}"}], "a\\u00e9": "x,y", "c": -1.5e3}')
+  local keys = json.object_keys('{"b": [1, {"z": "}"}], "a\\u00e9": "x,y", "c": -1.5e3}')
   T.eq(table.concat(keys, "|"), "b|aé|c")
-  T.raises(function() metrics.json_object_keys("[1]", "f.json") end, "f.json: not a JSON object")
+  T.raises(function() json.object_keys("[1]", "f.json") end, "f.json: not a JSON object")
 end)
 
 local function data_file(name)

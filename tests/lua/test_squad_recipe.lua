@@ -4,7 +4,7 @@
 -- a tiny model fitted to a slice beats a trivial baseline, and bad input is
 -- reported before any work. (Learning that generalises to held-out questions
 -- is checked on the generated QA set by test_qa_end_to_end.lua.)
-local T = require "bertlua.testing"
+local T = require "testing"
 local cjson = require "cjson"
 
 local exe = T.exe()

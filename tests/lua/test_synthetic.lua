@@ -1,5 +1,5 @@
-local T = require "bertlua.testing"
-local syn = require "bertlua.synthetic"
+local T = require "testing"
+local syn = require "bertlua.data.synthetic"
 
 T.test("deterministic world and documents", function()
   local a, b = syn.world{ seed = 3, countries = 10 }, syn.world{ seed = 3, countries = 10 }

@@ -1,5 +1,5 @@
 -- Lua tensor API: creation, views, copies, math, reductions, errors.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 
 T.test("creation and metadata", function()

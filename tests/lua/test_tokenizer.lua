@@ -1,13 +1,13 @@
 -- Tokenizer tests: the Lua API, error messages, and exact equality with the
--- references (tests/py/tokenizer_reference.py, run with $BL_PYTHON) on real
+-- references (recipes/peers/tokenizer_reference.py, run with $BL_PYTHON) on real
 -- text from shared/data (Wikipedia, books, SQuAD, GLUE, BERT's sample text),
 -- cased and uncased, on adversarial random strings, and code point by code
 -- point: Google's tokenization.py for both cases, Hugging Face's slow
 -- BertTokenizer uncased, Hugging Face tokenizers (Rust) cased. The slow one
 -- NFC-normalizes, so cased it differs on decomposed text (a test shows where).
 -- Reference tests skip when their package is missing.
-local T = require "bertlua.testing"
-local Tok = require "bertlua.tokenizer"
+local T = require "testing"
+local Tok = require "bertlua.data.tokenizer"
 
 local data = T.shared_data()
 if not data or not T.shared_data("vocab/bert-base-uncased-vocab.txt") then
@@ -16,7 +16,7 @@ end
 local UNCASED = data .. "/vocab/bert-base-uncased-vocab.txt"
 local CASED = data .. "/vocab/bert-base-cased-vocab.txt"
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
-local REF = "tests/py/tokenizer_reference.py"
+local REF = "recipes/peers/tokenizer_reference.py"
 
 local tmpfiles = {}
 local function tmp(content)

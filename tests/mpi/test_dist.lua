@@ -1,5 +1,5 @@
 -- Under `mpirun -np 2`: rank/size visible from Lua, all-reduce and broadcast.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 
 T.test("rank and size", function()
@@ -21,7 +21,7 @@ T.test("allreduce and broadcast of CPU tensors", function()
 end)
 
 T.test("bucketed all-reduce mean and number sums", function()
-  local dist = require "bertlua.dist"
+  local dist = require "bertlua.train.dist"
   local t = bl.arange(10, {dtype = "f32"}):add(bl.rank() * 10)
   dist.all_reduce_mean(t, {bucket_elems = 3})
   T.near(t:tolist(), {5, 6, 7, 8, 9, 10, 11, 12, 13, 14})

@@ -1,0 +1,351 @@
+-- bertlua.bert.heads: the task heads on a BertModel (pre-training MLM + NSP,
+-- question answering, sequence classification) with their losses.
+local core = require "bertlua.core"
+local bl = require "bertlua.tensor"
+local nn = require "bertlua.nn"
+local C, ffi, check = core.C, core.ffi, core.check
+local buf, class, Module = nn.buf, nn.class, nn.Module
+local model = require "bertlua.bert.model"
+local BertModel, resolve_cfg, on_device = model.BertModel_class, model.resolve_cfg, model.on_device
+
+local M = {}
+local i64box = ffi.typeof("int64_t[1]")
+
+-- heads -------------------------------------------------------------------------------------
+local function new_head(cls, cfg, opts, pooler)
+  local self = setmetatable({}, cls)
+  Module.__init(self)
+  opts = opts or {}
+  cfg = resolve_cfg(cfg)
+  self.cfg = cfg
+  self.initializer_range = cfg.initializer_range
+  self:add("bert", BertModel(cfg, { pooler = pooler, flatten = false }))
+  return self, cfg, opts
+end
+
+-- scratch scalars for the loss ops
+local function f64_scalar(self, key) return buf(self, key, { 1 }, "f64") end
+
+-- cross_entropy into module buffers: returns loss, count; dlogits kept in self[dkey]
+local function cross_entropy(self, dkey, logits, targets, ignore, grad_scale)
+  local loss = f64_scalar(self, "_loss_" .. dkey)
+  local dl = buf(self, dkey, logits:shape())
+  local cnt = i64box()
+  check(C.bl_cross_entropy(loss, dl, logits, targets, ignore, grad_scale or 1, cnt))
+  return loss:item(), tonumber(cnt[0])
+end
+
+local function accuracy(logits, targets, ignore)
+  local c, n = i64box(), i64box()
+  check(C.bl_accuracy(logits, targets, ignore, c, n))
+  local cnt = tonumber(n[0])
+  return cnt > 0 and tonumber(c[0]) / cnt or 0, tonumber(c[0]), cnt
+end
+
+local BertPredictionHeadTransform = class("BertPredictionHeadTransform")
+function BertPredictionHeadTransform:__init(cfg)
+  Module.__init(self)
+  self:add("dense", nn.Linear(cfg.hidden_size, cfg.hidden_size))
+  self:add("transform_act_fn", nn.activation(cfg.hidden_act))
+  self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
+end
+function BertPredictionHeadTransform:forward(x)
+  local act, dense = self.transform_act_fn, self.dense
+  self._fused = act.fuses_bias
+  local a
+  if self._fused then
+    local pre = buf(self, "pre", nn.with_last(x, dense.out_features))
+    check(C.bl_linear_forward(pre, x, dense.weight, nil))
+    a = act:forward_bias(pre, dense.bias)
+  else
+    a = act:forward(dense:forward(x))
+  end
+  self._act = a
+  return self.LayerNorm:forward(a)
+end
+function BertPredictionHeadTransform:backward(x, dy)
+  local act, dense = self.transform_act_fn, self.dense
+  local da = self.LayerNorm:backward(self._act, dy)
+  if self._fused then
+    local dpre = act:backward_bias(self.pre, dense.bias, da, dense.grad_bias)
+    local dx = buf(self, "grad_input", x:shape())
+    check(C.bl_linear_backward(dx, dense.grad_weight, nil, dpre, x, dense.weight, 0))
+    return dx
+  end
+  return dense:backward(x, act:backward(dense.output, da))
+end
+
+-- MLM head: transform, then logits = t E^T + bias with E the (tied) word embeddings.
+local BertLMPredictionHead = class("BertLMPredictionHead")
+function BertLMPredictionHead:__init(cfg)
+  Module.__init(self)
+  self:param("bias", { cfg.vocab_size }, "zeros")
+  self:add("transform", nn.BertPredictionHeadTransform(cfg))
+end
+-- decoder(x, E) -> logits [M, V]
+function BertLMPredictionHead:forward(x, E)
+  local t = self.transform:forward(x)
+  local logits = buf(self, "output", { x:size(1), E:size(1) })
+  check(C.bl_linear_forward(logits, t, E, self.bias))
+  return logits
+end
+-- accumulates dE (tied word-embedding gradient) and returns dx
+function BertLMPredictionHead:backward(x, E, dE, dlogits)
+  local t = self.transform.LayerNorm.output
+  local dt = buf(self, "grad_t", t:shape())
+  check(C.bl_linear_backward(dt, dE, self.grad_bias, dlogits, t, E, 0))
+  return self.transform:backward(x, dt)
+end
+
+local BertPreTrainingHeads = class("BertPreTrainingHeads")
+function BertPreTrainingHeads:__init(cfg)
+  Module.__init(self)
+  self:add("predictions", nn.BertLMPredictionHead(cfg))
+  self:add("seq_relationship", nn.Linear(cfg.hidden_size, 2))
+end
+
+-- BertForPreTraining: MLM (only at the masked positions) + next-sentence prediction.
+local BertForPreTraining = class("BertForPreTraining")
+M.BertForPreTraining_class = BertForPreTraining
+function M.BertForPreTraining(cfg, opts)
+  local self, _, o = new_head(BertForPreTraining, cfg, opts, true)
+  self:add("cls", nn.BertPreTrainingHeads(self.cfg))
+  -- NVIDIA's data pads masked_lm_labels with -1; HF uses -100 in `labels`
+  self.ignore_index = o.ignore_index or -1
+  self.nsp = o.nsp ~= false
+  self:flatten{ seed = o.seed or 0 }
+  return self
+end
+
+-- masked positions: from masked_lm_positions [B,P] (0-based within each
+-- sequence) + masked_lm_labels [B,P] (ignore_index = padding), or from HF
+-- style `labels` [B,S] (-100 or ignore_index = not masked). Only counted
+-- positions are gathered, so the decoder GEMM runs on M rows, not B*S.
+local function masked_positions(self, batch, B, S)
+  local ign = self.ignore_index
+  local pos, lab = {}, {}
+  if batch.masked_lm_positions ~= nil then
+    local P = bl.as_tensor(batch.masked_lm_positions, { dtype = "i64" })
+    local L = bl.as_tensor(batch.masked_lm_labels, { dtype = "i64" })
+    if P:numel() ~= L:numel() or P:numel() % B ~= 0 then
+      error(("BertForPreTraining: masked_lm_positions %s and masked_lm_labels %s must both be [batch, P]"):format(
+        bl.shape_str(P:shape()), bl.shape_str(L:shape())), 3)
+    end
+    local np = P:numel() / B
+    local pv, lv = P:totable(), L:totable()
+    for b = 0, B - 1 do
+      for j = 1, np do
+        local l = lv[b * np + j]
+        if l ~= ign and l ~= -100 then
+          local p = pv[b * np + j]
+          if p < 0 or p >= S then
+            error(("BertForPreTraining: masked_lm_positions[%d][%d] = %d is outside the sequence (length %d)"):format(
+              b + 1, j, p, S), 3)
+          end
+          pos[#pos + 1] = b * S + p
+          lab[#lab + 1] = l
+        end
+      end
+    end
+  elseif batch.labels ~= nil then
+    local L = bl.as_tensor(batch.labels, { dtype = "i64" })
+    if L:numel() ~= B * S then error("BertForPreTraining: labels must be [batch, seq] like input_ids", 3) end
+    local lv = L:totable()
+    for i = 1, B * S do
+      local l = lv[i]
+      if l ~= ign and l ~= -100 then pos[#pos + 1] = i - 1; lab[#lab + 1] = l end
+    end
+  else
+    return nil
+  end
+  local n = #pos
+  local m = math.max(n, 1)
+  -- filled on the host: the module's own buffers on the CPU, staging tensors for a GPU
+  local pt = self.device and bl.empty({ m }, { dtype = "i32" }) or buf(self, "_mpos", { m }, "i32")
+  local lt = self.device and bl.empty({ m }, { dtype = "i32" }) or buf(self, "_mlab", { m }, "i32")
+  local pp, lp = pt:ptr(), lt:ptr()
+  for i = 1, n do pp[i - 1] = pos[i]; lp[i - 1] = lab[i] end
+  if n == 0 then pp[0] = 0; lp[0] = ign end  -- one ignored row keeps the shapes non-empty
+  if self.device then
+    pt = buf(self, "_mpos", { m }, "i32"):copy_(pt)
+    lt = buf(self, "_mlab", { m }, "i32"):copy_(lt)
+  end
+  return pt, lt, n
+end
+
+-- forward(batch) -> { loss, mlm_loss, nsp_loss, mlm_accuracy, nsp_accuracy,
+-- mlm_count, mlm_logits [M,V], nsp_logits [B,2], sequence_output, pooled_output }.
+-- Gradients of the losses w.r.t. the logits are computed here (cheaply, by the
+-- same fused cross-entropy op) and used by backward().
+function BertForPreTraining:forward(batch)
+  local out = self.bert:forward(batch)
+  local seq, pooled = out.last_hidden_state, out.pooler_output
+  local B, S, H = seq:size(1), seq:size(2), seq:size(3)
+  local res = { sequence_output = seq, pooled_output = pooled, hidden_states = out.hidden_states, loss = 0 }
+  local pos, lab, n = masked_positions(self, batch, B, S)
+  self._pos, self._lab = pos, lab
+  local E = self.bert.embeddings.word_embeddings.weight
+  if pos then
+    local g = buf(self, "_gathered", { pos:numel(), H })
+    check(C.bl_gather_forward(g, seq, pos))
+    local logits = self.cls.predictions:forward(g, E)
+    local loss, cnt = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index, 1)
+    res.mlm_loss, res.mlm_count, res.mlm_logits = loss, cnt, logits
+    res.mlm_accuracy = accuracy(logits, lab, self.ignore_index)
+    res.loss = res.loss + loss
+  end
+  local nsp = batch.next_sentence_labels or batch.next_sentence_label
+  local nlog = self.cls.seq_relationship:forward(pooled)
+  res.nsp_logits = nlog
+  if nsp ~= nil and self.nsp then
+    local t = bl.as_tensor(nsp, { dtype = "i32" })
+    if t:numel() ~= B then error("BertForPreTraining: next_sentence_labels must have one label per sequence", 2) end
+    t = on_device(self, t:view({ B }))
+    self._nsp_t = t
+    local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index, 1)
+    res.nsp_loss = loss
+    res.nsp_accuracy = accuracy(nlog, t, self.ignore_index)
+    res.loss = res.loss + loss
+  else
+    self._nsp_t = nil
+  end
+  self._has_mlm = pos ~= nil
+  return res
+end
+
+-- backward([loss_scale]): gradients of loss * loss_scale, accumulated into the flat gradient buffer.
+function BertForPreTraining:backward(loss_scale)
+  loss_scale = loss_scale or 1
+  local hs = self.bert.encoder.hidden_states
+  local seq = hs[#hs]
+  local dseq = buf(self, "_dseq", seq:shape())
+  dseq:zero_()
+  local emb = self.bert.embeddings.word_embeddings
+  if self._has_mlm then
+    local dl = self._dmlm
+    if loss_scale ~= 1 then check(C.bl_affine(dl, dl, loss_scale, 0)) end
+    local dg = self.cls.predictions:backward(self._gathered, emb.weight, emb.grad_weight, dl)
+    check(C.bl_gather_backward(dseq, dg, self._pos))
+  end
+  local dpooled
+  if self._nsp_t then
+    local dn = self._dnsp
+    if loss_scale ~= 1 then check(C.bl_affine(dn, dn, loss_scale, 0)) end
+    dpooled = self.cls.seq_relationship:backward(self.bert.pooler.output, dn)
+  end
+  self.bert:backward(dseq, dpooled)
+end
+
+-- BertForQuestionAnswering: start/end logits over tokens (SQuAD).
+local BertForQuestionAnswering = class("BertForQuestionAnswering")
+function M.BertForQuestionAnswering(cfg, opts)
+  local self, c, o = new_head(BertForQuestionAnswering, cfg, opts, false)  -- HF: no pooler
+  self:add("qa_outputs", nn.Linear(c.hidden_size, 2))
+  self:flatten{ seed = o.seed or 0 }
+  return self
+end
+-- forward{..., start_positions=[B], end_positions=[B]} -> { start_logits [B,S], end_logits [B,S], loss? }
+-- Positions outside [0, S) are clamped to S and ignored, as in transformers.
+function BertForQuestionAnswering:forward(batch)
+  local out = self.bert:forward(batch)
+  local seq = out.last_hidden_state
+  local B, S = seq:size(1), seq:size(2)
+  local logits = self.qa_outputs:forward(seq)  -- [B,S,2]
+  local st, en = buf(self, "start_logits", { B, S }), buf(self, "end_logits", { B, S })
+  st:copy_(logits:select(3, 1)); en:copy_(logits:select(3, 2))
+  local res = { start_logits = st, end_logits = en, sequence_output = seq, hidden_states = out.hidden_states }
+  self._has_loss = false
+  if batch.start_positions ~= nil and batch.end_positions ~= nil then
+    local function clamp(x, key)
+      local t = bl.as_tensor(x, { dtype = "i64" })
+      if t:numel() ~= B then error("BertForQuestionAnswering: " .. key .. " must have one position per sequence", 3) end
+      local v = t:totable()
+      local r = self.device and bl.empty({ B }, { dtype = "i32" }) or buf(self, "_" .. key, { B }, "i32")
+      local p = r:ptr()
+      for i = 1, B do p[i - 1] = math.min(math.max(v[i], 0), S) end
+      if self.device then r = buf(self, "_" .. key, { B }, "i32"):copy_(r) end
+      return r
+    end
+    local sp, ep = clamp(batch.start_positions, "start_positions"), clamp(batch.end_positions, "end_positions")
+    local ls = cross_entropy(self, "_dstart", st, sp, S, 0.5)
+    local le = cross_entropy(self, "_dend", en, ep, S, 0.5)
+    res.start_loss, res.end_loss, res.loss = ls, le, (ls + le) / 2
+    self._has_loss = true
+  end
+  return res
+end
+-- backward([loss_scale]) for the loss, or backward(dstart, dend) with given logit gradients
+function BertForQuestionAnswering:backward(a, b)
+  local seq = self.bert.encoder.hidden_states[#self.bert.encoder.hidden_states]
+  local B, S = seq:size(1), seq:size(2)
+  local ds, de
+  if bl.is_tensor(a) then ds, de = a, b
+  else
+    if not self._has_loss then error("BertForQuestionAnswering:backward: forward had no start/end positions", 2) end
+    ds, de = self._dstart, self._dend
+    if a and a ~= 1 then check(C.bl_affine(ds, ds, a, 0)); check(C.bl_affine(de, de, a, 0)) end
+  end
+  local dl = buf(self, "_dlogits", { B, S, 2 })
+  dl:select(3, 1):copy_(ds); dl:select(3, 2):copy_(de)
+  local dseq = self.qa_outputs:backward(seq, dl)
+  self.bert:backward(dseq, nil)
+end
+
+-- BertForSequenceClassification: dropout + linear on the pooled [CLS];
+-- num_labels == 1 is regression with MSE (STS-B), as in transformers.
+local BertForSequenceClassification = class("BertForSequenceClassification")
+function M.BertForSequenceClassification(cfg, opts)
+  local self, c, o = new_head(BertForSequenceClassification, cfg, opts, true)
+  self.num_labels = o.num_labels or c.num_labels or 2
+  c.num_labels = self.num_labels
+  local p = c.classifier_dropout
+  if type(p) ~= "number" then p = c.hidden_dropout_prob end
+  self:add("dropout", nn.Dropout(p))
+  self:add("classifier", nn.Linear(c.hidden_size, self.num_labels))
+  self:flatten{ seed = o.seed or 0 }
+  return self
+end
+-- forward{..., labels=[B]} -> { logits [B, num_labels], loss?, accuracy? }
+function BertForSequenceClassification:forward(batch)
+  local out = self.bert:forward(batch)
+  local pooled = out.pooler_output
+  local B = pooled:size(1)
+  local x = self.dropout:forward(pooled)
+  self._x = x
+  local logits = self.classifier:forward(x)
+  local res = { logits = logits, pooled_output = pooled, hidden_states = out.hidden_states }
+  self._kind = nil
+  if batch.labels ~= nil then
+    if self.num_labels == 1 then
+      local t = on_device(self, bl.as_tensor(batch.labels, { dtype = "f32" }))
+      if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
+      local loss = f64_scalar(self, "_loss")
+      local dl = buf(self, "_dlogits", logits:shape())
+      check(C.bl_mse_loss(loss, dl, logits, t, 1))
+      res.loss = loss:item()
+      self._kind = "mse"
+    else
+      local t = bl.as_tensor(batch.labels, { dtype = "i32" })
+      if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
+      t = on_device(self, t:view({ B }))
+      res.loss = cross_entropy(self, "_dlogits", logits, t, -100, 1)
+      res.accuracy = accuracy(logits, t, -100)
+      self._kind = "ce"
+    end
+  end
+  return res
+end
+function BertForSequenceClassification:backward(a)
+  local dl
+  if bl.is_tensor(a) then dl = a
+  else
+    if not self._kind then error("BertForSequenceClassification:backward: forward had no labels", 2) end
+    dl = self._dlogits
+    if a and a ~= 1 then check(C.bl_affine(dl, dl, a, 0)) end
+  end
+  local dx = self.classifier:backward(self._x, dl)
+  if self.dropout._p ~= 0 then dx = self.dropout:backward(self.bert.pooler.output, dx) end
+  self.bert:backward(nil, dx)
+end
+
+return M

@@ -1,0 +1,420 @@
+-- bertlua.bert.model: the BERT encoder (embeddings, self-attention layers,
+-- pooler) as bertlua.nn modules; the heads on top are bertlua.bert.heads.
+local core = require "bertlua.core"
+local bl = require "bertlua.tensor"
+local nn = require "bertlua.nn"
+local config = require "bertlua.bert.config"
+local C, ffi, check = core.C, core.ffi, core.check
+local buf, draw, class, Module = nn.buf, nn.draw, nn.class, nn.Module
+
+
+local M = {}
+
+-- t on the module's device (a copy when it lives elsewhere; t itself on the CPU path)
+local function on_device(self, t)
+  local d = self.device
+  if t == nil or d == nil or t.device_ == d then return t end
+  return t:to{ device = d }
+end
+M.on_device = on_device
+
+local function as_ids(t, what)
+  if t == nil then return nil end
+  if not bl.is_tensor(t) then t = bl.from(t, { dtype = "i32" }) end
+  local d = t:dtype()
+  if d ~= "i32" and d ~= "i64" then error(("bert: %s must be an i32/i64 tensor, got %s"):format(what, d), 3) end
+  return t
+end
+
+-- embeddings --------------------------------------------------------------------------
+local BertEmbeddings = class("BertEmbeddings")
+function BertEmbeddings:__init(cfg)
+  Module.__init(self)
+  self.cfg = cfg
+  self:add("word_embeddings", nn.Embedding(cfg.vocab_size, cfg.hidden_size))
+  self:add("position_embeddings", nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size))
+  self:add("token_type_embeddings", nn.Embedding(cfg.type_vocab_size, cfg.hidden_size))
+  self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
+  self:add("dropout", nn.Dropout(cfg.hidden_dropout_prob))
+end
+-- position ids 0..S-1 per row, cached per shape
+local function position_ids(self, B, S)
+  local p = self._pos
+  if p and p:size(1) == B and p:size(2) == S and p.device_ == (self.device or -1) then return p end
+  p = bl.empty({ B, S }, { dtype = "i32" })
+  local ptr = p:ptr()
+  for b = 0, B - 1 do for s = 0, S - 1 do ptr[b * S + s] = s end end
+  p = on_device(self, p)
+  self._pos = p
+  return p
+end
+local function zero_types(self, B, S)
+  local t = self._zero_types
+  if t and t:size(1) == B and t:size(2) == S and t.device_ == (self.device or -1) then return t end
+  t = bl.zeros({ B, S }, { dtype = "i32", device = self.device })
+  self._zero_types = t
+  return t
+end
+function BertEmbeddings:forward(ids, types)
+  local B, S = ids:size(1), ids:size(2)
+  if S > self.cfg.max_position_embeddings then
+    error(("BertEmbeddings: sequence length %d exceeds max_position_embeddings %d"):format(S,
+      self.cfg.max_position_embeddings), 3)
+  end
+  types = types or zero_types(self, B, S)
+  self._types, self._posids = types, position_ids(self, B, S)
+  local H = self.cfg.hidden_size
+  local sum = buf(self, "sum", { B, S, H })
+  check(C.bl_embedding_forward(sum, self.word_embeddings.weight, ids, 0))
+  check(C.bl_embedding_forward(sum, self.position_embeddings.weight, self._posids, 1))
+  check(C.bl_embedding_forward(sum, self.token_type_embeddings.weight, types, 1))
+  local y = self.LayerNorm:forward(sum)
+  return self.dropout:forward(y)
+end
+function BertEmbeddings:backward(ids, dy)
+  local dln = self.dropout:backward(self.LayerNorm.output, dy)
+  local dsum = self.LayerNorm:backward(self.sum, dln)
+  check(C.bl_embedding_backward(self.word_embeddings.grad_weight, dsum, ids))
+  check(C.bl_embedding_backward(self.position_embeddings.grad_weight, dsum, self._posids))
+  check(C.bl_embedding_backward(self.token_type_embeddings.grad_weight, dsum, self._types))
+  return nil
+end
+
+-- self-attention ------------------------------------------------------------------------
+-- Q, K, V are three HF Linear modules; their weights are laid out back to
+-- back in the flat buffer, so `fused` (default) runs ONE [3H, H] GEMM and the
+-- attention op reads Q/K/V as column slices of its output.
+local BertSelfAttention = class("BertSelfAttention")
+function BertSelfAttention:__init(cfg)
+  Module.__init(self)
+  self.cfg = cfg
+  self.heads = cfg.num_attention_heads
+  self.p = cfg.attention_probs_dropout_prob
+  self.fused = true
+  local H = cfg.hidden_size
+  self:add("query", nn.Linear(H, H))
+  self:add("key", nn.Linear(H, H))
+  self:add("value", nn.Linear(H, H))
+end
+function BertSelfAttention:_layout(prefix, list)
+  local q, k, v = self.query, self.key, self.value
+  local function entry(mod, name)
+    for _, p in ipairs(mod._params) do if p.name == name then return p end end
+  end
+  local function add(mod, mname, pname, contiguous)
+    local e = entry(mod, pname)
+    e.contiguous = contiguous
+    list[#list + 1] = { name = prefix .. mname .. "." .. pname, entry = e, module = mod }
+  end
+  local std = q.__name == "Linear" and k.__name == "Linear" and v.__name == "Linear"
+  if not std then return Module._layout(self, prefix, list) end
+  add(q, "query", "weight", false); add(k, "key", "weight", true); add(v, "value", "weight", true)
+  add(q, "query", "bias", false); add(k, "key", "bias", true); add(v, "value", "bias", true)
+end
+function BertSelfAttention:_after_flatten()
+  local H = self.cfg.hidden_size
+  local q, k, v = self.query, self.key, self.value
+  local function adjacent(a, b, n)  -- b starts n elements after a (f32 or a half compute copy)
+    return ffi.cast("char*", b.data_) - ffi.cast("char*", a.data_) == n * C.bl_dtype_size(a.dtype_)
+  end
+  self._qkv = nil
+  if q.weight and adjacent(q.weight, k.weight, H * H) and adjacent(k.weight, v.weight, H * H)
+      and q.bias and adjacent(q.bias, k.bias, H) and adjacent(k.bias, v.bias, H) then
+    -- a [3H, H] / [3H] view starting at the query tensor (same storage)
+    local function fuse(t, n, shape)
+      local out = ffi.new("bl_tensor*[1]")
+      local nd = #shape
+      local sh = ffi.new("int64_t[2]", shape[1], shape[2] or 0)
+      local st = ffi.new("int64_t[2]", nd == 2 and shape[2] or 1, 1)
+      check(C.bl_tensor_as_strided(t, nd, sh, st, t.offset_, out))
+      return bl.wrap(out[0])
+    end
+    self._qkv = {
+      w = fuse(q.weight, 3 * H * H, { 3 * H, H }), b = fuse(q.bias, 3 * H, { 3 * H }),
+      gw = fuse(q.grad_weight, 3 * H * H, { 3 * H, H }), gb = fuse(q.grad_bias, 3 * H, { 3 * H }),
+    }
+  end
+end
+function BertSelfAttention:forward(x, mask)
+  local B, S, H = x:size(1), x:size(2), x:size(3)
+  local q, k, v
+  if self.fused and self._qkv then
+    local qkv = buf(self, "qkv", { B, S, 3 * H })
+    check(C.bl_linear_forward(qkv, x, self._qkv.w, self._qkv.b))
+    if self._qkv_src ~= qkv then
+      self._q, self._k, self._v = qkv:narrow(3, 1, H), qkv:narrow(3, H + 1, H), qkv:narrow(3, 2 * H + 1, H)
+      self._qkv_src = qkv
+    end
+    q, k, v = self._q, self._k, self._v
+    self._used_fused = true
+  else
+    q, k, v = self.query:forward(x), self.key:forward(x), self.value:forward(x)
+    self._q, self._k, self._v, self._qkv_src = q, k, v, nil
+    self._used_fused = false
+  end
+  local ctx = buf(self, "output", { B, S, H })
+  -- what backward needs: the probabilities [B,heads,S,S] on the CPU (self.probs),
+  -- the row logsumexp [B,heads,S] on a GPU (self.lse); see bl_attention_saved_shape
+  local saved
+  if self.device then
+    local sh = ffi.new("int64_t[4]")
+    local nd = C.bl_attention_saved_shape(self.device, B, S, self.heads, sh)
+    local shape = {}
+    for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
+    saved = buf(self, "lse", shape, "f32")
+  else
+    saved = buf(self, "probs", { B, self.heads, S, S }, "f32")
+  end
+  self._saved, self._mask = saved, mask
+  local p, seed, off = draw(self, self.p, B * self.heads * S * S)
+  self._drop = { p, seed, off }
+  check(C.bl_attention_forward_saved(ctx, saved, q, k, v, mask, self.heads, 0, p, seed, off))
+  return ctx
+end
+function BertSelfAttention:backward(x, dctx)
+  local B, S, H = x:size(1), x:size(2), x:size(3)
+  local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
+  local dx = buf(self, "grad_input", { B, S, H })
+  if self._used_fused then
+    local dqkv = buf(self, "grad_qkv", { B, S, 3 * H })
+    if self._dqkv_src ~= dqkv then
+      self._dq, self._dk, self._dv = dqkv:narrow(3, 1, H), dqkv:narrow(3, H + 1, H), dqkv:narrow(3, 2 * H + 1, H)
+      self._dqkv_src = dqkv
+    end
+    check(C.bl_attention_backward_saved(self._dq, self._dk, self._dv, dctx, self._q, self._k, self._v, self.output,
+      self._saved, self._mask, self.heads, 0, p, seed, off))
+    check(C.bl_linear_backward(dx, self._qkv.gw, self._qkv.gb, dqkv, x, self._qkv.w, 0))
+  else
+    local dq, dk, dv = buf(self, "grad_q", { B, S, H }), buf(self, "grad_k", { B, S, H }), buf(self, "grad_v", { B, S, H })
+    check(C.bl_attention_backward_saved(dq, dk, dv, dctx, self._q, self._k, self._v, self.output, self._saved,
+      self._mask, self.heads, 0, p, seed, off))
+    check(C.bl_linear_backward(dx, self.query.grad_weight, self.query.grad_bias, dq, x, self.query.weight, 0))
+    check(C.bl_linear_backward(dx, self.key.grad_weight, self.key.grad_bias, dk, x, self.key.weight, 1))
+    check(C.bl_linear_backward(dx, self.value.grad_weight, self.value.grad_bias, dv, x, self.value.weight, 1))
+  end
+  return dx
+end
+
+-- dense + dropout + residual + LayerNorm (BertSelfOutput and BertOutput):
+-- y = LN(dropout(dense(h)) + residual) with the fused residual_layernorm op.
+local BertOutput = class("BertOutput")
+function BertOutput:__init(cfg, in_features)
+  Module.__init(self)
+  self.cfg = cfg
+  self.p = cfg.hidden_dropout_prob
+  self:add("dense", nn.Linear(in_features or cfg.intermediate_size, cfg.hidden_size))
+  self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
+end
+function BertOutput:forward(h, residual)
+  local d = self.dense:forward(h)
+  local y = buf(self, "output", residual:shape())
+  local rows = residual:numel() / self.cfg.hidden_size
+  local mean, rstd = buf(self, "mean", { rows }, "f32"), buf(self, "rstd", { rows }, "f32")
+  local p, seed, off = draw(self, self.p, d:numel())
+  self._drop = { p, seed, off }
+  local ln = self.LayerNorm
+  check(C.bl_residual_layernorm_forward(y, mean, rstd, d, residual, ln.weight, ln.bias, ln.eps, p, seed, off))
+  return y
+end
+-- returns dh, dresidual
+function BertOutput:backward(h, residual, dy)
+  local d = self.dense.output
+  local dd, dres = buf(self, "grad_dense", d:shape()), buf(self, "grad_residual", residual:shape())
+  local ln = self.LayerNorm
+  local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
+  check(C.bl_residual_layernorm_backward(dd, dres, ln.grad_weight, ln.grad_bias, dy, d, residual, ln.weight,
+    self.mean, self.rstd, p, seed, off))
+  return self.dense:backward(h, dd), dres
+end
+local BertSelfOutput = class("BertSelfOutput", BertOutput)
+function BertSelfOutput:__init(cfg) BertOutput.__init(self, cfg, cfg.hidden_size) end
+
+local BertAttention = class("BertAttention")
+function BertAttention:__init(cfg)
+  Module.__init(self)
+  self:add("self", nn.BertSelfAttention(cfg))
+  self:add("output", nn.BertSelfOutput(cfg))
+end
+function BertAttention:forward(x, mask)
+  return self.output:forward(self.self:forward(x, mask), x)
+end
+function BertAttention:backward(x, dy)
+  local dctx, dres = self.output:backward(self.self.output, x, dy)
+  local dx = self.self:backward(x, dctx)
+  return nn.add_(dx, dres)
+end
+
+-- dense + activation; the dense bias is fused into GELU when the activation allows it
+local BertIntermediate = class("BertIntermediate")
+function BertIntermediate:__init(cfg)
+  Module.__init(self)
+  self:add("dense", nn.Linear(cfg.hidden_size, cfg.intermediate_size))
+  self:add("intermediate_act_fn", nn.activation(cfg.hidden_act))
+end
+function BertIntermediate:forward(x)
+  local act, dense = self.intermediate_act_fn, self.dense
+  self._fused = act.fuses_bias and dense.bias ~= nil
+  if self._fused then
+    local lin = buf(self, "pre", nn.with_last(x, dense.out_features))
+    check(C.bl_linear_forward(lin, x, dense.weight, nil))
+    self.output = act:forward_bias(lin, dense.bias)
+  else
+    self.output = act:forward(dense:forward(x))
+  end
+  return self.output
+end
+function BertIntermediate:backward(x, dy)
+  local act, dense = self.intermediate_act_fn, self.dense
+  if self._fused then
+    local dpre = act:backward_bias(self.pre, dense.bias, dy, dense.grad_bias)
+    local dx = buf(self, "grad_input", x:shape())
+    check(C.bl_linear_backward(dx, dense.grad_weight, nil, dpre, x, dense.weight, 0))
+    return dx
+  end
+  return dense:backward(x, act:backward(dense.output, dy))
+end
+
+local BertLayer = class("BertLayer")
+function BertLayer:__init(cfg)
+  Module.__init(self)
+  self:add("attention", nn.BertAttention(cfg))
+  self:add("intermediate", nn.BertIntermediate(cfg))
+  self:add("output", nn.BertOutput(cfg))
+end
+function BertLayer:forward(x, mask)
+  local a = self.attention:forward(x, mask)
+  local i = self.intermediate:forward(a)
+  return self.output:forward(i, a)
+end
+function BertLayer:backward(x, dy)
+  local a = self.attention.output.output
+  local di, dres = self.output:backward(self.intermediate.output, a, dy)
+  local da = self.intermediate:backward(a, di)
+  nn.add_(da, dres)
+  return self.attention:backward(x, da)
+end
+
+-- the stack of layers; any module with forward(x, mask)/backward(x, dy) can be a layer
+local BertEncoder = class("BertEncoder")
+function BertEncoder:__init(cfg)
+  Module.__init(self)
+  self.cfg = cfg
+  self.layer = {}
+  for i = 1, cfg.num_hidden_layers do self.layer[i] = nn.BertLayer(cfg) end
+  self:_rename()
+end
+function BertEncoder:_rename()
+  self._children = {}
+  for i, l in ipairs(self.layer) do self._children[i] = { name = "layer." .. (i - 1), module = l } end
+end
+-- insert(pos, layer): layer becomes layer number pos (1-based); call flatten() on the root afterwards
+function BertEncoder:insert(pos, layer)
+  table.insert(self.layer, pos, layer)
+  self:_rename()
+  return layer
+end
+function BertEncoder:remove(pos)
+  local l = table.remove(self.layer, pos)
+  self:_rename()
+  return l
+end
+function BertEncoder:forward(x, mask)
+  local hs = { x }
+  for i, l in ipairs(self.layer) do
+    x = l:forward(x, mask)
+    hs[i + 1] = x
+  end
+  self.hidden_states = hs
+  return x
+end
+function BertEncoder:backward(x, dy)
+  local hs = self.hidden_states
+  for i = #self.layer, 1, -1 do dy = self.layer[i]:backward(hs[i], dy) end
+  return dy
+end
+
+local BertPooler = class("BertPooler")
+function BertPooler:__init(cfg)
+  Module.__init(self)
+  self:add("dense", nn.Linear(cfg.hidden_size, cfg.hidden_size))
+  self:add("activation", nn.Tanh())
+end
+function BertPooler:forward(seq)
+  self._cls = seq:select(2, 1)  -- [B, H] view of the [CLS] rows
+  self.output = self.activation:forward(self.dense:forward(self._cls))
+  return self.output
+end
+-- backward(seq, dy, dseq): ADDS the gradient into dseq's [CLS] rows
+function BertPooler:backward(seq, dy, dseq)
+  local dpre = self.activation:backward(self.dense.output, dy)
+  local d = self.dense
+  check(C.bl_linear_backward(dseq:select(2, 1), d.grad_weight, d.grad_bias, dpre, self._cls, d.weight, 1))
+  return dseq
+end
+
+-- BertModel --------------------------------------------------------------------------------
+local BertModel = class("BertModel")
+M.BertModel_class = BertModel
+local function resolve_cfg(cfg)
+  if type(cfg) == "string" then return config.preset(cfg) end
+  if type(cfg) == "table" and cfg._validated then return cfg end
+  cfg = config.new(cfg)
+  cfg._validated = true
+  return cfg
+end
+function BertModel:__init(cfg, opts)
+  Module.__init(self)
+  opts = opts or {}
+  cfg = resolve_cfg(cfg)
+  self.cfg = cfg
+  self.initializer_range = cfg.initializer_range
+  self:add("embeddings", nn.BertEmbeddings(cfg))
+  self:add("encoder", nn.BertEncoder(cfg))
+  if opts.pooler ~= false then self:add("pooler", nn.BertPooler(cfg)) end
+  if opts.flatten ~= false then self:flatten{ seed = opts.seed or 0 } end
+end
+-- forward{input_ids=, token_type_ids=, attention_mask=} ->
+-- { last_hidden_state [B,S,H], pooler_output [B,H] (nil without pooler),
+--   hidden_states = { embeddings, layer 1, ..., layer L } }
+function BertModel:forward(batch)
+  local ids = as_ids(batch.input_ids, "input_ids")
+  if not ids or ids:dim() ~= 2 then error("BertModel: input_ids must be a [batch, seq] tensor", 2) end
+  local types = as_ids(batch.token_type_ids, "token_type_ids")
+  local mask = batch.attention_mask
+  if mask ~= nil and not bl.is_tensor(mask) then mask = bl.from(mask, { dtype = "f32" }) end
+  local function same(t, what)
+    if t and (t:dim() ~= 2 or t:size(1) ~= ids:size(1) or t:size(2) ~= ids:size(2)) then
+      error(("BertModel: %s %s does not match input_ids %s"):format(what, bl.shape_str(t:shape()),
+        bl.shape_str(ids:shape())), 3)
+    end
+  end
+  same(types, "token_type_ids"); same(mask, "attention_mask")
+  ids, types, mask = on_device(self, ids), on_device(self, types), on_device(self, mask)
+  self._ids, self._mask = ids, mask
+  local emb = self.embeddings:forward(ids, types)
+  local seq = self.encoder:forward(emb, mask)
+  local pooled = self.pooler and self.pooler:forward(seq) or nil
+  return { last_hidden_state = seq, pooler_output = pooled, hidden_states = self.encoder.hidden_states }
+end
+-- backward(dseq, dpooled): dseq [B,S,H] or nil (zeros), dpooled [B,H] or nil.
+-- dseq is modified in place when given (the pooler adds into its [CLS] rows).
+function BertModel:backward(dseq, dpooled)
+  local hs = self.encoder.hidden_states
+  local seq = hs[#hs]
+  if not dseq then
+    dseq = buf(self, "grad_seq", seq:shape())
+    dseq:zero_()
+  end
+  if dpooled then
+    if not self.pooler then error("BertModel:backward: gradient for pooler_output but the model has no pooler", 2) end
+    self.pooler:backward(seq, dpooled, dseq)
+  end
+  local demb = self.encoder:backward(hs[1], dseq)
+  self.embeddings:backward(self._ids, demb)
+end
+function M.BertModel(cfg, opts) return BertModel(cfg, opts) end
+
+M.resolve_cfg = resolve_cfg
+M.as_ids = as_ids
+
+return M

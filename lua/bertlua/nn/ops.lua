@@ -1,0 +1,214 @@
+-- bertlua.nn.ops: thin Lua wrappers over the C op library (src/bl_ops.h).
+--
+-- Each forward allocates its outputs (or writes into `out` when given, so
+-- modules can reuse buffers) and returns them; each backward returns the
+-- input gradients. Parameter gradients are passed in by the caller and
+-- ACCUMULATE (+=), like the C API: zero them once per optimizer step.
+-- Shapes follow PyTorch / Hugging Face: linear weights are [out, in],
+-- attention works on [B, S, H] with a head count, masks are 1 = keep.
+-- Dropout takes (p, seed, offset) — draw `offset` from a bertlua Generator
+-- (`g:advance(numel)`) so forward and backward see the same mask.
+local core = require "bertlua.core"
+local bl = require "bertlua.tensor"
+local C, ffi, check = core.C, core.ffi, core.check
+
+local M = {}
+local i64box = ffi.typeof("int64_t[1]")
+
+local function shape_with_last(t, last)
+  local s = t:shape()
+  s[#s] = last
+  return s
+end
+
+local function f32_like(t) return bl.empty(t:shape(), { dtype = "f32", device = t:device() }) end
+local function like(t) return bl.empty(t:shape(), { dtype = t:dtype(), device = t:device() }) end
+local function rows(t) return t:numel() / t:size(-1) end
+
+-- linear -------------------------------------------------------------------
+-- y = x W^T + b; x [..., in], w [out, in], b [out] or nil.
+function M.linear(x, w, b, out)
+  out = out or bl.empty(shape_with_last(x, w:size(1)), { dtype = x:dtype(), device = x:device() })
+  check(C.bl_linear_forward(out, x, w, b))
+  return out
+end
+
+-- Returns dx (nil when opts.dx == false). opts: dw, db (tensors, +=),
+-- dx (a tensor to write into), accumulate (add into opts.dx).
+function M.linear_backward(dy, x, w, opts)
+  opts = opts or {}
+  local dx = opts.dx
+  if dx == nil or dx == true then dx = like(x) elseif dx == false then dx = nil end
+  check(C.bl_linear_backward(dx, opts.dw, opts.db, dy, x, w, opts.accumulate and 1 or 0))
+  return dx
+end
+
+-- embedding / gather ---------------------------------------------------------
+-- out[..., :] = table[ids[...], :]; accumulate adds into `out` (embedding sums).
+function M.embedding(tbl, ids, out, accumulate)
+  if not out then
+    local s = ids:shape()
+    s[#s + 1] = tbl:size(2)
+    out = bl.empty(s, { dtype = tbl:dtype(), device = tbl:device() })
+  end
+  check(C.bl_embedding_forward(out, tbl, ids, accumulate and 1 or 0))
+  return out
+end
+function M.embedding_backward(dtable, dout, ids)
+  check(C.bl_embedding_backward(dtable, dout, ids))
+  return dtable
+end
+
+-- out[j, :] = x viewed as [rows, H] at flat row pos[j] (0-based, as stored in data files).
+function M.gather(x, pos, out)
+  out = out or bl.empty({ pos:numel(), x:size(-1) }, { dtype = x:dtype(), device = x:device() })
+  check(C.bl_gather_forward(out, x, pos))
+  return out
+end
+-- dx[pos[j], :] += dout[j, :] (accumulates: zero dx first).
+function M.gather_backward(dx, dout, pos)
+  check(C.bl_gather_backward(dx, dout, pos))
+  return dx
+end
+
+-- layernorm ------------------------------------------------------------------
+-- Returns y, mean, rstd (mean/rstd [rows] f32 are what backward needs).
+function M.layernorm(x, gamma, beta, eps, out)
+  out = out or like(x)
+  local n = rows(x)
+  local mean, rstd = bl.empty({ n }, { device = x:device() }), bl.empty({ n }, { device = x:device() })
+  check(C.bl_layernorm_forward(out, mean, rstd, x, gamma, beta, eps or 1e-12))
+  return out, mean, rstd
+end
+function M.layernorm_backward(dy, x, gamma, mean, rstd, dgamma, dbeta, dx)
+  dx = dx or like(x)
+  check(C.bl_layernorm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd))
+  return dx
+end
+
+-- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out.
+function M.residual_layernorm(x, residual, gamma, beta, opts)
+  opts = opts or {}
+  local out = opts.out or like(x)
+  local n = rows(x)
+  local mean, rstd = bl.empty({ n }, { device = x:device() }), bl.empty({ n }, { device = x:device() })
+  check(C.bl_residual_layernorm_forward(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
+    opts.p or 0, opts.seed or 0, opts.offset or 0))
+  return out, mean, rstd
+end
+-- Returns dx, dresidual. opts: dgamma, dbeta (+=), p, seed, offset (as in forward).
+function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
+  opts = opts or {}
+  local dx, dres = like(x), like(x)
+  check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, dy, x, residual, gamma, mean,
+    rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  return dx, dres
+end
+
+-- activations ------------------------------------------------------------------
+function M.gelu(x, out) out = out or like(x); check(C.bl_gelu_forward(out, x)); return out end
+function M.gelu_backward(dy, x, dx) dx = dx or like(x); check(C.bl_gelu_backward(dx, dy, x)); return dx end
+-- gelu(x + b): pass the linear output without bias; db accumulates when given.
+function M.bias_gelu(x, b, out) out = out or like(x); check(C.bl_bias_gelu_forward(out, x, b)); return out end
+function M.bias_gelu_backward(dy, x, b, db, dx)
+  dx = dx or like(x)
+  check(C.bl_bias_gelu_backward(dx, db, dy, x, b))
+  return dx
+end
+function M.tanh(x, out) out = out or like(x); check(C.bl_tanh_forward(out, x)); return out end
+-- tanh backward from the forward OUTPUT y.
+function M.tanh_backward(dy, y, dx) dx = dx or like(y); check(C.bl_tanh_backward(dx, dy, y)); return dx end
+
+-- dropout ------------------------------------------------------------------------
+-- Returns y and, when want_mask, the u8 keep mask.
+function M.dropout(x, p, seed, offset, want_mask)
+  local out = like(x)
+  local mask = want_mask and bl.empty(x:shape(), { dtype = "u8", device = x:device() }) or nil
+  check(C.bl_dropout_forward(out, mask, x, p, seed or 0, offset or 0))
+  return out, mask
+end
+-- Mask from `mask` when given, else regenerated from (seed, offset).
+function M.dropout_backward(dy, p, seed, offset, mask)
+  local dx = like(dy)
+  check(C.bl_dropout_backward(dx, dy, mask, p, seed or 0, offset or 0))
+  return dx
+end
+
+-- softmax ------------------------------------------------------------------------
+-- softmax(x + mask) over the last dim; mask additive and broadcast (or nil).
+function M.softmax(x, mask, out) out = out or like(x); check(C.bl_softmax_forward(out, x, mask)); return out end
+function M.softmax_backward(dy, y, dx) dx = dx or like(y); check(C.bl_softmax_backward(dx, dy, y)); return dx end
+
+-- attention ------------------------------------------------------------------------
+-- q, k, v [B, S, H] (column slices of a fused QKV output are fine), key_mask
+-- [B, S] 1 = keep (or nil). opts: p, seed, offset, scale (default 1/sqrt(d)),
+-- out, probs (reusable buffers). Returns ctx [B, S, H] and what backward
+-- needs: on the CPU the probabilities [B, heads, S, S], on a GPU the row
+-- logsumexp [B, heads, S] (bl_attention_forward_saved in bl_ops.h).
+local i64x4 = ffi.typeof("int64_t[4]")
+function M.attention(q, k, v, key_mask, heads, opts)
+  opts = opts or {}
+  local ctx = opts.out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
+  local probs = opts.probs
+  if not probs then
+    local sh = i64x4()
+    local nd = C.bl_attention_saved_shape(q.device_, q:size(1), q:size(2), heads, sh)
+    local shape = {}
+    for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
+    probs = bl.empty(shape, { dtype = "f32", device = q:device() })
+  end
+  check(C.bl_attention_forward_saved(ctx, probs, q, k, v, key_mask, heads, opts.scale or 0, opts.p or 0,
+    opts.seed or 0, opts.offset or 0))
+  return ctx, probs
+end
+-- Returns dq, dk, dv (or writes opts.dq/dk/dv, e.g. slices of one dQKV buffer).
+-- On a GPU, opts.ctx (the forward's output) and opts.key_mask (the forward's
+-- mask) are required too: the kernel recomputes the probabilities.
+function M.attention_backward(dctx, q, k, v, probs, heads, opts)
+  opts = opts or {}
+  local dq, dk, dv = opts.dq or like(q), opts.dk or like(k), opts.dv or like(v)
+  check(C.bl_attention_backward_saved(dq, dk, dv, dctx, q, k, v, opts.ctx, probs, opts.key_mask, heads,
+    opts.scale or 0, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  return dq, dk, dv
+end
+
+-- losses and metrics ------------------------------------------------------------------
+-- Returns loss (Lua number), dlogits (unless opts.grad == false), count.
+-- opts: ignore_index (-100, HF; NVIDIA data uses -1), grad_scale (1).
+function M.cross_entropy(logits, targets, opts)
+  opts = opts or {}
+  local loss = bl.empty({ 1 }, { dtype = "f64", device = logits:device() })
+  local dlogits = opts.grad ~= false and f32_like(logits) or nil
+  local cnt = i64box()
+  check(C.bl_cross_entropy(loss, dlogits, logits, targets, opts.ignore_index or -100,
+    opts.grad_scale or 1, cnt))
+  return loss:item(), dlogits, tonumber(cnt[0])
+end
+
+-- Returns loss (number) and dpred (unless opts.grad == false).
+function M.mse_loss(pred, target, opts)
+  opts = opts or {}
+  local loss = bl.empty({ 1 }, { dtype = "f64", device = pred:device() })
+  local dpred = opts.grad ~= false and f32_like(pred) or nil
+  check(C.bl_mse_loss(loss, dpred, pred, target, opts.grad_scale or 1))
+  return loss:item(), dpred
+end
+
+-- argmax over the last dim (0-based class ids, i64, shape without the last dim).
+function M.argmax(x)
+  local s = x:shape()
+  s[#s] = nil
+  if #s == 0 then s = { 1 } end
+  local out = bl.empty(s, { dtype = "i64", device = x:device() })
+  check(C.bl_argmax(out, x))
+  return out
+end
+
+-- Returns correct, count (targets equal to ignore_index, default -100, skipped).
+function M.accuracy(logits, targets, ignore_index)
+  local c, n = i64box(), i64box()
+  check(C.bl_accuracy(logits, targets, ignore_index or -100, c, n))
+  return tonumber(c[0]), tonumber(n[0])
+end
+
+return M

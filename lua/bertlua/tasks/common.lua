@@ -1,0 +1,79 @@
+-- bertlua.tasks.common: what the fine-tuning and inference recipes (squad, glue,
+-- predict) share besides the training loop (bertlua.train.loop): checking their
+-- inputs up front, so a missing vocab or predict file is reported before an
+-- hour of training rather than after it, and small output helpers (files and
+-- directories: bertlua.util.fs).
+--
+--   local ft = require "bertlua.tasks.common"
+--   local vocab = ft.model_dir("squad", opt.model, opt.vocab)  -- error unless config.json,
+--                                                               -- model.safetensors and a vocab exist
+--   ft.input_file("squad", opt.predict_file, "--predict-file")  -- error unless readable
+--   ft.write_json(path, tbl)                                    -- atomic
+--   ft.report_skipped("squad", "train", rep)                    -- one line with the reader's counts
+--
+-- Errors are raised with level 0 ("recipe: what was wrong") so the host
+-- prints one clear line.
+local M = {}
+
+local fs = require "bertlua.util.fs"
+local is_dir, readable = fs.is_dir, fs.readable
+
+-- model_dir(recipe, dir, vocab) -> vocab path. A model directory holds
+-- config.json + model.safetensors (Hugging Face names) and usually vocab.txt;
+-- vocab overrides the directory's vocab.txt.
+function M.model_dir(recipe, dir, vocab)
+  if not dir or dir == "" then error(recipe .. ": --model=DIR is required", 0) end
+  if not is_dir(dir) then
+    error(("%s: model directory %s does not exist"):format(recipe, dir), 0)
+  end
+  for _, f in ipairs({ "config.json", "model.safetensors" }) do
+    if not readable(dir .. "/" .. f) then
+      local hint = f == "model.safetensors" and readable(dir .. "/pytorch_model.bin")
+        and " (only pytorch_model.bin: save it with transformers' save_pretrained(dir, safe_serialization=True))" or ""
+      error(("%s: %s is not a model directory: no %s%s (expected config.json, model.safetensors, vocab.txt)")
+        :format(recipe, dir, f, hint), 0)
+    end
+  end
+  if vocab then
+    if not readable(vocab) then error(("%s: --vocab=%s cannot be read"):format(recipe, vocab), 0) end
+    return vocab
+  end
+  local v = dir .. "/vocab.txt"
+  if not readable(v) then
+    error(("%s: %s has no vocab.txt; give the vocabulary the model was trained with as --vocab=FILE"):format(recipe, dir), 0)
+  end
+  return v
+end
+
+-- input_file(recipe, path, flag): error unless path is a readable file
+-- (flag: the option, "--predict-file", or a description, "test data")
+function M.input_file(recipe, path, flag)
+  local is_opt = flag:sub(1, 2) == "--"
+  if not path or path == "" then error(("%s: %s is required"):format(recipe, is_opt and flag .. "=FILE" or flag), 0) end
+  local what = is_opt and (flag .. "=" .. path) or (flag .. " " .. path)
+  if is_dir(path) then error(("%s: %s is a directory, expected a file"):format(recipe, what), 0) end
+  if not readable(path) then error(("%s: %s cannot be read (no such file?)"):format(recipe, what), 0) end
+  return path
+end
+
+function M.write_json(path, tbl)
+  fs.write_atomic(path, require("cjson").encode(tbl))
+end
+
+-- report_skipped(recipe, what, rep): a one-line summary of a reader's report
+-- (the readers print each problem with its location as they go); returns rep.skipped
+function M.report_skipped(recipe, what, rep)
+  local skipped = rep.skipped or 0
+  if skipped > 0 then
+    io.stderr:write(("%s: %s: %d malformed or unusable entries skipped (listed above)\n"):format(recipe, what, skipped))
+  end
+  return skipped
+end
+
+-- stdout line-buffered, so a recipe's prints and the progress lines on stderr
+-- keep their order when both go to one log file
+function M.line_buffered()
+  io.stdout:setvbuf("line")
+end
+
+return M

@@ -1,0 +1,310 @@
+-- bertlua.train.amp: mixed precision. Dynamic loss scaling for fp16 training (bf16
+-- and fp32 need none: amp.NoScaler has the same interface and does nothing);
+-- the --precision option of the recipes (check_precision, round_weights); and
+-- MixedPrecision, the training step with f32 master weights that
+-- recipes/pretrain.lua and bertlua.train.loop (SQuAD, GLUE) share (further below).
+--
+--   local amp = require "bertlua.train.amp"
+--   local scaler = amp.scaler_for("fp16")          -- or amp.DynamicLossScaler{...}
+--   loss_grad_seed = scaler:scale()                -- multiply the loss gradient by this
+--   ... backward into the flat gradient buffer ...
+--   local found_inf = scaler:unscale_and_check(grads)   -- grads *= 1/scale, one fused pass
+--   if scaler:update(found_inf) then opt:step(lr) end   -- false: skip this step
+-- or, in one call that leaves the gradients scaled and folds 1/scale into
+-- the optimizer (one read pass less):
+--   local stepped, stats = scaler:step(opt, lr)
+--
+-- Policy (torch.cuda.amp.GradScaler / apex dynamic scaling): start at
+-- init_scale (2^16); any inf/NaN gradient skips the step and multiplies the
+-- scale by backoff_factor (0.5), never below min_scale (1); growth_interval
+-- (2000) consecutive clean steps multiply it by growth_factor (2), never
+-- above max_scale (2^24). max_consecutive_skips (10) skips in a row at the
+-- floor scale mean the gradients are NaN whatever the scale (a diverged model
+-- or a bug, not an overflow): update() raises an error then, so a job stops
+-- instead of skipping forever; the last checkpoint written stays the good one.
+local core = require "bertlua.core"
+local optim = require "bertlua.train.optim"
+local C, ffi = core.C, core.ffi
+local check = core.check
+
+local M = {}
+
+local intbox = ffi.typeof("int[1]")
+local dblbox = ffi.typeof("double[1]")
+
+local Scaler = {}
+Scaler.__index = Scaler
+
+local DEFAULTS = {
+  init_scale = 65536, growth_factor = 2, backoff_factor = 0.5, growth_interval = 2000,
+  min_scale = 1, max_scale = 2 ^ 24, max_consecutive_skips = 10,
+}
+
+function M.DynamicLossScaler(opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("amp.DynamicLossScaler: expects a table of options", 2) end
+  local cfg = {}
+  for k, v in pairs(DEFAULTS) do cfg[k] = v end
+  for k, v in pairs(opts) do
+    if DEFAULTS[k] == nil then
+      error("amp.DynamicLossScaler: unknown option '" .. tostring(k) .. "' (init_scale, growth_factor, "
+        .. "backoff_factor, growth_interval, min_scale, max_scale, max_consecutive_skips)", 2)
+    end
+    if type(v) ~= "number" or v ~= v then error("amp.DynamicLossScaler: " .. k .. " must be a number", 2) end
+    cfg[k] = v
+  end
+  local function bad(msg) error("amp.DynamicLossScaler: " .. msg, 3) end
+  if not (cfg.min_scale > 0) then bad("min_scale must be > 0") end
+  if not (cfg.max_scale >= cfg.min_scale) then bad("max_scale must be >= min_scale") end
+  if not (cfg.init_scale >= cfg.min_scale and cfg.init_scale <= cfg.max_scale) then
+    bad(("init_scale %g must be within [min_scale %g, max_scale %g]"):format(cfg.init_scale, cfg.min_scale, cfg.max_scale))
+  end
+  if not (cfg.growth_factor >= 1) then bad("growth_factor must be >= 1") end
+  if not (cfg.backoff_factor > 0 and cfg.backoff_factor < 1) then bad("backoff_factor must be in (0, 1)") end
+  if not (cfg.growth_interval >= 1) or cfg.growth_interval ~= math.floor(cfg.growth_interval) then
+    bad("growth_interval must be an integer >= 1")
+  end
+  if not (cfg.max_consecutive_skips >= 1) then bad("max_consecutive_skips must be >= 1") end
+  return setmetatable({
+    cfg = cfg, enabled = true,
+    loss_scale = cfg.init_scale,
+    growth_tracker = 0,        -- clean steps since the last change
+    floor_skips = 0,           -- consecutive skips at min_scale
+    skipped_steps = 0,         -- total skipped
+    steps = 0,                 -- total update() calls
+  }, Scaler)
+end
+
+function Scaler:scale() return self.loss_scale end
+
+-- unscale_and_check(grads): grads *= 1/scale in place; true when any
+-- gradient is inf/NaN (then the step must be skipped: call update()).
+function Scaler:unscale_and_check(grads)
+  local bad = intbox()
+  check(C.bl_unscale_check(grads, 1.0 / self.loss_scale, bad))
+  return bad[0] ~= 0
+end
+
+-- check(grads): true when any (still scaled) gradient is inf/NaN; also
+-- returns the norm of the UNscaled gradients (for clipping / logging).
+function Scaler:check(grads)
+  local n, bad = dblbox(), intbox()
+  check(C.bl_grad_global_norm(grads, n, bad))
+  return bad[0] ~= 0, n[0] / self.loss_scale
+end
+
+-- update(found_inf) -> true when the optimizer should step.
+function Scaler:update(found_inf)
+  local c = self.cfg
+  self.steps = self.steps + 1
+  if found_inf then
+    self.skipped_steps = self.skipped_steps + 1
+    self.growth_tracker = 0
+    if self.loss_scale <= c.min_scale then
+      self.floor_skips = self.floor_skips + 1
+      if self.floor_skips >= c.max_consecutive_skips then
+        error(("loss scaler: %d consecutive non-finite gradients at scale %g — stopping; "
+          .. "last good checkpoint is kept"):format(self.floor_skips, self.loss_scale), 2)
+      end
+    end
+    self.loss_scale = math.max(self.loss_scale * c.backoff_factor, c.min_scale)
+    return false
+  end
+  self.floor_skips = 0
+  self.growth_tracker = self.growth_tracker + 1
+  if self.growth_tracker >= c.growth_interval then
+    self.loss_scale = math.min(self.loss_scale * c.growth_factor, c.max_scale)
+    self.growth_tracker = 0
+  end
+  return true
+end
+
+-- step(opt, lr[, opts]) -> stepped (boolean), stats (from opt:step or nil).
+-- Checks the scaled gradients without writing them, then lets the optimizer
+-- read them with grad_scale = 1/scale (and the unscaled norm), so no
+-- separate unscale pass is needed. opts.grad_scale (e.g. 1/accumulation
+-- steps) multiplies in.
+function Scaler:step(opt, lr, opts)
+  local extra = opts and opts.grad_scale or 1.0
+  local found_inf, norm = self:check(opt.grads)
+  local s = self.loss_scale
+  if not self:update(found_inf) then return false, nil end
+  return true, opt:step(lr, { grad_scale = extra / s, grad_norm = norm * extra })
+end
+
+function Scaler:state_dict()
+  return {
+    loss_scale = self.loss_scale, growth_tracker = self.growth_tracker, floor_skips = self.floor_skips,
+    skipped_steps = self.skipped_steps, steps = self.steps,
+  }
+end
+
+function Scaler:load_state_dict(sd)
+  if type(sd) ~= "table" or type(sd.loss_scale) ~= "number" or not (sd.loss_scale > 0) then
+    error("amp.DynamicLossScaler:load_state_dict: expects a table from state_dict() with loss_scale > 0", 2)
+  end
+  self.loss_scale = sd.loss_scale
+  self.growth_tracker = sd.growth_tracker or 0
+  self.floor_skips = sd.floor_skips or 0
+  self.skipped_steps = sd.skipped_steps or 0
+  self.steps = sd.steps or 0
+  return self
+end
+
+-- NoScaler(): bf16 / fp32 training. Same interface; scale 1, never skips.
+local NoScaler = {}
+NoScaler.__index = NoScaler
+
+function M.NoScaler()
+  return setmetatable({ enabled = false, loss_scale = 1, skipped_steps = 0, steps = 0, growth_tracker = 0,
+    floor_skips = 0 }, NoScaler)
+end
+function NoScaler:scale() return 1 end
+function NoScaler:unscale_and_check(_) return false end
+function NoScaler:check(grads)
+  local norm = optim.global_norm(grads)
+  return false, norm
+end
+function NoScaler:update(_)
+  self.steps = self.steps + 1
+  return true
+end
+function NoScaler:step(opt, lr, opts)
+  self.steps = self.steps + 1
+  return true, opt:step(lr, opts)
+end
+NoScaler.state_dict = Scaler.state_dict
+function NoScaler:load_state_dict(sd)
+  if type(sd) == "table" then self.steps = sd.steps or self.steps end
+  return self
+end
+
+-- scaler_for(precision, opts): DynamicLossScaler for "fp16"/"f16"/"half",
+-- NoScaler for "bf16" and "fp32".
+function M.scaler_for(precision, opts)
+  if precision == "fp16" or precision == "f16" or precision == "half" or precision == "float16" then
+    return M.DynamicLossScaler(opts)
+  elseif precision == "bf16" or precision == "bfloat16" or precision == "fp32" or precision == "f32"
+    or precision == "float32" then
+    return M.NoScaler()
+  end
+  error("amp.scaler_for: unknown precision '" .. tostring(precision) .. "' (fp16, bf16, fp32)", 2)
+end
+
+-- Precision of a run: the --precision option every training and inference
+-- recipe takes (pretrain, squad, glue, predict).
+--   fp32  f32 everywhere.
+--   tf32  on a GPU, f32 GEMMs on TF32 tensor cores (10-bit mantissa inputs, f32
+--         accumulate); on the CPU there is no TF32 unit: the same as fp32.
+--   bf16  weights and gradients stored as bf16; f32 master weights and
+--         optimizer state; no loss scaling (bf16 has f32's exponent range).
+--   fp16  weights and gradients stored as f16; f32 master weights; dynamic
+--         loss scaling (DynamicLossScaler above): an overflowing step is
+--         skipped and the scale backs off.
+-- On the CPU half-precision storage is emulated (MixedPrecision below): the
+-- weights the forward and backward passes read and the gradients they write
+-- are rounded to bf16/f16 while activations stay f32, so the rounding,
+-- overflow and underflow of half-precision weights and gradients happen as on
+-- a GPU, and the loss scaler is exercised for real.
+M.PRECISIONS = { "fp32", "tf32", "bf16", "fp16" }
+local HALF = { fp32 = false, tf32 = false, bf16 = "bf16", fp16 = "f16" }
+
+-- check_precision(recipe, p) -> p, or an error "recipe: --precision must be ..."
+-- raised at level 0 (one clear line from the host).
+function M.check_precision(recipe, p)
+  if HALF[p] == nil then
+    error(("%s: --precision must be fp32, tf32, bf16 or fp16, got %s"):format(recipe, tostring(p)), 0)
+  end
+  return p
+end
+
+-- storage_dtype(p) -> "bf16", "f16", or nil for the f32 precisions
+function M.storage_dtype(p)
+  M.check_precision("amp.storage_dtype", p)
+  return HALF[p] or nil
+end
+
+-- round_(t, dtype[, buf]): t's values rounded to dtype (round to nearest even)
+-- in place; buf, a tensor of dtype and t's shape, avoids a temporary.
+function M.round_(t, dtype, buf)
+  if not dtype then return t end
+  if buf then buf:copy_(t); t:copy_(buf)
+  else
+    local h = t:to(dtype)
+    t:copy_(h)
+    h:free()
+  end
+  return t
+end
+
+-- round_weights(model, p): inference in precision p: the model's parameters
+-- rounded to bf16/f16 once, in place (no-op for fp32/tf32). Returns the dtype or nil.
+function M.round_weights(model, p)
+  local dt = M.storage_dtype(p)
+  if dt then M.round_(model.flat_params, dt) end
+  return dt
+end
+
+-- MixedPrecision{model=, precision=, scaler=opts}: one training step in
+-- precision p with f32 master weights, shared by recipes/pretrain.lua and
+-- bertlua.train.loop (SQuAD, GLUE):
+--
+--   local mp = amp.MixedPrecision{ model = model, precision = "fp16" }
+--   model:zero_grad()
+--   mp:begin_step()                  -- master <- params; params <- round(params)
+--   ... forward; model:backward(mp:scale() / accum) ...
+--   mp:end_backward()                -- grads <- round(grads); params <- master
+--   ... all-reduce the gradients across ranks, if any ...
+--   local stepped, stats = mp:step(opt, lr)   -- fp16: false when skipped
+--
+-- For fp32/tf32 every call but step is a no-op and step is opt:step(lr), so
+-- an fp32 run is bitwise what it was without this object. For bf16/fp16 the
+-- optimizer updates the f32 master copy: updates smaller than half a unit in
+-- the last place of a bf16 weight (lr 3e-5 on a weight of 0.05 is) still
+-- accumulate, as with a GPU's f32 master weights. Memory: one f32 copy and
+-- one half copy of the parameters.
+local MP = {}
+MP.__index = MP
+
+function M.MixedPrecision(o)
+  if type(o) ~= "table" or not o.model or not o.model.flat_params then
+    error("amp.MixedPrecision: expects {model = <flattened module>, precision = ...}", 2)
+  end
+  local p = o.precision or "fp32"
+  if HALF[p] == nil then
+    error("amp.MixedPrecision: unknown precision '" .. tostring(p) .. "' (fp32, tf32, bf16, fp16)", 2)
+  end
+  local self = setmetatable({ model = o.model, precision = p, dtype = HALF[p] or nil }, MP)
+  self.scaler = p == "fp16" and M.DynamicLossScaler(o.scaler) or M.NoScaler()
+  if self.dtype then
+    local fp = o.model.flat_params
+    self.master = fp:clone()
+    self.half = fp:empty_like({ dtype = self.dtype })
+  end
+  return self
+end
+
+function MP:scale() return self.scaler:scale() end
+
+function MP:begin_step()
+  if not self.dtype then return end
+  local fp = self.model.flat_params
+  self.master:copy_(fp)
+  M.round_(fp, self.dtype, self.half)
+end
+
+function MP:end_backward()
+  if not self.dtype then return end
+  M.round_(self.model.flat_grads, self.dtype, self.half)
+  self.model.flat_params:copy_(self.master)
+end
+
+-- fp16: the dynamic scaler's checked step; otherwise NoScaler's plain opt:step
+function MP:step(opt, lr, opts) return self.scaler:step(opt, lr, opts) end
+
+function MP:state_dict() return self.scaler:state_dict() end
+function MP:load_state_dict(sd) self.scaler:load_state_dict(sd); return self end
+
+M.Scaler = Scaler
+M.NoScaler_class = NoScaler
+return M

@@ -1,0 +1,122 @@
+-- bertlua.train.checkpoint: training checkpoints that survive crashes.
+--
+--   local ckpt = require "bertlua.train.checkpoint"
+--   ckpt.save("runs/x/checkpoints", {
+--     step = 100, model = model,                          -- weights, HF names (model.safetensors)
+--     tensors = { ["optimizer.exp_avg"] = m, ... },         -- optimizer state etc. (state.safetensors)
+--     state = { phase = 1, rng = ..., loader = ..., scaler = ..., optimizer = {...} },  -- JSON
+--     identity = { model_config = cfg, optimizer = "lamb", data_slices = 2 },          -- must match on load
+--   }, { keep = 3 })
+--   local path = ckpt.latest("runs/x/checkpoints")       -- newest COMPLETE checkpoint or nil
+--   local c = ckpt.load(path, { model = model, identity = {...} })  -- c.step, c.state, c.tensors
+--
+-- Layout: DIR/ckpt-00000100/{model.safetensors, state.safetensors, state.json}.
+-- A checkpoint is written into DIR/.tmp-ckpt-00000100-PID/ (every file fsynced
+-- through bl_file_commit), state.json last, and the directory is then renamed
+-- into place: a crash at any point leaves either no checkpoint or a hidden
+-- .tmp directory that latest() ignores and the next save removes. Only rank 0
+-- should call save(). JSON keeps 14 significant digits: bulk numbers and
+-- anything that must round-trip bit-exactly (RNG states, moments) go in the
+-- safetensors files or as integers.
+local cjson = require "cjson"
+local st = require "bertlua.io.safetensors"
+local fs = require "bertlua.util.fs"
+
+local M = {}
+M.FORMAT = 1
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local exists = fs.exists
+
+function M.name(step) return ("ckpt-%08d"):format(step) end
+
+-- Complete checkpoints in dir, oldest first: { {step=, path=}, ... }
+function M.list(dir)
+  local r = {}
+  for _, e in ipairs(fs.is_dir(dir) and fs.list_dir(dir, nil, "dirs") or {}) do
+    local step = e:match("^ckpt%-(%d+)$")
+    if step and exists(dir .. "/" .. e .. "/state.json") then
+      r[#r + 1] = { step = tonumber(step), path = dir .. "/" .. e }
+    end
+  end
+  table.sort(r, function(a, b) return a.step < b.step end)
+  return r
+end
+
+function M.latest(dir)
+  local l = M.list(dir)
+  return l[#l] and l[#l].path or nil
+end
+
+function M.save(dir, c, opts)
+  opts = opts or {}
+  if type(c.step) ~= "number" then error("checkpoint.save: step must be a number", 2) end
+  fs.mkdir_p(dir)
+  -- leftovers of interrupted saves
+  for _, e in ipairs(fs.list_dir(dir, nil, "hidden")) do
+    if e:match("^%.tmp%-ckpt%-") then os.execute("rm -rf " .. q(dir .. "/" .. e)) end
+  end
+  local final = dir .. "/" .. M.name(c.step)
+  local tmp = ("%s/.tmp-%s-%d"):format(dir, M.name(c.step), math.random(1, 1e9))
+  fs.mkdir_p(tmp)
+  if c.model then st.save_model(c.model, tmp .. "/model.safetensors") end
+  if c.tensors and next(c.tensors) then st.save(tmp .. "/state.safetensors", c.tensors) end
+  local meta = { format = M.FORMAT, step = c.step, state = c.state or {}, identity = c.identity or {},
+    time = os.time() }
+  fs.write_atomic(tmp .. "/state.json", cjson.encode(meta))
+  if exists(final .. "/state.json") then os.execute("rm -rf " .. q(final)) end
+  local ok, err = os.rename(tmp, final)
+  if not ok then error("checkpoint.save: cannot move " .. tmp .. " to " .. final .. ": " .. tostring(err), 2) end
+  local keep = opts.keep or 3
+  local all = M.list(dir)
+  for i = 1, #all - keep do os.execute("rm -rf " .. q(all[i].path)) end
+  return final
+end
+
+-- identity fields that must match between the run and the checkpoint; every
+-- mismatch is named, in sorted order (pairs() order varies between runs)
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks, function(a, b) return tostring(a) < tostring(b) end)
+  return ks
+end
+
+local function compare(path, want, have)
+  local diffs = {}
+  for _, k in ipairs(sorted_keys(want or {})) do
+    local v, h = want[k], have[k]
+    if type(v) == "table" and type(h) == "table" then
+      for _, kk in ipairs(sorted_keys(v)) do
+        local vv = v[kk]
+        if h[kk] ~= nil and vv ~= h[kk] and type(vv) ~= "table" then
+          diffs[#diffs + 1] = ("a different %s: %s = %s there, %s now"):format(k, kk, tostring(h[kk]), tostring(vv))
+        end
+      end
+    elseif h ~= nil and v ~= h then
+      diffs[#diffs + 1] = ("%s = %s, this run has %s"):format(k, tostring(h), tostring(v))
+    end
+  end
+  if #diffs > 0 then
+    error(("checkpoint %s was made with %s"):format(path, table.concat(diffs, "; ")), 0)
+  end
+end
+
+function M.load(path, opts)
+  opts = opts or {}
+  local text, err = fs.read(path .. "/state.json")
+  if not text then error("checkpoint: " .. path .. " is not a complete checkpoint (no state.json: " .. tostring(err) .. ")", 2) end
+  local ok, meta = pcall(cjson.decode, text)
+  if not ok or type(meta) ~= "table" then error("checkpoint: " .. path .. "/state.json is not valid JSON", 2) end
+  if meta.format ~= M.FORMAT then
+    error(("checkpoint: %s has format %s, this bertlua reads format %d"):format(path, tostring(meta.format), M.FORMAT), 2)
+  end
+  compare(path, opts.identity, meta.identity or {})
+  if opts.model then st.load_model(opts.model, path .. "/model.safetensors", { strict = opts.strict }) end
+  local tensors = {}
+  if exists(path .. "/state.safetensors") then tensors = st.load(path .. "/state.safetensors") end
+  return { step = meta.step, state = meta.state, identity = meta.identity, tensors = tensors, path = path }
+end
+
+return M

@@ -1,0 +1,127 @@
+-- bertlua.train.loop: the fine-tuning loop shared by recipes/squad.lua and
+-- recipes/glue.lua — AdamW (no decay on biases/LayerNorm), linear warmup and
+-- decay, gradient accumulation, a shuffled epoch order from the seed, progress
+-- and JSON-lines logging; plus batched evaluation with latency percentiles.
+--
+--   local trainer = require "bertlua.train.loop"
+--   trainer.fit{ model = m, n = #features, batch = 32, micro_batch = 8, epochs = 2, lr = 3e-5,
+--                warmup = 0.1, make_batch = function(indices) return batch_table end, log_path = ...,
+--                precision = "fp32" }   -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision, as pre-training
+--   local stats = trainer.predict{ model = m, n = #features, batch = 32,
+--                                  make_batch = function(indices) ... end, consume = function(indices, out) ... end }
+local bl = require "bertlua"
+local optim = require "bertlua.train.optim"
+local schedule = require "bertlua.train.schedule"
+local logm = require "bertlua.util.log"
+local syn = require "bertlua.data.synthetic"
+local amp = require "bertlua.train.amp"
+
+local M = {}
+
+function M.fit(o)
+  local micro = (o.micro_batch and o.micro_batch > 0) and o.micro_batch or o.batch
+  if o.batch % micro ~= 0 then error("trainer: batch must be a multiple of micro_batch", 2) end
+  local accum = o.batch / micro
+  local steps_per_epoch = math.floor(o.n / o.batch)
+  if steps_per_epoch == 0 then error(("trainer: %d training examples are fewer than one batch of %d"):format(o.n, o.batch), 2) end
+  local total = steps_per_epoch * o.epochs
+  if o.max_steps and o.max_steps > 0 then total = math.min(total, o.max_steps) end
+  print(("train: %d examples, %d steps (%d epochs x %d), batch %d = %d x %d"):format(o.n, total, o.epochs,
+    steps_per_epoch, o.batch, micro, accum))
+  local model = o.model
+  local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01 }
+  local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_proportion = o.warmup or 0.1 }
+  -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
+  local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
+  local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "seq_per_s" }, config = o.config }
+  local rng = syn.rng(o.seed or 42)
+  local order = {}
+  for i = 1, o.n do order[i] = i end
+  model:train()
+  local step, last_loss, skipped = 0, nil, 0
+  for _ = 1, o.epochs do
+    for i = #order, 2, -1 do local j = rng(i); order[i], order[j] = order[j], order[i] end
+    for s = 0, steps_per_epoch - 1 do
+      if step >= total then break end
+      local t0 = logm.clock()
+      step = step + 1
+      model:zero_grad()
+      mp:begin_step()
+      local loss = 0
+      for a = 0, accum - 1 do
+        local first = s * o.batch + a * micro
+        local out = model:forward(o.make_batch({ unpack(order, first + 1, first + micro) }))
+        model:backward(mp:scale() / accum)
+        loss = loss + out.loss / accum
+      end
+      mp:end_backward()
+      if loss ~= loss then
+        error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
+      end
+      local lr = lr_at(adamw.step_count + 1)
+      local stepped = mp:step(adamw, lr)
+      if not stepped then skipped = skipped + 1 end
+      last_loss = loss
+      log:step{ step = step, loss = loss, lr = lr, seq_per_s = o.batch / (logm.clock() - t0),
+        loss_scale = mp.dtype == "f16" and mp:scale() or nil, skipped = not stepped or nil }
+    end
+  end
+  log:close()
+  if skipped > 0 then
+    print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(skipped, step, mp:scale()))
+  end
+  return { steps = step, loss = last_loss, skipped = skipped, loss_scale = mp:scale() }
+end
+
+local function percentile(sorted, p)
+  if #sorted == 0 then return 0 end
+  local k = math.max(1, math.min(#sorted, math.ceil(p / 100 * #sorted)))
+  return sorted[k]
+end
+
+-- predict{model, n, batch, make_batch(indices), consume(indices, out)} in eval mode;
+-- returns {sequences, seconds, seq_per_s, p50_ms, p90_ms, p99_ms} (latency per batch)
+function M.predict(o)
+  local model = o.model
+  model:eval()
+  local lat = {}
+  local t_all = logm.clock()
+  for first = 1, o.n, o.batch do
+    local idx = {}
+    for i = first, math.min(first + o.batch - 1, o.n) do idx[#idx + 1] = i end
+    local b = o.make_batch(idx)
+    local t0 = logm.clock()
+    local out = model:forward(b)
+    lat[#lat + 1] = (logm.clock() - t0) * 1000
+    if o.consume then o.consume(idx, out) end
+  end
+  local dt = logm.clock() - t_all
+  table.sort(lat)
+  return { sequences = o.n, seconds = dt, seq_per_s = o.n / dt, p50_ms = percentile(lat, 50),
+    p90_ms = percentile(lat, 90), p99_ms = percentile(lat, 99), batches = #lat }
+end
+
+function M.format_latency(s)
+  return ("%d sequences in %.2f s: %.1f sequences/s; latency per batch p50 %.1f ms, p90 %.1f ms, p99 %.1f ms")
+    :format(s.sequences, s.seconds, s.seq_per_s, s.p50_ms, s.p90_ms, s.p99_ms)
+end
+
+-- tensors for a list of {ids = {...}, types = {...}} rows, padded to the longest (multiple of 8)
+function M.pad_rows(rows, max_len)
+  local S = 8
+  for _, r in ipairs(rows) do if #r.ids > S then S = #r.ids end end
+  S = math.min(math.ceil(S / 8) * 8, max_len or math.huge)
+  local B = #rows
+  local ids, tt, am = bl.zeros({ B, S }, { dtype = "i32" }), bl.zeros({ B, S }, { dtype = "i32" }), bl.zeros({ B, S }, { dtype = "i32" })
+  local pi, pt, pm = ids:ptr(), tt:ptr(), am:ptr()
+  for b, r in ipairs(rows) do
+    for i = 1, math.min(#r.ids, S) do
+      pi[(b - 1) * S + i - 1] = r.ids[i]
+      pt[(b - 1) * S + i - 1] = r.types and r.types[i] or 0
+      pm[(b - 1) * S + i - 1] = 1
+    end
+  end
+  return { input_ids = ids, token_type_ids = tt, attention_mask = am }, S
+end
+
+return M

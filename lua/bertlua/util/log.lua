@@ -1,0 +1,106 @@
+-- bertlua.util.log: progress on a terminal and JSON-lines logs for notebooks.
+--
+--   local log = require "bertlua.util.log"
+--   local L = log.open{ path = "out/log.jsonl", total = 1000, config = opt }
+--   L:step{ step = 10, loss = 2.3, lr = 1e-3 }   -- one JSON object per call
+--   L:close()
+-- Only rank 0 writes (other ranks get a silent logger). The progress line is
+-- redrawn in place when stderr is a terminal, printed every `every` steps otherwise.
+local ffi = require "ffi"
+local cjson = require "cjson"
+
+pcall(ffi.cdef, "int isatty(int fd);")
+local M = {}
+
+function M.isatty(fd) return ffi.C.isatty(fd or 2) == 1 end
+
+-- monotonic wall clock in seconds (clock_gettime through the FFI)
+pcall(ffi.cdef, [[
+typedef struct { long tv_sec; long tv_nsec; } bl_timespec;
+int clock_gettime(int clk, bl_timespec *ts);
+]])
+local ts = ffi.new("bl_timespec")
+function M.clock()
+  ffi.C.clock_gettime(1, ts)  -- CLOCK_MONOTONIC
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+local function fmt_eta(sec)
+  if not sec or sec ~= sec or sec == math.huge or sec < 0 then return "--:--" end
+  sec = math.floor(sec + 0.5)
+  local h, m, s = math.floor(sec / 3600), math.floor(sec / 60) % 60, sec % 60
+  if h > 0 then return ("%d:%02d:%02d"):format(h, m, s) end
+  return ("%02d:%02d"):format(m, s)
+end
+M.fmt_eta = fmt_eta
+
+-- JSON numbers: cjson keeps 14 significant digits, enough for logs.
+local Logger = {}
+Logger.__index = Logger
+
+function M.open(o)
+  o = o or {}
+  local self = setmetatable({ total = o.total, every = o.every or 10, rank = o.rank or 0,
+    t0 = M.clock(), tty = M.isatty(2), fields = o.fields, last_len = 0 }, Logger)
+  if self.rank ~= 0 then self.silent = true return self end
+  if o.path then
+    local dir = o.path:match("^(.*)/[^/]*$")
+    if dir then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
+    local f, err = io.open(o.path, o.append and "a" or "w")
+    if not f then error("log: cannot open " .. o.path .. ": " .. tostring(err), 2) end
+    self.file = f
+    if o.config then
+      f:write(cjson.encode({ event = "config", config = o.config, time = os.time() }), "\n")
+      f:flush()
+    end
+  end
+  return self
+end
+
+-- record: table of fields (numbers/strings); `step` drives the progress line.
+function Logger:step(record)
+  if self.silent then return end
+  record.time = record.time or os.time()
+  if self.file then
+    self.file:write(cjson.encode(record), "\n")
+    self.file:flush()
+  end
+  local step = record.step or 0
+  if self.tty or step % self.every == 0 or step == self.total then
+    local elapsed = M.clock() - self.t0
+    local parts = { self.total and ("step %d/%d"):format(step, self.total) or ("step %d"):format(step) }
+    for _, k in ipairs(self.fields or { "loss", "mlm_acc", "nsp_acc", "lr", "loss_scale", "seq_per_s" }) do
+      local v = record[k]
+      if type(v) == "number" then
+        local f = (k == "lr") and "%.3e" or (math.abs(v) >= 100 and "%.1f" or "%.4f")
+        parts[#parts + 1] = k .. " " .. f:format(v)
+      end
+    end
+    if self.total and step > 0 then
+      parts[#parts + 1] = "ETA " .. fmt_eta(elapsed / step * (self.total - step))
+    end
+    local line = table.concat(parts, "  ")
+    if self.tty then
+      io.stderr:write("\r", line, string.rep(" ", math.max(0, self.last_len - #line)))
+      self.last_len = #line
+    else
+      io.stderr:write(line, "\n")
+    end
+    io.stderr:flush()
+  end
+end
+
+function Logger:event(name, fields)
+  if self.silent then return end
+  fields = fields or {}
+  fields.event = name
+  fields.time = fields.time or os.time()
+  if self.file then self.file:write(cjson.encode(fields), "\n"); self.file:flush() end
+end
+
+function Logger:close()
+  if self.tty and not self.silent then io.stderr:write("\n") end
+  if self.file then self.file:close(); self.file = nil end
+end
+
+return M

@@ -1,0 +1,132 @@
+-- bertlua.util.options: command-line options for recipes.
+--
+--   local options = require "bertlua.util.options"
+--   local opt = options.parse(arg, {
+--     { "lr", 6e-3, "peak learning rate" },
+--     { "phase", "both", "1, 2 or both" },
+--     { "resume", false, "continue from the newest checkpoint" },
+--   }, { usage = "bertlua recipes/pretrain.lua [options]" })
+--
+-- Accepts --name=value, --name value, --flag (true), --no-flag (false).
+-- Dashes and underscores in names are the same (--max-steps = --max_steps).
+-- Values take the type of their default (number, boolean, string); a default
+-- of nil accepts anything as a string. --config=FILE loads defaults from a
+-- Lua file returning a table or a JSON object; the command line wins over it.
+-- --help prints every option with its default and description, then exits 0.
+local M = {}
+
+local function norm(name) return (name:gsub("-", "_")) end
+
+local function convert(name, v, default, where)
+  local ty = type(default)
+  if ty == "number" then
+    local n = tonumber(v)
+    if not n then error(("%s: option --%s expects a number, got '%s'"):format(where, name, tostring(v)), 0) end
+    return n
+  elseif ty == "boolean" then
+    if v == true or v == "true" or v == "1" or v == "yes" then return true end
+    if v == false or v == "false" or v == "0" or v == "no" then return false end
+    error(("%s: option --%s expects true or false, got '%s'"):format(where, name, tostring(v)), 0)
+  end
+  return v
+end
+
+local function load_config(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("options: cannot open config file " .. path .. ": " .. tostring(err), 0) end
+  local text = f:read("*a")
+  f:close()
+  if path:match("%.json$") or text:match("^%s*{%s*\"") then
+    local ok, t = pcall(require("cjson").decode, text)
+    if not ok or type(t) ~= "table" then error("options: " .. path .. " is not a JSON object: " .. tostring(t), 0) end
+    return t
+  end
+  local chunk, lerr = loadstring(text, "@" .. path)
+  if not chunk then error("options: " .. lerr, 0) end
+  local ok, t = pcall(chunk)
+  if not ok or type(t) ~= "table" then error("options: " .. path .. " must return a table: " .. tostring(t), 0) end
+  return t
+end
+
+function M.help(spec, info)
+  local lines = { info and info.usage or "options:" }
+  if info and info.description then lines[#lines + 1] = info.description end
+  lines[#lines + 1] = ""
+  local width = 0
+  for _, o in ipairs(spec) do width = math.max(width, #o[1]) end
+  for _, o in ipairs(spec) do
+    local d = o[2]
+    local ds = d == nil and "" or ("=" .. tostring(d))
+    lines[#lines + 1] = ("  --%-" .. (width + 2) .. "s %s%s"):format(o[1]:gsub("_", "-"), o[3] or "",
+      d == nil and "" or (" (default " .. tostring(d) .. ")"))
+    local _ = ds
+  end
+  lines[#lines + 1] = ("  --%-" .. (width + 2) .. "s %s"):format("config", "Lua or JSON file with option values")
+  return table.concat(lines, "\n")
+end
+
+-- parse(argv, spec[, info]) -> table of options (+ opt._positional)
+function M.parse(argv, spec, info)
+  local where = info and info.name or (argv and argv[0]) or "options"
+  local known, opt = {}, { _positional = {} }
+  for _, o in ipairs(spec) do
+    known[norm(o[1])] = o
+    opt[norm(o[1])] = o[2]
+  end
+  local given = {}
+  local i = 1
+  argv = argv or {}
+  while i <= #argv do
+    local a = argv[i]
+    if a == "--help" or a == "-h" then
+      print(M.help(spec, info))
+      os.exit(0)
+    end
+    local name, value = a:match("^%-%-([%w_%-%.]+)=(.*)$")
+    if not name then name = a:match("^%-%-([%w_%-%.]+)$") end
+    if name then
+      name = norm(name)
+      if value == nil then
+        local o = known[name]
+        if name == "config" or (o and type(o[2]) ~= "boolean" and argv[i + 1] and not argv[i + 1]:match("^%-%-")) then
+          i = i + 1
+          value = argv[i]
+        elseif not o and name:match("^no_") and known[name:sub(4)] then
+          name, value = name:sub(4), false
+        else
+          value = true
+        end
+      end
+      if name ~= "config" and not known[name] then
+        error(("%s: unknown option --%s (see --help)"):format(where, name:gsub("_", "-")), 0)
+      end
+      given[name] = value
+    else
+      opt._positional[#opt._positional + 1] = a
+    end
+    i = i + 1
+  end
+  if given.config then
+    for k, v in pairs(load_config(given.config)) do
+      local n = norm(k)
+      if not known[n] then error(("%s: unknown option '%s' in %s"):format(where, k, given.config), 0) end
+      opt[n] = convert(n, v, known[n][2], where)
+    end
+  end
+  for k, v in pairs(given) do
+    if k ~= "config" then opt[k] = convert(k, v, known[k][2], where) end
+  end
+  return opt
+end
+
+-- show(opt): the options as one "name=value" line per option, sorted (printed at start by recipes)
+function M.show(opt)
+  local keys = {}
+  for k in pairs(opt) do if k:sub(1, 1) ~= "_" then keys[#keys + 1] = k end end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do out[#out + 1] = ("  %s = %s"):format(k, tostring(opt[k])) end
+  return table.concat(out, "\n")
+end
+
+return M
