@@ -73,12 +73,7 @@ function M.get_final_text(pred_text, orig_text, tok)
   return table.concat(orig_cs, "", orig_start + 1, orig_end + 1)
 end
 
-local function write_text(path, text)
-  local f, err = io.open(path, "wb")
-  if not f then error("squad: cannot write " .. path .. ": " .. tostring(err), 0) end
-  f:write(text)
-  f:close()
-end
+local function write_text(path, text) require("bertlua.util.fs").write_atomic(path, text) end
 
 -- write_predictions(examples, features, results, opts) -> predictions, nbest, null_odds
 -- results: one per feature, {start_logits = {...}, end_logits = {...}} (Lua
