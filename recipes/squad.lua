@@ -18,6 +18,7 @@ local trainer = require "bertlua.train.loop"
 local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
+local slice = require("bertlua.util.list").slice
 
 local opt = options.parse(arg, {
   { "model", nil, "model directory to start from" },
@@ -28,16 +29,21 @@ local opt = options.parse(arg, {
   { "output", "runs/squad", "output directory: predictions and the fine-tuned model" },
   { "do_train", false, "fine-tune" }, { "do_predict", false, "predict --predict-file" },
   { "version_2_with_negative", false, "SQuAD 2.0 (unanswerable questions)" },
-  { "max_seq_length", 384, "tokens per window" }, { "doc_stride", 128, "stride between windows" },
-  { "max_query_length", 64, "question tokens kept" },
-  { "lr", 3e-5, "peak learning rate" }, { "epochs", 2, "training epochs" },
-  { "batch", 32, "sequences per optimizer step" }, { "micro_batch", 0, "sequences per forward (0: = batch)" },
-  { "warmup", 0.1, "warmup proportion" }, { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)" },
-  { "predict_batch", 32, "sequences per forward when predicting" },
-  { "n_best", 20, "n-best spans per question" }, { "max_answer_length", 30, "longest answer in tokens" },
+  { "max_seq_length", 384, "tokens per window", int = true, min = 3 },
+  { "doc_stride", 128, "stride between windows", int = true, min = 1 },
+  { "max_query_length", 64, "question tokens kept", int = true, min = 1 },
+  { "lr", 3e-5, "peak learning rate", min = 0, above = true },
+  { "epochs", 2, "training epochs", min = 0, above = true },
+  { "batch", 32, "sequences per optimizer step", int = true, min = 1 },
+  { "micro_batch", 0, "sequences per forward (0: = batch)", int = true, min = 0 },
+  { "warmup", 0.1, "warmup proportion", min = 0, max = 1 },
+  { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)", min = 0 },
+  { "predict_batch", 32, "sequences per forward when predicting", int = true, min = 1 },
+  { "n_best", 20, "n-best spans per question", int = true, min = 1 },
+  { "max_answer_length", 30, "longest answer in tokens", int = true, min = 1 },
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
-  { "max_steps", 0, "stop training after this many steps (0: all)" },
-  { "seed", 42, "seed (initialisation of a new head, data order, dropout)" },
+  { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
+  { "seed", 42, "seed (initialisation of a new head, data order, dropout)", int = true, min = 0, max = 2 ^ 53 },
   { "precision", "fp32", "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is emulated (f32 activations)" },
   { "threads", 0, "CPU threads (0: default)" },
 }, { name = "squad", usage = "usage: bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] [--predict-file=F --do-predict]" })
@@ -127,14 +133,15 @@ if opt.do_predict then
   feat_opts.is_training = false
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   local results = {}
-  local stats = trainer.predict{ model = model, n = #feats, batch = opt.predict_batch,
+  local stats = trainer.predict{ model = model, n = #feats, batch = opt.predict_batch, name = "squad",
+    precision = opt.precision, describe = function(i) return "question " .. tostring(examples[feats[i].example_index + 1].qas_id) end,
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, false)) end,
     consume = function(idx, out)
       local S = out.start_logits:size(2)
       local st, en = out.start_logits:totable(), out.end_logits:totable()
       for r, i in ipairs(idx) do
         results[i] = { unique_id = feats[i].unique_id,
-          start_logits = { unpack(st, (r - 1) * S + 1, r * S) }, end_logits = { unpack(en, (r - 1) * S + 1, r * S) } }
+          start_logits = slice(st, (r - 1) * S + 1, r * S), end_logits = slice(en, (r - 1) * S + 1, r * S) }
       end
     end }
   print("predict: " .. trainer.format_latency(stats))
