@@ -268,7 +268,7 @@ function M.save(path, tensors, opts)
   end)
   if not ok then
     C.bl_file_close(f)
-    error("safetensors.save: " .. path .. ": " .. tostring(err), 2)
+    error("safetensors.save: " .. path .. ": " .. tostring(err), 0)  -- an I/O failure (full disk): one line
   end
   check(C.bl_file_commit(f))
   return path
@@ -441,7 +441,7 @@ function M.save_pretrained(model, dir, opts)
   opts = opts or {}
   local config = require "bertlua.bert.config"
   local made, why = pcall(fs.mkdir_p, dir)
-  if not made then error("save_pretrained: cannot create directory " .. dir .. " (" .. tostring(why) .. ")", 2) end
+  if not made then error("save_pretrained: cannot create directory " .. dir .. " (" .. tostring(why) .. ")", 0) end
   local cfg = {}
   for k, v in pairs(model.cfg or {}) do cfg[k] = v end
   local arch = tostring(model)
@@ -468,7 +468,7 @@ function M.from_pretrained(dir, opts)
   local config = require "bertlua.bert.config"
   local bert = require "bertlua.bert"
   local cfgpath = dir .. "/config.json"
-  if not fs.exists(cfgpath) then error("from_pretrained: " .. cfgpath .. " not found (a model directory holds config.json + model.safetensors)", 2) end
+  if not fs.exists(cfgpath) then error("from_pretrained: " .. cfgpath .. " not found (a model directory holds config.json + model.safetensors)", 0) end
   local cfg = config.load(cfgpath)
   local head = opts.head
   if not head and type(cfg.architectures) == "table" then head = bert.architectures[cfg.architectures[1]] end
@@ -477,7 +477,7 @@ function M.from_pretrained(dir, opts)
   if not ctor then error("from_pretrained: unknown head '" .. tostring(head) .. "' (pretraining, qa, classification, model)", 2) end
   local model = ctor(cfg, { seed = opts.seed or 0, num_labels = opts.num_labels })
   local wpath = dir .. "/model.safetensors"
-  if not fs.exists(wpath) then error("from_pretrained: " .. wpath .. " not found", 2) end
+  if not fs.exists(wpath) then error("from_pretrained: " .. wpath .. " not found", 0) end
   local strict = opts.strict
   M.load_model(model, wpath, {
     allow_missing = not strict and is_head or false,
