@@ -49,7 +49,7 @@ end
 
 -- glue(dir, task) -> path of DIR/TASK.tsv with n rows (default: as many as the real dev file has at least)
 --   sst2: "sentence\tlabel" (1 when the sentence names a GOOD word)
---   mrpc: "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String" (1 when both sentences are about one country)
+--   mrpc: "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String" (1 when the pair names a GOOD word)
 --   cola: no header, "source\tlabel\t*\tsentence" (0: the words reversed)
 function M.glue(dir, task, n)
   local s = sentences()
@@ -60,15 +60,8 @@ function M.glue(dir, task, n)
   elseif task == "mrpc" then
     rows[1] = "\239\187\191Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
     for i = 1, n or 408 do
-      local a = s[(i - 1) % #s + 1]
-      local b = s[(i * 7) % #s + 1]
-      if i % 2 == 0 then  -- a sentence about the same country
-        for k = 1, #s do
-          local c = s[(i * 7 + k) % #s + 1]
-          if c.doc == a.doc and c.text ~= a.text then b = c break end
-        end
-      end
-      rows[#rows + 1] = ("%d\t%d\t%d\t%s\t%s"):format(a.doc == b.doc and 1 or 0, 1000 + i, 2000 + i, a.text, b.text)
+      local a, b = s[(i - 1) % #s + 1].text, s[(i * 7) % #s + 1].text
+      rows[#rows + 1] = ("%d\t%d\t%d\t%s\t%s"):format(positive(a .. " " .. b), 1000 + i, 2000 + i, a, b)
     end
   elseif task == "cola" then
     for i = 1, n or 1043 do
