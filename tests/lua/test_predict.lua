@@ -8,12 +8,13 @@ local T = require "testing"
 local cjson = require "cjson"
 
 local exe = T.exe()
-local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
-local dev1 = T.shared_data("squad/dev-v1.1.json")
-local sst = T.shared_data("glue/SST-2/dev.tsv")
-if not vocab or not dev1 or not sst then T.skip_all("needs ../shared/data (vocab, squad/dev-v1.1.json, glue/SST-2)") end
-
 local tmp = T.tmpdir()
+-- made here (tests/lua/lib/fixtures.lua, bertlua.data.synthetic): a vocabulary, SQuAD-format questions
+-- about a generated world and an SST-2 dev file in the original format
+local fx = require "fixtures"
+local syn = require "bertlua.data.synthetic"
+local vocab = fx.vocab(tmp)
+local sst = fx.glue(tmp, "sst2")
 local sh, slurp, write = T.sh, T.slurp, T.write_file
 
 -- random non-zero heads (seeded): predictions are arbitrary but deterministic
@@ -22,8 +23,9 @@ T.tiny_model_dir(tmp .. "/qa", { head = "qa", seed = 5, vocab = vocab, config = 
 T.tiny_model_dir(tmp .. "/cls", { seed = 6, num_labels = 2, vocab = vocab, config = two })
 T.tiny_model_dir(tmp .. "/reg", { seed = 7, num_labels = 1, vocab = vocab, config = two })
 
-local d = cjson.decode(slurp(dev1))
-local slice = { version = d.version, data = { { title = d.data[1].title, paragraphs = { unpack(d.data[1].paragraphs, 1, 2) } } } }
+local d = syn.squad(syn.world { seed = 11, countries = 40 }, { split = "dev" })
+local slice = { version = d.version, data = { { title = d.data[1].title,
+  paragraphs = { d.data[1].paragraphs[1], d.data[2].paragraphs[1] } } } }
 write(tmp .. "/v1.json", cjson.encode(slice))
 local nq = 0
 for _, p in ipairs(slice.data[1].paragraphs) do nq = nq + #p.qas end
