@@ -101,13 +101,7 @@ function M.read_examples(task, path, opts)
   local set_type = opts.set_type or "dev"
   local layout = spec
   if set_type == "test" then layout = spec.test end
-  local ok, ferr = pcall(fs.check_input, path, "data file", true)  -- a FIFO would block the open
-  if not ok then error("glue: " .. ferr, 0) end
-  local f, err = io.open(path, "rb")
-  if not f then error("glue: cannot open " .. tostring(path) .. ": " .. tostring(err), 0) end
-  local text = f:read("*a")
-  f:close()
-  if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
+  local text = fs.read_text(path, "glue")
   local report = { rows = 0, examples = 0, skipped = 0, problems = {}, task = tname, file = path }
   local function problem(lineno, msg)
     local line = ("%s:%d: %s (skipped)"):format(path, lineno, msg)

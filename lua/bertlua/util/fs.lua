@@ -133,6 +133,19 @@ function M.check_input(path, what, may_be_missing)
   return path
 end
 
+-- read_text(path, who) -> the whole file without a UTF-8 byte-order mark; "who: ..." errors for a file
+-- that is missing, unreadable or not a regular file (checked before the open, which a FIFO would block)
+function M.read_text(path, who)
+  local ok, err = pcall(M.check_input, path, "data file", true)
+  if not ok then error(who .. ": " .. err, 0) end
+  local f, oerr = io.open(path, "rb")
+  if not f then error(("%s: cannot open %s: %s"):format(who, tostring(path), tostring(oerr)), 0) end
+  local text = f:read("*a")
+  f:close()
+  if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
+  return text
+end
+
 -- inside(child, parent): whether child is parent or lies under it (symlinks and ".." resolved)
 function M.inside(child, parent)
   local function real(p)

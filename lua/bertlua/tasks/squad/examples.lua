@@ -8,16 +8,7 @@ local fs = require "bertlua.util.fs"
 local M = {}
 local chars, is_array = pystr.chars, json.is_array
 
-local function read_file(path)
-  local ok, ferr = pcall(fs.check_input, path, "data file", true)  -- a FIFO would block the open
-  if not ok then error("squad: " .. ferr, 0) end
-  local f, err = io.open(path, "rb")
-  if not f then error("squad: cannot open " .. tostring(path) .. ": " .. tostring(err), 0) end
-  local text = f:read("*a")
-  f:close()
-  if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
-  return text
-end
+local function read_file(path) return fs.read_text(path, "squad") end
 M.read_file = read_file
 
 -- load_json(path) -> decoded value (cjson); a clear error names the file.
