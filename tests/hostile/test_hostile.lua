@@ -17,6 +17,11 @@
 local T = require "testing"
 
 local exe = T.exe()
+-- the source tree, from this file's own path (ctest runs it there, but $PWD may say otherwise)
+local ROOT = (arg[0]:match("^(.*)/tests/hostile/[^/]*$") or ".")
+if ROOT:sub(1, 1) ~= "/" then
+  local h = io.popen("pwd"); ROOT = h:read("*l") .. "/" .. ROOT; h:close()
+end
 local tmp = T.tmpdir("full")
 local sh, write, slurp = T.sh, T.write_file, T.slurp
 local LIMIT = tonumber(os.getenv("BL_HOSTILE_TIMEOUT") or "120")
@@ -38,7 +43,8 @@ end
 local corpus = syn.write_corpus(world, tmp .. "/corpus", { copies = 2 })
 local vocab = tmp .. "/vocab.txt"
 do
-  local out, rc = sh(("%s recipes/build_vocab.lua --input=%s --output=%s --size=600"):format(exe, corpus, vocab))
+  local out, rc = sh(("%s %s/recipes/build_vocab.lua --input=%s --output=%s --size=600"):format(exe, ROOT, corpus,
+    vocab))
 
   assert(rc == 0, "fixture vocabulary: " .. out)
 end
@@ -83,7 +89,7 @@ local function run(c)
   local dir = c.dir
   os.execute("mkdir -p " .. dir)
   local cmd = c.setup and c.setup(dir) or c.cmd
-  local out, rc = sh(("cd %s && timeout -k 5 %d bash -c %q"):format(os.getenv("PWD") or ".", c.timeout or LIMIT,
+  local out, rc = sh(("cd %s && timeout -k 5 %d bash -c %q"):format(ROOT, c.timeout or LIMIT,
     cmd))
   out = out:gsub("rc=%d+%s*$", "")
   local last = (out:match("([^\n]+)\n*$") or ""):sub(1, 120)
@@ -109,7 +115,7 @@ end
 
 
 -- ---------------------------------------------------------------- the inputs
-local R = exe .. " recipes/"
+local R = exe .. " " .. ROOT .. "/recipes/"
 local function lines_of(path)
   local f = io.open(path, "rb")
   if not f then return nil end
@@ -288,7 +294,8 @@ write(PT_MODEL, require("cjson").encode { vocab_size = 600, hidden_size = 16, nu
 local shards = tmp .. "/shards"
 do  -- shard.lua's names: train_*.txt become the train_*.blshard files pretrain.lua reads
   os.execute(("mkdir -p %s/ptin && cp %s %s/ptin/train_00000.txt"):format(tmp, corpus, tmp))
-  local out, rc = sh(("%s recipes/create_pretraining_data.lua --input=%s/ptin --vocab=%s --output=%s --dupe-factor=1 "
+  local out, rc = sh(("%s " .. ROOT .. "/recipes/create_pretraining_data.lua --input=%s/ptin --vocab=%s --output=%s "
+    .. "--dupe-factor=1 "
     .. "--max-seq-length=64 --max-predictions=10"):format(exe, tmp, vocab, shards))
   assert(rc == 0, "fixture shards: " .. out)
 end
@@ -401,7 +408,7 @@ case { class = "non-finite", name = "predict.lua --precision=fp16 on a model wit
 -- ---------------------------------------------------------------- working directory
 case { class = "paths", name = "quickstart.lua run from another directory by its absolute path", timeout = 600,
   setup = function(d)
-    local src = os.getenv("PWD") or "."
+    local src = ROOT
     return ("cd %s && %s %s/recipes/quickstart.lua --output=%s/q --countries=12 --vocab-size=300 "
       .. "--pretrain-steps=4 --finetune-epochs=1 --minutes=1"):format(d, exe:match("^/") and exe or (src .. "/" .. exe),
       src, d)
