@@ -12,25 +12,24 @@
 -- then merges in the order they were made. Memory: one entry per distinct word.
 local options = require "bertlua.util.options"
 local Tok = require "bertlua.data.tokenizer"
+local fs = require "bertlua.util.fs"
 
 local spec = {
   { "input", "", "text file(s) or directories of *.txt, comma-separated" },
   { "output", "vocab.txt", "where to write the vocab" },
-  { "size", 30522, "vocab size (including special and unused tokens)" },
+  { "size", 30522, "vocab size (including special and unused tokens)", int = true, min = 6 },
   { "cased", false, "keep case and accents" },
-  { "min_frequency", 2, "a pair must occur this often to be merged" },
-  { "unused", 0, "number of [unusedN] placeholders after [PAD] (BERT has 994)" },
-  { "limit_alphabet", 1000, "keep at most this many initial characters (most frequent)" },
+  { "min_frequency", 2, "a pair must occur this often to be merged", int = true, min = 1 },
+  { "unused", 0, "number of [unusedN] placeholders after [PAD] (BERT has 994)", int = true, min = 0 },
+  { "limit_alphabet", 1000, "keep at most this many initial characters (most frequent)", int = true, min = 1 },
 }
 local opt = options.parse(arg, spec,
   { usage = "bertlua recipes/build_vocab.lua --input=PATH --output=vocab.txt --size=N" })
 print("build_vocab options:\n" .. options.show(opt))
-if opt.input == "" then io.stderr:write("build_vocab: --input is required\n"); os.exit(2) end
+if opt.input == "" then error("build_vocab: --input is required", 0) end
 
 local function files_of(path)
-  local f = io.open(path .. "/.", "rb")
-  if not f then return { path } end
-  f:close()
+  if not fs.is_dir(path) then return { path } end
   local h = io.popen("find '" .. path:gsub("'", "'\\''") .. "' -type f -name '*.txt' | LC_ALL=C sort")
   local out = {}
   for l in h:lines() do out[#out + 1] = l end
@@ -40,7 +39,7 @@ end
 
 -- a vocab with only the special tokens gives the basic tokenizer
 local tmpv = os.tmpname()
-do local f = assert(io.open(tmpv, "wb")); f:write("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"); f:close() end
+fs.write_atomic(tmpv, "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
 local basic = Tok.load(tmpv, { lower = not opt.cased })
 os.remove(tmpv)
 local special = { ["[PAD]"] = true, ["[UNK]"] = true, ["[CLS]"] = true, ["[SEP]"] = true, ["[MASK]"] = true }
@@ -48,8 +47,10 @@ local special = { ["[PAD]"] = true, ["[UNK]"] = true, ["[CLS]"] = true, ["[SEP]"
 local counts, nbytes = {}, 0
 for p in opt.input:gmatch("[^,]+") do
   for _, file in ipairs(files_of(p)) do
+    local ok, ierr = pcall(fs.check_input, file, "input")   -- a FIFO would block the open
+    if not ok then error("build_vocab: " .. ierr, 0) end
     local f, err = io.open(file, "rb")
-    if not f then io.stderr:write("build_vocab: cannot open ", file, ": ", tostring(err), "\n"); os.exit(1) end
+    if not f then error("build_vocab: cannot open " .. file .. ": " .. tostring(err), 0) end
     while true do
       local block = f:read(4194304)
       if not block then break end
@@ -172,9 +173,6 @@ while #vocab < opt.size and #heap > 0 do
   end
 end
 
-local f, err = io.open(opt.output, "wb")
-if not f then io.stderr:write("build_vocab: cannot write ", opt.output, ": ", tostring(err), "\n"); os.exit(1) end
-f:write(table.concat(vocab, "\n"), "\n")
-f:close()
+fs.write_atomic(opt.output, table.concat(vocab, "\n"), "\n")
 print(("wrote %s: %d tokens (%d alphabet, %d merges)"):format(opt.output, #vocab, math.min(#alphabet,
   opt.limit_alphabet), merges))

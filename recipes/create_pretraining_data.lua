@@ -7,6 +7,8 @@
 --   bertlua recipes/create_pretraining_data.lua --input=shards/ --vocab=vocab.txt --output=data128/ \
 --       --max-seq-length=128 --max-predictions=20 --dupe-factor=5 --jobs=2
 local options = require "bertlua.util.options"
+local cjson = require "cjson"
+local fs = require "bertlua.util.fs"
 local pd = require "bertlua.data.pretraining"
 local shards = require "bertlua.data.shards"
 local Tok = require "bertlua.data.tokenizer"
@@ -17,15 +19,16 @@ local opt = options.parse(arg, {
   { "vocab", nil, "vocab.txt" },
   { "output", nil, "output directory" },
   { "cased", false, "keep case and accents (default: uncased, lower-cased like bert-base-uncased)" },
-  { "max_seq_length", 128, "tokens per instance including [CLS] and two [SEP]" },
-  { "max_predictions", 20, "masked positions per instance at most" },
-  { "masked_lm_prob", 0.15, "fraction of tokens to mask" },
-  { "short_seq_prob", 0.1, "probability of a shorter target length" },
-  { "dupe_factor", 5, "passes over the data with different masks" },
+  { "max_seq_length", 128, "tokens per instance including [CLS] and two [SEP]", int = true, min = 5, max = 65535 },
+  { "max_predictions", 20, "masked positions per instance at most", int = true, min = 0, max = 65535 },
+  { "masked_lm_prob", 0.15, "fraction of tokens to mask", min = 0, max = 1 },
+  { "short_seq_prob", 0.1, "probability of a shorter target length", min = 0, max = 1 },
+  { "dupe_factor", 5, "passes over the data with different masks", int = true, min = 1 },
   { "whole_word_masking", false, "mask all pieces of a word together" },
   { "dynamic_masking", false, "store unmasked pairs; the loader masks anew every epoch" },
-  { "seed", 12345, "random seed (each input file gets its own stream derived from it)" },
-  { "jobs", 1, "parallel worker processes (output is the same for any value)" },
+  { "seed", 12345, "random seed (each input file gets its own stream derived from it)", int = true, min = 0,
+    max = 2 ^ 53 },
+  { "jobs", 1, "parallel worker processes (output is the same for any value)", int = true, min = 1, max = 1024 },
   { "worker", "", "internal: k/N — this process converts every N-th file starting at k" },
 }, { name = "create_pretraining_data",
   usage = "usage: bertlua recipes/create_pretraining_data.lua --input=DIR --vocab=vocab.txt --output=DIR [options]" })
@@ -48,7 +51,36 @@ table.sort(files)
 if #files == 0 then error("create_pretraining_data: no .txt files in " .. opt.input, 0) end
 os.execute("mkdir -p " .. q(opt.output))
 
-local exe = arg[-1] or "bertlua"
+-- Shards already in --output are kept (a rerun completes an interrupted one), so they must come from the
+-- same vocabulary and options: creation.json records them, and anything else is refused, not mixed in.
+if opt.worker == "" then
+  local made = { vocab_hash = tostring(shards.vocab_hash(opt.vocab)) }
+  for _, k in ipairs { "cased", "max_seq_length", "max_predictions", "masked_lm_prob", "short_seq_prob",
+    "dupe_factor", "whole_word_masking", "dynamic_masking", "seed" } do made[k] = opt[k] end
+  local path = opt.output .. "/creation.json"
+  local old = fs.read(path)
+  local have_shards = #fs.list_dir(opt.output, "%.blshard$") > 0
+  if old then
+    local ok, prev = pcall(cjson.decode, old)
+    local diff = {}
+    for k, v in pairs(made) do
+      if not ok or type(prev) ~= "table" or prev[k] ~= v then
+        diff[#diff + 1] = k == "vocab_hash" and "vocabulary" or ("--" .. k:gsub("_", "-"))
+      end
+    end
+    table.sort(diff)
+    if #diff > 0 then
+      error(("create_pretraining_data: %s holds shards made with a different %s; use another --output or empty it")
+        :format(opt.output, table.concat(diff, ", ")), 0)
+    end
+  elseif have_shards then
+    error(("create_pretraining_data: %s holds shards of an unknown run (no creation.json); use another --output "
+      .. "or empty it"):format(opt.output), 0)
+  end
+  fs.write_atomic(path, cjson.encode(made))
+end
+
+local exe = fs.host()
 if opt.worker == "" then
   print(options.show(opt))
   if opt.jobs > 1 then

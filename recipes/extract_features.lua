@@ -19,6 +19,7 @@
 -- checkpoint works (its heads are ignored).
 local bert = require "bertlua.bert"
 local options = require "bertlua.util.options"
+local fs = require "bertlua.util.fs"
 local ft = require "bertlua.tasks.common"
 
 local opt = options.parse(arg, {
@@ -26,8 +27,8 @@ local opt = options.parse(arg, {
   { "input", "", "text file: one sentence or 'text_a ||| text_b' per line" },
   { "output", "", "JSON lines output file" },
   { "layers", "-1,-2,-3,-4", "comma-separated layer indices (-1 = last layer, 0 = embeddings)" },
-  { "max_seq_length", 128, "tokens per example after WordPiece, [CLS] and [SEP] included" },
-  { "batch", 8, "examples per forward pass" },
+  { "max_seq_length", 128, "tokens per example after WordPiece, [CLS] and [SEP] included", int = true, min = 3 },
+  { "batch", 8, "examples per forward pass", int = true, min = 1 },
   { "vocab", "", "vocab.txt (default: the model directory's)" },
   { "do_lower_case", true, "lower-case and strip accents (uncased models)" },
   { "threads", 0, "CPU threads (0 = default)" },
@@ -38,8 +39,6 @@ print("extract_features options:\n" .. options.show(opt))
 local function die(msg) error("extract_features: " .. msg, 0) end
 if opt.model == "" or opt.input == "" or opt.output == "" then die("--model, --input and --output are required " ..
   "(see --help)") end
-if opt.max_seq_length < 3 then die("--max-seq-length must be at least 3") end
-if opt.batch < 1 or opt.batch % 1 ~= 0 then die("--batch must be an integer >= 1") end
 if opt.threads > 0 then require("bertlua").set_num_threads(opt.threads) end
 
 local layers = {}
@@ -68,15 +67,12 @@ end
 
 local lines = {}
 do
-  local fin, err = io.open(opt.input, "r")
-  if not fin then die("cannot open " .. opt.input .. ": " .. tostring(err)) end
   local any = false
-  for line in fin:lines() do
+  for line in fs.lines(opt.input) do   -- byte-exact: a NUL byte neither merges nor drops a line
     line = line:gsub("^%s+", ""):gsub("%s+$", "")
     if line ~= "" then any = true end
     lines[#lines + 1] = line
   end
-  fin:close()
   if not any then die(opt.input .. " is empty: expected one sentence or 'text_a ||| text_b' per line") end
 end
 
@@ -91,13 +87,9 @@ for i, line in ipairs(lines) do
   examples[i] = { index = i - 1, tokens = toks, type_ids = types, ids = tok:convert_tokens_to_ids(toks) }
 end
 
-local tmp = opt.output .. ".tmp"
-local fout, oerr = io.open(tmp, "w")
-if not fout then die("cannot write " .. opt.output .. ": " .. tostring(oerr)) end
+local fout = fs.open(opt.output)
 bert.extract_features(model, examples, { layers = layers, batch = opt.batch }, function(_, line)
   fout:write(line, "\n")
 end)
-fout:close()
-local ok, rerr = os.rename(tmp, opt.output)
-if not ok then die("cannot write " .. opt.output .. ": " .. tostring(rerr)) end
+fout:commit()
 print(("extract_features: %d examples -> %s"):format(#examples, opt.output))

@@ -28,18 +28,22 @@ local opt = options.parse(arg, {
   { "do_train", false, "fine-tune on train.tsv" }, { "do_eval", false, "evaluate on dev" },
   { "do_predict", false, "predict test.tsv" },
   { "train_file", nil, "override train.tsv" }, { "eval_file", nil, "override the dev file" },
-  { "max_seq_length", 128, "tokens per sequence" },
-  { "lr", 2e-5, "peak learning rate" }, { "epochs", 3, "epochs" }, { "batch", 32, "sequences per step" },
-  { "micro_batch", 0, "sequences per forward (0: = batch)" }, { "warmup", 0.1, "warmup proportion" },
-  { "warmup_steps", -1, "warmup in optimizer steps instead of --warmup (-1: use the proportion)" },
+  { "max_seq_length", 128, "tokens per sequence", int = true, min = 3 },
+  { "lr", 2e-5, "peak learning rate", min = 0, above = true }, { "epochs", 3, "epochs", min = 0, above = true },
+  { "batch", 32, "sequences per step", int = true, min = 1 },
+  { "micro_batch", 0, "sequences per forward (0: = batch)", int = true, min = 0 },
+  { "warmup", 0.1, "warmup proportion", min = 0, max = 1 },
+  { "warmup_steps", -1, "warmup in optimizer steps instead of --warmup (-1: use the proportion)", int = true,
+    min = -1 },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 128)" },
-  { "weight_decay", 0.01, "AdamW weight decay" }, { "eval_batch", 64, "sequences per forward when evaluating" },
-  { "max_steps", 0, "stop training after this many steps (0: all)" },
+  { "weight_decay", 0.01, "AdamW weight decay", min = 0 },
+  { "eval_batch", 64, "sequences per forward when evaluating", int = true, min = 1 },
+  { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with " ..
       "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
         "emulated (f32 activations)" },
-  { "seed", 42, "seed" }, { "threads", 0, "CPU threads (0: default)" },
+  { "seed", 42, "seed", int = true, min = 0, max = 2 ^ 53 }, { "threads", 0, "CPU threads (0: default)" },
 }, { name = "glue",
   usage = "usage: bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] [--do-eval] " ..
     "[--do-predict]" })
@@ -116,7 +120,7 @@ local function featurize(examples)
       opt.max_seq_length)
     local label
     if e.label ~= nil then label = regression and tonumber(e.label) or glue.label_id(task, e.label) end
-    rows[i] = { ids = tok:convert_tokens_to_ids(toks), types = types, label = label, guid = e.guid }
+    rows[i] = { ids = tok:convert_tokens_to_ids(toks), types = types, label = label, guid = e.guid, index = e.index }
   end
   return rows
 end
@@ -152,7 +156,8 @@ end
 -- predictions: class ids (0-based) or regression scores, one per row
 local function predict(rows)
   local preds = {}
-  local stats = trainer.predict{ model = model, n = #rows, batch = opt.eval_batch,
+  local stats = trainer.predict{ model = model, n = #rows, batch = opt.eval_batch, name = "glue",
+    precision = opt.precision, describe = function(i) return "row " .. rows[i].guid end,
     make_batch = function(idx) return batch_of(rows, idx, false) end,
     consume = function(idx, out)
       local lg = out.logits:totable()
@@ -176,7 +181,8 @@ local function label_name(p) return regression and ("%.3f"):format(p) or labels[
 
 local function write_predictions(path, rows, preds)
   local lines = { "index\tprediction" }
-  for i = 1, #rows do lines[#lines + 1] = ("%d\t%s"):format(i - 1, label_name(preds[i])) end
+  -- each row keeps the file's own index, so a skipped malformed row does not shift the others
+  for i = 1, #rows do lines[#lines + 1] = ("%s\t%s"):format(rows[i].index, label_name(preds[i])) end
   fs.write_atomic(path, table.concat(lines, "\n") .. "\n")
 end
 

@@ -29,12 +29,8 @@ local function run()
   if rep.skipped > 0 then
     io.stderr:write(("glue_eval: %d malformed rows skipped in %s\n"):format(rep.skipped, opt.data))
   end
-  local f, err = io.open(opt.predictions, "rb")
-  if not f then error("cannot open " .. opt.predictions .. ": " .. tostring(err), 0) end
-  local preds, lineno = {}, 0
-  for line in f:lines() do
-    lineno = lineno + 1
-    line = line:gsub("\r$", "")
+  local preds = {}
+  for line, lineno in require("bertlua.util.fs").lines(opt.predictions) do
     local header = lineno == 1 and line:lower():match("^index\tprediction")   -- GLUE submission header
     if not header and line ~= "" then
       local cols = glue.split_tsv_line(line)
@@ -49,7 +45,6 @@ local function run()
       preds[#preds + 1] = v
     end
   end
-  f:close()
   if #preds ~= #examples then
     error(("%d predictions for %d examples in %s"):format(#preds, #examples, opt.data), 0)
   end

@@ -35,6 +35,7 @@ local trainer = require "bertlua.train.loop"
 local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local cjson = require "cjson.safe"
+local slice = require("bertlua.util.list").slice
 
 local opt = options.parse(arg, {
   { "model", nil, "fine-tuned model directory (QA or sequence classification)" },
@@ -43,11 +44,13 @@ local opt = options.parse(arg, {
   { "task", "jsonl", "input format: jsonl, squad, glue-TASK (e.g. glue-sst2)" },
   { "input", nil, "input file" }, { "output", nil, "output file (default: stdout)" },
   { "split", "auto", "glue: dev (labelled) or test (the file name decides by default)" },
-  { "batch", 32, "sequences per forward (1: latency mode)" },
-  { "warmup_batches", 0, "untimed batches run first" },
-  { "max_seq_length", 384, "tokens per sequence" }, { "doc_stride", 128, "QA: stride between context windows" },
-  { "max_query_length", 64, "QA: question tokens kept" }, { "max_answer_length", 30, "QA: longest answer" },
-  { "n_best", 20, "QA: n-best spans per question" },
+  { "batch", 32, "sequences per forward (1: latency mode)", int = true, min = 1 },
+  { "warmup_batches", 0, "untimed batches run first", int = true, min = 0 },
+  { "max_seq_length", 384, "tokens per sequence", int = true, min = 3 },
+  { "doc_stride", 128, "QA: stride between context windows", int = true, min = 1 },
+  { "max_query_length", 64, "QA: question tokens kept", int = true, min = 1 },
+  { "max_answer_length", 30, "QA: longest answer", int = true, min = 1 },
+  { "n_best", 20, "QA: n-best spans per question", int = true, min = 1 },
   { "version_2_with_negative", false, "squad: SQuAD 2.0 (unanswerable questions)" },
   { "null_score_diff_threshold", 0.0, "squad v2: predict no answer when null score - best > this" },
   { "precision", "fp32",
@@ -60,7 +63,6 @@ local opt = options.parse(arg, {
     "[--output=FILE] [--batch=N]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 if not opt.model or not opt.input then error("predict: --model and --input are required (see --help)", 0) end
-if opt.batch < 1 then error("predict: --batch must be at least 1", 0) end
 amp.check_precision("predict", opt.precision)
 local task = opt.task:lower()
 local glue_task = task:match("^glue%-(.+)$")
@@ -83,13 +85,16 @@ if glue_task and is_qa then error("predict: --task=" .. opt.task .. " needs a cl
   .. " is a QA model", 0) end
 amp.round_weights(model, opt.precision)
 
--- runs the model over n sequences (batches from make_batch), with untimed warmup batches first
-local function run(n, make_batch, consume)
+-- runs the model over n sequences (batches from make_batch), with untimed warmup batches first;
+-- describe(i) names sequence i in errors
+local function run(n, make_batch, consume, describe)
   if opt.warmup_batches > 0 then
     local w = math.min(n, opt.warmup_batches * opt.batch)
-    trainer.predict{ model = model, n = w, batch = opt.batch, make_batch = make_batch }
+    trainer.predict{ model = model, n = w, batch = opt.batch, make_batch = make_batch, name = "predict",
+      precision = opt.precision, describe = describe }
   end
-  return trainer.predict{ model = model, n = n, batch = opt.batch, make_batch = make_batch, consume = consume }
+  return trainer.predict{ model = model, n = n, batch = opt.batch, make_batch = make_batch, consume = consume,
+    name = "predict", precision = opt.precision, describe = describe }
 end
 
 -- a classifier's input row ({ids=, types=}) for text_a and the optional text_b
@@ -99,14 +104,14 @@ local function encode_pair(a, b)
 end
 
 -- run() over such rows, each batch padded to its longest row (trainer.pad_rows)
-local function run_rows(rows, consume)
+local function run_rows(rows, consume, describe)
   return run(#rows,
     function(idx)
       local sel = {}
       for k, i in ipairs(idx) do sel[k] = rows[i] end
       return (trainer.pad_rows(sel, opt.max_seq_length))
     end,
-    consume)
+    consume, describe)
 end
 
 local function write_output(text)
@@ -128,12 +133,15 @@ local function answer_questions(src, name)
       local f = feats[i]
       local n = 0
       for j = 1, #f.input_mask do if f.input_mask[j] ~= 0 then n = j end end
-      rows[k] = { ids = { unpack(f.input_ids, 1, n) }, types = { unpack(f.segment_ids, 1, n) } }
+      rows[k] = { ids = slice(f.input_ids, 1, n), types = slice(f.segment_ids, 1, n) }
     end
     return (trainer.pad_rows(rows, opt.max_seq_length))
   end
   local preds, nbest, odds, stats = squad.predict(examples, feats,
-    function(n, consume) return run(n, feature_rows, consume) end,
+    function(n, consume)
+      return run(n, feature_rows, consume,
+        function(i) return "question " .. tostring(examples[feats[i].example_index + 1].qas_id) end)
+    end,
     { tokenizer = tok, n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
       version_2_with_negative = opt.version_2_with_negative,
         null_score_diff_threshold = opt.null_score_diff_threshold })
@@ -192,10 +200,13 @@ elseif glue_task then
           preds[i] = bi - 1
         end
       end
-    end)
+    end,
+    function(i) return ("%s row %s"):format(opt.input, ex[i].index) end)
+  -- each row keeps the file's own index (its index column, else its place among the data rows), so a
+  -- skipped malformed row does not shift the others
   local lines = { "index\tprediction" }
   for i = 1, #rows do
-    lines[#lines + 1] = ("%d\t%s"):format(i - 1, regression and ("%.3f"):format(preds[i]) or labels[preds[i] + 1])
+    lines[#lines + 1] = ("%s\t%s"):format(ex[i].index, regression and ("%.3f"):format(preds[i]) or labels[preds[i] + 1])
   end
   write_output(table.concat(lines, "\n") .. "\n")
   if split ~= "test" then
@@ -207,11 +218,8 @@ elseif glue_task then
   end
 else
   local recs = {}
-  local f, err = io.open(opt.input, "rb")
-  if not f then error("predict: cannot open " .. opt.input .. ": " .. tostring(err), 0) end
-  local lineno = 0
-  for line in f:lines() do
-    lineno = lineno + 1
+  -- byte-exact lines: a NUL byte inside a record neither merges it with the next nor drops it
+  for line, lineno in fs.lines(opt.input) do
     if not line:match("^%s*$") then
       local rec, jerr = cjson.decode(line)
       local why
@@ -226,11 +234,11 @@ else
         skipped = skipped + 1
         io.stderr:write(("predict: %s:%d: %s (skipped)\n"):format(opt.input, lineno, why))
       else
+        rec.lineno_ = lineno   -- a record keeps its own line as its index, whatever was skipped before it
         recs[#recs + 1] = rec
       end
     end
   end
-  f:close()
   records = #recs
   if #recs == 0 then error("predict: no usable records in " .. opt.input, 0) end
 
@@ -245,7 +253,7 @@ else
     stats = st
     for i = 1, #recs do
       local best = nbest and nbest[tostring(i)] and nbest[tostring(i)][1]
-      out_lines[i] = cjson.encode({ index = i - 1, answer = preds[tostring(i)] or "",
+      out_lines[i] = cjson.encode({ index = recs[i].lineno_ - 1, answer = preds[tostring(i)] or "",
         probability = best and best.probability or nil })
     end
   else
@@ -258,16 +266,17 @@ else
       function(idx, out)
         local lg = out.logits:totable()
         for k, i in ipairs(idx) do
-          local logits = { unpack(lg, (k - 1) * nl + 1, k * nl) }
+          local logits = slice(lg, (k - 1) * nl + 1, k * nl)
           local label = logits[1]
           if nl > 1 then
             local bi = 1
             for c = 2, nl do if logits[c] > logits[bi] then bi = c end end
             label = bi - 1
           end
-          out_lines[i] = cjson.encode({ index = i - 1, label = label, logits = logits })
+          out_lines[i] = cjson.encode({ index = recs[i].lineno_ - 1, label = label, logits = logits })
         end
-      end)
+      end,
+      function(i) return ("%s:%d"):format(opt.input, recs[i].lineno_) end)
   end
   write_output(table.concat(out_lines, "\n") .. "\n")
 end

@@ -32,39 +32,49 @@ local SPEC = {
     "held-out shard directory for MLM evaluation (default: test_* shards next to the training data)" },
   { "output", "runs/pretrain", "run directory: checkpoints/, log.jsonl, phase1/ and phase2/ final models" },
   { "phase", "both", "1, 2 or both" },
-  { "seq1", 128, "phase 1 sequence length" }, { "pred1", 20, "phase 1 max predictions per sequence" },
-  { "batch1", 65536, "phase 1 global batch (sequences per optimizer step)" },
-  { "lr1", 6e-3, "phase 1 peak learning rate" }, { "warmup1", 0.2843, "phase 1 warmup proportion" },
-  { "steps1", 7038, "phase 1 optimizer steps" },
-  { "seq2", 512, "phase 2 sequence length" }, { "pred2", 80, "phase 2 max predictions per sequence" },
-  { "batch2", 32768, "phase 2 global batch" }, { "lr2", 4e-3, "phase 2 peak learning rate" },
-  { "warmup2", 0.128, "phase 2 warmup proportion" }, { "steps2", 1563, "phase 2 optimizer steps" },
-  { "warmup_steps1", -1, "phase 1 warmup in steps instead of --warmup1 (Google/TF2: 2000; -1: the proportion)" },
-  { "warmup_steps2", -1, "phase 2 warmup in steps instead of --warmup2 (Google/TF2: 200; -1: the proportion)" },
-  { "micro_batch", 8, "sequences per device per forward/backward" },
+  { "seq1", 128, "phase 1 sequence length", int = true, min = 3 },
+  { "pred1", 20, "phase 1 max predictions per sequence", int = true, min = 0 },
+  { "batch1", 65536, "phase 1 global batch (sequences per optimizer step)", int = true, min = 1 },
+  { "lr1", 6e-3, "phase 1 peak learning rate", min = 0, above = true },
+  { "warmup1", 0.2843, "phase 1 warmup proportion", min = 0, max = 1 },
+  { "steps1", 7038, "phase 1 optimizer steps", int = true, min = 1 },
+  { "seq2", 512, "phase 2 sequence length", int = true, min = 3 },
+  { "pred2", 80, "phase 2 max predictions per sequence", int = true, min = 0 },
+  { "batch2", 32768, "phase 2 global batch", int = true, min = 1 },
+  { "lr2", 4e-3, "phase 2 peak learning rate", min = 0, above = true },
+  { "warmup2", 0.128, "phase 2 warmup proportion", min = 0, max = 1 },
+  { "steps2", 1563, "phase 2 optimizer steps", int = true, min = 1 },
+  { "warmup_steps1", -1, "phase 1 warmup in steps instead of --warmup1 (Google/TF2: 2000; -1: the proportion)",
+    int = true, min = -1 },
+  { "warmup_steps2", -1, "phase 2 warmup in steps instead of --warmup2 (Google/TF2: 200; -1: the proportion)",
+    int = true, min = -1 },
+  { "micro_batch", 8, "sequences per device per forward/backward", int = true, min = 1 },
   { "bin_lengths", false, "loader sorts sequences by length within windows of 64 steps: less padding (phase 2)" },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, " ..
       "fp16 with loss scaling)" },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 2^15 = 32768)" },
-  { "power", 0.5, "polynomial decay power after warmup" },
-  { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)" },
-  { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation" },
+  { "power", 0.5, "polynomial decay power after warmup", min = 0 },
+  { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)", min = 0 },
+  { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation", min = 0, above = true },
   { "keep_optimizer", false, "phase 2 keeps phase 1's optimizer state (NVIDIA starts it fresh)" },
-  { "seed", 12439, "seed for initialisation, data order and dropout" },
-  { "dropout", -1, "override hidden and attention dropout (-1: keep the config's 0.1)" },
-  { "checkpoint_interval", 200, "optimizer steps between checkpoints" },
-  { "keep_checkpoints", 3, "checkpoints kept per phase" },
+  { "seed", 12439, "seed for initialisation, data order and dropout", int = true, min = 0, max = 2 ^ 53 },
+  { "dropout", -1, "override hidden and attention dropout (-1: keep the config's 0.1)", min = -1, max = 0.99 },
+  { "checkpoint_interval", 200, "optimizer steps between checkpoints (0: only at the end and at a stop)", int = true,
+    min = 0 },
+  { "keep_checkpoints", 3, "checkpoints kept per phase", int = true, min = 1 },
   { "resume", false, "continue from the newest complete checkpoint in --output" },
-  { "max_steps", 0, "stop each phase after this many steps of this run (0: all)" },
-  { "max_time", 0, "stop after this many seconds, with a checkpoint (0: no limit)" },
-  { "eval_interval", 0, "steps between held-out MLM evaluations (0: only at the end of a phase)" },
-  { "eval_batches", 20, "micro-batches per evaluation" },
-  { "log_every", 1, "steps between JSON log lines" },
+  { "max_steps", 0, "stop each phase after this many steps of this run (0: all)", int = true, min = 0 },
+  { "max_time", 0, "stop after this many seconds, with a checkpoint (0: no limit)", min = 0 },
+  { "eval_interval", 0, "steps between held-out MLM evaluations (0: only at the end of a phase)", int = true, min = 0 },
+  { "eval_batches", 20, "micro-batches per evaluation", int = true, min = 1 },
+  { "log_every", 1, "steps between JSON log lines", int = true, min = 1 },
   { "threads", 0, "CPU threads (0: keep the default)" },
 }
 local opt = options.parse(arg, SPEC, { name = "pretrain",
   usage = "usage: [mpirun -np N] bertlua recipes/pretrain.lua --data-phase1=DIR [--data-phase2=DIR] [options]" })
+-- SIGINT/SIGTERM: every rank stops at the same step with a checkpoint (a second signal stops at once)
+bl.stop_watch()
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 
 local rank, world = dist.rank(), dist.size()
@@ -187,9 +197,12 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase }
   local step = 0
   if opt.resume then
-    local latest = ckpt.latest(ckdir)
-    if latest then
-      local c = ckpt.load(latest, { model = model, identity = identity })
+    local c = ckpt.load_latest(ckdir, { model = model, identity = identity })
+    if not c then
+      say(("  --resume: nothing to resume in %s (no complete checkpoint); phase %d starts at step 0")
+        :format(ckdir, ph.phase))
+    else
+      local latest = c.path
       local sd = { optimizer = "lamb", step = c.state.optimizer_step, lr = c.state.lr }
       for k, t in pairs(c.tensors) do
         local name = k:match("^optimizer%.(.+)$")
@@ -221,7 +234,13 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local ran, stop_reason = 0, nil
   while step < ph.steps do
     if opt.max_steps > 0 and ran >= opt.max_steps then stop_reason = "max-steps" break end
-    if opt.max_time > 0 and logm.clock() - t_start >= opt.max_time then stop_reason = "max-time" break end
+    -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
+    -- clocks and the signals of all ranks are combined (one small all-reduce per step)
+    local late = opt.max_time > 0 and logm.clock() - t_start >= opt.max_time
+    local sig = bl.stop_signal()
+    local votes = dist.sum_numbers({ late and 1 or 0, sig })
+    if votes[1] > 0 then stop_reason = "max-time" break end
+    if votes[2] > 0 then stop_reason = "signal" break end
     local t0 = logm.clock()
     step = step + 1
     model:zero_grad()

@@ -10,6 +10,7 @@ local bert = require "bertlua.bert"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
 local cjson = require "cjson"
+local slice = require("bertlua.util.list").slice
 
 local opt = options.parse(arg, {
   { "model", nil, "fine-tuned QA model directory" }, { "input", nil, "JSON lines {question, context}" },
@@ -39,7 +40,7 @@ local function softmax(v)
 end
 
 local results = {}
-for line in io.lines(opt.input) do
+for line in require("bertlua.util.fs").lines(opt.input) do
   if not line:match("^%s*$") then
     local rec = cjson.decode(line)
     local q, c = tok:tokenize(rec.question), tok:tokenize(rec.context)
@@ -47,8 +48,8 @@ for line in io.lines(opt.input) do
     local batch = trainer.pad_rows({ { ids = tok:convert_tokens_to_ids(toks), types = types } }, #toks)
     local out = model:forward(batch)
     local n = #toks
-    local st = softmax({ unpack(out.start_logits:totable(), 1, n) })
-    local en = softmax({ unpack(out.end_logits:totable(), 1, n) })
+    local st = softmax(slice(out.start_logits:totable(), 1, n))
+    local en = softmax(slice(out.end_logits:totable(), 1, n))
     local first_ctx = #q + 3
     local best, bs, be = -1, first_ctx, first_ctx
     for i = first_ctx, n - 1 do

@@ -26,7 +26,10 @@ local opt = options.parse(arg, {
   { "threads", 0, "CPU threads (0: all)" },
 }, { name = "quickstart", usage = "usage: bertlua recipes/quickstart.lua [options]" })
 
-local exe = arg[-1] or "bertlua"
+-- the sibling recipes and the host are found from this recipe's own location, so the quickstart runs from
+-- any working directory, in the source tree or installed
+local fs = require "bertlua.util.fs"
+local exe = fs.host()
 local out = opt.output
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local clock = require("bertlua.util.log").clock
@@ -43,7 +46,7 @@ local function stage(title, cmd)
   end
   print(("   (%.1f s)"):format(clock() - t0))
 end
-local function recipe(name, args) return exe .. " recipes/" .. name .. ".lua " .. args end
+local function recipe(name, args) return ("%s %s %s"):format(q(exe), q(fs.recipe(name .. ".lua")), args) end
 local threads = opt.threads > 0 and (" --threads=" .. opt.threads) or ""
 
 os.execute("mkdir -p " .. q(out))
@@ -61,9 +64,7 @@ if not books then
     for i = (b - 1) * per_book + 1, math.min(b * per_book, #docs) do
       parts[#parts + 1] = table.concat(docs[i].sentences, " ")
     end
-    local f = assert(io.open(("%s/book_%03d.txt"):format(books, b), "w"))
-    f:write(table.concat(parts, "\n\n"), "\n")
-    f:close()
+    fs.write_atomic(("%s/book_%03d.txt"):format(books, b), table.concat(parts, "\n\n"), "\n")
   end
   print(("generated %d books about %d invented countries in %s"):format(math.ceil(#docs / per_book), opt.countries,
     books))
@@ -87,11 +88,11 @@ stage("pre-training data: masked LM + next-sentence pairs",
 
 -- a tiny BERT sized to the vocabulary
 local nvocab = 0
-for _ in io.lines(vocab) do nvocab = nvocab + 1 end
+for _ in fs.lines(vocab) do nvocab = nvocab + 1 end
 local cfg = { vocab_size = nvocab, hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 2,
   intermediate_size = 512, max_position_embeddings = 128, type_vocab_size = 2, hidden_act = "gelu",
   hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1, layer_norm_eps = 1e-12, initializer_range = 0.02 }
-local f = assert(io.open(out .. "/tiny_config.json", "w")); f:write(cjson.encode(cfg)); f:close()
+fs.write_atomic(out .. "/tiny_config.json", cjson.encode(cfg))
 
 stage("pre-train a tiny BERT (phase 1 only, LAMB)", recipe("pretrain",
   ("--model=%s/tiny_config.json --vocab=%s --data-phase1=%s/pretrain_data --output=%s --phase=1 " ..

@@ -28,19 +28,24 @@ local opt = options.parse(arg, {
   { "output", "runs/squad", "output directory: predictions and the fine-tuned model" },
   { "do_train", false, "fine-tune" }, { "do_predict", false, "predict --predict-file" },
   { "version_2_with_negative", false, "SQuAD 2.0 (unanswerable questions)" },
-  { "max_seq_length", 384, "tokens per window" }, { "doc_stride", 128, "stride between windows" },
-  { "max_query_length", 64, "question tokens kept" },
-  { "lr", 3e-5, "peak learning rate" }, { "epochs", 2, "training epochs" },
-  { "batch", 32, "sequences per optimizer step" }, { "micro_batch", 0, "sequences per forward (0: = batch)" },
-  { "warmup", 0.1, "warmup proportion" },
-  { "warmup_steps", -1, "warmup in optimizer steps instead of --warmup (-1: use the proportion)" },
+  { "max_seq_length", 384, "tokens per window", int = true, min = 3 },
+  { "doc_stride", 128, "stride between windows", int = true, min = 1 },
+  { "max_query_length", 64, "question tokens kept", int = true, min = 1 },
+  { "lr", 3e-5, "peak learning rate", min = 0, above = true },
+  { "epochs", 2, "training epochs", min = 0, above = true },
+  { "batch", 32, "sequences per optimizer step", int = true, min = 1 },
+  { "micro_batch", 0, "sequences per forward (0: = batch)", int = true, min = 0 },
+  { "warmup", 0.1, "warmup proportion", min = 0, max = 1 },
+  { "warmup_steps", -1, "warmup in optimizer steps instead of --warmup (-1: use the proportion)", int = true,
+    min = -1 },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 128)" },
-  { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)" },
-  { "predict_batch", 32, "sequences per forward when predicting" },
-  { "n_best", 20, "n-best spans per question" }, { "max_answer_length", 30, "longest answer in tokens" },
+  { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)", min = 0 },
+  { "predict_batch", 32, "sequences per forward when predicting", int = true, min = 1 },
+  { "n_best", 20, "n-best spans per question", int = true, min = 1 },
+  { "max_answer_length", 30, "longest answer in tokens", int = true, min = 1 },
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
-  { "max_steps", 0, "stop training after this many steps (0: all)" },
-  { "seed", 42, "seed (initialisation of a new head, data order, dropout)" },
+  { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
+  { "seed", 42, "seed (initialisation of a new head, data order, dropout)", int = true, min = 0, max = 2 ^ 53 },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with " ..
       "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
@@ -140,7 +145,9 @@ if opt.do_predict then
   feat_opts.is_training = false
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   local function run(n, consume)
-    return trainer.predict{ model = model, n = n, batch = opt.predict_batch,
+    return trainer.predict{ model = model, n = n, batch = opt.predict_batch, name = "squad",
+      precision = opt.precision,
+      describe = function(i) return "question " .. tostring(examples[feats[i].example_index + 1].qas_id) end,
       make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, false)) end, consume = consume }
   end
   local _, _, _, stats = squad.predict(examples, feats, run, { tokenizer = tok, output_dir = opt.output,

@@ -50,10 +50,7 @@ local function run()
   end
   local result = squad.evaluate(dataset, preds, eopts)
   if opt.out_file ~= "" then
-    local f, err = io.open(opt.out_file, "wb")
-    if not f then error("cannot write " .. opt.out_file .. ": " .. tostring(err), 0) end
-    f:write(squad.format_eval(result, version, true))
-    f:close()
+    require("bertlua.util.fs").write_atomic(opt.out_file, squad.format_eval(result, version, true))
   else
     io.write(squad.format_eval(result, version, false), "\n")
   end

@@ -10,6 +10,7 @@
 #include "bl_ops.h"
 #include "bl_io.h"
 #include "bl_ckpt.h"
+#include "bl_stream.h"
 #include "bl_tokenizer.h"
 #include "bl_optim.h"
 #include "bl_loader.h"

@@ -68,6 +68,11 @@ int bl_num_threads(void);
 void bl_set_num_threads(int n);
 /* FNV-1a 64-bit hash of n bytes, continuing from h (start with 14695981039346656037). */
 uint64_t bl_fnv1a64(const void *data, size_t n, uint64_t h);
+/* Graceful stop: after bl_stop_watch(), SIGINT and SIGTERM only record the signal; long loops poll
+ * bl_stop_signal() (0 or the signal number), agree on it across ranks and stop with a checkpoint. A
+ * second signal of the same kind ends the process as usual. */
+int bl_stop_watch(void);
+int bl_stop_signal(void);
 /* BL_CDEF_END */
 
 /* Internal helpers (not part of the FFI surface). */

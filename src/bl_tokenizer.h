@@ -1,8 +1,13 @@
-/* bertlua — WordPiece tokenizer, exact to Hugging Face's slow BertTokenizer
- * (transformers 4.x, BasicTokenizer + WordpieceTokenizer), which itself follows
- * google-research/bert tokenization.py plus two additions: special tokens
- * ([PAD] [UNK] [CLS] [SEP] [MASK]) are never split, and text is NFC-normalized
- * before the whitespace split.
+/* bertlua — WordPiece tokenizer, exact to google-research/bert tokenization.py
+ * (the reference NVIDIA's BERT recipes use) and to Hugging Face `tokenizers`
+ * (Rust BertNormalizer + BertPreTokenizer + WordPiece), plus one addition they
+ * share with transformers' slow BertTokenizer: special tokens ([PAD] [UNK]
+ * [CLS] [SEP] [MASK]) are never split.
+ * Where transformers' Python BertTokenizer differs: since 4.x it NFC-normalizes
+ * the text before the whitespace split. That changes nothing uncased (NFD
+ * follows), but cased it composes decomposed text: "a" + U+0301 gives "á"
+ * there and "a ##\u0301" here, in Google's code and in `tokenizers`
+ * (tests/lua/test_tokenizer.lua checks all three).
  *
  * Pipeline for a text (UTF-8 bytes, not NUL-terminated):
  *   1. special tokens found verbatim (case-sensitive) in the raw text are cut
@@ -17,7 +22,7 @@
  *      their own;
  *   5. uncased: per-code-point lowercasing like Python's str.lower() (the
  *      slow tokenizer lowercases one character at a time, so no final-sigma
- *      rule), NFD, category Mn dropped; cased: NFC;
+ *      rule), NFD, category Mn dropped; cased: no normalization at all;
  *   6. punctuation (ASCII 33-47, 58-64, 91-96, 123-126 and category P*) is
  *      split off as one-character tokens -> "basic tokens";
  *   7. WordPiece: greedy longest-match-first with "##" continuations; a basic

@@ -3,6 +3,7 @@
 #   tests/c/test_*.c      C unit tests (one executable each)
 #   tests/lua/test_*.lua  Lua tests run by the bertlua host
 #   tests/mpi/test_*.lua  Lua tests run under `mpirun -np 2`
+#   tests/hostile/test_*.lua  the hostile-input suite (full disks, FIFOs, NUL bytes, bad options...)
 # A test that cannot run here (no GPU, no shared data, no torch) exits 77,
 # which ctest reports as skipped, after printing why.
 set(BL_SHARED_DATA ${CMAKE_SOURCE_DIR}/../shared/data)
@@ -29,6 +30,14 @@ foreach(src ${BL_LUA_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_test(NAME lua_${name} COMMAND bertlua_host ${src} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(lua_${name} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${BL_TEST_ENV}" TIMEOUT 600)
+endforeach()
+
+file(GLOB BL_HOSTILE_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/hostile/test_*.lua)
+foreach(src ${BL_HOSTILE_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_test(NAME hostile_${name} COMMAND bertlua_host ${src} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(hostile_${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 1800
+    ENVIRONMENT "${BL_TEST_ENV};OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 endforeach()
 
 file(GLOB BL_MPI_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi/test_*.lua)

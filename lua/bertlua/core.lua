@@ -25,14 +25,16 @@ M.ffi = ffi
 M.C = ffi.C
 local C = ffi.C
 
--- Raise the C side's error message as a Lua error (level 3 = caller of the wrapper).
-function M.fail(level)
-  error(ffi.string(C.bl_last_error()), (level or 2) + 1)
+-- Raise the C side's error message as a Lua error. It already names the
+-- operation, file or shape and what was wrong, so it carries no Lua position:
+-- the host prints it as one line (a traceback with --debug).
+function M.fail()
+  error(ffi.string(C.bl_last_error()), 0)
 end
 
 -- check(rc): error with the C message when rc ~= 0. Use as `check(C.bl_x(...))`.
 function M.check(rc)
-  if rc ~= 0 then error(ffi.string(C.bl_last_error()), 3) end
+  if rc ~= 0 then error(ffi.string(C.bl_last_error()), 0) end
   return rc
 end
 

@@ -28,6 +28,9 @@ function M.cuda_compiled() return C.bl_cuda_compiled() == 1 end
 function M.nccl_compiled() return C.bl_nccl_compiled() == 1 end
 function M.num_threads() return C.bl_num_threads() end
 function M.set_num_threads(n) C.bl_set_num_threads(n) end
+-- SIGINT/SIGTERM recorded instead of killing: loops poll stop_signal() (0 or the signal) and stop together
+function M.stop_watch() C.bl_stop_watch() end
+function M.stop_signal() return C.bl_stop_signal() end
 function M.bytes_in_use() return tonumber(C.bl_storage_bytes_in_use()) end
 -- Prefix for a shell command that runs a peer program (PyTorch in the
 -- benchmarks) in the environment the user gave: the host sets thread-waiting

@@ -45,6 +45,11 @@ static int check_records(bl_shard *s) {
     if (r.len_a > r.length || r.num_masked > r.length)
       return bad(s->path, "record %lld: segment A (%d) or masked count (%d) exceeds its length %d", (long long)k,
                  r.len_a, r.num_masked, r.length);
+    if ((uint32_t)r.num_masked > h->max_predictions)
+      return bad(s->path, "record %lld has %d masked positions, more than the header's max_predictions %u",
+                 (long long)k, r.num_masked, h->max_predictions);
+    if (r.next_sentence_label != 0 && r.next_sentence_label != 1)
+      return bad(s->path, "record %lld: next-sentence label %d is not 0 or 1", (long long)k, r.next_sentence_label);
     for (int32_t i = 0; i < r.length; i++) {
       uint32_t id = bl_shard_token(r.tokens, tb, i);
       if (id >= h->vocab_size)
@@ -80,6 +85,8 @@ static int validate(bl_shard *s, const bl_shard_expect *ex) {
     return bad(path, "truncated or corrupt: header promises %.0f bytes, the file has %zu", need, s->size);
   }
   if (h->token_bytes != 2 && h->token_bytes != 4) return bad(path, "token width %u is invalid", h->token_bytes);
+  if (!(h->masked_lm_prob >= 0 && h->masked_lm_prob <= 1))  /* NaN fails too */
+    return bad(path, "masked_lm_prob %g is not in [0, 1]", (double)h->masked_lm_prob);
   if (bl_fnv1a64(s->base + HDR_BYTES, s->size - HDR_BYTES, FNV0) != h->checksum)
     return bad(path, "checksum mismatch: the file is corrupt");
   if (ex && ex->vocab_hash && h->vocab_hash != ex->vocab_hash)
@@ -104,13 +111,19 @@ static int validate(bl_shard *s, const bl_shard_expect *ex) {
 int bl_shard_open(const char *path, const bl_shard_expect *expect, bl_shard **out) {
   if (!path || !out) return bl_set_error(BL_EINVAL, "shard: path and out are required");
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO must be refused, not waited on */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return bl_set_error(BL_EIO, "shard %s: cannot open: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int e = errno;
     close(fd);
     return bl_set_error(BL_EIO, "shard %s: cannot stat: %s", path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return bl_set_error(BL_EIO, "shard %s: is a %s, not a regular file", path,
+                        S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "special file");
   }
   bl_shard *s = calloc(1, sizeof *s);
   if (!s || !(s->path = strdup(path))) {

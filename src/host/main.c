@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,11 +57,42 @@ static void find_lua_dir(char *out, size_t n) {  /* n >= PATH_MAX + 64 */
   snprintf(out, n, "%s", BL_SOURCE_LUA_DIR);
 }
 
+/* --debug among the script's arguments, or BERTLUA_DEBUG=1: tracebacks for every error */
+static int debug_mode = 0;
+
+/* Whether msg starts with the position ("chunk:line:") of a function on the stack, i.e. was raised by
+ * error(msg) or the VM: an internal error. The library raises user errors with level 0 — "op: what was
+ * wrong", maybe naming a data file's line ("train.tsv:402: ...") — without one. The message handler runs
+ * before the stack unwinds, so the raising function is still there. */
+static int has_position(lua_State *L, const char *msg) {
+  lua_Debug ar;
+  for (int level = 0; level < 200 && lua_getstack(L, level, &ar); level++) {
+    if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0) continue;
+    char pos[LUA_IDSIZE + 32];
+    int n = snprintf(pos, sizeof pos, "%s:%d:", ar.short_src, ar.currentline);
+    if (n > 0 && strncmp(msg, pos, (size_t)n) == 0) return 1;
+  }
+  /* rethrown from a pcall: the raiser is gone, but a Lua file's position still marks an internal error */
+  const char *p = strstr(msg, ".lua:");
+  if (!p || memchr(msg, ' ', (size_t)(p - msg)) || memchr(msg, '\n', (size_t)(p - msg))) return 0;
+  p += 5;
+  if (*p < '0' || *p > '9') return 0;
+  while (*p >= '0' && *p <= '9') p++;
+  return *p == ':';
+}
+
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (!msg) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
     msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  if (!debug_mode && !has_position(L, msg)) {
+    /* a user error: its one line says what to do; a traceback a caller appended is dropped too */
+    const char *tb = strstr(msg, "\nstack traceback:");
+    if (tb) lua_pushlstring(L, msg, (size_t)(tb - msg));
+    else lua_pushstring(L, msg);
+    return 1;
   }
   luaL_traceback(L, L, msg, 1);
   return 1;
@@ -268,6 +300,9 @@ static void prefer_sleeping_threads(char **argv) {
 }
 
 int main(int argc, char **argv) {
+  /* over a file-size limit (ulimit -f) a write then fails with EFBIG, which the writers report naming the
+   * file, instead of the kernel killing us between a temporary's write and its rename */
+  signal(SIGXFSZ, SIG_IGN);
   prefer_sleeping_threads(argv);
   int interactive = 0, script = 0, ran_e = 0;
   /* options end at the script name; -e may repeat */
@@ -289,6 +324,10 @@ int main(int argc, char **argv) {
     break;
   }
   script = i < argc ? i : 0;
+  const char *dbg = getenv("BERTLUA_DEBUG");
+  debug_mode = dbg && *dbg && strcmp(dbg, "0") != 0;
+  for (int k = script ? script + 1 : argc; k < argc; k++)
+    if (strcmp(argv[k], "--debug") == 0) debug_mode = 1;
 
   if (bl_dist_init(&argc, &argv) != 0) { fprintf(stderr, "%s: %s\n", progname, bl_last_error()); return 1; }
   lua_State *L = luaL_newstate();

@@ -2,7 +2,7 @@
  * The contract and the exact pipeline are in src/bl_tokenizer.h.
  *
  * How one pass can reproduce the reference's whole-string steps (clean, CJK
- * spacing, NFC, split, lower, NFD, strip accents, punctuation split):
+ * spacing, split, lower, NFD, strip accents, punctuation split):
  * cleaned code points are grouped into "segments": a segment starts at a code
  * point that no normalization can merge with what precedes it (combining
  * class 0, not the second half of a canonical composition, not a Hangul
@@ -333,33 +333,6 @@ static void reorder(int32_t *b, int n) {
   }
 }
 
-/* canonical composition (UAX #15) of a decomposed, reordered buffer, in
- * place. utf8proc decides single pairs; composites that are composition
- * exclusions are refused here because utf8proc 2.8 recomposes a few of them
- * (U+2ADC, U+1D15E.., U+1D1BB..). */
-static int32_t compose_pair(int32_t a, int32_t b) {
-  int32_t pair[2] = {a, b};
-  if (utf8proc_normalize_utf32(pair, 2, UTF8PROC_COMPOSE) != 1) return -1;
-  if (utf8proc_get_property(pair[0])->comp_exclusion) return -1;
-  return pair[0];
-}
-
-static int compose(int32_t *b, int n) {
-  int out = 0, sp = -1, last_cc = -1;
-  for (int i = 0; i < n; i++) {
-    int32_t c = b[i];
-    int cc = utf8proc_get_property(c)->combining_class;
-    if (sp >= 0 && (last_cc == -1 || (cc != 0 && last_cc < cc))) {
-      int32_t x = compose_pair(b[sp], c);
-      if (x >= 0) { b[sp] = x; continue; }
-    }
-    if (cc == 0) { sp = out; last_cc = -1; }
-    else last_cc = cc;
-    b[out++] = c;
-  }
-  return out;
-}
-
 /* normalize the pending segment and feed its code points */
 static void seg_flush(eng *e) {
   int k = e->seglen;
@@ -368,15 +341,17 @@ static void seg_flush(eng *e) {
   int64_t s = e->segstart, t = e->segend;
   int32_t c0 = e->seg[0];
   if (k == 1 && c0 < 128) { feed(e, e->lower ? ascii_lower[c0] : c0, s, t); return; }
-  /* decompose (after lowercasing when uncased) */
+  if (!e->lower) {  /* cased: no normalization, as Google's tokenization.py and HF tokenizers */
+    for (int i = 0; i < k; i++) feed(e, e->seg[i], s, t);
+    return;
+  }
+  /* uncased: lowercase, decompose, drop the accents */
   int n = 0;
   for (int i = 0; i < k; i++) {
     int32_t low[2]; int nl = 1;
     low[0] = e->seg[i];
-    if (e->lower) {
-      if (low[0] == 0x130) { low[0] = 'i'; low[1] = 0x307; nl = 2; }  /* Python's full lowercase of U+0130 */
-      else low[0] = utf8proc_tolower(low[0]);
-    }
+    if (low[0] == 0x130) { low[0] = 'i'; low[1] = 0x307; nl = 2; }  /* Python's full lowercase of U+0130 */
+    else low[0] = utf8proc_tolower(low[0]);
     for (int j = 0; j < nl; j++) {
       if (grow(e, &e->norm, &e->normcap, e->normstack, n + 8)) return;
       utf8proc_ssize_t d = utf8proc_decompose_char(low[j], e->norm + n, e->normcap - n, UTF8PROC_DECOMPOSE, NULL);
@@ -389,13 +364,8 @@ static void seg_flush(eng *e) {
     }
   }
   reorder(e->norm, n);
-  if (e->lower) {
-    for (int i = 0; i < n; i++)
-      if (utf8proc_category(e->norm[i]) != UTF8PROC_CATEGORY_MN) feed(e, e->norm[i], s, t);
-  } else {
-    int m = compose(e->norm, n);
-    for (int i = 0; i < m; i++) feed(e, e->norm[i], s, t);
-  }
+  for (int i = 0; i < n; i++)
+    if (utf8proc_category(e->norm[i]) != UTF8PROC_CATEGORY_MN) feed(e, e->norm[i], s, t);
 }
 
 static inline void seg_push(eng *e, int32_t cp, int64_t s, int64_t t) {

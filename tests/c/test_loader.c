@@ -5,7 +5,9 @@
  * races with the thread. Run under the ASan build for memory errors and leaks
  * (ASAN_OPTIONS=detect_leaks=1 ./test_loader). */
 #define _POSIX_C_SOURCE 200809L  /* mkdtemp, nanosleep */
+#include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -139,6 +141,56 @@ static void test_corruption(const char *dir) {
   unlink(path);
 }
 
+static void expect_refused(const char *path, const char *what) {
+  bl_shard *s = NULL;
+  alarm(10);  /* a FIFO that blocks the open fails the test instead of hanging it */
+  int rc = bl_shard_open(path, NULL, &s);
+  alarm(0);
+  CHECK(rc != 0 && s == NULL, "%s is refused", path);
+  CHECK(strstr(bl_last_error(), path) && strstr(bl_last_error(), what), "message names %s and '%s': %s", path, what,
+        bl_last_error());
+  bl_shard_close(s);
+}
+
+/* What is not a shard, or a shard whose labels or masking would go wrong mid-training, fails at open. */
+static void test_hostile_files(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/fifo.blshard", dir);
+  CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+  expect_refused(path, "FIFO");
+  unlink(path);
+  snprintf(path, sizeof path, "%s/dir.blshard", dir);
+  CHECK(mkdir(path, 0700) == 0, "mkdir");
+  expect_refused(path, "directory");
+  rmdir(path);
+  snprintf(path, sizeof path, "%s/bad.blshard", dir);
+  size_t size;
+  uint8_t *buf = make_shard(5, 0, &size);
+  uint64_t off3;
+  memcpy(&off3, buf + 80 + 8 * 3, 8);
+  uint8_t *rec3 = buf + 80 + 8 * 6 + off3;
+  rec3[6] = 2;   /* next-sentence label */
+  fix_checksum(buf, size);
+  write_file(path, buf, size);
+  expect_refused(path, "next-sentence label 2");
+  rec3[6] = 1;
+  bl_shard_header h;
+  memcpy(&h, buf, 80);
+  h.max_predictions = 0;   /* every record masks at least one position */
+  memcpy(buf, &h, 80);
+  fix_checksum(buf, size);
+  write_file(path, buf, size);
+  expect_refused(path, "max_predictions");
+  h.max_predictions = 10;
+  h.masked_lm_prob = NAN;
+  memcpy(buf, &h, 80);
+  fix_checksum(buf, size);
+  write_file(path, buf, size);
+  expect_refused(path, "masked_lm_prob");
+  free(buf);
+  unlink(path);
+}
+
 static int same_batch(const bl_loader_batch *a, const bl_loader_batch *b) {
   const bl_tensor *x[6] = {a->input_ids, a->token_type_ids, a->attention_mask, a->masked_lm_positions,
                            a->masked_lm_labels, a->next_sentence_labels};
@@ -239,6 +291,7 @@ int main(void) {
   char dir[] = "/tmp/bl_test_loader_XXXXXX";
   if (!mkdtemp(dir)) { printf("mkdtemp failed\n"); return 1; }
   test_corruption(dir);
+  test_hostile_files(dir);
   test_prefetch(dir);
   rmdir(dir);
   if (failures) { printf("%d failures\n", failures); return 1; }

@@ -1,4 +1,5 @@
--- Checkpoints: atomic layout, keep-last-N, partial saves ignored, identity checks.
+-- Checkpoints: atomic layout, keep-last-N, partial saves ignored, identity checks,
+-- checksums (a bit flip is found) and falling back to the previous complete one.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -49,6 +50,31 @@ T.test("mismatched identity or config is a clear error", function()
   local f = io.open(path .. "/state.json", "w"); f:write("{not json"); f:close()
   T.raises(function() ckpt.load(path, { model = m }) end, "not valid JSON")
   T.raises(function() ckpt.load(dir .. "/nope") end, "not a complete checkpoint")
+end)
+
+T.test("a bit flip in the newest checkpoint is found; load_latest falls back to the previous one", function()
+  local d = dir .. "/flip"
+  local m = bert.BertForPreTraining(cfg, { seed = 1 })
+  local id = { optimizer = "lamb" }
+  ckpt.save(d, { step = 1, model = m, identity = id }, { keep = 3 })
+  local m2 = bert.BertForPreTraining(cfg, { seed = 9 })
+  ckpt.save(d, { step = 2, model = m2, identity = id }, { keep = 3 })
+  local newest = d .. "/ckpt-00000002/model.safetensors"
+  local f = assert(io.open(newest, "r+b"))
+  local size = f:seek("end")
+  f:seek("set", size - 5)
+  local b = f:read(1)
+  f:seek("set", size - 5)
+  f:write(string.char((b:byte() + 1) % 256))
+  f:close()
+  T.raises(function() ckpt.load(d .. "/ckpt-00000002", { model = m2, identity = id }) end, "is corrupt")
+  local into = bert.BertForPreTraining(cfg, { seed = 5 })
+  local c = ckpt.load_latest(d, { model = into, identity = id })
+  T.eq(c.step, 1)
+  T.eq((into.flat_params - m.flat_params):abs():max(), 0)
+  -- another run's checkpoint is an error, not a reason to go back
+  T.raises(function() ckpt.load_latest(d, { model = into, identity = { optimizer = "adamw" } }) end, "was made with")
+  T.eq(ckpt.load_latest(dir .. "/none", { model = into }), nil)
 end)
 
 T.run()

@@ -1,12 +1,13 @@
--- recipes/glue.lua (classification and STS-B regression) and recipes/predict.lua.
+-- recipes/glue.lua (classification and STS-B regression) and recipes/predict.lua, on data made at test time.
 local T = require "testing"
 local cjson = require "cjson"
 
 local exe = T.exe()
-local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
-local sst = T.shared_data("glue/SST-2/dev.tsv")
-if not vocab or not sst then T.skip_all("needs ../shared/data (vocab and glue/SST-2)") end
 local tmp = T.tmpdir("sst", "stsb")
+-- made here (tests/lua/lib/fixtures.lua): a vocabulary and an SST-2 dev.tsv of 872 rows in the original format
+local fx = require "fixtures"
+local vocab = fx.vocab(tmp)
+local sst = fx.glue(tmp, "sst2")
 local sh = T.sh
 T.tiny_model_dir(tmp .. "/cls", { seed = 1, num_labels = 2, vocab = vocab })
 

@@ -8,12 +8,11 @@ local cjson = require "cjson"
 local metrics = require "bertlua.tasks.metrics"
 
 local exe = T.exe()
-local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
-local mrpc = T.shared_data("glue/MRPC/dev.tsv")
-local cola = T.shared_data("glue/CoLA/dev.tsv")
-if not vocab or not mrpc or not cola then T.skip_all("needs ../shared/data (vocab, glue/MRPC, glue/CoLA)") end
-
 local tmp = T.tmpdir("mrpc", "cola", "mnli")
+-- made here (tests/lua/lib/fixtures.lua): a vocabulary and MRPC/CoLA dev files in their original formats
+local fx = require "fixtures"
+local vocab = fx.vocab(tmp)
+local mrpc, cola = fx.glue(tmp, "mrpc"), fx.glue(tmp, "cola")
 local sh, read_lines = T.sh, T.read_lines
 local function write(path, lines) T.write_file(path, table.concat(lines, "\n") .. "\n") end
 local function model(dir, labels) T.tiny_model_dir(dir, { seed = 2, num_labels = labels, vocab = vocab }) end

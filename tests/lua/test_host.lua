@@ -42,6 +42,22 @@ T.test("-e runs code; errors exit 1 with a traceback naming file:line", function
   T.eq(rc, 1); T.truthy(out:find("unknown option", 1, true), out)
 end)
 
+T.test("a user error (raised without a position) is one line; --debug and BERTLUA_DEBUG add the traceback", function()
+  local p = tmpfile("local function f() error('pretrain: no train_*.blshard in /d; run create_pretraining_data.lua', 0) end\n"
+    .. "local ok, e = xpcall(f, debug.traceback)\nerror(e, 0)\n")
+  local out, rc = run(exe .. " " .. p .. " --x=1")
+  T.eq(rc, 1)
+  T.eq(out, "bertlua: pretrain: no train_*.blshard in /d; run create_pretraining_data.lua\n")
+  out = run(exe .. " " .. p .. " --debug")
+  T.truthy(out:find("stack traceback", 1, true), out)
+  out = run("BERTLUA_DEBUG=1 " .. exe .. " " .. p)
+  T.truthy(out:find("stack traceback", 1, true), out)
+  -- a data file's line number is not a Lua position
+  out = run(exe .. [[ -e 'error("glue: /d/train.tsv:402: 1 columns, expected 2", 0)']])
+  T.eq(out, "bertlua: glue: /d/train.tsv:402: 1 columns, expected 2\n")
+  os.remove(p)
+end)
+
 T.test("stdin script and os.exit codes", function()
   local out, rc = run("echo 'local t = require \"bertlua\"; print(t.randn({2,3}, {seed=1}))' | " .. exe)
   T.eq(rc, 0)

@@ -12,11 +12,8 @@ local Tok = require "bertlua.data.tokenizer"
 local syn = require "bertlua.data.synthetic"
 local C = ffi.C
 
-local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
-if not vocab then T.skip_all("needs ../shared/data/vocab (BL_SHARED_DATA)") end
-local tmp = os.tmpname(); os.remove(tmp)
-os.execute("mkdir -p " .. tmp)
-T.at_exit(function() os.execute("rm -rf " .. tmp) end)
+local tmp = T.tmpdir()
+local vocab = require("fixtures").vocab(tmp, { size = 400 })  -- small: words split into pieces
 
 -- data: the generated corpus, instances made in-process so that flags can be combined
 local tok = Tok.load(vocab, { lower = true })

@@ -22,6 +22,34 @@ T.test("bad values and unknown options are errors", function()
   T.raises(function() options.parse({ "--resume=maybe" }, spec) end, "expects true or false")
 end)
 
+T.test("typed options: ranges, integers, finite numbers, --threads, single dashes, --debug", function()
+  local typed = {
+    { "batch", 32, "sequences", int = true, min = 1 },
+    { "lr", 2e-5, "learning rate", min = 0, above = true },
+    { "warmup", 0.1, "proportion", min = 0, max = 1 },
+    { "seed", 42, "seed" },
+    { "threads", 0, "threads" },
+  }
+  local function bad(args, words) T.raises(function() options.parse(args, typed, { name = "r" }) end, words) end
+  bad({ "--batch=0" }, "r: option --batch=0: must be >= 1")
+  bad({ "--batch=-3" }, "--batch=-3: must be >= 1")
+  bad({ "--batch=2.5" }, "--batch=2.5: must be an integer")
+  bad({ "--lr=0" }, "--lr=0: must be > 0")
+  bad({ "--lr=1e999" }, "--lr=inf: must be a finite number")
+  bad({ "--seed=1e999" }, "--seed=inf: must be a finite number")
+  bad({ "--seed=-1e999" }, "--seed=-inf: must be a finite number")
+  bad({ "--warmup=1.5" }, "--warmup=1.5: must be <= 1")
+  bad({ "--threads=100000" }, "--threads=100000: must be an integer from 0 to")
+  bad({ "-lr=3" }, "-lr=3: options start with two dashes (--lr=3)")
+  bad({ "--config=" .. T.tmpdir() .. "/none.json" }, "cannot open config file")
+  local o = options.parse({ "--batch=8", "--debug", "--lr", "0.5" }, typed)
+  T.eq(o.batch, 8); T.eq(o.lr, 0.5); T.eq(o.debug, nil)
+  -- a config file's values are checked like the command line's
+  local dir = T.tmpdir()
+  T.write_file(dir .. "/c.json", '{"batch": 0}')
+  bad({ "--config=" .. dir .. "/c.json" }, "--batch=0: must be >= 1")
+end)
+
 T.test("config files, JSON and Lua; command line wins", function()
   local p = os.tmpname() .. ".json"
   local f = io.open(p, "w"); f:write('{"lr": 0.5, "phase": "1"}'); f:close()

@@ -6,9 +6,8 @@ local Tok = require "bertlua.data.tokenizer"
 local syn = require "bertlua.data.synthetic"
 
 local exe = T.exe()
-local vocab = T.shared_data("vocab/bert-base-uncased-vocab.txt")
-if not vocab then T.skip_all("needs ../shared/data/vocab (BL_SHARED_DATA)") end
 local tmp = T.tmpdir("in")
+local vocab = require("fixtures").vocab(tmp)
 
 -- input: the generated corpus (two files) + google's sample text when present
 local w = syn.world{ seed = 5, countries = 40 }

@@ -45,13 +45,37 @@ local INT_FIELDS = { "vocab_size", "hidden_size", "num_hidden_layers", "num_atte
 
 local function fail(where, msg) error((where or "config") .. ": " .. msg, 0) end
 
+-- the largest value each size field may take: far above any BERT, low enough that a typo (1e9 layers,
+-- 1e300, Infinity) is refused before anything is allocated
+M.limits = { vocab_size = 2 ^ 24, hidden_size = 65536, num_hidden_layers = 1024, num_attention_heads = 1024,
+  intermediate_size = 2 ^ 20, max_position_embeddings = 2 ^ 20, type_vocab_size = 65536 }
+
+-- parameters of the encoder with its embeddings, pooler and a pre-training head
+function M.num_parameters(cfg)
+  local H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+  local emb = (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size + 2) * H
+  local layer = 4 * (H * H + H) + 2 * H * I + I + H + 4 * H
+  return emb + L * layer + (H * H + H) + (H * H + 3 * H + cfg.vocab_size) + 2 * H + 2
+end
+
+-- bytes of memory this machine has available (MemAvailable), or nil where unknown
+function M.available_memory()
+  local f = io.open("/proc/meminfo", "r")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  local kb = s:match("MemAvailable:%s*(%d+)")
+  return kb and tonumber(kb) * 1024 or nil
+end
+
 -- validate(cfg[, where]) -> cfg; raises "where: field: problem".
 function M.validate(cfg, where)
   if type(cfg) ~= "table" then fail(where, "expected a table, got " .. type(cfg)) end
   for _, k in ipairs(INT_FIELDS) do
     local v = cfg[k]
-    if type(v) ~= "number" or v ~= math.floor(v) or v < 1 then
-      fail(where, ("%s must be a positive integer, got %s"):format(k, tostring(v)))
+    if type(v) ~= "number" or v ~= math.floor(v) or v < 1 or v > M.limits[k] then
+      fail(where, ("%s must be an integer from 1 to %d, got %s"):format(k, M.limits[k],
+        type(v) == "table" and "a list" or tostring(v)))
     end
   end
   if cfg.hidden_size % cfg.num_attention_heads ~= 0 then
@@ -60,13 +84,14 @@ function M.validate(cfg, where)
   end
   for _, k in ipairs({ "hidden_dropout_prob", "attention_probs_dropout_prob" }) do
     local v = cfg[k]
-    if type(v) ~= "number" or v < 0 or v >= 1 then fail(where, ("%s must be in [0, 1), got %s"):format(k,
-      tostring(v))) end
+    if type(v) ~= "number" or not (v >= 0 and v < 1) then
+      fail(where, ("%s must be in [0, 1), got %s"):format(k, tostring(v)))
+    end
   end
-  if type(cfg.layer_norm_eps) ~= "number" or cfg.layer_norm_eps <= 0 then
+  if type(cfg.layer_norm_eps) ~= "number" or not (cfg.layer_norm_eps > 0 and cfg.layer_norm_eps < 1) then
     fail(where, "layer_norm_eps must be a positive number, got " .. tostring(cfg.layer_norm_eps))
   end
-  if type(cfg.initializer_range) ~= "number" or cfg.initializer_range <= 0 then
+  if type(cfg.initializer_range) ~= "number" or not (cfg.initializer_range > 0 and cfg.initializer_range < 1e3) then
     fail(where, "initializer_range must be a positive number, got " .. tostring(cfg.initializer_range))
   end
   if type(cfg.hidden_act) ~= "string" or not M.activations[cfg.hidden_act] then
@@ -79,8 +104,15 @@ function M.validate(cfg, where)
     fail(where, ("position_embedding_type '%s' is not supported (only 'absolute')")
       :format(tostring(cfg.position_embedding_type)))
   end
-  if cfg.num_labels ~= nil and (type(cfg.num_labels) ~= "number" or cfg.num_labels < 1 or cfg.num_labels % 1 ~= 0) then
+  if cfg.num_labels ~= nil and (type(cfg.num_labels) ~= "number" or not (cfg.num_labels >= 1 and cfg.num_labels <= 2 ^ 20)
+      or cfg.num_labels % 1 ~= 0) then
     fail(where, "num_labels must be a positive integer, got " .. tostring(cfg.num_labels))
+  end
+  -- weights and gradients in f32 at least; refuse what cannot fit before allocating it
+  local need, have = 8 * M.num_parameters(cfg), M.available_memory()
+  if have and need > have then
+    fail(where, ("a model of %.3g parameters needs at least %.1f GB (weights and gradients), this machine has "
+      .. "%.1f GB available"):format(M.num_parameters(cfg), need / 2 ^ 30, have / 2 ^ 30))
   end
   return cfg
 end
@@ -94,7 +126,9 @@ function M.new(fields, where)
     if v == cjson.null then v = nil end
     cfg[k] = v
   end
-  if fields.intermediate_size == nil and fields.hidden_size ~= nil then cfg.intermediate_size = 4 * cfg.hidden_size end
+  if fields.intermediate_size == nil and type(fields.hidden_size) == "number" then
+    cfg.intermediate_size = 4 * cfg.hidden_size
+  end
   -- HF stores the label count as id2label; keep num_labels in step with it
   if cfg.num_labels == nil and type(cfg.id2label) == "table" then
     local n = 0
@@ -118,11 +152,13 @@ function M.is_preset(name) return PRESETS[name] ~= nil end
 
 function M.load(path)
   local f, err = io.open(path, "rb")
-  if not f then error("config: cannot open " .. path .. ": " .. tostring(err), 2) end
+  if not f then error("config: cannot open " .. path .. ": " .. tostring(err), 0) end
   local text = f:read("*a")
   f:close()
   local ok, t = pcall(cjson.decode, text)
-  if not ok or type(t) ~= "table" then error("config: " .. path .. " is not a JSON object: " .. tostring(t), 2) end
+  if not ok or type(t) ~= "table" or t[1] ~= nil or next(t) == nil then
+    error("config: " .. path .. " is not a JSON object with the model's fields: " .. (ok and text:sub(1, 40) or tostring(t)), 0)
+  end
   return M.new(t, "config " .. path)
 end
 
@@ -144,13 +180,7 @@ function M.to_json(cfg)
 end
 
 function M.save(cfg, path)
-  local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "wb")
-  if not f then error("config: cannot write " .. path .. ": " .. tostring(err), 2) end
-  f:write(M.to_json(cfg))
-  f:close()
-  local ok, rerr = os.rename(tmp, path)
-  if not ok then error("config: cannot rename " .. tmp .. " to " .. path .. ": " .. tostring(rerr), 2) end
+  require("bertlua.util.fs").write_atomic(path, M.to_json(cfg))
 end
 
 return M

@@ -23,6 +23,7 @@
 -- tensors (ids, masks, labels) may stay on the CPU, they are copied to the
 -- model's device here. Results (losses, counts, accuracies) come back as Lua
 local bl = require "bertlua.tensor"
+local slice = require("bertlua.util.list").slice
 
 local M = {}
 M.config = require "bertlua.bert.config"
@@ -47,16 +48,34 @@ function M.save_pretrained(model, dir, opts)
   return require("bertlua.io.safetensors").save_pretrained(model, dir, opts)
 end
 function M.from_pretrained(dir, opts)
-  return require("bertlua.io.safetensors").from_pretrained(dir, opts)
+  local model, cfg = require("bertlua.io.safetensors").from_pretrained(dir, opts)
+  M.check_finite(model, dir .. "/model.safetensors")
+  return model, cfg
+end
+
+-- check_finite(model, where): an error naming the first weight that holds NaN or an infinity (a corrupt
+-- file or a diverged run would otherwise give NaN outputs without a word)
+function M.check_finite(model, where)
+  local core = require "bertlua.core"
+  local norm, bad = core.ffi.new("double[1]"), core.ffi.new("int[1]")
+  core.check(core.C.bl_grad_global_norm(model.flat_params, norm, bad))
+  if bad[0] == 0 then return end
+  for _, e in ipairs(model._plist) do
+    core.check(core.C.bl_grad_global_norm(model.flat_params:narrow(1, e.offset + 1, e.numel), norm, bad))
+    if bad[0] ~= 0 then
+      error(("%s: weight %s holds NaN or infinite values (a corrupt file or a diverged run)"):format(where,
+        e.name), 0)
+    end
+  end
 end
 
 -- feature extraction (BERT's extract_features.py) ---------------------------------------
 -- pair(tokens_a, tokens_b, max_len) -> tokens, type_ids: [CLS] a [SEP] (b [SEP]),
 -- truncating the longer of a/b one token at a time (original _truncate_seq_pair).
 function M.pair(a, b, max_len)
-  a = { unpack(a) }
+  a = slice(a)
   if b then
-    b = { unpack(b) }
+    b = slice(b)
     while #a + #b > max_len - 3 do
       if #a > #b then a[#a] = nil else b[#b] = nil end
     end

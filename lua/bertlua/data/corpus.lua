@@ -20,6 +20,14 @@ local M = {}
 -- user-facing errors: the message already names the stage, no Lua position
 local function uerr(msg) error(msg, 0) end
 
+-- an output directory inside an input one (or the same) makes a rerun read its own output
+local function separate(recipe, input, output)
+  if fs.inside(output, input) or fs.inside(input, output) then
+    uerr(("%s: --output=%s overlaps --input=%s: a rerun would read its own output; use a separate directory")
+      :format(recipe, output, input))
+  end
+end
+
 M.FORMAT_HELP = [[
 Document format between stages: plain UTF-8 text, one document per block,
 a blank line between documents, first line of a document = its title, then
@@ -89,20 +97,16 @@ end
 -- Iterator over the documents of a file in the inter-stage format:
 -- for title, body in corpus.documents(path) do ... end (body: paragraphs joined by "\n")
 function M.documents(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("corpus.documents: cannot open " .. path .. ": " .. tostring(err), 2) end
-  local lines = f:lines()
+  local lines = fs.lines(path)
   return function()
     local title
     local body = {}
     while true do
       local l = lines()
       if not l then
-        f:close()
         if title then return title, table.concat(body, "\n") end
         return nil
       end
-      if l:sub(-1) == "\r" then l = l:sub(1, -2) end
       if l:match("^%s*$") then
         if title then return title, table.concat(body, "\n") end
       elseif not title then title = l
@@ -111,11 +115,9 @@ function M.documents(path)
   end
 end
 
--- Atomic writer of a document file: writes PATH.tmp, renamed to PATH by :close().
+-- Writer of a document file (bertlua.util.fs: PATH appears complete at :close() or not at all).
 function M.doc_writer(path)
-  local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "wb")
-  if not f then uerr("corpus: cannot write " .. tmp .. ": " .. tostring(err), 2) end
+  local f = fs.open(path)
   local w = { path = path, docs = 0, bytes = 0 }
   function w:write(title, body)
     title = title:gsub("[\r\n]+", " "):gsub("^%s+", "")
@@ -124,16 +126,11 @@ function M.doc_writer(path)
     self.docs = self.docs + 1
     self.bytes = self.bytes + #title + #body + 3
   end
-  function w:close()
-    assert(f:close())
-    local ok, e = os.rename(tmp, path)
-    if not ok then uerr("corpus: cannot rename " .. tmp .. " to " .. path .. ": " .. tostring(e)) end
-  end
-  function w:abort() f:close(); os.remove(tmp) end
+  function w:close() f:commit() end
+  function w:abort() f:abort() end
   return w
 end
 
----------------------------------------------------------------- Wikipedia
 local function wiki_stats_table(r)
   local st = ffi.new("bl_wiki_stats")
   core.check(C.bl_wiki_get_stats(r, st))
@@ -161,7 +158,7 @@ function M.wiki_open(path, o)
   local r = { raw = raw }
   function r:next()
     local rc = C.bl_wiki_next(raw, doc)
-    if rc < 0 then core.fail(1) end
+    if rc < 0 then core.fail() end
     if rc == 0 then return nil end
     return { title = ffi.string(doc.title, doc.title_len), text = ffi.string(doc.text, doc.text_len),
              page_id = tonumber(doc.page_id), article_index = tonumber(doc.article_index),
@@ -287,6 +284,7 @@ function M.prepare_bookcorpus(o)
   if not o.input or not fs.is_dir(o.input) then uerr("prepare_bookcorpus: --input must be a directory, got "
     .. tostring(o.input)) end
   if not o.output or o.output == "" then uerr("prepare_bookcorpus: --output is required") end
+  separate("prepare_bookcorpus", o.input, o.output)
   fs.mkdir_p(o.output)
   local files = fs.list_dir(o.input, "%.txt$")
   local N = math.floor(o.docs_per_file or 1000)
@@ -305,9 +303,8 @@ function M.prepare_bookcorpus(o)
       local ok, err = pcall(function()
         for i = k * N + 1, math.min((k + 1) * N, #files) do
           local path = o.input .. "/" .. files[i]
-          local f = assert(io.open(path, "rb"))
-          local text = f:read("*a")
-          f:close()
+          local text = fs.read(fs.check_input(path, "book"))
+          if not text then uerr("prepare_bookcorpus: cannot read " .. path) end
           sum.bytes_in = sum.bytes_in + #text
           local title, body, np = M.book_to_document(text, files[i]:gsub("%.txt$", ""))
           if np == 0 then sum.empty = sum.empty + 1
@@ -378,6 +375,7 @@ function M.shard(o)
   local total = 0
   for _, d in ipairs(dirs) do
     if not fs.is_dir(d) then uerr("shard: input " .. d .. " is not a directory") end
+    separate("shard", d, o.output)
     for _, n in ipairs(fs.list_dir(d, "%.txt$")) do
       local p = d .. "/" .. n
       files[#files + 1] = p
@@ -398,7 +396,7 @@ function M.shard(o)
   local buckets = {}
   for b = 1, K do
     local p = ("%s/bucket_%04d.txt"):format(tmpdir, b - 1)
-    buckets[b] = assert(io.open(p, "wb"))
+    buckets[b] = fs.open(p)
   end
   local ndocs, nsent, bytes_in, empty = 0, 0, 0, 0
   local prog = M.progress("shard pass 1", total)
@@ -420,7 +418,7 @@ function M.shard(o)
       prog.update(ndocs, bytes_in)
     end
   end
-  for b = 1, K do assert(buckets[b]:close()) end
+  for b = 1, K do buckets[b]:commit() end
   prog.done()
 
   -- pass 2: order each bucket by key, deal to shards
@@ -428,7 +426,7 @@ function M.shard(o)
     local set = { files = {}, docs = {}, sents = {}, bytes = {}, heap = heap_new(n), n = n }
     for i = 1, n do
       local path = ("%s/%s_%05d.txt"):format(o.output, prefix, i - 1)
-      set.files[i] = { path = path, f = assert(io.open(path .. ".tmp", "wb")) }
+      set.files[i] = { path = path, f = fs.open(path) }
       set.docs[i], set.sents[i], set.bytes[i] = 0, 0, 0
     end
     return set
@@ -440,12 +438,11 @@ function M.shard(o)
   for b = 1, K do
     local path = ("%s/bucket_%04d.txt"):format(tmpdir, b - 1)
     local docs = {}
-    local f = assert(io.open(path, "rb"))
     local cur
-    for line in f:lines() do
+    for line in fs.lines(path, true) do
       if not cur then
         local u, idx, t = line:match("^(%S+) (%d+) (%d) (%d+)$")
-        if not u then f:close(); uerr("shard: corrupt bucket file " .. path) end
+        if not u then uerr("shard: corrupt bucket file " .. path) end
         cur = { tonumber(u), tonumber(idx), t == "1", {} }
       elseif line == "" then
         cur[4] = table.concat(cur[4], "\n")
@@ -456,7 +453,6 @@ function M.shard(o)
         l[#l + 1] = line
       end
     end
-    f:close()
     table.sort(docs, function(x, y) return x[1] < y[1] or (x[1] == y[1] and x[2] < y[2]) end)
     for _, d in ipairs(docs) do
       local set = (d[3] and test) or train
@@ -477,10 +473,7 @@ function M.shard(o)
   prog.done()
   local function close_set(set)
     if not set then return end
-    for i = 1, set.n do
-      assert(set.files[i].f:close())
-      assert(os.rename(set.files[i].path .. ".tmp", set.files[i].path))
-    end
+    for i = 1, set.n do set.files[i].f:commit() end
   end
   close_set(train); close_set(test)
   os.remove(tmpdir)
@@ -500,7 +493,7 @@ function M.shard(o)
                 train = stats(train), test = stats(test), seconds = M.now() - t0, seed = seed }
   sum.peak_rss_mb = M.peak_rss_mb()
   -- manifest last: its presence means the shard set is complete
-  local mf = assert(io.open(o.output .. "/shards.json.tmp", "wb"))
+  local mf = fs.open(o.output .. "/shards.json")
   local function set_json(s)
     local parts = {}
     for i, p in ipairs(s.per_shard or {}) do
@@ -512,8 +505,7 @@ function M.shard(o)
   mf:write(('{"format":"one sentence per line, blank line between documents","seed":%d,"input_docs":%d,' ..
             '"empty_docs":%d,"train":%s,"test":%s}\n'):format(seed, ndocs, empty, set_json(sum.train),
               set_json(sum.test)))
-  assert(mf:close())
-  assert(os.rename(o.output .. "/shards.json.tmp", o.output .. "/shards.json"))
+  mf:commit()
   return sum
 end
 

@@ -183,7 +183,8 @@ M.BIN_WINDOW = 64
 function M.Loader(o)
   local files = o.files or shards.list_shards(o.dir or ".", o.split)
   if #files == 0 then
-    error(("data: no %s*.blshard files in %s"):format(o.split and (o.split .. "_") or "", tostring(o.dir)), 2)
+    error(("data: no %s*.blshard files in %s (create_pretraining_data.lua makes them from shard.lua's "
+      .. "train_*.txt/test_*.txt)"):format(o.split and (o.split .. "_") or "", tostring(o.dir)), 0)
   end
   local expect = { max_seq_length = o.max_seq_length }
   if o.vocab then expect.vocab_hash, expect.vocab = shards.vocab_hash(o.vocab), o.vocab end

@@ -10,6 +10,7 @@
 -- seeded by --seed and the input file, not Python's: the same distributions,
 -- reproducible bit for bit here.
 local rng = require "bertlua.util.rng"
+local slice = require("bertlua.util.list").slice
 
 local M = {}
 
@@ -37,7 +38,7 @@ function M.mask(tokens, o, r)
     end
   end
   shuffle(r, cand)
-  local out = { unpack(tokens) }
+  local out = slice(tokens)
   local want = math.min(o.max_predictions, math.max(1, math.floor(#tokens * o.masked_lm_prob + 0.5)))
   local lms, covered = {}, {}
   for _, set in ipairs(cand) do
@@ -121,9 +122,7 @@ end
 -- read documents from the sharded text format: one sentence per line, blank line between documents
 function M.read_documents(path, tok, stats)
   local docs, doc = {}, {}
-  local f, err = io.open(path, "rb")
-  if not f then error("create_pretraining_data: cannot read " .. path .. ": " .. tostring(err), 2) end
-  for line in f:lines() do
+  for line in require("bertlua.util.fs").lines(path) do
     if line:match("^%s*$") then
       if #doc > 0 then docs[#docs + 1] = doc; doc = {} end
     else
@@ -132,7 +131,6 @@ function M.read_documents(path, tok, stats)
       if stats then stats.sentences = stats.sentences + 1 end
     end
   end
-  f:close()
   if #doc > 0 then docs[#docs + 1] = doc end
   return docs
 end

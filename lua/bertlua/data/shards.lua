@@ -72,7 +72,7 @@ function M.write_shard(path, records, o)
   local fp = ffi.new("bl_file*[1]")
   check(C.bl_file_create_atomic(path, fp))
   local function w(p, n)
-    if C.bl_file_write(fp[0], p, n) ~= 0 then C.bl_file_close(fp[0]); core.fail(2) end
+    if C.bl_file_write(fp[0], p, n) ~= 0 then C.bl_file_close(fp[0]); core.fail() end
   end
   w(h, HDR); w(offsets, 8 * (#records + 1)); w(data.p, data.n)
   check(C.bl_file_commit(fp[0]))

@@ -281,7 +281,7 @@ function M.save(path, tensors, opts)
   end)
   if not ok then
     C.bl_file_close(f)
-    error("safetensors.save: " .. path .. ": " .. tostring(err), 2)
+    error("safetensors.save: " .. path .. ": " .. tostring(err), 0)  -- an I/O failure (full disk): one line
   end
   check(C.bl_file_commit(f))
   return path
@@ -469,7 +469,7 @@ function M.save_pretrained(model, dir, opts)
   opts = opts or {}
   local config = require "bertlua.bert.config"
   local made, why = pcall(fs.mkdir_p, dir)
-  if not made then error("save_pretrained: cannot create directory " .. dir .. " (" .. tostring(why) .. ")", 2) end
+  if not made then error("save_pretrained: cannot create directory " .. dir .. " (" .. tostring(why) .. ")", 0) end
   local cfg = {}
   for k, v in pairs(model.cfg or {}) do cfg[k] = v end
   local arch = tostring(model)

@@ -46,6 +46,9 @@ function M.input_file(recipe, path, flag)
   if not path or path == "" then error(("%s: %s is required"):format(recipe, is_opt and flag .. "=FILE" or flag), 0) end
   local what = is_opt and (flag .. "=" .. path) or (flag .. " " .. path)
   if is_dir(path) then error(("%s: %s is a directory, expected a file"):format(recipe, what), 0) end
+  -- before any open: opening a FIFO would wait for a writer forever
+  local ok, err = pcall(fs.check_input, path, what, true)
+  if not ok then error(("%s: %s"):format(recipe, err), 0) end
   if not readable(path) then error(("%s: %s cannot be read (no such file?)"):format(recipe, what), 0) end
   return path
 end

@@ -14,6 +14,7 @@
 -- Malformed rows (wrong number of columns, unknown label, STS-B score not a
 -- number) are reported as "FILE:LINE: what" (stderr unless opts.quiet; also in
 -- report.problems) and skipped; report = {rows, examples, skipped, problems}.
+local fs = require "bertlua.util.fs"
 local M = {}
 
 -- cols: 1-based column of each field; header: first line is a header;
@@ -100,11 +101,7 @@ function M.read_examples(task, path, opts)
   local set_type = opts.set_type or "dev"
   local layout = spec
   if set_type == "test" then layout = spec.test end
-  local f, err = io.open(path, "rb")
-  if not f then error("glue: cannot open " .. tostring(path) .. ": " .. tostring(err), 2) end
-  local text = f:read("*a")
-  f:close()
-  if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
+  local text = fs.read_text(path, "glue")
   local report = { rows = 0, examples = 0, skipped = 0, problems = {}, task = tname, file = path }
   local function problem(lineno, msg)
     local line = ("%s:%d: %s (skipped)"):format(path, lineno, msg)
@@ -134,7 +131,10 @@ function M.read_examples(task, path, opts)
       problem(i, ("%d columns, expected %d"):format(#cols, ncols))
     else
       local function col(k) if k < 0 then return cols[#cols + 1 + k] end return cols[k] end
-      local ex = { guid = ("%s-%s"):format(set_type, layout.guid and cols[layout.guid] or tostring(i - 1)),
+      -- index: the row's own identity (its index column, else its place among the file's data rows,
+      -- counting the malformed ones), so a skipped row does not shift the others
+      local index = layout.guid and cols[layout.guid] or tostring(i - first)
+      local ex = { guid = ("%s-%s"):format(set_type, layout.guid and index or tostring(i - 1)), index = index,
         text_a = col(layout.text_a), text_b = layout.text_b and col(layout.text_b) or nil }
       local ok = true
       if layout.label then

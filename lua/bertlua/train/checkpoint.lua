@@ -29,6 +29,23 @@ local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 local exists = fs.exists
 
+-- FNV-1a 64 of a file's bytes as a decimal string (state.json records one per tensor file: a bit flip in a
+-- checkpoint is found at load, and load_latest falls back to the previous checkpoint)
+function M.file_checksum(path)
+  local core = require "bertlua.core"
+  local f, err = io.open(path, "rb")
+  if not f then error("checkpoint: cannot read " .. path .. ": " .. tostring(err), 0) end
+  local h = core.ffi.new("uint64_t", 14695981039346656037ULL)
+  while true do
+    local chunk = f:read(16777216)
+    if not chunk then break end
+    h = core.C.bl_fnv1a64(chunk, #chunk, h)
+  end
+  f:close()
+  return (tostring(h):gsub("ULL$", ""))
+end
+local TENSOR_FILES = { "model.safetensors", "state.safetensors" }
+
 function M.name(step) return ("ckpt-%08d"):format(step) end
 
 -- Complete checkpoints in dir, oldest first: { {step=, path=}, ... }
@@ -62,8 +79,12 @@ function M.save(dir, c, opts)
   fs.mkdir_p(tmp)
   if c.model then st.save_model(c.model, tmp .. "/model.safetensors") end
   if c.tensors and next(c.tensors) then st.save(tmp .. "/state.safetensors", c.tensors) end
+  local sums = {}
+  for _, name in ipairs(TENSOR_FILES) do
+    if exists(tmp .. "/" .. name) then sums[name] = M.file_checksum(tmp .. "/" .. name) end
+  end
   local meta = { format = M.FORMAT, step = c.step, state = c.state or {}, identity = c.identity or {},
-    time = os.time() }
+    time = os.time(), checksums = sums }
   fs.write_atomic(tmp .. "/state.json", cjson.encode(meta))
   if exists(final .. "/state.json") then os.execute("rm -rf " .. q(final)) end
   local ok, err = os.rename(tmp, final)
@@ -114,11 +135,31 @@ function M.load(path, opts)
     error(("checkpoint: %s has format %s, this bertlua reads format %d"):format(path, tostring(meta.format), M.FORMAT),
       2)
   end
+  for _, name in ipairs(TENSOR_FILES) do
+    local want = meta.checksums and meta.checksums[name]
+    if want and M.file_checksum(path .. "/" .. name) ~= want then
+      error(("checkpoint: %s/%s is corrupt (its checksum differs from the one saved with it)"):format(path, name), 0)
+    end
+  end
   compare(path, opts.identity, meta.identity or {})
   if opts.model then st.load_model(opts.model, path .. "/model.safetensors", { strict = opts.strict }) end
   local tensors = {}
   if exists(path .. "/state.safetensors") then tensors = st.load(path .. "/state.safetensors") end
   return { step = meta.step, state = meta.state, identity = meta.identity, tensors = tensors, path = path }
+end
+
+-- load_latest(dir, opts) -> checkpoint or nil: the newest checkpoint that loads; a corrupt one (bad
+-- checksum, truncated file, broken JSON) is reported on stderr and the previous one is tried. A checkpoint
+-- of another run (identity mismatch) is an error, not a reason to go back in time.
+function M.load_latest(dir, opts)
+  local all = M.list(dir)
+  for i = #all, 1, -1 do
+    local ok, c = pcall(M.load, all[i].path, opts)
+    if ok then return c end
+    if tostring(c):find(" was made with ", 1, true) then error(c, 0) end
+    io.stderr:write(("checkpoint: skipping %s: %s\n"):format(all[i].path, tostring(c)))
+  end
+  return nil
 end
 
 return M

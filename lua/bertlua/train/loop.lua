@@ -15,6 +15,7 @@ local schedule = require "bertlua.train.schedule"
 local logm = require "bertlua.util.log"
 local rng = require "bertlua.util.rng"
 local amp = require "bertlua.train.amp"
+local slice = require("bertlua.util.list").slice
 
 local M = {}
 
@@ -52,7 +53,7 @@ function M.fit(o)
       local loss = 0
       for a = 0, accum - 1 do
         local first = s * o.batch + a * micro
-        local out = model:forward(o.make_batch({ unpack(order, first + 1, first + micro) }))
+        local out = model:forward(o.make_batch(slice(order, first + 1, first + micro)))
         model:backward(mp:scale() / accum)
         loss = loss + out.loss / accum
       end
@@ -81,9 +82,35 @@ local function percentile(sorted, p)
   return sorted[k]
 end
 
+local OUTPUTS = { "logits", "start_logits", "end_logits" }
+-- NaN or an infinity in the outputs is an error naming the example (o.describe(i), else its number) and the
+-- precision, instead of junk or empty predictions with exit 0
+local function check_outputs(o, idx, out)
+  for _, k in ipairs(OUTPUTS) do
+    local t = out[k]
+    if t then
+      local v = t:contiguous():totable()
+      local per = #v / #idx
+      for j = 1, #v do
+        local x = v[j]
+        if x ~= x or x == math.huge or x == -math.huge then
+          local i = idx[math.floor((j - 1) / per) + 1]
+          local prec = o.precision or "fp32"
+          error(("%s: the model's %s are not finite for %s (precision %s)%s"):format(o.name or "predict", k,
+            o.describe and o.describe(i) or ("example " .. i), prec, prec == "fp16"
+              and ": fp16 overflowed (its largest value is 65504); use --precision=bf16 or fp32" or ""), 0)
+        end
+      end
+    end
+  end
+end
+
 -- predict{model, n, batch, make_batch(indices), consume(indices, out)} in eval mode;
 -- returns {sequences, seconds, seq_per_s, p50_ms, p90_ms, p99_ms} (latency per batch)
 function M.predict(o)
+  if not (type(o.batch) == "number" and o.batch >= 1 and o.batch % 1 == 0) then
+    error(("%s: batch size must be an integer >= 1, got %s"):format(o.name or "predict", tostring(o.batch)), 0)
+  end
   local model = o.model
   model:eval()
   local lat = {}
@@ -95,6 +122,7 @@ function M.predict(o)
     local t0 = logm.clock()
     local out = model:forward(b)
     lat[#lat + 1] = (logm.clock() - t0) * 1000
+    check_outputs(o, idx, out)
     if o.consume then o.consume(idx, out) end
   end
   local dt = logm.clock() - t_all

@@ -264,7 +264,7 @@ function Optimizer:step(lr, opts)
   local rc = self._call(self, lr, gs, gn)
   if rc ~= 0 then
     self.step_count = self.step_count - 1   -- nothing was applied
-    core.fail(2)
+    core.fail()
   end
   self.last_lr = lr
   return { grad_norm = self._stats.grad_norm, clip_coef = self._stats.clip_coef }

@@ -1,6 +1,14 @@
 -- bertlua.util.fs: the file-system helpers every module and recipe uses, over
 -- the C ones (src/io: stat, directory listing, atomic writes) so behaviour and
 -- error messages are the same everywhere.
+--
+-- Every file the project writes goes through open/write_atomic (bl_writer,
+-- src/bl_stream.h): bytes go to a temporary beside the destination, which is
+-- fsynced and renamed over it only when all of them are on disk, so a full
+-- disk, a quota or a kill leaves the old file or the complete new one, and
+-- every failure raises "write PATH: ... failed after N bytes: reason; the
+-- file was not written". Line inputs are read with lines (bl_lines): a NUL
+-- byte is data, lines end at "\n", FIFOs and directories are refused.
 local core = require "bertlua.core"
 local C, ffi, check = core.C, core.ffi, core.check
 
@@ -16,7 +24,7 @@ function M.mkdir_p(path) check(C.bl_fs_mkdir_p(path)); return path end
 
 -- readable(path): a file (not a directory) this process can open
 function M.readable(path)
-  if M.is_dir(path) then return false end
+  if M.is_dir(path) or C.bl_check_regular(path, "read", 1) ~= 0 then return false end  -- a FIFO's open blocks
   local f = io.open(path, "rb")
   if not f then return false end
   f:close()
@@ -49,16 +57,121 @@ function M.read(path)
   return s
 end
 
--- write_atomic(path, text): readers see the old file or the whole new one
--- (temporary file, fsync, rename: bl_file_create_atomic)
-function M.write_atomic(path, text)
-  local fp = ffi.new("bl_file*[1]")
-  check(C.bl_file_create_atomic(path, fp))
-  if C.bl_file_write(fp[0], text, #text) ~= 0 then
-    C.bl_file_close(fp[0])
-    core.fail(2)
+local function fail() error(ffi.string(C.bl_last_error()), 0) end
+
+local Writer = {}
+Writer.__index = Writer
+
+-- open(path) -> writer: w:write(...) (strings, numbers), then w:commit(); a writer dropped without
+-- commit (an error on the way) removes its temporary and leaves path as it was
+function M.open(path)
+  if type(path) ~= "string" or path == "" then error("write: no output path given", 0) end
+  local out = ffi.new("bl_writer*[1]")
+  if C.bl_writer_open(path, out) ~= 0 then fail() end
+  return setmetatable({ h = ffi.gc(out[0], C.bl_writer_abort), path = path }, Writer)
+end
+
+local function handle(w)
+  return w.h or error("write " .. w.path .. ": the file was already committed or abandoned", 0)
+end
+
+function Writer:write(...)
+  local h = handle(self)
+  for i = 1, select("#", ...) do
+    local s = select(i, ...)
+    if type(s) == "number" then s = tostring(s) end
+    if C.bl_writer_write(h, s, #s) ~= 0 then
+      self:abort()
+      fail()
+    end
   end
-  check(C.bl_file_commit(fp[0]))
+  return self
+end
+
+function Writer:commit()
+  local h = handle(self)
+  self.h = nil
+  if C.bl_writer_commit(ffi.gc(h, nil)) ~= 0 then fail() end
+end
+
+function Writer:abort()
+  local h = self.h
+  self.h = nil
+  if h then C.bl_writer_abort(ffi.gc(h, nil)) end
+end
+
+-- write_atomic(path, ...): the whole file at once, through a writer
+function M.write_atomic(path, ...)
+  local w = M.open(path)
+  w:write(...)
+  w:commit()
+end
+
+-- lines(path[, keep_cr]) -> iterator of (line, number): lines end at "\n" only (a "\r" before it is
+-- dropped unless keep_cr), NUL bytes stay in the line, a last line without "\n" counts
+function M.lines(path, keep_cr)
+  local out = ffi.new("bl_lines*[1]")
+  if C.bl_lines_open(path, keep_cr and 0 or 1, out) ~= 0 then fail() end
+  local r = ffi.gc(out[0], C.bl_lines_close)
+  local pl, pn, pno = ffi.new("const char*[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  return function()
+    if not r then return nil end
+    local rc = C.bl_lines_next(r, pl, pn, pno)
+    if rc == 1 then return ffi.string(pl[0], pn[0]), tonumber(pno[0]) end
+    C.bl_lines_close(ffi.gc(r, nil))
+    r = nil
+    if rc < 0 then fail() end
+    return nil
+  end
+end
+
+-- check_input(path, what[, may_be_missing]): path unless it is missing (allowed with may_be_missing, for
+-- callers with their own message) or not a regular file (a FIFO would block, a directory reads as
+-- nothing): then an error naming it, e.g. "input /x/f is a FIFO, not a regular file"
+function M.check_input(path, what, may_be_missing)
+  if C.bl_check_regular(path, what or "input", may_be_missing and 0 or 1) ~= 0 then fail() end
+  return path
+end
+
+-- read_text(path, who) -> the whole file without a UTF-8 byte-order mark; "who: ..." errors for a file
+-- that is missing, unreadable or not a regular file (checked before the open, which a FIFO would block)
+function M.read_text(path, who)
+  local ok, err = pcall(M.check_input, path, "data file", true)
+  if not ok then error(who .. ": " .. err, 0) end
+  local f, oerr = io.open(path, "rb")
+  if not f then error(("%s: cannot open %s: %s"):format(who, tostring(path), tostring(oerr)), 0) end
+  local text = f:read("*a")
+  f:close()
+  if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
+  return text
+end
+
+-- inside(child, parent): whether child is parent or lies under it (symlinks and ".." resolved)
+function M.inside(child, parent)
+  local function real(p)
+    local h = io.popen("realpath -m -- '" .. p:gsub("'", "'\\''") .. "' 2>/dev/null")
+    local r = h and h:read("*l")
+    if h then h:close() end
+    return r or p
+  end
+  local c, p = real(child), real(parent)
+  return c == p or c:sub(1, #p + 1) == p .. "/"
+end
+
+-- recipe(name): a sibling of the running recipe, found from the recipe's own location (the source tree
+-- or an installed share/bertlua/recipes) whatever the working directory
+function M.recipe(name)
+  local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+  return dir .. "/" .. name
+end
+
+-- host(): the running bertlua executable (absolute), for recipes that start other recipes
+function M.host()
+  pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t size);")
+  local buf = ffi.new("char[4096]")
+  local n = tonumber(ffi.C.readlink("/proc/self/exe", buf, 4096))
+  if n and n > 0 then return ffi.string(buf, n) end
+  return arg and arg[-1] or "bertlua"
 end
 
 -- copy(src, dst): dst written atomically; `who` names the caller in errors

@@ -38,6 +38,29 @@ M.fmt_eta = fmt_eta
 local Logger = {}
 Logger.__index = Logger
 
+-- JSON cannot hold NaN or infinities (cjson refuses them and the run died in the logger): they are
+-- logged as the strings "NaN", "Infinity", "-Infinity", which every JSON reader reads back.
+local function json_safe(v)
+  if type(v) == "number" then
+    if v ~= v then return "NaN" end
+    if v == math.huge then return "Infinity" end
+    if v == -math.huge then return "-Infinity" end
+    return v
+  end
+  if type(v) ~= "table" then return v end
+  local r = {}
+  for k, x in pairs(v) do r[k] = json_safe(x) end
+  return setmetatable(r, getmetatable(v))
+end
+M.json_safe = json_safe
+
+-- one JSON line to the log file; a failed write (full disk) is an error naming the file
+local function put(self, record)
+  local ok, err = self.file:write(cjson.encode(json_safe(record)), "\n")
+  if ok then ok, err = self.file:flush() end
+  if not ok then error(("log: cannot write %s: %s"):format(self.path, tostring(err)), 0) end
+end
+
 function M.open(o)
   o = o or {}
   local self = setmetatable({ total = o.total, every = o.every or 10, rank = o.rank or 0,
@@ -48,11 +71,8 @@ function M.open(o)
     if dir then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
     local f, err = io.open(o.path, o.append and "a" or "w")
     if not f then error("log: cannot open " .. o.path .. ": " .. tostring(err), 2) end
-    self.file = f
-    if o.config then
-      f:write(cjson.encode({ event = "config", config = o.config, time = os.time() }), "\n")
-      f:flush()
-    end
+    self.file, self.path = f, o.path
+    if o.config then put(self, { event = "config", config = o.config, time = os.time() }) end
   end
   return self
 end
@@ -61,10 +81,7 @@ end
 function Logger:step(record)
   if self.silent then return end
   record.time = record.time or os.time()
-  if self.file then
-    self.file:write(cjson.encode(record), "\n")
-    self.file:flush()
-  end
+  if self.file then put(self, record) end
   local step = record.step or 0
   if self.tty or step % self.every == 0 or step == self.total then
     local elapsed = M.clock() - self.t0
@@ -95,12 +112,16 @@ function Logger:event(name, fields)
   fields = fields or {}
   fields.event = name
   fields.time = fields.time or os.time()
-  if self.file then self.file:write(cjson.encode(fields), "\n"); self.file:flush() end
+  if self.file then put(self, fields) end
 end
 
 function Logger:close()
   if self.tty and not self.silent then io.stderr:write("\n") end
-  if self.file then self.file:close(); self.file = nil end
+  if self.file then
+    local ok, err = self.file:close()
+    self.file = nil
+    if not ok then error(("log: cannot write %s: %s"):format(self.path, tostring(err)), 0) end
+  end
 end
 
 return M

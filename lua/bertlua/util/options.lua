@@ -13,20 +13,55 @@
 -- of nil accepts anything as a string. --config=FILE loads defaults from a
 -- Lua file returning a table or a JSON object; the command line wins over it.
 -- --help prints every option with its default and description, then exits 0.
+-- --debug is accepted by every recipe (the host then prints tracebacks for user errors too).
+--
+-- Numbers are checked when parsed: NaN and infinities are refused, and a spec
+-- entry may declare more (named fields beside the positional ones):
+--   { "batch", 32, "sequences per step", int = true, min = 1 }
+--   { "lr", 2e-5, "peak learning rate", min = 0, above = true }   -- above: strictly greater than min
+--   { "warmup", 0.1, "warmup proportion", min = 0, max = 1 }
+-- An option named "threads" is an integer in 0..(CPUs of this machine). A
+-- single-dash option (-lr=3) is refused instead of being taken as an argument.
+local ffi = require "ffi"
 local M = {}
+
+local function online_cpus()
+  pcall(ffi.cdef, "long sysconf(int name);")
+  local ok, n = pcall(function() return tonumber(ffi.C.sysconf(84)) end)  -- _SC_NPROCESSORS_ONLN on Linux
+  return ok and n and n > 0 and n or 1024
+end
 
 local function norm(name) return (name:gsub("-", "_")) end
 
-local function convert(name, v, default, where)
+-- range(where, name, n, o): n against the declared type and range of spec entry o
+local function range(where, name, n, o)
+  local flag = "--" .. name:gsub("_", "-")
+  local function bad(what) error(("%s: option %s=%s: %s"):format(where, flag, tostring(n), what), 0) end
+  if n ~= n or n == math.huge or n == -math.huge then bad("must be a finite number") end
+  if name == "threads" then
+    local cpus = online_cpus()
+    if n ~= math.floor(n) or n < 0 or n > cpus then bad(("must be an integer from 0 to %d (0: default)"):format(cpus)) end
+  end
+  if o.int and n ~= math.floor(n) then bad("must be an integer") end
+  if o.min and (n < o.min or (o.above and n == o.min)) then
+    bad(("must be %s %s"):format(o.above and ">" or ">=", tostring(o.min)))
+  end
+  if o.max and n > o.max then bad(("must be <= %s"):format(tostring(o.max))) end
+  return n
+end
+
+local function convert(name, v, default, where, o)
   local ty = type(default)
   if ty == "number" then
     local n = tonumber(v)
-    if not n then error(("%s: option --%s expects a number, got '%s'"):format(where, name, tostring(v)), 0) end
-    return n
+    if not n then
+      error(("%s: option --%s expects a number, got '%s'"):format(where, name:gsub("_", "-"), tostring(v)), 0)
+    end
+    return range(where, name, n, o or {})
   elseif ty == "boolean" then
     if v == true or v == "true" or v == "1" or v == "yes" then return true end
     if v == false or v == "false" or v == "0" or v == "no" then return false end
-    error(("%s: option --%s expects true or false, got '%s'"):format(where, name, tostring(v)), 0)
+    error(("%s: option --%s expects true or false, got '%s'"):format(where, name:gsub("_", "-"), tostring(v)), 0)
   end
   return v
 end
@@ -82,6 +117,9 @@ function M.parse(argv, spec, info)
       print(M.help(spec, info))
       os.exit(0)
     end
+    if a:match("^%-[%a_]") then
+      error(("%s: %s: options start with two dashes (-%s)"):format(where, a, a), 0)
+    end
     local name, value = a:match("^%-%-([%w_%-%.]+)=(.*)$")
     if not name then name = a:match("^%-%-([%w_%-%.]+)$") end
     if name then
@@ -97,6 +135,7 @@ function M.parse(argv, spec, info)
           value = true
         end
       end
+      if name == "debug" and not known.debug then goto continue end  -- read by the host
       if name ~= "config" and not known[name] then
         error(("%s: unknown option --%s (see --help)"):format(where, name:gsub("_", "-")), 0)
       end
@@ -104,17 +143,23 @@ function M.parse(argv, spec, info)
     else
       opt._positional[#opt._positional + 1] = a
     end
+    ::continue::
     i = i + 1
   end
   if given.config then
     for k, v in pairs(load_config(given.config)) do
       local n = norm(k)
       if not known[n] then error(("%s: unknown option '%s' in %s"):format(where, k, given.config), 0) end
-      opt[n] = convert(n, v, known[n][2], where)
+      opt[n] = convert(n, v, known[n][2], where, known[n])
     end
   end
   for k, v in pairs(given) do
-    if k ~= "config" then opt[k] = convert(k, v, known[k][2], where) end
+    if k ~= "config" then opt[k] = convert(k, v, known[k][2], where, known[k]) end
+  end
+  -- defaults are checked too: a recipe's own table cannot hold an out-of-range value unnoticed
+  for _, o in ipairs(spec) do
+    local n = norm(o[1])
+    if given[n] == nil and type(opt[n]) == "number" then range(where, n, opt[n], o) end
   end
   return opt
 end

@@ -2,6 +2,7 @@
 -- write_predictions (n-best spans, get_final_text, null odds for v2.0).
 local pystr = require "bertlua.util.pystr"
 local json = require "bertlua.util.json"
+local slice = require("bertlua.util.list").slice
 
 local M = {}
 local chars = pystr.chars
@@ -73,12 +74,7 @@ function M.get_final_text(pred_text, orig_text, tok)
   return table.concat(orig_cs, "", orig_start + 1, orig_end + 1)
 end
 
-local function write_text(path, text)
-  local f, err = io.open(path, "wb")
-  if not f then error("squad: cannot write " .. path .. ": " .. tostring(err), 0) end
-  f:write(text)
-  f:close()
-end
+local function write_text(path, text) require("bertlua.util.fs").write_atomic(path, text) end
 
 -- write_predictions(examples, features, results, opts) -> predictions, nbest, null_odds
 -- results: one per feature, {start_logits = {...}, end_logits = {...}} (Lua
@@ -229,7 +225,7 @@ function M.predict(examples, features, run, opts)
     local st, en = out.start_logits:totable(), out.end_logits:totable()
     for r, i in ipairs(idx) do
       results[i] = { unique_id = features[i].unique_id,
-        start_logits = { unpack(st, (r - 1) * S + 1, r * S) }, end_logits = { unpack(en, (r - 1) * S + 1, r * S) } }
+        start_logits = slice(st, (r - 1) * S + 1, r * S), end_logits = slice(en, (r - 1) * S + 1, r * S) }
     end
   end)
   local preds, nbest, odds = M.write_predictions(examples, features, results, opts)

@@ -1,0 +1,14 @@
+-- bertlua.util.list: table helpers safe for data-sized tables. `unpack` puts
+-- every element on the Lua stack and fails past a few thousand ("too many
+-- results to unpack"); these loop instead.
+local M = {}
+
+-- slice(t[, i[, j]]) -> a new table with t[i..j] (default: all of t)
+function M.slice(t, i, j)
+  i, j = i or 1, j or #t
+  local r = {}
+  for k = i, j do r[k - i + 1] = t[k] end
+  return r
+end
+
+return M
