@@ -98,10 +98,11 @@ static int check_rows_out(const char *op, const char *name, const bl_tensor *y, 
   return 0;
 }
 
-OPX_CLONES static void add_row(int64_t n, const float *restrict b, float *restrict y) {
+OPX_BODY add_row_body(int64_t n, const float *restrict b, float *restrict y) {
   #pragma omp simd
   for (int64_t j = 0; j < n; j++) y[j] += b[j];
 }
+OPX_ISA_FN(add_row, (int64_t n, const float *restrict b, float *restrict y), (n, b, y))
 
 static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
   const char *op = "linear";
