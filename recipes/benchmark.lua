@@ -46,6 +46,7 @@ local opt = options.parse(arg, {
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch for --compare=torch" },
 }, { usage = "bertlua recipes/benchmark.lua [options]" })
 print("benchmark options:\n" .. options.show(opt))
+print(bl.cpu_line())
 
 local dev = bl.device_of(opt.device, "benchmark")
 local on_gpu = dev >= 0

@@ -26,6 +26,7 @@ local opt = options.parse(arg, {
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch" },
 }, { usage = "bertlua recipes/benchmark_ops.lua [options]" })
 print("benchmark_ops options:\n" .. options.show(opt))
+print(bl.cpu_line())
 
 local SIZES = {
   base = { B = 8, S = 128, H = 768, I = 3072, NH = 12, V = 30528, M = 20 },
