@@ -22,6 +22,7 @@ local opt = options.parse(arg, {
   { "size", "base", "base (B=8 S=128 H=768 I=3072 12 heads) or mini (B=32 S=128 H=256 I=1024 4 heads)" },
   { "reps", 7, "timed repetitions per op (median reported)" },
   { "only", "", "comma-separated op names to run (default all)" },
+  { "seq", 0, "sequence length instead of the size's 128 (batch scaled to keep B*S tokens)" },
   { "compare", "torch", "'torch' runs tests/py/bench_ops_torch.py for the same rows; empty: ours only" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch" },
 }, { usage = "bertlua recipes/benchmark_ops.lua [options]" })
@@ -37,6 +38,10 @@ if not z then error("benchmark_ops: --size must be base or mini, got '" .. opt.s
 if opt.reps < 1 then error("benchmark_ops: --reps must be >= 1", 0) end
 bl.set_num_threads(opt.threads)
 local B, S, H, I, NH, V, M = z.B, z.S, z.H, z.I, z.NH, z.V, z.M
+if opt.seq > 0 then
+  if opt.compare ~= "" then error("benchmark_ops: --seq needs --compare= (the PyTorch peer has the fixed sizes)", 0) end
+  B, S = math.max(1, math.floor(B * S / opt.seq)), opt.seq
+end
 local p = 0.1
 local only = {}
 for name in opt.only:gmatch("[^,]+") do only[name] = true end
@@ -48,7 +53,7 @@ local seed = 0
 local function rn(shape) seed = seed + 1; return bl.randn(shape, { seed = seed, offset = 0 }) end
 
 local rows, order = {}, {}
-local function bench(name, fn)
+local function bench(name, fn, flop)
   if not wanted(name) then return end
   fn()
   local ts = {}
@@ -59,7 +64,7 @@ local function bench(name, fn)
   end
   table.sort(ts)
   local med = (#ts % 2 == 1) and ts[(#ts + 1) / 2] or 0.5 * (ts[#ts / 2] + ts[#ts / 2 + 1])
-  rows[name] = { med = med, min = ts[1] }
+  rows[name] = { med = med, min = ts[1], flop = flop }
   order[#order + 1] = name
   io.stderr:write(("  %-20s %9.3f ms\n"):format(name, med))
 end
@@ -85,11 +90,12 @@ do
   local dq, dk, dv = bl.empty({ B, S, H }), bl.empty({ B, S, H }), bl.empty({ B, S, H })
   local o = { p = p, seed = 7, offset = 0, out = ctx, probs = probs }
   local ob = { p = p, seed = 7, offset = 0, dq = dq, dk = dk, dv = dv }
-  bench("attention_fwd", function() ops.attention(q, k, v, km, NH, o) end)
+  local f = 4 * B * S * S * H  -- Q K^T and P V: 2 S^2 d each per (b, head); the backward has 4 such products
+  bench("attention_fwd", function() ops.attention(q, k, v, km, NH, o) end, f)
   bench("attention_fwdbwd", function()
     ops.attention(q, k, v, km, NH, o)
     ops.attention_backward(dctx, q, k, v, probs, NH, ob)
-  end)
+  end, 3 * f)
 end
 
 -- bias + GELU --------------------------------------------------------------------
@@ -159,11 +165,12 @@ elseif opt.compare ~= "" then
   error("benchmark_ops: --compare must be 'torch' or empty", 0)
 end
 
--- median (min) in ms; ratio = torch / bertlua on the medians (on the minima)
-print(("%-20s %20s %20s %18s"):format("op", "bertlua ms", "torch ms", "torch/ours"))
+-- median (min) in ms; ratio = torch / bertlua on the medians (on the minima); GFLOP/s of ours at the minimum
+print(("%-20s %20s %20s %18s %8s"):format("op", "bertlua ms", "torch ms", "torch/ours", "GFLOP/s"))
 for _, name in ipairs(order) do
   local r, t = rows[name], theirs[name]
-  print(("%-20s %20s %20s %18s"):format(name, ("%.3f (%.3f)"):format(r.med, r.min),
+  print(("%-20s %20s %20s %18s %8s"):format(name, ("%.3f (%.3f)"):format(r.med, r.min),
     t and ("%.3f (%.3f)"):format(t.med, t.min) or "-",
-    t and ("%.2fx (%.2fx)"):format(t.med / r.med, t.min / r.min) or "-"))
+    t and ("%.2fx (%.2fx)"):format(t.med / r.med, t.min / r.min) or "-",
+    r.flop and ("%.1f"):format(r.flop / r.min * 1e-6) or ""))
 end
