@@ -213,7 +213,7 @@ static void print_version(void) {
   printf("bertlua %s\n", bl_version());
   printf("LuaJIT: %s\n", LUAJIT_VERSION);
   printf("BLAS: %s, %d threads\n", bl_blas_info(), bl_num_threads());
-  printf("CPU: %s\n", bl_cpu_info());
+  printf("CPU: %s; GEMM: %s\n", bl_cpu_info(), bl_gemm_backend());
   char mpiv[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MPI_Get_library_version(mpiv, &len);
