@@ -27,6 +27,9 @@ static int gemm_onednn(void) {
     r = e && strcmp(e, "onednn") == 0;
     if (e && *e && !r && strcmp(e, "openblas") != 0)
       fprintf(stderr, "bertlua: BL_GEMM=%s ignored (use openblas or onednn)\n", e);
+    /* oneDNN's own kernels follow our ISA cap (BL_CPU_ISA); it only takes this before its first call */
+    int isa = opx_isa();
+    if (r && isa < OPX_ISA_AVX512) dnnl_set_max_cpu_isa(isa == OPX_ISA_AVX2 ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41);
     atomic_store(&v, r);
   }
   return r;
