@@ -65,6 +65,9 @@ int bl_cpu_set_isa(const char *name) {
     return bl_set_error(BL_EINVAL, "cpu_set_isa: unknown instruction set '%s' (avx512, avx2 or baseline)",
                         name ? name : "(null)");
   int hw = hw_isa();
+  if (want > hw && !OPX_MULTI_ISA)
+    return bl_set_error(BL_EUNSUPPORTED, "cpu_set_isa: this build has only the baseline path (sanitizer or "
+                        "non-GCC build), no %s", name);
   if (want > hw)
     return bl_set_error(BL_EUNSUPPORTED, "cpu_set_isa: this CPU has no %s (best: %s)", name, isa_names[hw]);
   atomic_store(&isa_now, want);
