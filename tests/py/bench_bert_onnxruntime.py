@@ -19,27 +19,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv):
-    import argparse
-    ap = argparse.ArgumentParser()
-    for k, v in [("layers", 4), ("hidden", 256), ("heads", 4), ("seq", 128), ("batch", 32), ("steps", 10),
-                 ("threads", 1), ("vocab", 30522), ("masked", 20), ("warmup", 2)]:
-        ap.add_argument("--" + k, type=int, default=v)
-    ap.add_argument("--infer", action="store_true")
-    ap.add_argument("--dropout", type=float, default=0.1)
-    a = ap.parse_args(argv)
-    if not a.infer:
-        print("onnxruntime peer: inference only (pass --infer)")
-        return 2
     try:
         import numpy as np
         import onnxruntime as ort
         from onnxruntime.transformers import optimizer
         import torch
         from transformers import BertConfig, BertModel
+        from bert_reference import bench_args, bench_batch, bench_config
     except Exception as e:  # noqa: BLE001
-        print(f"skipped: onnxruntime / onnx / transformers not importable: {e}")
+        print(f"skipped: onnxruntime / onnx / torch / transformers not importable: {e}")
         return 77
-    from bert_reference import bench_batch, bench_config
+    a = bench_args(argv)
+    if not a.infer:
+        print("onnxruntime peer: inference only (pass --infer)")
+        return 2
 
     torch.manual_seed(0)
     model = BertModel(BertConfig(**bench_config(a))).eval()
