@@ -2,7 +2,7 @@
 -- with the same model in PyTorch (recipes/peers/bert_reference.py).
 --
 --   bertlua recipes/benchmark.lua --model=mini --seq=128 --batch=32 --steps=10 [--compare=torch]
---   bertlua recipes/benchmark.lua --model=base --seq=384 --batch=8 --infer
+--   bertlua recipes/benchmark.lua --model=base --seq=384 --batch=8 --infer [--compare=onnxruntime]
 --   bertlua recipes/benchmark.lua --model=large --device=cuda --precision=bf16 --batch=64 --compare=torch
 --
 -- A training step is what pre-training does: forward of BertForPreTraining
@@ -21,7 +21,9 @@
 -- + 12 L H S^2 B (attention scores and context, forward + backward)
 -- + 6 M (H^2 + H V) (MLM transform and decoder at the M = B * masked positions
 -- only); inference is a third of the encoder part. MFU divides by the
--- device's dense peak for the precision (--peak_tflops overrides).
+-- device's dense peak for the precision (--peak_tflops overrides). --compare=onnxruntime (--infer, CPU)
+-- times the encoder exported to ONNX and fused by onnxruntime's BERT optimizer
+-- (recipes/peers/bench_bert_onnxruntime.py); both sides also print the median latency of one step (p50).
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local config = require "bertlua.bert.config"
@@ -44,10 +46,15 @@ local opt = options.parse(arg, {
   { "dropout", 0.1, "hidden and attention dropout" },
   { "infer", false, "time inference (forward of the encoder only) instead of training" },
   { "lr", 1e-4, "SGD learning rate" },
-  { "compare", "", "'torch': run the same benchmark in PyTorch and print the ratio" },
+  { "compare", "", "'torch': the same benchmark in PyTorch, with the ratio; 'onnxruntime' (--infer): ONNX Runtime's "
+    .. "fused BERT graph (recipes/peers/bench_bert_onnxruntime.py)" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch for --compare=torch" },
 }, { usage = "bertlua recipes/benchmark.lua [options]" })
 print("benchmark options:\n" .. options.show(opt))
+print(bl.cpu_line())
+if opt.compare == "onnxruntime" and not (opt.infer and opt.device == "cpu") then
+  error("benchmark: --compare=onnxruntime times inference on the cpu: add --infer (and --device=cpu)", 0)
+end
 
 local dev = bl.device_of(opt.device, "benchmark")
 local on_gpu = dev >= 0
@@ -148,12 +155,19 @@ local function sync() if on_gpu then bl.cuda_synchronize(dev) end end
 for _ = 1, opt.warmup do step() end
 sync()
 local t0 = log.clock()
-for _ = 1, opt.steps do step() end
-sync()
+local times = {}
+for i = 1, opt.steps do
+  local ts = log.clock()
+  step()
+  sync()
+  times[i] = log.clock() - ts
+end
 local dt = log.clock() - t0
 local ours = B * opt.steps / dt
-print(("bertlua: %.2f seq/s (%.1f ms/step, %s, %s, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
-  opt.infer and "inference" or "training", opt.device, opt.precision, threads))
+table.sort(times)
+print(("bertlua: %.2f seq/s (%.1f ms/step, p50 %.1f ms, %s, %s, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
+  times[math.floor(#times / 2) + 1] * 1000, opt.infer and "inference" or "training", opt.device, opt.precision,
+  threads))
 
 -- model FLOPs (see the header) and MFU against the device's dense peak
 local L, H = cfg.num_hidden_layers, cfg.hidden_size
@@ -176,9 +190,9 @@ local achieved = flops * opt.steps / dt / 1e12
 print(("model FLOPs: %.3g per step, %.1f TFLOP/s%s"):format(flops, achieved,
   peak and ("; MFU %.1f%% of %.0f TFLOP/s (%s)"):format(100 * achieved / peak, peak, opt.precision) or ""))
 
--- runs a PyTorch peer (script and its extra options) on the same model and batch, in the
--- peers' environment, echoes its output and prints the throughput ratio (and, on a GPU, report(theirs))
-local function compare_with_torch(script, extra, report)
+-- runs a peer (script and its extra options; it prints "<peer>: N seq/s") on the same model and batch,
+-- in the peers' environment, echoes its output and prints the throughput ratio (and, on a GPU, report(theirs))
+local function compare_with(peer, script, extra, report)
   local cmd = ("%s %s --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d " ..
     "--masked %d --warmup %d --dropout %g%s%s 2>&1")
     :format(opt.python, script, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
@@ -187,24 +201,26 @@ local function compare_with_torch(script, extra, report)
   local out = f:read("*a")
   f:close()
   io.write(out)
-  local theirs = tonumber(out:match("torch: ([%d%.]+) seq/s"))
+  local theirs = tonumber(out:match(peer .. ": ([%d%.]+) seq/s"))
   if theirs then
-    print(("ratio bertlua/torch: %.2fx"):format(ours / theirs))
+    print(("ratio bertlua/%s: %.2fx"):format(peer, ours / theirs))
     if report then report(theirs) end
   else
-    print("torch comparison failed (see output above)")
+    print(peer .. " comparison failed or skipped (see output above)")
   end
 end
 
 if opt.compare == "torch" and on_gpu then
-  compare_with_torch(PEERS .. "bench_bert_torch.py", (" --lr %g --device %s --precision %s")
+  compare_with("torch", PEERS .. "bench_bert_torch.py", (" --lr %g --device %s --precision %s")
     :format(opt.lr, opt.device == "cuda" and "cuda:0" or opt.device, opt.precision),
     function(theirs)
       print(("torch model FLOP/s: %.1f TFLOP/s%s"):format(flops * theirs / B / 1e12,
         peak and (", MFU %.1f%%"):format(100 * flops * theirs / B / 1e12 / peak) or ""))
     end)
 elseif opt.compare == "torch" then
-  compare_with_torch(PEERS .. "bert_reference.py bench", "")
+  compare_with("torch", PEERS .. "bert_reference.py bench", "")
+elseif opt.compare == "onnxruntime" and opt.infer and not on_gpu then
+  compare_with("onnxruntime", PEERS .. "bench_bert_onnxruntime.py", "")
 elseif opt.compare ~= "" then
-  error("benchmark: --compare must be 'torch' or empty", 0)
+  error("benchmark: --compare must be 'torch', 'onnxruntime' (with --infer, on the cpu) or empty", 0)
 end

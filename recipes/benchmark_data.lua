@@ -28,6 +28,7 @@ local opt = options.parse(arg, {
   { "batch", 64, "loader batch size" },
   { "step_ms", 0, "simulated training step after each batch (busy), to show what the prefetch thread hides" },
 }, { name = "benchmark_data", usage = "usage: bertlua recipes/benchmark_data.lua [options]" })
+print(require("bertlua").cpu_line())
 
 local exe = arg[-1] or "bertlua"
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end

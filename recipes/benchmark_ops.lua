@@ -3,6 +3,7 @@
 --
 --   bertlua recipes/benchmark_ops.lua --threads=2 --size=base
 --   bertlua recipes/benchmark_ops.lua --size=mini --only=attention_fwd,attention_fwdbwd --compare=
+--   bertlua recipes/benchmark_ops.lua --seq=384 --threads=1 --isa=avx512,avx2 --only=attention_fwdbwd --compare=
 --
 -- Each row is the median (and, in parentheses, the minimum) over --reps
 -- timed repetitions after one untimed warm-up; "fwdbwd" rows time forward and backward together. Outputs
@@ -24,10 +25,13 @@ local opt = options.parse(arg, {
   { "size", "base", "base (B=8 S=128 H=768 I=3072 12 heads) or mini (B=32 S=128 H=256 I=1024 4 heads)" },
   { "reps", 7, "timed repetitions per op (median reported)" },
   { "only", "", "comma-separated op names to run (default all)" },
+  { "seq", 0, "sequence length instead of the size's 128 (batch scaled to keep B*S tokens)" },
+  { "isa", "", "comma-separated ISA paths (avx512,avx2,baseline) timed in turns, rep by rep: one row per path" },
   { "compare", "torch", "'torch' runs peers/bench_ops_torch.py for the same rows; empty: ours only" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch" },
 }, { usage = "bertlua recipes/benchmark_ops.lua [options]" })
 print("benchmark_ops options:\n" .. options.show(opt))
+print(bl.cpu_line())
 
 local SIZES = {
   base = { B = 8, S = 128, H = 768, I = 3072, NH = 12, V = 30528, M = 20 },
@@ -38,6 +42,10 @@ if not z then error("benchmark_ops: --size must be base or mini, got '" .. opt.s
 if opt.reps < 1 then error("benchmark_ops: --reps must be >= 1", 0) end
 bl.set_num_threads(opt.threads)
 local B, S, H, I, NH, V, M = z.B, z.S, z.H, z.I, z.NH, z.V, z.M
+if opt.seq > 0 then
+  if opt.compare ~= "" then error("benchmark_ops: --seq needs --compare= (the PyTorch peer has the fixed sizes)", 0) end
+  B, S = math.max(1, math.floor(B * S / opt.seq)), opt.seq
+end
 local p = 0.1
 local only = {}
 for name in opt.only:gmatch("[^,]+") do only[name] = true end
@@ -48,21 +56,37 @@ print(("bertlua threads %d size %s B=%d S=%d H=%d I=%d heads=%d"):format(bl.num_
 local seed = 0
 local function rn(shape) seed = seed + 1; return bl.randn(shape, { seed = seed, offset = 0 }) end
 
+-- --isa: the paths take turns within each op's reps, so a shared machine's load drifts over all alike
+local isas = {}
+for name in opt.isa:gmatch("[^,]+") do isas[#isas + 1] = name end
+if #isas > 0 and opt.compare ~= "" then error("benchmark_ops: --isa needs --compare= (our paths only)", 0) end
+local paths = #isas > 0 and isas or { false }
+local function use(path) if path then check(C.bl_cpu_set_isa(path)) end end
+
 local rows, order = {}, {}
-local function bench(name, fn)
-  if not wanted(name) then return end
-  fn()
-  local ts = {}
-  for r = 1, opt.reps do
-    local t0 = log.clock()
-    fn()
-    ts[r] = (log.clock() - t0) * 1e3
-  end
+local function median(ts)
   table.sort(ts)
-  local med = (#ts % 2 == 1) and ts[(#ts + 1) / 2] or 0.5 * (ts[#ts / 2] + ts[#ts / 2 + 1])
-  rows[name] = { med = med, min = ts[1] }
-  order[#order + 1] = name
-  io.stderr:write(("  %-20s %9.3f ms\n"):format(name, med))
+  return (#ts % 2 == 1) and ts[(#ts + 1) / 2] or 0.5 * (ts[#ts / 2] + ts[#ts / 2 + 1])
+end
+local function bench(name, fn, flop)
+  if not wanted(name) then return end
+  local ts = {}
+  for i, path in ipairs(paths) do use(path); fn(); ts[i] = {} end
+  for r = 1, opt.reps do
+    for i, path in ipairs(paths) do
+      use(path)
+      local t0 = log.clock()
+      fn()
+      ts[i][r] = (log.clock() - t0) * 1e3
+    end
+  end
+  for i, path in ipairs(paths) do
+    local row = path and (name .. "@" .. path) or name
+    local med = median(ts[i])
+    rows[row] = { med = med, min = ts[i][1], flop = flop }
+    order[#order + 1] = row
+    io.stderr:write(("  %-20s %9.3f ms\n"):format(row, med))
+  end
 end
 
 -- linear ---------------------------------------------------------------------
@@ -86,11 +110,12 @@ do
   local dq, dk, dv = bl.empty({ B, S, H }), bl.empty({ B, S, H }), bl.empty({ B, S, H })
   local o = { p = p, seed = 7, offset = 0, out = ctx, probs = probs }
   local ob = { p = p, seed = 7, offset = 0, dq = dq, dk = dk, dv = dv }
-  bench("attention_fwd", function() ops.attention(q, k, v, km, NH, o) end)
+  local f = 4 * B * S * S * H  -- Q K^T and P V: 2 S^2 d each per (b, head); the backward has 4 such products
+  bench("attention_fwd", function() ops.attention(q, k, v, km, NH, o) end, f)
   bench("attention_fwdbwd", function()
     ops.attention(q, k, v, km, NH, o)
     ops.attention_backward(dctx, q, k, v, probs, NH, ob)
-  end)
+  end, 3 * f)
 end
 
 -- bias + GELU --------------------------------------------------------------------
@@ -161,11 +186,12 @@ elseif opt.compare ~= "" then
   error("benchmark_ops: --compare must be 'torch' or empty", 0)
 end
 
--- median (min) in ms; ratio = torch / bertlua on the medians (on the minima)
-print(("%-20s %20s %20s %18s"):format("op", "bertlua ms", "torch ms", "torch/ours"))
+-- median (min) in ms; ratio = torch / bertlua on the medians (on the minima); GFLOP/s of ours at the minimum
+print(("%-27s %20s %20s %18s %8s"):format("op", "bertlua ms", "torch ms", "torch/ours", "GFLOP/s"))
 for _, name in ipairs(order) do
   local r, t = rows[name], theirs[name]
-  print(("%-20s %20s %20s %18s"):format(name, ("%.3f (%.3f)"):format(r.med, r.min),
+  print(("%-27s %20s %20s %18s %8s"):format(name, ("%.3f (%.3f)"):format(r.med, r.min),
     t and ("%.3f (%.3f)"):format(t.med, t.min) or "-",
-    t and ("%.2fx (%.2fx)"):format(t.med / r.med, t.min / r.min) or "-"))
+    t and ("%.2fx (%.2fx)"):format(t.med / r.med, t.min / r.min) or "-",
+    r.flop and ("%.1f"):format(r.flop / r.min * 1e-6) or ""))
 end

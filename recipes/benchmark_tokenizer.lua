@@ -21,6 +21,7 @@ local spec = {
 }
 local opt = options.parse(arg, spec, { usage = "bertlua recipes/benchmark_tokenizer.lua [options]" })
 print("benchmark_tokenizer options:\n" .. options.show(opt))
+print(require("bertlua").cpu_line())
 
 local parts = {}
 for p in opt.input:gmatch("[^,]+") do

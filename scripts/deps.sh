@@ -5,6 +5,7 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config
       libluajit2-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libopenblas-dev
       libbz2-dev libutf8proc-dev libedit-dev bzip2 curl time lua-check clang-format
+      libblis-dev libdnnl-dev  # GEMM candidates measured against OpenBLAS by tools/bench_gemm.c
       python3 python3-numpy python3-torch
       jupyter-nbconvert python3-nbconvert python3-nbclient python3-ipykernel python3-matplotlib)
 missing=()

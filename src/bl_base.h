@@ -47,6 +47,18 @@ int bl_dtype_is_float(int dtype);
 
 const char *bl_version(void);
 const char *bl_blas_info(void);
+/* The CPU and the vector ISA path of the CPU ops, e.g. "AMD EPYC 9R14;
+ * kernels avx512 (CPU: avx512 avx512_bf16)". The path is the best the CPU
+ * has (avx512, avx2, baseline), capped by the environment variable
+ * BL_CPU_ISA when the process starts, or by bl_cpu_set_isa (an error for an
+ * unknown name or one the CPU lacks; process-wide, not thread-safe against
+ * ops running at that moment). */
+const char *bl_cpu_info(void);
+/* The library that runs the linear layers' GEMMs: "OpenBLAS", or "oneDNN x.y.z" with BL_GEMM=onednn
+ * in a build that found libdnnl-dev. */
+const char *bl_gemm_backend(void);
+const char *bl_cpu_isa(void);
+int bl_cpu_set_isa(const char *name);
 int bl_cuda_compiled(void);      /* 1 when built with the CUDA backend */
 int bl_nccl_compiled(void);
 int bl_cuda_device_count(void);  /* 0 when no driver/GPU or CPU-only build */

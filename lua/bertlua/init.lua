@@ -31,6 +31,12 @@ function M.set_num_threads(n) C.bl_set_num_threads(n) end
 -- SIGINT/SIGTERM recorded instead of killing: loops poll stop_signal() (0 or the signal) and stop together
 function M.stop_watch() C.bl_stop_watch() end
 function M.stop_signal() return C.bl_stop_signal() end
+-- "cpu: <model>; kernels avx2 (CPU: avx512 avx512_bf16); BLAS: OpenBLAS ... Haswell ...": the ISA path
+-- of our CPU ops (BL_CPU_ISA caps it) and the BLAS build and core, for benchmark outputs
+function M.cpu_line()
+  return "cpu: " .. ffi.string(C.bl_cpu_info()) .. "; GEMM: " .. ffi.string(C.bl_gemm_backend()) .. "; BLAS: "
+    .. ffi.string(C.bl_blas_info())
+end
 function M.bytes_in_use() return tonumber(C.bl_storage_bytes_in_use()) end
 -- Prefix for a shell command that runs a peer program (PyTorch in the
 -- benchmarks) in the environment the user gave: the host sets thread-waiting

@@ -343,7 +343,8 @@ def bench_batch(B, S, vocab, masked):
     return ids, mask, labels, nsp
 
 
-def bench(argv):
+def bench_args(argv):
+    """The options recipes/benchmark.lua passes to its CPU peers (here and bench_bert_onnxruntime.py)."""
     import argparse
     ap = argparse.ArgumentParser()
     for k, v in [("layers", 4), ("hidden", 256), ("heads", 4), ("seq", 128), ("batch", 32), ("steps", 10),
@@ -351,7 +352,11 @@ def bench(argv):
         ap.add_argument("--" + k, type=int, default=v)
     ap.add_argument("--infer", action="store_true")
     ap.add_argument("--dropout", type=float, default=0.1)
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def bench(argv):
+    a = bench_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = BertForPreTraining(bench_config(a))

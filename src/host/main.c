@@ -7,7 +7,7 @@
  *   bertlua -i [script.lua]      run, then enter the REPL
  *   bertlua -                    run standard input
  *   bertlua                      REPL on a terminal, else run standard input
- *   bertlua --version            versions, BLAS, CUDA/NCCL and visible GPUs
+ *   bertlua --version            versions, BLAS, CPU ISA path, CUDA/NCCL and visible GPUs
  */
 #include <errno.h>
 #include <limits.h>
@@ -245,6 +245,7 @@ static void print_version(void) {
   printf("bertlua %s\n", bl_version());
   printf("LuaJIT: %s\n", LUAJIT_VERSION);
   printf("BLAS: %s, %d threads\n", bl_blas_info(), bl_num_threads());
+  printf("CPU: %s; GEMM: %s\n", bl_cpu_info(), bl_gemm_backend());
   char mpiv[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MPI_Get_library_version(mpiv, &len);
@@ -269,7 +270,7 @@ static void usage(void) {
          "  -e code     run code\n"
          "  -i          enter the REPL after running the script\n"
          "  -           run standard input\n"
-         "  -v, --version  versions of bertlua, LuaJIT, BLAS, MPI, CUDA/NCCL and the GPUs seen\n"
+         "  -v, --version  versions of bertlua, LuaJIT, BLAS, MPI, CUDA/NCCL, the CPU's ISA path and GPUs\n"
          "  -h, --help  this text\n"
          "With no script, runs the REPL on a terminal or standard input otherwise.\n", progname);
 }

@@ -7,10 +7,11 @@
  * run each one on its own thread pool (oversubscription, serialised calls
  * into its thread server), and its splitting could depend on the thread
  * count. Instead each product goes through gemm_nn below, a register-tiled
- * kernel (4 rows x 32 columns of accumulators, GCC vector extensions, so the
- * same source becomes AVX-512, AVX2 or SSE code through OPX_CLONES runtime
- * dispatch). Each (b, h) item is computed by one thread with a fixed order
- * of operations: results are bitwise identical for any thread count.
+ * kernel (attention_gemm.h: 4 rows x 2 vectors of accumulators, GCC vector
+ * extensions, one copy per vector width: AVX-512, AVX2 or SSE code picked at
+ * run time by OPX_ISA_DISPATCH). Each (b, h) item is computed by one thread
+ * with a fixed order of operations: results are bitwise identical for any
+ * thread count.
  * Forward per item: Q K^T (K^T packed once), one pass per row for scale +
  * mask + softmax (vectorised exp) + dropout, then P V. Backward per item:
  * dP = dctx V^T, dS = P (dP - rowsum(dP P)) row by row in cache, then
@@ -99,78 +100,38 @@ static int load_key_mask(const char *op, const bl_tensor *m, int64_t b, int64_t 
   return 0;
 }
 
-typedef float v16f __attribute__((vector_size(64)));
+#define AG_NAME gemm_v16
+#define AG_LANES 16
+#include "attention_gemm.h"
+#undef AG_NAME
+#undef AG_LANES
+#define AG_NAME gemm_v8
+#define AG_LANES 8
+#include "attention_gemm.h"
+#undef AG_NAME
+#undef AG_LANES
+#define AG_NAME gemm_v4
+#define AG_LANES 4
+#include "attention_gemm.h"
+#undef AG_NAME
+#undef AG_LANES
 
-/* unaligned vector load / store (macros: a function returning a 64-byte
- * vector would have a different ABI in each OPX_CLONES variant) */
-#define LD16(v, p) memcpy(&(v), (p), sizeof(v16f))
-#define ST16(p, v) memcpy((p), &(v), sizeof(v16f))
-
-/* C[M x N] (+)= op(A)[M x K] B[K x N]: element (i, k) of op(A) is
- * A[i*lda + k] (ta = 0) or A[k*lda + i] (ta = 1, A^T without a copy);
- * B[k*ldb + j], C[i*ldc + j] row-major; acc = 0 overwrites C. Full 4 x 32
- * tiles use 8 vector accumulators over the whole K; ragged edges use the
- * same k order with scalar accumulators. */
-/* always_inline: each OPX_CLONES wrapper below must get its own copy compiled
- * for its instruction set, with ta constant-folded */
-static inline __attribute__((always_inline)) void gemm_body(int ta, int64_t M, int64_t N, int64_t K,
-                                                            const float *restrict A, int64_t lda,
-                                                            const float *restrict B, int64_t ldb,
-                                                            float *restrict C, int64_t ldc, int acc) {
-  const int64_t si = ta ? 1 : lda, sk = ta ? lda : 1;  /* A(i, k) = A[i*si + k*sk] */
-  int64_t i = 0;
-  for (; i + 4 <= M; i += 4) {
-    const float *a0 = A + i * si, *a1 = a0 + si, *a2 = a1 + si, *a3 = a2 + si;
-    int64_t j = 0;
-    for (; j + 32 <= N; j += 32) {
-      v16f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
-      const float *bp = B + j;
-      for (int64_t k = 0; k < K; k++, bp += ldb) {
-        v16f b0, b1;
-        LD16(b0, bp); LD16(b1, bp + 16);
-        int64_t ko = k * sk;
-        v16f x0 = (v16f){0} + a0[ko], x1 = (v16f){0} + a1[ko], x2 = (v16f){0} + a2[ko], x3 = (v16f){0} + a3[ko];
-        c00 += x0 * b0; c01 += x0 * b1;
-        c10 += x1 * b0; c11 += x1 * b1;
-        c20 += x2 * b0; c21 += x2 * b1;
-        c30 += x3 * b0; c31 += x3 * b1;
-      }
-      float *cp = C + i * ldc + j;
-      if (acc) {
-        v16f t[8];
-        LD16(t[0], cp); LD16(t[1], cp + 16); LD16(t[2], cp + ldc); LD16(t[3], cp + ldc + 16);
-        LD16(t[4], cp + 2 * ldc); LD16(t[5], cp + 2 * ldc + 16); LD16(t[6], cp + 3 * ldc); LD16(t[7], cp + 3 * ldc + 16);
-        c00 += t[0]; c01 += t[1]; c10 += t[2]; c11 += t[3]; c20 += t[4]; c21 += t[5]; c30 += t[6]; c31 += t[7];
-      }
-      ST16(cp, c00); ST16(cp + 16, c01); ST16(cp + ldc, c10); ST16(cp + ldc + 16, c11);
-      ST16(cp + 2 * ldc, c20); ST16(cp + 2 * ldc + 16, c21); ST16(cp + 3 * ldc, c30); ST16(cp + 3 * ldc + 16, c31);
-    }
-    for (; j < N; j++)
-      for (int64_t r = 0; r < 4; r++) {
-        const float *ar = A + (i + r) * si;
-        float sum = 0.0f;
-        for (int64_t k = 0; k < K; k++) sum += ar[k * sk] * B[k * ldb + j];
-        C[(i + r) * ldc + j] = acc ? C[(i + r) * ldc + j] + sum : sum;
-      }
-  }
-  for (; i < M; i++) {
-    const float *ar = A + i * si;
-    for (int64_t j = 0; j < N; j++) {
-      float sum = 0.0f;
-      for (int64_t k = 0; k < K; k++) sum += ar[k * sk] * B[k * ldb + j];
-      C[i * ldc + j] = acc ? C[i * ldc + j] + sum : sum;
-    }
-  }
-}
-
-OPX_CLONES static void gemm_nn(int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t lda,
-                               const float *restrict B, int64_t ldb, float *restrict C, int64_t ldc, int acc) {
-  gemm_body(0, M, N, K, A, lda, B, ldb, C, ldc, acc);
-}
-OPX_CLONES static void gemm_tn(int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t lda,
-                               const float *restrict B, int64_t ldb, float *restrict C, int64_t ldc, int acc) {
-  gemm_body(1, M, N, K, A, lda, B, ldb, C, ldc, acc);
-}
+/* gemm_nn: A as stored; gemm_tn: A transposed in place. Each ISA gets the
+ * width it has: 16 lanes on AVX-512, 8 on AVX2, 4 on SSE. */
+#define GEMM_PARAMS (int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t lda, \
+                     const float *restrict B, int64_t ldb, float *restrict C, int64_t ldc, int acc)
+#define GEMM_ARGS (M, N, K, A, lda, B, ldb, C, ldc, acc)
+#define GEMM_WIDTH(w) \
+  OPX_BODY gemm_nn_v##w GEMM_PARAMS { gemm_v##w(0, M, N, K, A, lda, B, ldb, C, ldc, acc); } \
+  OPX_BODY gemm_tn_v##w GEMM_PARAMS { gemm_v##w(1, M, N, K, A, lda, B, ldb, C, ldc, acc); }
+GEMM_WIDTH(16)
+GEMM_WIDTH(8)
+GEMM_WIDTH(4)
+OPX_ISA_DISPATCH(gemm_nn, GEMM_PARAMS, GEMM_ARGS, gemm_nn_v16, gemm_nn_v8, gemm_nn_v4)
+OPX_ISA_DISPATCH(gemm_tn, GEMM_PARAMS, GEMM_ARGS, gemm_tn_v16, gemm_tn_v8, gemm_tn_v4)
+#undef GEMM_PARAMS
+#undef GEMM_ARGS
+#undef GEMM_WIDTH
 
 /* dst[c*ld_dst + r] = src[r*ld_src + c] for an R x Cn block */
 static void transpose(int64_t R, int64_t Cn, const float *restrict src, int64_t ld_src, float *restrict dst,
@@ -184,16 +145,19 @@ static void transpose(int64_t R, int64_t Cn, const float *restrict src, int64_t 
 }
 
 /* out = keep ? p * dscale : 0 over n elements */
-OPX_CLONES static void drop_rows(int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale,
-                                 float *restrict out) {
+OPX_BODY drop_rows_body(int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale,
+                        float *restrict out) {
   #pragma omp simd
   for (int64_t i = 0; i < n; i++) out[i] = keep[i] ? p[i] * dscale : 0.0f;
 }
+OPX_ISA_FN(drop_rows, (int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale,
+                       float *restrict out),
+           (n, p, keep, dscale, out))
 
 /* One score row -> probabilities in place: softmax(row * scale + madd); pd
  * (when keep) receives the dropped and rescaled copy. */
-OPX_CLONES static void softmax_row(int64_t S, float *restrict row, const float *restrict madd, float scale,
-                                   const uint8_t *restrict keep, float dscale, float *restrict pd) {
+OPX_BODY softmax_row_body(int64_t S, float *restrict row, const float *restrict madd, float scale,
+                          const uint8_t *restrict keep, float dscale, float *restrict pd) {
   if (madd) {
     #pragma omp simd
     for (int64_t j = 0; j < S; j++) row[j] = row[j] * scale + madd[j];
@@ -218,11 +182,14 @@ OPX_CLONES static void softmax_row(int64_t S, float *restrict row, const float *
     for (int64_t k = 0; k < S; k++) pd[k] = keep[k] ? row[k] * dscale : 0.0f;
   }
 }
+OPX_ISA_FN(softmax_row, (int64_t S, float *restrict row, const float *restrict madd, float scale,
+                         const uint8_t *restrict keep, float dscale, float *restrict pd),
+           (S, row, madd, scale, keep, dscale, pd))
 
 /* Backward of one row, in place: ds holds dPdrop = dctx V^T on entry; the
  * dropout mask is applied (dP), then ds = P (dP - sum(dP P)) * scale. */
-OPX_CLONES static void softmax_bwd_row(int64_t S, float *restrict ds, const float *restrict pr,
-                                       const uint8_t *restrict keep, float dscale, float scale) {
+OPX_BODY softmax_bwd_row_body(int64_t S, float *restrict ds, const float *restrict pr,
+                              const uint8_t *restrict keep, float dscale, float scale) {
   if (keep) {
     #pragma omp simd
     for (int64_t j = 0; j < S; j++) ds[j] = keep[j] ? ds[j] * dscale : 0.0f;
@@ -238,6 +205,9 @@ OPX_CLONES static void softmax_bwd_row(int64_t S, float *restrict ds, const floa
   #pragma omp simd
   for (int64_t k = 0; k < S; k++) ds[k] = pr[k] * (ds[k] - dot) * scale;
 }
+OPX_ISA_FN(softmax_bwd_row, (int64_t S, float *restrict ds, const float *restrict pr, const uint8_t *restrict keep,
+                             float dscale, float scale),
+           (S, ds, pr, keep, dscale, scale))
 
 static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
                              const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,

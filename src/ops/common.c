@@ -183,8 +183,8 @@ int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids) {
 /* Whole counter blocks in one vectorisable loop (vm_philox is bl_philox4x32
  * inlined; test_ops_vecmath checks they agree), the ragged ends one block at
  * a time. Each block gives 4 consecutive keep bytes. */
-OPX_CLONES static void keep_blocks(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr,
-                                   uint8_t *restrict keep) {
+OPX_BODY keep_blocks_body(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr,
+                          uint8_t *restrict keep) {
   #pragma omp simd
   for (int64_t l = 0; l < nblk; l++) {
     uint32_t o0, o1, o2, o3;
@@ -200,6 +200,8 @@ OPX_CLONES static void keep_blocks(uint32_t k0, uint32_t k1, uint64_t ctr, int64
     memcpy(keep + 4 * l, &w, 4);
   }
 }
+OPX_ISA_FN(keep_blocks, (uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr, uint8_t *restrict keep),
+           (k0, k1, ctr, nblk, thr, keep))
 
 void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep) {
   /* keep = (x >> 8) * 2^-24 >= p  <=>  (x >> 8) >= ceil(p * 2^24): both sides

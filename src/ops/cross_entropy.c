@@ -28,8 +28,8 @@ static int check_loss(const char *op, const bl_tensor *loss) {
 }
 
 /* Row max and sum of exp(x - max); dr (when not NULL) receives exp(x - max). */
-OPX_CLONES static void ce_row(int64_t c, const float *restrict x, float *restrict dr, float *mx_out,
-                              float *sum_out) {
+OPX_BODY ce_row_body(int64_t c, const float *restrict x, float *restrict dr, float *mx_out,
+                     float *sum_out) {
   float mx = vm_row_max(c, x);
   float acc[16] = {0}, sum = 0.0f;
   int64_t j = 0;
@@ -49,11 +49,14 @@ OPX_CLONES static void ce_row(int64_t c, const float *restrict x, float *restric
   for (int l = 0; l < 16; l++) sum += acc[l];
   *mx_out = mx; *sum_out = sum;
 }
+OPX_ISA_FN(ce_row, (int64_t c, const float *restrict x, float *restrict dr, float *mx_out, float *sum_out),
+           (c, x, dr, mx_out, sum_out))
 
-OPX_CLONES static void scale_row(int64_t c, float *restrict v, float s) {
+OPX_BODY scale_row_body(int64_t c, float *restrict v, float s) {
   #pragma omp simd
   for (int64_t j = 0; j < c; j++) v[j] *= s;
 }
+OPX_ISA_FN(scale_row, (int64_t c, float *restrict v, float s), (c, v, s))
 
 static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
                   int64_t ignore_index, double grad_scale, int64_t *count) {

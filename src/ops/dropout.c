@@ -38,11 +38,14 @@ static void mask_io(bl_tensor *m, uint8_t *buf, int store) {
   }
 }
 
-OPX_CLONES static void apply_keep(int64_t n, const float *restrict x, const uint8_t *restrict keep, float scale,
-                                  float *restrict y) {
+OPX_BODY apply_keep_body(int64_t n, const float *restrict x, const uint8_t *restrict keep, float scale,
+                         float *restrict y) {
   #pragma omp simd
   for (int64_t i = 0; i < n; i++) y[i] = keep[i] ? x[i] * scale : 0.0f;
 }
+OPX_ISA_FN(apply_keep, (int64_t n, const float *restrict x, const uint8_t *restrict keep, float scale,
+                        float *restrict y),
+           (n, x, keep, scale, y))
 
 /* Blocks of DROP_BLOCK elements are independent work items: the keep bytes
  * of a block are made (or read) into a stack buffer, applied, and copied to

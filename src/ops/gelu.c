@@ -13,8 +13,8 @@
  * 0.5 (1 + erff) form loses all digits where Phi is tiny), and returns
  * phi(x) for the derivative d/dx [x Phi(x)] = Phi(x) + x phi(x) from the
  * same exp. */
-OPX_CLONES static void gelu_fwd_row(int64_t n, const float *restrict x, const float *restrict b,
-                                    float *restrict y) {
+OPX_BODY gelu_fwd_row_body(int64_t n, const float *restrict x, const float *restrict b,
+                           float *restrict y) {
   if (b) {
     #pragma omp simd
     for (int64_t j = 0; j < n; j++) { float v = x[j] + b[j], pdf; y[j] = v * vm_phi(v, &pdf); }
@@ -23,10 +23,11 @@ OPX_CLONES static void gelu_fwd_row(int64_t n, const float *restrict x, const fl
     for (int64_t j = 0; j < n; j++) { float v = x[j], pdf; y[j] = v * vm_phi(v, &pdf); }
   }
 }
+OPX_ISA_FN(gelu_fwd_row, (int64_t n, const float *restrict x, const float *restrict b, float *restrict y), (n, x, b, y))
 
 /* dx = dy * gelu'(x + b); when acc != NULL also acc[j] += dx[j] (bias gradient partials) */
-OPX_CLONES static void gelu_bwd_row(int64_t n, const float *restrict x, const float *restrict b,
-                                    const float *restrict dy, float *restrict dx, float *restrict acc) {
+OPX_BODY gelu_bwd_row_body(int64_t n, const float *restrict x, const float *restrict b,
+                           const float *restrict dy, float *restrict dx, float *restrict acc) {
   if (b && acc) {
     #pragma omp simd
     for (int64_t j = 0; j < n; j++) {
@@ -52,6 +53,9 @@ OPX_CLONES static void gelu_bwd_row(int64_t n, const float *restrict x, const fl
     }
   }
 }
+OPX_ISA_FN(gelu_bwd_row, (int64_t n, const float *restrict x, const float *restrict b, const float *restrict dy,
+                          float *restrict dx, float *restrict acc),
+           (n, x, b, dy, dx, acc))
 
 static int check_same(const char *op, const bl_tensor *t, const char *name, const bl_tensor *x) {
   BL_CHECK(opx_check_float(op, t, name));

@@ -63,7 +63,7 @@ static inline float lane_sum(int64_t n, const float *restrict v) {
 }
 
 /* out = dropout(x) + res over a row of h (keep == NULL: no dropout).
- * always_inline: each OPX_CLONES caller gets its own copy compiled for its
+ * always_inline: each OPX_ISA_FN variant gets its own copy compiled for its
  * instruction set, as the loops written out in place were. */
 static inline __attribute__((always_inline)) void ln_sum_row(int64_t h, const float *restrict x,
                                                              const float *restrict res,
@@ -80,10 +80,10 @@ static inline __attribute__((always_inline)) void ln_sum_row(int64_t h, const fl
 
 /* One forward row: s = dropout(x) + res (or x) into y, then y = LN(s).
  * keep == NULL: no dropout; res == NULL: plain LayerNorm. */
-OPX_CLONES static void ln_fwd_row(int64_t h, const float *restrict x, const float *restrict res,
-                                  const uint8_t *restrict keep, float scale, const float *restrict g,
-                                  const float *restrict b, float eps, float *restrict y, float *m_out,
-                                  float *rs_out) {
+OPX_BODY ln_fwd_row_body(int64_t h, const float *restrict x, const float *restrict res,
+                         const uint8_t *restrict keep, float scale, const float *restrict g,
+                         const float *restrict b, float eps, float *restrict y, float *m_out,
+                         float *rs_out) {
   const float *s = x;
   if (res) {
     ln_sum_row(h, x, res, keep, scale, y);
@@ -108,13 +108,17 @@ OPX_CLONES static void ln_fwd_row(int64_t h, const float *restrict x, const floa
   }
   *m_out = m; *rs_out = rs;
 }
+OPX_ISA_FN(ln_fwd_row, (int64_t h, const float *restrict x, const float *restrict res, const uint8_t *restrict keep,
+                        float scale, const float *restrict g, const float *restrict b, float eps, float *restrict y,
+                        float *m_out, float *rs_out),
+           (h, x, res, keep, scale, g, b, eps, y, m_out, rs_out))
 
 /* One backward row: xh = normalised input (recomputed), dx = rs (dy g - mean(dy g) - xh mean(dy g xh)),
  * dres = dx before the dropout mask, pg/pb += dy xh / dy (chunk partials; NULL to skip). */
-OPX_CLONES static void ln_bwd_row(int64_t h, const float *restrict x, const float *restrict res,
-                                  const uint8_t *restrict keep, float scale, const float *restrict g,
-                                  const float *restrict dy, float m, float rs, float *restrict dx,
-                                  float *restrict dres, float *restrict pg, float *restrict pb) {
+OPX_BODY ln_bwd_row_body(int64_t h, const float *restrict x, const float *restrict res,
+                         const uint8_t *restrict keep, float scale, const float *restrict g,
+                         const float *restrict dy, float m, float rs, float *restrict dx,
+                         float *restrict dres, float *restrict pg, float *restrict pb) {
   /* one pass: xh into dx and the two row sums (the loop body is spelled out
    * per case so that every variant vectorises) */
   float aa[LANES] = {0}, ab[LANES] = {0}, a = 0.0f, bsum = 0.0f;
@@ -163,6 +167,10 @@ OPX_CLONES static void ln_bwd_row(int64_t h, const float *restrict x, const floa
   }
 #undef LN_DX
 }
+OPX_ISA_FN(ln_bwd_row, (int64_t h, const float *restrict x, const float *restrict res, const uint8_t *restrict keep,
+                        float scale, const float *restrict g, const float *restrict dy, float m, float rs,
+                        float *restrict dx, float *restrict dres, float *restrict pg, float *restrict pb),
+           (h, x, res, keep, scale, g, dy, m, rs, dx, dres, pg, pb))
 
 /* A thread's dropout mask row of h flags (NULL when p == 0); when p > 0 and
  * the row cannot be had, sets *oom (shared by the threads) and returns NULL. */

@@ -1,5 +1,6 @@
 /* linear: y = x W^T + b and its backward (contract in bl_ops.h).
- * All three GEMMs go straight to OpenBLAS sgemm on the callers' buffers,
+ * All three GEMMs go straight to sgemm on the callers' buffers (OpenBLAS, or
+ * oneDNN's dnnl_sgemm with BL_GEMM=onednn in a build that found libdnnl-dev),
  * choosing transpose flags and leading dimensions from the strides, so a
  * row-strided slice (the [CLS] rows x[:,0,:]) or a transposed weight view
  * costs no copy. Only non-f32 or irregularly strided operands get a scratch. */
@@ -7,7 +8,47 @@
 #include "device/dispatch.h"
 #include "vecmath.h"
 #include <cblas.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#if BL_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+/* BL_GEMM=onednn picks oneDNN (tools/bench_gemm compares the two on BERT's
+ * shapes); anything else, or a build without oneDNN, OpenBLAS. Read once. */
+static int gemm_onednn(void) {
+#if BL_HAVE_DNNL
+  static _Atomic int v = -1;
+  int r = atomic_load_explicit(&v, memory_order_relaxed);
+  if (r < 0) {
+    const char *e = getenv("BL_GEMM");
+    r = e && strcmp(e, "onednn") == 0;
+    if (e && *e && !r && strcmp(e, "openblas") != 0)
+      fprintf(stderr, "bertlua: BL_GEMM=%s ignored (use openblas or onednn)\n", e);
+    /* oneDNN's own kernels follow our ISA cap (BL_CPU_ISA); it only takes this before its first call */
+    int isa = opx_isa();
+    if (r && isa < OPX_ISA_AVX512) dnnl_set_max_cpu_isa(isa == OPX_ISA_AVX2 ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41);
+    atomic_store(&v, r);
+  }
+  return r;
+#else
+  return 0;
+#endif
+}
+
+const char *bl_gemm_backend(void) {
+#if BL_HAVE_DNNL
+  if (gemm_onednn()) {
+    static _Thread_local char buf[64];
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(buf, sizeof buf, "oneDNN %d.%d.%d", v->major, v->minor, v->patch);
+    return buf;
+  }
+#endif
+  return "OpenBLAS";
+}
 
 /* A GEMM operand: p[r*ld + c] (trans = 0) or p[c*ld + r] (trans = 1) holds
  * element (r, c) of the logical rows x cols matrix. */
@@ -74,6 +115,12 @@ static void gemm(const mat *a, int ta, const mat *b, int tb, mat *c, float beta)
   }
   CBLAS_TRANSPOSE fa = (ta ^ a->trans) ? CblasTrans : CblasNoTrans;
   CBLAS_TRANSPOSE fb = (tb ^ b->trans) ? CblasTrans : CblasNoTrans;
+#if BL_HAVE_DNNL
+  /* row-major like ours; a call it rejects (malformed arguments only) goes to OpenBLAS instead */
+  if (gemm_onednn() && dnnl_sgemm(fa == CblasTrans ? 'T' : 'N', fb == CblasTrans ? 'T' : 'N', m, n, k, 1.0f, a->p,
+                                  a->ld, b->p, b->ld, beta, c->p, c->ld) == dnnl_success)
+    return;
+#endif
   cblas_sgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0f, a->p, (int)a->ld, b->p,
               (int)b->ld, beta, c->p, (int)c->ld);
 }
@@ -98,10 +145,11 @@ static int check_rows_out(const char *op, const char *name, const bl_tensor *y, 
   return 0;
 }
 
-OPX_CLONES static void add_row(int64_t n, const float *restrict b, float *restrict y) {
+OPX_BODY add_row_body(int64_t n, const float *restrict b, float *restrict y) {
   #pragma omp simd
   for (int64_t j = 0; j < n; j++) y[j] += b[j];
 }
+OPX_ISA_FN(add_row, (int64_t n, const float *restrict b, float *restrict y), (n, b, y))
 
 static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
   const char *op = "linear";

@@ -8,7 +8,7 @@
 
 /* Row kernels: vectorised exp (vm_exp), sums in 16 lanes combined in a fixed
  * order (thread-count independent, vectorisable without -ffast-math). */
-OPX_CLONES static void softmax_row(int64_t n, const float *x, float *y) {  /* x == y allowed */
+OPX_BODY softmax_row_body(int64_t n, const float *x, float *y) {  /* x == y allowed */
   float mx = vm_row_max(n, x);
   float acc[16] = {0}, sum = 0.0f;
   int64_t j = 0;
@@ -22,9 +22,10 @@ OPX_CLONES static void softmax_row(int64_t n, const float *x, float *y) {  /* x 
   #pragma omp simd
   for (int64_t k = 0; k < n; k++) y[k] *= inv;
 }
+OPX_ISA_FN(softmax_row, (int64_t n, const float *x, float *y), (n, x, y))
 
-OPX_CLONES static void softmax_bwd_row(int64_t n, const float *restrict g, const float *restrict y,
-                                       float *restrict o) {
+OPX_BODY softmax_bwd_row_body(int64_t n, const float *restrict g, const float *restrict y,
+                              float *restrict o) {
   float acc[16] = {0}, dot = 0.0f;
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
@@ -36,6 +37,8 @@ OPX_CLONES static void softmax_bwd_row(int64_t n, const float *restrict g, const
   #pragma omp simd
   for (int64_t k = 0; k < n; k++) o[k] = y[k] * (g[k] - dot);
 }
+OPX_ISA_FN(softmax_bwd_row, (int64_t n, const float *restrict g, const float *restrict y, float *restrict o),
+           (n, g, y, o))
 
 static int check_same(const char *op, const bl_tensor *t, const char *name, const bl_tensor *x) {
   BL_CHECK(opx_check_float(op, t, name));

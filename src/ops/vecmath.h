@@ -1,7 +1,7 @@
 /* Vectorisable f32 math for the CPU ops' hot loops (internal, not part of
  * the FFI). Everything here is branch-free scalar C: inside a loop marked
  * `#pragma omp simd` (in a function compiled for AVX2/AVX-512 through
- * OPX_CLONES) the compiler turns each call into straight vector code, where
+ * OPX_ISA_FN) the compiler turns each call into straight vector code, where
  * a libm call (expf, erff) would stay one scalar call per element.
  *
  * Accuracy (checked over dense grids against double-precision libm by
@@ -33,24 +33,52 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Runtime dispatch: the function is compiled three times (AVX-512, AVX2+FMA,
- * baseline x86-64) and the loader picks the best one for the CPU at hand,
- * so the library needs no -march and runs on any x86-64. */
+/* Runtime dispatch: a kernel written once as an always_inline body
+ * (OPX_BODY) is compiled three times by OPX_ISA_FN, for AVX-512
+ * (x86-64-v4), AVX2+FMA (x86-64-v3) and baseline x86-64, and each call runs
+ * the variant opx_isa() picked once at first use (src/ops/isa.c: the best the
+ * CPU has, capped by BL_CPU_ISA), so the library needs no -march, runs on any
+ * x86-64, and an AVX-512 machine can test the AVX2 code. Vector-extension
+ * code that depends on the width writes one body per width instead. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define OPX_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define OPX_MULTI_ISA 1
+#define OPX_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
+#define OPX_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
 #else
-#define OPX_CLONES
+#define OPX_MULTI_ISA 0
+#define OPX_TARGET_AVX512
+#define OPX_TARGET_AVX2
 #endif
+enum { OPX_ISA_BASE = 0, OPX_ISA_AVX2 = 1, OPX_ISA_AVX512 = 2 };
+int opx_isa(void);
 
-static inline float vm_asf(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
-static inline int32_t vm_asi(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+#define OPX_BODY static inline __attribute__((always_inline)) void
+/* name(params) runs body(args) compiled for the ISA in use */
+#define OPX_ISA_DISPATCH(name, params, args, body512, body2, body0) \
+  OPX_TARGET_AVX512 static void name##_avx512 params { body512 args; } \
+  OPX_TARGET_AVX2 static void name##_avx2 params { body2 args; } \
+  static void name##_base params { body0 args; } \
+  static void name params { \
+    int isa_ = OPX_MULTI_ISA ? opx_isa() : OPX_ISA_BASE; \
+    if (isa_ == OPX_ISA_AVX512) name##_avx512 args; \
+    else if (isa_ == OPX_ISA_AVX2) name##_avx2 args; \
+    else name##_base args; \
+  }
+#define OPX_ISA_FN(name, params, args) OPX_ISA_DISPATCH(name, params, args, name##_body, name##_body, name##_body)
+
+/* always_inline: GCC may refuse to inline a plain inline function into a caller
+ * compiled for another -march, and a call there would stop the loop vectorising */
+#define VM_INLINE static inline __attribute__((always_inline))
+
+VM_INLINE float vm_asf(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
+VM_INLINE int32_t vm_asi(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
 /* 2^(e-127) from a biased exponent; the shift is done unsigned because a NaN
  * input reaches here with a huge e (the result is then discarded). */
-static inline float vm_pow2_biased(int32_t e) { return vm_asf((int32_t)((uint32_t)e << 23)); }
+VM_INLINE float vm_pow2_biased(int32_t e) { return vm_asf((int32_t)((uint32_t)e << 23)); }
 
 /* exp(x): x = n ln2 + r, |r| <= ln2/2, Cephes' degree-7 polynomial for e^r;
  * vm_exp applies 2^n in two halves so that subnormal results come out right. */
-static inline float vm_exp_reduced(float x, int32_t *n) {
+VM_INLINE float vm_exp_reduced(float x, int32_t *n) {
   float kb = x * 1.44269504088896341f + 12582912.0f;  /* round(x/ln2) in the low mantissa bits */
   *n = vm_asi(kb) - 0x4B400000;
   float kf = kb - 12582912.0f;
@@ -65,7 +93,7 @@ static inline float vm_exp_reduced(float x, int32_t *n) {
   return p * (r * r) + r + 1.0f;  /* e^r; e^x = e^r 2^n */
 }
 
-static inline float vm_exp(float x) {
+VM_INLINE float vm_exp(float x) {
   x = x < -103.9f ? -103.9f : x;
   x = x > 88.7f ? 88.7f : x;
   int32_t n;
@@ -78,7 +106,7 @@ static inline float vm_exp(float x) {
 /* exp(x) for x <= 0 with results below 2^-126 flushed to 0 (x < -87.33):
  * vm_exp without the subnormal scaling step, for erfc, whose callers can
  * afford to lose values below 1e-38. Same accuracy in the normal range. */
-static inline float vm_exp_ftz(float x) {
+VM_INLINE float vm_exp_ftz(float x) {
   int tiny = x < -87.33f;
   x = x < -87.33f ? -87.33f : x;
   int32_t n;
@@ -89,13 +117,13 @@ static inline float vm_exp_ftz(float x) {
 
 /* The rounding error of sq = a*a, exactly: a*a = sq + residual. fmaf is one
  * instruction in the AVX2/AVX-512 variants (x86-64-v3 and up have FMA). */
-static inline float vm_sq_residual(float a, float sq) { return fmaf(a, a, -sq); }
+VM_INLINE float vm_sq_residual(float a, float sq) { return fmaf(a, a, -sq); }
 
 /* erfc(z) for z >= 0 (0 for z > 9.34, where it drops below 1e-38),
  * given z^2 = sq + lo exactly (sq the rounded square), together with
  * exp(-z^2), which GELU's derivative reuses. The exact square matters:
  * exp(-z^2) has a relative condition number z^2. */
-static inline float vm_erfc_pos(float z, float sq, float lo, float *expmz2) {
+VM_INLINE float vm_erfc_pos(float z, float sq, float lo, float *expmz2) {
   /* clamp as integers (z >= 0 orders like its bit pattern; NaN also ends at
    * 9.5, the caller's x carries it): one vpminsd, and the compiler cannot
    * turn the clamp into a masked copy of the whole polynomial. Beyond 9.5,
@@ -120,7 +148,7 @@ static inline float vm_erfc_pos(float z, float sq, float lo, float *expmz2) {
 }
 
 /* erf(t)/t for |t| <= 1 */
-static inline float vm_erf_small(float t2) {
+VM_INLINE float vm_erf_small(float t2) {
   float p = -9.809248222e-06f;
   p = p * t2 + 1.131311169e-04f;
   p = p * t2 + -8.490194918e-04f;
@@ -132,7 +160,7 @@ static inline float vm_erf_small(float t2) {
   return p;
 }
 
-static inline float vm_erf(float t) {
+VM_INLINE float vm_erf(float t) {
   float a = fabsf(t), e;
   float t2 = t * t, lo = vm_sq_residual(a, t2);
   float small = t * vm_erf_small(t2);
@@ -145,7 +173,7 @@ static inline float vm_erf(float t) {
  * phi(x) = exp(-x^2/2)/sqrt(2 pi). One erfc for every x (no region
  * blending); t^2 = x^2/2 is formed from x exactly (x/sqrt 2 rounded first
  * would cost a relative error ~t^2 2^-24 in the tails). */
-static inline float vm_phi(float x, float *pdf) {
+VM_INLINE float vm_phi(float x, float *pdf) {
   float z = fabsf(x) * 0.70710678118654752440f, e;
   float xx = x * x, lox = vm_sq_residual(x, xx);
   float ec = vm_erfc_pos(z, 0.5f * xx, 0.5f * lox, &e);
@@ -156,7 +184,7 @@ static inline float vm_phi(float x, float *pdf) {
 /* max of x[0..n) in 16 lanes (the reduction vectorises with GCC and clang
  * alike; max is exact, so the lane order does not matter). NaNs are skipped,
  * -inf for n = 0. */
-static inline float vm_row_max(int64_t n, const float *x) {
+VM_INLINE float vm_row_max(int64_t n, const float *x) {
   float acc[16], m = -INFINITY;
   for (int l = 0; l < 16; l++) acc[l] = -INFINITY;
   int64_t j = 0;
@@ -174,7 +202,7 @@ static inline float vm_row_max(int64_t n, const float *x) {
  * lanes (high halves kept zero), which lets the 32x32->64 products and their
  * high/low halves stay in one lane: about twice as fast as 32-bit lanes
  * with widening conversions. */
-static inline void vm_philox(uint32_t key0, uint32_t key1, uint64_t counter, uint32_t *o0, uint32_t *o1,
+VM_INLINE void vm_philox(uint32_t key0, uint32_t key1, uint64_t counter, uint32_t *o0, uint32_t *o1,
                              uint32_t *o2, uint32_t *o3) {
   const uint64_t M32 = 0xffffffffu;
   uint64_t c0 = counter & M32, c1 = counter >> 32, c2 = 0, c3 = 0, k0 = key0, k1 = key1;

@@ -3,24 +3,20 @@
 #include <stdlib.h>
 #include "../base/internal.h"
 #include "../device/dispatch.h"
+#include "../ops/vecmath.h"
 
 /* The unit-stride f32 loops below are compiled for AVX-512 / AVX2 / baseline
- * x86-64 and picked at load time (GCC target_clones), like the CPU ops'
- * kernels (src/ops/vecmath.h). FMA contraction is switched off for them, so
- * a*alpha + beta rounds twice exactly as on the baseline path: every variant
- * gives bitwise the same results. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define EW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define EW_CLONES
-#endif
+ * x86-64 and picked at first use (OPX_ISA_FN, capped by BL_CPU_ISA), like
+ * the CPU ops' kernels (src/ops/vecmath.h). FMA contraction is switched off
+ * for them, so a*alpha + beta rounds twice exactly as on the baseline path:
+ * every variant gives bitwise the same results. */
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
 /* o = a (op) b for unit-stride a and o; b unit-stride (bs = 1) or one value (bs = 0). */
-EW_CLONES static void f32_binary_flat(int op, int64_t n, float *o, const float *a, const float *b, int bs) {
+OPX_BODY f32_binary_flat_body(int op, int64_t n, float *o, const float *a, const float *b, int bs) {
   if (bs) {
     switch (op) {
       case BL_ADD: for (int64_t i = 0; i < n; i++) o[i] = a[i] + b[i]; return;
@@ -38,11 +34,13 @@ EW_CLONES static void f32_binary_flat(int op, int64_t n, float *o, const float *
     }
   }
 }
+OPX_ISA_FN(f32_binary_flat, (int op, int64_t n, float *o, const float *a, const float *b, int bs), (op, n, o, a, b, bs))
 
 /* o = a * alpha + beta for unit-stride a and o (two roundings: no FMA here). */
-EW_CLONES static void f32_affine_flat(int64_t n, float *o, const float *a, float al, float be) {
+OPX_BODY f32_affine_flat_body(int64_t n, float *o, const float *a, float al, float be) {
   for (int64_t i = 0; i < n; i++) o[i] = a[i] * al + be;
 }
+OPX_ISA_FN(f32_affine_flat, (int64_t n, float *o, const float *a, float al, float be), (n, o, a, al, be))
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif

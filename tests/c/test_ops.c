@@ -491,6 +491,99 @@ static void test_attention(void) {
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) bl_tensor_free(pieces[i]);
 }
 
+/* Double-precision attention of one (b, h) head for p = 0: ctx = softmax(Q K^T s + mask) V and the
+ * gradients for dctx = w, laid out [B, S, H] like the op's. */
+static void att_ref(const att_ctx *a, int64_t S, int64_t H, int64_t d, int b, int h, double *ctx, double *dq,
+                    double *dk, double *dv) {
+  const float *q = F(a->q), *k = F(a->k), *v = F(a->v), *w = F(a->w), *m = F(a->mask);
+  double *P = malloc((size_t)(S * S) * sizeof(double)), *dS = malloc((size_t)(S * S) * sizeof(double));
+  const double sc = 1.0 / sqrt((double)d);
+#define AT(t, s, c) (t)[((int64_t)b * S + (s)) * H + h * d + (c)]
+  for (int64_t i = 0; i < S; i++) {
+    double mx = -1e300, sum = 0;
+    for (int64_t j = 0; j < S; j++) {
+      double x = 0;
+      for (int64_t c = 0; c < d; c++) x += (double)AT(q, i, c) * AT(k, j, c);
+      P[i * S + j] = x * sc + (1.0 - m[b * S + j]) * -10000.0;
+      mx = fmax(mx, P[i * S + j]);
+    }
+    for (int64_t j = 0; j < S; j++) { P[i * S + j] = exp(P[i * S + j] - mx); sum += P[i * S + j]; }
+    for (int64_t j = 0; j < S; j++) P[i * S + j] /= sum;
+    double dot = 0;
+    for (int64_t j = 0; j < S; j++) {
+      double dp = 0;
+      for (int64_t c = 0; c < d; c++) dp += (double)AT(w, i, c) * AT(v, j, c);
+      dS[i * S + j] = dp;
+      dot += dp * P[i * S + j];
+    }
+    for (int64_t j = 0; j < S; j++) dS[i * S + j] = P[i * S + j] * (dS[i * S + j] - dot) * sc;
+  }
+  for (int64_t i = 0; i < S; i++)
+    for (int64_t c = 0; c < d; c++) {
+      double o = 0, gq = 0, gk = 0, gv = 0;
+      for (int64_t j = 0; j < S; j++) {
+        o += P[i * S + j] * AT(v, j, c);
+        gq += dS[i * S + j] * AT(k, j, c);
+        gk += dS[j * S + i] * AT(q, j, c);
+        gv += P[j * S + i] * AT(w, j, c);
+      }
+      AT(ctx, i, c) = o; AT(dq, i, c) = gq; AT(dk, i, c) = gk; AT(dv, i, c) = gv;
+    }
+#undef AT
+  free(P); free(dS);
+}
+
+/* max |got - ref| / max |ref| */
+static double err_vs(const bl_tensor *got, const double *ref) {
+  double e = 0, mag = 0;
+  for (int64_t i = 0; i < got->numel; i++) { e = fmax(e, fabs(F(got)[i] - ref[i])); mag = fmax(mag, fabs(ref[i])); }
+  return e / mag;
+}
+
+/* Every ISA path of the attention kernels (BL_CPU_ISA's avx512 / avx2 / baseline, those this CPU has)
+ * against a double-precision reference, on shapes with full register tiles, one-vector column strips
+ * and ragged rows / columns for each vector width (S = 37, d = 24 and S = 64, d = 64). Tolerance: each
+ * output is at most three dependent f32 stages (QK^T or dctx V^T, the softmax row, one more product)
+ * of sums over <= 64 terms, so the rounding error is <= ~3 * 64 * 2^-24 ~ 1.2e-5 of the magnitudes of
+ * the terms; 1e-4 of max |ref| leaves room for the cancellation in dS = P (dP - rowsum). With dropout
+ * (p = 0.2, same masks on every path) the paths must agree with each other within the same bound. */
+static void test_attention_isa_paths(void) {
+  const int64_t shapes[2][3] = {{37, 24, 2}, {64, 64, 3}};  /* S, d, heads */
+  const char *isas[] = {"avx512", "avx2", "baseline"}, *start = bl_cpu_isa();
+  for (int sh = 0; sh < 2; sh++) {
+    const int64_t S = shapes[sh][0], d = shapes[sh][1], NH = shapes[sh][2], B = 2, H = d * NH;
+    att_ctx a = {t3(B, S, H), t4(B, NH, S, S), rnd(t3(B, S, H)), rnd(t3(B, S, H)), rnd(t3(B, S, H)), t2(B, S),
+                 rnd(t3(B, S, H)), (int)NH, 0.0};
+    for (int64_t b = 0; b < B; b++) for (int64_t s = 0; s < S; s++) F(a.mask)[b * S + s] = s < S - 5 * b;
+    size_t n = (size_t)(B * S * H);
+    double *rc = malloc(n * sizeof(double)), *rq = malloc(n * sizeof(double)), *rk = malloc(n * sizeof(double)),
+           *rv = malloc(n * sizeof(double));
+    for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) att_ref(&a, S, H, d, b, h, rc, rq, rk, rv);
+    bl_tensor *dq = like(a.q), *dk = like(a.q), *dv = like(a.q), *c0 = NULL, *q0 = NULL, *k0 = NULL, *v0 = NULL;
+    for (int i = 0; i < 3; i++) {
+      if (bl_cpu_set_isa(isas[i]) != 0) { printf("attention on %s: skipped, %s\n", isas[i], bl_last_error()); continue; }
+      OK(bl_attention_forward(a.ctx, a.probs, a.q, a.k, a.v, a.mask, (int)NH, 0, 0.0, 0, 0));
+      OK(bl_attention_backward(dq, dk, dv, a.w, a.q, a.k, a.v, a.probs, (int)NH, 0, 0.0, 0, 0));
+      double e[4] = {err_vs(a.ctx, rc), err_vs(dq, rq), err_vs(dk, rk), err_vs(dv, rv)};
+      printf("attention S=%lld d=%lld on %s: error vs double ctx %.2g dq %.2g dk %.2g dv %.2g\n", (long long)S,
+             (long long)d, isas[i], e[0], e[1], e[2], e[3]);
+      CHECK(e[0] < 1e-4 && e[1] < 1e-4 && e[2] < 1e-4 && e[3] < 1e-4, "attention on %s (S=%lld d=%lld) vs double",
+            isas[i], (long long)S, (long long)d);
+      OK(bl_attention_forward(a.ctx, a.probs, a.q, a.k, a.v, a.mask, (int)NH, 0, 0.2, 7, 3));
+      OK(bl_attention_backward(dq, dk, dv, a.w, a.q, a.k, a.v, a.probs, (int)NH, 0, 0.2, 7, 3));
+      if (!c0) { c0 = clone(a.ctx); q0 = clone(dq); k0 = clone(dk); v0 = clone(dv); continue; }
+      double r = fmax(fmax(maxrel(a.ctx, c0), maxrel(dq, q0)), fmax(maxrel(dk, k0), maxrel(dv, v0)));
+      CHECK(r < 1e-4, "attention with dropout on %s differs from the first path by %g", isas[i], r);
+    }
+    OK(bl_cpu_set_isa(start));
+    bl_tensor *pieces[] = {a.ctx, a.probs, a.q, a.k, a.v, a.mask, a.w, dq, dk, dv, c0, q0, k0, v0};
+    for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) if (pieces[i]) bl_tensor_free(pieces[i]);
+    free(rc); free(rq); free(rk); free(rv);
+  }
+  CHECK(bl_cpu_set_isa("avx1024") == BL_EINVAL && strstr(bl_last_error(), "unknown instruction set 'avx1024'"),
+        "%s", bl_last_error());
+}
+
 /* ---------------------------------------------------------------- losses, argmax, accuracy */
 typedef struct { bl_tensor *loss, *logits, *t; int mse; } ce_ctx;
 static double ce_loss(void *c) {
@@ -614,6 +707,7 @@ int main(void) {
   test_elementwise();
   test_dropout_stream();
   test_attention();
+  test_attention_isa_paths();
   test_losses();
   test_errors();
   if (failures) { printf("%d failure(s)\n", failures); return 1; }

@@ -3,9 +3,9 @@
  * bl_philox4x32 and the dropout masks of the ops against the documented
  * stream, and GELU / its derivative through the public ops against a
  * double-precision formula. The bounds checked here are the ones documented
- * in vecmath.h; the loops are compiled with the same OPX_CLONES dispatch as
- * the library, so the AVX-512 / AVX2 code paths are what is measured on
- * machines that have them. */
+ * in vecmath.h; the loops are compiled with the same OPX_ISA_FN dispatch as
+ * the library, and every check runs on each ISA path the CPU has (AVX-512,
+ * AVX2, baseline), selected with bl_cpu_set_isa. */
 #include "bertlua.h"
 #include "ops/vecmath.h"
 #include <math.h>
@@ -23,24 +23,28 @@ static double ulps(float got, double ref) {
   return fabs((double)got - ref) / sp;
 }
 
-OPX_CLONES static void run_exp(int n, const float *restrict x, float *restrict y) {
+OPX_BODY run_exp_body(int n, const float *restrict x, float *restrict y) {
   #pragma omp simd
   for (int i = 0; i < n; i++) y[i] = vm_exp(x[i]);
 }
-OPX_CLONES static void run_erf(int n, const float *restrict x, float *restrict y) {
+OPX_ISA_FN(run_exp, (int n, const float *restrict x, float *restrict y), (n, x, y))
+OPX_BODY run_erf_body(int n, const float *restrict x, float *restrict y) {
   #pragma omp simd
   for (int i = 0; i < n; i++) y[i] = vm_erf(x[i]);
 }
-OPX_CLONES static void run_phi(int n, const float *restrict x, float *restrict y, float *restrict d) {
+OPX_ISA_FN(run_erf, (int n, const float *restrict x, float *restrict y), (n, x, y))
+OPX_BODY run_phi_body(int n, const float *restrict x, float *restrict y, float *restrict d) {
   #pragma omp simd
   for (int i = 0; i < n; i++) y[i] = vm_phi(x[i], &d[i]);
 }
-OPX_CLONES static void run_philox(int n, uint64_t seed, uint64_t off, uint32_t *restrict o) {
+OPX_ISA_FN(run_phi, (int n, const float *restrict x, float *restrict y, float *restrict d), (n, x, y, d))
+OPX_BODY run_philox_body(int n, uint64_t seed, uint64_t off, uint32_t *restrict o) {
   #pragma omp simd
   for (int i = 0; i < n; i++)
     vm_philox((uint32_t)seed, (uint32_t)(seed >> 32), off + (uint64_t)i, &o[4 * i], &o[4 * i + 1], &o[4 * i + 2],
               &o[4 * i + 3]);
 }
+OPX_ISA_FN(run_philox, (int n, uint64_t seed, uint64_t off, uint32_t *restrict o), (n, seed, off, o))
 
 /* largest relative error of y[i] against erf(x[i]) (absolute where erf is 0);
  * *at is moved to the x of each new worst */
@@ -56,9 +60,8 @@ static double erf_worst(int n, const float *x, const float *y, double *at) {
 
 #define N 2000001
 
-int main(void) {
-  float *x = malloc(N * 4), *y = malloc(N * 4), *d = malloc(N * 4);
-  if (!x || !y || !d) return 1;
+/* every check, on the ISA path in use */
+static int check_path(float *x, float *y, float *d) {
 
   /* exp over [-103.9, 88.6], normal results within 2 ulp, subnormals within 2 ulp of 2^-149 steps */
   double worst = 0, at = 0;
@@ -196,6 +199,19 @@ int main(void) {
     bl_tensor_free(tx); bl_tensor_free(ty); bl_tensor_free(tm); bl_tensor_free(tr); bl_tensor_free(tg);
     bl_tensor_free(tb); bl_tensor_free(mean); bl_tensor_free(rstd); bl_tensor_free(tdy); bl_tensor_free(tdx);
     bl_tensor_free(tdr);
+  }
+  return 0;
+}
+
+/* each ISA path this CPU has (BL_CPU_ISA caps them the same way) */
+int main(void) {
+  float *x = malloc(N * 4), *y = malloc(N * 4), *d = malloc(N * 4);
+  if (!x || !y || !d) return 1;
+  const char *isas[] = {"avx512", "avx2", "baseline"};
+  for (int i = 0; i < 3; i++) {
+    if (bl_cpu_set_isa(isas[i]) != 0) { printf("-- %s: not on this CPU (%s)\n", isas[i], bl_last_error()); continue; }
+    printf("-- %s\n", bl_cpu_isa());
+    if (check_path(x, y, d)) return 1;
   }
   free(x); free(y); free(d);
   if (failures) { printf("%d failure(s)\n", failures); return 1; }

@@ -1,0 +1,74 @@
+"""ONNX Runtime peer of recipes/benchmark.lua --infer --compare=onnxruntime.
+
+usage: /usr/bin/python3 recipes/peers/bench_bert_onnxruntime.py --layers L --hidden H --heads A
+      --seq S --batch B --steps N --threads T [--vocab V] --infer
+
+The encoder (transformers' BertModel with its pooler, the shapes and batch of bert_reference.py's
+torch benchmark: the last S/8 tokens of every sequence padded) is exported with torch.onnx.export,
+then rewritten by onnxruntime's BERT graph optimizer (fused Attention, SkipLayerNormalization,
+BiasGelu / FastGelu, EmbedLayerNormalization: the counts are printed) and timed on the CPU provider
+with T intra-op threads: throughput and the median latency of one step. Exits 77 when onnxruntime,
+onnx or transformers cannot be imported.
+"""
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv):
+    try:
+        import numpy as np
+        import onnxruntime as ort
+        from onnxruntime.transformers import optimizer
+        import torch
+        from transformers import BertConfig, BertModel
+        from bert_reference import bench_args, bench_batch, bench_config
+    except Exception as e:  # noqa: BLE001
+        print(f"skipped: onnxruntime / onnx / torch / transformers not importable: {e}")
+        return 77
+    a = bench_args(argv)
+    if not a.infer:
+        print("onnxruntime peer: inference only (pass --infer)")
+        return 2
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**bench_config(a))).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    ids, mask, _, _ = bench_batch(a.batch, a.seq, a.vocab, a.masked)
+    feed = {"input_ids": ids, "attention_mask": mask.long(), "token_type_ids": torch.zeros_like(ids)}
+    with tempfile.TemporaryDirectory() as d:
+        raw, fused = os.path.join(d, "bert.onnx"), os.path.join(d, "bert_fused.onnx")
+        names = list(feed)
+        dyn = {n: {0: "batch", 1: "seq"} for n in names}
+        torch.onnx.export(model, tuple(feed[n] for n in names), raw, input_names=names,
+                          output_names=["last_hidden_state", "pooler_output"], dynamic_axes=dyn, opset_version=14)
+        opt = optimizer.optimize_model(raw, model_type="bert", num_heads=a.heads, hidden_size=a.hidden)
+        stats = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+        opt.save_model_to_file(fused)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = a.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        sess = ort.InferenceSession(fused, so, providers=["CPUExecutionProvider"])
+    print(f"onnxruntime {ort.__version__}, fused graph: {stats}")
+    inputs = {n: feed[n].numpy().astype(np.int64) for n in names}
+    for _ in range(a.warmup):
+        sess.run(None, inputs)
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        sess.run(None, inputs)
+        times.append(time.perf_counter() - t0)
+    dt = sum(times)
+    p50 = sorted(times)[len(times) // 2] * 1000
+    print(f"onnxruntime: {a.batch * a.steps / dt:.2f} seq/s ({dt / a.steps * 1000:.1f} ms/step, p50 {p50:.1f} ms, "
+          f"{a.threads} threads)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

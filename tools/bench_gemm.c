@@ -1,0 +1,138 @@
+/* GEMM candidates side by side on BERT's own shapes, and the machine's FMA peak.
+ *
+ *   build/bench_gemm [threads] [reps]          (OPENBLAS_CORETYPE=Haswell to try OpenBLAS's AVX2 kernels)
+ *
+ * Each library is dlopen'ed on its own (RTLD_LOCAL: OpenBLAS and BLIS both export cblas_sgemm):
+ * OpenBLAS (libopenblas-dev), BLIS (libblis-dev, its OpenMP build) and oneDNN (libdnnl-dev,
+ * dnnl_sgemm, row-major). Shapes are a linear layer's three products, row-major as in
+ * src/ops/linear.c: forward Y[M,N] = X[M,K] W[N,K]^T, dX[M,K] = dY[M,N] W[N,K],
+ * dW[N,K] = dY^T X; M = 4096 tokens (B=32, S=128) and M = 128 (one sequence), N/K in {768, 3072}.
+ * The libraries take turns rep by rep (a shared machine's load hits them alike); the table gives
+ * each one's best rep in GFLOP/s. The peak is a loop of independent FMAs per thread (AVX-512 and
+ * AVX2 forms, those the CPU has). */
+#include <dlfcn.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                               float *, int);
+typedef int (*dnnl_sgemm_fn)(char, char, long, long, long, float, const float *, long, const float *, long, float,
+                             float *, long);
+enum { ROW = 101, NT = 111, TR = 112 };
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* FLOP/s of n independent FMA chains per thread for `secs` seconds, `threads` threads */
+#define PEAK_LOOP(VT)                                                                        \
+  VT acc[12];                                                                               \
+  for (int i = 0; i < 12; i++) acc[i] = (VT){0} + (float)i;                                 \
+  VT m = (VT){0} + 0.999999f, a = (VT){0} + 1e-7f;                                          \
+  for (long it = 0; it < iters; it++)                                                       \
+    for (int i = 0; i < 12; i++) acc[i] = acc[i] * m + a;                                   \
+  float s = 0;                                                                              \
+  for (int i = 0; i < 12; i++) s += acc[i][0];                                              \
+  return s;
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+__attribute__((target("arch=x86-64-v4"), noinline)) static float fma512(long iters) { PEAK_LOOP(v16) }
+__attribute__((target("arch=x86-64-v3"), noinline)) static float fma256(long iters) { PEAK_LOOP(v8) }
+
+static double peak(int isa512, int threads) {
+  const long iters = 20000000;
+  double best = 0;
+  for (int r = 0; r < 3; r++) {
+    double t0 = now();
+    float sink = 0;
+    #pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += isa512 ? fma512(iters) : fma256(iters);
+    double dt = now() - t0;
+    if (sink == 12345.0f) printf(" ");  /* keep the loops */
+    double f = (double)threads * iters * 12 * (isa512 ? 16 : 8) * 2 / dt;
+    if (f > best) best = f;
+  }
+  return best * 1e-9;
+}
+
+typedef struct { const char *name; cblas_sgemm_fn cblas; dnnl_sgemm_fn dnnl; } lib;
+
+static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *A, const float *B, float *C) {
+  int lda = ta ? M : K, ldb = tb ? K : N;
+  if (l->cblas) l->cblas(ROW, ta ? TR : NT, tb ? TR : NT, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+  else l->dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+}
+
+int main(int argc, char **argv) {
+  int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 5;
+  lib libs[3];
+  int nl = 0;
+  void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+  if (h) {
+    void (*set)(int) = (void (*)(int))dlsym(h, "openblas_set_num_threads");
+    char *(*cfg)(void) = (char *(*)(void))dlsym(h, "openblas_get_config");
+    if (set) set(threads);
+    printf("OpenBLAS: %s\n", cfg ? cfg() : "?");
+    libs[nl++] = (lib){"OpenBLAS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL};
+  }
+  h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+  if (h && dlsym(h, "cblas_sgemm")) {
+    void (*set)(long) = (void (*)(long))dlsym(h, "bli_thread_set_num_threads");
+    const char *(*arch)(int) = (const char *(*)(int))dlsym(h, "bli_arch_string");
+    int (*qa)(void) = (int (*)(void))dlsym(h, "bli_arch_query_id");
+    if (set) set(threads);
+    printf("BLIS: sub-configuration %s\n", arch && qa ? arch(qa()) : "?");
+    libs[nl++] = (lib){"BLIS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL};
+  }
+  h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (h && dlsym(h, "dnnl_sgemm")) libs[nl++] = (lib){"oneDNN", NULL, (dnnl_sgemm_fn)dlsym(h, "dnnl_sgemm")};
+  omp_set_num_threads(threads);
+  __builtin_cpu_init();
+  int has512 = __builtin_cpu_supports("x86-64-v4"), has256 = __builtin_cpu_supports("x86-64-v3");
+  printf("FMA peak, %d threads (GFLOP/s):", threads);
+  if (has512) printf(" AVX-512 %.1f", peak(1, threads));
+  if (has256) printf(" AVX2 %.1f", peak(0, threads));
+  printf("\n");
+
+  const int shapes[][3] = {{768, 768}, {3072, 768}, {768, 3072}};  /* N, K of the layer */
+  const int Ms[] = {4096, 128};
+  float *A = malloc(sizeof(float) * 4096 * 3072), *B = malloc(sizeof(float) * 3072 * 3072),
+        *C = malloc(sizeof(float) * 4096 * 3072);
+  if (!A || !B || !C) return 1;
+  for (long i = 0; i < 4096L * 3072; i++) A[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+  for (long i = 0; i < 3072L * 3072; i++) B[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+  printf("\n%-6s %-28s", "M", "product");
+  for (int l = 0; l < nl; l++) printf(" %10s", libs[l].name);
+  printf("   (GFLOP/s, best of %d)\n", reps);
+  for (int mi = 0; mi < 2; mi++)
+    for (int s = 0; s < 3; s++)
+      for (int kind = 0; kind < 3; kind++) {
+        int M = Ms[mi], N = shapes[s][0], K = shapes[s][1], m, n, k, ta, tb;
+        const char *what;
+        if (kind == 0) { m = M; n = N; k = K; ta = 0; tb = 1; what = "fwd  X W^T"; }
+        else if (kind == 1) { m = M; n = K; k = N; ta = 0; tb = 0; what = "dX = dY W"; }
+        else { m = N; n = K; k = M; ta = 1; tb = 0; what = "dW = dY^T X"; }
+        double best[3] = {0};
+        for (int l = 0; l < nl; l++) run(&libs[l], ta, tb, m, n, k, A, B, C);
+        for (int r = 0; r < reps; r++)
+          for (int l = 0; l < nl; l++) {
+            double t0 = now();
+            run(&libs[l], ta, tb, m, n, k, A, B, C);
+            double f = 2.0 * m * n * k / (now() - t0) * 1e-9;
+            if (f > best[l]) best[l] = f;
+          }
+        char lab[64];
+        snprintf(lab, sizeof lab, "%s N=%d K=%d", what, N, K);
+        printf("%-6d %-28s", M, lab);
+        for (int l = 0; l < nl; l++) printf(" %10.1f", best[l]);
+        printf("\n");
+      }
+  free(A); free(B); free(C);
+  return 0;
+}
