@@ -4,7 +4,8 @@
 -- 7820 steps split 90% / 10% between the phases, warmup in steps (2000 / 200),
 -- global batches 8 GPUs x 60 x 64 = 30720 and 8 x 10 x 192 = 15360, and
 -- linear decay after warmup (power 1, polynomial_decay in Google's optimization.py).
---   bertlua recipes/pretrain.lua --config=recipes/configs/pretrain_google_tf2_lamb.lua --data-phase1=... --data-phase2=...
+--   bertlua recipes/pretrain.lua --config=recipes/configs/pretrain_google_tf2_lamb.lua \
+--     --data-phase1=... --data-phase2=...
 return {
   model = "large",
   seq1 = 128, pred1 = 20, batch1 = 30720, lr1 = 7.5e-4, warmup_steps1 = 2000, steps1 = 7038,

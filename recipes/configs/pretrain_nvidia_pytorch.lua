@@ -2,7 +2,8 @@
 -- (scripts/run_pretraining.sh): the defaults of recipes/pretrain.lua, written
 -- out so a run can name them. Global batches 65536 / 32768 = 8 GPUs x
 -- micro-batch x accumulation; warmup as a proportion of each phase.
---   bertlua recipes/pretrain.lua --config=recipes/configs/pretrain_nvidia_pytorch.lua --data-phase1=... --data-phase2=...
+--   bertlua recipes/pretrain.lua --config=recipes/configs/pretrain_nvidia_pytorch.lua \
+--     --data-phase1=... --data-phase2=...
 return {
   model = "large",
   seq1 = 128, pred1 = 20, batch1 = 65536, lr1 = 6e-3, warmup1 = 0.2843, warmup_steps1 = -1, steps1 = 7038,

@@ -28,6 +28,7 @@ local LIMIT = tonumber(os.getenv("BL_HOSTILE_TIMEOUT") or "120")
 
 -- ---------------------------------------------------------------- fixtures
 local syn = require "bertlua.data.synthetic"
+local rng = require "bertlua.util.rng"
 local world = syn.world { seed = 3, countries = 30 }
 local docs_dir = tmp .. "/docs"
 os.execute("mkdir -p " .. docs_dir)
@@ -139,7 +140,8 @@ end
 case { class = "NUL bytes", name = "extract_features: a NUL inside line 2 of 3",
   setup = function(d)
     write(d .. "/in.txt", "the cat sat\nthe\0dog ran\r\na red fence\n")
-    return ("%sextract_features.lua --model=%s --input=%s/in.txt --output=%s/out.jsonl --layers=-1"):format(R, model, d, d)
+    return ("%sextract_features.lua --model=%s --input=%s/in.txt --output=%s/out.jsonl --layers=-1"):format(R, model,
+      d, d)
   end,
   check = function(d)
     local ok, why = valid_jsonl(d .. "/out.jsonl", 3)
@@ -155,7 +157,7 @@ case { class = "NUL bytes", name = "extract_features: a NUL inside line 2 of 3",
 local glue_dir = tmp .. "/sst2"
 do
   os.execute("mkdir -p " .. glue_dir)
-  local r = syn.rng(9)
+  local r = rng(9)
   local train, test = { "sentence\tlabel" }, { "index\tsentence" }
   for i, d in ipairs(syn.documents(world, { copies = 1 })) do
     train[#train + 1] = d.sentences[1] .. "\t" .. (r(2) - 1)
@@ -170,7 +172,7 @@ local qa_model = tmp .. "/qa_model"
 T.tiny_model_dir(qa_model, { vocab = vocab, head = "qa", seed = 6, config = { vocab_size = 600, hidden_size = 16,
   num_attention_heads = 2, intermediate_size = 32, max_position_embeddings = 128 } })
 local function big_text(words)
-  local r, w = syn.rng(11), {}
+  local r, w = rng(11), {}
   local pool = { "the", "capital", "river", "founded", "language", "people", "trade", "east" }
   for i = 1, words do w[i] = pool[r(#pool)] end
   return table.concat(w, " ")
@@ -276,7 +278,8 @@ case { class = "giant input", name = "predict.lua squad: a 1 MB context without 
   setup = function(d)
     local ctx = ("x"):rep(1000000)
     write(d .. "/sq.json", require("cjson").encode { version = "1.1", data = { { title = "t", paragraphs = { {
-      context = ctx, qas = { { id = "q1", question = "what river", answers = { { text = "x", answer_start = 0 } } } } } } } } })
+      context = ctx,
+      qas = { { id = "q1", question = "what river", answers = { { text = "x", answer_start = 0 } } } } } } } } })
     return ("%spredict.lua --model=%s --task=squad --input=%s/sq.json --output=%s/p.json --max-seq-length=64 "
       .. "--doc-stride=32 --batch=64"):format(R, qa_model, d, d)
   end,

@@ -326,7 +326,8 @@ T.test("config validation and presets", function()
   T.raises(function() config.new{ num_hidden_layers = 1e9 } end, "num_hidden_layers must be an integer from 1 to 1024")
   T.raises(function() config.new{ hidden_size = 1e300 } end, "hidden_size must be an integer from 1 to 65536")
   T.raises(function() config.new{ hidden_size = math.huge } end, "got inf")
-  T.raises(function() config.new{ hidden_size = { 1, 2 } } end, "hidden_size must be an integer from 1 to 65536, got a list")
+  T.raises(function() config.new{ hidden_size = { 1, 2 } } end,
+    "hidden_size must be an integer from 1 to 65536, got a list")
   T.raises(function() config.new{ vocab_size = 2 ^ 24, hidden_size = 65536, num_attention_heads = 1 } end,
     "this machine has")
   local dir = T.tmpdir()

@@ -43,7 +43,8 @@ T.test("-e runs code; errors exit 1 with a traceback naming file:line", function
 end)
 
 T.test("a user error (raised without a position) is one line; --debug and BERTLUA_DEBUG add the traceback", function()
-  local p = tmpfile("local function f() error('pretrain: no train_*.blshard in /d; run create_pretraining_data.lua', 0) end\n"
+  local p = tmpfile("local function f() error('pretrain: no train_*.blshard in /d; "
+    .. "run create_pretraining_data.lua', 0) end\n"
     .. "local ok, e = xpcall(f, debug.traceback)\nerror(e, 0)\n")
   local out, rc = run(exe .. " " .. p .. " --x=1")
   T.eq(rc, 1)

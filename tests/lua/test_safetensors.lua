@@ -128,7 +128,8 @@ T.test("old gamma/beta names and prefix-less BertModel checkpoints", function()
   local q = DIR .. "/pt.safetensors"
   st.save_model(pt, q)
   local b3 = bert.BertModel(CFG, { seed = 8 })
-  T.raises(function() st.load_model(b3, q) end, "7 tensors are not parameters of this model (pass allow_unexpected to ignore them): cls.predictions.bias, ")
+  T.raises(function() st.load_model(b3, q) end,
+    "7 tensors are not parameters of this model (pass allow_unexpected to ignore them): cls.predictions.bias, ")
   st.load_model(b3, q, { allow_unexpected = st.is_head, quiet = true })
   same(b3.encoder.layer[2].output.dense.weight, base.encoder.layer[2].output.dense.weight)
 end)
@@ -155,7 +156,8 @@ T.test("model directories: save_pretrained / from_pretrained, head swap like tra
   same(cls.bert.pooler.dense.weight, m.bert.pooler.dense.weight)
   -- strict: a head mismatch is an error
   T.raises(function() bert.from_pretrained(d, { head = "qa", strict = true }) end, "qa_outputs.weight' is missing")
-  T.raises(function() bert.from_pretrained(DIR .. "/nowhere") end, "model directory " .. DIR .. "/nowhere does not exist")
+  T.raises(function() bert.from_pretrained(DIR .. "/nowhere") end,
+    "model directory " .. DIR .. "/nowhere does not exist")
   -- wrong config for the weights: error names the tensor and both shapes
   local d2 = DIR .. "/bad_dir"
   bert.save_pretrained(m, d2)

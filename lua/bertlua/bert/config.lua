@@ -104,7 +104,8 @@ function M.validate(cfg, where)
     fail(where, ("position_embedding_type '%s' is not supported (only 'absolute')")
       :format(tostring(cfg.position_embedding_type)))
   end
-  if cfg.num_labels ~= nil and (type(cfg.num_labels) ~= "number" or not (cfg.num_labels >= 1 and cfg.num_labels <= 2 ^ 20)
+  if cfg.num_labels ~= nil
+    and (type(cfg.num_labels) ~= "number" or not (cfg.num_labels >= 1 and cfg.num_labels <= 2 ^ 20)
       or cfg.num_labels % 1 ~= 0) then
     fail(where, "num_labels must be a positive integer, got " .. tostring(cfg.num_labels))
   end
@@ -157,7 +158,8 @@ function M.load(path)
   f:close()
   local ok, t = pcall(cjson.decode, text)
   if not ok or type(t) ~= "table" or t[1] ~= nil or next(t) == nil then
-    error("config: " .. path .. " is not a JSON object with the model's fields: " .. (ok and text:sub(1, 40) or tostring(t)), 0)
+    error("config: " .. path .. " is not a JSON object with the model's fields: "
+      .. (ok and text:sub(1, 40) or tostring(t)), 0)
   end
   return M.new(t, "config " .. path)
 end

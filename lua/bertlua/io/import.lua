@@ -201,9 +201,9 @@ local function in_dir(dir)
     if is_file(p .. ".index") then return "tf", p end
   end
   local tf, pt = {}, {}
-  for _, f in ipairs(ls(dir)) do
-    if f:match("%.index$") then tf[#tf + 1] = f:sub(1, -7)
-    elseif f:match("%.pth?$") or f:match("%.bin$") then pt[#pt + 1] = f end
+  for _, name in ipairs(ls(dir)) do
+    if name:match("%.index$") then tf[#tf + 1] = name:sub(1, -7)
+    elseif name:match("%.pth?$") or name:match("%.bin$") then pt[#pt + 1] = name end
   end
   for _, set in ipairs({ { "tf", tf }, { "torch", pt } }) do
     if #set[2] == 1 then return set[1], dir .. "/" .. set[2][1] end

@@ -40,7 +40,9 @@ local function range(where, name, n, o)
   if n ~= n or n == math.huge or n == -math.huge then bad("must be a finite number") end
   if name == "threads" then
     local cpus = online_cpus()
-    if n ~= math.floor(n) or n < 0 or n > cpus then bad(("must be an integer from 0 to %d (0: default)"):format(cpus)) end
+    if n ~= math.floor(n) or n < 0 or n > cpus then
+      bad(("must be an integer from 0 to %d (0: default)"):format(cpus))
+    end
   end
   if o.int and n ~= math.floor(n) then bad("must be an integer") end
   if o.min and (n < o.min or (o.above and n == o.min)) then

@@ -9,6 +9,7 @@
 -- rules a small model can learn from the words (so "loss falls" holds).
 local T = require "testing"
 local syn = require "bertlua.data.synthetic"
+local rng = require "bertlua.util.rng"
 
 local M = {}
 
@@ -26,7 +27,7 @@ end
 
 -- every sentence of the world with its country, in a fixed shuffled order
 local function sentences()
-  local r, out = syn.rng(5), {}
+  local r, out = rng(5), {}
   for _, d in ipairs(syn.documents(world(), { copies = 2 })) do
     for _, s in ipairs(d.sentences) do out[#out + 1] = { text = s, doc = d.title:gsub(" %(%d+%)$", "") } end
   end
