@@ -33,9 +33,10 @@ local function max_abs_diff(a, b)
   end
   return m, ref
 end
-local function close(a, b, rtol, what)
+-- floor: the smallest scale the error is measured against (for values that are rounding noise around 0)
+local function close(a, b, rtol, what, floor)
   local m, ref = max_abs_diff(a, b)
-  if not (m <= rtol * math.max(ref, 1e-30)) then
+  if not (m <= rtol * math.max(ref, floor or 1e-30)) then
     error(("%s: max |gpu - cpu| = %.3g, scale %.3g (rtol %g)"):format(what, m, ref, rtol), 2)
   end
 end
@@ -155,8 +156,11 @@ T.test("BertForPreTraining on cuda:0: loss and every gradient match the cpu (dro
     cpu:backward(); gpu:backward()
     close(gpu.flat_grads, cpu.flat_grads, 2e-3, "flat gradients step " .. step)
   end
+  -- The attention key bias's exact gradient is 0 (softmax ignores a shift per row): both devices give rounding
+  -- noise there, so every tensor is also measured against a millionth of the largest gradient.
+  local _, gmax = max_abs_diff(gpu.flat_grads, cpu.flat_grads)
   local cp, gp = cpu:parameters(), gpu:parameters()
-  for i = 1, #cp do close(gp[i].grad, cp[i].grad, 5e-3, cp[i].name) end
+  for i = 1, #cp do close(gp[i].grad, cp[i].grad, 5e-3, cp[i].name, 1e-6 * gmax) end
 end)
 
 T.test("eval hidden states, QA and classification heads on cuda:0", function()
