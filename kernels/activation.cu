@@ -70,6 +70,7 @@ int run_act(const char *op, int kind, bl_tensor *out, bl_tensor *db, const bl_te
   if (b) BL_CHECK(cu_load(op, b, &bb));
   if (g) BL_CHECK(cu_load(op, g, &bg));
   BL_CHECK(cu_out(op, out, &bo, 0));
+  cu_cost_kernel(dev, "activation", "act_kernel", 4.0 * ((g ? 3 : 2) * (double)n + (b ? h : 0)));
   act_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(kind, bo.p, ba.p, b ? bb.p : nullptr, g ? bg.p : nullptr, n, h);
   BL_CHECK(cu_launched(op, dev));
   if (db) {
@@ -101,6 +102,7 @@ int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tens
     BL_CHECK(cu_copy_to_contig(op, min.p, BL_BOOL, mask_in));
   }
   if (mask_out) BL_CHECK(mout.alloc(op, dev, (size_t)n));
+  cu_cost_kernel(dev, "dropout", "dropout_kernel", 8.0 * n + (mask_in ? n : 0) + (mask_out ? n : 0));
   dropout_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(by.p, bx.p, min.as<uint8_t>(), mout.as<uint8_t>(), n, (float)p,
                                                                 (float)(1.0 / (1.0 - p)), seed, offset);
   BL_CHECK(cu_launched(op, dev));

@@ -27,6 +27,17 @@ cudaStream_t cu_stream(int dev);             // never NULL after cu_device() suc
 // Sets *dev. Also makes it current.
 int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
 
+// ---------------------------------------------------------------- launch costs (kernels/stepmodel.cu)
+// Every launch site states, right before its launch, what the launch costs at minimum: FLOPs on `engine`
+// (BL_ENGINE_*) and the bytes it must move to and from device memory (each input read once, each output written
+// once, at the dtype it is stored in). Logged only while bl_cuda_record_begin is active on `dev`; `cls` and `name`
+// must be string literals. cu_cost_kernel precedes a <<<>>> launch; cu_cost_call stands for work that is not a
+// kernel of ours (cuBLASLt call, memset, copy).
+void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, double flops = 0,
+                    int engine = BL_ENGINE_MEM);
+void cu_cost_call(int dev, const char *cls, const char *name, int engine, double flops, double bytes);
+static inline double cu_bytes(const bl_tensor *t) { return t ? (double)t->numel * bl_dtype_size(t->dtype) : 0.0; }
+
 #define CU_TRY(op, dev, expr) do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) return cu_err(op, dev, e_); } while (0)
 
 static inline unsigned cu_blocks(int64_t n, int threads, int64_t cap = 65535LL * 8) {

@@ -221,6 +221,11 @@ int launch_ew(const char *op, int dev, int nops, const bl_tensor *const *ops, in
   if (ops[0]->numel == 0) return 0;
   iter it;
   make_iter(&it, nops, ops);
+  double bytes = 0;
+  for (int k = 0; k < nops; k++) bytes += cu_bytes(ops[k]);
+  // A copy that changes the dtype is the generic strided conversion (f32 scratch of a bf16 activation and back).
+  bool convert = kind == EW_COPY && ops[0]->dtype != ops[1]->dtype;
+  cu_cost_kernel(dev, convert ? "convert" : kind == EW_COPY ? "copy" : "elementwise", "ew_kernel", bytes);
   ew_kernel<<<cu_blocks(it.n, 256), 256, 0, cu_stream(dev)>>>(it, kind, code, s, alpha, scalar_first);
   return cu_launched(op, dev);
 }
@@ -472,6 +477,7 @@ int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor 
 }
 
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n) {
+  cu_cost_call(dev, "host copy", "cudaMemcpyAsync d2h", BL_ENGINE_PCIE, 0, (double)n * sizeof(int64_t));
   CU_TRY(op, dev, cudaMemcpyAsync(host, dptr, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost, cu_stream(dev)));
   CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
   return 0;
@@ -484,8 +490,10 @@ int cu_colsum_acc(const char *op, int dev, const float *x, int64_t rows, int64_t
   cu_mem part;
   BL_CHECK(part.alloc(op, dev, (size_t)(nchunk * cols) * sizeof(float)));
   dim3 grid((unsigned)((cols + 31) / 32), (unsigned)nchunk);
+  cu_cost_kernel(dev, "bias grad", "colsum_partial", 4.0 * (double)(rows + nchunk) * cols);
   colsum_partial<<<grid, dim3(32, 8), 0, cu_stream(dev)>>>(x, rows, cols, part.as<float>());
   BL_CHECK(cu_launched(op, dev));
+  cu_cost_kernel(dev, "bias grad", "colsum_final", 4.0 * (double)(nchunk + 2) * cols);
   colsum_final<<<cu_blocks(cols, 256), 256, 0, cu_stream(dev)>>>(part.as<float>(), nchunk, cols, out);
   return cu_launched(op, dev);
 }
@@ -626,6 +634,7 @@ extern "C" int bl_cuda_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32
   if (r.total == 0) return 0;
   int threads = 32;
   while (threads < 256 && threads < r.count) threads <<= 1;
+  cu_cost_kernel(dev, "reduce", "reduce_kernel", cu_bytes(a) + cu_bytes(out));
   reduce_kernel<<<cu_blocks(r.total, 1, 1 << 20), threads, 0, cu_stream(dev)>>>(r);
   return cu_launched(name, dev);
 }
@@ -640,6 +649,7 @@ static int rand_fill(const char *op, bl_tensor *t, uint64_t seed, uint64_t offse
   if (t->numel == 0) return 0;
   cu_buf o;
   BL_CHECK(cu_out(op, t, &o, 0));
+  cu_cost_kernel(dev, "random", "rand_kernel", 4.0 * t->numel);
   rand_kernel<<<cu_blocks((t->numel + 3) / 4, 256), 256, 0, cu_stream(dev)>>>(o.p, t->numel, seed, offset, a, b, normal);
   BL_CHECK(cu_launched(op, dev));
   return cu_store(op, t, &o);

@@ -167,6 +167,8 @@ int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, c
   BL_CHECK(cu_out(op, mean, &bm, 0));
   BL_CHECK(cu_out(op, rstd, &bs, 0));
   float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
+  double n = (double)rows * h;
+  cu_cost_kernel(dev, "layernorm", "ln_fwd", 4.0 * (n * (res ? 3 : 2) + 2.0 * h + 2.0 * rows));
   ln_fwd<<<cu_blocks(rows, 1, 1 << 20), threads_for(h), 0, cu_stream(dev)>>>(
       bx.p, res ? br.p : nullptr, bg.p, beta ? bb.p : nullptr, by.p, bm.p, bs.p, rows, h, (float)eps, (float)p, scale,
       seed, offset);
@@ -206,6 +208,8 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
   if (dres) BL_CHECK(cu_out(op, dres, &bdr, 0));
   float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   const float *rp = res ? br.p : nullptr;
+  double n = (double)rows * h;
+  cu_cost_kernel(dev, "layernorm", "ln_bwd", 4.0 * (n * (3 + (res ? 1 : 0) + (dres ? 1 : 0)) + h + 2.0 * rows));
   ln_bwd<<<cu_blocks(rows, 1, 1 << 20), threads_for(h), 0, cu_stream(dev)>>>(
       bdy.p, bx.p, rp, bg.p, bm.p, bs.p, bdx.p, dres ? bdr.p : nullptr, rows, h, (float)p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
@@ -215,11 +219,13 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
     cu_mem part;
     BL_CHECK(part.alloc(op, dev, (size_t)(2 * nchunk * h) * sizeof(float)));
     float *pg = part.as<float>(), *pb = pg + nchunk * h;
+    cu_cost_kernel(dev, "layernorm", "ln_param_partial", 4.0 * (n * (res ? 3 : 2) + 2.0 * rows + 2.0 * nchunk * h));
     ln_param_partial<<<dim3((unsigned)((h + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0, cu_stream(dev)>>>(
         bdy.p, bx.p, rp, bm.p, bs.p, pg, pb, rows, h, (float)p, scale, seed, offset);
     BL_CHECK(cu_launched(op, dev));
     if (dgamma) BL_CHECK(cu_out(op, dgamma, &bdg, 1));
     if (dbeta) BL_CHECK(cu_out(op, dbeta, &bdb, 1));
+    cu_cost_kernel(dev, "layernorm", "ln_param_final", 4.0 * (2.0 * nchunk * h + 4.0 * h));
     ln_param_final<<<cu_blocks(h, 256), 256, 0, cu_stream(dev)>>>(pg, pb, nchunk, h, dgamma ? bdg.p : nullptr,
                                                                    dbeta ? bdb.p : nullptr);
     BL_CHECK(cu_launched(op, dev));

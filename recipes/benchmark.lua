@@ -15,7 +15,12 @@
 -- (f32 GEMMs on TF32 tensor cores) or bf16 (bf16 compute copy of the weights
 -- and bf16 activations, f32 master weights and gradients), and
 -- --compare=torch runs tests/py/bench_bert_torch.py on the same GPU (bf16 =
--- torch.autocast, fused SDPA attention). Throughput is also given as model
+-- torch.autocast, fused SDPA attention).
+-- --model-time=h100 also prints the step-time MODEL (lua/bertlua/stepmodel.lua):
+-- a lower bound on the step time at that GPU's figures, summed over the
+-- launches one training step really makes. On the emulated device the step is
+-- recorded without running its large work (bl_cuda_dry_run), so BERT-large fits;
+-- on a real GPU it is printed next to the measured step time. Throughput is also given as model
 -- FLOP/s and MFU: training FLOPs per step = 6 N B S (N = encoder matmul
 -- weights 12 L H^2 + pooler H^2, all S positions, padding included)
 -- + 12 L H S^2 B (attention scores and context, forward + backward)
@@ -43,6 +48,7 @@ local opt = options.parse(arg, {
   { "infer", false, "time inference (forward of the encoder only) instead of training" },
   { "lr", 1e-4, "SGD learning rate" },
   { "compare", "", "'torch': run the same benchmark in PyTorch and print the ratio" },
+  { "model_time", "", "also print the step-time model of one training step at these figures (h100)" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch for --compare=torch" },
 }, { usage = "bertlua recipes/benchmark.lua [options]" })
 print("benchmark options:\n" .. options.show(opt))
@@ -61,6 +67,13 @@ if on_gpu then
 elseif opt.precision ~= "fp32" then
   error("benchmark: --precision=" .. opt.precision .. " needs --device=cuda", 0)
 end
+local stepmodel, profile
+if opt.model_time ~= "" then
+  stepmodel = require "bertlua.stepmodel"
+  profile = stepmodel.profiles[opt.model_time]
+  if not profile then error("benchmark: --model-time must be one of: h100, got " .. opt.model_time, 0) end
+  if not on_gpu or opt.infer then error("benchmark: --model-time needs --device=cuda and a training step", 0) end
+end
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 local threads = bl.num_threads()
 
@@ -75,11 +88,14 @@ local B, S, V = opt.batch, opt.seq, cfg.vocab_size
 if S > cfg.max_position_embeddings then cfg.max_position_embeddings = S end
 
 local model = bert.BertForPreTraining(cfg, { seed = 1 })
-local devname = "cpu"
+local devname, dry = "cpu", false
 if on_gpu then
-  model:to{ device = dev, dtype = opt.precision == "bf16" and "bf16" or "f32" }
   local nb = bl.ffi.new("char[256]")
   if bl.C.bl_cuda_device_name(dev, nb, 256) == 0 then devname = bl.ffi.string(nb) end
+  -- the emulator could neither hold nor compute a large model's step: record it without running the large work
+  dry = stepmodel ~= nil and devname:find("emulated", 1, true) ~= nil
+  if dry then require("bertlua.core").check(bl.C.bl_cuda_dry_run(dev, 1)) end
+  model:to{ device = dev, dtype = opt.precision == "bf16" and "bf16" or "f32" }
 end
 if opt.infer then model:eval() else model:train() end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
@@ -145,6 +161,18 @@ local function sync() if on_gpu then require("bertlua.core").check(bl.C.bl_cuda_
 
 for _ = 1, opt.warmup do step() end
 sync()
+local model_t
+if stepmodel then
+  local list, syncs = stepmodel.record(dev, step)
+  local text
+  text, model_t = stepmodel.report(list, syncs, profile, B, ("BERT %s training step, batch %d x %d, %d masked, %s")
+    :format(opt.model, B, S, opt.masked, opt.precision))
+  print(text)
+  if dry then
+    print("(recorded on the emulated device without running the large work: no timing, results are garbage)")
+    return
+  end
+end
 local t0 = log.clock()
 for _ = 1, opt.steps do step() end
 sync()
@@ -152,6 +180,10 @@ local dt = log.clock() - t0
 local ours = B * opt.steps / dt
 print(("bertlua: %.2f seq/s (%.1f ms/step, %s, %s, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
   opt.infer and "inference" or "training", opt.device, opt.precision, threads))
+if model_t then
+  print(("measured vs model: %.2f ms/step measured, %.2f ms/step model bound (%.0f%% of the bound's speed)")
+    :format(dt / opt.steps * 1000, model_t.step_s * 1000, 100 * model_t.step_s / (dt / opt.steps)))
+end
 
 -- model FLOPs (see the header) and MFU against the device's dense peak
 local L, H = cfg.num_hidden_layers, cfg.hidden_size
