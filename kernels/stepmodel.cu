@@ -14,11 +14,12 @@ std::mutex mu;
 std::atomic<int> rec_dev{-1};            // device being recorded, -1 when off
 std::vector<bl_cuda_launch_rec> launches;
 std::deque<std::string> names;           // storage of the names of unannotated launches
+
+#ifdef BL_CUDA_EMU
 bool dry = false;                        // bl_cuda_dry_run
 bool have_pending = false;               // a kernel cost waiting for the emulator to see its launch
 bl_cuda_launch_rec pending;
 
-#ifdef BL_CUDA_EMU
 void on_launch(int dev, const char *name, const char *file, int line) {
   std::lock_guard<std::mutex> g(mu);
   if (dev != rec_dev.load()) return;
@@ -72,9 +73,9 @@ extern "C" int bl_cuda_record_begin(int device) {
   if (rec_dev.load() >= 0) return bl_set_error(BL_EINVAL, "record: cuda:%d is being recorded already", rec_dev.load());
   launches.clear();
   names.clear();
-  have_pending = false;
   rec_dev.store(device);
 #ifdef BL_CUDA_EMU
+  have_pending = false;
   emu_set_launch_hook(on_launch, dry);
 #endif
   return 0;
