@@ -223,9 +223,10 @@ int launch_ew(const char *op, int dev, int nops, const bl_tensor *const *ops, in
   make_iter(&it, nops, ops);
   double bytes = 0;
   for (int k = 0; k < nops; k++) bytes += cu_bytes(ops[k]);
-  // A copy that changes the dtype is the generic strided conversion (f32 scratch of a bf16 activation and back).
+  // A copy that changes the dtype is the generic strided conversion (f32 scratch of a bf16 activation and back),
+  // named by the op that needed it.
   bool convert = kind == EW_COPY && ops[0]->dtype != ops[1]->dtype;
-  cu_cost_kernel(dev, convert ? "convert" : kind == EW_COPY ? "copy" : "elementwise", "ew_kernel", bytes);
+  cu_cost_kernel(dev, convert ? "convert" : kind == EW_COPY ? "copy" : "elementwise", op, bytes);
   ew_kernel<<<cu_blocks(it.n, 256), 256, 0, cu_stream(dev)>>>(it, kind, code, s, alpha, scalar_first);
   return cu_launched(op, dev);
 }

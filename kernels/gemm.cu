@@ -140,7 +140,7 @@ struct gemm_args {
 
 int gemm(const char *op, int dev, const gemm_args &g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return 0;
-  dev_state *st;
+  dev_state *st = nullptr;
   BL_CHECK(get_state(op, dev, &st));
   int rc = 0;
   cublasLtMatmulDesc_t desc = nullptr;

@@ -3,8 +3,8 @@
 // device the emulator also reports every launch it accepts (emu_set_launch_hook): a kernel cost then waits for its
 // launch, and a launch that finds no cost waiting is logged as "unannotated", so a missing statement cannot hide.
 #include <atomic>
-#include <deque>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 #include "common.cuh"
@@ -13,7 +13,7 @@ namespace {
 std::mutex mu;
 std::atomic<int> rec_dev{-1};            // device being recorded, -1 when off
 std::vector<bl_cuda_launch_rec> launches;
-std::deque<std::string> names;           // storage of the names of unannotated launches
+std::set<std::string> names;             // storage of the launches' names (a name may be the caller's op)
 
 #ifdef BL_CUDA_EMU
 bool dry = false;                        // bl_cuda_dry_run
@@ -28,8 +28,8 @@ void on_launch(int dev, const char *name, const char *file, int line) {
     have_pending = false;
     return;
   }
-  names.push_back(std::string(name) + " (" + file + ":" + std::to_string(line) + ")");
-  launches.push_back(bl_cuda_launch_rec{names.back().c_str(), "unannotated", BL_ENGINE_MEM, 0, 0});
+  const char *at = names.insert(std::string(name) + " (" + file + ":" + std::to_string(line) + ")").first->c_str();
+  launches.push_back(bl_cuda_launch_rec{at, "unannotated", BL_ENGINE_MEM, 0, 0});
 }
 #endif
 }  // namespace
@@ -37,6 +37,7 @@ void on_launch(int dev, const char *name, const char *file, int line) {
 void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, double flops, int engine) {
   if (dev != rec_dev.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> g(mu);
+  name = names.insert(name).first->c_str();
 #ifdef BL_CUDA_EMU
   // A cost still pending here belonged to a launch the emulator refused (the op fails with that error).
   pending = bl_cuda_launch_rec{name, cls, engine, flops, bytes};
@@ -49,6 +50,7 @@ void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, do
 void cu_cost_call(int dev, const char *cls, const char *name, int engine, double flops, double bytes) {
   if (dev != rec_dev.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> g(mu);
+  name = names.insert(name).first->c_str();
   launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes});
 }
 

@@ -53,7 +53,7 @@ end
 function M.evaluate(list, p, opt)
   opt = opt or {}
   local gap = opt.graph and 0 or p.launch_us * 1e-6
-  local by, rows, bad = {}, {}, {}
+  local by, rows, bad, items, item_list = {}, {}, {}, {}, {}
   local t = { launches = #list, gemm_s = 0, other_s = 0, gap_s = gap * #list, other_bytes = 0, flops = 0 }
   for _, l in ipairs(list) do
     if l.cls == "unannotated" then bad[#bad + 1] = l.name end
@@ -65,6 +65,14 @@ function M.evaluate(list, p, opt)
     end
     local s = launch_time(l, p)
     r.launches, r.flops, r.bytes, r.s = r.launches + 1, r.flops + l.flops, r.bytes + l.bytes, r.s + s + gap
+    local key = l.cls .. " / " .. l.name
+    local it = items[key]
+    if not it then
+      it = { what = key, launches = 0, s = 0 }
+      items[key] = it
+      item_list[#item_list + 1] = it
+    end
+    it.launches, it.s = it.launches + 1, it.s + s + gap
     t.flops = t.flops + l.flops
     if l.cls == "gemm" then t.gemm_s = t.gemm_s + s
     else
@@ -77,7 +85,9 @@ function M.evaluate(list, p, opt)
       :format(#bad, table.concat(bad, ", ", 1, math.min(#bad, 5))), 0)
   end
   table.sort(rows, function(a, b) return a.s > b.s end)
+  table.sort(item_list, function(a, b) return a.s > b.s end)
   t.step_s = t.gemm_s + t.other_s + t.gap_s
+  t.items = item_list   -- per (class, kernel or calling op), largest first
   return rows, t
 end
 
@@ -104,6 +114,11 @@ function M.report(list, syncs, p, seqs, what)
   add("  non-GEMM time incl. launch gaps: %.1f%% of the step; bytes moved by non-GEMM work: %.2f GB per step",
     100 * (1 - gemm_share), t.other_bytes / 1e9)
   add("  launches per step: %d; host synchronisations per step: %d; FLOPs per step: %.3g", t.launches, syncs, t.flops)
+  add("  largest items (class / kernel, or the op a conversion served):")
+  for i = 1, math.min(12, #t.items) do
+    local it = t.items[i]
+    add("    %-40s %6d launches %9.3f ms %6.1f%%", it.what, it.launches, it.s * 1e3, 100 * it.s / t.step_s)
+  end
   return table.concat(out, "\n"), t
 end
 
