@@ -254,6 +254,47 @@ static void test_layernorm(void) {
 }
 
 /* ---------------------------------------------------------------- activations, dropout, softmax */
+/* bf16/f16 activations (kernels/activation.cu reads and writes them natively when rows are whole 16-byte vectors,
+ * else through f32 images) against the CPU twin on the same rounded inputs. Both compute each element in f32 from
+ * the same values, differing as in the f32 test (erf/exp implementations: 1e-5 relative, 1e-6 absolute where GELU
+ * cancels); a difference that straddles a rounding boundary moves the stored value by one unit in the last place,
+ * at most 2^-7 (bf16, 8-bit significand) / 2^-10 (f16, 11-bit) of the value. db sums the unrounded f32 values on
+ * both sides (in another order): 1e-5 as in f32. Shapes: 145 rows (3 partial chunks of 64, the last short) and
+ * h = 40 (five vectors) for the native path, h = 33 for the fallback. */
+static void test_activations_half(void) {
+  /* activation dtype, row length, bias dtype (the activations', or f32 as a master copy would be) */
+  const struct { int dt; int64_t h; int bdt; } cases[] = {
+    {BL_BF16, 40, BL_F32}, {BL_F16, 40, BL_F32}, {BL_BF16, 40, BL_BF16}, {BL_F16, 40, BL_F16},
+    {BL_BF16, 33, BL_BF16}, {BL_F16, 33, BL_F32}};
+  for (int k = 0; k < 6; k++) {
+    int dt = cases[k].dt;
+    int64_t h = cases[k].h;
+    double rt = (dt == BL_BF16 ? 1.0 / 128 : 1.0 / 1024) + 1e-5;
+    bl_tensor *fx = rnd(3, SH(5, 29, h), 40 + k, -3, 3), *fgy = rnd(3, fx->shape, 50 + k, -1, 1);
+    bl_tensor *x = up(fx, dt), *gy = up(fgy, dt), *bf = rnd(1, SH(h), 60 + k, -1, 1), *b = up(bf, cases[k].bdt);
+    bl_tensor *cx = mk(-1, dt, 3, x->shape), *cgy = mk(-1, dt, 3, x->shape), *cb = mk(-1, b->dtype, 1, b->shape);
+    OK(bl_tensor_copy(cx, x)); OK(bl_tensor_copy(cgy, gy)); OK(bl_tensor_copy(cb, b));
+    bl_tensor *y = mk(-1, dt, 3, x->shape), *dy = mk(DEV, dt, 3, x->shape);
+    char name[96];
+    OK(bl_bias_gelu_forward(y, cx, cb)); OK(bl_cuda_bias_gelu_forward(dy, x, b));
+    snprintf(name, sizeof name, "bias_gelu %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    bl_tensor *gb = rnd(1, SH(h), 70 + k, -1, 1), *dgb = up(gb, BL_F32);
+    OK(bl_bias_gelu_backward(y, gb, cgy, cx, cb)); OK(bl_cuda_bias_gelu_backward(dy, dgb, gy, x, b));
+    snprintf(name, sizeof name, "bias_gelu backward dx %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    snprintf(name, sizeof name, "bias_gelu backward db %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, gb, dgb, 1e-5, 1e-5);
+    OK(bl_gelu_forward(y, cx)); OK(bl_cuda_gelu_forward(dy, x));
+    snprintf(name, sizeof name, "gelu %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    OK(bl_tanh_backward(y, cgy, cx)); OK(bl_cuda_tanh_backward(dy, gy, x));
+    snprintf(name, sizeof name, "tanh backward %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    F(fx); F(fgy); F(x); F(gy); F(bf); F(b); F(cx); F(cgy); F(cb); F(y); F(dy); F(gb); F(dgb);
+  }
+}
+
 static void test_activations(void) {
   bl_tensor *x = rnd(3, SH(4, 9, 33), 30, -3, 3), *b = rnd(1, SH(33), 31, -1, 1), *gy = rnd(3, x->shape, 32, -1, 1);
   bl_tensor *dx_ = up(x, BL_F32), *db = up(b, BL_F32), *dgy = up(gy, BL_F32);
@@ -582,6 +623,7 @@ int main(void) {
   test_gemm();
   test_layernorm();
   test_activations();
+  test_activations_half();
   test_lookup_losses();
   test_attention();
   test_optim();
