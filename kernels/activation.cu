@@ -11,8 +11,6 @@
 // 16-byte vectors, f32 only in registers, and sums the bias gradient of the f32
 // values in the same kernel (partials per chunk of rows, then act_db_final in
 // chunk order: deterministic), as the CPU twin does before it rounds.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include "common.cuh"
 #include "philox.cuh"
 
@@ -46,13 +44,6 @@ __global__ void act_kernel(int kind, float *out, const float *a, const float *b,
     out[i] = act_apply(kind, x, g ? g[i] : 0.0f);
   }
 }
-
-// ---- bf16/f16 storage, f32 in registers
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ void from_f(float v, __nv_bfloat16 *o) { *o = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void from_f(float v, __half *o) { *o = __float2half_rn(v); }
 
 const int kDbRows = 64;   // rows per bias-gradient partial (fixed: db does not depend on the launch)
 

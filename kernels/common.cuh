@@ -12,6 +12,8 @@
 //   scratch goes back to the pool when the cu_buf goes out of scope; the pool is
 //   stream-ordered because all ops share one stream per device).
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 extern "C" {
@@ -86,6 +88,14 @@ int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor 
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n);
 
 // ---------------------------------------------------------------- device helpers
+// Storage <-> f32 registers for kernels that read and write bf16/f16 activations directly (round to nearest even).
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ void from_f(float v, float *o) { *o = v; }
+__device__ __forceinline__ void from_f(float v, __nv_bfloat16 *o) { *o = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void from_f(float v, __half *o) { *o = __float2half_rn(v); }
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

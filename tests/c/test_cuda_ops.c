@@ -253,6 +253,58 @@ static void test_layernorm(void) {
   }
 }
 
+/* bf16/f16 (residual) LayerNorm, read and written natively by kernels/layernorm.cu, against the CPU twin on the same
+ * rounded inputs. Both compute in f32 from the same values and differ as in the f32 test above; a difference that
+ * straddles a rounding boundary moves a stored y/dx/dresidual by one unit in the last place, at most 2^-7 (bf16) /
+ * 2^-10 (f16) of the value. mean, rstd, dgamma, dbeta stay f32: the f32 tolerances. gamma/beta in the activation
+ * dtype and in f32; 37 rows of 300. */
+static void test_layernorm_half(void) {
+  for (int k = 0; k < 8; k++) {
+    const int64_t R = 37, H = 300;
+    int dt = k & 1 ? BL_F16 : BL_BF16, gdt = k & 2 ? BL_F32 : dt, fused = k >> 2;
+    double p = fused ? 0.1 : 0.0, u = dt == BL_BF16 ? 1.0 / 128 : 1.0 / 1024;
+    bl_tensor *fx = rnd(2, SH(R, H), 120 + k, -2, 2), *fr = rnd(2, SH(R, H), 130 + k, -1, 1);
+    bl_tensor *fg = rnd(1, SH(H), 140 + k, 0.5, 1.5), *fb = rnd(1, SH(H), 150 + k, -1, 1);
+    bl_tensor *fgy = rnd(2, SH(R, H), 160 + k, -1, 1);
+    bl_tensor *x = up(fx, dt), *res = up(fr, dt), *g = up(fg, gdt), *b = up(fb, gdt), *gy = up(fgy, dt);
+    bl_tensor *cx = mk(-1, dt, 2, x->shape), *cr = mk(-1, dt, 2, x->shape), *cgy = mk(-1, dt, 2, x->shape);
+    bl_tensor *cg = mk(-1, gdt, 1, SH(H)), *cb = mk(-1, gdt, 1, SH(H));
+    OK(bl_tensor_copy(cx, x)); OK(bl_tensor_copy(cr, res)); OK(bl_tensor_copy(cgy, gy));
+    OK(bl_tensor_copy(cg, g)); OK(bl_tensor_copy(cb, b));
+    bl_tensor *y = mk(-1, dt, 2, x->shape), *m = mk(-1, BL_F32, 1, SH(R)), *s_ = mk(-1, BL_F32, 1, SH(R));
+    bl_tensor *dy = mk(DEV, dt, 2, x->shape), *dm = mk(DEV, BL_F32, 1, SH(R)), *ds = mk(DEV, BL_F32, 1, SH(R));
+    char name[96];
+    const char *what = fused ? "residual_ln" : "ln";
+    if (fused) {
+      OK(bl_residual_layernorm_forward(y, m, s_, cx, cr, cg, cb, 1e-12, p, 5, 100));
+      OK(bl_cuda_residual_layernorm_forward(dy, dm, ds, x, res, g, b, 1e-12, p, 5, 100));
+    } else {
+      OK(bl_layernorm_forward(y, m, s_, cx, cg, cb, 1e-12));
+      OK(bl_cuda_layernorm_forward(dy, dm, ds, x, g, b, 1e-12));
+    }
+    snprintf(name, sizeof name, "%s y %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
+    close_(name, y, dy, u + 1e-5, 2e-5); close_("ln mean (half)", m, dm, 1e-5, 1e-6);
+    close_("ln rstd (half)", s_, ds, 1e-5, 1e-6);
+    bl_tensor *gx = mk(-1, dt, 2, x->shape), *gr = mk(-1, dt, 2, x->shape), *dgx = mk(DEV, dt, 2, x->shape);
+    bl_tensor *dgr = mk(DEV, dt, 2, x->shape), *gg = rnd(1, SH(H), 170 + k, -1, 1), *gbb = rnd(1, SH(H), 180 + k, -1, 1);
+    bl_tensor *dgg = up(gg, BL_F32), *dgb = up(gbb, BL_F32);
+    if (fused) {
+      OK(bl_residual_layernorm_backward(gx, gr, gg, gbb, cgy, cx, cr, cg, m, s_, p, 5, 100));
+      OK(bl_cuda_residual_layernorm_backward(dgx, dgr, dgg, dgb, gy, x, res, g, dm, ds, p, 5, 100));
+      snprintf(name, sizeof name, "%s dresidual %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
+      close_(name, gr, dgr, u + 1e-4, 1e-5);
+    } else {
+      OK(bl_layernorm_backward(gx, gg, gbb, cgy, cx, cg, m, s_));
+      OK(bl_cuda_layernorm_backward(dgx, dgg, dgb, gy, x, g, dm, ds));
+    }
+    snprintf(name, sizeof name, "%s dx %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
+    close_(name, gx, dgx, u + 1e-4, 1e-5);
+    close_("ln dgamma (half)", gg, dgg, 1e-4, 1e-4); close_("ln dbeta (half)", gbb, dgb, 1e-5, 1e-4);
+    F(fx); F(fr); F(fg); F(fb); F(fgy); F(x); F(res); F(g); F(b); F(gy); F(cx); F(cr); F(cgy); F(cg); F(cb);
+    F(y); F(m); F(s_); F(dy); F(dm); F(ds); F(gx); F(gr); F(dgx); F(dgr); F(gg); F(gbb); F(dgg); F(dgb);
+  }
+}
+
 /* ---------------------------------------------------------------- activations, dropout, softmax */
 /* bf16/f16 activations (kernels/activation.cu reads and writes them natively when rows are whole 16-byte vectors,
  * else through f32 images) against the CPU twin on the same rounded inputs. Both compute each element in f32 from
@@ -624,6 +676,7 @@ int main(void) {
   test_layernorm();
   test_activations();
   test_activations_half();
+  test_layernorm_half();
   test_lookup_losses();
   test_attention();
   test_optim();
