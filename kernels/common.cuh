@@ -76,6 +76,8 @@ int cu_store(const char *op, bl_tensor *t, cu_buf *b);                   // writ
 int cu_load_ids(const char *op, const bl_tensor *t, cu_mem *ids);
 // out[j] += sum_r x[r*cols + j] (f32, contiguous x), deterministic two-stage column sum.
 int cu_colsum_acc(const char *op, int dev, const float *x, int64_t rows, int64_t cols, float *out);
+// The same over a contiguous bf16/f16 tensor read directly; BL_EUNSUPPORTED (no error set) for anything else.
+int cu_colsum_acc_native(const char *op, int dev, const bl_tensor *x, int64_t rows, int64_t cols, float *out);
 // Copy raw typed data: contiguous src of `dtype_src` -> tensor dst (any strides/dtype).
 // Used by ops that produce a contiguous result of another dtype (argmax: i64 -> i32).
 int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src_dtype);

@@ -272,9 +272,13 @@ int64_t rows_of(const bl_tensor *t) {
 // db[N] += the column sums of g[M,N] (the bias gradient, accumulated).
 int bias_grad(const char *op, int dev, const bl_tensor *g, int64_t M, int64_t N, bl_tensor *db) {
   cu_buf bg, bdb;
-  BL_CHECK(cu_load(op, g, &bg));
   BL_CHECK(cu_out(op, db, &bdb, 1));
-  BL_CHECK(cu_colsum_acc(op, dev, bg.p, M, N, bdb.p));
+  int rc = cu_colsum_acc_native(op, dev, g, M, N, bdb.p);   // bf16/f16 g read directly
+  if (rc == BL_EUNSUPPORTED) {
+    BL_CHECK(cu_load(op, g, &bg));
+    rc = cu_colsum_acc(op, dev, bg.p, M, N, bdb.p);
+  }
+  BL_CHECK(rc);
   return cu_store(op, db, &bdb);
 }
 
