@@ -33,8 +33,8 @@ int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
 // Every launch site states, right before its launch, what the launch costs at minimum: FLOPs on `engine`
 // (BL_ENGINE_*) and the bytes it must move to and from device memory (each input read once, each output written
 // once, at the dtype it is stored in). Logged only while bl_cuda_record_begin is active on `dev`; `cls` must be a
-// string literal (`name` is copied). cu_cost_kernel precedes a <<<>>> launch; cu_cost_call stands for work that is not a
-// kernel of ours (cuBLASLt call, memset, copy).
+// string literal (`name` is copied). cu_cost_kernel precedes a <<<>>> launch; cu_cost_call stands for work that is
+// not a kernel of ours (cuBLASLt call, memset, copy).
 void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, double flops = 0,
                     int engine = BL_ENGINE_MEM);
 void cu_cost_call(int dev, const char *cls, const char *name, int engine, double flops, double bytes);

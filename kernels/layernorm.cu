@@ -240,7 +240,8 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
   BL_CHECK(cu_launched(op, dev));
   if (!dgamma && !dbeta) return 0;
   int64_t nchunk = (rows + kChunk - 1) / kChunk;
-  if (nchunk > 65535) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many", op, dev, (long long)rows);
+  if (nchunk > 65535)
+    return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many", op, dev, (long long)rows);
   cu_mem part;
   BL_CHECK(part.alloc(op, dev, (size_t)(2 * nchunk * h) * sizeof(float)));
   float *pg = part.as<float>(), *pb = pg + nchunk * h;

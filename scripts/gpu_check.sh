@@ -178,7 +178,8 @@ bench() {  # bench NAME MAX ARGS...
   local name="$1" max="$2"; shift 2
   step "$name" "$max" "$BUILD/bertlua" recipes/benchmark.lua --model=large --device=cuda:0 --threads=8 \
     --compare=torch --python="$BL_PYTHON" "$@"
-  NOTES+=("**$name** (\`$*\`):"$'\n```\n'"$(grep -E '^(model|bertlua|torch|ratio|measured vs model)|^  model (step|bound)|error|Error' <<< "$LAST_OUT" | head -16)"$'\n```')
+  local keep='^(model|bertlua|torch|ratio|measured vs model)|^  model (step|bound)|error|Error'
+  NOTES+=("**$name** (\`$*\`):"$'\n```\n'"$(grep -E "$keep" <<< "$LAST_OUT" | head -16)"$'\n```')
 }
 bench "BERT-large phase 1 training (S=128 B=64, bf16)" 150 --seq=128 --batch=64 --masked=20 --precision=bf16 \
   --steps="$STEPS" --warmup=3 --model-time=h100

@@ -215,6 +215,23 @@ static void test_gemm(void) {
 }
 
 /* ---------------------------------------------------------------- layernorm family */
+/* The LayerNorm forward / backward (the residual variant when res is given), through the CUDA entry point or the CPU
+ * op; dropout p with the stream (5, 100). */
+static void ln_fwd(int cuda, bl_tensor *y, bl_tensor *m, bl_tensor *s, const bl_tensor *x, const bl_tensor *res,
+                   const bl_tensor *g, const bl_tensor *b, double p) {
+  if (res) OK(cuda ? bl_cuda_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100)
+                   : bl_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100));
+  else OK(cuda ? bl_cuda_layernorm_forward(y, m, s, x, g, b, 1e-12) : bl_layernorm_forward(y, m, s, x, g, b, 1e-12));
+}
+static void ln_bwd(int cuda, bl_tensor *gx, bl_tensor *gr, bl_tensor *gg, bl_tensor *gb, const bl_tensor *gy,
+                   const bl_tensor *x, const bl_tensor *res, const bl_tensor *g, const bl_tensor *m, const bl_tensor *s,
+                   double p) {
+  if (res) OK(cuda ? bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gy, x, res, g, m, s, p, 5, 100)
+                   : bl_residual_layernorm_backward(gx, gr, gg, gb, gy, x, res, g, m, s, p, 5, 100));
+  else OK(cuda ? bl_cuda_layernorm_backward(gx, gg, gb, gy, x, g, m, s)
+               : bl_layernorm_backward(gx, gg, gb, gy, x, g, m, s));
+}
+
 static void test_layernorm(void) {
   for (int fused = 0; fused < 2; fused++) {
     const int64_t R = 37, H = 300;
@@ -223,25 +240,15 @@ static void test_layernorm(void) {
     bl_tensor *y = mk(-1, BL_F32, 2, x->shape), *m = mk(-1, BL_F32, 1, SH(R)), *s = mk(-1, BL_F32, 1, SH(R));
     bl_tensor *dx_ = up(x, BL_F32), *dres = up(res, BL_F32), *dg = up(g, BL_F32), *db = up(b, BL_F32);
     bl_tensor *dy = mk(DEV, BL_F32, 2, x->shape), *dm = mk(DEV, BL_F32, 1, SH(R)), *ds = mk(DEV, BL_F32, 1, SH(R));
-    if (fused) {
-      OK(bl_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100));
-      OK(bl_cuda_residual_layernorm_forward(dy, dm, ds, dx_, dres, dg, db, 1e-12, p, 5, 100));
-    } else {
-      OK(bl_layernorm_forward(y, m, s, x, g, b, 1e-12));
-      OK(bl_cuda_layernorm_forward(dy, dm, ds, dx_, dg, db, 1e-12));
-    }
+    ln_fwd(0, y, m, s, x, fused ? res : NULL, g, b, p);
+    ln_fwd(1, dy, dm, ds, dx_, fused ? dres : NULL, dg, db, p);
     close_(fused ? "residual_ln y" : "ln y", y, dy, 1e-5, 2e-5); close_("ln mean", m, dm, 1e-5, 1e-6); close_("ln rstd", s, ds, 1e-5, 1e-6);
     bl_tensor *gy = rnd(2, x->shape, 24, -1, 1), *gx = mk(-1, BL_F32, 2, x->shape), *gr = mk(-1, BL_F32, 2, x->shape);
     bl_tensor *gg = rnd(1, SH(H), 25, -1, 1), *gbb = rnd(1, SH(H), 26, -1, 1);
     bl_tensor *dgy = up(gy, BL_F32), *dgx = mk(DEV, BL_F32, 2, x->shape), *dgr = mk(DEV, BL_F32, 2, x->shape), *dgg = up(gg, BL_F32), *dgb = up(gbb, BL_F32);
-    if (fused) {
-      OK(bl_residual_layernorm_backward(gx, gr, gg, gbb, gy, x, res, g, m, s, p, 5, 100));
-      OK(bl_cuda_residual_layernorm_backward(dgx, dgr, dgg, dgb, dgy, dx_, dres, dg, dm, ds, p, 5, 100));
-      close_("residual_ln dresidual", gr, dgr, 1e-4, 1e-5);
-    } else {
-      OK(bl_layernorm_backward(gx, gg, gbb, gy, x, g, m, s));
-      OK(bl_cuda_layernorm_backward(dgx, dgg, dgb, dgy, dx_, dg, dm, ds));
-    }
+    ln_bwd(0, gx, gr, gg, gbb, gy, x, fused ? res : NULL, g, m, s, p);
+    ln_bwd(1, dgx, dgr, dgg, dgb, dgy, dx_, fused ? dres : NULL, dg, dm, ds, p);
+    if (fused) close_("residual_ln dresidual", gr, dgr, 1e-4, 1e-5);
     close_("ln dx", gx, dgx, 1e-4, 1e-5); close_("ln dgamma", gg, dgg, 1e-4, 1e-4); close_("ln dbeta", gbb, dgb, 1e-5, 1e-4);
     /* determinism of the two-stage dgamma reduction */
     bl_tensor *z1 = mk(DEV, BL_F32, 1, SH(H)), *z2 = mk(DEV, BL_F32, 1, SH(H));
@@ -276,27 +283,20 @@ static void test_layernorm_half(void) {
     bl_tensor *dy = mk(DEV, dt, 2, x->shape), *dm = mk(DEV, BL_F32, 1, SH(R)), *ds = mk(DEV, BL_F32, 1, SH(R));
     char name[96];
     const char *what = fused ? "residual_ln" : "ln";
-    if (fused) {
-      OK(bl_residual_layernorm_forward(y, m, s_, cx, cr, cg, cb, 1e-12, p, 5, 100));
-      OK(bl_cuda_residual_layernorm_forward(dy, dm, ds, x, res, g, b, 1e-12, p, 5, 100));
-    } else {
-      OK(bl_layernorm_forward(y, m, s_, cx, cg, cb, 1e-12));
-      OK(bl_cuda_layernorm_forward(dy, dm, ds, x, g, b, 1e-12));
-    }
+    ln_fwd(0, y, m, s_, cx, fused ? cr : NULL, cg, cb, p);
+    ln_fwd(1, dy, dm, ds, x, fused ? res : NULL, g, b, p);
     snprintf(name, sizeof name, "%s y %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
     close_(name, y, dy, u + 1e-5, 2e-5); close_("ln mean (half)", m, dm, 1e-5, 1e-6);
     close_("ln rstd (half)", s_, ds, 1e-5, 1e-6);
     bl_tensor *gx = mk(-1, dt, 2, x->shape), *gr = mk(-1, dt, 2, x->shape), *dgx = mk(DEV, dt, 2, x->shape);
-    bl_tensor *dgr = mk(DEV, dt, 2, x->shape), *gg = rnd(1, SH(H), 170 + k, -1, 1), *gbb = rnd(1, SH(H), 180 + k, -1, 1);
+    bl_tensor *dgr = mk(DEV, dt, 2, x->shape);
+    bl_tensor *gg = rnd(1, SH(H), 170 + k, -1, 1), *gbb = rnd(1, SH(H), 180 + k, -1, 1);
     bl_tensor *dgg = up(gg, BL_F32), *dgb = up(gbb, BL_F32);
+    ln_bwd(0, gx, gr, gg, gbb, cgy, cx, fused ? cr : NULL, cg, m, s_, p);
+    ln_bwd(1, dgx, dgr, dgg, dgb, gy, x, fused ? res : NULL, g, dm, ds, p);
     if (fused) {
-      OK(bl_residual_layernorm_backward(gx, gr, gg, gbb, cgy, cx, cr, cg, m, s_, p, 5, 100));
-      OK(bl_cuda_residual_layernorm_backward(dgx, dgr, dgg, dgb, gy, x, res, g, dm, ds, p, 5, 100));
       snprintf(name, sizeof name, "%s dresidual %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
       close_(name, gr, dgr, u + 1e-4, 1e-5);
-    } else {
-      OK(bl_layernorm_backward(gx, gg, gbb, cgy, cx, cg, m, s_));
-      OK(bl_cuda_layernorm_backward(dgx, dgg, dgb, gy, x, g, dm, ds));
     }
     snprintf(name, sizeof name, "%s dx %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
     close_(name, gx, dgx, u + 1e-4, 1e-5);
