@@ -66,7 +66,10 @@ int main(int argc, char **argv) {
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
   char *src = malloc((size_t)n + 1);
-  if (!src || fread(src, 1, (size_t)n, f) != (size_t)n) { fprintf(stderr, "emu_rewrite: cannot read %s\n", argv[1]); return 1; }
+  if (!src || fread(src, 1, (size_t)n, f) != (size_t)n) {
+    fprintf(stderr, "emu_rewrite: cannot read %s\n", argv[1]);
+    return 1;
+  }
   src[n] = 0;
   fclose(f);
 

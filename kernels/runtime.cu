@@ -94,7 +94,10 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
     // release cached blocks and retry once
     cudaGetLastError();
     std::lock_guard<std::mutex> g(pool_mu);
-    for (auto &kv : pool[device]) { for (void *q : kv.second) { count_call(device, &counts::frees); cudaFree(q); block_size.erase(q); } kv.second.clear(); }
+    for (auto &kv : pool[device]) {
+      for (void *q : kv.second) { count_call(device, &counts::frees); cudaFree(q); block_size.erase(q); }
+      kv.second.clear();
+    }
     e = cudaMalloc(p, c);
   }
   if (e != cudaSuccess) { *p = nullptr; return bl_set_error(BL_ENOMEM, "malloc: cuda:%d: cannot allocate %zu bytes: %s", device, n, cudaGetErrorString(e)); }

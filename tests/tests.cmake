@@ -72,3 +72,15 @@ target_compile_options(test_emu_cublaslt PRIVATE ${BL_WARN})
 target_link_libraries(test_emu_cublaslt PRIVATE PkgConfig::OPENBLAS m)
 add_test(NAME emu_cublaslt COMMAND test_emu_cublaslt)
 set_tests_properties(emu_cublaslt PROPERTIES ENVIRONMENT "${BL_TEST_ENV}" TIMEOUT 300)
+
+# The emulated NCCL across two MPI ranks on the emulated device (emulated builds only).
+if(BERTLUA_CUDA_EMU)
+  add_executable(test_emu_nccl tests/emu/selftest/test_emu_nccl.cpp)
+  target_include_directories(test_emu_nccl BEFORE PRIVATE ${CMAKE_SOURCE_DIR}/tests/emu)
+  target_compile_options(test_emu_nccl PRIVATE ${BL_WARN})
+  target_link_libraries(test_emu_nccl PRIVATE bertlua MPI::MPI_C)
+  add_test(NAME emu_nccl COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --allow-run-as-root
+           $<TARGET_FILE:test_emu_nccl>)
+  set_tests_properties(emu_nccl PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
+    ENVIRONMENT "${BL_TEST_ENV};OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+endif()

@@ -488,10 +488,13 @@ static void test_attention(void) {
   test_attention_case(2, 77, 3, 64, 0.1);
   test_attention_case(1, 130, 2, 128, 0.1);
   test_attention_case(3, 33, 4, 24, 0.0);
+  /* a head size that is not a multiple of 4: a tile of 32 x d is then not a whole number of passes of the
+     block's 128 threads, so a tile load that writes past its end is caught (the mutation check's survivor) */
+  test_attention_case(2, 45, 2, 30, 0.0);
 }
 
 /* ---------------------------------------------------------------- optimizers */
-static void ref_step(int lamb, float *p, const float *g, float *m, float *v, const int64_t *off, const int64_t *len, const uint8_t *dec,
+static double ref_step(int lamb, float *p, const float *g, float *m, float *v, const int64_t *off, const int64_t *len, const uint8_t *dec,
                      int nseg, double lr, double b1, double b2, double eps, double wd, int64_t step, double scale, double maxn) {
   double nn = 0;
   /* the CPU contract (bl_optim.h): grad_scale multiplies, g_eff = g * (grad_scale / clip) */
@@ -522,6 +525,7 @@ static void ref_step(int lamb, float *p, const float *g, float *m, float *v, con
       p[i] -= (float)lr * r * u;
     }
   }
+  return nn;
 }
 
 static void test_optim(void) {
@@ -533,8 +537,8 @@ static void test_optim(void) {
     bl_tensor *dp = up(p, BL_F32), *dg = up(g, BL_F32), *dm = up(m, BL_F32), *dv = up(v, BL_F32);
     double gn = -1; int skipped = -1;
     for (int64_t step = 1; step <= 3; step++) {
-      ref_step(lamb, p->data, g->data, m->data, v->data, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 0.25,
-               1.0);
+      double want_norm = ref_step(lamb, p->data, g->data, m->data, v->data, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6,
+                                  0.01, step, 0.25, 1.0);
       /* grad_scale 0.25 multiplies (a kernel dividing by it would scale the gradients 16x too much) */
       if (lamb)
         OK(bl_cuda_lamb_step(dp, dg, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 0.25, 1.0, 1, &gn,
@@ -542,6 +546,12 @@ static void test_optim(void) {
       else
         OK(bl_cuda_adamw_step(dp, dg, dm, dv, off, len, dec, 3, 1e-3, 0.9, 0.999, 1e-6, 0.01, step, 0.25, 1.0, &gn,
                               &skipped));
+      /* the norm is ||grad_scale * g|| (Adam's update barely depends on the gradients' scale, the norm does) */
+      checks++;
+      if (!(fabs(gn - want_norm) <= 1e-6 * want_norm)) {
+        printf("FAIL grad norm %.9g, expected %.9g\n", gn, want_norm);
+        fails++;
+      }
     }
     close_(lamb ? "lamb params" : "adamw params", p, dp, 1e-5, 1e-6);
     close_(lamb ? "lamb exp_avg" : "adamw exp_avg", m, dm, 1e-5, 1e-8);

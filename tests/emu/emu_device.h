@@ -69,7 +69,8 @@ void syncthreads(const char *file, int line);
 int syncthreads_count(const char *file, int line, int pred);   // also __syncthreads_and/or
 void syncwarp(unsigned mask, const char *file, int line);
 // All lanes of `mask` post `bytes` of `mine`; all[j*bytes) receives lane j's value for each lane j in mask.
-void warp_gather(unsigned mask, const void *mine, void *all, size_t bytes, const char *what, const char *file, int line);
+void warp_gather(unsigned mask, const void *mine, void *all, size_t bytes, const char *what, const char *file,
+                 int line);
 int lane();
 void *dyn_smem();
 [[noreturn]] void trap(const char *what, const char *file, int line);

@@ -106,7 +106,11 @@ struct grid_run {
   const std::function<void()> *body = nullptr;
   std::vector<gthread> th;
   std::vector<warp_op> warps;
-  std::vector<int> runq;
+  // Runnable threads by warp. The scheduler mostly stays with the warp it ran last, so that one warp often
+  // races ahead of the others (through its shuffles, say) and a missing block barrier shows.
+  std::vector<std::vector<int>> wq;
+  std::vector<int> live_warps;   // warps whose queue may be nonempty (stale entries are dropped when met)
+  int nrun = 0, last_warp = -1;
   std::vector<char> dsmem;
   int n = 0, done = 0, at_bar = 0, gen = 0;
   bool failed = false;
@@ -130,11 +134,43 @@ std::vector<std::pair<char *, char *>> &shared_sections() {
 void *host_fiber;
 #endif
 
+void push_run(int i);
+int pop_run();
+
 uint64_t next_rand() {   // splitmix64
   uint64_t z = (G->rng += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
+}
+
+void push_run(int i) {
+  std::vector<int> &q = G->wq[(size_t)(i >> 5)];
+  if (q.empty()) G->live_warps.push_back(i >> 5);
+  q.push_back(i);
+  G->nrun++;
+}
+
+// A random runnable thread: of the warp that ran last with probability 3/4, else of a random warp.
+int pop_run() {
+  int w = G->last_warp;
+  if (w < 0 || G->wq[(size_t)w].empty() || next_rand() % 4 == 0) {
+    for (;;) {
+      size_t k = (size_t)(next_rand() % G->live_warps.size());
+      w = G->live_warps[k];
+      if (!G->wq[(size_t)w].empty()) break;
+      G->live_warps[k] = G->live_warps.back();
+      G->live_warps.pop_back();
+    }
+  }
+  std::vector<int> &q = G->wq[(size_t)w];
+  size_t k = (size_t)(next_rand() % q.size());
+  int i = q[k];
+  q[k] = q.back();
+  q.pop_back();
+  G->nrun--;
+  G->last_warp = w;
+  return i;
 }
 
 char *get_stack() {
@@ -146,6 +182,18 @@ char *get_stack() {
   stack_ranges.push_back({m, m + kGuard});
   return m + kGuard;
 }
+
+// Copies between GPU threads' buffers done by the scheduler. Not memcpy: TSan intercepts memcpy even here and would
+// see the host context write into a fiber's stack.
+void quiet_copy(void *dst, const void *src, size_t n) {
+  asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
+}
+
+#ifdef BL_EMU_TSAN
+// Under TSan each thread slot keeps its own stack: a stack passed from one fiber to an unordered other would look
+// like a race on its frames.
+std::vector<char *> slot_stacks;
+#endif
 
 [[noreturn]] void to_host() {
   gthread *t = T;
@@ -179,7 +227,13 @@ void fiber_main() {
 }
 
 void start(gthread *t) {
+#ifdef BL_EMU_TSAN
+  size_t slot = (size_t)(t - G->th.data());
+  while (slot_stacks.size() <= slot) slot_stacks.push_back(get_stack());
+  t->stack = slot_stacks[slot];
+#else
   t->stack = get_stack();
+#endif
   uintptr_t top = ((uintptr_t)t->stack + kStack) & ~(uintptr_t)15;
   void **sp = (void **)top;
   *--sp = nullptr;                  // fake return address of fiber_main: keeps the ABI's stack alignment
@@ -243,9 +297,9 @@ void warp_arrive(gthread *t) {
     gthread &ti = w0[i];
     if (ti.all)
       for (int j = 0; j < 32; j++)
-        if ((op.mask >> j) & 1u) memcpy((char *)ti.all + (size_t)j * op.bytes, w0[j].mine, op.bytes);
+        if ((op.mask >> j) & 1u) quiet_copy((char *)ti.all + (size_t)j * op.bytes, w0[j].mine, op.bytes);
     ti.st = READY;
-    G->runq.push_back((int)(&ti - G->th.data()));
+    push_run((int)(&ti - G->th.data()));
   }
   op.arrived = 0;
 }
@@ -261,7 +315,7 @@ void open_barrier() {
     count += t.pred;
   }
   for (gthread &t : G->th)
-    if (t.st == BAR) { t.st = READY; t.count = count; G->runq.push_back((int)(&t - G->th.data())); }
+    if (t.st == BAR) { t.st = READY; t.count = count; push_run((int)(&t - G->th.data())); }
   G->at_bar = 0;
   G->gen++;
 }
@@ -277,22 +331,29 @@ void deadlock() {
   fail(msg);
 }
 
+void release_stack(gthread *t) {
+#ifndef BL_EMU_TSAN
+  if (t->stack) stack_pool.push_back(t->stack);
+#endif
+  t->stack = nullptr;
+}
+
 void run_block() {
   for (auto &r : shared_sections()) memset(r.first, 0xff, (size_t)(r.second - r.first));
   if (!G->dsmem.empty()) memset(G->dsmem.data(), 0xff, G->dsmem.size());
-  G->runq.clear();
-  for (gthread &t : G->th) { t.st = NEW; G->runq.push_back((int)(&t - G->th.data())); }
+  G->wq.assign(G->warps.size(), {});
+  G->live_warps.clear();
+  G->nrun = 0;
+  G->last_warp = -1;
+  for (gthread &t : G->th) { t.st = NEW; push_run((int)(&t - G->th.data())); }
   for (warp_op &w : G->warps) w.arrived = 0;
   G->done = G->at_bar = 0;
 #ifdef BL_EMU_TSAN
   __tsan_release(&G->block_start);
 #endif
   for (;;) {
-    while (!G->runq.empty()) {
-      size_t k = (size_t)(next_rand() % G->runq.size());
-      gthread *t = &G->th[(size_t)G->runq[k]];
-      G->runq[k] = G->runq.back();
-      G->runq.pop_back();
+    while (G->nrun > 0) {
+      gthread *t = &G->th[(size_t)pop_run()];
       if (t->st == NEW) start(t);
       t->st = READY;
       emu::cur = T = t;
@@ -302,7 +363,7 @@ void run_block() {
       emu_ctx_switch(&host_sp, t->sp);
       T = nullptr;
       if (G->failed) break;
-      if (t->st == DONE) { G->done++; stack_pool.push_back(t->stack); t->stack = nullptr; }
+      if (t->st == DONE) { G->done++; release_stack(t); }
       else if (t->st == BAR) G->at_bar++;
       else if (t->st == WARP) warp_arrive(t);
       if (G->failed) break;
@@ -317,8 +378,7 @@ void run_block() {
   __tsan_acquire(&G->block_end);
 #endif
   if (G->failed)   // abandoned fibers: their stacks go back to the pool
-    for (gthread &t : G->th)
-      if (t.stack) { stack_pool.push_back(t.stack); t.stack = nullptr; }
+    for (gthread &t : G->th) release_stack(&t);
 }
 }  // namespace
 

@@ -65,3 +65,10 @@ static inline void emu_store_f(void *p, cudaDataType_t t, int64_t i, float v) {
   if (t == CUDA_R_32F) ((float *)p)[i] = v;
   else ((uint16_t *)p)[i] = t == CUDA_R_16F ? emu_f32_to_f16(v) : emu_f32_to_bf16(v);
 }
+
+// v rounded to the precision of t (f32, f16, bf16), as a store and a load would.
+static inline float emu_round_to(cudaDataType_t t, float v) {
+  if (t == CUDA_R_16F) return emu_f16_to_f32(emu_f32_to_f16(v));
+  if (t == CUDA_R_16BF) return emu_bf16_to_f32(emu_f32_to_bf16(v));
+  return v;
+}

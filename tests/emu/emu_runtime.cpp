@@ -104,7 +104,10 @@ void init_locked() {
   for (int i = 0; i < n; i++) {
     device &d = devs[(size_t)i];
     void *m = mmap(nullptr, cap, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) { fprintf(stderr, "bertlua emulated CUDA: cannot reserve %zu bytes for cuda:%d\n", cap, i); abort(); }
+    if (m == MAP_FAILED) {
+      fprintf(stderr, "bertlua emulated CUDA: cannot reserve %zu bytes for cuda:%d\n", cap, i);
+      abort();
+    }
     d.base = (char *)m;
     d.cap = cap;
     d.freel[0] = cap;
@@ -247,7 +250,8 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, emu_
   if (n == 0) return cudaSuccess;
   if (kind == cudaMemcpyDefault || kind == cudaMemcpyHostToHost) {
     bool dd = in_any_region(dst), sd = in_any_region(src);
-    kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice) : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+    kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+              : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
   }
   if (dry_run && n > EMU_DRY_MAX_BYTES) return cudaSuccess;
   int ddev = -1, sdev = -1;

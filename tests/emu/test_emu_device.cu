@@ -18,7 +18,8 @@ extern "C" {
 static int fails = 0, checks = 0;
 #define CHECK(cond, ...) do { checks++; if (!(cond)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
   printf(__VA_ARGS__); printf("\n"); } } while (0)
-#define CU(expr) do { cudaError_t e_ = (expr); CHECK(e_ == cudaSuccess, "%s -> %s", #expr, cudaGetErrorString(e_)); } while (0)
+#define CU(expr) do { cudaError_t e_ = (expr); \
+  CHECK(e_ == cudaSuccess, "%s -> %s", #expr, cudaGetErrorString(e_)); } while (0)
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t next_u32() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (uint32_t)rng; }
@@ -204,8 +205,8 @@ static void test_atomics() {
   unsigned long long hmn; int hor; float hs; unsigned hmx;
   CU(cudaMemcpy(&hmn, mn, 8, cudaMemcpyDeviceToHost)); CU(cudaMemcpy(&hor, orv, 4, cudaMemcpyDeviceToHost));
   CU(cudaMemcpy(&hs, sum, 4, cudaMemcpyDeviceToHost)); CU(cudaMemcpy(&hmx, mx, 4, cudaMemcpyDeviceToHost));
-  CHECK(hmn == 1 && hor == 0x7fffffff && hs == 500.0f && hmx == 999u * 3, "atomics: min %llu or 0x%x sum %g max %u", hmn,
-        hor, hs, hmx);
+  CHECK(hmn == 1 && hor == 0x7fffffff && hs == 500.0f && hmx == 999u * 3, "atomics: min %llu or 0x%x sum %g max %u",
+        hmn, hor, hs, hmx);
   cudaFree(mn); cudaFree(orv); cudaFree(sum); cudaFree(mx);
 }
 
@@ -325,7 +326,8 @@ static void test_faults() {
     fprintf(stderr, "sync: %s\n", cudaGetErrorName(e));
     fprintf(stderr, "later: %s\n", cudaGetErrorName(cudaMemset(o, 0, 4)));
   }, &st);
-  CHECK(out.find("divergent __syncthreads") != std::string::npos && out.find("divergent_barrier") != std::string::npos &&
+  CHECK(out.find("divergent __syncthreads") != std::string::npos &&
+        out.find("divergent_barrier") != std::string::npos &&
         out.find("test_emu_device.cu:") != std::string::npos && out.find("BL_EMU_SEED=") != std::string::npos &&
         out.find("sync: cudaErrorLaunchFailure") != std::string::npos &&
         out.find("later: cudaErrorLaunchFailure") != std::string::npos,
@@ -342,7 +344,8 @@ static void test_faults() {
     cudaMalloc((void **)&d, 4096);
     fprintf(stderr, "value %g\n", d[100]);   // host code reading device memory
   }, &st);
-  CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV && out.find("host code dereferenced device memory") != std::string::npos &&
+  CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV &&
+        out.find("host code dereferenced device memory") != std::string::npos &&
         out.find("byte 400 of an allocation of 4096 bytes") != std::string::npos,
         "host dereference of a device pointer: status 0x%x, %s", st, out.c_str());
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Mutation check of the emulated CUDA device: does the CUDA op test suite, run on the emulator, notice a missing
+# barrier or an off-by-one tile bound? Deletes each __syncthreads() of kernels/ in turn (and applies a few
+# off-by-one bounds), rebuilds the emulated library in a private copy of the tree, runs tests/c/test_cuda_ops.c,
+# and counts the mutants it kills (wrong result, emulator report or fault; a timeout counts as killed too).
+# usage: scripts/mutate_kernels.sh [WORK_DIR]      (default /tmp/bertlua-mutants; the checkout is not modified)
+#   BL_MUTANT_TSAN=1 also runs each surviving mutant under the ThreadSanitizer build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+WORK="${1:-/tmp/bertlua-mutants}"
+SRC="$WORK/src"
+rm -rf "$SRC" && mkdir -p "$SRC"
+# the working tree as it is (tracked and new files), without build directories
+(cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 tar -cf - ) | tar -xf - -C "$SRC"
+flags=(-DBERTLUA_CUDA_EMU=ON)
+cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" >/dev/null
+cmake --build "$WORK/build" -j"$(nproc)" --target test_cuda_ops >/dev/null
+if [ "${BL_MUTANT_TSAN:-0}" = 1 ]; then
+  cmake -S "$SRC" -B "$WORK/build-tsan" -DCMAKE_BUILD_TYPE=Release -DBERTLUA_CUDA_EMU_TSAN=ON >/dev/null
+  cmake --build "$WORK/build-tsan" -j"$(nproc)" --target test_cuda_ops >/dev/null
+fi
+run_tests() {   # 0: the suite passes (mutant survives)
+  (cd "$SRC" && BL_SHARED_DATA="$ROOT/../shared/data" timeout 600 "$1/test_cuda_ops" >"$WORK/last.log" 2>&1)
+}
+run_tsan() {    # 0: the TSan build compiles and reports no race
+  cmake --build "$WORK/build-tsan" -j"$(nproc)" --target test_cuda_ops >/dev/null 2>&1 &&
+    (cd "$SRC" && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=exitcode=66 \
+      BL_SHARED_DATA="$ROOT/../shared/data" timeout 1800 "$WORK/build-tsan/test_cuda_ops" >"$WORK/tsan.log" 2>&1)
+}
+run_tests "$WORK/build" || { echo "the unmutated suite fails: see $WORK/last.log"; exit 1; }
+
+# Mutants: "file<TAB>occurrence<TAB>text<TAB>replacement" (occurrence counts matches of text in the file from 1).
+mutants="$WORK/mutants.tsv"
+: >"$mutants"
+for f in "$SRC"/kernels/*.cu "$SRC"/kernels/*.cuh; do
+  n=$(grep -o "__syncthreads()" "$f" | wc -l || true)
+  for ((i = 1; i <= n; i++)); do printf '%s\t%d\t%s\t%s\n' "$f" "$i" '__syncthreads();' ';' >>"$mutants"; done
+done
+cat >>"$mutants" <<TSV
+$SRC/kernels/attention.cu	1	if (kj < S) {	if (kj <= S) {
+$SRC/kernels/attention.cu	1	if (qi < S) {	if (qi <= S) {
+$SRC/kernels/attention.cu	2	if (kj < S) {	if (kj + 1 < S) {
+$SRC/kernels/attention.cu	1	idx < total;	idx <= total;
+$SRC/kernels/attention.cu	1	k0 < S; k0 += BK	k0 + 1 < S; k0 += BK
+$SRC/kernels/layernorm.cu	1	j < h; j += blockDim.x	j < h - 1; j += blockDim.x
+$SRC/kernels/softmax.cu	1	j < n; j += blockDim.x	j <= n; j += blockDim.x
+TSV
+
+killed=0; total=0
+while IFS=$'\t' read -r file occ text repl; do
+  total=$((total + 1))
+  cp "$file" "$file.orig"
+  line=$(python3 - "$file" "$occ" "$text" "$repl" <<'PY'
+import sys
+path, occ, text, repl = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+s = open(path).read()
+pos = -1
+for _ in range(occ):
+    pos = s.find(text, pos + 1)
+    if pos < 0:
+        sys.exit("no occurrence %d of %r in %s" % (occ, text, path))
+open(path, "w").write(s[:pos] + repl + s[pos + len(text):])
+print(s.count("\n", 0, pos) + 1)
+PY
+)
+  what="${file#$SRC/}:$line: '$text' -> '$repl'"
+  if ! cmake --build "$WORK/build" -j"$(nproc)" --target test_cuda_ops >"$WORK/build.log" 2>&1; then
+    verdict="killed (does not compile)"
+  elif ! run_tests "$WORK/build"; then
+    verdict="killed ($(grep -m1 -E 'FAIL|emulated CUDA' "$WORK/last.log" | cut -c1-150))"
+  elif [ "${BL_MUTANT_TSAN:-0}" = 1 ] && ! run_tsan; then
+    verdict="killed by ThreadSanitizer ($(grep -m1 -A3 'WARNING: ThreadSanitizer' "$WORK/tsan.log" \
+      | grep -m1 'kernels/' | sed 's/^ *//' | cut -c1-120))"
+  else
+    verdict="SURVIVED"
+  fi
+  case "$verdict" in killed*) killed=$((killed + 1)) ;; esac
+  echo "$what: $verdict"
+  mv "$file.orig" "$file"
+  touch "$file"
+done <"$mutants"
+echo "killed $killed of $total mutants"
