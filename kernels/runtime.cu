@@ -2,11 +2,23 @@
 // stream every kernel runs on, pinned host memory, and the error plumbing of
 // kernels/common.cuh. A caching allocator keeps freed blocks per (device,
 // size class) so the training loop never calls cudaMalloc/cudaFree once
-// warmed up. Freed blocks are reused immediately: that is safe because all
-// kernels of a device run on one stream (work is ordered) and the stream is a
-// blocking one, so legacy-stream copies (bl_dev_memcpy) also wait for it.
+// warmed up.
+//
+// Stream order: every block of device d is used only in the order of d's
+// stream, so a freed block is reused at once. That holds because all kernels
+// of a device run on its one stream, which is a blocking one (legacy-stream
+// copies and memsets of the same device wait for it), and because a copy
+// between two devices (peer_copy) runs on the destination's stream between
+// two events: after the source stream's earlier work, and before its later
+// work, which may reuse the source block as soon as it is freed.
+//
+// Blocks above 64 MiB are cached by exact size (2 MiB granularity), so with
+// varying shapes they are bounded: past BL_CUDA_CACHE_LARGE_MB (default 2048)
+// of cached large blocks per device the least recently freed go back to
+// cudaFree. A failing cudaMalloc releases the whole cache and retries once.
 #include <cuda_runtime.h>
 #include <atomic>
+#include <list>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -20,9 +32,15 @@ void copy_cost(int dev, int dst_device, int src_device, size_t n) {
   else cu_cost_call(dev, "copy", "cudaMemcpy d2d", BL_ENGINE_MEM, 0, 2.0 * n);
 }
 
+const size_t kLarge = 64u << 20;
+
+struct dev_pool {
+  std::unordered_map<size_t, std::vector<void *>> free;   // size class -> free blocks
+  std::list<void *> large_lru;                             // free blocks above kLarge, least recently freed first
+  size_t large_bytes = 0;
+};
 std::mutex pool_mu;
-// size class -> free blocks, per device
-std::unordered_map<int, std::unordered_map<size_t, std::vector<void *>>> pool;
+std::unordered_map<int, dev_pool> pool;
 std::unordered_map<void *, size_t> block_size;
 
 size_t size_class(size_t n) {
@@ -30,8 +48,17 @@ size_t size_class(size_t n) {
   size_t c = 512;
   while (c < n) c <<= 1;
   // power-of-two classes waste up to 2x; above 64 MiB round to 2 MiB instead
-  if (n > (64u << 20)) c = (n + (2u << 20) - 1) & ~((size_t)(2u << 20) - 1);
+  if (n > kLarge) c = (n + (2u << 20) - 1) & ~((size_t)(2u << 20) - 1);
   return c;
+}
+
+size_t large_cache_limit() {
+  static const size_t limit = [] {
+    const char *e = getenv("BL_CUDA_CACHE_LARGE_MB");
+    long mb = e ? atol(e) : 0;
+    return (size_t)(mb > 0 ? mb : 2048) << 20;
+  }();
+  return limit;
 }
 
 // Calls of this device layer, for bl_cuda_counters in a real-GPU build (the emulator counts every call itself).
@@ -43,6 +70,34 @@ void count_call(int dev, std::atomic<int64_t> counts::*which) {
 
 int cuda_error(cudaError_t e, const char *op, int device) {
   return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, device, cudaGetErrorString(e));
+}
+
+// Gives a cached block back to the runtime (pool_mu held). cudaFree waits for the device, so no stream still uses it.
+void release_block(int device, void *p) {
+  cudaSetDevice(device);
+  count_call(device, &counts::frees);
+  cudaFree(p);
+  block_size.erase(p);
+}
+
+// Takes block p (class c) out of the large-block bookkeeping (pool_mu held).
+void unlist_large(dev_pool &dp, void *p, size_t c) {
+  if (c <= kLarge) return;
+  dp.large_lru.remove(p);
+  dp.large_bytes -= c;
+}
+
+// Frees the least recently freed large blocks until the cache is within its limit (pool_mu held).
+void trim_large(int device, dev_pool &dp) {
+  while (dp.large_bytes > large_cache_limit() && !dp.large_lru.empty()) {
+    void *p = dp.large_lru.front();
+    size_t c = block_size[p];
+    std::vector<void *> &v = dp.free[c];
+    for (size_t i = 0; i < v.size(); i++)
+      if (v[i] == p) { v.erase(v.begin() + (long)i); break; }
+    unlist_large(dp, p, c);
+    release_block(device, p);
+  }
 }
 }  // namespace
 
@@ -84,8 +139,14 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
   size_t c = size_class(n);
   {
     std::lock_guard<std::mutex> g(pool_mu);
-    auto &v = pool[device][c];
-    if (!v.empty()) { *p = v.back(); v.pop_back(); return 0; }
+    dev_pool &dp = pool[device];
+    auto &v = dp.free[c];
+    if (!v.empty()) {
+      *p = v.back();
+      v.pop_back();
+      unlist_large(dp, *p, c);
+      return 0;
+    }
   }
   cudaSetDevice(device);
   count_call(device, &counts::mallocs);
@@ -94,10 +155,15 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
     // release cached blocks and retry once
     cudaGetLastError();
     std::lock_guard<std::mutex> g(pool_mu);
-    for (auto &kv : pool[device]) {
-      for (void *q : kv.second) { count_call(device, &counts::frees); cudaFree(q); block_size.erase(q); }
+    dev_pool &dp = pool[device];
+    for (auto &kv : dp.free) {
+      for (void *q : kv.second) release_block(device, q);
       kv.second.clear();
     }
+    dp.large_lru.clear();
+    dp.large_bytes = 0;
+    cudaSetDevice(device);
+    count_call(device, &counts::mallocs);
     e = cudaMalloc(p, c);
   }
   if (e != cudaSuccess) { *p = nullptr; return bl_set_error(BL_ENOMEM, "malloc: cuda:%d: cannot allocate %zu bytes: %s", device, n, cudaGetErrorString(e)); }
@@ -111,12 +177,45 @@ extern "C" void bl_dev_free(int device, void *p) {
   std::lock_guard<std::mutex> g(pool_mu);
   auto it = block_size.find(p);
   if (it == block_size.end()) return;
-  pool[device][it->second].push_back(p);
+  size_t c = it->second;
+  dev_pool &dp = pool[device];
+  dp.free[c].push_back(p);
+  if (c > kLarge) {
+    dp.large_lru.push_back(p);
+    dp.large_bytes += c;
+    trim_large(device, dp);
+  }
+}
+
+// Cross-device copy on the destination's stream, ordered after the source stream's earlier work and before its
+// later work (see the top of this file).
+static int peer_copy(const char *op, int dst_device, void *dst, int src_device, const void *src, size_t n) {
+  cudaStream_t ss = cu_stream(src_device), ds = cu_stream(dst_device);
+  if (!ss || !ds) return BL_EDEVICE;
+  cudaEvent_t ready = nullptr, done = nullptr;
+  int rc = 0;
+  cudaError_t e;
+  cudaSetDevice(src_device);
+  if ((e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming)) != cudaSuccess ||
+      (e = cudaEventRecord(ready, ss)) != cudaSuccess) { rc = cu_err(op, src_device, e); goto out; }
+  cudaSetDevice(dst_device);
+  if ((e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) != cudaSuccess ||
+      (e = cudaStreamWaitEvent(ds, ready, 0)) != cudaSuccess ||
+      (e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, ds)) != cudaSuccess ||
+      (e = cudaEventRecord(done, ds)) != cudaSuccess) { rc = cu_err(op, dst_device, e); goto out; }
+  cudaSetDevice(src_device);
+  if ((e = cudaStreamWaitEvent(ss, done, 0)) != cudaSuccess) rc = cu_err(op, src_device, e);
+out:   // destroying a recorded event is safe: its resources go once it completes
+  if (ready) cudaEventDestroy(ready);
+  if (done) cudaEventDestroy(done);
+  return rc;
 }
 
 extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const void *src, size_t n) {
   if (n == 0) return 0;
   if (dst_device < 0 && src_device < 0) { memcpy(dst, src, n); return 0; }
+  if (dst_device >= 0 && src_device >= 0 && dst_device != src_device)
+    return peer_copy("copy", dst_device, dst, src_device, src, n);
   cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
   int dev = dst_device >= 0 ? dst_device : src_device;
   cudaSetDevice(dev);
@@ -237,10 +336,8 @@ extern "C" int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, c
   if (!s) return BL_EDEVICE;
   cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
   copy_cost(dev, dst_device, src_device, n);
-  if (dst_device >= 0 && src_device >= 0 && dst_device != src_device) {
-    CU_TRY("copy_async", dev, cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, (cudaStream_t)s));
-    return 0;
-  }
+  if (dst_device >= 0 && src_device >= 0 && dst_device != src_device)
+    return peer_copy("copy_async", dst_device, dst, src_device, src, n);
   CU_TRY("copy_async", dev, cudaMemcpyAsync(dst, src, n, kind, (cudaStream_t)s));
   return 0;
 }

@@ -14,7 +14,8 @@ ARCHS="${BL_PTXAS_ARCHS:-80 90}"
 FILTER="$(command -v c++filt || echo cat)"
 GENCODE=()
 for a in $ARCHS; do GENCODE+=(-gencode "arch=compute_$a,code=sm_$a"); done
-if [ $# -gt 0 ]; then FILES=("$@"); else FILES=("$ROOT"/kernels/*.cu); fi
+# ptx_wrappers.cu instantiates kernels/ptx.cuh (inline PTX no kernel may use yet).
+if [ $# -gt 0 ]; then FILES=("$@"); else FILES=("$ROOT"/kernels/*.cu "$ROOT/scripts/ptx_wrappers.cu"); fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
@@ -22,7 +23,7 @@ status=0
 for f in "${FILES[@]}"; do
   name="$(basename "$f")"
   # The Release flags of CMakeLists.txt (-O3 -DNDEBUG, relaxed constexpr).
-  if ! "$NVCC" -c -O3 -DNDEBUG -std=c++17 --expt-relaxed-constexpr -I"$ROOT/src" "${GENCODE[@]}" \
+  if ! "$NVCC" -c -O3 -DNDEBUG -std=c++17 --expt-relaxed-constexpr -I"$ROOT/src" -I"$ROOT/kernels" "${GENCODE[@]}" \
         -Xptxas -warn-spills,-warn-lmem-usage -res-usage -o "$TMP/$name.o" "$f" 2>"$TMP/$name.log"; then
     cat "$TMP/$name.log"; echo "ptxas_check: $name does not compile"; status=1; continue
   fi
@@ -43,10 +44,10 @@ for f in "${FILES[@]}"; do
   fi
 done
 
-printf '%-16s %-7s %5s %7s %6s %6s  %s\n' file arch regs smem_B stack spill kernel
+printf '%-17s %-7s %5s %7s %6s %6s  %s\n' file arch regs smem_B stack spill kernel
 sort -k1,1 -k3,3 -k2,2 "$TMP/rows" | while read -r file fn arch regs smem stack sst sld; do
   kernel="$(echo "$fn" | "$FILTER" | sed -E 's/^\(anonymous namespace\):://; s/\(.*//')"
-  printf '%-16s %-7s %5s %7s %6s %6s  %s\n' "$file" "$arch" "$regs" "$smem" "$stack" "$((sst + sld))" "$kernel"
+  printf '%-17s %-7s %5s %7s %6s %6s  %s\n' "$file" "$arch" "$regs" "$smem" "$stack" "$((sst + sld))" "$kernel"
   if [ "$stack" != 0 ] || [ "$sst" != 0 ] || [ "$sld" != 0 ]; then status=1; fi
 done || status=1
 # the while loop runs in a subshell: re-check the rows for the exit status

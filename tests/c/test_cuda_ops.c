@@ -677,7 +677,44 @@ static void test_dispatch(void) {
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) F(all[i]);
 }
 
+/* ---------------------------------------------------------------- device memory (kernels/runtime.cu) */
+static void test_memory(void) {
+  if (bl_cuda_device_count() >= 2) {
+    /* a cross-device copy reads its source after the source device's pending work (the fill), and the source
+       device reuses the freed block only after the copy */
+    bl_tensor *a = mk(1, BL_F32, 1, SH(4099)), *b = mk(DEV, BL_F32, 1, SH(4099)), *want = mk(-1, BL_F32, 1, SH(4099));
+    OK(bl_cuda_tensor_fill(a, 3.0));
+    OK(bl_tensor_copy(b, a));
+    F(a);
+    bl_tensor *c = mk(1, BL_F32, 1, SH(4099));   /* a's block, at once */
+    OK(bl_cuda_tensor_fill(c, -7.0));
+    OK(bl_tensor_fill(want, 3.0));
+    close_("cross-device copy ordered with both streams", want, b, 0, 0);
+    F(b); F(c); F(want);
+  } else {
+    printf("note: one CUDA device, cross-device copy ordering not tested\n");
+  }
+  /* blocks above 64 MiB are cached by exact size; with 8 different sizes the cache stays under
+     BL_CUDA_CACHE_LARGE_MB (200, set by main): at most 3 of the 66..80 MiB blocks are kept */
+  bl_cuda_count before, after;
+  OK(bl_cuda_counters(DEV, &before));
+  for (int i = 0; i < 8; i++) {
+    bl_tensor *t = NULL;
+    OK(bl_tensor_empty(1, SH((int64_t)((65 + 2 * i) << 20) / 4), BL_F32, DEV, &t));
+    F(t);
+  }
+  OK(bl_cuda_counters(DEV, &after));
+  int64_t made = after.mallocs - before.mallocs, kept = made - (after.frees - before.frees);
+  checks++;
+  if (made != 8 || kept > 3) {
+    printf("FAIL large-block cache: %lld cudaMalloc, %lld blocks kept (at most 3 fit in 200 MiB)\n", (long long)made,
+           (long long)kept);
+    fails++;
+  }
+}
+
 int main(void) {
+  setenv("BL_CUDA_CACHE_LARGE_MB", "200", 1);   /* read at the first large free (test_memory) */
   int n = bl_cuda_device_count();
   if (n == 0) { printf("skipped: no CUDA device\n"); return 77; }
   char name[256];
@@ -693,6 +730,7 @@ int main(void) {
   test_optim();
   test_errors();
   test_dispatch();
+  test_memory();
   OK(bl_cuda_synchronize(DEV));
   printf("%d checks, %d failures\n", checks, fails);
   return fails ? 1 : 0;
