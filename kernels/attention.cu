@@ -352,10 +352,19 @@ int check_mask(const char *op, const bl_tensor *key_mask, int64_t B, int64_t S) 
 int load_mask(const char *op, int dev, const bl_tensor *key_mask, int64_t n, cu_buf *bm, cu_mem *madd, attn_args *a) {
   BL_CHECK(cu_load(op, key_mask, bm));
   BL_CHECK(madd->alloc(op, dev, (size_t)n * sizeof(float)));
+  cu_cost_kernel(dev, "attention", "mask_add", 8.0 * n);
   mask_add<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(bm->p, madd->as<float>(), n);
   BL_CHECK(cu_launched(op, dev));
   a->madd = madd->as<float>();
   return 0;
+}
+
+// Cost of an attention kernel over B*heads (S x S) tiles: `macs` S^2*d multiply-adds on the f32 SIMT units, reading
+// `nin` and writing `nout` f32 [B,S,H] operands plus `nrow` f32 values per row (lse, dsum) and the additive mask.
+void attn_cost(int dev, const char *name, const attn_args &a, int64_t B, int macs, int nin, int nout, int nrow) {
+  double rows = (double)B * a.heads * a.S, bsh = rows * a.d;
+  double bytes = 4.0 * ((nin + nout) * bsh + nrow * rows + (a.madd ? (double)B * a.S : 0.0));
+  cu_cost_kernel(dev, "attention", name, bytes, 2.0 * macs * rows * a.S * a.d, BL_ENGINE_FP32);
 }
 
 template <class K>
@@ -393,6 +402,7 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
   const int dp = (int)a.d + 1;
   size_t smem = (size_t)(BQ * dp + 2 * BK * dp + BQ * (BK + 1)) * sizeof(float);
   dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)(B * heads));
+  attn_cost(dev, "attn_fwd", a, B, 2, 3, 1, 1);   // S = QK^T, O = PV; q,k,v in, o and lse out
   BL_CHECK(launch(op, dev, attn_fwd, grid, smem, a));
   return cu_store(op, ctx, &oc.buf);
 }
@@ -435,12 +445,16 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
   int64_t rows = B * heads * S;
   BL_CHECK(dsum.alloc(op, dev, (size_t)rows * sizeof(float)));
   a.dsum = dsum.as<float>();
+  cu_cost_kernel(dev, "attention", "attn_bwd_dot", 8.0 * (double)rows * a.d + 4.0 * rows);
   attn_bwd_dot<<<cu_blocks(rows * 32, 256), 256, 0, cu_stream(dev)>>>(a, rows);
   BL_CHECK(cu_launched(op, dev));
   const int dp = (int)a.d + 1;
   size_t smem_kv = (size_t)(2 * BK * dp + 2 * BQ * dp + 2 * BQ * (BK + 1) + 2 * BQ) * sizeof(float);
   size_t smem_q = (size_t)(2 * BQ * dp + 2 * BK * dp + BQ * (BK + 1)) * sizeof(float);
+  // recomputed S, dV += P^T dO, dP = dO V^T, dK += dS^T Q; then recomputed S, dP, dQ = dS K: 7 S^2 d in all
+  attn_cost(dev, "attn_bwd_kv", a, B, 4, 4, 2, 2);
   BL_CHECK(launch(op, dev, attn_bwd_kv, dim3((unsigned)((S + BK - 1) / BK), (unsigned)(B * heads)), smem_kv, a));
+  attn_cost(dev, "attn_bwd_q", a, B, 3, 4, 1, 2);
   BL_CHECK(launch(op, dev, attn_bwd_q, dim3((unsigned)((S + BQ - 1) / BQ), (unsigned)(B * heads)), smem_q, a));
   BL_CHECK(cu_store(op, dq, &odq.buf));
   BL_CHECK(cu_store(op, dk, &odk.buf));

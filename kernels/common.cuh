@@ -12,6 +12,8 @@
 //   scratch goes back to the pool when the cu_buf goes out of scope; the pool is
 //   stream-ordered because all ops share one stream per device).
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 extern "C" {
@@ -26,6 +28,17 @@ cudaStream_t cu_stream(int dev);             // never NULL after cu_device() suc
 // All non-NULL tensors on the same cuda device (>= 0) and that device usable.
 // Sets *dev. Also makes it current.
 int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
+
+// ---------------------------------------------------------------- launch costs (kernels/stepmodel.cu)
+// Every launch site states, right before its launch, what the launch costs at minimum: FLOPs on `engine`
+// (BL_ENGINE_*) and the bytes it must move to and from device memory (each input read once, each output written
+// once, at the dtype it is stored in). Logged only while bl_cuda_record_begin is active on `dev`; `cls` must be a
+// string literal (`name` is copied). cu_cost_kernel precedes a <<<>>> launch; cu_cost_call stands for work that is
+// not a kernel of ours (cuBLASLt call, memset, copy).
+void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, double flops = 0,
+                    int engine = BL_ENGINE_MEM);
+void cu_cost_call(int dev, const char *cls, const char *name, int engine, double flops, double bytes);
+static inline double cu_bytes(const bl_tensor *t) { return t ? (double)t->numel * bl_dtype_size(t->dtype) : 0.0; }
 
 #define CU_TRY(op, dev, expr) do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) return cu_err(op, dev, e_); } while (0)
 
@@ -63,6 +76,8 @@ int cu_store(const char *op, bl_tensor *t, cu_buf *b);                   // writ
 int cu_load_ids(const char *op, const bl_tensor *t, cu_mem *ids);
 // out[j] += sum_r x[r*cols + j] (f32, contiguous x), deterministic two-stage column sum.
 int cu_colsum_acc(const char *op, int dev, const float *x, int64_t rows, int64_t cols, float *out);
+// The same over a contiguous bf16/f16 tensor read directly; BL_EUNSUPPORTED (no error set) for anything else.
+int cu_colsum_acc_native(const char *op, int dev, const bl_tensor *x, int64_t rows, int64_t cols, float *out);
 // Copy raw typed data: contiguous src of `dtype_src` -> tensor dst (any strides/dtype).
 // Used by ops that produce a contiguous result of another dtype (argmax: i64 -> i32).
 int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src_dtype);
@@ -75,6 +90,14 @@ int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor 
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n);
 
 // ---------------------------------------------------------------- device helpers
+// Storage <-> f32 registers for kernels that read and write bf16/f16 activations directly (round to nearest even).
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ void from_f(float v, float *o) { *o = v; }
+__device__ __forceinline__ void from_f(float v, __nv_bfloat16 *o) { *o = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void from_f(float v, __half *o) { *o = __float2half_rn(v); }
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

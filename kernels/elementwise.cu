@@ -221,6 +221,12 @@ int launch_ew(const char *op, int dev, int nops, const bl_tensor *const *ops, in
   if (ops[0]->numel == 0) return 0;
   iter it;
   make_iter(&it, nops, ops);
+  double bytes = 0;
+  for (int k = 0; k < nops; k++) bytes += cu_bytes(ops[k]);
+  // A copy that changes the dtype is the generic strided conversion (f32 scratch of a bf16 activation and back),
+  // named by the op that needed it.
+  bool convert = kind == EW_COPY && ops[0]->dtype != ops[1]->dtype;
+  cu_cost_kernel(dev, convert ? "convert" : kind == EW_COPY ? "copy" : "elementwise", op, bytes);
   ew_kernel<<<cu_blocks(it.n, 256), 256, 0, cu_stream(dev)>>>(it, kind, code, s, alpha, scalar_first);
   return cu_launched(op, dev);
 }
@@ -367,13 +373,14 @@ __global__ void rand_kernel(float *p, int64_t n, uint64_t seed, uint64_t offset,
 // each thread sums rows r = chunk*CS_ROWS + ty, +8, ... in order, then the 8
 // partials of a column are added in ty order. Stage 2 adds the chunks in order.
 #define CS_ROWS 256
-__global__ void colsum_partial(const float *x, int64_t rows, int64_t cols, float *part) {
+template <class T>
+__global__ void colsum_partial(const T *x, int64_t rows, int64_t cols, float *part) {
   __shared__ float sh[8][33];
   int64_t j = blockIdx.x * 32LL + threadIdx.x;
   int64_t r0 = blockIdx.y * (int64_t)CS_ROWS, r1 = min(r0 + CS_ROWS, rows);
   float acc = 0.0f;
   if (j < cols)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += x[r * cols + j];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += to_f(x[r * cols + j]);
   sh[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && j < cols) {
@@ -472,22 +479,37 @@ int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor 
 }
 
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n) {
+  cu_cost_call(dev, "host copy", "cudaMemcpyAsync d2h", BL_ENGINE_PCIE, 0, (double)n * sizeof(int64_t));
   CU_TRY(op, dev, cudaMemcpyAsync(host, dptr, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost, cu_stream(dev)));
   CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
   return 0;
 }
 
-int cu_colsum_acc(const char *op, int dev, const float *x, int64_t rows, int64_t cols, float *out) {
+template <class T>
+int colsum_acc(const char *op, int dev, const T *x, int64_t rows, int64_t cols, float *out) {
   if (rows == 0 || cols == 0) return 0;
   int64_t nchunk = (rows + CS_ROWS - 1) / CS_ROWS;
   if (nchunk > 65535) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many for the column sum", op, dev, (long long)rows);
   cu_mem part;
   BL_CHECK(part.alloc(op, dev, (size_t)(nchunk * cols) * sizeof(float)));
   dim3 grid((unsigned)((cols + 31) / 32), (unsigned)nchunk);
-  colsum_partial<<<grid, dim3(32, 8), 0, cu_stream(dev)>>>(x, rows, cols, part.as<float>());
+  cu_cost_kernel(dev, "bias grad", "colsum_partial", (sizeof(T) * (double)rows + 4.0 * nchunk) * cols);
+  colsum_partial<T><<<grid, dim3(32, 8), 0, cu_stream(dev)>>>(x, rows, cols, part.as<float>());
   BL_CHECK(cu_launched(op, dev));
+  cu_cost_kernel(dev, "bias grad", "colsum_final", 4.0 * (double)(nchunk + 2) * cols);
   colsum_final<<<cu_blocks(cols, 256), 256, 0, cu_stream(dev)>>>(part.as<float>(), nchunk, cols, out);
   return cu_launched(op, dev);
+}
+
+int cu_colsum_acc(const char *op, int dev, const float *x, int64_t rows, int64_t cols, float *out) {
+  return colsum_acc(op, dev, x, rows, cols, out);
+}
+
+int cu_colsum_acc_native(const char *op, int dev, const bl_tensor *x, int64_t rows, int64_t cols, float *out) {
+  if (!cu_is_contig(x)) return BL_EUNSUPPORTED;
+  if (x->dtype == BL_BF16) return colsum_acc(op, dev, (const __nv_bfloat16 *)x->data, rows, cols, out);
+  if (x->dtype == BL_F16) return colsum_acc(op, dev, (const __half *)x->data, rows, cols, out);
+  return BL_EUNSUPPORTED;
 }
 
 // ================================================================ public tensor-core twins
@@ -626,6 +648,7 @@ extern "C" int bl_cuda_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32
   if (r.total == 0) return 0;
   int threads = 32;
   while (threads < 256 && threads < r.count) threads <<= 1;
+  cu_cost_kernel(dev, "reduce", "reduce_kernel", cu_bytes(a) + cu_bytes(out));
   reduce_kernel<<<cu_blocks(r.total, 1, 1 << 20), threads, 0, cu_stream(dev)>>>(r);
   return cu_launched(name, dev);
 }
@@ -640,6 +663,7 @@ static int rand_fill(const char *op, bl_tensor *t, uint64_t seed, uint64_t offse
   if (t->numel == 0) return 0;
   cu_buf o;
   BL_CHECK(cu_out(op, t, &o, 0));
+  cu_cost_kernel(dev, "random", "rand_kernel", 4.0 * t->numel);
   rand_kernel<<<cu_blocks((t->numel + 3) / 4, 256), 256, 0, cu_stream(dev)>>>(o.p, t->numel, seed, offset, a, b, normal);
   BL_CHECK(cu_launched(op, dev));
   return cu_store(op, t, &o);

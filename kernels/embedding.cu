@@ -66,8 +66,10 @@ int load_checked(const char *op, int dev, const bl_tensor *t, int64_t limit, cu_
   if (n == 0) return 0;
   cu_mem flag;
   BL_CHECK(flag.alloc(op, dev, sizeof(unsigned long long)));
+  cu_cost_kernel(dev, "index check", "fill_u64", 8);
   fill_u64<<<1, 32, 0, cu_stream(dev)>>>(flag.as<unsigned long long>(), 1, ~0ull);
   BL_CHECK(cu_launched(op, dev));
+  cu_cost_kernel(dev, "index check", "check_range", 8.0 * n);
   check_range<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(ids->as<int64_t>(), n, limit, flag.as<unsigned long long>());
   BL_CHECK(cu_launched(op, dev));
   int64_t bad;
@@ -97,6 +99,8 @@ int lookup(const char *op, bl_tensor *out, const bl_tensor *src, const bl_tensor
   cu_buf bs, bo;
   BL_CHECK(cu_load(op, src, &bs));
   BL_CHECK(cu_out(op, out, &bo, accumulate));
+  // rows read (once each at best) and written; accumulate reads the output too
+  cu_cost_kernel(dev, "embedding", "gather_rows", 4.0 * (double)n * h * (accumulate ? 3 : 2) + 8.0 * n);
   gather_rows<<<cu_blocks(n, 1, 1 << 20), 256, 0, cu_stream(dev)>>>(bo.p, bs.p, id.as<int64_t>(), n, h, accumulate);
   BL_CHECK(cu_launched(op, dev));
   return cu_store(op, out, &bo);
@@ -120,13 +124,17 @@ int scatter(const char *op, bl_tensor *dst, const bl_tensor *src, const bl_tenso
   if (n > INT32_MAX) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld indices are too many", op, dev, (long long)n);
   cu_mem first;
   BL_CHECK(first.alloc(op, dev, (size_t)rows * sizeof(unsigned long long)));
+  cu_cost_kernel(dev, "embedding", "fill_u64", 8.0 * rows);
   fill_u64<<<cu_blocks(rows, 256), 256, 0, cu_stream(dev)>>>(first.as<unsigned long long>(), rows, ~0ull);
   BL_CHECK(cu_launched(op, dev));
+  cu_cost_kernel(dev, "embedding", "mark_first", 8.0 * n);
   mark_first<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(id.as<int64_t>(), n, first.as<unsigned long long>());
   BL_CHECK(cu_launched(op, dev));
   cu_buf bs, bd;
   BL_CHECK(cu_load(op, src, &bs));
   BL_CHECK(cu_out(op, dst, &bd, 1));
+  // at best: the gradient rows read once, each touched table row read and written once (<= n of them)
+  cu_cost_kernel(dev, "embedding", "scatter_rows", 12.0 * (double)n * h + 16.0 * n);
   scatter_rows<<<dim3((unsigned)n, (unsigned)((h + 255) / 256)), 256, 0, cu_stream(dev)>>>(
       bd.p, bs.p, id.as<int64_t>(), first.as<unsigned long long>(), n, h);
   BL_CHECK(cu_launched(op, dev));

@@ -212,6 +212,13 @@ int gemm(const char *op, int dev, const gemm_args &g) {
     if (g_algo.size() > 4096) g_algo.clear();   // bound the cache
     g_algo[skey] = algo;
   }
+  {
+    double ba = A.bstride ? g.batch : 1, bb = B.bstride ? g.batch : 1, mn = (double)g.m * g.n * g.batch;
+    double bytes = esab * ((double)g.m * g.k * ba + (double)g.k * g.n * bb) + escd * mn * (g.beta != 0.0f ? 2 : 1) +
+                   (g.bias ? escd * (double)g.n : 0.0);
+    int engine = A.dtype != BL_F32 ? BL_ENGINE_TC16 : g_tf32 ? BL_ENGINE_TF32 : BL_ENGINE_FP32;
+    cu_cost_call(dev, "gemm", "cublasLtMatmul", engine, 2.0 * mn * g.k, bytes);
+  }
   LT_TRY(op, dev, "matmul", cublasLtMatmul(st->lt, desc, &g.alpha, B.p, lx, A.p, ly, &g.beta, g.c->p, lc, g.c->p, lc,
                                            &algo, st->ws, kWorkspace, cu_stream(dev)));
   rc = cu_launched(op, dev);
@@ -265,9 +272,13 @@ int64_t rows_of(const bl_tensor *t) {
 // db[N] += the column sums of g[M,N] (the bias gradient, accumulated).
 int bias_grad(const char *op, int dev, const bl_tensor *g, int64_t M, int64_t N, bl_tensor *db) {
   cu_buf bg, bdb;
-  BL_CHECK(cu_load(op, g, &bg));
   BL_CHECK(cu_out(op, db, &bdb, 1));
-  BL_CHECK(cu_colsum_acc(op, dev, bg.p, M, N, bdb.p));
+  int rc = cu_colsum_acc_native(op, dev, g, M, N, bdb.p);   // bf16/f16 g read directly
+  if (rc == BL_EUNSUPPORTED) {
+    BL_CHECK(cu_load(op, g, &bg));
+    rc = cu_colsum_acc(op, dev, bg.p, M, N, bdb.p);
+  }
+  BL_CHECK(rc);
   return cu_store(op, db, &bdb);
 }
 

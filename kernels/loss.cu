@@ -131,6 +131,7 @@ int argmax_into(const char *op, int dev, const bl_tensor *x, cu_mem *res, int64_
   if (rows == 0) return 0;
   cu_buf bx;
   BL_CHECK(cu_load(op, x, &bx));
+  cu_cost_kernel(dev, "loss", "argmax_rows", 4.0 * (double)rows * c + 8.0 * rows);
   argmax_rows<<<cu_blocks(rows, 1, 1 << 20), 256, 0, cu_stream(dev)>>>(bx.p, rows, c, res->as<int64_t>());
   return cu_launched(op, dev);
 }
@@ -151,9 +152,11 @@ extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const 
   cu_mem t, res, rl, tot;
   BL_CHECK(cu_load_ids(op, targets, &t));
   BL_CHECK(res.alloc(op, dev, 2 * sizeof(unsigned long long)));
+  cu_cost_kernel(dev, "index check", "init2", 16);
   init2<<<1, 1, 0, cu_stream(dev)>>>(res.as<unsigned long long>());
   BL_CHECK(cu_launched(op, dev));
   if (n > 0) {
+    cu_cost_kernel(dev, "index check", "ce_check", 8.0 * n);
     ce_check<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(t.as<int64_t>(), n, c, ignore_index, res.as<unsigned long long>());
     BL_CHECK(cu_launched(op, dev));
   }
@@ -173,10 +176,12 @@ extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const 
   if (n > 0) {
     BL_CHECK(cu_load(op, logits, &bx));
     if (dlogits) BL_CHECK(cu_out(op, dlogits, &bd, 0));
+    cu_cost_kernel(dev, "loss", "ce_rows", 4.0 * (double)n * c * (dlogits ? 2 : 1) + 16.0 * n);
     ce_rows<<<cu_blocks(n, 1, 1 << 20), threads_for(c), 0, cu_stream(dev)>>>(bx.p, t.as<int64_t>(), dlogits ? bd.p : nullptr,
                                                                              rl.as<double>(), n, c, ignore_index, g);
     BL_CHECK(cu_launched(op, dev));
   }
+  cu_cost_kernel(dev, "loss", "sum_rows", 8.0 * n + 8);
   sum_rows<<<1, 256, 0, cu_stream(dev)>>>(rl.as<double>(), cnt ? n : 0, cnt ? 1.0 / (double)cnt : 0.0, tot.as<double>());
   BL_CHECK(cu_launched(op, dev));
   BL_CHECK(write_scalar(op, loss, tot.as<double>()));
@@ -202,10 +207,12 @@ extern "C" int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tens
     BL_CHECK(cu_load(op, pred, &bp));
     BL_CHECK(cu_load(op, target, &bt));
     if (dpred) BL_CHECK(cu_out(op, dpred, &bd, 0));
+    cu_cost_kernel(dev, "loss", "mse_rows", 4.0 * n * (dpred ? 3 : 2) + 8.0 * n);
     mse_rows<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(bp.p, bt.p, dpred ? bd.p : nullptr, e2.as<double>(), n,
                                                            (float)(2.0 * grad_scale / (double)n));
     BL_CHECK(cu_launched(op, dev));
   }
+  cu_cost_kernel(dev, "loss", "sum_rows", 8.0 * n + 8);
   sum_rows<<<1, 256, 0, cu_stream(dev)>>>(e2.as<double>(), n, n ? 1.0 / (double)n : 0.0, tot.as<double>());
   BL_CHECK(cu_launched(op, dev));
   BL_CHECK(write_scalar(op, loss, tot.as<double>()));
@@ -240,8 +247,10 @@ extern "C" int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *target
   if (targets->numel != rows) return bl_set_error(BL_EINVAL, "%s: logits and targets are not compatible", op);
   BL_CHECK(cu_load_ids(op, targets, &t));
   BL_CHECK(res.alloc(op, dev, 2 * sizeof(unsigned long long)));
+  cu_cost_call(dev, "memset", "cudaMemsetAsync", BL_ENGINE_MEM, 0, 16);
   CU_TRY(op, dev, cudaMemsetAsync(res.p, 0, 2 * sizeof(unsigned long long), cu_stream(dev)));
   if (rows > 0) {
+    cu_cost_kernel(dev, "loss", "acc_count", 16.0 * rows);
     acc_count<<<cu_blocks(rows, 256), 256, 0, cu_stream(dev)>>>(pred.as<int64_t>(), t.as<int64_t>(), rows, ignore_index,
                                                                res.as<unsigned long long>());
     BL_CHECK(cu_launched(op, dev));

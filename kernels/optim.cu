@@ -228,16 +228,20 @@ int prepare(const char *op, int *dev_out, const bl_tensor *param, const bl_tenso
   BL_CHECK(pl->partial.alloc(op, dev, (size_t)(pl->nchunk ? pl->nchunk : 1) * sizeof(double)));
   cudaStream_t s = cu_stream(dev);
   // Pageable sources: cudaMemcpyAsync stages them before returning, so the vectors may die after.
+  cu_cost_call(dev, "host copy", "cudaMemcpyAsync h2d", BL_ENGINE_PCIE, 0,
+               (double)(ch.size() * sizeof(chunk) + nseg * (2 * sizeof(int64_t) + sizeof(int32_t))));
   if (!ch.empty()) CU_TRY(op, dev, cudaMemcpyAsync(pl->chunks.p, ch.data(), ch.size() * sizeof(chunk), cudaMemcpyHostToDevice, s));
   CU_TRY(op, dev, cudaMemcpyAsync(pl->seg_first.p, first.data(), first.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
   CU_TRY(op, dev, cudaMemcpyAsync(pl->seg_count.p, count.data(), count.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
   CU_TRY(op, dev, cudaMemcpyAsync(pl->seg_dec.p, dec.data(), dec.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
   CU_TRY(op, dev, cudaStreamSynchronize(s));   // the table copies must complete before the host vectors go away
   if (pl->nchunk > 0) {
+    cu_cost_kernel(dev, "optimizer", "sq_partial", 4.0 * n + 8.0 * pl->nchunk);
     sq_partial<<<(unsigned)pl->nchunk, kThreads, 0, s>>>(grad->data ? (const float *)grad->data : nullptr,
                                                          pl->chunks.as<chunk>(), grad_scale, pl->partial.as<double>());
     BL_CHECK(cu_launched(op, dev));
   }
+  cu_cost_kernel(dev, "optimizer", "norm_final", 8.0 * pl->nchunk + sizeof(step_state));
   norm_final<<<1, kThreads, 0, s>>>(pl->partial.as<double>(), pl->nchunk, max_grad_norm, grad_scale,
                                     pl->state.as<step_state>());
   BL_CHECK(cu_launched(op, dev));
@@ -252,6 +256,7 @@ int prepare(const char *op, int *dev_out, const bl_tensor *param, const bl_tenso
 // non-finite failure of the CPU contract.
 int report(const char *op, int dev, const plan &pl, double *grad_norm, int *skipped) {
   step_state st;
+  cu_cost_call(dev, "host copy", "cudaMemcpyAsync d2h", BL_ENGINE_PCIE, 0, sizeof st);
   CU_TRY(op, dev, cudaMemcpyAsync(&st, pl.state.p, sizeof st, cudaMemcpyDeviceToHost, cu_stream(dev)));
   CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
   if (grad_norm) *grad_norm = st.norm;
@@ -281,13 +286,17 @@ extern "C" int bl_cuda_lamb_step(bl_tensor *param, const bl_tensor *grad, bl_ten
     BL_CHECK(ratio.alloc(op, dev, (size_t)nseg * sizeof(float)));
     const chunk *ch = pl.chunks.as<chunk>();
     const step_state *st = pl.state.as<step_state>();
+    double n = (double)param->numel;
+    cu_cost_kernel(dev, "optimizer", "lamb_moments", 24.0 * n + 16.0 * pl.nchunk);   // p, g, m, v in; m, v out
     lamb_moments<<<(unsigned)pl.nchunk, kThreads, 0, s>>>((const float *)param->data, (const float *)grad->data, (float *)m->data,
                                                           (float *)v->data, ch, pl.hp, st, pn.as<double>(), un.as<double>());
     BL_CHECK(cu_launched(op, dev));
+    cu_cost_kernel(dev, "optimizer", "lamb_ratio", 16.0 * pl.nchunk + 4.0 * nseg);
     lamb_ratio<<<(unsigned)nseg, kThreads, 0, s>>>(pn.as<double>(), un.as<double>(), pl.seg_first.as<int64_t>(),
                                                    pl.seg_count.as<int64_t>(), pl.seg_dec.as<int32_t>(), trust_all, st,
                                                    ratio.as<float>());
     BL_CHECK(cu_launched(op, dev));
+    cu_cost_kernel(dev, "optimizer", "lamb_apply", 16.0 * n + 4.0 * nseg);   // p, m, v in; p out
     lamb_apply<<<(unsigned)pl.nchunk, kThreads, 0, s>>>((float *)param->data, (const float *)m->data, (const float *)v->data, ch,
                                                         pl.hp, st, ratio.as<float>());
     BL_CHECK(cu_launched(op, dev));
@@ -305,6 +314,7 @@ extern "C" int bl_cuda_adamw_step(bl_tensor *param, const bl_tensor *grad, bl_te
   BL_CHECK(prepare(op, &dev, param, grad, m, v, seg_offset, seg_length, seg_decay, nseg, lr, beta1, beta2, eps, weight_decay,
                    step, grad_scale, max_grad_norm, &pl));
   if (pl.nchunk > 0) {
+    cu_cost_kernel(dev, "optimizer", "adamw_apply", 28.0 * param->numel);   // p, g, m, v in; p, m, v out
     adamw_apply<<<(unsigned)pl.nchunk, kThreads, 0, cu_stream(dev)>>>((float *)param->data, (const float *)grad->data,
                                                                        (float *)m->data, (float *)v->data,
                                                                        pl.chunks.as<chunk>(), pl.hp, pl.state.as<step_state>());
@@ -322,15 +332,18 @@ extern "C" int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *fou
   if (!bl_dtype_is_float(grad->dtype)) return bl_set_error(BL_EINVAL, "%s: gradients must be a float tensor", op);
   cu_mem flag;
   BL_CHECK(flag.alloc(op, dev, sizeof(int)));
+  cu_cost_call(dev, "memset", "cudaMemsetAsync", BL_ENGINE_MEM, 0, sizeof(int));
   CU_TRY(op, dev, cudaMemsetAsync(flag.p, 0, sizeof(int), cu_stream(dev)));
   if (grad->numel > 0) {
     cu_buf b;
     BL_CHECK(cu_out(op, grad, &b, 1));
+    cu_cost_kernel(dev, "optimizer", "unscale_kernel", 8.0 * grad->numel);
     unscale_kernel<<<cu_blocks(grad->numel, 256, 4096), 256, 0, cu_stream(dev)>>>(b.p, grad->numel, (float)inv_scale, flag.as<int>());
     BL_CHECK(cu_launched(op, dev));
     BL_CHECK(cu_store(op, grad, &b));
   }
   int h = 0;
+  cu_cost_call(dev, "host copy", "cudaMemcpyAsync d2h", BL_ENGINE_PCIE, 0, sizeof h);
   CU_TRY(op, dev, cudaMemcpyAsync(&h, flag.p, sizeof h, cudaMemcpyDeviceToHost, cu_stream(dev)));
   CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
   *found_inf = h;

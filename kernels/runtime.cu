@@ -26,6 +26,12 @@
 #include "common.cuh"
 
 namespace {
+// The step-time model's record of a copy: over PCIe to or from the host, in device memory otherwise.
+void copy_cost(int dev, int dst_device, int src_device, size_t n) {
+  if (dst_device < 0 || src_device < 0) cu_cost_call(dev, "host copy", "cudaMemcpy", BL_ENGINE_PCIE, 0, (double)n);
+  else cu_cost_call(dev, "copy", "cudaMemcpy d2d", BL_ENGINE_MEM, 0, 2.0 * n);
+}
+
 const size_t kLarge = 64u << 20;
 
 struct dev_pool {
@@ -214,6 +220,7 @@ extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const vo
   int dev = dst_device >= 0 ? dst_device : src_device;
   cudaSetDevice(dev);
   count_call(dev, &counts::syncs);
+  copy_cost(dev, dst_device, src_device, n);
   cudaError_t e = cudaMemcpy(dst, src, n, kind);
   if (e != cudaSuccess) return cuda_error(e, "copy", dev);
   return 0;
@@ -222,6 +229,7 @@ extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const vo
 extern "C" int bl_dev_memset(int device, void *p, int value, size_t n) {
   if (device < 0) { memset(p, value, n); return 0; }
   cudaSetDevice(device);
+  cu_cost_call(device, "memset", "cudaMemset", BL_ENGINE_MEM, 0, (double)n);
   cudaError_t e = cudaMemset(p, value, n);
   if (e != cudaSuccess) return cuda_error(e, "memset", device);
   return 0;
@@ -327,6 +335,7 @@ extern "C" int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, c
   void *s = bl_cuda_stream(dev);
   if (!s) return BL_EDEVICE;
   cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+  copy_cost(dev, dst_device, src_device, n);
   if (dst_device >= 0 && src_device >= 0 && dst_device != src_device)
     return peer_copy("copy_async", dst_device, dst, src_device, src, n);
   CU_TRY("copy_async", dev, cudaMemcpyAsync(dst, src, n, kind, (cudaStream_t)s));

@@ -89,6 +89,7 @@ extern "C" int bl_cuda_softmax_forward(bl_tensor *y, const bl_tensor *x, const b
   BL_CHECK(cu_load(op, x, &bx));
   if (mask) BL_CHECK(cu_load(op, mask, &bm));
   BL_CHECK(cu_out(op, y, &by, 0));
+  cu_cost_kernel(dev, "softmax", "softmax_fwd", 8.0 * x->numel + (mask ? 4.0 * mask->numel : 0));
   softmax_fwd<<<cu_blocks(rows, 1, 1 << 20), threads_for(n), 0, cu_stream(dev)>>>(by.p, bx.p, mask ? bm.p : nullptr, mm, rows, n);
   BL_CHECK(cu_launched(op, dev));
   return cu_store(op, y, &by);
@@ -107,6 +108,7 @@ extern "C" int bl_cuda_softmax_backward(bl_tensor *dx, const bl_tensor *dy, cons
   BL_CHECK(cu_load(op, dy, &bdy));
   BL_CHECK(cu_load(op, y, &by));
   BL_CHECK(cu_out(op, dx, &bdx, 0));
+  cu_cost_kernel(dev, "softmax", "softmax_bwd", 12.0 * y->numel);
   softmax_bwd<<<cu_blocks(rows, 1, 1 << 20), threads_for(n), 0, cu_stream(dev)>>>(bdx.p, bdy.p, by.p, rows, n);
   BL_CHECK(cu_launched(op, dev));
   return cu_store(op, dx, &bdx);

@@ -15,7 +15,12 @@
 -- (f32 GEMMs on TF32 tensor cores) or bf16 (bf16 compute copy of the weights
 -- and bf16 activations, f32 master weights and gradients), and
 -- --compare=torch runs recipes/peers/bench_bert_torch.py on the same GPU (bf16 =
--- torch.autocast, fused SDPA attention). Throughput is also given as model
+-- torch.autocast, fused SDPA attention).
+-- --model-time=h100 also prints the step-time MODEL (lua/bertlua/stepmodel.lua):
+-- a lower bound on the step time at that GPU's figures, summed over the
+-- launches one training step really makes. On the emulated device the step is
+-- recorded without running its large work (bl_cuda_dry_run), so BERT-large fits;
+-- on a real GPU it is printed next to the measured step time. Throughput is also given as model
 -- FLOP/s and MFU: training FLOPs per step = 6 N B S (N = encoder matmul
 -- weights 12 L H^2 + pooler H^2, all S positions, padding included)
 -- + 12 L H S^2 B (attention scores and context, forward + backward)
@@ -48,6 +53,7 @@ local opt = options.parse(arg, {
   { "lr", 1e-4, "SGD learning rate" },
   { "compare", "", "'torch': the same benchmark in PyTorch, with the ratio; 'onnxruntime' (--infer): ONNX Runtime's "
     .. "fused BERT graph (recipes/peers/bench_bert_onnxruntime.py)" },
+  { "model_time", "", "also print the step-time model of one training step at these figures (h100)" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch for --compare=torch" },
 }, { usage = "bertlua recipes/benchmark.lua [options]" })
 print("benchmark options:\n" .. options.show(opt))
@@ -71,6 +77,13 @@ if on_gpu then
 elseif opt.precision ~= "fp32" then
   error("benchmark: --precision=" .. opt.precision .. " needs --device=cuda", 0)
 end
+local stepmodel, profile
+if opt.model_time ~= "" then
+  stepmodel = require "bertlua.stepmodel"
+  profile = stepmodel.profiles[opt.model_time]
+  if not profile then error("benchmark: --model-time must be one of: h100, got " .. opt.model_time, 0) end
+  if not on_gpu or opt.infer then error("benchmark: --model-time needs --device=cuda and a training step", 0) end
+end
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 local threads = bl.num_threads()
 
@@ -85,10 +98,13 @@ local B, S, V = opt.batch, opt.seq, cfg.vocab_size
 if S > cfg.max_position_embeddings then cfg.max_position_embeddings = S end
 
 local model = bert.BertForPreTraining(cfg, { seed = 1 })
-local devname = "cpu"
+local devname, dry = "cpu", false
 if on_gpu then
-  model:to{ device = dev, dtype = opt.precision == "bf16" and "bf16" or "f32" }
   devname = bl.cuda_device_name(dev) or devname
+  -- the emulator could neither hold nor compute a large model's step: record it without running the large work
+  dry = stepmodel ~= nil and devname:find("emulated", 1, true) ~= nil
+  if dry then bl.cuda_dry_run(dev, true) end
+  model:to{ device = dev, dtype = opt.precision == "bf16" and "bf16" or "f32" }
 end
 if opt.infer then model:eval() else model:train() end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
@@ -154,6 +170,18 @@ local function sync() if on_gpu then bl.cuda_synchronize(dev) end end
 
 for _ = 1, opt.warmup do step() end
 sync()
+local model_t
+if stepmodel then
+  local list, syncs = stepmodel.record(dev, step)
+  local text
+  text, model_t = stepmodel.report(list, syncs, profile, B, ("BERT %s training step, batch %d x %d, %d masked, %s")
+    :format(opt.model, B, S, opt.masked, opt.precision))
+  print(text)
+  if dry then
+    print("(recorded on the emulated device without running the large work: no timing, results are garbage)")
+    return
+  end
+end
 local t0 = log.clock()
 local times = {}
 for i = 1, opt.steps do
@@ -168,6 +196,10 @@ table.sort(times)
 print(("bertlua: %.2f seq/s (%.1f ms/step, p50 %.1f ms, %s, %s, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
   times[math.floor(#times / 2) + 1] * 1000, opt.infer and "inference" or "training", opt.device, opt.precision,
   threads))
+if model_t then
+  print(("measured vs model: %.2f ms/step measured, %.2f ms/step model bound (%.0f%% of the bound's speed)")
+    :format(dt / opt.steps * 1000, model_t.step_s * 1000, 100 * model_t.step_s / (dt / opt.steps)))
+end
 
 -- model FLOPs (see the header) and MFU against the device's dense peak
 local L, H = cfg.num_hidden_layers, cfg.hidden_size

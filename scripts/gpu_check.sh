@@ -6,6 +6,9 @@
 #   pre-training phase 1  S=128 B=64 20 masked positions per sequence
 #   pre-training phase 2  S=512 B=$BL_P2_BATCH (16) 80 masked positions
 #   inference             S=384 B=32, and latency at B=1 S=128
+# The training benchmarks also print the step-time model (--model-time=h100: a
+# lower bound from the launches the step makes, at H100 SXM figures) next to
+# the measured step time.
 # Results (a table of steps, seq/s, ratio to torch, MFU) go to
 # $OUT/gpu_results.md when OUT is set (else out/gpu_check/), the full logs to
 # gpu_logs.txt beside it. Every step has a time limit taken from what is left
@@ -175,15 +178,16 @@ bench() {  # bench NAME MAX ARGS...
   local name="$1" max="$2"; shift 2
   step "$name" "$max" "$BUILD/bertlua" recipes/benchmark.lua --model=large --device=cuda:0 --threads=8 \
     --compare=torch --python="$BL_PYTHON" "$@"
-  NOTES+=("**$name** (\`$*\`):"$'\n```\n'"$(grep -E '^(model|bertlua|torch|ratio|model FLOPs|torch model)|error|Error' <<< "$LAST_OUT" | head -12)"$'\n```')
+  local keep='^(model|bertlua|torch|ratio|measured vs model)|^  model (step|bound)|error|Error'
+  NOTES+=("**$name** (\`$*\`):"$'\n```\n'"$(grep -E "$keep" <<< "$LAST_OUT" | head -16)"$'\n```')
 }
 bench "BERT-large phase 1 training (S=128 B=64, bf16)" 150 --seq=128 --batch=64 --masked=20 --precision=bf16 \
-  --steps="$STEPS" --warmup=3
+  --steps="$STEPS" --warmup=3 --model-time=h100
 bench "BERT-large inference (S=384 B=32, bf16)" 100 --seq=384 --batch=32 --infer --precision=bf16 \
   --steps="$STEPS" --warmup=3
 bench "BERT-large latency (S=128 B=1, bf16)" 80 --seq=128 --batch=1 --infer --precision=bf16 --steps=50 --warmup=5
 bench "BERT-large phase 2 training (S=512 B=$P2B, bf16)" 150 --seq=512 --batch="$P2B" --masked=80 --precision=bf16 \
-  --steps="$STEPS" --warmup=2
+  --steps="$STEPS" --warmup=2 --model-time=h100
 if [ "${BL_GPU_CHECK_EXTRA:-0}" = "1" ]; then
   bench "BERT-large phase 1 training (S=128 B=64, tf32)" 150 --seq=128 --batch=64 --masked=20 --precision=tf32 \
     --steps="$STEPS" --warmup=2

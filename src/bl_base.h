@@ -75,6 +75,20 @@ void bl_cuda_set_tf32(int enable);
  * (bl_dev_malloc/free, bl_dev_memcpy, bl_cuda_synchronize) and reports launches as -1. Error in a CPU-only build. */
 typedef struct bl_cuda_count { int64_t syncs, mallocs, frees, launches; } bl_cuda_count;
 int bl_cuda_counters(int device, bl_cuda_count *out);
+/* Launch log for the step-time model (recipes/benchmark.lua --model-time): between bl_cuda_record_begin and
+ * bl_cuda_record_end every kernel launch, cuBLASLt call, memset and copy on cuda:N is logged with the FLOPs and the
+ * minimum bytes it must move, as its launch site computes them from its arguments. `engine` says what the FLOPs run
+ * on (BL_ENGINE_*); class groups launches for the model's table. On the emulated device every launch is also seen by
+ * the emulator: one whose site states no cost is logged with class "unannotated". One device at a time. */
+enum { BL_ENGINE_MEM = 0, BL_ENGINE_TC16 = 1, BL_ENGINE_TF32 = 2, BL_ENGINE_FP32 = 3, BL_ENGINE_PCIE = 4 };
+typedef struct bl_cuda_launch_rec { const char *name, *cls; int engine; double flops, bytes; } bl_cuda_launch_rec;
+int bl_cuda_record_begin(int device);
+int bl_cuda_record_end(int device, int64_t *count);
+int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out);
+/* Emulated device only: while on, large kernels, copies, memsets and library calls are accepted (and logged) but
+ * not executed, and allocations take no host memory until written (tests/emu/README.md): a model too large to run
+ * on the emulator can still be recorded. Results are garbage. Turning it on elsewhere is an error. */
+int bl_cuda_dry_run(int device, int on);
 int bl_cuda_get_tf32(void);
 int bl_num_threads(void);
 void bl_set_num_threads(int n);

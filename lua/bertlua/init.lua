@@ -24,6 +24,8 @@ function M.cuda_device_name(dev)
 end
 -- wait until GPU `dev` has finished its queued work
 function M.cuda_synchronize(dev) check(C.bl_cuda_synchronize(dev)) end
+-- emulated device only: record launches without running large work (the step-time model of a large model)
+function M.cuda_dry_run(dev, on) check(C.bl_cuda_dry_run(dev, on and 1 or 0)) end
 function M.cuda_compiled() return C.bl_cuda_compiled() == 1 end
 function M.nccl_compiled() return C.bl_nccl_compiled() == 1 end
 function M.num_threads() return C.bl_num_threads() end

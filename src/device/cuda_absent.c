@@ -20,6 +20,13 @@ int bl_cuda_counters(int device, bl_cuda_count *out) {
   return no_cuda(device, "counters");
 }
 int bl_cuda_get_tf32(void) { return 0; }
+int bl_cuda_record_begin(int device) { return no_cuda(device, "record"); }
+int bl_cuda_dry_run(int device, int on) { (void)on; return no_cuda(device, "dry_run"); }
+int bl_cuda_record_end(int device, int64_t *count) { *count = 0; return no_cuda(device, "record"); }
+int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out) {
+  (void)out;
+  return bl_set_error(BL_EINVAL, "record: launch %lld: this bertlua was built without CUDA", (long long)i);
+}
 int bl_dev_check(int device, const char *op) { return no_cuda(device, op); }
 int bl_dev_malloc(int device, size_t n, void **p) { (void)n; *p = NULL; return no_cuda(device, "malloc"); }
 void bl_dev_free(int device, void *p) { (void)device; (void)p; }

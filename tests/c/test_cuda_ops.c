@@ -180,12 +180,13 @@ static void test_gemm(void) {
     bl_tensor *dy = mk(DEV, dtype, 3, y->shape);
     OK(bl_linear_forward(y, x, w, b)); OK(bl_cuda_linear_forward(dy, dx_, dw_, db_));
     close_(dt ? "linear bf16" : "linear f32", y, dy, rt, at);
-    /* backward: dx (overwrite then accumulate), dW += , db += */
+    /* backward: dx (overwrite then accumulate), dW += , db += (db: f32 column sums of the same values on both sides,
+       bf16 gradients read directly: f32 summation-order tolerance in both precisions) */
     bl_tensor *g = rnd(3, y->shape, 9, -1, 1), *gx = mk(-1, BL_F32, 3, x->shape), *gw = rnd(2, w->shape, 10, -1, 1), *gb = rnd(1, b->shape, 11, -1, 1);
     bl_tensor *dg = up(g, dtype), *dgx = mk(DEV, BL_F32, 3, x->shape), *dgw = up(gw, BL_F32), *dgb = up(gb, BL_F32);
     if (dt) { bl_tensor *h = mk(-1, BL_BF16, 3, g->shape); OK(bl_tensor_copy(h, g)); OK(bl_tensor_copy(g, h)); F(h); }
     OK(bl_linear_backward(gx, gw, gb, g, x, w, 0)); OK(bl_cuda_linear_backward(dgx, dgw, dgb, dg, dx_, dw_, 0));
-    close_("linear dx", gx, dgx, rt, at); close_("linear dW", gw, dgw, rt, at * 4); close_("linear db", gb, dgb, rt, at * 4);
+    close_("linear dx", gx, dgx, rt, at); close_("linear dW", gw, dgw, rt, at * 4); close_("linear db", gb, dgb, 1e-5, 1e-5);
     OK(bl_linear_backward(gx, NULL, NULL, g, x, w, 1)); OK(bl_cuda_linear_backward(dgx, NULL, NULL, dg, dx_, dw_, 1));
     close_("linear dx accumulate", gx, dgx, rt, at * 2);
     F(x); F(w); F(b); F(y); F(dx_); F(dw_); F(db_); F(dy); F(g); F(gx); F(gw); F(gb); F(dg); F(dgx); F(dgw); F(dgb);
@@ -214,6 +215,23 @@ static void test_gemm(void) {
 }
 
 /* ---------------------------------------------------------------- layernorm family */
+/* The LayerNorm forward / backward (the residual variant when res is given), through the CUDA entry point or the CPU
+ * op; dropout p with the stream (5, 100). */
+static void ln_fwd(int cuda, bl_tensor *y, bl_tensor *m, bl_tensor *s, const bl_tensor *x, const bl_tensor *res,
+                   const bl_tensor *g, const bl_tensor *b, double p) {
+  if (res) OK(cuda ? bl_cuda_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100)
+                   : bl_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100));
+  else OK(cuda ? bl_cuda_layernorm_forward(y, m, s, x, g, b, 1e-12) : bl_layernorm_forward(y, m, s, x, g, b, 1e-12));
+}
+static void ln_bwd(int cuda, bl_tensor *gx, bl_tensor *gr, bl_tensor *gg, bl_tensor *gb, const bl_tensor *gy,
+                   const bl_tensor *x, const bl_tensor *res, const bl_tensor *g, const bl_tensor *m, const bl_tensor *s,
+                   double p) {
+  if (res) OK(cuda ? bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gy, x, res, g, m, s, p, 5, 100)
+                   : bl_residual_layernorm_backward(gx, gr, gg, gb, gy, x, res, g, m, s, p, 5, 100));
+  else OK(cuda ? bl_cuda_layernorm_backward(gx, gg, gb, gy, x, g, m, s)
+               : bl_layernorm_backward(gx, gg, gb, gy, x, g, m, s));
+}
+
 static void test_layernorm(void) {
   for (int fused = 0; fused < 2; fused++) {
     const int64_t R = 37, H = 300;
@@ -222,25 +240,15 @@ static void test_layernorm(void) {
     bl_tensor *y = mk(-1, BL_F32, 2, x->shape), *m = mk(-1, BL_F32, 1, SH(R)), *s = mk(-1, BL_F32, 1, SH(R));
     bl_tensor *dx_ = up(x, BL_F32), *dres = up(res, BL_F32), *dg = up(g, BL_F32), *db = up(b, BL_F32);
     bl_tensor *dy = mk(DEV, BL_F32, 2, x->shape), *dm = mk(DEV, BL_F32, 1, SH(R)), *ds = mk(DEV, BL_F32, 1, SH(R));
-    if (fused) {
-      OK(bl_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100));
-      OK(bl_cuda_residual_layernorm_forward(dy, dm, ds, dx_, dres, dg, db, 1e-12, p, 5, 100));
-    } else {
-      OK(bl_layernorm_forward(y, m, s, x, g, b, 1e-12));
-      OK(bl_cuda_layernorm_forward(dy, dm, ds, dx_, dg, db, 1e-12));
-    }
+    ln_fwd(0, y, m, s, x, fused ? res : NULL, g, b, p);
+    ln_fwd(1, dy, dm, ds, dx_, fused ? dres : NULL, dg, db, p);
     close_(fused ? "residual_ln y" : "ln y", y, dy, 1e-5, 2e-5); close_("ln mean", m, dm, 1e-5, 1e-6); close_("ln rstd", s, ds, 1e-5, 1e-6);
     bl_tensor *gy = rnd(2, x->shape, 24, -1, 1), *gx = mk(-1, BL_F32, 2, x->shape), *gr = mk(-1, BL_F32, 2, x->shape);
     bl_tensor *gg = rnd(1, SH(H), 25, -1, 1), *gbb = rnd(1, SH(H), 26, -1, 1);
     bl_tensor *dgy = up(gy, BL_F32), *dgx = mk(DEV, BL_F32, 2, x->shape), *dgr = mk(DEV, BL_F32, 2, x->shape), *dgg = up(gg, BL_F32), *dgb = up(gbb, BL_F32);
-    if (fused) {
-      OK(bl_residual_layernorm_backward(gx, gr, gg, gbb, gy, x, res, g, m, s, p, 5, 100));
-      OK(bl_cuda_residual_layernorm_backward(dgx, dgr, dgg, dgb, dgy, dx_, dres, dg, dm, ds, p, 5, 100));
-      close_("residual_ln dresidual", gr, dgr, 1e-4, 1e-5);
-    } else {
-      OK(bl_layernorm_backward(gx, gg, gbb, gy, x, g, m, s));
-      OK(bl_cuda_layernorm_backward(dgx, dgg, dgb, dgy, dx_, dg, dm, ds));
-    }
+    ln_bwd(0, gx, gr, gg, gbb, gy, x, fused ? res : NULL, g, m, s, p);
+    ln_bwd(1, dgx, dgr, dgg, dgb, dgy, dx_, fused ? dres : NULL, dg, dm, ds, p);
+    if (fused) close_("residual_ln dresidual", gr, dgr, 1e-4, 1e-5);
     close_("ln dx", gx, dgx, 1e-4, 1e-5); close_("ln dgamma", gg, dgg, 1e-4, 1e-4); close_("ln dbeta", gbb, dgb, 1e-5, 1e-4);
     /* determinism of the two-stage dgamma reduction */
     bl_tensor *z1 = mk(DEV, BL_F32, 1, SH(H)), *z2 = mk(DEV, BL_F32, 1, SH(H));
@@ -253,7 +261,93 @@ static void test_layernorm(void) {
   }
 }
 
+/* bf16/f16 (residual) LayerNorm, read and written natively by kernels/layernorm.cu, against the CPU twin on the same
+ * rounded inputs. Both compute in f32 from the same values and differ as in the f32 test above; a difference that
+ * straddles a rounding boundary moves a stored y/dx/dresidual by one unit in the last place, at most 2^-7 (bf16) /
+ * 2^-10 (f16) of the value. mean, rstd, dgamma, dbeta stay f32: the f32 tolerances. gamma/beta in the activation
+ * dtype and in f32; 37 rows of 300. */
+static void test_layernorm_half(void) {
+  for (int k = 0; k < 8; k++) {
+    const int64_t R = 37, H = 300;
+    int dt = k & 1 ? BL_F16 : BL_BF16, gdt = k & 2 ? BL_F32 : dt, fused = k >> 2;
+    double p = fused ? 0.1 : 0.0, u = dt == BL_BF16 ? 1.0 / 128 : 1.0 / 1024;
+    bl_tensor *fx = rnd(2, SH(R, H), 120 + k, -2, 2), *fr = rnd(2, SH(R, H), 130 + k, -1, 1);
+    bl_tensor *fg = rnd(1, SH(H), 140 + k, 0.5, 1.5), *fb = rnd(1, SH(H), 150 + k, -1, 1);
+    bl_tensor *fgy = rnd(2, SH(R, H), 160 + k, -1, 1);
+    bl_tensor *x = up(fx, dt), *res = up(fr, dt), *g = up(fg, gdt), *b = up(fb, gdt), *gy = up(fgy, dt);
+    bl_tensor *cx = mk(-1, dt, 2, x->shape), *cr = mk(-1, dt, 2, x->shape), *cgy = mk(-1, dt, 2, x->shape);
+    bl_tensor *cg = mk(-1, gdt, 1, SH(H)), *cb = mk(-1, gdt, 1, SH(H));
+    OK(bl_tensor_copy(cx, x)); OK(bl_tensor_copy(cr, res)); OK(bl_tensor_copy(cgy, gy));
+    OK(bl_tensor_copy(cg, g)); OK(bl_tensor_copy(cb, b));
+    bl_tensor *y = mk(-1, dt, 2, x->shape), *m = mk(-1, BL_F32, 1, SH(R)), *s_ = mk(-1, BL_F32, 1, SH(R));
+    bl_tensor *dy = mk(DEV, dt, 2, x->shape), *dm = mk(DEV, BL_F32, 1, SH(R)), *ds = mk(DEV, BL_F32, 1, SH(R));
+    char name[96];
+    const char *what = fused ? "residual_ln" : "ln";
+    ln_fwd(0, y, m, s_, cx, fused ? cr : NULL, cg, cb, p);
+    ln_fwd(1, dy, dm, ds, x, fused ? res : NULL, g, b, p);
+    snprintf(name, sizeof name, "%s y %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
+    close_(name, y, dy, u + 1e-5, 2e-5); close_("ln mean (half)", m, dm, 1e-5, 1e-6);
+    close_("ln rstd (half)", s_, ds, 1e-5, 1e-6);
+    bl_tensor *gx = mk(-1, dt, 2, x->shape), *gr = mk(-1, dt, 2, x->shape), *dgx = mk(DEV, dt, 2, x->shape);
+    bl_tensor *dgr = mk(DEV, dt, 2, x->shape);
+    bl_tensor *gg = rnd(1, SH(H), 170 + k, -1, 1), *gbb = rnd(1, SH(H), 180 + k, -1, 1);
+    bl_tensor *dgg = up(gg, BL_F32), *dgb = up(gbb, BL_F32);
+    ln_bwd(0, gx, gr, gg, gbb, cgy, cx, fused ? cr : NULL, cg, m, s_, p);
+    ln_bwd(1, dgx, dgr, dgg, dgb, gy, x, fused ? res : NULL, g, dm, ds, p);
+    if (fused) {
+      snprintf(name, sizeof name, "%s dresidual %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
+      close_(name, gr, dgr, u + 1e-4, 1e-5);
+    }
+    snprintf(name, sizeof name, "%s dx %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
+    close_(name, gx, dgx, u + 1e-4, 1e-5);
+    close_("ln dgamma (half)", gg, dgg, 1e-4, 1e-4); close_("ln dbeta (half)", gbb, dgb, 1e-5, 1e-4);
+    F(fx); F(fr); F(fg); F(fb); F(fgy); F(x); F(res); F(g); F(b); F(gy); F(cx); F(cr); F(cgy); F(cg); F(cb);
+    F(y); F(m); F(s_); F(dy); F(dm); F(ds); F(gx); F(gr); F(dgx); F(dgr); F(gg); F(gbb); F(dgg); F(dgb);
+  }
+}
+
 /* ---------------------------------------------------------------- activations, dropout, softmax */
+/* bf16/f16 activations (kernels/activation.cu reads and writes them natively when rows are whole 16-byte vectors,
+ * else through f32 images) against the CPU twin on the same rounded inputs. Both compute each element in f32 from
+ * the same values, differing as in the f32 test (erf/exp implementations: 1e-5 relative, 1e-6 absolute where GELU
+ * cancels); a difference that straddles a rounding boundary moves the stored value by one unit in the last place,
+ * at most 2^-7 (bf16, 8-bit significand) / 2^-10 (f16, 11-bit) of the value. db sums the unrounded f32 values on
+ * both sides (in another order): 1e-5 as in f32. Shapes: 145 rows (3 partial chunks of 64, the last short) and
+ * h = 40 (five vectors) for the native path, h = 33 for the fallback. */
+static void test_activations_half(void) {
+  /* activation dtype, row length, bias dtype (the activations', or f32 as a master copy would be) */
+  const struct { int dt; int64_t h; int bdt; } cases[] = {
+    {BL_BF16, 40, BL_F32}, {BL_F16, 40, BL_F32}, {BL_BF16, 40, BL_BF16}, {BL_F16, 40, BL_F16},
+    {BL_BF16, 33, BL_BF16}, {BL_F16, 33, BL_F32}};
+  for (int k = 0; k < 6; k++) {
+    int dt = cases[k].dt;
+    int64_t h = cases[k].h;
+    double rt = (dt == BL_BF16 ? 1.0 / 128 : 1.0 / 1024) + 1e-5;
+    bl_tensor *fx = rnd(3, SH(5, 29, h), 40 + k, -3, 3), *fgy = rnd(3, fx->shape, 50 + k, -1, 1);
+    bl_tensor *x = up(fx, dt), *gy = up(fgy, dt), *bf = rnd(1, SH(h), 60 + k, -1, 1), *b = up(bf, cases[k].bdt);
+    bl_tensor *cx = mk(-1, dt, 3, x->shape), *cgy = mk(-1, dt, 3, x->shape), *cb = mk(-1, b->dtype, 1, b->shape);
+    OK(bl_tensor_copy(cx, x)); OK(bl_tensor_copy(cgy, gy)); OK(bl_tensor_copy(cb, b));
+    bl_tensor *y = mk(-1, dt, 3, x->shape), *dy = mk(DEV, dt, 3, x->shape);
+    char name[96];
+    OK(bl_bias_gelu_forward(y, cx, cb)); OK(bl_cuda_bias_gelu_forward(dy, x, b));
+    snprintf(name, sizeof name, "bias_gelu %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    bl_tensor *gb = rnd(1, SH(h), 70 + k, -1, 1), *dgb = up(gb, BL_F32);
+    OK(bl_bias_gelu_backward(y, gb, cgy, cx, cb)); OK(bl_cuda_bias_gelu_backward(dy, dgb, gy, x, b));
+    snprintf(name, sizeof name, "bias_gelu backward dx %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    snprintf(name, sizeof name, "bias_gelu backward db %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, gb, dgb, 1e-5, 1e-5);
+    OK(bl_gelu_forward(y, cx)); OK(bl_cuda_gelu_forward(dy, x));
+    snprintf(name, sizeof name, "gelu %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    OK(bl_tanh_backward(y, cgy, cx)); OK(bl_cuda_tanh_backward(dy, gy, x));
+    snprintf(name, sizeof name, "tanh backward %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    F(fx); F(fgy); F(x); F(gy); F(bf); F(b); F(cx); F(cgy); F(cb); F(y); F(dy); F(gb); F(dgb);
+  }
+}
+
 static void test_activations(void) {
   bl_tensor *x = rnd(3, SH(4, 9, 33), 30, -3, 3), *b = rnd(1, SH(33), 31, -1, 1), *gy = rnd(3, x->shape, 32, -1, 1);
   bl_tensor *dx_ = up(x, BL_F32), *db = up(b, BL_F32), *dgy = up(gy, BL_F32);
@@ -629,6 +723,8 @@ int main(void) {
   test_gemm();
   test_layernorm();
   test_activations();
+  test_activations_half();
+  test_layernorm_half();
   test_lookup_losses();
   test_attention();
   test_optim();

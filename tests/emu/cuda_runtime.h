@@ -137,6 +137,15 @@ typedef struct emu_counters {
   int64_t launches;  // kernel launches
 } emu_counters;
 int emu_get_counters(int dev, emu_counters *out);
+// Launch recording for the step-time model (kernels/stepmodel.cu): the hook, when set, is called at every accepted
+// kernel launch with the device and the kernel's name and launch site. In a dry run, kernels of more than
+// EMU_DRY_MAX_THREADS threads, copies and memsets of more than EMU_DRY_MAX_BYTES and every library call are
+// accepted but not executed, and new allocations are not filled: a large model's step can be recorded without its
+// compute or its memory; the small work still runs so that host-visible results (index checks) keep their meaning.
+#define EMU_DRY_MAX_THREADS 65536
+#define EMU_DRY_MAX_BYTES (1u << 20)
+typedef void (*emu_launch_hook)(int dev, const char *name, const char *file, int line);
+void emu_set_launch_hook(emu_launch_hook hook, int dry_run);
 
 #ifdef __cplusplus
 }

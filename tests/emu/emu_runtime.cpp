@@ -72,6 +72,8 @@ thread_local cudaError_t last_err = cudaSuccess;
 int open_depth = 0;                               // > 0 while device memory is accessible
 const char *running = "";                         // the op running now, for messages
 uint64_t launches = 0;
+emu_launch_hook launch_hook = nullptr;            // emu_set_launch_hook
+bool dry_run = false;
 struct sigaction old_segv;
 
 const size_t kAlign = 256, kSmemDefault = 48 << 10, kSmemOptinMax = 227 << 10;
@@ -251,6 +253,7 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, emu_
     kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
               : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
   }
+  if (dry_run && n > EMU_DRY_MAX_BYTES) return cudaSuccess;
   int ddev = -1, sdev = -1;
   bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
@@ -312,6 +315,7 @@ void segv_handler(int sig, siginfo_t *si, void *uctx) {
 // ---------------------------------------------------------------- internal interface (emu_internal.h)
 void emu_stream_enqueue(cudaStream_t s, const char *what, std::function<void()> fn) {
   lock l;
+  if (dry_run) return;
   enqueue(resolve(s), what, std::move(fn));
 }
 
@@ -341,6 +345,12 @@ void emu_fault(const char *fmt, ...) {
   if (emu_in_gpu_thread()) emu_abandon_thread();
 }
 
+void emu_set_launch_hook(emu_launch_hook hook, int dry) {
+  lock l;
+  launch_hook = hook;
+  dry_run = dry != 0;
+}
+
 int emu_get_counters(int dev, emu_counters *out) {
   lock l;
   if (!valid_dev(dev)) return -1;
@@ -365,6 +375,8 @@ void emu::launch(const launch_cfg &c, std::function<void()> body) {
   if (c.smem > limit) { ret(cudaErrorInvalidValue); return; }
   d.cnt.launches++;
   uint64_t no = ++launches;
+  if (launch_hook) launch_hook(cur_dev, c.name, c.file, c.line);
+  if (dry_run && threads * c.grid.x * c.grid.y * c.grid.z > EMU_DRY_MAX_THREADS) return;
   char what[300];
   snprintf(what, sizeof what, "kernel %s (launched at %s:%d)", c.name, c.file, c.line);
   enqueue(resolve(c.stream), what, [c, body, no] { emu_run_grid(c, body, no); });
@@ -531,7 +543,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     if (off + want > d.high) d.high = off + want;
     *p = d.base + off;
     access_window a;
-    memset(*p, 0xff, want);   // uninitialised device memory reads as NaN
+    if (!dry_run) memset(*p, 0xff, want);   // uninitialised device memory reads as NaN
     return cudaSuccess;
   }
   return ret(cudaErrorMemoryAllocation);
@@ -640,7 +652,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (dev_of(p) < 0 || find_alloc(devs[(size_t)dev_of(p)], p, n) == devs[(size_t)dev_of(p)].live.end())
     return ret(cudaErrorInvalidValue);
-  enqueue(st, "cudaMemset", [p, value, n] { memset(p, value, n); });
+  if (!dry_run || n <= EMU_DRY_MAX_BYTES) enqueue(st, "cudaMemset", [p, value, n] { memset(p, value, n); });
   return cudaSuccess;
 }
 

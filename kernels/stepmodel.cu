@@ -1,0 +1,105 @@
+// Launch log of the step-time model (bl_cuda_record_* in bl_base.h). Launch sites state their costs through
+// cu_cost_kernel / cu_cost_call (common.cuh); this file keeps them while a recording is active. On the emulated
+// device the emulator also reports every launch it accepts (emu_set_launch_hook): a kernel cost then waits for its
+// launch, and a launch that finds no cost waiting is logged as "unannotated", so a missing statement cannot hide.
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+#include "common.cuh"
+
+namespace {
+std::mutex mu;
+std::atomic<int> rec_dev{-1};            // device being recorded, -1 when off
+std::vector<bl_cuda_launch_rec> launches;
+std::set<std::string> names;             // storage of the launches' names (a name may be the caller's op)
+
+#ifdef BL_CUDA_EMU
+bool dry = false;                        // bl_cuda_dry_run
+bool have_pending = false;               // a kernel cost waiting for the emulator to see its launch
+bl_cuda_launch_rec pending;
+
+void on_launch(int dev, const char *name, const char *file, int line) {
+  std::lock_guard<std::mutex> g(mu);
+  if (dev != rec_dev.load()) return;
+  if (have_pending) {
+    launches.push_back(pending);
+    have_pending = false;
+    return;
+  }
+  const char *at = names.insert(std::string(name) + " (" + file + ":" + std::to_string(line) + ")").first->c_str();
+  launches.push_back(bl_cuda_launch_rec{at, "unannotated", BL_ENGINE_MEM, 0, 0});
+}
+#endif
+}  // namespace
+
+void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, double flops, int engine) {
+  if (dev != rec_dev.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> g(mu);
+  name = names.insert(name).first->c_str();
+#ifdef BL_CUDA_EMU
+  // A cost still pending here belonged to a launch the emulator refused (the op fails with that error).
+  pending = bl_cuda_launch_rec{name, cls, engine, flops, bytes};
+  have_pending = true;
+#else
+  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes});
+#endif
+}
+
+void cu_cost_call(int dev, const char *cls, const char *name, int engine, double flops, double bytes) {
+  if (dev != rec_dev.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> g(mu);
+  name = names.insert(name).first->c_str();
+  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes});
+}
+
+extern "C" int bl_cuda_dry_run(int device, int on) {
+  BL_CHECK(bl_dev_check(device, "dry_run"));
+#ifdef BL_CUDA_EMU
+  std::lock_guard<std::mutex> g(mu);
+  dry = on != 0;
+  emu_set_launch_hook(rec_dev.load() >= 0 ? on_launch : nullptr, dry);
+  return 0;
+#else
+  if (!on) return 0;
+  return bl_set_error(BL_EUNSUPPORTED, "dry_run: cuda:%d: a dry run needs the emulated device", device);
+#endif
+}
+
+extern "C" int bl_cuda_record_begin(int device) {
+  BL_CHECK(bl_dev_check(device, "record"));
+  // Queued work belongs to what came before.
+  BL_CHECK(bl_cuda_synchronize(device));
+  std::lock_guard<std::mutex> g(mu);
+  if (rec_dev.load() >= 0) return bl_set_error(BL_EINVAL, "record: cuda:%d is being recorded already", rec_dev.load());
+  launches.clear();
+  names.clear();
+  rec_dev.store(device);
+#ifdef BL_CUDA_EMU
+  have_pending = false;
+  emu_set_launch_hook(on_launch, dry);
+#endif
+  return 0;
+}
+
+extern "C" int bl_cuda_record_end(int device, int64_t *count) {
+  std::lock_guard<std::mutex> g(mu);
+  *count = 0;
+  if (rec_dev.load() != device) return bl_set_error(BL_EINVAL, "record: cuda:%d is not being recorded", device);
+  rec_dev.store(-1);
+#ifdef BL_CUDA_EMU
+  emu_set_launch_hook(nullptr, dry);
+#endif
+  *count = (int64_t)launches.size();
+  return 0;
+}
+
+extern "C" int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out) {
+  std::lock_guard<std::mutex> g(mu);
+  if (rec_dev.load() >= 0) return bl_set_error(BL_EINVAL, "record: the log is read after bl_cuda_record_end");
+  if (i < 0 || i >= (int64_t)launches.size())
+    return bl_set_error(BL_EINVAL, "record: launch %lld of %zu", (long long)i, launches.size());
+  *out = launches[(size_t)i];
+  return 0;
+}

@@ -1,0 +1,125 @@
+-- The step-time model: a lower bound on the time of one step on a named GPU, computed from the launches the step
+-- really makes. Every kernel launch, cuBLASLt call, memset and copy states its FLOPs and the minimum bytes it must
+-- move (kernels/*.cu, from its arguments; bl_cuda_record_* in bl_base.h). Each launch is charged
+-- max(FLOPs / rate of its engine, bytes / memory bandwidth), plus a fixed gap per launch unless the step is captured
+-- in a CUDA graph. It is a MODEL: it cannot see a kernel that is slower than its own minimum (poor occupancy,
+-- uncoalesced access, a quadratic loop), so a real step takes longer; what it shows is where the time must go.
+local ffi = require "ffi"
+local core = require "bertlua.core"
+local C, check = core.C, core.check
+
+local M = {}
+
+-- Rates of the engines and the memory system. tc16 is the bf16 GEMM rate measured with cuBLASLt on an H100 SXM
+-- (80% of the 989 TFLOP/s dense peak); tf32 is its peak scaled by the same 80%; fp32 is the SIMT peak (no tensor
+-- cores); hbm the HBM3 peak; pcie a practical Gen5 x16 rate; launch_us the gap between back-to-back launches on one
+-- stream without graph capture (an assumption: 2-4 us is typical, the lower end is taken).
+M.profiles = {
+  h100 = { name = "H100 SXM", tc16 = 790e12, tf32 = 395e12, fp32 = 66.9e12, hbm = 3.35e12, pcie = 55e9,
+           launch_us = 2.0 },
+}
+
+local ENGINE = { [C.BL_ENGINE_MEM] = "mem", [C.BL_ENGINE_TC16] = "tc16", [C.BL_ENGINE_TF32] = "tf32",
+                 [C.BL_ENGINE_FP32] = "fp32", [C.BL_ENGINE_PCIE] = "pcie" }
+
+-- Runs fn() with cuda:dev's launches recorded; returns the launch list and the host synchronisations fn made.
+function M.record(dev, fn)
+  local c0, c1 = ffi.new("bl_cuda_count"), ffi.new("bl_cuda_count")
+  check(C.bl_cuda_record_begin(dev))   -- synchronises first: queued work is not the step's
+  check(C.bl_cuda_counters(dev, c0))
+  local ok, err = pcall(fn)
+  local n = ffi.new("int64_t[1]")
+  check(C.bl_cuda_record_end(dev, n))
+  if not ok then error(err, 0) end
+  check(C.bl_cuda_counters(dev, c1))
+  local list, r = {}, ffi.new("bl_cuda_launch_rec")
+  for i = 0, tonumber(n[0]) - 1 do
+    check(C.bl_cuda_record_get(i, r))
+    list[#list + 1] = { name = ffi.string(r.name), cls = ffi.string(r.cls), engine = ENGINE[r.engine],
+                        flops = r.flops, bytes = r.bytes }
+  end
+  return list, tonumber(c1.syncs - c0.syncs)
+end
+
+-- Lower-bound seconds of one launch on profile p (without the launch gap).
+local function launch_time(l, p)
+  if l.engine == "pcie" then return l.bytes / p.pcie end
+  local t = l.bytes / p.hbm
+  if l.flops > 0 then t = math.max(t, l.flops / p[l.engine]) end
+  return t
+end
+
+-- Sums a launch list on profile p into per-class rows and totals. Fails when a launch stated no cost.
+function M.evaluate(list, p, opt)
+  opt = opt or {}
+  local gap = opt.graph and 0 or p.launch_us * 1e-6
+  local by, rows, bad, items, item_list = {}, {}, {}, {}, {}
+  local t = { launches = #list, gemm_s = 0, other_s = 0, gap_s = gap * #list, other_bytes = 0, flops = 0 }
+  for _, l in ipairs(list) do
+    if l.cls == "unannotated" then bad[#bad + 1] = l.name end
+    local r = by[l.cls]
+    if not r then
+      r = { cls = l.cls, launches = 0, flops = 0, bytes = 0, s = 0 }
+      by[l.cls] = r
+      rows[#rows + 1] = r
+    end
+    local s = launch_time(l, p)
+    r.launches, r.flops, r.bytes, r.s = r.launches + 1, r.flops + l.flops, r.bytes + l.bytes, r.s + s + gap
+    local key = l.cls .. " / " .. l.name
+    local it = items[key]
+    if not it then
+      it = { what = key, launches = 0, s = 0 }
+      items[key] = it
+      item_list[#item_list + 1] = it
+    end
+    it.launches, it.s = it.launches + 1, it.s + s + gap
+    t.flops = t.flops + l.flops
+    if l.cls == "gemm" then t.gemm_s = t.gemm_s + s
+    else
+      t.other_s = t.other_s + s
+      if l.engine ~= "pcie" then t.other_bytes = t.other_bytes + l.bytes end
+    end
+  end
+  if #bad > 0 then
+    error(("step-time model: %d launch(es) state no cost (kernels/*.cu must call cu_cost_kernel before them): %s")
+      :format(#bad, table.concat(bad, ", ", 1, math.min(#bad, 5))), 0)
+  end
+  table.sort(rows, function(a, b) return a.s > b.s end)
+  table.sort(item_list, function(a, b) return a.s > b.s end)
+  t.step_s = t.gemm_s + t.other_s + t.gap_s
+  t.items = item_list   -- per (class, kernel or calling op), largest first
+  return rows, t
+end
+
+-- Printable report of a recorded step of `seqs` sequences on profile p.
+function M.report(list, syncs, p, seqs, what)
+  local rows, t = M.evaluate(list, p)
+  local _, tg = M.evaluate(list, p, { graph = true })
+  local out = {}
+  local function add(fmt, ...) out[#out + 1] = fmt:format(...) end
+  add("step-time MODEL (a lower bound, not a measurement) of %s at %s figures:", what, p.name)
+  add("  GEMMs at %.0f TFLOP/s (bf16/f16), %.0f (tf32), %.1f (f32 SIMT); memory at %.2f TB/s; PCIe %.0f GB/s; "
+    .. "%.1f us per launch", p.tc16 / 1e12, p.tf32 / 1e12, p.fp32 / 1e12, p.hbm / 1e12, p.pcie / 1e9, p.launch_us)
+  add("  %-14s %8s %11s %11s %10s %7s", "class", "launches", "GFLOP", "MB moved", "model ms", "share")
+  for _, r in ipairs(rows) do
+    add("  %-14s %8d %11.1f %11.1f %10.3f %6.1f%%", r.cls, r.launches, r.flops / 1e9, r.bytes / 1e6, r.s * 1e3,
+      100 * r.s / t.step_s)
+  end
+  local gemm_share = t.gemm_s / t.step_s
+  add("  model step: %.2f ms = GEMM %.2f ms (%.1f%%) + non-GEMM %.2f ms (%.1f%%) + launch gaps %.2f ms (%.1f%%)",
+    t.step_s * 1e3, t.gemm_s * 1e3, 100 * gemm_share, t.other_s * 1e3, 100 * t.other_s / t.step_s,
+    t.gap_s * 1e3, 100 * t.gap_s / t.step_s)
+  add("  model bound: %.0f seq/s (%.0f seq/s if the step were captured in a CUDA graph)", seqs / t.step_s,
+    seqs / tg.step_s)
+  add("  non-GEMM time incl. launch gaps: %.1f%% of the step; bytes moved by non-GEMM work: %.2f GB per step",
+    100 * (1 - gemm_share), t.other_bytes / 1e9)
+  add("  launches per step: %d; host synchronisations per step: %d; FLOPs per step: %.3g", t.launches, syncs, t.flops)
+  add("  largest items (class / kernel, or the op a conversion served):")
+  for i = 1, math.min(12, #t.items) do
+    local it = t.items[i]
+    add("    %-40s %6d launches %9.3f ms %6.1f%%", it.what, it.launches, it.s * 1e3, 100 * it.s / t.step_s)
+  end
+  return table.concat(out, "\n"), t
+end
+
+return M

@@ -1,0 +1,146 @@
+-- The step-time model (lua/bertlua/stepmodel.lua, bl_cuda_record_*): its arithmetic on a made-up launch list, and
+-- the launch log of a real bf16 training step on cuda:0 checked against what the model must contain:
+--   * every launch the emulator accepted states its cost (none "unannotated"), one record per kernel launch;
+--   * the GEMM FLOPs equal the analytic count of BERT's matmuls (independent of the launch sites' statements);
+--   * a dry run records the same launches as a real run of the same step.
+local T = require "bertlua.testing"
+local bl = require "bertlua"
+local bert = require "bertlua.bert"
+local config = require "bertlua.config"
+local core = require "bertlua.core"
+local stepmodel = require "bertlua.stepmodel"
+local C, check, ffi = core.C, core.check, core.ffi
+
+local HAVE_GPU = bl.cuda_available()
+local function need_gpu()
+  if not HAVE_GPU then T.skip(bl.cuda_compiled() and "no CUDA device" or "no CUDA device (CPU-only build)") end
+end
+local function emulated()
+  local nb = ffi.new("char[256]")
+  check(C.bl_cuda_device_name(0, nb, 256))
+  return ffi.string(nb):find("emulated", 1, true) ~= nil
+end
+
+T.test("model arithmetic: roofline per launch, launch gaps, classes, and a launch without a cost is refused", function()
+  local p = { name = "test", tc16 = 1e12, tf32 = 5e11, fp32 = 1e11, hbm = 1e9, pcie = 1e8, launch_us = 10 }
+  local list = {
+    { name = "g", cls = "gemm", engine = "tc16", flops = 4e9, bytes = 1e6 },   -- compute-bound: 4 ms
+    { name = "g2", cls = "gemm", engine = "tc16", flops = 1e6, bytes = 2e6 },  -- memory-bound: 2 ms
+    { name = "a", cls = "attention", engine = "fp32", flops = 3e8, bytes = 1e6 }, -- 3 ms
+    { name = "ln", cls = "layernorm", engine = "mem", flops = 0, bytes = 5e6 },   -- 5 ms
+    { name = "h", cls = "host copy", engine = "pcie", flops = 0, bytes = 1e5 },   -- 1 ms, not HBM bytes
+  }
+  local rows, t = stepmodel.evaluate(list, p)
+  T.near(t.gemm_s, 6e-3, 1e-12, 0, "GEMM time")
+  T.near(t.other_s, 9e-3, 1e-12, 0, "non-GEMM time")
+  T.near(t.gap_s, 5 * 10e-6, 1e-12, 0, "launch gaps")
+  T.near(t.step_s, 15e-3 + 50e-6, 1e-12, 0, "step")
+  T.near(t.other_bytes, 6e6, 1e-12, 0, "non-GEMM HBM bytes")
+  T.eq(rows[1].cls, "gemm")
+  T.eq(rows[1].launches, 2)
+  local _, tg = stepmodel.evaluate(list, p, { graph = true })
+  T.near(tg.step_s, 15e-3, 1e-12, 0, "graph capture removes the gaps")
+  list[#list + 1] = { name = "k (x.cu:3)", cls = "unannotated", engine = "mem", flops = 0, bytes = 0 }
+  T.raises(function() stepmodel.evaluate(list, p) end, "before them): k (x.cu:3)")
+end)
+
+T.test("recording needs CUDA; reading the log while recording is an error", function()
+  if not HAVE_GPU then
+    T.raises(function() check(C.bl_cuda_record_begin(0)) end, "cuda:0")
+    return
+  end
+  check(C.bl_cuda_record_begin(0))
+  local r = ffi.new("bl_cuda_launch_rec")
+  T.raises(function() check(C.bl_cuda_record_get(0, r)) end, "after bl_cuda_record_end")
+  T.raises(function() check(C.bl_cuda_record_begin(0)) end, "being recorded already")
+  local n = ffi.new("int64_t[1]")
+  check(C.bl_cuda_record_end(0, n))
+  T.raises(function() check(C.bl_cuda_record_end(0, n)) end, "not being recorded")
+  if not emulated() then T.raises(function() check(C.bl_cuda_dry_run(0, 1)) end, "emulated device") end
+end)
+
+local CFG = config.new{ vocab_size = 104, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+  intermediate_size = 96, max_position_embeddings = 64, hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1 }
+local B, S, P = 3, 24, 4
+
+local function batch()
+  local ids, am, pos, lab, nsp = {}, {}, {}, {}, {}
+  for b = 1, B do
+    ids[b], am[b], pos[b], lab[b] = {}, {}, {}, {}
+    for s = 1, S do
+      ids[b][s] = (7 * b + 13 * s) % CFG.vocab_size
+      am[b][s] = s <= S - b and 1 or 0
+    end
+    for j = 1, P do pos[b][j], lab[b][j] = 2 * j + b, (5 * j + b) % CFG.vocab_size end
+    nsp[b] = b % 2
+  end
+  local t = {
+    input_ids = bl.from(ids, { dtype = "i32" }), attention_mask = bl.from(am),
+    token_type_ids = bl.zeros({ B, S }, { dtype = "i32" }), masked_lm_positions = bl.from(pos, { dtype = "i32" }),
+    masked_lm_labels = bl.from(lab, { dtype = "i32" }), next_sentence_labels = bl.from(nsp, { dtype = "i32" }),
+  }
+  for _, k in ipairs({ "input_ids", "attention_mask", "token_type_ids", "next_sentence_labels" }) do
+    t[k] = t[k]:to("cuda:0")
+  end
+  return t
+end
+
+local function train_step(m, bt)
+  return function()
+    m:zero_grad()
+    m:forward(bt)
+    m:backward()
+  end
+end
+
+T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's matmul count", function()
+  need_gpu()
+  local m = bert.BertForPreTraining(CFG, { seed = 3 }):to{ device = "cuda:0", dtype = "bf16" }
+  m:train()
+  local bt = batch()
+  train_step(m, bt)()   -- warm-up: scratch and cuBLASLt plans exist before the recorded step
+  local c0 = ffi.new("bl_cuda_count")
+  check(C.bl_cuda_counters(0, c0))
+  local list = stepmodel.record(0, train_step(m, bt))
+  local c1 = ffi.new("bl_cuda_count")
+  check(C.bl_cuda_counters(0, c1))
+  local _, t = stepmodel.evaluate(list, stepmodel.profiles.h100)   -- raises on an unannotated launch
+  T.truthy(t.launches > 50, "a step makes many launches")
+  local kernels, gemm_flops, attn_flops = 0, 0, 0
+  for _, l in ipairs(list) do
+    if not l.name:find("^cu") then kernels = kernels + 1 end   -- cuBLASLt, cudaMemset/Memcpy are not our kernels
+    if l.cls == "gemm" then gemm_flops = gemm_flops + l.flops end
+    if l.cls == "attention" then attn_flops = attn_flops + l.flops end
+    T.truthy(l.bytes >= 0 and l.flops >= 0, l.name .. ": costs are non-negative")
+  end
+  if emulated() then T.eq(kernels, tonumber(c1.launches - c0.launches), "one record per kernel launch") end
+  -- forward + backward (dX, dW) = 3 x 2 multiply-adds per weight and row: encoder and pooler on all B*S rows
+  -- (pooler on B), MLM transform and tied decoder on the B*P gathered rows, NSP classifier on B rows.
+  local H, I, L, V = CFG.hidden_size, CFG.intermediate_size, CFG.num_hidden_layers, CFG.vocab_size
+  local want = 6 * (B * S * L * (4 * H * H + 2 * H * I) + B * H * H + B * P * (H * H + H * V) + B * H * 2)
+  T.eq(gemm_flops, want, "GEMM FLOPs of the step")
+  -- attention on the f32 SIMT kernels: S^2 d multiply-adds, 2 forward + 7 backward, per head, layer and sequence
+  T.eq(attn_flops, 2 * 9 * S * S * H * L * B, "attention FLOPs of the step")
+end)
+
+T.test("a dry run records the same launches as a real run (emulated device)", function()
+  need_gpu()
+  if not emulated() then T.skip("dry runs exist on the emulated device only") end
+  local m = bert.BertForPreTraining(CFG, { seed = 3 }):to{ device = "cuda:0", dtype = "bf16" }
+  m:train()
+  local bt = batch()
+  train_step(m, bt)()
+  local real = stepmodel.record(0, train_step(m, bt))
+  check(C.bl_cuda_dry_run(0, 1))
+  local ok, dry = pcall(stepmodel.record, 0, train_step(m, bt))
+  check(C.bl_cuda_dry_run(0, 0))
+  if not ok then error(dry, 0) end
+  T.eq(#dry, #real, "launch count")
+  for i = 1, #real do
+    local a, b = real[i], dry[i]
+    T.truthy(a.name == b.name and a.cls == b.cls and a.flops == b.flops and a.bytes == b.bytes,
+      ("launch %d: %s/%s vs %s/%s"):format(i, a.name, a.cls, b.name, b.cls))
+  end
+end)
+
+T.run()
