@@ -31,6 +31,7 @@ local opt = options.parse(arg, {
   { "lr", 2e-5, "peak learning rate" }, { "epochs", 3, "epochs" }, { "batch", 32, "sequences per step" },
   { "micro_batch", 0, "sequences per forward (0: = batch)" }, { "warmup", 0.1, "warmup proportion" },
   { "weight_decay", 0.01, "AdamW weight decay" }, { "eval_batch", 64, "sequences per forward when evaluating" },
+  { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)" },
   { "max_steps", 0, "stop training after this many steps (0: all)" },
   { "precision", "fp32", "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is emulated (f32 activations)" },
   { "seed", 42, "seed" }, { "threads", 0, "CPU threads (0: default)" },
@@ -124,7 +125,8 @@ end
 if opt.do_train then
   local rows = featurize(read("train", opt.train_file))
   trainer.fit{ model = model, n = #rows, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
-    lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
+    lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
+    max_steps = opt.max_steps, seed = opt.seed,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return batch_of(rows, idx, true) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })

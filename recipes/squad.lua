@@ -32,6 +32,7 @@ local opt = options.parse(arg, {
   { "lr", 3e-5, "peak learning rate" }, { "epochs", 2, "training epochs" },
   { "batch", 32, "sequences per optimizer step" }, { "micro_batch", 0, "sequences per forward (0: = batch)" },
   { "warmup", 0.1, "warmup proportion" }, { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)" },
+  { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)" },
   { "predict_batch", 32, "sequences per forward when predicting" },
   { "n_best", 20, "n-best spans per question" }, { "max_answer_length", 30, "longest answer in tokens" },
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
@@ -104,7 +105,8 @@ if opt.do_train then
   feat_opts.is_training = true
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   trainer.fit{ model = model, n = #feats, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
-    lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
+    lr = opt.lr, warmup = opt.warmup, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
+    max_steps = opt.max_steps, seed = opt.seed,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
