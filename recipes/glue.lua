@@ -37,6 +37,7 @@ local opt = options.parse(arg, {
     min = -1 },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 128)" },
   { "weight_decay", 0.01, "AdamW weight decay", min = 0 },
+  { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)", min = 0 },
   { "eval_batch", 64, "sequences per forward when evaluating", int = true, min = 1 },
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
   { "precision", "fp32",
@@ -142,7 +143,8 @@ if opt.do_train then
   local rows = featurize(read("train", opt.train_file))
   trainer.fit{ model = model, n = #rows, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
-    scaler = scaler_opts, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
+    scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
+    max_steps = opt.max_steps, seed = opt.seed,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return batch_of(rows, idx, true) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })

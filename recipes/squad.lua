@@ -40,6 +40,7 @@ local opt = options.parse(arg, {
     min = -1 },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 128)" },
   { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)", min = 0 },
+  { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)", min = 0 },
   { "predict_batch", 32, "sequences per forward when predicting", int = true, min = 1 },
   { "n_best", 20, "n-best spans per question", int = true, min = 1 },
   { "max_answer_length", 30, "longest answer in tokens", int = true, min = 1 },
@@ -122,7 +123,8 @@ if opt.do_train then
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   trainer.fit{ model = model, n = #feats, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
-    scaler = scaler_opts, weight_decay = opt.weight_decay, max_steps = opt.max_steps, seed = opt.seed,
+    scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
+    max_steps = opt.max_steps, seed = opt.seed,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })

@@ -93,6 +93,38 @@ T.test("every example once per epoch; lr of each step follows the linear schedul
   T.truthy(table.concat(order1, ",") ~= table.concat(order2, ","), "seeded order")
 end)
 
+-- One step over all 24 rows (so the shuffle cannot matter), no warmup, no
+-- decay: the update must be Adam's first step on the gradient clipped to
+-- max_grad_norm, computed here from the gradient of a separate
+-- forward/backward. A clip far below the gradient's norm shrinks g below
+-- eps, so the update depends on the clip (unclipped it would be ~lr*sign(g)).
+T.test("max_grad_norm clips the global gradient norm before the AdamW step; 0 = off", function()
+  local all = {}
+  for i = 1, #rows do all[i] = i end
+  local ref = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
+  local w0 = ref.flat_params:totable()
+  ref:train(); ref:zero_grad()
+  ref:forward(batch_of(all)); ref:backward(1)
+  local g = ref.flat_grads:totable()
+  local norm = 0
+  for i = 1, #g do norm = norm + g[i] * g[i] end
+  norm = math.sqrt(norm)
+  T.truthy(norm > 1e-3, "gradient norm " .. norm)
+  local lr, eps = 1e-2, 1e-6
+  for _, clip in ipairs({ 1e-7 * norm, 3e-6 * norm, 0 }) do
+    local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
+    trainer.fit{ model = m, n = #rows, batch = #rows, epochs = 1, lr = lr, warmup = 0, weight_decay = 0,
+      max_grad_norm = clip, seed = 4, make_batch = batch_of }
+    local w, want = m.flat_params:totable(), {}
+    local c = clip > 0 and math.min(1, clip / norm) or 1
+    for i = 1, #w0 do
+      local gi = g[i] * c
+      want[i] = w0[i] - lr * gi / (math.abs(gi) + eps)
+    end
+    T.near(w, want, 1e-3, lr * 1e-3, "clip " .. clip)
+  end
+end)
+
 T.test("the loss falls on a learnable toy task", function()
   local m = bert.BertForSequenceClassification(cfg, { seed = 9, num_labels = 2 })
   local log = tmp .. "/toy.jsonl"

@@ -1,6 +1,8 @@
 -- bertlua.train.loop: the fine-tuning loop shared by recipes/squad.lua and
--- recipes/glue.lua — AdamW (no decay on biases/LayerNorm), linear warmup and
--- decay, gradient accumulation, a shuffled epoch order from the seed, progress
+-- recipes/glue.lua — AdamW (no decay on biases/LayerNorm), global gradient-norm
+-- clipping at 1.0 (as Google's run_squad.py, NVIDIA's recipe and transformers'
+-- Trainer; max_grad_norm = 0 turns it off), linear warmup and decay,
+-- gradient accumulation, a shuffled epoch order from the seed, progress
 -- and JSON-lines logging; plus batched evaluation with latency percentiles.
 --
 --   local trainer = require "bertlua.train.loop"
@@ -31,12 +33,14 @@ function M.fit(o)
   print(("train: %d examples, %d steps (%d epochs x %d), batch %d = %d x %d"):format(o.n, total, o.epochs,
     steps_per_epoch, o.batch, micro, accum))
   local model = o.model
-  local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01 }
+  local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01,
+    max_grad_norm = o.max_grad_norm or 1.0 }
   local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_steps = o.warmup_steps,
     warmup_proportion = not o.warmup_steps and (o.warmup or 0.1) or nil }
   -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
   local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
-  local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "seq_per_s" }, config = o.config }
+  local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "grad_norm", "seq_per_s" },
+    config = o.config }
   local draw = rng(o.seed or 42)
   local order = {}
   for i = 1, o.n do order[i] = i end
@@ -62,10 +66,11 @@ function M.fit(o)
         error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
       end
       local lr = lr_at(adamw.step_count + 1)
-      local stepped = mp:step(adamw, lr)
+      local stepped, stats = mp:step(adamw, lr)
       if not stepped then skipped = skipped + 1 end
       last_loss = loss
-      log:step{ step = step, loss = loss, lr = lr, seq_per_s = o.batch / (logm.clock() - t0),
+      log:step{ step = step, loss = loss, lr = lr, grad_norm = stats and stats.grad_norm,
+        seq_per_s = o.batch / (logm.clock() - t0),
         loss_scale = mp.dtype == "f16" and mp:scale() or nil, skipped = not stepped or nil }
     end
   end
