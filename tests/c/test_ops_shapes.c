@@ -14,14 +14,6 @@
 #include <string.h>
 
 #include "check.h"
-#define OK(expr)                                                                  \
-  do {                                                                            \
-    int rc_ = (expr);                                                             \
-    if (rc_ != 0) {                                                               \
-      failures++;                                                                 \
-      printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, bl_last_error()); \
-    }                                                                             \
-  } while (0)
 
 static uint64_t rs = 0x2545F4914F6CDD1DULL;
 static float urand(void) {  /* non-zero values in +-[0.1, 1.1) */

@@ -11,15 +11,7 @@
 #include <unistd.h>
 
 static FILE *out;
-static int failures = 0;
-#define OK(expr)                                                                  \
-  do {                                                                            \
-    int rc_ = (expr);                                                             \
-    if (rc_ != 0) {                                                               \
-      failures++;                                                                 \
-      printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, bl_last_error()); \
-    }                                                                             \
-  } while (0)
+#include "check.h"
 
 static uint64_t st = 0x9E3779B97F4A7C15ULL;
 static float nz(void) {
