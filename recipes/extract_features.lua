@@ -20,6 +20,8 @@
 local bert = require "bertlua.bert"
 local options = require "bertlua.util.options"
 local ft = require "bertlua.tasks.common"
+local amp = require "bertlua.train.amp"
+local device = require "bertlua.train.device"
 
 local opt = options.parse(arg, {
   { "model", "", "model directory (config.json, model.safetensors, vocab.txt)" },
@@ -31,6 +33,8 @@ local opt = options.parse(arg, {
   { "vocab", "", "vocab.txt (default: the model directory's)" },
   { "do_lower_case", true, "lower-case and strip accents (uncased models)" },
   { "threads", 0, "CPU threads (0 = default)" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16 (on the CPU: weights rounded, activations f32)" },
+  device.OPTION,
 }, { name = "extract_features",
   usage = "bertlua recipes/extract_features.lua --model=DIR --input=FILE --output=FILE.jsonl [options]" })
 print("extract_features options:\n" .. options.show(opt))
@@ -41,6 +45,9 @@ if opt.model == "" or opt.input == "" or opt.output == "" then die("--model, --i
 if opt.max_seq_length < 3 then die("--max-seq-length must be at least 3") end
 if opt.batch < 1 or opt.batch % 1 ~= 0 then die("--batch must be an integer >= 1") end
 if opt.threads > 0 then require("bertlua").set_num_threads(opt.threads) end
+amp.check_precision("extract_features", opt.precision)
+local dev, dev_line = device.setup(opt, "extract_features")
+print(dev_line)
 
 local layers = {}
 for v in tostring(opt.layers):gmatch("[^,]+") do
@@ -81,6 +88,7 @@ do
 end
 
 local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
+device.inference_model(model, dev, opt.precision)
 local tok = require("bertlua.data.tokenizer").load(vocab, { lower = opt.do_lower_case })
 
 local examples = {}
@@ -94,7 +102,7 @@ end
 local tmp = opt.output .. ".tmp"
 local fout, oerr = io.open(tmp, "w")
 if not fout then die("cannot write " .. opt.output .. ": " .. tostring(oerr)) end
-bert.extract_features(model, examples, { layers = layers, batch = opt.batch }, function(_, line)
+bert.extract_features(model, examples, { layers = layers, batch = opt.batch, device = dev }, function(_, line)
   fout:write(line, "\n")
 end)
 fout:close()
