@@ -363,6 +363,24 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
 
 float inv_bc(int on, double beta, int64_t step) { return on ? (float)(1.0 / (1.0 - pow(beta, (double)step))) : 1.0f; }
 
+// The constants both Adam-family steps share (grad averaging on, trust ratio off).
+adam_k adam_consts(double b1, double b2, double eps, double wd, int bias_correction, int adam_w, int64_t step,
+                   double lr) {
+  adam_k k;
+  k.b1 = (float)b1;
+  k.b3 = (float)(1.0 - b1);
+  k.b2 = (float)b2;
+  k.b2c = (float)(1.0 - b2);
+  k.ibc1 = inv_bc(bias_correction, b1, step);
+  k.ibc2 = inv_bc(bias_correction, b2, step);
+  k.eps = (float)eps;
+  k.lr = (float)lr;
+  k.wd = (float)wd;
+  k.adam_w = adam_w != 0;
+  k.trust_all = 0;
+  return k;
+}
+
 }  // namespace
 
 extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
@@ -373,17 +391,9 @@ extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const 
   BL_CHECK(begin_step(&x, "lamb_step", ts, 4, seg, grad_scale, grad_norm, cfg->max_grad_norm, 2, false));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    adam_k k;
-    k.b1 = (float)cfg->beta1;
-    k.b3 = cfg->grad_averaging ? (float)(1.0 - cfg->beta1) : 1.0f;
-    k.b2 = (float)cfg->beta2;
-    k.b2c = (float)(1.0 - cfg->beta2);
-    k.ibc1 = inv_bc(cfg->bias_correction, cfg->beta1, step);
-    k.ibc2 = inv_bc(cfg->bias_correction, cfg->beta2, step);
-    k.eps = (float)cfg->eps;
-    k.lr = (float)lr;
-    k.wd = (float)cfg->weight_decay;
-    k.adam_w = cfg->adam_w_mode != 0;
+    adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->bias_correction,
+                           cfg->adam_w_mode, step, lr);
+    if (!cfg->grad_averaging) k.b3 = 1.0f;
     k.trust_all = cfg->use_nvlamb != 0;
     const chunk *ch = x.c->chunks.mem.as<chunk>();
     const step_state *st = x.c->state.mem.as<step_state>();
@@ -412,18 +422,8 @@ extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, cons
   BL_CHECK(begin_step(&x, "adamw_step", ts, 4, seg, grad_scale, grad_norm, global_max, 1, per_seg));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    adam_k k;
-    k.b1 = (float)cfg->beta1;
-    k.b3 = (float)(1.0 - cfg->beta1);
-    k.b2 = (float)cfg->beta2;
-    k.b2c = (float)(1.0 - cfg->beta2);
-    k.ibc1 = inv_bc(cfg->bias_correction, cfg->beta1, step);
-    k.ibc2 = inv_bc(cfg->bias_correction, cfg->beta2, step);
-    k.eps = (float)cfg->eps;
-    k.lr = (float)lr;
-    k.wd = (float)cfg->weight_decay;
-    k.adam_w = cfg->adam_w_mode != 0;
-    k.trust_all = 0;
+    const adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->bias_correction,
+                                 cfg->adam_w_mode, step, lr);
     const step_state *st = x.c->state.mem.as<step_state>();
     float *segmul = nullptr;
     if (per_seg) {

@@ -8,15 +8,10 @@
 --  - extract_features.lua: fp32 hidden states within 1e-4 absolute.
 -- Needs a CUDA device (the emulated one in CI); skipped otherwise.
 local T = require "testing"
-local bl = require "bertlua"
 local cjson = require "cjson"
-local syn = require "bertlua.data.synthetic"
 
-if bl.cuda_device_count() == 0 then T.skip("no CUDA device (the emulated build provides one)") end
-
-local exe, sh, tmp = T.exe(), T.sh, T.tmpdir()
-local world = syn.world{ seed = 8, countries = 12 }
-local n = require("tiny_vocab")(T, tmp, world)
+local setup = require("cuda_recipe_setup")(T, 8)
+local exe, sh, tmp, world, n = T.exe(), T.sh, setup.tmp, setup.world, setup.vocab_size
 T.tiny_model_dir(tmp .. "/cls", { head = "cls", seed = 4, vocab = tmp .. "/vocab.txt", config = { vocab_size = n } })
 local f = io.open(tmp .. "/in.jsonl", "w")
 local lines = {}

@@ -7,17 +7,13 @@
 -- test prints the question if one ever does).
 -- Needs a CUDA device (the emulated one in CI); skipped otherwise.
 local T = require "testing"
-local bl = require "bertlua"
 local cjson = require "cjson"
 local syn = require "bertlua.data.synthetic"
 
-if bl.cuda_device_count() == 0 then T.skip("no CUDA device (the emulated build provides one)") end
-
-local exe, sh, tmp = T.exe(), T.sh, T.tmpdir()
-local world = syn.world{ seed = 5, countries = 12 }
+local setup = require("cuda_recipe_setup")(T, 5)
+local exe, sh, tmp, world, n = T.exe(), T.sh, setup.tmp, setup.world, setup.vocab_size
 syn.write_squad(world, tmp .. "/train.json", { split = "train" })
 syn.write_squad(world, tmp .. "/dev.json", { split = "dev" })
-local n = require("tiny_vocab")(T, tmp, world)
 T.tiny_model_dir(tmp .. "/init", { head = "qa", seed = 3, vocab = tmp .. "/vocab.txt", config = { vocab_size = n } })
 
 local function squad(out, device)
