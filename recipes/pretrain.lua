@@ -251,6 +251,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
       mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
       loss_scale = mp:scale(), skipped = not stepped or nil, seq_per_s = s[6] / dt, step_time = dt }
+    if dev >= 0 then  -- totals since the start: allocations and host waits of the device
+      local k = bl.cuda_counters(dev)
+      rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
+    end
     if step % opt.log_every == 0 or step == ph.steps then log:step(rec) end
     if rec.loss ~= rec.loss then
       error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
