@@ -8,7 +8,9 @@
 -- "auto" (the recipes' default) is cuda:<local rank> when this build sees a
 -- GPU, else the CPU; "cuda" is cuda:<local rank>: under mpirun/srun each rank
 -- takes the GPU of its local rank, as NVIDIA's launcher does. "cuda:N" is
--- that device on every rank.
+-- that device on every rank. The environment variable BERTLUA_DEVICE, when
+-- set, replaces "auto" (the test suite sets it to cpu: its recipe tests run
+-- on the CPU on any machine unless they name a --device).
 local bl = require "bertlua"
 
 local M = {}
@@ -19,6 +21,7 @@ M.OPTION = { "device", "auto",
 -- pick(spec, recipe) -> -1 for the CPU or the cuda device index; a clear error
 -- naming the recipe when the device cannot be used.
 function M.pick(spec, recipe)
+  if spec == nil or spec == "auto" then spec = os.getenv("BERTLUA_DEVICE") or "auto" end
   local n = bl.cuda_device_count()
   if (spec == nil or spec == "auto") and n == 0 then return -1 end
   if spec == nil or spec == "auto" or (spec == "cuda" and n > 0) then return bl.local_rank() % n end
