@@ -76,19 +76,7 @@ T.test("SIGKILL mid-run, --resume: the same loss at every later step", function(
   local ref = losses(tmp .. "/ref")
   -- kill the run after its step-10 checkpoint appears (checkpoints every 5 steps)
   local kill_at = 7 + (os.time() % 15)   -- some step after the first checkpoint
-  os.execute(("(%s >/dev/null 2>&1 & echo $! > %s/pid)"):format(
-    fx.command(tmp .. "/killed", "--batch1=32 --micro-batch=32 --steps1=40"), tmp))
-  local pid = io.open(tmp .. "/pid"):read("*l")
-  local n = 0
-  for _ = 1, 2000 do
-    local l = io.open(tmp .. "/killed/log.jsonl")
-    n = 0
-    if l then for line in l:lines() do if line:find('"step":') then n = n + 1 end end; l:close() end
-    if n >= kill_at then break end
-    os.execute("sleep 0.02")
-  end
-  os.execute("kill -9 " .. pid)
-  os.execute("sleep 0.2")
+  local n = fx.kill_at(tmp .. "/killed", "--batch1=32 --micro-batch=32 --steps1=40", kill_at)
   T.truthy(n < 40, "the run was killed before it finished (at step " .. n .. ")")
   local out, rc2 = pretrain(tmp .. "/killed", "--batch1=32 --micro-batch=32 --steps1=40 --resume")
   T.eq(rc2, 0, out)

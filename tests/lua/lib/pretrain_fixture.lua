@@ -3,6 +3,7 @@
 -- 2-layer, hidden-64 model config.
 --   local fx = require("pretrain_fixture").make(T)
 --   fx.pretrain(out_dir, "--steps1=6 ...", launcher) -> output, exit code (fx.command: the command line)
+--   fx.kill_at(out_dir, extra, step) -> steps logged when the background run was SIGKILLed
 --   fx.losses(out_dir) -> { [step] = loss }
 local cjson = require "cjson"
 local syn = require "bertlua.data.synthetic"
@@ -35,6 +36,23 @@ function M.make(T)
       :format(launcher or "", exe, tmp, tmp, tmp, out, extra)
   end
   function fx.pretrain(out, extra, launcher) return sh(fx.command(out, extra, launcher)) end
+  -- kill_at(out, extra, step): starts the run in the background, SIGKILLs it
+  -- once its log has `step` step lines (or after 600 s); returns the number seen.
+  function fx.kill_at(out, extra, step)
+    os.execute(("(%s >/dev/null 2>&1 & echo $! > %s/pid)"):format(fx.command(out, extra), tmp))
+    local pid = io.open(tmp .. "/pid"):read("*l")
+    local n = 0
+    for _ = 1, 30000 do
+      local l = io.open(out .. "/log.jsonl")
+      n = 0
+      if l then for line in l:lines() do if line:find('"step":') then n = n + 1 end end; l:close() end
+      if n >= step then break end
+      os.execute("sleep 0.02")
+    end
+    os.execute("kill -9 " .. pid)
+    os.execute("sleep 0.2")
+    return n
+  end
   function fx.losses(out)
     local r = {}
     for line in io.lines(out .. "/log.jsonl") do
