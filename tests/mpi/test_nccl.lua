@@ -1,9 +1,10 @@
 -- Under `mpirun -np 2`: the NCCL path for CUDA tensors (src/dist/nccl.c) on
 -- cuda:0 of each rank. Runs on GPU machines and on the emulated device
 -- (-DBERTLUA_CUDA_EMU=ON: emulated NCCL over MPI); skipped without a device.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
-local C, ffi = bl.C, bl.ffi
+local core = require "bertlua.core"
+local C, ffi = core.C, core.ffi
 
 if not bl.cuda_available() then
   T.skip_all(bl.cuda_compiled() and "no CUDA device" or "no CUDA device (CPU-only build)")
@@ -43,7 +44,7 @@ T.test("broadcast from rank 1 on cuda:0", function()
 end)
 
 T.test("bucketed all-reduce mean of a CUDA gradient buffer", function()
-  local dist = require "bertlua.dist"
+  local dist = require "bertlua.train.dist"
   local t = bl.arange(10, { dtype = "f32" }):add(rank * 10):to("cuda:0")
   dist.all_reduce_mean(t, { bucket_elems = 3 })
   T.near(t:to("cpu"):tolist(), { 5, 6, 7, 8, 9, 10, 11, 12, 13, 14 })
