@@ -11,7 +11,7 @@
 local T = require "testing"
 local bl = require "bertlua"
 
-if bl.cuda_device_count() == 0 then T.skip("no CUDA device (the emulated build provides one)") end
+if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
 
 local fx = require("pretrain_fixture").make(T)
 local tmp, losses = fx.tmp, fx.losses

@@ -10,7 +10,7 @@ local bl = require "bertlua"
 local syn = require "bertlua.data.synthetic"
 
 return function(T, seed)
-  if bl.cuda_device_count() == 0 then T.skip("no CUDA device (the emulated build provides one)") end
+  if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
   local tmp = T.tmpdir()
   local world = syn.world{ seed = seed, countries = 12 }
   syn.write_corpus(world, tmp .. "/corpus", { copies = 1 })
