@@ -10,9 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-  printf(__VA_ARGS__); printf("\n"); } } while (0)
+#include "check.h"
 
 static uint64_t rng_state = 88172645463325252ull;
 static double urand(void) {  /* xorshift64*, uniform in [-1, 1) */

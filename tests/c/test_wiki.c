@@ -11,16 +11,7 @@
 #include "bertlua.h"
 #include "bl_corpus.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (!(cond)) {                                \
-      failures++;                                 \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-    }                                             \
-  } while (0)
+#include "check.h"
 
 static void clean_case(const char *in, const char *want, int flags) {
   char *out = NULL; size_t n = 0;

@@ -3,7 +3,7 @@
 local T = require "testing"
 local metrics = require "bertlua.tasks.metrics"
 local cjson = require "cjson"
-local rng = require("bertlua.data.synthetic").rng
+local rng = require "bertlua.util.rng"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 

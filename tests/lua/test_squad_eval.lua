@@ -5,7 +5,7 @@ local T = require "testing"
 local squad = require "bertlua.tasks.squad"
 local json = require "bertlua.util.json"
 local cjson = require "cjson"
-local rng = require("bertlua.data.synthetic").rng
+local rng = require "bertlua.util.rng"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 local EXE = (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua"
