@@ -17,27 +17,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bertlua.h"
+#include "check.h"
 
 #define N 20011
-static int fails = 0;
 static const int64_t OFF[3] = { 0, 17000, 17013 }, LEN[3] = { 17000, 13, 2990 }; /* 8 elements in no segment */
 static const uint8_t DEC[3] = { 1, 0, 1 };
 
-#define OK(expr)                                                                             \
-  do {                                                                                       \
-    int rc_ = (expr);                                                                        \
-    if (rc_) {                                                                               \
-      printf("FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, rc_, bl_last_error()); \
-      fails++;                                                                               \
-    }                                                                                        \
-  } while (0)
-#define EXPECT(cond, ...)          \
-  do {                             \
-    if (!(cond)) {                 \
-      printf("FAIL " __VA_ARGS__); \
-      printf("\n");                \
-      fails++;                     \
-    }                              \
+#define OK(expr)                                                  \
+  do {                                                            \
+    int rc_ = (expr);                                             \
+    CHECK(rc_ == 0, "%s -> %d: %s", #expr, rc_, bl_last_error()); \
   } while (0)
 
 typedef struct bufs {
@@ -81,7 +70,7 @@ static void close_(const char *what, const bl_tensor *ref, const bl_tensor *dev,
     double e = fabs((double)a[i] - b[i]);
     if (!(e <= atol + rtol * fabs(a[i]))) {
       printf("FAIL %s: element %lld cpu %.9g cuda %.9g\n", what, (long long)i, a[i], b[i]);
-      fails++;
+      failures++;
       break;
     }
   }
@@ -118,10 +107,10 @@ static void compare(const char *name, step_fn fn, const void *cfg, int given_nor
     bl_optim_stats sc, sd;
     OK(fn(cfg, &c, step, gc, &sc));
     OK(fn(cfg, &d, step, gd, &sd));
-    EXPECT(fabs(sc.grad_norm - sd.grad_norm) <= 1e-12 * sc.grad_norm && fabs(sc.clip_coef - sd.clip_coef) <= 1e-12 &&
-               sc.nonfinite == 0 && sd.nonfinite == 0,
-           "%s step %lld: stats cpu (%.17g, %.17g) cuda (%.17g, %.17g)", name, (long long)step, sc.grad_norm,
-           sc.clip_coef, sd.grad_norm, sd.clip_coef);
+    CHECK(fabs(sc.grad_norm - sd.grad_norm) <= 1e-12 * sc.grad_norm && fabs(sc.clip_coef - sd.clip_coef) <= 1e-12 &&
+              sc.nonfinite == 0 && sd.nonfinite == 0,
+          "%s step %lld: stats cpu (%.17g, %.17g) cuda (%.17g, %.17g)", name, (long long)step, sc.grad_norm,
+          sc.clip_coef, sd.grad_norm, sd.clip_coef);
   }
   char what[96];
   snprintf(what, sizeof what, "%s params", name);
@@ -197,18 +186,18 @@ static void test_norm_unscale(void) {
   want = sqrt(want);
   int bad = -1;
   OK(bl_grad_global_norm(d, &got, &bad));
-  EXPECT(fabs(got - want) <= 1e-12 * want && bad == 0, "global norm %.17g, expected %.17g (nonfinite %d)", got, want,
-         bad);
+  CHECK(fabs(got - want) <= 1e-12 * want && bad == 0, "global norm %.17g, expected %.17g (nonfinite %d)", got, want,
+        bad);
   OK(bl_unscale_check(d, 0.5, &bad));
   OK(bl_unscale_check(c, 0.5, &bad));
   close_("unscale", c, d, 0, 0);
-  EXPECT(bad == 0, "unscale_check: false positive");
+  CHECK(bad == 0, "unscale_check: false positive");
   ((float *)c->data)[N - 1] = NAN;
   OK(bl_tensor_copy(d, c));
   OK(bl_unscale_check(d, 0.5, &bad));
-  EXPECT(bad == 1, "unscale_check missed a NaN");
+  CHECK(bad == 1, "unscale_check missed a NaN");
   OK(bl_grad_global_norm(d, &got, &bad));
-  EXPECT(bad == 1, "global norm missed a NaN");
+  CHECK(bad == 1, "global norm missed a NaN");
   bl_tensor_free(c);
   bl_tensor_free(d);
 }
@@ -227,9 +216,9 @@ static void test_nonfinite(void) {
   for (int given = 0; given < 2; given++) {
     bl_optim_stats st;
     int rc = lamb(&l, &d, 1, given ? NAN : -1, &st);
-    EXPECT(rc == BL_EINVAL && strstr(bl_last_error(), "non-finite gradient") && st.nonfinite == 1,
-           "non-finite %s: rc %d nonfinite %d (%s)", given ? "given norm" : "gradient", rc, st.nonfinite,
-           bl_last_error());
+    CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "non-finite gradient") && st.nonfinite == 1,
+          "non-finite %s: rc %d nonfinite %d (%s)", given ? "given norm" : "gradient", rc, st.nonfinite,
+          bl_last_error());
     close_("params after a non-finite step", w0, d.w, 0, 0);
     close_("moment 1 after a non-finite step", m0, d.m, 0, 0);
   }
@@ -254,13 +243,13 @@ static void test_counters(void) {
   for (int64_t step = 5; step <= 7; step++) OK(lamb(&l, &d, step, 0.3, NULL));
   OK(bl_cuda_synchronize(0));
   OK(bl_cuda_counters(0, &e));
-  EXPECT(b.mallocs == a.mallocs && b.frees == a.frees && e.mallocs == a.mallocs,
-         "allocations after step 1: %lld mallocs, %lld frees", (long long)(e.mallocs - a.mallocs),
-         (long long)(e.frees - a.frees));
-  EXPECT(b.syncs - a.syncs == 3, "3 steps computing their norm synchronised %lld times (want 3)",
-         (long long)(b.syncs - a.syncs));
-  EXPECT(e.syncs - b.syncs == 1, "3 steps with a given norm + 1 explicit sync synchronised %lld times (want 1)",
-         (long long)(e.syncs - b.syncs));
+  CHECK(b.mallocs == a.mallocs && b.frees == a.frees && e.mallocs == a.mallocs,
+        "allocations after step 1: %lld mallocs, %lld frees", (long long)(e.mallocs - a.mallocs),
+        (long long)(e.frees - a.frees));
+  CHECK(b.syncs - a.syncs == 3, "3 steps computing their norm synchronised %lld times (want 3)",
+        (long long)(b.syncs - a.syncs));
+  CHECK(e.syncs - b.syncs == 1, "3 steps with a given norm + 1 explicit sync synchronised %lld times (want 1)",
+        (long long)(e.syncs - b.syncs));
   release(&c);
   release(&d);
 }
@@ -271,10 +260,10 @@ static void test_mixed(void) {
   bl_lamb_config l;
   bl_lamb_config_default(&l);
   int rc = bl_lamb_step(&l, d.w, c.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
-  EXPECT(rc != 0 && strstr(bl_last_error(), "different devices"), "mixed devices accepted (rc %d: %s)", rc,
-         bl_last_error());
+  CHECK(rc != 0 && strstr(bl_last_error(), "different devices"), "mixed devices accepted (rc %d: %s)", rc,
+        bl_last_error());
   rc = bl_unscale_to_f32(d.w, d.g, 1.0, NULL);
-  EXPECT(rc == BL_EUNSUPPORTED, "unscale_to_f32 on cuda: rc %d (%s)", rc, bl_last_error());
+  CHECK(rc == BL_EUNSUPPORTED, "unscale_to_f32 on cuda: rc %d (%s)", rc, bl_last_error());
   release(&c);
   release(&d);
 }
@@ -289,8 +278,8 @@ int main(void) {
   test_nonfinite();
   test_counters();
   test_mixed();
-  if (fails) {
-    printf("%d failures\n", fails);
+  if (failures) {
+    printf("%d failures\n", failures);
     return 1;
   }
   printf("ok\n");
