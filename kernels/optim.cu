@@ -1,28 +1,32 @@
-// Multi-tensor optimizers over flat f32 buffers (contracts in
-// src/device/cuda_ops.h): NVLAMB and AdamW with a segment table, fused
-// unscale + inf/NaN check, and flat casts.
+// CUDA twins of the flat-buffer optimizers of src/optim/ (contract in
+// src/bl_optim.h; the CPU entry points check the arguments and dispatch here):
+// LAMB, AdamW / BertAdam, SGD, the global gradient norm and the fused
+// unscale + inf/NaN check.
 //
-// Work decomposition: every segment is cut into fixed chunks of kChunk
-// elements; one block (256 threads) processes one chunk and never crosses a
-// segment, so per-segment quantities need no search. Norms are two-stage and
-// deterministic: each chunk writes its partial sum (block tree, double) to a
-// slot, and a second kernel adds the slots of a segment (or of the whole
-// buffer) in chunk order.
+// Work decomposition: as on the CPU, every segment is cut into chunks of
+// kChunk (= OPT_CHUNK) elements that never cross a segment; one block of
+// kThreads threads processes one chunk. Norms are two-stage and deterministic:
+// every chunk writes its f64 partial to a slot, a second kernel adds the slots
+// in chunk order.
 //
-// The contract is the CPU optimizers' (src/bl_optim.h): grad_scale
-// multiplies the gradients, and a non-finite global norm fails the step with
-// BL_EINVAL before anything is written. The step state ({norm, gradient
-// multiplier, non-finite}) lives on the device: on a non-finite norm every
-// kernel after the norm returns without writing, and the one synchronisation
-// at the end reads the flag to return the error.
+// Per-device state lives in opt_cache: the chunk table of the last segment
+// layout (uploaded again only when the layout changes) and scratch that only
+// grows, so a training loop allocates on its first step and never after.
+// The step state {norm, multiplier, skip} stays on the device: on a non-finite
+// norm every later kernel returns without writing. The host reads it back
+// (one synchronisation) only when it computed the norm itself, to return the
+// CPU contract's error; with a caller-supplied norm a step queues its kernels
+// and returns without synchronising.
 #include "common.cuh"
-#include <algorithm>
+#include <math.h>
+#include <string.h>
 #include <vector>
 
 namespace {
 
-const int64_t kChunk = 8192;
+const int64_t kChunk = 16384;
 const int kThreads = 256;
+const int kMaxDevices = 64;
 
 struct chunk {
   int64_t start, len;
@@ -31,12 +35,80 @@ struct chunk {
 
 struct step_state {
   double norm;   // ||grad_scale * g||
-  float gmul;    // grad_scale / clip: the multiplier of every gradient element
+  double clip;   // global clipping divisor (1 = none)
+  float gmul;    // grad_scale / clip
   int skip;      // non-finite gradients: nothing is written
 };
 
-// partial[c] = grad_scale^2 * sum over chunk c of g^2 (in f64, as the CPU's opt_sumsq)
-__global__ void sq_partial(const float *g, const chunk *ch, double grad_scale, double *partial) {
+// A device buffer that is reallocated only when a larger one is needed.
+struct grow_mem {
+  cu_mem mem;
+  size_t cap = 0;
+  int need(const char *op, int dev, size_t bytes) {
+    if (bytes <= cap && mem.p) return 0;
+    cap = bytes > 2 * cap ? bytes : 2 * cap;
+    return mem.alloc(op, dev, cap);
+  }
+};
+
+struct opt_cache {
+  std::vector<int64_t> off, len;
+  std::vector<uint8_t> dec;
+  bool valid = false;
+  int64_t nchunk = 0;
+  std::vector<int64_t> seg_first;   // host copy: first chunk of each segment, [count] = nchunk
+  grow_mem chunks, seg_first_d, state, part, ratio, flag;
+};
+
+opt_cache *g_cache[kMaxDevices];
+
+int cache_for(const char *op, int dev, opt_cache **out) {
+  if (dev >= kMaxDevices) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: at most %d devices", op, dev, kMaxDevices);
+  if (!g_cache[dev]) g_cache[dev] = new (std::nothrow) opt_cache;
+  if (!g_cache[dev]) return bl_set_error(BL_ENOMEM, "%s: out of host memory", op);
+  *out = g_cache[dev];
+  return 0;
+}
+
+// The chunk table of seg on the device; uploaded only when the layout differs from the last call's.
+int plan_segments(const char *op, int dev, const bl_optim_segments *seg, opt_cache *c) {
+  const int32_t n = seg->count;
+  std::vector<uint8_t> dec(n);
+  for (int32_t s = 0; s < n; s++) dec[s] = !seg->decay || seg->decay[s];
+  const size_t bytes = (size_t)n * sizeof(int64_t);
+  if (c->valid && (int32_t)c->off.size() == n && c->dec == dec &&
+      (n == 0 || (!memcmp(c->off.data(), seg->offset, bytes) && !memcmp(c->len.data(), seg->length, bytes))))
+    return 0;
+  c->valid = false;
+  std::vector<chunk> ch;
+  c->seg_first.assign(n + 1, 0);
+  for (int32_t s = 0; s < n; s++) {
+    c->seg_first[s] = (int64_t)ch.size();
+    for (int64_t o = 0; o < seg->length[s]; o += kChunk)
+      ch.push_back(chunk{seg->offset[s] + o, seg->length[s] - o < kChunk ? seg->length[s] - o : kChunk, s, dec[s]});
+  }
+  c->seg_first[n] = (int64_t)ch.size();
+  if ((int64_t)ch.size() > INT32_MAX) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: buffer too large", op, dev);
+  c->nchunk = (int64_t)ch.size();
+  BL_CHECK(c->chunks.need(op, dev, (ch.size() + 1) * sizeof(chunk)));
+  BL_CHECK(c->seg_first_d.need(op, dev, c->seg_first.size() * sizeof(int64_t)));
+  cudaStream_t s = cu_stream(dev);
+  cu_cost_call(dev, "host copy", "cudaMemcpyAsync h2d", BL_ENGINE_PCIE, 0,
+               (double)(ch.size() * sizeof(chunk) + c->seg_first.size() * sizeof(int64_t)));
+  if (!ch.empty())
+    CU_TRY(op, dev, cudaMemcpyAsync(c->chunks.mem.p, ch.data(), ch.size() * sizeof(chunk), cudaMemcpyHostToDevice, s));
+  CU_TRY(op, dev, cudaMemcpyAsync(c->seg_first_d.mem.p, c->seg_first.data(), c->seg_first.size() * sizeof(int64_t),
+                                  cudaMemcpyHostToDevice, s));
+  CU_TRY(op, dev, cudaStreamSynchronize(s));   // pageable sources: complete before the vectors change
+  c->off.assign(seg->offset, seg->offset + n);
+  c->len.assign(seg->length, seg->length + n);
+  c->dec = dec;
+  c->valid = true;
+  return 0;
+}
+
+// part[c] = grad_scale^2 * sum over chunk c of g^2, in f64 as the CPU's opt_sumsq.
+__global__ void sq_partial(const float *g, const chunk *ch, double grad_scale, double *part) {
   __shared__ double sh[32];
   const chunk c = ch[blockIdx.x];
   double acc = 0.0;
@@ -45,105 +117,169 @@ __global__ void sq_partial(const float *g, const chunk *ch, double grad_scale, d
     acc += x * x;
   }
   acc = cu_block_sum_d(acc, sh);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc * grad_scale * grad_scale;
+  if (threadIdx.x == 0) part[blockIdx.x] = acc * grad_scale * grad_scale;
 }
 
-__global__ void norm_final(const double *partial, int64_t n, double max_norm, double grad_scale, step_state *st) {
+// The step state from the partials (given < 0) or from the caller's norm.
+__global__ void norm_final(const double *part, int64_t n, double given, double max_norm, double grad_scale,
+                           step_state *st) {
   __shared__ double sh[32];
   double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];   // fixed partition
+  if (given < 0)
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];   // fixed partition
   acc = cu_block_sum_d(acc, sh);
   if (threadIdx.x == 0) {
-    double nrm = sqrt(acc), clip = (max_norm > 0.0 && nrm > max_norm) ? nrm / max_norm : 1.0;
+    double nrm = given < 0 ? sqrt(acc) : given;
+    double clip = (max_norm > 0.0 && nrm > max_norm) ? nrm / max_norm : 1.0;
     st->norm = nrm;
+    st->clip = clip;
     st->skip = !isfinite(nrm);
     st->gmul = (float)(grad_scale / clip);
   }
 }
 
-struct adam_hyper {
-  float lr, b1, b2, eps, wd, bc1, bc2;
+// Per-segment sums of chunk partials (one block per segment, chunk order):
+// LAMB's trust ratio from ||w||^2, ||u||^2, or BertAdam's per-segment clip.
+struct ratio_args {
+  double lr, max_weight_norm, max_trust_ratio, max_grad_norm, grad_scale;
+  int lamb;
 };
 
-__device__ __forceinline__ float lamb_update(float m, float v, float p, int decay, const adam_hyper &hp) {
-  float u = (m / hp.bc1) / (sqrtf(v / hp.bc2) + hp.eps);
-  if (decay) u += hp.wd * p;
-  return u;
-}
-
-// The Adam moments of element i from its scaled gradient gi, stored and returned.
-__device__ __forceinline__ void adam_moments(float *m, float *v, int64_t i, float gi, const adam_hyper &hp, float *mi,
-                                             float *vi) {
-  *mi = hp.b1 * m[i] + (1.0f - hp.b1) * gi;
-  *vi = hp.b2 * v[i] + (1.0f - hp.b2) * gi * gi;
-  m[i] = *mi;
-  v[i] = *vi;
-}
-
-// Moments update and per-chunk ||p||^2, ||u||^2.
-__global__ void lamb_moments(const float *p, const float *g, float *m, float *v, const chunk *ch, adam_hyper hp,
-                             const step_state *st, double *pn, double *un) {
+__global__ void seg_ratio(const double *pw, const double *pu, const int64_t *seg_first, ratio_args a,
+                          const step_state *st, float *ratio) {
   __shared__ double sh[32];
   if (st->skip) return;   // uniform
-  const chunk c = ch[blockIdx.x];
-  const float gs = st->gmul;
-  double ap = 0.0, au = 0.0;
-  for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
-    const int64_t i = c.start + k;
-    float mi, vi;
-    adam_moments(m, v, i, g[i] * gs, hp, &mi, &vi);
-    const float u = lamb_update(mi, vi, p[i], c.decay, hp);
-    ap += (double)p[i] * (double)p[i];
-    au += (double)u * (double)u;
+  const int s = blockIdx.x;
+  double sw = 0.0, su = 0.0;
+  for (int64_t c = seg_first[s] + threadIdx.x; c < seg_first[s + 1]; c += blockDim.x) {
+    sw += pw[c];
+    if (a.lamb) su += pu[c];
   }
-  ap = cu_block_sum_d(ap, sh);
-  au = cu_block_sum_d(au, sh);
-  if (threadIdx.x == 0) { pn[blockIdx.x] = ap; un[blockIdx.x] = au; }
+  sw = cu_block_sum_d(sw, sh);
+  su = cu_block_sum_d(su, sh);
+  if (threadIdx.x != 0) return;
+  if (a.lamb) {
+    double wn = sqrt(sw), un = sqrt(su);
+    if (a.max_weight_norm > 0 && wn > a.max_weight_norm) wn = a.max_weight_norm;
+    double t = (wn > 0 && un > 0) ? wn / un : 1.0;
+    if (a.max_trust_ratio > 0 && t > a.max_trust_ratio) t = a.max_trust_ratio;
+    ratio[s] = (float)(a.lr * t);
+  } else {
+    double coef = a.max_grad_norm / (sqrt(sw) + 1e-6);   // torch.nn.utils.clip_grad_norm_
+    ratio[s] = (float)(a.grad_scale * (coef < 1 ? coef : 1.0));
+  }
 }
 
-// One block per segment: trust ratio from its chunks' partials (in order).
-__global__ void lamb_ratio(const double *pn, const double *un, const int64_t *seg_first, const int64_t *seg_count,
-                           const int32_t *seg_decay, int trust_all, const step_state *st, float *ratio) {
+// Constants of the Adam family, as the CPU's lamb_k / adam_k (f32 element math).
+struct adam_k {
+  float b1, b3, b2, b2c, ibc1, ibc2, eps, lr, wd;
+  int adam_w, trust_all;
+};
+
+// Moments of element i from its multiplied gradient; returns sqrt(v^).
+__device__ __forceinline__ float adam_moments(const adam_k &k, float w, float g, float gm, float wdl, float *m,
+                                              float *v) {
+  float gi = g * gm + wdl * w;
+  float mi = k.b1 * *m + k.b3 * gi;
+  float vi = k.b2 * *v + k.b2c * gi * gi;
+  *m = mi;
+  *v = vi;
+  return sqrtf(vi * k.ibc2);
+}
+
+__device__ __forceinline__ bool lamb_trust(const adam_k &k, int decay) { return k.trust_all || (decay && k.wd != 0); }
+
+// LAMB pass 1: moments; f64 ||w||^2, ||u||^2 per chunk for segments with a
+// trust ratio, the whole step for the others.
+__global__ void lamb_moments(float *w, const float *g, float *m, float *v, const chunk *ch, adam_k k,
+                             const step_state *st, double *pw, double *pu) {
   __shared__ double sh[32];
   if (st->skip) return;
-  const int s = blockIdx.x;
-  double ap = 0.0, au = 0.0;
-  for (int64_t k = threadIdx.x; k < seg_count[s]; k += blockDim.x) { ap += pn[seg_first[s] + k]; au += un[seg_first[s] + k]; }
-  ap = cu_block_sum_d(ap, sh);
-  au = cu_block_sum_d(au, sh);
-  if (threadIdx.x == 0) {
-    double wn = sqrt(ap), unn = sqrt(au);
-    float r = 1.0f;
-    if ((trust_all || seg_decay[s]) && wn > 0.0 && unn > 0.0) r = (float)(wn / unn);
-    ratio[s] = r;
+  const chunk c = ch[blockIdx.x];
+  const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f;
+  const float wdw = k.adam_w ? wd : 0.0f, wdl = k.adam_w ? 0.0f : wd;
+  const bool trust = lamb_trust(k, c.decay);
+  double aw = 0.0, au = 0.0;
+  for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
+    const int64_t i = c.start + j;
+    float mi = m[i], vi = v[i];
+    const float den = adam_moments(k, w[i], g[i], gm, wdl, &mi, &vi);
+    m[i] = mi;
+    v[i] = vi;
+    const float u = (mi * k.ibc1) / (den + k.eps) + wdw * w[i];
+    if (trust) {
+      aw += (double)w[i] * w[i];
+      au += (double)u * u;
+    } else {
+      w[i] -= k.lr * u;
+    }
   }
+  if (!trust) return;   // uniform over the block
+  aw = cu_block_sum_d(aw, sh);
+  au = cu_block_sum_d(au, sh);
+  if (threadIdx.x == 0) { pw[blockIdx.x] = aw; pu[blockIdx.x] = au; }
 }
 
-__global__ void lamb_apply(float *p, const float *m, const float *v, const chunk *ch, adam_hyper hp, const step_state *st,
+// LAMB pass 2: u again from the stored moments and the old w, times lr * trust.
+__global__ void lamb_apply(float *w, const float *m, const float *v, const chunk *ch, adam_k k, const step_state *st,
                            const float *ratio) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float step = hp.lr * ratio[c.seg];
-  for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
-    const int64_t i = c.start + k;
-    p[i] -= step * lamb_update(m[i], v[i], p[i], c.decay, hp);
+  if (!lamb_trust(k, c.decay)) return;
+  const float r = ratio[c.seg], wdw = k.adam_w && c.decay ? k.wd : 0.0f;
+  for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
+    const int64_t i = c.start + j;
+    const float den = sqrtf(v[i] * k.ibc2);
+    w[i] -= r * ((m[i] * k.ibc1) / (den + k.eps) + wdw * w[i]);
   }
 }
 
-__global__ void adamw_apply(float *p, const float *g, float *m, float *v, const chunk *ch, adam_hyper hp,
-                            const step_state *st) {
+// AdamW / BertAdam: segmul (per-segment clip) replaces the global multiplier when given.
+__global__ void adamw_apply(float *w, const float *g, float *m, float *v, const chunk *ch, adam_k k,
+                            const step_state *st, const float *segmul) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gs = st->gmul;
-  const float step = hp.lr / hp.bc1, sbc2 = sqrtf(hp.bc2), shrink = 1.0f - hp.lr * hp.wd;
-  for (int64_t k = threadIdx.x; k < c.len; k += blockDim.x) {
-    const int64_t i = c.start + k;
-    float mi, vi;
-    adam_moments(m, v, i, g[i] * gs, hp, &mi, &vi);
-    float pi = p[i];
-    if (c.decay) pi *= shrink;
-    p[i] = pi - step * mi / (sqrtf(vi) / sbc2 + hp.eps);
+  const float gm = segmul ? segmul[c.seg] : st->gmul, wd = c.decay ? k.wd : 0.0f;
+  const float wdw = k.adam_w ? wd : 0.0f, wdl = k.adam_w ? 0.0f : wd;
+  for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
+    const int64_t i = c.start + j;
+    float mi = m[i], vi = v[i];
+    const float den = adam_moments(k, w[i], g[i], gm, wdl, &mi, &vi);
+    m[i] = mi;
+    v[i] = vi;
+    w[i] -= k.lr * ((mi * k.ibc1) / (den + k.eps) + wdw * w[i]);
   }
+}
+
+struct sgd_k {
+  float lr, mu, damp, wd;
+  int mom, first, nesterov;
+};
+
+__global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch, sgd_k k, const step_state *st) {
+  if (st->skip) return;
+  const chunk c = ch[blockIdx.x];
+  const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f;
+  for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
+    const int64_t i = c.start + j;
+    float d = g[i] * gm + wd * w[i];
+    if (k.mom) {
+      float b = k.first ? d : k.mu * buf[i] + k.damp * d;
+      buf[i] = b;
+      d = k.nesterov ? d + k.mu * b : b;
+    }
+    w[i] -= k.lr * d;
+  }
+}
+
+// f64 sum of squares of fixed kChunk slices of a whole buffer (bl_grad_global_norm).
+__global__ void sq_partial_flat(const float *g, int64_t n, double *part) {
+  __shared__ double sh[32];
+  const int64_t s = blockIdx.x * kChunk, e = s + kChunk < n ? s + kChunk : n;
+  double acc = 0.0;
+  for (int64_t i = s + threadIdx.x; i < e; i += blockDim.x) acc += (double)g[i] * g[i];
+  acc = cu_block_sum_d(acc, sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 
 __global__ void unscale_kernel(float *g, int64_t n, float s, int *flag) {
@@ -156,196 +292,236 @@ __global__ void unscale_kernel(float *g, int64_t n, float s, int *flag) {
   if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(flag, 1);
 }
 
-int check_flat(const char *op, const bl_tensor *t, const char *name, int64_t n) {
-  if (!t) return bl_set_error(BL_EINVAL, "%s: %s is NULL", op, name);
-  BL_CHECK(bl_tensor_check(t, op));
-  if (t->dtype != BL_F32 || !cu_is_contig(t) || t->numel != n) {
-    char s[128];
-    return bl_set_error(BL_EINVAL, "%s: %s must be a contiguous f32 buffer of %lld elements, got %s %s", op, name, (long long)n,
-                        bl_dtype_name(t->dtype), BL_SHAPE(t, s));
-  }
-  return 0;
-}
-
-// Everything both optimizers share: the device, checks, the chunk table on the device, the global norm.
-struct plan {
-  cu_mem chunks, seg_first, seg_count, seg_dec, state, partial;
-  int64_t nchunk = 0;
-  adam_hyper hp;
+// Everything one optimizer step needs before its update kernels.
+struct step_ctx {
+  const char *op;
+  int dev;
+  cudaStream_t s;
+  opt_cache *c;
+  bool computed;   // the norm is computed here (the host must read the state back)
+  double grad_norm;
 };
 
-// *dev_out gets the device of the four tensors (found first, as the ops do).
-int prepare(const char *op, int *dev_out, const bl_tensor *param, const bl_tensor *grad, const bl_tensor *m,
-            const bl_tensor *v, const int64_t *seg_offset, const int64_t *seg_length, const uint8_t *seg_decay, int nseg,
-            double lr, double beta1, double beta2, double eps, double wd, int64_t step, double grad_scale,
-            double max_grad_norm, plan *pl) {
-  const bl_tensor *ts[] = {param, grad, m, v};
-  BL_CHECK(cu_device(op, 4, ts, dev_out));
-  const int dev = *dev_out;
-  int64_t n = param->numel;
-  BL_CHECK(check_flat(op, param, "param", n));
-  BL_CHECK(check_flat(op, grad, "grad", n));
-  BL_CHECK(check_flat(op, m, "exp_avg", n));
-  BL_CHECK(check_flat(op, v, "exp_avg_sq", n));
-  if (nseg < 0 || (nseg > 0 && (!seg_offset || !seg_length || !seg_decay)))
-    return bl_set_error(BL_EINVAL, "%s: segment table is missing (%d segments)", op, nseg);
-  if (step < 1) return bl_set_error(BL_EINVAL, "%s: step must be >= 1, got %lld", op, (long long)step);
-  if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
-    return bl_set_error(BL_EINVAL, "%s: betas (%g, %g) must be in [0, 1)", op, beta1, beta2);
-  if (!(eps > 0) || !isfinite(lr) || !isfinite(wd) || !(grad_scale > 0) || !isfinite(grad_scale))
-    return bl_set_error(BL_EINVAL, "%s: need eps > 0, finite lr/weight_decay and grad_scale > 0 (eps %g, lr %g, wd %g, scale %g)",
-                        op, eps, lr, wd, grad_scale);
-  std::vector<int> order(nseg);
-  for (int s = 0; s < nseg; s++) {
-    order[s] = s;
-    if (seg_offset[s] < 0 || seg_length[s] < 0 || seg_offset[s] > n - seg_length[s])
-      return bl_set_error(BL_EINVAL, "%s: segment %d [%lld, +%lld) is outside the %lld-element buffer", op, s,
-                          (long long)seg_offset[s], (long long)seg_length[s], (long long)n);
-  }
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return seg_offset[a] < seg_offset[b]; });
-  for (int k = 1; k < nseg; k++) {
-    int a = order[k - 1], b = order[k];
-    if (seg_length[a] > 0 && seg_length[b] > 0 && seg_offset[a] + seg_length[a] > seg_offset[b])
-      return bl_set_error(BL_EINVAL, "%s: segments %d and %d overlap", op, a, b);
-  }
-  std::vector<chunk> ch;
-  std::vector<int64_t> first(nseg > 0 ? nseg : 1), count(nseg > 0 ? nseg : 1);
-  std::vector<int32_t> dec(nseg > 0 ? nseg : 1);
-  for (int s = 0; s < nseg; s++) {
-    first[s] = (int64_t)ch.size();
-    for (int64_t o = 0; o < seg_length[s]; o += kChunk)
-      ch.push_back(chunk{seg_offset[s] + o, std::min(kChunk, seg_length[s] - o), s, seg_decay[s] != 0});
-    count[s] = (int64_t)ch.size() - first[s];
-    dec[s] = seg_decay[s] != 0;
-  }
-  pl->nchunk = (int64_t)ch.size();
-  if (pl->nchunk > INT32_MAX) return bl_set_error(BL_EUNSUPPORTED, "%s: buffer too large", op);
-  BL_CHECK(pl->chunks.alloc(op, dev, ch.size() * sizeof(chunk)));
-  BL_CHECK(pl->seg_first.alloc(op, dev, first.size() * sizeof(int64_t)));
-  BL_CHECK(pl->seg_count.alloc(op, dev, count.size() * sizeof(int64_t)));
-  BL_CHECK(pl->seg_dec.alloc(op, dev, dec.size() * sizeof(int32_t)));
-  BL_CHECK(pl->state.alloc(op, dev, sizeof(step_state)));
-  BL_CHECK(pl->partial.alloc(op, dev, (size_t)(pl->nchunk ? pl->nchunk : 1) * sizeof(double)));
-  cudaStream_t s = cu_stream(dev);
-  // Pageable sources: cudaMemcpyAsync stages them before returning, so the vectors may die after.
-  cu_cost_call(dev, "host copy", "cudaMemcpyAsync h2d", BL_ENGINE_PCIE, 0,
-               (double)(ch.size() * sizeof(chunk) + nseg * (2 * sizeof(int64_t) + sizeof(int32_t))));
-  if (!ch.empty()) CU_TRY(op, dev, cudaMemcpyAsync(pl->chunks.p, ch.data(), ch.size() * sizeof(chunk), cudaMemcpyHostToDevice, s));
-  CU_TRY(op, dev, cudaMemcpyAsync(pl->seg_first.p, first.data(), first.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
-  CU_TRY(op, dev, cudaMemcpyAsync(pl->seg_count.p, count.data(), count.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
-  CU_TRY(op, dev, cudaMemcpyAsync(pl->seg_dec.p, dec.data(), dec.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  CU_TRY(op, dev, cudaStreamSynchronize(s));   // the table copies must complete before the host vectors go away
-  if (pl->nchunk > 0) {
-    cu_cost_kernel(dev, "optimizer", "sq_partial", 4.0 * n + 8.0 * pl->nchunk);
-    sq_partial<<<(unsigned)pl->nchunk, kThreads, 0, s>>>(grad->data ? (const float *)grad->data : nullptr,
-                                                         pl->chunks.as<chunk>(), grad_scale, pl->partial.as<double>());
-    BL_CHECK(cu_launched(op, dev));
-  }
-  cu_cost_kernel(dev, "optimizer", "norm_final", 8.0 * pl->nchunk + sizeof(step_state));
-  norm_final<<<1, kThreads, 0, s>>>(pl->partial.as<double>(), pl->nchunk, max_grad_norm, grad_scale,
-                                    pl->state.as<step_state>());
-  BL_CHECK(cu_launched(op, dev));
-  adam_hyper &hp = pl->hp;
-  hp.lr = (float)lr; hp.b1 = (float)beta1; hp.b2 = (float)beta2; hp.eps = (float)eps; hp.wd = (float)wd;
-  hp.bc1 = (float)(1.0 - pow(beta1, (double)step));
-  hp.bc2 = (float)(1.0 - pow(beta2, (double)step));
+int flat_ptr(const char *op, const bl_tensor *t, const char *name, int64_t n) {
+  if (!t || t->dtype != BL_F32 || !cu_is_contig(t) || t->numel != n)
+    return bl_set_error(BL_EINVAL, "%s: %s must be a contiguous f32 buffer of %lld elements", op, name, (long long)n);
   return 0;
 }
 
-// Reads the step state back (one synchronisation): the norm, and the
-// non-finite failure of the CPU contract.
-int report(const char *op, int dev, const plan &pl, double *grad_norm, int *skipped) {
+// Device, chunk table, scratch for nparts partial slots per chunk, and the
+// step state with the global norm (computed on the device when grad_norm < 0).
+int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts, const bl_optim_segments *seg,
+               double grad_scale, double grad_norm, double max_grad_norm, int nparts, bool need_part) {
+  x->op = op;
+  BL_CHECK(cu_device(op, nts, ts, &x->dev));
+  for (int i = 0; i < nts; i++)
+    if (ts[i]) BL_CHECK(flat_ptr(op, ts[i], "buffer", ts[0]->numel));
+  x->s = cu_stream(x->dev);
+  BL_CHECK(cache_for(op, x->dev, &x->c));
+  BL_CHECK(plan_segments(op, x->dev, seg, x->c));
+  opt_cache *c = x->c;
+  const int64_t nc = c->nchunk;
+  BL_CHECK(c->state.need(op, x->dev, sizeof(step_state)));
+  BL_CHECK(c->part.need(op, x->dev, (size_t)(nparts * nc + 1) * sizeof(double)));
+  BL_CHECK(c->ratio.need(op, x->dev, (size_t)(seg->count + 1) * sizeof(float)));
+  // A NaN or inf norm from the caller is not computed: the device state marks the step skipped, end_step fails it.
+  x->computed = grad_norm < 0;
+  x->grad_norm = grad_norm;
+  if (x->computed) need_part = true;
+  double *part = c->part.mem.as<double>();
+  if (need_part && nc > 0) {
+    cu_cost_kernel(x->dev, "optimizer", "sq_partial", 4.0 * ts[1]->numel + 8.0 * nc);
+    sq_partial<<<(unsigned)nc, kThreads, 0, x->s>>>((const float *)ts[1]->data, c->chunks.mem.as<chunk>(), grad_scale,
+                                                     part);
+    BL_CHECK(cu_launched(op, x->dev));
+  }
+  cu_cost_kernel(x->dev, "optimizer", "norm_final", 8.0 * nc + sizeof(step_state));
+  norm_final<<<1, kThreads, 0, x->s>>>(part, nc, x->computed ? -1.0 : grad_norm, max_grad_norm, grad_scale,
+                                       c->state.mem.as<step_state>());
+  return cu_launched(op, x->dev);
+}
+
+// The CPU contract's ending: stats, and the error on a non-finite norm. A
+// caller-supplied finite norm needs no read-back (the device state agrees).
+int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stats *stats) {
   step_state st;
-  cu_cost_call(dev, "host copy", "cudaMemcpyAsync d2h", BL_ENGINE_PCIE, 0, sizeof st);
-  CU_TRY(op, dev, cudaMemcpyAsync(&st, pl.state.p, sizeof st, cudaMemcpyDeviceToHost, cu_stream(dev)));
-  CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
-  if (grad_norm) *grad_norm = st.norm;
-  if (skipped) *skipped = st.skip;
+  if (x->computed) {
+    // cudaMemcpy on the legacy stream is ordered after our blocking stream: the one synchronisation.
+    cu_cost_call(x->dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof st);
+    CU_TRY(x->op, x->dev, cudaMemcpy(&st, x->c->state.mem.p, sizeof st, cudaMemcpyDeviceToHost));
+  } else {
+    st.norm = x->grad_norm;
+    st.clip = (max_grad_norm > 0 && st.norm > max_grad_norm) ? st.norm / max_grad_norm : 1.0;
+    st.skip = !isfinite(st.norm);
+    st.gmul = (float)(grad_scale / st.clip);
+  }
+  if (stats) {
+    stats->grad_norm = st.norm;
+    stats->clip_coef = 1.0 / st.clip;
+    stats->nonfinite = st.skip;
+  }
   if (st.skip)
     return bl_set_error(BL_EINVAL, "%s: non-finite gradient (global norm %g): step not applied, weights unchanged "
-                        "(with fp16 use the dynamic loss scaler, which skips such steps)", op, st.norm);
+                        "(with fp16 use the dynamic loss scaler, which skips such steps)", x->op, st.norm);
   return 0;
+}
+
+float inv_bc(int on, double beta, int64_t step) { return on ? (float)(1.0 / (1.0 - pow(beta, (double)step))) : 1.0f; }
+
+// The constants both Adam-family steps share (grad averaging on, trust ratio off).
+adam_k adam_consts(double b1, double b2, double eps, double wd, int bias_correction, int adam_w, int64_t step,
+                   double lr) {
+  adam_k k;
+  k.b1 = (float)b1;
+  k.b3 = (float)(1.0 - b1);
+  k.b2 = (float)b2;
+  k.b2c = (float)(1.0 - b2);
+  k.ibc1 = inv_bc(bias_correction, b1, step);
+  k.ibc2 = inv_bc(bias_correction, b2, step);
+  k.eps = (float)eps;
+  k.lr = (float)lr;
+  k.wd = (float)wd;
+  k.adam_w = adam_w != 0;
+  k.trust_all = 0;
+  return k;
 }
 
 }  // namespace
 
-extern "C" int bl_cuda_lamb_step(bl_tensor *param, const bl_tensor *grad, bl_tensor *m, bl_tensor *v, const int64_t *seg_offset,
-                                 const int64_t *seg_length, const uint8_t *seg_decay, int nseg, double lr, double beta1,
-                                 double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
-                                 double max_grad_norm, int trust_all, double *grad_norm, int *skipped) {
-  const char *op = "lamb";
-  int dev;
-  plan pl;
-  BL_CHECK(prepare(op, &dev, param, grad, m, v, seg_offset, seg_length, seg_decay, nseg, lr, beta1, beta2, eps, weight_decay,
-                   step, grad_scale, max_grad_norm, &pl));
-  if (pl.nchunk > 0) {
-    cudaStream_t s = cu_stream(dev);
-    cu_mem pn, un, ratio;
-    BL_CHECK(pn.alloc(op, dev, (size_t)pl.nchunk * sizeof(double)));
-    BL_CHECK(un.alloc(op, dev, (size_t)pl.nchunk * sizeof(double)));
-    BL_CHECK(ratio.alloc(op, dev, (size_t)nseg * sizeof(float)));
-    const chunk *ch = pl.chunks.as<chunk>();
-    const step_state *st = pl.state.as<step_state>();
-    double n = (double)param->numel;
-    cu_cost_kernel(dev, "optimizer", "lamb_moments", 24.0 * n + 16.0 * pl.nchunk);   // p, g, m, v in; m, v out
-    lamb_moments<<<(unsigned)pl.nchunk, kThreads, 0, s>>>((const float *)param->data, (const float *)grad->data, (float *)m->data,
-                                                          (float *)v->data, ch, pl.hp, st, pn.as<double>(), un.as<double>());
-    BL_CHECK(cu_launched(op, dev));
-    cu_cost_kernel(dev, "optimizer", "lamb_ratio", 16.0 * pl.nchunk + 4.0 * nseg);
-    lamb_ratio<<<(unsigned)nseg, kThreads, 0, s>>>(pn.as<double>(), un.as<double>(), pl.seg_first.as<int64_t>(),
-                                                   pl.seg_count.as<int64_t>(), pl.seg_dec.as<int32_t>(), trust_all, st,
-                                                   ratio.as<float>());
-    BL_CHECK(cu_launched(op, dev));
-    cu_cost_kernel(dev, "optimizer", "lamb_apply", 16.0 * n + 4.0 * nseg);   // p, m, v in; p out
-    lamb_apply<<<(unsigned)pl.nchunk, kThreads, 0, s>>>((float *)param->data, (const float *)m->data, (const float *)v->data, ch,
-                                                        pl.hp, st, ratio.as<float>());
-    BL_CHECK(cu_launched(op, dev));
+extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
+                                 bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
+                                 double grad_scale, double grad_norm, bl_optim_stats *stats) {
+  step_ctx x;
+  const bl_tensor *ts[] = {w, g, m, v};
+  BL_CHECK(begin_step(&x, "lamb_step", ts, 4, seg, grad_scale, grad_norm, cfg->max_grad_norm, 2, false));
+  const int64_t nc = x.c->nchunk;
+  if (nc > 0) {
+    adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->bias_correction,
+                           cfg->adam_w_mode, step, lr);
+    if (!cfg->grad_averaging) k.b3 = 1.0f;
+    k.trust_all = cfg->use_nvlamb != 0;
+    const chunk *ch = x.c->chunks.mem.as<chunk>();
+    const step_state *st = x.c->state.mem.as<step_state>();
+    double *pw = x.c->part.mem.as<double>(), *pu = pw + nc;
+    float *ratio = x.c->ratio.mem.as<float>();
+    cu_cost_kernel(x.dev, "optimizer", "lamb_moments", 24.0 * w->numel + 16.0 * nc);   // w, g, m, v in; m, v out
+    lamb_moments<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
+                                                      (float *)v->data, ch, k, st, pw, pu);
+    BL_CHECK(cu_launched(x.op, x.dev));
+    ratio_args ra = {lr, cfg->max_weight_norm, cfg->max_trust_ratio, 0, 0, 1};
+    cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 16.0 * nc + 4.0 * seg->count);
+    seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(pw, pu, x.c->seg_first_d.mem.as<int64_t>(), ra, st, ratio);
+    BL_CHECK(cu_launched(x.op, x.dev));
+    cu_cost_kernel(x.dev, "optimizer", "lamb_apply", 16.0 * w->numel + 4.0 * seg->count);   // w, m, v in; w out
+    lamb_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)m->data, (const float *)v->data, ch,
+                                                    k, st, ratio);
+    BL_CHECK(cu_launched(x.op, x.dev));
   }
-  return report(op, dev, pl, grad_norm, skipped);
+  return end_step(&x, grad_scale, cfg->max_grad_norm, stats);
 }
 
-extern "C" int bl_cuda_adamw_step(bl_tensor *param, const bl_tensor *grad, bl_tensor *m, bl_tensor *v, const int64_t *seg_offset,
-                                  const int64_t *seg_length, const uint8_t *seg_decay, int nseg, double lr, double beta1,
-                                  double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
-                                  double max_grad_norm, double *grad_norm, int *skipped) {
-  const char *op = "adamw";
+extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
+                                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
+                                  double grad_scale, double grad_norm, bl_optim_stats *stats) {
+  step_ctx x;
+  const bl_tensor *ts[] = {w, g, m, v};
+  const bool per_seg = cfg->per_segment_clip && cfg->max_grad_norm > 0;
+  const double global_max = per_seg ? 0.0 : cfg->max_grad_norm;
+  BL_CHECK(begin_step(&x, "adamw_step", ts, 4, seg, grad_scale, grad_norm, global_max, 1, per_seg));
+  const int64_t nc = x.c->nchunk;
+  if (nc > 0) {
+    const adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->bias_correction,
+                                 cfg->adam_w_mode, step, lr);
+    const step_state *st = x.c->state.mem.as<step_state>();
+    float *segmul = nullptr;
+    if (per_seg) {
+      segmul = x.c->ratio.mem.as<float>();
+      ratio_args ra = {0, 0, 0, cfg->max_grad_norm, grad_scale, 0};
+      cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 8.0 * nc + 4.0 * seg->count);
+      seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(x.c->part.mem.as<double>(), nullptr,
+                                                             x.c->seg_first_d.mem.as<int64_t>(), ra, st, segmul);
+      BL_CHECK(cu_launched(x.op, x.dev));
+    }
+    cu_cost_kernel(x.dev, "optimizer", "adamw_apply", 28.0 * w->numel);   // w, g, m, v in; w, m, v out
+    adamw_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
+                                                     (float *)v->data, x.c->chunks.mem.as<chunk>(), k, st, segmul);
+    BL_CHECK(cu_launched(x.op, x.dev));
+  }
+  return end_step(&x, grad_scale, global_max, stats);
+}
+
+extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
+                                const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
+                                double grad_norm, bl_optim_stats *stats) {
+  step_ctx x;
+  const bool mom = cfg->momentum > 0;
+  const bl_tensor *ts[] = {w, g, mom ? buf : nullptr};
+  BL_CHECK(begin_step(&x, "sgd_step", ts, 3, seg, grad_scale, grad_norm, cfg->max_grad_norm, 1, false));
+  const int64_t nc = x.c->nchunk;
+  if (nc > 0) {
+    sgd_k k = {(float)lr, (float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom,
+               step == 1, cfg->nesterov != 0};
+    cu_cost_kernel(x.dev, "optimizer", "sgd_apply", (mom ? 20.0 : 12.0) * w->numel);   // w, g (, buf) in; w (, buf) out
+    sgd_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data,
+                                                   mom ? (float *)buf->data : nullptr, x.c->chunks.mem.as<chunk>(), k,
+                                                   x.c->state.mem.as<step_state>());
+    BL_CHECK(cu_launched(x.op, x.dev));
+  }
+  return end_step(&x, grad_scale, cfg->max_grad_norm, stats);
+}
+
+extern "C" int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite) {
+  const char *op = "grad_global_norm";
   int dev;
-  plan pl;
-  BL_CHECK(prepare(op, &dev, param, grad, m, v, seg_offset, seg_length, seg_decay, nseg, lr, beta1, beta2, eps, weight_decay,
-                   step, grad_scale, max_grad_norm, &pl));
-  if (pl.nchunk > 0) {
-    cu_cost_kernel(dev, "optimizer", "adamw_apply", 28.0 * param->numel);   // p, g, m, v in; p, m, v out
-    adamw_apply<<<(unsigned)pl.nchunk, kThreads, 0, cu_stream(dev)>>>((float *)param->data, (const float *)grad->data,
-                                                                       (float *)m->data, (float *)v->data,
-                                                                       pl.chunks.as<chunk>(), pl.hp, pl.state.as<step_state>());
+  opt_cache *c;
+  const bl_tensor *ts[] = {grads};
+  BL_CHECK(cu_device(op, 1, ts, &dev));
+  BL_CHECK(flat_ptr(op, grads, "grads", grads->numel));
+  BL_CHECK(cache_for(op, dev, &c));
+  const int64_t nb = (grads->numel + kChunk - 1) / kChunk;
+  if (nb > INT32_MAX) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: buffer too large", op, dev);
+  BL_CHECK(c->flag.need(op, dev, (size_t)(nb + 1) * sizeof(double)));
+  BL_CHECK(c->state.need(op, dev, sizeof(step_state)));
+  cudaStream_t s = cu_stream(dev);
+  double *part = c->flag.mem.as<double>();
+  if (nb > 0) {
+    cu_cost_kernel(dev, "optimizer", "sq_partial_flat", 4.0 * grads->numel + 8.0 * nb);
+    sq_partial_flat<<<(unsigned)nb, kThreads, 0, s>>>((const float *)grads->data, grads->numel, part);
     BL_CHECK(cu_launched(op, dev));
   }
-  return report(op, dev, pl, grad_norm, skipped);
+  step_state *st = c->state.mem.as<step_state>();
+  cu_cost_kernel(dev, "optimizer", "norm_final", 8.0 * nb + sizeof(step_state));
+  norm_final<<<1, kThreads, 0, s>>>(part, nb, -1.0, 0.0, 1.0, st);
+  BL_CHECK(cu_launched(op, dev));
+  step_state h;
+  cu_cost_call(dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof h);
+  CU_TRY(op, dev, cudaMemcpy(&h, st, sizeof h, cudaMemcpyDeviceToHost));
+  *norm = h.norm;
+  if (nonfinite) *nonfinite = h.skip;
+  return 0;
 }
 
 extern "C" int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *found_inf) {
-  const char *op = "unscale";
-  if (!found_inf) return bl_set_error(BL_EINVAL, "%s: found_inf must not be NULL", op);
+  const char *op = "unscale_check";
   int dev;
+  opt_cache *c;
   const bl_tensor *ts[] = {grad};
   BL_CHECK(cu_device(op, 1, ts, &dev));
-  if (!bl_dtype_is_float(grad->dtype)) return bl_set_error(BL_EINVAL, "%s: gradients must be a float tensor", op);
-  cu_mem flag;
-  BL_CHECK(flag.alloc(op, dev, sizeof(int)));
+  BL_CHECK(flat_ptr(op, grad, "grads", grad->numel));
+  BL_CHECK(cache_for(op, dev, &c));
+  BL_CHECK(c->flag.need(op, dev, sizeof(double)));
+  cudaStream_t s = cu_stream(dev);
   cu_cost_call(dev, "memset", "cudaMemsetAsync", BL_ENGINE_MEM, 0, sizeof(int));
-  CU_TRY(op, dev, cudaMemsetAsync(flag.p, 0, sizeof(int), cu_stream(dev)));
+  CU_TRY(op, dev, cudaMemsetAsync(c->flag.mem.p, 0, sizeof(int), s));
   if (grad->numel > 0) {
-    cu_buf b;
-    BL_CHECK(cu_out(op, grad, &b, 1));
     cu_cost_kernel(dev, "optimizer", "unscale_kernel", 8.0 * grad->numel);
-    unscale_kernel<<<cu_blocks(grad->numel, 256, 4096), 256, 0, cu_stream(dev)>>>(b.p, grad->numel, (float)inv_scale, flag.as<int>());
+    unscale_kernel<<<cu_blocks(grad->numel, 256, 4096), 256, 0, s>>>((float *)grad->data, grad->numel,
+                                                                       (float)inv_scale, c->flag.mem.as<int>());
     BL_CHECK(cu_launched(op, dev));
-    BL_CHECK(cu_store(op, grad, &b));
   }
   int h = 0;
-  cu_cost_call(dev, "host copy", "cudaMemcpyAsync d2h", BL_ENGINE_PCIE, 0, sizeof h);
-  CU_TRY(op, dev, cudaMemcpyAsync(&h, flag.p, sizeof h, cudaMemcpyDeviceToHost, cu_stream(dev)));
-  CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
-  *found_inf = h;
+  cu_cost_call(dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof h);
+  CU_TRY(op, dev, cudaMemcpy(&h, c->flag.mem.p, sizeof h, cudaMemcpyDeviceToHost));
+  if (found_inf) *found_inf = h;
   return 0;
 }

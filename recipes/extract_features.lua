@@ -21,6 +21,8 @@ local bert = require "bertlua.bert"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
 local ft = require "bertlua.tasks.common"
+local amp = require "bertlua.train.amp"
+local device = require "bertlua.train.device"
 
 local opt = options.parse(arg, {
   { "model", "", "model directory (config.json, model.safetensors, vocab.txt)" },
@@ -32,6 +34,8 @@ local opt = options.parse(arg, {
   { "vocab", "", "vocab.txt (default: the model directory's)" },
   { "do_lower_case", true, "lower-case and strip accents (uncased models)" },
   { "threads", 0, "CPU threads (0 = default)" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16 (on the CPU: weights rounded, activations f32)" },
+  device.OPTION,
 }, { name = "extract_features",
   usage = "bertlua recipes/extract_features.lua --model=DIR --input=FILE --output=FILE.jsonl [options]" })
 print("extract_features options:\n" .. options.show(opt))
@@ -40,6 +44,9 @@ local function die(msg) error("extract_features: " .. msg, 0) end
 if opt.model == "" or opt.input == "" or opt.output == "" then die("--model, --input and --output are required " ..
   "(see --help)") end
 if opt.threads > 0 then require("bertlua").set_num_threads(opt.threads) end
+amp.check_precision("extract_features", opt.precision)
+local dev, dev_line = device.setup(opt, "extract_features")
+print(dev_line)
 
 local layers = {}
 for v in tostring(opt.layers):gmatch("[^,]+") do
@@ -77,6 +84,7 @@ do
 end
 
 local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
+device.inference_model(model, dev, opt.precision)
 local tok = require("bertlua.data.tokenizer").load(vocab, { lower = opt.do_lower_case })
 
 local examples = {}
@@ -88,7 +96,7 @@ for i, line in ipairs(lines) do
 end
 
 local fout = fs.open(opt.output)
-bert.extract_features(model, examples, { layers = layers, batch = opt.batch }, function(_, line)
+bert.extract_features(model, examples, { layers = layers, batch = opt.batch, device = dev }, function(_, line)
   fout:write(line, "\n")
 end)
 fout:commit()

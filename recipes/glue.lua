@@ -16,6 +16,7 @@ local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
 local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
+local device = require "bertlua.train.device"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -45,6 +46,7 @@ local opt = options.parse(arg, {
       "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
         "emulated (f32 activations)" },
   { "seed", 42, "seed", int = true, min = 0, max = 2 ^ 53 }, { "threads", 0, "CPU threads (0: default)" },
+  device.OPTION,
 }, { name = "glue",
   usage = "usage: bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] [--do-eval] " ..
     "[--do-predict]" })
@@ -58,6 +60,8 @@ if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing
 if not opt.data_dir and not (opt.train_file or opt.eval_file) then error("glue: --data-dir is required", 0) end
 amp.check_precision("glue", opt.precision)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "glue")
+local dev, dev_line = device.setup(opt, "glue")
+print(dev_line)
 
 local task = opt.task:lower()
 do
@@ -96,7 +100,8 @@ do  -- a classifier fine-tuned for another task does not fit: say so before load
       :format(opt.model, c.num_labels, task, num_labels), 0)
   end
 end
-local model = bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels, seed = opt.seed })
+local model = device.model_to(bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels,
+  seed = opt.seed }), dev)
 
 -- examples of a split (t: the task, or mnli-mm for MNLI's mismatched files); a
 -- file with no usable row stops the run with the file's name (reasons above)
@@ -144,7 +149,7 @@ if opt.do_train then
   trainer.fit{ model = model, n = #rows, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
     scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
-    max_steps = opt.max_steps, seed = opt.seed,
+    max_steps = opt.max_steps, seed = opt.seed, device = dev,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return batch_of(rows, idx, true) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
@@ -158,7 +163,7 @@ end
 -- predictions: class ids (0-based) or regression scores, one per row
 local function predict(rows)
   local preds = {}
-  local stats = trainer.predict{ model = model, n = #rows, batch = opt.eval_batch, name = "glue",
+  local stats = trainer.predict{ model = model, n = #rows, batch = opt.eval_batch, name = "glue", device = dev,
     precision = opt.precision, describe = function(i) return "row " .. rows[i].guid end,
     make_batch = function(idx) return batch_of(rows, idx, false) end,
     consume = function(idx, out)

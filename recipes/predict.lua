@@ -34,6 +34,7 @@ local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
 local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
+local device = require "bertlua.train.device"
 local cjson = require "cjson.safe"
 local slice = require("bertlua.util.list").slice
 
@@ -58,12 +59,15 @@ local opt = options.parse(arg, {
       "stay f32 (half-precision storage emulated)" },
   { "stats", nil, "write throughput and latency as JSON here" },
   { "threads", 0, "CPU threads (0: default)" },
+  device.OPTION,
 }, { name = "predict",
   usage = "usage: bertlua recipes/predict.lua --model=DIR --input=FILE [--task=jsonl|squad|glue-TASK] " ..
     "[--output=FILE] [--batch=N]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 if not opt.model or not opt.input then error("predict: --model and --input are required (see --help)", 0) end
 amp.check_precision("predict", opt.precision)
+local dev, dev_line = device.setup(opt, "predict")
+io.stderr:write(dev_line, "\n")
 local task = opt.task:lower()
 local glue_task = task:match("^glue%-(.+)$")
 if task ~= "jsonl" and task ~= "squad" and not glue_task then
@@ -83,7 +87,7 @@ if task == "squad" and not is_qa then error("predict: --task=squad needs a QA mo
   .. " is a classifier", 0) end
 if glue_task and is_qa then error("predict: --task=" .. opt.task .. " needs a classification model; " .. opt.model
   .. " is a QA model", 0) end
-amp.round_weights(model, opt.precision)
+device.inference_model(model, dev, opt.precision)
 
 -- runs the model over n sequences (batches from make_batch), with untimed warmup batches first;
 -- describe(i) names sequence i in errors
@@ -91,10 +95,10 @@ local function run(n, make_batch, consume, describe)
   if opt.warmup_batches > 0 then
     local w = math.min(n, opt.warmup_batches * opt.batch)
     trainer.predict{ model = model, n = w, batch = opt.batch, make_batch = make_batch, name = "predict",
-      precision = opt.precision, describe = describe }
+      precision = opt.precision, describe = describe, device = dev }
   end
   return trainer.predict{ model = model, n = n, batch = opt.batch, make_batch = make_batch, consume = consume,
-    name = "predict", precision = opt.precision, describe = describe }
+    name = "predict", precision = opt.precision, describe = describe, device = dev }
 end
 
 -- a classifier's input row ({ids=, types=}) for text_a and the optional text_b

@@ -20,6 +20,7 @@ local dist = require "bertlua.train.dist"
 local ckpt = require "bertlua.train.checkpoint"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
+local device = require "bertlua.train.device"
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
@@ -70,6 +71,7 @@ local SPEC = {
   { "eval_batches", 20, "micro-batches per evaluation", int = true, min = 1 },
   { "log_every", 1, "steps between JSON log lines", int = true, min = 1 },
   { "threads", 0, "CPU threads (0: keep the default)" },
+  device.OPTION,
 }
 local opt = options.parse(arg, SPEC, { name = "pretrain",
   usage = "usage: [mpirun -np N] bertlua recipes/pretrain.lua --data-phase1=DIR [--data-phase2=DIR] [options]" })
@@ -79,12 +81,11 @@ if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 
 local rank, world = dist.rank(), dist.size()
 local function say(...) if rank == 0 then print(...) end end
-say(("pretrain: world size %d, %d CPU threads per rank, %s"):format(world, bl.num_threads(),
-  bl.cuda_available() and "CUDA available" or "CPU"))
-say(options.show(opt))
-
 amp.check_precision("pretrain", opt.precision)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "pretrain")
+local dev, dev_line = device.setup(opt, "pretrain")
+say(("%s; world size %d, %d CPU threads per rank"):format(dev_line, world, bl.num_threads()))
+say(options.show(opt))
 
 local function phase_settings(p)
   return {
@@ -127,7 +128,7 @@ local function evaluate(model, ph, step)
   for _ = 1, opt.eval_batches do
     local batch = loader:next()
     if not batch then break end
-    local out = model:forward(batch)
+    local out = model:forward(device.batch_to(batch, dev))
     loss = loss + (out.mlm_loss or 0) * (out.mlm_count or 0)
     correct = correct + (out.mlm_accuracy or 0) * (out.mlm_count or 0)
     count = count + (out.mlm_count or 0)
@@ -163,6 +164,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     require("bertlua.io.import").load_into(model, init_model_dir)
     say("  initialised from " .. init_model_dir)
   end
+  device.model_to(model, dev)
   local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay,
     max_grad_norm = opt.max_grad_norm }
   if prev_opt_state and opt.keep_optimizer then lamb:load_state_dict(prev_opt_state) end
@@ -252,7 +254,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       if not batch then error("pretrain: the data loader returned no batch", 0) end
       model.rng = bl.Generator(dropout_seed(step, rank * accum + a - 1))
       model:apply(function(m) m.rng = model.rng end)
-      local out = model:forward(batch)
+      local out = model:forward(device.batch_to(batch, dev))
       if acc then model:zero_grad() end
       model:backward(mp:scale() / accum)
       if acc then acc:add_(model.flat_grads) end
@@ -274,6 +276,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
       mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
       loss_scale = mp:scale(), skipped = not stepped or nil, seq_per_s = s[6] / dt, step_time = dt }
+    if dev >= 0 then  -- totals since the start: allocations and host waits of the device
+      local k = bl.cuda_counters(dev)
+      rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
+    end
     if step % opt.log_every == 0 or step == ph.steps then log:step(rec) end
     if rec.loss ~= rec.loss then
       error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")

@@ -18,6 +18,7 @@ local trainer = require "bertlua.train.loop"
 local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
+local device = require "bertlua.train.device"
 
 local opt = options.parse(arg, {
   { "model", nil, "model directory to start from" },
@@ -52,6 +53,7 @@ local opt = options.parse(arg, {
       "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
         "emulated (f32 activations)" },
   { "threads", 0, "CPU threads (0: default)" },
+  device.OPTION,
 }, { name = "squad",
   usage = "usage: bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] [--predict-file=F --do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
@@ -63,6 +65,8 @@ if opt.do_train and not opt.train_file then error("squad: --do-train needs --tra
 if opt.do_predict and not opt.predict_file then error("squad: --do-predict needs --predict-file", 0) end
 amp.check_precision("squad", opt.precision)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "squad")
+local dev, dev_line = device.setup(opt, "squad")
+print(dev_line)
 -- every input is checked before any work, so a typo does not cost a training run
 local vocab = ft.model_dir("squad", opt.model, opt.vocab)
 if opt.do_train then ft.input_file("squad", opt.train_file, "--train-file") end
@@ -73,7 +77,7 @@ end
 
 fs.mkdir_p(opt.output)
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
-local model = bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed })
+local model = device.model_to(bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev)
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,
   max_query_length = opt.max_query_length }
 
@@ -124,7 +128,7 @@ if opt.do_train then
   trainer.fit{ model = model, n = #feats, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
     scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
-    max_steps = opt.max_steps, seed = opt.seed,
+    max_steps = opt.max_steps, seed = opt.seed, device = dev,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
   bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
@@ -147,7 +151,7 @@ if opt.do_predict then
   feat_opts.is_training = false
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   local function run(n, consume)
-    return trainer.predict{ model = model, n = n, batch = opt.predict_batch, name = "squad",
+    return trainer.predict{ model = model, n = n, batch = opt.predict_batch, name = "squad", device = dev,
       precision = opt.precision,
       describe = function(i) return "question " .. tostring(examples[feats[i].example_index + 1].qas_id) end,
       make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, false)) end, consume = consume }

@@ -30,7 +30,9 @@
  * adam_w_mode = 0 it is classic L2 (g += wd*w before the moments).
  *
  * `step` is the 1-based count of this update (bias corrections 1-beta^step).
- * Only CPU tensors yet: a tensor on cuda:N gives BL_EUNSUPPORTED.
+ * Devices: all buffers on the CPU, or all on one cuda:N (mixed is an error);
+ * on cuda the same step runs as kernels (kernels/optim.cu), with the same
+ * results up to f32 rounding of the element math and the order of f64 sums.
  *
  * LAMB, per segment (apex FusedLAMB / multi_tensor_lamb.cu semantics, used by
  * NVIDIA DeepLearningExamples BERT):

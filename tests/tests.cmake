@@ -8,7 +8,8 @@
 # which ctest reports as skipped, after printing why.
 set(BL_SHARED_DATA ${CMAKE_SOURCE_DIR}/../shared/data)
 # LUA_PATH: the test helpers (tests/lua/lib: testing, ref_loader); ";;" keeps the default path.
-set(BL_TEST_ENV "LUA_PATH=${CMAKE_SOURCE_DIR}/tests/lua/lib/?.lua\\;\\;;BL_SHARED_DATA=${BL_SHARED_DATA};BL_BUILD_DIR=${CMAKE_BINARY_DIR};BL_PYTHON=/usr/bin/python3;OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=2")
+# BERTLUA_DEVICE=cpu: recipes run on the CPU unless a test names a --device (bertlua.train.device).
+set(BL_TEST_ENV "BERTLUA_DEVICE=cpu;LUA_PATH=${CMAKE_SOURCE_DIR}/tests/lua/lib/?.lua\\;\\;;BL_SHARED_DATA=${BL_SHARED_DATA};BL_BUILD_DIR=${CMAKE_BINARY_DIR};BL_PYTHON=/usr/bin/python3;OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=2")
 if(BERTLUA_SANITIZE)
   # BL_SANITIZED lets long accuracy checks shrink to a smoke run (testing's T.sanitized()):
   # training runs ~10x slower under ASan, and the Release build checks the numbers.

@@ -33,6 +33,7 @@
 #ifndef BL_CUDA_OPS_H
 #define BL_CUDA_OPS_H
 #include "bl_ops.h"
+#include "bl_optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -155,45 +156,28 @@ int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, cons
                                const bl_tensor *ctx, const bl_tensor *lse, const bl_tensor *key_mask,
                                int heads, double scale, double p, uint64_t seed, uint64_t offset);
 
-/* ---- optimizers over flat f32 buffers (kernels/optim.cu).
- * param, grad, m, v: contiguous f32 tensors of equal numel on one device.
- * The buffer is cut into nseg segments (host arrays): segment s covers
- * [seg_offset[s], seg_offset[s] + seg_length[s]) and gets weight decay iff
- * seg_decay[s] != 0 (biases and LayerNorm weights are the no-decay ones).
- * Segments must lie inside the buffer and must not overlap; elements outside
- * every segment are left untouched.
- * step is the 1-based step number after this update (bias correction uses it).
- * grad_scale multiplies the gradients (e.g. 1/loss_scale; 1 = none), as in
- * the CPU optimizers (bl_optim.h). Non-finite gradients (inf/NaN anywhere)
- * return BL_EINVAL ("non-finite gradient") with params and moments unchanged,
- * as on the CPU; *skipped (optional) is then 1. *grad_norm (optional)
- * receives the global norm of grad_scale * g. Each step synchronises once
- * (to report the non-finite case). */
-int bl_cuda_lamb_step(bl_tensor *param, const bl_tensor *grad, bl_tensor *m, bl_tensor *v,
-                      const int64_t *seg_offset, const int64_t *seg_length, const uint8_t *seg_decay,
-                      int nseg, double lr, double beta1, double beta2, double eps, double weight_decay,
-                      int64_t step, double grad_scale, double max_grad_norm, int trust_all,
-                      double *grad_norm, int *skipped);
-/* NVLAMB as in NVIDIA DeepLearningExamples / apex FusedLAMB:
- *   n = ||grad_scale g||_2 over all segments; g' = grad_scale g / max(1, n / max_grad_norm)
- *   (no pre-normalisation when max_grad_norm <= 0)
- *   m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2
- *   u = (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps) + wd * p   (wd only if the segment decays)
- *   r = ||p||_seg / ||u||_seg when both > 0, else 1; r = 1 also for no-decay
- *       segments unless trust_all != 0 (NVLAMB applies the trust ratio to all)
- *   p = p - lr * r * u
- * Norms are two-stage deterministic reductions. */
-int bl_cuda_adamw_step(bl_tensor *param, const bl_tensor *grad, bl_tensor *m, bl_tensor *v,
-                       const int64_t *seg_offset, const int64_t *seg_length, const uint8_t *seg_decay,
-                       int nseg, double lr, double beta1, double beta2, double eps, double weight_decay,
-                       int64_t step, double grad_scale, double max_grad_norm,
-                       double *grad_norm, int *skipped);
-/* AdamW as torch.optim.AdamW (decoupled decay): p *= 1 - lr*wd (decay segments);
- * p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps), with the same
- * grad_scale, optional global-norm clipping (max_grad_norm > 0) and non-finite rules. */
-/* grad *= inv_scale in place (any float dtype, contiguous) and *found_inf = 1
- * if any element of the result is inf or NaN (else 0). Synchronises. */
-int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *found_inf);
+/* ---- optimizers over flat f32 buffers (kernels/optim.cu): the twins of
+ * bl_lamb_step, bl_adamw_step, bl_sgd_step, bl_grad_global_norm and
+ * bl_unscale_check with their signatures and contract (bl_optim.h), called by
+ * those entry points after they checked the config, the segment table (in
+ * bounds, disjoint), step, lr, grad_scale and that the buffers do not alias.
+ * The segment table is uploaded when its layout changes, not every step, and
+ * scratch is kept per device: after the first step no allocation.
+ * Synchronisation: a step synchronises once when it computes the global norm
+ * (grad_norm < 0), to return the non-finite error; with a norm from the
+ * caller it returns as soon as its kernels are queued. bl_cuda_grad_global_norm
+ * and bl_cuda_unscale_check return host values and synchronise once. */
+int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                      const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
+                      bl_optim_stats *stats);
+int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                       const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
+                       bl_optim_stats *stats);
+int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
+                     const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
+                     bl_optim_stats *stats);
+int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite);
+int bl_cuda_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
 /* Flat-buffer casts f32 <-> f16/bf16 (master weights -> half copies and back):
  * same as bl_cuda_tensor_copy for contiguous buffers of equal numel. */
 int bl_cuda_cast(bl_tensor *dst, const bl_tensor *src);

@@ -4,6 +4,7 @@
  * same value as w - lr*(m^/(sqrt(v^)+eps) + wd*w)); with bias_correction = 0
  * it is BERT's original BertAdam. Element math in f32. */
 #include "optim_internal.h"
+#include "device/dispatch.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,10 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, 
   BL_CHECK(check_cfg(op, cfg));
   BL_CHECK(opt_check_adam_buffers(op, w, g, m, v, seg));
   if (stats) memset(stats, 0, sizeof *stats);
+  if (w->device >= 0) {
+    BL_CHECK(opt_check_step(op, step, lr, grad_scale, cfg->max_grad_norm));
+    return BL_ON_CUDA(op, w->device, bl_cuda_adamw_step(cfg, w, g, m, v, seg, step, lr, grad_scale, grad_norm, stats));
+  }
 
   opt_plan p;
   BL_CHECK(opt_plan_make(op, seg, &p));

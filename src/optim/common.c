@@ -2,6 +2,8 @@
  * do not update weights: bl_grad_global_norm and the fused unscale + inf/NaN
  * check used by dynamic loss scaling (contracts in bl_optim.h). */
 #include "optim_internal.h"
+#include "ops/ops_internal.h"
+#include "device/dispatch.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -35,8 +37,6 @@ int opt_check_flat(const char *op, const bl_tensor *t, const char *name) {
   BL_CHECK(live(op, t, name));
   if (t->dtype != BL_F32)
     return BL_ERR("%s: %s must be a flat f32 buffer, got %s", op, name, bl_dtype_name(t->dtype));
-  if (t->device >= 0)
-    return bl_set_error(BL_EUNSUPPORTED, "%s: %s on cuda:%d not available yet (CPU only)", op, name, t->device);
   if (!bl_tensor_is_contiguous(t)) return BL_ERR("%s: %s must be contiguous (a flat buffer)", op, name);
   return 0;
 }
@@ -155,15 +155,22 @@ int opt_check_beta(const char *op, const char *name, double b) {
   return 0;
 }
 
-int opt_prologue(const char *op, const opt_plan *p, const float *g, int64_t step, double lr, double grad_scale,
-                 double grad_norm, double max_grad_norm, double *part, int *have_part, double *gmul,
-                 bl_optim_stats *stats) {
+int opt_device(const char *op, int n, const bl_tensor *const *ts, int *dev) { return opx_device(op, n, ts, dev); }
+
+int opt_check_step(const char *op, int64_t step, double lr, double grad_scale, double max_grad_norm) {
   if (step < 1) return BL_ERR("%s: step must be >= 1 (1-based count of this update), got %lld", op, (long long)step);
   if (!isfinite(lr) || lr < 0) return BL_ERR("%s: learning rate must be finite and >= 0, got %g", op, lr);
   if (!isfinite(grad_scale) || grad_scale <= 0)
     return BL_ERR("%s: grad_scale must be finite and > 0, got %g", op, grad_scale);
   if (!(max_grad_norm >= 0) || isinf(max_grad_norm))
     return BL_ERR("%s: max_grad_norm must be finite and >= 0 (0 = no clipping), got %g", op, max_grad_norm);
+  return 0;
+}
+
+int opt_prologue(const char *op, const opt_plan *p, const float *g, int64_t step, double lr, double grad_scale,
+                 double grad_norm, double max_grad_norm, double *part, int *have_part, double *gmul,
+                 bl_optim_stats *stats) {
+  BL_CHECK(opt_check_step(op, step, lr, grad_scale, max_grad_norm));
   *have_part = 0;
   if (grad_norm < 0) {  /* NaN is not < 0: a NaN norm from the caller fails below */
     opt_chunk_sumsq(p, g, grad_scale, part);
@@ -190,6 +197,7 @@ int bl_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite) {
   const char *op = "grad_global_norm";
   BL_CHECK(opt_check_flat(op, grads, "grads"));
   if (!norm) return BL_ERR("%s: norm output pointer is NULL", op);
+  if (grads->device >= 0) return BL_ON_CUDA(op, grads->device, bl_cuda_grad_global_norm(grads, norm, nonfinite));
   const float *g = grads->data;
   int64_t n = grads->numel, nch = (n + OPT_CHUNK - 1) / OPT_CHUNK;
   double *part = malloc(sizeof(double) * (size_t)(nch > 0 ? nch : 1));
@@ -216,6 +224,7 @@ int bl_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf) {
   BL_CHECK(opt_check_flat(op, grads, "grads"));
   if (!isfinite(inv_scale) || inv_scale <= 0)
     return BL_ERR("%s: inv_scale must be finite and > 0, got %g", op, inv_scale);
+  if (grads->device >= 0) return BL_ON_CUDA(op, grads->device, bl_cuda_unscale_check(grads, inv_scale, found_inf));
   float *g = grads->data;
   const float s = (float)inv_scale;
   int64_t n = grads->numel, nch = (n + OPT_CHUNK - 1) / OPT_CHUNK;
@@ -246,8 +255,8 @@ int bl_unscale_to_f32(bl_tensor *out, const bl_tensor *grads, double inv_scale, 
   BL_CHECK(live(op, grads, "grads"));
   if (grads->dtype != BL_F32 && grads->dtype != BL_F16 && grads->dtype != BL_BF16)
     return BL_ERR("%s: grads must be f16, bf16 or f32, got %s", op, bl_dtype_name(grads->dtype));
-  if (grads->device >= 0)
-    return bl_set_error(BL_EUNSUPPORTED, "%s: grads on cuda:%d not available yet (CPU only)", op, grads->device);
+  if (out->device >= 0 || grads->device >= 0)
+    return BL_NO_CUDA_TWIN(op, out->device >= 0 ? out->device : grads->device);
   if (!bl_tensor_is_contiguous(grads)) return BL_ERR("%s: grads must be contiguous", op);
   if (grads->numel != out->numel)
     return BL_ERR("%s: grads has %lld elements but out has %lld", op, (long long)grads->numel,
@@ -286,6 +295,8 @@ int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *
   BL_CHECK(opt_check_same(op, w, v, "exp_avg_sq"));
   const bl_tensor *ts[4] = { w, g, m, v };
   const char *names[4] = { "params", "grads", "exp_avg", "exp_avg_sq" };
+  int dev;
+  BL_CHECK(opt_device(op, 4, ts, &dev));
   BL_CHECK(opt_check_disjoint(op, 4, ts, names));
   return opt_check_segments(op, seg, w->numel);
 }

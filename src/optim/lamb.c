@@ -11,6 +11,7 @@
  *      the gradients), and keeps the gradients intact for the caller.
  * Element math is f32 like apex (MATH_T float); norms accumulate in f64. */
 #include "optim_internal.h"
+#include "device/dispatch.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,10 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl
   BL_CHECK(check_cfg(op, cfg));
   BL_CHECK(opt_check_adam_buffers(op, w, g, m, v, seg));
   if (stats) memset(stats, 0, sizeof *stats);
+  if (w->device >= 0) {
+    BL_CHECK(opt_check_step(op, step, lr, grad_scale, cfg->max_grad_norm));
+    return BL_ON_CUDA(op, w->device, bl_cuda_lamb_step(cfg, w, g, m, v, seg, step, lr, grad_scale, grad_norm, stats));
+  }
 
   opt_plan p;
   BL_CHECK(opt_plan_make(op, seg, &p));

@@ -59,7 +59,7 @@ typedef struct opt_plan {
   int64_t *seg_first;     /* first chunk of each segment; seg_first[count] = nchunks */
 } opt_plan;
 
-/* f32, contiguous, live; CPU (BL_EUNSUPPORTED on cuda:N). */
+/* f32, contiguous, live (any device). */
 int opt_check_flat(const char *op, const bl_tensor *t, const char *name);
 /* Same numel as the reference buffer `w` (named "params"). */
 int opt_check_same(const char *op, const bl_tensor *w, const bl_tensor *t, const char *name);
@@ -83,9 +83,13 @@ void opt_chunk_sumsq(const opt_plan *p, const float *g, double grad_scale, doubl
 int opt_prologue(const char *op, const opt_plan *p, const float *g, int64_t step, double lr, double grad_scale,
                  double grad_norm, double max_grad_norm, double *part, int *have_part, double *gmul,
                  bl_optim_stats *stats);
+/* step >= 1, lr finite >= 0, grad_scale finite > 0, max_grad_norm finite >= 0. */
+int opt_check_step(const char *op, int64_t step, double lr, double grad_scale, double max_grad_norm);
+/* The one device of the non-NULL buffers (-1 = CPU); mixed devices are an error. */
+int opt_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
 int opt_check_beta(const char *op, const char *name, double b);
 /* The four flat Adam-family buffers (params, grads, exp_avg, exp_avg_sq):
- * same size, f32, contiguous, CPU, not overlapping; segments inside them. */
+ * same size, f32, contiguous, one device, not overlapping; segments inside them. */
 int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *g, const bl_tensor *m,
                            const bl_tensor *v, const bl_optim_segments *seg);
 

@@ -3,6 +3,7 @@
  * from the first step's direction (step == 1), as torch does, so a resumed
  * run must pass the true step count. */
 #include "optim_internal.h"
+#include "device/dispatch.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,10 +31,16 @@ int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_t
   {
     const bl_tensor *ts[3] = { w, g, mom ? buf : NULL };
     const char *names[3] = { "params", "grads", "momentum_buffer" };
+    int dev;
+    BL_CHECK(opt_device(op, 3, ts, &dev));
     BL_CHECK(opt_check_disjoint(op, 3, ts, names));
   }
   BL_CHECK(opt_check_segments(op, seg, w->numel));
   if (stats) memset(stats, 0, sizeof *stats);
+  if (w->device >= 0) {
+    BL_CHECK(opt_check_step(op, step, lr, grad_scale, cfg->max_grad_norm));
+    return BL_ON_CUDA(op, w->device, bl_cuda_sgd_step(cfg, w, g, buf, seg, step, lr, grad_scale, grad_norm, stats));
+  }
 
   opt_plan p;
   BL_CHECK(opt_plan_make(op, seg, &p));

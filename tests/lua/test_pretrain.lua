@@ -4,37 +4,8 @@
 -- and bf16 track fp32; the notebook plots the log.
 local T = require "testing"
 local cjson = require "cjson"
-local syn = require "bertlua.data.synthetic"
-
-local exe = T.exe()
-local tmp = T.tmpdir("books")
-local sh = T.sh
-local function must(cmd) local out, rc = sh(cmd); if rc ~= 0 then error(cmd .. "\n" .. out, 2) end; return out end
-
--- data: generated books -> shards -> vocab -> instances (S=32)
-local docs = syn.documents(syn.world{ seed = 2, countries = 60 }, { copies = 2 })
-for b = 1, 30 do
-  local f = io.open(("%s/books/b%02d.txt"):format(tmp, b), "w")
-  for i = (b - 1) * 4 + 1, b * 4 do f:write(table.concat(docs[i].sentences, " "), "\n\n") end
-  f:close()
-end
-must(("%s recipes/prepare_bookcorpus.lua --input=%s/books --output=%s/prep"):format(exe, tmp, tmp))
-must(("%s recipes/shard.lua --input=%s/prep --output=%s/shards --num-shards=2 --test-fraction=0.1"):format(exe, tmp,
-  tmp))
-must(("%s recipes/build_vocab.lua --input=%s/shards --output=%s/vocab.txt --size=600"):format(exe, tmp, tmp))
-must(("%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s/vocab.txt --output=%s/data " ..
-  "--max-seq-length=32 --max-predictions=5 --dupe-factor=3"):format(exe, tmp, tmp, tmp))
-local cfg = { vocab_size = 600, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2,
-  intermediate_size = 128,
-  max_position_embeddings = 64 }
-T.write_file(tmp .. "/cfg.json", cjson.encode(cfg))
-
-local function pretrain(out, extra, launcher)
-  return sh(("%s%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s/data --output=%s " ..
-    "--phase=1 " ..
-    "--seq1=32 --pred1=5 --lr1=1e-2 --warmup1=0.1 --threads=1 --checkpoint-interval=5 %s")
-    :format(launcher or "", exe, tmp, tmp, tmp, out, extra))
-end
+local fx = require("pretrain_fixture").make(T)
+local tmp, sh, pretrain, losses = fx.tmp, T.sh, fx.pretrain, fx.losses
 local MPIRUN = "mpirun -np 2 --oversubscribe --allow-run-as-root "
 local function need_mpirun()
   if not sh("command -v mpirun"):find("/", 1, true) then T.skip("mpirun not installed") end
@@ -48,15 +19,6 @@ local function one_and_two_ranks(ref, two, extra)
   local out2, rc2 = pretrain(tmp .. "/" .. two, "--batch1=16 --micro-batch=8 --steps1=6" .. (extra or ""), MPIRUN)
   T.eq(rc2, 0, out2)
 end
-local function losses(out)
-  local r = {}
-  for line in io.lines(out .. "/log.jsonl") do
-    local rec = cjson.decode(line)
-    if rec.loss and rec.step then r[rec.step] = rec.loss end
-  end
-  return r
-end
-
 T.test("loss falls, the model is saved and reloads with the same outputs", function()
   local out, rc = pretrain(tmp .. "/run", "--batch1=16 --micro-batch=16 --steps1=100 --eval-batches=4")
   T.eq(rc, 0, out)
@@ -114,22 +76,7 @@ T.test("SIGKILL mid-run, --resume: the same loss at every later step", function(
   local ref = losses(tmp .. "/ref")
   -- kill the run after its step-10 checkpoint appears (checkpoints every 5 steps)
   local kill_at = 7 + (os.time() % 15)   -- some step after the first checkpoint
-  os.execute(("(%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s/data " ..
-    "--output=%s/killed " ..
-    "--phase=1 --seq1=32 --pred1=5 --lr1=1e-2 --warmup1=0.1 --threads=1 --checkpoint-interval=5 --batch1=32 " ..
-      "--micro-batch=32 --steps1=40 " ..
-    ">/dev/null 2>&1 & echo $! > %s/pid)"):format(exe, tmp, tmp, tmp, tmp, tmp))
-  local pid = io.open(tmp .. "/pid"):read("*l")
-  local n = 0
-  for _ = 1, 2000 do
-    local l = io.open(tmp .. "/killed/log.jsonl")
-    n = 0
-    if l then for line in l:lines() do if line:find('"step":') then n = n + 1 end end; l:close() end
-    if n >= kill_at then break end
-    os.execute("sleep 0.02")
-  end
-  os.execute("kill -9 " .. pid)
-  os.execute("sleep 0.2")
+  local n = fx.kill_at(tmp .. "/killed", "--batch1=32 --micro-batch=32 --steps1=40", kill_at)
   T.truthy(n < 40, "the run was killed before it finished (at step " .. n .. ")")
   local out, rc2 = pretrain(tmp .. "/killed", "--batch1=32 --micro-batch=32 --steps1=40 --resume")
   T.eq(rc2, 0, out)

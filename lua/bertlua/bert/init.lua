@@ -100,6 +100,7 @@ end
 -- {"linex_index": i, "features": [{"token": t, "layers": [{"index": -1, "values": [...]}, ...]}, ...]}
 -- opts.layers: list of layer indices, negative from the last encoder layer
 -- (-1 = last; 0 = the embeddings output). Values are printed with %.9g.
+-- opts.device: the model is on cuda:N (inputs are moved there; outputs are read back).
 function M.extract_features(model, examples, opts, emit)
   local cjson = require "cjson"
   local m = model.bert or model
@@ -125,7 +126,9 @@ function M.extract_features(model, examples, opts, emit)
       local e, row = examples[i], (i - first) * S
       for j = 1, #e.ids do ip[row + j - 1] = e.ids[j]; tp[row + j - 1] = e.type_ids[j]; mp[row + j - 1] = 1 end
     end
-    local out = m:forward{ input_ids = ids, token_type_ids = types, attention_mask = mask }
+    local inputs = { input_ids = ids, token_type_ids = types, attention_mask = mask }
+    if (opts.device or -1) >= 0 then inputs = require("bertlua.train.device").batch_to(inputs, opts.device) end
+    local out = m:forward(inputs)
     local hs = out.hidden_states
     local H = hs[1]:size(3)
     local ptrs = {}

@@ -8,7 +8,8 @@
 --   local trainer = require "bertlua.train.loop"
 --   trainer.fit{ model = m, n = #features, batch = 32, micro_batch = 8, epochs = 2, lr = 3e-5,
 --                warmup = 0.1 (or warmup_steps = N), make_batch = function(indices) return batch_table end,
---                log_path = ..., precision = "fp32" }   -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision
+--                log_path = ..., precision = "fp32",  -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision
+--                device = -1 }          -- or N: the model is on cuda:N (model:to), batches are moved there
 --   local stats = trainer.predict{ model = m, n = #features, batch = 32,
 --                                  make_batch = function(indices) ... end, consume = function(indices, out) ... end }
 local bl = require "bertlua"
@@ -18,6 +19,7 @@ local logm = require "bertlua.util.log"
 local rng = require "bertlua.util.rng"
 local amp = require "bertlua.train.amp"
 local slice = require("bertlua.util.list").slice
+local device = require "bertlua.train.device"
 
 local M = {}
 
@@ -32,7 +34,7 @@ function M.fit(o)
   if o.max_steps and o.max_steps > 0 then total = math.min(total, o.max_steps) end
   print(("train: %d examples, %d steps (%d epochs x %d), batch %d = %d x %d"):format(o.n, total, o.epochs,
     steps_per_epoch, o.batch, micro, accum))
-  local model = o.model
+  local model, dev = o.model, o.device or -1
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01,
     max_grad_norm = o.max_grad_norm or 1.0 }
   local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_steps = o.warmup_steps,
@@ -57,7 +59,7 @@ function M.fit(o)
       local loss = 0
       for a = 0, accum - 1 do
         local first = s * o.batch + a * micro
-        local out = model:forward(o.make_batch(slice(order, first + 1, first + micro)))
+        local out = model:forward(device.batch_to(o.make_batch(slice(order, first + 1, first + micro)), dev))
         model:backward(mp:scale() / accum)
         loss = loss + out.loss / accum
       end
@@ -110,13 +112,14 @@ local function check_outputs(o, idx, out)
   end
 end
 
--- predict{model, n, batch, make_batch(indices), consume(indices, out)} in eval mode;
--- returns {sequences, seconds, seq_per_s, p50_ms, p90_ms, p99_ms} (latency per batch)
+-- predict{model, n, batch, make_batch(indices), consume(indices, out), device} in eval mode;
+-- returns {sequences, seconds, seq_per_s, p50_ms, p90_ms, p99_ms} (latency per batch: on a GPU
+-- until the outputs are back on the host, which consume receives them on).
 function M.predict(o)
   if not (type(o.batch) == "number" and o.batch >= 1 and o.batch % 1 == 0) then
     error(("%s: batch size must be an integer >= 1, got %s"):format(o.name or "predict", tostring(o.batch)), 0)
   end
-  local model = o.model
+  local model, dev = o.model, o.device or -1
   model:eval()
   local lat = {}
   local t_all = logm.clock()
@@ -125,7 +128,8 @@ function M.predict(o)
     for i = first, math.min(first + o.batch - 1, o.n) do idx[#idx + 1] = i end
     local b = o.make_batch(idx)
     local t0 = logm.clock()
-    local out = model:forward(b)
+    local out = model:forward(device.batch_to(b, dev))
+    if dev >= 0 then out = device.batch_to(out, -1) end
     lat[#lat + 1] = (logm.clock() - t0) * 1000
     check_outputs(o, idx, out)
     if o.consume then o.consume(idx, out) end

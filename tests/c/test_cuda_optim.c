@@ -1,0 +1,287 @@
+/* One optimizer contract on both devices: bl_lamb_step, bl_adamw_step,
+ * bl_sgd_step, bl_grad_global_norm and bl_unscale_check on cuda tensors
+ * (kernels/optim.cu) against the same calls on CPU tensors, for every option
+ * of the configs, three steps of fresh random gradients each.
+ *
+ * Tolerances: the element math is the same f32 formula on both devices; a
+ * device may contract a*b+c into one FMA and sums its f64 norms in another
+ * order, so each step differs by a few f32 ulps of the update. Over three
+ * steps that is < 1e-6 relative on w (the update is lr ~ 1e-3 of w), and on
+ * m, v a few ulps: 2e-6 relative. The f64 norms agree to 1e-12.
+ * Also: the global norm against a direct f64 sum; non-finite gradients fail
+ * with weights untouched; no allocation after the first step; one
+ * synchronisation per step that computes its norm, none with a given norm.
+ * Without a CUDA device (or in a CPU-only build): "skipped: ...", exit 77. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "bertlua.h"
+#include "check.h"
+
+#define N 20011
+static const int64_t OFF[3] = { 0, 17000, 17013 }, LEN[3] = { 17000, 13, 2990 }; /* 8 elements in no segment */
+static const uint8_t DEC[3] = { 1, 0, 1 };
+
+#define OK(expr)                                                  \
+  do {                                                            \
+    int rc_ = (expr);                                             \
+    CHECK(rc_ == 0, "%s -> %d: %s", #expr, rc_, bl_last_error()); \
+  } while (0)
+
+typedef struct bufs {
+  bl_tensor *w, *g, *m, *v;
+} bufs;
+
+static bl_tensor *make(int dev) {
+  bl_tensor *t = NULL;
+  if (bl_tensor_empty(1, (const int64_t[]){ N }, BL_F32, dev, &t)) {
+    printf("FAIL alloc: %s\n", bl_last_error());
+    exit(1);
+  }
+  return t;
+}
+static void fill(bl_tensor *c, bl_tensor *d, uint64_t seed, double lo, double hi) {
+  OK(bl_rand_uniform(c, seed, 0, lo, hi));
+  OK(bl_tensor_copy(d, c));
+}
+static void setup(bufs *c, bufs *d, uint64_t seed) {
+  bl_tensor **cs = &c->w, **ds = &d->w;
+  const double lo[4] = { -1, -0.1, -0.01, 0 }, hi[4] = { 1, 0.1, 0.01, 0.01 };
+  for (int i = 0; i < 4; i++) {
+    cs[i] = make(-1);
+    ds[i] = make(0);
+    fill(cs[i], ds[i], seed + (uint64_t)i, lo[i], hi[i]);
+  }
+}
+static void release(bufs *b) {
+  bl_tensor_free(b->w);
+  bl_tensor_free(b->g);
+  bl_tensor_free(b->m);
+  bl_tensor_free(b->v);
+}
+
+/* max over i of |got - ref| / (atol + rtol |ref|) must be <= 1 */
+static void close_(const char *what, const bl_tensor *ref, const bl_tensor *dev, double rtol, double atol) {
+  bl_tensor *h = make(-1);
+  OK(bl_tensor_copy(h, dev));
+  const float *a = ref->data, *b = h->data;
+  for (int64_t i = 0; i < N; i++) {
+    double e = fabs((double)a[i] - b[i]);
+    if (!(e <= atol + rtol * fabs(a[i]))) {
+      printf("FAIL %s: element %lld cpu %.9g cuda %.9g\n", what, (long long)i, a[i], b[i]);
+      failures++;
+      break;
+    }
+  }
+  bl_tensor_free(h);
+}
+
+static const bl_optim_segments SEG = { 3, 0, OFF, LEN, DEC };
+
+typedef int (*step_fn)(const void *cfg, bufs *b, int64_t step, double grad_norm, bl_optim_stats *st);
+static int lamb(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
+  return bl_lamb_step(cfg, b->w, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, gn, st);
+}
+static int adamw(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
+  return bl_adamw_step(cfg, b->w, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, gn, st);
+}
+static int sgd(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
+  return bl_sgd_step(cfg, b->w, b->g, b->m, &SEG, step, 2e-3, 0.25, gn, st);
+}
+
+/* Three steps on both devices with the same fresh gradients; given_norm
+ * passes the norm from bl_grad_global_norm instead of letting the step compute it. */
+static void compare(const char *name, step_fn fn, const void *cfg, int given_norm) {
+  bufs c, d;
+  setup(&c, &d, 100);
+  for (int64_t step = 1; step <= 3; step++) {
+    fill(c.g, d.g, 200 + (uint64_t)step, -0.1, 0.1);
+    double gc = -1, gd = -1;
+    if (given_norm) {
+      OK(bl_grad_global_norm(c.g, &gc, NULL));
+      OK(bl_grad_global_norm(d.g, &gd, NULL));
+      gc *= 0.25;
+      gd *= 0.25;
+    }
+    bl_optim_stats sc, sd;
+    OK(fn(cfg, &c, step, gc, &sc));
+    OK(fn(cfg, &d, step, gd, &sd));
+    CHECK(fabs(sc.grad_norm - sd.grad_norm) <= 1e-12 * sc.grad_norm && fabs(sc.clip_coef - sd.clip_coef) <= 1e-12 &&
+              sc.nonfinite == 0 && sd.nonfinite == 0,
+          "%s step %lld: stats cpu (%.17g, %.17g) cuda (%.17g, %.17g)", name, (long long)step, sc.grad_norm,
+          sc.clip_coef, sd.grad_norm, sd.clip_coef);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "%s params", name);
+  close_(what, c.w, d.w, 1e-6, 1e-9);
+  snprintf(what, sizeof what, "%s moment 1", name);
+  close_(what, c.m, d.m, 2e-6, 1e-12);
+  snprintf(what, sizeof what, "%s moment 2", name);
+  close_(what, c.v, d.v, 2e-6, 1e-15);
+  release(&c);
+  release(&d);
+}
+
+static void test_configs(void) {
+  bl_lamb_config l;
+  const char *lname[] = { "lamb",
+                          "lamb nvlamb",
+                          "lamb L2 mode",
+                          "lamb no averaging",
+                          "lamb no bias correction",
+                          "lamb max_weight_norm",
+                          "lamb max_trust_ratio",
+                          "lamb no weight decay",
+                          "lamb no clipping" };
+  for (int k = 0; k < 9; k++) {
+    bl_lamb_config_default(&l);
+    l.max_grad_norm = 0.05; /* below the gradients' norm: clipping is active */
+    if (k == 1) l.use_nvlamb = 1;
+    if (k == 2) l.adam_w_mode = 0;
+    if (k == 3) l.grad_averaging = 0;
+    if (k == 4) l.bias_correction = 0;
+    if (k == 5) l.max_weight_norm = 10;
+    if (k == 6) l.max_trust_ratio = 0.5;
+    if (k == 7) l.weight_decay = 0;
+    if (k == 8) l.max_grad_norm = 0;
+    compare(lname[k], lamb, &l, 0);
+  }
+  compare("lamb given norm", lamb, &l, 1);
+  bl_adamw_config a;
+  const char *aname[] = { "adamw", "adamw per-segment clip (BertAdam)", "adamw no bias correction", "adam L2 mode" };
+  for (int k = 0; k < 4; k++) {
+    bl_adamw_config_default(&a);
+    a.max_grad_norm = 0.05;
+    if (k == 1) {
+      a.per_segment_clip = 1;
+      a.max_grad_norm = 0.01;
+    }
+    if (k == 2) a.bias_correction = 0;
+    if (k == 3) a.adam_w_mode = 0;
+    compare(aname[k], adamw, &a, 0);
+  }
+  compare("adamw given norm", adamw, &a, 1);
+  bl_sgd_config s;
+  const char *sname[] = { "sgd", "sgd momentum", "sgd nesterov" };
+  for (int k = 0; k < 3; k++) {
+    bl_sgd_config_default(&s);
+    s.weight_decay = 0.01;
+    s.max_grad_norm = 0.05;
+    if (k >= 1) {
+      s.momentum = 0.9;
+      s.dampening = k == 1 ? 0.1 : 0;
+    }
+    if (k == 2) s.nesterov = 1;
+    compare(sname[k], sgd, &s, 0);
+  }
+}
+
+/* The device's global norm against a direct f64 sum, and unscale_check. */
+static void test_norm_unscale(void) {
+  bl_tensor *c = make(-1), *d = make(0);
+  fill(c, d, 7, -3, 3);
+  double want = 0, got = -1;
+  for (int64_t i = 0; i < N; i++) want += (double)((float *)c->data)[i] * ((float *)c->data)[i];
+  want = sqrt(want);
+  int bad = -1;
+  OK(bl_grad_global_norm(d, &got, &bad));
+  CHECK(fabs(got - want) <= 1e-12 * want && bad == 0, "global norm %.17g, expected %.17g (nonfinite %d)", got, want,
+        bad);
+  OK(bl_unscale_check(d, 0.5, &bad));
+  OK(bl_unscale_check(c, 0.5, &bad));
+  close_("unscale", c, d, 0, 0);
+  CHECK(bad == 0, "unscale_check: false positive");
+  ((float *)c->data)[N - 1] = NAN;
+  OK(bl_tensor_copy(d, c));
+  OK(bl_unscale_check(d, 0.5, &bad));
+  CHECK(bad == 1, "unscale_check missed a NaN");
+  OK(bl_grad_global_norm(d, &got, &bad));
+  CHECK(bad == 1, "global norm missed a NaN");
+  bl_tensor_free(c);
+  bl_tensor_free(d);
+}
+
+/* inf in a gradient (or a NaN norm from the caller): BL_EINVAL naming it, nothing written. */
+static void test_nonfinite(void) {
+  bufs c, d;
+  setup(&c, &d, 300);
+  bl_tensor *w0 = make(-1), *m0 = make(-1);
+  OK(bl_tensor_copy(w0, c.w));
+  OK(bl_tensor_copy(m0, c.m));
+  ((float *)c.g->data)[17005] = INFINITY;
+  OK(bl_tensor_copy(d.g, c.g));
+  bl_lamb_config l;
+  bl_lamb_config_default(&l);
+  for (int given = 0; given < 2; given++) {
+    bl_optim_stats st;
+    int rc = lamb(&l, &d, 1, given ? NAN : -1, &st);
+    CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "non-finite gradient") && st.nonfinite == 1,
+          "non-finite %s: rc %d nonfinite %d (%s)", given ? "given norm" : "gradient", rc, st.nonfinite,
+          bl_last_error());
+    close_("params after a non-finite step", w0, d.w, 0, 0);
+    close_("moment 1 after a non-finite step", m0, d.m, 0, 0);
+  }
+  bl_tensor_free(w0);
+  bl_tensor_free(m0);
+  release(&c);
+  release(&d);
+}
+
+/* A training loop allocates on its first step only, and synchronises once
+ * per step when the step computes the norm, never when it is given. */
+static void test_counters(void) {
+  bufs c, d;
+  setup(&c, &d, 400);
+  bl_lamb_config l;
+  bl_lamb_config_default(&l);
+  bl_cuda_count a, b, e;
+  OK(lamb(&l, &d, 1, -1, NULL));
+  OK(bl_cuda_counters(0, &a));
+  for (int64_t step = 2; step <= 4; step++) OK(lamb(&l, &d, step, -1, NULL));
+  OK(bl_cuda_counters(0, &b));
+  for (int64_t step = 5; step <= 7; step++) OK(lamb(&l, &d, step, 0.3, NULL));
+  OK(bl_cuda_synchronize(0));
+  OK(bl_cuda_counters(0, &e));
+  CHECK(b.mallocs == a.mallocs && b.frees == a.frees && e.mallocs == a.mallocs,
+        "allocations after step 1: %lld mallocs, %lld frees", (long long)(e.mallocs - a.mallocs),
+        (long long)(e.frees - a.frees));
+  CHECK(b.syncs - a.syncs == 3, "3 steps computing their norm synchronised %lld times (want 3)",
+        (long long)(b.syncs - a.syncs));
+  CHECK(e.syncs - b.syncs == 1, "3 steps with a given norm + 1 explicit sync synchronised %lld times (want 1)",
+        (long long)(e.syncs - b.syncs));
+  release(&c);
+  release(&d);
+}
+
+static void test_mixed(void) {
+  bufs c, d;
+  setup(&c, &d, 500);
+  bl_lamb_config l;
+  bl_lamb_config_default(&l);
+  int rc = bl_lamb_step(&l, d.w, c.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  CHECK(rc != 0 && strstr(bl_last_error(), "different devices"), "mixed devices accepted (rc %d: %s)", rc,
+        bl_last_error());
+  rc = bl_unscale_to_f32(d.w, d.g, 1.0, NULL);
+  CHECK(rc == BL_EUNSUPPORTED, "unscale_to_f32 on cuda: rc %d (%s)", rc, bl_last_error());
+  release(&c);
+  release(&d);
+}
+
+int main(void) {
+  if (!bl_cuda_compiled() || bl_cuda_device_count() == 0) {
+    printf("skipped: no CUDA device (bl_cuda_compiled() = %d)\n", bl_cuda_compiled());
+    return 77;
+  }
+  test_configs();
+  test_norm_unscale();
+  test_nonfinite();
+  test_counters();
+  test_mixed();
+  if (failures) {
+    printf("%d failures\n", failures);
+    return 1;
+  }
+  printf("ok\n");
+  return 0;
+}
