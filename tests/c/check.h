@@ -16,12 +16,12 @@ static int failures = 0;
     }                                             \
   } while (0)
 /* OK(expr): a bertlua call that must succeed; a failure is counted with bl_last_error(). */
-#define OK(expr)                                                                  \
-  do {                                                                            \
-    int rc_ = (expr);                                                             \
-    if (rc_ != 0) {                                                               \
-      failures++;                                                                 \
-      printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, bl_last_error()); \
-    }                                                                             \
+#define OK(expr)                                                                             \
+  do {                                                                                       \
+    int rc_ = (expr);                                                                        \
+    if (rc_ != 0) {                                                                          \
+      failures++;                                                                            \
+      printf("FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, rc_, bl_last_error()); \
+    }                                                                                        \
   } while (0)
 #endif

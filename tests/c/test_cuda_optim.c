@@ -23,12 +23,6 @@
 static const int64_t OFF[3] = { 0, 17000, 17013 }, LEN[3] = { 17000, 13, 2990 }; /* 8 elements in no segment */
 static const uint8_t DEC[3] = { 1, 0, 1 };
 
-#define OK(expr)                                                  \
-  do {                                                            \
-    int rc_ = (expr);                                             \
-    CHECK(rc_ == 0, "%s -> %d: %s", #expr, rc_, bl_last_error()); \
-  } while (0)
-
 typedef struct bufs {
   bl_tensor *w, *g, *m, *v;
 } bufs;

@@ -21,14 +21,6 @@
 #include <string.h>
 
 #include "check.h"
-#define OK(expr)                                                                             \
-  do {                                                                                       \
-    int rc_ = (expr);                                                                        \
-    if (rc_ != 0) {                                                                          \
-      failures++;                                                                            \
-      printf("FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, rc_, bl_last_error()); \
-    }                                                                                        \
-  } while (0)
 
 /* ---------------------------------------------------------------- helpers */
 static uint64_t rng_state = 0x1234567ULL;
