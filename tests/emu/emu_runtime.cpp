@@ -48,7 +48,9 @@ struct emu_stream {
 struct emu_event {
   emu_stream *s = nullptr;
   uint64_t seq = 0;
-  double t = 0;   // host time when the recorded point completed
+  // Host time when the recorded point completed. Shared with the queued record op: an event may be destroyed (or
+  // recorded again) before that op runs, as the real runtime allows, and the op must not write into a freed event.
+  std::shared_ptr<double> t;
   bool recorded = false;
 };
 
@@ -717,7 +719,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   lock l;
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   emu_stream *st = resolve(s);
-  enqueue(st, "cudaEventRecord", [e] { e->t = now_s(); });
+  e->t = std::make_shared<double>(0);
+  enqueue(st, "cudaEventRecord", [t = e->t] { *t = now_s(); });
   e->s = st;
   e->seq = st->enq;
   e->recorded = true;
@@ -745,7 +748,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   lock l;
   if (!a || !b || !a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
   if (a->s->done < a->seq || b->s->done < b->seq) return ret(cudaErrorNotReady);
-  *ms = (float)((b->t - a->t) * 1e3);
+  *ms = (float)((*b->t - *a->t) * 1e3);
   return cudaSuccess;
 }
 
