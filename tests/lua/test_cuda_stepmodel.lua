@@ -3,10 +3,10 @@
 --   * every launch the emulator accepted states its cost (none "unannotated"), one record per kernel launch;
 --   * the GEMM FLOPs equal the analytic count of BERT's matmuls (independent of the launch sites' statements);
 --   * a dry run records the same launches as a real run of the same step.
-local T = require "bertlua.testing"
+local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
-local config = require "bertlua.config"
+local config = require "bertlua.bert.config"
 local core = require "bertlua.core"
 local stepmodel = require "bertlua.stepmodel"
 local C, check, ffi = core.C, core.check, core.ffi

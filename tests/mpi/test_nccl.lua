@@ -44,7 +44,7 @@ T.test("broadcast from rank 1 on cuda:0", function()
 end)
 
 T.test("bucketed all-reduce mean of a CUDA gradient buffer", function()
-  local dist = require "bertlua.dist"
+  local dist = require "bertlua.train.dist"
   local t = bl.arange(10, { dtype = "f32" }):add(rank * 10):to("cuda:0")
   dist.all_reduce_mean(t, { bucket_elems = 3 })
   T.near(t:to("cpu"):tolist(), { 5, 6, 7, 8, 9, 10, 11, 12, 13, 14 })
