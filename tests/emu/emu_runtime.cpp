@@ -68,6 +68,8 @@ struct device {
 std::recursive_mutex mu;
 std::vector<device> devs;
 std::map<char *, size_t> pinned;                  // page-locked host allocations
+// Destroyed streams, drained and kept: events recorded on them and other streams' waits may still name them.
+std::vector<emu_stream *> retired;
 std::unordered_map<const void *, int> dyn_smem_optin;   // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 thread_local int cur_dev = 0;
 thread_local cudaError_t last_err = cudaSuccess;
@@ -678,7 +680,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   auto &v = devs[(size_t)s->dev].streams;
   for (size_t i = 0; i < v.size(); i++)
     if (v[i] == s) { v.erase(v.begin() + (long)i); break; }
-  delete s;
+  retired.push_back(s);
   return cudaSuccess;
 }
 

@@ -281,6 +281,19 @@ static void test_streams_and_counters() {
     CHECK(changed == 0, "a queued record wrote %d bytes into memory freed with its event", changed);
     free(probe[k]);
   }
+  // A stream destroyed while an event recorded on it is still used, as the real runtime allows.
+  cudaStream_t c;
+  CU(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking));
+  CU(cudaMemcpyAsync(d, pin, n * sizeof(float), cudaMemcpyHostToDevice, c));
+  CU(cudaEventCreateWithFlags(&gone, cudaEventDisableTiming));
+  CU(cudaEventRecord(gone, c));
+  CU(cudaStreamDestroy(c));
+  for (int k = 0; k < 8; k++) probe[k] = (unsigned char *)calloc(1, 80 + 8 * (size_t)k);   // reuse its memory
+  CU(cudaStreamWaitEvent(b, gone, 0));
+  CU(cudaStreamSynchronize(b));
+  CU(cudaEventSynchronize(gone));
+  CU(cudaEventDestroy(gone));
+  for (int k = 0; k < 8; k++) free(probe[k]);
   CU(cudaFree(d));
   CHECK(bl_cuda_counters(0, &c1) == 0 && c1.frees == c0.frees + 1, "counters: frees");
   CHECK(bl_cuda_counters(7, &c1) != 0, "counters of a missing device fail");
