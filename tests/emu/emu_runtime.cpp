@@ -48,7 +48,9 @@ struct emu_stream {
 struct emu_event {
   emu_stream *s = nullptr;
   uint64_t seq = 0;
-  double t = 0;   // host time when the recorded point completed
+  // Host time when the recorded point completed. Shared with the queued record op: an event may be destroyed (or
+  // recorded again) before that op runs, as the real runtime allows, and the op must not write into a freed event.
+  std::shared_ptr<double> t;
   bool recorded = false;
 };
 
@@ -66,6 +68,8 @@ struct device {
 std::recursive_mutex mu;
 std::vector<device> devs;
 std::map<char *, size_t> pinned;                  // page-locked host allocations
+// Destroyed streams, drained and kept: events recorded on them and other streams' waits may still name them.
+std::vector<emu_stream *> retired;
 std::unordered_map<const void *, int> dyn_smem_optin;   // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 thread_local int cur_dev = 0;
 thread_local cudaError_t last_err = cudaSuccess;
@@ -676,7 +680,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   auto &v = devs[(size_t)s->dev].streams;
   for (size_t i = 0; i < v.size(); i++)
     if (v[i] == s) { v.erase(v.begin() + (long)i); break; }
-  delete s;
+  retired.push_back(s);
   return cudaSuccess;
 }
 
@@ -717,7 +721,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   lock l;
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   emu_stream *st = resolve(s);
-  enqueue(st, "cudaEventRecord", [e] { e->t = now_s(); });
+  e->t = std::make_shared<double>(0);
+  enqueue(st, "cudaEventRecord", [t = e->t] { *t = now_s(); });
   e->s = st;
   e->seq = st->enq;
   e->recorded = true;
@@ -745,7 +750,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   lock l;
   if (!a || !b || !a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
   if (a->s->done < a->seq || b->s->done < b->seq) return ret(cudaErrorNotReady);
-  *ms = (float)((b->t - a->t) * 1e3);
+  *ms = (float)((*b->t - *a->t) * 1e3);
   return cudaSuccess;
 }
 

@@ -259,6 +259,41 @@ static void test_streams_and_counters() {
   CHECK(c1.mallocs == c0.mallocs + 1 && c1.launches == c0.launches + 1 && c1.syncs == c0.syncs + 1,
         "counters: mallocs +%lld launches +%lld syncs +%lld", (long long)(c1.mallocs - c0.mallocs),
         (long long)(c1.launches - c0.launches), (long long)(c1.syncs - c0.syncs));
+  // An event destroyed while its record is still queued (runtime.cu's peer copies do this): the record must not
+  // touch the freed event when the stream runs it (a heap-use-after-free under the TSan build otherwise).
+  CU(cudaMemcpyAsync(d, pin, n * sizeof(float), cudaMemcpyHostToDevice, a));
+  cudaEvent_t gone;
+  CU(cudaEventCreateWithFlags(&gone, cudaEventDisableTiming));
+  CU(cudaEventRecord(gone, a));
+  CU(cudaStreamWaitEvent(b, gone, 0));
+  CU(cudaEventDestroy(gone));
+  // Small blocks allocated now likely reuse the event's memory (LIFO allocator caches): they must stay untouched.
+  unsigned char *probe[8];
+  for (int k = 0; k < 8; k++) {
+    probe[k] = (unsigned char *)malloc(16 + 8 * (size_t)k);
+    memset(probe[k], 0x5a, 16 + 8 * (size_t)k);
+  }
+  CU(cudaStreamSynchronize(b));
+  CU(cudaStreamSynchronize(a));
+  for (int k = 0; k < 8; k++) {
+    int changed = 0;
+    for (int i = 0; i < 16 + 8 * k; i++) changed += probe[k][i] != 0x5a;
+    CHECK(changed == 0, "a queued record wrote %d bytes into memory freed with its event", changed);
+    free(probe[k]);
+  }
+  // A stream destroyed while an event recorded on it is still used, as the real runtime allows.
+  cudaStream_t c;
+  CU(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking));
+  CU(cudaMemcpyAsync(d, pin, n * sizeof(float), cudaMemcpyHostToDevice, c));
+  CU(cudaEventCreateWithFlags(&gone, cudaEventDisableTiming));
+  CU(cudaEventRecord(gone, c));
+  CU(cudaStreamDestroy(c));
+  for (int k = 0; k < 8; k++) probe[k] = (unsigned char *)calloc(1, 80 + 8 * (size_t)k);   // reuse its memory
+  CU(cudaStreamWaitEvent(b, gone, 0));
+  CU(cudaStreamSynchronize(b));
+  CU(cudaEventSynchronize(gone));
+  CU(cudaEventDestroy(gone));
+  for (int k = 0; k < 8; k++) free(probe[k]);
   CU(cudaFree(d));
   CHECK(bl_cuda_counters(0, &c1) == 0 && c1.frees == c0.frees + 1, "counters: frees");
   CHECK(bl_cuda_counters(7, &c1) != 0, "counters of a missing device fail");
