@@ -51,7 +51,7 @@ int bl_fs_list_dir(const char *dir, int what, char **out, size_t *out_len) {
     free_names(v, cnt);
     return bl_set_error(BL_ENOMEM, "list_dir: out of memory");
   }
-  qsort(v, cnt, sizeof *v, cmp_str);
+  if (cnt > 1) qsort(v, cnt, sizeof *v, cmp_str); /* v is NULL for an empty directory */
   size_t n = 0;
   for (size_t k = 0; k < cnt; k++) {
     size_t len = strlen(v[k]);
