@@ -6,8 +6,8 @@
 // Layout: q, k, v, ctx are [B, S, H] with H = heads*d and unit stride in H
 // (row strides free: fused-QKV column slices are used in place); head h
 // occupies columns [h*d, (h+1)*d). key_mask [B, S] becomes the additive
-// (1 - m) * -10000 of the CPU op. Dropout element ((b*heads + h)*S + q)*S + k
-// of the Philox stream (seed, offset).
+// (1 - m) * -10000 of the CPU op. Dropout element ((b*heads + h)*S + q)*S4 + k
+// of the Philox stream (seed, offset), S4 = 4*ceil(S/4) (bl_ops.h).
 //
 // Tiling (all three kernels): 128 threads; tiles of BQ = 32 queries and
 // BK = 32 keys; thread t owns row r = t/4 of its tile and the columns
@@ -54,7 +54,8 @@ struct attn_args {
 
 __device__ __forceinline__ float z_factor(const attn_args &a, int64_t bh, int64_t qi, int64_t kj) {
   if (a.p <= 0.0f) return 1.0f;
-  uint64_t e = ((uint64_t)bh * (uint64_t)a.S + (uint64_t)qi) * (uint64_t)a.S + (uint64_t)kj;
+  const uint64_t s4 = (uint64_t)(a.S + 3) / 4 * 4;
+  uint64_t e = ((uint64_t)bh * (uint64_t)a.S + (uint64_t)qi) * s4 + (uint64_t)kj;
   return bl_dropout_keep(a.seed, a.offset, e, a.p) ? a.dscale : 0.0f;
 }
 
