@@ -123,7 +123,10 @@ T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's mat
   -- layer and sequence
   T.eq(attn_flops, 2 * 7 * S * S * H * L * B, "attention FLOPs of the step")
   local names = {}
-  for _, l in ipairs(list) do if l.cls == "attention" then names[l.name] = true end end
+  for _, l in ipairs(list) do
+    if l.cls == "attention" then names[l.name] = true end
+    T.truthy(not (l.cls == "convert" and l.name:find("^attention")), "no conversion pass serves " .. l.name)
+  end
   T.truthy(names.attn_tc_fwd and names.attn_tc_bwd and not names.attn_fwd, "the step runs the tensor-core kernels")
 end)
 
