@@ -16,6 +16,11 @@
 //               dP^T = V dO^T, dV += (P Z)^T dO, dS^T = P^T (Z dP^T - D) scale, dK += dS^T Q; dS goes to shared
 //               memory and dQ += dS K is added to an f32 accumulator that only this CTA touches, in a fixed
 //               order: 5 S^2 d multiply-adds, deterministic, no atomics. The last key tile writes dQ.
+//
+// Occupancy (scripts/ptxas_check.sh prints the registers; dynamic shared memory is fwd_smem / bwd_smem below):
+// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 239/238/255 and 39/41/54 KB,
+// 128 threads each: 2 CTAs (8 warps) per SM on H100 for all of them (3 for the d = 32 forward), bounded by the
+// registers; on A100 (164 KB of shared memory per SM) the d = 128 forward fits only one.
 #include "attention_tc.cuh"
 #include "philox.cuh"
 #include "ptx.cuh"
@@ -104,6 +109,22 @@ __device__ __forceinline__ void ld_b_kn(const T *sh, int r0, int c0, ptx::frag_b
   b0.x[0] = r[0]; b0.x[1] = r[1]; b1.x[0] = r[2]; b1.x[1] = r[3];
 }
 
+// c[0], c[1] += a times the B pair of ld_b_nk / ld_b_kn: one 16 x 16 output block of a product.
+template <int LD, class T>
+__device__ __forceinline__ void mma_nk(ptx::frag_c *c, const ptx::frag_a &a, const T *sh, int r0, int c0) {
+  ptx::frag_b b0, b1;
+  ld_b_nk<LD>(sh, r0, c0, b0, b1);
+  mma(tag<T>(), c[0], a, b0);
+  mma(tag<T>(), c[1], a, b1);
+}
+template <int LD, class T>
+__device__ __forceinline__ void mma_kn(ptx::frag_c *c, const ptx::frag_a &a, const T *sh, int r0, int c0) {
+  ptx::frag_b b0, b1;
+  ld_b_kn<LD>(sh, r0, c0, b0, b1);
+  mma(tag<T>(), c[0], a, b0);
+  mma(tag<T>(), c[1], a, b1);
+}
+
 // Rows [r0, r0+n) of a head's D columns (g = its first element) into a shared tile by cp.async; rows >= S zeroed.
 template <int D, class T>
 __device__ __forceinline__ void load_rows(T *sh, const T *g, int64_t ss, int64_t r0, int n, int64_t S) {
@@ -141,6 +162,22 @@ __device__ __forceinline__ void drop4(const tc_args &a, int64_t bh, int64_t q, i
   z[1] = keep_z(odd ? o1 : r.y, a);
   z[2] = keep_z(odd ? r.z : o0, a);
   z[3] = keep_z(odd ? r.w : o1, a);
+}
+
+// The same for a 16 x 8 tile of S^T in the backward (keys kw, kw+8 as rows g, g+8; queries q, q+1 as columns 2t,
+// 2t+1): the four lanes sharing t and g/4 hold 4 keys x 2 queries x 2 row halves, four Philox calls. Lane j = g%4
+// draws call j (query q + j%2, keys kb + 8*(j/2), kb = the first key of its row's call), and a 4 x 4 transpose by
+// shuffles gives each lane output j (its key within the call) of all four calls.
+__device__ __forceinline__ void drop4_t(const tc_args &a, uint64_t call0, int rc, int q, int kb, float z[4]) {
+  const int j = (threadIdx.x >> 2) & 3;
+  const uint4 r = bl_philox4x32_dev(a.seed, call0 + (uint32_t)((q + (j & 1)) * rc + ((kb + 8 * (j >> 1)) >> 2)));
+  uint4 got;   // got.<i>: output j of call j^i, sent by lane j^i (lane bits 2-3)
+  got.x = bl_philox_lane(r, j);
+  got.y = __shfl_xor_sync(0xffffffffu, bl_philox_lane(r, j ^ 1), 4);
+  got.z = __shfl_xor_sync(0xffffffffu, bl_philox_lane(r, j ^ 2), 8);
+  got.w = __shfl_xor_sync(0xffffffffu, bl_philox_lane(r, j ^ 3), 12);
+#pragma unroll
+  for (int e = 0; e < 4; e++) z[e] = keep_z(bl_philox_lane(got, j ^ e), a);
 }
 
 template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(tc_args a) {
@@ -187,12 +224,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
-      for (int np = 0; np < BN / 16; np++) {
-        ptx::frag_b b0, b1;
-        ld_b_nk<LD>(Kb, np * 16, kk * 16, b0, b1);
-        mma(tag<T>(), s[2 * np], qf[kk], b0);
-        mma(tag<T>(), s[2 * np + 1], qf[kk], b1);
-      }
+      for (int np = 0; np < BN / 16; np++) mma_nk<LD>(&s[2 * np], qf[kk], Kb, np * 16, kk * 16);
     // scores in log2 units, keys past S at -inf; the tile's first key is < S, so every row max is finite
     const int64_t k0 = (int64_t)j * BN;
     float mx[2] = {-INFINITY, -INFINITY};
@@ -236,12 +268,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
     for (int kk = 0; kk < BN / 16; kk++) {
       const ptx::frag_a pa = c_to_a<T>(s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
-        ptx::frag_b b0, b1;
-        ld_b_kn<LD>(Vb, kk * 16, dp * 16, b0, b1);
-        mma(tag<T>(), o[2 * dp], pa, b0);
-        mma(tag<T>(), o[2 * dp + 1], pa, b1);
-      }
+      for (int dp = 0; dp < D / 16; dp++) mma_kn<LD>(&o[2 * dp], pa, Vb, kk * 16, dp * 16);
     }
     __syncthreads();   // every warp is done with buffer j&1 before tile j+2 is loaded into it
   }
@@ -335,48 +362,37 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
       const ptx::frag_a ka = ld_a<LD>(Ks, warp * 16, kk * 16), va = ld_a<LD>(Vs, warp * 16, kk * 16);
 #pragma unroll
       for (int np = 0; np < BQ / 16; np++) {
-        ptx::frag_b b0, b1;
-        ld_b_nk<LD>(Qb, np * 16, kk * 16, b0, b1);
-        mma(tag<T>(), s[2 * np], ka, b0);
-        mma(tag<T>(), s[2 * np + 1], ka, b1);
-        ld_b_nk<LD>(Ob, np * 16, kk * 16, b0, b1);
-        mma(tag<T>(), dp[2 * np], va, b0);
-        mma(tag<T>(), dp[2 * np + 1], va, b1);
+        mma_nk<LD>(&s[2 * np], ka, Qb, np * 16, kk * 16);
+        mma_nk<LD>(&dp[2 * np], va, Ob, np * 16, kk * 16);
       }
     }
     // P^T = exp(s scale + mask - lse), zero outside S; s <- P Z (for dV), dp <- dS^T
     const float ma[2] = {madd && kw < S ? __ldg(madd + kw) * LOG2E : 0.0f,
                          madd && kw + 8 < S ? __ldg(madd + kw + 8) * LOG2E : 0.0f};
 #pragma unroll
-    for (int nt = 0; nt < BQ / 8; nt++)
+    for (int nt = 0; nt < BQ / 8; nt++) {
+      float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      if (a.p > 0.0f) drop4_t(a, call0, rc, qs0 + nt * 8 + 2 * t, k0 + warp * 16 + 4 * (g >> 2), z);
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = kw + 8 * (e >> 1), q = qs0 + nt * 8 + 2 * t + (e & 1);
-        float p = 0.0f, z = 1.0f, ds = 0.0f;
+        float p = 0.0f, ds = 0.0f;
         if (key < S && q < S) {
           p = exp2f(s[nt].x[e] * sl2 + ma[e >> 1] - __ldg(lse + q) * LOG2E);
-          if (a.p > 0.0f) {
-            const uint4 r = bl_philox4x32_dev(a.seed, call0 + (uint32_t)(q * rc + (key >> 2)));
-            z = keep_z(bl_philox_lane(r, key & 3), a);
-          }
-          ds = p * (dp[nt].x[e] * z - __ldg(dsum + q)) * a.scale;
+          ds = p * (dp[nt].x[e] * z[e] - __ldg(dsum + q)) * a.scale;
         }
-        s[nt].x[e] = p * z;
+        s[nt].x[e] = p * z[e];
         dp[nt].x[e] = ds;
       }
+    }
     // dV += (P Z)^T dO, dK += dS^T Q
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++) {
       const ptx::frag_a pa = c_to_a<T>(s[2 * kk], s[2 * kk + 1]), sa = c_to_a<T>(dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
       for (int np = 0; np < D / 16; np++) {
-        ptx::frag_b b0, b1;
-        ld_b_kn<LD>(Ob, kk * 16, np * 16, b0, b1);
-        mma(tag<T>(), dv[2 * np], pa, b0);
-        mma(tag<T>(), dv[2 * np + 1], pa, b1);
-        ld_b_kn<LD>(Qb, kk * 16, np * 16, b0, b1);
-        mma(tag<T>(), dk[2 * np], sa, b0);
-        mma(tag<T>(), dk[2 * np + 1], sa, b1);
+        mma_kn<LD>(&dv[2 * np], pa, Ob, kk * 16, np * 16);
+        mma_kn<LD>(&dk[2 * np], sa, Qb, kk * 16, np * 16);
       }
     }
     // dS^T to shared memory (rows = keys), the operand of dQ += dS K
@@ -394,12 +410,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
     for (int kk = 0; kk < BN / 16; kk++) {
       const ptx::frag_a da = ld_a_trans<LDS>(dSs, kk * 16, mt * 16);
 #pragma unroll
-      for (int np = 0; np < DW / 16; np++) {
-        ptx::frag_b b0, b1;
-        ld_b_kn<LD>(Ks, kk * 16, c0 + np * 16, b0, b1);
-        mma(tag<T>(), dq[2 * np], da, b0);
-        mma(tag<T>(), dq[2 * np + 1], da, b1);
-      }
+      for (int np = 0; np < DW / 16; np++) mma_kn<LD>(&dq[2 * np], da, Ks, kk * 16, c0 + np * 16);
     }
     // dQ accumulates over key tiles in f32, always by this lane for these elements: ordered, no atomics
     const bool first = kt == 0, last = kt == nk - 1;
@@ -441,7 +452,8 @@ template <int D> size_t bwd_smem() {
 }
 
 template <class K> int launch(const char *op, int dev, K kernel, dim3 grid, size_t smem, const tc_args &a) {
-  if (smem > 48 * 1024) CU_TRY(op, dev, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  if (smem > 48 * 1024)
+    CU_TRY(op, dev, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   kernel<<<grid, NT, smem, cu_stream(dev)>>>(a);
   return cu_launched(op, dev);
 }

@@ -1,5 +1,6 @@
 /* The tensor-core flash attention (kernels/attention_tc.cu, picked by bl_cuda_attention_forward/backward for
- * bf16/f16 operands with d in {32, 64, 128}) vs the CPU twin (src/ops/attention.c) on random inputs.
+ * bf16/f16 operands with d in {32, 64, 128}; called here through the public bl_attention_*_saved) vs the CPU twin
+ * (src/ops/attention.c) on random inputs.
  *
  * Inputs: Q, K, V as column slices of one [B, S, 3H] tensor (the fused-QKV layout, strided), dctx, all random in
  * [-1, 1] and rounded to the activation dtype first, so both sides see the same values; the CPU op runs in f32 on
@@ -22,16 +23,6 @@
 #include <string.h>
 #include "bertlua.h"
 #include "check.h"
-#ifdef BL_HAVE_CUDA
-#include "device/cuda_ops.h"
-#endif
-
-#ifndef BL_HAVE_CUDA
-int main(void) {
-  printf("skipped: no CUDA device (CPU-only build, bl_cuda_compiled() = %d)\n", bl_cuda_compiled());
-  return 77;
-}
-#else
 
 static const int DEV = 0;
 #define SH(...) (const int64_t[]){__VA_ARGS__}
@@ -39,7 +30,7 @@ static const int DEV = 0;
 static bl_tensor *mk(int dev, int dtype, int nd, const int64_t *shape) {
   bl_tensor *t = NULL;
   if (bl_tensor_empty(nd, shape, dtype, dev, &t)) { printf("FAIL alloc: %s\n", bl_last_error()); exit(1); }
-  if (dev >= 0 && t->numel > 0) OK(bl_cuda_tensor_fill(t, NAN));   /* an element never written fails */
+  if (dev >= 0 && t->numel > 0) OK(bl_tensor_fill(t, NAN));   /* an element never written fails */
   return t;
 }
 static bl_tensor *slice(const bl_tensor *t, int64_t start, int64_t len) {
@@ -50,7 +41,7 @@ static bl_tensor *slice(const bl_tensor *t, int64_t start, int64_t len) {
 /* Doubles of a tensor on any device, any strides. */
 static double *host(const bl_tensor *t) {
   bl_tensor *c = mk(t->device, t->dtype, t->ndim, t->shape), *h = mk(-1, t->dtype, t->ndim, t->shape);
-  OK(t->device >= 0 ? bl_cuda_tensor_copy(c, t) : bl_tensor_copy(c, t));
+  OK(bl_tensor_copy(c, t));
   OK(bl_tensor_copy(h, c));
   double *v = malloc(sizeof(double) * (size_t)t->numel);
   OK(bl_tensor_to_doubles(h, v, t->numel));
@@ -123,8 +114,8 @@ static void run_case(int dtype, int64_t B, int64_t S, int heads, int64_t d, doub
   bl_tensor *ctx = mk(DEV, dtype, 3, SH(B, S, H)), *lse = mk(DEV, BL_F32, 3, SH(B, heads, S));
   bl_tensor *gqkv = mk(DEV, dtype, 3, SH(B, S, 3 * H));
   bl_tensor *gq = slice(gqkv, 0, H), *gk = slice(gqkv, H, H), *gv = slice(gqkv, 2 * H, H);
-  OK(bl_cuda_attention_forward(ctx, lse, q, k, v, km, heads, 0, p, seed, offset));
-  OK(bl_cuda_attention_backward(gq, gk, gv, go, q, k, v, ctx, lse, km, heads, 0, p, seed, offset));
+  OK(bl_attention_forward_saved(ctx, lse, q, k, v, km, heads, 0, p, seed, offset));
+  OK(bl_attention_backward_saved(gq, gk, gv, go, q, k, v, ctx, lse, km, heads, 0, p, seed, offset));
 
   /* the dropout factors z (0 or 1/(1-p)) by the documented element order, from the generic dropout op */
   double *z = NULL;
@@ -213,7 +204,7 @@ static void run_case(int dtype, int64_t B, int64_t S, int heads, int64_t d, doub
   /* determinism: a second backward gives the same bits */
   bl_tensor *gqkv2 = mk(DEV, dtype, 3, SH(B, S, 3 * H));
   bl_tensor *gq2 = slice(gqkv2, 0, H), *gk2 = slice(gqkv2, H, H), *gv2 = slice(gqkv2, 2 * H, H);
-  OK(bl_cuda_attention_backward(gq2, gk2, gv2, go, q, k, v, ctx, lse, km, heads, 0, p, seed, offset));
+  OK(bl_attention_backward_saved(gq2, gk2, gv2, go, q, k, v, ctx, lse, km, heads, 0, p, seed, offset));
   double *a1 = host(gqkv), *a2 = host(gqkv2);
   CHECK(!memcmp(a1, a2, sizeof(double) * (size_t)gqkv->numel), "%s: a second backward differs", name);
 
@@ -225,8 +216,8 @@ static void run_case(int dtype, int64_t B, int64_t S, int heads, int64_t d, doub
 }
 
 int main(void) {
-  if (bl_cuda_device_count() < 1) {
-    printf("skipped: no CUDA device\n");
+  if (!bl_cuda_compiled() || bl_cuda_device_count() == 0) {
+    printf("skipped: no CUDA device (bl_cuda_compiled() = %d)\n", bl_cuda_compiled());
     return 77;
   }
   /* S: a single key, tails of the 64-key tiles (17, 130), exact tiles (64), several tiles with a tail (384) */
@@ -243,4 +234,3 @@ int main(void) {
   printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;
 }
-#endif
