@@ -56,6 +56,7 @@ $SRC/kernels/attention_tc.cu	1	z[2] = keep_z(odd ? r.z : o0, a);	z[2] = keep_z(o
 $SRC/kernels/attention_tc.cu	1	c < a.d; c += 32	c < a.d - 1; c += 32
 $SRC/kernels/attention_tc.cu	1	x0 += acc[0]; x1 += acc[1];	x0 += acc[0];
 $SRC/kernels/attention_tc.cu	1	(r0 + r < S)	(r0 + r < S - 1)
+$SRC/kernels/attention_tc.cu	1	bl_philox_lane(r, j ^ 2), 8)	bl_philox_lane(r, j ^ 1), 8)
 TSV
 if [ -n "${BL_MUTANT_ONLY:-}" ]; then
   grep -E "^[^	]*(${BL_MUTANT_ONLY})" "$mutants" >"$mutants.only" || true
