@@ -6,8 +6,8 @@
 // Layout: q, k, v, ctx are [B, S, H] with H = heads*d and unit stride in H
 // (row strides free: fused-QKV column slices are used in place); head h
 // occupies columns [h*d, (h+1)*d). key_mask [B, S] becomes the additive
-// (1 - m) * -10000 of the CPU op. Dropout element ((b*heads + h)*S + q)*S + k
-// of the Philox stream (seed, offset).
+// (1 - m) * -10000 of the CPU op. Dropout element ((b*heads + h)*S + q)*S4 + k
+// of the Philox stream (seed, offset), S4 = 4*ceil(S/4) (bl_ops.h).
 //
 // Tiling (all three kernels): 128 threads; tiles of BQ = 32 queries and
 // BK = 32 keys; thread t owns row r = t/4 of its tile and the columns
@@ -26,10 +26,13 @@
 //            query tiles recomputing P = exp(s - lse), dP = dctx . v,
 //            dS = P (Z dP - D) scale (Z = keep/(1-p)); dV += (P Z)^T dctx,
 //            dK += dS^T q.
+// bf16/f16 operands with d in {32, 64, 128} on sm_80+ go to the tensor-core
+// kernels of attention_tc.cu instead; these f32 kernels stay as the reference.
+//
 // attn_bwd_q grid (ceil(S/BQ), B*heads). Same dS for its query tile over all
 //            key tiles; dQ += dS k. Two passes instead of atomics: dq, dk, dv
 //            are written exactly once, deterministic.
-#include "common.cuh"
+#include "attention_tc.cuh"
 #include "philox.cuh"
 
 namespace {
@@ -54,7 +57,8 @@ struct attn_args {
 
 __device__ __forceinline__ float z_factor(const attn_args &a, int64_t bh, int64_t qi, int64_t kj) {
   if (a.p <= 0.0f) return 1.0f;
-  uint64_t e = ((uint64_t)bh * (uint64_t)a.S + (uint64_t)qi) * (uint64_t)a.S + (uint64_t)kj;
+  const uint64_t s4 = (uint64_t)(a.S + 3) / 4 * 4;
+  uint64_t e = ((uint64_t)bh * (uint64_t)a.S + (uint64_t)qi) * s4 + (uint64_t)kj;
   return bl_dropout_keep(a.seed, a.offset, e, a.p) ? a.dscale : 0.0f;
 }
 
@@ -367,6 +371,17 @@ void attn_cost(int dev, const char *name, const attn_args &a, int64_t B, int mac
   cu_cost_kernel(dev, "attention", name, bytes, 2.0 * macs * rows * a.S * a.d, BL_ENGINE_FP32);
 }
 
+// The tensor-core kernels' arguments: the scalars and mask of the checked f32 ones, tensors in place.
+tc_args tc_common(const attn_args &a, const bl_tensor *q) {
+  tc_args t;
+  memset(&t, 0, sizeof t);
+  t.madd = a.madd; t.lse = a.lse; t.dsum = a.dsum;
+  t.S = a.S; t.heads = a.heads; t.d = (int)a.d; t.dtype = q->dtype;
+  t.scale = a.scale; t.p = a.p; t.dscale = a.dscale; t.seed = a.seed; t.offset = a.offset;
+  return t;
+}
+tc_view tc_at(const bl_tensor *t) { return tc_view{t->data, t->stride[0], t->stride[1]}; }
+
 template <class K>
 int launch(const char *op, int dev, K kernel, dim3 grid, size_t smem, const attn_args &a) {
   if (smem > 48 * 1024) CU_TRY(op, dev, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -390,14 +405,21 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
   BL_CHECK(check_mask(op, key_mask, B, S));
   if (B == 0 || S == 0 || a.d == 0) return 0;
   a.seed = seed; a.offset = offset;
+  cu_buf bm;
+  cu_mem madd;
+  const bl_tensor *tcs[] = {q, k, v, ctx};
+  if (attn_tc_eligible(dev, a.d, 4, tcs)) {
+    if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B * S, &bm, &madd, &a));
+    tc_args t = tc_common(a, q);
+    t.q = tc_at(q); t.k = tc_at(k); t.v = tc_at(v); t.o = tc_at(ctx);
+    return attn_tc_forward(op, dev, t, B);
+  }
   operand oq, ok, ov, oc;
   BL_CHECK(op_load(op, q, &oq));
   BL_CHECK(op_load(op, k, &ok));
   BL_CHECK(op_load(op, v, &ov));
   BL_CHECK(op_out(op, ctx, &oc));
   a.q = oq.v; a.k = ok.v; a.v = ov.v; a.o = oc.v;
-  cu_buf bm;
-  cu_mem madd;
   if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B * S, &bm, &madd, &a));
   const int dp = (int)a.d + 1;
   size_t smem = (size_t)(BQ * dp + 2 * BK * dp + BQ * (BK + 1)) * sizeof(float);
@@ -431,6 +453,20 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
   cu_buf bm;
   cu_mem madd;
   if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B * S, &bm, &madd, &a));
+  cu_mem dsum;
+  int64_t rows = B * heads * S;
+  BL_CHECK(dsum.alloc(op, dev, (size_t)rows * sizeof(float)));
+  a.dsum = dsum.as<float>();
+  const bl_tensor *tcs[] = {q, k, v, ctx, dctx, dq, dk, dv};
+  if (attn_tc_eligible(dev, a.d, 8, tcs)) {
+    tc_args t = tc_common(a, q);
+    t.q = tc_at(q); t.k = tc_at(k); t.v = tc_at(v); t.o = tc_at(ctx); t.dout = tc_at(dctx);
+    t.dq = tc_at(dq); t.dk = tc_at(dk); t.dv = tc_at(dv);
+    cu_mem dqacc;   // dQ's f32 accumulator across key tiles
+    if (attn_tc_scratch_dq(S)) BL_CHECK(dqacc.alloc(op, dev, (size_t)rows * a.d * sizeof(float)));
+    t.dqacc = dqacc.as<float>();
+    return attn_tc_backward(op, dev, t, B);
+  }
   operand oq, ok, ov, oo, og, odq, odk, odv;
   BL_CHECK(op_load(op, q, &oq));
   BL_CHECK(op_load(op, k, &ok));
@@ -441,10 +477,6 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
   BL_CHECK(op_out(op, dk, &odk));
   BL_CHECK(op_out(op, dv, &odv));
   a.q = oq.v; a.k = ok.v; a.v = ov.v; a.o = oo.v; a.dout = og.v; a.dq = odq.v; a.dk = odk.v; a.dv = odv.v;
-  cu_mem dsum;
-  int64_t rows = B * heads * S;
-  BL_CHECK(dsum.alloc(op, dev, (size_t)rows * sizeof(float)));
-  a.dsum = dsum.as<float>();
   cu_cost_kernel(dev, "attention", "attn_bwd_dot", 8.0 * (double)rows * a.d + 4.0 * rows);
   attn_bwd_dot<<<cu_blocks(rows * 32, 256), 256, 0, cu_stream(dev)>>>(a, rows);
   BL_CHECK(cu_launched(op, dev));

@@ -169,6 +169,13 @@ if command -v compute-sanitizer >/dev/null; then
   step "compute-sanitizer memcheck test_cuda_ops" 150 compute-sanitizer --tool memcheck --leak-check no \
     --error-exitcode 3 "$BUILD/test_cuda_ops"
   NOTES+=("memcheck:"$'\n```\n'"$(grep -E 'ERROR SUMMARY|LEAK SUMMARY|checks,|Invalid|FAIL' <<< "$LAST_OUT" | head -20)"$'\n```')
+  # the tensor-core attention: out-of-bounds accesses and shared-memory races (cp.async, ldmatrix) on the hardware
+  step "compute-sanitizer memcheck test_cuda_attention" 300 compute-sanitizer --tool memcheck --leak-check no \
+    --error-exitcode 3 "$BUILD/test_cuda_attention"
+  NOTES+=("memcheck attention:"$'\n```\n'"$(grep -E 'ERROR SUMMARY|Invalid|FAIL' <<< "$LAST_OUT" | head -20)"$'\n```')
+  step "compute-sanitizer racecheck test_cuda_attention" 600 compute-sanitizer --tool racecheck \
+    --error-exitcode 3 "$BUILD/test_cuda_attention"
+  NOTES+=("racecheck attention:"$'\n```\n'"$(grep -E 'RACECHECK SUMMARY|hazard|FAIL' <<< "$LAST_OUT" | head -20)"$'\n```')
 else
   ROWS+=("| compute-sanitizer | not found | - |")
 fi

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Mutation check of the emulated CUDA device: does the CUDA op test suite, run on the emulator, notice a missing
 # barrier or an off-by-one tile bound? Deletes each __syncthreads() of kernels/ in turn (and applies a few
-# off-by-one bounds), rebuilds the emulated library in a private copy of the tree, runs tests/c/test_cuda_ops.c,
-# and counts the mutants it kills (wrong result, emulator report or fault; a timeout counts as killed too).
+# off-by-one bounds and fragment indices), rebuilds the emulated library in a private copy of the tree, runs
+# tests/c/test_cuda_ops.c and test_cuda_attention.c, and counts the mutants they kill (wrong result, emulator
+# report or fault; a timeout counts as killed too).
 # usage: scripts/mutate_kernels.sh [WORK_DIR]      (default /tmp/bertlua-mutants; the checkout is not modified)
 #   BL_MUTANT_TSAN=1 also runs each surviving mutant under the ThreadSanitizer build.
+#   BL_MUTANT_ONLY=REGEX keeps the mutants whose file matches (e.g. attention_tc).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="${1:-/tmp/bertlua-mutants}"
@@ -14,13 +16,17 @@ rm -rf "$SRC" && mkdir -p "$SRC"
 (cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 tar -cf - ) | tar -xf - -C "$SRC"
 flags=(-DBERTLUA_CUDA_EMU=ON)
 cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" >/dev/null
-cmake --build "$WORK/build" -j"$(nproc)" --target test_cuda_ops >/dev/null
+TESTS=(test_cuda_ops test_cuda_attention)
+cmake --build "$WORK/build" -j"$(nproc)" --target "${TESTS[@]}" >/dev/null
 if [ "${BL_MUTANT_TSAN:-0}" = 1 ]; then
   cmake -S "$SRC" -B "$WORK/build-tsan" -DCMAKE_BUILD_TYPE=Release -DBERTLUA_CUDA_EMU_TSAN=ON >/dev/null
   cmake --build "$WORK/build-tsan" -j"$(nproc)" --target test_cuda_ops >/dev/null
 fi
-run_tests() {   # 0: the suite passes (mutant survives)
-  (cd "$SRC" && BL_SHARED_DATA="$ROOT/../shared/data" timeout 600 "$1/test_cuda_ops" >"$WORK/last.log" 2>&1)
+run_tests() {   # 0: the suites pass (mutant survives)
+  local t
+  for t in "${TESTS[@]}"; do
+    (cd "$SRC" && BL_SHARED_DATA="$ROOT/../shared/data" timeout 600 "$1/$t" >"$WORK/last.log" 2>&1) || return 1
+  done
 }
 run_tsan() {    # 0: the TSan build compiles and reports no race
   cmake --build "$WORK/build-tsan" -j"$(nproc)" --target test_cuda_ops >/dev/null 2>&1 &&
@@ -44,7 +50,18 @@ $SRC/kernels/attention.cu	1	idx < total;	idx <= total;
 $SRC/kernels/attention.cu	1	k0 < S; k0 += BK	k0 + 1 < S; k0 += BK
 $SRC/kernels/layernorm.cu	1	j < h; j += blockDim.x	j < h - 1; j += blockDim.x
 $SRC/kernels/softmax.cu	1	j < n; j += blockDim.x	j <= n; j += blockDim.x
+$SRC/kernels/attention_tc.cu	1	if (key < S) x =	if (key <= S) x =
+$SRC/kernels/attention_tc.cu	2	b0.x[0] = r[0]; b0.x[1] = r[1];	b0.x[0] = r[1]; b0.x[1] = r[0];
+$SRC/kernels/attention_tc.cu	1	z[2] = keep_z(odd ? r.z : o0, a);	z[2] = keep_z(odd ? r.z : o1, a);
+$SRC/kernels/attention_tc.cu	1	c < a.d; c += 32	c < a.d - 1; c += 32
+$SRC/kernels/attention_tc.cu	1	x0 += acc[0]; x1 += acc[1];	x0 += acc[0];
+$SRC/kernels/attention_tc.cu	1	(r0 + r < S)	(r0 + r < S - 1)
+$SRC/kernels/attention_tc.cu	1	bl_philox_lane(r, j ^ 2), 8)	bl_philox_lane(r, j ^ 1), 8)
 TSV
+if [ -n "${BL_MUTANT_ONLY:-}" ]; then
+  grep -E "^[^	]*(${BL_MUTANT_ONLY})" "$mutants" >"$mutants.only" || true
+  mv "$mutants.only" "$mutants"
+fi
 
 killed=0; total=0
 while IFS=$'\t' read -r file occ text repl; do
@@ -64,7 +81,7 @@ print(s.count("\n", 0, pos) + 1)
 PY
 )
   what="${file#$SRC/}:$line: '$text' -> '$repl'"
-  if ! cmake --build "$WORK/build" -j"$(nproc)" --target test_cuda_ops >"$WORK/build.log" 2>&1; then
+  if ! cmake --build "$WORK/build" -j"$(nproc)" --target "${TESTS[@]}" >"$WORK/build.log" 2>&1; then
     verdict="killed (does not compile)"
   elif ! run_tests "$WORK/build"; then
     verdict="killed ($(grep -m1 -E 'FAIL|emulated CUDA' "$WORK/last.log" | cut -c1-150))"

@@ -3,7 +3,9 @@
 # shipped architectures (sm_80, sm_90) with ptxas' resource report and fails
 # if any kernel spills registers or uses local memory (a stack frame: arrays
 # indexed at run time, large-argument trig reductions, ...). Prints a table
-# of registers, shared memory and stack per kernel and architecture.
+# of registers, shared memory and stack per kernel and architecture. Then the tensor-core gate: the SASS of
+# every attention kernel in kernels/attention_tc.cu must contain HMMA (cuobjdump + nvdisasm from PyPI,
+# scripts/requirements-test.txt; where they are missing it falls back to mma.sync in the PTX and says so).
 # usage: scripts/ptxas_check.sh [kernels/foo.cu ...]   (default: all)
 # Needs nvcc (CUDA toolkit); exits 77 (skipped) without one.
 set -euo pipefail
@@ -46,12 +48,45 @@ done
 
 printf '%-17s %-7s %5s %7s %6s %6s  %s\n' file arch regs smem_B stack spill kernel
 sort -k1,1 -k3,3 -k2,2 "$TMP/rows" | while read -r file fn arch regs smem stack sst sld; do
-  kernel="$(echo "$fn" | "$FILTER" | sed -E 's/^\(anonymous namespace\):://; s/\(.*//')"
+  kernel="$(echo "$fn" | "$FILTER" | sed -E 's/^void //; s/^\(anonymous namespace\):://; s/\([^()]*\)$//')"
   printf '%-17s %-7s %5s %7s %6s %6s  %s\n' "$file" "$arch" "$regs" "$smem" "$stack" "$((sst + sld))" "$kernel"
   if [ "$stack" != 0 ] || [ "$sst" != 0 ] || [ "$sld" != 0 ]; then status=1; fi
 done || status=1
 # the while loop runs in a subshell: re-check the rows for the exit status
 if awk '$6 != 0 || $7 != 0 || $8 != 0 { bad = 1 } END { exit !bad }' "$TMP/rows"; then status=1; fi
+
+# Tensor-core gate: each attn_tc_* kernel (dsum aside: no product) must issue HMMA on every architecture.
+TC="$ROOT/kernels/attention_tc.cu"
+CUOBJDUMP="$(command -v cuobjdump || true)"
+for sp in $(/usr/bin/python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+  for c in "$sp"/nvidia/cu*/bin/cuobjdump; do [ -z "$CUOBJDUMP" ] && [ -x "$c" ] && CUOBJDUMP="$c"; done
+done
+for a in $ARCHS; do
+  if [ -n "$CUOBJDUMP" ]; then
+    "$NVCC" -cubin -O3 -DNDEBUG -std=c++17 --expt-relaxed-constexpr -I"$ROOT/src" -I"$ROOT/kernels" -arch=sm_$a \
+      -o "$TMP/tc_$a.cubin" "$TC"
+    PATH="$(dirname "$CUOBJDUMP"):$PATH" "$CUOBJDUMP" -sass "$TMP/tc_$a.cubin" > "$TMP/tc_$a.sass"
+    what=HMMA; pat='HMMA'; fn_pat='Function : '
+  else
+    echo "ptxas_check: no cuobjdump (pip install -r scripts/requirements-test.txt): checking the PTX for mma.sync"
+    "$NVCC" -ptx -O3 -DNDEBUG -std=c++17 --expt-relaxed-constexpr -I"$ROOT/src" -I"$ROOT/kernels" -arch=sm_$a \
+      -o "$TMP/tc_$a.sass" "$TC"
+    what=mma.sync; pat='mma\.sync'; fn_pat='\.entry '
+  fi
+  # count per function: the text after the function marker names it, instructions follow until the next one
+  awk -v fpat="$fn_pat" -v ipat="$pat" '
+    $0 ~ fpat { fn = $0; sub(".*" fpat, "", fn); sub(/[( ].*/, "", fn); if (fn ~ /attn_tc_(fwd|bwd)/) n[fn] = 0; next }
+    fn in n && $0 ~ ipat { n[fn]++ }
+    END { for (f in n) print f, n[f] }' "$TMP/tc_$a.sass" > "$TMP/tc_$a.count"
+  kernels=$(wc -l < "$TMP/tc_$a.count")
+  if [ "$kernels" -lt 12 ] || awk '$2 == 0 { bad = 1 } END { exit !bad }' "$TMP/tc_$a.count"; then
+    echo "ptxas_check: sm_$a: attention kernels without $what:"; "$FILTER" < "$TMP/tc_$a.count"; status=1
+  else
+    echo "ptxas_check: sm_$a: $what in all $kernels tensor-core attention kernels" \
+      "($(awk '{ s += $2 } END { print s }' "$TMP/tc_$a.count") instructions)"
+  fi
+done
+
 if [ "$status" = 0 ]; then
   echo "ptxas_check: $(wc -l < "$TMP/rows") kernel builds, no spills, no local memory"
 else

@@ -118,8 +118,10 @@ int bl_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
  *   scores = Q_bh K_bh^T * scale + (1 - key_mask[b, :]) * -10000
  *   P = softmax(scores); ctx_bh = dropout_p(P) V_bh
  * key_mask [B, S] (1 = keep, 0 = padding; any dtype; NULL = all keep);
- * scale <= 0 means 1/sqrt(d). The dropout mask has shape [B, heads, S, S]
- * (element i = ((b*heads + h)*S + q)*S + k of the Philox stream).
+ * scale <= 0 means 1/sqrt(d). The dropout mask has shape [B, heads, S, S];
+ * each row starts a Philox call: element (q, k) of head bh = b*heads + h is
+ * element ((bh*S + q)*S4 + k) of the stream, S4 = 4*ceil(S/4), so a call's
+ * four outputs are four adjacent keys of one row (B*heads*S*S4 elements drawn).
  * Saved for backward: probs [B, heads, S, S] f32 (softmax before dropout),
  * 4*B*heads*S^2 bytes: 24 MiB for B=8, 12 heads, S=256 — the trade-off made
  * on the CPU instead of logsumexp + recompute, which would cost a second

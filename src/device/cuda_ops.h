@@ -144,10 +144,14 @@ int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t 
  * D_q = sum_c dctx[q,c] ctx[q,c] = rowsum(dP .* P), which replaces the S x S
  * probabilities, and the same key_mask as the forward (P is recomputed as
  * exp(score + mask - lse)). Head size d = H/heads must be <= 128.
- * q/k/v/ctx/dctx/dq/dk/dv: f32 with unit stride in the last dim are used in
- * place (fused QKV column slices work); other dtypes/strides use scratch.
- * dq, dk, dv are overwritten; dq is computed by a separate pass so no atomics
- * are used (deterministic). */
+ * Two implementations: bf16/f16 operands (all of one dtype, unit stride in
+ * the last dim, 16-byte aligned rows) with d in {32, 64, 128} on sm_80+ run
+ * the tensor-core FlashAttention-2 kernels (kernels/attention_tc.cu: operands
+ * read and written in place, dQ summed in a fixed order per head); anything
+ * else runs the f32 reference kernels (kernels/attention.cu: f32 operands
+ * with unit stride in place, others through f32 scratch; dq by a separate
+ * pass). BL_ATTENTION_F32=1 forces the reference. Both are deterministic
+ * (no atomics); dq, dk, dv are overwritten. */
 int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const bl_tensor *q, const bl_tensor *k,
                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
                               double p, uint64_t seed, uint64_t offset);

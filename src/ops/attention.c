@@ -209,6 +209,13 @@ OPX_ISA_FN(softmax_bwd_row, (int64_t S, float *restrict ds, const float *restric
                              float dscale, float scale),
            (S, ds, pr, keep, dscale, scale))
 
+/* The dropout mask of head bh: row q starts Philox call (bh*S + q)*ceil(S/4), so that one call's four outputs
+ * are four adjacent keys of one row (what the CUDA tensor-core kernel draws per lane pair). */
+static void head_keep(uint64_t seed, uint64_t offset, int64_t bh, int64_t S, double p, uint8_t *keep) {
+  const int64_t row = (S + 3) / 4 * 4;
+  for (int64_t q = 0; q < S; q++) opx_dropout_keep(seed, offset, (bh * S + q) * row, S, (float)p, keep + q * S);
+}
+
 static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
                              const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
                              uint64_t seed, uint64_t offset) {
@@ -241,7 +248,7 @@ static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *
       float *cb = mc.p + b * mc.sb + h * d, *pb = P + bh * S * S;
       transpose(S, d, kb, mk.ss, kt, S);
       gemm_nn(S, S, d, qb, mq.ss, kt, S, pb, S, 0);
-      if (keep) opx_dropout_keep(seed, offset, bh * S * S, S * S, (float)p, keep);
+      if (keep) head_keep(seed, offset, bh, S, p, keep);
       for (int64_t i = 0; i < S; i++)
         softmax_row(S, pb + i * S, madd ? madd + b * S : NULL, sc, keep ? keep + i * S : NULL, dscale,
                     pd ? pd + i * S : NULL);
@@ -314,7 +321,7 @@ static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const 
       const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
       const float *ob = mo.p + b * mo.sb + h * d, *pb = P + bh * S * S;
       float *dqb = mdq.p + b * mdq.sb + h * d, *dkb = mdk.p + b * mdk.sb + h * d, *dvb = mdv.p + b * mdv.sb + h * d;
-      if (keep) opx_dropout_keep(seed, offset, bh * S * S, S * S, (float)p, keep);
+      if (keep) head_keep(seed, offset, bh, S, p, keep);
       /* dV = Pdrop^T dctx (the dropped probabilities, read transposed) */
       if (keep) {
         drop_rows(S * S, pb, keep, dscale, pdrop);

@@ -58,8 +58,9 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
   const uint64_t seed = 77, off = 5;
   OK(bl_attention_forward(ctx, probs, q, k, v, km, (int)NH, 0, p, seed, off));
   OK(bl_attention_backward(dq, dk, dv, dctx, q, k, v, probs, (int)NH, 0, p, seed, off));
-  /* the dropout keep mask [B, NH, S, S]: dropout of ones with the same stream */
-  bl_tensor *ones = T(4, B, NH, S, S, BL_F32), *keep = T(4, B, NH, S, S, BL_F32);
+  /* the dropout keep mask: dropout of ones with the same stream, rows padded to S4 = 4*ceil(S/4) draws (bl_ops.h) */
+  const int64_t S4 = (S + 3) / 4 * 4;
+  bl_tensor *ones = T(4, B, NH, S, S4, BL_F32), *keep = T(4, B, NH, S, S4, BL_F32);
   for (int64_t i = 0; i < ones->numel; i++) F(ones)[i] = 1.0f;
   if (p > 0) OK(bl_dropout_forward(keep, NULL, ones, p, seed, off));
   else memcpy(keep->data, ones->data, (size_t)ones->numel * 4);
@@ -69,7 +70,7 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
   const double scale = 1.0 / sqrt((double)d);
 #define AT(t, b, s, c) ((double)F(t)[((b) * S + (s)) * H + h * d + (c)])
   for (int64_t b = 0; b < B; b++) for (int64_t h = 0; h < NH; h++) {
-    const float *kp = F(keep) + (b * NH + h) * S * S;
+    const float *kp = F(keep) + (b * NH + h) * S * S4;
     for (int64_t i = 0; i < S; i++) {
       double mx = -1e300, sum = 0;
       for (int64_t j = 0; j < S; j++) {
@@ -82,7 +83,7 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
       for (int64_t j = 0; j < S; j++) { P[i * S + j] /= sum; rp[((b * NH + h) * S + i) * S + j] = P[i * S + j]; }
       for (int64_t c = 0; c < d; c++) {
         double o = 0;
-        for (int64_t j = 0; j < S; j++) o += P[i * S + j] * kp[i * S + j] * AT(v, b, j, c);
+        for (int64_t j = 0; j < S; j++) o += P[i * S + j] * kp[i * S4 + j] * AT(v, b, j, c);
         rctx[(b * S + i) * H + h * d + c] = o;
       }
     }
@@ -91,7 +92,7 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
       for (int64_t j = 0; j < S; j++) {
         double g = 0;
         for (int64_t c = 0; c < d; c++) g += AT(dctx, b, i, c) * AT(v, b, j, c);
-        dP[i * S + j] = g * kp[i * S + j];
+        dP[i * S + j] = g * kp[i * S4 + j];
         dot += dP[i * S + j] * P[i * S + j];
       }
       for (int64_t j = 0; j < S; j++) dP[i * S + j] = P[i * S + j] * (dP[i * S + j] - dot) * scale;
@@ -102,7 +103,7 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
         for (int64_t j = 0; j < S; j++) {
           gq += dP[i * S + j] * AT(k, b, j, c);
           gk += dP[j * S + i] * AT(q, b, j, c);
-          gv += P[j * S + i] * kp[j * S + i] * AT(dctx, b, j, c);
+          gv += P[j * S + i] * kp[j * S4 + i] * AT(dctx, b, j, c);
         }
         rdq[(b * S + i) * H + h * d + c] = gq;
         rdk[(b * S + i) * H + h * d + c] = gk;

@@ -59,7 +59,7 @@ T.test("recording needs CUDA; reading the log while recording is an error", func
   if not emulated() then T.raises(function() check(C.bl_cuda_dry_run(0, 1)) end, "emulated device") end
 end)
 
-local CFG = config.new{ vocab_size = 104, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+local CFG = config.new{ vocab_size = 104, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2,
   intermediate_size = 96, max_position_embeddings = 64, hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1 }
 local B, S, P = 3, 24, 4
 
@@ -119,8 +119,15 @@ T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's mat
   local H, I, L, V = CFG.hidden_size, CFG.intermediate_size, CFG.num_hidden_layers, CFG.vocab_size
   local want = 6 * (B * S * L * (4 * H * H + 2 * H * I) + B * H * H + B * P * (H * H + H * V) + B * H * 2)
   T.eq(gemm_flops, want, "GEMM FLOPs of the step")
-  -- attention on the f32 SIMT kernels: S^2 d multiply-adds, 2 forward + 7 backward, per head, layer and sequence
-  T.eq(attn_flops, 2 * 9 * S * S * H * L * B, "attention FLOPs of the step")
+  -- head size 32 in bf16: the tensor-core attention, S^2 d multiply-adds, 2 forward + 5 backward, per head,
+  -- layer and sequence
+  T.eq(attn_flops, 2 * 7 * S * S * H * L * B, "attention FLOPs of the step")
+  local names = {}
+  for _, l in ipairs(list) do
+    if l.cls == "attention" then names[l.name] = true end
+    T.truthy(not (l.cls == "convert" and l.name:find("^attention")), "no conversion pass serves " .. l.name)
+  end
+  T.truthy(names.attn_tc_fwd and names.attn_tc_bwd and not names.attn_fwd, "the step runs the tensor-core kernels")
 end)
 
 T.test("a dry run records the same launches as a real run (emulated device)", function()

@@ -166,7 +166,8 @@ function BertSelfAttention:forward(x, mask)
     saved = buf(self, "probs", { B, self.heads, S, S }, "f32")
   end
   self._saved, self._mask = saved, mask
-  local p, seed, off = draw(self, self.p, B * self.heads * S * S)
+  -- every row of the [B, heads, S, S] dropout mask starts a Philox call (bl_ops.h): rows of ceil(S/4)*4 draws
+  local p, seed, off = draw(self, self.p, B * self.heads * S * 4 * math.ceil(S / 4))
   self._drop = { p, seed, off }
   check(C.bl_attention_forward_saved(ctx, saved, q, k, v, mask, self.heads, 0, p, seed, off))
   return ctx

@@ -1,0 +1,30 @@
+// Tensor-core flash attention (kernels/attention_tc.cu), called by the entry points of kernels/attention.cu after
+// they validated the arguments and built the additive key mask. Internal to kernels/.
+#pragma once
+#include "common.cuh"
+
+// A [B, S, H] operand of the activation dtype: element (b, s, c) at p[b*sb + s*ss + c].
+struct tc_view {
+  void *p;
+  int64_t sb, ss;
+};
+
+struct tc_args {
+  tc_view q, k, v, o, dout, dq, dk, dv;   // o = ctx
+  const float *madd;                      // [B, S] additive key mask, natural units, or NULL
+  float *lse;                             // [B*heads, S]
+  float *dsum;                            // [B*heads, S] scratch (backward)
+  float *dqacc;                           // [B*heads, S, d] f32 scratch (backward, S > one key tile)
+  int64_t S, heads;
+  int d, dtype;                           // dtype: BL_BF16 or BL_F16
+  float scale, p, dscale;
+  uint64_t seed, offset;
+};
+
+// Whether the tensor-core path takes these operands: bf16/f16 all alike, d in {32, 64, 128}, sm_80+, rows of
+// 16-byte aligned, unit-stride columns (fused-QKV slices qualify). No error is set either way.
+bool attn_tc_eligible(int dev, int64_t d, int n, const bl_tensor *const *ts);
+int attn_tc_forward(const char *op, int dev, const tc_args &a, int64_t B);
+// a.dsum and (when S > 64) a.dqacc must be allocated by the caller: attn_tc_scratch_dq says whether.
+bool attn_tc_scratch_dq(int64_t S);
+int attn_tc_backward(const char *op, int dev, const tc_args &a, int64_t B);
