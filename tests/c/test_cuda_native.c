@@ -191,6 +191,63 @@ static void test_casts(void) {
     }
 }
 
+/* ---------------------------------------------------------------- cross-entropy, accuracy, dropout */
+static void test_losses(void) {
+  const struct { int dt; int64_t m, c; } cases[] = {
+    {BL_BF16, 37, 30522},   /* MLM rows over BERT's vocabulary: not whole 16-byte vectors, scalar path */
+    {BL_BF16, 20, 1000},    /* whole vectors */
+    {BL_F16, 9, 1000},
+    {BL_F16, 5, 77},
+    {BL_F32, 7, 300},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int dt = cases[k].dt;
+    const int64_t M = cases[k].m, Cn = cases[k].c;
+    const double u = dt == BL_BF16 ? 1.0 / 256 : dt == BL_F16 ? 1.0 / 2048 : 0;
+    bl_tensor *lg = rnd(dt, 2, SH(M, Cn), 90 + k, -4, 4), *tg = mk(-1, BL_I32, 1, SH(M));
+    for (int64_t i = 0; i < M; i++) ((int32_t *)tg->data)[i] = i % 4 == 3 ? -1 : (int32_t)((i * 7919) % Cn);
+    bl_tensor *loss = mk(-1, BL_F64, 1, SH(1)), *gl = mk(-1, dt, 2, SH(M, Cn));
+    bl_tensor *d_lg = up(lg), *d_tg = up(tg), *d_loss = mk(DEV, BL_F64, 1, SH(1)), *d_gl = mk(DEV, dt, 2, SH(M, Cn));
+    int64_t c1 = 0, c2 = 0, c0 = conversions();
+    OK(bl_cross_entropy(loss, gl, lg, tg, -1, 1.5, &c1));
+    OK(bl_cuda_cross_entropy(d_loss, d_gl, d_lg, d_tg, -1, 1.5, &c2));
+    char name[96];
+    snprintf(name, sizeof name, "cross_entropy loss %s [%lld x %lld]", bl_dtype_name(dt), (long long)M, (long long)Cn);
+    close_(name, loss, d_loss, 1e-5, 1e-6);
+    /* dlogits ~ g/c: one unit in the last place of the value plus 1e-5 relative, with a floor at 1e-5 of g */
+    snprintf(name, sizeof name, "cross_entropy dlogits %s [%lld x %lld]", bl_dtype_name(dt), (long long)M, (long long)Cn);
+    close_(name, gl, d_gl, u + 1e-5, 1e-5 * 1.5 / (double)c1);
+    checks++;
+    if (c1 != c2) { printf("FAIL cross_entropy count %lld vs %lld\n", (long long)c1, (long long)c2); fails++; }
+    int64_t a1 = 0, n1 = 0, a2 = 0, n2 = 0;
+    OK(bl_accuracy(lg, tg, -1, &a1, &n1));
+    OK(bl_accuracy(d_lg, d_tg, -1, &a2, &n2));
+    checks++;
+    if (a1 != a2 || n1 != n2) {
+      printf("FAIL accuracy %lld/%lld vs %lld/%lld\n", (long long)a1, (long long)n1, (long long)a2, (long long)n2);
+      fails++;
+    }
+    bl_tensor *am = mk(-1, BL_I64, 1, SH(M)), *d_am = mk(DEV, BL_I64, 1, SH(M));
+    OK(bl_argmax(am, lg)); OK(bl_cuda_argmax(d_am, d_lg));
+    close_("argmax", am, d_am, 0, 0);
+    if (dt != BL_F32) no_conversion(name, c0);
+    F(lg); F(tg); F(loss); F(gl); F(d_lg); F(d_tg); F(d_loss); F(d_gl); F(am); F(d_am);
+  }
+  for (int k = 0; k < 2; k++) {   /* dropout: the same Philox mask, one rounding of x * scale on both sides */
+    const int dt = k ? BL_F16 : BL_BF16;
+    bl_tensor *x = rnd(dt, 2, SH(13, 77), 95 + k, -2, 2), *y = mk(-1, dt, 2, SH(13, 77));
+    bl_tensor *gx = mk(-1, dt, 2, SH(13, 77)), *d_x = up(x), *d_y = mk(DEV, dt, 2, SH(13, 77));
+    bl_tensor *d_gx = mk(DEV, dt, 2, SH(13, 77));
+    int64_t c0 = conversions();
+    OK(bl_dropout_forward(y, NULL, x, 0.1, 7, 11)); OK(bl_cuda_dropout_forward(d_y, NULL, d_x, 0.1, 7, 11));
+    close_(k ? "dropout f16" : "dropout bf16", y, d_y, 0, 0);
+    OK(bl_dropout_backward(gx, x, NULL, 0.1, 7, 11)); OK(bl_cuda_dropout_backward(d_gx, d_x, NULL, 0.1, 7, 11));
+    close_(k ? "dropout backward f16" : "dropout backward bf16", gx, d_gx, 0, 0);
+    no_conversion("dropout", c0);
+    F(x); F(y); F(gx); F(d_x); F(d_y); F(d_gx);
+  }
+}
+
 int main(void) {
   if (!bl_cuda_device_count()) {
     printf("skipped: no CUDA device (bl_cuda_device_count() = 0)\n");
@@ -200,6 +257,7 @@ int main(void) {
   if (bl_cuda_device_name(DEV, nm, sizeof nm) == 0) printf("device: %s\n", nm);
   test_lookups();
   test_casts();
+  test_losses();
   printf("%d checks, %d failures\n", checks, fails);
   return fails ? 1 : 0;
 }
