@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bertlua.h"
+#include "check.h"
 #ifdef BL_HAVE_CUDA
 #include "device/cuda_ops.h"
 #endif
@@ -32,14 +33,9 @@ int main(void) {
 }
 #else
 
-static int fails = 0, checks = 0;
+static int checks = 0;
 static const int DEV = 0;
 
-#define OK(expr)                                                                                      \
-  do {                                                                                                \
-    int rc_ = (expr);                                                                                 \
-    if (rc_) { printf("FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, rc_, bl_last_error()); fails++; } \
-  } while (0)
 #define SH(...) (const int64_t[]){__VA_ARGS__}
 
 static bl_tensor *mk(int dev, int dtype, int nd, const int64_t *shape) {
@@ -80,7 +76,7 @@ static void close_(const char *name, const bl_tensor *ref, const bl_tensor *got,
   }
   if (bad >= 0) {
     printf("FAIL %s: element %lld cpu %.9g gpu %.9g (max abs err %.3g)\n", name, (long long)bad, a[bad], b[bad], worst);
-    fails++;
+    failures++;
   }
   free(a); free(b);
 }
@@ -93,7 +89,7 @@ static int64_t conversions(void) {
 static void no_conversion(const char *what, int64_t before) {
   checks++;
   int64_t d = conversions() - before;
-  if (d) { printf("FAIL %s: %lld generic conversions (expected a native path)\n", what, (long long)d); fails++; }
+  if (d) { printf("FAIL %s: %lld generic conversions (expected a native path)\n", what, (long long)d); failures++; }
 }
 
 /* ids in [0, rows): every 5th the padding id 0, the others from a few values (repeats) or anywhere. */
@@ -218,14 +214,14 @@ static void test_losses(void) {
     snprintf(name, sizeof name, "cross_entropy dlogits %s [%lld x %lld]", bl_dtype_name(dt), (long long)M, (long long)Cn);
     close_(name, gl, d_gl, u + 1e-5, 1e-5 * 1.5 / (double)c1);
     checks++;
-    if (c1 != c2) { printf("FAIL cross_entropy count %lld vs %lld\n", (long long)c1, (long long)c2); fails++; }
+    if (c1 != c2) { printf("FAIL cross_entropy count %lld vs %lld\n", (long long)c1, (long long)c2); failures++; }
     int64_t a1 = 0, n1 = 0, a2 = 0, n2 = 0;
     OK(bl_accuracy(lg, tg, -1, &a1, &n1));
     OK(bl_accuracy(d_lg, d_tg, -1, &a2, &n2));
     checks++;
     if (a1 != a2 || n1 != n2) {
       printf("FAIL accuracy %lld/%lld vs %lld/%lld\n", (long long)a1, (long long)n1, (long long)a2, (long long)n2);
-      fails++;
+      failures++;
     }
     bl_tensor *am = mk(-1, BL_I64, 1, SH(M)), *d_am = mk(DEV, BL_I64, 1, SH(M));
     OK(bl_argmax(am, lg)); OK(bl_cuda_argmax(d_am, d_lg));
@@ -258,7 +254,7 @@ int main(void) {
   test_lookups();
   test_casts();
   test_losses();
-  printf("%d checks, %d failures\n", checks, fails);
-  return fails ? 1 : 0;
+  printf("%d checks, %d failures\n", checks, failures);
+  return failures ? 1 : 0;
 }
 #endif
