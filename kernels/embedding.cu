@@ -143,7 +143,10 @@ __global__ void __launch_bounds__(kSortThreads)
 }
 
 // dst[key, c..c+V) += src[pos, c..c+V) over the segment of sorted element blockIdx.x, in sorted (= index) order.
-// grid = (n, column chunks of 256 V); dst f32 or src's dtype.
+// grid = (n, column chunks of kSegThreads V); dst f32 or src's dtype. The additions form one chain per column (the
+// CPU's order); the loads do not: the segment's end comes from a binary search, and kSegBatch rows are loaded
+// before they are added, so a long segment (token types: ~n/2 rows each) waits on memory once per batch.
+const int kSegBatch = 8, kSegThreads = 64;   // small blocks: more of them share a long segment's columns
 template <class TD, class TS, int V>
 __global__ void segment_sum(TD *dst, const TS *src, const int32_t *keys, const int32_t *pos, int64_t n, int64_t h) {
   const int64_t k = blockIdx.x;
@@ -151,12 +154,29 @@ __global__ void segment_sum(TD *dst, const TS *src, const int32_t *keys, const i
   if (k > 0 && keys[k - 1] == key) return;   // uniform per block: not a segment start
   const int64_t c = (blockIdx.y * (int64_t)blockDim.x + threadIdx.x) * V;
   if (c >= h) return;
+  int64_t lo = k + 1, hi = n;   // end: the first sorted element after k with another key
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (keys[mid] == key) lo = mid + 1;
+    else hi = mid;
+  }
+  const int64_t end = lo;
   cu_vec<TD, V> d;
   d.load(dst + key * h + c);
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; e++) acc[e] = to_f(d.t[e]);
-  for (int64_t j = k; j < n && keys[j] == key; j++) {
+  int64_t j = k;
+  for (; j + kSegBatch <= end; j += kSegBatch) {
+    cu_vec<TS, V> s[kSegBatch];
+#pragma unroll
+    for (int u = 0; u < kSegBatch; u++) s[u].load(src + pos[j + u] * h + c);
+#pragma unroll
+    for (int u = 0; u < kSegBatch; u++)
+#pragma unroll
+      for (int e = 0; e < V; e++) acc[e] += to_f(s[u].t[e]);
+  }
+  for (; j < end; j++) {
     cu_vec<TS, V> s;
     s.load(src + pos[j] * h + c);
 #pragma unroll
@@ -285,11 +305,11 @@ int launch_segments(const char *op, int dev, void *dst, const void *src, const i
   cudaStream_t s = cu_stream(dev);
   if (v > 1) {
     constexpr int V = 16 / sizeof(TS) < 16 / sizeof(TD) ? 16 / sizeof(TS) : 16 / sizeof(TD);
-    dim3 grid((unsigned)n, (unsigned)((h / V + 255) / 256));
-    segment_sum<TD, TS, V><<<grid, 256, 0, s>>>((TD *)dst, (const TS *)src, keys, pos, n, h);
+    dim3 grid((unsigned)n, (unsigned)((h / V + kSegThreads - 1) / kSegThreads));
+    segment_sum<TD, TS, V><<<grid, kSegThreads, 0, s>>>((TD *)dst, (const TS *)src, keys, pos, n, h);
   } else {
-    dim3 grid((unsigned)n, (unsigned)((h + 255) / 256));
-    segment_sum<TD, TS, 1><<<grid, 256, 0, s>>>((TD *)dst, (const TS *)src, keys, pos, n, h);
+    dim3 grid((unsigned)n, (unsigned)((h + kSegThreads - 1) / kSegThreads));
+    segment_sum<TD, TS, 1><<<grid, kSegThreads, 0, s>>>((TD *)dst, (const TS *)src, keys, pos, n, h);
   }
   return cu_launched(op, dev);
 }
@@ -327,7 +347,8 @@ int scatter(const char *op, bl_tensor *dst, const bl_tensor *src, const bl_tenso
   cu_mem id;
   BL_CHECK(load_checked(op, dev, ids, rows, &id, what, limit_what));
   if (n == 0 || h == 0) return 0;
-  if ((h + 255) / 256 > 65535) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: rows of %lld are too wide", op, dev, (long long)h);
+  if ((h + kSegThreads - 1) / kSegThreads > 65535)
+    return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: rows of %lld are too wide", op, dev, (long long)h);
   if (n > INT32_MAX || rows > INT32_MAX)
     return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld indices into %lld rows are too many", op, dev, (long long)n,
                         (long long)rows);
