@@ -79,6 +79,11 @@ struct iter {
 // has a constant trip count so off[] stays in registers (a runtime count
 // would put it in local memory); unused slots have stride 0.
 __device__ __forceinline__ void iter_offsets(const iter &it, int64_t i, int64_t off[4]) {
+  if (it.ndim == 1) {   // the usual case once coalesced (contiguous or one strided dim): no 64-bit div/mod
+#pragma unroll
+    for (int k = 0; k < 4; k++) off[k] = i * it.stride[k][0];
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < 4; k++) off[k] = 0;
   for (int d = it.ndim - 1; d >= 0; d--) {
