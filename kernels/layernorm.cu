@@ -295,11 +295,14 @@ int ln_fwd_run(const char *op, int dev, const T *x, const T *res, const G *gamma
   double n = (double)rows * h;
   cu_cost_kernel(dev, "layernorm", "ln_fwd", sizeof(T) * n * (res ? 3 : 2) + 2.0 * sizeof(G) * h + 8.0 * rows);
   const unsigned grid = cu_blocks(rows, 1, 1 << 20);
-  if (vec_rows<T>(h, {x, res, y, gamma, beta}))
-    ln_fwd<T, G, kVec><<<grid, threads_for(h / kVec), 0, cu_stream(dev)>>>(
-        x, res, gamma, beta, y, mean, rstd, rows, h, (float)eps, (float)p, scale, seed, offset);
-  else
-    ln_fwd<T, G, 1><<<grid, threads_for(h), 0, cu_stream(dev)>>>(x, res, gamma, beta, y, mean, rstd, rows, h,
+  if constexpr (sizeof(T) == 2) {
+    if (vec_rows<T>(h, {x, res, y, gamma, beta})) {
+      ln_fwd<T, G, kVec><<<grid, threads_for(h / kVec), 0, cu_stream(dev)>>>(
+          x, res, gamma, beta, y, mean, rstd, rows, h, (float)eps, (float)p, scale, seed, offset);
+      return cu_launched(op, dev);
+    }
+  }
+  ln_fwd<T, G, 1><<<grid, threads_for(h), 0, cu_stream(dev)>>>(x, res, gamma, beta, y, mean, rstd, rows, h,
                                                                 (float)eps, (float)p, scale, seed, offset);
   return cu_launched(op, dev);
 }
@@ -357,10 +360,12 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
                  sizeof(G) * (double)h + 8.0 * rows);
   const unsigned grid = cu_blocks(rows, 1, 1 << 20);
   const bool vec = vec_rows<T>(h, {dy, x, res, gamma, dx, dres});
-  if (vec)
-    ln_bwd<T, G, kVec><<<grid, threads_for(h / kVec), 0, cu_stream(dev)>>>(dy, x, res, gamma, mean, rstd, dx, dres,
-                                                                         rows, h, (float)p, scale, seed, offset);
-  else
+  if constexpr (sizeof(T) == 2) {
+    if (vec)
+      ln_bwd<T, G, kVec><<<grid, threads_for(h / kVec), 0, cu_stream(dev)>>>(dy, x, res, gamma, mean, rstd, dx, dres,
+                                                                           rows, h, (float)p, scale, seed, offset);
+  }
+  if (!vec)
     ln_bwd<T, G, 1><<<grid, threads_for(h), 0, cu_stream(dev)>>>(dy, x, res, gamma, mean, rstd, dx, dres, rows, h,
                                                                 (float)p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
@@ -372,10 +377,13 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
   BL_CHECK(part.alloc(op, dev, (size_t)(2 * nchunk * h) * sizeof(float)));
   float *pg = part.as<float>(), *pb = pg + nchunk * h;
   cu_cost_kernel(dev, "layernorm", "ln_param_partial", sizeof(T) * n * (res ? 3 : 2) + 8.0 * rows + 8.0 * nchunk * h);
-  if (vec)
-    ln_param_partial<T, kVec><<<dim3((unsigned)((h / kVec + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0,
-                                cu_stream(dev)>>>(dy, x, res, mean, rstd, pg, pb, rows, h, (float)p, scale, seed, offset);
-  else
+  if constexpr (sizeof(T) == 2) {
+    if (vec)
+      ln_param_partial<T, kVec><<<dim3((unsigned)((h / kVec + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0,
+                                  cu_stream(dev)>>>(dy, x, res, mean, rstd, pg, pb, rows, h, (float)p, scale, seed,
+                                                    offset);
+  }
+  if (!vec)
     ln_param_partial<T, 1><<<dim3((unsigned)((h + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0, cu_stream(dev)>>>(
         dy, x, res, mean, rstd, pg, pb, rows, h, (float)p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
