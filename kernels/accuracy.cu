@@ -1,6 +1,7 @@
 // Metrics (contracts in bl_ops.h; CPU twin src/ops/accuracy.c): argmax over
-// the last dim and accuracy. argmax: one block per row, (value, index) pairs
-// combined with the CPU's rule (first NaN wins, else the first maximum).
+// the last dim and accuracy. argmax: one block per row (bf16/f16 rows read in
+// their own dtype), (value, index) pairs combined with the CPU's rule (first
+// NaN wins, else the first maximum).
 #include "common.cuh"
 
 namespace {
@@ -12,15 +13,18 @@ __device__ __forceinline__ bool am_better(float v, int64_t i, float w, int64_t j
   return i < j;
 }
 
-__global__ void argmax_rows(const float *x, int64_t rows, int64_t c, int64_t *out) {
+template <class T>
+__global__ void argmax_rows(const T *x, int64_t rows, int64_t c, int64_t *out) {
   __shared__ float sv[256];
   __shared__ int64_t si[256];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * c;
+    const T *xr = x + r * c;
     float bv = 0.0f;
     int64_t bi = -1;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      if (bi < 0 || am_better(xr[j], j, bv, bi)) { bv = xr[j]; bi = j; }
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float v = to_f(xr[j]);
+      if (bi < 0 || am_better(v, j, bv, bi)) { bv = v; bi = j; }
+    }
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
     __syncthreads();
@@ -52,10 +56,19 @@ int argmax_into(const char *op, int dev, const bl_tensor *x, cu_mem *res, int64_
   *rows_out = rows;
   BL_CHECK(res->alloc(op, dev, (size_t)rows * sizeof(int64_t)));
   if (rows == 0) return 0;
+  const unsigned grid = cu_blocks(rows, 1, 1 << 20);
+  cudaStream_t s = cu_stream(dev);
+  int64_t *o = res->as<int64_t>();
+  if (cu_is_contig(x) && (x->dtype == BL_BF16 || x->dtype == BL_F16)) {   // read in their own dtype
+    cu_cost_kernel(dev, "loss", "argmax_rows", (double)bl_dtype_size(x->dtype) * rows * c + 8.0 * rows);
+    if (x->dtype == BL_BF16) argmax_rows<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)x->data, rows, c, o);
+    else argmax_rows<__half><<<grid, 256, 0, s>>>((const __half *)x->data, rows, c, o);
+    return cu_launched(op, dev);
+  }
   cu_buf bx;
   BL_CHECK(cu_load(op, x, &bx));
   cu_cost_kernel(dev, "loss", "argmax_rows", 4.0 * (double)rows * c + 8.0 * rows);
-  argmax_rows<<<cu_blocks(rows, 1, 1 << 20), 256, 0, cu_stream(dev)>>>(bx.p, rows, c, res->as<int64_t>());
+  argmax_rows<float><<<grid, 256, 0, s>>>(bx.p, rows, c, o);
   return cu_launched(op, dev);
 }
 

@@ -93,6 +93,9 @@ int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src
 int cu_copy_header(const char *op, int dev, const bl_tensor *dst, const bl_tensor *src);
 // The reverse: tensor src (any strides/dtype) -> contiguous dst of `dst_dtype` (src->numel elements).
 int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor *src);
+// Generic conversions (dtype-changing copies through the strided copy kernel) launched on `dev` since start: the
+// f32 images of the ops without a native path for their operands (bl_cuda_counters reports them).
+int64_t cu_conversions(int dev);
 // Read the first index (row-major) where a device int64 flag array is set; helpers for validation.
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n);
 
@@ -104,6 +107,36 @@ __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ void from_f(float v, float *o) { *o = v; }
 __device__ __forceinline__ void from_f(float v, __nv_bfloat16 *o) { *o = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void from_f(float v, __half *o) { *o = __float2half_rn(v); }
+
+// V elements of T moved with 16-byte accesses when they fill whole ones (the caller checked the alignment), else
+// element by element. A union, not a cast of t, so a host compiler (the emulated build) sees no aliasing violation.
+template <class T, int V>
+struct cu_vec {
+  static constexpr int kWords = V * sizeof(T) % 16 == 0 ? (int)(V * sizeof(T) / 16) : 0;
+  union {
+    uint4 u[kWords ? kWords : 1];
+    T t[V];
+  };
+  __device__ __forceinline__ cu_vec() {}
+  __device__ __forceinline__ void load(const T *p) {
+    if constexpr (kWords > 0) {
+#pragma unroll
+      for (int k = 0; k < kWords; k++) u[k] = ((const uint4 *)p)[k];
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; e++) t[e] = p[e];
+    }
+  }
+  __device__ __forceinline__ void store(T *p) const {
+    if constexpr (kWords > 0) {
+#pragma unroll
+      for (int k = 0; k < kWords; k++) ((uint4 *)p)[k] = u[k];
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; e++) p[e] = t[e];
+    }
+  }
+};
 
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll

@@ -5,10 +5,15 @@
 // Cross-entropy: (1) ce_check validates targets and counts the counted rows
 // (integer atomics: exact), one synchronisation reads {first bad row, count}
 // back — needed anyway because grad_scale/count scales dlogits and `count` is
-// a host output; (2) ce_rows, one block per row: max, sum of exp (block tree),
-// row loss = mx + log(sum) - x[t] in double, dlogits = softmax * g - g*onehot;
-// (3) sum_rows adds the row losses in double in one block with a fixed
-// partition (deterministic) and writes mean over the counted rows.
+// a host output; (2) ce_rows, one block per row, logits and dlogits in their
+// own dtype (f32, bf16, f16; 16-byte vectors when a row is whole vectors), f32
+// in registers: ONE read of the row for the max and the sum of exp together
+// (online: a thread rescales its running sum when its max grows, the block
+// combines (max, sum) pairs in a fixed tree), row loss = mx + log(sum) - x[t]
+// in double, then, only when dlogits is wanted, a second read of the row that
+// writes dlogits = softmax * g - g*onehot; (3) sum_rows adds the row losses in
+// double in one block with a fixed partition (deterministic) and writes the
+// mean over the counted rows. Other dtype pairs go through f32 images.
 #include "common.cuh"
 
 namespace {
@@ -23,31 +28,66 @@ __global__ void ce_check(const int64_t *t, int64_t n, int64_t c, int64_t ignore,
 
 __global__ void init2(unsigned long long *res) { res[0] = ~0ull; res[1] = 0; }
 
-__global__ void ce_rows(const float *x, const int64_t *t, float *dlogits, double *rl, int64_t n, int64_t c, int64_t ignore,
+// (m, s) <- the pair for the union of (m, s) and (m2, s2), s a sum of exp(x - m); an empty side has m = -inf.
+__device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2) {
+  const float mm = fmaxf(m, m2);
+  if (mm == -INFINITY) return;   // both empty
+  s = (m == -INFINITY ? 0.0f : s * expf(m - mm)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mm));
+  m = mm;
+}
+
+// Block-wide (max, sum) in a fixed order; sm, ss have 32 floats. Uniform control flow only.
+__device__ __forceinline__ void lse_block(float &m, float &s, float *sm, float *ss) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();   // sm/ss may still be read by the previous row
+  if (lane == 0) { sm[w] = m; ss[w] = s; }
+  __syncthreads();
+  m = lane < nw ? sm[lane] : -INFINITY;
+  s = lane < nw ? ss[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+// One block per row; a thread takes vectors of V elements j = (threadIdx.x + k blockDim.x) V; c % V == 0.
+template <class T, int V>
+__global__ void ce_rows(const T *x, const int64_t *t, T *dlogits, double *rl, int64_t n, int64_t c, int64_t ignore,
                         float g) {
-  __shared__ float sh[32];
+  __shared__ float sm[32], ss[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const float *xr = x + i * c;
-    float *dr = dlogits ? dlogits + i * c : nullptr;
+    const T *xr = x + i * c;
+    T *dr = dlogits ? dlogits + i * c : nullptr;
     const int64_t ti = t[i];
     if (ti == ignore) {   // uniform per block
       if (threadIdx.x == 0) rl[i] = 0.0;
-      if (dr) for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dr[j] = 0.0f;
+      if (dr) for (int64_t j = threadIdx.x; j < c; j += blockDim.x) from_f(0.0f, &dr[j]);
       continue;
     }
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) mx = xr[j] > mx ? xr[j] : mx;
-    mx = cu_block_max(mx, sh);
-    float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += expf(xr[j] - mx);
-    sum = cu_block_sum(sum, sh);
-    if (threadIdx.x == 0) rl[i] = (double)mx + log((double)sum) - (double)xr[ti];
-    if (dr) {
-      const float s = g / sum;
-      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-        float v = expf(xr[j] - mx) * s;
-        dr[j] = j == ti ? v - g : v;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t j = threadIdx.x * (int64_t)V; j < c; j += blockDim.x * (int64_t)V) {
+      cu_vec<T, V> v;
+      v.load(xr + j);
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        const float xe = to_f(v.t[e]);
+        if (xe > mx) { sum = (mx == -INFINITY ? 0.0f : sum * expf(mx - xe)) + 1.0f; mx = xe; }
+        else sum += expf(xe - mx);
       }
+    }
+    lse_block(mx, sum, sm, ss);
+    if (threadIdx.x == 0) rl[i] = (double)mx + log((double)sum) - (double)to_f(xr[ti]);
+    if (!dr) continue;
+    const float sc = g / sum;
+    for (int64_t j = threadIdx.x * (int64_t)V; j < c; j += blockDim.x * (int64_t)V) {
+      cu_vec<T, V> v;
+      v.load(xr + j);
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        const float p = expf(to_f(v.t[e]) - mx) * sc;
+        from_f(j + e == ti ? p - g : p, &v.t[e]);
+      }
+      v.store(dr + j);
     }
   }
 }
@@ -73,6 +113,22 @@ int threads_for(int64_t n) {
   int t = 32;
   while (t < 256 && t < n) t <<= 1;
   return t;
+}
+
+// ce_rows over rows of c elements of T at x (dlogits: same dtype, may be NULL), 16-byte vectors when rows allow.
+template <class T>
+int launch_rows(const char *op, int dev, const void *x, const int64_t *t, void *dl, double *rl, int64_t n, int64_t c,
+                int64_t ignore, float g, double bytes) {
+  constexpr int V = 16 / sizeof(T);
+  const bool vec = c % V == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)dl % 16 == 0;
+  const unsigned grid = cu_blocks(n, 1, 1 << 20);
+  cudaStream_t s = cu_stream(dev);
+  cu_cost_kernel(dev, "loss", "ce_rows", bytes);
+  if (vec)
+    ce_rows<T, V><<<grid, threads_for(c / V), 0, s>>>((const T *)x, t, (T *)dl, rl, n, c, ignore, g);
+  else
+    ce_rows<T, 1><<<grid, threads_for(c), 0, s>>>((const T *)x, t, (T *)dl, rl, n, c, ignore, g);
+  return cu_launched(op, dev);
 }
 
 int write_scalar(const char *op, bl_tensor *loss, const double *dv) {
@@ -117,12 +173,27 @@ extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const 
   BL_CHECK(tot.alloc(op, dev, sizeof(double)));
   cu_buf bx, bd;
   if (n > 0) {
-    BL_CHECK(cu_load(op, logits, &bx));
-    if (dlogits) BL_CHECK(cu_out(op, dlogits, &bd, 0));
-    cu_cost_kernel(dev, "loss", "ce_rows", 4.0 * (double)n * c * (dlogits ? 2 : 1) + 16.0 * n);
-    ce_rows<<<cu_blocks(n, 1, 1 << 20), threads_for(c), 0, cu_stream(dev)>>>(bx.p, t.as<int64_t>(), dlogits ? bd.p : nullptr,
-                                                                             rl.as<double>(), n, c, ignore_index, g);
-    BL_CHECK(cu_launched(op, dev));
+    const bool native = (logits->dtype == BL_F32 || logits->dtype == BL_BF16 || logits->dtype == BL_F16) &&
+                        cu_is_contig(logits) && (!dlogits || (dlogits->dtype == logits->dtype && cu_is_contig(dlogits)));
+    // the row read once for the loss and once more for dlogits, dlogits written once
+    const double es = (double)bl_dtype_size(native ? logits->dtype : BL_F32);
+    const double bytes = es * (double)n * c * (dlogits ? 3 : 1) + 16.0 * n;
+    const int64_t *ti = t.as<int64_t>();
+    double *r = rl.as<double>();
+    if (native && logits->dtype == BL_BF16) {
+      BL_CHECK(launch_rows<__nv_bfloat16>(op, dev, logits->data, ti, dlogits ? dlogits->data : nullptr, r, n, c,
+                                          ignore_index, g, bytes));
+    } else if (native && logits->dtype == BL_F16) {
+      BL_CHECK(launch_rows<__half>(op, dev, logits->data, ti, dlogits ? dlogits->data : nullptr, r, n, c, ignore_index,
+                                   g, bytes));
+    } else if (native) {
+      BL_CHECK(launch_rows<float>(op, dev, logits->data, ti, dlogits ? dlogits->data : nullptr, r, n, c, ignore_index,
+                                  g, bytes));
+    } else {
+      BL_CHECK(cu_load(op, logits, &bx));
+      if (dlogits) BL_CHECK(cu_out(op, dlogits, &bd, 0));
+      BL_CHECK(launch_rows<float>(op, dev, bx.p, ti, dlogits ? bd.p : nullptr, r, n, c, ignore_index, g, bytes));
+    }
   }
   cu_cost_kernel(dev, "loss", "sum_rows", 8.0 * n + 8);
   sum_rows<<<1, 256, 0, cu_stream(dev)>>>(rl.as<double>(), cnt ? n : 0, cnt ? 1.0 / (double)cnt : 0.0, tot.as<double>());

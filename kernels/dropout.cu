@@ -2,18 +2,21 @@
 // u8 mask out; backward from the mask or by regenerating it. Element i
 // (row-major) uses the Philox stream at (seed, offset) exactly as the CPU
 // (kernels/philox.cuh). Grid: one thread per element, grid-stride loop, 256
-// threads per block; operands are contiguous f32 images (cu_buf).
+// threads per block; x and y of one dtype (f32, bf16, f16), contiguous, are
+// used directly (f32 in registers, one rounding as on the CPU), other operands
+// through contiguous f32 images (cu_buf).
 #include "common.cuh"
 #include "philox.cuh"
 
 namespace {
 
 // y = keep ? x * scale : 0, keep from the mask (mask_in) or Philox; optional u8 mask out.
-__global__ void dropout_kernel(float *y, const float *x, const uint8_t *mask_in, uint8_t *mask_out, int64_t n, float p,
+template <class T>
+__global__ void dropout_kernel(T *y, const T *x, const uint8_t *mask_in, uint8_t *mask_out, int64_t n, float p,
                                float scale, uint64_t seed, uint64_t offset) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     bool keep = mask_in ? mask_in[i] != 0 : bl_dropout_keep(seed, offset, (uint64_t)i, p);
-    y[i] = keep ? x[i] * scale : 0.0f;
+    from_f(keep ? to_f(x[i]) * scale : 0.0f, &y[i]);
     if (mask_out) mask_out[i] = keep ? 1 : 0;
   }
 }
@@ -31,19 +34,34 @@ int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tens
   if (n == 0) return 0;
   cu_buf bx, by;
   cu_mem min, mout;
-  BL_CHECK(cu_load(op, x, &bx));
-  BL_CHECK(cu_out(op, y, &by, 0));
+  const bool native = x->dtype == y->dtype && (x->dtype == BL_BF16 || x->dtype == BL_F16) && cu_is_contig(x) &&
+                      cu_is_contig(y);
+  if (!native) {
+    BL_CHECK(cu_load(op, x, &bx));
+    BL_CHECK(cu_out(op, y, &by, 0));
+  }
   if (mask_in) {   // any dtype/strides -> contiguous u8 (nonzero = keep)
     BL_CHECK(min.alloc(op, dev, (size_t)n));
     BL_CHECK(cu_copy_to_contig(op, min.p, BL_BOOL, mask_in));
   }
   if (mask_out) BL_CHECK(mout.alloc(op, dev, (size_t)n));
-  cu_cost_kernel(dev, "dropout", "dropout_kernel", 8.0 * n + (mask_in ? n : 0) + (mask_out ? n : 0));
-  dropout_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(by.p, bx.p, min.as<uint8_t>(), mout.as<uint8_t>(), n, (float)p,
-                                                                (float)(1.0 / (1.0 - p)), seed, offset);
+  const double es = native ? (double)bl_dtype_size(x->dtype) : 4.0;
+  cu_cost_kernel(dev, "dropout", "dropout_kernel", 2.0 * es * n + (mask_in ? n : 0) + (mask_out ? n : 0));
+  const unsigned grid = cu_blocks(n, 256);
+  const float sc = (float)(1.0 / (1.0 - p));
+  uint8_t *mi = min.as<uint8_t>(), *mo = mout.as<uint8_t>();
+  cudaStream_t s = cu_stream(dev);
+  if (!native)
+    dropout_kernel<float><<<grid, 256, 0, s>>>(by.p, bx.p, mi, mo, n, (float)p, sc, seed, offset);
+  else if (x->dtype == BL_BF16)
+    dropout_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((__nv_bfloat16 *)y->data, (const __nv_bfloat16 *)x->data, mi, mo,
+                                                       n, (float)p, sc, seed, offset);
+  else
+    dropout_kernel<__half><<<grid, 256, 0, s>>>((__half *)y->data, (const __half *)x->data, mi, mo, n, (float)p, sc, seed,
+                                                offset);
   BL_CHECK(cu_launched(op, dev));
   if (mask_out) BL_CHECK(cu_copy_from_contig(op, mask_out, mout.p, BL_U8));
-  return cu_store(op, y, &by);
+  return native ? 0 : cu_store(op, y, &by);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <math.h>
+#include <atomic>
 
 namespace {
 
@@ -78,6 +79,11 @@ struct iter {
 // has a constant trip count so off[] stays in registers (a runtime count
 // would put it in local memory); unused slots have stride 0.
 __device__ __forceinline__ void iter_offsets(const iter &it, int64_t i, int64_t off[4]) {
+  if (it.ndim == 1) {   // the usual case once coalesced (contiguous or one strided dim): no 64-bit div/mod
+#pragma unroll
+    for (int k = 0; k < 4; k++) off[k] = i * it.stride[k][0];
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < 4; k++) off[k] = 0;
   for (int d = it.ndim - 1; d >= 0; d--) {
@@ -216,6 +222,9 @@ __global__ void ew_kernel(iter it, int kind, int op, double s, double alpha, int
   }
 }
 
+const int kCountedDevices = 64;
+std::atomic<int64_t> conversions[kCountedDevices];
+
 int launch_ew(const char *op, int dev, int nops, const bl_tensor *const *ops, int kind, int code, double s,
               double alpha, int scalar_first) {
   if (ops[0]->numel == 0) return 0;
@@ -226,6 +235,7 @@ int launch_ew(const char *op, int dev, int nops, const bl_tensor *const *ops, in
   // A copy that changes the dtype is the generic strided conversion (f32 scratch of a bf16 activation and back),
   // named by the op that needed it.
   bool convert = kind == EW_COPY && ops[0]->dtype != ops[1]->dtype;
+  if (convert && dev >= 0 && dev < kCountedDevices) conversions[dev]++;
   cu_cost_kernel(dev, convert ? "convert" : kind == EW_COPY ? "copy" : "elementwise", op, bytes);
   ew_kernel<<<cu_blocks(it.n, 256), 256, 0, cu_stream(dev)>>>(it, kind, code, s, alpha, scalar_first);
   return cu_launched(op, dev);
@@ -397,6 +407,58 @@ __global__ void colsum_final(const float *part, int64_t nchunk, int64_t cols, fl
   }
 }
 
+// ---------------------------------------------------------------- native casts of contiguous buffers
+const int kCastV = 8;   // elements per thread: 16 bytes of a half type, 32 of f32
+
+// out[i] = in[i] converted (one rounding, through f32 registers: exact for every source of these types).
+template <class TO, class TI>
+__global__ void cast_kernel(TO *out, const TI *in, int64_t n) {
+  const int64_t nv = n / kCastV;
+  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < nv; v += (int64_t)gridDim.x * blockDim.x) {
+    cu_vec<TI, kCastV> a;
+    cu_vec<TO, kCastV> b;
+    a.load(in + v * kCastV);
+#pragma unroll
+    for (int e = 0; e < kCastV; e++) from_f(to_f(a.t[e]), &b.t[e]);
+    b.store(out + v * kCastV);
+  }
+  for (int64_t i = nv * kCastV + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    from_f(to_f(in[i]), &out[i]);
+}
+
+template <class T>
+__global__ void widen_ids(int64_t *out, const T *in, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = (int64_t)in[i];
+}
+
+template <class TO>
+int launch_cast_to(const char *op, int dev, void *out, const void *in, int in_dtype, int64_t n) {
+  const unsigned grid = cu_blocks(n / kCastV + 1, 256);
+  cudaStream_t s = cu_stream(dev);
+  if (in_dtype == BL_BF16) cast_kernel<TO, __nv_bfloat16><<<grid, 256, 0, s>>>((TO *)out, (const __nv_bfloat16 *)in, n);
+  else if (in_dtype == BL_F16) cast_kernel<TO, __half><<<grid, 256, 0, s>>>((TO *)out, (const __half *)in, n);
+  else cast_kernel<TO, float><<<grid, 256, 0, s>>>((TO *)out, (const float *)in, n);
+  return cu_launched(op, dev);
+}
+
+bool half_or_f32(int dtype) { return dtype == BL_F32 || dtype == BL_BF16 || dtype == BL_F16; }
+
+// Contiguous dst <- src of equal numel, between two different dtypes of f32/bf16/f16, with vector accesses when both
+// buffers are 16-byte aligned; BL_EUNSUPPORTED (no error set) for anything else.
+int cast_native(const char *op, int dev, const bl_tensor *dst, const bl_tensor *src) {
+  if (dst->dtype == src->dtype || !half_or_f32(dst->dtype) || !half_or_f32(src->dtype)) return BL_EUNSUPPORTED;
+  if (dst->numel != src->numel || !cu_is_contig(dst) || !cu_is_contig(src)) return BL_EUNSUPPORTED;
+  if ((uintptr_t)dst->data % 16 || (uintptr_t)src->data % 16) return BL_EUNSUPPORTED;
+  const int64_t n = dst->numel;
+  if (n == 0) return 0;
+  cu_cost_kernel(dev, "cast", op, cu_bytes(dst) + cu_bytes(src));
+  if (dst->dtype == BL_BF16) return launch_cast_to<__nv_bfloat16>(op, dev, dst->data, src->data, src->dtype, n);
+  if (dst->dtype == BL_F16) return launch_cast_to<__half>(op, dev, dst->data, src->data, src->dtype, n);
+  return launch_cast_to<float>(op, dev, dst->data, src->data, src->dtype, n);
+}
+
 }  // namespace
 
 // ================================================================ common.cuh plumbing
@@ -456,6 +518,16 @@ int cu_store(const char *op, bl_tensor *t, cu_buf *b) {
 
 int cu_load_ids(const char *op, const bl_tensor *t, cu_mem *ids) {
   BL_CHECK(ids->alloc(op, t->device, (size_t)t->numel * sizeof(int64_t)));
+  const int64_t n = t->numel;
+  if (cu_is_contig(t) && (t->dtype == BL_I32 || t->dtype == BL_I64)) {   // the usual case: no generic copy
+    if (n == 0) return 0;
+    cu_cost_kernel(t->device, "index check", "widen_ids", (double)n * (8 + bl_dtype_size(t->dtype)));
+    const unsigned grid = cu_blocks(n, 256);
+    cudaStream_t s = cu_stream(t->device);
+    if (t->dtype == BL_I32) widen_ids<int32_t><<<grid, 256, 0, s>>>(ids->as<int64_t>(), (const int32_t *)t->data, n);
+    else widen_ids<int64_t><<<grid, 256, 0, s>>>(ids->as<int64_t>(), (const int64_t *)t->data, n);
+    return cu_launched(op, t->device);
+  }
   bl_tensor h;
   contig_header(&h, t, ids->p, BL_I64);
   return copy_between(op, t->device, &h, t);
@@ -471,6 +543,8 @@ int cu_copy_header(const char *op, int dev, const bl_tensor *dst, const bl_tenso
   BL_CHECK(check_broadcast_to(op, src, dst));
   return copy_between(op, dev, dst, src);
 }
+
+int64_t cu_conversions(int dev) { return dev >= 0 && dev < kCountedDevices ? conversions[dev].load() : 0; }
 
 int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor *src) {
   bl_tensor h;
@@ -521,7 +595,8 @@ extern "C" int bl_cuda_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
   const bl_tensor *ts[] = {dst, src};
   BL_CHECK(cu_device(op, 2, ts, &dev));
   BL_CHECK(check_broadcast_to(op, src, dst));
-  return copy_between(op, dev, dst, src);
+  int rc = cast_native(op, dev, dst, src);
+  return rc != BL_EUNSUPPORTED ? rc : copy_between(op, dev, dst, src);
 }
 
 extern "C" int bl_cuda_cast(bl_tensor *dst, const bl_tensor *src) {
@@ -537,7 +612,8 @@ extern "C" int bl_cuda_cast(bl_tensor *dst, const bl_tensor *src) {
   BL_CHECK(cu_device(op, 2, ts, &dev));
   bl_tensor h;
   contig_header(&h, dst, src->data, src->dtype);   // src viewed with dst's shape
-  return copy_between(op, dev, dst, &h);
+  int rc = cast_native(op, dev, dst, &h);
+  return rc != BL_EUNSUPPORTED ? rc : copy_between(op, dev, dst, &h);
 }
 
 extern "C" int bl_cuda_tensor_fill(bl_tensor *t, double value) {

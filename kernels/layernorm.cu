@@ -15,6 +15,12 @@
 // deterministic reduction: ln_param_partial sums dy*xhat and dy over fixed
 // 256-row chunks per column (grid: 32 columns x chunk, 32x8 threads, xhat
 // recomputed), ln_param_final adds the chunks in order and accumulates (+=).
+//
+// bf16/f16 rows that are whole 16-byte vectors: every kernel reads and writes
+// them 8 elements at a time (V = 8: a thread's columns are consecutive, the
+// block sums change order but stay fixed) and draws the dropout mask of 4
+// elements from one Philox block, where the scalar kernels (V = 1: f32, odd
+// rows) run a whole Philox block per element and use one of its four outputs.
 #include <initializer_list>
 #include <type_traits>
 #include "common.cuh"
@@ -35,84 +41,182 @@ __device__ __forceinline__ float ln_s(const T *x, const T *res, int64_t i, float
   return v;
 }
 
+template <class T, int V>
+__device__ __forceinline__ void load_f(const T *p, float (&v)[V]) {
+  cu_vec<T, V> a;
+  a.load(p);
+#pragma unroll
+  for (int e = 0; e < V; e++) v[e] = to_f(a.t[e]);
+}
+template <class T, int V>
+__device__ __forceinline__ void store_f(T *p, const float (&v)[V]) {
+  cu_vec<T, V> a;
+#pragma unroll
+  for (int e = 0; e < V; e++) from_f(v[e], &a.t[e]);
+  a.store(p);
+}
+
+// Dropout keep flags of elements i .. i+V-1 (V % 4 == 0, i % 4 == 0): one Philox block per 4 elements (the
+// stream's layout), where the scalar path runs a whole block per element.
+template <int V>
+__device__ __forceinline__ void keep_v(uint64_t seed, uint64_t offset, int64_t i, float p, bool (&k)[V]) {
+#pragma unroll
+  for (int q = 0; q < V; q += 4) {
+    const uint4 r = bl_philox4x32_dev(seed, offset + ((uint64_t)(i + q) >> 2));
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int l = 0; l < 4; l++) k[q + l] = (float)(w[l] >> 8) * (1.0f / 16777216.0f) >= p;
+  }
+}
+
+// s[e] = ln_s(.., i + e) and its dropout keep flag k[e] for e < V: one element (V == 1) or a vector of V at i
+// (i % V == 0, V % 4 == 0). Same arithmetic as ln_s (a kept element times scale, exact when p == 0).
+template <class T, int V>
+__device__ __forceinline__ void ln_s_k(const T *x, const T *res, int64_t i, float p, float scale, uint64_t seed,
+                                       uint64_t offset, float (&s)[V], bool (&k)[V]) {
+  load_f<T, V>(x + i, s);
+#pragma unroll
+  for (int e = 0; e < V; e++) k[e] = true;
+  if (!res) return;
+  if (p > 0.0f) {
+    if constexpr (V == 1) k[0] = bl_dropout_keep(seed, offset, (uint64_t)i, p);
+    else keep_v<V>(seed, offset, i, p, k);
+  }
+  float r[V];
+  load_f<T, V>(res + i, r);
+#pragma unroll
+  for (int e = 0; e < V; e++) s[e] = (p > 0.0f ? (k[e] ? s[e] * scale : 0.0f) : s[e]) + r[e];
+}
+template <class T, int V>
+__device__ __forceinline__ void ln_s_v(const T *x, const T *res, int64_t i, float p, float scale, uint64_t seed,
+                                       uint64_t offset, float (&s)[V]) {
+  bool k[V];
+  ln_s_k<T, V>(x, res, i, p, scale, seed, offset, s, k);
+}
+
 // T: storage of x, res, y (f32, bf16, f16); G: of gamma, beta. f32 keeps s = dropout(x) + res in y between the
 // passes; bf16/f16 recompute it (rounding it to T would change the result).
-template <class T, class G>
+template <class T, class G, int V>
 __global__ void ln_fwd(const T *x, const T *res, const G *gamma, const G *beta, T *y, float *mean, float *rstd,
                        int64_t rows, int64_t h, float eps, float p, float scale, uint64_t seed, uint64_t offset) {
   constexpr bool keep = std::is_same<T, float>::value;
   __shared__ float sh[32];
+  const int64_t step = blockDim.x * (int64_t)V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t base = r * h;
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
-      float s = ln_s(x, res, base + j, p, scale, seed, offset);
-      if (keep && res) from_f(s, &y[base + j]);   // kept for the passes below (same thread, same column)
-      sum += s;
+    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
+      float s[V];
+      ln_s_v<T, V>(x, res, base + j, p, scale, seed, offset, s);
+      if (keep && res) store_f<T, V>(&y[base + j], s);   // kept for the passes below (same thread, same columns)
+#pragma unroll
+      for (int e = 0; e < V; e++) sum += s[e];
     }
     const float m = cu_block_sum(sum, sh) / (float)h;
-    auto s_at = [&](int64_t i) { return keep && res ? to_f(y[i]) : ln_s(x, res, i, p, scale, seed, offset); };
+    auto s_at = [&](int64_t i, float(&s)[V]) {
+      if (keep && res) load_f<T, V>(&y[i], s);
+      else ln_s_v<T, V>(x, res, i, p, scale, seed, offset, s);
+    };
     float var = 0.0f;
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) { float d = s_at(base + j) - m; var += d * d; }
+    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
+      float s[V];
+      s_at(base + j, s);
+#pragma unroll
+      for (int e = 0; e < V; e++) { float d = s[e] - m; var += d * d; }
+    }
     const float rs = 1.0f / sqrtf(cu_block_sum(var, sh) / (float)h + eps);
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
-      float o = (s_at(base + j) - m) * rs * to_f(gamma[j]);
-      from_f(beta ? o + to_f(beta[j]) : o, &y[base + j]);
+    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
+      float s[V], g[V], b[V];
+      s_at(base + j, s);
+      load_f<G, V>(gamma + j, g);
+      if (beta) load_f<G, V>(beta + j, b);
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        float o = (s[e] - m) * rs * g[e];
+        s[e] = beta ? o + b[e] : o;
+      }
+      store_f<T, V>(&y[base + j], s);
     }
     if (threadIdx.x == 0) { mean[r] = m; rstd[r] = rs; }
   }
 }
 
-template <class T, class G>
+template <class T, class G, int V>
 __global__ void ln_bwd(const T *dy, const T *x, const T *res, const G *gamma, const float *mean, const float *rstd,
                        T *dx, T *dres, int64_t rows, int64_t h, float p, float scale, uint64_t seed, uint64_t offset) {
   __shared__ float sh[32];
+  const int64_t step = blockDim.x * (int64_t)V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t base = r * h;
     const float m = mean[r], rs = rstd[r];
     float a = 0.0f, b = 0.0f;
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
-      float xh = (ln_s(x, res, base + j, p, scale, seed, offset) - m) * rs;
-      float gj = to_f(dy[base + j]) * to_f(gamma[j]);
-      a += gj;
-      b += gj * xh;
+    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
+      float s[V], g[V], d[V];
+      ln_s_v<T, V>(x, res, base + j, p, scale, seed, offset, s);
+      load_f<G, V>(gamma + j, g);
+      load_f<T, V>(dy + base + j, d);
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        float gj = d[e] * g[e];
+        a += gj;
+        b += gj * ((s[e] - m) * rs);
+      }
     }
     a = cu_block_sum(a, sh) / (float)h;
     b = cu_block_sum(b, sh) / (float)h;
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
       const int64_t i = base + j;
-      float xh = (ln_s(x, res, i, p, scale, seed, offset) - m) * rs;
-      float d = rs * (to_f(dy[i]) * to_f(gamma[j]) - a - xh * b);
-      if (dres) from_f(d, &dres[i]);
-      if (res && p > 0.0f) d = bl_dropout_keep(seed, offset, (uint64_t)i, p) ? d * scale : 0.0f;
-      from_f(d, &dx[i]);
+      float s[V], g[V], d[V];
+      bool k[V];
+      ln_s_k<T, V>(x, res, i, p, scale, seed, offset, s, k);
+      load_f<G, V>(gamma + j, g);
+      load_f<T, V>(dy + i, d);
+#pragma unroll
+      for (int e = 0; e < V; e++) d[e] = rs * (d[e] * g[e] - a - ((s[e] - m) * rs) * b);
+      if (dres) store_f<T, V>(dres + i, d);
+      if (res && p > 0.0f) {
+#pragma unroll
+        for (int e = 0; e < V; e++) d[e] = k[e] ? d[e] * scale : 0.0f;
+      }
+      store_f<T, V>(dx + i, d);
     }
   }
 }
 
-template <class T>
+// Block (32, 8) over 32 column groups of V and the kChunk rows of chunk blockIdx.y; a thread takes rows ty, ty + 8...
+template <class T, int V>
 __global__ void ln_param_partial(const T *dy, const T *x, const T *res, const float *mean, const float *rstd,
                                  float *pg, float *pb, int64_t rows, int64_t h, float p, float scale, uint64_t seed,
                                  uint64_t offset) {
-  __shared__ float sg[8][33], sb[8][33];
-  const int64_t j = blockIdx.x * 32LL + threadIdx.x;
+  __shared__ float sg[8][32][V + (V == 1)], sb[8][32][V + (V == 1)];   // V == 1: padded against bank conflicts
+  const int64_t j = (blockIdx.x * 32LL + threadIdx.x) * V;
   const int64_t r0 = blockIdx.y * (int64_t)kChunk, r1 = min(r0 + kChunk, rows);
-  float ag = 0.0f, ab = 0.0f;
+  float ag[V], ab[V];
+#pragma unroll
+  for (int e = 0; e < V; e++) ag[e] = ab[e] = 0.0f;
   if (j < h)
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
       const int64_t i = r * h + j;
-      float xh = (ln_s(x, res, i, p, scale, seed, offset) - mean[r]) * rstd[r];
-      ag += to_f(dy[i]) * xh;
-      ab += to_f(dy[i]);
+      float s[V], d[V];
+      ln_s_v<T, V>(x, res, i, p, scale, seed, offset, s);
+      load_f<T, V>(dy + i, d);
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        ag[e] += d[e] * ((s[e] - mean[r]) * rstd[r]);
+        ab[e] += d[e];
+      }
     }
-  sg[threadIdx.y][threadIdx.x] = ag;
-  sb[threadIdx.y][threadIdx.x] = ab;
+#pragma unroll
+  for (int e = 0; e < V; e++) { sg[threadIdx.y][threadIdx.x][e] = ag[e]; sb[threadIdx.y][threadIdx.x][e] = ab[e]; }
   __syncthreads();
   if (threadIdx.y == 0 && j < h) {
-    float g = 0.0f, b = 0.0f;
-    for (int k = 0; k < 8; k++) { g += sg[k][threadIdx.x]; b += sb[k][threadIdx.x]; }
-    pg[blockIdx.y * h + j] = g;
-    pb[blockIdx.y * h + j] = b;
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      float g = 0.0f, b = 0.0f;
+      for (int k = 0; k < 8; k++) { g += sg[k][threadIdx.x][e]; b += sb[k][threadIdx.x][e]; }
+      pg[blockIdx.y * h + j + e] = g;
+      pb[blockIdx.y * h + j + e] = b;
+    }
   }
 }
 
@@ -123,6 +227,17 @@ __global__ void ln_param_final(const float *pg, const float *pb, int64_t nchunk,
     if (dgamma) dgamma[j] += g;
     if (dbeta) dbeta[j] += b;
   }
+}
+
+// Vector width of the native half-type kernels: 8 elements (16 bytes of bf16/f16, two Philox blocks).
+const int kVec = 8;
+
+// Rows of h elements are whole kVec vectors at 16-byte aligned bases (f32 rows keep the scalar kernels).
+template <class T>
+bool vec_rows(int64_t h, std::initializer_list<const void *> ps) {
+  if (sizeof(T) != 2 || h % kVec) return false;
+  for (const void *q : ps) if ((uintptr_t)q % 16) return false;
+  return true;
 }
 
 int threads_for(int64_t h) {
@@ -179,8 +294,16 @@ int ln_fwd_run(const char *op, int dev, const T *x, const T *res, const G *gamma
   float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   double n = (double)rows * h;
   cu_cost_kernel(dev, "layernorm", "ln_fwd", sizeof(T) * n * (res ? 3 : 2) + 2.0 * sizeof(G) * h + 8.0 * rows);
-  ln_fwd<T, G><<<cu_blocks(rows, 1, 1 << 20), threads_for(h), 0, cu_stream(dev)>>>(
-      x, res, gamma, beta, y, mean, rstd, rows, h, (float)eps, (float)p, scale, seed, offset);
+  const unsigned grid = cu_blocks(rows, 1, 1 << 20);
+  if constexpr (sizeof(T) == 2) {
+    if (vec_rows<T>(h, {x, res, y, gamma, beta})) {
+      ln_fwd<T, G, kVec><<<grid, threads_for(h / kVec), 0, cu_stream(dev)>>>(
+          x, res, gamma, beta, y, mean, rstd, rows, h, (float)eps, (float)p, scale, seed, offset);
+      return cu_launched(op, dev);
+    }
+  }
+  ln_fwd<T, G, 1><<<grid, threads_for(h), 0, cu_stream(dev)>>>(x, res, gamma, beta, y, mean, rstd, rows, h,
+                                                                (float)eps, (float)p, scale, seed, offset);
   return cu_launched(op, dev);
 }
 
@@ -235,8 +358,16 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
   double n = (double)rows * h;
   cu_cost_kernel(dev, "layernorm", "ln_bwd", sizeof(T) * n * (3 + (res ? 1 : 0) + (dres ? 1 : 0)) +
                  sizeof(G) * (double)h + 8.0 * rows);
-  ln_bwd<T, G><<<cu_blocks(rows, 1, 1 << 20), threads_for(h), 0, cu_stream(dev)>>>(
-      dy, x, res, gamma, mean, rstd, dx, dres, rows, h, (float)p, scale, seed, offset);
+  const unsigned grid = cu_blocks(rows, 1, 1 << 20);
+  const bool vec = vec_rows<T>(h, {dy, x, res, gamma, dx, dres});
+  if constexpr (sizeof(T) == 2) {
+    if (vec)
+      ln_bwd<T, G, kVec><<<grid, threads_for(h / kVec), 0, cu_stream(dev)>>>(dy, x, res, gamma, mean, rstd, dx, dres,
+                                                                           rows, h, (float)p, scale, seed, offset);
+  }
+  if (!vec)
+    ln_bwd<T, G, 1><<<grid, threads_for(h), 0, cu_stream(dev)>>>(dy, x, res, gamma, mean, rstd, dx, dres, rows, h,
+                                                                (float)p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
   if (!dgamma && !dbeta) return 0;
   int64_t nchunk = (rows + kChunk - 1) / kChunk;
@@ -246,8 +377,15 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
   BL_CHECK(part.alloc(op, dev, (size_t)(2 * nchunk * h) * sizeof(float)));
   float *pg = part.as<float>(), *pb = pg + nchunk * h;
   cu_cost_kernel(dev, "layernorm", "ln_param_partial", sizeof(T) * n * (res ? 3 : 2) + 8.0 * rows + 8.0 * nchunk * h);
-  ln_param_partial<T><<<dim3((unsigned)((h + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0, cu_stream(dev)>>>(
-      dy, x, res, mean, rstd, pg, pb, rows, h, (float)p, scale, seed, offset);
+  if constexpr (sizeof(T) == 2) {
+    if (vec)
+      ln_param_partial<T, kVec><<<dim3((unsigned)((h / kVec + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0,
+                                  cu_stream(dev)>>>(dy, x, res, mean, rstd, pg, pb, rows, h, (float)p, scale, seed,
+                                                    offset);
+  }
+  if (!vec)
+    ln_param_partial<T, 1><<<dim3((unsigned)((h + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0, cu_stream(dev)>>>(
+        dy, x, res, mean, rstd, pg, pb, rows, h, (float)p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
   cu_buf bdg, bdb;
   if (dgamma) BL_CHECK(cu_out(op, dgamma, &bdg, 1));

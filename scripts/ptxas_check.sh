@@ -48,7 +48,7 @@ done
 
 printf '%-17s %-7s %5s %7s %6s %6s  %s\n' file arch regs smem_B stack spill kernel
 sort -k1,1 -k3,3 -k2,2 "$TMP/rows" | while read -r file fn arch regs smem stack sst sld; do
-  kernel="$(echo "$fn" | "$FILTER" | sed -E 's/^void //; s/^\(anonymous namespace\):://; s/\([^()]*\)$//')"
+  kernel="$(echo "$fn" | "$FILTER" | sed -E 's/^void //; s/\(anonymous namespace\):://g; s/\((int|long)\)//g; s/\(.*//; s/ //g')"
   printf '%-17s %-7s %5s %7s %6s %6s  %s\n' "$file" "$arch" "$regs" "$smem" "$stack" "$((sst + sld))" "$kernel"
   if [ "$stack" != 0 ] || [ "$sst" != 0 ] || [ "$sld" != 0 ]; then status=1; fi
 done || status=1

@@ -72,8 +72,10 @@ void bl_cuda_set_tf32(int enable);
 /* Counts of CUDA runtime calls on cuda:N since start: host-blocking synchronisations (stream/device/event
  * synchronize, synchronous copies), cudaMalloc, cudaFree and kernel launches. The emulated device
  * (-DBERTLUA_CUDA_EMU=ON) counts every call; a real-GPU build counts those of bertlua's device layer
- * (bl_dev_malloc/free, bl_dev_memcpy, bl_cuda_synchronize) and reports launches as -1. Error in a CPU-only build. */
-typedef struct bl_cuda_count { int64_t syncs, mallocs, frees, launches; } bl_cuda_count;
+ * (bl_dev_malloc/free, bl_dev_memcpy, bl_cuda_synchronize) and reports launches as -1. `conversions`: launches of
+ * the generic strided copy that change the dtype (an op without a native path for its operands' dtype making f32
+ * images), counted by the kernel layer on both. Error in a CPU-only build. */
+typedef struct bl_cuda_count { int64_t syncs, mallocs, frees, launches, conversions; } bl_cuda_count;
 int bl_cuda_counters(int device, bl_cuda_count *out);
 /* Launch log for the step-time model (recipes/benchmark.lua --model-time): between bl_cuda_record_begin and
  * bl_cuda_record_end every kernel launch, cuBLASLt call, memset and copy on cuda:N is logged with the FLOPs and the

@@ -19,9 +19,12 @@
  *    ordered with it). Functions return once the work is queued, except those
  *    that return a host value (counts, flags, norms), which synchronise.
  *  - Math is f32 with f32 accumulation (f64 for the generic tensor ops and
- *    the loss sums). f32 contiguous tensors are used in place; other float
- *    dtypes and strided views go through a contiguous f32 device scratch,
- *    exactly like the CPU ops (ops_internal.h). GEMMs read f16/bf16 directly.
+ *    the loss sums). Contiguous f32 tensors are used in place, and so are
+ *    contiguous bf16/f16 ones where the op has a native path (GEMMs,
+ *    activations, LayerNorms, embedding/gather, cross-entropy, argmax,
+ *    dropout, casts: f32 only in registers); other dtypes and strided views go
+ *    through a contiguous f32 device scratch like the CPU ops (ops_internal.h),
+ *    counted in bl_cuda_counters().conversions.
  *  - Reductions (dW, db, dgamma, dbeta, dtable, norms, losses) use a fixed
  *    partition and a fixed combination order: results are bitwise
  *    reproducible run to run on the same GPU and launch configuration.

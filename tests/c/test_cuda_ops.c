@@ -267,9 +267,9 @@ static void test_layernorm(void) {
  * 2^-10 (f16) of the value. mean, rstd, dgamma, dbeta stay f32: the f32 tolerances. gamma/beta in the activation
  * dtype and in f32; 37 rows of 300. */
 static void test_layernorm_half(void) {
-  for (int k = 0; k < 8; k++) {
-    const int64_t R = 37, H = 300;
-    int dt = k & 1 ? BL_F16 : BL_BF16, gdt = k & 2 ? BL_F32 : dt, fused = k >> 2;
+  for (int k = 0; k < 16; k++) {   /* H = 264: whole 16-byte vectors (the kernels' vector path), 300: scalar */
+    const int64_t R = 37, H = k & 8 ? 264 : 300;
+    int dt = k & 1 ? BL_F16 : BL_BF16, gdt = k & 2 ? BL_F32 : dt, fused = (k >> 2) & 1;
     double p = fused ? 0.1 : 0.0, u = dt == BL_BF16 ? 1.0 / 128 : 1.0 / 1024;
     bl_tensor *fx = rnd(2, SH(R, H), 120 + k, -2, 2), *fr = rnd(2, SH(R, H), 130 + k, -1, 1);
     bl_tensor *fg = rnd(1, SH(H), 140 + k, 0.5, 1.5), *fb = rnd(1, SH(H), 150 + k, -1, 1);
@@ -285,7 +285,7 @@ static void test_layernorm_half(void) {
     const char *what = fused ? "residual_ln" : "ln";
     ln_fwd(0, y, m, s_, cx, fused ? cr : NULL, cg, cb, p);
     ln_fwd(1, dy, dm, ds, x, fused ? res : NULL, g, b, p);
-    snprintf(name, sizeof name, "%s y %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
+    snprintf(name, sizeof name, "%s y %s, gamma %s, H %lld", what, bl_dtype_name(dt), bl_dtype_name(gdt), (long long)H);
     close_(name, y, dy, u + 1e-5, 2e-5); close_("ln mean (half)", m, dm, 1e-5, 1e-6);
     close_("ln rstd (half)", s_, ds, 1e-5, 1e-6);
     bl_tensor *gx = mk(-1, dt, 2, x->shape), *gr = mk(-1, dt, 2, x->shape), *dgx = mk(DEV, dt, 2, x->shape);

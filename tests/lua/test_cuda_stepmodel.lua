@@ -2,7 +2,8 @@
 -- the launch log of a real bf16 training step on cuda:0 checked against what the model must contain:
 --   * every launch the emulator accepted states its cost (none "unannotated"), one record per kernel launch;
 --   * the GEMM FLOPs equal the analytic count of BERT's matmuls (independent of the launch sites' statements);
---   * a dry run records the same launches as a real run of the same step.
+--   * a dry run records the same launches as a real run of the same step;
+--   * no op of the step converts its operands through the generic strided copy (attention exempt for now).
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -148,6 +149,35 @@ T.test("a dry run records the same launches as a real run (emulated device)", fu
     T.truthy(a.name == b.name and a.cls == b.cls and a.flops == b.flops and a.bytes == b.bytes,
       ("launch %d: %s/%s vs %s/%s"):format(i, a.name, a.cls, b.name, b.cls))
   end
+end)
+
+-- A bf16 step makes no generic conversion (bl_cuda_counters' `conversions`: dtype-changing launches of the strided
+-- copy kernel, i.e. f32 images of bf16 operands); the log names the ops that still convert, so a failure says which
+-- op lost its native path. Head size 32: the attention runs the tensor-core kernels, which read bf16 in place.
+T.test("a bf16 training step makes no generic conversion", function()
+  need_gpu()
+  local m = bert.BertForPreTraining(CFG, { seed = 5 }):to{ device = "cuda:0", dtype = "bf16" }
+  m:train()
+  local bt = batch()
+  local function step()
+    train_step(m, bt)()
+    m:sync_compute()   -- the bf16 refresh of the compute copy after an update
+  end
+  step()
+  local function conversions()
+    local c = ffi.new("bl_cuda_count")
+    check(C.bl_cuda_counters(0, c))
+    return tonumber(c.conversions)
+  end
+  local c0 = conversions()
+  local list = stepmodel.record(0, step)
+  local total = conversions() - c0
+  local bad = {}
+  for _, l in ipairs(list) do
+    if l.cls == "convert" then bad[#bad + 1] = l.name end
+  end
+  T.eq(table.concat(bad, ", "), "", "ops converting through the generic copy")
+  T.eq(total, 0, "generic conversions counted by the runtime")
 end)
 
 T.run()

@@ -1,0 +1,260 @@
+/* Native bf16/f16 paths of the CUDA lookups, casts and losses vs their CPU twins (kernels/embedding.cu,
+ * elementwise.cu, loss.cu vs src/ops): random non-zero inputs made on the CPU, rounded once to the storage dtype,
+ * the same rounded values given to both devices, device outputs poisoned with NaN first.
+ *
+ * Tolerances from the arithmetic of each pair:
+ *  - lookups copy values (forward) or sum them in f32 in index order from the target's current value (backward,
+ *    also on the CPU: f32 image of the target, one rounding at the end): bitwise equal, compared with 0 tolerance;
+ *  - casts round once, each side to nearest even from the same value: bitwise equal;
+ *  - cross-entropy: both take max, sum of exp and the loss per row in f32/f64 over the same rounded logits; the
+ *    CPU sums the row in order, the device in a block tree with an online rescaling of the running sum, so the
+ *    f32 sum of c terms differs by at most ~2 c u_f32 relative (c <= 30522: 4e-3 would be the worst case bound,
+ *    random rounding gives ~sqrt(c) u: 1e-5 relative is used with an absolute floor). dlogits = softmax * g,
+ *    rounded to bf16/f16: one rounding on each side of values that differ by 1e-5 relative, so they differ by at
+ *    most one unit in the last place: 2^-8 (bf16, 8-bit significand incl. the hidden bit, rounding to nearest
+ *    gives 2^-8 relative) / 2^-11 (f16) relative plus the f32 difference.
+ * The conversion counter (bl_cuda_counters().conversions) must not move across the native calls.
+ * Determinism: the backward lookups are rerun and compared bitwise.
+ * Without a CUDA device (or in a CPU-only build): prints "skipped: ..." and exits 77. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "bertlua.h"
+#include "check.h"
+#ifdef BL_HAVE_CUDA
+#include "device/cuda_ops.h"
+#endif
+
+#ifndef BL_HAVE_CUDA
+int main(void) {
+  printf("skipped: no CUDA device (CPU-only build, bl_cuda_compiled() = %d)\n", bl_cuda_compiled());
+  return 77;
+}
+#else
+
+static int checks = 0;
+static const int DEV = 0;
+
+#define SH(...) (const int64_t[]){__VA_ARGS__}
+
+static bl_tensor *mk(int dev, int dtype, int nd, const int64_t *shape) {
+  bl_tensor *t = NULL;
+  if (bl_tensor_empty(nd, shape, dtype, dev, &t)) { printf("FAIL alloc: %s\n", bl_last_error()); exit(1); }
+  if (dev >= 0 && t->numel > 0 && bl_dtype_is_float(dtype)) bl_cuda_tensor_fill(t, NAN);   /* poison */
+  return t;
+}
+/* Random values in [lo, hi) rounded to dtype, on the CPU. */
+static bl_tensor *rnd(int dtype, int nd, const int64_t *shape, uint64_t seed, double lo, double hi) {
+  bl_tensor *f = mk(-1, BL_F32, nd, shape), *t = mk(-1, dtype, nd, shape);
+  OK(bl_rand_uniform(f, seed, 0, lo, hi));
+  OK(bl_tensor_copy(t, f));
+  bl_tensor_free(f);
+  return t;
+}
+static bl_tensor *up(const bl_tensor *c) {
+  bl_tensor *d = mk(DEV, c->dtype, c->ndim, c->shape);
+  OK(bl_tensor_copy(d, c));
+  return d;
+}
+static double *host(const bl_tensor *t) {
+  bl_tensor *h = mk(-1, t->dtype, t->ndim, t->shape);
+  OK(bl_tensor_copy(h, t));
+  double *v = malloc(sizeof(double) * (size_t)(t->numel ? t->numel : 1));
+  OK(bl_tensor_to_doubles(h, v, t->numel));
+  bl_tensor_free(h);
+  return v;
+}
+static void close_(const char *name, const bl_tensor *ref, const bl_tensor *got, double rtol, double atol) {
+  checks++;
+  double *a = host(ref), *b = host(got), worst = 0;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < ref->numel; i++) {
+    double e = fabs(a[i] - b[i]);
+    if (!(e <= atol + rtol * fabs(a[i])) && bad < 0) bad = i;
+    if (e > worst || e != e) worst = e;
+  }
+  if (bad >= 0) {
+    printf("FAIL %s: element %lld cpu %.9g gpu %.9g (max abs err %.3g)\n", name, (long long)bad, a[bad], b[bad], worst);
+    failures++;
+  }
+  free(a); free(b);
+}
+static void F(bl_tensor *t) { bl_tensor_free(t); }
+static int64_t conversions(void) {
+  bl_cuda_count c;
+  OK(bl_cuda_counters(DEV, &c));
+  return c.conversions;
+}
+static void no_conversion(const char *what, int64_t before) {
+  checks++;
+  int64_t d = conversions() - before;
+  if (d) { printf("FAIL %s: %lld generic conversions (expected a native path)\n", what, (long long)d); failures++; }
+}
+
+/* ids in [0, rows): every 5th the padding id 0, the others from a few values (repeats) or anywhere. */
+static bl_tensor *make_ids(int dtype, int64_t n, int64_t rows, int few, uint64_t seed) {
+  bl_tensor *t = mk(-1, dtype, 1, SH(n));
+  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (int64_t i = 0; i < n; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    int64_t v = (int64_t)((s >> 33) % (uint64_t)(few ? (rows < 9 ? rows : 9) : rows));
+    if (few && rows > 9) v = v * (rows / 9);   /* few distinct ids spread over a large vocabulary */
+    if (i % 5 == 0) v = 0;
+    if (dtype == BL_I32) ((int32_t *)t->data)[i] = (int32_t)v;
+    else ((int64_t *)t->data)[i] = v;
+  }
+  return t;
+}
+
+/* ---------------------------------------------------------------- embedding, gather */
+static void test_lookups(void) {
+  const struct { int dt; int64_t rows, h, n; int few, gdt_f32; } cases[] = {
+    {BL_BF16, 30522, 64, 200, 1, 1},   /* BERT's vocabulary, few ids, f32 gradient table (the flat buffer) */
+    {BL_F16, 37, 40, 300, 0, 1},
+    {BL_BF16, 37, 40, 300, 0, 0},      /* gradient in the activations' dtype */
+    {BL_F32, 30522, 33, 150, 0, 1},    /* odd row: scalar path */
+    {BL_BF16, 2, 24, 9000, 0, 1},      /* token types: two long segments, three sort tiles */
+    {BL_BF16, 512, 8, 4100, 1, 0},     /* positions: one vector per row, a tile and a few more */
+    {BL_F16, 7, 13, 77, 0, 0},         /* odd row in a half type: scalar path */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int dt = cases[k].dt, gdt = cases[k].gdt_f32 ? BL_F32 : dt;
+    const int64_t R = cases[k].rows, H = cases[k].h, N = cases[k].n;
+    char name[128];
+    bl_tensor *tab = rnd(dt, 2, SH(R, H), 10 + k, -1, 1);
+    bl_tensor *ids = make_ids(k & 1 ? BL_I64 : BL_I32, N, R, cases[k].few, k);
+    bl_tensor *out = rnd(dt, 2, SH(N, H), 20 + k, -1, 1);
+    bl_tensor *d_tab = up(tab), *d_ids = up(ids), *d_out = up(out);
+    int64_t c0 = conversions();
+    for (int acc = 0; acc <= 1; acc++) {   /* accumulate: onto the previous result */
+      OK(bl_embedding_forward(out, tab, ids, acc));
+      OK(bl_cuda_embedding_forward(d_out, d_tab, d_ids, acc));
+      snprintf(name, sizeof name, "embedding %s [%lld x %lld] n=%lld accumulate=%d", bl_dtype_name(dt), (long long)R,
+               (long long)H, (long long)N, acc);
+      close_(name, out, d_out, 0, 0);
+    }
+    bl_tensor *gt = rnd(gdt, 2, SH(R, H), 30 + k, -1, 1), *g = rnd(dt, 2, SH(N, H), 40 + k, -1, 1);
+    bl_tensor *d_gt = up(gt), *d_gt2 = up(gt), *d_g = up(g);
+    OK(bl_embedding_backward(gt, g, ids));
+    OK(bl_cuda_embedding_backward(d_gt, d_g, d_ids));
+    OK(bl_cuda_embedding_backward(d_gt2, d_g, d_ids));
+    snprintf(name, sizeof name, "embedding backward %s -> %s [%lld x %lld] n=%lld", bl_dtype_name(dt),
+             bl_dtype_name(gdt), (long long)R, (long long)H, (long long)N);
+    close_(name, gt, d_gt, 0, 0);
+    close_("embedding backward rerun (bitwise)", d_gt, d_gt2, 0, 0);
+    no_conversion(name, c0);
+    F(tab); F(ids); F(out); F(d_tab); F(d_ids); F(d_out); F(gt); F(g); F(d_gt); F(d_gt2); F(d_g);
+  }
+  /* gather of rows of a [B*S, H] activation and its backward into a zeroed gradient of the activations' dtype */
+  const int64_t B = 3, S = 45, H = 48, P = 20;
+  for (int dt = 0; dt < 2; dt++) {
+    const int t = dt ? BL_F16 : BL_BF16;
+    bl_tensor *x = rnd(t, 2, SH(B * S, H), 50 + dt, -1, 1), *pos = make_ids(BL_I32, P, B * S, 0, 60 + dt);
+    bl_tensor *y = mk(-1, t, 2, SH(P, H)), *d_x = up(x), *d_pos = up(pos), *d_y = mk(DEV, t, 2, SH(P, H));
+    int64_t c0 = conversions();
+    OK(bl_gather_forward(y, x, pos)); OK(bl_cuda_gather_forward(d_y, d_x, d_pos));
+    close_(dt ? "gather f16" : "gather bf16", y, d_y, 0, 0);
+    bl_tensor *dy = rnd(t, 2, SH(P, H), 70 + dt, -1, 1), *dx = mk(-1, t, 2, SH(B * S, H));
+    OK(bl_tensor_fill(dx, 0));
+    bl_tensor *d_dy = up(dy), *d_dx = up(dx);
+    OK(bl_gather_backward(dx, dy, pos)); OK(bl_cuda_gather_backward(d_dx, d_dy, d_pos));
+    close_(dt ? "gather backward f16" : "gather backward bf16", dx, d_dx, 0, 0);
+    no_conversion("gather", c0);
+    F(x); F(pos); F(y); F(d_x); F(d_pos); F(d_y); F(dy); F(dx); F(d_dy); F(d_dx);
+  }
+}
+
+/* ---------------------------------------------------------------- casts */
+static void test_casts(void) {
+  const int types[3] = {BL_F32, BL_BF16, BL_F16};
+  const int64_t n = 1003;   /* 125 vectors of 8 and a tail of 3 */
+  for (int a = 0; a < 3; a++)
+    for (int b = 0; b < 3; b++) {
+      if (a == b) continue;
+      bl_tensor *x = rnd(types[a], 1, SH(n), 80 + a, -3, 3), *y = mk(-1, types[b], 1, SH(n));
+      bl_tensor *d_x = up(x), *d_y = mk(DEV, types[b], 1, SH(n)), *d_z = mk(DEV, types[b], 1, SH(n));
+      int64_t c0 = conversions();
+      OK(bl_tensor_copy(y, x));
+      OK(bl_cuda_tensor_copy(d_y, d_x));
+      OK(bl_cuda_cast(d_z, d_x));
+      char name[64];
+      snprintf(name, sizeof name, "cast %s -> %s", bl_dtype_name(types[a]), bl_dtype_name(types[b]));
+      close_(name, y, d_y, 0, 0);
+      close_(name, y, d_z, 0, 0);
+      no_conversion(name, c0);
+      F(x); F(y); F(d_x); F(d_y); F(d_z);
+    }
+}
+
+/* ---------------------------------------------------------------- cross-entropy, accuracy, dropout */
+static void test_losses(void) {
+  const struct { int dt; int64_t m, c; } cases[] = {
+    {BL_BF16, 37, 30522},   /* MLM rows over BERT's vocabulary: not whole 16-byte vectors, scalar path */
+    {BL_BF16, 20, 1000},    /* whole vectors */
+    {BL_F16, 9, 1000},
+    {BL_F16, 5, 77},
+    {BL_F32, 7, 300},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int dt = cases[k].dt;
+    const int64_t M = cases[k].m, Cn = cases[k].c;
+    const double u = dt == BL_BF16 ? 1.0 / 256 : dt == BL_F16 ? 1.0 / 2048 : 0;
+    bl_tensor *lg = rnd(dt, 2, SH(M, Cn), 90 + k, -4, 4), *tg = mk(-1, BL_I32, 1, SH(M));
+    for (int64_t i = 0; i < M; i++) ((int32_t *)tg->data)[i] = i % 4 == 3 ? -1 : (int32_t)((i * 7919) % Cn);
+    bl_tensor *loss = mk(-1, BL_F64, 1, SH(1)), *gl = mk(-1, dt, 2, SH(M, Cn));
+    bl_tensor *d_lg = up(lg), *d_tg = up(tg), *d_loss = mk(DEV, BL_F64, 1, SH(1)), *d_gl = mk(DEV, dt, 2, SH(M, Cn));
+    int64_t c1 = 0, c2 = 0, c0 = conversions();
+    OK(bl_cross_entropy(loss, gl, lg, tg, -1, 1.5, &c1));
+    OK(bl_cuda_cross_entropy(d_loss, d_gl, d_lg, d_tg, -1, 1.5, &c2));
+    char name[96];
+    snprintf(name, sizeof name, "cross_entropy loss %s [%lld x %lld]", bl_dtype_name(dt), (long long)M, (long long)Cn);
+    close_(name, loss, d_loss, 1e-5, 1e-6);
+    /* dlogits ~ g/c: one unit in the last place of the value plus 1e-5 relative, with a floor at 1e-5 of g */
+    snprintf(name, sizeof name, "cross_entropy dlogits %s [%lld x %lld]", bl_dtype_name(dt), (long long)M, (long long)Cn);
+    close_(name, gl, d_gl, u + 1e-5, 1e-5 * 1.5 / (double)c1);
+    checks++;
+    if (c1 != c2) { printf("FAIL cross_entropy count %lld vs %lld\n", (long long)c1, (long long)c2); failures++; }
+    int64_t a1 = 0, n1 = 0, a2 = 0, n2 = 0;
+    OK(bl_accuracy(lg, tg, -1, &a1, &n1));
+    OK(bl_accuracy(d_lg, d_tg, -1, &a2, &n2));
+    checks++;
+    if (a1 != a2 || n1 != n2) {
+      printf("FAIL accuracy %lld/%lld vs %lld/%lld\n", (long long)a1, (long long)n1, (long long)a2, (long long)n2);
+      failures++;
+    }
+    bl_tensor *am = mk(-1, BL_I64, 1, SH(M)), *d_am = mk(DEV, BL_I64, 1, SH(M));
+    OK(bl_argmax(am, lg)); OK(bl_cuda_argmax(d_am, d_lg));
+    close_("argmax", am, d_am, 0, 0);
+    if (dt != BL_F32) no_conversion(name, c0);
+    F(lg); F(tg); F(loss); F(gl); F(d_lg); F(d_tg); F(d_loss); F(d_gl); F(am); F(d_am);
+  }
+  for (int k = 0; k < 2; k++) {   /* dropout: the same Philox mask, one rounding of x * scale on both sides */
+    const int dt = k ? BL_F16 : BL_BF16;
+    bl_tensor *x = rnd(dt, 2, SH(13, 77), 95 + k, -2, 2), *y = mk(-1, dt, 2, SH(13, 77));
+    bl_tensor *gx = mk(-1, dt, 2, SH(13, 77)), *d_x = up(x), *d_y = mk(DEV, dt, 2, SH(13, 77));
+    bl_tensor *d_gx = mk(DEV, dt, 2, SH(13, 77));
+    int64_t c0 = conversions();
+    OK(bl_dropout_forward(y, NULL, x, 0.1, 7, 11)); OK(bl_cuda_dropout_forward(d_y, NULL, d_x, 0.1, 7, 11));
+    close_(k ? "dropout f16" : "dropout bf16", y, d_y, 0, 0);
+    OK(bl_dropout_backward(gx, x, NULL, 0.1, 7, 11)); OK(bl_cuda_dropout_backward(d_gx, d_x, NULL, 0.1, 7, 11));
+    close_(k ? "dropout backward f16" : "dropout backward bf16", gx, d_gx, 0, 0);
+    no_conversion("dropout", c0);
+    F(x); F(y); F(gx); F(d_x); F(d_y); F(d_gx);
+  }
+}
+
+int main(void) {
+  if (!bl_cuda_device_count()) {
+    printf("skipped: no CUDA device (bl_cuda_device_count() = 0)\n");
+    return 77;
+  }
+  char nm[256];
+  if (bl_cuda_device_name(DEV, nm, sizeof nm) == 0) printf("device: %s\n", nm);
+  test_lookups();
+  test_casts();
+  test_losses();
+  printf("%d checks, %d failures\n", checks, failures);
+  return failures ? 1 : 0;
+}
+#endif
