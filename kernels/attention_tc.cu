@@ -18,7 +18,7 @@
 //               order: 5 S^2 d multiply-adds, deterministic, no atomics. The last key tile writes dQ.
 //
 // Occupancy (scripts/ptxas_check.sh prints the registers; dynamic shared memory is fwd_smem / bwd_smem below):
-// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 239/238/255 and 39/41/54 KB,
+// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 242/244/255 and 39/41/54 KB,
 // 128 threads each: 2 CTAs (8 warps) per SM on H100 for all of them (3 for the d = 32 forward), bounded by the
 // registers; on A100 (164 KB of shared memory per SM) the d = 128 forward fits only one.
 #include "attention_tc.cuh"
