@@ -18,7 +18,7 @@
 //               order: 5 S^2 d multiply-adds, deterministic, no atomics. The last key tile writes dQ.
 //
 // Occupancy (scripts/ptxas_check.sh prints the registers; dynamic shared memory is fwd_smem / bwd_smem below):
-// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 239/238/255 and 39/41/54 KB,
+// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 242/244/255 and 39/41/54 KB,
 // 128 threads each: 2 CTAs (8 warps) per SM on H100 for all of them (3 for the d = 32 forward), bounded by the
 // registers; on A100 (164 KB of shared memory per SM) the d = 128 forward fits only one.
 #include "attention_tc.cuh"
@@ -92,35 +92,14 @@ template <int LD, class T> __device__ __forceinline__ ptx::frag_a ld_a_trans(con
   ptx::ldmatrix_x4<true>(a.x, lm_addr<LD>(sh, r0, c0, true));
   return a;
 }
-// B fragments (k = stored columns [c0, c0+16), n = stored rows r0..r0+7 and r0+8..r0+15) of a stored [n][k] tile:
-// the operand X^T of a product with X's rows stored (K in Q K^T).
-template <int LD, class T>
-__device__ __forceinline__ void ld_b_nk(const T *sh, int r0, int c0, ptx::frag_b &b0, ptx::frag_b &b1) {
+// c[0], c[1] += a times a 16 x 16 B block of a shared tile, one 16 x 16 output block of a product. KN = false:
+// the tile is stored [n][k] (K in Q K^T: k = columns [c0, c0+16), n = rows r0..r0+15); KN = true: stored [k][n]
+// (V in P V: k = rows [r0, r0+16), n = columns c0..c0+15), read with .trans.
+template <bool KN, int LD, class T>
+__device__ __forceinline__ void mma_b(ptx::frag_c *c, const ptx::frag_a &a, const T *sh, int r0, int c0) {
   uint32_t r[4];
-  ptx::ldmatrix_x4<false>(r, lm_addr<LD>(sh, r0, c0, true));
-  b0.x[0] = r[0]; b0.x[1] = r[1]; b1.x[0] = r[2]; b1.x[1] = r[3];
-}
-// B fragments (k = stored rows [r0, r0+16), n = stored columns c0..c0+7 and c0+8..c0+15) of a stored [k][n] tile
-// (V in P V).
-template <int LD, class T>
-__device__ __forceinline__ void ld_b_kn(const T *sh, int r0, int c0, ptx::frag_b &b0, ptx::frag_b &b1) {
-  uint32_t r[4];
-  ptx::ldmatrix_x4<true>(r, lm_addr<LD>(sh, r0, c0, false));
-  b0.x[0] = r[0]; b0.x[1] = r[1]; b1.x[0] = r[2]; b1.x[1] = r[3];
-}
-
-// c[0], c[1] += a times the B pair of ld_b_nk / ld_b_kn: one 16 x 16 output block of a product.
-template <int LD, class T>
-__device__ __forceinline__ void mma_nk(ptx::frag_c *c, const ptx::frag_a &a, const T *sh, int r0, int c0) {
-  ptx::frag_b b0, b1;
-  ld_b_nk<LD>(sh, r0, c0, b0, b1);
-  mma(tag<T>(), c[0], a, b0);
-  mma(tag<T>(), c[1], a, b1);
-}
-template <int LD, class T>
-__device__ __forceinline__ void mma_kn(ptx::frag_c *c, const ptx::frag_a &a, const T *sh, int r0, int c0) {
-  ptx::frag_b b0, b1;
-  ld_b_kn<LD>(sh, r0, c0, b0, b1);
+  ptx::ldmatrix_x4<KN>(r, lm_addr<LD>(sh, r0, c0, !KN));
+  const ptx::frag_b b0 = {{r[0], r[1]}}, b1 = {{r[2], r[3]}};
   mma(tag<T>(), c[0], a, b0);
   mma(tag<T>(), c[1], a, b1);
 }
@@ -224,7 +203,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
-      for (int np = 0; np < BN / 16; np++) mma_nk<LD>(&s[2 * np], qf[kk], Kb, np * 16, kk * 16);
+      for (int np = 0; np < BN / 16; np++) mma_b<false, LD>(&s[2 * np], qf[kk], Kb, np * 16, kk * 16);
     // scores in log2 units, keys past S at -inf; the tile's first key is < S, so every row max is finite
     const int64_t k0 = (int64_t)j * BN;
     float mx[2] = {-INFINITY, -INFINITY};
@@ -268,7 +247,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
     for (int kk = 0; kk < BN / 16; kk++) {
       const ptx::frag_a pa = c_to_a<T>(s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) mma_kn<LD>(&o[2 * dp], pa, Vb, kk * 16, dp * 16);
+      for (int dp = 0; dp < D / 16; dp++) mma_b<true, LD>(&o[2 * dp], pa, Vb, kk * 16, dp * 16);
     }
     __syncthreads();   // every warp is done with buffer j&1 before tile j+2 is loaded into it
   }
@@ -362,8 +341,8 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
       const ptx::frag_a ka = ld_a<LD>(Ks, warp * 16, kk * 16), va = ld_a<LD>(Vs, warp * 16, kk * 16);
 #pragma unroll
       for (int np = 0; np < BQ / 16; np++) {
-        mma_nk<LD>(&s[2 * np], ka, Qb, np * 16, kk * 16);
-        mma_nk<LD>(&dp[2 * np], va, Ob, np * 16, kk * 16);
+        mma_b<false, LD>(&s[2 * np], ka, Qb, np * 16, kk * 16);
+        mma_b<false, LD>(&dp[2 * np], va, Ob, np * 16, kk * 16);
       }
     }
     // P^T = exp(s scale + mask - lse), zero outside S; s <- P Z (for dV), dp <- dS^T
@@ -391,8 +370,8 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
       const ptx::frag_a pa = c_to_a<T>(s[2 * kk], s[2 * kk + 1]), sa = c_to_a<T>(dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
       for (int np = 0; np < D / 16; np++) {
-        mma_kn<LD>(&dv[2 * np], pa, Ob, kk * 16, np * 16);
-        mma_kn<LD>(&dk[2 * np], sa, Qb, kk * 16, np * 16);
+        mma_b<true, LD>(&dv[2 * np], pa, Ob, kk * 16, np * 16);
+        mma_b<true, LD>(&dk[2 * np], sa, Qb, kk * 16, np * 16);
       }
     }
     // dS^T to shared memory (rows = keys), the operand of dQ += dS K
@@ -410,7 +389,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
     for (int kk = 0; kk < BN / 16; kk++) {
       const ptx::frag_a da = ld_a_trans<LDS>(dSs, kk * 16, mt * 16);
 #pragma unroll
-      for (int np = 0; np < DW / 16; np++) mma_kn<LD>(&dq[2 * np], da, Ks, kk * 16, c0 + np * 16);
+      for (int np = 0; np < DW / 16; np++) mma_b<true, LD>(&dq[2 * np], da, Ks, kk * 16, c0 + np * 16);
     }
     // dQ accumulates over key tiles in f32, always by this lane for these elements: ordered, no atomics
     const bool first = kt == 0, last = kt == nk - 1;
