@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
         if (kind == 0) { m = M; n = N; k = K; ta = 0; tb = 1; what = "fwd  X W^T"; }
         else if (kind == 1) { m = M; n = K; k = N; ta = 0; tb = 0; what = "dX = dY W"; }
         else { m = N; n = K; k = M; ta = 1; tb = 0; what = "dW = dY^T X"; }
-        double best[3] = {0};
+        double best[4] = {0};
         for (int l = 0; l < nl; l++) run(&libs[l], ta, tb, m, n, k, A, B, C);
         for (int r = 0; r < reps; r++)
           for (int l = 0; l < nl; l++) {
