@@ -155,14 +155,11 @@ static void pack_b_panel(const gemm_cfg *g, const float *b, int64_t ldb, int tb,
       for (; j < cols; j++) d[p * nr + j] = s[j];
       for (; j < nr; j++) d[p * nr + j] = 0.0f;
     }
-  } else { /* B^T stored: column j of op(B) is row j of b, read it along its length */
-    for (int64_t j = 0; j < nr; j++) {
-      if (j < cols) {
-        const float *s = b + (j0 + jj + j) * ldb + p0;
-        for (int64_t p = 0; p < kb; p++) d[p * nr + j] = s[p];
-      } else {
-        for (int64_t p = 0; p < kb; p++) d[p * nr + j] = 0.0f;
-      }
+  } else { /* B^T stored: read the panel's rows side by side, write each k's NR values in turn */
+    for (int64_t p = 0; p < kb; p++) {
+      int64_t j = 0;
+      for (; j < cols; j++) d[p * nr + j] = b[(j0 + jj + j) * ldb + p0 + p];
+      for (; j < nr; j++) d[p * nr + j] = 0.0f;
     }
   }
 }
