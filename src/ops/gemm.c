@@ -28,65 +28,39 @@ typedef struct gemm_cfg {
 } gemm_cfg;
 
 #if OPX_MULTI_ISA
-/* beta == 0 never reads C (it may hold garbage or NaN) */
-#define STORE_ROW(LOAD, STORE, FMA, SET1, c, acc, beta) \
-  do {                                                  \
-    if (beta == 0.0f)                                   \
-      STORE(c, acc);                                    \
-    else                                                \
-      STORE(c, FMA(SET1(beta), LOAD(c), acc));          \
-  } while (0)
-
-/* The unroll pragmas on every loop over the tile's rows keep the accumulator
- * arrays in registers: with the store loop left rolled GCC kept them in memory
- * and wrote them back each k step, which halved the AVX2 kernel's speed. */
-OPX_TARGET_AVX512 static void ukernel_avx512(int64_t kc, const float *restrict ap, const float *restrict bp,
-                                             float *restrict c, int64_t ldc, float beta) {
-  enum { MR = 14 };
-  __m512 acc0[MR], acc1[MR];
-#pragma GCC unroll 14
-  for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; p++) {
-    __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
-#pragma GCC unroll 14
-    for (int i = 0; i < MR; i++) {
-      __m512 a = _mm512_set1_ps(ap[i]);
-      acc0[i] = _mm512_fmadd_ps(a, b0, acc0[i]);
-      acc1[i] = _mm512_fmadd_ps(a, b1, acc1[i]);
-    }
-    ap += MR;
-    bp += 32;
+/* An MR x 2W tile kernel (W floats per vector, intrinsics prefix P). The
+ * unroll pragmas on every loop over the tile's rows keep the accumulator
+ * arrays in registers: with the store loop left rolled GCC kept them in
+ * memory and wrote them back each k step, which halved the AVX2 kernel's
+ * speed. beta == 0 never reads C (it may hold garbage or NaN). */
+#define UKERNEL(name, TARGET, VT, P, MR, W)                                                                  \
+  TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c, \
+                          int64_t ldc, float beta) {                                                         \
+    VT acc0[MR], acc1[MR];                                                                                   \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();              \
+    for (int64_t p = 0; p < kc; p++) {                                                                       \
+      VT b0 = P##_load_ps(bp), b1 = P##_load_ps(bp + W);                                                     \
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
+        VT a = P##_set1_ps(ap[i]);                                                                           \
+        acc0[i] = P##_fmadd_ps(a, b0, acc0[i]);                                                              \
+        acc1[i] = P##_fmadd_ps(a, b1, acc1[i]);                                                              \
+      }                                                                                                      \
+      ap += MR;                                                                                              \
+      bp += 2 * W;                                                                                           \
+    }                                                                                                        \
+    VT vb = P##_set1_ps(beta);                                                                               \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                  \
+      float *r = c + i * ldc;                                                                                \
+      if (beta != 0.0f) {                                                                                    \
+        acc0[i] = P##_fmadd_ps(vb, P##_loadu_ps(r), acc0[i]);                                                \
+        acc1[i] = P##_fmadd_ps(vb, P##_loadu_ps(r + W), acc1[i]);                                            \
+      }                                                                                                      \
+      P##_storeu_ps(r, acc0[i]);                                                                             \
+      P##_storeu_ps(r + W, acc1[i]);                                                                         \
+    }                                                                                                        \
   }
-#pragma GCC unroll 14
-  for (int i = 0; i < MR; i++) {
-    STORE_ROW(_mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_set1_ps, c + i * ldc, acc0[i], beta);
-    STORE_ROW(_mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_set1_ps, c + i * ldc + 16, acc1[i], beta);
-  }
-}
-
-OPX_TARGET_AVX2 static void ukernel_avx2(int64_t kc, const float *restrict ap, const float *restrict bp,
-                                         float *restrict c, int64_t ldc, float beta) {
-  enum { MR = 6 };
-  __m256 acc0[MR], acc1[MR];
-#pragma GCC unroll 6
-  for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < kc; p++) {
-    __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; i++) {
-      __m256 a = _mm256_broadcast_ss(ap + i);
-      acc0[i] = _mm256_fmadd_ps(a, b0, acc0[i]);
-      acc1[i] = _mm256_fmadd_ps(a, b1, acc1[i]);
-    }
-    ap += MR;
-    bp += 16;
-  }
-#pragma GCC unroll 6
-  for (int i = 0; i < MR; i++) {
-    STORE_ROW(_mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_set1_ps, c + i * ldc, acc0[i], beta);
-    STORE_ROW(_mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_set1_ps, c + i * ldc + 8, acc1[i], beta);
-  }
-}
+UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16)
+UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8)
 #endif
 
 /* Block sizes: an A panel (MR x KC) and a B panel (KC x NR) fit L1 together
