@@ -6,10 +6,10 @@
  * stays in registers for a whole KC slice. One micro-kernel per ISA:
  * AVX-512 14 x 32 (28 accumulators + 2 B vectors + 1 broadcast = 31 of 32
  * zmm), AVX2+FMA 6 x 16 (12 + 2 + 1 of 16 ymm). The baseline path has no
- * kernel of its own (callers fall back to OpenBLAS). Threads share the packed B block and
- * split the MC blocks of A (and the NR panels when A has too few rows, as at
- * batch 1). Pack buffers are kept per thread and grow only, so a steady
- * workload allocates nothing per call. */
+ * kernel of its own (callers fall back to OpenBLAS). Threads share the packed
+ * B block and split the MC blocks of A (and the NR panels when A has too few
+ * rows, as at batch 1). Pack buffers are kept per thread and grow only, so a
+ * steady workload allocates nothing per call. */
 #include "gemm.h"
 #include "vecmath.h"
 #include <omp.h>
@@ -63,8 +63,9 @@ UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16)
 UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8)
 #endif
 
-/* Block sizes: an A panel (MR x KC) and a B panel (KC x NR) fit L1 together
- * closely enough, the A block (MC x KC) fits L2, the B block (KC x NC) L3. */
+/* Block sizes: the A block (MC x KC, 200-220 KB) stays in L2, the B block
+ * (KC x NC) in L3. KC = 384 and these MC were the fastest of KC 128-512 and
+ * MC 6-24 panels on Zen 4 (1 thread; BENCHMARKS.md). */
 static int cfg_for(int isa, gemm_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512) {
