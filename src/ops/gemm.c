@@ -63,17 +63,18 @@ UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16)
 UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8)
 #endif
 
-/* Block sizes: the A block (MC x KC, 200-220 KB) stays in L2, the B block
- * (KC x NC) in L3. KC = 384 and these MC were the fastest of KC 128-512 and
- * MC 6-24 panels on Zen 4 (1 thread; BENCHMARKS.md). */
+/* Block sizes: the A block (MC x KC, 440-520 KB) stays in Zen 4's 1 MB L2,
+ * the B block (KC x NC) in L3. KC = 768 beat 384 by 2-10 % per core on
+ * every BERT shape, both ISAs (fewer passes over C; the whole K of most
+ * layers in one block), 1024 was no better (BENCHMARKS.md). */
 static int cfg_for(int isa, gemm_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512) {
-    *g = (gemm_cfg){ 14, 32, 384, 14 * 12, 3072, ukernel_avx512 };
+    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, ukernel_avx512 };
     return 1;
   }
   if (isa == OPX_ISA_AVX2) {
-    *g = (gemm_cfg){ 6, 16, 384, 6 * 24, 3072, ukernel_avx2 };
+    *g = (gemm_cfg){ 6, 16, 768, 6 * 24, 3072, ukernel_avx2 };
     return 1;
   }
 #endif

@@ -75,9 +75,9 @@ static double check_one(int isa, int ta, int tb, int64_t m, int64_t n, int64_t k
 }
 
 static void test_isa(int isa, const char *name) {
-  /* m, n, k: under one tile, partial tiles, several MC blocks, k over KC (384), n over NC (3072) */
-  static const int64_t shapes[][3] = { { 1, 1, 1 },     { 5, 7, 3 },      { 13, 31, 17 },   { 14, 32, 384 },
-                                       { 15, 33, 385 }, { 37, 100, 777 }, { 173, 65, 129 }, { 200, 48, 64 },
+  /* m, n, k: under one tile, partial tiles, several MC blocks, k over KC (768), n over NC (3072) */
+  static const int64_t shapes[][3] = { { 1, 1, 1 },     { 5, 7, 3 },      { 13, 31, 17 },   { 14, 32, 768 },
+                                       { 15, 33, 769 }, { 37, 100, 777 }, { 173, 65, 129 }, { 200, 48, 64 },
                                        { 3, 3100, 9 },  { 300, 17, 5 } };
   static const float betas[] = { 0.0f, 1.0f, 0.5f };
   int runs = 0;
