@@ -1,15 +1,22 @@
 /* GEMM candidates side by side on BERT's own shapes, and the machine's FMA peak.
  *
- *   build/bench_gemm [threads] [reps]          (OPENBLAS_CORETYPE=Haswell to try OpenBLAS's AVX2 kernels)
+ *   build/bench_gemm [threads] [reps] [cpu]    (OPENBLAS_CORETYPE=Haswell to try OpenBLAS's AVX2 kernels)
+ *
+ * `cpu` times by the process's CPU time instead of the wall clock: with 1 thread that is the
+ * rate per core-second a loaded shared machine still gives (with more threads spinning counts).
  *
  * Each library is dlopen'ed on its own (RTLD_LOCAL: OpenBLAS and BLIS both export cblas_sgemm):
  * OpenBLAS (libopenblas-dev), BLIS (libblis-dev, its OpenMP build) and oneDNN (libdnnl-dev,
- * dnnl_sgemm, row-major). Shapes are a linear layer's three products, row-major as in
+ * dnnl_sgemm, row-major) and our own packed GEMM (src/ops/gemm.c, linked in; on the ISA that
+ * BL_CPU_ISA=avx2 caps it to, as in the library). Shapes are a linear layer's three products, row-major as in
  * src/ops/linear.c: forward Y[M,N] = X[M,K] W[N,K]^T, dX[M,K] = dY[M,N] W[N,K],
  * dW[N,K] = dY^T X; M = 4096 tokens (B=32, S=128) and M = 128 (one sequence), N/K in {768, 3072}.
  * The libraries take turns rep by rep (a shared machine's load hits them alike); the table gives
- * each one's best rep in GFLOP/s. The peak is a loop of independent FMAs per thread (AVX-512 and
- * AVX2 forms, those the CPU has). */
+ * each one's best rep in GFLOP/s. The peak is a loop of 12 independent FMA chains per thread
+ * (AVX-512 and AVX2 forms, those the CPU has), unrolled so the chains live in registers (rolled,
+ * GCC kept them in memory and the probe read less than half the peak). */
+#include "ops/gemm.h"
+#include "ops/vecmath.h"
 #include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
@@ -24,21 +31,22 @@ typedef int (*dnnl_sgemm_fn)(char, char, long, long, long, float, const float *,
                              float *, long);
 enum { ROW = 101, NT = 111, TR = 112 };
 
+static int use_cpu_time;
 static double now(void) {
   struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
+  clock_gettime(use_cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* FLOP/s of n independent FMA chains per thread for `secs` seconds, `threads` threads */
 #define PEAK_LOOP(VT)                                                                        \
   VT acc[12];                                                                               \
-  for (int i = 0; i < 12; i++) acc[i] = (VT){0} + (float)i;                                 \
+  _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] = (VT){0} + (float)i;        \
   VT m = (VT){0} + 0.999999f, a = (VT){0} + 1e-7f;                                          \
   for (long it = 0; it < iters; it++)                                                       \
-    for (int i = 0; i < 12; i++) acc[i] = acc[i] * m + a;                                   \
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] = acc[i] * m + a;          \
   float s = 0;                                                                              \
-  for (int i = 0; i < 12; i++) s += acc[i][0];                                              \
+  _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) s += acc[i][0];                     \
   return s;
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
@@ -61,17 +69,19 @@ static double peak(int isa512, int threads) {
   return best * 1e-9;
 }
 
-typedef struct { const char *name; cblas_sgemm_fn cblas; dnnl_sgemm_fn dnnl; } lib;
+typedef struct { const char *name; cblas_sgemm_fn cblas; dnnl_sgemm_fn dnnl; int own_isa; } lib;
 
 static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *A, const float *B, float *C) {
   int lda = ta ? M : K, ldb = tb ? K : N;
-  if (l->cblas) l->cblas(ROW, ta ? TR : NT, tb ? TR : NT, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+  if (l->own_isa) opx_sgemm_isa(l->own_isa, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, N);
+  else if (l->cblas) l->cblas(ROW, ta ? TR : NT, tb ? TR : NT, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
   else l->dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
 }
 
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 5;
-  lib libs[3];
+  use_cpu_time = argc > 3 && strcmp(argv[3], "cpu") == 0;
+  lib libs[4];
   int nl = 0;
   void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
   if (h) {
@@ -79,7 +89,7 @@ int main(int argc, char **argv) {
     char *(*cfg)(void) = (char *(*)(void))dlsym(h, "openblas_get_config");
     if (set) set(threads);
     printf("OpenBLAS: %s\n", cfg ? cfg() : "?");
-    libs[nl++] = (lib){"OpenBLAS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL};
+    libs[nl++] = (lib){"OpenBLAS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0};
   }
   h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
   if (h && dlsym(h, "cblas_sgemm")) {
@@ -88,13 +98,16 @@ int main(int argc, char **argv) {
     int (*qa)(void) = (int (*)(void))dlsym(h, "bli_arch_query_id");
     if (set) set(threads);
     printf("BLIS: sub-configuration %s\n", arch && qa ? arch(qa()) : "?");
-    libs[nl++] = (lib){"BLIS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL};
+    libs[nl++] = (lib){"BLIS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0};
   }
   h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (h && dlsym(h, "dnnl_sgemm")) libs[nl++] = (lib){"oneDNN", NULL, (dnnl_sgemm_fn)dlsym(h, "dnnl_sgemm")};
+  if (h && dlsym(h, "dnnl_sgemm")) libs[nl++] = (lib){"oneDNN", NULL, (dnnl_sgemm_fn)dlsym(h, "dnnl_sgemm"), 0};
   omp_set_num_threads(threads);
   __builtin_cpu_init();
   int has512 = __builtin_cpu_supports("x86-64-v4"), has256 = __builtin_cpu_supports("x86-64-v3");
+  const char *cap = getenv("BL_CPU_ISA");
+  int own = has512 && !(cap && strcmp(cap, "avx2") == 0) ? OPX_ISA_AVX512 : has256 ? OPX_ISA_AVX2 : 0;
+  if (own) libs[nl++] = (lib){own == OPX_ISA_AVX512 ? "own-avx512" : "own-avx2", NULL, NULL, own};
   printf("FMA peak, %d threads (GFLOP/s):", threads);
   if (has512) printf(" AVX-512 %.1f", peak(1, threads));
   if (has256) printf(" AVX2 %.1f", peak(0, threads));
@@ -109,7 +122,7 @@ int main(int argc, char **argv) {
   for (long i = 0; i < 3072L * 3072; i++) B[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
   printf("\n%-6s %-28s", "M", "product");
   for (int l = 0; l < nl; l++) printf(" %10s", libs[l].name);
-  printf("   (GFLOP/s, best of %d)\n", reps);
+  printf("   (GFLOP/s, best of %d, %s)\n", reps, use_cpu_time ? "per CPU-second" : "wall clock");
   for (int mi = 0; mi < 2; mi++)
     for (int s = 0; s < 3; s++)
       for (int kind = 0; kind < 3; kind++) {
@@ -118,7 +131,7 @@ int main(int argc, char **argv) {
         if (kind == 0) { m = M; n = N; k = K; ta = 0; tb = 1; what = "fwd  X W^T"; }
         else if (kind == 1) { m = M; n = K; k = N; ta = 0; tb = 0; what = "dX = dY W"; }
         else { m = N; n = K; k = M; ta = 1; tb = 0; what = "dW = dY^T X"; }
-        double best[3] = {0};
+        double best[4] = {0};
         for (int l = 0; l < nl; l++) run(&libs[l], ta, tb, m, n, k, A, B, C);
         for (int r = 0; r < reps; r++)
           for (int l = 0; l < nl; l++) {

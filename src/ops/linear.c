@@ -1,11 +1,12 @@
 /* linear: y = x W^T + b and its backward (contract in bl_ops.h).
  * All three GEMMs go straight to sgemm on the callers' buffers (OpenBLAS, or
- * oneDNN's dnnl_sgemm with BL_GEMM=onednn in a build that found libdnnl-dev),
+ * oneDNN's dnnl_sgemm or our own packed GEMM as BL_GEMM picks, see below),
  * choosing transpose flags and leading dimensions from the strides, so a
  * row-strided slice (the [CLS] rows x[:,0,:]) or a transposed weight view
  * costs no copy. Only non-f32 or irregularly strided operands get a scratch. */
 #include "ops_internal.h"
 #include "device/dispatch.h"
+#include "gemm.h"
 #include "vecmath.h"
 #include <cblas.h>
 #include <stdatomic.h>
@@ -16,37 +17,50 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
-/* BL_GEMM=onednn picks oneDNN (tools/bench_gemm compares the two on BERT's
- * shapes); anything else, or a build without oneDNN, OpenBLAS. Read once. */
-static int gemm_onednn(void) {
+/* Which GEMM the linear layers run, from BL_GEMM (read once): openblas (the
+ * default), onednn (dnnl_sgemm, in a build that found libdnnl-dev) or own
+ * (src/ops/gemm.c, on the AVX2 and AVX-512 paths; OpenBLAS on baseline).
+ * tools/bench_gemm compares them on BERT's shapes (BENCHMARKS.md). */
+enum { GEMM_OPENBLAS, GEMM_ONEDNN, GEMM_OWN };
 #if BL_HAVE_DNNL
+#define DNNL_NAME " or onednn"
+#else
+#define DNNL_NAME " (onednn: not in this build)"
+#endif
+
+static int gemm_choice(void) {
   static _Atomic int v = -1;
   int r = atomic_load_explicit(&v, memory_order_relaxed);
-  if (r < 0) {
-    const char *e = getenv("BL_GEMM");
-    r = e && strcmp(e, "onednn") == 0;
-    if (e && *e && !r && strcmp(e, "openblas") != 0)
-      fprintf(stderr, "bertlua: BL_GEMM=%s ignored (use openblas or onednn)\n", e);
-    /* oneDNN's own kernels follow our ISA cap (BL_CPU_ISA); it only takes this before its first call */
-    int isa = opx_isa();
-    if (r && isa < OPX_ISA_AVX512) dnnl_set_max_cpu_isa(isa == OPX_ISA_AVX2 ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41);
-    atomic_store(&v, r);
-  }
-  return r;
-#else
-  return 0;
+  if (r >= 0) return r;
+  const char *e = getenv("BL_GEMM");
+  r = GEMM_OPENBLAS;
+  if (e && strcmp(e, "own") == 0) r = GEMM_OWN;
+#if BL_HAVE_DNNL
+  else if (e && strcmp(e, "onednn") == 0) r = GEMM_ONEDNN;
 #endif
+  else if (e && *e && strcmp(e, "openblas") != 0)
+    fprintf(stderr, "bertlua: BL_GEMM=%s ignored (use openblas, own%s)\n", e, DNNL_NAME);
+#if BL_HAVE_DNNL
+  /* oneDNN's own kernels follow our ISA cap (BL_CPU_ISA); it only takes this before its first call */
+  int isa = opx_isa();
+  if (r == GEMM_ONEDNN && isa < OPX_ISA_AVX512)
+    dnnl_set_max_cpu_isa(isa == OPX_ISA_AVX2 ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41);
+#endif
+  atomic_store(&v, r);
+  return r;
 }
 
 const char *bl_gemm_backend(void) {
+  int r = gemm_choice();
 #if BL_HAVE_DNNL
-  if (gemm_onednn()) {
+  if (r == GEMM_ONEDNN) {
     static _Thread_local char buf[64];
     const dnnl_version_t *v = dnnl_version();
     snprintf(buf, sizeof buf, "oneDNN %d.%d.%d", v->major, v->minor, v->patch);
     return buf;
   }
 #endif
+  if (r == GEMM_OWN && opx_isa() > OPX_ISA_BASE) return "bertlua packed";
   return "OpenBLAS";
 }
 
@@ -115,10 +129,13 @@ static void gemm(const mat *a, int ta, const mat *b, int tb, mat *c, float beta)
   }
   CBLAS_TRANSPOSE fa = (ta ^ a->trans) ? CblasTrans : CblasNoTrans;
   CBLAS_TRANSPOSE fb = (tb ^ b->trans) ? CblasTrans : CblasNoTrans;
+  if (gemm_choice() == GEMM_OWN && opx_sgemm_isa(opx_isa(), ta ^ a->trans, tb ^ b->trans, m, n, k, a->p, a->ld, b->p,
+                                                 b->ld, beta, c->p, c->ld))
+    return;
 #if BL_HAVE_DNNL
   /* row-major like ours; a call it rejects (malformed arguments only) goes to OpenBLAS instead */
-  if (gemm_onednn() && dnnl_sgemm(fa == CblasTrans ? 'T' : 'N', fb == CblasTrans ? 'T' : 'N', m, n, k, 1.0f, a->p,
-                                  a->ld, b->p, b->ld, beta, c->p, c->ld) == dnnl_success)
+  if (gemm_choice() == GEMM_ONEDNN && dnnl_sgemm(fa == CblasTrans ? 'T' : 'N', fb == CblasTrans ? 'T' : 'N', m, n, k,
+                                                 1.0f, a->p, a->ld, b->p, b->ld, beta, c->p, c->ld) == dnnl_success)
     return;
 #endif
   cblas_sgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0f, a->p, (int)a->ld, b->p,

@@ -1,0 +1,206 @@
+/* Our own packed f32 GEMM (issue 17): C = op(A) op(B) + beta C, row-major.
+ *
+ * The classic blocked scheme: B is copied in KC x NC blocks into panels of NR
+ * columns, A in MC x KC blocks into panels of MR rows, so the register-blocked
+ * micro-kernel reads both with unit stride from cache; an MR x NR tile of C
+ * stays in registers for a whole KC slice. One micro-kernel per ISA:
+ * AVX-512 14 x 32 (28 accumulators + 2 B vectors + 1 broadcast = 31 of 32
+ * zmm), AVX2+FMA 6 x 16 (12 + 2 + 1 of 16 ymm). The baseline path has no
+ * kernel of its own (callers fall back to OpenBLAS). Threads share the packed
+ * B block and split the MC blocks of A (and the NR panels when A has too few
+ * rows, as at batch 1). Pack buffers are kept per thread and grow only, so a
+ * steady workload allocates nothing per call. */
+#include "gemm.h"
+#include "vecmath.h"
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#if OPX_MULTI_ISA
+#include <immintrin.h>
+#endif
+
+typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
+                           int64_t ldc, float beta);
+
+typedef struct gemm_cfg {
+  int mr, nr, kc, mc, nc;
+  ukernel_fn kernel;
+} gemm_cfg;
+
+#if OPX_MULTI_ISA
+/* An MR x 2W tile kernel (W floats per vector, intrinsics prefix P). The
+ * unroll pragmas on every loop over the tile's rows keep the accumulator
+ * arrays in registers: with the store loop left rolled GCC kept them in
+ * memory and wrote them back each k step, which halved the AVX2 kernel's
+ * speed. beta == 0 never reads C (it may hold garbage or NaN). */
+#define UKERNEL(name, TARGET, VT, P, MR, W)                                                                  \
+  TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c, \
+                          int64_t ldc, float beta) {                                                         \
+    VT acc0[MR], acc1[MR];                                                                                   \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();              \
+    for (int64_t p = 0; p < kc; p++) {                                                                       \
+      VT b0 = P##_load_ps(bp), b1 = P##_load_ps(bp + W);                                                     \
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
+        VT a = P##_set1_ps(ap[i]);                                                                           \
+        acc0[i] = P##_fmadd_ps(a, b0, acc0[i]);                                                              \
+        acc1[i] = P##_fmadd_ps(a, b1, acc1[i]);                                                              \
+      }                                                                                                      \
+      ap += MR;                                                                                              \
+      bp += 2 * W;                                                                                           \
+    }                                                                                                        \
+    VT vb = P##_set1_ps(beta);                                                                               \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                  \
+      float *r = c + i * ldc;                                                                                \
+      if (beta != 0.0f) {                                                                                    \
+        acc0[i] = P##_fmadd_ps(vb, P##_loadu_ps(r), acc0[i]);                                                \
+        acc1[i] = P##_fmadd_ps(vb, P##_loadu_ps(r + W), acc1[i]);                                            \
+      }                                                                                                      \
+      P##_storeu_ps(r, acc0[i]);                                                                             \
+      P##_storeu_ps(r + W, acc1[i]);                                                                         \
+    }                                                                                                        \
+  }
+UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16)
+UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8)
+#endif
+
+/* Block sizes: the A block (MC x KC, 440-520 KB) stays in Zen 4's 1 MB L2,
+ * the B block (KC x NC) in L3. KC = 768 beat 384 by 2-10 % per core on
+ * every BERT shape, both ISAs (fewer passes over C; the whole K of most
+ * layers in one block), 1024 was no better (BENCHMARKS.md). */
+static int cfg_for(int isa, gemm_cfg *g) {
+#if OPX_MULTI_ISA
+  if (isa == OPX_ISA_AVX512) {
+    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, ukernel_avx512 };
+    return 1;
+  }
+  if (isa == OPX_ISA_AVX2) {
+    *g = (gemm_cfg){ 6, 16, 768, 6 * 24, 3072, ukernel_avx2 };
+    return 1;
+  }
+#endif
+  (void)isa;
+  (void)g;
+  return 0;
+}
+
+/* A growable, 64-byte aligned per-thread buffer */
+typedef struct {
+  float *p;
+  size_t n;
+} pack_buf;
+static _Thread_local pack_buf tl_apack, tl_bpack;
+
+static float *pack_reserve(pack_buf *b, size_t n) {
+  if (n <= b->n) return b->p;
+  free(b->p);
+  b->n = 0;
+  size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+  b->p = aligned_alloc(64, bytes);
+  if (b->p) b->n = n;
+  return b->p;
+}
+
+/* element (r, c) of op(X): X stored row-major with leading dim ld, transposed when t */
+#define AT(x, t, ld, r, c) ((t) ? (x)[(int64_t)(c) * (ld) + (r)] : (x)[(int64_t)(r) * (ld) + (c)])
+
+/* rows [i0, i0+mb) x cols [p0, p0+kb) of op(A) into MR-row panels, zero-padded */
+static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64_t i0, int64_t mb, int64_t p0,
+                   int64_t kb, float *dst) {
+  int mr = g->mr;
+  for (int64_t ir = 0; ir < mb; ir += mr, dst += mr * kb) {
+    int64_t rows = mb - ir < mr ? mb - ir : mr;
+    for (int64_t p = 0; p < kb; p++) {
+      float *d = dst + p * mr;
+      int64_t i = 0;
+      for (; i < rows; i++) d[i] = AT(a, ta, lda, i0 + ir + i, p0 + p);
+      for (; i < mr; i++) d[i] = 0.0f;
+    }
+  }
+}
+
+/* one NR-column panel (panel index jp of the block at j0) of op(B) rows [p0, p0+kb) */
+static void pack_b_panel(const gemm_cfg *g, const float *b, int64_t ldb, int tb, int64_t p0, int64_t kb, int64_t j0,
+                         int64_t nb, int64_t jp, float *dst) {
+  int nr = g->nr;
+  int64_t jj = jp * nr, cols = nb - jj < nr ? nb - jj : nr;
+  float *d = dst + jp * nr * kb;
+  if (!tb) {
+    for (int64_t p = 0; p < kb; p++) {
+      const float *s = b + (p0 + p) * ldb + j0 + jj;
+      int64_t j = 0;
+      for (; j < cols; j++) d[p * nr + j] = s[j];
+      for (; j < nr; j++) d[p * nr + j] = 0.0f;
+    }
+  } else { /* B^T stored: read the panel's rows side by side, write each k's NR values in turn */
+    for (int64_t p = 0; p < kb; p++) {
+      int64_t j = 0;
+      for (; j < cols; j++) d[p * nr + j] = b[(j0 + jj + j) * ldb + p0 + p];
+      for (; j < nr; j++) d[p * nr + j] = 0.0f;
+    }
+  }
+}
+
+/* The micro-kernel on a full tile, or through a scratch tile at the edges */
+static void tile(const gemm_cfg *g, int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t rows,
+                 int64_t cols, float beta) {
+  if (rows == g->mr && cols == g->nr) {
+    g->kernel(kb, ap, bp, c, ldc, beta);
+    return;
+  }
+  float t[14 * 32];
+  g->kernel(kb, ap, bp, t, g->nr, 0.0f);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
+}
+
+int opx_sgemm_isa(int isa, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                  int64_t ldb, float beta, float *c, int64_t ldc) {
+  gemm_cfg g;
+  if (!cfg_for(isa, &g) || m <= 0 || n <= 0 || k <= 0) return 0;
+  int64_t ncb = n < g.nc ? n : g.nc, kcb = k < g.kc ? k : g.kc;
+  float *bpack = pack_reserve(&tl_bpack, (size_t)((ncb + g.nr - 1) / g.nr * g.nr) * (size_t)kcb);
+  if (!bpack) return 0;
+  int nthreads = omp_get_max_threads();
+  if ((double)m * (double)n * (double)k < 4e6) nthreads = 1; /* too small to pay a fork */
+  int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+  {
+    float *apack = pack_reserve(&tl_apack, (size_t)((g.mc + g.mr - 1) / g.mr * g.mr) * (size_t)kcb);
+    if (!apack) {
+#pragma omp atomic write
+      failed = 1;
+    }
+#pragma omp barrier
+    for (int64_t j0 = 0; j0 < n && !failed; j0 += g.nc) {
+      int64_t nb = n - j0 < g.nc ? n - j0 : g.nc, npanels = (nb + g.nr - 1) / g.nr;
+      for (int64_t p0 = 0; p0 < k; p0 += g.kc) {
+        int64_t kb = k - p0 < g.kc ? k - p0 : g.kc;
+        float bt = p0 == 0 ? beta : 1.0f;
+#pragma omp for schedule(static)
+        for (int64_t jp = 0; jp < npanels; jp++) pack_b_panel(&g, b, ldb, tb, p0, kb, j0, nb, jp, bpack);
+        /* tasks: an MC block of rows x a chunk of NR panels, enough for every thread */
+        int64_t nblk = (m + g.mc - 1) / g.mc, nsplit = 1;
+        while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
+        int64_t per = (npanels + nsplit - 1) / nsplit, packed_blk = -1;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < nblk * nsplit; t++) {
+          int64_t blk = t / nsplit, i0 = blk * g.mc, mb = m - i0 < g.mc ? m - i0 : g.mc;
+          if (blk != packed_blk) {
+            pack_a(&g, a, lda, ta, i0, mb, p0, kb, apack);
+            packed_blk = blk;
+          }
+          int64_t jp1 = (t % nsplit + 1) * per < npanels ? (t % nsplit + 1) * per : npanels;
+          for (int64_t jp = t % nsplit * per; jp < jp1; jp++) {
+            int64_t jj = jp * g.nr, cols = nb - jj < g.nr ? nb - jj : g.nr;
+            for (int64_t ir = 0; ir < mb; ir += g.mr) {
+              int64_t rows = mb - ir < g.mr ? mb - ir : g.mr;
+              tile(&g, kb, apack + ir * kb, bpack + jp * g.nr * kb, c + (i0 + ir) * ldc + j0 + jj, ldc, rows, cols, bt);
+            }
+          }
+        }
+      }
+    }
+  }
+  return !failed;
+}
