@@ -24,14 +24,8 @@ syn.write_squad(world, tmp .. "/train.json", { split = "train" })
 syn.write_squad(world, tmp .. "/dev.json", { split = "dev" })
 T.tiny_model_dir(tmp .. "/init", { head = "qa", seed = 3, vocab = tmp .. "/vocab.txt", config = { vocab_size = n } })
 
-local function losses(dir)
-  local r = {}
-  for l in io.lines(dir .. "/train_log.jsonl") do
-    local x = cjson.decode(l)
-    if x.step then r[x.step] = x.loss end
-  end
-  return r
-end
+local sc = require "squad_compare"
+local losses = sc.losses
 
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
 
@@ -44,33 +38,12 @@ local function squad(out, extra, launcher)
   return o
 end
 
--- compare(a, b): 6 losses within 1e-6, the same answer for every question, the same metrics
-local function compare(a, b)
-  local la, lb = losses(tmp .. "/" .. a), losses(tmp .. "/" .. b)
-  T.eq(#lb, 6)
-  for s = 1, 6 do
-    T.truthy(rel(lb[s], la[s]) <= 1e-6, ("step %d: %s %.9g, %s %.9g"):format(s, b, lb[s], a, la[s]))
-  end
-  local pa = cjson.decode(T.slurp(tmp .. "/" .. a .. "/predictions.json"))
-  local pb = cjson.decode(T.slurp(tmp .. "/" .. b .. "/predictions.json"))
-  local count = 0
-  for id, ans in pairs(pa) do
-    T.eq(pb[id], ans, "question " .. id)
-    count = count + 1
-  end
-  T.truthy(count > 10, "predictions were written")
-  local ea = cjson.decode(T.slurp(tmp .. "/" .. a .. "/eval_results.json"))
-  local eb = cjson.decode(T.slurp(tmp .. "/" .. b .. "/eval_results.json"))
-  T.eq(eb.exact_match, ea.exact_match)
-  T.eq(eb.f1, ea.f1)
-end
-
 T.test("SQuAD: 2 ranks on the cpu == 1 rank with accumulation 2 (losses, answers, metrics)", function()
   squad("acc2", "--micro-batch=4 --device=cpu")
   -- small buckets: the encoder layers' backward launches most of them (overlap path)
   local out = squad("two", "--device=cpu --bucket-mb=0.01", MPIRUN)
   T.truthy(out:find("batch 8 = 2 ranks x 4 x 1", 1, true), out)
-  compare("acc2", "two")
+  sc.compare(T, tmp .. "/acc2", tmp .. "/two", 1e-6, 6)
 end)
 
 T.test("GLUE (MRPC-style pairs): 2 ranks == 1 rank with accumulation 2", function()
