@@ -197,6 +197,9 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   else
     loaders[1] = data.Loader(loader_args(rank, world))
   end
+  if dev >= 0 then  -- to the GPU through pinned buffers on a copy stream, the next batch copied during this step
+    for a, l in ipairs(loaders) do loaders[a] = data.DeviceLoader(l, dev) end
+  end
 
   local ckdir = ("%s/checkpoints/phase%d"):format(opt.output, ph.phase)
   -- A checkpoint is tied to how the global batch is cut into data slices
