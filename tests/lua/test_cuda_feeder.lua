@@ -9,8 +9,7 @@ local bl = require "bertlua"
 local data = require "bertlua.data.loader"
 local core = require "bertlua.core"
 
-if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
-local fx = require("pretrain_fixture").make(T)
+local fx = require("pretrain_fixture").make(T, { need_cuda = true })
 local FIELDS = { "input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_labels",
   "next_sentence_labels" }
 

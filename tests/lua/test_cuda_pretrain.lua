@@ -13,19 +13,9 @@
 -- Needs a CUDA device (the emulated one in CI); skipped otherwise.
 local T = require "testing"
 local bl = require "bertlua"
-
-if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
-
-local fx = require("pretrain_fixture").make(T)
-local tmp, losses = fx.tmp, fx.losses
-
-local function run(out, extra, launcher)
-  local o, rc = fx.pretrain(tmp .. "/" .. out, extra, launcher)
-  T.eq(rc, 0, o)
-  return o
-end
-
-local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
+local fixture = require "pretrain_fixture"
+local fx = fixture.make(T, { need_cuda = true })
+local tmp, losses, run, rel = fx.tmp, fx.losses, fx.run, fixture.rel
 
 T.test("fp32: 20 steps on cuda track the cpu within 1e-5 per step; saved models agree", function()
   local args = "--batch1=8 --micro-batch=8 --steps1=20 --eval-batches=1"
