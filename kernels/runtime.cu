@@ -20,6 +20,7 @@
 #include <atomic>
 #include <list>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 #include <cstring>
@@ -339,6 +340,70 @@ extern "C" int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, c
   if (dst_device >= 0 && src_device >= 0 && dst_device != src_device)
     return peer_copy("copy_async", dst_device, dst, src_device, src, n);
   CU_TRY("copy_async", dev, cudaMemcpyAsync(dst, src, n, kind, (cudaStream_t)s));
+  return 0;
+}
+
+// ---------------------------------------------------------------- copy stream and events (input pipeline)
+// A second stream per device for host-to-device batch copies (src/data/feeder.c). Non-blocking: it is ordered
+// against the compute stream by events only, so the next batch's copy runs while the current step computes.
+namespace {
+std::unordered_map<int, cudaStream_t> copy_streams;   // under stream_mu
+}
+
+extern "C" void *bl_cuda_copy_stream(int device) {
+  if (!bl_cuda_stream(device)) return nullptr;   // checks the device, makes it current
+  std::lock_guard<std::mutex> g(stream_mu);
+  auto it = copy_streams.find(device);
+  if (it != copy_streams.end()) return (void *)it->second;
+  cudaStream_t s = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) { cu_err("copy_stream", device, e); return nullptr; }
+  copy_streams[device] = s;
+  return (void *)s;
+}
+
+extern "C" int bl_cuda_event_new(int device, void **ev) {
+  *ev = nullptr;
+  if (!bl_cuda_stream(device)) return BL_EDEVICE;
+  cudaEvent_t e = nullptr;
+  CU_TRY("event", device, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  *ev = (void *)e;
+  return 0;
+}
+
+extern "C" void bl_cuda_event_free(void *ev) {
+  if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
+// stream NULL: the device's compute stream
+extern "C" int bl_cuda_event_record(int device, void *ev, void *stream) {
+  void *s = stream ? stream : bl_cuda_stream(device);
+  if (!s) return BL_EDEVICE;
+  CU_TRY("event_record", device, cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)s));
+  return 0;
+}
+
+extern "C" int bl_cuda_stream_wait_event(int device, void *stream, void *ev) {
+  void *s = stream ? stream : bl_cuda_stream(device);
+  if (!s) return BL_EDEVICE;
+  CU_TRY("stream_wait", device, cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0));
+  return 0;
+}
+
+// The host waits for one event by polling it: the work before it only, not the whole device.
+extern "C" int bl_cuda_event_wait_host(int device, void *ev) {
+  for (;;) {
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaSuccess) return 0;
+    if (e != cudaErrorNotReady) return cu_err("event_wait", device, e);
+    std::this_thread::yield();
+  }
+}
+
+extern "C" int bl_cuda_memcpy_h2d_on(int device, void *stream, void *dst, const void *src, size_t n) {
+  if (n == 0) return 0;
+  copy_cost(device, device, -1, n);
+  CU_TRY("copy_h2d", device, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, (cudaStream_t)stream));
   return 0;
 }
 

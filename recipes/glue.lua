@@ -17,6 +17,7 @@ local trainer = require "bertlua.train.loop"
 local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local device = require "bertlua.train.device"
+local dist = require "bertlua.train.dist"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -46,10 +47,12 @@ local opt = options.parse(arg, {
       "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
         "emulated (f32 activations)" },
   { "seed", 42, "seed", int = true, min = 0, max = 2 ^ 53 }, { "threads", 0, "CPU threads (0: default)" },
+  { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true },
+  { "allreduce_dtype", "fp32", "data parallel: fp32 or bf16 gradient all-reduce" },
   device.OPTION,
 }, { name = "glue",
-  usage = "usage: bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] [--do-eval] " ..
-    "[--do-predict]" })
+  usage = "usage: [mpirun -np N] bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] " ..
+    "[--do-eval] [--do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 ft.line_buffered()
 print(options.show(opt))
@@ -59,6 +62,7 @@ if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing
   "and/or --do-predict", 0) end
 if not opt.data_dir and not (opt.train_file or opt.eval_file) then error("glue: --data-dir is required", 0) end
 amp.check_precision("glue", opt.precision)
+dist.check_allreduce_dtype("glue", opt.allreduce_dtype)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "glue")
 local dev, dev_line = device.setup(opt, "glue")
 print(dev_line)
@@ -151,16 +155,20 @@ if opt.do_train then
     scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
     max_steps = opt.max_steps, seed = opt.seed, device = dev,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
+    bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
     make_batch = function(idx) return batch_of(rows, idx, true) end }
-  bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
-  print("train: model saved to " .. opt.output .. "/model")
+  if dist.is_main() then
+    bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
+    print("train: model saved to " .. opt.output .. "/model")
+  end
 end
 -- the saved model keeps the f32 master weights; evaluation and prediction run in --precision
 if (opt.do_eval or opt.do_predict) and amp.round_weights(model, opt.precision) then
   print("predict: weights rounded to " .. opt.precision)
 end
 
--- predictions: class ids (0-based) or regression scores, one per row
+-- predictions: class ids (0-based) or regression scores, one per row (under mpirun: on rank 0,
+-- the other ranks compute their share of the batches and get an empty table)
 local function predict(rows)
   local preds = {}
   local stats = trainer.predict{ model = model, n = #rows, batch = opt.eval_batch, name = "glue", device = dev,
@@ -199,17 +207,22 @@ if opt.do_eval then
   for _, t in ipairs(splits) do
     local rows = featurize(read("dev", opt.eval_file, t))
     local preds = predict(rows)
-    local gold = {}
-    for i, r in ipairs(rows) do gold[i] = r.label end
-    for k, v in pairs(metrics.glue(t, preds, gold)) do results[k] = v end
-    write_predictions(("%s/dev_predictions_%s.tsv"):format(opt.output, t), rows, preds)
+    if dist.is_main() then
+      local gold = {}
+      for i, r in ipairs(rows) do gold[i] = r.label end
+      for k, v in pairs(metrics.glue(t, preds, gold)) do results[k] = v end
+      write_predictions(("%s/dev_predictions_%s.tsv"):format(opt.output, t), rows, preds)
+    end
   end
   results.task = task
-  for k, v in pairs(results) do   -- e.g. Pearson of constant predictions: say so instead of failing
+  if not dist.is_main() then results = nil end
+  for k, v in pairs(results or {}) do   -- e.g. Pearson of constant predictions: say so instead of failing
     if type(v) == "number" and v ~= v then results[k] = "nan (constant predictions or labels)" end
   end
-  print("evaluation: " .. cjson.encode(results))
-  fs.write_atomic(opt.output .. "/eval_results.json", cjson.encode(results))
+  if results then
+    print("evaluation: " .. cjson.encode(results))
+    fs.write_atomic(opt.output .. "/eval_results.json", cjson.encode(results))
+  end
 end
 
 if opt.do_predict then
@@ -220,7 +233,9 @@ if opt.do_predict then
     local name = ({ cola = "CoLA", ["sst-2"] = "SST-2", sst2 = "SST-2", mrpc = "MRPC", ["sts-b"] = "STS-B",
       stsb = "STS-B",
       qqp = "QQP", mnli = "MNLI-m", ["mnli-mm"] = "MNLI-mm", qnli = "QNLI", rte = "RTE", wnli = "WNLI" })[t] or t
-    write_predictions(("%s/%s.tsv"):format(opt.output, name), rows, preds)
-    print(("predict: wrote %s/%s.tsv"):format(opt.output, name))
+    if dist.is_main() then
+      write_predictions(("%s/%s.tsv"):format(opt.output, name), rows, preds)
+      print(("predict: wrote %s/%s.tsv"):format(opt.output, name))
+    end
   end
 end

@@ -55,6 +55,9 @@ local SPEC = {
     "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, " ..
       "fp16 with loss scaling)" },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 2^15 = 32768)" },
+  { "bucket_mb", 25, "data parallel: gradients are summed in buckets of this many MB (f32), each launched as "
+    .. "soon as backward has finished it", min = 0, above = true },
+  { "allreduce_dtype", "fp32", "data parallel: fp32, or bf16 (half the bytes; the sum is written back in f32)" },
   { "power", 0.5, "polynomial decay power after warmup", min = 0 },
   { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)", min = 0 },
   { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation", min = 0, above = true },
@@ -82,6 +85,7 @@ if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 local rank, world = dist.rank(), dist.size()
 local function say(...) if rank == 0 then print(...) end end
 amp.check_precision("pretrain", opt.precision)
+dist.check_allreduce_dtype("pretrain", opt.allreduce_dtype)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "pretrain")
 local dev, dev_line = device.setup(opt, "pretrain")
 say(("%s; world size %d, %d CPU threads per rank"):format(dev_line, world, bl.num_threads()))
@@ -173,6 +177,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- bf16/fp16: f32 master weights, half-precision weights and gradients
   -- (emulated on the CPU, see bertlua.train.amp), loss scaling for fp16
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision, scaler = scaler_opts }
+  -- data parallel: gradients summed in buckets, overlapped with backward when a layer's gradients are final as
+  -- it returns (one micro-batch, fp32/tf32: nothing is accumulated or rounded after backward)
+  local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = opt.bucket_mb, dtype = opt.allreduce_dtype }
+  if world > 1 and accum == 1 and not mp.dtype then reducer:attach(model) end
 
   -- Micro-batch j of a global batch (j = rank*accum + a) comes from virtual
   -- rank j of world*accum: the data a step sees does not depend on how it is
@@ -188,6 +196,9 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     for a = 1, accum do loaders[a] = data.Loader(loader_args(rank * accum + a - 1, world * accum)) end
   else
     loaders[1] = data.Loader(loader_args(rank, world))
+  end
+  if dev >= 0 then  -- to the GPU through pinned buffers on a copy stream, the next batch copied during this step
+    for a, l in ipairs(loaders) do loaders[a] = data.DeviceLoader(l, dev) end
   end
 
   local ckdir = ("%s/checkpoints/phase%d"):format(opt.output, ph.phase)
@@ -268,7 +279,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     end
     if acc then model.flat_grads:copy_(acc); acc:zero_() end
     mp:end_backward()
-    dist.all_reduce_mean(model.flat_grads)
+    reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
     local lr = lr_at(lamb.step_count + 1)
     local stepped = mp:step(lamb, lr)
     local s = dist.sum_numbers(sums)

@@ -5,6 +5,10 @@
 --
 --   bertlua recipes/squad.lua --model=DIR --train-file=train-v1.1.json --predict-file=dev-v1.1.json \
 --       --output=runs/squad --do-train --do-predict
+-- Under `mpirun -np N` (as run_squad.sh with num_gpus): --batch is the global
+-- batch, split over the ranks (gradients averaged: the same as one rank with
+-- accumulation N); prediction is sharded over the ranks and rank 0 writes the
+-- predictions and the official metrics.
 -- DIR is a model directory (config.json + model.safetensors + vocab.txt): a
 -- bertlua pre-training output or a Hugging Face BERT. The QA head starts fresh
 -- when the directory has none.
@@ -19,6 +23,7 @@ local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
 local device = require "bertlua.train.device"
+local dist = require "bertlua.train.dist"
 
 local opt = options.parse(arg, {
   { "model", nil, "model directory to start from" },
@@ -53,9 +58,12 @@ local opt = options.parse(arg, {
       "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
         "emulated (f32 activations)" },
   { "threads", 0, "CPU threads (0: default)" },
+  { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true },
+  { "allreduce_dtype", "fp32", "data parallel: fp32 or bf16 gradient all-reduce" },
   device.OPTION,
 }, { name = "squad",
-  usage = "usage: bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] [--predict-file=F --do-predict]" })
+  usage = "usage: [mpirun -np N] bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] " ..
+    "[--predict-file=F --do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 ft.line_buffered()
 print(options.show(opt))
@@ -64,6 +72,7 @@ if not (opt.do_train or opt.do_predict) then error("squad: nothing to do: give -
 if opt.do_train and not opt.train_file then error("squad: --do-train needs --train-file", 0) end
 if opt.do_predict and not opt.predict_file then error("squad: --do-predict needs --predict-file", 0) end
 amp.check_precision("squad", opt.precision)
+dist.check_allreduce_dtype("squad", opt.allreduce_dtype)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "squad")
 local dev, dev_line = device.setup(opt, "squad")
 print(dev_line)
@@ -130,9 +139,12 @@ if opt.do_train then
     scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
     max_steps = opt.max_steps, seed = opt.seed, device = dev,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
+    bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
-  bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
-  print("train: model saved to " .. opt.output .. "/model")
+  if dist.is_main() then
+    bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
+    print("train: model saved to " .. opt.output .. "/model")
+  end
 end
 
 if opt.do_predict then
@@ -155,6 +167,10 @@ if opt.do_predict then
       precision = opt.precision,
       describe = function(i) return "question " .. tostring(examples[feats[i].example_index + 1].qas_id) end,
       make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, false)) end, consume = consume }
+  end
+  if not dist.is_main() then  -- runs its share of the batches; rank 0 gathers them, writes and evaluates
+    run(#feats)
+    return
   end
   local _, _, _, stats = squad.predict(examples, feats, run, { tokenizer = tok, output_dir = opt.output,
     n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,

@@ -27,6 +27,31 @@ int bl_dist_broadcast(bl_tensor *t, int root);
 /* Ends the whole job with a message on this rank (MPI_Abort when under MPI). */
 void bl_dist_abort(const char *message, int code);
 void bl_dist_finalize(void);
+
+/* Bucketed gradient all-reduce (data parallel). The f32 buffer `grads`
+ * (contiguous, CPU or cuda:N) is cut into buckets of bucket_elems elements;
+ * the caller launches bucket i as soon as its gradients are final, so the
+ * reduction of late layers overlaps the backward pass of earlier ones, and
+ * finish() launches the rest and waits. The result is the SUM over ranks.
+ *  - cuda:N: each launch records an event on the compute stream
+ *    (bl_cuda_stream) that the reducer's own communication stream waits on
+ *    before its ncclAllReduce; finish() makes the compute stream wait for the
+ *    communication stream (the optimizer runs after it) and waits on the host
+ *    under the NCCL watchdog (BL_NCCL_TIMEOUT: no hang on a dead rank).
+ *  - CPU: MPI_Iallreduce per bucket, MPI_Waitall in finish().
+ * reduce_dtype BL_F32, or BL_BF16: a bf16 copy of each bucket is summed
+ * (half the bytes) and the sum written back into the f32 buffer; per element
+ * the error is at most about (ranks + 1) * 2^-9 * sum |g_rank| (one rounding
+ * of each rank's value, one per addition).
+ * Streams, events and the bf16 copy are made here: no allocation per step.
+ * In a world of one every call is a no-op. Every rank must make the same
+ * calls in the same order (they are collectives). */
+typedef struct bl_reducer bl_reducer;
+int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_reducer **res);
+int bl_reducer_buckets(const bl_reducer *r);
+int bl_reducer_launch(bl_reducer *r, int bucket);  /* 0-based; launching one twice is an error */
+int bl_reducer_finish(bl_reducer *r);              /* launches what is left, waits; ready for the next step */
+void bl_reducer_free(bl_reducer *r);
 /* BL_CDEF_END */
 #ifdef __cplusplus
 }

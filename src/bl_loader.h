@@ -178,6 +178,29 @@ int bl_loader_get_stats(const bl_loader *l, bl_loader_stats *st);
  * epoch for this loader's rank: the order, for tests and tools. */
 int bl_loader_instance_at(bl_loader *l, int64_t epoch, int64_t pos, int64_t b, int64_t *index);
 void bl_loader_close(bl_loader *l);   /* joins the thread, unmaps the shards; NULL is fine */
+
+/* Input pipeline to a GPU (src/data/feeder.c). Two slots, each with pinned
+ * host buffers and device buffers for the largest batch ([B, max_seq] rounded
+ * up to 8, [B, P], [B]), made by bl_feeder_new: no allocation per batch.
+ * put copies a loader batch (CPU int32 tensors; the caller still owns them)
+ * into the free slot's pinned buffers and queues its host-to-device copies
+ * on the device's copy stream, then records the slot's event; get hands the
+ * oldest slot out as device tensors of the batch's own shape (new headers
+ * over the slot's buffers, for the caller to free) after making the compute
+ * stream wait for that event. So the next batch's copy runs while the
+ * current step computes, and nothing waits on the host. A slot's tensors
+ * stay valid until the second put after the get that handed them out (the
+ * copy into a slot waits for the compute stream to finish the step that read
+ * it). put needs a free slot (at most 2 batches in flight); get one in
+ * flight. drop forgets what is in flight (after the loader's position moves). */
+typedef struct bl_feeder bl_feeder;
+int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions,
+                  bl_feeder **res);
+int bl_feeder_put(bl_feeder *f, const bl_loader_batch *b);
+int bl_feeder_get(bl_feeder *f, bl_loader_batch *out);
+int bl_feeder_in_flight(const bl_feeder *f);
+void bl_feeder_drop(bl_feeder *f);
+void bl_feeder_free(bl_feeder *f);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

@@ -54,6 +54,18 @@ int bl_cuda_host_alloc(size_t n, void **p);
 void bl_cuda_host_free(void *p);
 /* Async copy on the device stream (host memory should be pinned). */
 int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, const void *src, size_t n);
+/* Input pipeline (src/data/feeder.c): the device's copy stream (non-blocking,
+ * ordered by events only; NULL with an error set when the device is not
+ * available), events (stream NULL: the compute stream), a host wait for one
+ * event (polled: not a device synchronisation), and a host-to-device copy
+ * queued on a given stream. */
+void *bl_cuda_copy_stream(int device);
+int bl_cuda_event_new(int device, void **ev);
+void bl_cuda_event_free(void *ev);
+int bl_cuda_event_record(int device, void *ev, void *stream);
+int bl_cuda_stream_wait_event(int device, void *stream, void *ev);
+int bl_cuda_event_wait_host(int device, void *ev);
+int bl_cuda_memcpy_h2d_on(int device, void *stream, void *dst, const void *src, size_t n);
 
 /* ---- GEMM precision for f32 operands (kernels/linear.cu) ----
  * 0 = full f32 (default), 1 = TF32 tensor cores (10-bit mantissa inputs,

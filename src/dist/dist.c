@@ -46,6 +46,7 @@ int bl_dist_init(int *argc, char ***argv) {
 }
 
 int bl_dist_initialized(void) { return dist_on; }
+MPI_Comm bl_dist_comm(void) { return MPI_COMM_WORLD; }
 int bl_dist_rank(void) { return dist_rank; }
 int bl_dist_size(void) { return dist_size; }
 int bl_dist_local_rank(void) { return local_rank; }

@@ -21,5 +21,20 @@ int bl_nccl_allreduce_sum(bl_tensor *t, MPI_Comm world, int rank, int size);
 int bl_nccl_broadcast(bl_tensor *t, int root, MPI_Comm world, int rank, int size);
 /* abort != 0: ncclCommAbort (error paths), else ncclCommDestroy. Idempotent. */
 void bl_nccl_shutdown(int abort);
+
+/* The device side of bl_reducer (reducer.c): a communication stream, an event
+ * per bucket and one for the end, made once (collective: may create the
+ * communicator). launch queues the sum of `part` (a view on the reducer's
+ * device) on the communication stream after the compute stream's work so
+ * far; finish makes the compute stream wait for the communication stream and
+ * waits on the host under the watchdog (BL_NCCL_TIMEOUT). */
+typedef struct bl_nccl_buckets bl_nccl_buckets;
+int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int rank, int size,
+                        bl_nccl_buckets **res);
+int bl_nccl_buckets_launch(bl_nccl_buckets *b, bl_tensor *part, int bucket);
+int bl_nccl_buckets_finish(bl_nccl_buckets *b);
+void bl_nccl_buckets_free(bl_nccl_buckets *b);
 #endif
+/* MPI world of the process group (dist.c), for the reducer's CPU path. */
+MPI_Comm bl_dist_comm(void);
 #endif

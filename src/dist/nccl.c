@@ -167,12 +167,13 @@ static int nccl_type(const bl_tensor *t, ncclDataType_t *ty, const char *op) {
   return bl_set_error(BL_EINVAL, "%s: dtype %s is not supported by NCCL", op, bl_dtype_name(t->dtype));
 }
 
-/* Waits for the queued collective: NCCL errors and the stream, under one deadline. */
-static int wait_stream(const char *op, const char *what, cudaStream_t s) {
+/* Waits for the queued collective: NCCL errors and the stream (or, when ev is
+ * given, that event of it), under one deadline. */
+static int wait_stream(const char *op, const char *what, cudaStream_t s, cudaEvent_t ev) {
   double deadline = now_s() + timeout_s();
   BL_CHECK(wait_comm(op, what, deadline));
   for (;;) {
-    cudaError_t ce = cudaStreamQuery(s);
+    cudaError_t ce = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
     if (ce == cudaSuccess) return 0;
     if (ce != cudaErrorNotReady) {
       bl_nccl_shutdown(1);
@@ -206,7 +207,7 @@ static int prepare(const char *op, bl_tensor *t, MPI_Comm world, int rank, int s
 /* The end of a collective: r is what queueing it returned. */
 static int finish(const char *op, const char *what, ncclResult_t r, cudaStream_t s) {
   if (r != ncclSuccess && r != ncclInProgress) return fail(op, what, r);
-  return wait_stream(op, what, s);
+  return wait_stream(op, what, s, NULL);
 }
 
 int bl_nccl_allreduce_sum(bl_tensor *t, MPI_Comm world, int rank, int size) {
@@ -225,4 +226,79 @@ int bl_nccl_broadcast(bl_tensor *t, int root, MPI_Comm world, int rank, int size
   BL_CHECK(prepare(op, t, world, rank, size, &ty, &s));
   if (t->numel == 0) return 0;
   return finish(op, "broadcast", ncclBroadcast(t->data, t->data, (size_t)t->numel, ty, root, comm, s), s);
+}
+
+/* ---------------------------------------------------------------- buckets (bl_reducer) */
+struct bl_nccl_buckets {
+  int device, n;
+  cudaStream_t comm_stream;   /* non-blocking: ordered by events only */
+  cudaEvent_t *ready;         /* per bucket, recorded on the compute stream at launch */
+  cudaEvent_t done;           /* recorded on comm_stream at finish */
+};
+
+static int cuda_fail(const char *op, int device, cudaError_t e) {
+  return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, device, cudaGetErrorString(e));
+}
+
+void bl_nccl_buckets_free(bl_nccl_buckets *b) {
+  if (!b) return;
+  for (int i = 0; b->ready && i < b->n; i++)
+    if (b->ready[i]) cudaEventDestroy(b->ready[i]);
+  if (b->done) cudaEventDestroy(b->done);
+  if (b->comm_stream) cudaStreamDestroy(b->comm_stream);
+  free(b->ready);
+  free(b);
+}
+
+int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int rank, int size,
+                        bl_nccl_buckets **res) {
+  const char *op = "reducer";
+  *res = NULL;
+  ncclDataType_t ty = ncclFloat32;
+  int local = nccl_type(buf, &ty, op);
+  BL_CHECK(ensure_comm(op, local, buf->device, world, rank, size));
+  bl_nccl_buckets *b = calloc(1, sizeof *b);
+  if (!b || !(b->ready = calloc((size_t)nbuckets, sizeof *b->ready))) {
+    free(b);
+    return bl_set_error(BL_ENOMEM, "%s: out of host memory", op);
+  }
+  b->device = buf->device;
+  b->n = nbuckets;
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&b->comm_stream, cudaStreamNonBlocking);
+  for (int i = 0; e == cudaSuccess && i < nbuckets; i++)
+    e = cudaEventCreateWithFlags(&b->ready[i], cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    bl_nccl_buckets_free(b);
+    return cuda_fail(op, buf->device, e);
+  }
+  *res = b;
+  return 0;
+}
+
+int bl_nccl_buckets_launch(bl_nccl_buckets *b, bl_tensor *part, int bucket) {
+  const char *op = "reducer";
+  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
+  ncclDataType_t ty = ncclFloat32;
+  BL_CHECK(nccl_type(part, &ty, op));
+  cudaStream_t compute = (cudaStream_t)bl_cuda_stream(b->device);
+  if (!compute) return BL_EDEVICE;
+  cudaError_t e = cudaEventRecord(b->ready[bucket], compute);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(b->comm_stream, b->ready[bucket], 0);
+  if (e != cudaSuccess) return cuda_fail(op, b->device, e);
+  ncclResult_t r = ncclAllReduce(part->data, part->data, (size_t)part->numel, ty, ncclSum, comm, b->comm_stream);
+  if (r != ncclSuccess && r != ncclInProgress) return fail(op, "bucket all-reduce", r);
+  return 0;
+}
+
+int bl_nccl_buckets_finish(bl_nccl_buckets *b) {
+  const char *op = "reducer";
+  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
+  cudaStream_t compute = (cudaStream_t)bl_cuda_stream(b->device);
+  if (!compute) return BL_EDEVICE;
+  cudaError_t e = cudaEventRecord(b->done, b->comm_stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(compute, b->done, 0);  /* the optimizer runs after the sums */
+  if (e != cudaSuccess) return cuda_fail(op, b->device, e);
+  return wait_stream(op, "bucket all-reduce", b->comm_stream, b->done);
 }

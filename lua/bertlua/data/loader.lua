@@ -158,6 +158,61 @@ function M.free_batch(batch)
   for _, t in pairs(batch) do t:free() end
 end
 
+-- DeviceLoader(loader, device): the loader's batches on cuda:device through
+-- bl_feeder (bl_loader.h): pinned buffers and a copy stream, the next batch
+-- copied while the current step computes, no allocation per batch. next()
+-- returns device tensors that stay valid until the second next() after it;
+-- state() is the position of the batches handed out, not of those in flight,
+-- so a checkpoint resumes exactly.
+local DLoader = {}
+DLoader.__index = DLoader
+
+function M.DeviceLoader(loader, device)
+  local out = ffi.new("bl_feeder *[1]")
+  check(C.bl_feeder_new(device, loader.batch, loader.max_length, loader.max_pred, out))
+  return setmetatable({ loader = loader, f = ffi.gc(out[0], C.bl_feeder_free), device = device,
+    _b = ffi.new("bl_loader_batch") }, DLoader)
+end
+
+local FIELDS = { "input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_labels",
+  "next_sentence_labels" }
+
+-- the loader's next batch into the feeder; its CPU tensors are freed at once
+local function put(self)
+  local batch, b = self.loader:next(), self._b
+  for _, k in ipairs(FIELDS) do b[k] = batch[k] end
+  b.epoch, b.pos = self.loader.epoch, self.loader.pos - 1
+  check(C.bl_feeder_put(self.f, b))
+  M.free_batch(batch)
+end
+
+function DLoader:next()
+  while C.bl_feeder_in_flight(self.f) < 2 do put(self) end
+  local b = self._b
+  check(C.bl_feeder_get(self.f, b))
+  local batch = {}
+  for _, k in ipairs(FIELDS) do batch[k] = bl.wrap(b[k]) end
+  self.epoch, self.pos = tonumber(b.epoch), tonumber(b.pos) + 1
+  return batch
+end
+
+function DLoader:state()
+  local s = self.loader:state()
+  if self.epoch then s.epoch, s.pos = self.epoch, self.pos end
+  return s
+end
+
+function DLoader:set_state(s)
+  C.bl_feeder_drop(self.f)
+  self.loader:set_state(s)
+  self.epoch, self.pos = nil, nil
+end
+
+function DLoader:close()
+  if self.f ~= nil then C.bl_feeder_free(ffi.gc(self.f, nil)); self.f = nil end
+  self.loader:close()
+end
+
 -- Default length-binning window (steps) for bin_lengths = true.
 M.BIN_WINDOW = 64
 

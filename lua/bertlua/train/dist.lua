@@ -1,5 +1,5 @@
 -- bertlua.train.dist: data-parallel helpers over the process group.
--- MPI for CPU tensors (NCCL for CUDA tensors once the CUDA backend has it).
+-- MPI for CPU tensors, NCCL for CUDA tensors.
 -- A world of one (no mpirun) makes every call a no-op, so recipes use the
 -- same code on one process and many.
 local core = require "bertlua.core"
@@ -61,6 +61,111 @@ function M.sum_numbers(values)
   local t = bl.from(values, { dtype = "f64" })
   check(C.bl_dist_allreduce_sum(t))
   return t:totable()
+end
+
+-- Reducer{grads = flat f32 gradient buffer, bucket_mb = 25, dtype = "fp32" | "bf16"}:
+-- the data-parallel gradient sum in buckets (bl_reducer, bl_dist.h: on a GPU
+-- over NCCL on a communication stream). Per step:
+--   reducer:attach(model)      -- once: overlap the reduction with backward
+--   model:backward(...)        -- each encoder layer's buckets are launched as soon as that layer is done
+--   reducer:finish{ scale = 1 / dist.size() }   -- the rest, then wait; the optimizer runs after it
+-- attach is only right when a layer's backward writes its gradients' final
+-- values (one micro-batch per step, gradients reduced as produced: no
+-- accumulation or rounding after backward); otherwise finish() alone reduces
+-- every bucket after backward. Buckets are launched in the same order on
+-- every rank (they are collectives).
+local Reducer = {}
+Reducer.__index = Reducer
+M.ALLREDUCE_DTYPES = { fp32 = "f32", bf16 = "bf16" }
+
+-- a recipe's --allreduce-dtype, checked before anything is allocated
+function M.check_allreduce_dtype(recipe, v)
+  if not M.ALLREDUCE_DTYPES[v] then
+    error(("%s: --allreduce-dtype must be fp32 or bf16, got '%s'"):format(recipe, tostring(v)), 0)
+  end
+end
+
+function M.Reducer(o)
+  local dt = M.ALLREDUCE_DTYPES[o.dtype or "fp32"]
+  if not dt then error(("reducer: all-reduce dtype must be fp32 or bf16, got '%s'"):format(tostring(o.dtype)), 2) end
+  local mb = o.bucket_mb or 25
+  if type(mb) ~= "number" or not (mb > 0) then error("reducer: bucket_mb must be a number > 0", 2) end
+  local elems = math.max(1, math.floor(mb * 1024 * 1024 / 4))  -- sized in f32 bytes, whatever the dtype
+  local out = ffi.new("bl_reducer *[1]")
+  check(C.bl_reducer_new(o.grads, elems, dt == "bf16" and C.BL_BF16 or C.BL_F32, out))
+  local r = ffi.gc(out[0], C.bl_reducer_free)
+  return setmetatable({ r = r, grads = o.grads, elems = elems, total = o.grads:numel(),
+    n = C.bl_reducer_buckets(r), launched = {}, final = {}, hooked = {} }, Reducer)
+end
+
+-- ready(lo, hi): elements [lo, hi) (0-based) hold their final gradients; launch every bucket now covered
+function Reducer:ready(lo, hi)
+  local f = self.final
+  f[#f + 1] = { lo, hi }
+  table.sort(f, function(a, b) return a[1] < b[1] end)
+  local merged = {}
+  for _, iv in ipairs(f) do
+    local last = merged[#merged]
+    if last and iv[1] <= last[2] then last[2] = math.max(last[2], iv[2]) else merged[#merged + 1] = { iv[1], iv[2] } end
+  end
+  self.final = merged
+  for b = self.n - 1, 0, -1 do  -- backward runs from the last layer: the highest buckets first
+    if not self.launched[b] then
+      local a, z = b * self.elems, math.min((b + 1) * self.elems, self.total)
+      for _, iv in ipairs(merged) do
+        if iv[1] <= a and iv[2] >= z then
+          self.launched[b] = true
+          check(C.bl_reducer_launch(self.r, b))
+          break
+        end
+      end
+    end
+  end
+end
+
+-- attach(model): wrap the backward of every encoder layer (a module list `layer`,
+-- as BertEncoder's) so that the buckets its parameters complete are launched when it returns
+function Reducer:attach(model)
+  local plist, layers = model._plist, nil
+  if not plist then error("reducer:attach: the model is not flattened", 2) end
+  model:apply(function(m) if type(m.layer) == "table" and m.layer[1] then layers = m.layer end end)
+  for _, layer in ipairs(layers or {}) do
+    local mine = {}
+    layer:apply(function(m) mine[m] = true end)
+    local lo, hi
+    for i, e in ipairs(plist) do
+      if mine[e.module] then
+        lo = lo or e.offset
+        -- up to the next parameter: the alignment gap before it is never written
+        hi = plist[i + 1] and plist[i + 1].offset or self.total
+      end
+    end
+    if lo then
+      local orig, reducer = layer.backward, self
+      layer.backward = function(this, ...)
+        local dx = orig(this, ...)
+        reducer:ready(lo, hi)
+        return dx
+      end
+      self.hooked[#self.hooked + 1] = layer
+    end
+  end
+  return self
+end
+
+function Reducer:detach()
+  for _, layer in ipairs(self.hooked) do layer.backward = nil end
+  self.hooked = {}
+  return self
+end
+
+-- finish{scale=}: launch what is left, wait for every bucket, then grads *= scale
+function Reducer:finish(opts)
+  check(C.bl_reducer_finish(self.r))
+  self.launched, self.final = {}, {}
+  local scale = opts and opts.scale or 1
+  if scale ~= 1 then self.grads:mul_(scale) end
+  return self.grads
 end
 
 -- End the whole job with a message (every rank stops, no hang).

@@ -9,9 +9,19 @@
 --   trainer.fit{ model = m, n = #features, batch = 32, micro_batch = 8, epochs = 2, lr = 3e-5,
 --                warmup = 0.1 (or warmup_steps = N), make_batch = function(indices) return batch_table end,
 --                log_path = ..., precision = "fp32",  -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision
---                device = -1 }          -- or N: the model is on cuda:N (model:to), batches are moved there
+--                device = -1,           -- or N: the model is on cuda:N (model:to), batches are moved there
+--                bucket_mb = 25, allreduce_dtype = "fp32" }   -- data parallel (below)
 --   local stats = trainer.predict{ model = m, n = #features, batch = 32,
 --                                  make_batch = function(indices) ... end, consume = function(indices, out) ... end }
+--
+-- Data parallel under mpirun (bertlua.train.dist): `batch` is the global
+-- batch. Micro-batch j of a step (j = rank * accumulation + a) is the same
+-- slice of the shuffled order however the batch is split over ranks and
+-- accumulation, with its own dropout stream (seed, step, j), and the
+-- gradients are averaged over the ranks (bucketed, overlapped with backward
+-- when nothing is accumulated), so N ranks give one rank's results with
+-- accumulation N. predict shards the batches over the ranks (round robin)
+-- and hands every output to consume on rank 0 only, in order.
 local bl = require "bertlua"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
@@ -20,20 +30,32 @@ local rng = require "bertlua.util.rng"
 local amp = require "bertlua.train.amp"
 local slice = require("bertlua.util.list").slice
 local device = require "bertlua.train.device"
+local dist = require "bertlua.train.dist"
 
 local M = {}
 
+-- the dropout stream of micro-batch j of a step: a function of (seed, step, j) only
+local function dropout_seed(seed, step, j)
+  return ((seed * 1000003 + step) * 8191 + j) % 9007199254740881
+end
+
 function M.fit(o)
-  local micro = (o.micro_batch and o.micro_batch > 0) and o.micro_batch or o.batch
-  if o.batch % micro ~= 0 then error("trainer: batch must be a multiple of micro_batch", 2) end
-  local accum = o.batch / micro
+  local rank, world = dist.rank(), dist.size()
+  local micro = (o.micro_batch and o.micro_batch > 0) and o.micro_batch or o.batch / world
+  if o.batch % world ~= 0 or (o.batch / world) % micro ~= 0 then
+    error(("trainer: batch must be a multiple of micro_batch x ranks (batch %d, micro_batch %s, %d ranks)")
+      :format(o.batch, micro, world), 2)
+  end
+  local accum = o.batch / world / micro
   local steps_per_epoch = math.floor(o.n / o.batch)
   if steps_per_epoch == 0 then error(("trainer: %d training examples are fewer than one batch of %d"):format(o.n,
     o.batch), 2) end
   local total = steps_per_epoch * o.epochs
   if o.max_steps and o.max_steps > 0 then total = math.min(total, o.max_steps) end
-  print(("train: %d examples, %d steps (%d epochs x %d), batch %d = %d x %d"):format(o.n, total, o.epochs,
-    steps_per_epoch, o.batch, micro, accum))
+  if rank == 0 then
+    print(("train: %d examples, %d steps (%d epochs x %d), batch %d = %s%d x %d"):format(o.n, total, o.epochs,
+      steps_per_epoch, o.batch, world > 1 and world .. " ranks x " or "", micro, accum))
+  end
   local model, dev = o.model, o.device or -1
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01,
     max_grad_norm = o.max_grad_norm or 1.0 }
@@ -41,8 +63,10 @@ function M.fit(o)
     warmup_proportion = not o.warmup_steps and (o.warmup or 0.1) or nil }
   -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
   local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
+  local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = o.bucket_mb, dtype = o.allreduce_dtype }
+  if world > 1 and accum == 1 and not mp.dtype then reducer:attach(model) end
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "grad_norm", "seq_per_s" },
-    config = o.config }
+    config = o.config, rank = rank }
   local draw = rng(o.seed or 42)
   local order = {}
   for i = 1, o.n do order[i] = i end
@@ -58,12 +82,17 @@ function M.fit(o)
       mp:begin_step()
       local loss = 0
       for a = 0, accum - 1 do
-        local first = s * o.batch + a * micro
+        local j = rank * accum + a
+        local first = s * o.batch + j * micro
+        model.rng = bl.Generator(dropout_seed(o.seed or 42, step, j))
+        model:apply(function(m) m.rng = model.rng end)
         local out = model:forward(device.batch_to(o.make_batch(slice(order, first + 1, first + micro)), dev))
         model:backward(mp:scale() / accum)
         loss = loss + out.loss / accum
       end
       mp:end_backward()
+      reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
+      if world > 1 then loss = dist.sum_numbers({ loss })[1] / world end
       if loss ~= loss then
         error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
       end
@@ -77,7 +106,7 @@ function M.fit(o)
     end
   end
   log:close()
-  if skipped > 0 then
+  if skipped > 0 and rank == 0 then
     print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(skipped, step, mp:scale()))
   end
   return { steps = step, loss = last_loss, skipped = skipped, loss_scale = mp:scale() }
@@ -112,27 +141,69 @@ local function check_outputs(o, idx, out)
   end
 end
 
+-- a batch's outputs from the rank that computed them (owner) to every rank: a header of shapes, then
+-- each output as f32 (exact for the f16/bf16 a half-precision model gives)
+local MAXDIM = 4
+local function share_outputs(out, owner)
+  local me = dist.rank() == owner
+  local head = bl.zeros({ #OUTPUTS * (MAXDIM + 1) }, { dtype = "f64" })
+  if me then
+    local h = head:ptr()
+    for k, key in ipairs(OUTPUTS) do
+      local t = out[key]
+      if t then
+        if t:dim() > MAXDIM then
+          error(("predict: output %s has %d dims (at most %d)"):format(key, t:dim(), MAXDIM), 0)
+        end
+        h[(k - 1) * (MAXDIM + 1)] = t:dim()
+        for d = 1, t:dim() do h[(k - 1) * (MAXDIM + 1) + d] = t:size(d) end
+      end
+    end
+  end
+  dist.broadcast(head, owner)
+  local h, res = head:totable(), {}
+  for k, key in ipairs(OUTPUTS) do
+    local nd = h[(k - 1) * (MAXDIM + 1) + 1]
+    if nd > 0 then
+      local shape = {}
+      for d = 1, nd do shape[d] = h[(k - 1) * (MAXDIM + 1) + 1 + d] end
+      local t = me and out[key]:to("f32"):contiguous() or bl.zeros(shape)
+      res[key] = dist.broadcast(t, owner)
+    end
+  end
+  return res
+end
+
 -- predict{model, n, batch, make_batch(indices), consume(indices, out), device} in eval mode;
 -- returns {sequences, seconds, seq_per_s, p50_ms, p90_ms, p99_ms} (latency per batch: on a GPU
--- until the outputs are back on the host, which consume receives them on).
+-- until the outputs are back on the host, which consume receives them on). Under mpirun batch k
+-- runs on rank (k - 1) % world and consume runs on rank 0 only, for every batch in order; the
+-- latencies are rank 0's own batches.
 function M.predict(o)
   if not (type(o.batch) == "number" and o.batch >= 1 and o.batch % 1 == 0) then
     error(("%s: batch size must be an integer >= 1, got %s"):format(o.name or "predict", tostring(o.batch)), 0)
   end
   local model, dev = o.model, o.device or -1
+  local rank, world = dist.rank(), dist.size()
   model:eval()
   local lat = {}
   local t_all = logm.clock()
+  local k = 0
   for first = 1, o.n, o.batch do
     local idx = {}
     for i = first, math.min(first + o.batch - 1, o.n) do idx[#idx + 1] = i end
-    local b = o.make_batch(idx)
-    local t0 = logm.clock()
-    local out = model:forward(device.batch_to(b, dev))
-    if dev >= 0 then out = device.batch_to(out, -1) end
-    lat[#lat + 1] = (logm.clock() - t0) * 1000
-    check_outputs(o, idx, out)
-    if o.consume then o.consume(idx, out) end
+    local owner, out = k % world, nil
+    k = k + 1
+    if owner == rank then
+      local b = o.make_batch(idx)
+      local t0 = logm.clock()
+      out = model:forward(device.batch_to(b, dev))
+      if dev >= 0 then out = device.batch_to(out, -1) end
+      lat[#lat + 1] = (logm.clock() - t0) * 1000
+      check_outputs(o, idx, out)
+    end
+    if world > 1 then out = share_outputs(out, owner) end
+    if o.consume and rank == 0 then o.consume(idx, out) end
   end
   local dt = logm.clock() - t_all
   table.sort(lat)

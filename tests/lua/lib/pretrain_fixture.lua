@@ -1,16 +1,20 @@
 -- A tiny pre-training corpus for the recipe tests (test_pretrain, test_cuda_pretrain):
 -- generated books -> shards -> vocab -> instances (S=32, 5 predictions), and a
 -- 2-layer, hidden-64 model config.
---   local fx = require("pretrain_fixture").make(T)
+--   local fx = require("pretrain_fixture").make(T[, {need_cuda = true}])   -- need_cuda: skip without a GPU
 --   fx.pretrain(out_dir, "--steps1=6 ...", launcher) -> output, exit code (fx.command: the command line)
 --   fx.kill_at(out_dir, extra, step) -> steps logged when the background run was SIGKILLed
 --   fx.losses(out_dir) -> { [step] = loss }
+--   fx.run(name, extra, launcher): fx.pretrain into tmp/name, failing the test when it fails; fx.rel(a, b)
 local cjson = require "cjson"
 local syn = require "bertlua.data.synthetic"
 
 local M = {}
 
-function M.make(T)
+function M.make(T, opts)
+  if opts and opts.need_cuda and require("bertlua").cuda_device_count() == 0 then
+    T.skip_all("no CUDA device (the emulated build provides one)")
+  end
   local exe, sh = T.exe(), T.sh
   local tmp = T.tmpdir("books")
   local function must(cmd) local out, rc = sh(cmd); if rc ~= 0 then error(cmd .. "\n" .. out, 2) end; return out end
@@ -36,6 +40,12 @@ function M.make(T)
       :format(launcher or "", exe, tmp, tmp, tmp, out, extra)
   end
   function fx.pretrain(out, extra, launcher) return sh(fx.command(out, extra, launcher)) end
+  -- run(name, extra, launcher): pretrain into tmp/name; a failure fails the test with the output
+  function fx.run(name, extra, launcher)
+    local o, rc = fx.pretrain(tmp .. "/" .. name, extra, launcher)
+    T.eq(rc, 0, o)
+    return o
+  end
   -- kill_at(out, extra, step): starts the run in the background, SIGKILLs it
   -- once its log has `step` step lines (or after 600 s); returns the number seen.
   function fx.kill_at(out, extra, step)
@@ -63,5 +73,7 @@ function M.make(T)
   end
   return fx
 end
+
+function M.rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
 
 return M
