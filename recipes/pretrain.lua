@@ -233,6 +233,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- model buffer and then added to `acc`: the same additions an all-reduce over
   -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.
   local acc = accum > 1 and bl.zeros_like(model.flat_grads) or nil
+  local on_device = {}  -- the batch's device buffers, reused every micro-batch (device.batch_to)
   local ran, stop_reason = 0, nil
   while step < ph.steps do
     if opt.max_steps > 0 and ran >= opt.max_steps then stop_reason = "max-steps" break end
@@ -254,7 +255,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       if not batch then error("pretrain: the data loader returned no batch", 0) end
       model.rng = bl.Generator(dropout_seed(step, rank * accum + a - 1))
       model:apply(function(m) m.rng = model.rng end)
-      local out = model:forward(device.batch_to(batch, dev))
+      local out = model:forward(device.batch_to(batch, dev, on_device))
       if acc then model:zero_grad() end
       model:backward(mp:scale() / accum)
       if acc then acc:add_(model.flat_grads) end

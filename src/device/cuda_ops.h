@@ -15,8 +15,9 @@
  *
  * Common rules of the CUDA ops:
  *  - All work is queued on the per-device stream bl_cuda_stream(device)
- *    (a blocking stream, so the legacy-stream cudaMemcpy in bl_dev_memcpy is
- *    ordered with it). Functions return once the work is queued, except those
+ *    (a blocking stream, so legacy-stream work such as the download in
+ *    bl_dev_memcpy is ordered with it; uploads and device copies are queued on
+ *    it directly). Functions return once the work is queued, except those
  *    that return a host value (counts, flags, norms), which synchronise.
  *  - Math is f32 with f32 accumulation (f64 for the generic tensor ops and
  *    the loss sums). f32 contiguous tensors are used in place; other float

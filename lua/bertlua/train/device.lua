@@ -73,10 +73,31 @@ function M.describe(dev, precision)
   return ("device %s, precision %s"):format(what, precision or "fp32")
 end
 
--- batch_to(batch, dev): a table of the batch's fields with its tensors on dev (-1: the CPU), others unchanged.
-function M.batch_to(batch, dev)
+-- Fields the pre-training head reads on the host (it selects the masked positions there and uploads the
+-- selection itself): moving them to the device would only cost a copy there and a synchronised one back.
+local HOST_FIELDS = { masked_lm_positions = true, masked_lm_labels = true }
+
+-- batch_to(batch, dev[, keep]): a table of the batch's fields with its tensors on dev (-1: the CPU), others
+-- unchanged. With keep (a table the caller holds across steps) a CPU batch goes to the device into buffers kept
+-- there per field and reused while shape and dtype stay the same: no device allocation per step, and the
+-- upload is queued on the device's stream without a host wait (bl_dev_memcpy). The next call overwrites them.
+function M.batch_to(batch, dev, keep)
   local out = {}
-  for k, v in pairs(batch) do out[k] = bl.is_tensor(v) and v:to{ device = dev } or v end
+  for k, v in pairs(batch) do
+    if not bl.is_tensor(v) then out[k] = v
+    elseif keep and dev >= 0 and v:device() == "cpu" then
+      if HOST_FIELDS[k] then out[k] = v
+      else
+        local d = keep[k]
+        if not (d and d:dtype() == v:dtype() and bl.shape_str(d:shape()) == bl.shape_str(v:shape())) then
+          if d then d:free() end
+          d = v:empty_like{ device = dev }
+          keep[k] = d
+        end
+        out[k] = d:copy_(v:is_contiguous() and v or v:contiguous())
+      end
+    else out[k] = v:to{ device = dev } end
+  end
   return out
 end
 
