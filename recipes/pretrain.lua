@@ -54,7 +54,7 @@ local SPEC = {
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, " ..
       "fp16 with loss scaling)" },
-  { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 2^15 = 32768)" },
+  { "loss_scale", "dynamic", "fp16 loss scale: dynamic, dynamic:INIT[:INTERVAL], or a fixed number (e.g. 2^15 = 32768)" },
   { "power", 0.5, "polynomial decay power after warmup", min = 0 },
   { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)", min = 0 },
   { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation", min = 0, above = true },
@@ -211,7 +211,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
         if name then sd[name] = t end
       end
       lamb:load_state_dict(sd)
-      mp:load_state_dict(c.state.scaler)
+      mp:load_state_dict(c.state.scaler, c.state.optimizer_step)
       for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
       step = c.step
       say(("  resumed from %s at step %d"):format(latest, step))
@@ -233,6 +233,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- model buffer and then added to `acc`: the same additions an all-reduce over
   -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.
   local acc = accum > 1 and bl.zeros_like(model.flat_grads) or nil
+  local skipped_logged = mp:state_dict().skipped_steps or 0
   local on_device = {}  -- the batch's device buffers, reused every micro-batch (device.batch_to)
   local ran, stop_reason = 0, nil
   while step < ph.steps do
@@ -248,6 +249,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     step = step + 1
     model:zero_grad()
     mp:begin_step()
+    local seed = mp:loss_seed(accum)  -- fp16: the loss scale on the model's device
     local sums = { 0, 0, 0, 0, 0, 0 }  -- loss, mlm loss, mlm correct, mlm count, nsp correct, sequences
     for a = 1, accum do
       local loader = virt and loaders[a] or loaders[1]
@@ -257,7 +259,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       model:apply(function(m) m.rng = model.rng end)
       local out = model:forward(device.batch_to(batch, dev, on_device))
       if acc then model:zero_grad() end
-      model:backward(mp:scale() / accum)
+      model:backward(seed)
       if acc then acc:add_(model.flat_grads) end
       local B = batch.input_ids:size(1)
       sums[1] = sums[1] + out.loss
@@ -271,17 +273,23 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     mp:end_backward()
     dist.all_reduce_mean(model.flat_grads)
     local lr = lr_at(lamb.step_count + 1)
-    local stepped = mp:step(lamb, lr)
+    mp:queue_step(lamb, lr)   -- skip or update decided on the model's device: no wait here
     local s = dist.sum_numbers(sums)
     local dt = logm.clock() - t0
     local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
       mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
-      loss_scale = mp:scale(), skipped = not stepped or nil, seq_per_s = s[6] / dt, step_time = dt }
-    if dev >= 0 then  -- totals since the start: allocations and host waits of the device
-      local k = bl.cuda_counters(dev)
-      rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
+      seq_per_s = s[6] / dt, step_time = dt }
+    if step % opt.log_every == 0 or step == ph.steps then
+      local r = mp:read()   -- the one wait of a logged step
+      rec.loss_scale, rec.grad_norm = r.loss_scale, r.grad_norm
+      rec.skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil  -- steps since the last line
+      skipped_logged = r.skipped
+      if dev >= 0 then  -- totals since the start: allocations and host waits of the device
+        local k = bl.cuda_counters(dev)
+        rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
+      end
+      log:step(rec)
     end
-    if step % opt.log_every == 0 or step == ph.steps then log:step(rec) end
     if rec.loss ~= rec.loss then
       error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
         :format(step, opt.precision, ckdir), 0)

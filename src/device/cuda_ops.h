@@ -177,6 +177,13 @@ int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor
 int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
                      const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
                      bl_optim_stats *stats);
+/* The amp steps never synchronise: the decision is made on the device in the state tensor. */
+int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                          const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+                          bl_tensor *state);
+int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                           const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+                           bl_tensor *state);
 int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite);
 int bl_cuda_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
 /* Flat-buffer casts f32 <-> f16/bf16 (master weights -> half copies and back):

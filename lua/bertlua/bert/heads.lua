@@ -35,6 +35,13 @@ local function cross_entropy(self, dkey, logits, targets, ignore, grad_scale)
   return loss:item(), tonumber(cnt[0])
 end
 
+-- g *= s for a loss scale s: a number, or a one-element tensor on g's device (the fp16 loss scale stays on the
+-- GPU, see bertlua.train.amp's loss_seed)
+local function scale_grad(g, s)
+  if bl.is_tensor(s) then check(C.bl_binary(C.BL_MUL, g, g, s))
+  elseif s and s ~= 1 then check(C.bl_affine(g, g, s, 0)) end
+end
+
 local function accuracy(logits, targets, ignore)
   local c, n = i64box(), i64box()
   check(C.bl_accuracy(logits, targets, ignore, c, n))
@@ -196,9 +203,9 @@ function BertForPreTraining:forward(batch)
   return res
 end
 
--- backward([loss_scale]): gradients of loss * loss_scale, accumulated into the flat gradient buffer.
+-- backward([loss_scale]): gradients of loss * loss_scale (a number or a one-element tensor on the model's
+-- device), accumulated into the flat gradient buffer.
 function BertForPreTraining:backward(loss_scale)
-  loss_scale = loss_scale or 1
   local hs = self.bert.encoder.hidden_states
   local seq = hs[#hs]
   local dseq = buf(self, "_dseq", seq:shape())
@@ -206,14 +213,14 @@ function BertForPreTraining:backward(loss_scale)
   local emb = self.bert.embeddings.word_embeddings
   if self._has_mlm then
     local dl = self._dmlm
-    if loss_scale ~= 1 then check(C.bl_affine(dl, dl, loss_scale, 0)) end
+    scale_grad(dl, loss_scale)
     local dg = self.cls.predictions:backward(self._gathered, emb.weight, emb.grad_weight, dl)
     check(C.bl_gather_backward(dseq, dg, self._pos))
   end
   local dpooled
   if self._nsp_t then
     local dn = self._dnsp
-    if loss_scale ~= 1 then check(C.bl_affine(dn, dn, loss_scale, 0)) end
+    scale_grad(dn, loss_scale)
     dpooled = self.cls.seq_relationship:backward(self.bert.pooler.output, dn)
   end
   self.bert:backward(dseq, dpooled)
@@ -266,7 +273,7 @@ function BertForQuestionAnswering:backward(a, b)
   else
     if not self._has_loss then error("BertForQuestionAnswering:backward: forward had no start/end positions", 2) end
     ds, de = self._dstart, self._dend
-    if a and a ~= 1 then check(C.bl_affine(ds, ds, a, 0)); check(C.bl_affine(de, de, a, 0)) end
+    scale_grad(ds, a); scale_grad(de, a)
   end
   local dl = buf(self, "_dlogits", { B, S, 2 })
   dl:select(3, 1):copy_(ds); dl:select(3, 2):copy_(de)
@@ -324,7 +331,7 @@ function BertForSequenceClassification:backward(a)
   else
     if not self._kind then error("BertForSequenceClassification:backward: forward had no labels", 2) end
     dl = self._dlogits
-    if a and a ~= 1 then check(C.bl_affine(dl, dl, a, 0)) end
+    scale_grad(dl, a)
   end
   local dx = self.classifier:backward(self._x, dl)
   if self.dropout._p ~= 0 then dx = self.dropout:backward(self.bert.pooler.output, dx) end
