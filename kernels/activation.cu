@@ -1,10 +1,7 @@
 // Elementwise activations of the BERT op library (contracts in bl_ops.h):
 // GELU (exact erf form) and the fused bias + GELU, each with its backward
-// (db: deterministic column sum of dx), tanh (backward from the saved output)
-// and Philox dropout (optional u8 mask out; backward from the mask or by
-// regenerating it). Element i (row-major) of the dropout uses the Philox
-// stream at (seed, offset) exactly as the CPU (kernels/philox.cuh).
-// Grid: one thread per element, grid-stride loop, 256 threads per block;
+// (db: deterministic column sum of dx) and tanh (backward from the saved
+// output); CPU twin src/ops/activation.c. Grid: one thread per element, grid-stride loop, 256 threads per block;
 // operands are contiguous f32 images (cu_buf), bias indexed by i % H.
 // bf16/f16 activations (input, grad and output of one dtype, contiguous, rows a
 // multiple of 16 bytes) skip those images: act_native reads and writes them with
@@ -12,7 +9,6 @@
 // values in the same kernel (partials per chunk of rows, then act_db_final in
 // chunk order: deterministic), as the CPU twin does before it rounds.
 #include "common.cuh"
-#include "philox.cuh"
 
 namespace {
 
@@ -100,22 +96,6 @@ __global__ void act_db_final(const float *part, int64_t nchunk, int64_t h, float
   }
 }
 
-// y = keep ? x * scale : 0, keep from the mask (mask_in) or Philox; optional u8 mask out.
-__global__ void dropout_kernel(float *y, const float *x, const uint8_t *mask_in, uint8_t *mask_out, int64_t n, float p,
-                               float scale, uint64_t seed, uint64_t offset) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    bool keep = mask_in ? mask_in[i] != 0 : bl_dropout_keep(seed, offset, (uint64_t)i, p);
-    y[i] = keep ? x[i] * scale : 0.0f;
-    if (mask_out) mask_out[i] = keep ? 1 : 0;
-  }
-}
-
-int same_numel(const char *op, const bl_tensor *a, const bl_tensor *b) {
-  if (a && b && a->numel != b->numel)
-    return bl_set_error(BL_EINVAL, "%s: operands have %lld and %lld elements", op, (long long)a->numel, (long long)b->numel);
-  return 0;
-}
-
 template <class T, class TB>
 int launch_native(const char *op, int dev, int kind, bl_tensor *out, bl_tensor *db, const bl_tensor *g,
                   const bl_tensor *a, const bl_tensor *b, int64_t rows, int64_t h) {
@@ -164,8 +144,8 @@ int run_act(const char *op, int kind, bl_tensor *out, bl_tensor *db, const bl_te
   int dev;
   const bl_tensor *ts[] = {out, db, g, a, b};
   BL_CHECK(cu_device(op, 5, ts, &dev));
-  BL_CHECK(same_numel(op, out, a));
-  BL_CHECK(same_numel(op, g, a));
+  BL_CHECK(cu_same_numel(op, out, a));
+  BL_CHECK(cu_same_numel(op, g, a));
   int64_t n = a->numel, h = 1;
   if (b) {
     h = a->ndim ? a->shape[a->ndim - 1] : 1;
@@ -192,34 +172,6 @@ int run_act(const char *op, int kind, bl_tensor *out, bl_tensor *db, const bl_te
   return cu_store(op, out, &bo);
 }
 
-int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tensor *mask_in, const bl_tensor *x, double p,
-                uint64_t seed, uint64_t offset) {
-  int dev;
-  const bl_tensor *ts[] = {y, mask_out, mask_in, x};
-  BL_CHECK(cu_device(op, 4, ts, &dev));
-  BL_CHECK(same_numel(op, y, x));
-  BL_CHECK(same_numel(op, mask_out, x));
-  BL_CHECK(same_numel(op, mask_in, x));
-  if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
-  int64_t n = x->numel;
-  if (n == 0) return 0;
-  cu_buf bx, by;
-  cu_mem min, mout;
-  BL_CHECK(cu_load(op, x, &bx));
-  BL_CHECK(cu_out(op, y, &by, 0));
-  if (mask_in) {   // any dtype/strides -> contiguous u8 (nonzero = keep)
-    BL_CHECK(min.alloc(op, dev, (size_t)n));
-    BL_CHECK(cu_copy_to_contig(op, min.p, BL_BOOL, mask_in));
-  }
-  if (mask_out) BL_CHECK(mout.alloc(op, dev, (size_t)n));
-  cu_cost_kernel(dev, "dropout", "dropout_kernel", 8.0 * n + (mask_in ? n : 0) + (mask_out ? n : 0));
-  dropout_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(by.p, bx.p, min.as<uint8_t>(), mout.as<uint8_t>(), n, (float)p,
-                                                                (float)(1.0 / (1.0 - p)), seed, offset);
-  BL_CHECK(cu_launched(op, dev));
-  if (mask_out) BL_CHECK(cu_copy_from_contig(op, mask_out, mout.p, BL_U8));
-  return cu_store(op, y, &by);
-}
-
 }  // namespace
 
 extern "C" int bl_cuda_gelu_forward(bl_tensor *y, const bl_tensor *x) { return run_act("gelu", K_GELU, y, nullptr, nullptr, x, nullptr); }
@@ -238,12 +190,4 @@ extern "C" int bl_cuda_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl
 extern "C" int bl_cuda_tanh_forward(bl_tensor *y, const bl_tensor *x) { return run_act("tanh", K_TANH, y, nullptr, nullptr, x, nullptr); }
 extern "C" int bl_cuda_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y) {
   return run_act("tanh_backward", K_TANH_BWD, dx, nullptr, dy, y, nullptr);
-}
-extern "C" int bl_cuda_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p, uint64_t seed,
-                                       uint64_t offset) {
-  return run_dropout("dropout", y, mask, nullptr, x, p, seed, offset);
-}
-extern "C" int bl_cuda_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mask, double p,
-                                        uint64_t seed, uint64_t offset) {
-  return run_dropout("dropout_backward", dx, nullptr, mask, dy, p, seed, offset);
 }

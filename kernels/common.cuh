@@ -42,6 +42,13 @@ static inline double cu_bytes(const bl_tensor *t) { return t ? (double)t->numel 
 
 #define CU_TRY(op, dev, expr) do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) return cu_err(op, dev, e_); } while (0)
 
+// Operands of an elementwise op have the same number of elements (NULL operands are skipped).
+static inline int cu_same_numel(const char *op, const bl_tensor *a, const bl_tensor *b) {
+  if (a && b && a->numel != b->numel)
+    return bl_set_error(BL_EINVAL, "%s: operands have %lld and %lld elements", op, (long long)a->numel, (long long)b->numel);
+  return 0;
+}
+
 static inline unsigned cu_blocks(int64_t n, int threads, int64_t cap = 65535LL * 8) {
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;

@@ -53,13 +53,13 @@ void bl_cuda_host_free(void *p);
 /* Async copy on the device stream (host memory should be pinned). */
 int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, const void *src, size_t n);
 
-/* ---- GEMM precision for f32 operands (kernels/gemm.cu) ----
+/* ---- GEMM precision for f32 operands (kernels/linear.cu) ----
  * 0 = full f32 (default), 1 = TF32 tensor cores (10-bit mantissa inputs,
  * f32 accumulate; like torch.backends.cuda.matmul.allow_tf32). Global. */
 void bl_cuda_set_tf32(int enable);
 int bl_cuda_get_tf32(void);
 
-/* ---- linear (kernels/gemm.cu): cuBLASLt, bias epilogue; db is a deterministic column sum.
+/* ---- linear (kernels/linear.cu): cuBLASLt, bias epilogue; db is a deterministic column sum.
  * x, w: f32, or both f16 or both bf16 (f32 accumulate); mixed/f64 operands go
  * through an f32 scratch. y/dx may be f32 or the operands' dtype. */
 int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b);

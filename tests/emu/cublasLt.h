@@ -1,4 +1,4 @@
-// Emulated cuBLASLt: the subset kernels/gemm.cu uses, with the names, types
+// Emulated cuBLASLt: the subset kernels/linear.cu uses, with the names, types
 // and semantics of NVIDIA's cuBLASLt API (column-major matrices, host-pointer
 // alpha/beta, f32 accumulation). Written from the cuBLASLt documentation; see
 // emu_cublaslt.cpp for what is checked and what is not emulated.

@@ -1,7 +1,10 @@
-/* GELU, exact erf form (BERT's "gelu"), and the fused bias + GELU that
- * follows the intermediate linear (contract in bl_ops.h). The backward
- * recomputes the pre-activation x + b from its inputs instead of saving it:
- * one add per element is cheaper than a second activation-sized buffer. */
+/* Activations (contracts in bl_ops.h; CUDA twin kernels/activation.cu):
+ * GELU, exact erf form (BERT's "gelu"), and the fused bias + GELU that
+ * follows the intermediate linear, whose backward recomputes the
+ * pre-activation x + b from its inputs instead of saving it (one add per
+ * element is cheaper than a second activation-sized buffer); tanh (the BERT
+ * pooler's activation) with its backward from the saved output,
+ * dx = dy (1 - y^2), so the input need not be kept. */
 #include "ops_internal.h"
 #include "device/dispatch.h"
 #include "vecmath.h"
@@ -57,11 +60,16 @@ OPX_ISA_FN(gelu_bwd_row, (int64_t n, const float *restrict x, const float *restr
                           float *restrict dx, float *restrict acc),
            (n, x, b, dy, dx, acc))
 
-static int check_same(const char *op, const bl_tensor *t, const char *name, const bl_tensor *x) {
+static int check_same_as(const char *op, const bl_tensor *t, const char *name, const bl_tensor *ref,
+                         const char *ref_name) {
   BL_CHECK(opx_check_float(op, t, name));
-  if (!opx_same_shape(t, x))
-    return BL_ERR("%s: %s %s does not match input %s", op, name, OPX_SHAPE(t), OPX_SHAPE(x));
+  if (!opx_same_shape(t, ref))
+    return BL_ERR("%s: %s %s does not match %s %s", op, name, OPX_SHAPE(t), ref_name, OPX_SHAPE(ref));
   return 0;
+}
+
+static int check_same(const char *op, const bl_tensor *t, const char *name, const bl_tensor *x) {
+  return check_same_as(op, t, name, x, "input");
 }
 
 static int check_bias(const char *op, const bl_tensor *b, const char *name, const bl_tensor *x) {
@@ -169,4 +177,46 @@ int bl_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, con
   BL_CHECK(check_same(op, dy, "grad_output", x));
   BL_CHECK(check_same(op, dx, "grad_input", x));
   return dispatch(op, dx, db, dy, x, b, 1);
+}
+
+static int tanh_cpu(const char *op, bl_tensor *out, const bl_tensor *a, const bl_tensor *dy) {
+  opx_buf ba = {0}, bg = {0}, bo = {0};
+  int rc;
+  if ((rc = opx_load(op, a, &ba)) || (dy && (rc = opx_load(op, dy, &bg))) || (rc = opx_out(op, out, &bo, 0)))
+    goto done;
+  int64_t n = a->numel;
+  if (!dy) {
+    #pragma omp parallel for schedule(static) if (n > 16384)
+    for (int64_t i = 0; i < n; i++) bo.p[i] = tanhf(ba.p[i]);
+  } else {
+    #pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) bo.p[i] = bg.p[i] * (1.0f - ba.p[i] * ba.p[i]);
+  }
+  opx_store(out, &bo);
+done:
+  opx_free(&ba); opx_free(&bg); opx_free(&bo);
+  return rc;
+}
+
+int bl_tanh_forward(bl_tensor *y, const bl_tensor *x) {
+  const char *op = "tanh";
+  BL_CHECK(opx_check_float(op, x, "input"));
+  BL_CHECK(check_same_as(op, y, "output", x, "input"));
+  int dev;
+  const bl_tensor *ts[] = {y, x};
+  BL_CHECK(opx_device(op, 2, ts, &dev));
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_tanh_forward(y, x));
+  return tanh_cpu(op, y, x, NULL);
+}
+
+int bl_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y) {
+  const char *op = "tanh_backward";
+  BL_CHECK(opx_check_float(op, y, "output"));
+  BL_CHECK(check_same_as(op, dy, "grad_output", y, "output"));
+  BL_CHECK(check_same_as(op, dx, "grad_input", y, "output"));
+  int dev;
+  const bl_tensor *ts[] = {dx, dy, y};
+  BL_CHECK(opx_device(op, 3, ts, &dev));
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_tanh_backward(dx, dy, y));
+  return tanh_cpu(op, dx, y, dy);
 }
