@@ -424,7 +424,8 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
   a.beta2 = src.beta2;
   a.bias_correction = src.bias_correction;
   if (amp) a.amp = *src.amp;
-  cu_cost_kernel(x->dev, "optimizer", "step_final", 8.0 * nc + sizeof(step_state) + (amp ? 16.0 * BL_AMP_STATE_LEN : 0));
+  cu_cost_kernel(x->dev, "optimizer", "step_final",
+                 8.0 * nc + sizeof(step_state) + (amp ? 16.0 * BL_AMP_STATE_LEN : 0));   // amp: state read, written
   step_final<<<1, kThreads, 0, x->s>>>(part, nc, a, amp, c->state.mem.as<step_state>());
   return cu_launched(op, x->dev);
 }
@@ -535,6 +536,17 @@ int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_
 }
 
 }  // namespace
+
+extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
+  const char *op = "optim_prepare";
+  BL_CHECK(bl_dev_check(device, op));
+  opt_cache *c = nullptr;
+  BL_CHECK(cache_for(op, device, &c));
+  BL_CHECK(plan_segments(op, device, seg, c));
+  BL_CHECK(c->state.need(op, device, sizeof(step_state)));
+  BL_CHECK(c->part.need(op, device, (size_t)(2 * c->nchunk + 1) * sizeof(double)));   // LAMB's two partials
+  return c->ratio.need(op, device, (size_t)(seg->count + 1) * sizeof(float));
+}
 
 extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
                                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,

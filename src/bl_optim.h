@@ -164,6 +164,11 @@ int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_t
  *   calls += 1 either way.
  * These are the rules of torch.cuda.amp.GradScaler and bertlua.train.amp's DynamicLossScaler; with dynamic = 0
  * (bf16, fp32) the scale stays and a non-finite step is only counted (the caller raises its error). */
+/* Before the first step of a training loop on a GPU: uploads the segment table and sizes the step's scratch for
+ * buffers of numel elements on cuda:device, so that the first step allocates nothing (its scratch would otherwise
+ * take device blocks cached for the next step's activations). Checks the segments; nothing to do on the CPU. */
+int bl_optim_prepare(int device, const bl_optim_segments *seg, int64_t numel);
+
 typedef struct bl_amp_config {
   double growth_factor, backoff_factor, min_scale, max_scale;
   int64_t growth_interval;

@@ -1,8 +1,17 @@
 /* Loss-scaled optimizer steps with the decision in a state tensor (contract in bl_optim.h, BL_AMP_*): the
  * checks both devices share and the CPU twin of kernels/optim.cu's step_final + amp_decide. */
 #include "optim_internal.h"
+#include "device/dispatch.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+int bl_optim_prepare(int device, const bl_optim_segments *seg, int64_t numel) {
+  const char *op = "optim_prepare";
+  BL_CHECK(opt_check_segments(op, seg, numel));
+  if (device < 0) return 0;
+  return BL_ON_CUDA(op, device, bl_cuda_optim_prepare(device, seg));
+}
 
 int opt_amp_check(const char *op, const bl_tensor *w, const bl_amp_config *a, const bl_tensor *state, double lr,
                   double grad_scale) {
@@ -62,9 +71,19 @@ int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, c
   if (!(a[BL_AMP_SCALE] > 0) || isinf(a[BL_AMP_SCALE]) || !(a[BL_AMP_STEP] >= 0))
     return BL_ERR("%s: amp state holds scale %g and step %g (scale must be finite and > 0)", op, a[BL_AMP_SCALE],
                   a[BL_AMP_STEP]);
-  double n;
-  BL_CHECK(bl_grad_global_norm(g, &n, NULL));
-  const double s = grad_scale / a[BL_AMP_SCALE], norm = n * s;
+  /* the norm over the segments' chunks in chunk order, as the optimizers (and the device's step_final) take it */
+  opt_plan p;
+  BL_CHECK(opt_plan_make(op, seg, &p));
+  double *part = malloc(sizeof(double) * (size_t)(p.nchunks + 1)), sum = 0;
+  if (!part) {
+    opt_plan_free(&p);
+    return bl_set_error(BL_ENOMEM, "%s: out of memory for %lld chunk partials", op, (long long)p.nchunks);
+  }
+  opt_chunk_sumsq(&p, g->data, 1.0, part);
+  for (int64_t c = 0; c < p.nchunks; c++) sum += part[c];
+  free(part);
+  opt_plan_free(&p);
+  const double s = grad_scale / a[BL_AMP_SCALE], norm = sqrt(sum) * s;
   memcpy(saved, a, sizeof saved);
   if (amp_decide(a, amp, norm)) return 0;
   int rc = fn(cfg, w, g, m, v, seg, (int64_t)a[BL_AMP_STEP], lr, s, norm);
