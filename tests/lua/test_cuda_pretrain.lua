@@ -6,7 +6,12 @@
 --    MLM loss on a held-out batch; bf16 and fp16 within 1e-3 (see below);
 --  - a run SIGKILLed on cuda and resumed on cuda gives the uninterrupted run's
 --    losses bit for bit; the same checkpoint resumes on the cpu;
---  - 2 ranks (emulated NCCL) equal 1 rank with accumulation 2.
+--  - 2 ranks (emulated NCCL) equal 1 rank with accumulation 2;
+--  - the step stays on the device: from the emulated runtime's counters in the
+--    log, no cudaMalloc/cudaFree after step 1 and at most one host wait per
+--    logged step (fp32, bf16, fp16 with skipped steps, log every step or every
+--    4th: test_cuda_step.lua); fp16 with overflows forced skips the same steps
+--    as on the cpu.
 -- Needs a CUDA device (the emulated one in CI); skipped otherwise.
 local T = require "testing"
 local bl = require "bertlua"
@@ -14,7 +19,7 @@ local bl = require "bertlua"
 if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
 
 local fx = require("pretrain_fixture").make(T)
-local tmp, losses = fx.tmp, fx.losses
+local tmp, losses, records, step_stays_on_device = fx.tmp, fx.losses, fx.records, fx.step_stays_on_device
 
 local function run(out, extra, launcher)
   local o, rc = fx.pretrain(tmp .. "/" .. out, extra, launcher)
@@ -33,6 +38,7 @@ T.test("fp32: 20 steps on cuda track the cpu within 1e-5 per step; saved models 
   for s = 1, 20 do
     T.truthy(g[s] and rel(g[s], c[s]) <= 1e-5, ("step %d: cuda %.9g cpu %.9g"):format(s, g[s] or 0 / 0, c[s]))
   end
+  step_stays_on_device(tmp .. "/cuda", "fp32")
   local bert = require "bertlua.bert"
   local loader = require("bertlua.data.loader").Loader{ dir = tmp .. "/data", split = "test", batch_size = 4,
     max_seq_length = 32, max_predictions = 5, shuffle = false }
@@ -53,15 +59,27 @@ end)
 -- the rounding of an element to half (2^-9 relative for bf16, 2^-12 for fp16),
 -- and the loss averages thousands of such elements: 1e-3 relative per step
 -- bounds it (observed: 5e-6).
-T.test("bf16 and fp16 (loss scaling): 20 steps on cuda track the cpu within 1e-3 per step", function()
+-- fp16 starts at the largest scale (2^24) and grows it after 3 clean steps, so that gradients overflow f16 at
+-- several steps: the scaler, decided on the device, must skip exactly the steps the cpu skips.
+T.test("bf16 and fp16 (loss scaling, forced overflows): 20 steps on cuda track the cpu within 1e-3 per step",
+  function()
   for _, p in ipairs { "bf16", "fp16" } do
     local args = "--batch1=8 --micro-batch=8 --steps1=20 --eval-batches=1 --precision=" .. p
+    if p == "fp16" then args = args .. " --loss-scale=dynamic:16777216:3" end
     run(p .. "_cpu", args .. " --device=cpu")
     run(p .. "_cuda", args .. " --device=cuda")
     local c, g = losses(tmp .. "/" .. p .. "_cpu"), losses(tmp .. "/" .. p .. "_cuda")
     for s = 1, 20 do
       T.truthy(g[s] and rel(g[s], c[s]) <= 1e-3, ("%s step %d: cuda %.9g cpu %.9g"):format(p, s, g[s] or 0 / 0, c[s]))
     end
+    local rc, rg, skips = records(tmp .. "/" .. p .. "_cpu"), records(tmp .. "/" .. p .. "_cuda"), 0
+    for i, r in ipairs(rc) do
+      T.eq(rg[i].skipped, r.skipped, ("%s step %d: skipped on cuda / cpu"):format(p, r.step))
+      T.eq(rg[i].loss_scale, r.loss_scale, ("%s step %d: loss scale on cuda / cpu"):format(p, r.step))
+      skips = skips + (r.skipped or 0)
+    end
+    if p == "fp16" then T.truthy(skips >= 2 and skips < 20, "fp16 skipped " .. skips .. " of 20 steps") end
+    step_stays_on_device(tmp .. "/" .. p .. "_cuda", p)
   end
 end)
 

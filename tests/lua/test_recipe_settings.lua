@@ -42,7 +42,8 @@ T.test("recipes/configs load into pre-training; warmup in steps reaches the run"
   end
   out, rc = run("--loss-scale=x")
   T.eq(rc, 1)
-  T.truthy(out:find("pretrain: --loss-scale must be 'dynamic', 'dynamic:INIT[:INTERVAL]' or a positive number, got 'x'", 1, true), out)
+  T.truthy(out:find("pretrain: --loss-scale must be 'dynamic', 'dynamic:INIT[:INTERVAL]' or a positive number, "
+    .. "got 'x'", 1, true), out)
 end)
 
 T.run()

@@ -364,12 +364,16 @@ function MP:queue_step(opt, lr, opts)
   opt:step_amp(lr, self.amp_cfg, st, opts and opts.grad_scale or 1.0)
 end
 
--- read() -> {loss_scale, skipped (total), last_skipped, grad_norm (of the last applied step), applied_steps,
--- steps}: the state of the queued steps (one wait on a GPU); the scaler's fields follow it. Raises the errors
--- the synchronous step raises at once (see queue_step).
-function MP:read()
+-- state_tensor(): the f64 state the queued steps update (BL_AMP_*), e.g. for StepStats:read
+function MP:state_tensor() return self:_amp_state() end
+
+-- read([values]) -> {loss_scale, skipped (total), last_skipped, grad_norm (of the last applied step),
+-- applied_steps, steps}: the state of the queued steps, read from the device (one wait) or given as values (the
+-- state_tensor's, already read); the scaler's fields follow it. Raises the errors the synchronous step raises at
+-- once (see queue_step).
+function MP:read(values)
   local sc, prev = self.scaler, self.scaler.skipped_steps or 0
-  local v = self:_amp_state():totable()
+  local v = values or self:_amp_state():totable()
   for _, f in ipairs(AMP_FIELDS) do sc[f[2]] = v[f[1] + 1] end
   local r = { loss_scale = sc.loss_scale, skipped = sc.skipped_steps, last_skipped = v[C.BL_AMP_LAST_SKIPPED + 1] ~= 0,
     grad_norm = v[C.BL_AMP_NORM + 1], applied_steps = sc.applied_steps, steps = sc.steps }

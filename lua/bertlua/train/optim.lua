@@ -293,6 +293,14 @@ function Optimizer:step_amp(lr, amp, state, grad_scale)
   self.last_lr = lr
 end
 
+-- prepare(): before the first step on a GPU, the segment table uploaded and the step's scratch made, so that no
+-- step allocates device memory (bl_optim_prepare). Nothing to do on the CPU.
+function Optimizer:prepare()
+  local dev = self.params:device()
+  check(C.bl_optim_prepare(dev == "cpu" and -1 or tonumber(dev:match("%d+")), self.seg.c, self.params:numel()))
+  return self
+end
+
 function Optimizer:zero_grad()
   self.grads:zero_()
   return self
