@@ -115,3 +115,24 @@ extern "C" int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *target
   *count = h[1];
   return 0;
 }
+
+extern "C" int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tensor *targets,
+                                    int64_t ignore_index) {
+  const char *op = "accuracy";
+  int dev;
+  const bl_tensor *ts[] = {acc, logits, targets};
+  BL_CHECK(cu_device(op, 3, ts, &dev));
+  if (acc->dtype != BL_I64 || acc->numel != 2 || !cu_is_contig(acc))
+    return bl_set_error(BL_EINVAL, "%s: the accumulator must be a contiguous i64 tensor of 2 elements", op);
+  cu_mem pred, t;
+  int64_t rows;
+  BL_CHECK(argmax_into(op, dev, logits, &pred, &rows));
+  if (targets->numel != rows) return bl_set_error(BL_EINVAL, "%s: logits and targets are not compatible", op);
+  if (rows == 0) return 0;
+  BL_CHECK(cu_load_ids(op, targets, &t));
+  cu_cost_kernel(dev, "loss", "acc_count", 16.0 * rows);
+  // acc_count adds with integer atomics: straight into the caller's {correct, count}
+  acc_count<<<cu_blocks(rows, 256), 256, 0, cu_stream(dev)>>>(pred.as<int64_t>(), t.as<int64_t>(), rows, ignore_index,
+                                                             (unsigned long long *)acc->data);
+  return cu_launched(op, dev);
+}

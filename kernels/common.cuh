@@ -98,6 +98,12 @@ int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor 
 int64_t cu_conversions(int dev);
 // Read the first index (row-major) where a device int64 flag array is set; helpers for validation.
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n);
+// Deferred index checks (kernels/deferred.cu): whether they are on for dev, and the check itself for an op's own
+// int64 index image `ids` (bad entries, those outside [0, limit) other than `ignore` when has_ignore, become
+// `safe`; the first is recorded for bl_cuda_check_deferred).
+bool cu_checks_deferred(int dev);
+int cu_defer_ids(const char *op, int dev, int64_t *ids, int64_t n, int64_t limit, int has_ignore, int64_t ignore,
+                 int64_t safe, const char *what, const char *limit_what);
 
 // ---------------------------------------------------------------- device helpers
 // Storage <-> f32 registers for kernels that read and write bf16/f16 activations directly (round to nearest even).

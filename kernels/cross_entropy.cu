@@ -5,7 +5,9 @@
 // Cross-entropy: (1) ce_check validates targets and counts the counted rows
 // (integer atomics: exact), one synchronisation reads {first bad row, count}
 // back — needed anyway because grad_scale/count scales dlogits and `count` is
-// a host output; (2) ce_rows, one block per row, logits and dlogits in their
+// a host output (bl_cross_entropy_counted with deferred checks skips this:
+// the caller knows the count, kernels/deferred.cu checks the targets late);
+// (2) ce_rows, one block per row, logits and dlogits in their
 // own dtype (f32, bf16, f16; 16-byte vectors when a row is whole vectors), f32
 // in registers: ONE read of the row for the max and the sum of exp together
 // (online: a thread rescales its running sum when its max grows, the block
@@ -137,8 +139,42 @@ int write_scalar(const char *op, bl_tensor *loss, const double *dv) {
 
 }  // namespace
 
-extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
-                                     int64_t ignore_index, double grad_scale, int64_t *count) {
+namespace {
+
+// Targets in range (else the error naming the first bad row) and *cnt = the counted ones, read back (one wait);
+// given >= 0 must equal that count.
+int check_targets(const char *op, int dev, cu_mem *t, int64_t n, int64_t c, int64_t ignore_index, int64_t given,
+                  int64_t *cnt) {
+  cu_mem res;
+  BL_CHECK(res.alloc(op, dev, 2 * sizeof(unsigned long long)));
+  cu_cost_kernel(dev, "index check", "init2", 16);
+  init2<<<1, 1, 0, cu_stream(dev)>>>(res.as<unsigned long long>());
+  BL_CHECK(cu_launched(op, dev));
+  if (n > 0) {
+    cu_cost_kernel(dev, "index check", "ce_check", 8.0 * n);
+    ce_check<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(t->as<int64_t>(), n, c, ignore_index,
+                                                             res.as<unsigned long long>());
+    BL_CHECK(cu_launched(op, dev));
+  }
+  int64_t h[2];
+  BL_CHECK(cu_read_i64(op, dev, res.as<int64_t>(), h, 2));
+  if (h[0] != -1) {
+    int64_t v = 0;
+    BL_CHECK(cu_read_i64(op, dev, t->as<int64_t>() + h[0], &v, 1));
+    return bl_set_error(BL_EINVAL, "%s: target %lld at row %lld is out of range for %lld classes (ignore_index %lld)", op,
+                        (long long)v, (long long)h[0], (long long)c, (long long)ignore_index);
+  }
+  if (given >= 0 && h[1] != given)
+    return bl_set_error(BL_EINVAL, "%s: %lld targets are counted (not ignore_index %lld), the caller said %lld", op,
+                        (long long)h[1], (long long)ignore_index, (long long)given);
+  *cnt = h[1];
+  return 0;
+}
+
+// given >= 0: the caller's count of counted targets; with deferred checks nothing is read back (bad targets become
+// ignored rows and are reported by bl_cuda_check_deferred), otherwise the device's count must equal it.
+int ce_run(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
+           double grad_scale, int64_t given, int64_t *count) {
   const char *op = "cross_entropy";
   int dev;
   const bl_tensor *ts[] = {loss, dlogits, logits, targets};
@@ -148,26 +184,13 @@ extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const 
   int64_t c = logits->shape[logits->ndim - 1], n = logits->numel / c;
   if (targets->numel != n || loss->numel != 1 || (dlogits && dlogits->numel != logits->numel))
     return bl_set_error(BL_EINVAL, "%s: logits, targets, loss and grad_logits are not compatible", op);
-  cu_mem t, res, rl, tot;
+  cu_mem t, rl, tot;
   BL_CHECK(cu_load_ids(op, targets, &t));
-  BL_CHECK(res.alloc(op, dev, 2 * sizeof(unsigned long long)));
-  cu_cost_kernel(dev, "index check", "init2", 16);
-  init2<<<1, 1, 0, cu_stream(dev)>>>(res.as<unsigned long long>());
-  BL_CHECK(cu_launched(op, dev));
-  if (n > 0) {
-    cu_cost_kernel(dev, "index check", "ce_check", 8.0 * n);
-    ce_check<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(t.as<int64_t>(), n, c, ignore_index, res.as<unsigned long long>());
-    BL_CHECK(cu_launched(op, dev));
-  }
-  int64_t h[2];
-  BL_CHECK(cu_read_i64(op, dev, res.as<int64_t>(), h, 2));
-  if (h[0] != -1) {
-    int64_t v = 0;
-    BL_CHECK(cu_read_i64(op, dev, t.as<int64_t>() + h[0], &v, 1));
-    return bl_set_error(BL_EINVAL, "%s: target %lld at row %lld is out of range for %lld classes (ignore_index %lld)", op,
-                        (long long)v, (long long)h[0], (long long)c, (long long)ignore_index);
-  }
-  const int64_t cnt = h[1];
+  int64_t cnt = given;
+  if (given >= 0 && cu_checks_deferred(dev))
+    BL_CHECK(cu_defer_ids(op, dev, t.as<int64_t>(), n, c, 1, ignore_index, ignore_index, "target", "classes"));
+  else
+    BL_CHECK(check_targets(op, dev, &t, n, c, ignore_index, given, &cnt));
   const float g = cnt ? (float)(grad_scale / (double)cnt) : 0.0f;
   BL_CHECK(rl.alloc(op, dev, (size_t)n * sizeof(double)));
   BL_CHECK(tot.alloc(op, dev, sizeof(double)));
@@ -202,6 +225,19 @@ extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const 
   if (dlogits && n > 0) BL_CHECK(cu_store(op, dlogits, &bd));
   if (count) *count = cnt;
   return 0;
+}
+
+}  // namespace
+
+extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                                     const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t *count) {
+  return ce_run(loss, dlogits, logits, targets, ignore_index, grad_scale, -1, count);
+}
+
+extern "C" int bl_cuda_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                                             const bl_tensor *targets, int64_t ignore_index, double grad_scale,
+                                             int64_t count) {
+  return ce_run(loss, dlogits, logits, targets, ignore_index, grad_scale, count, nullptr);
 }
 
 extern "C" int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,

@@ -5,7 +5,9 @@
 // Validation: indices are loaded to a contiguous int64 image, and a check
 // kernel finds the first out-of-range index (atomicMin on the position: an
 // integer result, deterministic); one synchronisation reads it back before
-// any output is written, so a bad batch leaves the outputs untouched.
+// any output is written, so a bad batch leaves the outputs untouched. With
+// deferred checks on (kernels/deferred.cu) nothing is read back: the error
+// is recorded on the device and reported at the next bl_cuda_check_deferred.
 //
 // Native dtypes: out and table of one dtype (f32, bf16, f16), contiguous, are
 // read and written directly, 16-byte vectors when a row is a whole number of
@@ -193,6 +195,8 @@ int load_checked(const char *op, int dev, const bl_tensor *t, int64_t limit, cu_
   BL_CHECK(cu_load_ids(op, t, ids));
   int64_t n = t->numel;
   if (n == 0) return 0;
+  if (limit > 0 && cu_checks_deferred(dev))   // bad ids become row 0; the error comes with the next check
+    return cu_defer_ids(op, dev, ids->as<int64_t>(), n, limit, 0, 0, 0, what, limit_what);
   cu_mem flag;
   BL_CHECK(flag.alloc(op, dev, sizeof(unsigned long long)));
   cu_cost_kernel(dev, "index check", "fill_u64", 8);

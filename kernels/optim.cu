@@ -12,11 +12,14 @@
 // Per-device state lives in opt_cache: the chunk table of the last segment
 // layout (uploaded again only when the layout changes) and scratch that only
 // grows, so a training loop allocates on its first step and never after.
-// The step state {norm, multiplier, skip} stays on the device: on a non-finite
-// norm every later kernel returns without writing. The host reads it back
-// (one synchronisation) only when it computed the norm itself, to return the
-// CPU contract's error; with a caller-supplied norm a step queues its kernels
-// and returns without synchronising.
+// The step state {norm, multiplier, skip, bias corrections} stays on the
+// device: on a non-finite norm every later kernel returns without writing.
+// The host reads it back (one synchronisation) only when it computed the norm
+// itself, to return the CPU contract's error; with a caller-supplied norm a
+// step queues its kernels and returns without synchronising. The *_amp steps
+// never read back: the loss-scale decision, the skip and the count of applied
+// steps (bias correction) are made by step_final in the caller's state tensor
+// (bl_optim.h, BL_AMP_*), which the host reads when it logs.
 #include "common.cuh"
 #include <math.h>
 #include <string.h>
@@ -34,10 +37,21 @@ struct chunk {
 };
 
 struct step_state {
-  double norm;   // ||grad_scale * g||
-  double clip;   // global clipping divisor (1 = none)
-  float gmul;    // grad_scale / clip
-  int skip;      // non-finite gradients: nothing is written
+  double norm;        // ||grad_scale * g||
+  double clip;        // global clipping divisor (1 = none)
+  float gmul;         // grad_scale / clip
+  float ibc1, ibc2;   // Adam bias corrections 1/(1 - beta^step) of this step (1 = off)
+  int skip;           // non-finite gradients: nothing is written
+};
+
+// What step_final needs besides the partials. amp: see bl_amp_config; ibc1/ibc2 are the host's bias corrections,
+// used when there is no amp state (with one, the step count is the state's and they are computed here).
+struct final_args {
+  double given, max_norm, grad_scale;
+  float ibc1, ibc2;
+  double beta1, beta2;
+  int bias_correction;
+  bl_amp_config amp;
 };
 
 // A device buffer that is reallocated only when a larger one is needed.
@@ -120,22 +134,63 @@ __global__ void sq_partial(const float *g, const chunk *ch, double grad_scale, d
   if (threadIdx.x == 0) part[blockIdx.x] = acc * grad_scale * grad_scale;
 }
 
-// The step state from the partials (given < 0) or from the caller's norm.
-__global__ void norm_final(const double *part, int64_t n, double given, double max_norm, double grad_scale,
-                           step_state *st) {
+// The loss-scaler decision of one step in the state tensor (the rules of bertlua.train.amp's DynamicLossScaler;
+// the CPU twin is opt_amp_decide in src/optim/amp.c). Returns whether the step is skipped.
+__device__ bool amp_decide(double *a, const bl_amp_config &c, double norm) {
+  const double scale = a[BL_AMP_SCALE];
+  a[BL_AMP_CALLS] += 1;
+  if (!isfinite(norm)) {
+    a[BL_AMP_SKIPPED] += 1;
+    a[BL_AMP_LAST_SKIPPED] = 1;
+    a[BL_AMP_GROWTH] = 0;
+    if (c.dynamic) {
+      if (scale <= c.min_scale) a[BL_AMP_FLOOR_SKIPS] += 1;
+      a[BL_AMP_SCALE] = fmax(scale * c.backoff_factor, c.min_scale);
+    }
+    return true;
+  }
+  a[BL_AMP_LAST_SKIPPED] = 0;
+  a[BL_AMP_FLOOR_SKIPS] = 0;
+  a[BL_AMP_STEP] += 1;
+  a[BL_AMP_NORM] = norm;
+  if (c.dynamic) {
+    double g = a[BL_AMP_GROWTH] + 1;
+    if (g >= (double)c.growth_interval) {
+      a[BL_AMP_SCALE] = fmin(scale * c.growth_factor, c.max_scale);
+      g = 0;
+    }
+    a[BL_AMP_GROWTH] = g;
+  }
+  return false;
+}
+
+// The step state from the partials (given < 0) or from the caller's norm. With amp (the partials are of the
+// raw gradients then) the norm is that of grad_scale / loss scale * g, and the state tensor decides the skip.
+__global__ void step_final(const double *part, int64_t n, final_args a, double *amp, step_state *st) {
   __shared__ double sh[32];
   double acc = 0.0;
-  if (given < 0)
+  if (a.given < 0)
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];   // fixed partition
   acc = cu_block_sum_d(acc, sh);
-  if (threadIdx.x == 0) {
-    double nrm = given < 0 ? sqrt(acc) : given;
-    double clip = (max_norm > 0.0 && nrm > max_norm) ? nrm / max_norm : 1.0;
-    st->norm = nrm;
-    st->clip = clip;
-    st->skip = !isfinite(nrm);
-    st->gmul = (float)(grad_scale / clip);
+  if (threadIdx.x != 0) return;
+  double nrm = a.given < 0 ? sqrt(acc) : a.given, gs = a.grad_scale;
+  float ibc1 = a.ibc1, ibc2 = a.ibc2;
+  bool skip = !isfinite(nrm);
+  if (amp) {
+    gs /= amp[BL_AMP_SCALE];
+    nrm *= gs;
+    skip = amp_decide(amp, a.amp, nrm);
+    const double step = amp[BL_AMP_STEP];
+    ibc1 = a.bias_correction ? (float)(1.0 / (1.0 - pow(a.beta1, step))) : 1.0f;
+    ibc2 = a.bias_correction ? (float)(1.0 / (1.0 - pow(a.beta2, step))) : 1.0f;
   }
+  double clip = (a.max_norm > 0.0 && nrm > a.max_norm) ? nrm / a.max_norm : 1.0;
+  st->norm = nrm;
+  st->clip = clip;
+  st->skip = skip;
+  st->gmul = (float)(gs / clip);
+  st->ibc1 = ibc1;
+  st->ibc2 = ibc2;
 }
 
 // Per-segment sums of chunk partials (one block per segment, chunk order):
@@ -172,19 +227,19 @@ __global__ void seg_ratio(const double *pw, const double *pu, const int64_t *seg
 
 // Constants of the Adam family, as the CPU's lamb_k / adam_k (f32 element math).
 struct adam_k {
-  float b1, b3, b2, b2c, ibc1, ibc2, eps, lr, wd;
+  float b1, b3, b2, b2c, eps, lr, wd;
   int adam_w, trust_all;
 };
 
 // Moments of element i from its multiplied gradient; returns sqrt(v^).
-__device__ __forceinline__ float adam_moments(const adam_k &k, float w, float g, float gm, float wdl, float *m,
-                                              float *v) {
+__device__ __forceinline__ float adam_moments(const adam_k &k, float w, float g, float gm, float wdl, float ibc2,
+                                              float *m, float *v) {
   float gi = g * gm + wdl * w;
   float mi = k.b1 * *m + k.b3 * gi;
   float vi = k.b2 * *v + k.b2c * gi * gi;
   *m = mi;
   *v = vi;
-  return sqrtf(vi * k.ibc2);
+  return sqrtf(vi * ibc2);
 }
 
 __device__ __forceinline__ bool lamb_trust(const adam_k &k, int decay) { return k.trust_all || (decay && k.wd != 0); }
@@ -196,17 +251,17 @@ __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const
   __shared__ double sh[32];
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f;
+  const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f, ibc1 = st->ibc1, ibc2 = st->ibc2;
   const float wdw = k.adam_w ? wd : 0.0f, wdl = k.adam_w ? 0.0f : wd;
   const bool trust = lamb_trust(k, c.decay);
   double aw = 0.0, au = 0.0;
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
     float mi = m[i], vi = v[i];
-    const float den = adam_moments(k, w[i], g[i], gm, wdl, &mi, &vi);
+    const float den = adam_moments(k, w[i], g[i], gm, wdl, ibc2, &mi, &vi);
     m[i] = mi;
     v[i] = vi;
-    const float u = (mi * k.ibc1) / (den + k.eps) + wdw * w[i];
+    const float u = (mi * ibc1) / (den + k.eps) + wdw * w[i];
     if (trust) {
       aw += (double)w[i] * w[i];
       au += (double)u * u;
@@ -226,11 +281,11 @@ __global__ void lamb_apply(float *w, const float *m, const float *v, const chunk
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
   if (!lamb_trust(k, c.decay)) return;
-  const float r = ratio[c.seg], wdw = k.adam_w && c.decay ? k.wd : 0.0f;
+  const float r = ratio[c.seg], wdw = k.adam_w && c.decay ? k.wd : 0.0f, ibc1 = st->ibc1, ibc2 = st->ibc2;
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
-    const float den = sqrtf(v[i] * k.ibc2);
-    w[i] -= r * ((m[i] * k.ibc1) / (den + k.eps) + wdw * w[i]);
+    const float den = sqrtf(v[i] * ibc2);
+    w[i] -= r * ((m[i] * ibc1) / (den + k.eps) + wdw * w[i]);
   }
 }
 
@@ -239,15 +294,15 @@ __global__ void adamw_apply(float *w, const float *g, float *m, float *v, const 
                             const step_state *st, const float *segmul) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gm = segmul ? segmul[c.seg] : st->gmul, wd = c.decay ? k.wd : 0.0f;
+  const float gm = segmul ? segmul[c.seg] : st->gmul, wd = c.decay ? k.wd : 0.0f, ibc1 = st->ibc1;
   const float wdw = k.adam_w ? wd : 0.0f, wdl = k.adam_w ? 0.0f : wd;
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
     float mi = m[i], vi = v[i];
-    const float den = adam_moments(k, w[i], g[i], gm, wdl, &mi, &vi);
+    const float den = adam_moments(k, w[i], g[i], gm, wdl, st->ibc2, &mi, &vi);
     m[i] = mi;
     v[i] = vi;
-    w[i] -= k.lr * ((mi * k.ibc1) / (den + k.eps) + wdw * w[i]);
+    w[i] -= k.lr * ((mi * ibc1) / (den + k.eps) + wdw * w[i]);
   }
 }
 
@@ -293,12 +348,13 @@ __global__ void unscale_kernel(float *g, int64_t n, float s, int *flag) {
 }
 
 // Everything one optimizer step needs before its update kernels.
+// Everything one optimizer step needs before its update kernels.
 struct step_ctx {
   const char *op;
   int dev;
   cudaStream_t s;
   opt_cache *c;
-  bool computed;   // the norm is computed here (the host must read the state back)
+  bool computed;   // the norm is computed here and no amp state decides: the host reads the state back
   double grad_norm;
 };
 
@@ -308,14 +364,36 @@ int flat_ptr(const char *op, const bl_tensor *t, const char *name, int64_t n) {
   return 0;
 }
 
+// How a step gets its norm, skip and bias corrections: from the host (step > 0, amp_state null) or from the
+// amp state tensor on the device (then grad_norm is ignored and computed here).
+struct step_src {
+  int64_t step;
+  double beta1, beta2;
+  int bias_correction;
+  const bl_amp_config *amp;
+  bl_tensor *amp_state;
+};
+
+float inv_bc(int on, double beta, int64_t step) { return on ? (float)(1.0 / (1.0 - pow(beta, (double)step))) : 1.0f; }
+
 // Device, chunk table, scratch for nparts partial slots per chunk, and the
 // step state with the global norm (computed on the device when grad_norm < 0).
 int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts, const bl_optim_segments *seg,
-               double grad_scale, double grad_norm, double max_grad_norm, int nparts, bool need_part) {
+               double grad_scale, double grad_norm, double max_grad_norm, int nparts, bool need_part,
+               const step_src &src) {
   x->op = op;
   BL_CHECK(cu_device(op, nts, ts, &x->dev));
   for (int i = 0; i < nts; i++)
     if (ts[i]) BL_CHECK(flat_ptr(op, ts[i], "buffer", ts[0]->numel));
+  double *amp = nullptr;
+  if (src.amp_state) {
+    const bl_tensor *t = src.amp_state;
+    if (t->device != x->dev || t->dtype != BL_F64 || !cu_is_contig(t) || t->numel != BL_AMP_STATE_LEN)
+      return bl_set_error(BL_EINVAL, "%s: amp state must be a contiguous f64 tensor of %d elements on cuda:%d", op,
+                          BL_AMP_STATE_LEN, x->dev);
+    amp = (double *)t->data;
+    grad_norm = -1.0;
+  }
   x->s = cu_stream(x->dev);
   BL_CHECK(cache_for(op, x->dev, &x->c));
   BL_CHECK(plan_segments(op, x->dev, seg, x->c));
@@ -325,25 +403,38 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
   BL_CHECK(c->part.need(op, x->dev, (size_t)(nparts * nc + 1) * sizeof(double)));
   BL_CHECK(c->ratio.need(op, x->dev, (size_t)(seg->count + 1) * sizeof(float)));
   // A NaN or inf norm from the caller is not computed: the device state marks the step skipped, end_step fails it.
-  x->computed = grad_norm < 0;
+  x->computed = grad_norm < 0 && !amp;
   x->grad_norm = grad_norm;
-  if (x->computed) need_part = true;
+  if (grad_norm < 0) need_part = true;
   double *part = c->part.mem.as<double>();
   if (need_part && nc > 0) {
     cu_cost_kernel(x->dev, "optimizer", "sq_partial", 4.0 * ts[1]->numel + 8.0 * nc);
-    sq_partial<<<(unsigned)nc, kThreads, 0, x->s>>>((const float *)ts[1]->data, c->chunks.mem.as<chunk>(), grad_scale,
-                                                     part);
+    // with amp the loss scale is known on the device only: step_final applies grad_scale / scale to the norm
+    sq_partial<<<(unsigned)nc, kThreads, 0, x->s>>>((const float *)ts[1]->data, c->chunks.mem.as<chunk>(),
+                                                     amp ? 1.0 : grad_scale, part);
     BL_CHECK(cu_launched(op, x->dev));
   }
-  cu_cost_kernel(x->dev, "optimizer", "norm_final", 8.0 * nc + sizeof(step_state));
-  norm_final<<<1, kThreads, 0, x->s>>>(part, nc, x->computed ? -1.0 : grad_norm, max_grad_norm, grad_scale,
-                                       c->state.mem.as<step_state>());
+  final_args a = {};
+  a.given = grad_norm;
+  a.max_norm = max_grad_norm;
+  a.grad_scale = grad_scale;
+  a.ibc1 = amp ? 1.0f : inv_bc(src.bias_correction, src.beta1, src.step);
+  a.ibc2 = amp ? 1.0f : inv_bc(src.bias_correction, src.beta2, src.step);
+  a.beta1 = src.beta1;
+  a.beta2 = src.beta2;
+  a.bias_correction = src.bias_correction;
+  if (amp) a.amp = *src.amp;
+  cu_cost_kernel(x->dev, "optimizer", "step_final",
+                 8.0 * nc + sizeof(step_state) + (amp ? 16.0 * BL_AMP_STATE_LEN : 0));   // amp: state read, written
+  step_final<<<1, kThreads, 0, x->s>>>(part, nc, a, amp, c->state.mem.as<step_state>());
   return cu_launched(op, x->dev);
 }
 
 // The CPU contract's ending: stats, and the error on a non-finite norm. A
-// caller-supplied finite norm needs no read-back (the device state agrees).
-int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stats *stats) {
+// caller-supplied finite norm needs no read-back (the device state agrees);
+// an amp step leaves both to its state tensor.
+int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stats *stats, bool amp) {
+  if (amp) return 0;
   step_state st;
   if (x->computed) {
     // cudaMemcpy on the legacy stream is ordered after our blocking stream: the one synchronisation.
@@ -366,18 +457,14 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
   return 0;
 }
 
-float inv_bc(int on, double beta, int64_t step) { return on ? (float)(1.0 / (1.0 - pow(beta, (double)step))) : 1.0f; }
-
-// The constants both Adam-family steps share (grad averaging on, trust ratio off).
-adam_k adam_consts(double b1, double b2, double eps, double wd, int bias_correction, int adam_w, int64_t step,
-                   double lr) {
+// The constants both Adam-family steps share (grad averaging on, trust ratio off); the bias corrections come
+// from the step state.
+adam_k adam_consts(double b1, double b2, double eps, double wd, int adam_w, double lr) {
   adam_k k;
   k.b1 = (float)b1;
   k.b3 = (float)(1.0 - b1);
   k.b2 = (float)b2;
   k.b2c = (float)(1.0 - b2);
-  k.ibc1 = inv_bc(bias_correction, b1, step);
-  k.ibc2 = inv_bc(bias_correction, b2, step);
   k.eps = (float)eps;
   k.lr = (float)lr;
   k.wd = (float)wd;
@@ -386,18 +473,15 @@ adam_k adam_consts(double b1, double b2, double eps, double wd, int bias_correct
   return k;
 }
 
-}  // namespace
-
-extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
-                                 bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
-                                 double grad_scale, double grad_norm, bl_optim_stats *stats) {
+int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+              const bl_optim_segments *seg, double lr, double grad_scale, double grad_norm, bl_optim_stats *stats,
+              const step_src &src) {
   step_ctx x;
   const bl_tensor *ts[] = {w, g, m, v};
-  BL_CHECK(begin_step(&x, "lamb_step", ts, 4, seg, grad_scale, grad_norm, cfg->max_grad_norm, 2, false));
+  BL_CHECK(begin_step(&x, "lamb_step", ts, 4, seg, grad_scale, grad_norm, cfg->max_grad_norm, 2, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->bias_correction,
-                           cfg->adam_w_mode, step, lr);
+    adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->adam_w_mode, lr);
     if (!cfg->grad_averaging) k.b3 = 1.0f;
     k.trust_all = cfg->use_nvlamb != 0;
     const chunk *ch = x.c->chunks.mem.as<chunk>();
@@ -417,24 +501,25 @@ extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const 
                                                     k, st, ratio);
     BL_CHECK(cu_launched(x.op, x.dev));
   }
-  return end_step(&x, grad_scale, cfg->max_grad_norm, stats);
+  return end_step(&x, grad_scale, cfg->max_grad_norm, stats, src.amp_state != nullptr);
 }
 
-extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
-                                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
-                                  double grad_scale, double grad_norm, bl_optim_stats *stats) {
+int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+               const bl_optim_segments *seg, double lr, double grad_scale, double grad_norm, bl_optim_stats *stats,
+               const step_src &src) {
   step_ctx x;
   const bl_tensor *ts[] = {w, g, m, v};
   const bool per_seg = cfg->per_segment_clip && cfg->max_grad_norm > 0;
   const double global_max = per_seg ? 0.0 : cfg->max_grad_norm;
-  BL_CHECK(begin_step(&x, "adamw_step", ts, 4, seg, grad_scale, grad_norm, global_max, 1, per_seg));
+  BL_CHECK(begin_step(&x, "adamw_step", ts, 4, seg, grad_scale, grad_norm, global_max, 1, per_seg, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    const adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->bias_correction,
-                                 cfg->adam_w_mode, step, lr);
+    const adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->adam_w_mode, lr);
     const step_state *st = x.c->state.mem.as<step_state>();
     float *segmul = nullptr;
     if (per_seg) {
+      if (src.amp_state)
+        return bl_set_error(BL_EUNSUPPORTED, "%s: per-segment clipping (BertAdam) with an amp state", x.op);
       segmul = x.c->ratio.mem.as<float>();
       ratio_args ra = {0, 0, 0, cfg->max_grad_norm, grad_scale, 0};
       cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 8.0 * nc + 4.0 * seg->count);
@@ -447,7 +532,48 @@ extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, cons
                                                      (float *)v->data, x.c->chunks.mem.as<chunk>(), k, st, segmul);
     BL_CHECK(cu_launched(x.op, x.dev));
   }
-  return end_step(&x, grad_scale, global_max, stats);
+  return end_step(&x, grad_scale, global_max, stats, src.amp_state != nullptr);
+}
+
+}  // namespace
+
+extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
+  const char *op = "optim_prepare";
+  BL_CHECK(bl_dev_check(device, op));
+  opt_cache *c = nullptr;
+  BL_CHECK(cache_for(op, device, &c));
+  BL_CHECK(plan_segments(op, device, seg, c));
+  BL_CHECK(c->state.need(op, device, sizeof(step_state)));
+  BL_CHECK(c->part.need(op, device, (size_t)(2 * c->nchunk + 1) * sizeof(double)));   // LAMB's two partials
+  return c->ratio.need(op, device, (size_t)(seg->count + 1) * sizeof(float));
+}
+
+extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
+                                 bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
+                                 double grad_scale, double grad_norm, bl_optim_stats *stats) {
+  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr};
+  return lamb_step(cfg, w, g, m, v, seg, lr, grad_scale, grad_norm, stats, src);
+}
+
+extern "C" int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
+                                     bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+                                     const bl_amp_config *amp, bl_tensor *state) {
+  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state};
+  return lamb_step(cfg, w, g, m, v, seg, lr, grad_scale, -1.0, nullptr, src);
+}
+
+extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
+                                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
+                                  double grad_scale, double grad_norm, bl_optim_stats *stats) {
+  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr};
+  return adamw_step(cfg, w, g, m, v, seg, lr, grad_scale, grad_norm, stats, src);
+}
+
+extern "C" int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
+                                      bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+                                      const bl_amp_config *amp, bl_tensor *state) {
+  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state};
+  return adamw_step(cfg, w, g, m, v, seg, lr, grad_scale, -1.0, nullptr, src);
 }
 
 extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
@@ -456,7 +582,8 @@ extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl
   step_ctx x;
   const bool mom = cfg->momentum > 0;
   const bl_tensor *ts[] = {w, g, mom ? buf : nullptr};
-  BL_CHECK(begin_step(&x, "sgd_step", ts, 3, seg, grad_scale, grad_norm, cfg->max_grad_norm, 1, false));
+  step_src src = {step, 0, 0, 0, nullptr, nullptr};
+  BL_CHECK(begin_step(&x, "sgd_step", ts, 3, seg, grad_scale, grad_norm, cfg->max_grad_norm, 1, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
     sgd_k k = {(float)lr, (float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom,
@@ -467,7 +594,7 @@ extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl
                                                    x.c->state.mem.as<step_state>());
     BL_CHECK(cu_launched(x.op, x.dev));
   }
-  return end_step(&x, grad_scale, cfg->max_grad_norm, stats);
+  return end_step(&x, grad_scale, cfg->max_grad_norm, stats, false);
 }
 
 extern "C" int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite) {
@@ -490,8 +617,11 @@ extern "C" int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, in
     BL_CHECK(cu_launched(op, dev));
   }
   step_state *st = c->state.mem.as<step_state>();
-  cu_cost_kernel(dev, "optimizer", "norm_final", 8.0 * nb + sizeof(step_state));
-  norm_final<<<1, kThreads, 0, s>>>(part, nb, -1.0, 0.0, 1.0, st);
+  final_args a = {};
+  a.given = -1.0;
+  a.grad_scale = 1.0;
+  cu_cost_kernel(dev, "optimizer", "step_final", 8.0 * nb + sizeof(step_state));
+  step_final<<<1, kThreads, 0, s>>>(part, nb, a, nullptr, st);
   BL_CHECK(cu_launched(op, dev));
   step_state h;
   cu_cost_call(dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof h);

@@ -219,6 +219,17 @@ extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const vo
     return peer_copy("copy", dst_device, dst, src_device, src, n);
   cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
   int dev = dst_device >= 0 ? dst_device : src_device;
+  if (dst_device >= 0) {
+    // Uploads and on-device copies are queued on the compute stream, in order with the kernels, and the host
+    // does not wait: a pageable source is staged by the runtime before cudaMemcpyAsync returns, so the caller
+    // may reuse it at once. Only a download makes the host wait (it reads the bytes next).
+    void *s = bl_cuda_stream(dev);
+    if (!s) return BL_EDEVICE;
+    copy_cost(dev, dst_device, src_device, n);
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, (cudaStream_t)s);
+    if (e != cudaSuccess) return cuda_error(e, "copy", dev);
+    return 0;
+  }
   cudaSetDevice(dev);
   count_call(dev, &counts::syncs);
   copy_cost(dev, dst_device, src_device, n);

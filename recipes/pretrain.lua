@@ -54,7 +54,7 @@ local SPEC = {
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, " ..
       "fp16 with loss scaling)" },
-  { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 2^15 = 32768)" },
+  { "loss_scale", "dynamic", "fp16 loss scale: dynamic, dynamic:INIT[:INTERVAL] or a fixed number (e.g. 32768)" },
   { "bucket_mb", 25, "data parallel: gradients are summed in buckets of this many MB (f32), each launched as "
     .. "soon as backward has finished it", min = 0, above = true },
   { "allreduce_dtype", "fp32", "data parallel: fp32, or bf16 (half the bytes; the sum is written back in f32)" },
@@ -222,7 +222,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
         if name then sd[name] = t end
       end
       lamb:load_state_dict(sd)
-      mp:load_state_dict(c.state.scaler)
+      mp:load_state_dict(c.state.scaler, c.state.optimizer_step)
       for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
       step = c.step
       say(("  resumed from %s at step %d"):format(latest, step))
@@ -244,6 +244,12 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- model buffer and then added to `acc`: the same additions an all-reduce over
   -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.
   local acc = accum > 1 and bl.zeros_like(model.flat_grads) or nil
+  local skipped_logged = mp:state_dict().skipped_steps or 0
+  local on_device = {}  -- the batch's device buffers, reused every micro-batch (device.batch_to)
+  local stats = device.StepStats(dev)
+  device.defer_checks(dev)
+  lamb:prepare()      -- with the stats and the scaler's state: device memory made before the first step
+  mp:state_tensor()
   local ran, stop_reason = 0, nil
   while step < ph.steps do
     if opt.max_steps > 0 and ran >= opt.max_steps then stop_reason = "max-steps" break end
@@ -258,43 +264,47 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     step = step + 1
     model:zero_grad()
     mp:begin_step()
-    local sums = { 0, 0, 0, 0, 0, 0 }  -- loss, mlm loss, mlm correct, mlm count, nsp correct, sequences
+    local seed = mp:loss_seed(accum)  -- fp16: the loss scale on the model's device
+    stats:zero()   -- losses and accuracy counts are summed on the model's device, read when logging
+    local seqs = 0
     for a = 1, accum do
       local loader = virt and loaders[a] or loaders[1]
       local batch = loader:next()
       if not batch then error("pretrain: the data loader returned no batch", 0) end
       model.rng = bl.Generator(dropout_seed(step, rank * accum + a - 1))
       model:apply(function(m) m.rng = model.rng end)
-      local out = model:forward(device.batch_to(batch, dev))
+      model:forward(device.batch_to(batch, dev, on_device), stats)
       if acc then model:zero_grad() end
-      model:backward(mp:scale() / accum)
+      model:backward(seed)
       if acc then acc:add_(model.flat_grads) end
-      local B = batch.input_ids:size(1)
-      sums[1] = sums[1] + out.loss
-      sums[2] = sums[2] + (out.mlm_loss or 0)
-      sums[3] = sums[3] + (out.mlm_accuracy or 0) * (out.mlm_count or 0)
-      sums[4] = sums[4] + (out.mlm_count or 0)
-      sums[5] = sums[5] + (out.nsp_accuracy or 0) * B
-      sums[6] = sums[6] + B
+      seqs = seqs + batch.input_ids:size(1)
     end
     if acc then model.flat_grads:copy_(acc); acc:zero_() end
     mp:end_backward()
     reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
     local lr = lr_at(lamb.step_count + 1)
-    local stepped = mp:step(lamb, lr)
-    local s = dist.sum_numbers(sums)
-    local dt = logm.clock() - t0
-    local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
-      mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
-      loss_scale = mp:scale(), skipped = not stepped or nil, seq_per_s = s[6] / dt, step_time = dt }
-    if dev >= 0 then  -- totals since the start: allocations and host waits of the device
-      local k = bl.cuda_counters(dev)
-      rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
-    end
-    if step % opt.log_every == 0 or step == ph.steps then log:step(rec) end
-    if rec.loss ~= rec.loss then
-      error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
-        :format(step, opt.precision, ckdir), 0)
+    mp:queue_step(lamb, lr)   -- skip or update decided on the model's device: no wait here
+    if step % opt.log_every == 0 or step == ph.steps then
+      -- the one wait of a logged step: this step's sums, the scaler state and the deferred index checks
+      local v = stats:read(mp:state_tensor())
+      local r = mp:read(v.amp)
+      local s = dist.sum_numbers({ v.losses[1], v.losses[2], v.counts[1], v.counts[2], v.counts[3], v.counts[4],
+        seqs })
+      local dt = logm.clock() - t0
+      local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
+        mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
+        seq_per_s = s[7] / dt, step_time = dt, loss_scale = r.loss_scale, grad_norm = r.grad_norm,
+        skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil }  -- steps since the last line
+      skipped_logged = r.skipped
+      if dev >= 0 then  -- totals since the start: allocations and host waits of the device
+        local k = bl.cuda_counters(dev)
+        rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
+      end
+      log:step(rec)
+      if rec.loss ~= rec.loss then
+        error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
+          :format(step, opt.precision, ckdir), 0)
+      end
     end
     ran = ran + 1
     if opt.checkpoint_interval > 0 and step % opt.checkpoint_interval == 0 then save_checkpoint() end

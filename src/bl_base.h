@@ -77,6 +77,14 @@ void bl_cuda_set_tf32(int enable);
  * images), counted by the kernel layer on both. Error in a CPU-only build. */
 typedef struct bl_cuda_count { int64_t syncs, mallocs, frees, launches, conversions; } bl_cuda_count;
 int bl_cuda_counters(int device, bl_cuda_count *out);
+/* Deferred index checks on cuda:N. On (enable = 1), ops that validate indices on the device (embedding and
+ * gather ids, cross-entropy targets) no longer wait to read the result back before returning: the first
+ * out-of-range index is recorded on the device and the bad entries are replaced by a safe index, so the kernels
+ * stay in bounds (their results are then not valid). bl_cuda_check_deferred waits once and returns the recorded
+ * error (naming the op, position and value; BL_EINVAL) and clears it, or 0. Off (the default): each op checks
+ * before it returns. A training loop turns them on and checks when it logs. Errors in a CPU-only build. */
+int bl_cuda_defer_checks(int device, int enable);
+int bl_cuda_check_deferred(int device);
 /* Launch log for the step-time model (recipes/benchmark.lua --model-time): between bl_cuda_record_begin and
  * bl_cuda_record_end every kernel launch, cuBLASLt call, memset and copy on cuda:N is logged with the FLOPs and the
  * minimum bytes it must move, as its launch site computes them from its arguments. `engine` says what the FLOPs run

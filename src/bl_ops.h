@@ -177,6 +177,11 @@ int bl_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *po
 int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
                      const bl_tensor *targets, int64_t ignore_index, double grad_scale,
                      int64_t *count);
+/* The same with the number of counted targets given by the caller (e.g. counted on the host where the batch was
+ * made), so a GPU need not send it back: no host wait when deferred checks are on (bl_cuda_defer_checks; the
+ * targets are then checked late too). Without them, and on the CPU, a different count is an error. */
+int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                             const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count);
 /* ---- mean squared error (STS-B regression): pred and target of equal numel
  * (pred [N] or [N,1]); loss = mean (pred - target)^2; dpred (optional,
  * overwritten) = 2 (pred - target) * grad_scale / N. */
@@ -189,6 +194,9 @@ int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const 
 int bl_argmax(bl_tensor *out, const bl_tensor *x);
 int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
                 int64_t *correct, int64_t *count);
+/* acc (i64 [2], contiguous, on the logits' device) += {correct, count}: accuracy counted where the logits are,
+ * read by the caller when it needs the numbers (no host wait per call on a GPU). */
+int bl_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

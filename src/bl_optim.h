@@ -150,6 +150,40 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, 
 int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
                 const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
                 bl_optim_stats *stats);
+
+/* Steps whose loss-scale decision, skip and step count live in a state tensor on the buffers' device, so a
+ * training step on a GPU never waits for the host: the host reads the state when it logs.
+ * state: contiguous f64 [BL_AMP_STATE_LEN], indexed by BL_AMP_*, initialised by the caller (scale = the
+ * initial loss scale, the rest 0). One call:
+ *   norm = ||g|| * grad_scale / scale      (the norm of the unscaled gradients, f64, fixed order)
+ *   non-finite norm: nothing is written; skipped += 1, last_skipped = 1, growth = 0; when dynamic, floor_skips
+ *     += 1 if scale <= min_scale, then scale = max(scale * backoff_factor, min_scale)
+ *   else: step += 1 and the optimizer step runs with that step count, grad_scale / scale and that norm
+ *     (clipping, bias correction as bl_lamb_step / bl_adamw_step); norm, last_skipped = 0, floor_skips = 0;
+ *     when dynamic, growth += 1 and at growth_interval scale = min(scale * growth_factor, max_scale), growth = 0
+ *   calls += 1 either way.
+ * These are the rules of torch.cuda.amp.GradScaler and bertlua.train.amp's DynamicLossScaler; with dynamic = 0
+ * (bf16, fp32) the scale stays and a non-finite step is only counted (the caller raises its error). */
+/* Before the first step of a training loop on a GPU: uploads the segment table and sizes the step's scratch for
+ * buffers of numel elements on cuda:device, so that the first step allocates nothing (its scratch would otherwise
+ * take device blocks cached for the next step's activations). Checks the segments; nothing to do on the CPU. */
+int bl_optim_prepare(int device, const bl_optim_segments *seg, int64_t numel);
+
+typedef struct bl_amp_config {
+  double growth_factor, backoff_factor, min_scale, max_scale;
+  int64_t growth_interval;
+  int32_t dynamic;
+} bl_amp_config;
+enum {
+  BL_AMP_SCALE = 0, BL_AMP_GROWTH, BL_AMP_FLOOR_SKIPS, BL_AMP_SKIPPED, BL_AMP_STEP, BL_AMP_NORM,
+  BL_AMP_LAST_SKIPPED, BL_AMP_CALLS, BL_AMP_STATE_LEN
+};
+int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                     const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+                     bl_tensor *state);
+int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                      const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+                      bl_tensor *state);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

@@ -116,6 +116,10 @@ int bl_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b);
 void bl_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]);
 int bl_rand_uniform(bl_tensor *t, uint64_t seed, uint64_t offset, double low, double high);
 int bl_rand_normal(bl_tensor *t, uint64_t seed, uint64_t offset, double mean, double std);
+/* flag (one f64 element on cuda:N) = 1 when a deferred index check (bl_cuda_defer_checks, bl_base.h) has
+ * recorded an error, else 0; queued, no wait: a loop copies it beside the numbers it reads when logging and calls
+ * bl_cuda_check_deferred only when it is set. */
+int bl_cuda_deferred_pending(int device, bl_tensor *flag);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

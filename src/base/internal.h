@@ -59,6 +59,8 @@ int bl_check_same_device(const bl_tensor *a, const bl_tensor *b, const char *op)
 /* Device memory (kernels/runtime.cu, or src/device/cuda_absent.c in CPU-only builds). */
 int bl_dev_malloc(int device, size_t n, void **p);
 void bl_dev_free(int device, void *p);
+/* Downloads (dst_device < 0) return with the bytes in dst (the host waits); uploads and copies on one device are
+ * queued on the device's stream and return at once (a pageable source may be reused on return). */
 int bl_dev_memcpy(int dst_device, void *dst, int src_device, const void *src, size_t n);
 int bl_dev_memset(int device, void *p, int value, size_t n);
 int bl_dev_check(int device, const char *op);

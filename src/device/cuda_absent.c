@@ -20,6 +20,12 @@ int bl_cuda_counters(int device, bl_cuda_count *out) {
   return no_cuda(device, "counters");
 }
 int bl_cuda_get_tf32(void) { return 0; }
+int bl_cuda_defer_checks(int device, int enable) { (void)enable; return no_cuda(device, "defer_checks"); }
+int bl_cuda_check_deferred(int device) { return no_cuda(device, "check_deferred"); }
+int bl_cuda_deferred_pending(int device, bl_tensor *flag) {
+  (void)flag;
+  return no_cuda(device, "deferred_pending");
+}
 int bl_cuda_record_begin(int device) { return no_cuda(device, "record"); }
 int bl_cuda_dry_run(int device, int on) { (void)on; return no_cuda(device, "dry_run"); }
 int bl_cuda_record_end(int device, int64_t *count) { *count = 0; return no_cuda(device, "record"); }

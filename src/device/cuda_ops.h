@@ -15,8 +15,9 @@
  *
  * Common rules of the CUDA ops:
  *  - All work is queued on the per-device stream bl_cuda_stream(device)
- *    (a blocking stream, so the legacy-stream cudaMemcpy in bl_dev_memcpy is
- *    ordered with it). Functions return once the work is queued, except those
+ *    (a blocking stream, so legacy-stream work such as the download in
+ *    bl_dev_memcpy is ordered with it; uploads and device copies are queued on
+ *    it directly). Functions return once the work is queued, except those
  *    that return a host value (counts, flags, norms), which synchronise.
  *  - Math is f32 with f32 accumulation (f64 for the generic tensor ops and
  *    the loss sums). Contiguous f32 tensors are used in place, and so are
@@ -147,6 +148,11 @@ int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, c
 int bl_cuda_argmax(bl_tensor *out, const bl_tensor *x);
 int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
                      int64_t *correct, int64_t *count);
+/* Device outputs for a training loop that reads them when it logs: the count comes from the caller (checked
+ * against the device's only when checks are not deferred); the accuracy counts are added on the device. */
+int bl_cuda_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                                  const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count);
+int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index);
 
 /* ---- fused attention (kernels/attention.cu) — DIFFERENT saved state from the CPU op.
  * Same math and dropout element order as bl_attention_forward/backward
@@ -195,6 +201,15 @@ int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor
 int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
                      const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
                      bl_optim_stats *stats);
+/* bl_optim_prepare on cuda:device (segments checked). */
+int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg);
+/* The amp steps never synchronise: the decision is made on the device in the state tensor. */
+int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                          const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+                          bl_tensor *state);
+int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                           const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+                           bl_tensor *state);
 int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite);
 int bl_cuda_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
 /* Flat-buffer casts f32 <-> f16/bf16 (master weights -> half copies and back):

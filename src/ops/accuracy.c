@@ -83,3 +83,22 @@ int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignor
   free(res); free(t); opx_free(&bx);
   return rc;
 }
+
+int bl_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index) {
+  const char *op = "accuracy";
+  BL_CHECK(bl_tensor_check(acc, op));
+  if (acc->dtype != BL_I64 || acc->numel != 2 || !bl_tensor_is_contiguous(acc))
+    return BL_ERR("%s: the accumulator must be a contiguous i64 tensor of 2 elements {correct, count}", op);
+  BL_CHECK(opx_check_float(op, logits, "logits"));
+  if (acc->device != logits->device) return BL_ERR("%s: the accumulator is not on the logits' device", op);
+  if (acc->device >= 0) {
+    BL_CHECK(opx_check_index(op, targets, "targets"));
+    return BL_ON_CUDA(op, acc->device, bl_cuda_accuracy_add(acc, logits, targets, ignore_index));
+  }
+  int64_t ok, cnt;
+  BL_CHECK(bl_accuracy(logits, targets, ignore_index, &ok, &cnt));
+  int64_t *a = acc->data;
+  a[0] += ok;
+  a[1] += cnt;
+  return 0;
+}

@@ -107,10 +107,9 @@ done:
   return rc;
 }
 
-int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
-                     const bl_tensor *targets, int64_t ignore_index, double grad_scale,
-                     int64_t *count) {
-  const char *op = "cross_entropy";
+/* The argument checks of both entry points; *dev = the tensors' device. */
+static int ce_args(const char *op, const bl_tensor *loss, const bl_tensor *dlogits, const bl_tensor *logits,
+                   const bl_tensor *targets, int *dev) {
   BL_CHECK(check_loss(op, loss));
   BL_CHECK(opx_check_float(op, logits, "logits"));
   BL_CHECK(opx_check_index(op, targets, "targets"));
@@ -123,13 +122,37 @@ int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logit
     if (!opx_same_shape(dlogits, logits))
       return BL_ERR("%s: grad_logits %s does not match logits %s", op, OPX_SHAPE(dlogits), OPX_SHAPE(logits));
   }
-  int dev;
   const bl_tensor *ts[] = {loss, dlogits, logits, targets};
-  BL_CHECK(opx_device(op, 4, ts, &dev));
+  return opx_device(op, 4, ts, dev);
+}
+
+int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                     const bl_tensor *targets, int64_t ignore_index, double grad_scale,
+                     int64_t *count) {
+  const char *op = "cross_entropy";
+  int dev;
+  BL_CHECK(ce_args(op, loss, dlogits, logits, targets, &dev));
   if (dev >= 0)
     return BL_ON_CUDA(op, dev,
                       bl_cuda_cross_entropy(loss, dlogits, logits, targets, ignore_index, grad_scale, count));
   return ce_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count);
+}
+
+int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
+                             const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count) {
+  const char *op = "cross_entropy";
+  if (count < 0) return BL_ERR("%s: count must be >= 0, got %lld", op, (long long)count);
+  int dev;
+  BL_CHECK(ce_args(op, loss, dlogits, logits, targets, &dev));
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev, bl_cuda_cross_entropy_counted(loss, dlogits, logits, targets, ignore_index, grad_scale,
+                                                             count));
+  int64_t n = 0;
+  BL_CHECK(bl_cross_entropy(loss, dlogits, logits, targets, ignore_index, grad_scale, &n));
+  if (n != count)
+    return BL_ERR("%s: %lld targets are counted (not ignore_index %lld), the caller said %lld", op, (long long)n,
+                  (long long)ignore_index, (long long)count);
+  return 0;
 }
 
 static int mse_cpu(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,

@@ -108,3 +108,20 @@ done:
   opt_plan_free(&p);
   return rc;
 }
+
+static int adamw_fn(const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                   const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm) {
+  return bl_adamw_step(cfg, w, g, m, v, seg, step, lr, grad_scale, grad_norm, NULL);
+}
+
+int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                     const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+                     bl_tensor *state) {
+  const char *op = "adamw_step";
+  BL_CHECK(check_cfg(op, cfg));
+  BL_CHECK(opt_check_adam_buffers(op, w, g, m, v, seg));
+  BL_CHECK(opt_amp_check(op, w, amp, state, lr, grad_scale));
+  if (w->device >= 0)
+    return BL_ON_CUDA(op, w->device, bl_cuda_adamw_step_amp(cfg, w, g, m, v, seg, lr, grad_scale, amp, state));
+  return opt_amp_cpu(op, adamw_fn, cfg, w, g, m, v, seg, lr, grad_scale, amp, state);
+}

@@ -88,6 +88,15 @@ int opt_check_step(const char *op, int64_t step, double lr, double grad_scale, d
 /* The one device of the non-NULL buffers (-1 = CPU); mixed devices are an error. */
 int opt_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
 int opt_check_beta(const char *op, const char *name, double b);
+
+/* Loss-scaled steps (amp.c): the arguments both devices check, and the CPU step given an optimizer's step. */
+typedef int (*opt_step_fn)(const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                           const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm);
+int opt_amp_check(const char *op, const bl_tensor *w, const bl_amp_config *a, const bl_tensor *state, double lr,
+                  double grad_scale);
+int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
+                bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+                bl_tensor *state);
 /* The four flat Adam-family buffers (params, grads, exp_avg, exp_avg_sq):
  * same size, f32, contiguous, one device, not overlapping; segments inside them. */
 int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *g, const bl_tensor *m,

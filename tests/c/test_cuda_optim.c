@@ -10,7 +10,8 @@
  * m, v a few ulps: 2e-6 relative. The f64 norms agree to 1e-12.
  * Also: the global norm against a direct f64 sum; non-finite gradients fail
  * with weights untouched; no allocation after the first step; one
- * synchronisation per step that computes its norm, none with a given norm.
+ * synchronisation per step that computes its norm, none with a given norm;
+ * the loss-scaled steps (bl_lamb_step_amp) decide like the CPU twin and never synchronise.
  * Without a CUDA device (or in a CPU-only build): "skipped: ...", exit 77. */
 #include <math.h>
 #include <stdio.h>
@@ -248,6 +249,67 @@ static void test_counters(void) {
   release(&d);
 }
 
+/* Loss-scaled steps with the decision on the device (bl_lamb_step_amp): the same skips, scales and weights as the
+ * CPU twin, state values as the rules give them by hand, the skipped step leaves the weights alone, and no
+ * synchronisation or allocation after the first step. */
+static bl_tensor *amp_state(int dev, double scale) {
+  bl_tensor *t = NULL;
+  OK(bl_tensor_empty(1, (const int64_t[]){ BL_AMP_STATE_LEN }, BL_F64, dev, &t));
+  OK(bl_tensor_fill(t, 0));
+  OK(bl_tensor_set(t, (const int64_t[]){ BL_AMP_SCALE }, scale));
+  return t;
+}
+static void test_amp(void) {
+  bufs c, d;
+  setup(&c, &d, 600);
+  bl_lamb_config l;
+  bl_lamb_config_default(&l);
+  const bl_amp_config amp = { 2.0, 0.5, 1.0, 16777216.0, 2, 1 };
+  bl_tensor *sc = amp_state(-1, 1024), *sd = amp_state(0, 1024), *w2 = make(-1), *w3 = make(-1);
+  bl_cuda_count a, b;
+  int64_t waits = 0, allocs = 0;
+  for (int64_t call = 1; call <= 6; call++) {
+    fill(c.g, d.g, 700 + (uint64_t)call, -100, 100); /* scaled gradients: the loss scale is ~1e3 */
+    if (call == 3) {
+      ((float *)c.g->data)[17020] = -INFINITY;
+      OK(bl_tensor_copy(d.g, c.g));
+    }
+    OK(bl_lamb_step_amp(&l, c.w, c.g, c.m, c.v, &SEG, 2e-3, 0.5, &amp, sc));
+    OK(bl_cuda_counters(0, &a));
+    OK(bl_lamb_step_amp(&l, d.w, d.g, d.m, d.v, &SEG, 2e-3, 0.5, &amp, sd));
+    OK(bl_cuda_counters(0, &b));
+    if (call > 1) {
+      waits += b.syncs - a.syncs;
+      allocs += b.mallocs - a.mallocs + b.frees - a.frees;
+    }
+    if (call == 2) OK(bl_tensor_copy(w2, d.w));
+    if (call == 3) OK(bl_tensor_copy(w3, d.w));
+  }
+  CHECK(waits == 0 && allocs == 0, "5 amp steps after the first: %lld syncs, %lld mallocs + frees (want none)",
+        (long long)waits, (long long)allocs);
+  close_("weights of the skipped amp step", w2, w3, 0, 0);
+  close_("amp params", c.w, d.w, 1e-6, 1e-9);
+  close_("amp moment 2", c.v, d.v, 2e-6, 1e-15);
+  /* 1024: clean, clean -> 2048 (interval 2), overflow -> 1024, clean, clean -> 2048, clean */
+  const double want[BL_AMP_STATE_LEN] = { 2048, 1, 0, 1, 5, -1, 0, 6 };
+  double hc[BL_AMP_STATE_LEN], hd[BL_AMP_STATE_LEN];
+  OK(bl_tensor_to_doubles(sc, hc, BL_AMP_STATE_LEN));
+  OK(bl_tensor_to_doubles(sd, hd, BL_AMP_STATE_LEN));
+  for (int i = 0; i < BL_AMP_STATE_LEN; i++) {
+    if (i == BL_AMP_NORM) {
+      CHECK(hc[i] > 0 && fabs(hc[i] - hd[i]) <= 1e-12 * hc[i], "amp norm cpu %.17g cuda %.17g", hc[i], hd[i]);
+      continue;
+    }
+    CHECK(hc[i] == want[i] && hd[i] == want[i], "amp state[%d]: cpu %g cuda %g, want %g", i, hc[i], hd[i], want[i]);
+  }
+  bl_tensor_free(sc);
+  bl_tensor_free(sd);
+  bl_tensor_free(w2);
+  bl_tensor_free(w3);
+  release(&c);
+  release(&d);
+}
+
 static void test_mixed(void) {
   bufs c, d;
   setup(&c, &d, 500);
@@ -271,6 +333,7 @@ int main(void) {
   test_norm_unscale();
   test_nonfinite();
   test_counters();
+  test_amp();
   test_mixed();
   if (failures) {
     printf("%d failures\n", failures);

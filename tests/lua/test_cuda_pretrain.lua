@@ -9,6 +9,11 @@
 --    checkpoint resumes on cuda; batches reach the GPU through the pinned,
 --    copy-stream input pipeline (DeviceLoader);
 --  - the cuda-trained model loads into transformers with the same outputs;
+--  - the step stays on the device: from the emulated runtime's counters in the
+--    log, no cudaMalloc/cudaFree after step 1 and at most one host wait per
+--    logged step (fp32, bf16, fp16 with skipped steps, log every step or every
+--    4th: test_cuda_step.lua); fp16 with overflows forced skips the same steps
+--    as on the cpu.
 --  (test_cuda_pretrain_dp: 2 ranks over NCCL equal 1 rank with accumulation 2.)
 -- Needs a CUDA device (the emulated one in CI); skipped otherwise.
 local T = require "testing"
@@ -16,9 +21,10 @@ local bl = require "bertlua"
 local fixture = require "pretrain_fixture"
 local fx = fixture.make(T, { need_cuda = true })
 local tmp, losses, run, rel = fx.tmp, fx.losses, fx.run, fixture.rel
+local records, step_stays_on_device = fx.records, fx.step_stays_on_device
 
 T.test("fp32: 20 steps on cuda track the cpu within 1e-5 per step; saved models agree", function()
-  local args = "--batch1=8 --micro-batch=8 --steps1=20 --eval-batches=1"
+  local args = "--batch1=8 --micro-batch=8 --steps1=20 --eval-batches=1 --checkpoint-interval=0"
   run("cpu", args .. " --device=cpu")
   local out = run("cuda", args .. " --device=cuda")
   T.truthy(out:find("device cuda:0", 1, true), "the startup line names the device: " .. out)
@@ -26,6 +32,7 @@ T.test("fp32: 20 steps on cuda track the cpu within 1e-5 per step; saved models 
   for s = 1, 20 do
     T.truthy(g[s] and rel(g[s], c[s]) <= 1e-5, ("step %d: cuda %.9g cpu %.9g"):format(s, g[s] or 0 / 0, c[s]))
   end
+  step_stays_on_device(tmp .. "/cuda", "fp32")
   local bert = require "bertlua.bert"
   local loader = require("bertlua.data.loader").Loader{ dir = tmp .. "/data", split = "test", batch_size = 4,
     max_seq_length = 32, max_predictions = 5, shuffle = false }
@@ -46,15 +53,27 @@ end)
 -- the rounding of an element to half (2^-9 relative for bf16, 2^-12 for fp16),
 -- and the loss averages thousands of such elements: 1e-3 relative per step
 -- bounds it (observed: 5e-6).
-T.test("bf16 and fp16 (loss scaling): 20 steps on cuda track the cpu within 1e-3 per step", function()
+-- fp16 starts at the largest scale (2^24) and grows it after 3 clean steps, so that gradients overflow f16 at
+-- several steps: the scaler, decided on the device, must skip exactly the steps the cpu skips.
+T.test("bf16 and fp16 (loss scaling, forced overflows): 20 steps on cuda track the cpu within 1e-3 per step",
+  function()
   for _, p in ipairs { "bf16", "fp16" } do
-    local args = "--batch1=8 --micro-batch=8 --steps1=20 --eval-batches=1 --precision=" .. p
+    local args = "--batch1=8 --micro-batch=8 --steps1=20 --eval-batches=1 --checkpoint-interval=0 --precision=" .. p
+    if p == "fp16" then args = args .. " --loss-scale=dynamic:16777216:3" end
     run(p .. "_cpu", args .. " --device=cpu")
     run(p .. "_cuda", args .. " --device=cuda")
     local c, g = losses(tmp .. "/" .. p .. "_cpu"), losses(tmp .. "/" .. p .. "_cuda")
     for s = 1, 20 do
       T.truthy(g[s] and rel(g[s], c[s]) <= 1e-3, ("%s step %d: cuda %.9g cpu %.9g"):format(p, s, g[s] or 0 / 0, c[s]))
     end
+    local rc, rg, skips = records(tmp .. "/" .. p .. "_cpu"), records(tmp .. "/" .. p .. "_cuda"), 0
+    for i, r in ipairs(rc) do
+      T.eq(rg[i].skipped, r.skipped, ("%s step %d: skipped on cuda / cpu"):format(p, r.step))
+      T.eq(rg[i].loss_scale, r.loss_scale, ("%s step %d: loss scale on cuda / cpu"):format(p, r.step))
+      skips = skips + (r.skipped or 0)
+    end
+    if p == "fp16" then T.truthy(skips >= 2 and skips < 20, "fp16 skipped " .. skips .. " of 20 steps") end
+    step_stays_on_device(tmp .. "/" .. p .. "_cuda", p)
   end
 end)
 

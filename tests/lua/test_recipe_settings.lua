@@ -15,10 +15,13 @@ T.test("--loss-scale: dynamic by default; a fixed N never moves but still skips 
   local d = amp.DynamicLossScaler(amp.loss_scale_option("dynamic"))
   d:update(true)
   T.eq(d:scale(), 32768, "the dynamic scaler backs off")
-  for _, bad in ipairs({ "abc", "0", "-4", "inf" }) do
+  for _, bad in ipairs({ "abc", "0", "-4", "inf", "dynamic:", "dynamic:0", "dynamic:2:0", "dynamic:2:1.5" }) do
     T.raises(function() amp.loss_scale_option(bad, "squad") end,
-      "squad: --loss-scale must be 'dynamic' or a positive number, got '" .. bad .. "'")
+      "squad: --loss-scale must be 'dynamic', 'dynamic:INIT[:INTERVAL]' or a positive number, got '" .. bad .. "'")
   end
+  local o = amp.loss_scale_option("dynamic:1024:3")
+  T.eq(o.init_scale, 1024); T.eq(o.growth_interval, 3); T.eq(o.min_scale, nil)
+  T.eq(amp.loss_scale_option("dynamic:64").growth_interval, 2000)
 end)
 
 T.test("recipes/configs load into pre-training; warmup in steps reaches the run", function()
@@ -39,7 +42,8 @@ T.test("recipes/configs load into pre-training; warmup in steps reaches the run"
   end
   out, rc = run("--loss-scale=x")
   T.eq(rc, 1)
-  T.truthy(out:find("pretrain: --loss-scale must be 'dynamic' or a positive number, got 'x'", 1, true), out)
+  T.truthy(out:find("pretrain: --loss-scale must be 'dynamic', 'dynamic:INIT[:INTERVAL]' or a positive number, "
+    .. "got 'x'", 1, true), out)
 end)
 
 T.run()

@@ -35,6 +35,30 @@ local function cross_entropy(self, dkey, logits, targets, ignore, grad_scale)
   return loss:item(), tonumber(cnt[0])
 end
 
+-- g *= s for a loss scale s: a number, or a one-element tensor on g's device (the fp16 loss scale stays on the
+-- GPU, see bertlua.train.amp's loss_seed)
+local function scale_grad(g, s)
+  if bl.is_tensor(s) then check(C.bl_binary(C.BL_MUL, g, g, s))
+  elseif s and s ~= 1 then check(C.bl_affine(g, g, s, 0)) end
+end
+
+-- The same into device-side sums (forward's stats): count = the targets not ignored, known to the caller, so
+-- nothing is read back; the loss (an f64 [1] buffer on the model's device) is added to `sum` and returned.
+local function cross_entropy_into(self, dkey, logits, targets, ignore, count, sum)
+  local loss = f64_scalar(self, "_loss_" .. dkey)
+  local dl = buf(self, dkey, logits:shape())
+  check(C.bl_cross_entropy_counted(loss, dl, logits, targets, ignore, 1, count))
+  check(C.bl_binary(C.BL_ADD, sum, sum, loss))
+  return loss
+end
+
+-- number of labels in t (i32, any device) other than ignore (a GPU tensor is read back: one wait)
+local function count_labels(t, ignore)
+  local n = 0
+  for _, v in ipairs(t:totable()) do if v ~= ignore and v ~= -100 then n = n + 1 end end
+  return n
+end
+
 local function accuracy(logits, targets, ignore)
   local c, n = i64box(), i64box()
   check(C.bl_accuracy(logits, targets, ignore, c, n))
@@ -104,9 +128,12 @@ end
 -- sequence) + masked_lm_labels [B,P] (ignore_index = padding), or from HF
 -- style `labels` [B,S] (-100 or ignore_index = not masked). Only counted
 -- positions are gathered, so the decoder GEMM runs on M rows, not B*S.
+-- With masked_lm_positions the rows are padded to B*P (ignored label, position 0): the shapes of the MLM head
+-- stay the same from batch to batch, so its buffers and the ops' scratch are reused (no device allocation after
+-- the first step); ignored rows add exact zeros to the loss and the gradients.
 local function masked_positions(self, batch, B, S)
   local ign = self.ignore_index
-  local pos, lab = {}, {}
+  local pos, lab, cap = {}, {}, 0
   if batch.masked_lm_positions ~= nil then
     local P = bl.as_tensor(batch.masked_lm_positions, { dtype = "i64" })
     local L = bl.as_tensor(batch.masked_lm_labels, { dtype = "i64" })
@@ -115,6 +142,7 @@ local function masked_positions(self, batch, B, S)
         bl.shape_str(P:shape()), bl.shape_str(L:shape())), 3)
     end
     local np = P:numel() / B
+    cap = B * np
     local pv, lv = P:totable(), L:totable()
     for b = 0, B - 1 do
       for j = 1, np do
@@ -142,13 +170,13 @@ local function masked_positions(self, batch, B, S)
     return nil
   end
   local n = #pos
-  local m = math.max(n, 1)
+  local m = math.max(n, cap, 1)
   -- filled on the host: the module's own buffers on the CPU, staging tensors for a GPU
   local pt = self.device and bl.empty({ m }, { dtype = "i32" }) or buf(self, "_mpos", { m }, "i32")
   local lt = self.device and bl.empty({ m }, { dtype = "i32" }) or buf(self, "_mlab", { m }, "i32")
   local pp, lp = pt:ptr(), lt:ptr()
   for i = 1, n do pp[i - 1] = pos[i]; lp[i - 1] = lab[i] end
-  if n == 0 then pp[0] = 0; lp[0] = ign end  -- one ignored row keeps the shapes non-empty
+  for i = n, m - 1 do pp[i] = 0; lp[i] = ign end  -- padding; at least one row keeps the shapes non-empty
   if self.device then
     pt = buf(self, "_mpos", { m }, "i32"):copy_(pt)
     lt = buf(self, "_mlab", { m }, "i32"):copy_(lt)
@@ -156,26 +184,41 @@ local function masked_positions(self, batch, B, S)
   return pt, lt, n
 end
 
--- forward(batch) -> { loss, mlm_loss, nsp_loss, mlm_accuracy, nsp_accuracy,
+-- forward(batch[, stats]) -> { loss, mlm_loss, nsp_loss, mlm_accuracy, nsp_accuracy,
 -- mlm_count, mlm_logits [M,V], nsp_logits [B,2], sequence_output, pooled_output }.
 -- Gradients of the losses w.r.t. the logits are computed here (cheaply, by the
 -- same fused cross-entropy op) and used by backward().
-function BertForPreTraining:forward(batch)
+-- stats = {losses = f64 [3], counts = i64 [4]} on the model's device (bertlua.train.device.StepStats): the
+-- losses {total, mlm, nsp} and the counts {mlm correct, mlm counted, nsp correct, nsp counted} are added there
+-- and nothing is read back (loss, mlm_loss, nsp_loss and the accuracies are then not in the result): a
+-- training step on a GPU does not wait for them. Keep next_sentence_labels on the host for that (their count).
+function BertForPreTraining:forward(batch, stats)
   local out = self.bert:forward(batch)
   local seq, pooled = out.last_hidden_state, out.pooler_output
   local B, S, H = seq:size(1), seq:size(2), seq:size(3)
   local res = { sequence_output = seq, pooled_output = pooled, hidden_states = out.hidden_states, loss = 0 }
-  local pos, lab = masked_positions(self, batch, B, S)
+  local pos, lab, npos = masked_positions(self, batch, B, S)
+  local mlm_t, nsp_t  -- the losses as device scalars (stats)
+  if stats then  -- made before the ops below run: a buffer made later takes a device block cached for their scratch
+    f64_scalar(self, "_loss_total")
+    if self.device then buf(self, "_nsp_labels", { B }, "i32") end
+  end
   self._pos, self._lab = pos, lab
   local E = self.bert.embeddings.word_embeddings.weight
   if pos then
     local g = buf(self, "_gathered", { pos:numel(), H })
     check(C.bl_gather_forward(g, seq, pos))
     local logits = self.cls.predictions:forward(g, E)
-    local loss, cnt = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index, 1)
-    res.mlm_loss, res.mlm_count, res.mlm_logits = loss, cnt, logits
-    res.mlm_accuracy = accuracy(logits, lab, self.ignore_index)
-    res.loss = res.loss + loss
+    res.mlm_logits = logits
+    if stats then
+      mlm_t = cross_entropy_into(self, "_dmlm", logits, lab, self.ignore_index, npos, stats.losses:narrow(1, 2, 1))
+      check(C.bl_accuracy_add(stats.counts:narrow(1, 1, 2), logits, lab, self.ignore_index))
+    else
+      local loss, cnt = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index, 1)
+      res.mlm_loss, res.mlm_count = loss, cnt
+      res.mlm_accuracy = accuracy(logits, lab, self.ignore_index)
+      res.loss = res.loss + loss
+    end
   end
   local nsp = batch.next_sentence_labels or batch.next_sentence_label
   local nlog = self.cls.seq_relationship:forward(pooled)
@@ -183,22 +226,42 @@ function BertForPreTraining:forward(batch)
   if nsp ~= nil and self.nsp then
     local t = bl.as_tensor(nsp, { dtype = "i32" })
     if t:numel() ~= B then error("BertForPreTraining: next_sentence_labels must have one label per sequence", 2) end
-    t = on_device(self, t:view({ B }))
+    local counted = stats and count_labels(t, self.ignore_index)
+    if self.device and t.device_ ~= self.device then  -- into a kept buffer: no allocation per step
+      t = buf(self, "_nsp_labels", { B }, "i32"):copy_(t:view({ B }))
+    else
+      t = t:view({ B })
+    end
     self._nsp_t = t
-    local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index, 1)
-    res.nsp_loss = loss
-    res.nsp_accuracy = accuracy(nlog, t, self.ignore_index)
-    res.loss = res.loss + loss
+    if stats then
+      nsp_t = cross_entropy_into(self, "_dnsp", nlog, t, self.ignore_index, counted, stats.losses:narrow(1, 3, 1))
+      check(C.bl_accuracy_add(stats.counts:narrow(1, 3, 2), nlog, t, self.ignore_index))
+    else
+      local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index, 1)
+      res.nsp_loss = loss
+      res.nsp_accuracy = accuracy(nlog, t, self.ignore_index)
+      res.loss = res.loss + loss
+    end
   else
     self._nsp_t = nil
   end
   self._has_mlm = pos ~= nil
+  if stats then  -- total = mlm + nsp, added as one number like the host's sum of the two
+    local total = mlm_t or nsp_t
+    if mlm_t and nsp_t then
+      total = f64_scalar(self, "_loss_total")
+      check(C.bl_binary(C.BL_ADD, total, mlm_t, nsp_t))
+    end
+    local sum = stats.losses:narrow(1, 1, 1)
+    if total then check(C.bl_binary(C.BL_ADD, sum, sum, total)) end
+    res.loss = nil
+  end
   return res
 end
 
--- backward([loss_scale]): gradients of loss * loss_scale, accumulated into the flat gradient buffer.
+-- backward([loss_scale]): gradients of loss * loss_scale (a number or a one-element tensor on the model's
+-- device), accumulated into the flat gradient buffer.
 function BertForPreTraining:backward(loss_scale)
-  loss_scale = loss_scale or 1
   local hs = self.bert.encoder.hidden_states
   local seq = hs[#hs]
   local dseq = buf(self, "_dseq", seq:shape())
@@ -206,14 +269,14 @@ function BertForPreTraining:backward(loss_scale)
   local emb = self.bert.embeddings.word_embeddings
   if self._has_mlm then
     local dl = self._dmlm
-    if loss_scale ~= 1 then check(C.bl_affine(dl, dl, loss_scale, 0)) end
+    scale_grad(dl, loss_scale)
     local dg = self.cls.predictions:backward(self._gathered, emb.weight, emb.grad_weight, dl)
     check(C.bl_gather_backward(dseq, dg, self._pos))
   end
   local dpooled
   if self._nsp_t then
     local dn = self._dnsp
-    if loss_scale ~= 1 then check(C.bl_affine(dn, dn, loss_scale, 0)) end
+    scale_grad(dn, loss_scale)
     dpooled = self.cls.seq_relationship:backward(self.bert.pooler.output, dn)
   end
   self.bert:backward(dseq, dpooled)
@@ -266,7 +329,7 @@ function BertForQuestionAnswering:backward(a, b)
   else
     if not self._has_loss then error("BertForQuestionAnswering:backward: forward had no start/end positions", 2) end
     ds, de = self._dstart, self._dend
-    if a and a ~= 1 then check(C.bl_affine(ds, ds, a, 0)); check(C.bl_affine(de, de, a, 0)) end
+    scale_grad(ds, a); scale_grad(de, a)
   end
   local dl = buf(self, "_dlogits", { B, S, 2 })
   dl:select(3, 1):copy_(ds); dl:select(3, 2):copy_(de)
@@ -324,7 +387,7 @@ function BertForSequenceClassification:backward(a)
   else
     if not self._kind then error("BertForSequenceClassification:backward: forward had no labels", 2) end
     dl = self._dlogits
-    if a and a ~= 1 then check(C.bl_affine(dl, dl, a, 0)) end
+    scale_grad(dl, a)
   end
   local dx = self.classifier:backward(self._x, dl)
   if self.dropout._p ~= 0 then dx = self.dropout:backward(self.bert.pooler.output, dx) end

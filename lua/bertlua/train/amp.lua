@@ -23,6 +23,7 @@
 -- or a bug, not an overflow): update() raises an error then, so a job stops
 -- instead of skipping forever; the last checkpoint written stays the good one.
 local core = require "bertlua.core"
+local bl = require "bertlua.tensor"
 local optim = require "bertlua.train.optim"
 local C, ffi = core.C, core.ffi
 local check = core.check
@@ -183,12 +184,22 @@ end
 -- loss_scale_option(v, where) -> DynamicLossScaler options for a recipe's --loss-scale:
 -- "dynamic" (nil: the defaults) or a fixed scale N (min = init = max = N, as TF's
 -- FixedLossScaleManager: an overflowing step is still skipped, the scale never moves).
+-- "dynamic:INIT[:INTERVAL]" starts the dynamic scale at INIT (instead of 2^16) and grows it after INTERVAL clean
+-- steps (instead of 2000): a large INIT with a short interval makes overflows, hence skipped steps, happen.
 function M.loss_scale_option(v, where)
   if v == nil or v == "dynamic" then return nil end
-  local n = tonumber(v)
-  if not n or n <= 0 or n ~= n or n == math.huge then
-    error(("%s: --loss-scale must be 'dynamic' or a positive number, got '%s'"):format(where or "amp", tostring(v)), 0)
+  local function bad()
+    error(("%s: --loss-scale must be 'dynamic', 'dynamic:INIT[:INTERVAL]' or a positive number, got '%s'")
+      :format(where or "amp", tostring(v)), 0)
   end
+  local init, interval = tostring(v):match("^dynamic:([^:]+):?(.*)$")
+  if init then
+    local i, g = tonumber(init), interval ~= "" and tonumber(interval) or 2000
+    if not i or not (i >= 1 and i <= 2 ^ 24) or not g or g < 1 or g ~= math.floor(g) then bad() end
+    return { init_scale = i, growth_interval = g }
+  end
+  local n = tonumber(v)
+  if not n or n <= 0 or n ~= n or n == math.huge then bad() end
   return { init_scale = n, min_scale = n, max_scale = n }
 end
 
@@ -270,6 +281,17 @@ end
 --   ... all-reduce the gradients across ranks, if any ...
 --   local stepped, stats = mp:step(opt, lr)   -- fp16: false when skipped
 --
+-- or, with no host wait anywhere in the step (recipes/pretrain.lua):
+--   model:backward(mp:loss_seed(accum))      -- fp16: a tensor on the model's device holding scale / accum
+--   mp:queue_step(opt, lr)                   -- decides, skips or updates on the model's device
+--   local r = mp:read()                      -- when logging (one wait): loss_scale, skipped, grad_norm, ...
+-- queue_step keeps the scaler's state in a tensor beside the parameters (bl_optim.h, BL_AMP_*): the skip, the
+-- scale's backoff and growth and the count of applied updates (bias correction) are decided there by the same
+-- rules as DynamicLossScaler, on either device; the optimizer's step_count counts queued steps, so the
+-- learning-rate schedule advances on a skipped step too (as torch's schedulers stepped every iteration).
+-- A non-finite gradient without loss scaling (bf16, fp32), or max_consecutive_skips at the floor scale, is
+-- raised by the read() that sees it: at the next log line.
+--
 -- For fp32/tf32 every call but step is a no-op and step is opt:step(lr), so
 -- an fp32 run is bitwise what it was without this object. For bf16/fp16 the
 -- optimizer updates the f32 master copy: updates smaller than half a unit in
@@ -297,7 +319,74 @@ function M.MixedPrecision(o)
   return self
 end
 
-function MP:scale() return self.scaler:scale() end
+function MP:scale()
+  if self.state then self:read() end
+  return self.scaler:scale()
+end
+
+local AMP_LEN = C.BL_AMP_STATE_LEN
+local AMP_FIELDS = { -- state slot -> scaler field
+  { C.BL_AMP_SCALE, "loss_scale" }, { C.BL_AMP_GROWTH, "growth_tracker" }, { C.BL_AMP_FLOOR_SKIPS, "floor_skips" },
+  { C.BL_AMP_SKIPPED, "skipped_steps" }, { C.BL_AMP_CALLS, "steps" }, { C.BL_AMP_STEP, "applied_steps" },
+}
+
+-- the state tensor on the parameters' device, filled from the scaler's fields
+function MP:_amp_state()
+  if self.state then return self.state end
+  local sc = self.scaler
+  local h = bl.zeros({ AMP_LEN }, { dtype = "f64" })
+  local p = h:ptr()
+  for _, f in ipairs(AMP_FIELDS) do p[f[1]] = sc[f[2]] or 0 end
+  local fp = self.model.flat_params
+  self.state = h:to{ device = fp:device() }
+  local c = sc.cfg or { growth_factor = 2, backoff_factor = 0.5, min_scale = 1, max_scale = 1, growth_interval = 1 }
+  self.amp_cfg = ffi.new("bl_amp_config", { growth_factor = c.growth_factor, backoff_factor = c.backoff_factor,
+    min_scale = c.min_scale, max_scale = c.max_scale, growth_interval = c.growth_interval,
+    dynamic = sc.enabled and 1 or 0 })
+  return self.state
+end
+
+-- loss_seed(accum): what the loss gradient is multiplied by: 1/accum, or for fp16 a one-element f32 tensor on
+-- the parameters' device holding loss scale / accum (read there by the backward, no host round trip).
+function MP:loss_seed(accum)
+  accum = accum or 1
+  if not self.scaler.enabled then return 1 / accum end
+  local st = self:_amp_state()
+  self.seed = self.seed or bl.empty({ 1 }, { dtype = "f32", device = st:device() })
+  self.seed:copy_(st:narrow(1, C.BL_AMP_SCALE + 1, 1))
+  if accum ~= 1 then check(C.bl_affine(self.seed, self.seed, 1 / accum, 0)) end
+  return self.seed
+end
+
+-- queue_step(opt, lr[, {grad_scale=}]): the optimizer step with the decision on the parameters' device.
+function MP:queue_step(opt, lr, opts)
+  local st = self:_amp_state()
+  opt:step_amp(lr, self.amp_cfg, st, opts and opts.grad_scale or 1.0)
+end
+
+-- state_tensor(): the f64 state the queued steps update (BL_AMP_*), e.g. for StepStats:read
+function MP:state_tensor() return self:_amp_state() end
+
+-- read([values]) -> {loss_scale, skipped (total), last_skipped, grad_norm (of the last applied step),
+-- applied_steps, steps}: the state of the queued steps, read from the device (one wait) or given as values (the
+-- state_tensor's, already read); the scaler's fields follow it. Raises the errors the synchronous step raises at
+-- once (see queue_step).
+function MP:read(values)
+  local sc, prev = self.scaler, self.scaler.skipped_steps or 0
+  local v = values or self:_amp_state():totable()
+  for _, f in ipairs(AMP_FIELDS) do sc[f[2]] = v[f[1] + 1] end
+  local r = { loss_scale = sc.loss_scale, skipped = sc.skipped_steps, last_skipped = v[C.BL_AMP_LAST_SKIPPED + 1] ~= 0,
+    grad_norm = v[C.BL_AMP_NORM + 1], applied_steps = sc.applied_steps, steps = sc.steps }
+  if not sc.enabled and sc.skipped_steps > prev then
+    error(("%s: non-finite gradients in %d step(s) since the last log (precision %s): those steps were not applied, "
+      .. "weights unchanged; training stops"):format(self.name or "train", sc.skipped_steps - prev, self.precision), 0)
+  end
+  if sc.enabled and sc.floor_skips >= sc.cfg.max_consecutive_skips then
+    error(("loss scaler: %d consecutive non-finite gradients at scale %g — stopping; last good checkpoint is kept")
+      :format(sc.floor_skips, sc.loss_scale), 0)
+  end
+  return r
+end
 
 function MP:begin_step()
   if not self.dtype then return end
@@ -315,7 +404,19 @@ end
 -- fp16: the dynamic scaler's checked step; otherwise NoScaler's plain opt:step
 function MP:step(opt, lr, opts) return self.scaler:step(opt, lr, opts) end
 
-function MP:state_dict() return self.scaler:state_dict() end
-function MP:load_state_dict(sd) self.scaler:load_state_dict(sd); return self end
+function MP:state_dict()
+  if self.state then self:read() end
+  local sd = self.scaler:state_dict()
+  sd.applied_steps = self.scaler.applied_steps
+  return sd
+end
+-- load_state_dict(sd[, applied]): applied = the count of applied updates when sd has none (a checkpoint of the
+-- synchronous step, whose optimizer counted only those)
+function MP:load_state_dict(sd, applied)
+  self.scaler:load_state_dict(sd)
+  self.scaler.applied_steps = type(sd) == "table" and sd.applied_steps or applied or 0
+  if self.state then self.state:free(); self.state = nil end
+  return self
+end
 
 return M

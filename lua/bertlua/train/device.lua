@@ -12,6 +12,8 @@
 -- set, replaces "auto" (the test suite sets it to cpu: its recipe tests run
 -- on the CPU on any machine unless they name a --device).
 local bl = require "bertlua"
+local core = require "bertlua.core"
+local C, check = core.C, core.check
 
 local M = {}
 
@@ -73,11 +75,78 @@ function M.describe(dev, precision)
   return ("device %s, precision %s"):format(what, precision or "fp32")
 end
 
--- batch_to(batch, dev): a table of the batch's fields with its tensors on dev (-1: the CPU), others unchanged.
-function M.batch_to(batch, dev)
+-- Fields the pre-training head reads on the host (it selects the masked positions there and uploads the
+-- selection itself): moving them to the device would only cost a copy there and a synchronised one back.
+-- The NSP labels too: the head counts them there (bertlua.bert.heads, forward with stats).
+local HOST_FIELDS = { masked_lm_positions = true, masked_lm_labels = true, next_sentence_labels = true }
+
+-- batch_to(batch, dev[, keep]): a table of the batch's fields with its tensors on dev (-1: the CPU), others
+-- unchanged. With keep (a table the caller holds across steps) a CPU batch goes to the device into buffers kept
+-- there per field and reused while shape and dtype stay the same: no device allocation per step, and the
+-- upload is queued on the device's stream without a host wait (bl_dev_memcpy). The next call overwrites them.
+function M.batch_to(batch, dev, keep)
   local out = {}
-  for k, v in pairs(batch) do out[k] = bl.is_tensor(v) and v:to{ device = dev } or v end
+  for k, v in pairs(batch) do
+    if not bl.is_tensor(v) then out[k] = v
+    elseif keep and dev >= 0 and v:device() == "cpu" then
+      if HOST_FIELDS[k] then out[k] = v
+      else
+        local d = keep[k]
+        if not (d and d:dtype() == v:dtype() and bl.shape_str(d:shape()) == bl.shape_str(v:shape())) then
+          if d then d:free() end
+          d = v:empty_like{ device = dev }
+          keep[k] = d
+        end
+        out[k] = d:copy_(v:is_contiguous() and v or v:contiguous())
+      end
+    else out[k] = v:to{ device = dev } end
+  end
   return out
+end
+
+-- defer_checks(dev): on a GPU, index checks (embedding ids, MLM targets) stop waiting for the device; their errors
+-- come from StepStats:read (bl_cuda_defer_checks in bl_base.h). No-op on the CPU, whose checks cost no wait.
+function M.defer_checks(dev)
+  if dev >= 0 then check(C.bl_cuda_defer_checks(dev, 1)) end
+end
+
+-- StepStats(dev): the sums a pre-training step adds on the device (BertForPreTraining:forward(batch, stats)):
+-- losses f64 {total, mlm, nsp} and counts i64 {mlm correct, mlm counted, nsp correct, nsp counted}.
+--   stats:zero()                       -- queued, at the start of a step
+--   local v = stats:read(amp_state)    -- when logging: {losses = {3}, counts = {4}, amp = {...}}
+-- read packs everything (and the deferred-check flag) into one buffer and reads it with one wait; a deferred
+-- index error is raised there.
+local Stats = {}
+Stats.__index = Stats
+
+function M.StepStats(dev)
+  local on = dev >= 0 and dev or nil
+  return setmetatable({ dev = dev, losses = bl.zeros({ 3 }, { dtype = "f64", device = on }),
+    counts = bl.zeros({ 4 }, { dtype = "i64", device = on }),
+    buf = bl.zeros({ 8 + C.BL_AMP_STATE_LEN }, { dtype = "f64", device = on }) }, Stats)
+end
+
+function Stats:zero()
+  self.losses:zero_()
+  self.counts:zero_()
+end
+
+function Stats:read(amp_state)
+  local na = amp_state and amp_state:numel() or 0
+  local n = 8 + na
+  if not self.buf or self.buf:numel() ~= n then
+    self.buf = bl.zeros({ n }, { dtype = "f64", device = self.dev >= 0 and self.dev or nil })
+  end
+  local b = self.buf
+  b:narrow(1, 1, 3):copy_(self.losses)
+  b:narrow(1, 4, 4):copy_(self.counts)
+  if na > 0 then b:narrow(1, 9, na):copy_(amp_state) end
+  if self.dev >= 0 then check(C.bl_cuda_deferred_pending(self.dev, b:narrow(1, 8, 1))) end
+  local v = b:totable()   -- the one wait
+  if v[8] ~= 0 then check(C.bl_cuda_check_deferred(self.dev)) end
+  local amp = {}
+  for i = 1, na do amp[i] = v[8 + i] end
+  return { losses = { v[1], v[2], v[3] }, counts = { v[4], v[5], v[6], v[7] }, amp = amp }
 end
 
 return M

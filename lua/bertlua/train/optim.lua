@@ -195,6 +195,9 @@ function M.LAMB(opts)
     return C.bl_lamb_step(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn,
       s._stats)
   end
+  self._amp_call = function(s, lr, gs, amp, state)
+    return C.bl_lamb_step_amp(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, lr, gs, amp, state)
+  end
   self._moments = { "exp_avg", "exp_avg_sq" }
   return self
 end
@@ -217,6 +220,11 @@ local function adamw(kind, opts, defaults)
   self._call = function(s, lr, gs, gn)
     return C.bl_adamw_step(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn,
       s._stats)
+  end
+  if cfg.per_segment_clip == 0 then
+    self._amp_call = function(s, lr, gs, amp, state)
+      return C.bl_adamw_step_amp(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, lr, gs, amp, state)
+    end
   end
   self._moments = { "exp_avg", "exp_avg_sq" }
   return self
@@ -268,6 +276,29 @@ function Optimizer:step(lr, opts)
   end
   self.last_lr = lr
   return { grad_norm = self._stats.grad_norm, clip_coef = self._stats.clip_coef }
+end
+
+-- step_amp(lr, amp, state[, grad_scale]): a step whose loss-scale decision, skip and count of applied updates
+-- (bias correction) are made where the buffers are, in the f64 state tensor of bl_optim.h (BL_AMP_*; amp a
+-- bl_amp_config): on a GPU it queues its kernels and returns without waiting. step_count counts these calls
+-- (the learning-rate schedule follows them); the applied updates are the state's. See bertlua.train.amp.
+function Optimizer:step_amp(lr, amp, state, grad_scale)
+  if not self._amp_call then
+    error("optim." .. self.kind .. ":step_amp: this optimizer has no loss-scaled step (LAMB, AdamW without "
+      .. "per-segment clipping do)", 2)
+  end
+  if type(lr) ~= "number" then error("optim." .. self.kind .. ":step_amp: lr must be a number", 2) end
+  check(self._amp_call(self, lr, grad_scale or 1.0, amp, state))
+  self.step_count = self.step_count + 1
+  self.last_lr = lr
+end
+
+-- prepare(): before the first step on a GPU, the segment table uploaded and the step's scratch made, so that no
+-- step allocates device memory (bl_optim_prepare). Nothing to do on the CPU.
+function Optimizer:prepare()
+  local dev = self.params:device()
+  check(C.bl_optim_prepare(dev == "cpu" and -1 or tonumber(dev:match("%d+")), self.seg.c, self.params:numel()))
+  return self
 end
 
 function Optimizer:zero_grad()

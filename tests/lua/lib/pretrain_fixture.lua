@@ -4,7 +4,8 @@
 --   local fx = require("pretrain_fixture").make(T[, {need_cuda = true}])   -- need_cuda: skip without a GPU
 --   fx.pretrain(out_dir, "--steps1=6 ...", launcher) -> output, exit code (fx.command: the command line)
 --   fx.kill_at(out_dir, extra, step) -> steps logged when the background run was SIGKILLed
---   fx.losses(out_dir) -> { [step] = loss }
+--   fx.losses(out_dir) -> { [step] = loss }; fx.records(out_dir) -> the step lines of the log
+--   fx.step_stays_on_device(out_dir, what): the counters of a cuda run's log (no allocation, <= 1 wait per line)
 --   fx.run(name, extra, launcher): fx.pretrain into tmp/name, failing the test when it fails; fx.rel(a, b)
 local cjson = require "cjson"
 local syn = require "bertlua.data.synthetic"
@@ -62,6 +63,28 @@ function M.make(T, opts)
     os.execute("kill -9 " .. pid)
     os.execute("sleep 0.2")
     return n
+  end
+  -- records(out) -> the log's step lines (decoded), in order
+  function fx.records(out)
+    local r = {}
+    for line in io.lines(out .. "/log.jsonl") do
+      local rec = cjson.decode(line)
+      if rec.step and rec.loss then r[#r + 1] = rec end
+    end
+    return r
+  end
+  -- step_stays_on_device(out, what): from the emulated runtime's counters in the log of a cuda run (totals since
+  -- the start), nothing allocated after the first logged step and at most one host wait per later log line.
+  function fx.step_stays_on_device(out, what)
+    local r = fx.records(out)
+    T.truthy(#r >= 2 and r[1].cuda_syncs and r[1].cuda_mallocs, what .. ": counters in the log")
+    for i = 2, #r do
+      local a, b = r[i - 1], r[i]
+      T.eq(b.cuda_mallocs, r[1].cuda_mallocs, ("%s: cudaMalloc calls by step %d (by step %d: %d)"):format(what, b.step,
+        r[1].step, r[1].cuda_mallocs))
+      T.truthy(b.cuda_syncs - a.cuda_syncs <= 1, ("%s: %d host waits between the log lines of steps %d and %d")
+        :format(what, b.cuda_syncs - a.cuda_syncs, a.step, b.step))
+    end
   end
   function fx.losses(out)
     local r = {}
