@@ -198,6 +198,8 @@ end
 
 -- dense + dropout + residual + LayerNorm (BertSelfOutput and BertOutput):
 -- y = LN(dropout(dense(h)) + residual) with the fused residual_layernorm op.
+-- Two inputs, so (as Torch7's table modules) input = { h, residual } and
+-- backward returns grad_input = { dh, dresidual }.
 local BertOutput = class("BertOutput")
 function BertOutput:__init(cfg, in_features)
   Module.__init(self)
@@ -206,7 +208,8 @@ function BertOutput:__init(cfg, in_features)
   self:add("dense", nn.Linear(in_features or cfg.intermediate_size, cfg.hidden_size))
   self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
 end
-function BertOutput:forward(h, residual)
+function BertOutput:forward(input)
+  local h, residual = input[1], input[2]
   local d = self.dense:forward(h)
   local y = buf(self, "output", residual:shape())
   local rows = residual:numel() / self.cfg.hidden_size
@@ -217,15 +220,15 @@ function BertOutput:forward(h, residual)
   check(C.bl_residual_layernorm_forward(y, mean, rstd, d, residual, ln.weight, ln.bias, ln.eps, p, seed, off))
   return y
 end
--- returns dh, dresidual
-function BertOutput:backward(h, residual, dy)
+function BertOutput:backward(input, dy)
+  local h, residual = input[1], input[2]
   local d = self.dense.output
   local dd, dres = buf(self, "grad_dense", d:shape()), buf(self, "grad_residual", residual:shape())
   local ln = self.LayerNorm
   local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
   check(C.bl_residual_layernorm_backward(dd, dres, ln.grad_weight, ln.grad_bias, dy, d, residual, ln.weight,
     self.mean, self.rstd, p, seed, off))
-  return self.dense:backward(h, dd), dres
+  return { self.dense:backward(h, dd), dres }
 end
 local BertSelfOutput = class("BertSelfOutput", BertOutput)
 function BertSelfOutput:__init(cfg) BertOutput.__init(self, cfg, cfg.hidden_size) end
@@ -237,12 +240,12 @@ function BertAttention:__init(cfg)
   self:add("output", nn.BertSelfOutput(cfg))
 end
 function BertAttention:forward(x, mask)
-  return self.output:forward(self.self:forward(x, mask), x)
+  return self.output:forward({ self.self:forward(x, mask), x })
 end
 function BertAttention:backward(x, dy)
-  local dctx, dres = self.output:backward(self.self.output, x, dy)
-  local dx = self.self:backward(x, dctx)
-  return nn.add_(dx, dres)
+  local d = self.output:backward({ self.self.output, x }, dy)
+  local dx = self.self:backward(x, d[1])
+  return nn.add_(dx, d[2])
 end
 
 -- dense + activation; the dense bias is fused into GELU when the activation allows it
@@ -270,13 +273,13 @@ end
 function BertLayer:forward(x, mask)
   local a = self.attention:forward(x, mask)
   local i = self.intermediate:forward(a)
-  return self.output:forward(i, a)
+  return self.output:forward({ i, a })
 end
 function BertLayer:backward(x, dy)
   local a = self.attention.output.output
-  local di, dres = self.output:backward(self.intermediate.output, a, dy)
-  local da = self.intermediate:backward(a, di)
-  nn.add_(da, dres)
+  local d = self.output:backward({ self.intermediate.output, a }, dy)
+  local da = self.intermediate:backward(a, d[1])
+  nn.add_(da, d[2])
   return self.attention:backward(x, da)
 end
 
@@ -330,11 +333,12 @@ function BertPooler:forward(seq)
   self.output = self.activation:forward(self.dense:forward(self._cls))
   return self.output
 end
--- backward(seq, dy, dseq): ADDS the gradient into dseq's [CLS] rows
-function BertPooler:backward(seq, dy, dseq)
+-- backward(seq, dy) -> dseq [B,S,H]: zero but for the [CLS] rows
+function BertPooler:backward(seq, dy)
   local dpre = self.activation:backward(self.dense.output, dy)
-  local d = self.dense
-  check(C.bl_linear_backward(dseq:select(2, 1), d.grad_weight, d.grad_bias, dpre, self._cls, d.weight, 1))
+  local dseq = buf(self, "grad_input", seq:shape())
+  dseq:zero_()
+  self.dense:backward(self._cls, dpre, dseq:select(2, 1))
   return dseq
 end
 
@@ -383,17 +387,17 @@ function BertModel:forward(batch)
   return { last_hidden_state = seq, pooler_output = pooled, hidden_states = self.encoder.hidden_states }
 end
 -- backward(dseq, dpooled): dseq [B,S,H] or nil (zeros), dpooled [B,H] or nil.
--- dseq is modified in place when given (the pooler adds into its [CLS] rows).
+-- dseq is modified in place when given (the pooler's gradient is added to its [CLS] rows).
 function BertModel:backward(dseq, dpooled)
   local hs = self.encoder.hidden_states
   local seq = hs[#hs]
-  if not dseq then
-    dseq = buf(self, "grad_seq", seq:shape())
-    dseq:zero_()
-  end
   if dpooled then
     if not self.pooler then error("BertModel:backward: gradient for pooler_output but the model has no pooler", 2) end
-    self.pooler:backward(seq, dpooled, dseq)
+    local dp = self.pooler:backward(seq, dpooled)
+    if dseq then dseq:select(2, 1):add_(dp:select(2, 1)) else dseq = dp end
+  elseif not dseq then
+    dseq = buf(self, "grad_seq", seq:shape())
+    dseq:zero_()
   end
   local demb = self.encoder:backward(hs[1], dseq)
   self.embeddings:backward(self._ids, demb)
