@@ -1,5 +1,6 @@
 -- bertlua.bert.heads: the task heads on a BertModel (pre-training MLM + NSP,
--- question answering, sequence classification) with their losses.
+-- question answering, sequence classification). Each head owns the criterion
+-- of its task (bertlua.nn.criterion) in `head.criterion`.
 local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local nn = require "bertlua.nn"
@@ -21,18 +22,6 @@ local function new_head(cls, cfg, opts, pooler)
   self.initializer_range = cfg.initializer_range
   self:add("bert", BertModel(cfg, { pooler = pooler, flatten = false }))
   return self, cfg, opts
-end
-
--- scratch scalars for the loss ops
-local function f64_scalar(self, key) return buf(self, key, { 1 }, "f64") end
-
--- cross_entropy into module buffers: returns loss, count; dlogits kept in self[dkey]
-local function cross_entropy(self, dkey, logits, targets, ignore, grad_scale)
-  local loss = f64_scalar(self, "_loss_" .. dkey)
-  local dl = buf(self, dkey, logits:shape())
-  local cnt = i64box()
-  check(C.bl_cross_entropy(loss, dl, logits, targets, ignore, grad_scale or 1, cnt))
-  return loss:item(), tonumber(cnt[0])
 end
 
 local function accuracy(logits, targets, ignore)
@@ -96,6 +85,7 @@ function M.BertForPreTraining(cfg, opts)
   -- NVIDIA's data pads masked_lm_labels with -1; HF uses -100 in `labels`
   self.ignore_index = o.ignore_index or -1
   self.nsp = o.nsp ~= false
+  self.criterion = nn.PreTrainingCriterion{ ignore_index = self.ignore_index }
   self:flatten{ seed = o.seed or 0 }
   return self
 end
@@ -158,8 +148,8 @@ end
 
 -- forward(batch) -> { loss, mlm_loss, nsp_loss, mlm_accuracy, nsp_accuracy,
 -- mlm_count, mlm_logits [M,V], nsp_logits [B,2], sequence_output, pooled_output }.
--- Gradients of the losses w.r.t. the logits are computed here (cheaply, by the
--- same fused cross-entropy op) and used by backward().
+-- The criterion computes the gradients w.r.t. the logits in the same pass
+-- (fused cross-entropy); backward() uses them.
 function BertForPreTraining:forward(batch)
   local out = self.bert:forward(batch)
   local seq, pooled = out.last_hidden_state, out.pooler_output
@@ -168,31 +158,32 @@ function BertForPreTraining:forward(batch)
   local pos, lab = masked_positions(self, batch, B, S)
   self._pos, self._lab = pos, lab
   local E = self.bert.embeddings.word_embeddings.weight
+  local logits, nsp_t
   if pos then
     local g = buf(self, "_gathered", { pos:numel(), H })
     check(C.bl_gather_forward(g, seq, pos))
-    local logits = self.cls.predictions:forward(g, E)
-    local loss, cnt = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index, 1)
-    res.mlm_loss, res.mlm_count, res.mlm_logits = loss, cnt, logits
-    res.mlm_accuracy = accuracy(logits, lab, self.ignore_index)
-    res.loss = res.loss + loss
+    logits = self.cls.predictions:forward(g, E)
   end
   local nsp = batch.next_sentence_labels or batch.next_sentence_label
   local nlog = self.cls.seq_relationship:forward(pooled)
   res.nsp_logits = nlog
   if nsp ~= nil and self.nsp then
-    local t = bl.as_tensor(nsp, { dtype = "i32" })
-    if t:numel() ~= B then error("BertForPreTraining: next_sentence_labels must have one label per sequence", 2) end
-    t = on_device(self, t:view({ B }))
-    self._nsp_t = t
-    local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index, 1)
-    res.nsp_loss = loss
-    res.nsp_accuracy = accuracy(nlog, t, self.ignore_index)
-    res.loss = res.loss + loss
-  else
-    self._nsp_t = nil
+    nsp_t = bl.as_tensor(nsp, { dtype = "i32" })
+    if nsp_t:numel() ~= B then error("BertForPreTraining: next_sentence_labels must have one label per sequence", 2) end
+    nsp_t = on_device(self, nsp_t:view({ B }))
   end
-  self._has_mlm = pos ~= nil
+  self._loss_in = { logits, nsp_t and nlog or nil }
+  self._loss_target = { lab, nsp_t }
+  local loss, mlm_loss, nsp_loss, cnt = self.criterion:forward(self._loss_in, self._loss_target)
+  res.loss = loss
+  if pos then
+    res.mlm_loss, res.mlm_count, res.mlm_logits = mlm_loss, cnt, logits
+    res.mlm_accuracy = accuracy(logits, lab, self.ignore_index)
+  end
+  if nsp_t then
+    res.nsp_loss = nsp_loss
+    res.nsp_accuracy = accuracy(nlog, nsp_t, self.ignore_index)
+  end
   return res
 end
 
@@ -204,18 +195,13 @@ function BertForPreTraining:backward(loss_scale)
   local dseq = buf(self, "_dseq", seq:shape())
   dseq:zero_()
   local emb = self.bert.embeddings.word_embeddings
-  if self._has_mlm then
-    local dl = self._dmlm
-    if loss_scale ~= 1 then check(C.bl_affine(dl, dl, loss_scale, 0)) end
-    local dg = self.cls.predictions:backward(self._gathered, emb.weight, emb.grad_weight, dl)
+  local d = self.criterion:backward(self._loss_in, self._loss_target, loss_scale)
+  if d[1] then
+    local dg = self.cls.predictions:backward(self._gathered, emb.weight, emb.grad_weight, d[1])
     check(C.bl_gather_backward(dseq, dg, self._pos))
   end
   local dpooled
-  if self._nsp_t then
-    local dn = self._dnsp
-    if loss_scale ~= 1 then check(C.bl_affine(dn, dn, loss_scale, 0)) end
-    dpooled = self.cls.seq_relationship:backward(self.bert.pooler.output, dn)
-  end
+  if d[2] then dpooled = self.cls.seq_relationship:backward(self.bert.pooler.output, d[2]) end
   self.bert:backward(dseq, dpooled)
 end
 
@@ -224,6 +210,7 @@ local BertForQuestionAnswering = class("BertForQuestionAnswering")
 function M.BertForQuestionAnswering(cfg, opts)
   local self, c, o = new_head(BertForQuestionAnswering, cfg, opts, false)  -- HF: no pooler
   self:add("qa_outputs", nn.Linear(c.hidden_size, 2))
+  self.criterion = nn.SpanCriterion()
   self:flatten{ seed = o.seed or 0 }
   return self
 end
@@ -250,24 +237,22 @@ function BertForQuestionAnswering:forward(batch)
       return r
     end
     local sp, ep = clamp(batch.start_positions, "start_positions"), clamp(batch.end_positions, "end_positions")
-    local ls = cross_entropy(self, "_dstart", st, sp, S, 0.5)
-    local le = cross_entropy(self, "_dend", en, ep, S, 0.5)
-    res.start_loss, res.end_loss, res.loss = ls, le, (ls + le) / 2
+    self._loss_in, self._loss_target = { st, en }, { sp, ep }
+    res.loss, res.start_loss, res.end_loss = self.criterion:forward(self._loss_in, self._loss_target)
     self._has_loss = true
   end
   return res
 end
--- backward([loss_scale]) for the loss, or backward(dstart, dend) with given logit gradients
-function BertForQuestionAnswering:backward(a, b)
+-- backward([loss_scale]): gradients of loss * loss_scale (forward needs start/end positions)
+function BertForQuestionAnswering:backward(loss_scale)
+  if not self._has_loss then error("BertForQuestionAnswering:backward: forward had no start/end positions", 2) end
+  local d = self.criterion:backward(self._loss_in, self._loss_target, loss_scale)
+  self:backward_logits(d[1], d[2])
+end
+-- backward_logits(dstart, dend): from given gradients of the start/end logits [B,S]
+function BertForQuestionAnswering:backward_logits(ds, de)
   local seq = self.bert.encoder.hidden_states[#self.bert.encoder.hidden_states]
   local B, S = seq:size(1), seq:size(2)
-  local ds, de
-  if bl.is_tensor(a) then ds, de = a, b
-  else
-    if not self._has_loss then error("BertForQuestionAnswering:backward: forward had no start/end positions", 2) end
-    ds, de = self._dstart, self._dend
-    if a and a ~= 1 then check(C.bl_affine(ds, ds, a, 0)); check(C.bl_affine(de, de, a, 0)) end
-  end
   local dl = buf(self, "_dlogits", { B, S, 2 })
   dl:select(3, 1):copy_(ds); dl:select(3, 2):copy_(de)
   local dseq = self.qa_outputs:backward(seq, dl)
@@ -285,6 +270,7 @@ function M.BertForSequenceClassification(cfg, opts)
   if type(p) ~= "number" then p = c.hidden_dropout_prob end
   self:add("dropout", nn.Dropout(p))
   self:add("classifier", nn.Linear(c.hidden_size, self.num_labels))
+  self.criterion = self.num_labels == 1 and nn.MSECriterion() or nn.CrossEntropyCriterion{ ignore_index = -100 }
   self:flatten{ seed = o.seed or 0 }
   return self
 end
@@ -297,35 +283,24 @@ function BertForSequenceClassification:forward(batch)
   self._x = x
   local logits = self.classifier:forward(x)
   local res = { logits = logits, pooled_output = pooled, hidden_states = out.hidden_states }
-  self._kind = nil
+  self._target = nil
   if batch.labels ~= nil then
-    if self.num_labels == 1 then
-      local t = on_device(self, bl.as_tensor(batch.labels, { dtype = "f32" }))
-      if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
-      local loss = f64_scalar(self, "_loss")
-      local dl = buf(self, "_dlogits", logits:shape())
-      check(C.bl_mse_loss(loss, dl, logits, t, 1))
-      res.loss = loss:item()
-      self._kind = "mse"
-    else
-      local t = bl.as_tensor(batch.labels, { dtype = "i32" })
-      if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
-      t = on_device(self, t:view({ B }))
-      res.loss = cross_entropy(self, "_dlogits", logits, t, -100, 1)
-      res.accuracy = accuracy(logits, t, -100)
-      self._kind = "ce"
-    end
+    local t = bl.as_tensor(batch.labels, { dtype = self.num_labels == 1 and "f32" or "i32" })
+    if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
+    t = on_device(self, self.num_labels == 1 and t or t:view({ B }))
+    res.loss = self.criterion:forward(logits, t)
+    if self.num_labels ~= 1 then res.accuracy = accuracy(logits, t, -100) end
+    self._target = t
   end
   return res
 end
-function BertForSequenceClassification:backward(a)
-  local dl
-  if bl.is_tensor(a) then dl = a
-  else
-    if not self._kind then error("BertForSequenceClassification:backward: forward had no labels", 2) end
-    dl = self._dlogits
-    if a and a ~= 1 then check(C.bl_affine(dl, dl, a, 0)) end
-  end
+-- backward([loss_scale]): gradients of loss * loss_scale (forward needs labels)
+function BertForSequenceClassification:backward(loss_scale)
+  if not self._target then error("BertForSequenceClassification:backward: forward had no labels", 2) end
+  self:backward_logits(self.criterion:backward(self.classifier.output, self._target, loss_scale))
+end
+-- backward_logits(dlogits): from a given gradient of the logits [B, num_labels]
+function BertForSequenceClassification:backward_logits(dl)
   local dx = self.classifier:backward(self._x, dl)
   if self.dropout._p ~= 0 then dx = self.dropout:backward(self.bert.pooler.output, dx) end
   self.bert:backward(nil, dx)

@@ -8,10 +8,15 @@
 --   local dx = lin:backward(x, dy)        -- grads ACCUMULATE into lin.grad_weight ...
 --
 -- Contract of every module:
---  * forward(input, ...) -> output; backward(input, ..., grad_output) ->
---    grad_input. backward must follow the forward of the same input (the
---    module keeps what it needs: LayerNorm statistics, attention
---    probabilities, the dropout counter offset).
+--  * forward(input) -> output; backward(input, grad_output) -> grad_input.
+--    A module with two differentiable inputs takes a table ({ h, residual })
+--    and returns a table of their gradients; a non-differentiable context
+--    (the attention mask) may follow the input in forward. backward must
+--    follow the forward of the same input (the module keeps what it needs:
+--    LayerNorm statistics, attention probabilities, the dropout counter
+--    offset). Task models (bertlua.bert heads) take a batch table and
+--    backward(loss_scale): their criterion (nn.CrossEntropyCriterion, ...,
+--    bertlua.nn.criterion) holds the loss and its gradient.
 --  * Outputs and input gradients live in buffers owned by the module and
 --    reused on the next call when the shape repeats: copy them if you need
 --    them after the next forward/backward.
@@ -282,27 +287,8 @@ function Module:zero_grad()
 end
 
 -- buffers ----------------------------------------------------------------------
-local function same_shape(t, shape)
-  if t.ndim_ ~= #shape then return false end
-  for i = 1, #shape do if t.shape_[i - 1] ~= shape[i] then return false end end
-  return true
-end
-
--- buf(self, key, shape[, dtype]): the module's reusable tensor `key`,
--- reallocated only when the shape or dtype changes.
--- On the module's device (`self.device`, nil = CPU); dtype defaults to the
--- module's activation dtype (`self.act_dtype`, nil = f32, see Module:to).
-local DT = { f32 = 0, i32 = 4, i64 = 5, f64 = 1, f16 = 2, bf16 = 3 }
-local function buf(self, key, shape, dtype)
-  local t = self[key]
-  dtype = dtype or self.act_dtype or "f32"
-  local dt, dev = DT[dtype], self.device or -1
-  if t ~= nil and t.storage_ ~= nil and t.dtype_ == dt and t.device_ == dev and same_shape(t, shape) then return t end
-  if t ~= nil then t:free() end
-  t = bl.empty(shape, { dtype = dtype, device = self.device })
-  self[key] = t
-  return t
-end
+-- buf(self, key, shape[, dtype]): the module's reusable tensor `key` (bertlua.nn.buffer)
+local buf = require "bertlua.nn.buffer"
 M.buf = buf
 
 local function with_last(t, n)
@@ -499,5 +485,8 @@ end
 function M.add_(dst, src)
   return dst:add_(src)
 end
+
+-- criteria (losses as objects): nn.CrossEntropyCriterion, MSECriterion, SpanCriterion, PreTrainingCriterion
+for k, v in pairs(require "bertlua.nn.criterion") do M[k] = v end
 
 return M

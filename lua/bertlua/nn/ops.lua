@@ -174,25 +174,29 @@ end
 
 -- losses and metrics ------------------------------------------------------------------
 -- Returns loss (Lua number), dlogits (unless opts.grad == false), count.
--- opts: ignore_index (-100, HF; NVIDIA data uses -1), grad_scale (1).
+-- opts: ignore_index (-100, HF; NVIDIA data uses -1), grad_scale (1); loss (an f64 [1] tensor) and
+-- dlogits (logits' shape) are buffers to reuse.
 function M.cross_entropy(logits, targets, opts)
   opts = opts or {}
-  local loss = bl.empty({ 1 }, { dtype = "f64", device = logits:device() })
-  local dlogits = opts.grad ~= false and f32_like(logits) or nil
+  local loss = opts.loss or bl.empty({ 1 }, { dtype = "f64", device = logits:device() })
+  local dlogits = opts.grad ~= false and (opts.dlogits or f32_like(logits)) or nil
   local cnt = i64box()
   check(C.bl_cross_entropy(loss, dlogits, logits, targets, opts.ignore_index or -100,
     opts.grad_scale or 1, cnt))
   return loss:item(), dlogits, tonumber(cnt[0])
 end
 
--- Returns loss (number) and dpred (unless opts.grad == false).
+-- Returns loss (number) and dpred (unless opts.grad == false); opts.loss, opts.dpred: buffers to reuse.
 function M.mse_loss(pred, target, opts)
   opts = opts or {}
-  local loss = bl.empty({ 1 }, { dtype = "f64", device = pred:device() })
-  local dpred = opts.grad ~= false and f32_like(pred) or nil
+  local loss = opts.loss or bl.empty({ 1 }, { dtype = "f64", device = pred:device() })
+  local dpred = opts.grad ~= false and (opts.dpred or f32_like(pred)) or nil
   check(C.bl_mse_loss(loss, dpred, pred, target, opts.grad_scale or 1))
   return loss:item(), dpred
 end
+
+-- t = t * a + b in place (one rounding per element in t's dtype).
+function M.affine_(t, a, b) check(C.bl_affine(t, t, a, b or 0)); return t end
 
 -- argmax over the last dim (0-based class ids, i64, shape without the last dim).
 function M.argmax(x)
