@@ -1,16 +1,14 @@
 -- bertlua.bert.heads: the task heads on a BertModel (pre-training MLM + NSP,
 -- question answering, sequence classification). Each head owns the criterion
 -- of its task (bertlua.nn.criterion) in `head.criterion`.
-local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local nn = require "bertlua.nn"
-local C, ffi, check = core.C, core.ffi, core.check
+local ops = require "bertlua.nn.ops"
 local buf, class, Module = nn.buf, nn.class, nn.Module
 local model = require "bertlua.bert.model"
 local BertModel, resolve_cfg, on_device = model.BertModel_class, model.resolve_cfg, model.on_device
 
 local M = {}
-local i64box = ffi.typeof("int64_t[1]")
 
 -- heads -------------------------------------------------------------------------------------
 local function new_head(cls, cfg, opts, pooler)
@@ -25,10 +23,8 @@ local function new_head(cls, cfg, opts, pooler)
 end
 
 local function accuracy(logits, targets, ignore)
-  local c, n = i64box(), i64box()
-  check(C.bl_accuracy(logits, targets, ignore, c, n))
-  local cnt = tonumber(n[0])
-  return cnt > 0 and tonumber(c[0]) / cnt or 0, tonumber(c[0]), cnt
+  local c, cnt = ops.accuracy(logits, targets, ignore)
+  return cnt > 0 and c / cnt or 0, c, cnt
 end
 
 local BertPredictionHeadTransform = class("BertPredictionHeadTransform")
@@ -57,15 +53,13 @@ end
 -- decoder(x, E) -> logits [M, V]
 function BertLMPredictionHead:forward(x, E)
   local t = self.transform:forward(x)
-  local logits = buf(self, "output", { x:size(1), E:size(1) })
-  check(C.bl_linear_forward(logits, t, E, self.bias))
-  return logits
+  return ops.linear(t, E, self.bias, buf(self, "output", { x:size(1), E:size(1) }))
 end
 -- accumulates dE (tied word-embedding gradient) and returns dx
 function BertLMPredictionHead:backward(x, E, dE, dlogits)
   local t = self.transform.LayerNorm.output
   local dt = buf(self, "grad_t", t:shape())
-  check(C.bl_linear_backward(dt, dE, self.grad_bias, dlogits, t, E, 0))
+  ops.linear_backward(dlogits, t, E, { dx = dt, dw = dE, db = self.grad_bias })
   return self.transform:backward(x, dt)
 end
 
@@ -161,7 +155,7 @@ function BertForPreTraining:forward(batch)
   local logits, nsp_t
   if pos then
     local g = buf(self, "_gathered", { pos:numel(), H })
-    check(C.bl_gather_forward(g, seq, pos))
+    ops.gather(seq, pos, g)
     logits = self.cls.predictions:forward(g, E)
   end
   local nsp = batch.next_sentence_labels or batch.next_sentence_label
@@ -198,7 +192,7 @@ function BertForPreTraining:backward(loss_scale)
   local d = self.criterion:backward(self._loss_in, self._loss_target, loss_scale)
   if d[1] then
     local dg = self.cls.predictions:backward(self._gathered, emb.weight, emb.grad_weight, d[1])
-    check(C.bl_gather_backward(dseq, dg, self._pos))
+    ops.gather_backward(dseq, dg, self._pos)
   end
   local dpooled
   if d[2] then dpooled = self.cls.seq_relationship:backward(self.bert.pooler.output, d[2]) end

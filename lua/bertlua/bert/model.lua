@@ -4,7 +4,8 @@ local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local nn = require "bertlua.nn"
 local config = require "bertlua.bert.config"
-local C, ffi, check = core.C, core.ffi, core.check
+local ffi = core.ffi
+local ops = require "bertlua.nn.ops"
 local buf, draw, class, Module = nn.buf, nn.draw, nn.class, nn.Module
 
 
@@ -65,18 +66,18 @@ function BertEmbeddings:forward(ids, types)
   self._types, self._posids = types, position_ids(self, B, S)
   local H = self.cfg.hidden_size
   local sum = buf(self, "sum", { B, S, H })
-  check(C.bl_embedding_forward(sum, self.word_embeddings.weight, ids, 0))
-  check(C.bl_embedding_forward(sum, self.position_embeddings.weight, self._posids, 1))
-  check(C.bl_embedding_forward(sum, self.token_type_embeddings.weight, types, 1))
+  ops.embedding(self.word_embeddings.weight, ids, sum)
+  ops.embedding(self.position_embeddings.weight, self._posids, sum, true)
+  ops.embedding(self.token_type_embeddings.weight, types, sum, true)
   local y = self.LayerNorm:forward(sum)
   return self.dropout:forward(y)
 end
 function BertEmbeddings:backward(ids, dy)
   local dln = self.dropout:backward(self.LayerNorm.output, dy)
   local dsum = self.LayerNorm:backward(self.sum, dln)
-  check(C.bl_embedding_backward(self.word_embeddings.grad_weight, dsum, ids))
-  check(C.bl_embedding_backward(self.position_embeddings.grad_weight, dsum, self._posids))
-  check(C.bl_embedding_backward(self.token_type_embeddings.grad_weight, dsum, self._types))
+  ops.embedding_backward(self.word_embeddings.grad_weight, dsum, ids)
+  ops.embedding_backward(self.position_embeddings.grad_weight, dsum, self._posids)
+  ops.embedding_backward(self.token_type_embeddings.grad_weight, dsum, self._types)
   return nil
 end
 
@@ -115,23 +116,16 @@ function BertSelfAttention:_after_flatten()
   local H = self.cfg.hidden_size
   local q, k, v = self.query, self.key, self.value
   local function adjacent(a, b, n)  -- b starts n elements after a (f32 or a half compute copy)
-    return ffi.cast("char*", b.data_) - ffi.cast("char*", a.data_) == n * C.bl_dtype_size(a.dtype_)
+    return ffi.cast("char*", b.data_) - ffi.cast("char*", a.data_) == n * a:element_size()
   end
   self._qkv = nil
   if q.weight and adjacent(q.weight, k.weight, H * H) and adjacent(k.weight, v.weight, H * H)
       and q.bias and adjacent(q.bias, k.bias, H) and adjacent(k.bias, v.bias, H) then
     -- a [3H, H] / [3H] view starting at the query tensor (same storage)
-    local function fuse(t, n, shape)
-      local out = ffi.new("bl_tensor*[1]")
-      local nd = #shape
-      local sh = ffi.new("int64_t[2]", shape[1], shape[2] or 0)
-      local st = ffi.new("int64_t[2]", nd == 2 and shape[2] or 1, 1)
-      check(C.bl_tensor_as_strided(t, nd, sh, st, t.offset_, out))
-      return bl.wrap(out[0])
-    end
+    local function fuse(t, shape) return t:as_strided(shape, #shape == 2 and { shape[2], 1 } or { 1 }) end
     self._qkv = {
-      w = fuse(q.weight, 3 * H * H, { 3 * H, H }), b = fuse(q.bias, 3 * H, { 3 * H }),
-      gw = fuse(q.grad_weight, 3 * H * H, { 3 * H, H }), gb = fuse(q.grad_bias, 3 * H, { 3 * H }),
+      w = fuse(q.weight, { 3 * H, H }), b = fuse(q.bias, { 3 * H }),
+      gw = fuse(q.grad_weight, { 3 * H, H }), gb = fuse(q.grad_bias, { 3 * H }),
     }
   end
 end
@@ -140,7 +134,7 @@ function BertSelfAttention:forward(x, mask)
   local q, k, v
   if self.fused and self._qkv then
     local qkv = buf(self, "qkv", { B, S, 3 * H })
-    check(C.bl_linear_forward(qkv, x, self._qkv.w, self._qkv.b))
+    ops.linear(x, self._qkv.w, self._qkv.b, qkv)
     if self._qkv_src ~= qkv then
       self._q, self._k, self._v = qkv:narrow(3, 1, H), qkv:narrow(3, H + 1, H), qkv:narrow(3, 2 * H + 1, H)
       self._qkv_src = qkv
@@ -157,18 +151,14 @@ function BertSelfAttention:forward(x, mask)
   -- the row logsumexp [B,heads,S] on a GPU (self.lse); see bl_attention_saved_shape
   local saved
   if self.device then
-    local sh = ffi.new("int64_t[4]")
-    local nd = C.bl_attention_saved_shape(self.device, B, S, self.heads, sh)
-    local shape = {}
-    for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
-    saved = buf(self, "lse", shape, "f32")
+    saved = buf(self, "lse", ops.attention_saved_shape(self.device, B, S, self.heads), "f32")
   else
     saved = buf(self, "probs", { B, self.heads, S, S }, "f32")
   end
   self._saved, self._mask = saved, mask
   local p, seed, off = draw(self, self.p, B * self.heads * S * S)
   self._drop = { p, seed, off }
-  check(C.bl_attention_forward_saved(ctx, saved, q, k, v, mask, self.heads, 0, p, seed, off))
+  ops.attention(q, k, v, mask, self.heads, { out = ctx, probs = saved, p = p, seed = seed, offset = off })
   return ctx
 end
 function BertSelfAttention:backward(x, dctx)
@@ -181,17 +171,18 @@ function BertSelfAttention:backward(x, dctx)
       self._dq, self._dk, self._dv = dqkv:narrow(3, 1, H), dqkv:narrow(3, H + 1, H), dqkv:narrow(3, 2 * H + 1, H)
       self._dqkv_src = dqkv
     end
-    check(C.bl_attention_backward_saved(self._dq, self._dk, self._dv, dctx, self._q, self._k, self._v, self.output,
-      self._saved, self._mask, self.heads, 0, p, seed, off))
-    check(C.bl_linear_backward(dx, self._qkv.gw, self._qkv.gb, dqkv, x, self._qkv.w, 0))
+    ops.attention_backward(dctx, self._q, self._k, self._v, self._saved, self.heads, { dq = self._dq, dk = self._dk,
+      dv = self._dv, ctx = self.output, key_mask = self._mask, p = p, seed = seed, offset = off })
+    ops.linear_backward(dqkv, x, self._qkv.w, { dx = dx, dw = self._qkv.gw, db = self._qkv.gb })
   else
     local dq, dk, dv = buf(self, "grad_q", { B, S, H }), buf(self, "grad_k", { B, S, H }), buf(self, "grad_v", { B, S,
       H })
-    check(C.bl_attention_backward_saved(dq, dk, dv, dctx, self._q, self._k, self._v, self.output, self._saved,
-      self._mask, self.heads, 0, p, seed, off))
-    check(C.bl_linear_backward(dx, self.query.grad_weight, self.query.grad_bias, dq, x, self.query.weight, 0))
-    check(C.bl_linear_backward(dx, self.key.grad_weight, self.key.grad_bias, dk, x, self.key.weight, 1))
-    check(C.bl_linear_backward(dx, self.value.grad_weight, self.value.grad_bias, dv, x, self.value.weight, 1))
+    ops.attention_backward(dctx, self._q, self._k, self._v, self._saved, self.heads, { dq = dq, dk = dk, dv = dv,
+      ctx = self.output, key_mask = self._mask, p = p, seed = seed, offset = off })
+    local function back(lin, d, acc)
+      ops.linear_backward(d, x, lin.weight, { dx = dx, dw = lin.grad_weight, db = lin.grad_bias, accumulate = acc })
+    end
+    back(self.query, dq, false); back(self.key, dk, true); back(self.value, dv, true)
   end
   return dx
 end
@@ -217,7 +208,8 @@ function BertOutput:forward(input)
   local p, seed, off = draw(self, self.p, d:numel())
   self._drop = { p, seed, off }
   local ln = self.LayerNorm
-  check(C.bl_residual_layernorm_forward(y, mean, rstd, d, residual, ln.weight, ln.bias, ln.eps, p, seed, off))
+  ops.residual_layernorm(d, residual, ln.weight, ln.bias, { eps = ln.eps, p = p, seed = seed, offset = off, out = y,
+    mean = mean, rstd = rstd })
   return y
 end
 function BertOutput:backward(input, dy)
@@ -226,8 +218,8 @@ function BertOutput:backward(input, dy)
   local dd, dres = buf(self, "grad_dense", d:shape()), buf(self, "grad_residual", residual:shape())
   local ln = self.LayerNorm
   local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
-  check(C.bl_residual_layernorm_backward(dd, dres, ln.grad_weight, ln.grad_bias, dy, d, residual, ln.weight,
-    self.mean, self.rstd, p, seed, off))
+  ops.residual_layernorm_backward(dy, d, residual, ln.weight, self.mean, self.rstd, { dgamma = ln.grad_weight,
+    dbeta = ln.grad_bias, p = p, seed = seed, offset = off, dx = dd, dres = dres })
   return { self.dense:backward(h, dd), dres }
 end
 local BertSelfOutput = class("BertSelfOutput", BertOutput)

@@ -12,11 +12,10 @@ local function same_shape(t, shape)
   return true
 end
 
-local DT = { f32 = 0, i32 = 4, i64 = 5, f64 = 1, f16 = 2, bf16 = 3 }
 local function buf(self, key, shape, dtype)
   local t = self[key]
   dtype = dtype or self.act_dtype or "f32"
-  local dt, dev = DT[dtype], self.device or -1
+  local dt, dev = bl.dtype_of(dtype), self.device or -1
   if t ~= nil and t.storage_ ~= nil and t.dtype_ == dt and t.device_ == dev and same_shape(t, shape) then return t end
   if t ~= nil then t:free() end
   t = bl.empty(shape, { dtype = dtype, device = self.device })

@@ -30,7 +30,7 @@ local function on_input(self, x)
 end
 
 local function scaled(g, scale)
-  if scale and scale ~= 1 then ops.affine_(g, scale) end
+  if scale and scale ~= 1 then ops.affine(g, scale, 0, g) end
   return g
 end
 

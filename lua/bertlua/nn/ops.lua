@@ -72,11 +72,11 @@ function M.gather_backward(dx, dout, pos)
 end
 
 -- layernorm ------------------------------------------------------------------
--- Returns y, mean, rstd (mean/rstd [rows] f32 are what backward needs).
-function M.layernorm(x, gamma, beta, eps, out)
+-- Returns y, mean, rstd (mean/rstd [rows] f32 are what backward needs; pass them to reuse buffers).
+function M.layernorm(x, gamma, beta, eps, out, mean, rstd)
   out = out or like(x)
   local n = rows(x)
-  local mean, rstd = bl.empty({ n }, { device = x:device() }), bl.empty({ n }, { device = x:device() })
+  mean, rstd = mean or bl.empty({ n }, { device = x:device() }), rstd or bl.empty({ n }, { device = x:device() })
   check(C.bl_layernorm_forward(out, mean, rstd, x, gamma, beta, eps or 1e-12))
   return out, mean, rstd
 end
@@ -86,20 +86,21 @@ function M.layernorm_backward(dy, x, gamma, mean, rstd, dgamma, dbeta, dx)
   return dx
 end
 
--- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out.
+-- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out, mean, rstd (buffers).
 function M.residual_layernorm(x, residual, gamma, beta, opts)
   opts = opts or {}
   local out = opts.out or like(x)
   local n = rows(x)
-  local mean, rstd = bl.empty({ n }, { device = x:device() }), bl.empty({ n }, { device = x:device() })
+  local mean, rstd = opts.mean or bl.empty({ n }, { device = x:device() }),
+    opts.rstd or bl.empty({ n }, { device = x:device() })
   check(C.bl_residual_layernorm_forward(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
     opts.p or 0, opts.seed or 0, opts.offset or 0))
   return out, mean, rstd
 end
--- Returns dx, dresidual. opts: dgamma, dbeta (+=), p, seed, offset (as in forward).
+-- Returns dx, dresidual. opts: dgamma, dbeta (+=), p, seed, offset (as in forward), dx, dres (buffers).
 function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
   opts = opts or {}
-  local dx, dres = like(x), like(x)
+  local dx, dres = opts.dx or like(x), opts.dres or like(x)
   check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, dy, x, residual, gamma, mean,
     rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
   return dx, dres
@@ -120,16 +121,16 @@ function M.tanh(x, out) out = out or like(x); check(C.bl_tanh_forward(out, x)); 
 function M.tanh_backward(dy, y, dx) dx = dx or like(y); check(C.bl_tanh_backward(dx, dy, y)); return dx end
 
 -- dropout ------------------------------------------------------------------------
--- Returns y and, when want_mask, the u8 keep mask.
-function M.dropout(x, p, seed, offset, want_mask)
-  local out = like(x)
+-- Returns y (written into out when given) and, when want_mask, the u8 keep mask.
+function M.dropout(x, p, seed, offset, want_mask, out)
+  out = out or like(x)
   local mask = want_mask and bl.empty(x:shape(), { dtype = "u8", device = x:device() }) or nil
   check(C.bl_dropout_forward(out, mask, x, p, seed or 0, offset or 0))
   return out, mask
 end
 -- Mask from `mask` when given, else regenerated from (seed, offset).
-function M.dropout_backward(dy, p, seed, offset, mask)
-  local dx = like(dy)
+function M.dropout_backward(dy, p, seed, offset, mask, dx)
+  dx = dx or like(dy)
   check(C.bl_dropout_backward(dx, dy, mask, p, seed or 0, offset or 0))
   return dx
 end
@@ -146,16 +147,21 @@ function M.softmax_backward(dy, y, dx) dx = dx or like(y); check(C.bl_softmax_ba
 -- needs: on the CPU the probabilities [B, heads, S, S], on a GPU the row
 -- logsumexp [B, heads, S] (bl_attention_forward_saved in bl_ops.h).
 local i64x4 = ffi.typeof("int64_t[4]")
+-- shape of what attention saves for backward on `device` (-1 or nil = CPU, N = cuda:N) for [B, S] and heads
+function M.attention_saved_shape(device, B, S, heads)
+  local sh = i64x4()
+  local nd = C.bl_attention_saved_shape(device or -1, B, S, heads, sh)
+  local shape = {}
+  for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
+  return shape
+end
 function M.attention(q, k, v, key_mask, heads, opts)
   opts = opts or {}
   local ctx = opts.out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
   local probs = opts.probs
   if not probs then
-    local sh = i64x4()
-    local nd = C.bl_attention_saved_shape(q.device_, q:size(1), q:size(2), heads, sh)
-    local shape = {}
-    for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
-    probs = bl.empty(shape, { dtype = "f32", device = q:device() })
+    probs = bl.empty(M.attention_saved_shape(q.device_, q:size(1), q:size(2), heads), { dtype = "f32",
+      device = q:device() })
   end
   check(C.bl_attention_forward_saved(ctx, probs, q, k, v, key_mask, heads, opts.scale or 0, opts.p or 0,
     opts.seed or 0, opts.offset or 0))
@@ -195,8 +201,8 @@ function M.mse_loss(pred, target, opts)
   return loss:item(), dpred
 end
 
--- t = t * a + b in place (one rounding per element in t's dtype).
-function M.affine_(t, a, b) check(C.bl_affine(t, t, a, b or 0)); return t end
+-- out = x * a + b (one rounding per element; out may be x itself).
+function M.affine(x, a, b, out) out = out or like(x); check(C.bl_affine(out, x, a, b or 0)); return out end
 
 -- argmax over the last dim (0-based class ids, i64, shape without the last dim).
 function M.argmax(x)
