@@ -69,6 +69,23 @@ function Tok:encode(text)
   return out
 end
 
+-- count(text[, first, len]): the number of ids of text's bytes [first, first + len) (first 0-based; default:
+-- the whole text), without building a table: for throughput measurements
+function Tok:count(text, first, len)
+  first, len = first or 0, len or #text
+  if type(text) ~= "string" or first < 0 or len < 0 or first + len > #text then
+    error("tokenizer.count: expected a string and a byte range inside it", 2)
+  end
+  local ids, cap = id_buffer(self, len + 1)
+  local n = self._n or ffi.new("int[1]")
+  self._n = n
+  if self._count_text ~= text then  -- the pointer of the last text, so a loop over its lines casts once
+    self._count_text, self._count_ptr = text, ffi.cast("const char *", text)
+  end
+  core.check(C.bl_tokenizer_encode(self._ptr, self._count_ptr + first, len, ids, cap, n))
+  return n[0]
+end
+
 function Tok:tokenize(text)
   check_text(text, "tokenize")
   local ids, cap = id_buffer(self, #text + 1)
