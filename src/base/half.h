@@ -8,8 +8,16 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float bl_half_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t bl_half_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bl_half_u2f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint32_t bl_half_f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
 
 static inline float bl_half_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
@@ -17,7 +25,10 @@ static inline float bl_half_f16_to_f32(uint16_t h) {
     if (man == 0) return bl_half_u2f(sign);
     /* subnormal: renormalise (integer only; 3% faster in the ops' load loops than a float multiply) */
     int e = -1;
-    do { man <<= 1; e++; } while (!(man & 0x400u));
+    do {
+      man <<= 1;
+      e++;
+    } while (!(man & 0x400u));
     return bl_half_u2f(sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13));
   }
   if (exp == 31) return bl_half_u2f(sign | 0x7f800000u | (man << 13));
@@ -29,8 +40,8 @@ static inline uint16_t bl_half_f32_to_f16(float f) {
   uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
   if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0)); /* inf, NaN */
   if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
-  if (ax < 0x38800000u) {                                    /* f16 subnormal or zero */
-    if (ax < 0x33000000u) return (uint16_t)sign;             /* below half the smallest subnormal */
+  if (ax < 0x38800000u) {                                   /* f16 subnormal or zero */
+    if (ax < 0x33000000u) return (uint16_t)sign;            /* below half the smallest subnormal */
     uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;
     uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rem > half || (rem == half && (r & 1u))) r++;

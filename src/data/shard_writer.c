@@ -15,7 +15,7 @@
 struct bl_shard_writer {
   char *path;
   bl_shard_header h;
-  uint8_t *data;     /* the records */
+  uint8_t *data; /* the records */
   size_t used, cap;
   uint64_t *offsets; /* offsets[k] = start of record k; one more slot for the end */
   size_t count, offsets_cap;
@@ -71,8 +71,8 @@ static void put_ids(bl_shard_writer *w, const int32_t *ids, int32_t n) {
 static int bad_ids(const bl_shard_writer *w, const char *what, const int32_t *ids, int32_t n, int64_t limit) {
   for (int32_t i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= limit)
-      return bl_set_error(BL_EINVAL, "shard %s: record %zu: %s[%d] = %d is outside [0, %lld)", w->path, w->count,
-                          what, i, ids[i], (long long)limit);
+      return bl_set_error(BL_EINVAL, "shard %s: record %zu: %s[%d] = %d is outside [0, %lld)", w->path, w->count, what,
+                          i, ids[i], (long long)limit);
   return 0;
 }
 
@@ -93,8 +93,8 @@ int bl_shard_writer_add(bl_shard_writer *w, int32_t length, int32_t len_a, int32
       grow((void **)&w->offsets, &w->offsets_cap, w->count + 2, sizeof *w->offsets))
     return bl_set_error(BL_ENOMEM, "shard %s: out of memory at record %zu", w->path, w->count);
   w->offsets[w->count++] = w->used;
-  uint16_t head[3] = {(uint16_t)length, (uint16_t)len_a, (uint16_t)num_masked};
-  uint8_t nsp[2] = {(uint8_t)next_sentence_label, 0};
+  uint16_t head[3] = { (uint16_t)length, (uint16_t)len_a, (uint16_t)num_masked };
+  uint8_t nsp[2] = { (uint8_t)next_sentence_label, 0 };
   put(w, head, sizeof head);
   put(w, nsp, 2);
   put_ids(w, tokens, length);
