@@ -146,29 +146,18 @@ end)
 -- and on each gradient element, so 1e-5 leaves a margin of ten.
 local function ce_reference(logits, targets, ignore, weight, scale)
   local L, t = logits:tolist(), targets:totable()
-  local loss, count, grad = 0, 0, {}
+  local loss, count, grad, lse = 0, 0, {}, {}
+  for i, row in ipairs(L) do
+    local m, z = -math.huge, 0
+    for _, v in ipairs(row) do m = math.max(m, v) end
+    for _, v in ipairs(row) do z = z + math.exp(v - m) end
+    lse[i] = m + math.log(z)
+    if t[i] ~= ignore then loss, count = loss + lse[i] - row[t[i] + 1], count + 1 end
+  end
   for i, row in ipairs(L) do
     grad[i] = {}
-    for j = 1, #row do grad[i][j] = 0 end
-  end
-  for i, row in ipairs(L) do
-    if t[i] ~= ignore then
-      local m = -math.huge
-      for _, v in ipairs(row) do m = math.max(m, v) end
-      local z = 0
-      for _, v in ipairs(row) do z = z + math.exp(v - m) end
-      loss, count = loss + m + math.log(z) - row[t[i] + 1], count + 1
-    end
-  end
-  for i, row in ipairs(L) do
-    if t[i] ~= ignore then
-      local m = -math.huge
-      for _, v in ipairs(row) do m = math.max(m, v) end
-      local z = 0
-      for _, v in ipairs(row) do z = z + math.exp(v - m) end
-      for j, v in ipairs(row) do
-        grad[i][j] = (math.exp(v - m) / z - (j == t[i] + 1 and 1 or 0)) / count * weight * scale
-      end
+    for j, v in ipairs(row) do
+      grad[i][j] = t[i] == ignore and 0 or (math.exp(v - lse[i]) - (j == t[i] + 1 and 1 or 0)) / count * weight * scale
     end
   end
   return loss / math.max(count, 1), grad, count
