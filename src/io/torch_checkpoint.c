@@ -484,8 +484,8 @@ static int add_tensor(vm *m, val *t) {
       return tzip_err(m->z, "tensor '%s': its strides overflow 64 bits", m->name);
   }
   if (numel > 0 && last >= t->storage->i)
-    return tzip_err(m->z, "tensor '%s' (offset %lld, last element %lld) reaches past its storage (%lld elements)", m->name,
-                (long long)t->off, (long long)last, (long long)t->storage->i);
+    return tzip_err(m->z, "tensor '%s' (offset %lld, last element %lld) reaches past its storage (%lld elements)",
+                    m->name, (long long)t->off, (long long)last, (long long)t->storage->i);
   bl_ckpt_item *it = bl_ckpt_add_(c, m->name, strlen(m->name));
   if (!it) return BL_ENOMEM;
   val *s = t->storage;
@@ -572,7 +572,8 @@ static int legacy_bind(vm *m, val *keys, int64_t off) {
     if (!s || s->data_off >= 0) return tzip_err(z, "storage '%s' is listed but not used once by the pickle", key->s);
     uint8_t h[8];
     if (off > z->fsize - 8 || bl_file_read_at(z->f, off, h, 8))
-      return tzip_err(z, "storage '%s': the file ends at %lld, before its data: truncated?", key->s, (long long)z->fsize);
+      return tzip_err(z, "storage '%s': the file ends at %lld, before its data: truncated?", key->s,
+                      (long long)z->fsize);
     int64_t numel = (int64_t)le64(h), nb;
     if (numel != s->i) return tzip_err(z, "storage '%s': the file says %lld elements, the pickle %lld", key->s,
                                    (long long)numel, (long long)s->i);

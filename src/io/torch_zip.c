@@ -124,15 +124,17 @@ int tzip_data(zip_reader *z, const zip_entry *e, int64_t *off) {
   uint8_t h[30];
   if (e->flags & 1) return tzip_err(z, "zip entry '%s' is encrypted", e->name);
   if (e->method != 0 || e->csize != e->usize)
-    return tzip_err(z, "zip entry '%s' is compressed (method %d); torch.save writes stored entries", e->name, e->method);
+    return tzip_err(z, "zip entry '%s' is compressed (method %d); torch.save writes stored entries", e->name,
+                    e->method);
   if (e->lho > (uint64_t)z->fsize - 30 || z->fsize < 30 || bl_file_read_at(z->f, (int64_t)e->lho, h, 30) ||
       le32(h) != 0x04034b50)
     return tzip_err(z, "zip entry '%s': no local header at offset %llu: truncated or corrupt archive", e->name,
                 (unsigned long long)e->lho);
   uint64_t d = e->lho + 30 + le16(h + 26) + le16(h + 28);
   if (d > (uint64_t)z->fsize || e->usize > (uint64_t)z->fsize - d)
-    return tzip_err(z, "zip entry '%s' (%llu bytes at offset %llu) runs past the end of the file (%lld bytes): truncated?",
-                e->name, (unsigned long long)e->usize, (unsigned long long)d, (long long)z->fsize);
+    return tzip_err(z,
+                    "zip entry '%s' (%llu bytes at offset %llu) runs past the end of the file (%lld bytes): truncated?",
+                    e->name, (unsigned long long)e->usize, (unsigned long long)d, (long long)z->fsize);
   *off = (int64_t)d;
   return 0;
 }
