@@ -165,6 +165,18 @@ local function num(op, opts, key, cfg, field)
   cfg[field or key] = v
 end
 
+-- the Adam family's state: config, the two moments (zeros like the parameters), the C step `fn` on them
+local function adam_state(self, cfg, fn)
+  self.cfg = cfg
+  self.exp_avg = bl.zeros_like(self.params)
+  self.exp_avg_sq = bl.zeros_like(self.params)
+  self._call = function(s, lr, gs, gn)
+    return fn(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn, s._stats)
+  end
+  self._moments = { "exp_avg", "exp_avg_sq" }
+  return self
+end
+
 -- LAMB{...}: see the header comment for options and defaults.
 function M.LAMB(opts)
   local self = base("lamb", opts, allow { "betas", "eps", "weight_decay", "max_grad_norm", "bias_correction",
@@ -188,15 +200,7 @@ function M.LAMB(opts)
   cfg.use_nvlamb = bool(opts.use_nvlamb, cfg.use_nvlamb)
   cfg.adam_w_mode = bool(opts.adam_w_mode, cfg.adam_w_mode)
   cfg.grad_averaging = bool(opts.grad_averaging, cfg.grad_averaging)
-  self.cfg = cfg
-  self.exp_avg = bl.zeros_like(self.params)
-  self.exp_avg_sq = bl.zeros_like(self.params)
-  self._call = function(s, lr, gs, gn)
-    return C.bl_lamb_step(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn,
-      s._stats)
-  end
-  self._moments = { "exp_avg", "exp_avg_sq" }
-  return self
+  return adam_state(self, cfg, C.bl_lamb_step)
 end
 
 local function adamw(kind, opts, defaults)
@@ -211,15 +215,7 @@ local function adamw(kind, opts, defaults)
   cfg.bias_correction = bool(opts.bias_correction, cfg.bias_correction)
   cfg.adam_w_mode = bool(opts.adam_w_mode, cfg.adam_w_mode)
   cfg.per_segment_clip = bool(opts.per_segment_clip, cfg.per_segment_clip)
-  self.cfg = cfg
-  self.exp_avg = bl.zeros_like(self.params)
-  self.exp_avg_sq = bl.zeros_like(self.params)
-  self._call = function(s, lr, gs, gn)
-    return C.bl_adamw_step(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn,
-      s._stats)
-  end
-  self._moments = { "exp_avg", "exp_avg_sq" }
-  return self
+  return adam_state(self, cfg, C.bl_adamw_step)
 end
 
 -- AdamW{...}: torch.optim.AdamW with bias correction (default), BERT eps 1e-6.
