@@ -13,12 +13,10 @@
 -- means bertlua is faster.
 local bl = require "bertlua"
 local ops = require "bertlua.nn.ops"
-local core = require "bertlua.core"
 local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
 -- the PyTorch peers live beside the recipes (installed with them)
 local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
-local C, check = core.C, core.check
 
 local opt = options.parse(arg, {
   { "threads", 2, "CPU threads for us and for PyTorch" },
@@ -61,7 +59,7 @@ local isas = {}
 for name in opt.isa:gmatch("[^,]+") do isas[#isas + 1] = name end
 if #isas > 0 and opt.compare ~= "" then error("benchmark_ops: --isa needs --compare= (our paths only)", 0) end
 local paths = #isas > 0 and isas or { false }
-local function use(path) if path then check(C.bl_cpu_set_isa(path)) end end
+local function use(path) if path then bl.set_cpu_isa(path) end end
 
 local rows, order = {}, {}
 local function median(ts)
@@ -135,21 +133,21 @@ do
   local y, dx, dres = bl.empty({ B, S, H }), bl.empty({ B, S, H }), bl.empty({ B, S, H })
   local mean, rstd = bl.empty({ B * S }), bl.empty({ B * S })
   local dg, dbe = bl.zeros({ H }), bl.zeros({ H })
-  local function rln()
-    check(C.bl_residual_layernorm_forward(y, mean, rstd, x, r, g, be, 1e-12, p, 3, 0))
-  end
+  local o = { p = p, seed = 3, offset = 0, out = y, mean = mean, rstd = rstd }
+  local ob = { p = p, seed = 3, offset = 0, dgamma = dg, dbeta = dbe, dx = dx, dres = dres }
+  local function rln() ops.residual_layernorm(x, r, g, be, o) end
   bench("residual_ln_fwd", rln)
   bench("residual_ln_fwdbwd", function()
     rln()
-    check(C.bl_residual_layernorm_backward(dx, dres, dg, dbe, dy, x, r, g, mean, rstd, p, 3, 0))
+    ops.residual_layernorm_backward(dy, x, r, g, mean, rstd, ob)
   end)
   bench("layernorm_fwdbwd", function()
-    check(C.bl_layernorm_forward(y, mean, rstd, x, g, be, 1e-12))
-    check(C.bl_layernorm_backward(dx, dg, dbe, dy, x, g, mean, rstd))
+    ops.layernorm(x, g, be, 1e-12, y, mean, rstd)
+    ops.layernorm_backward(dy, x, g, mean, rstd, dg, dbe, dx)
   end)
   bench("dropout_fwdbwd", function()
-    check(C.bl_dropout_forward(y, nil, x, p, 5, 0))
-    check(C.bl_dropout_backward(dx, dy, nil, p, 5, 0))
+    ops.dropout(x, p, 5, 0, false, y)
+    ops.dropout_backward(dy, p, 5, 0, nil, dx)
   end)
 end
 
@@ -158,15 +156,16 @@ do
   local logits = rn({ B * M, V })
   local tgt = (bl.rand({ B * M }, { seed = 99, offset = 0 }) * (V - 1)):to("i64")
   local loss, dlogits = bl.empty({ 1 }, { dtype = "f64" }), bl.empty({ B * M, V })
-  bench("cross_entropy", function() check(C.bl_cross_entropy(loss, dlogits, logits, tgt, -100, 1, nil)) end)
+  local o = { loss = loss, dlogits = dlogits }
+  bench("cross_entropy", function() ops.cross_entropy(logits, tgt, o) end)
 end
 
 -- tensor arithmetic (the tensor core's f32 fast paths) ----------------------------------
 do
   local a, b, out = rn({ B, S, H }), rn({ B, S, H }), bl.empty({ B, S, H })
-  bench("add", function() check(C.bl_binary(C.BL_ADD, out, a, b)) end)
-  bench("mul", function() check(C.bl_binary(C.BL_MUL, out, a, b)) end)
-  bench("scale", function() check(C.bl_affine(out, a, 0.5, 0)) end)
+  bench("add", function() a:add(b, out) end)
+  bench("mul", function() a:mul(b, out) end)
+  bench("scale", function() ops.affine(a, 0.5, 0, out) end)
 end
 
 -- the PyTorch side, then the table ------------------------------------------------------

@@ -4,10 +4,9 @@
 -- recipes/peers/tokenizer_reference.py can import it.
 --   bertlua recipes/benchmark_tokenizer.lua --vocab=vocab.txt --input=a.txt,b.txt [--cased] [--repeat=5]
 -- Both sides tokenize line by line (one call per line); bertlua also in one
--- call per whole text (bl_tokenizer_encode). Use a Release build.
+-- call per whole text (tok:count). Use a Release build.
 local options = require "bertlua.util.options"
 local Tok = require "bertlua.data.tokenizer"
-local ffi = require "ffi"
 
 local data = os.getenv("BL_SHARED_DATA") or "../shared/data"
 local spec = {
@@ -30,16 +29,10 @@ for p in opt.input:gmatch("[^,]+") do
 end
 local text = table.concat(parts)
 local tok = Tok.load(opt.vocab, { lower = not opt.cased })
-local C = require("bertlua.core").C
 -- the PyTorch peers live beside the recipes (installed with them)
 local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
 
-local function now()
-  local t = ffi.new("struct { long s; long ns; }[1]")
-  ffi.C.clock_gettime(1, t)  -- CLOCK_MONOTONIC
-  return tonumber(t[0].s) + tonumber(t[0].ns) * 1e-9
-end
-pcall(ffi.cdef, "int clock_gettime(int, void *);")
+local now = require("bertlua.util.log").clock
 
 -- line offsets once, so the timed loop only tokenizes
 local starts, lens = {}, {}
@@ -51,24 +44,13 @@ do
     i = j + 1
   end
 end
-local buf = ffi.cast("const char *", text)
-local cap = 1048576
-local ids = ffi.new("int32_t[?]", cap)
-local n = ffi.new("int[1]")
 
 local function per_line()
   local total = 0
-  for k = 1, #starts do
-    C.bl_tokenizer_encode(tok._ptr, buf + starts[k], lens[k], ids, cap, n)
-    total = total + n[0]
-  end
+  for k = 1, #starts do total = total + tok:count(text, starts[k], lens[k]) end
   return total
 end
-local function whole()
-  local big = ffi.new("int32_t[?]", #text + 1)
-  C.bl_tokenizer_encode(tok._ptr, text, #text, big, #text + 1, n)
-  return n[0]
-end
+local function whole() return tok:count(text) end
 
 local function bench(name, fn)
   local best, count = math.huge, 0

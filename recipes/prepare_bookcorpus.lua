@@ -15,15 +15,6 @@ local o = options.parse(arg, {
 }, { name = "prepare_bookcorpus",
   usage = "usage: bertlua recipes/prepare_bookcorpus.lua --input=DIR_OF_TXT --output=DIR",
   description = corpus.FORMAT_HELP })
-if o.input == "" or o.output == "" then
-  io.stderr:write("prepare_bookcorpus: --input and --output are required (see --help)\n")
-  os.exit(2)
-end
-print("prepare_bookcorpus options:\n" .. options.show(o, "  %-18s %s"))   -- the corpus stages' layout
-local ok, s = pcall(corpus.prepare_bookcorpus, o)
-if not ok then
-  io.stderr:write("prepare_bookcorpus: error: ", tostring(s), "\n")
-  os.exit(1)
-end
+local s = corpus.run_stage("prepare_bookcorpus", o, corpus.prepare_bookcorpus)
 print(("books %d (%d paragraphs, %.1f MB read), empty %d, files written %d, already present %d, %.2f s")
   :format(s.books, s.paragraphs, s.bytes_in / 1e6, s.empty, s.files_written, s.files_existing, s.seconds))

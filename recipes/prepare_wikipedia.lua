@@ -20,17 +20,7 @@ local o = options.parse(arg, {
 }, { name = "prepare_wikipedia",
   usage = "usage: bertlua recipes/prepare_wikipedia.lua --input=DUMP.xml[.bz2][,DUMP2...] --output=DIR",
   description = "Extracts Wikipedia articles (namespace 0, no redirects) as plain text.\n" .. corpus.FORMAT_HELP })
-if o.input == "" or o.output == "" then
-  io.stderr:write("prepare_wikipedia: --input and --output are required (see --help)\n")
-  os.exit(2)
-end
-print("prepare_wikipedia options:\n" .. options.show(o, "  %-18s %s"))   -- the corpus stages' layout
-
-local ok, s = pcall(corpus.prepare_wikipedia, o)
-if not ok then
-  io.stderr:write("prepare_wikipedia: error: ", tostring(s), "\n")
-  os.exit(1)
-end
+local s = corpus.run_stage("prepare_wikipedia", o, corpus.prepare_wikipedia)
 print(("pages %d, articles %d, redirects %d, other namespaces %d"):format(s.pages, s.articles, s.redirects, s.other_ns))
 print(("documents written %d (%.1f M chars), too short %d, bad pages %d, too large %d, warnings %d")
   :format(s.docs, s.chars / 1e6, s.short, s.skipped_bad, s.skipped_large, s.warnings))

@@ -21,6 +21,7 @@ local ckpt = require "bertlua.train.checkpoint"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
 local device = require "bertlua.train.device"
+local loop = require "bertlua.train.loop"
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
@@ -208,7 +209,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- accumulation makes up the difference) continues exactly.
   local identity = { model_config = cfg, optimizer = "lamb", data_slices = virt and world * accum or world,
     global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase }
-  local step = 0
+  local start = 0  -- steps already done (a resumed run starts after them)
   if opt.resume then
     local c = ckpt.load_latest(ckdir, { model = model, identity = identity })
     if not c then
@@ -224,17 +225,17 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       lamb:load_state_dict(sd)
       mp:load_state_dict(c.state.scaler, c.state.optimizer_step)
       for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
-      step = c.step
-      say(("  resumed from %s at step %d"):format(latest, step))
+      start = c.step
+      say(("  resumed from %s at step %d"):format(latest, start))
     end
   end
-  if step >= ph.steps then say("  phase already complete") end
+  if start >= ph.steps then say("  phase already complete") end
 
-  local function save_checkpoint()
+  local function save_checkpoint(at)  -- at: the step just done
     if rank ~= 0 then return end
     local tensors = {}
     for k, v in pairs(lamb:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
-    ckpt.save(ckdir, { step = step, model = model, tensors = tensors, identity = identity,
+    ckpt.save(ckdir, { step = at, model = model, tensors = tensors, identity = identity,
       -- every rank's (virtual) loaders step in lockstep: one position describes them all
       state = { phase = ph.phase, optimizer_step = lamb.step_count, lr = lamb.last_lr, scaler = mp:state_dict(),
         loader = loaders[1]:state(), world_size = world, accumulation = accum } }, { keep = opt.keep_checkpoints })
@@ -250,27 +251,26 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   device.defer_checks(dev)
   lamb:prepare()      -- with the stats and the scaler's state: device memory made before the first step
   mp:state_tensor()
-  local ran, stop_reason = 0, nil
-  while step < ph.steps do
-    if opt.max_steps > 0 and ran >= opt.max_steps then stop_reason = "max-steps" break end
-    -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
-    -- clocks and the signals of all ranks are combined (one small all-reduce per step)
+  -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
+  -- clocks and the signals of all ranks are combined (one small all-reduce per step)
+  local function stop(_, ran)
+    if opt.max_steps > 0 and ran >= opt.max_steps then return "max-steps" end
     local late = opt.max_time > 0 and logm.clock() - t_start >= opt.max_time
     local sig = bl.stop_signal()
     local votes = dist.sum_numbers({ late and 1 or 0, sig })
-    if votes[1] > 0 then stop_reason = "max-time" break end
-    if votes[2] > 0 then stop_reason = "signal" break end
+    if votes[1] > 0 then return "max-time" end
+    if votes[2] > 0 then return "signal" end
+  end
+  local function next_micro(_, a) return (virt and loaders[a] or loaders[1]):next() end
+  local function train_step(step, next_batch)
     local t0 = logm.clock()
-    step = step + 1
     model:zero_grad()
     mp:begin_step()
     local seed = mp:loss_seed(accum)  -- fp16: the loss scale on the model's device
     stats:zero()   -- losses and accuracy counts are summed on the model's device, read when logging
     local seqs = 0
     for a = 1, accum do
-      local loader = virt and loaders[a] or loaders[1]
-      local batch = loader:next()
-      if not batch then error("pretrain: the data loader returned no batch", 0) end
+      local batch = next_batch(a)
       model.rng = bl.Generator(dropout_seed(step, rank * accum + a - 1))
       model:apply(function(m) m.rng = model.rng end)
       model:forward(device.batch_to(batch, dev, on_device), stats)
@@ -284,41 +284,49 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
     local lr = lr_at(lamb.step_count + 1)
     mp:queue_step(lamb, lr)   -- skip or update decided on the model's device: no wait here
-    if step % opt.log_every == 0 or step == ph.steps then
-      -- the one wait of a logged step: this step's sums, the scaler state and the deferred index checks
-      local v = stats:read(mp:state_tensor())
-      local r = mp:read(v.amp)
-      local s = dist.sum_numbers({ v.losses[1], v.losses[2], v.counts[1], v.counts[2], v.counts[3], v.counts[4],
-        seqs })
-      local dt = logm.clock() - t0
-      local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
-        mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
-        seq_per_s = s[7] / dt, step_time = dt, loss_scale = r.loss_scale, grad_norm = r.grad_norm,
-        skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil }  -- steps since the last line
-      skipped_logged = r.skipped
-      if dev >= 0 then  -- totals since the start: allocations and host waits of the device
-        local k = bl.cuda_counters(dev)
-        rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
-      end
-      log:step(rec)
-      if rec.loss ~= rec.loss then
-        error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
-          :format(step, opt.precision, ckdir), 0)
-      end
+    if step % opt.log_every ~= 0 and step ~= ph.steps then return nil end
+    -- the one wait of a logged step: this step's sums, the scaler state and the deferred index checks
+    local v = stats:read(mp:state_tensor())
+    local r = mp:read(v.amp)
+    local s = dist.sum_numbers({ v.losses[1], v.losses[2], v.counts[1], v.counts[2], v.counts[3], v.counts[4],
+      seqs })
+    local dt = logm.clock() - t0
+    local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
+      mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
+      seq_per_s = s[7] / dt, step_time = dt, loss_scale = r.loss_scale, grad_norm = r.grad_norm,
+      skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil }  -- steps since the last line
+    skipped_logged = r.skipped
+    if dev >= 0 then  -- totals since the start: allocations and host waits of the device
+      local k = bl.cuda_counters(dev)
+      rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
     end
-    ran = ran + 1
-    if opt.checkpoint_interval > 0 and step % opt.checkpoint_interval == 0 then save_checkpoint() end
-    if opt.eval_interval > 0 and step % opt.eval_interval == 0 then evaluate(model, ph, step) end
+    return rec
   end
+  local function log_step(rec, step)  -- rec: nil on a step that is not logged
+    if not rec then return end
+    log:step(rec)
+    if rec.loss ~= rec.loss then
+      error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
+        :format(step, opt.precision, ckdir), 0)
+    end
+  end
+  local step, stop_reason = loop.run{ name = "pretrain", start = start, total = ph.steps, stop = stop,
+    batch = next_micro, step = train_step, log = log_step,
+    checkpoint = function(s)
+      if opt.checkpoint_interval > 0 and s % opt.checkpoint_interval == 0 then save_checkpoint(s) end
+    end,
+    evaluate = function(s)
+      if opt.eval_interval > 0 and s % opt.eval_interval == 0 then evaluate(model, ph, s) end
+    end }
   if stop_reason then
-    save_checkpoint()
+    save_checkpoint(step)
     say(("phase %d: stopped at step %d (%s); --resume continues from here"):format(ph.phase, step, stop_reason))
   end
   for _, l in ipairs(loaders) do l:close() end
   local finished = step >= ph.steps
   local final_dir = ("%s/phase%d"):format(opt.output, ph.phase)
   if finished then
-    save_checkpoint()
+    save_checkpoint(step)
     evaluate(model, ph, step)
     if rank == 0 then
       bert.save_pretrained(model, final_dir, { vocab = opt.vocab })

@@ -24,16 +24,7 @@ local o = options.parse(arg, {
   usage = "usage: bertlua recipes/shard.lua --input=DIR[,DIR2] --output=DIR --num-shards=N\n" ..
     "       [--test-fraction=0.1] [--seed=S] [--memory-mb=M]",
   description = corpus.FORMAT_HELP })
-if o.input == "" or o.output == "" then
-  io.stderr:write("shard: --input and --output are required (see --help)\n")
-  os.exit(2)
-end
-print("shard options:\n" .. options.show(o, "  %-18s %s"))   -- the corpus stages' layout
-local ok, s = pcall(corpus.shard, o)
-if not ok then
-  io.stderr:write("shard: error: ", tostring(s), "\n")
-  os.exit(1)
-end
+local s = corpus.run_stage("shard", o, corpus.shard)
 print(("documents %d (empty %d), sentences %d, buckets %d"):format(s.input_docs, s.empty_docs, s.sentences, s.buckets))
 for _, name in ipairs { "train", "test" } do
   local t = s[name]

@@ -1,15 +1,10 @@
-/* bertlua — file helpers for weight files and other binary artefacts.
+/* bertlua — reading weight files and other binary artefacts.
  *
  * Reading: bl_file_open_read + bl_file_read_at do bounds-checked positional
  * reads straight into caller memory (a tensor's storage), so a hostile or
  * truncated file can never make us read past its end: a range beyond the
  * file is an error naming the file, the offset and the size.
- *
- * Writing: bl_file_create_atomic writes to a temporary file next to the
- * destination ("<path>.tmp.<pid>"); bl_file_commit fsyncs it, renames it over
- * the destination and fsyncs the directory, so readers see either the old
- * file or the complete new one, never a torn write. bl_file_close on a file
- * not committed removes the temporary (abort).
+ * Files are written by the checked atomic writer, bl_writer (bl_stream.h).
  */
 #ifndef BL_IO_H
 #define BL_IO_H
@@ -26,11 +21,7 @@ int bl_file_size(const bl_file *f, int64_t *size);
 /* Reads exactly n bytes at offset into dst; error (nothing promised in dst) if
  * [offset, offset+n) is not inside the file or the read fails. */
 int bl_file_read_at(bl_file *f, int64_t offset, void *dst, int64_t n);
-int bl_file_create_atomic(const char *path, bl_file **res);
-int bl_file_write(bl_file *f, const void *src, int64_t n);
-/* fsync + rename over the destination + fsync of the directory; frees f. */
-int bl_file_commit(bl_file *f);
-/* Closes and frees f; for an uncommitted atomic write, deletes the temporary. NULL is fine. */
+/* Closes and frees f. NULL is fine. */
 void bl_file_close(bl_file *f);
 const char *bl_file_path(const bl_file *f);
 

@@ -2,7 +2,7 @@
  * wraps this as loader.Loader).
  *
  * Shard file format BLSHARD1, version 1 (little-endian; written atomically by
- * lua/bertlua/data/shards.lua):
+ * bl_shard_writer below):
  *   header, 80 bytes:
  *     char     magic[8]        "BLSHARD1"
  *     uint32   version         1
@@ -115,6 +115,24 @@ const bl_shard_header *bl_shard_get_header(const bl_shard *s);
 int64_t bl_shard_count(const bl_shard *s);
 int bl_shard_get_record(const bl_shard *s, int64_t k, bl_shard_record *rec);  /* k 0-based */
 void bl_shard_close(bl_shard *s);
+
+/* bl_shard_writer: builds a BLSHARD1 file in memory and publishes it through
+ * the checked atomic writer (bl_stream.h) on commit, so the file is whole or
+ * absent. `meta` gives vocab_hash, vocab_size, max_seq_length,
+ * max_predictions, flags, masked_lm_prob and seed; the writer fills magic,
+ * version, header_bytes, token_bytes (2 when vocab_size <= 65535, else 4),
+ * num_instances, data_bytes and checksum. bl_shard_writer_add appends one
+ * record (token ids, then positions and labels of the num_masked masked
+ * tokens) and refuses one the reader would refuse (length 0 or above
+ * max_seq_length or 65535, len_a > length, num_masked > length, a position
+ * >= length, an id or label >= vocab_size), naming the file and the record.
+ * commit and abort free the writer, whether commit succeeds or not. */
+typedef struct bl_shard_writer bl_shard_writer;
+int bl_shard_writer_open(const char *path, const bl_shard_header *meta, bl_shard_writer **res);
+int bl_shard_writer_add(bl_shard_writer *w, int32_t length, int32_t len_a, int32_t next_sentence_label,
+                        const int32_t *tokens, int32_t num_masked, const int32_t *positions, const int32_t *labels);
+int bl_shard_writer_commit(bl_shard_writer *w);
+void bl_shard_writer_abort(bl_shard_writer *w);
 
 typedef struct bl_loader bl_loader;
 

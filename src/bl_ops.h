@@ -22,7 +22,7 @@
  *    (offset + i/4), lane i%4, u = (x >> 8) * 2^-24, keep = (u >= p), kept
  *    values scaled by 1/(1-p). The same (seed, offset) gives the same mask on
  *    every device; an op consumes ceil(numel/4) counter blocks.
- *  - Tensors on cuda:N run the CUDA twin (kernels/<op>.cu, contracts in
+ *  - Tensors on cuda:N run the CUDA twin (in kernels/, contracts in
  *    src/device/cuda_ops.h) behind the same entry point; all tensors of a
  *    call must be on one device (else an error naming both). Attention has a
  *    device-independent pair (bl_attention_*_saved) because the two devices
@@ -141,7 +141,7 @@ int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_
  * lse[b,h,q] = log sum_k exp(score[q,k]) (scaled and masked scores, before
  * dropout) and recomputes P in backward, for which it needs the forward
  * output ctx and the same key_mask again. These entry points carry both, so a
- * module never asks which device it runs on:
+ * module's only device-dependent call is asking for the shape of `saved`:
  *  - bl_attention_saved_shape(device, B, S, heads, shape[4]) returns the ndim
  *    of `saved` and fills shape: 4 = [B, heads, S, S] on the CPU, 3 =
  *    [B, heads, S] on cuda:N. `saved` is a contiguous f32 tensor.

@@ -1,68 +1,7 @@
 /* bertlua — optimizers over flat parameter buffers: LAMB (NVIDIA's BERT
  * pre-training optimizer), AdamW / BertAdam, SGD, global gradient norm,
- * fused unscale + inf/NaN check for dynamic loss scaling.
- *
- * Layout. Parameters, gradients and each optimizer moment are ONE flat,
- * contiguous f32 tensor each (any shape; only numel matters), all with the
- * same numel. Parameter tensor k is the segment [offset[k], offset[k] +
- * length[k]) of every flat buffer. Segments must lie inside the buffers and
- * must not overlap; they need not cover the buffer (alignment padding between
- * them is never read for norms nor written). One call updates all segments.
- *
- * Gradients. Every step reads g_eff = grad_scale * g / clip, where grad_scale
- * is the caller's multiplier (e.g. 1/loss_scale, 1/accumulation_steps; 1.0
- * if the gradients are ready) and clip = max(1, ||grad_scale*g|| /
- * max_grad_norm) when max_grad_norm > 0 (NVIDIA/apex "global gradient norm
- * pre-normalisation"; exactly apex's rule: divide by norm/max_grad_norm, no
- * epsilon). The global norm is over all segments, accumulated in f64 over
- * fixed 16K-element chunks summed in order, so it is bitwise reproducible
- * whatever the thread count. Pass grad_norm >= 0 to supply the norm of
- * grad_scale*g yourself (e.g. from bl_grad_global_norm), or a negative
- * value to have it computed. The gradient buffer is never modified.
- *
- * Non-finite gradients. If the norm is inf/NaN the step returns BL_EINVAL
- * ("...: non-finite gradient ...") BEFORE writing anything: weights and
- * moments are untouched. With fp16 use the loss scaler (bertlua.train.amp), which
- * detects the overflow first and skips the step.
- *
- * Weight decay is applied only to segments with decay[k] != 0 (decay NULL =
- * all). Decoupled (AdamW) decay is added to the update, u += wd*w; with
- * adam_w_mode = 0 it is classic L2 (g += wd*w before the moments).
- *
- * `step` is the 1-based count of this update (bias corrections 1-beta^step).
- * Devices: all buffers on the CPU, or all on one cuda:N (mixed is an error);
- * on cuda the same step runs as kernels (kernels/optim.cu), with the same
- * results up to f32 rounding of the element math and the order of f64 sums.
- *
- * LAMB, per segment (apex FusedLAMB / multi_tensor_lamb.cu semantics, used by
- * NVIDIA DeepLearningExamples BERT):
- *   m = b1*m + (1-b1)*g_eff          (grad_averaging = 0: m = b1*m + g_eff)
- *   v = b2*v + (1-b2)*g_eff^2
- *   u = (m/bc1) / (sqrt(v/bc2) + eps) + wd*w      bc = 1-b^step, or 1 when
- *                                                 bias_correction = 0
- *   trust = ||w|| / ||u||, 1 if either norm is 0  (norms of this segment)
- *   w -= lr * trust * u
- * The trust ratio applies where decay applies (decay[k] != 0 and
- * weight_decay != 0), as in apex with NVIDIA's two parameter groups
- * (weight_decay 0.01 / 0.0 for bias, LayerNorm): no-decay segments take a
- * plain Adam step w -= lr*u. use_nvlamb = 1 applies the trust ratio to every
- * segment (apex use_nvlamb=True). Options for the paper / other variants:
- * max_weight_norm > 0 uses phi(||w||) = min(||w||, max_weight_norm) in the
- * numerator (the paper's phi; cybertronai/pytorch-lamb clamps at 10);
- * max_trust_ratio > 0 clamps the ratio (timm's trust_clip); 0 = off.
- *
- * AdamW (torch.optim.AdamW / apex FusedAdam adam_w_mode when
- * bias_correction = 1; the original BERT "BertAdam" when bias_correction = 0):
- *   m, v as above;  u = (m/bc1)/(sqrt(v/bc2)+eps) + wd*w;  w -= lr*u
- * per_segment_clip = 1 clips each segment's gradient to max_grad_norm
- * separately with torch.nn.utils.clip_grad_norm_'s rule (coef =
- * max/(norm+1e-6) when < 1), as BertAdam did, instead of globally.
- *
- * SGD (torch.optim.SGD semantics):
- *   d = g_eff + wd*w;  momentum: buf = d at step 1, else
- *   buf = momentum*buf + (1-dampening)*d;  d = nesterov ? d + momentum*buf : buf
- *   w -= lr*d          (buf may be NULL when momentum == 0)
- */
+ * fused unscale + inf/NaN check for dynamic loss scaling. The contract of
+ * each piece is stated beside its declaration below. */
 #ifndef BL_OPTIM_H
 #define BL_OPTIM_H
 #include "bl_tensor.h"
@@ -72,6 +11,12 @@ extern "C" {
 #endif
 
 /* BL_CDEF_BEGIN */
+/* Layout. Parameters, gradients and each optimizer moment are ONE flat,
+ * contiguous f32 tensor each (any shape; only numel matters), all with the
+ * same numel. Parameter tensor k is the segment [offset[k], offset[k] +
+ * length[k]) of every flat buffer. Segments must lie inside the buffers and
+ * must not overlap; they need not cover the buffer (alignment padding between
+ * them is never read for norms nor written). One call updates all segments. */
 typedef struct bl_optim_segments {
   int32_t count;
   int32_t pad_;
@@ -87,6 +32,22 @@ typedef struct bl_optim_stats {
   int32_t pad_;
 } bl_optim_stats;
 
+/* LAMB, per segment (apex FusedLAMB / multi_tensor_lamb.cu semantics, used by
+ * NVIDIA DeepLearningExamples BERT):
+ *   m = b1*m + (1-b1)*g_eff          (grad_averaging = 0: m = b1*m + g_eff)
+ *   v = b2*v + (1-b2)*g_eff^2
+ *   u = (m/bc1) / (sqrt(v/bc2) + eps) + wd*w      bc = 1-b^step, or 1 when
+ *                                                 bias_correction = 0
+ *   trust = ||w|| / ||u||, 1 if either norm is 0  (norms of this segment)
+ *   w -= lr * trust * u
+ * The trust ratio applies where decay applies (decay[k] != 0 and
+ * weight_decay != 0), as in apex with NVIDIA's two parameter groups
+ * (weight_decay 0.01 / 0.0 for bias, LayerNorm): no-decay segments take a
+ * plain Adam step w -= lr*u. use_nvlamb = 1 applies the trust ratio to every
+ * segment (apex use_nvlamb=True). Options for the paper / other variants:
+ * max_weight_norm > 0 uses phi(||w||) = min(||w||, max_weight_norm) in the
+ * numerator (the paper's phi; cybertronai/pytorch-lamb clamps at 10);
+ * max_trust_ratio > 0 clamps the ratio (timm's trust_clip); 0 = off. */
 typedef struct bl_lamb_config {
   double beta1;            /* 0.9 */
   double beta2;            /* 0.999 */
@@ -101,6 +62,12 @@ typedef struct bl_lamb_config {
   int32_t grad_averaging;  /* 1: (1-beta1) on g in m */
 } bl_lamb_config;
 
+/* AdamW (torch.optim.AdamW / apex FusedAdam adam_w_mode when
+ * bias_correction = 1; the original BERT "BertAdam" when bias_correction = 0):
+ *   m, v as above;  u = (m/bc1)/(sqrt(v/bc2)+eps) + wd*w;  w -= lr*u
+ * per_segment_clip = 1 clips each segment's gradient to max_grad_norm
+ * separately with torch.nn.utils.clip_grad_norm_'s rule (coef =
+ * max/(norm+1e-6) when < 1), as BertAdam did, instead of globally. */
 typedef struct bl_adamw_config {
   double beta1;            /* 0.9 */
   double beta2;            /* 0.999 */
@@ -113,6 +80,10 @@ typedef struct bl_adamw_config {
   int32_t pad_;
 } bl_adamw_config;
 
+/* SGD (torch.optim.SGD semantics):
+ *   d = g_eff + wd*w;  momentum: buf = d at step 1, else
+ *   buf = momentum*buf + (1-dampening)*d;  d = nesterov ? d + momentum*buf : buf
+ *   w -= lr*d          (buf may be NULL when momentum == 0) */
 typedef struct bl_sgd_config {
   double momentum;         /* 0 = plain SGD */
   double dampening;        /* 0 */
@@ -140,7 +111,32 @@ int bl_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
  * gradients into f32 master gradients in one pass. */
 int bl_unscale_to_f32(bl_tensor *out, const bl_tensor *grads, double inv_scale, int *found_inf);
 
-/* stats may be NULL. */
+/* The three steps. Gradients: every step reads g_eff = grad_scale * g / clip, where grad_scale
+ * is the caller's multiplier (e.g. 1/loss_scale, 1/accumulation_steps; 1.0
+ * if the gradients are ready) and clip = max(1, ||grad_scale*g|| /
+ * max_grad_norm) when max_grad_norm > 0 (NVIDIA/apex "global gradient norm
+ * pre-normalisation"; exactly apex's rule: divide by norm/max_grad_norm, no
+ * epsilon). The global norm is over all segments, accumulated in f64 over
+ * fixed 16K-element chunks summed in order, so it is bitwise reproducible
+ * whatever the thread count. Pass grad_norm >= 0 to supply the norm of
+ * grad_scale*g yourself (e.g. from bl_grad_global_norm), or a negative
+ * value to have it computed. The gradient buffer is never modified.
+ *
+ * Non-finite gradients. If the norm is inf/NaN the step returns BL_EINVAL
+ * ("...: non-finite gradient ...") BEFORE writing anything: weights and
+ * moments are untouched. With fp16 use the loss scaler (bertlua.train.amp), which
+ * detects the overflow first and skips the step.
+ *
+ * Weight decay is applied only to segments with decay[k] != 0 (decay NULL =
+ * all). Decoupled (AdamW) decay is added to the update, u += wd*w; with
+ * adam_w_mode = 0 it is classic L2 (g += wd*w before the moments).
+ *
+ * `step` is the 1-based count of this update (bias corrections 1-beta^step).
+ * Devices: all buffers on the CPU, or all on one cuda:N (mixed is an error);
+ * on cuda the same step runs as kernels (kernels/optim.cu), with the same
+ * results up to f32 rounding of the element math and the order of f64 sums.
+ *
+ * stats may be NULL. */
 int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
                  const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
                  bl_optim_stats *stats);

@@ -38,6 +38,9 @@ end
 function M.nccl_compiled() return C.bl_nccl_compiled() == 1 end
 function M.num_threads() return C.bl_num_threads() end
 function M.set_num_threads(n) C.bl_set_num_threads(n) end
+-- set_cpu_isa(name): the vector path of our CPU ops (as BL_CPU_ISA: avx512, avx2, baseline); an error for
+-- one this CPU lacks
+function M.set_cpu_isa(name) check(C.bl_cpu_set_isa(name)) end
 -- SIGINT/SIGTERM recorded instead of killing: loops poll stop_signal() (0 or the signal) and stop together
 function M.stop_watch() C.bl_stop_watch() end
 function M.stop_signal() return C.bl_stop_signal() end

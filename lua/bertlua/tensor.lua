@@ -203,6 +203,12 @@ function Generator:set_state(s) self.seed, self.offset = s.seed, s.offset end
 M.default_generator = M.Generator(0)
 function M.manual_seed(seed) M.default_generator = M.Generator(seed) return M.default_generator end
 
+-- normal_(seed, offset, mean, std): fill t in place from the Philox stream (seed, offset)
+function methods.normal_(t, seed, offset, mean, std)
+  check(C.bl_rand_normal(t, seed, offset, mean or 0, std or 1))
+  return t
+end
+
 local function random_fill(kind, shape, opts)
   opts = opts or {}
   local t = M.empty(shape, { dtype = opts.dtype, device = "cpu" })
@@ -213,7 +219,7 @@ local function random_fill(kind, shape, opts)
   end
   offset = offset or 0
   if kind == "normal" then
-    check(C.bl_rand_normal(t, seed, offset, opts.mean or 0, opts.std or 1))
+    methods.normal_(t, seed, offset, opts.mean, opts.std)
   else
     check(C.bl_rand_uniform(t, seed, offset, opts.low or 0, opts.high or 1))
   end
@@ -273,6 +279,7 @@ function methods.ptr(t)
   return ffi.cast(PTRTYPE[t.dtype_], t.data_)
 end
 function methods.nbytes(t) return tonumber(C.bl_tensor_nbytes(t)) end
+function methods.element_size(t) return tonumber(C.bl_dtype_size(t.dtype_)) end
 
 function methods.free(t)
   C.bl_tensor_release(t)
@@ -382,6 +389,18 @@ end
 function methods.alias(t)
   local out = tensor_out()
   check(C.bl_tensor_alias(t, out))
+  return wrap(out[0])
+end
+
+-- as_strided(shape, strides[, offset]): a view of t's storage (strides and offset in elements; offset
+-- defaults to t's own)
+function methods.as_strided(t, shape, strides, offset)
+  live(t, "as_strided")
+  local nd = #shape
+  local sh, st = ffi.new("int64_t[?]", math.max(nd, 1)), ffi.new("int64_t[?]", math.max(nd, 1))
+  for i = 1, nd do sh[i - 1], st[i - 1] = shape[i], strides[i] end
+  local out = tensor_out()
+  check(C.bl_tensor_as_strided(t, nd, sh, st, offset or t.offset_, out))
   return wrap(out[0])
 end
 

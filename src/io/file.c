@@ -1,5 +1,4 @@
-/* Bounds-checked positional reads and atomic (temp + fsync + rename) writes.
- * Contract in src/bl_io.h. */
+/* Bounds-checked positional reads. Contract in src/bl_io.h. */
 #define _GNU_SOURCE
 #include "bl_io.h"
 
@@ -13,10 +12,8 @@
 
 struct bl_file {
   int fd;
-  int writing;      /* 1: atomic write in progress (tmp holds the temp path) */
   int64_t size;     /* read mode: size at open time */
-  char *path;       /* destination (write) or source (read) */
-  char *tmp;
+  char *path;
 };
 
 static char *dup_str(const char *s) {
@@ -58,7 +55,6 @@ const char *bl_file_path(const bl_file *f) { return f ? f->path : ""; }
 
 int bl_file_read_at(bl_file *f, int64_t offset, void *dst, int64_t n) {
   if (!f || (!dst && n > 0)) return bl_set_error(BL_EINVAL, "file: NULL argument");
-  if (f->writing) return bl_set_error(BL_EINVAL, "file: %s is open for writing", f->path);
   if (offset < 0 || n < 0 || offset > f->size || n > f->size - offset)
     return bl_set_error(BL_EFORMAT, "file: %s: range [%lld, %lld) is outside the file (%lld bytes)",
                         f->path, (long long)offset, (long long)offset + (long long)n, (long long)f->size);
@@ -79,77 +75,9 @@ int bl_file_read_at(bl_file *f, int64_t offset, void *dst, int64_t n) {
   return 0;
 }
 
-int bl_file_create_atomic(const char *path, bl_file **res) {
-  if (!path || !res) return bl_set_error(BL_EINVAL, "file: NULL path");
-  *res = NULL;
-  bl_file *f = calloc(1, sizeof *f);
-  size_t n = strlen(path) + 32;
-  if (!f || !(f->path = dup_str(path)) || !(f->tmp = malloc(n))) {
-    if (f) { free(f->path); free(f); }
-    return bl_set_error(BL_ENOMEM, "file: out of memory creating %s", path);
-  }
-  snprintf(f->tmp, n, "%s.tmp.%ld", path, (long)getpid());
-  f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (f->fd < 0) {
-    int e = errno;
-    free(f->tmp); free(f->path); free(f);
-    return bl_set_error(BL_EIO, "file: cannot create %s (temporary for %s): %s", path, path, strerror(e));
-  }
-  f->writing = 1;
-  *res = f;
-  return 0;
-}
-
-int bl_file_write(bl_file *f, const void *src, int64_t n) {
-  if (!f || (!src && n > 0)) return bl_set_error(BL_EINVAL, "file: NULL argument");
-  if (!f->writing) return bl_set_error(BL_EINVAL, "file: %s is not open for writing", f->path);
-  const char *p = src;
-  while (n > 0) {
-    ssize_t w = write(f->fd, p, (size_t)(n > (1 << 30) ? (1 << 30) : n));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return bl_set_error(BL_EIO, "file: write error on %s: %s", f->path, strerror(errno));
-    }
-    p += w;
-    n -= w;
-  }
-  return 0;
-}
-
-static void fsync_dir_of(const char *path) {
-  char *d = dup_str(path);
-  if (!d) return;
-  char *slash = strrchr(d, '/');
-  const char *dir = ".";
-  if (slash == d) dir = "/";
-  else if (slash) { *slash = 0; dir = d; }
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) { fsync(fd); close(fd); }  /* best effort: some filesystems refuse dir fsync */
-  free(d);
-}
-
-int bl_file_commit(bl_file *f) {
-  if (!f) return bl_set_error(BL_EINVAL, "file: NULL argument");
-  if (!f->writing) { bl_file_close(f); return 0; }
-  int rc = 0;
-  if (fsync(f->fd) != 0) rc = bl_set_error(BL_EIO, "file: fsync of %s failed: %s", f->tmp, strerror(errno));
-  if (close(f->fd) != 0 && rc == 0) rc = bl_set_error(BL_EIO, "file: close of %s failed: %s", f->tmp, strerror(errno));
-  f->fd = -1;
-  if (rc == 0 && rename(f->tmp, f->path) != 0)
-    rc = bl_set_error(BL_EIO, "file: cannot rename %s to %s: %s", f->tmp, f->path, strerror(errno));
-  if (rc == 0) {
-    fsync_dir_of(f->path);
-    f->writing = 0;
-  }
-  bl_file_close(f);
-  return rc;
-}
-
 void bl_file_close(bl_file *f) {
   if (!f) return;
   if (f->fd >= 0) close(f->fd);
-  if (f->writing && f->tmp) unlink(f->tmp);
-  free(f->tmp);
   free(f->path);
   free(f);
 }

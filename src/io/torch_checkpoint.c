@@ -1,8 +1,6 @@
-/* torch.save reader: zip archive (or the legacy stream) + a pickle VM that can only build state dicts.
+/* torch.save reader: zip archive (torch_zip.c) or the legacy stream + a pickle VM that can only build state dicts.
  *
- * Zip: the end-of-central-directory record (zip64 when the sizes need it),
- * then the central directory; entries must be stored (torch never compresses)
- * and lie inside the file. The pickle (ARCHIVE/data.pkl) runs on a VM with
+ * The pickle (ARCHIVE/data.pkl) runs on a VM with
  * no code execution at all: values are plain data (None, bool, int, float,
  * str, bytes, tuple, list, dict) plus storages and tensors, and the only
  * globals it resolves are those torch writes for tensors and state dicts;
@@ -11,174 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "ckpt_internal.h"
+#include "torch_zip.h"
 
-#define WHAT "torch checkpoint"
+#define WHAT TZIP_WHAT
 #define MAX_PICKLE_BYTES (256ll << 20)
-#define MAX_CD_BYTES (256ll << 20)
 #define MAX_VALUES (4 << 20)
 #define MAX_MEMO (4 << 20)
 #define MAX_NAME 1024
 #define MAX_DEPTH 200
-
-/* ------------------------------------------------------------------ zip */
-typedef struct {
-  char *name;
-  uint64_t lho, csize, usize;
-  uint32_t crc;
-  int method, flags;
-} zip_entry;
-
-typedef struct {
-  bl_ckpt *c;
-  bl_file *f;
-  int64_t fsize;
-  zip_entry *ents;
-  int64_t nents;
-  char *prefix;  /* "archive" for archive/data.pkl */
-} zip_reader;
-
-static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t le32(const uint8_t *p) {
-  return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t le64(const uint8_t *p) { return le32(p) | (uint64_t)le32(p + 4) << 32; }
-
-static int zerr(zip_reader *z, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int zerr(zip_reader *z, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int rc = bl_ckpt_vfail_(WHAT, z->c->path, fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
-/* zip64 extended information: the fields whose 32-bit value is all ones, in this order */
-static int zip64_extra(const uint8_t *x, size_t xlen, zip_entry *e, int need_u, int need_c, int need_o) {
-  while (xlen >= 4) {
-    uint16_t id = le16(x), n = le16(x + 2);
-    if ((size_t)n > xlen - 4) return -1;
-    if (id == 1) {
-      const uint8_t *p = x + 4, *end = p + n;
-      if (need_u) { if (end - p < 8) return -1; e->usize = le64(p); p += 8; }
-      if (need_c) { if (end - p < 8) return -1; e->csize = le64(p); p += 8; }
-      if (need_o) { if (end - p < 8) return -1; e->lho = le64(p); }
-      return 0;
-    }
-    x += 4 + n;
-    xlen -= 4 + (size_t)n;
-  }
-  return need_u || need_c || need_o ? -1 : 0;
-}
-
-static int zip_central(zip_reader *z, uint64_t cd_off, uint64_t cd_size, uint64_t count) {
-  if (cd_off > (uint64_t)z->fsize || cd_size > (uint64_t)z->fsize - cd_off || cd_size > MAX_CD_BYTES)
-    return zerr(z, "the zip central directory (offset %llu, %llu bytes) is outside the file: truncated?",
-                (unsigned long long)cd_off, (unsigned long long)cd_size);
-  if (count > cd_size / 46) return zerr(z, "the zip directory claims %llu entries in %llu bytes",
-                                        (unsigned long long)count, (unsigned long long)cd_size);
-  uint8_t *cd = malloc(cd_size ? cd_size : 1);
-  z->ents = calloc(count ? count : 1, sizeof *z->ents);
-  if (!cd || !z->ents) { free(cd); return bl_set_error(BL_ENOMEM, WHAT ": %s: out of memory", z->c->path); }
-  int rc = bl_file_read_at(z->f, (int64_t)cd_off, cd, (int64_t)cd_size);
-  const uint8_t *p = cd, *end = cd + cd_size;
-  for (uint64_t i = 0; i < count && rc == 0; i++) {
-    if (end - p < 46 || le32(p) != 0x02014b50) {
-      rc = zerr(z, "zip directory entry %llu is malformed", (unsigned long long)i);
-      break;
-    }
-    zip_entry *e = &z->ents[i];
-    e->flags = le16(p + 8);
-    e->method = le16(p + 10);
-    e->crc = le32(p + 16);
-    e->csize = le32(p + 20);
-    e->usize = le32(p + 24);
-    size_t nlen = le16(p + 28), xlen = le16(p + 30), clen = le16(p + 32);
-    e->lho = le32(p + 42);
-    if ((size_t)(end - p) - 46 < nlen + xlen + clen) {
-      rc = zerr(z, "zip directory entry %llu is truncated", (unsigned long long)i);
-      break;
-    }
-    if (!(e->name = malloc(nlen + 1))) { rc = bl_set_error(BL_ENOMEM, WHAT ": out of memory"); break; }
-    memcpy(e->name, p + 46, nlen);
-    e->name[nlen] = 0;
-    z->nents = (int64_t)i + 1;
-    if (zip64_extra(p + 46 + nlen, xlen, e, e->usize == 0xffffffffu, e->csize == 0xffffffffu, e->lho == 0xffffffffu))
-      rc = zerr(z, "zip entry '%s' has a malformed zip64 extra field", e->name);
-    p += 46 + nlen + xlen + clen;
-  }
-  free(cd);
-  return rc;
-}
-
-static int zip_open(zip_reader *z) {
-  BL_CHECK(bl_file_size(z->f, &z->fsize));
-  int64_t tail = z->fsize < 65557 ? z->fsize : 65557;  /* EOCD (22) + the longest comment */
-  if (tail < 22) return zerr(z, "%lld bytes is too short for a zip archive: truncated?", (long long)z->fsize);
-  uint8_t *t = malloc((size_t)tail);
-  if (!t) return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
-  int rc = bl_file_read_at(z->f, z->fsize - tail, t, tail);
-  int64_t at = -1;
-  for (int64_t i = tail - 22; rc == 0 && i >= 0; i--)
-    if (le32(t + i) == 0x06054b50) { at = i; break; }
-  uint64_t count = 0, cd_size = 0, cd_off = 0;
-  if (rc == 0 && at < 0) rc = zerr(z, "no zip end-of-directory record: truncated, or not a torch.save zip file");
-  if (rc == 0) {
-    count = le16(t + at + 10);
-    cd_size = le32(t + at + 12);
-    cd_off = le32(t + at + 16);
-    if (count == 0xffff || cd_size == 0xffffffffu || cd_off == 0xffffffffu) {
-      uint8_t loc[20], e64[56];
-      int64_t lpos = z->fsize - tail + at - 20;
-      if (lpos < 0 || bl_file_read_at(z->f, lpos, loc, 20) || le32(loc) != 0x07064b50)
-        rc = zerr(z, "zip64 archive without a zip64 end-of-directory locator");
-      else if (le64(loc + 8) > (uint64_t)z->fsize - 56 || bl_file_read_at(z->f, (int64_t)le64(loc + 8), e64, 56) ||
-               le32(e64) != 0x06064b50)
-        rc = zerr(z, "the zip64 end-of-directory record is missing or outside the file");
-      else {
-        count = le64(e64 + 32);
-        cd_size = le64(e64 + 40);
-        cd_off = le64(e64 + 48);
-      }
-    }
-  }
-  free(t);
-  if (rc == 0) rc = zip_central(z, cd_off, cd_size, count);
-  return rc;
-}
-
-static zip_entry *zip_find(zip_reader *z, const char *prefix, const char *rest) {
-  size_t pl = strlen(prefix);
-  for (int64_t i = 0; i < z->nents; i++) {
-    const char *n = z->ents[i].name;
-    if (strncmp(n, prefix, pl) == 0 && n[pl] == '/' && strcmp(n + pl + 1, rest) == 0) return &z->ents[i];
-  }
-  return NULL;
-}
-
-/* Offset of e's bytes (after its local header), checked to lie inside the file. */
-static int zip_data(zip_reader *z, const zip_entry *e, int64_t *off) {
-  uint8_t h[30];
-  if (e->flags & 1) return zerr(z, "zip entry '%s' is encrypted", e->name);
-  if (e->method != 0 || e->csize != e->usize)
-    return zerr(z, "zip entry '%s' is compressed (method %d); torch.save writes stored entries", e->name, e->method);
-  if (e->lho > (uint64_t)z->fsize - 30 || z->fsize < 30 || bl_file_read_at(z->f, (int64_t)e->lho, h, 30) ||
-      le32(h) != 0x04034b50)
-    return zerr(z, "zip entry '%s': no local header at offset %llu: truncated or corrupt archive", e->name,
-                (unsigned long long)e->lho);
-  uint64_t d = e->lho + 30 + le16(h + 26) + le16(h + 28);
-  if (d > (uint64_t)z->fsize || e->usize > (uint64_t)z->fsize - d)
-    return zerr(z, "zip entry '%s' (%llu bytes at offset %llu) runs past the end of the file (%lld bytes): truncated?",
-                e->name, (unsigned long long)e->usize, (unsigned long long)d, (long long)z->fsize);
-  *off = (int64_t)d;
-  return 0;
-}
-
-static void zip_free(zip_reader *z) {
-  for (int64_t i = 0; i < z->nents; i++) free(z->ents[i].name);
-  free(z->ents);
-  free(z->prefix);
-}
 
 /* ------------------------------------------------------------------ pickle values */
 enum { V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_BYTES, V_TUPLE, V_LIST, V_DICT, V_GLOBAL, V_STORAGE, V_TENSOR, V_MARK };
@@ -393,10 +231,10 @@ static val *persistent(vm *m, val *pid) {
   if (strlen(key) > 200 || numel < 0) { perr(m, "bad storage key or size"); return NULL; }
   if (m->legacy) return legacy_storage(m, pid);
   snprintf(rest, sizeof rest, "data/%s", key);
-  zip_entry *e = zip_find(m->z, m->z->prefix, rest);
+  zip_entry *e = tzip_find(m->z, m->z->prefix, rest);
   if (!e) { perr(m, "storage '%s' has no entry %s/%s in the archive", key, m->z->prefix, rest); return NULL; }
   val *s = new_val(m, V_STORAGE);
-  if (!s || zip_data(m->z, e, &s->data_off)) return NULL;
+  if (!s || tzip_data(m->z, e, &s->data_off)) return NULL;
   s->dtype = g->dtype;
   s->esize = g->esize;
   s->dtname = g->dtname;
@@ -639,15 +477,15 @@ static int add_tensor(vm *m, val *t) {
   bl_ckpt *c = m->z->c;
   /* the largest element index must lie inside the storage */
   int64_t last = t->off, numel = bl_ckpt_numel_(t->ndim, t->shape);
-  if (numel < 0) return zerr(m->z, "tensor '%s': its size overflows 64 bits", m->name);
+  if (numel < 0) return tzip_err(m->z, "tensor '%s': its size overflows 64 bits", m->name);
   for (int d = 0; d < t->ndim && numel > 0; d++) {
     int64_t span;
     if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &span) || __builtin_add_overflow(last, span, &last))
-      return zerr(m->z, "tensor '%s': its strides overflow 64 bits", m->name);
+      return tzip_err(m->z, "tensor '%s': its strides overflow 64 bits", m->name);
   }
   if (numel > 0 && last >= t->storage->i)
-    return zerr(m->z, "tensor '%s' (offset %lld, last element %lld) reaches past its storage (%lld elements)", m->name,
-                (long long)t->off, (long long)last, (long long)t->storage->i);
+    return tzip_err(m->z, "tensor '%s' (offset %lld, last element %lld) reaches past its storage (%lld elements)",
+                    m->name, (long long)t->off, (long long)last, (long long)t->storage->i);
   bl_ckpt_item *it = bl_ckpt_add_(c, m->name, strlen(m->name));
   if (!it) return BL_ENOMEM;
   val *s = t->storage;
@@ -731,22 +569,23 @@ static int legacy_bind(vm *m, val *keys, int64_t off) {
     if (key->type != V_STR) return perr(m, "a storage key is not a string");
     for (size_t j = 0; j < m->ns && !s; j++)
       if (strcmp(m->storages[j]->s, key->s) == 0) s = m->storages[j];
-    if (!s || s->data_off >= 0) return zerr(z, "storage '%s' is listed but not used once by the pickle", key->s);
+    if (!s || s->data_off >= 0) return tzip_err(z, "storage '%s' is listed but not used once by the pickle", key->s);
     uint8_t h[8];
     if (off > z->fsize - 8 || bl_file_read_at(z->f, off, h, 8))
-      return zerr(z, "storage '%s': the file ends at %lld, before its data: truncated?", key->s, (long long)z->fsize);
+      return tzip_err(z, "storage '%s': the file ends at %lld, before its data: truncated?", key->s,
+                      (long long)z->fsize);
     int64_t numel = (int64_t)le64(h), nb;
-    if (numel != s->i) return zerr(z, "storage '%s': the file says %lld elements, the pickle %lld", key->s,
+    if (numel != s->i) return tzip_err(z, "storage '%s': the file says %lld elements, the pickle %lld", key->s,
                                    (long long)numel, (long long)s->i);
     if (__builtin_mul_overflow(numel, (int64_t)s->esize, &nb) || nb > z->fsize - off - 8)
-      return zerr(z, "storage '%s' (%lld x %d bytes at %lld) runs past the end of the file: truncated?", key->s,
+      return tzip_err(z, "storage '%s' (%lld x %d bytes at %lld) runs past the end of the file: truncated?", key->s,
                   (long long)numel, s->esize, (long long)off + 8);
     s->data_off = off + 8;
     s->data_len = nb;
     off += 8 + nb;
   }
   for (size_t j = 0; j < m->ns; j++)
-    if (m->storages[j]->data_off < 0) return zerr(z, "storage '%s' is missing from the file", m->storages[j]->s);
+    if (m->storages[j]->data_off < 0) return tzip_err(z, "storage '%s' is missing from the file", m->storages[j]->s);
   return 0;
 }
 
@@ -763,12 +602,12 @@ static int open_legacy(bl_ckpt *c, zip_reader *z) {
     rc = perr(&m, "protocol version is not 1001: not a torch.save file this reader knows");
   if (rc == 0) rc = run_next(&m, &info);
   if (rc == 0 && (le = dict_get(info, "little_endian")) && le->type == V_BOOL && !le->i)
-    rc = zerr(z, "the tensors are stored big-endian; only little-endian is read");
+    rc = tzip_err(z, "the tensors are stored big-endian; only little-endian is read");
   if (rc == 0) rc = run_next(&m, &root);
   if (rc == 0) rc = run_next(&m, &keys);
   if (rc == 0) rc = legacy_bind(&m, keys, (int64_t)(m.p - m.start));
   if (rc == 0) rc = collect(&m, root, 0, 0);
-  if (rc == 0 && c->n == 0) rc = zerr(z, "the pickled object holds no tensors");
+  if (rc == 0 && c->n == 0) rc = tzip_err(z, "the pickled object holds no tensors");
   vm_free(&m);
   free(buf);
   return rc;
@@ -781,41 +620,41 @@ static int open_torch(bl_ckpt *c, zip_reader *z) {
   BL_CHECK(bl_file_size(z->f, &z->fsize));
   if (z->fsize >= (int64_t)sizeof magic) BL_CHECK(bl_file_read_at(z->f, 0, magic, sizeof magic));
   if (memcmp(magic, LEGACY_MAGIC, sizeof magic) == 0) return open_legacy(c, z);
-  if (le32(magic) != 0x04034b50) return zerr(z, "not a zip archive: not a torch.save file, or truncated");
-  BL_CHECK(zip_open(z));
+  if (le32(magic) != 0x04034b50) return tzip_err(z, "not a zip archive: not a torch.save file, or truncated");
+  BL_CHECK(tzip_open(z));
   zip_entry *pk = NULL;
   for (int64_t i = 0; i < z->nents && !pk; i++) {
     const char *n = z->ents[i].name, *sl = strchr(n, '/');
     if (sl && strcmp(sl, "/data.pkl") == 0) pk = &z->ents[i];
   }
-  if (!pk) return zerr(z, "no ARCHIVE/data.pkl entry: not a torch.save archive");
+  if (!pk) return tzip_err(z, "no ARCHIVE/data.pkl entry: not a torch.save archive");
   size_t pl = (size_t)(strchr(pk->name, '/') - pk->name);
   if (!(z->prefix = strndup(pk->name, pl))) return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
-  zip_entry *bo = zip_find(z, z->prefix, "byteorder");
+  zip_entry *bo = tzip_find(z, z->prefix, "byteorder");
   if (bo) {
     char buf[8] = {0};
     int64_t off;
-    BL_CHECK(zip_data(z, bo, &off));
+    BL_CHECK(tzip_data(z, bo, &off));
     if (bo->usize > 7 || bl_file_read_at(z->f, off, buf, (int64_t)bo->usize) || strcmp(buf, "little"))
-      return zerr(z, "the tensors are stored big-endian (byteorder '%s'); only little-endian is read", buf);
+      return tzip_err(z, "the tensors are stored big-endian (byteorder '%s'); only little-endian is read", buf);
   }
   int64_t off;
-  BL_CHECK(zip_data(z, pk, &off));
-  if (pk->usize > MAX_PICKLE_BYTES) return zerr(z, "data.pkl is %llu bytes: too large for a state dict",
+  BL_CHECK(tzip_data(z, pk, &off));
+  if (pk->usize > MAX_PICKLE_BYTES) return tzip_err(z, "data.pkl is %llu bytes: too large for a state dict",
                                                 (unsigned long long)pk->usize);
   uint8_t *pkl = malloc(pk->usize ? pk->usize : 1);
   if (!pkl) return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
   int rc = bl_file_read_at(z->f, off, pkl, (int64_t)pk->usize);
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  /* the fuzz targets skip it to reach the pickle VM */
   if (rc == 0 && bl_crc32(0, pkl, pk->usize) != pk->crc)
-    rc = zerr(z, "%s fails its zip CRC-32 check: corrupt file", pk->name);
+    rc = tzip_err(z, "%s fails its zip CRC-32 check: corrupt file", pk->name);
 #endif
   vm m = {.z = z, .p = pkl, .end = pkl + pk->usize, .start = pkl};
   snprintf(m.where, sizeof m.where, "%s/data.pkl", z->prefix);
   val *root = NULL;
   if (rc == 0) rc = run(&m, &root);
   if (rc == 0) rc = collect(&m, root, 0, 0);
-  if (rc == 0 && c->n == 0) rc = zerr(z, "the pickled object holds no tensors");
+  if (rc == 0 && c->n == 0) rc = tzip_err(z, "the pickled object holds no tensors");
   vm_free(&m);
   free(pkl);
   return rc;
@@ -828,7 +667,7 @@ int bl_ckpt_open_torch(const char *path, bl_ckpt **res) {
   if (!c) return BL_ENOMEM;
   zip_reader z = {.c = c};
   int rc = open_torch(c, &z);
-  zip_free(&z);
+  tzip_free(&z);
   if (rc) { bl_ckpt_close(c); return rc; }
   *res = c;
   return 0;

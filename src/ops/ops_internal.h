@@ -12,6 +12,7 @@
 #include <string.h>
 #include "bl_base.h"
 #include "bl_tensor.h"
+#include "base/half.h"
 
 /* A contiguous f32 image of a tensor. `owned` = scratch to free/store back. */
 typedef struct opx_buf {
@@ -60,40 +61,10 @@ int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids);
 void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep);
 int opx_check_p(const char *op, double p);
 
-/* float <-> half / bfloat16, round-to-nearest-even. */
-static inline float opx_h2f(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-  if (exp == 0) {
-    if (man == 0) bits = sign;
-    else {  /* subnormal: renormalise */
-      int e = -1;
-      do { man <<= 1; e++; } while (!(man & 0x400));
-      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-  } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
-  else bits = sign | ((exp + 112) << 23) | (man << 13);
-  float f; memcpy(&f, &bits, 4); return f;
-}
-static inline uint16_t opx_f2h(float f) {
-  uint32_t x; memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
-  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);  /* rounds to >= 65520: inf */
-  if (ax < 0x38800000u) {  /* subnormal half or zero */
-    if (ax < 0x33000000u) return (uint16_t)sign;
-    uint32_t e = ax >> 23, m = (ax & 0x7fffff) | 0x800000, shift = 126 - e;
-    uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1))) r++;
-    return (uint16_t)(sign | r);
-  }
-  uint32_t r = ax + 0xfffu + ((ax >> 13) & 1);  /* round to nearest even */
-  return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
-}
-static inline float opx_bf2f(uint16_t h) { uint32_t b = (uint32_t)h << 16; float f; memcpy(&f, &b, 4); return f; }
-static inline uint16_t opx_f2bf(float f) {
-  uint32_t x; memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
-  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
-}
+/* float <-> half / bfloat16: the core's one converter (base/half.h), inlined. */
+static inline float opx_h2f(uint16_t h) { return bl_half_f16_to_f32(h); }
+static inline uint16_t opx_f2h(float f) { return bl_half_f32_to_f16(f); }
+static inline float opx_bf2f(uint16_t h) { return bl_half_bf16_to_f32(h); }
+static inline uint16_t opx_f2bf(float f) { return bl_half_f32_to_bf16(f); }
 
 #endif

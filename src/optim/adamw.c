@@ -34,11 +34,7 @@ static void adamw_chunk(const adam_k *k, float *wp, const float *gp, float *mp, 
 
 static int check_cfg(const char *op, const bl_adamw_config *c) {
   if (!c) return BL_ERR("%s: config is NULL (use bl_adamw_config_default)", op);
-  BL_CHECK(opt_check_beta(op, "beta1", c->beta1));
-  BL_CHECK(opt_check_beta(op, "beta2", c->beta2));
-  if (!isfinite(c->eps) || c->eps < 0) return BL_ERR("%s: eps must be finite and >= 0, got %g", op, c->eps);
-  if (!isfinite(c->weight_decay) || c->weight_decay < 0)
-    return BL_ERR("%s: weight_decay must be finite and >= 0, got %g", op, c->weight_decay);
+  BL_CHECK(opt_check_adam_hyper(op, c->beta1, c->beta2, c->eps, c->weight_decay));
   return 0;
 }
 

@@ -150,8 +150,17 @@ void opt_chunk_sumsq(const opt_plan *p, const float *g, double grad_scale, doubl
   for (int64_t c = 0; c < p->nchunks; c++) part[c] = opt_sumsq(g + p->chunk_start[c], p->chunk_len[c], grad_scale);
 }
 
-int opt_check_beta(const char *op, const char *name, double b) {
+static int check_beta(const char *op, const char *name, double b) {
   if (!(b >= 0 && b < 1)) return BL_ERR("%s: %s must be in [0, 1), got %g", op, name, b);
+  return 0;
+}
+
+int opt_check_adam_hyper(const char *op, double beta1, double beta2, double eps, double weight_decay) {
+  BL_CHECK(check_beta(op, "beta1", beta1));
+  BL_CHECK(check_beta(op, "beta2", beta2));
+  if (!isfinite(eps) || eps < 0) return BL_ERR("%s: eps must be finite and >= 0, got %g", op, eps);
+  if (!isfinite(weight_decay) || weight_decay < 0)
+    return BL_ERR("%s: weight_decay must be finite and >= 0, got %g", op, weight_decay);
   return 0;
 }
 

@@ -90,11 +90,7 @@ static void lamb_chunk_apply(const lamb_k *k, float *wp, const float *mp, const 
 
 static int check_cfg(const char *op, const bl_lamb_config *c) {
   if (!c) return BL_ERR("%s: config is NULL (use bl_lamb_config_default)", op);
-  BL_CHECK(opt_check_beta(op, "beta1", c->beta1));
-  BL_CHECK(opt_check_beta(op, "beta2", c->beta2));
-  if (!isfinite(c->eps) || c->eps < 0) return BL_ERR("%s: eps must be finite and >= 0, got %g", op, c->eps);
-  if (!isfinite(c->weight_decay) || c->weight_decay < 0)
-    return BL_ERR("%s: weight_decay must be finite and >= 0, got %g", op, c->weight_decay);
+  BL_CHECK(opt_check_adam_hyper(op, c->beta1, c->beta2, c->eps, c->weight_decay));
   if (!(c->max_weight_norm >= 0) || isinf(c->max_weight_norm))
     return BL_ERR("%s: max_weight_norm must be finite and >= 0 (0 = off), got %g", op, c->max_weight_norm);
   if (!(c->max_trust_ratio >= 0) || isinf(c->max_trust_ratio))

@@ -87,7 +87,6 @@ int opt_prologue(const char *op, const opt_plan *p, const float *g, int64_t step
 int opt_check_step(const char *op, int64_t step, double lr, double grad_scale, double max_grad_norm);
 /* The one device of the non-NULL buffers (-1 = CPU); mixed devices are an error. */
 int opt_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
-int opt_check_beta(const char *op, const char *name, double b);
 
 /* Loss-scaled steps (amp.c): the arguments both devices check, and the CPU step given an optimizer's step. */
 typedef int (*opt_step_fn)(const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
@@ -97,6 +96,8 @@ int opt_amp_check(const char *op, const bl_tensor *w, const bl_amp_config *a, co
 int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
                 bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
                 bl_tensor *state);
+/* The Adam-family hyper-parameters: betas in [0, 1), eps and weight_decay finite and >= 0. */
+int opt_check_adam_hyper(const char *op, double beta1, double beta2, double eps, double weight_decay);
 /* The four flat Adam-family buffers (params, grads, exp_avg, exp_avg_sq):
  * same size, f32, contiguous, one device, not overlapping; segments inside them. */
 int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *g, const bl_tensor *m,

@@ -13,21 +13,12 @@ local st = require "bertlua.io.safetensors"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p '" .. d .. "'")
-  T.at_exit(function() os.execute("rm -rf '" .. d .. "'") end)
-  return d
-end
+local tmpdir = T.tmpdir
 
--- run a shell command, return exit code and output
+-- run a shell command: exit code, output (T.sh's, with its last line "rc=N")
 local function run(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, out:gsub("__rc=%d+%s*$", "")
+  local out, rc = T.sh(cmd)
+  return rc, out
 end
 
 local have_torch

@@ -261,4 +261,27 @@ T.test("bad input: batch and micro-batch, too little data, input checks", functi
   T.eq(ft.model_dir("x", tmp .. "/m", tmp .. "/v.txt"), tmp .. "/v.txt")
 end)
 
+T.test("loop.run: hook order, resume offset, stop reason, a missing batch", function()
+  local seen = {}
+  local function rec(...) seen[#seen + 1] = table.concat({ ... }, " ") end
+  local step, reason = trainer.run{ name = "toy", start = 2, total = 5,
+    stop = function(s, ran) rec("stop", s, ran) end,
+    batch = function(s, a) rec("batch", s, a); return { s = s, a = a } end,
+    step = function(s, next_batch) local b = next_batch(2); rec("step", s, b.s, b.a); return { loss = s } end,
+    log = function(r, s) rec("log", r.loss, s) end,
+    checkpoint = function(s) rec("checkpoint", s) end,
+    evaluate = function(s) rec("evaluate", s) end }
+  T.eq(step, 5); T.eq(reason, nil)
+  T.eq(table.concat(seen, ", "), "stop 2 0, batch 3 2, step 3 3 2, log 3 3, checkpoint 3, evaluate 3, " ..
+    "stop 3 1, batch 4 2, step 4 4 2, log 4 4, checkpoint 4, evaluate 4, " ..
+    "stop 4 2, batch 5 2, step 5 5 2, log 5 5, checkpoint 5, evaluate 5")
+  step, reason = trainer.run{ total = 10, step = function() return {} end,
+    stop = function(_, ran) return ran == 3 and "max-steps" or nil end }
+  T.eq(step, 3); T.eq(reason, "max-steps")
+  T.raises(function()
+    trainer.run{ name = "toy", total = 1, batch = function() return nil end,
+      step = function(_, next_batch) return next_batch(1) end }
+  end, "toy: the data loader returned no batch")
+end)
+
 T.run()

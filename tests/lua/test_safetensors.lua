@@ -13,18 +13,11 @@ local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
 local CFG = { vocab_size = 97, hidden_size = 48, num_hidden_layers = 2, num_attention_heads = 4,
   intermediate_size = 80, max_position_embeddings = 32 }
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p '" .. d .. "'")
-  T.at_exit(function() os.execute("rm -rf '" .. d .. "'") end)
-  return d
-end
+local tmpdir = T.tmpdir
+-- run a shell command: exit code, output (T.sh's, with its last line "rc=N")
 local function run(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("__rc=(%d+)%s*$")), out:gsub("__rc=%d+%s*$", "")
+  local out, rc = T.sh(cmd)
+  return rc, out
 end
 local function same(a, b, msg) T.eq((a:to("f64") - b:to("f64")):abs():max(), 0, msg) end
 

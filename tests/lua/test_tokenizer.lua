@@ -64,6 +64,16 @@ T.test("api: tokenize, encode, basic_tokenize, wordpiece, conversions", function
   T.eq(table.concat(cased:tokenize("Hello World"), " "), "Hello World")
 end)
 
+T.test("api: count gives encode's length for a text and for byte ranges of it", function()
+  local text = "UNaff\195\161ble,running [SEP] Hello\nsecond line, with more words"
+  T.eq(uncased:count(text), #uncased:encode(text), "whole text")
+  local nl = text:find("\n", 1, true)
+  T.eq(uncased:count(text, 0, nl - 1), #uncased:encode(text:sub(1, nl - 1)), "first line")
+  T.eq(uncased:count(text, nl, #text - nl), #uncased:encode(text:sub(nl + 1)), "second line")
+  T.eq(uncased:count("other text here"), #uncased:encode("other text here"), "a new text after the cached one")
+  T.raises(function() uncased:count(text, 5, #text) end, "byte range")
+end)
+
 T.test("api: offsets map pieces back to the original bytes", function()
   local text = "  Jim Henson's  caf\195\169\tUNAFFABLE!"
   local ids, words, starts, stops = uncased:encode_offsets(text)

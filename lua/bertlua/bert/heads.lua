@@ -1,15 +1,14 @@
 -- bertlua.bert.heads: the task heads on a BertModel (pre-training MLM + NSP,
--- question answering, sequence classification) with their losses.
-local core = require "bertlua.core"
+-- question answering, sequence classification). Each head owns the criterion
+-- of its task (bertlua.nn.criterion) in `head.criterion`.
 local bl = require "bertlua.tensor"
 local nn = require "bertlua.nn"
-local C, ffi, check = core.C, core.ffi, core.check
+local ops = require "bertlua.nn.ops"
 local buf, class, Module = nn.buf, nn.class, nn.Module
 local model = require "bertlua.bert.model"
 local BertModel, resolve_cfg, on_device = model.BertModel_class, model.resolve_cfg, model.on_device
 
 local M = {}
-local i64box = ffi.typeof("int64_t[1]")
 
 -- heads -------------------------------------------------------------------------------------
 local function new_head(cls, cfg, opts, pooler)
@@ -27,28 +26,18 @@ end
 local function f64_scalar(self, key) return buf(self, key, { 1 }, "f64") end
 
 -- cross_entropy into module buffers: returns loss, count; dlogits kept in self[dkey]
-local function cross_entropy(self, dkey, logits, targets, ignore, grad_scale)
-  local loss = f64_scalar(self, "_loss_" .. dkey)
-  local dl = buf(self, dkey, logits:shape())
-  local cnt = i64box()
-  check(C.bl_cross_entropy(loss, dl, logits, targets, ignore, grad_scale or 1, cnt))
-  return loss:item(), tonumber(cnt[0])
-end
-
--- g *= s for a loss scale s: a number, or a one-element tensor on g's device (the fp16 loss scale stays on the
--- GPU, see bertlua.train.amp's loss_seed)
-local function scale_grad(g, s)
-  if bl.is_tensor(s) then check(C.bl_binary(C.BL_MUL, g, g, s))
-  elseif s and s ~= 1 then check(C.bl_affine(g, g, s, 0)) end
+local function cross_entropy(self, dkey, logits, targets, ignore)
+  local loss, _, cnt = ops.cross_entropy(logits, targets, { ignore_index = ignore,
+    loss = f64_scalar(self, "_loss_" .. dkey), dlogits = buf(self, dkey, logits:shape()) })
+  return loss, cnt
 end
 
 -- The same into device-side sums (forward's stats): count = the targets not ignored, known to the caller, so
 -- nothing is read back; the loss (an f64 [1] buffer on the model's device) is added to `sum` and returned.
 local function cross_entropy_into(self, dkey, logits, targets, ignore, count, sum)
-  local loss = f64_scalar(self, "_loss_" .. dkey)
-  local dl = buf(self, dkey, logits:shape())
-  check(C.bl_cross_entropy_counted(loss, dl, logits, targets, ignore, 1, count))
-  check(C.bl_binary(C.BL_ADD, sum, sum, loss))
+  local loss = ops.cross_entropy_counted(logits, targets, ignore, count, f64_scalar(self, "_loss_" .. dkey),
+    buf(self, dkey, logits:shape()))
+  ops.add(sum, loss, sum)
   return loss
 end
 
@@ -60,10 +49,8 @@ local function count_labels(t, ignore)
 end
 
 local function accuracy(logits, targets, ignore)
-  local c, n = i64box(), i64box()
-  check(C.bl_accuracy(logits, targets, ignore, c, n))
-  local cnt = tonumber(n[0])
-  return cnt > 0 and tonumber(c[0]) / cnt or 0, tonumber(c[0]), cnt
+  local c, cnt = ops.accuracy(logits, targets, ignore)
+  return cnt > 0 and c / cnt or 0, c, cnt
 end
 
 local BertPredictionHeadTransform = class("BertPredictionHeadTransform")
@@ -92,15 +79,13 @@ end
 -- decoder(x, E) -> logits [M, V]
 function BertLMPredictionHead:forward(x, E)
   local t = self.transform:forward(x)
-  local logits = buf(self, "output", { x:size(1), E:size(1) })
-  check(C.bl_linear_forward(logits, t, E, self.bias))
-  return logits
+  return ops.linear(t, E, self.bias, buf(self, "output", { x:size(1), E:size(1) }))
 end
 -- accumulates dE (tied word-embedding gradient) and returns dx
 function BertLMPredictionHead:backward(x, E, dE, dlogits)
   local t = self.transform.LayerNorm.output
   local dt = buf(self, "grad_t", t:shape())
-  check(C.bl_linear_backward(dt, dE, self.grad_bias, dlogits, t, E, 0))
+  ops.linear_backward(dlogits, t, E, { dx = dt, dw = dE, db = self.grad_bias })
   return self.transform:backward(x, dt)
 end
 
@@ -120,6 +105,7 @@ function M.BertForPreTraining(cfg, opts)
   -- NVIDIA's data pads masked_lm_labels with -1; HF uses -100 in `labels`
   self.ignore_index = o.ignore_index or -1
   self.nsp = o.nsp ~= false
+  self.criterion = nn.PreTrainingCriterion{ ignore_index = self.ignore_index }
   self:flatten{ seed = o.seed or 0 }
   return self
 end
@@ -207,14 +193,14 @@ function BertForPreTraining:forward(batch, stats)
   local E = self.bert.embeddings.word_embeddings.weight
   if pos then
     local g = buf(self, "_gathered", { pos:numel(), H })
-    check(C.bl_gather_forward(g, seq, pos))
+    ops.gather(seq, pos, g)
     local logits = self.cls.predictions:forward(g, E)
     res.mlm_logits = logits
     if stats then
       mlm_t = cross_entropy_into(self, "_dmlm", logits, lab, self.ignore_index, npos, stats.losses:narrow(1, 2, 1))
-      check(C.bl_accuracy_add(stats.counts:narrow(1, 1, 2), logits, lab, self.ignore_index))
+      ops.accuracy_add(stats.counts:narrow(1, 1, 2), logits, lab, self.ignore_index)
     else
-      local loss, cnt = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index, 1)
+      local loss, cnt = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index)
       res.mlm_loss, res.mlm_count = loss, cnt
       res.mlm_accuracy = accuracy(logits, lab, self.ignore_index)
       res.loss = res.loss + loss
@@ -235,9 +221,9 @@ function BertForPreTraining:forward(batch, stats)
     self._nsp_t = t
     if stats then
       nsp_t = cross_entropy_into(self, "_dnsp", nlog, t, self.ignore_index, counted, stats.losses:narrow(1, 3, 1))
-      check(C.bl_accuracy_add(stats.counts:narrow(1, 3, 2), nlog, t, self.ignore_index))
+      ops.accuracy_add(stats.counts:narrow(1, 3, 2), nlog, t, self.ignore_index)
     else
-      local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index, 1)
+      local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index)
       res.nsp_loss = loss
       res.nsp_accuracy = accuracy(nlog, t, self.ignore_index)
       res.loss = res.loss + loss
@@ -250,10 +236,10 @@ function BertForPreTraining:forward(batch, stats)
     local total = mlm_t or nsp_t
     if mlm_t and nsp_t then
       total = f64_scalar(self, "_loss_total")
-      check(C.bl_binary(C.BL_ADD, total, mlm_t, nsp_t))
+      ops.add(mlm_t, nsp_t, total)
     end
     local sum = stats.losses:narrow(1, 1, 1)
-    if total then check(C.bl_binary(C.BL_ADD, sum, sum, total)) end
+    if total then ops.add(sum, total, sum) end
     res.loss = nil
   end
   return res
@@ -269,14 +255,14 @@ function BertForPreTraining:backward(loss_scale)
   local emb = self.bert.embeddings.word_embeddings
   if self._has_mlm then
     local dl = self._dmlm
-    scale_grad(dl, loss_scale)
+    ops.scale_(dl, loss_scale)
     local dg = self.cls.predictions:backward(self._gathered, emb.weight, emb.grad_weight, dl)
-    check(C.bl_gather_backward(dseq, dg, self._pos))
+    ops.gather_backward(dseq, dg, self._pos)
   end
   local dpooled
   if self._nsp_t then
     local dn = self._dnsp
-    scale_grad(dn, loss_scale)
+    ops.scale_(dn, loss_scale)
     dpooled = self.cls.seq_relationship:backward(self.bert.pooler.output, dn)
   end
   self.bert:backward(dseq, dpooled)
@@ -287,6 +273,7 @@ local BertForQuestionAnswering = class("BertForQuestionAnswering")
 function M.BertForQuestionAnswering(cfg, opts)
   local self, c, o = new_head(BertForQuestionAnswering, cfg, opts, false)  -- HF: no pooler
   self:add("qa_outputs", nn.Linear(c.hidden_size, 2))
+  self.criterion = nn.SpanCriterion()
   self:flatten{ seed = o.seed or 0 }
   return self
 end
@@ -313,24 +300,22 @@ function BertForQuestionAnswering:forward(batch)
       return r
     end
     local sp, ep = clamp(batch.start_positions, "start_positions"), clamp(batch.end_positions, "end_positions")
-    local ls = cross_entropy(self, "_dstart", st, sp, S, 0.5)
-    local le = cross_entropy(self, "_dend", en, ep, S, 0.5)
-    res.start_loss, res.end_loss, res.loss = ls, le, (ls + le) / 2
+    self._loss_in, self._loss_target = { st, en }, { sp, ep }
+    res.loss, res.start_loss, res.end_loss = self.criterion:forward(self._loss_in, self._loss_target)
     self._has_loss = true
   end
   return res
 end
--- backward([loss_scale]) for the loss, or backward(dstart, dend) with given logit gradients
-function BertForQuestionAnswering:backward(a, b)
+-- backward([loss_scale]): gradients of loss * loss_scale (forward needs start/end positions)
+function BertForQuestionAnswering:backward(loss_scale)
+  if not self._has_loss then error("BertForQuestionAnswering:backward: forward had no start/end positions", 2) end
+  local d = self.criterion:backward(self._loss_in, self._loss_target, loss_scale)
+  self:backward_logits(d[1], d[2])
+end
+-- backward_logits(dstart, dend): from given gradients of the start/end logits [B,S]
+function BertForQuestionAnswering:backward_logits(ds, de)
   local seq = self.bert.encoder.hidden_states[#self.bert.encoder.hidden_states]
   local B, S = seq:size(1), seq:size(2)
-  local ds, de
-  if bl.is_tensor(a) then ds, de = a, b
-  else
-    if not self._has_loss then error("BertForQuestionAnswering:backward: forward had no start/end positions", 2) end
-    ds, de = self._dstart, self._dend
-    scale_grad(ds, a); scale_grad(de, a)
-  end
   local dl = buf(self, "_dlogits", { B, S, 2 })
   dl:select(3, 1):copy_(ds); dl:select(3, 2):copy_(de)
   local dseq = self.qa_outputs:backward(seq, dl)
@@ -348,6 +333,7 @@ function M.BertForSequenceClassification(cfg, opts)
   if type(p) ~= "number" then p = c.hidden_dropout_prob end
   self:add("dropout", nn.Dropout(p))
   self:add("classifier", nn.Linear(c.hidden_size, self.num_labels))
+  self.criterion = self.num_labels == 1 and nn.MSECriterion() or nn.CrossEntropyCriterion{ ignore_index = -100 }
   self:flatten{ seed = o.seed or 0 }
   return self
 end
@@ -360,35 +346,24 @@ function BertForSequenceClassification:forward(batch)
   self._x = x
   local logits = self.classifier:forward(x)
   local res = { logits = logits, pooled_output = pooled, hidden_states = out.hidden_states }
-  self._kind = nil
+  self._target = nil
   if batch.labels ~= nil then
-    if self.num_labels == 1 then
-      local t = on_device(self, bl.as_tensor(batch.labels, { dtype = "f32" }))
-      if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
-      local loss = f64_scalar(self, "_loss")
-      local dl = buf(self, "_dlogits", logits:shape())
-      check(C.bl_mse_loss(loss, dl, logits, t, 1))
-      res.loss = loss:item()
-      self._kind = "mse"
-    else
-      local t = bl.as_tensor(batch.labels, { dtype = "i32" })
-      if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
-      t = on_device(self, t:view({ B }))
-      res.loss = cross_entropy(self, "_dlogits", logits, t, -100, 1)
-      res.accuracy = accuracy(logits, t, -100)
-      self._kind = "ce"
-    end
+    local t = bl.as_tensor(batch.labels, { dtype = self.num_labels == 1 and "f32" or "i32" })
+    if t:numel() ~= B then error("BertForSequenceClassification: labels must have one value per sequence", 2) end
+    t = on_device(self, self.num_labels == 1 and t or t:view({ B }))
+    res.loss = self.criterion:forward(logits, t)
+    if self.num_labels ~= 1 then res.accuracy = accuracy(logits, t, -100) end
+    self._target = t
   end
   return res
 end
-function BertForSequenceClassification:backward(a)
-  local dl
-  if bl.is_tensor(a) then dl = a
-  else
-    if not self._kind then error("BertForSequenceClassification:backward: forward had no labels", 2) end
-    dl = self._dlogits
-    scale_grad(dl, a)
-  end
+-- backward([loss_scale]): gradients of loss * loss_scale (forward needs labels)
+function BertForSequenceClassification:backward(loss_scale)
+  if not self._target then error("BertForSequenceClassification:backward: forward had no labels", 2) end
+  self:backward_logits(self.criterion:backward(self.classifier.output, self._target, loss_scale))
+end
+-- backward_logits(dlogits): from a given gradient of the logits [B, num_labels]
+function BertForSequenceClassification:backward_logits(dl)
   local dx = self.classifier:backward(self._x, dl)
   if self.dropout._p ~= 0 then dx = self.dropout:backward(self.bert.pooler.output, dx) end
   self.bert:backward(nil, dx)

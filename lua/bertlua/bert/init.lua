@@ -56,13 +56,12 @@ end
 -- check_finite(model, where): an error naming the first weight that holds NaN or an infinity (a corrupt
 -- file or a diverged run would otherwise give NaN outputs without a word)
 function M.check_finite(model, where)
-  local core = require "bertlua.core"
-  local norm, bad = core.ffi.new("double[1]"), core.ffi.new("int[1]")
-  core.check(core.C.bl_grad_global_norm(model.flat_params, norm, bad))
-  if bad[0] == 0 then return end
+  local global_norm = require("bertlua.train.optim").global_norm
+  local _, bad = global_norm(model.flat_params)
+  if not bad then return end
   for _, e in ipairs(model._plist) do
-    core.check(core.C.bl_grad_global_norm(model.flat_params:narrow(1, e.offset + 1, e.numel), norm, bad))
-    if bad[0] ~= 0 then
+    _, bad = global_norm(model.flat_params:narrow(1, e.offset + 1, e.numel))
+    if bad then
       error(("%s: weight %s holds NaN or infinite values (a corrupt file or a diverged run)"):format(where,
         e.name), 0)
     end

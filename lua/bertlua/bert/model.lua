@@ -4,7 +4,8 @@ local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local nn = require "bertlua.nn"
 local config = require "bertlua.bert.config"
-local C, ffi, check = core.C, core.ffi, core.check
+local ffi = core.ffi
+local ops = require "bertlua.nn.ops"
 local buf, draw, class, Module = nn.buf, nn.draw, nn.class, nn.Module
 
 
@@ -65,18 +66,18 @@ function BertEmbeddings:forward(ids, types)
   self._types, self._posids = types, position_ids(self, B, S)
   local H = self.cfg.hidden_size
   local sum = buf(self, "sum", { B, S, H })
-  check(C.bl_embedding_forward(sum, self.word_embeddings.weight, ids, 0))
-  check(C.bl_embedding_forward(sum, self.position_embeddings.weight, self._posids, 1))
-  check(C.bl_embedding_forward(sum, self.token_type_embeddings.weight, types, 1))
+  ops.embedding(self.word_embeddings.weight, ids, sum)
+  ops.embedding(self.position_embeddings.weight, self._posids, sum, true)
+  ops.embedding(self.token_type_embeddings.weight, types, sum, true)
   local y = self.LayerNorm:forward(sum)
   return self.dropout:forward(y)
 end
 function BertEmbeddings:backward(ids, dy)
   local dln = self.dropout:backward(self.LayerNorm.output, dy)
   local dsum = self.LayerNorm:backward(self.sum, dln)
-  check(C.bl_embedding_backward(self.word_embeddings.grad_weight, dsum, ids))
-  check(C.bl_embedding_backward(self.position_embeddings.grad_weight, dsum, self._posids))
-  check(C.bl_embedding_backward(self.token_type_embeddings.grad_weight, dsum, self._types))
+  ops.embedding_backward(self.word_embeddings.grad_weight, dsum, ids)
+  ops.embedding_backward(self.position_embeddings.grad_weight, dsum, self._posids)
+  ops.embedding_backward(self.token_type_embeddings.grad_weight, dsum, self._types)
   return nil
 end
 
@@ -115,23 +116,16 @@ function BertSelfAttention:_after_flatten()
   local H = self.cfg.hidden_size
   local q, k, v = self.query, self.key, self.value
   local function adjacent(a, b, n)  -- b starts n elements after a (f32 or a half compute copy)
-    return ffi.cast("char*", b.data_) - ffi.cast("char*", a.data_) == n * C.bl_dtype_size(a.dtype_)
+    return ffi.cast("char*", b.data_) - ffi.cast("char*", a.data_) == n * a:element_size()
   end
   self._qkv = nil
   if q.weight and adjacent(q.weight, k.weight, H * H) and adjacent(k.weight, v.weight, H * H)
       and q.bias and adjacent(q.bias, k.bias, H) and adjacent(k.bias, v.bias, H) then
     -- a [3H, H] / [3H] view starting at the query tensor (same storage)
-    local function fuse(t, n, shape)
-      local out = ffi.new("bl_tensor*[1]")
-      local nd = #shape
-      local sh = ffi.new("int64_t[2]", shape[1], shape[2] or 0)
-      local st = ffi.new("int64_t[2]", nd == 2 and shape[2] or 1, 1)
-      check(C.bl_tensor_as_strided(t, nd, sh, st, t.offset_, out))
-      return bl.wrap(out[0])
-    end
+    local function fuse(t, shape) return t:as_strided(shape, #shape == 2 and { shape[2], 1 } or { 1 }) end
     self._qkv = {
-      w = fuse(q.weight, 3 * H * H, { 3 * H, H }), b = fuse(q.bias, 3 * H, { 3 * H }),
-      gw = fuse(q.grad_weight, 3 * H * H, { 3 * H, H }), gb = fuse(q.grad_bias, 3 * H, { 3 * H }),
+      w = fuse(q.weight, { 3 * H, H }), b = fuse(q.bias, { 3 * H }),
+      gw = fuse(q.grad_weight, { 3 * H, H }), gb = fuse(q.grad_bias, { 3 * H }),
     }
   end
 end
@@ -140,7 +134,7 @@ function BertSelfAttention:forward(x, mask)
   local q, k, v
   if self.fused and self._qkv then
     local qkv = buf(self, "qkv", { B, S, 3 * H })
-    check(C.bl_linear_forward(qkv, x, self._qkv.w, self._qkv.b))
+    ops.linear(x, self._qkv.w, self._qkv.b, qkv)
     if self._qkv_src ~= qkv then
       self._q, self._k, self._v = qkv:narrow(3, 1, H), qkv:narrow(3, H + 1, H), qkv:narrow(3, 2 * H + 1, H)
       self._qkv_src = qkv
@@ -157,11 +151,7 @@ function BertSelfAttention:forward(x, mask)
   -- the row logsumexp [B,heads,S] on a GPU (self.lse); see bl_attention_saved_shape
   local saved
   if self.device then
-    local sh = ffi.new("int64_t[4]")
-    local nd = C.bl_attention_saved_shape(self.device, B, S, self.heads, sh)
-    local shape = {}
-    for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
-    saved = buf(self, "lse", shape, "f32")
+    saved = buf(self, "lse", ops.attention_saved_shape(self.device, B, S, self.heads), "f32")
   else
     saved = buf(self, "probs", { B, self.heads, S, S }, "f32")
   end
@@ -169,7 +159,7 @@ function BertSelfAttention:forward(x, mask)
   -- every row of the [B, heads, S, S] dropout mask starts a Philox call (bl_ops.h): rows of ceil(S/4)*4 draws
   local p, seed, off = draw(self, self.p, B * self.heads * S * 4 * math.ceil(S / 4))
   self._drop = { p, seed, off }
-  check(C.bl_attention_forward_saved(ctx, saved, q, k, v, mask, self.heads, 0, p, seed, off))
+  ops.attention(q, k, v, mask, self.heads, { out = ctx, probs = saved, p = p, seed = seed, offset = off })
   return ctx
 end
 function BertSelfAttention:backward(x, dctx)
@@ -182,23 +172,26 @@ function BertSelfAttention:backward(x, dctx)
       self._dq, self._dk, self._dv = dqkv:narrow(3, 1, H), dqkv:narrow(3, H + 1, H), dqkv:narrow(3, 2 * H + 1, H)
       self._dqkv_src = dqkv
     end
-    check(C.bl_attention_backward_saved(self._dq, self._dk, self._dv, dctx, self._q, self._k, self._v, self.output,
-      self._saved, self._mask, self.heads, 0, p, seed, off))
-    check(C.bl_linear_backward(dx, self._qkv.gw, self._qkv.gb, dqkv, x, self._qkv.w, 0))
+    ops.attention_backward(dctx, self._q, self._k, self._v, self._saved, self.heads, { dq = self._dq, dk = self._dk,
+      dv = self._dv, ctx = self.output, key_mask = self._mask, p = p, seed = seed, offset = off })
+    ops.linear_backward(dqkv, x, self._qkv.w, { dx = dx, dw = self._qkv.gw, db = self._qkv.gb })
   else
     local dq, dk, dv = buf(self, "grad_q", { B, S, H }), buf(self, "grad_k", { B, S, H }), buf(self, "grad_v", { B, S,
       H })
-    check(C.bl_attention_backward_saved(dq, dk, dv, dctx, self._q, self._k, self._v, self.output, self._saved,
-      self._mask, self.heads, 0, p, seed, off))
-    check(C.bl_linear_backward(dx, self.query.grad_weight, self.query.grad_bias, dq, x, self.query.weight, 0))
-    check(C.bl_linear_backward(dx, self.key.grad_weight, self.key.grad_bias, dk, x, self.key.weight, 1))
-    check(C.bl_linear_backward(dx, self.value.grad_weight, self.value.grad_bias, dv, x, self.value.weight, 1))
+    ops.attention_backward(dctx, self._q, self._k, self._v, self._saved, self.heads, { dq = dq, dk = dk, dv = dv,
+      ctx = self.output, key_mask = self._mask, p = p, seed = seed, offset = off })
+    local function back(lin, d, acc)
+      ops.linear_backward(d, x, lin.weight, { dx = dx, dw = lin.grad_weight, db = lin.grad_bias, accumulate = acc })
+    end
+    back(self.query, dq, false); back(self.key, dk, true); back(self.value, dv, true)
   end
   return dx
 end
 
 -- dense + dropout + residual + LayerNorm (BertSelfOutput and BertOutput):
 -- y = LN(dropout(dense(h)) + residual) with the fused residual_layernorm op.
+-- Two inputs, so (as Torch7's table modules) input = { h, residual } and
+-- backward returns grad_input = { dh, dresidual }.
 local BertOutput = class("BertOutput")
 function BertOutput:__init(cfg, in_features)
   Module.__init(self)
@@ -207,7 +200,8 @@ function BertOutput:__init(cfg, in_features)
   self:add("dense", nn.Linear(in_features or cfg.intermediate_size, cfg.hidden_size))
   self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
 end
-function BertOutput:forward(h, residual)
+function BertOutput:forward(input)
+  local h, residual = input[1], input[2]
   local d = self.dense:forward(h)
   local y = buf(self, "output", residual:shape())
   local rows = residual:numel() / self.cfg.hidden_size
@@ -215,18 +209,19 @@ function BertOutput:forward(h, residual)
   local p, seed, off = draw(self, self.p, d:numel())
   self._drop = { p, seed, off }
   local ln = self.LayerNorm
-  check(C.bl_residual_layernorm_forward(y, mean, rstd, d, residual, ln.weight, ln.bias, ln.eps, p, seed, off))
+  ops.residual_layernorm(d, residual, ln.weight, ln.bias, { eps = ln.eps, p = p, seed = seed, offset = off, out = y,
+    mean = mean, rstd = rstd })
   return y
 end
--- returns dh, dresidual
-function BertOutput:backward(h, residual, dy)
+function BertOutput:backward(input, dy)
+  local h, residual = input[1], input[2]
   local d = self.dense.output
   local dd, dres = buf(self, "grad_dense", d:shape()), buf(self, "grad_residual", residual:shape())
   local ln = self.LayerNorm
   local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
-  check(C.bl_residual_layernorm_backward(dd, dres, ln.grad_weight, ln.grad_bias, dy, d, residual, ln.weight,
-    self.mean, self.rstd, p, seed, off))
-  return self.dense:backward(h, dd), dres
+  ops.residual_layernorm_backward(dy, d, residual, ln.weight, self.mean, self.rstd, { dgamma = ln.grad_weight,
+    dbeta = ln.grad_bias, p = p, seed = seed, offset = off, dx = dd, dres = dres })
+  return { self.dense:backward(h, dd), dres }
 end
 local BertSelfOutput = class("BertSelfOutput", BertOutput)
 function BertSelfOutput:__init(cfg) BertOutput.__init(self, cfg, cfg.hidden_size) end
@@ -238,12 +233,12 @@ function BertAttention:__init(cfg)
   self:add("output", nn.BertSelfOutput(cfg))
 end
 function BertAttention:forward(x, mask)
-  return self.output:forward(self.self:forward(x, mask), x)
+  return self.output:forward({ self.self:forward(x, mask), x })
 end
 function BertAttention:backward(x, dy)
-  local dctx, dres = self.output:backward(self.self.output, x, dy)
-  local dx = self.self:backward(x, dctx)
-  return nn.add_(dx, dres)
+  local d = self.output:backward({ self.self.output, x }, dy)
+  local dx = self.self:backward(x, d[1])
+  return nn.add_(dx, d[2])
 end
 
 -- dense + activation; the dense bias is fused into GELU when the activation allows it
@@ -271,13 +266,13 @@ end
 function BertLayer:forward(x, mask)
   local a = self.attention:forward(x, mask)
   local i = self.intermediate:forward(a)
-  return self.output:forward(i, a)
+  return self.output:forward({ i, a })
 end
 function BertLayer:backward(x, dy)
   local a = self.attention.output.output
-  local di, dres = self.output:backward(self.intermediate.output, a, dy)
-  local da = self.intermediate:backward(a, di)
-  nn.add_(da, dres)
+  local d = self.output:backward({ self.intermediate.output, a }, dy)
+  local da = self.intermediate:backward(a, d[1])
+  nn.add_(da, d[2])
   return self.attention:backward(x, da)
 end
 
@@ -331,11 +326,12 @@ function BertPooler:forward(seq)
   self.output = self.activation:forward(self.dense:forward(self._cls))
   return self.output
 end
--- backward(seq, dy, dseq): ADDS the gradient into dseq's [CLS] rows
-function BertPooler:backward(seq, dy, dseq)
+-- backward(seq, dy) -> dseq [B,S,H]: zero but for the [CLS] rows
+function BertPooler:backward(seq, dy)
   local dpre = self.activation:backward(self.dense.output, dy)
-  local d = self.dense
-  check(C.bl_linear_backward(dseq:select(2, 1), d.grad_weight, d.grad_bias, dpre, self._cls, d.weight, 1))
+  local dseq = buf(self, "grad_input", seq:shape())
+  dseq:zero_()
+  self.dense:backward(self._cls, dpre, dseq:select(2, 1))
   return dseq
 end
 
@@ -384,17 +380,17 @@ function BertModel:forward(batch)
   return { last_hidden_state = seq, pooler_output = pooled, hidden_states = self.encoder.hidden_states }
 end
 -- backward(dseq, dpooled): dseq [B,S,H] or nil (zeros), dpooled [B,H] or nil.
--- dseq is modified in place when given (the pooler adds into its [CLS] rows).
+-- dseq is modified in place when given (the pooler's gradient is added to its [CLS] rows).
 function BertModel:backward(dseq, dpooled)
   local hs = self.encoder.hidden_states
   local seq = hs[#hs]
-  if not dseq then
-    dseq = buf(self, "grad_seq", seq:shape())
-    dseq:zero_()
-  end
   if dpooled then
     if not self.pooler then error("BertModel:backward: gradient for pooler_output but the model has no pooler", 2) end
-    self.pooler:backward(seq, dpooled, dseq)
+    local dp = self.pooler:backward(seq, dpooled)
+    if dseq then dseq:select(2, 1):add_(dp:select(2, 1)) else dseq = dp end
+  elseif not dseq then
+    dseq = buf(self, "grad_seq", seq:shape())
+    dseq:zero_()
   end
   local demb = self.encoder:backward(hs[1], dseq)
   self.embeddings:backward(self._ids, demb)

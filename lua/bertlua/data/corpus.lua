@@ -509,4 +509,20 @@ function M.shard(o)
   return sum
 end
 
+-- run_stage(name, o, fn): what the corpus recipes do around their stage: --input and --output are required
+-- (exit 2), the options are printed, fn(o) runs and an error is one line on stderr (exit 1); returns fn's result
+function M.run_stage(name, o, fn)
+  if o.input == "" or o.output == "" then
+    io.stderr:write(name .. ": --input and --output are required (see --help)\n")
+    os.exit(2)
+  end
+  print(name .. " options:\n" .. require("bertlua.util.options").show(o, "  %-18s %s"))
+  local ok, s = pcall(fn, o)
+  if not ok then
+    io.stderr:write(name .. ": error: ", tostring(s), "\n")
+    os.exit(1)
+  end
+  return s
+end
+
 return M

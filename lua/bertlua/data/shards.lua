@@ -1,6 +1,6 @@
 -- bertlua.data.shards: the shard files pre-training instances are stored in.
 --
--- The file format (BLSHARD1) is specified in src/bl_loader.h; this module writes it.
+-- The file format (BLSHARD1) is specified in src/bl_loader.h; the writer and the reader are C.
 -- The reader (C, src/data/shard.c) memory-maps shards and refuses a file whose
 -- size, magic, version, offsets, checksum, record lengths/positions/ids or vocab
 -- hash is wrong, naming the file and the problem. The loader (C with a prefetch
@@ -9,31 +9,9 @@ local C, ffi, check = core.C, core.ffi, core.check
 
 local M = {}
 M.MAGIC = "BLSHARD1"
-M.VERSION = 1
 
 -- bl_shard_header and the shard reader/loader come from the C API (src/bl_loader.h)
-local HDR = ffi.sizeof("bl_shard_header")
-assert(HDR == 80)
 local FNV0 = 14695981039346656037ULL
-
--- growable byte buffer ---------------------------------------------------------
-local Buf = {}
-Buf.__index = Buf
-local function buffer(cap)
-  cap = cap or 65536
-  return setmetatable({ p = ffi.new("uint8_t[?]", cap), cap = cap, n = 0 }, Buf)
-end
-function Buf:reserve(extra)
-  if self.n + extra <= self.cap then return end
-  local cap = self.cap
-  while cap < self.n + extra do cap = cap * 2 end
-  local p = ffi.new("uint8_t[?]", cap)
-  ffi.copy(p, self.p, self.n)
-  self.p, self.cap = p, cap
-end
-function Buf:u8(v) self:reserve(1); self.p[self.n] = v; self.n = self.n + 1 end
-function Buf:u16(v) self:reserve(2); ffi.cast("uint16_t*", self.p + self.n)[0] = v; self.n = self.n + 2 end
-function Buf:u32(v) self:reserve(4); ffi.cast("uint32_t*", self.p + self.n)[0] = v; self.n = self.n + 4 end
 
 -- vocab_hash(path): the header's vocab_hash of a vocabulary file
 function M.vocab_hash(path)
@@ -44,38 +22,34 @@ function M.vocab_hash(path)
   return C.bl_fnv1a64(s, #s, FNV0)
 end
 
--- write a shard atomically
+-- write_shard(path, records, o): a shard written atomically by the C writer (bl_shard_writer); records are
+-- { tokens = {...}, len_a =, nsp =, pos = {...}, lab = {...} }, o the header's vocab_hash, vocab_size,
+-- max_seq_length, max_predictions, dynamic_masking, whole_word, masked_lm_prob and seed
+local i32s = ffi.typeof("int32_t[?]")
 function M.write_shard(path, records, o)
-  local tb = o.vocab_size <= 65535 and 2 or 4
-  local data = buffer(1048576)
-  local offsets = ffi.new("uint64_t[?]", #records + 1)
-  for k, rec in ipairs(records) do
-    offsets[k - 1] = data.n
-    local L, Mn = #rec.tokens, #rec.pos
-    if L > 65535 or Mn > 65535 then error("create_pretraining_data: instance too long", 2) end
-    data:u16(L); data:u16(rec.len_a); data:u16(Mn); data:u8(rec.nsp); data:u8(0)
-    for _, t in ipairs(rec.tokens) do if tb == 2 then data:u16(t) else data:u32(t) end end
-    for _, p in ipairs(rec.pos) do data:u16(p) end
-    for _, l in ipairs(rec.lab) do if tb == 2 then data:u16(l) else data:u32(l) end end
-  end
-  offsets[#records] = data.n
   local h = ffi.new("bl_shard_header")
-  ffi.copy(h.magic, M.MAGIC, 8)
-  h.version, h.header_bytes = M.VERSION, HDR
   h.vocab_hash, h.vocab_size = o.vocab_hash, o.vocab_size
   h.max_seq_length, h.max_predictions = o.max_seq_length, o.max_predictions
-  h.flags = (o.dynamic_masking and 1 or 0) + (o.whole_word and 2 or 0)
-  h.masked_lm_prob, h.token_bytes, h.seed = o.masked_lm_prob, tb, o.seed
-  h.num_instances, h.data_bytes = #records, data.n
-  local ck = C.bl_fnv1a64(offsets, 8 * (#records + 1), FNV0)
-  h.checksum = C.bl_fnv1a64(data.p, data.n, ck)
-  local fp = ffi.new("bl_file*[1]")
-  check(C.bl_file_create_atomic(path, fp))
-  local function w(p, n)
-    if C.bl_file_write(fp[0], p, n) ~= 0 then C.bl_file_close(fp[0]); core.fail() end
+  h.flags = (o.dynamic_masking and C.BL_SHARD_DYNAMIC_MASKING or 0) + (o.whole_word and C.BL_SHARD_WHOLE_WORD or 0)
+  h.masked_lm_prob, h.seed = o.masked_lm_prob, o.seed
+  local wp = ffi.new("bl_shard_writer*[1]")
+  check(C.bl_shard_writer_open(path, h, wp))
+  local w = wp[0]
+  local cap, tok, pos, lab = 0, nil, nil, nil
+  for _, rec in ipairs(records) do
+    local L, Mn = #rec.tokens, #rec.pos
+    if L > cap or Mn > cap then
+      cap = math.max(L, Mn, 2 * cap, 512)
+      tok, pos, lab = i32s(cap), i32s(cap), i32s(cap)
+    end
+    for i = 1, L do tok[i - 1] = rec.tokens[i] end
+    for i = 1, Mn do pos[i - 1], lab[i - 1] = rec.pos[i], rec.lab[i] end
+    if C.bl_shard_writer_add(w, L, rec.len_a, rec.nsp, tok, Mn, pos, lab) ~= 0 then
+      C.bl_shard_writer_abort(w)
+      core.fail()
+    end
   end
-  w(h, HDR); w(offsets, 8 * (#records + 1)); w(data.p, data.n)
-  check(C.bl_file_commit(fp[0]))
+  check(C.bl_shard_writer_commit(w))
 end
 
 -- shard reader --------------------------------------------------------------------------

@@ -59,24 +59,48 @@ local function check_text(text, what)
   if type(text) ~= "string" then error("tokenizer." .. what .. ": text must be a string, got " .. type(text), 3) end
 end
 
-function Tok:encode(text)
-  check_text(text, "encode")
+-- ids of text by the C entry point fn (bl_tokenizer_encode or _wordpiece): the id buffer and the count
+local function run_ids(self, fn, text)
   local ids, cap = id_buffer(self, #text + 1)
   local n = ffi.new("int[1]")
-  core.check(C.bl_tokenizer_encode(self._ptr, text, #text, ids, cap, n))
-  local out = {}
-  for i = 0, n[0] - 1 do out[i + 1] = ids[i] end
+  core.check(fn(self._ptr, text, #text, ids, cap, n))
+  return ids, n[0]
+end
+
+local function as_tokens(self, ids, n)
+  local tokens, out = self._tokens, {}
+  for i = 0, n - 1 do out[i + 1] = tokens[ids[i]] end
   return out
+end
+
+function Tok:encode(text)
+  check_text(text, "encode")
+  local ids, n = run_ids(self, C.bl_tokenizer_encode, text)
+  local out = {}
+  for i = 0, n - 1 do out[i + 1] = ids[i] end
+  return out
+end
+
+-- count(text[, first, len]): the number of ids of text's bytes [first, first + len) (first 0-based; default:
+-- the whole text), without building a table: for throughput measurements
+function Tok:count(text, first, len)
+  first, len = first or 0, len or #text
+  if type(text) ~= "string" or first < 0 or len < 0 or first + len > #text then
+    error("tokenizer.count: expected a string and a byte range inside it", 2)
+  end
+  local ids, cap = id_buffer(self, len + 1)
+  local n = self._n or ffi.new("int[1]")
+  self._n = n
+  if self._count_text ~= text then  -- the pointer of the last text, so a loop over its lines casts once
+    self._count_text, self._count_ptr = text, ffi.cast("const char *", text)
+  end
+  core.check(C.bl_tokenizer_encode(self._ptr, self._count_ptr + first, len, ids, cap, n))
+  return n[0]
 end
 
 function Tok:tokenize(text)
   check_text(text, "tokenize")
-  local ids, cap = id_buffer(self, #text + 1)
-  local n = ffi.new("int[1]")
-  core.check(C.bl_tokenizer_encode(self._ptr, text, #text, ids, cap, n))
-  local tokens, out = self._tokens, {}
-  for i = 0, n[0] - 1 do out[i + 1] = tokens[ids[i]] end
-  return out
+  return as_tokens(self, run_ids(self, C.bl_tokenizer_encode, text))
 end
 
 function Tok:encode_offsets(text)
@@ -122,12 +146,7 @@ end
 
 function Tok:wordpiece(word)
   check_text(word, "wordpiece")
-  local ids, cap = id_buffer(self, #word + 1)
-  local n = ffi.new("int[1]")
-  core.check(C.bl_tokenizer_wordpiece(self._ptr, word, #word, ids, cap, n))
-  local tokens, out = self._tokens, {}
-  for i = 0, n[0] - 1 do out[i + 1] = tokens[ids[i]] end
-  return out
+  return as_tokens(self, run_ids(self, C.bl_tokenizer_wordpiece, word))
 end
 
 function Tok:id(token)

@@ -16,7 +16,8 @@
 -- checked before any byte is read, and reads are bounds-checked in C
 -- (bl_file_read_at), so a truncated or hostile file gives an error naming the
 -- file and the tensor, never an out-of-bounds read. Writes go to a temporary
--- file that is fsynced and renamed into place (bl_file_commit).
+-- file that is fsynced and renamed into place by the checked atomic writer
+-- (bl_writer, src/bl_stream.h), as every file the project writes.
 --
 -- Tensor names follow transformers' BERT: "bert.embeddings.word_embeddings.weight",
 -- "cls.predictions.transform.dense.weight", "qa_outputs.weight"... Loading also
@@ -266,24 +267,24 @@ function M.save(path, tensors, opts)
     off = off + nb
   end
   local header = json_header(entries, opts.metadata or { format = "pt" })
-  local out = file_out()
-  check(C.bl_file_create_atomic(path, out))
+  local out = ffi.new("bl_writer*[1]")
+  check(C.bl_writer_open(path, out))
   local f = out[0]
   local ok, err = pcall(function()
     local lb = ffi.new("uint8_t[8]")
     local n = #header
     for i = 0, 7 do lb[i] = n % 256; n = math.floor(n / 256) end
-    check(C.bl_file_write(f, lb, 8))
-    check(C.bl_file_write(f, header, #header))
+    check(C.bl_writer_write(f, lb, 8))
+    check(C.bl_writer_write(f, header, #header))
     for _, e in ipairs(entries) do
-      if e["end"] > e.begin then check(C.bl_file_write(f, e.tensor.data_, e["end"] - e.begin)) end
+      if e["end"] > e.begin then check(C.bl_writer_write(f, e.tensor.data_, e["end"] - e.begin)) end
     end
   end)
   if not ok then
-    C.bl_file_close(f)
+    C.bl_writer_abort(f)
     error("safetensors.save: " .. path .. ": " .. tostring(err), 0)  -- an I/O failure (full disk): one line
   end
-  check(C.bl_file_commit(f))
+  check(C.bl_writer_commit(f))
   return path
 end
 

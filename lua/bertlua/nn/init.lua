@@ -8,10 +8,15 @@
 --   local dx = lin:backward(x, dy)        -- grads ACCUMULATE into lin.grad_weight ...
 --
 -- Contract of every module:
---  * forward(input, ...) -> output; backward(input, ..., grad_output) ->
---    grad_input. backward must follow the forward of the same input (the
---    module keeps what it needs: LayerNorm statistics, attention
---    probabilities, the dropout counter offset).
+--  * forward(input) -> output; backward(input, grad_output) -> grad_input.
+--    A module with two differentiable inputs takes a table ({ h, residual })
+--    and returns a table of their gradients; a non-differentiable context
+--    (the attention mask) may follow the input in forward. backward must
+--    follow the forward of the same input (the module keeps what it needs:
+--    LayerNorm statistics, attention probabilities, the dropout counter
+--    offset). Task models (bertlua.bert heads) take a batch table and
+--    backward(loss_scale): their criterion (nn.CrossEntropyCriterion, ...,
+--    bertlua.nn.criterion) holds the loss and its gradient.
 --  * Outputs and input gradients live in buffers owned by the module and
 --    reused on the next call when the shape repeats: copy them if you need
 --    them after the next forward/backward.
@@ -39,9 +44,8 @@
 --    flat_params/flat_grads, the modules read a half copy (flat_compute) and
 --    keep half activations; call model:sync_compute() after each optimizer
 --    step to refresh the copy. The CPU path is unchanged by all this.
-local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
-local C, check = core.C, core.check
+local ops = require "bertlua.nn.ops"
 
 local M = {}
 
@@ -136,7 +140,7 @@ end
 -- the Philox stream (seed, rng offsets): the same seed gives the same weights.
 local function trunc_normal_(t, rng, std)
   local n = t:numel()
-  check(C.bl_rand_normal(t, rng.seed, rng:advance(n), 0, std))
+  t:normal_(rng.seed, rng:advance(n), 0, std)
   local p = t:ptr()
   local lim = 2 * std
   local bad = {}
@@ -146,7 +150,7 @@ local function trunc_normal_(t, rng, std)
   end
   while #bad > 0 do
     local tmp = bl.empty({ #bad })
-    check(C.bl_rand_normal(tmp, rng.seed, rng:advance(#bad), 0, std))
+    tmp:normal_(rng.seed, rng:advance(#bad), 0, std)
     local q, still = tmp:ptr(), {}
     for j, i in ipairs(bad) do
       local v = q[j - 1]
@@ -282,27 +286,8 @@ function Module:zero_grad()
 end
 
 -- buffers ----------------------------------------------------------------------
-local function same_shape(t, shape)
-  if t.ndim_ ~= #shape then return false end
-  for i = 1, #shape do if t.shape_[i - 1] ~= shape[i] then return false end end
-  return true
-end
-
--- buf(self, key, shape[, dtype]): the module's reusable tensor `key`,
--- reallocated only when the shape or dtype changes.
--- On the module's device (`self.device`, nil = CPU); dtype defaults to the
--- module's activation dtype (`self.act_dtype`, nil = f32, see Module:to).
-local DT = { f32 = 0, i32 = 4, i64 = 5, f64 = 1, f16 = 2, bf16 = 3 }
-local function buf(self, key, shape, dtype)
-  local t = self[key]
-  dtype = dtype or self.act_dtype or "f32"
-  local dt, dev = DT[dtype], self.device or -1
-  if t ~= nil and t.storage_ ~= nil and t.dtype_ == dt and t.device_ == dev and same_shape(t, shape) then return t end
-  if t ~= nil then t:free() end
-  t = bl.empty(shape, { dtype = dtype, device = self.device })
-  self[key] = t
-  return t
-end
+-- buf(self, key, shape[, dtype]): the module's reusable tensor `key` (bertlua.nn.buffer)
+local buf = require "bertlua.nn.buffer"
 M.buf = buf
 
 local function with_last(t, n)
@@ -322,14 +307,12 @@ function Linear:__init(in_features, out_features, bias)
 end
 function Linear:forward(x)
   local y = buf(self, "output", with_last(x, self.out_features))
-  check(C.bl_linear_forward(y, x, self.weight, self.bias))
-  return y
+  return ops.linear(x, self.weight, self.bias, y)
 end
 -- backward(x, dy[, dx]): dx (overwritten) may be given, e.g. a view.
 function Linear:backward(x, dy, dx)
   dx = dx or buf(self, "grad_input", x:shape())
-  check(C.bl_linear_backward(dx, self.grad_weight, self.grad_bias, dy, x, self.weight, 0))
-  return dx
+  return ops.linear_backward(dy, x, self.weight, { dx = dx, dw = self.grad_weight, db = self.grad_bias })
 end
 
 local Embedding = M.class("Embedding")
@@ -342,12 +325,11 @@ function Embedding:forward(ids)
   local s = ids:shape()
   s[#s + 1] = self.embedding_dim
   local y = buf(self, "output", s)
-  check(C.bl_embedding_forward(y, self.weight, ids, 0))
-  return y
+  return ops.embedding(self.weight, ids, y)
 end
 -- no gradient for integer ids: returns nil
 function Embedding:backward(ids, dy)
-  check(C.bl_embedding_backward(self.grad_weight, dy, ids))
+  ops.embedding_backward(self.grad_weight, dy, ids)
   return nil
 end
 
@@ -362,13 +344,11 @@ function LayerNorm:forward(x)
   local y = buf(self, "output", x:shape())
   local rows = x:numel() / self.dim
   local mean, rstd = buf(self, "mean", { rows }, "f32"), buf(self, "rstd", { rows }, "f32")
-  check(C.bl_layernorm_forward(y, mean, rstd, x, self.weight, self.bias, self.eps))
-  return y
+  return (ops.layernorm(x, self.weight, self.bias, self.eps, y, mean, rstd))
 end
 function LayerNorm:backward(x, dy)
   local dx = buf(self, "grad_input", x:shape())
-  check(C.bl_layernorm_backward(dx, self.grad_weight, self.grad_bias, dy, x, self.weight, self.mean, self.rstd))
-  return dx
+  return ops.layernorm_backward(dy, x, self.weight, self.mean, self.rstd, self.grad_weight, self.grad_bias, dx)
 end
 
 -- draw(module, n): (p, seed, offset) for a dropout over n elements in train
@@ -391,14 +371,12 @@ function Dropout:forward(x)
   self._p, self._seed, self._off = p, seed, off
   if p == 0 then return x end
   local y = buf(self, "output", x:shape())
-  check(C.bl_dropout_forward(y, nil, x, p, seed, off))
-  return y
+  return (ops.dropout(x, p, seed, off, false, y))
 end
 function Dropout:backward(x, dy)
   if self._p == 0 then return dy end
   local dx = buf(self, "grad_input", dy:shape())
-  check(C.bl_dropout_backward(dx, dy, nil, self._p, self._seed, self._off))
-  return dx
+  return ops.dropout_backward(dy, self._p, self._seed, self._off, nil, dx)
 end
 
 -- activations -------------------------------------------------------------------------
@@ -410,35 +388,29 @@ local GELU = M.class("GELU")
 GELU.fuses_bias = true
 function GELU:forward(x)
   local y = buf(self, "output", x:shape())
-  check(C.bl_gelu_forward(y, x))
-  return y
+  return ops.gelu(x, y)
 end
 function GELU:backward(x, dy)
   local dx = buf(self, "grad_input", x:shape())
-  check(C.bl_gelu_backward(dx, dy, x))
-  return dx
+  return ops.gelu_backward(dy, x, dx)
 end
 function GELU:forward_bias(x, b)
   local y = buf(self, "output", x:shape())
-  check(C.bl_bias_gelu_forward(y, x, b))
-  return y
+  return ops.bias_gelu(x, b, y)
 end
 function GELU:backward_bias(x, b, dy, db)
   local dx = buf(self, "grad_input", x:shape())
-  check(C.bl_bias_gelu_backward(dx, db, dy, x, b))
-  return dx
+  return ops.bias_gelu_backward(dy, x, b, db, dx)
 end
 
 local Tanh = M.class("Tanh")
 function Tanh:forward(x)
   local y = buf(self, "output", x:shape())
-  check(C.bl_tanh_forward(y, x))
-  return y
+  return ops.tanh(x, y)
 end
 function Tanh:backward(x, dy)
   local dx = buf(self, "grad_input", x:shape())
-  check(C.bl_tanh_backward(dx, dy, self.output))
-  return dx
+  return ops.tanh_backward(dy, self.output, dx)
 end
 
 -- ReLU written with tensor operations only: the way a researcher adds an activation.
@@ -483,7 +455,7 @@ function M.dense_act_forward(self, dense, act, x)
   self._fused = act.fuses_bias and dense.bias ~= nil
   if not self._fused then return act:forward(dense:forward(x)) end
   local pre = buf(self, "pre", M.with_last(x, dense.out_features))
-  check(C.bl_linear_forward(pre, x, dense.weight, nil))
+  ops.linear(x, dense.weight, nil, pre)
   return act:forward_bias(pre, dense.bias)
 end
 -- dy: gradient of the activation's output -> gradient of x (dense's grads accumulate)
@@ -491,13 +463,15 @@ function M.dense_act_backward(self, dense, act, x, dy)
   if not self._fused then return dense:backward(x, act:backward(dense.output, dy)) end
   local dpre = act:backward_bias(self.pre, dense.bias, dy, dense.grad_bias)
   local dx = buf(self, "grad_input", x:shape())
-  check(C.bl_linear_backward(dx, dense.grad_weight, nil, dpre, x, dense.weight, 0))
-  return dx
+  return ops.linear_backward(dpre, x, dense.weight, { dx = dx, dw = dense.grad_weight })
 end
 
 -- in-place dst += src (same shape)
 function M.add_(dst, src)
   return dst:add_(src)
 end
+
+-- criteria (losses as objects): nn.CrossEntropyCriterion, MSECriterion, SpanCriterion, PreTrainingCriterion
+for k, v in pairs(require "bertlua.nn.criterion") do M[k] = v end
 
 return M

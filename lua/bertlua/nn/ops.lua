@@ -72,11 +72,11 @@ function M.gather_backward(dx, dout, pos)
 end
 
 -- layernorm ------------------------------------------------------------------
--- Returns y, mean, rstd (mean/rstd [rows] f32 are what backward needs).
-function M.layernorm(x, gamma, beta, eps, out)
+-- Returns y, mean, rstd (mean/rstd [rows] f32 are what backward needs; pass them to reuse buffers).
+function M.layernorm(x, gamma, beta, eps, out, mean, rstd)
   out = out or like(x)
   local n = rows(x)
-  local mean, rstd = bl.empty({ n }, { device = x:device() }), bl.empty({ n }, { device = x:device() })
+  mean, rstd = mean or bl.empty({ n }, { device = x:device() }), rstd or bl.empty({ n }, { device = x:device() })
   check(C.bl_layernorm_forward(out, mean, rstd, x, gamma, beta, eps or 1e-12))
   return out, mean, rstd
 end
@@ -86,20 +86,21 @@ function M.layernorm_backward(dy, x, gamma, mean, rstd, dgamma, dbeta, dx)
   return dx
 end
 
--- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out.
+-- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out, mean, rstd (buffers).
 function M.residual_layernorm(x, residual, gamma, beta, opts)
   opts = opts or {}
   local out = opts.out or like(x)
   local n = rows(x)
-  local mean, rstd = bl.empty({ n }, { device = x:device() }), bl.empty({ n }, { device = x:device() })
+  local mean, rstd = opts.mean or bl.empty({ n }, { device = x:device() }),
+    opts.rstd or bl.empty({ n }, { device = x:device() })
   check(C.bl_residual_layernorm_forward(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
     opts.p or 0, opts.seed or 0, opts.offset or 0))
   return out, mean, rstd
 end
--- Returns dx, dresidual. opts: dgamma, dbeta (+=), p, seed, offset (as in forward).
+-- Returns dx, dresidual. opts: dgamma, dbeta (+=), p, seed, offset (as in forward), dx, dres (buffers).
 function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
   opts = opts or {}
-  local dx, dres = like(x), like(x)
+  local dx, dres = opts.dx or like(x), opts.dres or like(x)
   check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, dy, x, residual, gamma, mean,
     rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
   return dx, dres
@@ -120,16 +121,16 @@ function M.tanh(x, out) out = out or like(x); check(C.bl_tanh_forward(out, x)); 
 function M.tanh_backward(dy, y, dx) dx = dx or like(y); check(C.bl_tanh_backward(dx, dy, y)); return dx end
 
 -- dropout ------------------------------------------------------------------------
--- Returns y and, when want_mask, the u8 keep mask.
-function M.dropout(x, p, seed, offset, want_mask)
-  local out = like(x)
+-- Returns y (written into out when given) and, when want_mask, the u8 keep mask.
+function M.dropout(x, p, seed, offset, want_mask, out)
+  out = out or like(x)
   local mask = want_mask and bl.empty(x:shape(), { dtype = "u8", device = x:device() }) or nil
   check(C.bl_dropout_forward(out, mask, x, p, seed or 0, offset or 0))
   return out, mask
 end
 -- Mask from `mask` when given, else regenerated from (seed, offset).
-function M.dropout_backward(dy, p, seed, offset, mask)
-  local dx = like(dy)
+function M.dropout_backward(dy, p, seed, offset, mask, dx)
+  dx = dx or like(dy)
   check(C.bl_dropout_backward(dx, dy, mask, p, seed or 0, offset or 0))
   return dx
 end
@@ -146,16 +147,21 @@ function M.softmax_backward(dy, y, dx) dx = dx or like(y); check(C.bl_softmax_ba
 -- needs: on the CPU the probabilities [B, heads, S, S], on a GPU the row
 -- logsumexp [B, heads, S] (bl_attention_forward_saved in bl_ops.h).
 local i64x4 = ffi.typeof("int64_t[4]")
+-- shape of what attention saves for backward on `device` (-1 or nil = CPU, N = cuda:N) for [B, S] and heads
+function M.attention_saved_shape(device, B, S, heads)
+  local sh = i64x4()
+  local nd = C.bl_attention_saved_shape(device or -1, B, S, heads, sh)
+  local shape = {}
+  for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
+  return shape
+end
 function M.attention(q, k, v, key_mask, heads, opts)
   opts = opts or {}
   local ctx = opts.out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
   local probs = opts.probs
   if not probs then
-    local sh = i64x4()
-    local nd = C.bl_attention_saved_shape(q.device_, q:size(1), q:size(2), heads, sh)
-    local shape = {}
-    for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
-    probs = bl.empty(shape, { dtype = "f32", device = q:device() })
+    probs = bl.empty(M.attention_saved_shape(q.device_, q:size(1), q:size(2), heads), { dtype = "f32",
+      device = q:device() })
   end
   check(C.bl_attention_forward_saved(ctx, probs, q, k, v, key_mask, heads, opts.scale or 0, opts.p or 0,
     opts.seed or 0, opts.offset or 0))
@@ -174,25 +180,29 @@ end
 
 -- losses and metrics ------------------------------------------------------------------
 -- Returns loss (Lua number), dlogits (unless opts.grad == false), count.
--- opts: ignore_index (-100, HF; NVIDIA data uses -1), grad_scale (1).
+-- opts: ignore_index (-100, HF; NVIDIA data uses -1), grad_scale (1); loss (an f64 [1] tensor) and
+-- dlogits (logits' shape) are buffers to reuse.
 function M.cross_entropy(logits, targets, opts)
   opts = opts or {}
-  local loss = bl.empty({ 1 }, { dtype = "f64", device = logits:device() })
-  local dlogits = opts.grad ~= false and f32_like(logits) or nil
+  local loss = opts.loss or bl.empty({ 1 }, { dtype = "f64", device = logits:device() })
+  local dlogits = opts.grad ~= false and (opts.dlogits or f32_like(logits)) or nil
   local cnt = i64box()
   check(C.bl_cross_entropy(loss, dlogits, logits, targets, opts.ignore_index or -100,
     opts.grad_scale or 1, cnt))
   return loss:item(), dlogits, tonumber(cnt[0])
 end
 
--- Returns loss (number) and dpred (unless opts.grad == false).
+-- Returns loss (number) and dpred (unless opts.grad == false); opts.loss, opts.dpred: buffers to reuse.
 function M.mse_loss(pred, target, opts)
   opts = opts or {}
-  local loss = bl.empty({ 1 }, { dtype = "f64", device = pred:device() })
-  local dpred = opts.grad ~= false and f32_like(pred) or nil
+  local loss = opts.loss or bl.empty({ 1 }, { dtype = "f64", device = pred:device() })
+  local dpred = opts.grad ~= false and (opts.dpred or f32_like(pred)) or nil
   check(C.bl_mse_loss(loss, dpred, pred, target, opts.grad_scale or 1))
   return loss:item(), dpred
 end
+
+-- out = x * a + b (one rounding per element; out may be x itself).
+function M.affine(x, a, b, out) out = out or like(x); check(C.bl_affine(out, x, a, b or 0)); return out end
 
 -- argmax over the last dim (0-based class ids, i64, shape without the last dim).
 function M.argmax(x)
@@ -209,6 +219,27 @@ function M.accuracy(logits, targets, ignore_index)
   local c, n = i64box(), i64box()
   check(C.bl_accuracy(logits, targets, ignore_index or -100, c, n))
   return tonumber(c[0]), tonumber(n[0])
+end
+
+-- Device-side sums (nothing read back, for a training step on a GPU): the loss of the targets not equal to
+-- ignore_index into `loss` (an f64 [1] tensor on the logits' device) with its gradient into `dlogits`, given
+-- `count`, the number of counted targets, which the caller knows.
+function M.cross_entropy_counted(logits, targets, ignore_index, count, loss, dlogits)
+  check(C.bl_cross_entropy_counted(loss, dlogits, logits, targets, ignore_index, 1, count))
+  return loss
+end
+
+-- counts (i64 [2] on the logits' device) += {correct, counted}.
+function M.accuracy_add(counts, logits, targets, ignore_index)
+  check(C.bl_accuracy_add(counts, logits, targets, ignore_index or -100))
+end
+
+-- out = a + b and x *= s elementwise with broadcasting (s: a number or a one-element tensor on x's device).
+function M.add(a, b, out) out = out or like(a); check(C.bl_binary(C.BL_ADD, out, a, b)); return out end
+function M.scale_(x, s)
+  if bl.is_tensor(s) then check(C.bl_binary(C.BL_MUL, x, x, s))
+  elseif s and s ~= 1 then check(C.bl_affine(x, x, s, 0)) end
+  return x
 end
 
 return M

@@ -12,7 +12,7 @@
 --
 -- Layout: DIR/ckpt-00000100/{model.safetensors, state.safetensors, state.json}.
 -- A checkpoint is written into DIR/.tmp-ckpt-00000100-PID/ (every file fsynced
--- through bl_file_commit), state.json last, and the directory is then renamed
+-- by the atomic writer, bl_writer), state.json last, and the directory is then renamed
 -- into place: a crash at any point leaves either no checkpoint or a hidden
 -- .tmp directory that latest() ignores and the next save removes. Only rank 0
 -- should call save(). JSON keeps 14 significant digits: bulk numbers and

@@ -1,5 +1,20 @@
--- bertlua.train.loop: the fine-tuning loop shared by recipes/squad.lua and
--- recipes/glue.lua — AdamW (no decay on biases/LayerNorm), global gradient-norm
+-- bertlua.train.loop: the one training loop. `run` is the driver pre-training
+-- (recipes/pretrain.lua) and fine-tuning (`fit` below, for recipes/squad.lua and
+-- recipes/glue.lua) share: it owns the step counter and the order of the hooks;
+-- what a step does (forward/backward over the micro-batches, all-reduce, the
+-- optimizer) is the caller's `step` hook, so step-level changes stay there.
+--
+--   local step, reason = loop.run{
+--     name = "pretrain", start = 0, total = N,        -- steps already done, last step
+--     stop = function(step, ran) return reason end,  -- before each step: nil = go on
+--     batch = function(step, a) return batch end,     -- micro-batch a (1-based) of a step
+--     step = function(step, next_batch) return record end,  -- next_batch(a) = batch(step, a)
+--     log = function(record, step) end,
+--     checkpoint = function(step, record) end,        -- after each step (the hook decides when)
+--     evaluate = function(step, record) end }         -- after the checkpoint hook
+--   -- reason = what stop returned, nil when the loop reached `total`
+--
+-- `fit`: fine-tuning with AdamW (no decay on biases/LayerNorm), global gradient-norm
 -- clipping at 1.0 (as Google's run_squad.py, NVIDIA's recipe and transformers'
 -- Trainer; max_grad_norm = 0 turns it off), linear warmup and decay,
 -- gradient accumulation, a shuffled epoch order from the seed, progress
@@ -39,6 +54,26 @@ local function dropout_seed(seed, step, j)
   return ((seed * 1000003 + step) * 8191 + j) % 9007199254740881
 end
 
+function M.run(h)
+  local step, ran, name = h.start or 0, 0, h.name or "train"
+  local function next_batch(a)
+    local b = h.batch(step, a)
+    if b == nil then error(name .. ": the data loader returned no batch", 0) end
+    return b
+  end
+  while step < h.total do
+    local reason = h.stop and h.stop(step, ran)
+    if reason then return step, reason end
+    step = step + 1
+    local rec = h.step(step, next_batch)
+    if h.log then h.log(rec, step) end
+    ran = ran + 1
+    if h.checkpoint then h.checkpoint(step, rec) end
+    if h.evaluate then h.evaluate(step, rec) end
+  end
+  return step, nil
+end
+
 function M.fit(o)
   local rank, world = dist.rank(), dist.size()
   local micro = (o.micro_batch and o.micro_batch > 0) and o.micro_batch or o.batch / world
@@ -71,40 +106,44 @@ function M.fit(o)
   local order = {}
   for i = 1, o.n do order[i] = i end
   model:train()
-  local step, last_loss, skipped = 0, nil, 0
-  for _ = 1, o.epochs do
-    for i = #order, 2, -1 do local j = draw(i); order[i], order[j] = order[j], order[i] end
-    for s = 0, steps_per_epoch - 1 do
-      if step >= total then break end
-      local t0 = logm.clock()
-      step = step + 1
-      model:zero_grad()
-      mp:begin_step()
-      local loss = 0
-      for a = 0, accum - 1 do
-        local j = rank * accum + a
-        local first = s * o.batch + j * micro
-        model.rng = bl.Generator(dropout_seed(o.seed or 42, step, j))
-        model:apply(function(m) m.rng = model.rng end)
-        local out = model:forward(device.batch_to(o.make_batch(slice(order, first + 1, first + micro)), dev))
-        model:backward(mp:scale() / accum)
-        loss = loss + out.loss / accum
-      end
-      mp:end_backward()
-      reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
-      if world > 1 then loss = dist.sum_numbers({ loss })[1] / world end
-      if loss ~= loss then
-        error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
-      end
-      local lr = lr_at(adamw.step_count + 1)
-      local stepped, stats = mp:step(adamw, lr)
-      if not stepped then skipped = skipped + 1 end
-      last_loss = loss
-      log:step{ step = step, loss = loss, lr = lr, grad_norm = stats and stats.grad_norm,
-        seq_per_s = o.batch / (logm.clock() - t0),
-        loss_scale = mp.dtype == "f16" and mp:scale() or nil, skipped = not stepped or nil }
+  local last_loss, skipped = nil, 0
+  -- the epoch's order is shuffled on its first step (the draws the old per-epoch loop made)
+  local function batch(step, a)
+    local s = (step - 1) % steps_per_epoch
+    if s == 0 and a == 1 then
+      for i = #order, 2, -1 do local j = draw(i); order[i], order[j] = order[j], order[i] end
     end
+    local first = s * o.batch + (rank * accum + a - 1) * micro
+    return device.batch_to(o.make_batch(slice(order, first + 1, first + micro)), dev)
   end
+  local function train_step(step, next_batch)
+    local t0 = logm.clock()
+    model:zero_grad()
+    mp:begin_step()
+    local loss = 0
+    for a = 1, accum do
+      model.rng = bl.Generator(dropout_seed(o.seed or 42, step, rank * accum + a - 1))
+      model:apply(function(m) m.rng = model.rng end)
+      local out = model:forward(next_batch(a))
+      model:backward(mp:scale() / accum)
+      loss = loss + out.loss / accum
+    end
+    mp:end_backward()
+    reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
+    if world > 1 then loss = dist.sum_numbers({ loss })[1] / world end
+    if loss ~= loss then
+      error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
+    end
+    local lr = lr_at(adamw.step_count + 1)
+    local stepped, stats = mp:step(adamw, lr)
+    if not stepped then skipped = skipped + 1 end
+    last_loss = loss
+    return { step = step, loss = loss, lr = lr, grad_norm = stats and stats.grad_norm,
+      seq_per_s = o.batch / (logm.clock() - t0),
+      loss_scale = mp.dtype == "f16" and mp:scale() or nil, skipped = not stepped or nil }
+  end
+  local step = M.run{ name = "trainer", total = total, batch = batch, step = train_step,
+    log = function(rec) log:step(rec) end }
   log:close()
   if skipped > 0 and rank == 0 then
     print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(skipped, step, mp:scale()))

@@ -165,6 +165,24 @@ local function num(op, opts, key, cfg, field)
   cfg[field or key] = v
 end
 
+-- the Adam family's state: config, the two moments (zeros like the parameters), the C step `fn` on them
+-- amp_fn (optional): the loss-scaled step whose skip/scale decision runs on the model's device.
+local function adam_state(self, cfg, fn, amp_fn)
+  self.cfg = cfg
+  self.exp_avg = bl.zeros_like(self.params)
+  self.exp_avg_sq = bl.zeros_like(self.params)
+  self._call = function(s, lr, gs, gn)
+    return fn(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn, s._stats)
+  end
+  if amp_fn then
+    self._amp_call = function(s, lr, gs, amp, state)
+      return amp_fn(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, lr, gs, amp, state)
+    end
+  end
+  self._moments = { "exp_avg", "exp_avg_sq" }
+  return self
+end
+
 -- LAMB{...}: see the header comment for options and defaults.
 function M.LAMB(opts)
   local self = base("lamb", opts, allow { "betas", "eps", "weight_decay", "max_grad_norm", "bias_correction",
@@ -188,18 +206,7 @@ function M.LAMB(opts)
   cfg.use_nvlamb = bool(opts.use_nvlamb, cfg.use_nvlamb)
   cfg.adam_w_mode = bool(opts.adam_w_mode, cfg.adam_w_mode)
   cfg.grad_averaging = bool(opts.grad_averaging, cfg.grad_averaging)
-  self.cfg = cfg
-  self.exp_avg = bl.zeros_like(self.params)
-  self.exp_avg_sq = bl.zeros_like(self.params)
-  self._call = function(s, lr, gs, gn)
-    return C.bl_lamb_step(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn,
-      s._stats)
-  end
-  self._amp_call = function(s, lr, gs, amp, state)
-    return C.bl_lamb_step_amp(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, lr, gs, amp, state)
-  end
-  self._moments = { "exp_avg", "exp_avg_sq" }
-  return self
+  return adam_state(self, cfg, C.bl_lamb_step, C.bl_lamb_step_amp)
 end
 
 local function adamw(kind, opts, defaults)
@@ -214,20 +221,7 @@ local function adamw(kind, opts, defaults)
   cfg.bias_correction = bool(opts.bias_correction, cfg.bias_correction)
   cfg.adam_w_mode = bool(opts.adam_w_mode, cfg.adam_w_mode)
   cfg.per_segment_clip = bool(opts.per_segment_clip, cfg.per_segment_clip)
-  self.cfg = cfg
-  self.exp_avg = bl.zeros_like(self.params)
-  self.exp_avg_sq = bl.zeros_like(self.params)
-  self._call = function(s, lr, gs, gn)
-    return C.bl_adamw_step(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn,
-      s._stats)
-  end
-  if cfg.per_segment_clip == 0 then
-    self._amp_call = function(s, lr, gs, amp, state)
-      return C.bl_adamw_step_amp(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, lr, gs, amp, state)
-    end
-  end
-  self._moments = { "exp_avg", "exp_avg_sq" }
-  return self
+  return adam_state(self, cfg, C.bl_adamw_step, cfg.per_segment_clip == 0 and C.bl_adamw_step_amp or nil)
 end
 
 -- AdamW{...}: torch.optim.AdamW with bias correction (default), BERT eps 1e-6.
