@@ -163,7 +163,10 @@ end
 -- copied while the current step computes, no allocation per batch. next()
 -- returns device tensors that stay valid until the second next() after it;
 -- state() is the position of the batches handed out, not of those in flight,
--- so a checkpoint resumes exactly.
+-- so a checkpoint resumes exactly. The MLM positions and labels and the NSP
+-- labels are handed out as the loader's CPU tensors: the pre-training head
+-- selects and counts them on the host (bertlua.train.device's HOST_FIELDS),
+-- and reading device copies back would cost a host wait per step.
 local DLoader = {}
 DLoader.__index = DLoader
 
@@ -171,11 +174,12 @@ function M.DeviceLoader(loader, device)
   local out = ffi.new("bl_feeder *[1]")
   check(C.bl_feeder_new(device, loader.batch, loader.max_length, loader.max_pred, out))
   return setmetatable({ loader = loader, f = ffi.gc(out[0], C.bl_feeder_free), device = device,
-    _b = ffi.new("bl_loader_batch") }, DLoader)
+    _b = ffi.new("bl_loader_batch"), _host = {} }, DLoader)
 end
 
 local FIELDS = { "input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_labels",
   "next_sentence_labels" }
+local HOST_FIELDS = { "masked_lm_positions", "masked_lm_labels", "next_sentence_labels" }
 
 -- the loader's next batch into the feeder; its CPU tensors are freed at once
 local function put(self)
@@ -183,6 +187,9 @@ local function put(self)
   for _, k in ipairs(FIELDS) do b[k] = batch[k] end
   b.epoch, b.pos = self.loader.epoch, self.loader.pos - 1
   check(C.bl_feeder_put(self.f, b))
+  local host = {}   -- kept for next() (see the header); the rest is freed at once
+  for _, k in ipairs(HOST_FIELDS) do host[k], batch[k] = batch[k], nil end
+  self._host[#self._host + 1] = host
   M.free_batch(batch)
 end
 
@@ -190,8 +197,8 @@ function DLoader:next()
   while C.bl_feeder_in_flight(self.f) < 2 do put(self) end
   local b = self._b
   check(C.bl_feeder_get(self.f, b))
-  local batch = {}
-  for _, k in ipairs(FIELDS) do batch[k] = bl.wrap(b[k]) end
+  local batch = table.remove(self._host, 1)
+  for _, k in ipairs(FIELDS) do batch[k] = batch[k] or bl.wrap(b[k]) end
   self.epoch, self.pos = tonumber(b.epoch), tonumber(b.pos) + 1
   return batch
 end
@@ -204,6 +211,7 @@ end
 
 function DLoader:set_state(s)
   C.bl_feeder_drop(self.f)
+  self._host = {}
   self.loader:set_state(s)
   self.epoch, self.pos = nil, nil
 end
