@@ -17,7 +17,8 @@ usage: /usr/bin/python3 tests/py/qa_finetune_reference.py train|finetune DIR MOD
   DIR/ref_logits.safetensors (start_logits, end_logits [N,L]) and the
   per-step log to DIR/ref_log.json.
   Options: --lr, --warmup (proportion), --weight-decay, --eps, --clip (0 =
-  off), --batch, --dropout (default 0), --threads, --seed.
+  off), --batch, --dropout (default 0), --threads, --seed, --no-state (train:
+  skip ref_grads and ref_params).
 Exit code 77 (skip) when torch or transformers is missing.
 """
 import argparse
@@ -68,15 +69,17 @@ def train(a):
         order = json.load(f)
     model = load_model(a.model_dir, a.dropout, head)
     model.train()
-    # gradients of one batch, before any update
-    out = model(**batch_of(feats, list(range(a.batch))))
-    out.loss.backward()
-    save_file({"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()},
-              os.path.join(a.dir, "ref_grads.safetensors"))
-    model.zero_grad(set_to_none=True)
+    if not a.no_state:
+        # gradients of one batch, before any update
+        out = model(**batch_of(feats, list(range(a.batch))))
+        out.loss.backward()
+        save_file({"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()},
+                  os.path.join(a.dir, "ref_grads.safetensors"))
+        model.zero_grad(set_to_none=True)
     fit(model, a, order, lambda idx: batch_of(feats, idx))
-    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
-              os.path.join(a.dir, "ref_params.safetensors"))
+    if not a.no_state:
+        save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
+                  os.path.join(a.dir, "ref_params.safetensors"))
     if os.path.exists(os.path.join(a.dir, "eval_features.safetensors")):
         write_eval_logits(model, a.dir)
 
@@ -161,6 +164,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--no-state", action="store_true", help="train: no ref_grads/ref_params (only the log, logits)")
     a = ap.parse_args()
     (train if a.mode == "train" else finetune)(a)
 
