@@ -11,7 +11,7 @@
 -- training on its train split, evaluating on its dev split (other countries).
 -- The run is cut short (part of one epoch) so F1 is still far from both 0 and
 -- 100, where a training difference shows. The old trainer (no gradient
--- clipping, issue 19) is run too and must be told apart.
+-- clipping, issue 19) is run too and must fall outside the band.
 local T = require "testing"
 local real = require "real_model"
 local bert = require "bertlua.bert"
@@ -110,10 +110,11 @@ print(("F1 on %d questions: untrained %.2f; after %d steps: bertlua %.2f, transf
 -- to 1.5e-4), so only a question whose two best spans score within rounding
 -- of each other can change its answer. Up to FLIPS such questions are
 -- allowed, each moving F1 by at most 100 / questions. Measured here (AVX-512,
--- OpenBLAS): F1 11.42 for both, the old trainer 12.98.
+-- OpenBLAS): F1 1.40 untrained, 11.42 for both after training with 0 answers
+-- differing; the old trainer 12.98 with 5 answers differing.
 local FLIPS = 2
-T.test("the fine-tuned model learnt something (F1 above the untrained model's)", function()
-  T.truthy(f1_hf > f1_0, ("transformers F1 %.2f, untrained %.2f"):format(f1_hf, f1_0))
+T.test("the fine-tuned model learnt the task (F1 well above the untrained model's)", function()
+  T.truthy(f1_hf >= f1_0 + 5, ("transformers F1 %.2f, untrained %.2f"):format(f1_hf, f1_0))
 end)
 
 T.test("bertlua's F1 equals transformers' on the same run, within a rounding band", function()
@@ -122,12 +123,10 @@ T.test("bertlua's F1 equals transformers' on the same run, within a rounding ban
 end)
 
 -- The old trainer (no gradient clipping; every reference clips at 1.0, issue
--- 19) is a real training difference, and the comparison must see it: its
--- answers differ from transformers' in more questions than the current
--- trainer's do.
-T.test("the old trainer without clipping is told apart", function()
-  T.truthy(d_old > d_bl, ("without clipping %d answers differ from transformers', with clipping %d")
-    :format(d_old, d_bl))
+-- 19) is a real training difference, and the band must be able to see it.
+T.test("the old trainer without clipping falls outside the band", function()
+  T.truthy(d_old > FLIPS, ("without clipping %d of %d answers differ from transformers' (band: %d)")
+    :format(d_old, nq, FLIPS))
 end)
 
 T.run()
