@@ -115,14 +115,7 @@ if opt.only ~= "bertlua" then
     "--warmup %g --seed %d --threads %d --dropout %g %s > %s/log.txt 2>&1"):format(py, dir, opt.model, opt.lr,
     opt.epochs, opt.batch,
     opt.warmup, opt.seed, opt.threads, drop, opt.ref_args, dir))
-  local lg = st.load(dir .. "/ref_logits.safetensors")
-  local L = opt.max_seq_length
-  local sl, el = lg.start_logits:totable(), lg.end_logits:totable()
-  local results = {}
-  for i, f in ipairs(eval_feats) do
-    results[i] = { unique_id = f.unique_id, start_logits = { unpack(sl, (i - 1) * L + 1, i * L) },
-      end_logits = { unpack(el, (i - 1) * L + 1, i * L) } }
-  end
+  local results = real.ref_results(dir .. "/ref_logits.safetensors", eval_feats)
   squad.write_predictions(eval_ex, eval_feats, results, { tokenizer = tok, output_dir = dir })
   local r = squad.evaluate(squad.load_json(eval_file), cjson.decode(read(dir .. "/predictions.json")))
   result.transformers = { exact_match = r.exact_match, f1 = r.f1 }

@@ -79,13 +79,7 @@ local function transformers_f1(order)
     "--weight-decay 0.01 --eps 1e-6 --clip 1.0 --batch %d --threads 2 --no-state"):format(PY, dir, m0, LR, B))
   if rc == 77 then T.skip_all(out) end
   T.eq(rc, 0, out)
-  local lg = st.load(dir .. "/ref_logits.safetensors")
-  local sl, el = lg.start_logits:totable(), lg.end_logits:totable()
-  local results = {}
-  for i, f in ipairs(eval_feats) do
-    results[i] = { unique_id = f.unique_id, start_logits = { unpack(sl, (i - 1) * L + 1, i * L) },
-      end_logits = { unpack(el, (i - 1) * L + 1, i * L) } }
-  end
+  local results = real.ref_results(dir .. "/ref_logits.safetensors", eval_feats)
   return f1_of(squad.write_predictions(eval_ex, eval_feats, results, { tokenizer = tok }))
 end
 

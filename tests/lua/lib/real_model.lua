@@ -72,4 +72,18 @@ function M.qa_batch(feats, idx, labels)
   return M.qa_tensors(feats, idx, math.min(math.ceil(S / 8) * 8, L), labels)
 end
 
+-- ref_results(path, feats) -> the write_predictions results of the reference's
+-- logits file (start_logits, end_logits [#feats, L], as qa_finetune_reference.py writes)
+function M.ref_results(path, feats)
+  local lg = require("bertlua.io.safetensors").load(path)
+  local L = lg.start_logits:size(2)
+  local sl, el = lg.start_logits:totable(), lg.end_logits:totable()
+  local results = {}
+  for i, f in ipairs(feats) do
+    results[i] = { unique_id = f.unique_id, start_logits = { unpack(sl, (i - 1) * L + 1, i * L) },
+      end_logits = { unpack(el, (i - 1) * L + 1, i * L) } }
+  end
+  return results
+end
+
 return M
