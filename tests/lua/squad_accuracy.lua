@@ -13,7 +13,9 @@
 -- the seed) trains on the features bertlua makes and writes eval logits,
 -- which go through the same post-processing and official metric here, so the
 -- two F1s differ only by training. Prints one JSON line {bertlua=, transformers=}.
+package.path = "tests/lua/lib/?.lua;" .. package.path
 local bl = require "bertlua"
+local real = require "real_model"
 local options = require "bertlua.util.options"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
@@ -86,23 +88,10 @@ if opt.only ~= "transformers" then
   result.bertlua = { exact_match = r.exact_match, f1 = r.f1 }
 end
 
--- features as tensors [N, L]
 local function dump(feats, path, labels)
-  local n, L = #feats, opt.max_seq_length
-  local t = { input_ids = bl.zeros({ n, L }, { dtype = "i32" }), token_type_ids = bl.zeros({ n, L }, { dtype = "i32" }),
-    attention_mask = bl.zeros({ n, L }, { dtype = "i32" }) }
-  local pi, pt, pm = t.input_ids:ptr(), t.token_type_ids:ptr(), t.attention_mask:ptr()
-  if labels then
-    t.start_positions, t.end_positions = bl.zeros({ n }, { dtype = "i32" }), bl.zeros({ n }, { dtype = "i32" })
-  end
-  for r, f in ipairs(feats) do
-    for i = 1, L do
-      local k = (r - 1) * L + i - 1
-      pi[k], pt[k], pm[k] = f.input_ids[i], f.segment_ids[i], f.input_mask[i]
-    end
-    if labels then t.start_positions:ptr()[r - 1], t.end_positions:ptr()[r - 1] = f.start_position, f.end_position end
-  end
-  st.save(path, t)
+  local all = {}
+  for i = 1, #feats do all[i] = i end
+  st.save(path, real.qa_tensors(feats, all, opt.max_seq_length, labels))
 end
 
 if opt.only ~= "bertlua" then
@@ -126,14 +115,7 @@ if opt.only ~= "bertlua" then
     "--warmup %g --seed %d --threads %d --dropout %g %s > %s/log.txt 2>&1"):format(py, dir, opt.model, opt.lr,
     opt.epochs, opt.batch,
     opt.warmup, opt.seed, opt.threads, drop, opt.ref_args, dir))
-  local lg = st.load(dir .. "/ref_logits.safetensors")
-  local L = opt.max_seq_length
-  local sl, el = lg.start_logits:totable(), lg.end_logits:totable()
-  local results = {}
-  for i, f in ipairs(eval_feats) do
-    results[i] = { unique_id = f.unique_id, start_logits = { unpack(sl, (i - 1) * L + 1, i * L) },
-      end_logits = { unpack(el, (i - 1) * L + 1, i * L) } }
-  end
+  local results = real.ref_results(dir .. "/ref_logits.safetensors", eval_feats)
   squad.write_predictions(eval_ex, eval_feats, results, { tokenizer = tok, output_dir = dir })
   local r = squad.evaluate(squad.load_json(eval_file), cjson.decode(read(dir .. "/predictions.json")))
   result.transformers = { exact_match = r.exact_match, f1 = r.f1 }

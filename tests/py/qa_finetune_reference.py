@@ -9,14 +9,16 @@ usage: /usr/bin/python3 tests/py/qa_finetune_reference.py train|finetune DIR MOD
   initial qa_outputs.weight/bias). Writes DIR/ref_log.json ({loss, lr,
   grad_norm} per step), DIR/ref_grads.safetensors (gradients of the loss of
   features 0..batch-1 before any step: grad.<name>) and
-  DIR/ref_params.safetensors (parameters after the last step).
+  DIR/ref_params.safetensors (parameters after the last step), and when
+  DIR/eval_features.safetensors exists, its logits as finetune writes them.
   finetune: the same model trained as transformers users do (its own
   shuffled order from --seed, the last partial batch kept, --epochs), then
   start/end logits of DIR/eval_features.safetensors written to
   DIR/ref_logits.safetensors (start_logits, end_logits [N,L]) and the
   per-step log to DIR/ref_log.json.
   Options: --lr, --warmup (proportion), --weight-decay, --eps, --clip (0 =
-  off), --batch, --dropout (default 0), --threads, --seed.
+  off), --batch, --dropout (default 0), --threads, --seed, --no-state (train:
+  skip ref_grads and ref_params).
 Exit code 77 (skip) when torch or transformers is missing.
 """
 import argparse
@@ -67,36 +69,19 @@ def train(a):
         order = json.load(f)
     model = load_model(a.model_dir, a.dropout, head)
     model.train()
-    # gradients of one batch, before any update
-    out = model(**batch_of(feats, list(range(a.batch))))
-    out.loss.backward()
-    save_file({"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()},
-              os.path.join(a.dir, "ref_grads.safetensors"))
-    model.zero_grad(set_to_none=True)
-    groups = [
-        {"params": [p for n, p in model.named_parameters() if not no_decay(n)], "weight_decay": a.weight_decay},
-        {"params": [p for n, p in model.named_parameters() if no_decay(n)], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=a.lr, eps=a.eps)
-    total = len(order)
-    sched = get_linear_schedule_with_warmup(opt, math.ceil(a.warmup * total), total)
-    log = []
-    for idx in order:
-        out = model(**batch_of(feats, idx))
+    if not a.no_state:
+        # gradients of one batch, before any update
+        out = model(**batch_of(feats, list(range(a.batch))))
         out.loss.backward()
-        params = [p for p in model.parameters() if p.grad is not None]
-        norm = torch.norm(torch.stack([p.grad.detach().norm() for p in params])).item()
-        if a.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-        lr = sched.get_last_lr()[0]
-        opt.step()
-        sched.step()
+        save_file({"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()},
+                  os.path.join(a.dir, "ref_grads.safetensors"))
         model.zero_grad(set_to_none=True)
-        log.append({"loss": out.loss.item(), "lr": lr, "grad_norm": norm})
-    with open(os.path.join(a.dir, "ref_log.json"), "w") as f:
-        json.dump(log, f)
-    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
-              os.path.join(a.dir, "ref_params.safetensors"))
+    fit(model, a, order, lambda idx: batch_of(feats, idx))
+    if not a.no_state:
+        save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
+                  os.path.join(a.dir, "ref_params.safetensors"))
+    if os.path.exists(os.path.join(a.dir, "eval_features.safetensors")):
+        write_eval_logits(model, a.dir)
 
 
 def finetune(a):
@@ -105,22 +90,38 @@ def finetune(a):
     feats = load_file(os.path.join(a.dir, "features.safetensors"))
     head = load_file(os.path.join(a.dir, "head.safetensors"))
     model = load_model(a.model_dir, a.dropout, head)
-    n = feats["input_ids"].shape[0]
+    order = shuffled_order(feats["input_ids"].shape[0], a)
+    fit(model, a, order, lambda idx: batch_of(feats, idx))
+    write_eval_logits(model, a.dir)
+
+
+def shuffled_order(n, a):
+    """A transformers user's batches: a fresh permutation from the seed each epoch, last partial batch kept."""
     g = torch.Generator().manual_seed(a.seed)
     order = []
     for _ in range(a.epochs):
         perm = torch.randperm(n, generator=g).tolist()
         order += [perm[i:i + a.batch] for i in range(0, n, a.batch)]
+    return order
+
+
+def optimizer(model, a, total):
+    """torch AdamW (no decay on biases and LayerNorm) with transformers' linear warmup/decay over total steps."""
     groups = [
-        {"params": [p for n_, p in model.named_parameters() if not no_decay(n_)], "weight_decay": a.weight_decay},
-        {"params": [p for n_, p in model.named_parameters() if no_decay(n_)], "weight_decay": 0.0},
+        {"params": [p for n, p in model.named_parameters() if not no_decay(n)], "weight_decay": a.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if no_decay(n)], "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=a.lr, eps=a.eps)
-    sched = get_linear_schedule_with_warmup(opt, math.ceil(a.warmup * len(order)), len(order))
+    return opt, get_linear_schedule_with_warmup(opt, math.ceil(a.warmup * total), total)
+
+
+def fit(model, a, order, make_batch):
+    """The training loop as transformers users write it (clip_grad_norm_ when --clip > 0); log to DIR/ref_log.json."""
+    opt, sched = optimizer(model, a, len(order))
     model.train()
     log = []
     for idx in order:
-        out = model(**batch_of(feats, idx))
+        out = model(**make_batch(idx))
         out.loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip if a.clip > 0 else float("inf")).item()
         log.append({"loss": out.loss.item(), "lr": sched.get_last_lr()[0], "grad_norm": norm})
@@ -129,8 +130,12 @@ def finetune(a):
         model.zero_grad(set_to_none=True)
     with open(os.path.join(a.dir, "ref_log.json"), "w") as f:
         json.dump(log, f)
+
+
+def write_eval_logits(model, dir_):
+    """Start/end logits of DIR/eval_features.safetensors, padded back to its length, to DIR/ref_logits."""
     keys = ("input_ids", "token_type_ids", "attention_mask")
-    ev = load_file(os.path.join(a.dir, "eval_features.safetensors"))
+    ev = load_file(os.path.join(dir_, "eval_features.safetensors"))
     model.eval()
     starts, ends = [], []
     with torch.no_grad():
@@ -141,7 +146,7 @@ def finetune(a):
             starts.append(F.pad(out.start_logits.float(), (0, pad), value=-1e4))
             ends.append(F.pad(out.end_logits.float(), (0, pad), value=-1e4))
     save_file({"start_logits": torch.cat(starts).contiguous(), "end_logits": torch.cat(ends).contiguous()},
-              os.path.join(a.dir, "ref_logits.safetensors"))
+              os.path.join(dir_, "ref_logits.safetensors"))
 
 
 def main():
@@ -159,6 +164,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--no-state", action="store_true", help="train: no ref_grads/ref_params (only the log, logits)")
     a = ap.parse_args()
     (train if a.mode == "train" else finetune)(a)
 
