@@ -97,7 +97,8 @@ int bl_cuda_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b);
 
 /* ---- tensor core device side (kernels/elementwise.cu): same contracts as bl_tensor.h,
  * every operand on the same cuda device. Generic path computes in double. */
-int bl_cuda_tensor_copy(bl_tensor *dst, const bl_tensor *src);   /* both on one device; broadcast + dtype conversion, any strides */
+/* both on one device; broadcast + dtype conversion, any strides */
+int bl_cuda_tensor_copy(bl_tensor *dst, const bl_tensor *src);
 int bl_cuda_tensor_fill(bl_tensor *t, double value);
 int bl_cuda_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b);
 int bl_cuda_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int scalar_first);

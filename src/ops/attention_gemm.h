@@ -47,7 +47,8 @@ static inline __attribute__((always_inline)) void AG_NAME(int ta, int64_t M, int
       }
       float *cp = C + i * ldc + j;
       AG_OUT(cp, c00); AG_OUT(cp + L, c01); AG_OUT(cp + ldc, c10); AG_OUT(cp + ldc + L, c11);
-      AG_OUT(cp + 2 * ldc, c20); AG_OUT(cp + 2 * ldc + L, c21); AG_OUT(cp + 3 * ldc, c30); AG_OUT(cp + 3 * ldc + L, c31);
+      AG_OUT(cp + 2 * ldc, c20); AG_OUT(cp + 2 * ldc + L, c21);
+      AG_OUT(cp + 3 * ldc, c30); AG_OUT(cp + 3 * ldc + L, c31);
     }
     for (; j + L <= N; j += L) {
       AG_V c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};

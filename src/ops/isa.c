@@ -82,7 +82,8 @@ const char *bl_cpu_info(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   unsigned r[12];
   if (__get_cpuid(0x80000004u, &r[0], &r[1], &r[2], &r[3])) {
-    for (unsigned i = 0; i < 3; i++) __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+    for (unsigned i = 0; i < 3; i++)
+      __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
     memcpy(brand, r, 48);
     brand[48] = 0;
   }

@@ -325,8 +325,8 @@ int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd
   const bl_tensor *ts[] = {y, mean, rstd, x, residual, gamma, beta};
   BL_CHECK(opx_device(op, 7, ts, &dev));
   if (dev >= 0)
-    return BL_ON_CUDA(op, dev,
-                      bl_cuda_residual_layernorm_forward(y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset));
+    return BL_ON_CUDA(
+        op, dev, bl_cuda_residual_layernorm_forward(y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset));
   return ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset);
 }
 
