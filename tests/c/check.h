@@ -5,7 +5,7 @@
 #define BL_TEST_CHECK_H
 #include <stdio.h>
 
-static int failures = 0;
+static int failures __attribute__((unused)) = 0; /* unused in a test that skips (no CUDA) */
 #define CHECK(cond, ...)                          \
   do {                                            \
     if (!(cond)) {                                \
