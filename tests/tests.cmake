@@ -78,6 +78,9 @@ if(BERTLUA_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
   # checkpoint readers, seeded with files TensorFlow / torch.save wrote (tests/fuzz/corpus/NAME)
   foreach(name tf_checkpoint torch_checkpoint)
     add_executable(fuzz_${name} tests/fuzz/fuzz_${name}.c src/io/${name}.c src/io/ckpt.c src/io/crc32c.c src/io/file.c)
+    if(name STREQUAL "torch_checkpoint")
+      target_sources(fuzz_${name} PRIVATE src/io/torch_zip.c)   # the zip side of the torch reader
+    endif()
     # index-block and data.pkl checksums off: mutated inputs then reach the parsers behind them
     target_compile_definitions(fuzz_${name} PRIVATE BL_FUZZ_STANDALONE FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION)
     target_include_directories(fuzz_${name} PRIVATE ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/src/io)
