@@ -11,6 +11,7 @@
 -- the token ids bertlua makes from the same initial classifier; its eval
 -- logits are scored here with the same metric. Prints one JSON line.
 local bl = require "bertlua"
+local fs = require "bertlua.util.fs"
 local options = require "bertlua.util.options"
 local glue = require "bertlua.tasks.glue"
 local metrics = require "bertlua.tasks.metrics"
@@ -41,8 +42,8 @@ local function sh(cmd)
   local ok = os.execute(cmd)
   if ok ~= 0 and ok ~= true then error("glue_accuracy: command failed: " .. cmd, 0) end
 end
-local function write(path, s) local f = assert(io.open(path, "w")); f:write(s); f:close() end
-local function read(path) local f = assert(io.open(path, "rb")); local s = f:read("*a"); f:close(); return s end
+local write = fs.write_atomic
+local function read(path) return fs.read_text(path, "glue_accuracy") end
 sh("mkdir -p " .. opt.out .. "/bertlua " .. opt.out .. "/transformers")
 
 -- the split: the header line on both halves

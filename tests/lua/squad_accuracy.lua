@@ -15,6 +15,7 @@
 -- two F1s differ only by training. Prints one JSON line {bertlua=, transformers=}.
 package.path = "tests/lua/lib/?.lua;" .. package.path
 local bl = require "bertlua"
+local fs = require "bertlua.util.fs"
 local real = require "real_model"
 local options = require "bertlua.util.options"
 local squad = require "bertlua.tasks.squad"
@@ -45,8 +46,8 @@ local function sh(cmd)
   local ok = os.execute(cmd)
   if ok ~= 0 and ok ~= true then error("squad_accuracy: command failed: " .. cmd, 0) end
 end
-local function write(path, s) local f = assert(io.open(path, "w")); f:write(s); f:close() end
-local function read(path) local f = assert(io.open(path, "rb")); local s = f:read("*a"); f:close(); return s end
+local write = fs.write_atomic
+local function read(path) return fs.read_text(path, "squad_accuracy") end
 sh("mkdir -p " .. opt.out .. "/bertlua " .. opt.out .. "/transformers")
 
 -- the split
