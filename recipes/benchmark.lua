@@ -109,7 +109,11 @@ if on_gpu then
   model:to{ device = dev, dtype = opt.precision == "bf16" and "bf16" or "f32" }
 end
 if opt.infer then model:eval() else model:train() end
-if opt.infer and opt.pack and not on_gpu then require("bertlua.bert.infer").pack(model.bert) end
+if opt.infer and opt.pack and not on_gpu then
+  local _, n = require("bertlua.bert.infer").pack(model.bert)
+  print(("inference GEMM: bertlua packed, %d weights packed once, bias/GELU in its epilogue "
+    .. "(--pack=false: the cpu line's GEMM)"):format(n))
+end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
   cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads, devname, opt.precision))
 
