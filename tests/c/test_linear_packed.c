@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ref_dot.h"
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static float urand(void) { /* uniform in [-1, 1) */
@@ -52,12 +53,7 @@ static void check_layer(const char *isa, int64_t rows, int64_t in, int64_t out, 
   double worst = 0;
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < out; j++) {
-      double v = B ? B[j] : 0.0, mag = fabs(v);
-      for (int64_t p = 0; p < in; p++) {
-        double t = (double)X[i * in + p] * (wtrans ? W[p * out + j] : W[j * in + p]);
-        v += t;
-        mag += fabs(t);
-      }
+      double mag, v = ref_dot(X + i * in, 1, wtrans ? W + j : W + j * in, wtrans ? out : 1, in, B ? B[j] : 0.0, &mag);
       double e = (double)(in + 2) * u * mag, ref = v, bound = e;
       if (act == BL_LINEAR_GELU) {
         ref = v * 0.5 * erfc(-v / sqrt(2.0));
