@@ -50,6 +50,8 @@ local opt = options.parse(arg, {
   { "masked", 20, "masked positions per sequence (MLM decoder rows)" },
   { "dropout", 0.1, "hidden and attention dropout" },
   { "infer", false, "time inference (forward of the encoder only) instead of training" },
+  { "pack", true, "--infer on the cpu: linear weights packed once for our own GEMM, bias/GELU in its epilogue "
+    .. "(bertlua.bert.infer)" },
   { "lr", 1e-4, "SGD learning rate" },
   { "compare", "", "'torch': the same benchmark in PyTorch, with the ratio; 'onnxruntime' (--infer): ONNX Runtime's "
     .. "fused BERT graph (recipes/peers/bench_bert_onnxruntime.py)" },
@@ -107,6 +109,11 @@ if on_gpu then
   model:to{ device = dev, dtype = opt.precision == "bf16" and "bf16" or "f32" }
 end
 if opt.infer then model:eval() else model:train() end
+if opt.infer and opt.pack and not on_gpu then
+  local _, n = require("bertlua.bert.infer").pack(model.bert)
+  print(("inference GEMM: bertlua packed, %d weights packed once, bias/GELU in its epilogue "
+    .. "(--pack=false: the cpu line's GEMM)"):format(n))
+end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
   cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads, devname, opt.precision))
 

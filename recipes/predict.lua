@@ -59,6 +59,7 @@ local opt = options.parse(arg, {
       "stay f32 (half-precision storage emulated)" },
   { "stats", nil, "write throughput and latency as JSON here" },
   { "threads", 0, "CPU threads (0: default)" },
+  { "pack", true, "cpu: linear weights packed once for our own GEMM (bertlua.bert.infer)" },
   device.OPTION,
 }, { name = "predict",
   usage = "usage: bertlua recipes/predict.lua --model=DIR --input=FILE [--task=jsonl|squad|glue-TASK] " ..
@@ -88,6 +89,8 @@ if task == "squad" and not is_qa then error("predict: --task=squad needs a QA mo
 if glue_task and is_qa then error("predict: --task=" .. opt.task .. " needs a classification model; " .. opt.model
   .. " is a QA model", 0) end
 device.inference_model(model, dev, opt.precision)
+-- on the CPU every linear weight is packed once for our own GEMM (bias and GELU in its epilogue)
+if dev < 0 and opt.pack then require("bertlua.bert.infer").pack(model) end
 
 -- runs the model over n sequences (batches from make_batch), with untimed warmup batches first;
 -- describe(i) names sequence i in errors

@@ -49,6 +49,23 @@ int bl_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, cons
 int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
                        const bl_tensor *x, const bl_tensor *w, int accumulate);
 
+/* ---- packed linear weights (CPU inference): bl_linear_pack copies W [out, in]
+ * (f32/f16/bf16/f64, any 2-D layout) once into the layout of our own GEMM's
+ * kernel for the CPU path in use (src/ops/gemm.c; on the baseline path
+ * nothing is copied and the ordinary GEMM runs). bl_linear_forward_packed is
+ * bl_linear_forward with W given together with its pack (*pw must have been
+ * packed from this w, and on the same CPU path, else an error): y = act(x W^T
+ * + b), act BL_LINEAR_NONE or BL_LINEAR_GELU (exact erf GELU, as
+ * bl_bias_gelu_forward), bias and GELU applied in the GEMM's epilogue. The
+ * pack is a snapshot: pack again after changing W. Forward only (no backward:
+ * training runs the ordinary GEMM). Free with bl_linear_pack_free. */
+typedef struct bl_packed_weight bl_packed_weight;
+enum { BL_LINEAR_NONE = 0, BL_LINEAR_GELU = 1 };
+int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w);
+void bl_linear_pack_free(bl_packed_weight *pw);
+int bl_linear_forward_packed(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_packed_weight *pw,
+                             const bl_tensor *b, int act);
+
 /* ---- embedding: out[i, :] (+)= table[ids[i], :].  ids [...] i32/i64, table [V, H],
  * out [..., H]. accumulate != 0 adds into out (word + position + type sums
  * without temporaries). Every id is checked (0 <= id < V) before anything is written.

@@ -8,8 +8,9 @@
  * Each library is dlopen'ed on its own (RTLD_LOCAL: OpenBLAS and BLIS both export cblas_sgemm):
  * OpenBLAS (libopenblas-dev), BLIS (libblis-dev, its OpenMP build) and oneDNN (libdnnl-dev,
  * dnnl_sgemm, row-major) and our own packed GEMM (src/ops/gemm.c, linked in; on the ISA that
- * BL_CPU_ISA=avx2 caps it to, as in the library). Shapes are a linear layer's three products, row-major as in
- * src/ops/linear.c: forward Y[M,N] = X[M,K] W[N,K]^T, dX[M,K] = dY[M,N] W[N,K],
+ * BL_CPU_ISA=avx2 caps it to, as in the library), also with the weight packed once (own-pre, the
+ * inference path: forward products only, B packed before the timing). Shapes are a linear
+ * layer's three products, row-major as in src/ops/linear.c: forward Y[M,N] = X[M,K] W[N,K]^T, dX[M,K] = dY[M,N] W[N,K],
  * dW[N,K] = dY^T X; M = 4096 tokens (B=32, S=128) and M = 128 (one sequence), N/K in {768, 3072}.
  * The libraries take turns rep by rep (a shared machine's load hits them alike); the table gives
  * each one's best rep in GFLOP/s. The peak is a loop of 12 independent FMA chains per thread
@@ -69,11 +70,16 @@ static double peak(int isa512, int threads) {
   return best * 1e-9;
 }
 
-typedef struct { const char *name; cblas_sgemm_fn cblas; dnnl_sgemm_fn dnnl; int own_isa; } lib;
+typedef struct { const char *name; cblas_sgemm_fn cblas; dnnl_sgemm_fn dnnl; int own_isa, pre; } lib;
+
+static opx_packed_b *prepacked; /* the current forward shape's weight, for own-pre */
+
+static int ldb_of(int tb, int K, int N) { return tb ? K : N; }
 
 static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *A, const float *B, float *C) {
-  int lda = ta ? M : K, ldb = tb ? K : N;
-  if (l->own_isa) opx_sgemm_isa(l->own_isa, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, N);
+  int lda = ta ? M : K, ldb = ldb_of(tb, K, N);
+  if (l->pre) opx_sgemm_packed(prepacked, ta, M, A, lda, C, N, NULL, 0);
+  else if (l->own_isa) opx_sgemm_isa(l->own_isa, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, N);
   else if (l->cblas) l->cblas(ROW, ta ? TR : NT, tb ? TR : NT, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
   else l->dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
 }
@@ -81,7 +87,7 @@ static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 5;
   use_cpu_time = argc > 3 && strcmp(argv[3], "cpu") == 0;
-  lib libs[4];
+  lib libs[5];
   int nl = 0;
   void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
   if (h) {
@@ -89,7 +95,7 @@ int main(int argc, char **argv) {
     char *(*cfg)(void) = (char *(*)(void))dlsym(h, "openblas_get_config");
     if (set) set(threads);
     printf("OpenBLAS: %s\n", cfg ? cfg() : "?");
-    libs[nl++] = (lib){"OpenBLAS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0};
+    libs[nl++] = (lib){"OpenBLAS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0, 0};
   }
   h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
   if (h && dlsym(h, "cblas_sgemm")) {
@@ -98,16 +104,17 @@ int main(int argc, char **argv) {
     int (*qa)(void) = (int (*)(void))dlsym(h, "bli_arch_query_id");
     if (set) set(threads);
     printf("BLIS: sub-configuration %s\n", arch && qa ? arch(qa()) : "?");
-    libs[nl++] = (lib){"BLIS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0};
+    libs[nl++] = (lib){"BLIS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0, 0};
   }
   h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (h && dlsym(h, "dnnl_sgemm")) libs[nl++] = (lib){"oneDNN", NULL, (dnnl_sgemm_fn)dlsym(h, "dnnl_sgemm"), 0};
+  if (h && dlsym(h, "dnnl_sgemm")) libs[nl++] = (lib){"oneDNN", NULL, (dnnl_sgemm_fn)dlsym(h, "dnnl_sgemm"), 0, 0};
   omp_set_num_threads(threads);
   __builtin_cpu_init();
   int has512 = __builtin_cpu_supports("x86-64-v4"), has256 = __builtin_cpu_supports("x86-64-v3");
   const char *cap = getenv("BL_CPU_ISA");
   int own = has512 && !(cap && strcmp(cap, "avx2") == 0) ? OPX_ISA_AVX512 : has256 ? OPX_ISA_AVX2 : 0;
-  if (own) libs[nl++] = (lib){own == OPX_ISA_AVX512 ? "own-avx512" : "own-avx2", NULL, NULL, own};
+  if (own) libs[nl++] = (lib){own == OPX_ISA_AVX512 ? "own-avx512" : "own-avx2", NULL, NULL, own, 0};
+  if (own) libs[nl++] = (lib){"own-pre", NULL, NULL, own, 1};
   printf("FMA peak, %d threads (GFLOP/s):", threads);
   if (has512) printf(" AVX-512 %.1f", peak(1, threads));
   if (has256) printf(" AVX2 %.1f", peak(0, threads));
@@ -131,10 +138,13 @@ int main(int argc, char **argv) {
         if (kind == 0) { m = M; n = N; k = K; ta = 0; tb = 1; what = "fwd  X W^T"; }
         else if (kind == 1) { m = M; n = K; k = N; ta = 0; tb = 0; what = "dX = dY W"; }
         else { m = N; n = K; k = M; ta = 1; tb = 0; what = "dW = dY^T X"; }
-        double best[4] = {0};
-        for (int l = 0; l < nl; l++) run(&libs[l], ta, tb, m, n, k, A, B, C);
+        double best[5] = {0};
+        prepacked = own && kind == 0 ? opx_pack_b(own, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
+        for (int l = 0; l < nl; l++)
+          if (!libs[l].pre || prepacked) run(&libs[l], ta, tb, m, n, k, A, B, C);
         for (int r = 0; r < reps; r++)
           for (int l = 0; l < nl; l++) {
+            if (libs[l].pre && !prepacked) continue; /* backward products: no packed weight */
             double t0 = now();
             run(&libs[l], ta, tb, m, n, k, A, B, C);
             double f = 2.0 * m * n * k / (now() - t0) * 1e-9;
@@ -143,8 +153,9 @@ int main(int argc, char **argv) {
         char lab[64];
         snprintf(lab, sizeof lab, "%s N=%d K=%d", what, N, K);
         printf("%-6d %-28s", M, lab);
-        for (int l = 0; l < nl; l++) printf(" %10.1f", best[l]);
+        for (int l = 0; l < nl; l++) best[l] > 0 ? printf(" %10.1f", best[l]) : printf(" %10s", "-");
         printf("\n");
+        opx_packed_b_free(prepacked);
       }
   free(A); free(B); free(C);
   return 0;

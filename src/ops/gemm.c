@@ -9,7 +9,12 @@
  * kernel of its own (callers fall back to OpenBLAS). Threads share the packed
  * B block and split the MC blocks of A (and the NR panels when A has too few
  * rows, as at batch 1). Pack buffers are kept per thread and grow only, so a
- * steady workload allocates nothing per call. */
+ * steady workload allocates nothing per call.
+ *
+ * For inference a weight can be packed once (opx_pack_b: every KC x NC block
+ * of B laid out as the driver reads it) and reused by every call
+ * (opx_sgemm_packed), which then also applies bias and GELU to each C tile
+ * as soon as its last K block is done. */
 #include "gemm.h"
 #include "vecmath.h"
 #include <omp.h>
@@ -140,62 +145,138 @@ static void pack_b_panel(const gemm_cfg *g, const float *b, int64_t ldb, int tb,
   }
 }
 
-/* The micro-kernel on a full tile, or through a scratch tile at the edges */
-static void tile(const gemm_cfg *g, int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t rows,
-                 int64_t cols, float beta) {
-  if (rows == g->mr && cols == g->nr) {
-    g->kernel(kb, ap, bp, c, ldc, beta);
-    return;
+/* The fused epilogue on a finished C tile (rows x cols, still in L1): c +=
+ * bias, then GELU (exact erf form, vm_phi, the same formula as bias_gelu in
+ * src/ops/activation.c) when gelu is set. */
+OPX_BODY bias_act_body(int64_t rows, int64_t cols, float *restrict c, int64_t ldc, const float *restrict bias,
+                       int gelu) {
+  for (int64_t i = 0; i < rows; i++) {
+    float *restrict r = c + i * ldc;
+    if (bias && gelu) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++) {
+        float v = r[j] + bias[j], pdf;
+        r[j] = v * vm_phi(v, &pdf);
+      }
+    } else if (gelu) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++) {
+        float v = r[j], pdf;
+        r[j] = v * vm_phi(v, &pdf);
+      }
+    } else if (bias) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++) r[j] += bias[j];
+    }
   }
-  float t[14 * 32];
-  g->kernel(kb, ap, bp, t, g->nr, 0.0f);
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t j = 0; j < cols; j++)
-      c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
+}
+#define BIAS_ACT_PARAMS \
+  (int64_t rows, int64_t cols, float *restrict c, int64_t ldc, const float *restrict bias, int gelu)
+OPX_TARGET_AVX512 static void bias_act_avx512 BIAS_ACT_PARAMS { bias_act_body(rows, cols, c, ldc, bias, gelu); }
+OPX_TARGET_AVX2 static void bias_act_avx2 BIAS_ACT_PARAMS { bias_act_body(rows, cols, c, ldc, bias, gelu); }
+static void bias_act_base BIAS_ACT_PARAMS { bias_act_body(rows, cols, c, ldc, bias, gelu); }
+typedef void(*bias_act_fn) BIAS_ACT_PARAMS;
+#undef BIAS_ACT_PARAMS
+
+/* the epilogue compiled for isa (this file never asks which ISA is in use:
+ * the caller says, as with the kernels) */
+static bias_act_fn bias_act_for(int isa) {
+  return isa == OPX_ISA_AVX512 ? bias_act_avx512 : isa == OPX_ISA_AVX2 ? bias_act_avx2 : bias_act_base;
 }
 
-int opx_sgemm_isa(int isa, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
-                  int64_t ldb, float beta, float *c, int64_t ldc) {
-  gemm_cfg g;
-  if (!cfg_for(isa, &g) || m <= 0 || n <= 0 || k <= 0) return 0;
-  int64_t ncb = n < g.nc ? n : g.nc, kcb = k < g.kc ? k : g.kc;
-  float *bpack = pack_reserve(&tl_bpack, (size_t)((ncb + g.nr - 1) / g.nr * g.nr) * (size_t)kcb);
-  if (!bpack) return 0;
+void opx_bias_act_rows(int isa, int64_t rows, int64_t cols, float *c, int64_t ldc, const float *bias, int gelu) {
+  if (rows > 0 && cols > 0 && (bias || gelu)) bias_act_for(isa)(rows, cols, c, ldc, bias, gelu);
+}
+
+/* What the driver adds after the last K block (bias NULL and gelu 0: nothing) */
+typedef struct epilogue {
+  const float *bias;
+  int gelu;
+  bias_act_fn fn;
+} epilogue;
+
+/* The micro-kernel on a full tile, or through a scratch tile at the edges;
+ * ep (non-NULL on the last K block) is applied to the tile at once, while it
+ * is in L1, so the output is never read again by a separate pass. bias
+ * points at the tile's first column. */
+static void tile(const gemm_cfg *g, int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t rows,
+                 int64_t cols, float beta, const epilogue *ep, const float *bias) {
+  if (rows == g->mr && cols == g->nr) {
+    g->kernel(kb, ap, bp, c, ldc, beta);
+  } else {
+    float t[14 * 32];
+    g->kernel(kb, ap, bp, t, g->nr, 0.0f);
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++)
+        c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
+  }
+  if (ep && (bias || ep->gelu)) ep->fn(rows, cols, c, ldc, bias, ep->gelu);
+}
+
+/* Where op(B) comes from: packed here block by block (b, ldb, tb), or already
+ * packed once (pre: every KC x NC block in the order the driver visits them). */
+typedef struct bsource {
+  const float *b, *pre;
+  int64_t ldb;
+  int tb;
+} bsource;
+
+/* The prepacked block (j0, p0): the NC blocks before j0 are full (NC is a
+ * multiple of NR), so they hold j0 * k floats; inside block j0 the KC blocks
+ * before p0 hold p0 * npanels * NR. */
+static int64_t pre_offset(const gemm_cfg *g, int64_t k, int64_t j0, int64_t p0, int64_t npanels) {
+  return j0 * k + p0 * npanels * g->nr;
+}
+
+static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const bsource *bs, float beta, float *c, int64_t ldc, const epilogue *ep) {
+  int64_t ncb = n < g->nc ? n : g->nc, kcb = k < g->kc ? k : g->kc;
+  float *bpack = NULL;
+  if (!bs->pre) {
+    bpack = pack_reserve(&tl_bpack, (size_t)((ncb + g->nr - 1) / g->nr * g->nr) * (size_t)kcb);
+    if (!bpack) return 0;
+  }
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)k < 4e6) nthreads = 1; /* too small to pay a fork */
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
-    float *apack = pack_reserve(&tl_apack, (size_t)((g.mc + g.mr - 1) / g.mr * g.mr) * (size_t)kcb);
+    float *apack = pack_reserve(&tl_apack, (size_t)((g->mc + g->mr - 1) / g->mr * g->mr) * (size_t)kcb);
     if (!apack) {
 #pragma omp atomic write
       failed = 1;
     }
 #pragma omp barrier
-    for (int64_t j0 = 0; j0 < n && !failed; j0 += g.nc) {
-      int64_t nb = n - j0 < g.nc ? n - j0 : g.nc, npanels = (nb + g.nr - 1) / g.nr;
-      for (int64_t p0 = 0; p0 < k; p0 += g.kc) {
-        int64_t kb = k - p0 < g.kc ? k - p0 : g.kc;
+    for (int64_t j0 = 0; j0 < n && !failed; j0 += g->nc) {
+      int64_t nb = n - j0 < g->nc ? n - j0 : g->nc, npanels = (nb + g->nr - 1) / g->nr;
+      for (int64_t p0 = 0; p0 < k; p0 += g->kc) {
+        int64_t kb = k - p0 < g->kc ? k - p0 : g->kc;
         float bt = p0 == 0 ? beta : 1.0f;
+        const epilogue *epk = p0 + kb == k ? ep : NULL;
+        const float *bblk = bs->pre ? bs->pre + pre_offset(g, k, j0, p0, npanels) : bpack;
+        if (!bs->pre) {
 #pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < npanels; jp++) pack_b_panel(&g, b, ldb, tb, p0, kb, j0, nb, jp, bpack);
+          for (int64_t jp = 0; jp < npanels; jp++) pack_b_panel(g, bs->b, bs->ldb, bs->tb, p0, kb, j0, nb, jp, bpack);
+        }
         /* tasks: an MC block of rows x a chunk of NR panels, enough for every thread */
-        int64_t nblk = (m + g.mc - 1) / g.mc, nsplit = 1;
+        int64_t nblk = (m + g->mc - 1) / g->mc, nsplit = 1;
         while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
         int64_t per = (npanels + nsplit - 1) / nsplit, packed_blk = -1;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < nblk * nsplit; t++) {
-          int64_t blk = t / nsplit, i0 = blk * g.mc, mb = m - i0 < g.mc ? m - i0 : g.mc;
+          int64_t blk = t / nsplit, i0 = blk * g->mc, mb = m - i0 < g->mc ? m - i0 : g->mc;
           if (blk != packed_blk) {
-            pack_a(&g, a, lda, ta, i0, mb, p0, kb, apack);
+            pack_a(g, a, lda, ta, i0, mb, p0, kb, apack);
             packed_blk = blk;
           }
           int64_t jp1 = (t % nsplit + 1) * per < npanels ? (t % nsplit + 1) * per : npanels;
           for (int64_t jp = t % nsplit * per; jp < jp1; jp++) {
-            int64_t jj = jp * g.nr, cols = nb - jj < g.nr ? nb - jj : g.nr;
-            for (int64_t ir = 0; ir < mb; ir += g.mr) {
-              int64_t rows = mb - ir < g.mr ? mb - ir : g.mr;
-              tile(&g, kb, apack + ir * kb, bpack + jp * g.nr * kb, c + (i0 + ir) * ldc + j0 + jj, ldc, rows, cols, bt);
+            int64_t jj = jp * g->nr, cols = nb - jj < g->nr ? nb - jj : g->nr;
+            const float *bias = epk && epk->bias ? epk->bias + j0 + jj : NULL;
+            for (int64_t ir = 0; ir < mb; ir += g->mr) {
+              int64_t rows = mb - ir < g->mr ? mb - ir : g->mr;
+              tile(g, kb, apack + ir * kb, bblk + jp * g->nr * kb, c + (i0 + ir) * ldc + j0 + jj, ldc, rows, cols, bt,
+                   epk, bias);
             }
           }
         }
@@ -203,4 +284,61 @@ int opx_sgemm_isa(int isa, int ta, int tb, int64_t m, int64_t n, int64_t k, cons
     }
   }
   return !failed;
+}
+
+int opx_sgemm_isa(int isa, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                  int64_t ldb, float beta, float *c, int64_t ldc) {
+  gemm_cfg g;
+  if (!cfg_for(isa, &g) || m <= 0 || n <= 0 || k <= 0) return 0;
+  bsource bs = { b, NULL, ldb, tb };
+  return drive(&g, ta, m, n, k, a, lda, &bs, beta, c, ldc, NULL);
+}
+
+struct opx_packed_b {
+  int isa;
+  int64_t k, n;
+  float *p;
+};
+
+opx_packed_b *opx_pack_b(int isa, int tb, int64_t k, int64_t n, const float *b, int64_t ldb) {
+  gemm_cfg g;
+  if (!cfg_for(isa, &g) || k <= 0 || n <= 0) return NULL;
+  opx_packed_b *pb = malloc(sizeof *pb);
+  int64_t panels = 0;
+  for (int64_t j0 = 0; j0 < n; j0 += g.nc) panels += ((n - j0 < g.nc ? n - j0 : g.nc) + g.nr - 1) / g.nr;
+  size_t bytes = ((size_t)panels * (size_t)g.nr * (size_t)k * sizeof(float) + 63) / 64 * 64;
+  float *p = pb ? aligned_alloc(64, bytes) : NULL;
+  if (!p) {
+    free(pb);
+    return NULL;
+  }
+  *pb = (opx_packed_b){ isa, k, n, p };
+  for (int64_t j0 = 0; j0 < n; j0 += g.nc) {
+    int64_t nb = n - j0 < g.nc ? n - j0 : g.nc, npanels = (nb + g.nr - 1) / g.nr;
+    for (int64_t p0 = 0; p0 < k; p0 += g.kc) {
+      int64_t kb = k - p0 < g.kc ? k - p0 : g.kc;
+      float *dst = p + pre_offset(&g, k, j0, p0, npanels);
+#pragma omp parallel for schedule(static)
+      for (int64_t jp = 0; jp < npanels; jp++) pack_b_panel(&g, b, ldb, tb, p0, kb, j0, nb, jp, dst);
+    }
+  }
+  return pb;
+}
+
+void opx_packed_b_free(opx_packed_b *pb) {
+  if (!pb) return;
+  free(pb->p);
+  free(pb);
+}
+
+int opx_packed_b_isa(const opx_packed_b *pb) { return pb->isa; }
+
+int opx_sgemm_packed(const opx_packed_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
+                     const float *bias, int gelu) {
+  gemm_cfg g;
+  if (!pb || !cfg_for(pb->isa, &g)) return 0;
+  if (m <= 0) return 1;
+  bsource bs = { NULL, pb->p, 0, 0 };
+  epilogue ep = { bias, gelu, bias_act_for(pb->isa) };
+  return drive(&g, ta, m, pb->n, pb->k, a, lda, &bs, 0.0f, c, ldc, &ep);
 }

@@ -3,8 +3,11 @@
  * oneDNN's dnnl_sgemm or our own packed GEMM as BL_GEMM picks, see below),
  * choosing transpose flags and leading dimensions from the strides, so a
  * row-strided slice (the [CLS] rows x[:,0,:]) or a transposed weight view
- * costs no copy. Only non-f32 or irregularly strided operands get a scratch. */
+ * costs no copy. Only non-f32 or irregularly strided operands get a scratch.
+ * For inference a weight can be packed once (bl_linear_pack) for our own
+ * GEMM, which then fuses the bias and GELU into its epilogue. */
 #include "ops_internal.h"
+#include "bl_ops.h"
 #include "device/dispatch.h"
 #include "gemm.h"
 #include "vecmath.h"
@@ -162,29 +165,44 @@ static int check_rows_out(const char *op, const char *name, const bl_tensor *y, 
   return 0;
 }
 
-OPX_BODY add_row_body(int64_t n, const float *restrict b, float *restrict y) {
-  #pragma omp simd
-  for (int64_t j = 0; j < n; j++) y[j] += b[j];
-}
-OPX_ISA_FN(add_row, (int64_t n, const float *restrict b, float *restrict y), (n, b, y))
+/* One packed weight (bl_ops.h): the packed copy for the ISA in use when it
+ * was made, or none on the baseline path (the unpacked GEMM then runs), and
+ * what it was packed from, to catch a pack used with another weight. */
+struct bl_packed_weight {
+  opx_packed_b *pb;
+  const void *src;
+  int64_t out, in;
+};
 
-static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
-  const char *op = "linear";
+/* y = x W^T (+ b) (then GELU when gelu): through the packed weight when there
+ * is one, the bias and GELU in its epilogue; else the GEMM and a row pass. */
+static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_packed_weight *pw,
+                              const bl_tensor *b, int gelu) {
+  const char *op = pw ? "linear_packed" : "linear";
   mat mx, mw, my;
   opx_buf bb = {0};
   int rc = 0;
   mx.buf.owned = mw.buf.owned = my.buf.owned = 0;
-  if ((rc = mat_load(op, x, &mx)) || (rc = mat_load(op, w, &mw)) || (rc = mat_out(op, y, &my, 0)))
-    goto done;
+  mw.buf.p = NULL;
+  if ((rc = mat_load(op, x, &mx)) || (rc = mat_out(op, y, &my, 0))) goto done;
   if (b && (rc = opx_load(op, b, &bb))) goto done;
-  /* GEMM first, bias after: an OpenMP region right before the GEMM would
-   * leave libgomp's worker spin-waiting (several ms with the default
-   * OMP_WAIT_POLICY) on a core that OpenBLAS's own threads need. */
-  gemm(&mx, 0, &mw, 1, &my, 0.0f);
-  if (b) {
-    int64_t n = my.cols;
-    #pragma omp parallel for schedule(static) if (my.rows * n > 65536)
-    for (int64_t r = 0; r < my.rows; r++) add_row(n, bb.p, my.p + r * my.ld);
+  if (pw && pw->pb) {
+    if (!opx_sgemm_packed(pw->pb, mx.trans, my.rows, mx.p, mx.ld, my.p, my.ld, bb.p, gelu)) {
+      rc = bl_set_error(BL_ENOMEM, "%s: out of memory for the GEMM's pack buffer", op);
+      goto done;
+    }
+  } else {
+    if ((rc = mat_load(op, w, &mw))) goto done;
+    /* GEMM first, bias after: an OpenMP region right before the GEMM would
+     * leave libgomp's worker spin-waiting (several ms with the default
+     * OMP_WAIT_POLICY) on a core that OpenBLAS's own threads need. */
+    gemm(&mx, 0, &mw, 1, &my, 0.0f);
+    if (b || gelu) {
+      int64_t n = my.cols;
+      int isa = opx_isa();
+      #pragma omp parallel for schedule(static) if (my.rows * n > 65536)
+      for (int64_t r = 0; r < my.rows; r++) opx_bias_act_rows(isa, 1, n, my.p + r * my.ld, my.ld, bb.p, gelu);
+    }
   }
   opx_store(y, &my.buf);
 done:
@@ -201,7 +219,60 @@ int bl_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, cons
   const bl_tensor *ts[] = {y, x, w, b};
   BL_CHECK(opx_device(op, 4, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_forward(y, x, w, b));
-  return linear_forward_cpu(y, x, w, b);
+  return linear_forward_cpu(y, x, w, NULL, b, 0);
+}
+
+int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w) {
+  const char *op = "linear_pack";
+  if (!out) return BL_ERR("%s: out is NULL", op);
+  *out = NULL;
+  BL_CHECK(opx_check_float(op, w, "weight"));
+  if (w->ndim != 2) return BL_ERR("%s: weight must be [out, in], got %s", op, OPX_SHAPE(w));
+  if (w->device >= 0) return BL_ERR("%s: packed weights are for the CPU, weight is on cuda:%d", op, w->device);
+  bl_packed_weight *pw = calloc(1, sizeof *pw);
+  if (!pw) return bl_set_error(BL_ENOMEM, "%s: out of memory", op);
+  *pw = (bl_packed_weight){ NULL, w->data, w->shape[0], w->shape[1] };
+  int isa = opx_isa();
+  if (isa > OPX_ISA_BASE && pw->out > 0 && pw->in > 0) {
+    mat mw;
+    int rc = mat_load(op, w, &mw);
+    if (rc) { free(pw); return rc; }
+    /* op(B) = W^T: stored [out, in] (tb = 1), or already transposed in memory */
+    pw->pb = opx_pack_b(isa, !mw.trans, pw->in, pw->out, mw.p, mw.ld);
+    opx_free(&mw.buf);
+    if (!pw->pb) { free(pw); return bl_set_error(BL_ENOMEM, "%s: out of memory packing weight %s", op, OPX_SHAPE(w)); }
+  }
+  *out = pw;
+  return 0;
+}
+
+void bl_linear_pack_free(bl_packed_weight *pw) {
+  if (!pw) return;
+  opx_packed_b_free(pw->pb);
+  free(pw);
+}
+
+int bl_linear_forward_packed(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_packed_weight *pw,
+                             const bl_tensor *b, int act) {
+  const char *op = "linear_packed";
+  BL_CHECK(check_args(op, x, w, b));
+  BL_CHECK(opx_check_float(op, y, "output"));
+  BL_CHECK(check_rows_out(op, "output", y, x, w->shape[0]));
+  if (!pw) return BL_ERR("%s: packed weight is NULL", op);
+  if (pw->src != w->data || pw->out != w->shape[0] || pw->in != w->shape[1])
+    return BL_ERR("%s: the packed weight [%lld,%lld] was not packed from weight %s", op, (long long)pw->out,
+                  (long long)pw->in, OPX_SHAPE(w));
+  if (act != BL_LINEAR_NONE && act != BL_LINEAR_GELU) return BL_ERR("%s: unknown activation %d", op, act);
+  static const char *const isa_names[] = {"baseline", "avx2", "avx512"};
+  int packed_isa = pw->pb ? opx_packed_b_isa(pw->pb) : OPX_ISA_BASE;
+  if (packed_isa != OPX_ISA_BASE && packed_isa != opx_isa())
+    return BL_ERR("%s: weight %s was packed for the %s path but the CPU path is now %s: pack it again", op,
+                  OPX_SHAPE(w), isa_names[packed_isa], isa_names[opx_isa()]);
+  int dev;
+  const bl_tensor *ts[] = {y, x, w, b};
+  BL_CHECK(opx_device(op, 4, ts, &dev));
+  if (dev >= 0) return BL_ERR("%s: packed weights are for the CPU, tensors are on cuda:%d", op, dev);
+  return linear_forward_cpu(y, x, w, pw, b, act == BL_LINEAR_GELU);
 }
 
 /* db[j] += sum_r dy[r, j]: columns split in fixed blocks, rows summed in

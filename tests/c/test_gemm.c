@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ref_dot.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float urand(void) { /* uniform in [-1, 1), never all zero */
@@ -108,12 +109,7 @@ static void check_product(const char *what, const float *got, int64_t m, int64_t
   double worst = 0;
   for (int64_t i = 0; i < m; i++)
     for (int64_t j = 0; j < n; j++) {
-      double ref = bias ? bias[j] : 0.0, mag = fabs(ref);
-      for (int64_t p = 0; p < k; p++) {
-        double t = (double)a[i * ars + p * acs] * b[p * brs + j * bcs];
-        ref += t;
-        mag += fabs(t);
-      }
+      double mag, ref = ref_dot(a + i * ars, acs, b + j * bcs, brs, k, bias ? bias[j] : 0.0, &mag);
       worst = fmax(worst, fabs(got[i * n + j] - ref) / ((double)(k + 2) * u * mag + 1e-30));
     }
   CHECK(worst <= 1.0, "linear %s (BL_GEMM=own): error %.3g x its bound", what, worst);

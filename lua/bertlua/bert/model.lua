@@ -134,7 +134,7 @@ function BertSelfAttention:forward(x, mask)
   local q, k, v
   if self.fused and self._qkv then
     local qkv = buf(self, "qkv", { B, S, 3 * H })
-    ops.linear(x, self._qkv.w, self._qkv.b, qkv)
+    ops.linear(x, self._qkv.w, self._qkv.b, qkv, not self.training and self._qkv.packed or nil)
     if self._qkv_src ~= qkv then
       self._q, self._k, self._v = qkv:narrow(3, 1, H), qkv:narrow(3, H + 1, H), qkv:narrow(3, 2 * H + 1, H)
       self._qkv_src = qkv

@@ -305,9 +305,10 @@ function Linear:__init(in_features, out_features, bias)
   self:param("weight", { out_features, in_features }, "normal")
   if bias ~= false then self:param("bias", { out_features }, "zeros") end
 end
+-- self.packed (set by bertlua.bert.infer) is used in eval mode only
 function Linear:forward(x)
   local y = buf(self, "output", with_last(x, self.out_features))
-  return ops.linear(x, self.weight, self.bias, y)
+  return ops.linear(x, self.weight, self.bias, y, not self.training and self.packed or nil)
 end
 -- backward(x, dy[, dx]): dx (overwritten) may be given, e.g. a view.
 function Linear:backward(x, dy, dx)
@@ -452,6 +453,11 @@ end
 -- bias goes into the activation's kernel when it can take it (bias+GELU).
 -- The module keeps its buffers ("pre", "grad_input") and whether it fused.
 function M.dense_act_forward(self, dense, act, x)
+  if dense.packed and not self.training and getmetatable(act) == M.GELU then  -- GELU in the packed GEMM's epilogue
+    self._fused = "packed"
+    return ops.linear(x, dense.weight, dense.bias, buf(act, "output", with_last(x, dense.out_features)), dense.packed,
+      "gelu")
+  end
   self._fused = act.fuses_bias and dense.bias ~= nil
   if not self._fused then return act:forward(dense:forward(x)) end
   local pre = buf(self, "pre", M.with_last(x, dense.out_features))
@@ -460,6 +466,10 @@ function M.dense_act_forward(self, dense, act, x)
 end
 -- dy: gradient of the activation's output -> gradient of x (dense's grads accumulate)
 function M.dense_act_backward(self, dense, act, x, dy)
+  if self._fused == "packed" then
+    error(tostring(self) .. ": backward after a packed inference forward (GELU fused, pre-activation not kept); "
+      .. "call bertlua.bert.infer.unpack(model) first", 3)
+  end
   if not self._fused then return dense:backward(x, act:backward(dense.output, dy)) end
   local dpre = act:backward_bias(self.pre, dense.bias, dy, dense.grad_bias)
   local dx = buf(self, "grad_input", x:shape())

@@ -26,11 +26,30 @@ local function like(t) return bl.empty(t:shape(), { dtype = t:dtype(), device = 
 local function rows(t) return t:numel() / t:size(-1) end
 
 -- linear -------------------------------------------------------------------
--- y = x W^T + b; x [..., in], w [out, in], b [out] or nil.
-function M.linear(x, w, b, out)
+-- y = act(x W^T + b); x [..., in], w [out, in], b [out] or nil. packed (from
+-- pack_weight(w), CPU inference) runs our own GEMM on the pack, with the bias
+-- and act (nil or "gelu", only with packed) in its epilogue.
+local ACT = { gelu = C.BL_LINEAR_GELU }
+function M.linear(x, w, b, out, packed, act)
   out = out or bl.empty(shape_with_last(x, w:size(1)), { dtype = x:dtype(), device = x:device() })
-  check(C.bl_linear_forward(out, x, w, b))
+  if packed then
+    local a = act and ACT[act]
+    if act and not a then error("linear: unknown activation '" .. tostring(act) .. "' (gelu)", 2) end
+    check(C.bl_linear_forward_packed(out, x, w, packed, b, a or C.BL_LINEAR_NONE))
+  elseif act then
+    error("linear: an activation needs a packed weight (pack_weight)", 2)
+  else
+    check(C.bl_linear_forward(out, x, w, b))
+  end
   return out
+end
+-- w [out, in] on the CPU packed once for the GEMM of the CPU path in use (a
+-- snapshot: pack again after changing w); freed by the garbage collector.
+local packbox = ffi.typeof("bl_packed_weight*[1]")
+function M.pack_weight(w)
+  local box = packbox()
+  check(C.bl_linear_pack(box, w))
+  return ffi.gc(box[0], C.bl_linear_pack_free)
 end
 
 -- Returns dx (nil when opts.dx == false). opts: dw, db (tensors, +=),
