@@ -9,12 +9,13 @@
 // deterministic), rstd = 1/sqrt(var + eps). Saved: mean, rstd [rows] f32.
 // Dropout: element r*H + j of the Philox stream (seed, offset), as the CPU.
 //
-// Backward: ln_bwd, one block per row, recomputes xhat from x (+ dropout +
-// residual), mean, rstd: dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)),
-// dresidual = that, dx = mask-scaled. dgamma/dbeta are a two-stage
-// deterministic reduction: ln_param_partial sums dy*xhat and dy over fixed
-// 256-row chunks per column (grid: 32 columns x chunk, 32x8 threads, xhat
-// recomputed), ln_param_final adds the chunks in order and accumulates (+=).
+// Backward: ln_bwd_rows, one block per fixed group of kRows rows, a row at a
+// time: recomputes xhat from x (+ dropout + residual), mean, rstd:
+// dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)), dresidual = that,
+// dx = mask-scaled. In the same pass each thread adds its own columns of
+// dy*xhat, dy and the final dx into block partials (the dgamma, dbeta and the
+// preceding linear's bias gradient), and ln_bwd_final adds the blocks in
+// order (+=): deterministic, no atomics, no second read of the activations.
 //
 // bf16/f16 rows that are whole 16-byte vectors: every kernel reads and writes
 // them 8 elements at a time (V = 8: a thread's columns are consecutive, the
@@ -28,7 +29,12 @@
 
 namespace {
 
-const int kChunk = 256;
+// Rows per backward block: fixes the order of the parameter-gradient sums, whatever the device. Few, so that a
+// [B*S, 1024] backward has enough blocks to fill a GPU (1,024 of 128 threads at B*S = 8,192); the block partials
+// (12 bytes per column) add 1.5 bytes per activation element.
+const int kRows = 8;
+// Column partials of a backward block in shared memory up to this many bytes (3 x h floats), else in global memory.
+const size_t kSmemAcc = 40u << 10;   // under the 48 KiB a launch gets without opting in
 
 template <class T>
 __device__ __forceinline__ float ln_s(const T *x, const T *res, int64_t i, float p, float scale, uint64_t seed,
@@ -141,12 +147,24 @@ __global__ void ln_fwd(const T *x, const T *res, const G *gamma, const G *beta, 
   }
 }
 
+// Backward of kRows rows per block (one row at a time, the row sums as in ln_fwd). acc: the block's column
+// partials [3][h] (dgamma: dy xhat, dbeta: dy, dbias: dx, the gradient of x after the dropout mask), in shared
+// memory when they fit, else the block's own slice of part; every thread touches only its own columns, so they need
+// no barrier. part == nullptr: no parameter gradient is wanted.
 template <class T, class G, int V>
-__global__ void ln_bwd(const T *dy, const T *x, const T *res, const G *gamma, const float *mean, const float *rstd,
-                       T *dx, T *dres, int64_t rows, int64_t h, float p, float scale, uint64_t seed, uint64_t offset) {
+__global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamma, const float *mean,
+                            const float *rstd, T *dx, T *dres, float *part, bool smem, int64_t rows, int64_t h,
+                            float p, float scale, uint64_t seed, uint64_t offset) {
+  extern __shared__ float sacc[];
   __shared__ float sh[32];
   const int64_t step = blockDim.x * (int64_t)V;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  float *acc = part ? (smem ? sacc : part + blockIdx.x * 3 * h) : nullptr;
+  if (acc)
+    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step)
+#pragma unroll
+      for (int e = 0; e < V; e++) acc[j + e] = acc[h + j + e] = acc[2 * h + j + e] = 0.0f;
+  const int64_t r1 = min((blockIdx.x + 1) * (int64_t)kRows, rows);
+  for (int64_t r = blockIdx.x * (int64_t)kRows; r < r1; r++) {
     const int64_t base = r * h;
     const float m = mean[r], rs = rstd[r];
     float a = 0.0f, b = 0.0f;
@@ -166,66 +184,48 @@ __global__ void ln_bwd(const T *dy, const T *x, const T *res, const G *gamma, co
     b = cu_block_sum(b, sh) / (float)h;
     for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
       const int64_t i = base + j;
-      float s[V], g[V], d[V];
+      float s[V], g[V], d[V], o[V];
       bool k[V];
       ln_s_k<T, V>(x, res, i, p, scale, seed, offset, s, k);
       load_f<G, V>(gamma + j, g);
       load_f<T, V>(dy + i, d);
 #pragma unroll
-      for (int e = 0; e < V; e++) d[e] = rs * (d[e] * g[e] - a - ((s[e] - m) * rs) * b);
-      if (dres) store_f<T, V>(dres + i, d);
+      for (int e = 0; e < V; e++) {
+        const float xh = (s[e] - m) * rs;
+        o[e] = rs * (d[e] * g[e] - a - xh * b);
+        if (acc) { acc[j + e] += d[e] * xh; acc[h + j + e] += d[e]; }
+      }
+      if (dres) store_f<T, V>(dres + i, o);
       if (res && p > 0.0f) {
 #pragma unroll
-        for (int e = 0; e < V; e++) d[e] = k[e] ? d[e] * scale : 0.0f;
+        for (int e = 0; e < V; e++) o[e] = k[e] ? o[e] * scale : 0.0f;
       }
-      store_f<T, V>(dx + i, d);
+      if (acc) {
+#pragma unroll
+        for (int e = 0; e < V; e++) acc[2 * h + j + e] += o[e];
+      }
+      store_f<T, V>(dx + i, o);
     }
   }
+  if (acc && smem)
+    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step)
+#pragma unroll
+      for (int e = 0; e < V; e++)
+        for (int q = 0; q < 3; q++) part[(blockIdx.x * 3 + q) * h + j + e] = acc[q * h + j + e];
 }
 
-// Block (32, 8) over 32 column groups of V and the kChunk rows of chunk blockIdx.y; a thread takes rows ty, ty + 8...
-template <class T, int V>
-__global__ void ln_param_partial(const T *dy, const T *x, const T *res, const float *mean, const float *rstd,
-                                 float *pg, float *pb, int64_t rows, int64_t h, float p, float scale, uint64_t seed,
-                                 uint64_t offset) {
-  __shared__ float sg[8][32][V + (V == 1)], sb[8][32][V + (V == 1)];   // V == 1: padded against bank conflicts
-  const int64_t j = (blockIdx.x * 32LL + threadIdx.x) * V;
-  const int64_t r0 = blockIdx.y * (int64_t)kChunk, r1 = min(r0 + kChunk, rows);
-  float ag[V], ab[V];
-#pragma unroll
-  for (int e = 0; e < V; e++) ag[e] = ab[e] = 0.0f;
-  if (j < h)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
-      const int64_t i = r * h + j;
-      float s[V], d[V];
-      ln_s_v<T, V>(x, res, i, p, scale, seed, offset, s);
-      load_f<T, V>(dy + i, d);
-#pragma unroll
-      for (int e = 0; e < V; e++) {
-        ag[e] += d[e] * ((s[e] - mean[r]) * rstd[r]);
-        ab[e] += d[e];
-      }
-    }
-#pragma unroll
-  for (int e = 0; e < V; e++) { sg[threadIdx.y][threadIdx.x][e] = ag[e]; sb[threadIdx.y][threadIdx.x][e] = ab[e]; }
-  __syncthreads();
-  if (threadIdx.y == 0 && j < h) {
-#pragma unroll
-    for (int e = 0; e < V; e++) {
-      float g = 0.0f, b = 0.0f;
-      for (int k = 0; k < 8; k++) { g += sg[k][threadIdx.x][e]; b += sb[k][threadIdx.x][e]; }
-      pg[blockIdx.y * h + j + e] = g;
-      pb[blockIdx.y * h + j + e] = b;
-    }
-  }
-}
-
-__global__ void ln_param_final(const float *pg, const float *pb, int64_t nchunk, int64_t h, float *dgamma, float *dbeta) {
+// out[q][j] += the sum of the block partials part[c][q][j] over c in order (q: dgamma, dbeta, dbias; NULL: skipped).
+__global__ void ln_bwd_final(const float *part, int64_t nblk, int64_t h, float *dgamma, float *dbeta, float *dbias) {
   for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < h; j += (int64_t)gridDim.x * blockDim.x) {
-    float g = 0.0f, b = 0.0f;
-    for (int64_t c = 0; c < nchunk; c++) { g += pg[c * h + j]; b += pb[c * h + j]; }
+    float g = 0.0f, b = 0.0f, c = 0.0f;
+    for (int64_t k = 0; k < nblk; k++) {
+      g += part[(k * 3) * h + j];
+      b += part[(k * 3 + 1) * h + j];
+      c += part[(k * 3 + 2) * h + j];
+    }
     if (dgamma) dgamma[j] += g;
     if (dbeta) dbeta[j] += b;
+    if (dbias) dbias[j] += c;
   }
 }
 
@@ -349,62 +349,54 @@ int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, c
   return cu_store(op, rstd, &bs);
 }
 
-// dx (and dres) of the rows, then dgamma/dbeta (+=, when wanted) from the two-stage column sums.
+// dx (and dres) of the rows and, when any of dgamma/dbeta/dbias is wanted, the block partials of all three in the
+// same pass, then their ordered sum (+=) in ln_bwd_final.
 template <class T, class G>
 int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, const G *gamma, const float *mean,
-               const float *rstd, T *dx, T *dres, bl_tensor *dgamma, bl_tensor *dbeta, int64_t rows, int64_t h,
-               double p, uint64_t seed, uint64_t offset) {
-  float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  double n = (double)rows * h;
-  cu_cost_kernel(dev, "layernorm", "ln_bwd", sizeof(T) * n * (3 + (res ? 1 : 0) + (dres ? 1 : 0)) +
-                 sizeof(G) * (double)h + 8.0 * rows);
-  const unsigned grid = cu_blocks(rows, 1, 1 << 20);
+               const float *rstd, T *dx, T *dres, bl_tensor *dgamma, bl_tensor *dbeta, bl_tensor *dbias,
+               int64_t rows, int64_t h, double p, uint64_t seed, uint64_t offset) {
+  const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
+  const double n = (double)rows * h;
+  const int64_t nblk = (rows + kRows - 1) / kRows;
+  const bool want = dgamma || dbeta || dbias, smem = 3 * h * sizeof(float) <= kSmemAcc;
+  if (nblk > INT32_MAX)
+    return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many", op, dev, (long long)rows);
+  cu_mem part;
+  if (want) BL_CHECK(part.alloc(op, dev, (size_t)(3 * nblk * h) * sizeof(float)));
+  cu_cost_kernel(dev, "layernorm", "ln_bwd_rows", sizeof(T) * n * (3 + (res ? 1 : 0) + (dres ? 1 : 0)) +
+                 sizeof(G) * (double)h + 8.0 * rows + (want ? 12.0 * nblk * h : 0.0));
+  const size_t shm = want && smem ? 3 * h * sizeof(float) : 0;
   const bool vec = vec_rows<T>(h, {dy, x, res, gamma, dx, dres});
   if constexpr (sizeof(T) == 2) {
     if (vec)
-      ln_bwd<T, G, kVec><<<grid, threads_for(h / kVec), 0, cu_stream(dev)>>>(dy, x, res, gamma, mean, rstd, dx, dres,
-                                                                           rows, h, (float)p, scale, seed, offset);
+      ln_bwd_rows<T, G, kVec><<<(unsigned)nblk, threads_for(h / kVec), shm, cu_stream(dev)>>>(
+          dy, x, res, gamma, mean, rstd, dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
   }
   if (!vec)
-    ln_bwd<T, G, 1><<<grid, threads_for(h), 0, cu_stream(dev)>>>(dy, x, res, gamma, mean, rstd, dx, dres, rows, h,
-                                                                (float)p, scale, seed, offset);
+    ln_bwd_rows<T, G, 1><<<(unsigned)nblk, threads_for(h), shm, cu_stream(dev)>>>(
+        dy, x, res, gamma, mean, rstd, dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
-  if (!dgamma && !dbeta) return 0;
-  int64_t nchunk = (rows + kChunk - 1) / kChunk;
-  if (nchunk > 65535)
-    return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many", op, dev, (long long)rows);
-  cu_mem part;
-  BL_CHECK(part.alloc(op, dev, (size_t)(2 * nchunk * h) * sizeof(float)));
-  float *pg = part.as<float>(), *pb = pg + nchunk * h;
-  cu_cost_kernel(dev, "layernorm", "ln_param_partial", sizeof(T) * n * (res ? 3 : 2) + 8.0 * rows + 8.0 * nchunk * h);
-  if constexpr (sizeof(T) == 2) {
-    if (vec)
-      ln_param_partial<T, kVec><<<dim3((unsigned)((h / kVec + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0,
-                                  cu_stream(dev)>>>(dy, x, res, mean, rstd, pg, pb, rows, h, (float)p, scale, seed,
-                                                    offset);
-  }
-  if (!vec)
-    ln_param_partial<T, 1><<<dim3((unsigned)((h + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0, cu_stream(dev)>>>(
-        dy, x, res, mean, rstd, pg, pb, rows, h, (float)p, scale, seed, offset);
-  BL_CHECK(cu_launched(op, dev));
-  cu_buf bdg, bdb;
+  if (!want) return 0;
+  cu_buf bdg, bdb, bdc;
   if (dgamma) BL_CHECK(cu_out(op, dgamma, &bdg, 1));
   if (dbeta) BL_CHECK(cu_out(op, dbeta, &bdb, 1));
-  cu_cost_kernel(dev, "layernorm", "ln_param_final", 4.0 * (2.0 * nchunk * h + 4.0 * h));
-  ln_param_final<<<cu_blocks(h, 256), 256, 0, cu_stream(dev)>>>(pg, pb, nchunk, h, dgamma ? bdg.p : nullptr,
-                                                                 dbeta ? bdb.p : nullptr);
+  if (dbias) BL_CHECK(cu_out(op, dbias, &bdc, 1));
+  cu_cost_kernel(dev, "layernorm", "ln_bwd_final", 4.0 * (3.0 * nblk * h + 6.0 * h));
+  ln_bwd_final<<<cu_blocks(h, 256), 256, 0, cu_stream(dev)>>>(part.as<float>(), nblk, h, dgamma ? bdg.p : nullptr,
+                                                              dbeta ? bdb.p : nullptr, dbias ? bdc.p : nullptr);
   BL_CHECK(cu_launched(op, dev));
   if (dgamma) BL_CHECK(cu_store(op, dgamma, &bdg));
   if (dbeta) BL_CHECK(cu_store(op, dbeta, &bdb));
+  if (dbias) BL_CHECK(cu_store(op, dbias, &bdc));
   return 0;
 }
 
-int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
-                const bl_tensor *x, const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *mean,
-                const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
+int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamma, bl_tensor *dbeta, bl_tensor *dbias,
+                const bl_tensor *dy, const bl_tensor *x, const bl_tensor *res, const bl_tensor *gamma,
+                const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
   int dev;
-  const bl_tensor *ts[] = {dx, dres, dgamma, dbeta, dy, x, res, gamma, mean, rstd};
-  BL_CHECK(cu_device(op, 10, ts, &dev));
+  const bl_tensor *ts[] = {dx, dres, dgamma, dbeta, dbias, dy, x, res, gamma, mean, rstd};
+  BL_CHECK(cu_device(op, 11, ts, &dev));
   int64_t h = 0, rows = 0;
   BL_CHECK(ln_dims(op, x, &h, &rows));
   BL_CHECK(check_numel(op, dx, x->numel, "grad_input"));
@@ -414,6 +406,7 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
   BL_CHECK(check_numel(op, gamma, h, "gamma"));
   BL_CHECK(check_numel(op, dgamma, h, "grad_gamma"));
   BL_CHECK(check_numel(op, dbeta, h, "grad_beta"));
+  BL_CHECK(check_numel(op, dbias, h, "grad_bias"));
   BL_CHECK(check_numel(op, mean, rows, "mean"));
   BL_CHECK(check_numel(op, rstd, rows, "rstd"));
   BL_CHECK(check_dropout(op, p));
@@ -426,7 +419,8 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
       using G = decltype(g);
       rc = ln_bwd_run<T, G>(op, dev, (const T *)dy->data, (const T *)x->data, res ? (const T *)res->data : nullptr,
                             (const G *)gamma->data, (const float *)mean->data, (const float *)rstd->data,
-                            (T *)dx->data, dres ? (T *)dres->data : nullptr, dgamma, dbeta, rows, h, p, seed, offset);
+                            (T *)dx->data, dres ? (T *)dres->data : nullptr, dgamma, dbeta, dbias, rows, h, p, seed,
+                            offset);
     });
     return rc;
   }
@@ -440,7 +434,7 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
   BL_CHECK(cu_out(op, dx, &bdx, 0));
   if (dres) BL_CHECK(cu_out(op, dres, &bdr, 0));
   BL_CHECK((ln_bwd_run<float, float>(op, dev, bdy.p, bx.p, res ? br.p : nullptr, bg.p, bm.p, bs.p, bdx.p,
-                                     dres ? bdr.p : nullptr, dgamma, dbeta, rows, h, p, seed, offset)));
+                                     dres ? bdr.p : nullptr, dgamma, dbeta, dbias, rows, h, p, seed, offset)));
   BL_CHECK(cu_store(op, dx, &bdx));
   if (dres) BL_CHECK(cu_store(op, dres, &bdr));
   return 0;
@@ -456,7 +450,8 @@ extern "C" int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tenso
 extern "C" int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
                                           const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
                                           const bl_tensor *rstd) {
-  return ln_backward("layernorm_backward", dx, nullptr, dgamma, dbeta, dy, x, nullptr, gamma, mean, rstd, 0.0, 0, 0);
+  return ln_backward("layernorm_backward", dx, nullptr, dgamma, dbeta, nullptr, dy, x, nullptr, gamma, mean, rstd, 0.0,
+                     0, 0);
 }
 
 extern "C" int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
@@ -468,11 +463,11 @@ extern "C" int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean,
 }
 
 extern "C" int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                                   bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
-                                                   const bl_tensor *residual, const bl_tensor *gamma,
-                                                   const bl_tensor *mean, const bl_tensor *rstd, double p,
-                                                   uint64_t seed, uint64_t offset) {
+                                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
+                                                   const bl_tensor *x, const bl_tensor *residual,
+                                                   const bl_tensor *gamma, const bl_tensor *mean,
+                                                   const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
   if (!residual) return bl_set_error(BL_EINVAL, "residual_layernorm_backward: residual is NULL");
-  return ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dy, x, residual, gamma, mean, rstd,
-                     p, seed, offset);
+  return ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean,
+                     rstd, p, seed, offset);
 }

@@ -1,5 +1,6 @@
 // GEMMs on cuBLASLt: the linear layer (forward with a bias epilogue, backward
-// dX / dW (+= with beta = 1) / db), linear + bias + GELU (pre-activation saved)
+// dX / dW (+= with beta = 1) / db: the BGRADB epilogue of the dW GEMM, or
+// column sums when cuBLASLt has no algorithm for it), linear + bias + GELU (pre-activation saved)
 // and its backward, and the batched bl_matmul twin (strided-batched, batch
 // stride 0 for broadcast).
 //
@@ -201,7 +202,9 @@ int gemm(const char *op, int dev, const gemm_args &g) {
     LT_TRY(op, dev, "preference", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ay, sizeof ay));
     LT_TRY(op, dev, "preference", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
     LT_TRY(op, dev, "preference", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
-    LT_TRY(op, dev, "heuristic", cublasLtMatmulAlgoGetHeuristic(st->lt, desc, lx, ly, lc, lc, pref, 1, &res, &nres));
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->lt, desc, lx, ly, lc, lc, pref, 1, &res, &nres);
+    if (hs == CUBLAS_STATUS_NOT_SUPPORTED) nres = 0;   // BL_EUNSUPPORTED below: the caller may drop the epilogue
+    else LT_TRY(op, dev, "heuristic", hs);
     if (nres < 1) {
       rc = bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: cuBLASLt has no algorithm for %lldx%lldx%lld (%s, epilogue %d)", op, dev,
                         (long long)g.m, (long long)g.n, (long long)g.k, bl_dtype_name(A.dtype), (int)g.epi);
@@ -214,8 +217,10 @@ int gemm(const char *op, int dev, const gemm_args &g) {
   }
   {
     double ba = A.bstride ? g.batch : 1, bb = B.bstride ? g.batch : 1, mn = (double)g.m * g.n * g.batch;
+    // a bias is read (BIAS: one per output column n) or written (BGRADB: one per output row m)
+    double nbias = g.epi == CUBLASLT_EPILOGUE_BGRADB ? (double)g.m : (double)g.n;
     double bytes = esab * ((double)g.m * g.k * ba + (double)g.k * g.n * bb) + escd * mn * (g.beta != 0.0f ? 2 : 1) +
-                   (g.bias ? escd * (double)g.n : 0.0);
+                   (g.bias ? escd * nbias : 0.0);
     int engine = A.dtype != BL_F32 ? BL_ENGINE_TC16 : g_tf32 ? BL_ENGINE_TF32 : BL_ENGINE_FP32;
     cu_cost_call(dev, "gemm", "cublasLtMatmul", engine, 2.0 * mn * g.k, bytes);
   }
@@ -279,6 +284,21 @@ int bias_grad(const char *op, int dev, const bl_tensor *g, int64_t M, int64_t N,
     rc = cu_colsum_acc(op, dev, bg.p, M, N, bdb.p);
   }
   BL_CHECK(rc);
+  return cu_store(op, db, &bdb);
+}
+
+__global__ void add_f32_kernel(float *dst, const float *src, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] += src[i];
+}
+
+// db += src[0 .. db->numel) (f32; db through an f32 image when it is another dtype or strided).
+int add_f32(const char *op, int dev, bl_tensor *db, const float *src) {
+  cu_buf bdb;
+  BL_CHECK(cu_out(op, db, &bdb, 1));
+  cu_cost_kernel(dev, "bias grad", "add_f32", 12.0 * (double)db->numel);
+  add_f32_kernel<<<cu_blocks(db->numel, 256), 256, 0, cu_stream(dev)>>>(bdb.p, src, db->numel);
+  BL_CHECK(cu_launched(op, dev));
   return cu_store(op, db, &bdb);
 }
 
@@ -371,6 +391,7 @@ extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *
       BL_CHECK(mat_sync(op, dx, &mdx, false));
     }
   }
+  bool db_done = false;
   if (dw && dw->numel > 0 && M > 0) {
     int odt = out_dtype(dw, cdt);
     mat mx, mdw;
@@ -382,10 +403,26 @@ extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *
     g.a = &mdy; g.ta = 1; g.b = &mx; g.tb = 0; g.c = &mdw;
     g.m = N; g.n = K; g.k = M; g.batch = 1; g.alpha = 1.0f; g.beta = 1.0f;
     g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
-    BL_CHECK(gemm(op, dev, g));
+    // db from the same GEMM: BGRADB sums dy (cuBLASLt's B) over the tokens (its k) into an f32 scratch, which is
+    // then added to db (the epilogue overwrites, db accumulates); without the epilogue, the column-sum kernels
+    cu_mem part;
+    if (db && odt == BL_F32) {
+      BL_CHECK(part.alloc(op, dev, (size_t)N * sizeof(float)));
+      g.epi = CUBLASLT_EPILOGUE_BGRADB; g.bias = part.p;
+    }
+    int rc = gemm(op, dev, g);
+    if (rc == BL_EUNSUPPORTED && g.bias) {   // no algorithm with the epilogue: nothing has run yet
+      g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
+      rc = gemm(op, dev, g);
+    }
+    BL_CHECK(rc);
     BL_CHECK(mat_sync(op, dw, &mdw, false));
+    if (g.bias) {
+      BL_CHECK(add_f32(op, dev, db, part.as<float>()));
+      db_done = true;
+    }
   }
-  if (db && N > 0 && M > 0) {
+  if (db && !db_done && N > 0 && M > 0) {
     BL_CHECK(bias_grad(op, dev, dy, M, N, db));
   }
   return 0;

@@ -49,6 +49,7 @@ local opt = options.parse(arg, {
   { "threads", 0, "CPU threads for us and for PyTorch (0 = bertlua's default)" },
   { "masked", 20, "masked positions per sequence (MLM decoder rows)" },
   { "dropout", 0.1, "hidden and attention dropout" },
+  { "hidden_act", "", "FFN activation (gelu, gelu_new, ...; empty = the model's config)" },
   { "infer", false, "time inference (forward of the encoder only) instead of training" },
   { "pack", true, "--infer on the cpu: linear weights packed once for our own GEMM, bias/GELU in its epilogue "
     .. "(bertlua.bert.infer)" },
@@ -95,6 +96,10 @@ if config.is_preset(opt.model) then
 else
   cfg = config.load(opt.model .. "/config.json")
   cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob = opt.dropout, opt.dropout
+end
+if opt.hidden_act ~= "" then
+  if not config.activations[opt.hidden_act] then error("benchmark: unknown --hidden-act " .. opt.hidden_act, 0) end
+  cfg.hidden_act = opt.hidden_act
 end
 local B, S, V = opt.batch, opt.seq, cfg.vocab_size
 if S > cfg.max_position_embeddings then cfg.max_position_embeddings = S end

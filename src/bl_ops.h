@@ -88,14 +88,16 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
  * f32 saved. The dropout mask (shape of x) is regenerated in backward from
  * (seed, offset), so nothing else is stored; p = 0 means no dropout.
  * Backward: dx overwritten (= dsum * mask / (1-p)), dresidual overwritten
- * (= dsum; may be NULL, and equals dx when p = 0), dgamma/dbeta += (may be NULL).
+ * (= dsum; may be NULL, and equals dx when p = 0), dgamma/dbeta += (may be NULL),
+ * dbias += the column sums of dx (may be NULL): the bias gradient of the linear
+ * layer whose output x is, in the same pass.
  * Backward takes x and residual again to recompute the normalised sum. */
 int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
                                   const bl_tensor *x, const bl_tensor *residual,
                                   const bl_tensor *gamma, const bl_tensor *beta, double eps,
                                   double p, uint64_t seed, uint64_t offset);
 int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                   bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
+                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
                                    const bl_tensor *residual, const bl_tensor *gamma,
                                    const bl_tensor *mean, const bl_tensor *rstd,
                                    double p, uint64_t seed, uint64_t offset);

@@ -122,7 +122,7 @@ int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor 
                                        const bl_tensor *gamma, const bl_tensor *beta, double eps,
                                        double p, uint64_t seed, uint64_t offset);
 int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                        bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
+                                        bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
                                         const bl_tensor *residual, const bl_tensor *gamma,
                                         const bl_tensor *mean, const bl_tensor *rstd,
                                         double p, uint64_t seed, uint64_t offset);

@@ -3,7 +3,8 @@
  * forms s = dropout(x) + residual into the output row (no extra buffer) and
  * normalises it in place; its backward recomputes s from x and residual
  * rather than storing it, since that is one cheap pass over memory already
- * being read. dgamma/dbeta are summed per fixed 32-row chunk and the chunks
+ * being read. dgamma/dbeta (and the residual variant's dbias, the column
+ * sums of dx) are summed per fixed 32-row chunk and the chunks
  * reduced in order, so results do not depend on the number of threads.
  * Row sums use 16 independent lane accumulators combined in a fixed order
  * (vectorisable without -ffast-math, and the same for every thread count);
@@ -114,11 +115,12 @@ OPX_ISA_FN(ln_fwd_row, (int64_t h, const float *restrict x, const float *restric
            (h, x, res, keep, scale, g, b, eps, y, m_out, rs_out))
 
 /* One backward row: xh = normalised input (recomputed), dx = rs (dy g - mean(dy g) - xh mean(dy g xh)),
- * dres = dx before the dropout mask, pg/pb += dy xh / dy (chunk partials; NULL to skip). */
+ * dres = dx before the dropout mask, pg/pb/pc += dy xh / dy / dx (chunk partials of dgamma, dbeta and the
+ * preceding linear's bias gradient; all NULL to skip). */
 OPX_BODY ln_bwd_row_body(int64_t h, const float *restrict x, const float *restrict res,
                          const uint8_t *restrict keep, float scale, const float *restrict g,
                          const float *restrict dy, float m, float rs, float *restrict dx,
-                         float *restrict dres, float *restrict pg, float *restrict pb) {
+                         float *restrict dres, float *restrict pg, float *restrict pb, float *restrict pc) {
   /* one pass: xh into dx and the two row sums (the loop body is spelled out
    * per case so that every variant vectorises) */
   float aa[LANES] = {0}, ab[LANES] = {0}, a = 0.0f, bsum = 0.0f;
@@ -166,11 +168,16 @@ OPX_BODY ln_bwd_row_body(int64_t h, const float *restrict x, const float *restri
     for (int64_t k = 0; k < h; k++) dx[k] = LN_DX;
   }
 #undef LN_DX
+  if (pc) {
+    #pragma omp simd
+    for (int64_t k = 0; k < h; k++) pc[k] += dx[k];
+  }
 }
 OPX_ISA_FN(ln_bwd_row, (int64_t h, const float *restrict x, const float *restrict res, const uint8_t *restrict keep,
                         float scale, const float *restrict g, const float *restrict dy, float m, float rs,
-                        float *restrict dx, float *restrict dres, float *restrict pg, float *restrict pb),
-           (h, x, res, keep, scale, g, dy, m, rs, dx, dres, pg, pb))
+                        float *restrict dx, float *restrict dres, float *restrict pg, float *restrict pb,
+                        float *restrict pc),
+           (h, x, res, keep, scale, g, dy, m, rs, dx, dres, pg, pb, pc))
 
 /* A thread's dropout mask row of h flags (NULL when p == 0); when p > 0 and
  * the row cannot be had, sets *oom (shared by the threads) and returns NULL. */
@@ -220,22 +227,24 @@ done:
 }
 
 static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamma, bl_tensor *dbeta,
-                           const bl_tensor *dy, const bl_tensor *x, const bl_tensor *res, const bl_tensor *gamma,
-                           const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                           uint64_t offset) {
-  opx_buf bdy = {0}, bx = {0}, br = {0}, bg = {0}, bm = {0}, bs = {0}, bdx = {0}, bdr = {0}, bdg = {0}, bdb = {0};
+                           bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *res,
+                           const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
+                           uint64_t seed, uint64_t offset) {
+  opx_buf bdy = {0}, bx = {0}, br = {0}, bg = {0}, bm = {0}, bs = {0}, bdx = {0}, bdr = {0}, bdg = {0}, bdb = {0},
+          bdc = {0};
   float *part = NULL;
   int64_t h = opx_cols(x), rows = opx_rows(x), nchunk = (rows + LN_CHUNK - 1) / LN_CHUNK;
-  int want_param = dgamma || dbeta;
+  int want_param = dgamma || dbeta || dbias;
   int rc, oom = 0;
   if ((rc = opx_load(op, dy, &bdy)) || (rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) ||
       (rc = opx_load(op, gamma, &bg)) || (rc = opx_load(op, mean, &bm)) || (rc = opx_load(op, rstd, &bs)) ||
       (rc = opx_out(op, dx, &bdx, 0)) || (dres && (rc = opx_out(op, dres, &bdr, 0))) ||
-      (dgamma && (rc = opx_out(op, dgamma, &bdg, 1))) || (dbeta && (rc = opx_out(op, dbeta, &bdb, 1))))
+      (dgamma && (rc = opx_out(op, dgamma, &bdg, 1))) || (dbeta && (rc = opx_out(op, dbeta, &bdb, 1))) ||
+      (dbias && (rc = opx_out(op, dbias, &bdc, 1))))
     goto done;
   if (want_param && nchunk > 0) {
-    part = calloc((size_t)(nchunk * 2 * h), sizeof(float));
-    if (!part) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for gamma/beta partial sums", op); goto done; }
+    part = calloc((size_t)(nchunk * 3 * h), sizeof(float));
+    if (!part) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for gamma/beta/bias partial sums", op); goto done; }
   }
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   #pragma omp parallel if (rows * h > 32768)
@@ -244,12 +253,12 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
     #pragma omp for schedule(static)
     for (int64_t c = 0; c < nchunk; c++) {
       if (p > 0 && !keep) continue;
-      float *pg = part ? part + c * 2 * h : NULL, *pb = pg ? pg + h : NULL;
+      float *pg = part ? part + c * 3 * h : NULL, *pb = pg ? pg + h : NULL, *pc = pg ? pg + 2 * h : NULL;
       int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
       for (int64_t r = c * LN_CHUNK; r < r1; r++) {
         if (keep) opx_dropout_keep(seed, offset, r * h, h, (float)p, keep);
         ln_bwd_row(h, bx.p + r * h, res ? br.p + r * h : NULL, keep, scale, bg.p, bdy.p + r * h, bm.p[r], bs.p[r],
-                   bdx.p + r * h, dres ? bdr.p + r * h : NULL, pg, pb);
+                   bdx.p + r * h, dres ? bdr.p + r * h : NULL, pg, pb, pc);
       }
     }
     free(keep);
@@ -258,19 +267,23 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
   if (part) {
     #pragma omp parallel for schedule(static) if (nchunk * h > 65536)
     for (int64_t j = 0; j < h; j++) {
-      float sg = 0.0f, sb = 0.0f;
-      for (int64_t c = 0; c < nchunk; c++) { sg += part[c * 2 * h + j]; sb += part[c * 2 * h + h + j]; }
+      float sg = 0.0f, sb = 0.0f, sc = 0.0f;
+      for (int64_t c = 0; c < nchunk; c++) {
+        sg += part[c * 3 * h + j]; sb += part[c * 3 * h + h + j]; sc += part[c * 3 * h + 2 * h + j];
+      }
       if (bdg.p) bdg.p[j] += sg;
       if (bdb.p) bdb.p[j] += sb;
+      if (bdc.p) bdc.p[j] += sc;
     }
   }
   opx_store(dx, &bdx);
   if (dres) opx_store(dres, &bdr);
   if (dgamma) opx_store(dgamma, &bdg);
   if (dbeta) opx_store(dbeta, &bdb);
+  if (dbias) opx_store(dbias, &bdc);
 done:
   opx_free(&bdy); opx_free(&bx); opx_free(&br); opx_free(&bg); opx_free(&bm); opx_free(&bs);
-  opx_free(&bdx); opx_free(&bdr); opx_free(&bdg); opx_free(&bdb);
+  opx_free(&bdx); opx_free(&bdr); opx_free(&bdg); opx_free(&bdb); opx_free(&bdc);
   free(part);
   return rc;
 }
@@ -308,7 +321,7 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
   if (dev >= 0)
     return BL_ON_CUDA(op, dev,
                       bl_cuda_layernorm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd));
-  return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, dy, x, NULL, gamma, mean, rstd, 0.0, 0, 0);
+  return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, NULL, dy, x, NULL, gamma, mean, rstd, 0.0, 0, 0);
 }
 
 int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
@@ -331,7 +344,7 @@ int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd
 }
 
 int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                   bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
+                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
                                    const bl_tensor *residual, const bl_tensor *gamma,
                                    const bl_tensor *mean, const bl_tensor *rstd,
                                    double p, uint64_t seed, uint64_t offset) {
@@ -343,13 +356,15 @@ int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tenso
   if (dresidual) BL_CHECK(check_same(op, dresidual, "grad_residual", x));
   if (dgamma) BL_CHECK(check_same(op, dgamma, "grad_gamma", gamma));
   if (dbeta) BL_CHECK(check_same(op, dbeta, "grad_beta", gamma));
+  if (dbias) BL_CHECK(check_same(op, dbias, "grad_bias", gamma));
   BL_CHECK(opx_check_p(op, p));
   int dev;
-  const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dy, x, residual, gamma, mean, rstd};
-  BL_CHECK(opx_device(op, 10, ts, &dev));
+  const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd};
+  BL_CHECK(opx_device(op, 11, ts, &dev));
   if (dev >= 0)
     return BL_ON_CUDA(op, dev,
-                      bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dy, x, residual, gamma,
+                      bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma,
                                                           mean, rstd, p, seed, offset));
-  return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dy, x, residual, gamma, mean, rstd, p, seed, offset);
+  return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p, seed,
+                         offset);
 }

@@ -223,18 +223,39 @@ static void ln_fwd(int cuda, bl_tensor *y, bl_tensor *m, bl_tensor *s, const bl_
                    : bl_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100));
   else OK(cuda ? bl_cuda_layernorm_forward(y, m, s, x, g, b, 1e-12) : bl_layernorm_forward(y, m, s, x, g, b, 1e-12));
 }
-static void ln_bwd(int cuda, bl_tensor *gx, bl_tensor *gr, bl_tensor *gg, bl_tensor *gb, const bl_tensor *gy,
-                   const bl_tensor *x, const bl_tensor *res, const bl_tensor *g, const bl_tensor *m, const bl_tensor *s,
-                   double p) {
-  if (res) OK(cuda ? bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gy, x, res, g, m, s, p, 5, 100)
-                   : bl_residual_layernorm_backward(gx, gr, gg, gb, gy, x, res, g, m, s, p, 5, 100));
+/* gc: the preceding linear's bias gradient (residual variant only; NULL: not wanted) */
+static void ln_bwd(int cuda, bl_tensor *gx, bl_tensor *gr, bl_tensor *gg, bl_tensor *gb, bl_tensor *gc,
+                   const bl_tensor *gy, const bl_tensor *x, const bl_tensor *res, const bl_tensor *g,
+                   const bl_tensor *m, const bl_tensor *s, double p) {
+  if (res) OK(cuda ? bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gc, gy, x, res, g, m, s, p, 5, 100)
+                   : bl_residual_layernorm_backward(gx, gr, gg, gb, gc, gy, x, res, g, m, s, p, 5, 100));
   else OK(cuda ? bl_cuda_layernorm_backward(gx, gg, gb, gy, x, g, m, s)
                : bl_layernorm_backward(gx, gg, gb, gy, x, g, m, s));
 }
 
+/* The bias gradient of the residual LayerNorm backward against an independent reference: got[j] = c0[j] + the
+ * column sum of the stored dx [rows, h] (summed in f64 here). The op sums its f32 dx before rounding, in blocks of
+ * rows: an f32 sum of `rows` terms is within rows * 2^-24 of sum |dx| (1e-5 covers rows < 160), and a stored bf16/f16
+ * dx is within u = 2^-8 / 2^-11 (round to nearest) of the summed value, so the bound is (u + 1e-5) sum |dx| + 1e-6. */
+static void check_dbias(const char *name, const bl_tensor *c0, const bl_tensor *got, const bl_tensor *dx, double u) {
+  checks++;
+  int64_t h = c0->numel, rows = dx->numel / h, bad = -1;
+  double *a = host(c0), *b = host(got), *d = host(dx), worst = 0;
+  for (int64_t j = 0; j < h; j++) {
+    double sum = a[j], mag = 0;
+    for (int64_t r = 0; r < rows; r++) { sum += d[r * h + j]; mag += fabs(d[r * h + j]); }
+    double e = fabs(sum - b[j]);
+    if (!(e <= (u + 1e-5) * mag + 1e-6) && bad < 0) bad = j;
+    if (e > worst || e != e) worst = e;
+  }
+  if (bad >= 0) { printf("FAIL %s: column %lld (max abs err %.3g)\n", name, (long long)bad, worst); fails++; }
+  free(a); free(b); free(d);
+}
+
 static void test_layernorm(void) {
-  for (int fused = 0; fused < 2; fused++) {
-    const int64_t R = 37, H = 300;
+  for (int k = 0; k < 3; k++) {   /* plain, residual, residual with the partials in global memory (3H floats > 40K) */
+    const int fused = k > 0;
+    const int64_t R = 37, H = k == 2 ? 3500 : 300;
     double p = fused ? 0.1 : 0.0;
     bl_tensor *x = rnd(2, SH(R, H), 20, -2, 2), *res = rnd(2, SH(R, H), 21, -1, 1), *g = rnd(1, SH(H), 22, 0.5, 1.5), *b = rnd(1, SH(H), 23, -1, 1);
     bl_tensor *y = mk(-1, BL_F32, 2, x->shape), *m = mk(-1, BL_F32, 1, SH(R)), *s = mk(-1, BL_F32, 1, SH(R));
@@ -246,9 +267,16 @@ static void test_layernorm(void) {
     bl_tensor *gy = rnd(2, x->shape, 24, -1, 1), *gx = mk(-1, BL_F32, 2, x->shape), *gr = mk(-1, BL_F32, 2, x->shape);
     bl_tensor *gg = rnd(1, SH(H), 25, -1, 1), *gbb = rnd(1, SH(H), 26, -1, 1);
     bl_tensor *dgy = up(gy, BL_F32), *dgx = mk(DEV, BL_F32, 2, x->shape), *dgr = mk(DEV, BL_F32, 2, x->shape), *dgg = up(gg, BL_F32), *dgb = up(gbb, BL_F32);
-    ln_bwd(0, gx, gr, gg, gbb, gy, x, fused ? res : NULL, g, m, s, p);
-    ln_bwd(1, dgx, dgr, dgg, dgb, dgy, dx_, fused ? dres : NULL, dg, dm, ds, p);
-    if (fused) close_("residual_ln dresidual", gr, dgr, 1e-4, 1e-5);
+    bl_tensor *gc0 = rnd(1, SH(H), 27, -1, 1), *gc = mk(-1, BL_F32, 1, SH(H)), *dgc = up(gc0, BL_F32);
+    OK(bl_tensor_copy(gc, gc0));
+    ln_bwd(0, gx, gr, gg, gbb, fused ? gc : NULL, gy, x, fused ? res : NULL, g, m, s, p);
+    ln_bwd(1, dgx, dgr, dgg, dgb, fused ? dgc : NULL, dgy, dx_, fused ? dres : NULL, dg, dm, ds, p);
+    if (fused) {
+      close_("residual_ln dresidual", gr, dgr, 1e-4, 1e-5);
+      close_("residual_ln dbias", gc, dgc, 1e-4, 1e-5);
+      check_dbias("residual_ln dbias (cpu) = colsum dx", gc0, gc, gx, 0);
+      check_dbias("residual_ln dbias (cuda) = colsum dx", gc0, dgc, dgx, 0);
+    }
     close_("ln dx", gx, dgx, 1e-4, 1e-5); close_("ln dgamma", gg, dgg, 1e-4, 1e-4); close_("ln dbeta", gbb, dgb, 1e-5, 1e-4);
     /* determinism of the two-stage dgamma reduction */
     bl_tensor *z1 = mk(DEV, BL_F32, 1, SH(H)), *z2 = mk(DEV, BL_F32, 1, SH(H));
@@ -257,7 +285,7 @@ static void test_layernorm(void) {
     OK(bl_cuda_layernorm_backward(dgx, z2, NULL, dgy, dx_, dg, dm, ds));
     same_bits("ln dgamma rerun", z1, z2);
     F(x); F(res); F(g); F(b); F(y); F(m); F(s); F(dx_); F(dres); F(dg); F(db); F(dy); F(dm); F(ds);
-    F(gy); F(gx); F(gr); F(gg); F(gbb); F(dgy); F(dgx); F(dgr); F(dgg); F(dgb); F(z1); F(z2);
+    F(gy); F(gx); F(gr); F(gg); F(gbb); F(dgy); F(dgx); F(dgr); F(dgg); F(dgb); F(z1); F(z2); F(gc0); F(gc); F(dgc);
   }
 }
 
@@ -292,17 +320,24 @@ static void test_layernorm_half(void) {
     bl_tensor *dgr = mk(DEV, dt, 2, x->shape);
     bl_tensor *gg = rnd(1, SH(H), 170 + k, -1, 1), *gbb = rnd(1, SH(H), 180 + k, -1, 1);
     bl_tensor *dgg = up(gg, BL_F32), *dgb = up(gbb, BL_F32);
-    ln_bwd(0, gx, gr, gg, gbb, cgy, cx, fused ? cr : NULL, cg, m, s_, p);
-    ln_bwd(1, dgx, dgr, dgg, dgb, gy, x, fused ? res : NULL, g, dm, ds, p);
+    bl_tensor *gc0 = rnd(1, SH(H), 190 + k, -1, 1), *gc = mk(-1, BL_F32, 1, SH(H)), *dgc = up(gc0, BL_F32);
+    OK(bl_tensor_copy(gc, gc0));
+    ln_bwd(0, gx, gr, gg, gbb, fused ? gc : NULL, cgy, cx, fused ? cr : NULL, cg, m, s_, p);
+    ln_bwd(1, dgx, dgr, dgg, dgb, fused ? dgc : NULL, gy, x, fused ? res : NULL, g, dm, ds, p);
     if (fused) {
       snprintf(name, sizeof name, "%s dresidual %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
       close_(name, gr, dgr, u + 1e-4, 1e-5);
+      /* f32 on both sides, summed from the unrounded dx in another order: the f32 tolerance */
+      snprintf(name, sizeof name, "%s dbias %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
+      close_(name, gc, dgc, 1e-4, 1e-5);
+      check_dbias(name, gc0, dgc, dgx, u / 2);
     }
     snprintf(name, sizeof name, "%s dx %s, gamma %s", what, bl_dtype_name(dt), bl_dtype_name(gdt));
     close_(name, gx, dgx, u + 1e-4, 1e-5);
     close_("ln dgamma (half)", gg, dgg, 1e-4, 1e-4); close_("ln dbeta (half)", gbb, dgb, 1e-5, 1e-4);
     F(fx); F(fr); F(fg); F(fb); F(fgy); F(x); F(res); F(g); F(b); F(gy); F(cx); F(cr); F(cgy); F(cg); F(cb);
     F(y); F(m); F(s_); F(dy); F(dm); F(ds); F(gx); F(gr); F(dgx); F(dgr); F(gg); F(gbb); F(dgg); F(dgb);
+    F(gc0); F(gc); F(dgc);
   }
 }
 

@@ -249,7 +249,7 @@ static void test_layernorm(void) {
   ln_loss(&k);
   bl_tensor *dr = like(k.x);
   fill_zero(dg); fill_zero(db);
-  OK(bl_residual_layernorm_backward(dx, dr, dg, db, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.3, 7, 3));
+  OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.3, 7, 3));
   gradcheck("residual_layernorm dx", k.x, dx, ln_loss, &k);
   gradcheck("residual_layernorm dresidual", k.res, dr, ln_loss, &k);
   gradcheck("residual_layernorm dgamma", k.g, dg, ln_loss, &k);
@@ -260,7 +260,7 @@ static void test_layernorm(void) {
   OK(bl_layernorm_forward(y0, m0, r0, sum, k.g, k.b, 1e-12));
   OK(bl_residual_layernorm_forward(k.y, k.mean, k.rstd, k.x, k.res, k.g, k.b, 1e-12, 0.0, 0, 0));
   CHECK(maxrel(k.y, y0) < 1e-6, "residual_layernorm p=0 vs layernorm(x+r)");
-  OK(bl_residual_layernorm_backward(dx, dr, NULL, NULL, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.0, 0, 0));
+  OK(bl_residual_layernorm_backward(dx, dr, NULL, NULL, NULL, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.0, 0, 0));
   CHECK(maxrel(dx, dr) == 0, "p=0: dx == dresidual");
 
   /* strided input: x as a transposed view of a [3,10,7] tensor */

@@ -14,7 +14,9 @@
 //   approximation 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) (cuBLASLt's GELU,
 //   not the exact erf GELU); _AUX variants store the GELU input in the aux
 //   matrix; DGELU multiplies by the derivative of that GELU at aux; DGELU_BGRAD
-//   also writes the row sums of D to the bias pointer.
+//   also writes the row sums of D to the bias pointer; BGRADB writes the sums
+//   of op(B) over the k dimension (one per column of D, "the bias gradient of
+//   input B") to the bias pointer and leaves D the plain product.
 // - Documented constraints return the real status: the GELU aux leading
 //   dimension must be a multiple of 8 and >= rows, its batch stride a multiple
 //   of 8 (INVALID_VALUE); unsupported types/compute/epilogue: NOT_SUPPORTED.
@@ -87,10 +89,11 @@ bool has(uint32_t epi, uint32_t bits) { return (epi & bits) == bits; }
 bool epi_known(uint32_t e) {
   return e == CUBLASLT_EPILOGUE_DEFAULT || e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU ||
          e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
-         e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+         e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD || e == CUBLASLT_EPILOGUE_BGRADB;
 }
 bool epi_bias_in(uint32_t e) { return e != CUBLASLT_EPILOGUE_DEFAULT && has(e, CUBLASLT_EPILOGUE_BIAS) && !has(e, 64); }
 bool epi_bgrad(uint32_t e) { return e == CUBLASLT_EPILOGUE_DGELU_BGRAD; }
+bool epi_bgradb(uint32_t e) { return e == CUBLASLT_EPILOGUE_BGRADB; }
 bool epi_aux(uint32_t e) { return has(e, 128); }
 bool epi_dgelu(uint32_t e) { return has(e, 64); }
 bool epi_gelu(uint32_t e) { return has(e, 32); }
@@ -151,7 +154,7 @@ cublasStatus_t make_problem(const emu_lt_desc *d, const emu_lt_layout *a, const 
   if (!epi_known(d->epi)) return fail(CUBLAS_STATUS_NOT_SUPPORTED, "epilogue %u is not emulated", d->epi);
   p->bias_t = d->bias_type < 0 ? dd->type : (cudaDataType_t)d->bias_type;
   p->aux_t = d->aux_type < 0 ? dd->type : (cudaDataType_t)d->aux_type;
-  if (epi_bias_in(d->epi) || epi_bgrad(d->epi)) {
+  if (epi_bias_in(d->epi) || epi_bgrad(d->epi) || epi_bgradb(d->epi)) {
     if (!d->bias) return fail(CUBLAS_STATUS_INVALID_VALUE, "epilogue %u needs a BIAS_POINTER", d->epi);
     if (p->bias_t != dd->type && p->bias_t != CUDA_R_32F)
       return fail(CUBLAS_STATUS_INVALID_VALUE, "bias type %d with D type %d", p->bias_t, dd->type);
@@ -241,6 +244,12 @@ void run(const problem &p, float alpha, float beta, const void *A, const void *B
     if (epi_bgrad(p.d.epi))
       for (int64_t i = 0; i < p.m; i++)
         emu_store_f((void *)p.d.bias, p.bias_t, bi * p.d.bias_bstride + i, rowsum[(size_t)i]);
+    if (epi_bgradb(p.d.epi))
+      for (int64_t j = 0; j < p.n; j++) {
+        float t = 0.0f;
+        for (int64_t l = 0; l < p.k; l++) t += b[(size_t)(j * p.k + l)];
+        emu_store_f((void *)p.d.bias, p.bias_t, bi * p.d.bias_bstride + j, t);
+      }
   }
 }
 
@@ -420,8 +429,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     size_t bytes = extent((int64_t)ls[i]->rows, (int64_t)ls[i]->cols, ls[i]->ld, p.batch, ls[i]->bstride, esize[i]);
     if ((s = check_range(dev, ptr[i], bytes, names[i]))) return s;
   }
-  if (epi_bias_in(p.d.epi) || epi_bgrad(p.d.epi)) {
-    size_t bytes = extent(p.m, 1, p.m, p.batch, p.d.bias_bstride, emu_type_size(p.bias_t));
+  if (epi_bias_in(p.d.epi) || epi_bgrad(p.d.epi) || epi_bgradb(p.d.epi)) {
+    int64_t len = epi_bgradb(p.d.epi) ? p.n : p.m;   // BGRADB: one per column of D
+    size_t bytes = extent(len, 1, len, p.batch, p.d.bias_bstride, emu_type_size(p.bias_t));
     if ((s = check_range(dev, p.d.bias, bytes, "bias"))) return s;
   }
   if (epi_aux(p.d.epi)) {

@@ -129,6 +129,15 @@ T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's mat
     T.truthy(not (l.cls == "convert" and l.name:find("^attention")), "no conversion pass serves " .. l.name)
   end
   T.truthy(names.attn_tc_fwd and names.attn_tc_bwd and not names.attn_fwd, "the step runs the tensor-core kernels")
+  -- the layers' residual gradients are added by the dx GEMMs (beta = 1) and every bias gradient comes out of a pass
+  -- that runs anyway (BGRADB epilogue, LayerNorm / GELU backward): no [B,S,H] add, no column-sum pass
+  local adds, colsums = 0, 0
+  for _, l in ipairs(list) do
+    if l.cls == "elementwise" and l.name == "add" and l.bytes >= 3 * B * S * H * 2 then adds = adds + 1 end
+    if l.name == "colsum_partial" then colsums = colsums + 1 end
+  end
+  T.eq(adds, 0, "residual-gradient adds of [B,S,H]")
+  T.eq(colsums, 0, "bias-gradient column-sum passes")
 end)
 
 T.test("a dry run records the same launches as a real run (emulated device)", function()

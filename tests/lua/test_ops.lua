@@ -53,6 +53,12 @@ T.test("layernorm, residual layernorm, gelu, tanh, softmax", function()
   local _, mr, rr = ops.residual_layernorm(x, r, g, b)
   local dxb, dres = ops.residual_layernorm_backward(dy, x, r, g, mr, rr, { dgamma = dg2 })
   close(dxa, dxb); close(dres, dxb); close(dg1, dg2)
+  -- the preceding linear's bias gradient from the same pass: dbias += the column sums of dx (with dropout: of the
+  -- masked, scaled dx), summed here by the tensor library
+  local c0 = randn({ 10 }, 10)
+  local dc = c0:clone()
+  local dxp = ops.residual_layernorm_backward(dy, x, r, g, mr, rr, { dbias = dc, p = 0.3, seed = 7, offset = 11 })
+  close(dc, c0 + dxp:view({ 21, 10 }):sum(1))
   -- gelu = 0.5 x (1 + erf(x / sqrt 2)); tanh; bias_gelu
   local gx = ops.gelu(x)
   close(gx, x * 0.5 * ((x * (1 / math.sqrt(2))):erf() + 1))

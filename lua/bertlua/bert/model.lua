@@ -162,10 +162,11 @@ function BertSelfAttention:forward(x, mask)
   ops.attention(q, k, v, mask, self.heads, { out = ctx, probs = saved, p = p, seed = seed, offset = off })
   return ctx
 end
-function BertSelfAttention:backward(x, dctx)
+-- dacc (optional): the residual path's gradient of x; the QKV GEMM adds its dx into it (returned)
+function BertSelfAttention:backward(x, dctx, dacc)
   local B, S, H = x:size(1), x:size(2), x:size(3)
   local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
-  local dx = buf(self, "grad_input", { B, S, H })
+  local dx = dacc or buf(self, "grad_input", { B, S, H })
   if self._used_fused then
     local dqkv = buf(self, "grad_qkv", { B, S, 3 * H })
     if self._dqkv_src ~= dqkv then
@@ -174,7 +175,8 @@ function BertSelfAttention:backward(x, dctx)
     end
     ops.attention_backward(dctx, self._q, self._k, self._v, self._saved, self.heads, { dq = self._dq, dk = self._dk,
       dv = self._dv, ctx = self.output, key_mask = self._mask, p = p, seed = seed, offset = off })
-    ops.linear_backward(dqkv, x, self._qkv.w, { dx = dx, dw = self._qkv.gw, db = self._qkv.gb })
+    ops.linear_backward(dqkv, x, self._qkv.w, { dx = dx, dw = self._qkv.gw, db = self._qkv.gb,
+      accumulate = dacc ~= nil })
   else
     local dq, dk, dv = buf(self, "grad_q", { B, S, H }), buf(self, "grad_k", { B, S, H }), buf(self, "grad_v", { B, S,
       H })
@@ -183,7 +185,7 @@ function BertSelfAttention:backward(x, dctx)
     local function back(lin, d, acc)
       ops.linear_backward(d, x, lin.weight, { dx = dx, dw = lin.grad_weight, db = lin.grad_bias, accumulate = acc })
     end
-    back(self.query, dq, false); back(self.key, dk, true); back(self.value, dv, true)
+    back(self.query, dq, dacc ~= nil); back(self.key, dk, true); back(self.value, dv, true)
   end
   return dx
 end
@@ -213,15 +215,23 @@ function BertOutput:forward(input)
     mean = mean, rstd = rstd })
   return y
 end
+-- The dense layer's bias gradient comes out of the LayerNorm backward's pass (a plain Linear with a bias), so its
+-- own backward only runs the two GEMMs.
 function BertOutput:backward(input, dy)
   local h, residual = input[1], input[2]
-  local d = self.dense.output
+  local dense = self.dense
+  local d = dense.output
   local dd, dres = buf(self, "grad_dense", d:shape()), buf(self, "grad_residual", residual:shape())
   local ln = self.LayerNorm
   local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
+  local fuse_db = dense.__name == "Linear" and dense.grad_bias ~= nil
   ops.residual_layernorm_backward(dy, d, residual, ln.weight, self.mean, self.rstd, { dgamma = ln.grad_weight,
-    dbeta = ln.grad_bias, p = p, seed = seed, offset = off, dx = dd, dres = dres })
-  return { self.dense:backward(h, dd), dres }
+    dbeta = ln.grad_bias, dbias = fuse_db and dense.grad_bias or nil, p = p, seed = seed, offset = off, dx = dd,
+    dres = dres })
+  if not fuse_db then return { dense:backward(h, dd), dres } end
+  local dh = ops.linear_backward(dd, h, dense.weight, { dx = buf(dense, "grad_input", h:shape()),
+    dw = dense.grad_weight })
+  return { dh, dres }
 end
 local BertSelfOutput = class("BertSelfOutput", BertOutput)
 function BertSelfOutput:__init(cfg) BertOutput.__init(self, cfg, cfg.hidden_size) end
@@ -235,10 +245,10 @@ end
 function BertAttention:forward(x, mask)
   return self.output:forward({ self.self:forward(x, mask), x })
 end
+-- the residual gradient d[2] is handed to the self-attention backward, whose dx GEMM adds into it
 function BertAttention:backward(x, dy)
   local d = self.output:backward({ self.self.output, x }, dy)
-  local dx = self.self:backward(x, d[1])
-  return nn.add_(dx, d[2])
+  return nn.add_into(self.self:backward(x, d[1], d[2]), d[2])
 end
 
 -- dense + activation; the dense bias is fused into GELU when the activation allows it
@@ -252,8 +262,8 @@ function BertIntermediate:forward(x)
   self.output = nn.dense_act_forward(self, self.dense, self.intermediate_act_fn, x)
   return self.output
 end
-function BertIntermediate:backward(x, dy)
-  return nn.dense_act_backward(self, self.dense, self.intermediate_act_fn, x, dy)
+function BertIntermediate:backward(x, dy, dacc)
+  return nn.dense_act_backward(self, self.dense, self.intermediate_act_fn, x, dy, dacc)
 end
 
 local BertLayer = class("BertLayer")
@@ -271,8 +281,7 @@ end
 function BertLayer:backward(x, dy)
   local a = self.attention.output.output
   local d = self.output:backward({ self.intermediate.output, a }, dy)
-  local da = self.intermediate:backward(a, d[1])
-  nn.add_(da, d[2])
+  local da = nn.add_into(self.intermediate:backward(a, d[1], d[2]), d[2])   -- the residual path's gradient added
   return self.attention:backward(x, da)
 end
 

@@ -464,21 +464,32 @@ function M.dense_act_forward(self, dense, act, x)
   ops.linear(x, dense.weight, nil, pre)
   return act:forward_bias(pre, dense.bias)
 end
--- dy: gradient of the activation's output -> gradient of x (dense's grads accumulate)
-function M.dense_act_backward(self, dense, act, x, dy)
+-- dy: gradient of the activation's output -> gradient of x (dense's grads accumulate). dacc (optional): a gradient
+-- of x from elsewhere (a residual path); the result is dacc + the gradient, added by the dx GEMM where fused.
+function M.dense_act_backward(self, dense, act, x, dy, dacc)
   if self._fused == "packed" then
     error(tostring(self) .. ": backward after a packed inference forward (GELU fused, pre-activation not kept); "
       .. "call bertlua.bert.infer.unpack(model) first", 3)
   end
-  if not self._fused then return dense:backward(x, act:backward(dense.output, dy)) end
+  if not self._fused then
+    local dx = dense:backward(x, act:backward(dense.output, dy))
+    return dacc and dacc:add_(dx) or dx
+  end
   local dpre = act:backward_bias(self.pre, dense.bias, dy, dense.grad_bias)
-  local dx = buf(self, "grad_input", x:shape())
-  return ops.linear_backward(dpre, x, dense.weight, { dx = dx, dw = dense.grad_weight })
+  local dx = dacc or buf(self, "grad_input", x:shape())
+  return ops.linear_backward(dpre, x, dense.weight, { dx = dx, dw = dense.grad_weight, accumulate = dacc ~= nil })
 end
 
 -- in-place dst += src (same shape)
 function M.add_(dst, src)
   return dst:add_(src)
+end
+-- A backward offered dacc (a gradient to add its own into) returns dacc itself when it added there, or its own
+-- gradient alone (a module that ignores the offer): add_into(result, dacc) is the sum in both cases (dx when dacc
+-- is nil).
+function M.add_into(dx, dacc)
+  if dacc == nil or rawequal(dx, dacc) then return dx end
+  return dx:add_(dacc)
 end
 
 -- criteria (losses as objects): nn.CrossEntropyCriterion, MSECriterion, SpanCriterion, PreTrainingCriterion

@@ -116,11 +116,12 @@ function M.residual_layernorm(x, residual, gamma, beta, opts)
     opts.p or 0, opts.seed or 0, opts.offset or 0))
   return out, mean, rstd
 end
--- Returns dx, dresidual. opts: dgamma, dbeta (+=), p, seed, offset (as in forward), dx, dres (buffers).
+-- Returns dx, dresidual. opts: dgamma, dbeta (+=), dbias (+= the column sums of dx: the bias gradient of the linear
+-- layer that produced x, in the same pass), p, seed, offset (as in forward), dx, dres (buffers).
 function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
   opts = opts or {}
   local dx, dres = opts.dx or like(x), opts.dres or like(x)
-  check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, dy, x, residual, gamma, mean,
+  check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual, gamma, mean,
     rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
   return dx, dres
 end
