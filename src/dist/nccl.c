@@ -234,6 +234,7 @@ struct bl_nccl_buckets {
   cudaStream_t comm_stream;   /* non-blocking: ordered by events only */
   cudaEvent_t *ready;         /* per bucket, recorded on the compute stream at launch */
   cudaEvent_t done;           /* recorded on comm_stream at finish */
+  cudaEvent_t queued;         /* recorded on the compute stream by wait(): everything queued before it */
 };
 
 static int cuda_fail(const char *op, int device, cudaError_t e) {
@@ -245,6 +246,7 @@ void bl_nccl_buckets_free(bl_nccl_buckets *b) {
   for (int i = 0; b->ready && i < b->n; i++)
     if (b->ready[i]) cudaEventDestroy(b->ready[i]);
   if (b->done) cudaEventDestroy(b->done);
+  if (b->queued) cudaEventDestroy(b->queued);
   if (b->comm_stream) cudaStreamDestroy(b->comm_stream);
   free(b->ready);
   free(b);
@@ -269,6 +271,7 @@ int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int 
   for (int i = 0; e == cudaSuccess && i < nbuckets; i++)
     e = cudaEventCreateWithFlags(&b->ready[i], cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->queued, cudaEventDisableTiming);
   if (e != cudaSuccess) {
     bl_nccl_buckets_free(b);
     return cuda_fail(op, buf->device, e);
@@ -300,5 +303,21 @@ int bl_nccl_buckets_finish(bl_nccl_buckets *b) {
   cudaError_t e = cudaEventRecord(b->done, b->comm_stream);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(compute, b->done, 0);  /* the optimizer runs after the sums */
   if (e != cudaSuccess) return cuda_fail(op, b->device, e);
-  return wait_stream(op, "bucket all-reduce", b->comm_stream, b->done);
+  /* a failure already reported is raised now; one still to come, at the watched wait */
+  ncclResult_t st = ncclSuccess;
+  if (ncclCommGetAsyncError(comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+    return fail(op, "bucket all-reduce", st);
+  return 0;
+}
+
+/* The compute stream waits for the sums (finish), so its progress up to a marker recorded now covers them: a
+ * stuck collective holds the marker back and the deadline of wait_stream ends it. */
+int bl_nccl_buckets_wait(bl_nccl_buckets *b) {
+  const char *op = "reducer";
+  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
+  cudaStream_t compute = (cudaStream_t)bl_cuda_stream(b->device);
+  if (!compute) return BL_EDEVICE;
+  cudaError_t e = cudaEventRecord(b->queued, compute);
+  if (e != cudaSuccess) return cuda_fail(op, b->device, e);
+  return wait_stream(op, "bucket all-reduce", compute, b->queued);
 }

@@ -99,11 +99,13 @@ function M.new(o, head)
       ops.scale_(d[k], seed)
       if head.ncounts > 0 then ops.accuracy_add(stats.counts, p[1], on["t" .. k], p[3]) end
     end
+    o.reducer:arm(a == accum)
     head.backward(model, d)
     return out
   end
 
   local function read(step)
+    o.reducer:wait()   -- data parallel: the all-reduce under its watchdog (finish did not wait)
     local v = stats:read(mp:state_tensor())
     local r = mp:read(v.amp)
     local loss = 0
@@ -133,7 +135,7 @@ function M.new(o, head)
       micro_batch(a, batch, seed)
       seqs = seqs + batch.input_ids:size(1)
     end
-    mp:end_backward()
+    mp:end_backward{ rounded = true }   -- the reducer rounds (fit's on_final)
     o.reducer:finish{ scale = 1 / world }   -- the mean over ranks; the optimizer runs after the sums
     mp:queue_step(o.optimizer, o.lr_at(o.optimizer.step_count + 1))   -- skip or update decided on the device
     if n % o.log_every ~= 0 and n ~= o.total then return nil end

@@ -109,8 +109,11 @@ function M.fit(o)
     warmup_proportion = not o.warmup_steps and (o.warmup or 0.1) or nil }
   -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
   local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
+  -- gradients accumulate in place: a layer's are final when its backward of the last micro-batch returns, once
+  -- rounded to bf16/fp16; its buckets are reduced while the rest of backward runs
   local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = o.bucket_mb, dtype = o.allreduce_dtype }
-  if world > 1 and accum == 1 and not mp.dtype then reducer:attach(model) end
+  reducer:on_final(function(lo, hi) mp:round_grads(lo, hi) end)
+  if world > 1 then reducer:attach(model) end
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "grad_norm", "seq_per_s" },
     config = o.config, rank = rank }
   local draw = rng(o.seed or 42)
@@ -140,11 +143,13 @@ function M.fit(o)
     for a = 1, accum do
       set_rng(step, a)
       local out = model:forward(next_batch(a))
+      reducer:arm(a == accum)
       model:backward(mp:scale() / accum)
       loss = loss + out.loss / accum
     end
-    mp:end_backward()
+    mp:end_backward{ rounded = true }   -- the reducer rounds (on_final)
     reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
+    reducer:wait()
     if world > 1 then loss = dist.sum_numbers({ loss })[1] / world end
     if loss ~= loss then
       error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
