@@ -262,7 +262,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     if opt.max_steps > 0 and ran >= opt.max_steps then return "max-steps" end
     local late = opt.max_time > 0 and logm.clock() - t_start >= opt.max_time
     local sig = bl.stop_signal()
-    local votes = dist.sum_numbers({ late and 1 or 0, sig })
+    local votes = dist.sum_numbers({ late and 1 or 0, sig }, reducer)   -- watching the last step's GPU sums
     if votes[1] > 0 then return "max-time" end
     if votes[2] > 0 then return "signal" end
   end

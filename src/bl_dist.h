@@ -57,6 +57,12 @@ int bl_reducer_buckets(const bl_reducer *r);
 int bl_reducer_launch(bl_reducer *r, int bucket);  /* 0-based; launching one twice is an error */
 int bl_reducer_finish(bl_reducer *r);              /* launches what is left; ready for the next step */
 int bl_reducer_wait(bl_reducer *r);                /* the watched wait (cuda), see above */
+/* No wait: an error when the sums of the last finish() failed or are late past BL_NCCL_TIMEOUT (communicator
+ * aborted then); 0 while they run or once they are done. */
+int bl_reducer_poll(bl_reducer *r);
+/* bl_dist_allreduce_sum of a CPU tensor that polls r between MPI tests: a loop's per-step vote cannot hang on a
+ * rank stuck before the GPU sums that finish() no longer waits for. */
+int bl_dist_allreduce_sum_watched(bl_tensor *t, bl_reducer *r);
 void bl_reducer_free(bl_reducer *r);
 /* BL_CDEF_END */
 #ifdef __cplusplus

@@ -235,6 +235,7 @@ struct bl_nccl_buckets {
   cudaEvent_t *ready;         /* per bucket, recorded on the compute stream at launch */
   cudaEvent_t done;           /* recorded on comm_stream at finish */
   cudaEvent_t queued;         /* recorded on the compute stream by wait(): everything queued before it */
+  double finished_at;         /* when finish() queued the last step's sums (0: none pending) */
 };
 
 static int cuda_fail(const char *op, int device, cudaError_t e) {
@@ -307,6 +308,32 @@ int bl_nccl_buckets_finish(bl_nccl_buckets *b) {
   ncclResult_t st = ncclSuccess;
   if (ncclCommGetAsyncError(comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
     return fail(op, "bucket all-reduce", st);
+  b->finished_at = now_s();
+  return 0;
+}
+
+int bl_nccl_buckets_poll(bl_nccl_buckets *b) {
+  const char *op = "reducer";
+  if (!b->finished_at) return 0;
+  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
+  cudaError_t ce = cudaEventQuery(b->done);
+  if (ce != cudaSuccess && ce != cudaErrorNotReady) {
+    bl_nccl_shutdown(1);
+    return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, b->device, cudaGetErrorString(ce));
+  }
+  /* a collective that failed may still complete its event: the communicator's error first */
+  ncclResult_t st = ncclSuccess;
+  if (ncclCommGetAsyncError(comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+    return fail(op, "bucket all-reduce", st);
+  if (ce == cudaSuccess) {
+    b->finished_at = 0;
+    return 0;
+  }
+  if (now_s() > b->finished_at + timeout_s()) {
+    bl_nccl_shutdown(1);
+    return bl_set_error(BL_EIO, "%s: NCCL bucket all-reduce did not complete within %.0f s (a rank died or is stuck; "
+                        "BL_NCCL_TIMEOUT sets the limit); communicator aborted", op, timeout_s());
+  }
   return 0;
 }
 

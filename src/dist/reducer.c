@@ -158,6 +158,14 @@ int bl_reducer_finish(bl_reducer *r) {
   return r->buf != r->grads ? bl_tensor_copy(r->grads, r->buf) : 0;
 }
 
+int bl_reducer_poll(bl_reducer *r) {
+  if (!r) return bl_set_error(BL_EINVAL, "reducer: no reducer");
+#ifdef BL_HAVE_NCCL
+  if (r->dev) return bl_nccl_buckets_poll(r->dev);
+#endif
+  return 0;
+}
+
 int bl_reducer_wait(bl_reducer *r) {
   if (!r) return bl_set_error(BL_EINVAL, "reducer: no reducer");
 #ifdef BL_HAVE_NCCL

@@ -47,4 +47,16 @@ r:wait()     -- the watched wait
   T.truthy(out:find("reducer: NCCL bucket all-reduce", 1, true) and out:find("communicator aborted", 1, true), out)
 end)
 
+T.test("a stuck rank after finish returned: the next vote watches the queued sums and ends the job", function()
+  local out, rc = run([[
+local ffi = require "ffi"
+ffi.cdef "unsigned int sleep(unsigned int);"
+if bl.rank() == 1 then ffi.C.sleep(100) end   -- in-process: ends with the process
+r:finish()                       -- rank 0: queued, no wait
+dist.sum_numbers({ 1, 2 }, r)    -- a per-step vote over MPI (pretrain's stop hook)
+]], "BL_NCCL_TIMEOUT=3 BL_EMU_NCCL_TIMEOUT=3")
+  T.truthy(rc ~= 0 and rc ~= 124, "nonzero exit without timing out (rc " .. tostring(rc) .. "): " .. out)
+  T.truthy(out:find("reducer: NCCL bucket all-reduce", 1, true) and out:find("communicator aborted", 1, true), out)
+end)
+
 T.run()

@@ -55,11 +55,13 @@ function M.broadcast(t, root)
   return t
 end
 
--- Sum of Lua numbers across ranks (for logging losses/accuracies).
-function M.sum_numbers(values)
+-- Sum of Lua numbers across ranks (for logging losses/accuracies). With a Reducer, the wait also watches its
+-- last queued GPU sums (bl_dist_allreduce_sum_watched): a per-step vote does not hang on a stuck rank.
+function M.sum_numbers(values, reducer)
   if C.bl_dist_size() == 1 then return values end
   local t = bl.from(values, { dtype = "f64" })
-  check(C.bl_dist_allreduce_sum(t))
+  if reducer then check(C.bl_dist_allreduce_sum_watched(t, reducer.r))
+  else check(C.bl_dist_allreduce_sum(t)) end
   return t:totable()
 end
 
