@@ -281,13 +281,19 @@ int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int 
   return 0;
 }
 
+/* The compute stream of a reducer whose communicator is still there. */
+static int live_compute(const bl_nccl_buckets *b, cudaStream_t *s) {
+  if (!comm) return bl_set_error(BL_EIO, "reducer: the NCCL communicator was aborted by an earlier error");
+  *s = (cudaStream_t)bl_cuda_stream(b->device);
+  return *s ? 0 : BL_EDEVICE;
+}
+
 int bl_nccl_buckets_launch(bl_nccl_buckets *b, bl_tensor *part, int bucket) {
   const char *op = "reducer";
-  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
+  cudaStream_t compute = NULL;
+  BL_CHECK(live_compute(b, &compute));
   ncclDataType_t ty = ncclFloat32;
   BL_CHECK(nccl_type(part, &ty, op));
-  cudaStream_t compute = (cudaStream_t)bl_cuda_stream(b->device);
-  if (!compute) return BL_EDEVICE;
   cudaError_t e = cudaEventRecord(b->ready[bucket], compute);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(b->comm_stream, b->ready[bucket], 0);
   if (e != cudaSuccess) return cuda_fail(op, b->device, e);
@@ -298,9 +304,8 @@ int bl_nccl_buckets_launch(bl_nccl_buckets *b, bl_tensor *part, int bucket) {
 
 int bl_nccl_buckets_finish(bl_nccl_buckets *b) {
   const char *op = "reducer";
-  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
-  cudaStream_t compute = (cudaStream_t)bl_cuda_stream(b->device);
-  if (!compute) return BL_EDEVICE;
+  cudaStream_t compute = NULL;
+  BL_CHECK(live_compute(b, &compute));
   cudaError_t e = cudaEventRecord(b->done, b->comm_stream);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(compute, b->done, 0);  /* the optimizer runs after the sums */
   if (e != cudaSuccess) return cuda_fail(op, b->device, e);
@@ -341,9 +346,8 @@ int bl_nccl_buckets_poll(bl_nccl_buckets *b) {
  * stuck collective holds the marker back and the deadline of wait_stream ends it. */
 int bl_nccl_buckets_wait(bl_nccl_buckets *b) {
   const char *op = "reducer";
-  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
-  cudaStream_t compute = (cudaStream_t)bl_cuda_stream(b->device);
-  if (!compute) return BL_EDEVICE;
+  cudaStream_t compute = NULL;
+  BL_CHECK(live_compute(b, &compute));
   cudaError_t e = cudaEventRecord(b->queued, compute);
   if (e != cudaSuccess) return cuda_fail(op, b->device, e);
   return wait_stream(op, "bucket all-reduce", compute, b->queued);
