@@ -241,6 +241,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   if start >= ph.steps then say("  phase already complete") end
 
   local function save_checkpoint(at)  -- at: the step just done
+    reducer:wait()   -- the reads below wait for the device: under the watchdog (a step's finish did not wait)
     if rank ~= 0 then return end
     local tensors = {}
     for k, v in pairs(lamb:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
