@@ -1,7 +1,8 @@
 // CUDA twins of the flat-buffer optimizers of src/optim/ (contract in
 // src/bl_optim.h; the CPU entry points check the arguments and dispatch here):
 // LAMB, AdamW / BertAdam, SGD, the global gradient norm and the fused
-// unscale + inf/NaN check.
+// unscale + inf/NaN check. A step given the bf16/f16 compute copy of the weights writes it in the launch that
+// writes the f32 master weight (no refresh cast after the step).
 //
 // Work decomposition: as on the CPU, every segment is cut into chunks of
 // kChunk (= OPT_CHUNK) elements that never cross a segment; one block of
@@ -225,6 +226,21 @@ __global__ void seg_ratio(const double *pw, const double *pu, const int64_t *seg
   }
 }
 
+// The compute copy of bl_optim.h's `half` (none when p is null): written by the launch that writes the master
+// weight, rounded to nearest even as the cast kernel rounds, so the step needs no refresh cast after it.
+struct half_out {
+  void *p;
+  int bf16;
+  __device__ __forceinline__ void store(int64_t i, float w) const {
+    if (!p) return;
+    if (bf16) from_f(w, (__nv_bfloat16 *)p + i);
+    else from_f(w, (__half *)p + i);
+  }
+};
+
+half_out half_of(bl_tensor *half) { return half_out{half ? half->data : nullptr, half && half->dtype == BL_BF16}; }
+double half_bytes(const bl_tensor *half, int64_t n) { return half ? 2.0 * (double)n : 0.0; }
+
 // Constants of the Adam family, as the CPU's lamb_k / adam_k (f32 element math).
 struct adam_k {
   float b1, b3, b2, b2c, eps, lr, wd;
@@ -247,7 +263,7 @@ __device__ __forceinline__ bool lamb_trust(const adam_k &k, int decay) { return 
 // LAMB pass 1: moments; f64 ||w||^2, ||u||^2 per chunk for segments with a
 // trust ratio, the whole step for the others.
 __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const chunk *ch, adam_k k,
-                             const step_state *st, double *pw, double *pu) {
+                             const step_state *st, double *pw, double *pu, half_out h) {
   __shared__ double sh[32];
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
@@ -266,7 +282,9 @@ __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const
       aw += (double)w[i] * w[i];
       au += (double)u * u;
     } else {
-      w[i] -= k.lr * u;
+      const float wi = w[i] - k.lr * u;
+      w[i] = wi;
+      h.store(i, wi);
     }
   }
   if (!trust) return;   // uniform over the block
@@ -277,7 +295,7 @@ __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const
 
 // LAMB pass 2: u again from the stored moments and the old w, times lr * trust.
 __global__ void lamb_apply(float *w, const float *m, const float *v, const chunk *ch, adam_k k, const step_state *st,
-                           const float *ratio) {
+                           const float *ratio, half_out h) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
   if (!lamb_trust(k, c.decay)) return;
@@ -285,13 +303,15 @@ __global__ void lamb_apply(float *w, const float *m, const float *v, const chunk
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
     const float den = sqrtf(v[i] * ibc2);
-    w[i] -= r * ((m[i] * ibc1) / (den + k.eps) + wdw * w[i]);
+    const float wi = w[i] - r * ((m[i] * ibc1) / (den + k.eps) + wdw * w[i]);
+    w[i] = wi;
+    h.store(i, wi);
   }
 }
 
 // AdamW / BertAdam: segmul (per-segment clip) replaces the global multiplier when given.
 __global__ void adamw_apply(float *w, const float *g, float *m, float *v, const chunk *ch, adam_k k,
-                            const step_state *st, const float *segmul) {
+                            const step_state *st, const float *segmul, half_out h) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
   const float gm = segmul ? segmul[c.seg] : st->gmul, wd = c.decay ? k.wd : 0.0f, ibc1 = st->ibc1;
@@ -302,7 +322,9 @@ __global__ void adamw_apply(float *w, const float *g, float *m, float *v, const 
     const float den = adam_moments(k, w[i], g[i], gm, wdl, st->ibc2, &mi, &vi);
     m[i] = mi;
     v[i] = vi;
-    w[i] -= k.lr * ((mi * ibc1) / (den + k.eps) + wdw * w[i]);
+    const float wi = w[i] - k.lr * ((mi * ibc1) / (den + k.eps) + wdw * w[i]);
+    w[i] = wi;
+    h.store(i, wi);
   }
 }
 
@@ -311,7 +333,8 @@ struct sgd_k {
   int mom, first, nesterov;
 };
 
-__global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch, sgd_k k, const step_state *st) {
+__global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch, sgd_k k, const step_state *st,
+                          half_out h) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
   const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f;
@@ -323,7 +346,9 @@ __global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch,
       buf[i] = b;
       d = k.nesterov ? d + k.mu * b : b;
     }
-    w[i] -= k.lr * d;
+    const float wi = w[i] - k.lr * d;
+    w[i] = wi;
+    h.store(i, wi);
   }
 }
 
@@ -347,7 +372,6 @@ __global__ void unscale_kernel(float *g, int64_t n, float s, int *flag) {
   if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(flag, 1);
 }
 
-// Everything one optimizer step needs before its update kernels.
 // Everything one optimizer step needs before its update kernels.
 struct step_ctx {
   const char *op;
@@ -473,9 +497,9 @@ adam_k adam_consts(double b1, double b2, double eps, double wd, int adam_w, doub
   return k;
 }
 
-int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-              const bl_optim_segments *seg, double lr, double grad_scale, double grad_norm, bl_optim_stats *stats,
-              const step_src &src) {
+int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+              bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, double grad_norm,
+              bl_optim_stats *stats, const step_src &src) {
   step_ctx x;
   const bl_tensor *ts[] = {w, g, m, v};
   BL_CHECK(begin_step(&x, "lamb_step", ts, 4, seg, grad_scale, grad_norm, cfg->max_grad_norm, 2, false, src));
@@ -488,25 +512,27 @@ int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_te
     const step_state *st = x.c->state.mem.as<step_state>();
     double *pw = x.c->part.mem.as<double>(), *pu = pw + nc;
     float *ratio = x.c->ratio.mem.as<float>();
-    cu_cost_kernel(x.dev, "optimizer", "lamb_moments", 24.0 * w->numel + 16.0 * nc);   // w, g, m, v in; m, v out
+    // w, g, m, v in; m, v out (and w with its half copy where no trust ratio applies: at most)
+    cu_cost_kernel(x.dev, "optimizer", "lamb_moments", 24.0 * w->numel + 16.0 * nc);
     lamb_moments<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
-                                                      (float *)v->data, ch, k, st, pw, pu);
+                                                      (float *)v->data, ch, k, st, pw, pu, half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
     ratio_args ra = {lr, cfg->max_weight_norm, cfg->max_trust_ratio, 0, 0, 1};
     cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 16.0 * nc + 4.0 * seg->count);
     seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(pw, pu, x.c->seg_first_d.mem.as<int64_t>(), ra, st, ratio);
     BL_CHECK(cu_launched(x.op, x.dev));
-    cu_cost_kernel(x.dev, "optimizer", "lamb_apply", 16.0 * w->numel + 4.0 * seg->count);   // w, m, v in; w out
+    // w, m, v in; w (and its half copy) out
+    cu_cost_kernel(x.dev, "optimizer", "lamb_apply", 16.0 * w->numel + half_bytes(half, w->numel) + 4.0 * seg->count);
     lamb_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)m->data, (const float *)v->data, ch,
-                                                    k, st, ratio);
+                                                    k, st, ratio, half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, cfg->max_grad_norm, stats, src.amp_state != nullptr);
 }
 
-int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-               const bl_optim_segments *seg, double lr, double grad_scale, double grad_norm, bl_optim_stats *stats,
-               const step_src &src) {
+int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+               bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, double grad_norm,
+               bl_optim_stats *stats, const step_src &src) {
   step_ctx x;
   const bl_tensor *ts[] = {w, g, m, v};
   const bool per_seg = cfg->per_segment_clip && cfg->max_grad_norm > 0;
@@ -527,9 +553,11 @@ int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_
                                                              x.c->seg_first_d.mem.as<int64_t>(), ra, st, segmul);
       BL_CHECK(cu_launched(x.op, x.dev));
     }
-    cu_cost_kernel(x.dev, "optimizer", "adamw_apply", 28.0 * w->numel);   // w, g, m, v in; w, m, v out
+    // w, g, m, v in; w, m, v (and w's half copy) out
+    cu_cost_kernel(x.dev, "optimizer", "adamw_apply", 28.0 * w->numel + half_bytes(half, w->numel));
     adamw_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
-                                                     (float *)v->data, x.c->chunks.mem.as<chunk>(), k, st, segmul);
+                                                     (float *)v->data, x.c->chunks.mem.as<chunk>(), k, st, segmul,
+                                                     half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, global_max, stats, src.amp_state != nullptr);
@@ -548,37 +576,37 @@ extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
   return c->ratio.need(op, device, (size_t)(seg->count + 1) * sizeof(float));
 }
 
-extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
-                                 bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
+extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                                 bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
                                  double grad_scale, double grad_norm, bl_optim_stats *stats) {
   step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr};
-  return lamb_step(cfg, w, g, m, v, seg, lr, grad_scale, grad_norm, stats, src);
+  return lamb_step(cfg, w, half, g, m, v, seg, lr, grad_scale, grad_norm, stats, src);
 }
 
-extern "C" int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
-                                     bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                                     const bl_amp_config *amp, bl_tensor *state) {
+extern "C" int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                                     bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
+                                     double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
   step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state};
-  return lamb_step(cfg, w, g, m, v, seg, lr, grad_scale, -1.0, nullptr, src);
+  return lamb_step(cfg, w, half, g, m, v, seg, lr, grad_scale, -1.0, nullptr, src);
 }
 
-extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
-                                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
+extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                                  bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
                                   double grad_scale, double grad_norm, bl_optim_stats *stats) {
   step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr};
-  return adamw_step(cfg, w, g, m, v, seg, lr, grad_scale, grad_norm, stats, src);
+  return adamw_step(cfg, w, half, g, m, v, seg, lr, grad_scale, grad_norm, stats, src);
 }
 
-extern "C" int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
-                                      bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                                      const bl_amp_config *amp, bl_tensor *state) {
+extern "C" int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                                      bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
+                                      double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
   step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state};
-  return adamw_step(cfg, w, g, m, v, seg, lr, grad_scale, -1.0, nullptr, src);
+  return adamw_step(cfg, w, half, g, m, v, seg, lr, grad_scale, -1.0, nullptr, src);
 }
 
-extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
-                                const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                                double grad_norm, bl_optim_stats *stats) {
+extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                                bl_tensor *buf, const bl_optim_segments *seg, int64_t step, double lr,
+                                double grad_scale, double grad_norm, bl_optim_stats *stats) {
   step_ctx x;
   const bool mom = cfg->momentum > 0;
   const bl_tensor *ts[] = {w, g, mom ? buf : nullptr};
@@ -588,10 +616,11 @@ extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl
   if (nc > 0) {
     sgd_k k = {(float)lr, (float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom,
                step == 1, cfg->nesterov != 0};
-    cu_cost_kernel(x.dev, "optimizer", "sgd_apply", (mom ? 20.0 : 12.0) * w->numel);   // w, g (, buf) in; w (, buf) out
+    // w, g (, buf) in; w (, buf, w's half copy) out
+    cu_cost_kernel(x.dev, "optimizer", "sgd_apply", (mom ? 20.0 : 12.0) * w->numel + half_bytes(half, w->numel));
     sgd_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data,
                                                    mom ? (float *)buf->data : nullptr, x.c->chunks.mem.as<chunk>(), k,
-                                                   x.c->state.mem.as<step_state>());
+                                                   x.c->state.mem.as<step_state>(), half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, cfg->max_grad_norm, stats, false);

@@ -42,6 +42,7 @@ local opt = options.parse(arg, {
   { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)", min = 0 },
   { "eval_batch", 64, "sequences per forward when evaluating", int = true, min = 1 },
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
+  { "log_every", 1, "a training log line every N steps (on a GPU the one host wait of a step)", int = true, min = 1 },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with " ..
       "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
@@ -153,7 +154,7 @@ if opt.do_train then
   trainer.fit{ model = model, n = #rows, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
     scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
-    max_steps = opt.max_steps, seed = opt.seed, device = dev,
+    max_steps = opt.max_steps, log_every = opt.log_every, seed = opt.seed, device = dev,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
     make_batch = function(idx) return batch_of(rows, idx, true) end }

@@ -178,10 +178,19 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- bf16/fp16: f32 master weights, half-precision weights and gradients
   -- (emulated on the CPU, see bertlua.train.amp), loss scaling for fp16
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision, scaler = scaler_opts }
-  -- data parallel: gradients summed in buckets, overlapped with backward when a layer's gradients are final as
-  -- it returns (one micro-batch, fp32/tf32: nothing is accumulated or rounded after backward)
+  -- With accumulation, each micro-batch's gradient is computed into the zeroed
+  -- model buffer and then added to `acc`: the same additions an all-reduce over
+  -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.
+  local acc = accum > 1 and bl.zeros_like(model.flat_grads) or nil
+  -- data parallel: gradients summed in buckets, each encoder layer's launched when its backward of the last
+  -- micro-batch returns (overlapped with the rest of backward), once it is final: the earlier micro-batches' sum
+  -- added, rounded to bf16/fp16 (the reducer finishes the other ranges before it launches their buckets)
   local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = opt.bucket_mb, dtype = opt.allreduce_dtype }
-  if world > 1 and accum == 1 and not mp.dtype then reducer:attach(model) end
+  reducer:on_final(function(lo, hi)
+    if acc then model.flat_grads:narrow(1, lo + 1, hi - lo):add_(acc:narrow(1, lo + 1, hi - lo)) end
+    mp:round_grads(lo, hi)
+  end)
+  if world > 1 then reducer:attach(model) end
 
   -- Micro-batch j of a global batch (j = rank*accum + a) comes from virtual
   -- rank j of world*accum: the data a step sees does not depend on how it is
@@ -232,6 +241,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   if start >= ph.steps then say("  phase already complete") end
 
   local function save_checkpoint(at)  -- at: the step just done
+    reducer:wait()   -- the reads below wait for the device: under the watchdog (a step's finish did not wait)
     if rank ~= 0 then return end
     local tensors = {}
     for k, v in pairs(lamb:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
@@ -241,10 +251,6 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
         loader = loaders[1]:state(), world_size = world, accumulation = accum } }, { keep = opt.keep_checkpoints })
   end
 
-  -- With accumulation, each micro-batch's gradient is computed into the zeroed
-  -- model buffer and then added to `acc`: the same additions an all-reduce over
-  -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.
-  local acc = accum > 1 and bl.zeros_like(model.flat_grads) or nil
   local skipped_logged = mp:state_dict().skipped_steps or 0
   local on_device = {}  -- the batch's device buffers, reused every micro-batch (device.batch_to)
   local stats = device.StepStats(dev)
@@ -257,7 +263,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     if opt.max_steps > 0 and ran >= opt.max_steps then return "max-steps" end
     local late = opt.max_time > 0 and logm.clock() - t_start >= opt.max_time
     local sig = bl.stop_signal()
-    local votes = dist.sum_numbers({ late and 1 or 0, sig })
+    local votes = dist.sum_numbers({ late and 1 or 0, sig }, reducer)   -- watching the last step's GPU sums
     if votes[1] > 0 then return "max-time" end
     if votes[2] > 0 then return "signal" end
   end
@@ -275,17 +281,19 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       model:apply(function(m) m.rng = model.rng end)
       model:forward(device.batch_to(batch, dev, on_device), stats)
       if acc then model:zero_grad() end
+      reducer:arm(a == accum)
       model:backward(seed)
-      if acc then acc:add_(model.flat_grads) end
+      if acc and a < accum then acc:add_(model.flat_grads) end   -- the last one's: acc added range by range
       seqs = seqs + batch.input_ids:size(1)
     end
-    if acc then model.flat_grads:copy_(acc); acc:zero_() end
-    mp:end_backward()
+    mp:end_backward{ rounded = true }
     reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
+    if acc then acc:zero_() end
     local lr = lr_at(lamb.step_count + 1)
     mp:queue_step(lamb, lr)   -- skip or update decided on the model's device: no wait here
     if step % opt.log_every ~= 0 and step ~= ph.steps then return nil end
     -- the one wait of a logged step: this step's sums, the scaler state and the deferred index checks
+    reducer:wait()   -- data parallel: the all-reduce under its watchdog (finish did not wait)
     local v = stats:read(mp:state_tensor())
     local r = mp:read(v.amp)
     local s = dist.sum_numbers({ v.losses[1], v.losses[2], v.counts[1], v.counts[2], v.counts[3], v.counts[4],
@@ -294,7 +302,8 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
       mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
       seq_per_s = s[7] / dt, step_time = dt, loss_scale = r.loss_scale, grad_norm = r.grad_norm,
-      skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil }  -- steps since the last line
+      skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil,  -- steps since the last line
+      overlapped_buckets = world > 1 and reducer.overlapped or nil }  -- launched during backward
     skipped_logged = r.skipped
     if dev >= 0 then  -- totals since the start: allocations and host waits of the device
       local k = bl.cuda_counters(dev)

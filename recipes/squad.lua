@@ -52,6 +52,7 @@ local opt = options.parse(arg, {
   { "max_answer_length", 30, "longest answer in tokens", int = true, min = 1 },
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
+  { "log_every", 1, "a training log line every N steps (on a GPU the one host wait of a step)", int = true, min = 1 },
   { "seed", 42, "seed (initialisation of a new head, data order, dropout)", int = true, min = 0, max = 2 ^ 53 },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with " ..
@@ -137,7 +138,7 @@ if opt.do_train then
   trainer.fit{ model = model, n = #feats, batch = opt.batch, micro_batch = opt.micro_batch, epochs = opt.epochs,
     lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
     scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
-    max_steps = opt.max_steps, seed = opt.seed, device = dev,
+    max_steps = opt.max_steps, log_every = opt.log_every, seed = opt.seed, device = dev,
     precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
     bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }

@@ -32,13 +32,18 @@ void bl_dist_finalize(void);
  * (contiguous, CPU or cuda:N) is cut into buckets of bucket_elems elements;
  * the caller launches bucket i as soon as its gradients are final, so the
  * reduction of late layers overlaps the backward pass of earlier ones, and
- * finish() launches the rest and waits. The result is the SUM over ranks.
+ * finish() launches the rest. The result is the SUM over ranks.
  *  - cuda:N: each launch records an event on the compute stream
  *    (bl_cuda_stream) that the reducer's own communication stream waits on
  *    before its ncclAllReduce; finish() makes the compute stream wait for the
- *    communication stream (the optimizer runs after it) and waits on the host
- *    under the NCCL watchdog (BL_NCCL_TIMEOUT: no hang on a dead rank).
- *  - CPU: MPI_Iallreduce per bucket, MPI_Waitall in finish().
+ *    communication stream (the optimizer runs after it) and returns without
+ *    waiting on the host: the next step is queued while the sums run.
+ *    bl_reducer_wait() is the watched host wait: until the compute stream has
+ *    done everything queued so far, under the NCCL watchdog (BL_NCCL_TIMEOUT;
+ *    errors of the communicator are checked): a dead or stuck rank ends it with
+ *    an error and the communicator aborted, instead of a hang. A training loop
+ *    calls it where it waits anyway (before reading its log line).
+ *  - CPU: MPI_Iallreduce per bucket, MPI_Waitall in finish(); wait() is a no-op.
  * reduce_dtype BL_F32, or BL_BF16: a bf16 copy of each bucket is summed
  * (half the bytes) and the sum written back into the f32 buffer; per element
  * the error is at most about (ranks + 1) * 2^-9 * sum |g_rank| (one rounding
@@ -50,7 +55,14 @@ typedef struct bl_reducer bl_reducer;
 int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_reducer **res);
 int bl_reducer_buckets(const bl_reducer *r);
 int bl_reducer_launch(bl_reducer *r, int bucket);  /* 0-based; launching one twice is an error */
-int bl_reducer_finish(bl_reducer *r);              /* launches what is left, waits; ready for the next step */
+int bl_reducer_finish(bl_reducer *r);              /* launches what is left; ready for the next step */
+int bl_reducer_wait(bl_reducer *r);                /* the watched wait (cuda), see above */
+/* No wait: an error when the sums of the last finish() failed or are late past BL_NCCL_TIMEOUT (communicator
+ * aborted then); 0 while they run or once they are done. */
+int bl_reducer_poll(bl_reducer *r);
+/* bl_dist_allreduce_sum of a CPU tensor that polls r between MPI tests: a loop's per-step vote cannot hang on a
+ * rank stuck before the GPU sums that finish() no longer waits for. */
+int bl_dist_allreduce_sum_watched(bl_tensor *t, bl_reducer *r);
 void bl_reducer_free(bl_reducer *r);
 /* BL_CDEF_END */
 #ifdef __cplusplus

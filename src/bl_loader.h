@@ -187,6 +187,12 @@ int bl_loader_get_info(const bl_loader *l, bl_loader_info *info);
  * caller's (bl_tensor_free). Fails only when memory runs out; the same step is
  * then tried again by the next call. */
 int bl_loader_next(bl_loader *l, bl_loader_batch *out);
+/* The next batch built on the call with its ids, token types and attention mask written straight into the
+ * caller's buffers dst[0..2] (each at least B x max_S int32s; the batch's [B, S] packed at their start, S in
+ * *S_out; a longer batch is an error), e.g. a GPU feeder's pinned memory: no batch in ordinary memory copied
+ * again. out gets the positions, labels and NSP labels as new CPU tensors (the caller's) and the other three
+ * NULL. A prefetch thread is stopped at the first call (what it prepared is dropped; the position stays). */
+int bl_loader_next_into(bl_loader *l, int32_t *const dst[3], int64_t max_S, int64_t *S_out, bl_loader_batch *out);
 /* (epoch, pos): the batch the next call returns is step pos of epoch epoch
  * (pos == steps_per_epoch means the first step of epoch + 1). */
 int bl_loader_get_state(const bl_loader *l, int64_t *epoch, int64_t *pos);
@@ -215,6 +221,12 @@ typedef struct bl_feeder bl_feeder;
 int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions,
                   bl_feeder **res);
 int bl_feeder_put(bl_feeder *f, const bl_loader_batch *b);
+/* put with the loader's next batch built straight into the free slot's pinned buffers (bl_loader_next_into):
+ * host receives its positions, labels and NSP labels as CPU tensors (the caller's); only those small fields are
+ * copied into pinned memory. */
+int bl_feeder_put_next(bl_feeder *f, bl_loader *l, bl_loader_batch *host);
+/* Bytes copied from ordinary memory into the pinned buffers by put and put_next so far. */
+int64_t bl_feeder_staged_bytes(const bl_feeder *f);
 int bl_feeder_get(bl_feeder *f, bl_loader_batch *out);
 int bl_feeder_in_flight(const bl_feeder *f);
 void bl_feeder_drop(bl_feeder *f);

@@ -136,14 +136,19 @@ int bl_unscale_to_f32(bl_tensor *out, const bl_tensor *grads, double inv_scale, 
  * on cuda the same step runs as kernels (kernels/optim.cu), with the same
  * results up to f32 rounding of the element math and the order of f64 sums.
  *
+ * half: NULL, or the model's compute copy of w (bf16 or f16, contiguous, same numel and device, not sharing
+ * memory with the other buffers): every element the step writes in w is written rounded to nearest even in half
+ * by the same pass (on a GPU, the same launch), so no separate cast refreshes it after the step; the elements
+ * outside every segment, and all of them on a failed or skipped step, are left as they are in both.
+ *
  * stats may be NULL. */
-int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                 const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                 bl_optim_stats *stats);
-int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                  const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                  bl_optim_stats *stats);
-int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
+int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                 bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
+                 double grad_norm, bl_optim_stats *stats);
+int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
+                  double grad_norm, bl_optim_stats *stats);
+int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *buf,
                 const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
                 bl_optim_stats *stats);
 
@@ -174,12 +179,12 @@ enum {
   BL_AMP_SCALE = 0, BL_AMP_GROWTH, BL_AMP_FLOOR_SKIPS, BL_AMP_SKIPPED, BL_AMP_STEP, BL_AMP_NORM,
   BL_AMP_LAST_SKIPPED, BL_AMP_CALLS, BL_AMP_STATE_LEN
 };
-int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                     const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                     bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
                      bl_tensor *state);
-int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                      const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
-                      bl_tensor *state);
+int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                      bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+                      const bl_amp_config *amp, bl_tensor *state);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

@@ -1,6 +1,7 @@
 /* Input pipeline to a GPU (contract in bl_loader.h): double-buffered pinned
  * host and device buffers, host-to-device copies on the copy stream, ordered
- * against the compute stream by events. */
+ * against the compute stream by events. put_next has the loader build the
+ * batch's large fields in the pinned buffers themselves. */
 #include <stdlib.h>
 #include "../base/internal.h"
 #include "bl_loader.h"
@@ -26,6 +27,7 @@ struct bl_feeder {
   fslot s[SLOTS];
   int head, count;          /* oldest slot in flight, slots in flight */
   int handed;               /* slot handed out by the last get, -1: none */
+  int64_t staged;           /* bytes copied from ordinary memory into the pinned buffers */
 };
 
 #ifdef BL_HAVE_CUDA
@@ -94,26 +96,24 @@ static int check_field(const bl_feeder *f, const bl_tensor *t, int i, int64_t S)
   return 0;
 }
 
-int bl_feeder_put(bl_feeder *f, const bl_loader_batch *b) {
-  if (!f || !b) return bl_set_error(BL_EINVAL, "feeder: put on a NULL feeder or batch");
+/* The free slot, once its pinned buffers are no longer read by its previous copies (long ago in a pipeline). */
+static int free_slot(bl_feeder *f, fslot **out) {
   if (f->count == SLOTS) return bl_set_error(BL_EINVAL, "feeder: put with %d batches in flight (get one first)", SLOTS);
-  const bl_tensor *t[F_COUNT] = {b->input_ids, b->token_type_ids, b->attention_mask, b->masked_lm_positions,
-                                 b->masked_lm_labels, b->next_sentence_labels};
-  int64_t S = t[F_IDS] && t[F_IDS]->ndim == 2 ? t[F_IDS]->shape[1] : 0;
-  if (S < 1 || S > f->S_max)
-    return bl_set_error(BL_EINVAL, "feeder: batch of sequence length %lld (this feeder holds 1..%lld)", (long long)S,
-                        (long long)f->S_max);
-  for (int i = 0; i < F_COUNT; i++) BL_CHECK(check_field(f, t[i], i, S));
-  int k = (f->head + f->count) % SLOTS;
-  fslot *s = &f->s[k];
-  /* the pinned buffers are free once the slot's previous copies are done (long ago in a pipeline) */
+  fslot *s = &f->s[(f->head + f->count) % SLOTS];
   BL_CHECK(bl_cuda_event_wait_host(f->device, s->copied));
-  for (int i = 0; i < F_COUNT; i++) memcpy(s->host[i], t[i]->data, (size_t)t[i]->numel * sizeof(int32_t));
+  *out = s;
+  return 0;
+}
+
+/* The slot's pinned buffers, filled for a batch of sequence length S, to the device on the copy stream. */
+static int queue_copies(bl_feeder *f, fslot *s, int64_t S, const bl_loader_batch *b) {
   /* the device buffers are free once the step that read them is done */
   if (s->consumed_recorded) BL_CHECK(bl_cuda_stream_wait_event(f->device, f->copy_stream, s->consumed));
-  for (int i = 0; i < F_COUNT; i++)
+  for (int i = 0; i < F_COUNT; i++) {
+    int64_t n = i == F_NSP ? f->B : f->B * (i == F_MPOS || i == F_MLAB ? f->P : S);
     BL_CHECK(bl_cuda_memcpy_h2d_on(f->device, f->copy_stream, s->dev[i]->data, s->host[i],
-                                   (size_t)t[i]->numel * sizeof(int32_t)));
+                                   (size_t)n * sizeof(int32_t)));
+  }
   BL_CHECK(bl_cuda_event_record(f->device, s->copied, f->copy_stream));
   s->S = S;
   s->epoch = b->epoch;
@@ -121,6 +121,50 @@ int bl_feeder_put(bl_feeder *f, const bl_loader_batch *b) {
   s->tokens = b->tokens;
   f->count++;
   return 0;
+}
+
+int bl_feeder_put(bl_feeder *f, const bl_loader_batch *b) {
+  if (!f || !b) return bl_set_error(BL_EINVAL, "feeder: put on a NULL feeder or batch");
+  const bl_tensor *t[F_COUNT] = {b->input_ids, b->token_type_ids, b->attention_mask, b->masked_lm_positions,
+                                 b->masked_lm_labels, b->next_sentence_labels};
+  int64_t S = t[F_IDS] && t[F_IDS]->ndim == 2 ? t[F_IDS]->shape[1] : 0;
+  if (S < 1 || S > f->S_max)
+    return bl_set_error(BL_EINVAL, "feeder: batch of sequence length %lld (this feeder holds 1..%lld)", (long long)S,
+                        (long long)f->S_max);
+  for (int i = 0; i < F_COUNT; i++) BL_CHECK(check_field(f, t[i], i, S));
+  fslot *s = NULL;
+  BL_CHECK(free_slot(f, &s));
+  for (int i = 0; i < F_COUNT; i++) {
+    memcpy(s->host[i], t[i]->data, (size_t)t[i]->numel * sizeof(int32_t));
+    f->staged += t[i]->numel * (int64_t)sizeof(int32_t);
+  }
+  return queue_copies(f, s, S, b);
+}
+
+int bl_feeder_put_next(bl_feeder *f, bl_loader *l, bl_loader_batch *host) {
+  if (!f || !l || !host) return bl_set_error(BL_EINVAL, "feeder: put_next on a NULL feeder, loader or batch");
+  fslot *s = NULL;
+  BL_CHECK(free_slot(f, &s));
+  int32_t *const dst[3] = {s->host[F_IDS], s->host[F_TYPES], s->host[F_MASK]};
+  int64_t S = 0;
+  BL_CHECK(bl_loader_next_into(l, dst, f->S_max, &S, host));
+  /* the small host-side fields (the pre-training head reads them on the host) go to the device too */
+  const bl_tensor *t[F_COUNT] = {NULL, NULL, NULL, host->masked_lm_positions, host->masked_lm_labels,
+                                 host->next_sentence_labels};
+  int st = 0;
+  for (int i = F_MPOS; i < F_COUNT && !st; i++) st = check_field(f, t[i], i, S);
+  for (int i = F_MPOS; i < F_COUNT && !st; i++) {
+    memcpy(s->host[i], t[i]->data, (size_t)t[i]->numel * sizeof(int32_t));
+    f->staged += t[i]->numel * (int64_t)sizeof(int32_t);
+  }
+  if (!st) st = queue_copies(f, s, S, host);
+  if (st) {   /* the batch is lost with its position moved on: the caller's error ends the run */
+    bl_tensor_free(host->masked_lm_positions);
+    bl_tensor_free(host->masked_lm_labels);
+    bl_tensor_free(host->next_sentence_labels);
+    memset(host, 0, sizeof *host);
+  }
+  return st;
 }
 
 int bl_feeder_get(bl_feeder *f, bl_loader_batch *out) {
@@ -166,6 +210,10 @@ int bl_feeder_put(bl_feeder *f, const bl_loader_batch *b) {
   (void)f, (void)b;
   return bl_set_error(BL_EDEVICE, "feeder: this bertlua was built without CUDA");
 }
+int bl_feeder_put_next(bl_feeder *f, bl_loader *l, bl_loader_batch *host) {
+  (void)f, (void)l, (void)host;
+  return bl_set_error(BL_EDEVICE, "feeder: this bertlua was built without CUDA");
+}
 int bl_feeder_get(bl_feeder *f, bl_loader_batch *out) {
   (void)f, (void)out;
   return bl_set_error(BL_EDEVICE, "feeder: this bertlua was built without CUDA");
@@ -173,6 +221,8 @@ int bl_feeder_get(bl_feeder *f, bl_loader_batch *out) {
 #endif
 
 int bl_feeder_in_flight(const bl_feeder *f) { return f ? f->count : 0; }
+
+int64_t bl_feeder_staged_bytes(const bl_feeder *f) { return f ? f->staged : 0; }
 
 void bl_feeder_drop(bl_feeder *f) {
   if (f) f->count = 0;

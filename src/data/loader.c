@@ -98,22 +98,24 @@ static int alloc_tensors(const bl_loader *l, int64_t S, slot *s) {
   return 0;
 }
 
-/* Step pos of epoch into new tensors in s; fails only when memory runs out
- * (shards and options were validated at open). */
-static int build(const bl_loader *l, worker *w, int64_t epoch, int64_t pos, slot *s) {
+/* The padded sequence length (a multiple of 8) and the real tokens of step pos of epoch. */
+static void batch_shape(const bl_loader *l, worker *w, int64_t epoch, int64_t pos, int64_t *S_out, int64_t *tokens) {
   ensure_order(l, w, epoch);
-  const int64_t B = l->B, P = l->P;
-  int64_t S = 8, tokens = 0;
-  for (int64_t b = 0; b < B; b++) {
-    int64_t L = l->lengths[w->perm[(pos * B + b) * l->world + l->rank]];
+  int64_t S = 8;
+  *tokens = 0;
+  for (int64_t b = 0; b < l->B; b++) {
+    int64_t L = l->lengths[w->perm[(pos * l->B + b) * l->world + l->rank]];
     if (L > S) S = L;
-    tokens += L;
+    *tokens += L;
   }
-  S = (S + 7) / 8 * 8;
-  int rc = alloc_tensors(l, S, s);
-  if (rc != 0) return rc;
-  int32_t *ids0 = s->t[T_IDS]->data, *types0 = s->t[T_TYPES]->data, *mask0 = s->t[T_MASK]->data;
-  int32_t *mpos0 = s->t[T_MPOS]->data, *mlab0 = s->t[T_MLAB]->data, *nsp = s->t[T_NSP]->data;
+  *S_out = (S + 7) / 8 * 8;
+}
+
+/* Step pos of epoch written into dst[T_*]: ids, types, mask [B, S]; positions, labels [B, P]; NSP labels [B]. */
+static void fill(const bl_loader *l, worker *w, int64_t epoch, int64_t pos, int64_t S, int32_t *const dst[T_COUNT]) {
+  const int64_t B = l->B, P = l->P;
+  int32_t *ids0 = dst[T_IDS], *types0 = dst[T_TYPES], *mask0 = dst[T_MASK];
+  int32_t *mpos0 = dst[T_MPOS], *mlab0 = dst[T_MLAB], *nsp = dst[T_NSP];
   memset(ids0, 0, (size_t)(B * S) * sizeof(int32_t));
   memset(types0, 0, (size_t)(B * S) * sizeof(int32_t));
   memset(mask0, 0, (size_t)(B * S) * sizeof(int32_t));
@@ -148,6 +150,18 @@ static int build(const bl_loader *l, worker *w, int64_t epoch, int64_t pos, slot
       }
     }
   }
+}
+
+/* Step pos of epoch into new tensors in s; fails only when memory runs out
+ * (shards and options were validated at open). */
+static int build(const bl_loader *l, worker *w, int64_t epoch, int64_t pos, slot *s) {
+  int64_t S, tokens;
+  batch_shape(l, w, epoch, pos, &S, &tokens);
+  int rc = alloc_tensors(l, S, s);
+  if (rc != 0) return rc;
+  int32_t *dst[T_COUNT];
+  for (int i = 0; i < T_COUNT; i++) dst[i] = s->t[i]->data;
+  fill(l, w, epoch, pos, S, dst);
   s->S = S;
   s->epoch = epoch;
   s->pos = pos;
@@ -431,6 +445,45 @@ int bl_loader_next(bl_loader *l, bl_loader_batch *out) {
   l->count--;
   pthread_cond_signal(&l->space);
   pthread_mutex_unlock(&l->mu);
+  return 0;
+}
+
+/* The prefetch thread ends and what it prepared is dropped; the consumer's position stays. */
+static void stop_thread(bl_loader *l) {
+  pthread_mutex_lock(&l->mu);
+  l->stop = 1;
+  pthread_cond_broadcast(&l->space);
+  pthread_mutex_unlock(&l->mu);
+  pthread_join(l->thread, NULL);
+  l->has_thread = 0;
+  for (int32_t i = 0; i < l->K; i++) slot_clear(&l->ring[i]);
+  l->count = 0;
+}
+
+int bl_loader_next_into(bl_loader *l, int32_t *const dst[3], int64_t max_S, int64_t *S_out, bl_loader_batch *out) {
+  if (!l || !dst || !S_out || !out) return bl_set_error(BL_EINVAL, "data: next_into on a NULL loader or buffer");
+  if (l->has_thread) stop_thread(l);
+  int64_t e = l->ce, p = l->cp, S, tokens;
+  if (p >= l->steps) { e++; p = 0; }
+  batch_shape(l, &l->prod, e, p, &S, &tokens);
+  if (S > max_S)
+    return bl_set_error(BL_EINVAL, "data: next_into: a batch of sequence length %lld does not fit buffers of %lld",
+                        (long long)S, (long long)max_S);
+  slot s;
+  memset(&s, 0, sizeof s);
+  const int64_t bp[2] = {l->B, l->P}, b1[1] = {l->B};
+  int rc = bl_tensor_empty(2, bp, BL_I32, -1, &s.t[T_MPOS]);
+  if (!rc) rc = bl_tensor_empty(2, bp, BL_I32, -1, &s.t[T_MLAB]);
+  if (!rc) rc = bl_tensor_empty(1, b1, BL_I32, -1, &s.t[T_NSP]);
+  if (rc) { slot_clear(&s); return rc; }
+  int32_t *ptr[T_COUNT] = {dst[0], dst[1], dst[2], s.t[T_MPOS]->data, s.t[T_MLAB]->data, s.t[T_NSP]->data};
+  fill(l, &l->prod, e, p, S, ptr);
+  s.S = S;
+  s.epoch = e;
+  s.pos = p;
+  s.tokens = tokens;
+  hand_over(l, &s, out);
+  *S_out = S;
   return 0;
 }
 

@@ -193,24 +193,24 @@ int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, cons
  * (grad_norm < 0), to return the non-finite error; with a norm from the
  * caller it returns as soon as its kernels are queued. bl_cuda_grad_global_norm
  * and bl_cuda_unscale_check return host values and synchronise once. */
-int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                      const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                      bl_optim_stats *stats);
-int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                       const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                       bl_optim_stats *stats);
-int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
+int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                      bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
+                      double grad_norm, bl_optim_stats *stats);
+int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                       bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
+                       double grad_norm, bl_optim_stats *stats);
+int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *buf,
                      const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
                      bl_optim_stats *stats);
 /* bl_optim_prepare on cuda:device (segments checked). */
 int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg);
 /* The amp steps never synchronise: the decision is made on the device in the state tensor. */
-int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                          const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
-                          bl_tensor *state);
-int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                           const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
-                           bl_tensor *state);
+int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                          bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+                          const bl_amp_config *amp, bl_tensor *state);
+int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                           bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+                           const bl_amp_config *amp, bl_tensor *state);
 int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite);
 int bl_cuda_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
 /* Flat-buffer casts f32 <-> f16/bf16 (master weights -> half copies and back):

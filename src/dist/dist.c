@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include "../base/internal.h"
 #include "dist_internal.h"
 
@@ -89,6 +90,27 @@ int bl_dist_allreduce_sum(bl_tensor *t) {
   BL_CHECK(mpi_type(t, &ty, "allreduce"));
   int err = MPI_Allreduce(MPI_IN_PLACE, t->data, (int)t->numel, ty, MPI_SUM, MPI_COMM_WORLD);
   return err == MPI_SUCCESS ? 0 : mpi_fail(err, "allreduce");
+}
+
+int bl_dist_allreduce_sum_watched(bl_tensor *t, bl_reducer *r) {
+  if (!r || (t && t->storage && t->device >= 0)) return bl_dist_allreduce_sum(t);
+  BL_CHECK(check_collective(t, "allreduce"));
+  if (!dist_on || dist_size == 1) return 0;
+  MPI_Datatype ty = MPI_BYTE;
+  BL_CHECK(mpi_type(t, &ty, "allreduce"));
+  MPI_Request req;
+  int err = MPI_Iallreduce(MPI_IN_PLACE, t->data, (int)t->numel, ty, MPI_SUM, MPI_COMM_WORLD, &req);
+  if (err != MPI_SUCCESS) return mpi_fail(err, "allreduce");
+  for (;;) {
+    int done = 0;
+    err = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "allreduce");
+    if (done) return 0;
+    /* the request stays pending on an error: the job is expected to end (bl_dist_abort) */
+    BL_CHECK(bl_reducer_poll(r));
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 int bl_dist_broadcast(bl_tensor *t, int root) {

@@ -234,6 +234,8 @@ struct bl_nccl_buckets {
   cudaStream_t comm_stream;   /* non-blocking: ordered by events only */
   cudaEvent_t *ready;         /* per bucket, recorded on the compute stream at launch */
   cudaEvent_t done;           /* recorded on comm_stream at finish */
+  cudaEvent_t queued;         /* recorded on the compute stream by wait(): everything queued before it */
+  double finished_at;         /* when finish() queued the last step's sums (0: none pending) */
 };
 
 static int cuda_fail(const char *op, int device, cudaError_t e) {
@@ -245,6 +247,7 @@ void bl_nccl_buckets_free(bl_nccl_buckets *b) {
   for (int i = 0; b->ready && i < b->n; i++)
     if (b->ready[i]) cudaEventDestroy(b->ready[i]);
   if (b->done) cudaEventDestroy(b->done);
+  if (b->queued) cudaEventDestroy(b->queued);
   if (b->comm_stream) cudaStreamDestroy(b->comm_stream);
   free(b->ready);
   free(b);
@@ -269,6 +272,7 @@ int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int 
   for (int i = 0; e == cudaSuccess && i < nbuckets; i++)
     e = cudaEventCreateWithFlags(&b->ready[i], cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->queued, cudaEventDisableTiming);
   if (e != cudaSuccess) {
     bl_nccl_buckets_free(b);
     return cuda_fail(op, buf->device, e);
@@ -277,13 +281,19 @@ int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int 
   return 0;
 }
 
+/* The compute stream of a reducer whose communicator is still there. */
+static int live_compute(const bl_nccl_buckets *b, cudaStream_t *s) {
+  if (!comm) return bl_set_error(BL_EIO, "reducer: the NCCL communicator was aborted by an earlier error");
+  *s = (cudaStream_t)bl_cuda_stream(b->device);
+  return *s ? 0 : BL_EDEVICE;
+}
+
 int bl_nccl_buckets_launch(bl_nccl_buckets *b, bl_tensor *part, int bucket) {
   const char *op = "reducer";
-  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
+  cudaStream_t compute = NULL;
+  BL_CHECK(live_compute(b, &compute));
   ncclDataType_t ty = ncclFloat32;
   BL_CHECK(nccl_type(part, &ty, op));
-  cudaStream_t compute = (cudaStream_t)bl_cuda_stream(b->device);
-  if (!compute) return BL_EDEVICE;
   cudaError_t e = cudaEventRecord(b->ready[bucket], compute);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(b->comm_stream, b->ready[bucket], 0);
   if (e != cudaSuccess) return cuda_fail(op, b->device, e);
@@ -294,11 +304,51 @@ int bl_nccl_buckets_launch(bl_nccl_buckets *b, bl_tensor *part, int bucket) {
 
 int bl_nccl_buckets_finish(bl_nccl_buckets *b) {
   const char *op = "reducer";
-  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
-  cudaStream_t compute = (cudaStream_t)bl_cuda_stream(b->device);
-  if (!compute) return BL_EDEVICE;
+  cudaStream_t compute = NULL;
+  BL_CHECK(live_compute(b, &compute));
   cudaError_t e = cudaEventRecord(b->done, b->comm_stream);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(compute, b->done, 0);  /* the optimizer runs after the sums */
   if (e != cudaSuccess) return cuda_fail(op, b->device, e);
-  return wait_stream(op, "bucket all-reduce", b->comm_stream, b->done);
+  /* a failure already reported is raised now; one still to come, at the watched wait */
+  ncclResult_t st = ncclSuccess;
+  if (ncclCommGetAsyncError(comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+    return fail(op, "bucket all-reduce", st);
+  b->finished_at = now_s();
+  return 0;
+}
+
+int bl_nccl_buckets_poll(bl_nccl_buckets *b) {
+  const char *op = "reducer";
+  if (!b->finished_at) return 0;
+  if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
+  cudaError_t ce = cudaEventQuery(b->done);
+  if (ce != cudaSuccess && ce != cudaErrorNotReady) {
+    bl_nccl_shutdown(1);
+    return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, b->device, cudaGetErrorString(ce));
+  }
+  /* a collective that failed may still complete its event: the communicator's error first */
+  ncclResult_t st = ncclSuccess;
+  if (ncclCommGetAsyncError(comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+    return fail(op, "bucket all-reduce", st);
+  if (ce == cudaSuccess) {
+    b->finished_at = 0;
+    return 0;
+  }
+  if (now_s() > b->finished_at + timeout_s()) {
+    bl_nccl_shutdown(1);
+    return bl_set_error(BL_EIO, "%s: NCCL bucket all-reduce did not complete within %.0f s (a rank died or is stuck; "
+                        "BL_NCCL_TIMEOUT sets the limit); communicator aborted", op, timeout_s());
+  }
+  return 0;
+}
+
+/* The compute stream waits for the sums (finish), so its progress up to a marker recorded now covers them: a
+ * stuck collective holds the marker back and the deadline of wait_stream ends it. */
+int bl_nccl_buckets_wait(bl_nccl_buckets *b) {
+  const char *op = "reducer";
+  cudaStream_t compute = NULL;
+  BL_CHECK(live_compute(b, &compute));
+  cudaError_t e = cudaEventRecord(b->queued, compute);
+  if (e != cudaSuccess) return cuda_fail(op, b->device, e);
+  return wait_stream(op, "bucket all-reduce", compute, b->queued);
 }

@@ -157,3 +157,19 @@ int bl_reducer_finish(bl_reducer *r) {
   /* bf16: the sums go back into the f32 buffer (on a GPU after the communication stream, see above) */
   return r->buf != r->grads ? bl_tensor_copy(r->grads, r->buf) : 0;
 }
+
+int bl_reducer_poll(bl_reducer *r) {
+  if (!r) return bl_set_error(BL_EINVAL, "reducer: no reducer");
+#ifdef BL_HAVE_NCCL
+  if (r->dev) return bl_nccl_buckets_poll(r->dev);
+#endif
+  return 0;
+}
+
+int bl_reducer_wait(bl_reducer *r) {
+  if (!r) return bl_set_error(BL_EINVAL, "reducer: no reducer");
+#ifdef BL_HAVE_NCCL
+  if (r->dev) return bl_nccl_buckets_wait(r->dev);
+#endif
+  return 0;
+}

@@ -38,16 +38,17 @@ static int check_cfg(const char *op, const bl_adamw_config *c) {
   return 0;
 }
 
-int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                  const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                  bl_optim_stats *stats) {
+int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
+                  double grad_norm, bl_optim_stats *stats) {
   const char *op = "adamw_step";
   BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_adam_buffers(op, w, g, m, v, seg));
+  BL_CHECK(opt_check_adam_buffers(op, w, half, g, m, v, seg));
   if (stats) memset(stats, 0, sizeof *stats);
   if (w->device >= 0) {
     BL_CHECK(opt_check_step(op, step, lr, grad_scale, cfg->max_grad_norm));
-    return BL_ON_CUDA(op, w->device, bl_cuda_adamw_step(cfg, w, g, m, v, seg, step, lr, grad_scale, grad_norm, stats));
+    return BL_ON_CUDA(op, w->device,
+                      bl_cuda_adamw_step(cfg, w, half, g, m, v, seg, step, lr, grad_scale, grad_norm, stats));
   }
 
   opt_plan p;
@@ -97,6 +98,7 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, 
     int64_t o = p.chunk_start[c];
     float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
     adamw_chunk(&K, W + o, G + o, M + o, V + o, p.chunk_len[c], segmul[s], adam_w ? wd : 0.0f, adam_w ? 0.0f : wd);
+    opt_store_half(half, W, o, p.chunk_len[c]);
   }
 
 done:
@@ -105,19 +107,19 @@ done:
   return rc;
 }
 
-static int adamw_fn(const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                   const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm) {
-  return bl_adamw_step(cfg, w, g, m, v, seg, step, lr, grad_scale, grad_norm, NULL);
+static int adamw_fn(const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+                    const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm) {
+  return bl_adamw_step(cfg, w, half, g, m, v, seg, step, lr, grad_scale, grad_norm, NULL);
 }
 
-int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                     const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
-                     bl_tensor *state) {
+int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                      bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+                      const bl_amp_config *amp, bl_tensor *state) {
   const char *op = "adamw_step";
   BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_adam_buffers(op, w, g, m, v, seg));
+  BL_CHECK(opt_check_adam_buffers(op, w, half, g, m, v, seg));
   BL_CHECK(opt_amp_check(op, w, amp, state, lr, grad_scale));
   if (w->device >= 0)
-    return BL_ON_CUDA(op, w->device, bl_cuda_adamw_step_amp(cfg, w, g, m, v, seg, lr, grad_scale, amp, state));
-  return opt_amp_cpu(op, adamw_fn, cfg, w, g, m, v, seg, lr, grad_scale, amp, state);
+    return BL_ON_CUDA(op, w->device, bl_cuda_adamw_step_amp(cfg, w, half, g, m, v, seg, lr, grad_scale, amp, state));
+  return opt_amp_cpu(op, adamw_fn, cfg, w, half, g, m, v, seg, lr, grad_scale, amp, state);
 }

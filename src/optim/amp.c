@@ -64,9 +64,9 @@ static int amp_decide(double *a, const bl_amp_config *c, double norm) {
   return 0;
 }
 
-int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
-                bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
-                bl_tensor *state) {
+int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+                const bl_amp_config *amp, bl_tensor *state) {
   double *a = state->data, saved[BL_AMP_STATE_LEN];
   if (!(a[BL_AMP_SCALE] > 0) || isinf(a[BL_AMP_SCALE]) || !(a[BL_AMP_STEP] >= 0))
     return BL_ERR("%s: amp state holds scale %g and step %g (scale must be finite and > 0)", op, a[BL_AMP_SCALE],
@@ -86,7 +86,7 @@ int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, c
   const double s = grad_scale / a[BL_AMP_SCALE], norm = sqrt(sum) * s;
   memcpy(saved, a, sizeof saved);
   if (amp_decide(a, amp, norm)) return 0;
-  int rc = fn(cfg, w, g, m, v, seg, (int64_t)a[BL_AMP_STEP], lr, s, norm);
+  int rc = fn(cfg, w, half, g, m, v, seg, (int64_t)a[BL_AMP_STEP], lr, s, norm);
   if (rc) memcpy(a, saved, sizeof saved);  /* nothing was applied */
   return rc;
 }

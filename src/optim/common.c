@@ -4,7 +4,9 @@
 #include "optim_internal.h"
 #include "ops/ops_internal.h"
 #include "device/dispatch.h"
+#include "base/half.h"
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 void bl_lamb_config_default(bl_lamb_config *c) {
@@ -61,6 +63,47 @@ int opt_check_disjoint(const char *op, int n, const bl_tensor *const *t, const c
         return BL_ERR("%s: %s and %s share memory; they must be separate buffers", op, names[i], names[j]);
     }
   return 0;
+}
+
+static const char *dev_name(int dev, char buf[24]) {
+  if (dev < 0) return "cpu";
+  snprintf(buf, 24, "cuda:%d", dev);
+  return buf;
+}
+
+int opt_check_half(const char *op, const bl_tensor *w, const bl_tensor *half, int n, const bl_tensor *const *ts) {
+  if (!half) return 0;
+  BL_CHECK(live(op, half, "half (the compute copy)"));
+  if (half->dtype != BL_BF16 && half->dtype != BL_F16)
+    return BL_ERR("%s: half (the compute copy) must be bf16 or f16, got %s", op, bl_dtype_name(half->dtype));
+  if (!bl_tensor_is_contiguous(half)) return BL_ERR("%s: half (the compute copy) must be contiguous", op);
+  if (half->numel != w->numel)
+    return BL_ERR("%s: half (the compute copy) has %lld elements but params has %lld", op, (long long)half->numel,
+                  (long long)w->numel);
+  if (half->device != w->device) {
+    char a[24], b[24];
+    return BL_ERR("%s: half (the compute copy) is on %s but params on %s", op, dev_name(half->device, a),
+                  dev_name(w->device, b));
+  }
+  const char *h = half->data;
+  const size_t nh = (size_t)half->numel * 2;
+  for (int i = 0; i < n; i++) {
+    if (!ts[i] || ts[i]->numel == 0 || nh == 0) continue;
+    const char *b = ts[i]->data;
+    if (h < b + (size_t)ts[i]->numel * 4 && b < h + nh)
+      return BL_ERR("%s: half (the compute copy) shares memory with an f32 buffer of the step", op);
+  }
+  return 0;
+}
+
+void opt_store_half(bl_tensor *half, const float *w, int64_t off, int64_t n) {
+  if (!half) return;
+  uint16_t *h = (uint16_t *)half->data + off;
+  w += off;
+  if (half->dtype == BL_BF16)
+    for (int64_t i = 0; i < n; i++) h[i] = bl_half_f32_to_bf16(w[i]);
+  else
+    for (int64_t i = 0; i < n; i++) h[i] = bl_half_f32_to_f16(w[i]);
 }
 
 typedef struct seg_key { int64_t off; int32_t k; } seg_key;
@@ -296,8 +339,8 @@ int bl_unscale_to_f32(bl_tensor *out, const bl_tensor *grads, double inv_scale, 
   return 0;
 }
 
-int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *g, const bl_tensor *m,
-                           const bl_tensor *v, const bl_optim_segments *seg) {
+int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *half, const bl_tensor *g,
+                           const bl_tensor *m, const bl_tensor *v, const bl_optim_segments *seg) {
   BL_CHECK(opt_check_flat(op, w, "params"));
   BL_CHECK(opt_check_same(op, w, g, "grads"));
   BL_CHECK(opt_check_same(op, w, m, "exp_avg"));
@@ -307,5 +350,6 @@ int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *
   int dev;
   BL_CHECK(opt_device(op, 4, ts, &dev));
   BL_CHECK(opt_check_disjoint(op, 4, ts, names));
+  BL_CHECK(opt_check_half(op, w, half, 4, ts));
   return opt_check_segments(op, seg, w->numel);
 }

@@ -98,16 +98,17 @@ static int check_cfg(const char *op, const bl_lamb_config *c) {
   return 0;
 }
 
-int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                 const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                 bl_optim_stats *stats) {
+int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                 bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
+                 double grad_norm, bl_optim_stats *stats) {
   const char *op = "lamb_step";
   BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_adam_buffers(op, w, g, m, v, seg));
+  BL_CHECK(opt_check_adam_buffers(op, w, half, g, m, v, seg));
   if (stats) memset(stats, 0, sizeof *stats);
   if (w->device >= 0) {
     BL_CHECK(opt_check_step(op, step, lr, grad_scale, cfg->max_grad_norm));
-    return BL_ON_CUDA(op, w->device, bl_cuda_lamb_step(cfg, w, g, m, v, seg, step, lr, grad_scale, grad_norm, stats));
+    return BL_ON_CUDA(op, w->device,
+                      bl_cuda_lamb_step(cfg, w, half, g, m, v, seg, step, lr, grad_scale, grad_norm, stats));
   }
 
   opt_plan p;
@@ -153,8 +154,12 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl
     int64_t o = p.chunk_start[c], n = p.chunk_len[c];
     float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
     float wdw = adam_w ? wd : 0.0f, wdl = adam_w ? 0.0f : wd;
-    if (trust[s]) lamb_chunk_norms(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, &wsq[c], &usq[c]);
-    else lamb_chunk_plain(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, flr);
+    if (trust[s]) {
+      lamb_chunk_norms(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, &wsq[c], &usq[c]);
+    } else {
+      lamb_chunk_plain(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, flr);
+      opt_store_half(half, W, o, n);   /* final here: its compute copy while the chunk is in cache */
+    }
   }
 
   int any_trust = 0;
@@ -179,6 +184,7 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl
       int64_t o = p.chunk_start[c];
       float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
       lamb_chunk_apply(&K, W + o, M + o, V + o, p.chunk_len[c], adam_w ? wd : 0.0f, (float)ratio[s]);
+      opt_store_half(half, W, o, p.chunk_len[c]);
     }
   }
 
@@ -188,19 +194,19 @@ done:
   return rc;
 }
 
-static int lamb_fn(const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+static int lamb_fn(const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
                    const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm) {
-  return bl_lamb_step(cfg, w, g, m, v, seg, step, lr, grad_scale, grad_norm, NULL);
+  return bl_lamb_step(cfg, w, half, g, m, v, seg, step, lr, grad_scale, grad_norm, NULL);
 }
 
-int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                     const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
+int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                     bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
                      bl_tensor *state) {
   const char *op = "lamb_step";
   BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_adam_buffers(op, w, g, m, v, seg));
+  BL_CHECK(opt_check_adam_buffers(op, w, half, g, m, v, seg));
   BL_CHECK(opt_amp_check(op, w, amp, state, lr, grad_scale));
   if (w->device >= 0)
-    return BL_ON_CUDA(op, w->device, bl_cuda_lamb_step_amp(cfg, w, g, m, v, seg, lr, grad_scale, amp, state));
-  return opt_amp_cpu(op, lamb_fn, cfg, w, g, m, v, seg, lr, grad_scale, amp, state);
+    return BL_ON_CUDA(op, w->device, bl_cuda_lamb_step_amp(cfg, w, half, g, m, v, seg, lr, grad_scale, amp, state));
+  return opt_amp_cpu(op, lamb_fn, cfg, w, half, g, m, v, seg, lr, grad_scale, amp, state);
 }

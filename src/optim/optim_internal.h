@@ -65,6 +65,11 @@ int opt_check_flat(const char *op, const bl_tensor *t, const char *name);
 int opt_check_same(const char *op, const bl_tensor *w, const bl_tensor *t, const char *name);
 /* The n buffers (NULL entries skipped) share no memory. */
 int opt_check_disjoint(const char *op, int n, const bl_tensor *const *t, const char *const *names);
+/* half: NULL, or a contiguous bf16/f16 buffer of w's numel on w's device sharing no bytes with the n f32 buffers
+ * ts (the compute copy of bl_optim.h). */
+int opt_check_half(const char *op, const bl_tensor *w, const bl_tensor *half, int n, const bl_tensor *const *ts);
+/* half[off..off+n) = w[off..off+n) rounded to half's dtype (nearest even); nothing when half is NULL. */
+void opt_store_half(bl_tensor *half, const float *w, int64_t off, int64_t n);
 /* In bounds of numel, non-negative, non-overlapping. */
 int opt_check_segments(const char *op, const bl_optim_segments *seg, int64_t numel);
 int opt_plan_make(const char *op, const bl_optim_segments *seg, opt_plan *p);
@@ -89,18 +94,19 @@ int opt_check_step(const char *op, int64_t step, double lr, double grad_scale, d
 int opt_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
 
 /* Loss-scaled steps (amp.c): the arguments both devices check, and the CPU step given an optimizer's step. */
-typedef int (*opt_step_fn)(const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                           const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm);
+typedef int (*opt_step_fn)(const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                           bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
+                           double grad_norm);
 int opt_amp_check(const char *op, const bl_tensor *w, const bl_amp_config *a, const bl_tensor *state, double lr,
                   double grad_scale);
-int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *m,
-                bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
-                bl_tensor *state);
+int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
+                bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+                const bl_amp_config *amp, bl_tensor *state);
 /* The Adam-family hyper-parameters: betas in [0, 1), eps and weight_decay finite and >= 0. */
 int opt_check_adam_hyper(const char *op, double beta1, double beta2, double eps, double weight_decay);
 /* The four flat Adam-family buffers (params, grads, exp_avg, exp_avg_sq):
  * same size, f32, contiguous, one device, not overlapping; segments inside them. */
-int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *g, const bl_tensor *m,
-                           const bl_tensor *v, const bl_optim_segments *seg);
+int opt_check_adam_buffers(const char *op, const bl_tensor *w, const bl_tensor *half, const bl_tensor *g,
+                           const bl_tensor *m, const bl_tensor *v, const bl_optim_segments *seg);
 
 #endif

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_tensor *buf,
+int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *buf,
                 const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
                 bl_optim_stats *stats) {
   const char *op = "sgd_step";
@@ -34,12 +34,14 @@ int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_t
     int dev;
     BL_CHECK(opt_device(op, 3, ts, &dev));
     BL_CHECK(opt_check_disjoint(op, 3, ts, names));
+    BL_CHECK(opt_check_half(op, w, half, 3, ts));
   }
   BL_CHECK(opt_check_segments(op, seg, w->numel));
   if (stats) memset(stats, 0, sizeof *stats);
   if (w->device >= 0) {
     BL_CHECK(opt_check_step(op, step, lr, grad_scale, cfg->max_grad_norm));
-    return BL_ON_CUDA(op, w->device, bl_cuda_sgd_step(cfg, w, g, buf, seg, step, lr, grad_scale, grad_norm, stats));
+    return BL_ON_CUDA(op, w->device,
+                      bl_cuda_sgd_step(cfg, w, half, g, buf, seg, step, lr, grad_scale, grad_norm, stats));
   }
 
   opt_plan p;
@@ -78,6 +80,7 @@ int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, const bl_tensor *g, bl_t
         wp[i] -= flr * (nest ? d + mu * b : b);
       }
     }
+    opt_store_half(half, W, o, n);
   }
 
 done:

@@ -11,7 +11,9 @@
  * Also: the global norm against a direct f64 sum; non-finite gradients fail
  * with weights untouched; no allocation after the first step; one
  * synchronisation per step that computes its norm, none with a given norm;
- * the loss-scaled steps (bl_lamb_step_amp) decide like the CPU twin and never synchronise.
+ * the loss-scaled steps (bl_lamb_step_amp) decide like the CPU twin and never synchronise; a step given the
+ * bf16/f16 compute copy writes the same bits as the step without it followed by the refresh cast, on both devices,
+ * in one launch fewer per cast launch (the emulated runtime counts them).
  * Without a CUDA device (or in a CPU-only build): "skipped: ...", exit 77. */
 #include <math.h>
 #include <stdio.h>
@@ -76,13 +78,13 @@ static const bl_optim_segments SEG = { 3, 0, OFF, LEN, DEC };
 
 typedef int (*step_fn)(const void *cfg, bufs *b, int64_t step, double grad_norm, bl_optim_stats *st);
 static int lamb(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
-  return bl_lamb_step(cfg, b->w, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, gn, st);
+  return bl_lamb_step(cfg, b->w, NULL, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, gn, st);
 }
 static int adamw(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
-  return bl_adamw_step(cfg, b->w, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, gn, st);
+  return bl_adamw_step(cfg, b->w, NULL, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, gn, st);
 }
 static int sgd(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
-  return bl_sgd_step(cfg, b->w, b->g, b->m, &SEG, step, 2e-3, 0.25, gn, st);
+  return bl_sgd_step(cfg, b->w, NULL, b->g, b->m, &SEG, step, 2e-3, 0.25, gn, st);
 }
 
 /* Three steps on both devices with the same fresh gradients; given_norm
@@ -274,9 +276,9 @@ static void test_amp(void) {
       ((float *)c.g->data)[17020] = -INFINITY;
       OK(bl_tensor_copy(d.g, c.g));
     }
-    OK(bl_lamb_step_amp(&l, c.w, c.g, c.m, c.v, &SEG, 2e-3, 0.5, &amp, sc));
+    OK(bl_lamb_step_amp(&l, c.w, NULL, c.g, c.m, c.v, &SEG, 2e-3, 0.5, &amp, sc));
     OK(bl_cuda_counters(0, &a));
-    OK(bl_lamb_step_amp(&l, d.w, d.g, d.m, d.v, &SEG, 2e-3, 0.5, &amp, sd));
+    OK(bl_lamb_step_amp(&l, d.w, NULL, d.g, d.m, d.v, &SEG, 2e-3, 0.5, &amp, sd));
     OK(bl_cuda_counters(0, &b));
     if (call > 1) {
       waits += b.syncs - a.syncs;
@@ -310,12 +312,129 @@ static void test_amp(void) {
   release(&d);
 }
 
+/* The compute copy written by the update launch (bl_optim.h `half`): on either device, master weights and copy are
+ * bit for bit those of the step without it followed by the cast that used to refresh the copy, for every optimizer
+ * kind, both half dtypes and the loss-scaled step; on the device the step makes no launch more, so a step drops the
+ * cast's launches. Starting copies hold the cast of the initial weights, so an element the step forgot differs. */
+static int half_step(int kind, bufs *b, bl_tensor *half, int64_t step, bl_tensor *amp) {
+  bl_lamb_config l;
+  bl_adamw_config a;
+  bl_sgd_config s;
+  bl_lamb_config_default(&l);
+  bl_adamw_config_default(&a);
+  bl_sgd_config_default(&s);
+  s.momentum = 0.9;
+  s.weight_decay = 0.01;
+  l.use_nvlamb = kind == 1;
+  static const bl_amp_config AMP = { 2.0, 0.5, 1.0, 16777216.0, 2, 1 };
+  switch (kind) {
+    case 0:
+    case 1: return bl_lamb_step(&l, b->w, half, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, -1, NULL);
+    case 2: return bl_adamw_step(&a, b->w, half, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, -1, NULL);
+    case 3: return bl_sgd_step(&s, b->w, half, b->g, b->m, &SEG, step, 2e-3, 0.25, -1, NULL);
+    case 4: return bl_lamb_step_amp(&l, b->w, half, b->g, b->m, b->v, &SEG, 2e-3, 0.5, &AMP, amp);
+    default: return bl_adamw_step_amp(&a, b->w, half, b->g, b->m, b->v, &SEG, 2e-3, 0.5, &AMP, amp);
+  }
+}
+static bl_tensor *make_half(int dev, bl_dtype dt) {
+  bl_tensor *t = NULL;
+  OK(bl_tensor_empty(1, (const int64_t[]){ N }, dt, dev, &t));
+  return t;
+}
+static int same_bits(const bl_tensor *a, const bl_tensor *b) {
+  bl_tensor *ha = NULL, *hb = NULL;
+  const int64_t n[1] = { N };
+  OK(bl_tensor_empty(1, n, a->dtype, -1, &ha));
+  OK(bl_tensor_empty(1, n, b->dtype, -1, &hb));
+  OK(bl_tensor_copy(ha, a));
+  OK(bl_tensor_copy(hb, b));
+  int same = a->dtype == b->dtype && !memcmp(ha->data, hb->data, (size_t)N * bl_dtype_size(a->dtype));
+  bl_tensor_free(ha);
+  bl_tensor_free(hb);
+  return same;
+}
+static int64_t launches(void) {
+  bl_cuda_count c;
+  OK(bl_cuda_counters(0, &c));
+  return c.launches;
+}
+static void test_fused_half(void) {
+  static const char *kinds[] = { "lamb", "nvlamb", "adamw", "sgd momentum", "lamb amp", "adamw amp" };
+  for (int dev = -1; dev <= 0; dev++)
+    for (int kind = 0; kind < 6; kind++)
+      for (int h = 0; h < 2; h++) {
+        const bl_dtype dt = h ? BL_F16 : BL_BF16;
+        bufs x, y, unused;
+        setup(dev < 0 ? &x : &unused, dev < 0 ? &unused : &x, 900 + (uint64_t)kind);
+        release(&unused);
+        setup(dev < 0 ? &y : &unused, dev < 0 ? &unused : &y, 900 + (uint64_t)kind);
+        release(&unused);
+        bl_tensor *hx = make_half(dev, dt), *hy = make_half(dev, dt);
+        bl_tensor *ax = kind >= 4 ? amp_state(dev, 1024) : NULL, *ay = kind >= 4 ? amp_state(dev, 1024) : NULL;
+        OK(bl_tensor_copy(hx, x.w));
+        OK(bl_tensor_copy(hy, y.w));
+        int64_t old_launches = 0, fused_launches = 0, cast_launches = 0;
+        for (int64_t step = 1; step <= 2; step++) {
+          OK(bl_rand_uniform(x.g, 950 + (uint64_t)step, 0, -0.1, 0.1));
+          OK(bl_tensor_copy(y.g, x.g));
+          int64_t l0 = dev >= 0 ? launches() : 0;
+          OK(half_step(kind, &x, NULL, step, ax));
+          int64_t l1 = dev >= 0 ? launches() : 0;
+          OK(bl_tensor_copy(hx, x.w)); /* the refresh cast the fused write replaces */
+          int64_t l2 = dev >= 0 ? launches() : 0;
+          OK(half_step(kind, &y, hy, step, ay));
+          int64_t l3 = dev >= 0 ? launches() : 0;
+          old_launches += l2 - l0;
+          cast_launches += l2 - l1;
+          fused_launches += l3 - l2;
+        }
+        CHECK(same_bits(x.w, y.w) && same_bits(hx, hy), "%s %s on %s: master weights %s, compute copy %s", kinds[kind],
+              bl_dtype_name(dt), dev < 0 ? "cpu" : "cuda:0", same_bits(x.w, y.w) ? "equal" : "differ",
+              same_bits(hx, hy) ? "equal" : "differ");
+        if (dev >= 0 && old_launches >= 0)
+          CHECK(cast_launches > 0 && fused_launches == old_launches - cast_launches,
+                "%s %s: 2 steps + casts launched %lld kernels (%lld casts), the fused steps %lld", kinds[kind],
+                bl_dtype_name(dt), (long long)old_launches, (long long)cast_launches, (long long)fused_launches);
+        bl_tensor_free(hx);
+        bl_tensor_free(hy);
+        bl_tensor_free(ax);
+        bl_tensor_free(ay);
+        release(&x);
+        release(&y);
+      }
+  /* a compute copy that is not one: an error naming it, nothing written */
+  bufs c, d;
+  setup(&c, &d, 990);
+  bl_tensor *f32 = make(0), *wrong = NULL, *cpu = make_half(-1, BL_BF16);
+  OK(bl_tensor_empty(1, (const int64_t[]){ N - 1 }, BL_BF16, 0, &wrong));
+  bl_lamb_config l;
+  bl_lamb_config_default(&l);
+  int rc = bl_lamb_step(&l, d.w, f32, d.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "must be bf16 or f16"), "f32 compute copy: rc %d (%s)", rc,
+        bl_last_error());
+  rc = bl_lamb_step(&l, d.w, wrong, d.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "has 20010 elements"), "short compute copy: rc %d (%s)", rc,
+        bl_last_error());
+  rc = bl_lamb_step(&l, d.w, cpu, d.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "is on cpu"), "compute copy on the cpu: rc %d (%s)", rc,
+        bl_last_error());
+  bl_tensor *w0 = make(-1);
+  OK(bl_tensor_copy(w0, c.w));
+  close_("params after refused compute copies", w0, d.w, 0, 0);
+  bl_tensor_free(w0);
+  bl_tensor_free(f32);
+  bl_tensor_free(wrong);
+  bl_tensor_free(cpu);
+  release(&c);
+  release(&d);
+}
+
 static void test_mixed(void) {
   bufs c, d;
   setup(&c, &d, 500);
   bl_lamb_config l;
   bl_lamb_config_default(&l);
-  int rc = bl_lamb_step(&l, d.w, c.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  int rc = bl_lamb_step(&l, d.w, NULL, c.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
   CHECK(rc != 0 && strstr(bl_last_error(), "different devices"), "mixed devices accepted (rc %d: %s)", rc,
         bl_last_error());
   rc = bl_unscale_to_f32(d.w, d.g, 1.0, NULL);
@@ -334,6 +453,7 @@ int main(void) {
   test_nonfinite();
   test_counters();
   test_amp();
+  test_fused_half();
   test_mixed();
   if (failures) {
     printf("%d failures\n", failures);

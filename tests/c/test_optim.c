@@ -1,7 +1,8 @@
 /* Flat-buffer optimizers (src/optim/) against straightforward f64 reference
  * implementations written here from the formulas in bl_optim.h: LAMB (apex
  * semantics and variants), AdamW/BertAdam, SGD; global norm; fused unscale;
- * determinism across thread counts; bad-input errors. Several steps on random
+ * determinism across thread counts; the bf16/f16 compute copy written by the
+ * update pass; bad-input errors. Several steps on random
  * data with several segments, a no-decay segment, a zero-weight segment, a
  * zero-gradient segment and padding gaps that must stay untouched. */
 #include "bertlua.h"
@@ -167,7 +168,7 @@ static void run_lamb(const char *name, const bl_lamb_config *cfg, double gscale,
     round_f32(G);
     to_f32(g, G);
     bl_optim_stats st;
-    int rc = bl_lamb_step(cfg, w, g, m, v, &SEGS, step, lr, grad_scale, -1.0, &st);
+    int rc = bl_lamb_step(cfg, w, NULL, g, m, v, &SEGS, step, lr, grad_scale, -1.0, &st);
     CHECK(rc == 0, "%s: lamb_step failed: %s", name, bl_last_error());
     double norm = ref_global_norm(G, grad_scale);
     CHECK(fabs(st.grad_norm - norm) <= 1e-9 * norm, "%s: grad_norm %.12g vs %.12g", name, st.grad_norm, norm);
@@ -235,17 +236,17 @@ static void test_lamb_trust_cases(void) {
     F(m)[i] = 0;
     F(v)[i] = 0;
   }
-  CHECK(bl_lamb_step(&c, w, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "w=0: %s", bl_last_error());
+  CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "w=0: %s", bl_last_error());
   /* i = 0: g = -0.5, m^ = g, sqrt(v^) = |g| -> u = -0.5/(0.5+eps), w = -lr*u */
   CHECK(fabs(F(w)[0] - 0.1 * 0.5 / (0.5 + 1e-6)) < 1e-7, "w=0 trust 1: got %.9g", F(w)[0]);
   /* g = 0, w != 0, decay 0.01: u = wd*w -> trust = ||w||/||wd w|| = 100 -> w *= (1 - lr*100*0.01) */
   for (int64_t i = 0; i < n; i++) { F(w)[i] = 0.5f + (float)i / n; F(g)[i] = 0; F(m)[i] = 0; F(v)[i] = 0; }
-  CHECK(bl_lamb_step(&c, w, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "g=0: %s", bl_last_error());
+  CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "g=0: %s", bl_last_error());
   CHECK(fabs(F(w)[7] - (0.5f + 7.0f / n) * (1 - 0.1)) < 1e-6, "g=0 decayed: got %.9g", F(w)[7]);
   /* g = 0, no decay, nvlamb: u = 0 -> trust 1 and w unchanged */
   dec = 0; c.use_nvlamb = 1;
   for (int64_t i = 0; i < n; i++) { F(w)[i] = 0.5f; F(g)[i] = 0; F(m)[i] = 0; F(v)[i] = 0; }
-  CHECK(bl_lamb_step(&c, w, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "u=0: %s", bl_last_error());
+  CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "u=0: %s", bl_last_error());
   CHECK(F(w)[3] == 0.5f, "u=0: w changed to %.9g", F(w)[3]);
   bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(m); bl_tensor_free(v);
 }
@@ -260,7 +261,7 @@ static void run_adamw(const char *name, const bl_adamw_config *cfg, double gscal
     fill_grad(G, gscale);
     round_f32(G);
     to_f32(g, G);
-    int rc = bl_adamw_step(cfg, w, g, m, v, &SEGS, step, lr, 0.5, -1.0, NULL);
+    int rc = bl_adamw_step(cfg, w, NULL, g, m, v, &SEGS, step, lr, 0.5, -1.0, NULL);
     CHECK(rc == 0, "%s: adamw_step failed: %s", name, bl_last_error());
     ref_adamw(cfg, W, G, M, V, step, lr, 0.5);
   }
@@ -295,7 +296,7 @@ static void run_sgd(const char *name, const bl_sgd_config *cfg) {
     fill_grad(G, 1.0);
     round_f32(G);
     to_f32(g, G);
-    int rc = bl_sgd_step(cfg, w, g, cfg->momentum > 0 ? b : NULL, &SEGS, step, lr, 1.0, -1.0, NULL);
+    int rc = bl_sgd_step(cfg, w, NULL, g, cfg->momentum > 0 ? b : NULL, &SEGS, step, lr, 1.0, -1.0, NULL);
     CHECK(rc == 0, "%s: sgd_step failed: %s", name, bl_last_error());
     ref_sgd(cfg, W, G, M, step, lr, 1.0);
   }
@@ -384,12 +385,58 @@ static void test_determinism(void) {
     bl_set_num_threads(r == 0 ? 1 : (nt > 1 ? nt : 3));
     bl_lamb_config c;
     bl_lamb_config_default(&c);
-    for (int s = 1; s <= 3; s++) bl_lamb_step(&c, w[r], g, m[r], v[r], &SEGS, s, 0.01, 1.0, -1, NULL);
+    for (int s = 1; s <= 3; s++) bl_lamb_step(&c, w[r], NULL, g, m[r], v[r], &SEGS, s, 0.01, 1.0, -1, NULL);
   }
   bl_set_num_threads(nt);
   CHECK(memcmp(w[0]->data, w[1]->data, N * 4) == 0, "lamb weights differ between 1 and %d threads", nt);
   for (int r = 0; r < 2; r++) { bl_tensor_free(w[r]); bl_tensor_free(m[r]); bl_tensor_free(v[r]); }
   bl_tensor_free(g);
+}
+
+/* The compute copy (bl_optim.h `half`) written by the update pass: master weights and copy bit for bit those of the
+ * step without it followed by a cast of the whole buffer (what refreshed the copy before), for LAMB (trust and
+ * plain segments), AdamW and SGD with momentum, bf16 and f16, over three steps. The copies start as the cast of the
+ * initial weights, so an element the step forgot (or wrote outside the segments) differs. */
+static void test_compute_copy(void) {
+  double *w = malloc(sizeof(double) * N), *g = malloc(sizeof(double) * N), *m = malloc(sizeof(double) * N),
+         *v = malloc(sizeof(double) * N);
+  static const char *names[] = { "lamb", "adamw", "sgd momentum" };
+  for (int kind = 0; kind < 3; kind++)
+    for (int h = 0; h < 2; h++) {
+      const int dt = h ? BL_F16 : BL_BF16;
+      const int64_t n = N;
+      bl_tensor *x[4], *y[4], *hx = NULL, *hy = NULL;
+      fill_state(w, m, v, 0.5);
+      for (int i = 0; i < 4; i++) { x[i] = flat(N); y[i] = flat(N); }
+      to_f32(x[0], w); to_f32(x[2], m); to_f32(x[3], v);
+      for (int i = 0; i < 4; i += i == 0 ? 2 : 1) memcpy(F(y[i]), F(x[i]), sizeof(float) * N);
+      bl_tensor_empty(1, &n, dt, -1, &hx);
+      bl_tensor_empty(1, &n, dt, -1, &hy);
+      bl_tensor_copy(hx, x[0]);
+      bl_tensor_copy(hy, y[0]);
+      bl_lamb_config lc; bl_adamw_config ac; bl_sgd_config sc;
+      bl_lamb_config_default(&lc); bl_adamw_config_default(&ac); bl_sgd_config_default(&sc);
+      sc.momentum = 0.9; sc.weight_decay = 0.01;
+      int rc = 0;
+      for (int64_t step = 1; step <= 3; step++) {
+        fill_grad(g, 0.1);
+        to_f32(x[1], g); to_f32(y[1], g);
+        for (int k = 0; k < 2; k++) {
+          bl_tensor **b = k ? y : x, *half = k ? hy : NULL;
+          if (kind == 0) rc |= bl_lamb_step(&lc, b[0], half, b[1], b[2], b[3], &SEGS, step, 0.01, 0.5, -1, NULL);
+          if (kind == 1) rc |= bl_adamw_step(&ac, b[0], half, b[1], b[2], b[3], &SEGS, step, 0.01, 0.5, -1, NULL);
+          if (kind == 2) rc |= bl_sgd_step(&sc, b[0], half, b[1], b[2], &SEGS, step, 0.01, 0.5, -1, NULL);
+        }
+        rc |= bl_tensor_copy(hx, x[0]);   /* the refresh cast */
+      }
+      CHECK(rc == 0, "%s %s: %s", names[kind], bl_dtype_name(dt), bl_last_error());
+      CHECK(!memcmp(F(x[0]), F(y[0]), sizeof(float) * N) && !memcmp(hx->data, hy->data, 2 * (size_t)N),
+            "%s %s: the step writing the compute copy differs from step + cast", names[kind], bl_dtype_name(dt));
+      for (int i = 0; i < 4; i++) { bl_tensor_free(x[i]); bl_tensor_free(y[i]); }
+      bl_tensor_free(hx);
+      bl_tensor_free(hy);
+    }
+  free(w); free(g); free(m); free(v);
 }
 
 static void expect_err(int rc, int status, const char *needle, const char *what) {
@@ -405,50 +452,56 @@ static void test_bad_input(void) {
   to_f32(w, W); to_f32(g, G); to_f32(m, M); to_f32(v, V);
   bl_lamb_config c;
   bl_lamb_config_default(&c);
-  expect_err(bl_lamb_step(&c, w, small, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "grads has 69999 elements",
+  expect_err(bl_lamb_step(&c, w, NULL, small, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "grads has 69999 elements",
              "mismatched numel");
-  expect_err(bl_lamb_step(&c, w, g, d64, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "exp_avg must be a flat f32",
+  expect_err(bl_lamb_step(&c, w, NULL, g, d64, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "exp_avg must be a flat f32",
              "f64 moment");
   bl_tensor fake = *v;
   fake.device = 0;
-  expect_err(bl_lamb_step(&c, w, g, m, &fake, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL,
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, &fake, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL,
              "different devices (cpu and cuda:0)", "mixed devices");
-  expect_err(bl_lamb_step(&c, w, g, m, m, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "share memory", "aliased moments");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, m, &SEGS, 1, 0.1, 1, -1, NULL),
+             BL_EINVAL, "share memory", "aliased moments");
   int64_t ov_off[2] = { 0, 100 }, ov_len[2] = { 200, 50 };
   bl_optim_segments ov = { 2, 0, ov_off, ov_len, NULL };
-  expect_err(bl_lamb_step(&c, w, g, m, v, &ov, 1, 0.1, 1, -1, NULL), BL_EINVAL, "overlap", "overlapping segments");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &ov, 1, 0.1, 1, -1, NULL),
+             BL_EINVAL, "overlap", "overlapping segments");
   int64_t oob_off[1] = { N - 10 }, oob_len[1] = { 11 };
   bl_optim_segments oob = { 1, 0, oob_off, oob_len, NULL };
-  expect_err(bl_adamw_step(NULL, w, g, m, v, &oob, 1, 0.1, 1, -1, NULL), BL_EINVAL, "config is NULL", "null cfg");
+  expect_err(bl_adamw_step(NULL, w, NULL, g, m, v, &oob, 1, 0.1, 1, -1, NULL), BL_EINVAL, "config is NULL", "null cfg");
   bl_adamw_config ac;
   bl_adamw_config_default(&ac);
-  expect_err(bl_adamw_step(&ac, w, g, m, v, &oob, 1, 0.1, 1, -1, NULL), BL_EINVAL, "outside the flat buffer",
+  expect_err(bl_adamw_step(&ac, w, NULL, g, m, v, &oob, 1, 0.1, 1, -1, NULL), BL_EINVAL, "outside the flat buffer",
              "segment out of bounds");
   int64_t neg_off[1] = { -1 }, one[1] = { 1 };
   bl_optim_segments neg = { 1, 0, neg_off, one, NULL };
-  expect_err(bl_adamw_step(&ac, w, g, m, v, &neg, 1, 0.1, 1, -1, NULL), BL_EINVAL, "outside", "negative offset");
-  expect_err(bl_lamb_step(&c, w, g, m, v, &SEGS, 0, 0.1, 1, -1, NULL), BL_EINVAL, "step must be >= 1", "step 0");
-  expect_err(bl_lamb_step(&c, w, g, m, v, &SEGS, 1, NAN, 1, -1, NULL), BL_EINVAL, "learning rate", "lr NaN");
+  expect_err(bl_adamw_step(&ac, w, NULL, g, m, v, &neg, 1, 0.1, 1, -1, NULL), BL_EINVAL, "outside", "negative offset");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 0, 0.1, 1, -1, NULL), BL_EINVAL, "step must be >= 1", "step 0");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, NAN, 1, -1, NULL), BL_EINVAL, "learning rate", "lr NaN");
   c.beta2 = 1.0;
-  expect_err(bl_lamb_step(&c, w, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "beta2 must be in [0, 1)", "beta2");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL),
+             BL_EINVAL, "beta2 must be in [0, 1)", "beta2");
   bl_lamb_config_default(&c);
   /* non-finite gradient: error, and nothing written */
   F(g)[500] = NAN;
   float w0 = F(w)[3], m0 = F(m)[3];
   bl_optim_stats st;
-  expect_err(bl_lamb_step(&c, w, g, m, v, &SEGS, 1, 0.1, 1, -1, &st), BL_EINVAL, "non-finite gradient", "NaN grad");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, &st),
+             BL_EINVAL, "non-finite gradient", "NaN grad");
   CHECK(st.nonfinite == 1, "stats.nonfinite not set");
   CHECK(F(w)[3] == w0 && F(m)[3] == m0, "NaN gradient modified the state");
-  expect_err(bl_adamw_step(&ac, w, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "non-finite", "adamw NaN");
+  expect_err(bl_adamw_step(&ac, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "non-finite", "adamw NaN");
   F(g)[500] = 0.25f;
-  expect_err(bl_lamb_step(&c, w, g, m, v, &SEGS, 1, 0.1, 1, INFINITY, NULL), BL_EINVAL, "non-finite",
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, INFINITY, NULL), BL_EINVAL, "non-finite",
              "caller-given inf norm");
   bl_sgd_config sc;
   bl_sgd_config_default(&sc);
   sc.momentum = 0.9;
-  expect_err(bl_sgd_step(&sc, w, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "momentum buffer", "sgd no buffer");
+  expect_err(bl_sgd_step(&sc, w, NULL, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL),
+             BL_EINVAL, "momentum buffer", "sgd no buffer");
   sc.momentum = 0; sc.nesterov = 1;
-  expect_err(bl_sgd_step(&sc, w, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "nesterov", "nesterov no momentum");
+  expect_err(bl_sgd_step(&sc, w, NULL, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL),
+             BL_EINVAL, "nesterov", "nesterov no momentum");
   int bad;
   expect_err(bl_unscale_check(d64, 0.5, &bad), BL_EINVAL, "must be a flat f32", "unscale f64");
   double nrm;
@@ -456,7 +509,8 @@ static void test_bad_input(void) {
     expect_err(bl_grad_global_norm(&fake, &nrm, NULL), BL_EDEVICE, "built without CUDA", "norm on cuda");
   /* a caller-given norm is used as is: with norm 2 and max 1 the gradients are halved */
   bl_lamb_config_default(&c);
-  CHECK(bl_lamb_step(&c, w, g, m, v, &SEGS, 1, 0.1, 1, 2.0, &st) == 0 && st.clip_coef == 0.5 && st.grad_norm == 2.0,
+  CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, 2.0, &st) == 0
+        && st.clip_coef == 0.5 && st.grad_norm == 2.0,
         "given norm: rc/clip %g", st.clip_coef);
   bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(m); bl_tensor_free(v); bl_tensor_free(small);
   bl_tensor_free(d64);
@@ -482,13 +536,13 @@ static int bench(int64_t n) {
   double t0, t, nrm;
   int bad;
   printf("%lld params, %d threads\n", (long long)n, bl_num_threads());
-  bl_lamb_step(&lc, w, g, m, v, &s, 1, 1e-3, 1, -1, NULL);
+  bl_lamb_step(&lc, w, NULL, g, m, v, &s, 1, 1e-3, 1, -1, NULL);
   t0 = now_s();
-  for (int r = 0; r < reps; r++) bl_lamb_step(&lc, w, g, m, v, &s, 2 + r, 1e-3, 1, -1, NULL);
+  for (int r = 0; r < reps; r++) bl_lamb_step(&lc, w, NULL, g, m, v, &s, 2 + r, 1e-3, 1, -1, NULL);
   t = (now_s() - t0) / reps;
   printf("lamb_step    %8.1f ms  %.3f Gparam/s\n", 1e3 * t, n / t / 1e9);
   t0 = now_s();
-  for (int r = 0; r < reps; r++) bl_adamw_step(&ac, w, g, m, v, &s, 2 + r, 1e-3, 1, -1, NULL);
+  for (int r = 0; r < reps; r++) bl_adamw_step(&ac, w, NULL, g, m, v, &s, 2 + r, 1e-3, 1, -1, NULL);
   t = (now_s() - t0) / reps;
   printf("adamw_step   %8.1f ms  %.3f Gparam/s\n", 1e3 * t, n / t / 1e9);
   t0 = now_s();
@@ -512,6 +566,7 @@ int main(void) {
   test_sgd();
   test_norm_and_unscale();
   test_determinism();
+  test_compute_copy();
   test_bad_input();
   if (failures) { printf("%d failure(s)\n", failures); return 1; }
   printf("test_optim: all passed\n");

@@ -17,6 +17,7 @@ local dist = require "bertlua.train.dist"
 local g = bl.randn({ 5000 }, { seed = 1 }):to("cuda:0")
 local r = dist.Reducer{ grads = g, bucket_mb = 1000 * 4 / 2 ^ 20 }
 r:finish()   -- one good step: the communicator exists
+r:wait()
 ]] .. body)
   local out, rc = T.sh((env or "") .. " " .. mpirun .. T.exe() .. " " .. p)
   os.remove(p)
@@ -37,11 +38,24 @@ T.test("a stuck rank: the bucket all-reduce times out, the communicator is abort
 local ffi = require "ffi"
 ffi.cdef "unsigned int sleep(unsigned int);"
 if bl.rank() == 1 then ffi.C.sleep(100) end   -- in-process: ends with the process
-r:finish()
+r:finish()   -- queues the all-reduce and returns
+r:wait()     -- the watched wait
 ]], "BL_NCCL_TIMEOUT=3 BL_EMU_NCCL_TIMEOUT=3")
   T.truthy(rc ~= 0 and rc ~= 124, "nonzero exit without timing out (rc " .. tostring(rc) .. "): " .. out)
   -- on a GPU the host's watchdog sees the stream not finish ("did not complete within 3 s"); the emulated
   -- NCCL runs the collective on the host thread and reports the missing peer as NCCL does (ncclRemoteError)
+  T.truthy(out:find("reducer: NCCL bucket all-reduce", 1, true) and out:find("communicator aborted", 1, true), out)
+end)
+
+T.test("a stuck rank after finish returned: the next vote watches the queued sums and ends the job", function()
+  local out, rc = run([[
+local ffi = require "ffi"
+ffi.cdef "unsigned int sleep(unsigned int);"
+if bl.rank() == 1 then ffi.C.sleep(100) end   -- in-process: ends with the process
+r:finish()                       -- rank 0: queued, no wait
+dist.sum_numbers({ 1, 2 }, r)    -- a per-step vote over MPI (pretrain's stop hook)
+]], "BL_NCCL_TIMEOUT=3 BL_EMU_NCCL_TIMEOUT=3")
+  T.truthy(rc ~= 0 and rc ~= 124, "nonzero exit without timing out (rc " .. tostring(rc) .. "): " .. out)
   T.truthy(out:find("reducer: NCCL bucket all-reduce", 1, true) and out:find("communicator aborted", 1, true), out)
 end)
 

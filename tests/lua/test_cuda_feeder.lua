@@ -2,6 +2,8 @@
 -- pinned buffers, copies on the copy stream ordered by events, the next batch
 -- in flight while the current one is used. On the tiny pre-training corpus
 -- of pretrain_fixture, against the plain (CPU) loader with the same options.
+-- The C loader builds the large fields in the pinned buffers (no copy from
+-- ordinary memory: bl_feeder_staged_bytes counts what is still copied).
 -- Needs a CUDA device (the emulated one in CI: its copies run only when a
 -- stream reaches them, so a missing event wait reads stale buffers).
 local T = require "testing"
@@ -57,6 +59,27 @@ T.test("no device allocation after the first batch; state() resumes exactly", fu
   for s = 1, 4 do same(resumed:next(), cpu:next(), "resumed step " .. s) end
   T.truthy(first.input_ids:numel() > 0)
   gpu:close(); resumed:close(); cpu:close()
+end)
+
+-- the loader writes ids, token types and mask into the pinned buffers itself: the only bytes copied from ordinary
+-- memory into them are the small host fields (positions, labels [B, P], NSP labels [B]); bl_feeder_put of the
+-- same batches (what DeviceLoader did before) copies the [B, S] fields too
+T.test("batches are built in the pinned buffers: only the host fields are copied there", function()
+  local C, ffi = core.C, core.ffi
+  local gpu = data.DeviceLoader(loader(), 0)
+  for _ = 1, 6 do gpu:next() end   -- 7 batches put: 2 at the first call, then one per call
+  local B, P = gpu.loader.batch, gpu.loader.max_pred
+  T.eq(gpu:staged_bytes(), 7 * B * (2 * P + 1) * 4, "bytes copied into the pinned buffers")
+  local out = ffi.new("bl_feeder *[1]")
+  T.eq(C.bl_feeder_new(0, B, gpu.loader.max_length, P, out), 0)
+  local f = ffi.gc(out[0], C.bl_feeder_free)
+  local cpu, b = loader(), ffi.new("bl_loader_batch")
+  local batch = cpu:next()
+  for _, k in ipairs(FIELDS) do b[k] = batch[k] end
+  T.eq(C.bl_feeder_put(f, b), 0)
+  local big = batch.input_ids:numel() * 3 * 4
+  T.eq(tonumber(C.bl_feeder_staged_bytes(f)), B * (2 * P + 1) * 4 + big, "bytes copied by a put of a CPU batch")
+  gpu:close(); cpu:close()
 end)
 
 T.test("a batch that does not fit the feeder is an error naming it", function()

@@ -8,6 +8,7 @@ local bl = require "bertlua"
 local dist = require "bertlua.train.dist"
 local ffi = require "ffi"
 local C = require("bertlua.core").C
+ffi.cdef "int usleep(unsigned int);"
 
 local rank, world = bl.rank(), bl.world_size()
 T.eq(world, 2)
@@ -131,6 +132,29 @@ T.test("attach: buckets launched during backward, the same sums as reducing afte
         hooked[i], plain[i])) end
     end
   end
+end)
+
+-- finish() on a GPU queues the sums and returns: with rank 1 a second late, rank 0's finish takes no part of that
+-- second (it used to wait for the all-reduce); wait() then waits for it and the sums are right.
+T.test("finish does not wait on the host (cuda), wait does", function()
+  if not bl.cuda_available() then T.skip("no CUDA device") end
+  local clock = require("bertlua.util.log").clock
+  local g = data(rank):to("cuda:0")
+  local r = dist.Reducer{ grads = g, bucket_mb = 300 * 4 / 2 ^ 20 }
+  r:finish()   -- a first step: the communicator exists on both ranks
+  r:wait()
+  g:copy_(data(rank):to("cuda:0"))
+  if rank == 1 then ffi.C.usleep(1000000) end
+  local t0 = clock()
+  r:finish()
+  local t_finish = clock() - t0
+  r:wait()
+  local t_wait = clock() - t0
+  if rank == 0 then
+    T.truthy(t_finish < 0.5, ("finish took %.2f s with a peer 1 s late"):format(t_finish))
+    T.truthy(t_wait >= 0.5, ("wait returned after %.2f s, before the late peer arrived"):format(t_wait))
+  end
+  check(g:to("cpu"):totable(), "fp32", "after wait")
 end)
 
 T.test("misuse is an error naming the reducer", function()

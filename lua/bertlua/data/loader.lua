@@ -160,7 +160,11 @@ end
 
 -- DeviceLoader(loader, device): the loader's batches on cuda:device through
 -- bl_feeder (bl_loader.h): pinned buffers and a copy stream, the next batch
--- copied while the current step computes, no allocation per batch. next()
+-- copied while the current step computes, no allocation per batch. The C
+-- loader builds each batch's ids, token types and attention mask straight into
+-- the pinned buffers (bl_feeder_put_next), on the call: its prefetch thread
+-- stops, since a step on the GPU does not wait on the host, which builds the
+-- batch after next while the device computes. next()
 -- returns device tensors that stay valid until the second next() after it;
 -- state() is the position of the batches handed out, not of those in flight,
 -- so a checkpoint resumes exactly. The MLM positions and labels and the NSP
@@ -181,16 +185,14 @@ local FIELDS = { "input_ids", "token_type_ids", "attention_mask", "masked_lm_pos
   "next_sentence_labels" }
 local HOST_FIELDS = { "masked_lm_positions", "masked_lm_labels", "next_sentence_labels" }
 
--- the loader's next batch into the feeder; its CPU tensors are freed at once
+-- the loader's next batch into the feeder, built in its pinned buffers; the host fields are kept for next()
 local function put(self)
-  local batch, b = self.loader:next(), self._b
-  for _, k in ipairs(FIELDS) do b[k] = batch[k] end
-  b.epoch, b.pos = self.loader.epoch, self.loader.pos - 1
-  check(C.bl_feeder_put(self.f, b))
-  local host = {}   -- kept for next() (see the header); the rest is freed at once
-  for _, k in ipairs(HOST_FIELDS) do host[k], batch[k] = batch[k], nil end
+  local l, b = self.loader, self._b
+  check(C.bl_feeder_put_next(self.f, alive(l), b))
+  l.epoch, l.pos = tonumber(b.epoch), tonumber(b.pos) + 1   -- as CLoader:next keeps them
+  local host = {}
+  for _, k in ipairs(HOST_FIELDS) do host[k] = bl.wrap(b[k]) end
   self._host[#self._host + 1] = host
-  M.free_batch(batch)
 end
 
 function DLoader:next()
@@ -202,6 +204,10 @@ function DLoader:next()
   self.epoch, self.pos = tonumber(b.epoch), tonumber(b.pos) + 1
   return batch
 end
+
+-- staged_bytes() -> bytes copied from ordinary memory into the pinned buffers so far: only the positions, labels
+-- and NSP labels (the rest is built there)
+function DLoader:staged_bytes() return tonumber(C.bl_feeder_staged_bytes(self.f)) end
 
 function DLoader:state()
   local s = self.loader:state()

@@ -42,8 +42,9 @@
 --    model:to{ device = "cuda:0", dtype = "bf16" } also runs forward and
 --    backward in bf16 (or f16): f32 master parameters and gradients stay in
 --    flat_params/flat_grads, the modules read a half copy (flat_compute) and
---    keep half activations; call model:sync_compute() after each optimizer
---    step to refresh the copy. The CPU path is unchanged by all this.
+--    keep half activations. The optimizers of bertlua.train.optim built with
+--    model= write that copy in their update pass; after any other change of
+--    flat_params call model:sync_compute(). The CPU path is unchanged by all this.
 local bl = require "bertlua.tensor"
 local ops = require "bertlua.nn.ops"
 
@@ -213,8 +214,9 @@ end
 -- (f32, bf16, f16) is the compute dtype: for a half dtype the modules use a
 -- half copy of the parameters (self.flat_compute, same layout) and half
 -- activations, while flat_params / flat_grads stay f32 (master weights,
--- gradients accumulated in f32); call sync_compute() after every update of
--- flat_params. Tensors returned by earlier forwards are not moved.
+-- gradients accumulated in f32); an optimizer built with model= writes the
+-- half copy as it updates flat_params, after any other update call
+-- sync_compute(). Tensors returned by earlier forwards are not moved.
 local COMPUTE = { f32 = "f32", float32 = "f32", bf16 = "bf16", bfloat16 = "bf16", f16 = "f16", float16 = "f16",
   half = "f16" }
 function Module:to(what)

@@ -278,6 +278,7 @@ end
 --   mp:begin_step()                  -- master <- params; params <- round(params)
 --   ... forward; model:backward(mp:scale() / accum) ...
 --   mp:end_backward()                -- grads <- round(grads); params <- master
+--                                    -- ({rounded = true}: round_grads(lo, hi) did it range by range)
 --   ... all-reduce the gradients across ranks, if any ...
 --   local stepped, stats = mp:step(opt, lr)   -- fp16: false when skipped
 --
@@ -395,10 +396,18 @@ function MP:begin_step()
   M.round_(fp, self.dtype, self.half)
 end
 
-function MP:end_backward()
+-- end_backward([{rounded = true}]): rounded: the gradients were rounded already, range by range (round_grads)
+function MP:end_backward(opts)
   if not self.dtype then return end
-  M.round_(self.model.flat_grads, self.dtype, self.half)
+  if not (opts and opts.rounded) then M.round_(self.model.flat_grads, self.dtype, self.half) end
   self.model.flat_params:copy_(self.master)
+end
+
+-- round_grads(lo, hi): gradient elements [lo, hi) (0-based) rounded to the half dtype, as end_backward rounds
+-- them all: a data-parallel reducer rounds each layer's range when it is final (dist.Reducer:on_final)
+function MP:round_grads(lo, hi)
+  if not self.dtype or hi <= lo then return end
+  M.round_(self.model.flat_grads:narrow(1, lo + 1, hi - lo), self.dtype, self.half:narrow(1, lo + 1, hi - lo))
 end
 
 -- fp16: the dynamic scaler's checked step; otherwise NoScaler's plain opt:step

@@ -104,26 +104,30 @@ function M.batch_to(batch, dev, keep)
   return out
 end
 
--- defer_checks(dev): on a GPU, index checks (embedding ids, MLM targets) stop waiting for the device; their errors
--- come from StepStats:read (bl_cuda_defer_checks in bl_base.h). No-op on the CPU, whose checks cost no wait.
-function M.defer_checks(dev)
-  if dev >= 0 then check(C.bl_cuda_defer_checks(dev, 1)) end
+-- defer_checks(dev[, on]): on a GPU, index checks (embedding ids, MLM targets) stop waiting for the device; their
+-- errors come from StepStats:read (bl_cuda_defer_checks in bl_base.h). on = false turns them back to immediate.
+-- No-op on the CPU, whose checks cost no wait.
+function M.defer_checks(dev, on)
+  if dev >= 0 then check(C.bl_cuda_defer_checks(dev, on == false and 0 or 1)) end
 end
 
--- StepStats(dev): the sums a pre-training step adds on the device (BertForPreTraining:forward(batch, stats)):
--- losses f64 {total, mlm, nsp} and counts i64 {mlm correct, mlm counted, nsp correct, nsp counted}.
+-- StepStats(dev[, nlosses, ncounts]): the sums a training step adds on the device: losses f64 [nlosses] and counts
+-- i64 [ncounts]; the defaults are those of pre-training (BertForPreTraining:forward(batch, stats)): losses
+-- {total, mlm, nsp} and counts {mlm correct, mlm counted, nsp correct, nsp counted}.
 --   stats:zero()                       -- queued, at the start of a step
---   local v = stats:read(amp_state)    -- when logging: {losses = {3}, counts = {4}, amp = {...}}
+--   local v = stats:read(amp_state)    -- when logging: {losses = {...}, counts = {...}, amp = {...}}
 -- read packs everything (and the deferred-check flag) into one buffer and reads it with one wait; a deferred
 -- index error is raised there.
 local Stats = {}
 Stats.__index = Stats
 
-function M.StepStats(dev)
+function M.StepStats(dev, nlosses, ncounts)
   local on = dev >= 0 and dev or nil
-  return setmetatable({ dev = dev, losses = bl.zeros({ 3 }, { dtype = "f64", device = on }),
-    counts = bl.zeros({ 4 }, { dtype = "i64", device = on }),
-    buf = bl.zeros({ 8 + C.BL_AMP_STATE_LEN }, { dtype = "f64", device = on }) }, Stats)
+  nlosses, ncounts = nlosses or 3, ncounts or 4
+  return setmetatable({ dev = dev, nl = nlosses, nc = ncounts,
+    losses = bl.zeros({ nlosses }, { dtype = "f64", device = on }),
+    counts = bl.zeros({ math.max(ncounts, 1) }, { dtype = "i64", device = on }),
+    buf = bl.zeros({ nlosses + ncounts + 1 + C.BL_AMP_STATE_LEN }, { dtype = "f64", device = on }) }, Stats)
 end
 
 function Stats:zero()
@@ -133,20 +137,24 @@ end
 
 function Stats:read(amp_state)
   local na = amp_state and amp_state:numel() or 0
-  local n = 8 + na
+  local nl, nc = self.nl, self.nc
+  local flag = nl + nc + 1   -- 1-based slot of the deferred-check flag
+  local n = flag + na
   if not self.buf or self.buf:numel() ~= n then
     self.buf = bl.zeros({ n }, { dtype = "f64", device = self.dev >= 0 and self.dev or nil })
   end
   local b = self.buf
-  b:narrow(1, 1, 3):copy_(self.losses)
-  b:narrow(1, 4, 4):copy_(self.counts)
-  if na > 0 then b:narrow(1, 9, na):copy_(amp_state) end
-  if self.dev >= 0 then check(C.bl_cuda_deferred_pending(self.dev, b:narrow(1, 8, 1))) end
+  b:narrow(1, 1, nl):copy_(self.losses)
+  if nc > 0 then b:narrow(1, nl + 1, nc):copy_(self.counts:narrow(1, 1, nc)) end
+  if na > 0 then b:narrow(1, flag + 1, na):copy_(amp_state) end
+  if self.dev >= 0 then check(C.bl_cuda_deferred_pending(self.dev, b:narrow(1, flag, 1))) end
   local v = b:totable()   -- the one wait
-  if v[8] ~= 0 then check(C.bl_cuda_check_deferred(self.dev)) end
-  local amp = {}
-  for i = 1, na do amp[i] = v[8 + i] end
-  return { losses = { v[1], v[2], v[3] }, counts = { v[4], v[5], v[6], v[7] }, amp = amp }
+  if v[flag] ~= 0 then check(C.bl_cuda_check_deferred(self.dev)) end
+  local losses, counts, amp = {}, {}, {}
+  for i = 1, nl do losses[i] = v[i] end
+  for i = 1, nc do counts[i] = v[nl + i] end
+  for i = 1, na do amp[i] = v[flag + i] end
+  return { losses = losses, counts = counts, amp = amp }
 end
 
 return M

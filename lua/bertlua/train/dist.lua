@@ -55,25 +55,34 @@ function M.broadcast(t, root)
   return t
 end
 
--- Sum of Lua numbers across ranks (for logging losses/accuracies).
-function M.sum_numbers(values)
+-- Sum of Lua numbers across ranks (for logging losses/accuracies). With a Reducer, the wait also watches its
+-- last queued GPU sums (bl_dist_allreduce_sum_watched): a per-step vote does not hang on a stuck rank.
+function M.sum_numbers(values, reducer)
   if C.bl_dist_size() == 1 then return values end
   local t = bl.from(values, { dtype = "f64" })
-  check(C.bl_dist_allreduce_sum(t))
+  if reducer then check(C.bl_dist_allreduce_sum_watched(t, reducer.r))
+  else check(C.bl_dist_allreduce_sum(t)) end
   return t:totable()
 end
 
 -- Reducer{grads = flat f32 gradient buffer, bucket_mb = 25, dtype = "fp32" | "bf16"}:
 -- the data-parallel gradient sum in buckets (bl_reducer, bl_dist.h: on a GPU
 -- over NCCL on a communication stream). Per step:
+--   reducer:on_final(fn)       -- once, optional: fn(lo, hi) makes elements [lo, hi) final (see below)
 --   reducer:attach(model)      -- once: overlap the reduction with backward
+--   reducer:arm(a == accum)    -- before each micro-batch's backward: only the last one's layers are final
 --   model:backward(...)        -- each encoder layer's buckets are launched as soon as that layer is done
---   reducer:finish{ scale = 1 / dist.size() }   -- the rest, then wait; the optimizer runs after it
--- attach is only right when a layer's backward writes its gradients' final
--- values (one micro-batch per step, gradients reduced as produced: no
--- accumulation or rounding after backward); otherwise finish() alone reduces
--- every bucket after backward. Buckets are launched in the same order on
--- every rank (they are collectives).
+--   reducer:finish{ scale = 1 / dist.size() }   -- the rest; the optimizer (queued after it) runs after the sums
+--   reducer:wait()             -- where the loop waits anyway (its log line): a dead or stuck rank is an error here
+-- On a GPU finish() does not wait on the host (bl_reducer_wait in bl_dist.h): call wait() before the host reads
+-- what the step computed, so that the watchdog (BL_NCCL_TIMEOUT) sees a collective that never ends.
+-- A layer's gradients are final when its backward of the step's last
+-- micro-batch returns, once the caller's on_final function has finished them
+-- there: with accumulation in a separate buffer it adds that buffer's range,
+-- with bf16/fp16 training it rounds the range to half precision. finish()
+-- calls it on the ranges no layer finished (embeddings, heads) before it
+-- launches their buckets. Buckets are launched in the same order on every
+-- rank (they are collectives).
 local Reducer = {}
 Reducer.__index = Reducer
 M.ALLREDUCE_DTYPES = { fp32 = "f32", bf16 = "bf16" }
@@ -95,11 +104,24 @@ function M.Reducer(o)
   check(C.bl_reducer_new(o.grads, elems, dt == "bf16" and C.BL_BF16 or C.BL_F32, out))
   local r = ffi.gc(out[0], C.bl_reducer_free)
   return setmetatable({ r = r, grads = o.grads, elems = elems, total = o.grads:numel(),
-    n = C.bl_reducer_buckets(r), launched = {}, final = {}, hooked = {} }, Reducer)
+    n = C.bl_reducer_buckets(r), launched = {}, final = {}, hooked = {}, armed = true, overlapped = 0 }, Reducer)
+end
+
+-- on_final(fn): fn(lo, hi) finishes the gradients of elements [lo, hi) (0-based) before they are reduced
+function Reducer:on_final(fn)
+  self.finalize = fn
+  return self
+end
+
+-- arm(on): whether the layers' backward that follows makes their gradients final (the last micro-batch)
+function Reducer:arm(on)
+  self.armed = on and true or false
+  return self
 end
 
 -- ready(lo, hi): elements [lo, hi) (0-based) hold their final gradients; launch every bucket now covered
 function Reducer:ready(lo, hi)
+  if self.finalize then self.finalize(lo, hi) end
   local f = self.final
   f[#f + 1] = { lo, hi }
   table.sort(f, function(a, b) return a[1] < b[1] end)
@@ -144,7 +166,7 @@ function Reducer:attach(model)
       local orig, reducer = layer.backward, self
       layer.backward = function(this, ...)
         local dx = orig(this, ...)
-        reducer:ready(lo, hi)
+        if reducer.armed then reducer:ready(lo, hi) end
         return dx
       end
       self.hooked[#self.hooked + 1] = layer
@@ -159,13 +181,32 @@ function Reducer:detach()
   return self
 end
 
--- finish{scale=}: launch what is left, wait for every bucket, then grads *= scale
+-- finish{scale=}: finish the ranges no layer finished (on_final), launch what is left, then grads *= scale (queued
+-- after the sums on a GPU; done on the CPU). self.overlapped: how many buckets of this step were launched during
+-- backward.
 function Reducer:finish(opts)
+  if self.finalize then
+    local at = 0
+    for _, iv in ipairs(self.final) do   -- merged, sorted: the gaps between them are what is left
+      if iv[1] > at then self.finalize(at, iv[1]) end
+      at = iv[2]
+    end
+    if at < self.total then self.finalize(at, self.total) end
+  end
+  local n = 0
+  for _ in pairs(self.launched) do n = n + 1 end
+  self.overlapped = n
   check(C.bl_reducer_finish(self.r))
-  self.launched, self.final = {}, {}
+  self.launched, self.final, self.armed = {}, {}, true
   local scale = opts and opts.scale or 1
   if scale ~= 1 then self.grads:mul_(scale) end
   return self.grads
+end
+
+-- wait(): on a GPU, the host waits for everything queued so far under the NCCL watchdog (no-op otherwise)
+function Reducer:wait()
+  check(C.bl_reducer_wait(self.r))
+  return self
 end
 
 -- End the whole job with a message (every rank stops, no hang).

@@ -25,6 +25,8 @@
 --                warmup = 0.1 (or warmup_steps = N), make_batch = function(indices) return batch_table end,
 --                log_path = ..., precision = "fp32",  -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision
 --                device = -1,           -- or N: the model is on cuda:N (model:to), batches are moved there
+--                log_every = 1,         -- on a GPU: a log line (and the step's one host wait) every N steps
+--                synchronous = false,   -- true: on a GPU too, the step that reads every loss back (comparisons)
 --                bucket_mb = 25, allreduce_dtype = "fp32" }   -- data parallel (below)
 --   local stats = trainer.predict{ model = m, n = #features, batch = 32,
 --                                  make_batch = function(indices) ... end, consume = function(indices, out) ... end }
@@ -37,6 +39,12 @@
 -- when nothing is accumulated), so N ranks give one rank's results with
 -- accumulation N. predict shards the batches over the ranks (round robin)
 -- and hands every output to consume on rank 0 only, in order.
+--
+-- On a GPU (device >= 0) the QA and classification heads train with bertlua.train.device_step: no host wait
+-- inside a step (losses, accuracy and the fp16 loss scaler stay on the device and are read once per log line,
+-- every log_every steps), no device allocation after the first step while the batch shape stays the same; the
+-- logged losses are those of the synchronous step. A regression head (MSE) keeps the synchronous step. With fp16
+-- the learning-rate schedule advances on a skipped step too (as in pre-training).
 local bl = require "bertlua"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
@@ -45,6 +53,7 @@ local rng = require "bertlua.util.rng"
 local amp = require "bertlua.train.amp"
 local slice = require("bertlua.util.list").slice
 local device = require "bertlua.train.device"
+local device_step = require "bertlua.train.device_step"
 local dist = require "bertlua.train.dist"
 
 local M = {}
@@ -92,14 +101,19 @@ function M.fit(o)
       steps_per_epoch, o.batch, world > 1 and world .. " ranks x " or "", micro, accum))
   end
   local model, dev = o.model, o.device or -1
+  -- on a GPU the step stays on the device (bertlua.train.device_step) for the heads it knows
+  local make_device_step = dev >= 0 and not o.synchronous and device_step.for_model(model) or nil
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01,
     max_grad_norm = o.max_grad_norm or 1.0 }
   local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_steps = o.warmup_steps,
     warmup_proportion = not o.warmup_steps and (o.warmup or 0.1) or nil }
   -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
   local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
+  -- gradients accumulate in place: a layer's are final when its backward of the last micro-batch returns, once
+  -- rounded to bf16/fp16; its buckets are reduced while the rest of backward runs
   local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = o.bucket_mb, dtype = o.allreduce_dtype }
-  if world > 1 and accum == 1 and not mp.dtype then reducer:attach(model) end
+  reducer:on_final(function(lo, hi) mp:round_grads(lo, hi) end)
+  if world > 1 then reducer:attach(model) end
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "grad_norm", "seq_per_s" },
     config = o.config, rank = rank }
   local draw = rng(o.seed or 42)
@@ -114,7 +128,12 @@ function M.fit(o)
       for i = #order, 2, -1 do local j = draw(i); order[i], order[j] = order[j], order[i] end
     end
     local first = s * o.batch + (rank * accum + a - 1) * micro
-    return device.batch_to(o.make_batch(slice(order, first + 1, first + micro)), dev)
+    local b = o.make_batch(slice(order, first + 1, first + micro))
+    return make_device_step and b or device.batch_to(b, dev)
+  end
+  local function set_rng(step, a)
+    model.rng = bl.Generator(dropout_seed(o.seed or 42, step, rank * accum + a - 1))
+    model:apply(function(m) m.rng = model.rng end)
   end
   local function train_step(step, next_batch)
     local t0 = logm.clock()
@@ -122,14 +141,15 @@ function M.fit(o)
     mp:begin_step()
     local loss = 0
     for a = 1, accum do
-      model.rng = bl.Generator(dropout_seed(o.seed or 42, step, rank * accum + a - 1))
-      model:apply(function(m) m.rng = model.rng end)
+      set_rng(step, a)
       local out = model:forward(next_batch(a))
+      reducer:arm(a == accum)
       model:backward(mp:scale() / accum)
       loss = loss + out.loss / accum
     end
-    mp:end_backward()
+    mp:end_backward{ rounded = true }   -- the reducer rounds (on_final)
     reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
+    reducer:wait()
     if world > 1 then loss = dist.sum_numbers({ loss })[1] / world end
     if loss ~= loss then
       error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
@@ -142,9 +162,20 @@ function M.fit(o)
       seq_per_s = o.batch / (logm.clock() - t0),
       loss_scale = mp.dtype == "f16" and mp:scale() or nil, skipped = not stepped or nil }
   end
-  local step = M.run{ name = "trainer", total = total, batch = batch, step = train_step,
-    log = function(rec) log:step(rec) end }
+  local step_hook = train_step
+  if make_device_step then
+    step_hook = make_device_step{ model = model, dev = dev, accum = accum, world = world, mp = mp, optimizer = adamw,
+      reducer = reducer, lr_at = lr_at, total = total, log_every = o.log_every or 1, set_rng = set_rng }
+  end
+  local step = M.run{ name = "trainer", total = total, batch = batch, step = step_hook,
+    log = function(rec, n)
+      if rec and (n % (o.log_every or 1) == 0 or n == total) then log:step(rec) end
+    end }
   log:close()
+  if make_device_step then
+    local f = step_hook.finish()
+    last_loss, skipped = f.loss, f.skipped
+  end
   if skipped > 0 and rank == 0 then
     print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(skipped, step, mp:scale()))
   end

@@ -38,7 +38,9 @@
 -- step(lr, {grad_scale=, grad_norm=}): grad_scale multiplies the gradients
 -- first (fused unscale, e.g. 1/accumulation_steps); grad_norm gives the norm
 -- of the scaled gradients when the caller already has it. The gradients are
--- not modified. Non-finite gradients raise an error and change nothing (with
+-- not modified. Built with model= on a model that has a bf16/f16 compute copy (Module:to{dtype =}), every step
+-- also writes that copy in the pass that updates the f32 weights: no model:sync_compute() after it. Non-finite
+-- gradients raise an error and change nothing (with
 -- fp16, bertlua.train.amp's loss scaler skips such steps before they get here).
 local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
@@ -141,6 +143,7 @@ local function base(kind, opts, allowed)
   if lr ~= nil and type(lr) ~= "number" then error(op .. ": lr must be a number", 3) end
   local self = setmetatable({
     kind = kind, params = params, grads = grads, lr = lr, step_count = 0,
+    model = opts.model and rawequal(params, opts.model.flat_params) and opts.model or nil,
   }, Optimizer)
   self.seg = M.segments(segs, params:numel(), op)
   self.segment_list = self.seg.list
@@ -165,6 +168,13 @@ local function num(op, opts, key, cfg, field)
   cfg[field or key] = v
 end
 
+-- half(): the model's bf16/f16 compute copy of params (Module:to{dtype =}), which the step writes in the pass that
+-- updates params (no sync_compute after it); nil without one. Looked up at every step: to() makes a new copy.
+function Optimizer:half()
+  local m = self.model
+  if m and m.flat_compute and rawequal(m.flat_params, self.params) then return m.flat_compute end
+end
+
 -- the Adam family's state: config, the two moments (zeros like the parameters), the C step `fn` on them
 -- amp_fn (optional): the loss-scaled step whose skip/scale decision runs on the model's device.
 local function adam_state(self, cfg, fn, amp_fn)
@@ -172,11 +182,12 @@ local function adam_state(self, cfg, fn, amp_fn)
   self.exp_avg = bl.zeros_like(self.params)
   self.exp_avg_sq = bl.zeros_like(self.params)
   self._call = function(s, lr, gs, gn)
-    return fn(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn, s._stats)
+    return fn(s.cfg, s.params, s:half(), s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn,
+      s._stats)
   end
   if amp_fn then
     self._amp_call = function(s, lr, gs, amp, state)
-      return amp_fn(s.cfg, s.params, s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, lr, gs, amp, state)
+      return amp_fn(s.cfg, s.params, s:half(), s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, lr, gs, amp, state)
     end
   end
   self._moments = { "exp_avg", "exp_avg_sq" }
@@ -249,7 +260,8 @@ function M.SGD(opts)
     self._moments = { "momentum_buffer" }
   end
   self._call = function(s, lr, gs, gn)
-    return C.bl_sgd_step(s.cfg, s.params, s.grads, s.momentum_buffer, s.seg.c, s.step_count, lr, gs, gn, s._stats)
+    return C.bl_sgd_step(s.cfg, s.params, s:half(), s.grads, s.momentum_buffer, s.seg.c, s.step_count, lr, gs, gn,
+      s._stats)
   end
   return self
 end

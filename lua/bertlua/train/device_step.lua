@@ -1,0 +1,154 @@
+-- bertlua.train.device_step: the fine-tuning step of trainer.fit on a GPU, resident on the device as
+-- pre-training's is (recipes/pretrain.lua). The host never waits inside a step:
+--   * the batch goes to device buffers kept across steps (device.batch_to with keep), the targets too, after
+--     they were clamped and counted on the host where the batch was made;
+--   * the head's loss is computed here, not by the head (whose forward reads its loss back, one wait per
+--     micro-batch): ops.cross_entropy_counted writes each micro-batch's loss into its own f64 slot on the device
+--     and its gradient, which goes back through head:backward_logits;
+--   * the optimizer step is queued with its loss-scale decision, skip and step count on the device
+--     (amp.MixedPrecision:queue_step; fp16 dynamic loss scaling without a host round trip);
+--   * index checks are deferred (device.defer_checks) and raised at the next log line.
+-- On a logged step one read (device.StepStats:read) brings the loss slots, the accuracy counts and the scaler's
+-- state back; the loss is then summed on the host exactly as the synchronous step sums it, so the logged losses
+-- are that step's bits.
+--
+--   local make = device_step.for_model(model)   -- nil: the head has no device step (regression: MSE)
+--   local step = make{ model =, dev =, accum =, world =, mp =, optimizer =, reducer =, lr_at =, total =,
+--     log_every =, set_rng = function(step, a) end }
+--   local rec = step(step_no, next_batch)   -- loop.run's step hook; nil on a step that is not logged
+--   step.finish()                           -- after the last step: the scaler's totals, checks back on
+local bl = require "bertlua"
+local ops = require "bertlua.nn.ops"
+local buf = require "bertlua.nn.buffer"
+local device = require "bertlua.train.device"
+local dist = require "bertlua.train.dist"
+local logm = require "bertlua.util.log"
+
+local M = {}
+
+local TARGET_KEYS = { start_positions = true, end_positions = true, labels = true }
+
+-- targets(x, B, what) -> the host's values of a batch field as a list of B integers
+local function targets(x, B, what)
+  if x == nil then error(("trainer: the batch has no %s (the training batches need them)"):format(what), 0) end
+  local t = bl.as_tensor(x, { dtype = "i64" })
+  if t:numel() ~= B then error(("trainer: %s must have one value per sequence"):format(what), 0) end
+  return t:contiguous():view({ B }):totable()
+end
+
+-- The loss parts of the heads: QA has two (start and end positions, clamped to [0, S] and S ignored, weight 0.5
+-- each, as bertlua.nn.SpanCriterion), classification one (labels, -100 ignored, with accuracy counts).
+-- parts(out, batch) -> list of {logits, values (host), ignore, weight}
+local HEADS = {
+  qa = { nparts = 2, ncounts = 0,
+    parts = function(out, batch)
+      local B, S = out.start_logits:size(1), out.start_logits:size(2)
+      local function clamp(key)
+        local v = targets(batch[key], B, key)
+        for i = 1, B do v[i] = math.min(math.max(v[i], 0), S) end
+        return v
+      end
+      return { { out.start_logits, clamp("start_positions"), S, 0.5 }, { out.end_logits, clamp("end_positions"), S,
+        0.5 } }
+    end,
+    loss = function(l, a) return (l[2 * a - 1] + l[2 * a]) / 2 end,
+    backward = function(model, d) model:backward_logits(d[1], d[2]) end },
+  classification = { nparts = 1, ncounts = 2,
+    parts = function(out, batch)
+      return { { out.logits, targets(batch.labels, out.logits:size(1), "labels"), -100, 1 } }
+    end,
+    loss = function(l, a) return l[a] end,
+    backward = function(model, d) model:backward_logits(d[1]) end },
+}
+
+-- for_model(model) -> the step maker for the model's head, or nil when its head has none
+function M.for_model(model)
+  local head = model.qa_outputs and HEADS.qa or (model.classifier and (model.num_labels or 2) > 1)
+    and HEADS.classification or nil
+  if head then return function(o) return M.new(o, head) end end
+end
+
+function M.new(o, head)
+  local model, dev, accum, world, mp = o.model, o.dev, o.accum, o.world, o.mp
+  local np = head.nparts
+  local stats = device.StepStats(dev, accum * np, head.ncounts)
+  local slots = {}   -- the f64 [1] loss slot of (micro-batch, part), made once
+  for i = 1, accum * np do slots[i] = stats.losses:narrow(1, i, 1) end
+  local keep, keep_t, grads = {}, {}, { device = dev }   -- device buffers reused every step
+  device.defer_checks(dev)
+  o.optimizer:prepare()   -- with the scaler's state and the stats: device memory made before the first step
+  mp:state_tensor()
+  local since, seqs, skipped_logged, last = logm.clock(), 0, 0, nil
+
+  local function micro_batch(a, batch, seed)
+    local inputs, tg = {}, {}
+    for k, v in pairs(batch) do
+      if TARGET_KEYS[k] then tg[k] = v else inputs[k] = v end
+    end
+    local out = model:forward(device.batch_to(inputs, dev, keep))
+    local parts, host, d = head.parts(out, tg), {}, {}
+    for k, p in ipairs(parts) do
+      host["t" .. k] = bl.from(p[2], { dtype = "i32" })
+    end
+    local on = device.batch_to(host, dev, keep_t)
+    for k, p in ipairs(parts) do
+      local count = 0
+      for _, v in ipairs(p[2]) do if v ~= p[3] then count = count + 1 end end
+      d[k] = buf(grads, "d" .. k, p[1]:shape(), p[1]:dtype())
+      ops.cross_entropy_counted(p[1], on["t" .. k], p[3], count, slots[(a - 1) * np + k], d[k], p[4])
+      ops.scale_(d[k], seed)
+      if head.ncounts > 0 then ops.accuracy_add(stats.counts, p[1], on["t" .. k], p[3]) end
+    end
+    o.reducer:arm(a == accum)
+    head.backward(model, d)
+    return out
+  end
+
+  local function read(step)
+    o.reducer:wait()   -- data parallel: the all-reduce under its watchdog (finish did not wait)
+    local v = stats:read(mp:state_tensor())
+    local r = mp:read(v.amp)
+    local loss = 0
+    for a = 1, accum do loss = loss + head.loss(v.losses, a) / accum end   -- the synchronous step's sum
+    local s = dist.sum_numbers({ loss, v.counts[1] or 0, v.counts[2] or 0, seqs })
+    if world > 1 then loss = s[1] / world end
+    if loss ~= loss then error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0) end
+    local now = logm.clock()
+    local rec = { step = step, loss = loss, lr = o.optimizer.last_lr, grad_norm = r.grad_norm,
+      seq_per_s = s[4] / (now - since), accuracy = head.ncounts > 0 and s[3] > 0 and s[2] / s[3] or nil,
+      loss_scale = mp.dtype == "f16" and r.loss_scale or nil,
+      skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil }   -- steps since the last line
+    local k = bl.cuda_counters(dev)   -- totals since the start: allocations and host waits of the device
+    rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
+    since, seqs, skipped_logged, last = now, 0, r.skipped, rec
+    return rec
+  end
+
+  local step = setmetatable({}, { __call = function(_, n, next_batch)
+    model:zero_grad()
+    mp:begin_step()
+    local seed = mp:loss_seed(accum)   -- fp16: the loss scale / accum on the device
+    if head.ncounts > 0 then stats.counts:zero_() end
+    for a = 1, accum do
+      o.set_rng(n, a)
+      local batch = next_batch(a)
+      micro_batch(a, batch, seed)
+      seqs = seqs + batch.input_ids:size(1)
+    end
+    mp:end_backward{ rounded = true }   -- the reducer rounds (fit's on_final)
+    o.reducer:finish{ scale = 1 / world }   -- the mean over ranks; the optimizer runs after the sums
+    mp:queue_step(o.optimizer, o.lr_at(o.optimizer.step_count + 1))   -- skip or update decided on the device
+    if n % o.log_every ~= 0 and n ~= o.total then return nil end
+    return read(n)
+  end })
+
+  -- finish() -> {loss = the last logged loss, skipped = steps skipped in all}: deferred checks back off
+  function step.finish()
+    local r = mp:read()
+    device.defer_checks(dev, false)
+    return { loss = last and last.loss, skipped = r.skipped }
+  end
+  return step
+end
+
+return M

@@ -1,0 +1,129 @@
+-- trainer.fit on a GPU with the device-resident step (bertlua.train.device_step) against the synchronous step
+-- (fit{synchronous = true}: the heads' own losses, read back every micro-batch) on the same device, tiny QA and
+-- classification models, 6 steps of 2 accumulated micro-batches with random inputs and targets (some QA positions
+-- outside the window and one ignored label, so clamping and ignoring are exercised):
+--   * fp32 and bf16: every logged loss and the final weights bit for bit those of the synchronous step (the same
+--     kernels in the same order; only where the loss is read differs);
+--   * fp16: the loss scaler decides on the device; the synchronous scaler's norm sums the whole flat buffer in
+--     fixed chunks, the device's the segments in theirs (f64, about 1e-16 apart), which can move a clipping
+--     factor by an f32 ulp: losses within 1e-6 relative;
+--   * the emulated runtime's counters: at most one host wait per logged step (log_every 1 and 3) and no device
+--     allocation after the first step; the synchronous step needs several waits per step (the counters see them).
+-- Needs a CUDA device (the emulated one in CI); skipped otherwise.
+local T = require "testing"
+local bl = require "bertlua"
+local bert = require "bertlua.bert"
+local config = require "bertlua.bert.config"
+local trainer = require "bertlua.train.loop"
+local cjson = require "cjson"
+
+if not bl.cuda_available() then
+  T.skip_all(bl.cuda_compiled() and "no CUDA device" or "no CUDA device (CPU-only build)")
+end
+
+local tmp = T.tmpdir()
+local CFG = config.new{ vocab_size = 64, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+  intermediate_size = 64, max_position_embeddings = 32, hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1,
+  num_labels = 3 }
+local N, S, BATCH, MICRO, STEPS = 16, 16, 4, 2, 6
+
+-- the examples: random ids, padding at the end of some rows, targets; fixed by the seed
+local function examples(seed)
+  local u = bl.rand({ N * (S + 3) }, { seed = seed }):totable()
+  local ex = {}
+  for i = 1, N do
+    local r = (i - 1) * (S + 3)
+    local len = S - (i % 3) * 2
+    local ids, mask = {}, {}
+    for s = 1, S do
+      ids[s] = s <= len and 1 + math.floor(u[r + s] * (CFG.vocab_size - 1)) or 0
+      mask[s] = s <= len and 1 or 0
+    end
+    -- positions past the window (S + 2) are clamped to S and ignored; label -100 is ignored
+    local st = i % 5 == 0 and S + 2 or math.floor(u[r + S + 1] * len)
+    ex[i] = { ids = ids, mask = mask, start = st, stop = math.min(st + 1, S + 2),
+      label = i == 7 and -100 or math.floor(u[r + S + 3] * 3) }
+  end
+  return ex
+end
+local EX = examples(11)
+
+local function make_batch(idx)
+  local ids, mask, tt, st, en, lab = {}, {}, {}, {}, {}, {}
+  for k, i in ipairs(idx) do
+    local e = EX[i]
+    ids[k], mask[k], tt[k] = e.ids, e.mask, {}
+    for s = 1, S do tt[k][s] = s > S / 2 and 1 or 0 end
+    st[k], en[k], lab[k] = e.start, e.stop, e.label
+  end
+  return { input_ids = bl.from(ids, { dtype = "i32" }), attention_mask = bl.from(mask, { dtype = "i32" }),
+    token_type_ids = bl.from(tt, { dtype = "i32" }), start_positions = bl.from(st, { dtype = "i32" }),
+    end_positions = bl.from(en, { dtype = "i32" }), labels = bl.from(lab, { dtype = "i32" }) }
+end
+
+local HEADS = { qa = bert.BertForQuestionAnswering, classification = bert.BertForSequenceClassification }
+
+-- fit on cuda:0 -> log records (by step), final f32 weights on the host
+local function fit(head, name, o)
+  local model = HEADS[head](CFG, { seed = 5 })
+  model:to{ device = 0 }
+  local log = ("%s/%s.jsonl"):format(tmp, name)
+  trainer.fit{ model = model, n = N, batch = BATCH, micro_batch = MICRO, epochs = 2, max_steps = STEPS, lr = 1e-3,
+    warmup = 0.2, seed = 3, device = 0, precision = o.precision, synchronous = o.synchronous,
+    log_every = o.log_every, log_path = log, make_batch = make_batch }
+  local recs = {}
+  for line in io.lines(log) do
+    local r = cjson.decode(line)
+    if r.step then recs[#recs + 1] = r end
+  end
+  return recs, model.flat_params:to("cpu"):totable()
+end
+
+local function same_run(head, precision, rtol)
+  local sync, ws = fit(head, head .. precision .. "_sync", { precision = precision, synchronous = true })
+  local dev, wd = fit(head, head .. precision .. "_dev", { precision = precision })
+  T.eq(#dev, STEPS, "log lines")
+  for i = 1, STEPS do
+    local a, b = sync[i].loss, dev[i].loss
+    if rtol == 0 then T.eq(b, a, ("%s %s step %d loss"):format(head, precision, i))
+    else T.truthy(math.abs(a - b) <= rtol * math.abs(a), ("%s %s step %d: %.17g vs %.17g"):format(head, precision,
+      i, a, b)) end
+  end
+  if rtol == 0 then
+    local bad = 0
+    for i = 1, #ws do if ws[i] ~= wd[i] then bad = bad + 1 end end
+    T.eq(bad, 0, head .. " " .. precision .. ": weights that differ from the synchronous step's")
+  end
+  return sync, dev
+end
+
+for _, head in ipairs({ "qa", "classification" }) do
+  T.test(head .. ": fp32 and bf16 losses and weights bit for bit the synchronous step's", function()
+    same_run(head, "fp32", 0)
+    same_run(head, "bf16", 0)
+  end)
+end
+
+T.test("qa fp16 (loss scaling on the device): losses within 1e-6 of the synchronous step's", function()
+  local _, dev = same_run("qa", "fp16", 1e-6)
+  T.truthy(dev[STEPS].loss_scale and dev[STEPS].loss_scale > 0, "the loss scale is logged")
+end)
+
+T.test("at most one host wait per logged step, no allocation after step 1", function()
+  local every = fit("qa", "every1", { precision = "fp32", log_every = 1 })
+  for i = 2, STEPS do
+    T.truthy(every[i].cuda_syncs - every[i - 1].cuda_syncs <= 1, ("step %d: %d waits"):format(i,
+      every[i].cuda_syncs - every[i - 1].cuda_syncs))
+    T.eq(every[i].cuda_mallocs, every[1].cuda_mallocs, "device allocations after step 1 (step " .. i .. ")")
+  end
+  local third = fit("classification", "every3", { precision = "bf16", log_every = 3 })
+  T.eq(#third, 2, "log lines every 3 steps")
+  T.eq(third[2].cuda_syncs - third[1].cuda_syncs, 1, "waits in steps 4-6")
+  -- the counters see the waits of the synchronous step (one per micro-batch at least)
+  local k0 = bl.cuda_counters(0).syncs
+  fit("qa", "sync_counted", { precision = "fp32", synchronous = true })
+  local waits = bl.cuda_counters(0).syncs - k0
+  T.truthy(waits >= STEPS * BATCH / MICRO, ("the synchronous step waited %d times in %d steps"):format(waits, STEPS))
+end)
+
+T.run()
