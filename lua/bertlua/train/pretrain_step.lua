@@ -1,0 +1,111 @@
+-- bertlua.train.pretrain_step: one pre-training optimizer step, as recipes/pretrain.lua runs it and
+-- recipes/benchmark.lua times it.
+--
+--   local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+--   local s = PretrainStep{ model = m, optimizer = lamb, amp = mp, dev = dev, accum = 2,
+--     dropout_seed = function(step, micro) ... end, reducer = r, world = 1, rank = 0 }
+--   local seqs = s:run(step, next_batch, lr)   -- queued on the device; no host wait
+--   local v = s:read()                          -- the one wait: {losses, counts, amp} of the steps since zero
+--
+-- A step: zero the gradients, for each of `accum` micro-batches forward (losses and accuracy counts summed into
+-- device-side stats) and backward (gradients accumulated in a separate buffer, so N ranks x A micro-batches give
+-- the bits of 1 x N*A), the mean over ranks, then the optimizer step queued through the mixed-precision object
+-- (the skip/update decision and the loss scale stay on the device). A model with a half compute copy
+-- (model:to{dtype=}) gets it refreshed after the update.
+-- s:use_graph() (--cuda-graph, one GPU, after a first step): from then on the micro-batches are fetched and
+-- copied into fixed device buffers first, then (from the second run on) everything above is captured and
+-- launched as one CUDA graph (bertlua.train.graph).
+local bl = require "bertlua"
+local device = require "bertlua.train.device"
+
+local M = {}
+
+local Step = {}
+Step.__index = Step
+
+function M.PretrainStep(o)
+  for _, k in ipairs({ "model", "optimizer", "amp", "dev", "dropout_seed" }) do
+    if o[k] == nil then error("PretrainStep: missing field '" .. k .. "'", 2) end
+  end
+  local self = setmetatable({ model = o.model, optimizer = o.optimizer, amp = o.amp, dev = o.dev,
+    accum = o.accum or 1, world = o.world or 1, rank = o.rank or 0, reducer = o.reducer,
+    dropout_seed = o.dropout_seed, stats = device.StepStats(o.dev), on_device = {} }, Step)
+  self.acc = self.accum > 1 and bl.zeros_like(o.model.flat_grads) or nil
+  -- device memory the step needs, made before its first run (a captured step may not allocate)
+  device.defer_checks(o.dev)
+  o.optimizer:prepare()
+  o.amp:state_tensor()
+  return self
+end
+
+-- use_graph(): every later run as a CUDA graph; call it after a first run (which makes the step's device memory)
+-- The first run after it is not captured either: it makes the fixed batch buffers, and the blocks they take from
+-- the allocator's cache are then found again by the step's own scratch.
+function Step:use_graph()
+  self.graph = require("bertlua.train.graph").Graph(self.dev)
+  self.graph_warm = false
+  for a = 1, self.accum do self.on_device[a] = {} end
+  return self
+end
+
+-- The step's device work on the micro-batches get(a) (already on the device).
+local function queue(self, step, get, lr)
+  local model, accum, acc = self.model, self.accum, self.acc
+  model:zero_grad()
+  self.amp:begin_step()
+  local seed = self.amp:loss_seed(accum)  -- fp16: the loss scale on the model's device
+  self.stats:zero()
+  for a = 1, accum do
+    model.rng = bl.Generator(self.dropout_seed(step, self.rank * accum + a - 1))
+    model:apply(function(m) m.rng = model.rng end)
+    model:forward(get(a), self.stats)
+    if acc then model:zero_grad() end
+    model:backward(seed)
+    if acc then acc:add_(model.flat_grads) end
+  end
+  if acc then model.flat_grads:copy_(acc); acc:zero_() end
+  self.amp:end_backward()
+  if self.reducer then self.reducer:finish{ scale = 1 / self.world } end  -- the mean over ranks
+  self.amp:queue_step(self.optimizer, lr)
+  if model.compute_dtype then model:sync_compute() end
+end
+
+-- run(step, next_batch, lr) -> sequences in the step. next_batch(a) gives micro-batch a (1..accum) on the CPU or
+-- the device; step numbers the dropout streams.
+function Step:run(step, next_batch, lr)
+  local seqs = 0
+  if not self.graph then
+    queue(self, step, function(a)
+      local b = next_batch(a)
+      seqs = seqs + b.input_ids:size(1)
+      return device.batch_to(b, self.dev, self.on_device)
+    end, lr)
+    return seqs
+  end
+  local batches = {}
+  for a = 1, self.accum do
+    local b = next_batch(a)
+    seqs = seqs + b.input_ids:size(1)
+    batches[a] = device.batch_to(b, self.dev, self.on_device[a], true)
+  end
+  local function get(a) return batches[a] end
+  if self.graph_warm then self.graph:run(queue, self, step, get, lr)
+  else
+    queue(self, step, get, lr)
+    self.graph_warm = true
+  end
+  return seqs
+end
+
+-- read() -> {losses = {total, mlm, nsp}, counts = {mlm correct, mlm counted, nsp correct, nsp counted}, amp = {...}}:
+-- the sums since the last step began and the amp state, with one host wait (device.StepStats:read).
+function Step:read()
+  return self.stats:read(self.amp:state_tensor())
+end
+
+-- graph_stats() -> nil without a graph, else {nodes, instantiations, updates, launches} (bertlua.train.graph)
+function Step:graph_stats()
+  return self.graph and self.graph:stats() or nil
+end
+
+return M
