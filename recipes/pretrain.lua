@@ -255,7 +255,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local skipped_logged = mp:state_dict().skipped_steps or 0
   local pstep = PretrainStep{ model = model, optimizer = lamb, amp = mp, reducer = reducer, dev = dev,
     accum = accum, world = world, rank = rank, dropout_seed = dropout_seed }
-  if use_graph then pstep:use_graph() end  -- captured from this run's second step on (the first allocates)
+  if use_graph then pstep:use_graph() end  -- captured once a step allocates nothing (from the 2nd or 3rd step)
   -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
   -- clocks and the signals of all ranks are combined (one small all-reduce per step)
   local function stop(_, ran)

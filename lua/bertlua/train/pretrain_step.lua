@@ -12,9 +12,9 @@
 -- the bits of 1 x N*A), the mean over ranks, then the optimizer step queued through the mixed-precision object
 -- (the skip/update decision and the loss scale stay on the device). A model with a half compute copy
 -- (model:to{dtype=}) gets it refreshed after the update.
--- s:use_graph() (--cuda-graph, one GPU, after a first step): from then on the micro-batches are fetched and
--- copied into fixed device buffers first, then (from the second run on) everything above is captured and
--- launched as one CUDA graph (bertlua.train.graph).
+-- s:use_graph() (--cuda-graph, one GPU): from then on the micro-batches are fetched and copied into fixed device
+-- buffers first; once a run allocates no device memory (the warm-up: one or two steps, s.graph_ready), everything
+-- above is captured and launched as one CUDA graph (bertlua.train.graph).
 local bl = require "bertlua"
 local device = require "bertlua.train.device"
 
@@ -38,12 +38,12 @@ function M.PretrainStep(o)
   return self
 end
 
--- use_graph(): every later run as a CUDA graph; call it after a first run (which makes the step's device memory)
--- The first run after it is not captured either: it makes the fixed batch buffers, and the blocks they take from
--- the allocator's cache are then found again by the step's own scratch.
+-- use_graph(): later runs as a CUDA graph, once warmed up. A captured step may not allocate, so runs go
+-- uncaptured until one has found every block it needs in the allocator's cache (the first allocates its
+-- buffers; the blocks those took from the cache may make the next allocate a little too).
 function Step:use_graph()
   self.graph = require("bertlua.train.graph").Graph(self.dev)
-  self.graph_warm = false
+  self.graph_ready = false
   for a = 1, self.accum do self.on_device[a] = {} end
   return self
 end
@@ -89,10 +89,11 @@ function Step:run(step, next_batch, lr)
     batches[a] = device.batch_to(b, self.dev, self.on_device[a], true)
   end
   local function get(a) return batches[a] end
-  if self.graph_warm then self.graph:run(queue, self, step, get, lr)
+  if self.graph_ready then self.graph:run(queue, self, step, get, lr)
   else
+    local m0 = bl.cuda_counters(self.dev).mallocs
     queue(self, step, get, lr)
-    self.graph_warm = true
+    self.graph_ready = bl.cuda_counters(self.dev).mallocs == m0
   end
   return seqs
 end
