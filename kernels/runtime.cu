@@ -83,6 +83,9 @@ int cuda_error(cudaError_t e, const char *op, int device) {
 std::atomic<bl_cuda_graph *> capture_of[64];
 bl_cuda_graph *capturing(int dev) { return dev >= 0 && dev < 64 ? capture_of[dev].load() : nullptr; }
 int stage_upload(bl_cuda_graph *g, const void **src, size_t n);
+}  // namespace
+bool cu_capturing(int dev) { return capturing(dev) != nullptr; }
+namespace {
 int capture_error(const char *op, int dev, const char *what) {
   return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s while the step is captured into a CUDA graph (--cuda-graph): a "
                       "captured step must not wait for the device, read its memory or allocate after warm-up",

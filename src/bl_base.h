@@ -95,7 +95,13 @@ int bl_cuda_check_deferred(int device);
  * on (BL_ENGINE_*); class groups launches for the model's table. On the emulated device every launch is also seen by
  * the emulator: one whose site states no cost is logged with class "unannotated". One device at a time. */
 enum { BL_ENGINE_MEM = 0, BL_ENGINE_TC16 = 1, BL_ENGINE_TF32 = 2, BL_ENGINE_FP32 = 3, BL_ENGINE_PCIE = 4 };
-typedef struct bl_cuda_launch_rec { const char *name, *cls; int engine; double flops, bytes; } bl_cuda_launch_rec;
+/* in_graph: the launch was captured into a CUDA graph (bl_cuda_graph_begin): it runs without a launch gap. */
+typedef struct bl_cuda_launch_rec {
+  const char *name, *cls;
+  int engine;
+  double flops, bytes;
+  int in_graph;
+} bl_cuda_launch_rec;
 int bl_cuda_record_begin(int device);
 int bl_cuda_record_end(int device, int64_t *count);
 int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out);
