@@ -31,7 +31,7 @@ function M.Graph(dev)
 end
 
 -- run(fn, ...): fn(...) captured and launched; returns fn's (first) result. An error in fn (a refused call among
--- them) ends the capture first, so the device is usable afterwards.
+-- them) ends the capture first, so the device is usable afterwards; nothing fn queued has run then.
 function Graph:run(fn, ...)
   check(C.bl_cuda_graph_begin(self.g))
   local ok, res = pcall(fn, ...)
@@ -42,6 +42,13 @@ function Graph:run(fn, ...)
   check(C.bl_cuda_graph_end(self.g))
   check(C.bl_cuda_graph_launch(self.g))
   return res
+end
+
+-- refused_allocation(err): the error of run() was a device allocation the captured code needed (the caching
+-- allocator had no free block of its size, e.g. after an evaluation took blocks): running the same code
+-- uncaptured once makes the block, and a later capture finds it. The phrase is kernels/runtime.cu's.
+function M.refused_allocation(err)
+  return tostring(err):find("a new device allocation", 1, true) ~= nil
 end
 
 function Graph:stats()

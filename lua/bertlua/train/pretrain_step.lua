@@ -17,6 +17,7 @@
 -- above is captured and launched as one CUDA graph (bertlua.train.graph).
 local bl = require "bertlua"
 local device = require "bertlua.train.device"
+local graph = require "bertlua.train.graph"
 
 local M = {}
 
@@ -42,7 +43,7 @@ end
 -- uncaptured until one has found every block it needs in the allocator's cache (the first allocates its
 -- buffers; the blocks those took from the cache may make the next allocate a little too).
 function Step:use_graph()
-  self.graph = require("bertlua.train.graph").Graph(self.dev)
+  self.graph = graph.Graph(self.dev)
   self.graph_ready = false
   for a = 1, self.accum do self.on_device[a] = {} end
   return self
@@ -89,12 +90,16 @@ function Step:run(step, next_batch, lr)
     batches[a] = device.batch_to(b, self.dev, self.on_device[a], true)
   end
   local function get(a) return batches[a] end
-  if self.graph_ready then self.graph:run(queue, self, step, get, lr)
-  else
-    local m0 = bl.cuda_counters(self.dev).mallocs
-    queue(self, step, get, lr)
-    self.graph_ready = bl.cuda_counters(self.dev).mallocs == m0
+  if self.graph_ready then
+    local ok, err = pcall(self.graph.run, self.graph, queue, self, step, get, lr)
+    if ok then return seqs end
+    -- an allocation refused in the capture (work outside the step, an evaluation, took cached blocks): nothing
+    -- of the step ran and only device work was queued, so the step runs uncaptured below, warming up again
+    if not graph.refused_allocation(err) then error(err, 0) end
   end
+  local m0 = bl.cuda_counters(self.dev).mallocs
+  queue(self, step, get, lr)
+  self.graph_ready = bl.cuda_counters(self.dev).mallocs == m0
   return seqs
 end
 
