@@ -61,7 +61,9 @@ local function weights(out)
   return b
 end
 
-local function compare(name, extra, steps)
+-- min_launched: graph launches expected at least (the warm-up takes one or two steps, and again after work outside
+-- the step that allocates, such as an evaluation)
+local function compare(name, extra, steps, min_launched)
   local plain, graphed = name .. "_plain", name .. "_graph"
   fx.run(plain, extra .. " --device=cuda --checkpoint-interval=0 --eval-batches=1")
   fx.run(graphed, extra .. " --device=cuda --checkpoint-interval=0 --eval-batches=1 --cuda-graph")
@@ -73,18 +75,19 @@ local function compare(name, extra, steps)
     T.eq(b[i].grad_norm, a[i].grad_norm, ("%s: gradient norm of step %d"):format(name, i))
   end
   T.truthy(weights(fx.tmp .. "/" .. plain) == weights(fx.tmp .. "/" .. graphed), name .. ": final weights bit for bit")
-  local launched = b[steps].cuda_graph_launches   -- the steps after the warm-up (one or two steps)
-  T.truthy(launched >= steps - 2 and launched >= 2, name .. ": graph launches " .. launched)
-  fx.step_stays_on_device(fx.tmp .. "/" .. graphed, name)
+  local launched = b[steps].cuda_graph_launches
+  T.truthy(launched >= min_launched, name .. ": graph launches " .. launched)
+  -- an evaluation allocates (with or without the graph): the counters' check is for runs without one
+  if not extra:find("eval-interval", 1, true) then fx.step_stays_on_device(fx.tmp .. "/" .. graphed, name) end
 end
 
 T.test("pre-training with --cuda-graph = without, bit for bit (fp32)", function()
-  -- with an evaluation between steps (work outside the captured step that allocates)
-  compare("fp32", "--batch1=8 --micro-batch=8 --steps1=5 --eval-interval=2", 5)
+  -- with an evaluation after step 3 (work outside the captured step that allocates: step 4 warms up again)
+  compare("fp32", "--batch1=8 --micro-batch=8 --steps1=6 --eval-interval=3", 6, 2)
 end)
 
 T.test("pre-training with --cuda-graph = without, bit for bit (fp16 loss scaling, accumulation 2)", function()
-  compare("fp16", "--batch1=16 --micro-batch=8 --steps1=4 --precision=fp16 --loss-scale=dynamic:16777216:3", 4)
+  compare("fp16", "--batch1=16 --micro-batch=8 --steps1=4 --precision=fp16 --loss-scale=dynamic:16777216:3", 4, 2)
 end)
 
 T.run()
