@@ -25,6 +25,7 @@ extern "C" {
 int cu_err(const char *op, int dev, cudaError_t e);
 int cu_launched(const char *op, int dev);   // check the last launch
 cudaStream_t cu_stream(int dev);             // never NULL after cu_device() succeeded
+bool cu_capturing(int dev);                  // dev's stream is being captured into a CUDA graph (runtime.cu)
 // All non-NULL tensors on the same cuda device (>= 0) and that device usable.
 // Sets *dev. Also makes it current.
 int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev);

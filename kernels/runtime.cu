@@ -16,6 +16,12 @@
 // varying shapes they are bounded: past BL_CUDA_CACHE_LARGE_MB (default 2048)
 // of cached large blocks per device the least recently freed go back to
 // cudaFree. A failing cudaMalloc releases the whole cache and retries once.
+//
+// CUDA graphs (bl_cuda_graph_*, at the end): while a step is captured, the
+// calls below that would wait for the device or allocate fail with a message
+// naming the op, and uploads from host memory are staged in the graph's
+// pinned buffers (a graph's copy reads its source when it runs, not when it
+// is captured).
 #include <cuda_runtime.h>
 #include <atomic>
 #include <list>
@@ -63,7 +69,7 @@ size_t large_cache_limit() {
 }
 
 // Calls of this device layer, for bl_cuda_counters in a real-GPU build (the emulator counts every call itself).
-struct counts { std::atomic<int64_t> syncs{0}, mallocs{0}, frees{0}; };
+struct counts { std::atomic<int64_t> syncs{0}, mallocs{0}, frees{0}, graph_launches{0}; };
 counts call_counts[64];
 void count_call(int dev, std::atomic<int64_t> counts::*which) {
   if (dev >= 0 && dev < 64) (call_counts[dev].*which)++;
@@ -71,6 +77,19 @@ void count_call(int dev, std::atomic<int64_t> counts::*which) {
 
 int cuda_error(cudaError_t e, const char *op, int device) {
   return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, device, cudaGetErrorString(e));
+}
+
+// The graph capturing cuda:N's compute stream now, if any (bl_cuda_graph_begin/end).
+std::atomic<bl_cuda_graph *> capture_of[64];
+bl_cuda_graph *capturing(int dev) { return dev >= 0 && dev < 64 ? capture_of[dev].load() : nullptr; }
+int stage_upload(bl_cuda_graph *g, const void **src, size_t n);
+}  // namespace
+bool cu_capturing(int dev) { return capturing(dev) != nullptr; }
+namespace {
+int capture_error(const char *op, int dev, const char *what) {
+  return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s while the step is captured into a CUDA graph (--cuda-graph): a "
+                      "captured step must not wait for the device, read its memory or allocate after warm-up",
+                      op, dev, what);
 }
 
 // Gives a cached block back to the runtime (pool_mu held). cudaFree waits for the device, so no stream still uses it.
@@ -149,6 +168,7 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
       return 0;
     }
   }
+  if (capturing(device)) return capture_error("malloc", device, "a new device allocation");
   cudaSetDevice(device);
   count_call(device, &counts::mallocs);
   cudaError_t e = cudaMalloc(p, c);
@@ -219,6 +239,7 @@ extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const vo
     return peer_copy("copy", dst_device, dst, src_device, src, n);
   cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
   int dev = dst_device >= 0 ? dst_device : src_device;
+  if (src_device < 0 && capturing(dev)) BL_CHECK(stage_upload(capturing(dev), &src, n));
   if (dst_device >= 0) {
     // Uploads and on-device copies are queued on the compute stream, in order with the kernels, and the host
     // does not wait: a pageable source is staged by the runtime before cudaMemcpyAsync returns, so the caller
@@ -230,6 +251,7 @@ extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const vo
     if (e != cudaSuccess) return cuda_error(e, "copy", dev);
     return 0;
   }
+  if (capturing(dev)) return capture_error("copy", dev, "a read of device memory by the host");
   cudaSetDevice(dev);
   count_call(dev, &counts::syncs);
   copy_cost(dev, dst_device, src_device, n);
@@ -240,9 +262,12 @@ extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const vo
 
 extern "C" int bl_dev_memset(int device, void *p, int value, size_t n) {
   if (device < 0) { memset(p, value, n); return 0; }
-  cudaSetDevice(device);
+  // on the compute stream, not the legacy one: the same order (the compute stream is a blocking stream), and
+  // capturable (legacy-stream work while a blocking stream captures is an error)
+  void *s = bl_cuda_stream(device);
+  if (!s) return BL_EDEVICE;
   cu_cost_call(device, "memset", "cudaMemset", BL_ENGINE_MEM, 0, (double)n);
-  cudaError_t e = cudaMemset(p, value, n);
+  cudaError_t e = cudaMemsetAsync(p, value, n, (cudaStream_t)s);
   if (e != cudaSuccess) return cuda_error(e, "memset", device);
   return 0;
 }
@@ -261,6 +286,7 @@ int cu_launched(const char *op, int dev) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel launch failed: %s", op, dev, cudaGetErrorString(e));
 #ifndef NDEBUG
+  if (capturing(dev)) return 0;   // a captured kernel runs later, with its graph
   e = cudaStreamSynchronize(cu_stream(dev));
   if (e != cudaSuccess) return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel failed: %s", op, dev, cudaGetErrorString(e));
 #endif
@@ -299,6 +325,7 @@ extern "C" void *bl_cuda_stream(int device) {
 extern "C" int bl_cuda_synchronize(int device) {
   void *s = bl_cuda_stream(device);
   if (!s) return BL_EDEVICE;
+  if (capturing(device)) return capture_error("synchronize", device, "a host wait for the device");
   count_call(device, &counts::syncs);
   cudaError_t e = cudaStreamSynchronize((cudaStream_t)s);
   if (e != cudaSuccess) return cu_err("synchronize", device, e);
@@ -324,6 +351,7 @@ int cu_mem::alloc(const char *op, int device, size_t bytes) {
   if (p) { bl_dev_free(dev, p); p = nullptr; }
   dev = device;
   int rc = bl_dev_malloc(device, bytes ? bytes : 16, &p);
+  if (rc && capturing(device)) { p = nullptr; return capture_error(op, device, "a new device allocation (scratch)"); }
   if (rc) { p = nullptr; return bl_set_error(rc, "%s: cuda:%d: cannot allocate %zu bytes of scratch", op, device, bytes); }
   return 0;
 }
@@ -347,6 +375,7 @@ extern "C" int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, c
   void *s = bl_cuda_stream(dev);
   if (!s) return BL_EDEVICE;
   cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+  if (src_device < 0 && capturing(dev)) BL_CHECK(stage_upload(capturing(dev), &src, n));
   copy_cost(dev, dst_device, src_device, n);
   if (dst_device >= 0 && src_device >= 0 && dst_device != src_device)
     return peer_copy("copy_async", dst_device, dst, src_device, src, n);
@@ -424,11 +453,172 @@ extern "C" int bl_cuda_counters(int device, bl_cuda_count *out) {
 #ifdef BL_CUDA_EMU
   emu_counters c;
   if (emu_get_counters(device, &c) != 0) return bl_set_error(BL_EDEVICE, "counters: cuda:%d: no such device", device);
-  *out = bl_cuda_count{c.syncs, c.mallocs, c.frees, c.launches, cu_conversions(device)};
+  *out = bl_cuda_count{c.syncs, c.mallocs, c.frees, c.launches, cu_conversions(device), c.graph_launches,
+                       c.graph_kernels};
 #else
   if (device >= 64) return bl_set_error(BL_EINVAL, "counters: cuda:%d: only devices 0..63 are counted", device);
   const counts &k = call_counts[device];
-  *out = bl_cuda_count{k.syncs.load(), k.mallocs.load(), k.frees.load(), -1, cu_conversions(device)};
+  *out = bl_cuda_count{k.syncs.load(), k.mallocs.load(), k.frees.load(), -1, cu_conversions(device),
+                       k.graph_launches.load(), -1};
 #endif
+  return 0;
+}
+
+// ---------------------------------------------------------------- CUDA graphs (bl_base.h)
+// Host uploads made while capturing are copied into pinned staging at once and the graph copies from there (a
+// graph reads a copy's host side when it runs). Two sets of staging, used by alternate captures: capture k may
+// overwrite set k % 2 only after the launch of capture k - 2 has run, which an event tells (normally long since).
+struct bl_cuda_graph {
+  struct staging {
+    std::vector<std::pair<char *, size_t>> chunks;   // pinned, kept for the graph's life
+    size_t chunk = 0, off = 0;                        // where the next upload goes
+    cudaEvent_t done = nullptr;                       // recorded after the launch that reads this set
+    bool launched = false;
+  };
+  int dev;
+  cudaGraphExec_t exec = nullptr;
+  bool captured = false;   // a capture ended and was not launched yet
+  staging st[2];
+  int cur = 0;
+  bl_cuda_graph_stats stats = {0, 0, 0, 0};
+};
+
+namespace {
+const size_t kStageChunk = 1u << 20;
+
+int graph_err(const bl_cuda_graph *g, const char *what, cudaError_t e) {
+  cudaGetLastError();
+  return bl_set_error(BL_EDEVICE, "cuda_graph: cuda:%d: %s: %s", g->dev, what, cudaGetErrorString(e));
+}
+
+int stage_upload(bl_cuda_graph *g, const void **src, size_t n) {
+  bl_cuda_graph::staging &s = g->st[g->cur];
+  size_t need = (n + 255) & ~(size_t)255;
+  while (s.chunk < s.chunks.size() && s.off + need > s.chunks[s.chunk].second) { s.chunk++; s.off = 0; }
+  if (s.chunk == s.chunks.size()) {
+    // a pinned allocation is not stream work: allowed while capturing once the thread's mode is relaxed
+    size_t size = need > kStageChunk ? need : kStageChunk;
+    void *p = nullptr;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t e = cudaHostAlloc(&p, size, cudaHostAllocPortable);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) return graph_err(g, "pinned staging for an upload", e);
+    s.chunks.push_back({(char *)p, size});
+    s.off = 0;
+  }
+  char *dst = s.chunks[s.chunk].first + s.off;
+  memcpy(dst, *src, n);
+  s.off += need;
+  *src = dst;
+  return 0;
+}
+}  // namespace
+
+extern "C" int bl_cuda_graph_new(int device, bl_cuda_graph **out) {
+  *out = nullptr;
+  if (!bl_cuda_stream(device)) return BL_EDEVICE;
+  bl_cuda_graph *g = new bl_cuda_graph;
+  g->dev = device;
+  for (auto &s : g->st) {
+    cudaError_t e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      int rc = graph_err(g, "event", e);
+      bl_cuda_graph_free(g);
+      return rc;
+    }
+  }
+  *out = g;
+  return 0;
+}
+
+extern "C" void bl_cuda_graph_free(bl_cuda_graph *g) {
+  if (!g) return;
+  bl_cuda_graph_abort(g);
+  cudaSetDevice(g->dev);
+  if (g->exec) cudaGraphExecDestroy(g->exec);
+  for (auto &s : g->st) {
+    if (s.done) cudaEventDestroy(s.done);
+    for (auto &c : s.chunks) cudaFreeHost(c.first);   // waits for the work that may still read it
+  }
+  delete g;
+}
+
+extern "C" int bl_cuda_graph_begin(bl_cuda_graph *g) {
+  if (g->dev >= 64) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: only devices 0..63", g->dev);
+  if (capturing(g->dev)) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: a capture is already running", g->dev);
+  if (g->captured) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: the last capture was not launched", g->dev);
+  cudaStream_t s = cu_stream(g->dev);
+  if (!s) return BL_EDEVICE;
+  g->cur ^= 1;
+  bl_cuda_graph::staging &st = g->st[g->cur];
+  if (st.launched) BL_CHECK(bl_cuda_event_wait_host(g->dev, st.done));   // the launch before last read it
+  st.launched = false;
+  st.chunk = st.off = 0;
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+  if (e != cudaSuccess) return graph_err(g, "begin capture", e);
+  capture_of[g->dev].store(g);
+  return 0;
+}
+
+// Ends a capture and forgets it (after an error in the captured code).
+extern "C" void bl_cuda_graph_abort(bl_cuda_graph *g) {
+  if (!g || capturing(g->dev) != g) return;
+  capture_of[g->dev].store(nullptr);
+  cudaGraph_t graph = nullptr;
+  cudaSetDevice(g->dev);
+  cudaStreamEndCapture(cu_stream(g->dev), &graph);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();
+}
+
+extern "C" int bl_cuda_graph_end(bl_cuda_graph *g) {
+  if (capturing(g->dev) != g) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: no capture to end", g->dev);
+  capture_of[g->dev].store(nullptr);
+  cudaGraph_t graph = nullptr;
+  cudaSetDevice(g->dev);
+  cudaError_t e = cudaStreamEndCapture(cu_stream(g->dev), &graph);
+  if (e != cudaSuccess) return graph_err(g, "the step could not be captured (a call in it is not capturable)", e);
+  size_t nodes = 0;
+  e = cudaGraphGetNodes(graph, nullptr, &nodes);
+  if (e == cudaSuccess && g->exec) {
+    cudaGraphExecUpdateResultInfo info;
+    if (cudaGraphExecUpdate(g->exec, graph, &info) == cudaSuccess) {
+      g->stats.updates++;
+    } else {   // other work than last time: a new graph
+      cudaGetLastError();
+      cudaGraphExecDestroy(g->exec);
+      g->exec = nullptr;
+    }
+  }
+  if (e == cudaSuccess && !g->exec) {
+    e = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (e == cudaSuccess) g->stats.instantiations++;
+  }
+  cudaGraphDestroy(graph);
+  if (e != cudaSuccess) return graph_err(g, "instantiate", e);
+  g->stats.nodes = (int64_t)nodes;
+  g->captured = true;
+  return 0;
+}
+
+extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
+  if (!g->captured) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: nothing captured to launch", g->dev);
+  cudaStream_t s = cu_stream(g->dev);
+  if (!s) return BL_EDEVICE;
+  cudaError_t e = cudaGraphLaunch(g->exec, s);
+  if (e != cudaSuccess) return graph_err(g, "launch", e);
+  bl_cuda_graph::staging &st = g->st[g->cur];
+  e = cudaEventRecord(st.done, s);
+  if (e != cudaSuccess) return graph_err(g, "event", e);
+  st.launched = true;
+  g->captured = false;
+  g->stats.launches++;
+  count_call(g->dev, &counts::graph_launches);
+  return 0;
+}
+
+extern "C" int bl_cuda_graph_stats_get(const bl_cuda_graph *g, bl_cuda_graph_stats *out) {
+  *out = g->stats;
   return 0;
 }

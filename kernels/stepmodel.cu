@@ -29,7 +29,7 @@ void on_launch(int dev, const char *name, const char *file, int line) {
     return;
   }
   const char *at = names.insert(std::string(name) + " (" + file + ":" + std::to_string(line) + ")").first->c_str();
-  launches.push_back(bl_cuda_launch_rec{at, "unannotated", BL_ENGINE_MEM, 0, 0});
+  launches.push_back(bl_cuda_launch_rec{at, "unannotated", BL_ENGINE_MEM, 0, 0, cu_capturing(dev)});
 }
 #endif
 }  // namespace
@@ -40,10 +40,10 @@ void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, do
   name = names.insert(name).first->c_str();
 #ifdef BL_CUDA_EMU
   // A cost still pending here belonged to a launch the emulator refused (the op fails with that error).
-  pending = bl_cuda_launch_rec{name, cls, engine, flops, bytes};
+  pending = bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev)};
   have_pending = true;
 #else
-  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes});
+  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev)});
 #endif
 }
 
@@ -51,7 +51,7 @@ void cu_cost_call(int dev, const char *cls, const char *name, int engine, double
   if (dev != rec_dev.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> g(mu);
   name = names.insert(name).first->c_str();
-  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes});
+  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev)});
 }
 
 extern "C" int bl_cuda_dry_run(int device, int on) {

@@ -7,15 +7,22 @@
 --
 -- A training step is what pre-training does: forward of BertForPreTraining
 -- (MLM decoder on the masked positions only, NSP), backward into the flat
--- gradient buffer, and a plain SGD update over the flat parameter buffer.
+-- gradient buffer, and an update over the flat parameter buffer.
 -- Both sides use the same shapes, --threads threads, dropout --dropout, and
 -- a batch with the last seq/8 tokens of every sequence padded.
--- On a GPU (--device=cuda[:N]) the model runs there (model:to), the SGD update
--- is one fused tensor op over the flat buffer, --precision picks fp32, tf32
--- (f32 GEMMs on TF32 tensor cores) or bf16 (bf16 compute copy of the weights
--- and bf16 activations, f32 master weights and gradients), and
--- --compare=torch runs recipes/peers/bench_bert_torch.py on the same GPU (bf16 =
--- torch.autocast, fused SDPA attention).
+-- On a GPU (--device=cuda[:N]) the step is recipes/pretrain.lua's own
+-- (bertlua.train.pretrain_step): --accum micro-batches of --batch sequences,
+-- losses and accuracy summed on the device, NVLAMB on the device with the
+-- skip/update decision there, so a timed block of --steps steps waits for the
+-- device once, at its end. --precision picks fp32, tf32 (f32 GEMMs on TF32
+-- tensor cores) or bf16 (bf16 compute copy of the weights, refreshed after
+-- each update, and bf16 activations; f32 master weights and gradients);
+-- --cuda-graph runs each step after the first as one CUDA graph, as
+-- pretrain's --cuda-graph does. --compare=torch runs
+-- recipes/peers/bench_bert_torch.py on the same GPU (bf16 = torch.autocast,
+-- fused SDPA attention; its update is still plain SGD, a few percent of a step).
+-- On the CPU the update is a plain SGD loop over the flat buffer, as in the
+-- CPU peer (recipes/peers/bert_reference.py bench).
 -- --model-time=h100 also prints the step-time MODEL (lua/bertlua/stepmodel.lua):
 -- a lower bound on the step time at that GPU's figures, summed over the
 -- launches one training step really makes. On the emulated device the step is
@@ -31,6 +38,9 @@
 -- (recipes/peers/bench_bert_onnxruntime.py); both sides also print the median latency of one step (p50).
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
+local optim = require "bertlua.train.optim"
+local amp = require "bertlua.train.amp"
+local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 local config = require "bertlua.bert.config"
 local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
@@ -42,7 +52,7 @@ local opt = options.parse(arg, {
   { "seq", 128, "sequence length" },
   { "batch", 32, "sequences per step" },
   { "steps", 10, "timed steps" },
-  { "warmup", 2, "untimed steps first" },
+  { "warmup", 3, "untimed steps first (--cuda-graph: the step is captured from the 2nd or 3rd on)" },
   { "device", "cpu", "cpu, cuda or cuda:N" },
   { "precision", "fp32", "fp32 | tf32 | bf16 (tf32 and bf16 need a GPU)" },
   { "peak_tflops", 0, "peak TFLOP/s for MFU (0 = known GPUs by name)" },
@@ -53,7 +63,10 @@ local opt = options.parse(arg, {
   { "infer", false, "time inference (forward of the encoder only) instead of training" },
   { "pack", true, "--infer on the cpu: linear weights packed once for our own GEMM, bias/GELU in its epilogue "
     .. "(bertlua.bert.infer)" },
-  { "lr", 1e-4, "SGD learning rate" },
+  { "lr", 1e-4, "learning rate (LAMB on a GPU, SGD on the CPU)" },
+  { "accum", 1, "GPU training: micro-batches of --batch per optimizer step (gradient accumulation)", int = true,
+    min = 1 },
+  { "cuda_graph", false, "GPU training: run each step after the first as one CUDA graph (see pretrain)" },
   { "compare", "", "'torch': the same benchmark in PyTorch, with the ratio; 'onnxruntime' (--infer): ONNX Runtime's "
     .. "fused BERT graph (recipes/peers/bench_bert_onnxruntime.py)" },
   { "model_time", "", "also print the step-time model of one training step at these figures (h100)" },
@@ -147,19 +160,20 @@ local batch = {
     { dtype = "i32" }),
 }
 
-local update
-if on_gpu then
-  -- the batch lives on the GPU once (positions/labels stay on the host: the
-  -- model reads them to pick the masked rows); SGD is two fused launches
-  for _, k in ipairs({ "input_ids", "attention_mask", "token_type_ids", "next_sentence_labels" }) do
-    batch[k] = batch[k]:to(opt.device)
-  end
-  local upd = bl.empty({ model.flat_params:numel() }, { device = dev })
-  update = function(lr)
-    model.flat_grads:mul(-lr, upd)
-    model.flat_params:add_(upd)
-    model:sync_compute()
-  end
+local update, pstep
+if on_gpu and not opt.infer then
+  -- the batch on the GPU once, as pretrain's device loader hands it out (the MLM positions and labels and the NSP
+  -- labels on the host: the head selects and counts them there)
+  for _, k in ipairs({ "input_ids", "attention_mask", "token_type_ids" }) do batch[k] = batch[k]:to(opt.device) end
+  -- pretrain's step and optimizer (its defaults: weight decay 0.01, gradient pre-normalisation 1.0). A bf16 model
+  -- keeps its f32 master weights in flat_params and a bf16 compute copy (model:to above): no loss scaling, so the
+  -- step's amp object is the fp32 one (the device-side skip of non-finite steps stays).
+  local lamb = optim.LAMB{ model = model, lr = opt.lr, weight_decay = 0.01, max_grad_norm = 1.0 }
+  pstep = PretrainStep{ model = model, optimizer = lamb, amp = amp.MixedPrecision{ model = model }, dev = dev,
+    accum = opt.accum, dropout_seed = function(step, micro) return step * 8191 + micro end }
+  if opt.cuda_graph then pstep:use_graph() end
+elseif on_gpu then
+  for _, k in ipairs({ "input_ids", "attention_mask", "token_type_ids" }) do batch[k] = batch[k]:to(opt.device) end
 else
   local n = model.flat_params:numel()
   local p, g = model.flat_params:ptr(), model.flat_grads:ptr()
@@ -167,47 +181,72 @@ else
     for i = 0, n - 1 do p[i] = p[i] - lr * g[i] end
   end
 end
+local steps_run = 0
 local function step()
   if opt.infer then
     model.bert:forward(batch)
     return
   end
+  steps_run = steps_run + 1
+  if pstep then
+    pstep:run(steps_run, function() return batch end, opt.lr)
+    return
+  end
   model:zero_grad()
-  local out = model:forward(batch)
+  model:forward(batch)
   model:backward()
   update(opt.lr)
-  return out.loss
 end
-local function sync() if on_gpu then bl.cuda_synchronize(dev) end end
+local function sync()
+  if pstep then pstep:read()   -- the block's one wait, which also raises a deferred index error
+  elseif on_gpu then bl.cuda_synchronize(dev) end
+end
 
+if opt.cuda_graph and (not pstep or opt.warmup < 3) then
+  error("benchmark: --cuda-graph times a GPU training step and needs --warmup=3 or more (warm-up, then capture)", 0)
+end
+if opt.accum > 1 and not pstep then error("benchmark: --accum is for a GPU training step", 0) end
 for _ = 1, opt.warmup do step() end
+if opt.cuda_graph and not pstep.graph_ready then
+  error(("benchmark: the step still allocated device memory in warm-up step %d, so it is not captured yet: "
+    .. "raise --warmup"):format(opt.warmup), 0)
+end
 sync()
 local model_t
 if stepmodel then
   local list, syncs = stepmodel.record(dev, step)
   local text
-  text, model_t = stepmodel.report(list, syncs, profile, B, ("BERT %s training step, batch %d x %d, %d masked, %s")
-    :format(opt.model, B, S, opt.masked, opt.precision))
+  text, model_t = stepmodel.report(list, syncs, profile, B * opt.accum,
+    ("BERT %s training step (pretrain's, LAMB), batch %d x %d%s, %d masked, %s%s"):format(opt.model, B, S,
+      opt.accum > 1 and (" x %d accumulation"):format(opt.accum) or "", opt.masked, opt.precision,
+      opt.cuda_graph and ", CUDA graph" or ""))
   print(text)
   if dry then
     print("(recorded on the emulated device without running the large work: no timing, results are garbage)")
     return
   end
 end
+-- A GPU training step is timed as a block of --steps steps with one wait at its end (the step never waits for
+-- the device, as in pre-training); otherwise every step is timed alone, and its median is printed too.
 local t0 = log.clock()
 local times = {}
+local per_step = not pstep
 for i = 1, opt.steps do
   local ts = log.clock()
   step()
-  sync()
-  times[i] = log.clock() - ts
+  if per_step then
+    sync()
+    times[i] = log.clock() - ts
+  end
 end
+if not per_step then sync() end
 local dt = log.clock() - t0
-local ours = B * opt.steps / dt
+local seqs = B * (pstep and opt.accum or 1)
+local ours = seqs * opt.steps / dt
 table.sort(times)
-print(("bertlua: %.2f seq/s (%.1f ms/step, p50 %.1f ms, %s, %s, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
-  times[math.floor(#times / 2) + 1] * 1000, opt.infer and "inference" or "training", opt.device, opt.precision,
-  threads))
+print(("bertlua: %.2f seq/s (%.1f ms/step%s, %s, %s, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
+  per_step and (", p50 %.1f ms"):format(times[math.floor(#times / 2) + 1] * 1000) or ", one block",
+  opt.infer and "inference" or "training", opt.device, opt.precision, threads))
 if model_t then
   print(("measured vs model: %.2f ms/step measured, %.2f ms/step model bound (%.0f%% of the bound's speed)")
     :format(dt / opt.steps * 1000, model_t.step_s * 1000, 100 * model_t.step_s / (dt / opt.steps)))
@@ -216,7 +255,7 @@ end
 -- model FLOPs (see the header) and MFU against the device's dense peak
 local L, H = cfg.num_hidden_layers, cfg.hidden_size
 local enc = 2 * (12 * L * H * H * S + H * H) + 4 * L * H * S * S   -- forward, per sequence
-local flops = opt.infer and enc * B or (3 * enc * B + 6 * B * opt.masked * (H * H + H * V))
+local flops = opt.infer and enc * B or (3 * enc * B + 6 * B * opt.masked * (H * H + H * V)) * (pstep and opt.accum or 1)
 local PEAK = {  -- dense TFLOP/s: { bf16, tf32, fp32 }
   { "H200", 989.4, 494.7, 66.9 }, { "H100 PCIe", 756, 378, 51.2 }, { "H100", 989.4, 494.7, 66.9 },
   { "A100", 312, 156, 19.5 }, { "L40S", 362, 183, 91.6 }, { "A10", 125, 62.5, 31.2 },

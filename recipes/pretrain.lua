@@ -22,6 +22,8 @@ local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
+local graph = require "bertlua.train.graph"
+local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
@@ -75,6 +77,8 @@ local SPEC = {
   { "eval_batches", 20, "micro-batches per evaluation", int = true, min = 1 },
   { "log_every", 1, "steps between JSON log lines", int = true, min = 1 },
   { "threads", 0, "CPU threads (0: keep the default)" },
+  { "cuda_graph", false, "GPU, one rank: run each step as one CUDA graph (captured after the first step; the "
+    .. "device runs it without launch gaps)" },
   device.OPTION,
 }
 local opt = options.parse(arg, SPEC, { name = "pretrain",
@@ -91,6 +95,11 @@ local scaler_opts = amp.loss_scale_option(opt.loss_scale, "pretrain")
 local dev, dev_line = device.setup(opt, "pretrain")
 say(("%s; world size %d, %d CPU threads per rank"):format(dev_line, world, bl.num_threads()))
 say(options.show(opt))
+local use_graph = opt.cuda_graph
+if use_graph and graph.unavailable(world, dev) then
+  say("pretrain: " .. graph.unavailable(world, dev) .. "; running without a CUDA graph")
+  use_graph = false
+end
 
 local function phase_settings(p)
   return {
@@ -251,12 +260,12 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
         loader = loaders[1]:state(), world_size = world, accumulation = accum } }, { keep = opt.keep_checkpoints })
   end
 
+  -- the step (bertlua.train.pretrain_step, also what recipes/benchmark.lua times); its device memory is made
+  -- here, before the first step
   local skipped_logged = mp:state_dict().skipped_steps or 0
-  local on_device = {}  -- the batch's device buffers, reused every micro-batch (device.batch_to)
-  local stats = device.StepStats(dev)
-  device.defer_checks(dev)
-  lamb:prepare()      -- with the stats and the scaler's state: device memory made before the first step
-  mp:state_tensor()
+  local pstep = PretrainStep{ model = model, optimizer = lamb, amp = mp, reducer = reducer, dev = dev,
+    accum = accum, world = world, rank = rank, dropout_seed = dropout_seed, acc = acc }
+  if use_graph then pstep:use_graph() end  -- captured once a step allocates nothing (from the 2nd or 3rd step)
   -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
   -- clocks and the signals of all ranks are combined (one small all-reduce per step)
   local function stop(_, ran)
@@ -270,35 +279,16 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local function next_micro(_, a) return (virt and loaders[a] or loaders[1]):next() end
   local function train_step(step, next_batch)
     local t0 = logm.clock()
-    model:zero_grad()
-    mp:begin_step()
-    local seed = mp:loss_seed(accum)  -- fp16: the loss scale on the model's device
-    stats:zero()   -- losses and accuracy counts are summed on the model's device, read when logging
-    local seqs = 0
-    for a = 1, accum do
-      local batch = next_batch(a)
-      model.rng = bl.Generator(dropout_seed(step, rank * accum + a - 1))
-      model:apply(function(m) m.rng = model.rng end)
-      model:forward(device.batch_to(batch, dev, on_device), stats)
-      if acc then model:zero_grad() end
-      reducer:arm(a == accum)
-      model:backward(seed)
-      if acc and a < accum then acc:add_(model.flat_grads) end   -- the last one's: acc added range by range
-      seqs = seqs + batch.input_ids:size(1)
-    end
-    mp:end_backward{ rounded = true }
-    reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
-    if acc then acc:zero_() end
-    local lr = lr_at(lamb.step_count + 1)
-    mp:queue_step(lamb, lr)   -- skip or update decided on the model's device: no wait here
+    -- skip or update decided on the model's device: no wait here
+    local seqs = pstep:run(step, next_batch, lr_at(lamb.step_count + 1))
     if step % opt.log_every ~= 0 and step ~= ph.steps then return nil end
     -- the one wait of a logged step: this step's sums, the scaler state and the deferred index checks
-    reducer:wait()   -- data parallel: the all-reduce under its watchdog (finish did not wait)
-    local v = stats:read(mp:state_tensor())
+    local v = pstep:read()
     local r = mp:read(v.amp)
     local s = dist.sum_numbers({ v.losses[1], v.losses[2], v.counts[1], v.counts[2], v.counts[3], v.counts[4],
       seqs })
     local dt = logm.clock() - t0
+    local lr = lamb.last_lr
     local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
       mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
       seq_per_s = s[7] / dt, step_time = dt, loss_scale = r.loss_scale, grad_norm = r.grad_norm,
@@ -308,6 +298,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     if dev >= 0 then  -- totals since the start: allocations and host waits of the device
       local k = bl.cuda_counters(dev)
       rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
+      if use_graph then rec.cuda_graph_launches = k.graph_launches end
     end
     return rec
   end

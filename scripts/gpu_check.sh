@@ -190,6 +190,8 @@ bench() {  # bench NAME MAX ARGS...
 }
 bench "BERT-large phase 1 training (S=128 B=64, bf16)" 150 --seq=128 --batch=64 --masked=20 --precision=bf16 \
   --steps="$STEPS" --warmup=3 --model-time=h100
+bench "BERT-large phase 1 training as a CUDA graph (S=128 B=64, bf16)" 150 --seq=128 --batch=64 --masked=20 \
+  --precision=bf16 --steps="$STEPS" --warmup=3 --model-time=h100 --cuda-graph
 bench "BERT-large inference (S=384 B=32, bf16)" 100 --seq=384 --batch=32 --infer --precision=bf16 \
   --steps="$STEPS" --warmup=3
 bench "BERT-large latency (S=128 B=1, bf16)" 80 --seq=128 --batch=1 --infer --precision=bf16 --steps=50 --warmup=5

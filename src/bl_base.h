@@ -75,7 +75,11 @@ void bl_cuda_set_tf32(int enable);
  * (bl_dev_malloc/free, bl_dev_memcpy, bl_cuda_synchronize) and reports launches as -1. `conversions`: launches of
  * the generic strided copy that change the dtype (an op without a native path for its operands' dtype making f32
  * images), counted by the kernel layer on both. Error in a CPU-only build. */
-typedef struct bl_cuda_count { int64_t syncs, mallocs, frees, launches, conversions; } bl_cuda_count;
+/* graph_launches: CUDA graph launches (bl_cuda_graph_launch); graph_kernels: the kernels they ran (included in
+ * launches; -1 on a real GPU). */
+typedef struct bl_cuda_count {
+  int64_t syncs, mallocs, frees, launches, conversions, graph_launches, graph_kernels;
+} bl_cuda_count;
 int bl_cuda_counters(int device, bl_cuda_count *out);
 /* Deferred index checks on cuda:N. On (enable = 1), ops that validate indices on the device (embedding and
  * gather ids, cross-entropy targets) no longer wait to read the result back before returning: the first
@@ -91,7 +95,13 @@ int bl_cuda_check_deferred(int device);
  * on (BL_ENGINE_*); class groups launches for the model's table. On the emulated device every launch is also seen by
  * the emulator: one whose site states no cost is logged with class "unannotated". One device at a time. */
 enum { BL_ENGINE_MEM = 0, BL_ENGINE_TC16 = 1, BL_ENGINE_TF32 = 2, BL_ENGINE_FP32 = 3, BL_ENGINE_PCIE = 4 };
-typedef struct bl_cuda_launch_rec { const char *name, *cls; int engine; double flops, bytes; } bl_cuda_launch_rec;
+/* in_graph: the launch was captured into a CUDA graph (bl_cuda_graph_begin): it runs without a launch gap. */
+typedef struct bl_cuda_launch_rec {
+  const char *name, *cls;
+  int engine;
+  double flops, bytes;
+  int in_graph;
+} bl_cuda_launch_rec;
 int bl_cuda_record_begin(int device);
 int bl_cuda_record_end(int device, int64_t *count);
 int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out);
@@ -99,6 +109,23 @@ int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out);
  * not executed, and allocations take no host memory until written (tests/emu/README.md): a model too large to run
  * on the emulator can still be recorded. Results are garbage. Turning it on elsewhere is an error. */
 int bl_cuda_dry_run(int device, int on);
+/* CUDA graph of a training step (--cuda-graph; bertlua.train.graph): between bl_cuda_graph_begin and
+ * bl_cuda_graph_end the work queued on cuda:N's compute stream is captured (stream capture), not run. The first
+ * capture is instantiated; a later one whose work is the same kernels in the same order only updates the
+ * instantiated graph's parameters (cudaGraphExecUpdate: kernel arguments such as dropout seeds and the learning
+ * rate change from step to step), otherwise it is instantiated anew. bl_cuda_graph_launch runs it on the compute
+ * stream. While capturing, uploads from host memory are staged in pinned buffers of the graph (two sets, used by
+ * alternate captures), and a host wait, a read of device memory or a device allocation is an error naming the op
+ * (the capture is then void: bl_cuda_graph_abort ends it). Errors in a CPU-only build. */
+typedef struct bl_cuda_graph bl_cuda_graph;
+typedef struct bl_cuda_graph_stats { int64_t nodes, instantiations, updates, launches; } bl_cuda_graph_stats;
+int bl_cuda_graph_new(int device, bl_cuda_graph **out);
+void bl_cuda_graph_free(bl_cuda_graph *g);
+int bl_cuda_graph_begin(bl_cuda_graph *g);
+int bl_cuda_graph_end(bl_cuda_graph *g);
+void bl_cuda_graph_abort(bl_cuda_graph *g);
+int bl_cuda_graph_launch(bl_cuda_graph *g);
+int bl_cuda_graph_stats_get(const bl_cuda_graph *g, bl_cuda_graph_stats *out);
 int bl_cuda_get_tf32(void);
 int bl_num_threads(void);
 void bl_set_num_threads(int n);

@@ -36,6 +36,8 @@ foreach(src ${BL_LUA_TESTS})
 endforeach()
 # cpu and emulated-cuda pre-training runs side by side (7 pairs, one under mpirun): over 600 s on a shared 2-core VM
 set_tests_properties(lua_test_cuda_pretrain PROPERTIES TIMEOUT 1500)
+# two pairs of emulated-cuda pre-training runs, with and without --cuda-graph: ~3 min on a loaded 2-core VM
+set_tests_properties(lua_test_cuda_graph PROPERTIES TIMEOUT 1200)
 
 file(GLOB BL_HOSTILE_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/hostile/test_*.lua)
 foreach(src ${BL_HOSTILE_TESTS})

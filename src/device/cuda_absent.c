@@ -20,6 +20,23 @@ int bl_cuda_counters(int device, bl_cuda_count *out) {
   return no_cuda(device, "counters");
 }
 int bl_cuda_get_tf32(void) { return 0; }
+int bl_cuda_graph_new(int device, bl_cuda_graph **out) {
+  *out = NULL;
+  return no_cuda(device, "cuda_graph");
+}
+void bl_cuda_graph_free(bl_cuda_graph *g) { (void)g; }
+int bl_cuda_graph_begin(bl_cuda_graph *g) {
+  (void)g;
+  return no_cuda(0, "cuda_graph");
+}
+int bl_cuda_graph_end(bl_cuda_graph *g) { return bl_cuda_graph_begin(g); }
+void bl_cuda_graph_abort(bl_cuda_graph *g) { (void)g; }
+int bl_cuda_graph_launch(bl_cuda_graph *g) { return bl_cuda_graph_begin(g); }
+int bl_cuda_graph_stats_get(const bl_cuda_graph *g, bl_cuda_graph_stats *out) {
+  (void)g;
+  memset(out, 0, sizeof *out);
+  return no_cuda(0, "cuda_graph");
+}
 int bl_cuda_defer_checks(int device, int enable) { (void)enable; return no_cuda(device, "defer_checks"); }
 int bl_cuda_check_deferred(int device) { return no_cuda(device, "check_deferred"); }
 int bl_cuda_deferred_pending(int device, bl_tensor *flag) {

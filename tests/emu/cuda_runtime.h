@@ -27,11 +27,44 @@ typedef enum cudaError {
   cudaErrorInvalidDevice = 101,
   cudaErrorNoDevice = 100,
   cudaErrorPeerAccessAlreadyEnabled = 704,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureIsolation = 905,
+  cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorGraphExecUpdateFailure = 910,
   cudaErrorUnknown = 999,
 } cudaError_t;
 
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph_exec *cudaGraphExec_t;
+typedef struct emu_graph_node *cudaGraphNode_t;
+
+typedef enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+} cudaStreamCaptureMode;
+typedef enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+} cudaStreamCaptureStatus;
+typedef enum cudaGraphExecUpdateResult {
+  cudaGraphExecUpdateSuccess = 0,
+  cudaGraphExecUpdateError = 1,
+  cudaGraphExecUpdateErrorTopologyChanged = 2,
+  cudaGraphExecUpdateErrorNodeTypeChanged = 3,
+  cudaGraphExecUpdateErrorFunctionChanged = 4,
+} cudaGraphExecUpdateResult;
+typedef struct cudaGraphExecUpdateResultInfo {
+  cudaGraphExecUpdateResult result;
+  cudaGraphNode_t errorNode;
+  cudaGraphNode_t errorFromNode;
+} cudaGraphExecUpdateResultInfo;
 
 typedef enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -127,6 +160,23 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
+// Stream capture and graphs (CUDA 12 signatures). A capture records the stream's kernels, copies, memsets and
+// library calls in order; a launch of the instantiated graph queues them again, in that order, on its stream.
+// Global mode only: while a stream of a device captures, a host-blocking call, cudaMalloc/cudaFree, work on the
+// legacy stream, a copy from pageable host memory, an event record or a wait on an event recorded outside the
+// capture is refused (cudaErrorStreamCapture*) and invalidates the capture, whose end then fails.
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
+// The calling thread's capture mode: kept and swapped only (the checks above are those of the global mode).
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode);
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+
 cudaError_t emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value);
 
 // Per-device counters of the emulated runtime (read through bl_cuda_counters).
@@ -134,7 +184,9 @@ typedef struct emu_counters {
   int64_t syncs;     // host-blocking calls: stream/device/event synchronize, synchronous copies
   int64_t mallocs;   // cudaMalloc
   int64_t frees;     // cudaFree
-  int64_t launches;  // kernel launches
+  int64_t launches;  // kernel launches (a graph launch counts the kernels it runs)
+  int64_t graph_launches;  // cudaGraphLaunch
+  int64_t graph_kernels;   // kernels run by graph launches (included in launches)
 } emu_counters;
 int emu_get_counters(int dev, emu_counters *out);
 // Launch recording for the step-time model (kernels/stepmodel.cu): the hook, when set, is called at every accepted

@@ -15,6 +15,10 @@
 // - Errors: a failing call sets the per-thread last error (cudaGetLastError
 //   returns and clears it, cudaPeekAtLastError only returns it); a fault inside a
 //   kernel (emu_fault) is sticky: every later call on that device fails.
+// - Stream capture and graphs: a capturing stream appends its work to the
+//   graph instead of its queue; a graph launch queues the recorded work again,
+//   in order (cudaStreamBeginCapture ... cudaGraphLaunch below). Calls that are
+//   illegal while a device captures (global mode) fail and invalidate it.
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,8 +46,23 @@ struct emu_stream {
     std::string what;
     std::function<void()> fn;
     std::vector<std::pair<emu_stream *, uint64_t>> waits;   // run (stream, up to seq) first
+    bool kernel = false;
   };
   std::deque<op> q;
+  emu_graph *cap = nullptr;     // the graph this stream is capturing into, if any
+  bool cap_invalid = false;     // an illegal call during the capture: its end fails
+};
+// A captured graph and an instantiated one: the recorded work in stream order (one capturing stream, so the
+// order is a chain).
+struct emu_graph {
+  int dev;
+  std::vector<emu_stream::op> ops;
+  size_t kernels = 0;
+};
+struct emu_graph_exec {
+  int dev;
+  std::vector<emu_stream::op> ops;
+  size_t kernels = 0;
 };
 struct emu_event {
   emu_stream *s = nullptr;
@@ -62,7 +81,7 @@ struct device {
   emu_stream *legacy = nullptr;
   std::vector<emu_stream *> streams;       // blocking and non-blocking streams created by the user
   cudaError_t sticky = cudaSuccess;
-  emu_counters cnt = {0, 0, 0, 0};
+  emu_counters cnt = {0, 0, 0, 0, 0, 0};
 };
 
 std::recursive_mutex mu;
@@ -206,16 +225,44 @@ void run_until(emu_stream *s, uint64_t seq) {
   }
 }
 void drain(emu_stream *s) { run_until(s, s->enq); }
+
+// A stream of device dev is capturing (global mode: calls that are unsafe then are refused device-wide).
+bool capturing(int dev) {
+  for (emu_stream *s : devs[(size_t)dev].streams)
+    if (s->cap) return true;
+  return false;
+}
+// Refuses a call made while dev captures: every capture of dev is invalidated, as on the real runtime.
+cudaError_t refuse(int dev, cudaError_t e) {
+  for (emu_stream *s : devs[(size_t)dev].streams)
+    if (s->cap) s->cap_invalid = true;
+  fprintf(stderr, "bertlua emulated CUDA: cuda:%d: %s: call not allowed while a stream captures a graph\n", dev,
+          cudaGetErrorName(e));
+  return e;
+}
+// Work for stream s while its device captures: legal only on the capturing stream itself (the legacy stream would
+// synchronise with it implicitly).
+cudaError_t capture_check(emu_stream *s) {
+  if (s->cap || !capturing(s->dev)) return cudaSuccess;
+  if (s->legacy) return refuse(s->dev, cudaErrorStreamCaptureImplicit);
+  return cudaSuccess;
+}
 void drain_device(int dev) {
   device &d = devs[(size_t)dev];
   drain(d.legacy);
   for (emu_stream *s : d.streams) drain(s);
 }
 
-void enqueue(emu_stream *s, const char *what, std::function<void()> fn) {
+void enqueue(emu_stream *s, const char *what, std::function<void()> fn, bool kernel = false) {
   emu_stream::op o;
   o.what = what;
   o.fn = std::move(fn);
+  o.kernel = kernel;
+  if (s->cap) {   // captured: no cross-stream waits inside a graph (waits on outside events are refused)
+    s->cap->kernels += kernel;
+    s->cap->ops.push_back(std::move(o));
+    return;
+  }
   device &d = devs[(size_t)s->dev];
   if (s->legacy) {   // the legacy default stream waits for the blocking streams of its device, and they for it
     for (emu_stream *b : d.streams)
@@ -263,6 +310,11 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, emu_
   bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
   if (check_ptr(dst, n, dst_dev, &ddev) != cudaSuccess || check_ptr(src, n, src_dev, &sdev) != cudaSuccess)
     return cudaErrorInvalidValue;
+  if (cudaError_t e = capture_check(s)) return e;
+  // a graph's copy reads its host side when it runs: pageable memory (staged at the call) cannot be captured
+  if (s->cap && (kind == cudaMemcpyHostToHost || (kind == cudaMemcpyHostToDevice && !is_pinned(src, n)) ||
+                 (kind == cudaMemcpyDeviceToHost && !is_pinned(dst, n))))
+    return refuse(s->dev, cudaErrorStreamCaptureUnsupported);
   if (kind == cudaMemcpyHostToHost) {
     enqueue(s, "cudaMemcpy host to host", [dst, src, n] { memcpy(dst, src, n); });
     *sync_needed = true;
@@ -377,13 +429,15 @@ void emu::launch(const launch_cfg &c, std::function<void()> body) {
   auto it = dyn_smem_optin.find(c.fn);
   size_t limit = it == dyn_smem_optin.end() ? kSmemDefault : (size_t)it->second;
   if (c.smem > limit) { ret(cudaErrorInvalidValue); return; }
-  d.cnt.launches++;
+  emu_stream *st = resolve(c.stream);
+  if (cudaError_t e = capture_check(st)) { ret(e); return; }
+  if (!st->cap) d.cnt.launches++;   // a captured kernel is counted when a graph launch runs it
   uint64_t no = ++launches;
   if (launch_hook) launch_hook(cur_dev, c.name, c.file, c.line);
   if (dry_run && threads * c.grid.x * c.grid.y * c.grid.z > EMU_DRY_MAX_THREADS) return;
   char what[300];
   snprintf(what, sizeof what, "kernel %s (launched at %s:%d)", c.name, c.file, c.line);
-  enqueue(resolve(c.stream), what, [c, body, no] { emu_run_grid(c, body, no); });
+  enqueue(st, what, [c, body, no] { emu_run_grid(c, body, no); }, true);
 }
 
 extern "C" {
@@ -404,7 +458,9 @@ const char *cudaGetErrorName(cudaError_t e) {
     N_(cudaErrorInvalidConfiguration) N_(cudaErrorInvalidDevicePointer) N_(cudaErrorInvalidMemcpyDirection)
     N_(cudaErrorInvalidResourceHandle) N_(cudaErrorNotReady) N_(cudaErrorIllegalAddress)
     N_(cudaErrorLaunchOutOfResources) N_(cudaErrorLaunchFailure) N_(cudaErrorInvalidDevice) N_(cudaErrorNoDevice)
-    N_(cudaErrorPeerAccessAlreadyEnabled) N_(cudaErrorUnknown)
+    N_(cudaErrorPeerAccessAlreadyEnabled) N_(cudaErrorUnknown) N_(cudaErrorStreamCaptureUnsupported)
+    N_(cudaErrorStreamCaptureInvalidated) N_(cudaErrorStreamCaptureUnmatched) N_(cudaErrorStreamCaptureIsolation)
+    N_(cudaErrorStreamCaptureImplicit) N_(cudaErrorCapturedEvent) N_(cudaErrorGraphExecUpdateFailure)
 #undef N_
   }
   return "cudaErrorUnknown";
@@ -427,6 +483,15 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing "
+                                                "blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included changes "
+                                                 "which violated constraints specific to instantiated graph update";
     default: return "unknown error";
   }
 }
@@ -498,6 +563,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
 cudaError_t cudaDeviceSynchronize(void) {
   lock l;
   if (!valid_dev(cur_dev)) return ret(cudaErrorInvalidDevice);
+  if (capturing(cur_dev)) return ret(refuse(cur_dev, cudaErrorStreamCaptureUnsupported));
   devs[(size_t)cur_dev].cnt.syncs++;
   drain_device(cur_dev);
   return ret(devs[(size_t)cur_dev].sticky);
@@ -535,6 +601,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
   if (!valid_dev(cur_dev)) return ret(cudaErrorInvalidDevice);
   device &d = devs[(size_t)cur_dev];
   if (d.sticky) return ret(d.sticky);
+  if (capturing(cur_dev)) return ret(refuse(cur_dev, cudaErrorStreamCaptureUnsupported));
   d.cnt.mallocs++;
   size_t want = (n + kAlign - 1) / kAlign * kAlign;
   if (want == 0) want = kAlign;
@@ -562,6 +629,7 @@ cudaError_t cudaFree(void *p) {
   size_t off = (size_t)((char *)p - d.base);
   auto it = d.live.find(off);
   if (it == d.live.end()) return ret(cudaErrorInvalidValue);   // not the start of an allocation
+  if (capturing(dev)) return ret(refuse(dev, cudaErrorStreamCaptureUnsupported));
   drain_device(dev);   // cudaFree synchronises: queued work may still use the block
   d.cnt.frees++;
   size_t size = it->second;
@@ -620,6 +688,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
   if (!valid_dev(cur_dev)) return ret(cudaErrorInvalidDevice);
   emu_stream *st = devs[(size_t)cur_dev].legacy;
   if (devs[(size_t)cur_dev].sticky) return ret(devs[(size_t)cur_dev].sticky);
+  if (capturing(cur_dev)) return ret(refuse(cur_dev, cudaErrorStreamCaptureUnsupported));
   bool sync = false;
   cudaError_t e = copy(dst, src, n, kind, st, &sync);
   if (e != cudaSuccess) return ret(e);
@@ -635,6 +704,7 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src
   if (find_alloc(devs[(size_t)dst_dev], dst, n) == devs[(size_t)dst_dev].live.end() ||
       find_alloc(devs[(size_t)src_dev], src, n) == devs[(size_t)src_dev].live.end())
     return ret(cudaErrorInvalidValue);
+  if (cudaError_t e = capture_check(resolve(s))) return ret(e);
   enqueue(resolve(s), "cudaMemcpyPeer", [dst, src, n] { memmove(dst, src, n); });
   return cudaSuccess;
 }
@@ -643,6 +713,7 @@ cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev,
   lock l;
   cudaError_t e = cudaMemcpyPeerAsync(dst, dst_dev, src, src_dev, n, nullptr);
   if (e != cudaSuccess) return e;
+  if (capturing(cur_dev)) return ret(refuse(cur_dev, cudaErrorStreamCaptureUnsupported));
   devs[(size_t)cur_dev].cnt.syncs++;
   drain(devs[(size_t)cur_dev].legacy);
   return cudaSuccess;
@@ -656,6 +727,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (dev_of(p) < 0 || find_alloc(devs[(size_t)dev_of(p)], p, n) == devs[(size_t)dev_of(p)].live.end())
     return ret(cudaErrorInvalidValue);
+  if (cudaError_t e = capture_check(st)) return ret(e);
   if (!dry_run || n <= EMU_DRY_MAX_BYTES) enqueue(st, "cudaMemset", [p, value, n] { memset(p, value, n); });
   return cudaSuccess;
 }
@@ -676,6 +748,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   lock l;
   if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) return ret(cudaErrorInvalidResourceHandle);
+  if (s->cap) return ret(refuse(s->dev, cudaErrorStreamCaptureUnsupported));
   drain(s);   // work already queued completes, as on the real runtime
   auto &v = devs[(size_t)s->dev].streams;
   for (size_t i = 0; i < v.size(); i++)
@@ -687,6 +760,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   lock l;
   emu_stream *st = resolve(s);
+  if (st->cap || (st->legacy && capturing(st->dev))) return ret(refuse(st->dev, cudaErrorStreamCaptureUnsupported));
   devs[(size_t)st->dev].cnt.syncs++;
   drain(st);
   return ret(devs[(size_t)st->dev].sticky);
@@ -697,6 +771,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   lock l;
   emu_stream *st = resolve(s);
   if (devs[(size_t)st->dev].sticky) return ret(devs[(size_t)st->dev].sticky);
+  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureUnsupported));
   if (st->done == st->enq) return cudaSuccess;
   drain(st);
   return cudaErrorNotReady;
@@ -721,6 +796,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   lock l;
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   emu_stream *st = resolve(s);
+  // captured events (graph-internal dependencies) are not emulated: a capture is one stream's chain
+  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureUnsupported));
+  if (cudaError_t ce = capture_check(st)) return ret(ce);
   e->t = std::make_shared<double>(0);
   enqueue(st, "cudaEventRecord", [t = e->t] { *t = now_s(); });
   e->s = st;
@@ -760,10 +838,114 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   if (!e->recorded) return cudaSuccess;
   emu_stream *st = resolve(s);
+  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureIsolation));   // recorded outside the capture
+  if (cudaError_t ce = capture_check(st)) return ret(ce);
   emu_stream *es = e->s;
   uint64_t seq = e->seq;
   enqueue(st, "cudaStreamWaitEvent", [] {});
   st->q.back().waits.push_back({es, seq});
+  return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- stream capture and graphs
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  lock l;
+  emu_stream *st = resolve(s);
+  if (mode != cudaStreamCaptureModeGlobal) return ret(cudaErrorInvalidValue);   // only the default mode
+  if (st->legacy) return ret(cudaErrorStreamCaptureImplicit);                   // the legacy stream cannot capture
+  if (st->cap) return ret(cudaErrorStreamCaptureUnsupported);
+  if (devs[(size_t)st->dev].sticky) return ret(devs[(size_t)st->dev].sticky);
+  st->cap = new emu_graph{st->dev, {}, 0};
+  st->cap_invalid = false;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+  lock l;
+  emu_stream *st = resolve(s);
+  *g = nullptr;
+  if (!st->cap) return ret(cudaErrorStreamCaptureUnmatched);
+  emu_graph *cg = st->cap;
+  st->cap = nullptr;
+  if (st->cap_invalid) {
+    delete cg;
+    return ret(cudaErrorStreamCaptureInvalidated);
+  }
+  *g = cg;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+  lock l;
+  emu_stream *st = resolve(s);
+  *status = !st->cap ? cudaStreamCaptureStatusNone
+            : st->cap_invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode) {
+  static thread_local cudaStreamCaptureMode cur = cudaStreamCaptureModeGlobal;
+  cudaStreamCaptureMode old = cur;
+  cur = *mode;
+  *mode = old;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n) {
+  if (!g) return ret(cudaErrorInvalidValue);
+  if (nodes) return ret(cudaErrorInvalidValue);   // only the count is emulated
+  *n = g->ops.size();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+  lock l;
+  *e = nullptr;
+  if (!g || flags != 0) return ret(cudaErrorInvalidValue);
+  *e = new emu_graph_exec{g->dev, g->ops, g->kernels};
+  return cudaSuccess;
+}
+
+// The new graph's parameters into e when only they changed: the same work, in the same order, of the same kernels.
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info) {
+  lock l;
+  if (!e || !g) return ret(cudaErrorInvalidValue);
+  cudaGraphExecUpdateResult r = cudaGraphExecUpdateSuccess;
+  if (g->dev != e->dev || g->ops.size() != e->ops.size()) r = cudaGraphExecUpdateErrorTopologyChanged;
+  for (size_t i = 0; r == cudaGraphExecUpdateSuccess && i < g->ops.size(); i++)
+    if (g->ops[i].kernel != e->ops[i].kernel) r = cudaGraphExecUpdateErrorNodeTypeChanged;
+    else if (g->ops[i].what != e->ops[i].what) r = cudaGraphExecUpdateErrorFunctionChanged;
+  if (info) *info = cudaGraphExecUpdateResultInfo{r, nullptr, nullptr};
+  if (r != cudaGraphExecUpdateSuccess) return ret(cudaErrorGraphExecUpdateFailure);
+  e->ops = g->ops;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+  lock l;
+  if (!e) return ret(cudaErrorInvalidValue);
+  emu_stream *st = resolve(s);
+  if (st->dev != e->dev) return ret(cudaErrorInvalidValue);
+  device &d = devs[(size_t)st->dev];
+  if (d.sticky) return ret(d.sticky);
+  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureUnsupported));   // graphs in graphs: not emulated
+  if (cudaError_t ce = capture_check(st)) return ret(ce);
+  for (const emu_stream::op &o : e->ops) enqueue(st, o.what.c_str(), o.fn, o.kernel);
+  d.cnt.graph_launches++;
+  d.cnt.graph_kernels += (int64_t)e->kernels;
+  d.cnt.launches += (int64_t)e->kernels;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  lock l;
+  delete g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  lock l;
+  delete e;
   return cudaSuccess;
 }
 }  // extern "C"

@@ -41,8 +41,10 @@ T.test("model arithmetic: roofline per launch, launch gaps, classes, and a launc
   T.near(t.other_bytes, 6e6, 1e-12, 0, "non-GEMM HBM bytes")
   T.eq(rows[1].cls, "gemm")
   T.eq(rows[1].launches, 2)
-  local _, tg = stepmodel.evaluate(list, p, { graph = true })
-  T.near(tg.step_s, 15e-3, 1e-12, 0, "graph capture removes the gaps")
+  list[1].in_graph, list[3].in_graph = true, true
+  local _, tg = stepmodel.evaluate(list, p)
+  T.near(tg.step_s, 15e-3 + 30e-6, 1e-12, 0, "launches captured in a graph have no gap, the others keep theirs")
+  T.eq(tg.in_graph, 2)
   list[#list + 1] = { name = "k (x.cu:3)", cls = "unannotated", engine = "mem", flops = 0, bytes = 0 }
   T.raises(function() stepmodel.evaluate(list, p) end, "before them): k (x.cu:3)")
 end)

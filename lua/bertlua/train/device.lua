@@ -84,11 +84,13 @@ local HOST_FIELDS = { masked_lm_positions = true, masked_lm_labels = true, next_
 -- unchanged. With keep (a table the caller holds across steps) a CPU batch goes to the device into buffers kept
 -- there per field and reused while shape and dtype stay the same: no device allocation per step, and the
 -- upload is queued on the device's stream without a host wait (bl_dev_memcpy). The next call overwrites them.
-function M.batch_to(batch, dev, keep)
+-- With fixed, a batch already on the device is copied into the kept buffers too (a captured CUDA graph reads its
+-- batch from the same addresses every step; bertlua.train.pretrain_step).
+function M.batch_to(batch, dev, keep, fixed)
   local out = {}
   for k, v in pairs(batch) do
     if not bl.is_tensor(v) then out[k] = v
-    elseif keep and dev >= 0 and v:device() == "cpu" then
+    elseif keep and dev >= 0 and (fixed or v:device() == "cpu") then
       if HOST_FIELDS[k] then out[k] = v
       else
         local d = keep[k]

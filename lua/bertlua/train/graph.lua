@@ -1,0 +1,74 @@
+-- bertlua.train.graph: a training step run as a CUDA graph (--cuda-graph).
+--
+--   local graph = require "bertlua.train.graph"
+--   local g = graph.Graph(dev)
+--   g:run(function() ... queue the step's work ... end)   -- captured, then launched as one graph
+--   g:stats()   -- {nodes=, instantiations=, updates=, launches=}
+--
+-- run(fn) captures the work fn queues on the device's compute stream (stream capture: nothing runs while fn
+-- does), turns it into the instantiated graph and launches that: the device then runs the whole step without a
+-- gap between launches, and the host only records. The graph is instantiated once; a later capture of the same
+-- kernels in the same order only updates its parameters (cudaGraphExecUpdate), which is how a replay gets its
+-- step's dropout seeds, learning rate, step count and batch sizes: they are kernel arguments the host computes
+-- per step. So a step with the graph computes exactly what it computes without one. What the step must not do
+-- while captured: wait for the device, read its memory, or allocate (after warm-up the caching allocator
+-- serves every block); each of those is an error naming the op, raised from run(). Uploads from host memory in
+-- fn are staged by the runtime (bl_cuda_graph_begin in bl_base.h).
+local core = require "bertlua.core"
+local C, ffi, check = core.C, core.ffi, core.check
+
+local M = {}
+
+local Graph = {}
+Graph.__index = Graph
+
+function M.Graph(dev)
+  if type(dev) ~= "number" or dev < 0 then error("graph.Graph: a CUDA graph needs a cuda device, got " ..
+    tostring(dev), 2) end
+  local out = ffi.new("bl_cuda_graph *[1]")
+  check(C.bl_cuda_graph_new(dev, out))
+  return setmetatable({ dev = dev, g = ffi.gc(out[0], C.bl_cuda_graph_free) }, Graph)
+end
+
+-- run(fn, ...): fn(...) captured and launched; returns fn's (first) result. An error in fn (a refused call among
+-- them) ends the capture first, so the device is usable afterwards; nothing fn queued has run then.
+function Graph:run(fn, ...)
+  check(C.bl_cuda_graph_begin(self.g))
+  local ok, res = pcall(fn, ...)
+  if not ok then
+    C.bl_cuda_graph_abort(self.g)
+    error(("cuda graph: the step failed while it was captured (--cuda-graph): %s"):format(tostring(res)), 0)
+  end
+  check(C.bl_cuda_graph_end(self.g))
+  check(C.bl_cuda_graph_launch(self.g))
+  return res
+end
+
+-- refused_allocation(err): the error of run() was a device allocation the captured code needed (the caching
+-- allocator had no free block of its size, e.g. after an evaluation took blocks): running the same code
+-- uncaptured once makes the block, and a later capture finds it. The phrase is kernels/runtime.cu's.
+function M.refused_allocation(err)
+  return tostring(err):find("a new device allocation", 1, true) ~= nil
+end
+
+function Graph:stats()
+  local s = ffi.new("bl_cuda_graph_stats")
+  check(C.bl_cuda_graph_stats_get(self.g, s))
+  return { nodes = tonumber(s.nodes), instantiations = tonumber(s.instantiations), updates = tonumber(s.updates),
+    launches = tonumber(s.launches) }
+end
+
+function Graph:free()
+  if self.g ~= nil then C.bl_cuda_graph_free(ffi.gc(self.g, nil)); self.g = nil end
+end
+
+-- unavailable(world, dev) -> nil, or why this run cannot use a graph (the recipes then run without one and say so)
+function M.unavailable(world, dev)
+  if dev < 0 then return "--cuda-graph needs --device=cuda" end
+  if world > 1 then
+    return "--cuda-graph runs on one rank only: capturing the gradient reducer's NCCL collectives and its "
+      .. "range hooks is not done yet"
+  end
+end
+
+return M

@@ -1,0 +1,130 @@
+-- bertlua.train.pretrain_step: one pre-training optimizer step, as recipes/pretrain.lua runs it and
+-- recipes/benchmark.lua times it.
+--
+--   local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+--   local s = PretrainStep{ model = m, optimizer = lamb, amp = mp, dev = dev, accum = 2,
+--     dropout_seed = function(step, micro) ... end, reducer = r, world = 1, rank = 0 }
+--   local seqs = s:run(step, next_batch, lr)   -- queued on the device; no host wait
+--   local v = s:read()                          -- the one wait: {losses, counts, amp} of the steps since zero
+--
+-- A step: zero the gradients, for each of `accum` micro-batches forward (losses and accuracy counts summed into
+-- device-side stats) and backward (gradients accumulated in a separate buffer, so N ranks x A micro-batches give
+-- the bits of 1 x N*A), the mean over ranks, then the optimizer step queued through the mixed-precision object
+-- (the skip/update decision and the loss scale stay on the device). A model with a half compute copy
+-- (model:to{dtype=}) gets it written by the optimizer's update pass (or refreshed after it).
+-- s:use_graph() (--cuda-graph, one GPU): from then on the micro-batches are fetched and copied into fixed device
+-- buffers first; once a run allocates no device memory (the warm-up: one or two steps, s.graph_ready), everything
+-- above is captured and launched as one CUDA graph (bertlua.train.graph).
+local bl = require "bertlua"
+local device = require "bertlua.train.device"
+local graph = require "bertlua.train.graph"
+
+local M = {}
+
+local Step = {}
+Step.__index = Step
+
+function M.PretrainStep(o)
+  for _, k in ipairs({ "model", "optimizer", "amp", "dev", "dropout_seed" }) do
+    if o[k] == nil then error("PretrainStep: missing field '" .. k .. "'", 2) end
+  end
+  local self = setmetatable({ model = o.model, optimizer = o.optimizer, amp = o.amp, dev = o.dev,
+    accum = o.accum or 1, world = o.world or 1, rank = o.rank or 0, reducer = o.reducer,
+    dropout_seed = o.dropout_seed, stats = device.StepStats(o.dev), on_device = {} }, Step)
+  -- o.acc: the accumulation buffer, when the caller's reducer hook reads it too
+  self.acc = o.acc or (self.accum > 1 and bl.zeros_like(o.model.flat_grads) or nil)
+  -- device memory the step needs, made before its first run (a captured step may not allocate)
+  device.defer_checks(o.dev)
+  o.optimizer:prepare()
+  o.amp:state_tensor()
+  return self
+end
+
+-- use_graph(): later runs as a CUDA graph, once warmed up. A captured step may not allocate, so runs go
+-- uncaptured until one has found every block it needs in the allocator's cache (the first allocates its
+-- buffers; the blocks those took from the cache may make the next allocate a little too).
+function Step:use_graph()
+  self.graph = graph.Graph(self.dev)
+  self.graph_ready = false
+  for a = 1, self.accum do self.on_device[a] = {} end
+  return self
+end
+
+-- The step's device work on the micro-batches get(a) (already on the device). With a reducer (recipes/pretrain.lua,
+-- which makes one on every world size), the last micro-batch's backward hands each layer's range to it as it
+-- returns (reducer:arm): the range is made final there (the earlier micro-batches' sum added, rounded to
+-- bf16/fp16 by the reducer's on_final hook) and its buckets launched; finish() does the ranges left. Without one
+-- (the benchmark) the sum is copied back after backward.
+local function queue(self, step, get, lr)
+  local model, accum, acc, reducer = self.model, self.accum, self.acc, self.reducer
+  model:zero_grad()
+  self.amp:begin_step()
+  local seed = self.amp:loss_seed(accum)  -- fp16: the loss scale on the model's device
+  self.stats:zero()
+  for a = 1, accum do
+    model.rng = bl.Generator(self.dropout_seed(step, self.rank * accum + a - 1))
+    model:apply(function(m) m.rng = model.rng end)
+    model:forward(get(a), self.stats)
+    if acc then model:zero_grad() end
+    if reducer then reducer:arm(a == accum) end
+    model:backward(seed)
+    if acc and (a < accum or not reducer) then acc:add_(model.flat_grads) end
+  end
+  if reducer then
+    self.amp:end_backward{ rounded = true }
+    reducer:finish{ scale = 1 / self.world }  -- the mean over ranks; the optimizer waits for it on the device
+    if acc then acc:zero_() end
+  else
+    if acc then model.flat_grads:copy_(acc); acc:zero_() end
+    self.amp:end_backward()
+  end
+  self.amp:queue_step(self.optimizer, lr)
+  -- an optimizer built with model= writes the half compute copy in its update pass
+  if model.compute_dtype and not self.optimizer:half() then model:sync_compute() end
+end
+
+-- run(step, next_batch, lr) -> sequences in the step. next_batch(a) gives micro-batch a (1..accum) on the CPU or
+-- the device; step numbers the dropout streams.
+function Step:run(step, next_batch, lr)
+  local seqs = 0
+  if not self.graph then
+    queue(self, step, function(a)
+      local b = next_batch(a)
+      seqs = seqs + b.input_ids:size(1)
+      return device.batch_to(b, self.dev, self.on_device)
+    end, lr)
+    return seqs
+  end
+  local batches = {}
+  for a = 1, self.accum do
+    local b = next_batch(a)
+    seqs = seqs + b.input_ids:size(1)
+    batches[a] = device.batch_to(b, self.dev, self.on_device[a], true)
+  end
+  local function get(a) return batches[a] end
+  if self.graph_ready then
+    local ok, err = pcall(self.graph.run, self.graph, queue, self, step, get, lr)
+    if ok then return seqs end
+    -- an allocation refused in the capture (work outside the step, an evaluation, took cached blocks): nothing
+    -- of the step ran and only device work was queued, so the step runs uncaptured below, warming up again
+    if not graph.refused_allocation(err) then error(err, 0) end
+  end
+  local m0 = bl.cuda_counters(self.dev).mallocs
+  queue(self, step, get, lr)
+  self.graph_ready = bl.cuda_counters(self.dev).mallocs == m0
+  return seqs
+end
+
+-- read() -> {losses = {total, mlm, nsp}, counts = {mlm correct, mlm counted, nsp correct, nsp counted}, amp = {...}}:
+-- the sums since the last step began and the amp state, with one host wait (device.StepStats:read).
+function Step:read()
+  if self.reducer then self.reducer:wait() end  -- data parallel: the all-reduce under its watchdog
+  return self.stats:read(self.amp:state_tensor())
+end
+
+-- graph_stats() -> nil without a graph, else {nodes, instantiations, updates, launches} (bertlua.train.graph)
+function Step:graph_stats()
+  return self.graph and self.graph:stats() or nil
+end
+
+return M
