@@ -15,7 +15,8 @@
  * transparent huge pages (fewer faults and TLB misses in the GEMMs).
  * Bound: the free blocks held stay under a limit (BL_CPU_CACHE_MB, default
  * a quarter of physical memory up to 4 GiB; 0 = no caching); past it the
- * blocks freed longest ago are unmapped first. bl_cpu_cache_release() unmaps
+ * blocks freed longest ago are unmapped first. Free blocks are marked
+ * MADV_FREE, so memory pressure reclaims their pages instead of killing. bl_cpu_cache_release() unmaps
  * every free block, and a failed mmap does so before its one retry.
  * Small tensors keep using malloc (glibc's heap serves them well). */
 #include <errno.h>
@@ -163,6 +164,13 @@ void bl_cpu_free(void *p, size_t nbytes) {
   size_t size;
   int cls = size_class(nbytes, &size);
   block *b = malloc(sizeof *b);
+#ifdef MADV_FREE
+  /* the kernel may take the pages back under memory pressure (a later touch then faults in zeroes); until it
+   * does, reuse costs nothing, so the cache never pushes the machine into the out-of-memory killer. Done
+   * before the block is visible in the cache, where another thread may take it and write to it at once. */
+  madvise(p, size, MADV_FREE);
+#endif
+  POISON(p, size);
   pthread_mutex_lock(&lock);
   ensure_limit();
   if (!b || (int64_t)size > st.limit_bytes) { /* not cacheable: unmap now */
@@ -184,7 +192,6 @@ void bl_cpu_free(void *p, size_t nbytes) {
     lru_tail = b;
   lru_head = b;
   st.cached_bytes += (int64_t)size;
-  POISON(p, size);
   pthread_mutex_unlock(&lock);
 }
 
