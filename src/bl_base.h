@@ -54,8 +54,8 @@ const char *bl_blas_info(void);
  * unknown name or one the CPU lacks; process-wide, not thread-safe against
  * ops running at that moment). */
 const char *bl_cpu_info(void);
-/* The library that runs the linear layers' GEMMs: "OpenBLAS", or "oneDNN x.y.z" with BL_GEMM=onednn
- * in a build that found libdnnl-dev. */
+/* The library that runs the linear layers' GEMMs: "oneDNN x.y.z" (the default in a build that found
+ * libdnnl-dev), "OpenBLAS" (BL_GEMM=openblas, or no oneDNN) or "bertlua packed" (BL_GEMM=own). */
 const char *bl_gemm_backend(void);
 const char *bl_cpu_isa(void);
 int bl_cpu_set_isa(const char *name);

@@ -53,6 +53,20 @@ int bl_tensor_check(const bl_tensor *t, const char *op);  /* error if released *
 int bl_tensor_is_contiguous(const bl_tensor *t);
 size_t bl_tensor_nbytes(const bl_tensor *t);
 int64_t bl_storage_bytes_in_use(void);  /* bytes of live CPU+GPU storages */
+/* The CPU block cache (src/tensor/alloc.c): tensors of 256 KiB and more are mapped in size classes, and a
+ * freed one is kept for the next tensor of its class, up to limit_bytes of free blocks (BL_CPU_CACHE_MB,
+ * default a quarter of the memory up to 4 GiB). */
+typedef struct bl_cpu_cache_stats {
+  int64_t maps;          /* blocks mapped from the system so far */
+  int64_t unmaps;        /* blocks given back so far */
+  int64_t hits;          /* allocations served by a cached block */
+  int64_t cached_bytes;  /* free blocks held now */
+  int64_t mapped_bytes;  /* all blocks mapped now, in use or free */
+  int64_t limit_bytes;   /* bound on cached_bytes (0: nothing is cached) */
+} bl_cpu_cache_stats;
+void bl_cpu_cache_get_stats(bl_cpu_cache_stats *out);
+int64_t bl_cpu_cache_release(void);          /* unmaps every free block; returns the bytes given back */
+int bl_cpu_cache_set_limit(int64_t bytes);   /* also trims the cache to the new bound */
 
 /* --- views (share storage; new header in *res) --- */
 int bl_tensor_view(const bl_tensor *t, int ndim, const int64_t *shape,

@@ -52,6 +52,18 @@ function M.cpu_line()
     .. ffi.string(C.bl_blas_info())
 end
 function M.bytes_in_use() return tonumber(C.bl_storage_bytes_in_use()) end
+-- The CPU block cache (src/tensor/alloc.c): cpu_cache_stats() -> { maps, unmaps, hits, cached_bytes,
+-- mapped_bytes, limit_bytes }; cpu_cache_release() unmaps the free blocks (returns the bytes);
+-- cpu_cache_set_limit(bytes) bounds the free blocks kept (0: none)
+function M.cpu_cache_stats()
+  local s = ffi.new("bl_cpu_cache_stats")
+  C.bl_cpu_cache_get_stats(s)
+  return { maps = tonumber(s.maps), unmaps = tonumber(s.unmaps), hits = tonumber(s.hits),
+    cached_bytes = tonumber(s.cached_bytes), mapped_bytes = tonumber(s.mapped_bytes),
+    limit_bytes = tonumber(s.limit_bytes) }
+end
+function M.cpu_cache_release() return tonumber(C.bl_cpu_cache_release()) end
+function M.cpu_cache_set_limit(bytes) check(C.bl_cpu_cache_set_limit(bytes)) end
 -- Prefix for a shell command that runs a peer program (PyTorch in the
 -- benchmarks) in the environment the user gave: the host sets thread-waiting
 -- variables for itself (src/host/main.c) and lists them in

@@ -56,6 +56,11 @@ void bl_broadcast_strides_bytes(const bl_tensor *t, int ndim, const int64_t *sha
 int bl_check_cpu(const bl_tensor *t, const char *op, const char *name);
 int bl_check_same_device(const bl_tensor *a, const bl_tensor *b, const char *op);
 
+/* CPU tensor memory (src/tensor/alloc.c): 64-byte aligned; large blocks come from the block cache.
+ * bl_cpu_free takes the byte count the block was allocated with. */
+void *bl_cpu_alloc(size_t nbytes);
+void bl_cpu_free(void *p, size_t nbytes);
+
 /* Device memory (kernels/runtime.cu, or src/device/cuda_absent.c in CPU-only builds). */
 int bl_dev_malloc(int device, size_t n, void **p);
 void bl_dev_free(int device, void *p);

@@ -18,12 +18,18 @@
 #include <string.h>
 #if BL_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
+#else
+#define BL_HAVE_DNNL 0
 #endif
 
-/* Which GEMM the linear layers run, from BL_GEMM (read once): openblas (the
- * default), onednn (dnnl_sgemm, in a build that found libdnnl-dev) or own
- * (src/ops/gemm.c, on the AVX2 and AVX-512 paths; OpenBLAS on baseline).
- * tools/bench_gemm compares them on BERT's shapes (BENCHMARKS.md). */
+/* Which GEMM the linear layers run, from BL_GEMM (read once): onednn
+ * (dnnl_sgemm; the default in a build that found libdnnl-dev), openblas (the
+ * default otherwise) or own (src/ops/gemm.c, on the AVX2 and AVX-512 paths;
+ * OpenBLAS on baseline). oneDNN is the default because whole training
+ * steps took 5-18 % less time on it than on OpenBLAS at 2 threads on both ISA
+ * paths (a profile of OpenBLAS's base step: 12 % in its pool's sched_yield
+ * waits; oneDNN threads on our OpenMP pool). tools/bench_gemm compares them
+ * on BERT's shapes; BENCHMARKS.md has both measurements. */
 enum { GEMM_OPENBLAS, GEMM_ONEDNN, GEMM_OWN };
 #if BL_HAVE_DNNL
 #define DNNL_NAME " or onednn"
@@ -36,12 +42,13 @@ static int gemm_choice(void) {
   int r = atomic_load_explicit(&v, memory_order_relaxed);
   if (r >= 0) return r;
   const char *e = getenv("BL_GEMM");
-  r = GEMM_OPENBLAS;
+  r = BL_HAVE_DNNL ? GEMM_ONEDNN : GEMM_OPENBLAS;
   if (e && strcmp(e, "own") == 0) r = GEMM_OWN;
+  else if (e && strcmp(e, "openblas") == 0) r = GEMM_OPENBLAS;
 #if BL_HAVE_DNNL
   else if (e && strcmp(e, "onednn") == 0) r = GEMM_ONEDNN;
 #endif
-  else if (e && *e && strcmp(e, "openblas") != 0)
+  else if (e && *e)
     fprintf(stderr, "bertlua: BL_GEMM=%s ignored (use openblas, own%s)\n", e, DNNL_NAME);
 #if BL_HAVE_DNNL
   /* oneDNN's own kernels follow our ISA cap (BL_CPU_ISA); it only takes this before its first call */

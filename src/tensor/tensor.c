@@ -44,8 +44,7 @@ int bl_tensor_empty(int ndim, const int64_t *shape, int dtype, int device, bl_te
   if (!s || !t) { free(s); free(t); return bl_set_error(BL_ENOMEM, "empty: out of memory for the tensor header"); }
   size_t alloc = nbytes ? nbytes : 1;
   if (device < 0) {
-    /* 64-byte alignment for vector loads; round size up as aligned_alloc requires. */
-    s->data = aligned_alloc(64, (alloc + 63) & ~(size_t)63);
+    s->data = bl_cpu_alloc(alloc);
     if (!s->data) {
       free(s); free(t);
       char buf[128];
@@ -100,7 +99,7 @@ static void storage_unref(bl_storage *s) {
   if (!s) return;
   if (--s->refcount > 0) return;
   if (s->owned) {
-    if (s->device < 0) free(s->data);
+    if (s->device < 0) bl_cpu_free(s->data, s->nbytes ? s->nbytes : 1);
     else bl_dev_free(s->device, s->data);
     atomic_fetch_sub(&bytes_in_use, (int64_t)s->nbytes);
   }
