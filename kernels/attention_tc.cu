@@ -10,12 +10,13 @@
 // attn_tc_fwd   grid (ceil(S/64), B*heads), 4 warps of 16 query rows. K/V tiles of 64 keys are staged in shared
 //               memory by cp.async, double-buffered; S = Q K^T, online softmax in the log2 domain, dropout, then
 //               O += P V with P rounded to the activation dtype. Writes ctx and lse.
-// attn_tc_dsum  D[q] = dctx[q] . ctx[q] (= rowsum(dP o P) with dropout), one warp per row.
+// attn_tc_dsum  D[q] = dctx[q] . ctx[q] (= rowsum(dP o P) with dropout), one warp per row; for S <= 1024 the
+//               backward computes D itself into shared memory (one launch and one pass over dO fewer).
 // attn_tc_bwd   grid (splits, B*heads): a CTA walks its split's key tiles (64 keys, a warp owns 16; all of them
-//               when B*heads alone gives 2 CTAs per SM) and, inside, all query tiles. Per (key, query) tile, with the keys as rows (S^T = K Q^T): P^T from the saved lse,
-//               dP^T = V dO^T, dV += (P Z)^T dO, dS^T = P^T (Z dP^T - D) scale, dK += dS^T Q; dS goes to shared
-//               memory and dQ += dS K is added to an f32 accumulator that only this CTA touches, in a fixed
-//               order: 5 S^2 d multiply-adds, deterministic, no atomics. The last key tile writes dQ, or, split,
+//               when B*heads alone gives 2 CTAs per SM) and, inside, all query tiles. Per (key, query) tile,
+//               with the keys as rows (S^T = K Q^T): P^T from the saved lse, dP^T = V dO^T, dV += (P Z)^T dO,
+//               dS^T = P^T (Z dP^T - D) scale, dK += dS^T Q; dS goes to shared memory and dQ += dS K is added to
+//               an f32 accumulator that only this CTA touches, in a fixed order: 5 S^2 d multiply-adds, deterministic, no atomics. The last key tile writes dQ, or, split,
 //               the split's f32 partial, which attn_tc_dq_sum adds in split order (small batches fill the GPU).
 //
 // Occupancy (scripts/ptxas_check.sh prints the registers; dynamic shared memory is fwd_smem / bwd_smem below):
@@ -33,6 +34,7 @@ const int NW = 4, NT = 32 * NW;   // warps, threads per CTA
 const int BM = 64;                // query rows per forward CTA (16 per warp)
 const int BN = 64;                // keys per tile (16 per warp in the backward)
 const int PAD = 8;                // elements of padding per shared row: 16-byte rows, conflict-free ldmatrix
+const int kDsumLocal = 1024;      // longest S whose D = rowsum(dO o O) the backward keeps in shared memory (4 KB)
 const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 template <class T> struct tag {};
@@ -301,7 +303,20 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
   const T *qg = head<T>(a.q, b, h, D), *kg = head<T>(a.k, b, h, D), *vg = head<T>(a.v, b, h, D);
   const T *dog = head<T>(a.dout, b, h, D);
   T *dqg = head<T>(a.dq, b, h, D), *dkg = head<T>(a.dk, b, h, D), *dvg = head<T>(a.dv, b, h, D);
-  const float *madd = a.madd ? a.madd + b * S : nullptr, *lse = a.lse + bh * S, *dsum = a.dsum + bh * S;
+  const float *madd = a.madd ? a.madd + b * S : nullptr, *lse = a.lse + bh * S;
+  // D[q] = dO[q] . O[q]: from attn_tc_dsum, or (a.dsum_local) computed here into shared memory, as attn_tc_dsum
+  // does, before the first barrier of the loop below (the only readers come after it)
+  float *dloc = (float *)(dSs + BN * LDS);
+  const float *dsum = a.dsum_local ? dloc : a.dsum + bh * S;
+  if (a.dsum_local) {
+    const T *og = head<T>(a.o, b, h, D);
+    for (int q = warp; q < S; q += NW) {
+      float x = 0.0f;
+      for (int c = lane; c < D; c += 32) x += to_f(og[(int64_t)q * a.o.ss + c]) * to_f(dog[(int64_t)q * a.dout.ss + c]);
+      x = cu_warp_sum(x);
+      if (lane == 0) dloc[q] = x;
+    }
+  }
   // this CTA's key tiles [kt0, kt1): split blockIdx.x of gridDim.x; with one split dQ is written here, with more
   // each split leaves its partial dQ in its own f32 slice of dqacc for attn_tc_dq_sum
   const int nk = (int)((S + BN - 1) / BN), nq = (int)((S + BQ - 1) / BQ), per = (nk + gridDim.x - 1) / gridDim.x;
@@ -364,7 +379,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
         float p = 0.0f, ds = 0.0f;
         if (key < S && q < S) {
           p = exp2f(s[nt].x[e] * sl2 + ma[e >> 1] - __ldg(lse + q) * LOG2E);
-          ds = p * (dp[nt].x[e] * z[e] - __ldg(dsum + q)) * a.scale;
+          ds = p * (dp[nt].x[e] * z[e] - dsum[q]) * a.scale;
         }
         s[nt].x[e] = p * z[e];
         dp[nt].x[e] = ds;
@@ -477,22 +492,27 @@ template <class T> int forward_t(const char *op, int dev, const tc_args &a, int6
   }
 }
 
-template <class T> int backward_t(const char *op, int dev, const tc_args &a, int64_t B) {
+template <class T> int backward_t(const char *op, int dev, tc_args a, int64_t B) {
   const int64_t rows = B * a.heads * a.S;
-  tc_cost(dev, "attn_tc_dsum", a, B, 0, 2, 1);
-  attn_tc_dsum<T><<<cu_blocks(rows * 32, 256), 256, 0, cu_stream(dev)>>>(a, rows);
-  BL_CHECK(cu_launched(op, dev));
+  // D in the backward's shared memory up to kDsumLocal rows (BERT's 512), else one more pass
+  a.dsum_local = a.S <= kDsumLocal;
+  const size_t dsmem = a.dsum_local ? sizeof(float) * kDsumLocal : 0;
+  if (!a.dsum_local) {
+    tc_cost(dev, "attn_tc_dsum", a, B, 0, 2, 1);
+    attn_tc_dsum<T><<<cu_blocks(rows * 32, 256), 256, 0, cu_stream(dev)>>>(a, rows);
+    BL_CHECK(cu_launched(op, dev));
+  }
   // S^T, dP^T, dV, dK, dQ: 5 S^2 d; q, k, v, dout in, dq, dk, dv out; lse, dsum in; dQ's f32 round trips within
   // a CTA stay in its L2 working set and are not counted, the partial slices of a split are (written once)
   const int ns = attn_tc_kv_split(dev, B * a.heads, a.S);
   const double slices = ns > 1 ? 4.0 * ns * rows * a.d : 0.0;
-  tc_cost(dev, "attn_tc_bwd", a, B, 5, 7 - (ns > 1), 2, slices);
+  tc_cost(dev, "attn_tc_bwd", a, B, 5, 7 - (ns > 1) + a.dsum_local, 2 - a.dsum_local, slices);   // + ctx, - D
   const dim3 grid((unsigned)ns, (unsigned)(B * a.heads));
   int rc;
   switch (a.d) {
-    case 32: rc = launch(op, dev, attn_tc_bwd<32, T>, grid, bwd_smem<32>(), a); break;
-    case 64: rc = launch(op, dev, attn_tc_bwd<64, T>, grid, bwd_smem<64>(), a); break;
-    default: rc = launch(op, dev, attn_tc_bwd<128, T>, grid, bwd_smem<128>(), a); break;
+    case 32: rc = launch(op, dev, attn_tc_bwd<32, T>, grid, bwd_smem<32>() + dsmem, a); break;
+    case 64: rc = launch(op, dev, attn_tc_bwd<64, T>, grid, bwd_smem<64>() + dsmem, a); break;
+    default: rc = launch(op, dev, attn_tc_bwd<128, T>, grid, bwd_smem<128>() + dsmem, a); break;
   }
   if (rc || ns == 1) return rc;
   tc_cost(dev, "attn_tc_dq_sum", a, B, 0, 1, 0, slices);

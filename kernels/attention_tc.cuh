@@ -14,6 +14,7 @@ struct tc_args {
   const float *madd;                      // [B, S] additive key mask, natural units, or NULL
   float *lse;                             // [B*heads, S]
   float *dsum;                            // [B*heads, S] scratch (backward)
+  int dsum_local;                         // backward: D computed in the kernel (set by attn_tc_backward)
   float *dqacc;                           // [splits or 1, B*heads, S, d] f32 scratch (backward)
   int64_t S, heads;
   int d, dtype;                           // dtype: BL_BF16 or BL_F16
