@@ -20,7 +20,8 @@
 //               the split's f32 partial, which attn_tc_dq_sum adds in split order (small batches fill the GPU).
 //
 // Occupancy (scripts/ptxas_check.sh prints the registers; dynamic shared memory is fwd_smem / bwd_smem below):
-// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 242/244/255 and 39/41/54 KB,
+// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 252/242/255 and 39/41/54 KB
+// (+ 4 KB for D when S <= 1024),
 // 128 threads each: 2 CTAs (8 warps) per SM on H100 for all of them (3 for the d = 32 forward), bounded by the
 // registers; on A100 (164 KB of shared memory per SM) the d = 128 forward fits only one.
 #include <algorithm>
