@@ -462,8 +462,9 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
     tc_args t = tc_common(a, q);
     t.q = tc_at(q); t.k = tc_at(k); t.v = tc_at(v); t.o = tc_at(ctx); t.dout = tc_at(dctx);
     t.dq = tc_at(dq); t.dk = tc_at(dk); t.dv = tc_at(dv);
-    cu_mem dqacc;   // dQ's f32 accumulator across key tiles
-    if (attn_tc_scratch_dq(S)) BL_CHECK(dqacc.alloc(op, dev, (size_t)rows * a.d * sizeof(float)));
+    cu_mem dqacc;   // dQ's f32 accumulator across key tiles (per split)
+    const int64_t nacc = attn_tc_scratch_dq(dev, B * heads, S, (int)a.d);
+    if (nacc) BL_CHECK(dqacc.alloc(op, dev, (size_t)nacc * sizeof(float)));
     t.dqacc = dqacc.as<float>();
     return attn_tc_backward(op, dev, t, B);
   }

@@ -10,17 +10,21 @@
 // attn_tc_fwd   grid (ceil(S/64), B*heads), 4 warps of 16 query rows. K/V tiles of 64 keys are staged in shared
 //               memory by cp.async, double-buffered; S = Q K^T, online softmax in the log2 domain, dropout, then
 //               O += P V with P rounded to the activation dtype. Writes ctx and lse.
-// attn_tc_dsum  D[q] = dctx[q] . ctx[q] (= rowsum(dP o P) with dropout), one warp per row.
-// attn_tc_bwd   grid (B*heads): one CTA per head walks all key tiles (64 keys, a warp owns 16) and, inside, all
-//               query tiles. Per (key, query) tile, with the keys as rows (S^T = K Q^T): P^T from the saved lse,
-//               dP^T = V dO^T, dV += (P Z)^T dO, dS^T = P^T (Z dP^T - D) scale, dK += dS^T Q; dS goes to shared
-//               memory and dQ += dS K is added to an f32 accumulator that only this CTA touches, in a fixed
-//               order: 5 S^2 d multiply-adds, deterministic, no atomics. The last key tile writes dQ.
+// attn_tc_dsum  D[q] = dctx[q] . ctx[q] (= rowsum(dP o P) with dropout), one warp per row; for S <= 1024 the
+//               backward computes D itself into shared memory (one launch and one pass over dO fewer).
+// attn_tc_bwd   grid (splits, B*heads): a CTA walks its split's key tiles (64 keys, a warp owns 16; all of them
+//               when B*heads alone gives 2 CTAs per SM) and, inside, all query tiles. Per (key, query) tile,
+//               with the keys as rows (S^T = K Q^T): P^T from the saved lse, dP^T = V dO^T, dV += (P Z)^T dO,
+//               dS^T = P^T (Z dP^T - D) scale, dK += dS^T Q; dS goes to shared memory and dQ += dS K is added to
+//               an f32 accumulator that only this CTA touches, in a fixed order: 5 S^2 d multiply-adds, deterministic, no atomics. The last key tile writes dQ, or, split,
+//               the split's f32 partial, which attn_tc_dq_sum adds in split order (small batches fill the GPU).
 //
 // Occupancy (scripts/ptxas_check.sh prints the registers; dynamic shared memory is fwd_smem / bwd_smem below):
-// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 242/244/255 and 39/41/54 KB,
+// forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 252/242/255 and 39/41/54 KB
+// (+ 4 KB for D when S <= 1024),
 // 128 threads each: 2 CTAs (8 warps) per SM on H100 for all of them (3 for the d = 32 forward), bounded by the
 // registers; on A100 (164 KB of shared memory per SM) the d = 128 forward fits only one.
+#include <algorithm>
 #include "attention_tc.cuh"
 #include "philox.cuh"
 #include "ptx.cuh"
@@ -31,6 +35,7 @@ const int NW = 4, NT = 32 * NW;   // warps, threads per CTA
 const int BM = 64;                // query rows per forward CTA (16 per warp)
 const int BN = 64;                // keys per tile (16 per warp in the backward)
 const int PAD = 8;                // elements of padding per shared row: 16-byte rows, conflict-free ldmatrix
+const int kDsumLocal = 1024;      // longest S whose D = rowsum(dO o O) the backward keeps in shared memory (4 KB)
 const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 template <class T> struct tag {};
@@ -293,16 +298,33 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
   extern __shared__ uint4 smem_bwd[];
   T *Ks = (T *)smem_bwd, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *Os = Qs + 2 * BQ * LD, *dSs = Os + 2 * BQ * LD;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
   const int S = (int)a.S, rc = (S + 3) / 4;   // rc: Philox calls per dropout row
   const uint64_t call0 = a.offset + (uint64_t)bh * S * rc;
   const T *qg = head<T>(a.q, b, h, D), *kg = head<T>(a.k, b, h, D), *vg = head<T>(a.v, b, h, D);
   const T *dog = head<T>(a.dout, b, h, D);
   T *dqg = head<T>(a.dq, b, h, D), *dkg = head<T>(a.dk, b, h, D), *dvg = head<T>(a.dv, b, h, D);
-  const float *madd = a.madd ? a.madd + b * S : nullptr, *lse = a.lse + bh * S, *dsum = a.dsum + bh * S;
-  float *dqacc = a.dqacc ? a.dqacc + bh * S * D : nullptr;
+  const float *madd = a.madd ? a.madd + b * S : nullptr, *lse = a.lse + bh * S;
+  // D[q] = dO[q] . O[q]: from attn_tc_dsum, or (a.dsum_local) computed here into shared memory, as attn_tc_dsum
+  // does, before the first barrier of the loop below (the only readers come after it)
+  float *dloc = (float *)(dSs + BN * LDS);
+  const float *dsum = a.dsum_local ? dloc : a.dsum + bh * S;
+  if (a.dsum_local) {
+    const T *og = head<T>(a.o, b, h, D);
+    for (int q = warp; q < S; q += NW) {
+      float x = 0.0f;
+      for (int c = lane; c < D; c += 32) x += to_f(og[(int64_t)q * a.o.ss + c]) * to_f(dog[(int64_t)q * a.dout.ss + c]);
+      x = cu_warp_sum(x);
+      if (lane == 0) dloc[q] = x;
+    }
+  }
+  // this CTA's key tiles [kt0, kt1): split blockIdx.x of gridDim.x; with one split dQ is written here, with more
+  // each split leaves its partial dQ in its own f32 slice of dqacc for attn_tc_dq_sum
+  const int nk = (int)((S + BN - 1) / BN), nq = (int)((S + BQ - 1) / BQ), per = (nk + gridDim.x - 1) / gridDim.x;
+  const int kt0 = blockIdx.x * per, kt1 = min(nk, kt0 + per), steps = (kt1 - kt0) * nq;
+  const bool direct = gridDim.x == 1;
+  float *dqacc = a.dqacc ? a.dqacc + ((int64_t)blockIdx.x * gridDim.y + bh) * S * D : nullptr;
   const float sl2 = a.scale * LOG2E;
-  const int nk = (int)((S + BN - 1) / BN), nq = (int)((S + BQ - 1) / BQ), steps = nk * nq;
   const int mt = warp % MT, c0 = (warp / MT) * DW;   // this warp's dQ block: rows 16*mt of the step, DW columns
 
   load_rows<D>(Qs, qg, a.q.ss, 0, BQ, S);
@@ -311,7 +333,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
 
   ptx::frag_c dk[D / 8], dv[D / 8];
   for (int step = 0; step < steps; step++) {
-    const int kt = step / nq, qt = step % nq, buf = step & 1;
+    const int kt = kt0 + step / nq, qt = step % nq, buf = step & 1;
     const int k0 = kt * BN, qs0 = qt * BQ, kw = k0 + warp * 16 + g;   // this lane's keys: kw, kw + 8
     if (qt == 0) {   // a new key tile: the previous step ended with a barrier, K and V are free
       load_rows<D>(Ks, kg, a.k.ss, k0, BN, S);
@@ -358,7 +380,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
         float p = 0.0f, ds = 0.0f;
         if (key < S && q < S) {
           p = exp2f(s[nt].x[e] * sl2 + ma[e >> 1] - __ldg(lse + q) * LOG2E);
-          ds = p * (dp[nt].x[e] * z[e] - __ldg(dsum + q)) * a.scale;
+          ds = p * (dp[nt].x[e] * z[e] - dsum[q]) * a.scale;
         }
         s[nt].x[e] = p * z[e];
         dp[nt].x[e] = ds;
@@ -392,7 +414,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
       for (int np = 0; np < DW / 16; np++) mma_b<true, LD>(&dq[2 * np], da, Ks, kk * 16, c0 + np * 16);
     }
     // dQ accumulates over key tiles in f32, always by this lane for these elements: ordered, no atomics
-    const bool first = kt == 0, last = kt == nk - 1;
+    const bool first = kt == kt0, last = kt == kt1 - 1;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int q = qs0 + mt * 16 + g + 8 * r;
@@ -403,7 +425,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
         float x0 = dq[i].x[2 * r], x1 = dq[i].x[2 * r + 1];
         float *acc = dqacc + q * D + c;
         if (!first) { x0 += acc[0]; x1 += acc[1]; }
-        if (last) *(uint32_t *)(dqg + (int64_t)q * a.dq.ss + c) = pack2(tag<T>(), x0, x1);
+        if (last && direct) *(uint32_t *)(dqg + (int64_t)q * a.dq.ss + c) = pack2(tag<T>(), x0, x1);
         else { acc[0] = x0; acc[1] = x1; }
       }
     }
@@ -424,6 +446,22 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
   }
 }
 
+// dq = the sum of the splits' partial dQ slices, added in split order (deterministic); a thread takes 2 columns.
+template <class T> __global__ void attn_tc_dq_sum(tc_args a, int64_t B, int nsplit) {
+  const int64_t bhs = B * a.heads * a.S, pairs = bhs * a.d / 2;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < pairs; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t row = i / (a.d / 2), c = 2 * (i % (a.d / 2)), bh = row / a.S, q = row % a.S;
+    float x0 = 0.0f, x1 = 0.0f;
+    for (int z = 0; z < nsplit; z++) {
+      const float *p = a.dqacc + (z * bhs + row) * a.d + c;
+      x0 += p[0];
+      x1 += p[1];
+    }
+    T *dq = head<T>(a.dq, bh / a.heads, bh % a.heads, a.d) + q * a.dq.ss + c;
+    *(uint32_t *)dq = pack2(tag<T>(), x0, x1);
+  }
+}
+
 size_t fwd_smem(int d) { return (size_t)(BM + 4 * BN) * (d + PAD) * 2; }
 template <int D> size_t bwd_smem() {
   const int BQ = bwd_cfg<D>::BQ;
@@ -438,10 +476,10 @@ template <class K> int launch(const char *op, int dev, K kernel, dim3 grid, size
 }
 
 // Minimum traffic and tensor-core FLOPs of a launch over B*heads heads: `nio` 16-bit [B,S,H] operands moved,
-// `nrow` f32 values per row (lse, dsum), the additive mask, and `macs` S^2 d multiply-adds.
-void tc_cost(int dev, const char *name, const tc_args &a, int64_t B, int macs, int nio, int nrow) {
+// `nrow` f32 values per row (lse, dsum), the additive mask, `extra` bytes, and `macs` S^2 d multiply-adds.
+void tc_cost(int dev, const char *name, const tc_args &a, int64_t B, int macs, int nio, int nrow, double extra = 0) {
   const double rows = (double)B * a.heads * a.S, elems = rows * a.d;
-  const double bytes = 2.0 * nio * elems + 4.0 * nrow * rows + (a.madd ? 4.0 * B * a.S : 0.0);
+  const double bytes = 2.0 * nio * elems + 4.0 * nrow * rows + (a.madd ? 4.0 * B * a.S : 0.0) + extra;
   cu_cost_kernel(dev, "attention", name, bytes, 2.0 * macs * rows * a.S * a.d, macs ? BL_ENGINE_TC16 : BL_ENGINE_MEM);
 }
 
@@ -455,20 +493,32 @@ template <class T> int forward_t(const char *op, int dev, const tc_args &a, int6
   }
 }
 
-template <class T> int backward_t(const char *op, int dev, const tc_args &a, int64_t B) {
+template <class T> int backward_t(const char *op, int dev, tc_args a, int64_t B) {
   const int64_t rows = B * a.heads * a.S;
-  tc_cost(dev, "attn_tc_dsum", a, B, 0, 2, 1);
-  attn_tc_dsum<T><<<cu_blocks(rows * 32, 256), 256, 0, cu_stream(dev)>>>(a, rows);
-  BL_CHECK(cu_launched(op, dev));
-  // S^T, dP^T, dV, dK, dQ: 5 S^2 d; q, k, v, dout in, dq, dk, dv out; lse, dsum in; dQ's f32 round trips stay
-  // in the CTA's L2 working set and are not counted
-  tc_cost(dev, "attn_tc_bwd", a, B, 5, 7, 2);
-  const dim3 grid((unsigned)(B * a.heads));
-  switch (a.d) {
-    case 32: return launch(op, dev, attn_tc_bwd<32, T>, grid, bwd_smem<32>(), a);
-    case 64: return launch(op, dev, attn_tc_bwd<64, T>, grid, bwd_smem<64>(), a);
-    default: return launch(op, dev, attn_tc_bwd<128, T>, grid, bwd_smem<128>(), a);
+  // D in the backward's shared memory up to kDsumLocal rows (BERT's 512), else one more pass
+  a.dsum_local = a.S <= kDsumLocal;
+  const size_t dsmem = a.dsum_local ? sizeof(float) * kDsumLocal : 0;
+  if (!a.dsum_local) {
+    tc_cost(dev, "attn_tc_dsum", a, B, 0, 2, 1);
+    attn_tc_dsum<T><<<cu_blocks(rows * 32, 256), 256, 0, cu_stream(dev)>>>(a, rows);
+    BL_CHECK(cu_launched(op, dev));
   }
+  // S^T, dP^T, dV, dK, dQ: 5 S^2 d; q, k, v, dout in, dq, dk, dv out; lse, dsum in; dQ's f32 round trips within
+  // a CTA stay in its L2 working set and are not counted, the partial slices of a split are (written once)
+  const int ns = attn_tc_kv_split(dev, B * a.heads, a.S);
+  const double slices = ns > 1 ? 4.0 * ns * rows * a.d : 0.0;
+  tc_cost(dev, "attn_tc_bwd", a, B, 5, 7 - (ns > 1) + a.dsum_local, 2 - a.dsum_local, slices);   // + ctx, - D
+  const dim3 grid((unsigned)ns, (unsigned)(B * a.heads));
+  int rc;
+  switch (a.d) {
+    case 32: rc = launch(op, dev, attn_tc_bwd<32, T>, grid, bwd_smem<32>() + dsmem, a); break;
+    case 64: rc = launch(op, dev, attn_tc_bwd<64, T>, grid, bwd_smem<64>() + dsmem, a); break;
+    default: rc = launch(op, dev, attn_tc_bwd<128, T>, grid, bwd_smem<128>() + dsmem, a); break;
+  }
+  if (rc || ns == 1) return rc;
+  tc_cost(dev, "attn_tc_dq_sum", a, B, 0, 1, 0, slices);
+  attn_tc_dq_sum<T><<<cu_blocks(rows * a.d / 2, 256), 256, 0, cu_stream(dev)>>>(a, B, ns);
+  return cu_launched(op, dev);
 }
 
 int sm_major(int dev) {
@@ -501,7 +551,30 @@ bool attn_tc_eligible(int dev, int64_t d, int n, const bl_tensor *const *ts) {
   return true;
 }
 
-bool attn_tc_scratch_dq(int64_t S) { return S > BN; }
+static int sm_count(int dev) {
+  static int count[64];   // 0 = not asked yet
+  if (dev < 0 || dev >= 64) return 1;
+  if (!count[dev]) {
+    cudaDeviceProp prop;
+    count[dev] = cudaGetDeviceProperties(&prop, dev) == cudaSuccess ? prop.multiProcessorCount : 1;
+  }
+  return count[dev];
+}
+
+int attn_tc_kv_split(int dev, int64_t bh, int64_t S) {
+  const int nk = (int)((S + BN - 1) / BN);
+  int want = 1;
+  if (const char *e = getenv("BL_ATTENTION_KV_SPLIT")) want = atoi(e);   // tests: a fixed split
+  else if (bh < 2 * sm_count(dev)) want = (int)((2 * sm_count(dev) + bh - 1) / bh);   // 2 CTAs per SM
+  want = std::max(1, std::min(want, nk));
+  const int per = (nk + want - 1) / want;
+  return (nk + per - 1) / per;   // no split without key tiles
+}
+
+int64_t attn_tc_scratch_dq(int dev, int64_t bh, int64_t S, int d) {
+  const int ns = attn_tc_kv_split(dev, bh, S);
+  return ns > 1 ? ns * bh * S * d : S > BN ? bh * S * d : 0;
+}
 
 int attn_tc_forward(const char *op, int dev, const tc_args &a, int64_t B) {
   return a.dtype == BL_BF16 ? forward_t<__nv_bfloat16>(op, dev, a, B) : forward_t<__half>(op, dev, a, B);

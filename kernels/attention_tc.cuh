@@ -14,7 +14,8 @@ struct tc_args {
   const float *madd;                      // [B, S] additive key mask, natural units, or NULL
   float *lse;                             // [B*heads, S]
   float *dsum;                            // [B*heads, S] scratch (backward)
-  float *dqacc;                           // [B*heads, S, d] f32 scratch (backward, S > one key tile)
+  int dsum_local;                         // backward: D computed in the kernel (set by attn_tc_backward)
+  float *dqacc;                           // [splits or 1, B*heads, S, d] f32 scratch (backward)
   int64_t S, heads;
   int d, dtype;                           // dtype: BL_BF16 or BL_F16
   float scale, p, dscale;
@@ -25,6 +26,8 @@ struct tc_args {
 // 16-byte aligned, unit-stride columns (fused-QKV slices qualify). No error is set either way.
 bool attn_tc_eligible(int dev, int64_t d, int n, const bl_tensor *const *ts);
 int attn_tc_forward(const char *op, int dev, const tc_args &a, int64_t B);
-// a.dsum and (when S > 64) a.dqacc must be allocated by the caller: attn_tc_scratch_dq says whether.
-bool attn_tc_scratch_dq(int64_t S);
+// Key-tile splits of the backward for bh = B*heads heads (BL_ATTENTION_KV_SPLIT=n forces n, capped by the tiles).
+int attn_tc_kv_split(int dev, int64_t bh, int64_t S);
+// a.dsum and a.dqacc must be allocated by the caller: attn_tc_scratch_dq gives dqacc's f32 count (0: none).
+int64_t attn_tc_scratch_dq(int dev, int64_t bh, int64_t S, int d);
 int attn_tc_backward(const char *op, int dev, const tc_args &a, int64_t B);

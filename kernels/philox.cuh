@@ -35,3 +35,19 @@ __device__ __forceinline__ float bl_philox_uniform(uint64_t seed, uint64_t offse
 __device__ __forceinline__ bool bl_dropout_keep(uint64_t seed, uint64_t offset, uint64_t i, float p) {
   return bl_philox_uniform(seed, offset, i) >= p;
 }
+
+// Keep flags of elements i .. i+V-1 (i % 4 == 0, V % 4 == 0, or V == 1): one Philox block per 4 elements.
+template <int V>
+__device__ __forceinline__ void bl_dropout_keep_v(uint64_t seed, uint64_t offset, uint64_t i, float p, bool (&k)[V]) {
+  if (V == 1) {
+    k[0] = bl_dropout_keep(seed, offset, i, p);
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < V; q += 4) {
+    const uint4 r = bl_philox4x32_dev(seed, offset + ((i + q) >> 2));
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int l = 0; l < 4 && q + l < V; l++) k[q + l] = (float)(w[l] >> 8) * (1.0f / 16777216.0f) >= p;
+  }
+}

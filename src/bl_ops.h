@@ -73,6 +73,28 @@ int bl_linear_forward_packed(bl_tensor *y, const bl_tensor *x, const bl_tensor *
 int bl_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor *ids, int accumulate);
 int bl_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_tensor *ids);
 
+/* ---- BERT's embedding block as one op: y = dropout_p(LN(s)) with
+ * s[i, :] = word[ids[i], :] + position[pos_ids[i], :] + token_type[type_ids[i], :]
+ * summed in f32 in that order (not rounded to y's dtype). ids, pos_ids, type_ids [...]
+ * i32/i64 of n elements each (all checked as in bl_embedding_forward); the three
+ * tables [*, H] of one float dtype; y [..., H] with n rows; gamma/beta [H];
+ * mean/rstd [n] f32 saved. Dropout as bl_dropout_forward on y's shape at
+ * (seed, offset); p = 0 means none. Same values as bl_embedding_forward x3 into
+ * an f32 sum, bl_layernorm_forward, bl_dropout_forward.
+ * Backward recomputes s from the tables (nothing else saved) and accumulates
+ * dword, dposition, dtoken_type (deterministic, as bl_embedding_backward),
+ * dgamma, dbeta (+=; any of the five may be NULL). */
+int bl_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *word,
+                                   const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
+                                   const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
+                                   const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset);
+int bl_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type,
+                                    bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
+                                    const bl_tensor *word, const bl_tensor *position,
+                                    const bl_tensor *token_type, const bl_tensor *ids, const bl_tensor *pos_ids,
+                                    const bl_tensor *type_ids, const bl_tensor *gamma, const bl_tensor *mean,
+                                    const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset);
+
 /* ---- layernorm over the last dim: y = (x - mean) * rstd * gamma + beta,
  * x/y [..., H], gamma/beta [H], mean/rstd [rows] f32 (rows = numel/H) saved
  * for backward (plus x itself). rstd = 1/sqrt(var + eps), biased variance.

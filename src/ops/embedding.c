@@ -5,7 +5,11 @@
  * validated before the first write so a bad batch leaves the output
  * untouched. The backward walks the indices in order and splits the hidden
  * dim across threads, which keeps the summation order of repeated indices
- * fixed (deterministic) without atomics. */
+ * fixed (deterministic) without atomics.
+ * bl_embedding_layernorm_* (BERT's embedding block) is composed here from
+ * the public ops (three lookups into an f32 sum, LayerNorm, dropout): the
+ * CPU's implementation, the reference of the fused device kernels, and the
+ * device's fallback for operands those do not take. */
 #include "ops_internal.h"
 #include "device/dispatch.h"
 #include <stdlib.h>
@@ -147,4 +151,140 @@ int bl_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *po
   BL_CHECK(opx_device(op, 3, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_gather_backward(dx, dout, pos));
   return scatter_cpu(&(rows_op){op, 1, dx}, dx, dout, pos);
+}
+
+/* ---- embedding sum + LayerNorm + dropout (BERT's embedding block) */
+
+typedef struct {
+  const bl_tensor *word, *position, *token_type, *ids, *pos_ids, *type_ids;
+} emb_rows;
+
+static int check_emb_rows(const char *op, const emb_rows *e, const bl_tensor *y, const char *yname) {
+  const bl_tensor *tables[] = {e->word, e->position, e->token_type}, *idx[] = {e->ids, e->pos_ids, e->type_ids};
+  const char *tn[] = {"word table", "position table", "token type table"}, *in[] = {"ids", "pos_ids", "type_ids"};
+  for (int k = 0; k < 3; k++) {
+    BL_CHECK(opx_check_float(op, tables[k], tn[k]));
+    BL_CHECK(opx_check_index(op, idx[k], in[k]));
+    if (tables[k]->ndim != 2 || tables[k]->shape[1] != e->word->shape[1] || tables[k]->dtype != e->word->dtype)
+      return BL_ERR("%s: %s %s must be [*, %lld] of the word table's dtype", op, tn[k], OPX_SHAPE(tables[k]),
+                    (long long)e->word->shape[1]);
+    if (idx[k]->numel != e->ids->numel)
+      return BL_ERR("%s: %s %s and ids %s differ in size", op, in[k], OPX_SHAPE(idx[k]), OPX_SHAPE(e->ids));
+  }
+  if (y->ndim < 1 || opx_cols(y) != e->word->shape[1] || opx_rows(y) != e->ids->numel)
+    return BL_ERR("%s: %s %s does not match ids %s and tables [*, %lld]", op, yname, OPX_SHAPE(y),
+                  OPX_SHAPE(e->ids), (long long)e->word->shape[1]);
+  return 0;
+}
+
+static int check_row_stats(const char *op, const bl_tensor *t, int64_t n, const char *name) {
+  BL_CHECK(opx_check_float(op, t, name));
+  if (t->numel != n) return BL_ERR("%s: %s %s must have %lld elements", op, name, OPX_SHAPE(t), (long long)n);
+  return 0;
+}
+
+/* s = the f32 sum of the three rows, a new tensor of like's shape ([..., H], n rows) on the tables' device. */
+static int emb_sum(const emb_rows *e, const bl_tensor *like, int dev, bl_tensor **s) {
+  BL_CHECK(bl_tensor_empty(like->ndim, like->shape, BL_F32, dev, s));
+  int rc = bl_embedding_forward(*s, e->word, e->ids, 0);
+  if (!rc) rc = bl_embedding_forward(*s, e->position, e->pos_ids, 1);
+  if (!rc) rc = bl_embedding_forward(*s, e->token_type, e->type_ids, 1);
+  if (rc) { bl_tensor_free(*s); *s = NULL; }
+  return rc;
+}
+
+/* The op composed from the public ones (the CPU's implementation and the device's fallback). */
+static int emb_ln_forward_composed(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const emb_rows *e, int dev,
+                                   const bl_tensor *gamma, const bl_tensor *beta, double eps, double p, uint64_t seed,
+                                   uint64_t offset) {
+  bl_tensor *s = NULL, *l = NULL;
+  int rc = emb_sum(e, y, dev, &s);
+  if (!rc && p > 0) rc = bl_tensor_empty(s->ndim, s->shape, BL_F32, dev, &l);
+  if (!rc) rc = bl_layernorm_forward(l ? l : y, mean, rstd, s, gamma, beta, eps);
+  if (!rc && l) rc = bl_dropout_forward(y, NULL, l, p, seed, offset);
+  if (s) bl_tensor_free(s);
+  if (l) bl_tensor_free(l);
+  return rc;
+}
+
+static int emb_ln_backward_composed(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type,
+                                    bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy, const emb_rows *e,
+                                    int dev, const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd,
+                                    double p, uint64_t seed, uint64_t offset) {
+  bl_tensor *s = NULL, *g = NULL, *ds = NULL;
+  int rc = emb_sum(e, dy, dev, &s);
+  if (!rc) rc = bl_tensor_empty(s->ndim, s->shape, BL_F32, dev, &ds);
+  if (!rc && p > 0) rc = bl_tensor_empty(s->ndim, s->shape, BL_F32, dev, &g);
+  if (!rc && g) rc = bl_dropout_backward(g, dy, NULL, p, seed, offset);
+  if (!rc) rc = bl_layernorm_backward(ds, dgamma, dbeta, g ? g : dy, s, gamma, mean, rstd);
+  if (!rc && dword) rc = bl_embedding_backward(dword, ds, e->ids);
+  if (!rc && dposition) rc = bl_embedding_backward(dposition, ds, e->pos_ids);
+  if (!rc && dtoken_type) rc = bl_embedding_backward(dtoken_type, ds, e->type_ids);
+  if (s) bl_tensor_free(s);
+  if (g) bl_tensor_free(g);
+  if (ds) bl_tensor_free(ds);
+  return rc;
+}
+
+int bl_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *word,
+                                   const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
+                                   const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
+                                   const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset) {
+  const char *op = "embedding_layernorm";
+  const emb_rows e = {word, position, token_type, ids, pos_ids, type_ids};
+  BL_CHECK(opx_check_float(op, y, "y"));
+  BL_CHECK(check_emb_rows(op, &e, y, "y"));
+  BL_CHECK(check_row_stats(op, gamma, word->shape[1], "gamma"));
+  if (beta) BL_CHECK(check_row_stats(op, beta, word->shape[1], "beta"));
+  BL_CHECK(check_row_stats(op, mean, ids->numel, "mean"));
+  BL_CHECK(check_row_stats(op, rstd, ids->numel, "rstd"));
+  BL_CHECK(opx_check_p(op, p));
+  int dev;
+  const bl_tensor *ts[] = {y, mean, rstd, word, position, token_type, ids, pos_ids, type_ids, gamma, beta};
+  BL_CHECK(opx_device(op, 11, ts, &dev));
+  if (dev >= 0) {
+    int rc = BL_ON_CUDA(op, dev, bl_cuda_embedding_layernorm_forward(y, mean, rstd, word, position, token_type, ids,
+                                                                    pos_ids, type_ids, gamma, beta, eps, p, seed,
+                                                                    offset));
+    if (rc != BL_EUNSUPPORTED) return rc;
+  }
+  return emb_ln_forward_composed(y, mean, rstd, &e, dev, gamma, beta, eps, p, seed, offset);
+}
+
+int bl_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type,
+                                    bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
+                                    const bl_tensor *word, const bl_tensor *position,
+                                    const bl_tensor *token_type, const bl_tensor *ids, const bl_tensor *pos_ids,
+                                    const bl_tensor *type_ids, const bl_tensor *gamma, const bl_tensor *mean,
+                                    const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
+  const char *op = "embedding_layernorm_backward";
+  const emb_rows e = {word, position, token_type, ids, pos_ids, type_ids};
+  BL_CHECK(opx_check_float(op, dy, "grad_output"));
+  BL_CHECK(check_emb_rows(op, &e, dy, "grad_output"));
+  const bl_tensor *grads[] = {dword, dposition, dtoken_type}, *tables[] = {word, position, token_type};
+  const char *gn[] = {"grad_word", "grad_position", "grad_token_type"};
+  for (int k = 0; k < 3; k++) {
+    if (!grads[k]) continue;
+    BL_CHECK(opx_check_float(op, grads[k], gn[k]));
+    if (!opx_same_shape(grads[k], tables[k]))
+      return BL_ERR("%s: %s %s must match its table %s", op, gn[k], OPX_SHAPE(grads[k]), OPX_SHAPE(tables[k]));
+  }
+  BL_CHECK(check_row_stats(op, gamma, word->shape[1], "gamma"));
+  if (dgamma) BL_CHECK(check_row_stats(op, dgamma, word->shape[1], "grad_gamma"));
+  if (dbeta) BL_CHECK(check_row_stats(op, dbeta, word->shape[1], "grad_beta"));
+  BL_CHECK(check_row_stats(op, mean, ids->numel, "mean"));
+  BL_CHECK(check_row_stats(op, rstd, ids->numel, "rstd"));
+  BL_CHECK(opx_check_p(op, p));
+  int dev;
+  const bl_tensor *ts[] = {dword, dposition, dtoken_type, dgamma, dbeta, dy, word, position, token_type,
+                           ids, pos_ids, type_ids, gamma, mean, rstd};
+  BL_CHECK(opx_device(op, 15, ts, &dev));
+  if (dev >= 0) {
+    int rc = BL_ON_CUDA(op, dev, bl_cuda_embedding_layernorm_backward(dword, dposition, dtoken_type, dgamma, dbeta,
+                                                                     dy, word, position, token_type, ids, pos_ids,
+                                                                     type_ids, gamma, mean, rstd, p, seed, offset));
+    if (rc != BL_EUNSUPPORTED) return rc;
+  }
+  return emb_ln_backward_composed(dword, dposition, dtoken_type, dgamma, dbeta, dy, &e, dev, gamma, mean, rstd, p,
+                                  seed, offset);
 }

@@ -231,6 +231,15 @@ int main(void) {
   run_case(BL_F16, 2, 17, 2, 128, 0.1);
   run_case(BL_F16, 2, 130, 2, 64, 0.0);
   run_case(BL_F16, 1, 384, 2, 32, 0.1);
+  /* The cases above have few heads: the backward splits its key tiles one per CTA (attn_tc_kv_split). Forced: no
+   * split (one CTA walks every key tile, as at B=64), and 2 splits of 3 tiles each. */
+  setenv("BL_ATTENTION_KV_SPLIT", "1", 1);
+  run_case(BL_BF16, 2, 130, 2, 32, 0.1);
+  run_case(BL_F16, 1, 384, 2, 128, 0.1);
+  setenv("BL_ATTENTION_KV_SPLIT", "2", 1);
+  run_case(BL_BF16, 2, 384, 1, 64, 0.1);
+  run_case(BL_F16, 1, 320, 2, 32, 0.0);
+  unsetenv("BL_ATTENTION_KV_SPLIT");
   printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;
 }

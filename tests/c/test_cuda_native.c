@@ -165,6 +165,160 @@ static void test_lookups(void) {
   }
 }
 
+/* ---------------------------------------------------------------- embedding sum + LayerNorm + dropout
+ * Reference: the CPU entry point (bl_embedding_forward x3 into an f32 sum, bl_layernorm_forward, bl_dropout_forward
+ * and their backwards). Rounding analysis, u = 2^-8 (bf16) / 2^-11 (f16) / 0 (f32), the unit roundoff of T:
+ *  - s = word + position + type: the same f32 additions in the same order on both sides: equal.
+ *  - mean, rstd: f32 sums of H terms in another order (block tree vs the CPU's lanes): |err| <= H u32 of the sum of
+ *    |terms|; with H <= 64 and s = O(1) that is < 1e-5 relative: rtol 1e-5.
+ *  - y = (s - m) rs g + b (dropped, times 1/(1-p)): the f32 values differ by < 1e-5 relative (from m, rs), then each
+ *    side rounds once to T, so they may land on neighbouring values: one spacing, <= 2u relative: rtol 2u + 1e-5.
+ *  - ds (gradient of s) = rs (dy' g - a - xhat b): the row sums a, b differ by up to 1e-5 of their sums of |terms|
+ *    (e_i = 1e-5 rs sum_j |dy' g| (1 + |xhat|) / H, times (1 + |xhat|) per element), then the device rounds ds to
+ *    T (the CPU keeps f32): <= u |ds|; the table gradients sum k rows in f32 (other orders for the token types:
+ *    chunked column sums): per element |err| <= (u + 1e-5 + k u32) sum_i (|ds_i| + e_i (1 + |xhat_i|)) + 1e-6;
+ *  - dgamma, dbeta: f32 sums over n rows in other orders of terms dy' xhat, dy' computed identically on both sides
+ *    up to xhat (1e-5 relative): |err| <= (1e-5 + n u32) sum_i |dy'_i| (|xhat_i| + 1).
+ * The sums of |.| above are computed here from the CPU's f32 intermediates. */
+static double *f32_of(const bl_tensor *t) { return host(t); }
+
+static void check_bound(const char *name, const bl_tensor *ref, const bl_tensor *got, const double *bound) {
+  checks++;
+  double *a = host(ref), *b = host(got), worst = 0;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < ref->numel; i++) {
+    double e = fabs(a[i] - b[i]);
+    if (!(e <= bound[i]) && bad < 0) bad = i;
+    if (e / (bound[i] > 0 ? bound[i] : 1) > worst || e != e) worst = e / (bound[i] > 0 ? bound[i] : 1);
+  }
+  if (bad >= 0) {
+    printf("FAIL %s: element %lld cpu %.9g gpu %.9g bound %.3g\n", name, (long long)bad, a[bad], b[bad], bound[bad]);
+    failures++;
+  } else {
+    printf("ok %s (worst error %.2f of its bound)\n", name, worst);
+  }
+  free(a); free(b);
+}
+
+static void test_embedding_layernorm(void) {
+  const struct { int dt, gdt; int64_t B, S, H, vocab, npos, ntype; double p; } cases[] = {
+    {BL_BF16, BL_F32, 3, 7, 40, 50, 9, 2, 0.1},    /* 16-byte vectors, f32 LayerNorm parameters */
+    {BL_F16, BL_F16, 2, 5, 37, 30, 6, 3, 0.1},     /* odd rows: scalar path */
+    {BL_F32, BL_F32, 4, 9, 64, 100, 12, 2, 0.0},   /* f32 vectors of 4, no dropout */
+    {BL_BF16, BL_BF16, 4, 150, 24, 7, 300, 4, 0.2},  /* 600 rows: three chunks of the column sums, 4 types */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int dt = cases[k].dt, gdt = cases[k].gdt;
+    const int64_t B = cases[k].B, S = cases[k].S, H = cases[k].H, n = B * S, ntype = cases[k].ntype;
+    const double p = cases[k].p, u = dt == BL_BF16 ? 1.0 / 256 : dt == BL_F16 ? 1.0 / 2048 : 0, u32 = 0x1p-24;
+    const uint64_t seed = 5 + k, off = 1000 * k;
+    char name[160];
+    bl_tensor *tab[3] = {rnd(dt, 2, SH(cases[k].vocab, H), 200 + k, -1, 1),
+                         rnd(dt, 2, SH(cases[k].npos, H), 210 + k, -1, 1), rnd(dt, 2, SH(ntype, H), 220 + k, -1, 1)};
+    bl_tensor *idx[3] = {make_ids(BL_I32, n, cases[k].vocab, 0, 230 + k),
+                         make_ids(BL_I64, n, cases[k].npos, 0, 240 + k), make_ids(BL_I32, n, ntype, 0, 250 + k)};
+    bl_tensor *gam = rnd(gdt, 1, SH(H), 260 + k, 0.5, 1.5), *bet = rnd(gdt, 1, SH(H), 270 + k, -0.5, 0.5);
+    bl_tensor *y = mk(-1, dt, 3, SH(B, S, H)), *mean = mk(-1, BL_F32, 1, SH(n)), *rstd = mk(-1, BL_F32, 1, SH(n));
+    bl_tensor *d_tab[3], *d_idx[3];
+    for (int q = 0; q < 3; q++) { d_tab[q] = up(tab[q]); d_idx[q] = up(idx[q]); }
+    bl_tensor *d_gam = up(gam), *d_bet = up(bet), *d_y = mk(DEV, dt, 3, SH(B, S, H));
+    bl_tensor *d_mean = mk(DEV, BL_F32, 1, SH(n)), *d_rstd = mk(DEV, BL_F32, 1, SH(n));
+    const int64_t c0 = conversions();
+    OK(bl_embedding_layernorm_forward(y, mean, rstd, tab[0], tab[1], tab[2], idx[0], idx[1], idx[2], gam, bet, 1e-12,
+                                      p, seed, off));
+    OK(bl_cuda_embedding_layernorm_forward(d_y, d_mean, d_rstd, d_tab[0], d_tab[1], d_tab[2], d_idx[0], d_idx[1],
+                                           d_idx[2], d_gam, d_bet, 1e-12, p, seed, off));
+    snprintf(name, sizeof name, "embedding_layernorm %s/%s n=%lld H=%lld p=%g", bl_dtype_name(dt), bl_dtype_name(gdt),
+             (long long)n, (long long)H, p);
+    close_(name, y, d_y, 2 * u + 1e-5, 1e-6);
+    close_("embedding_layernorm mean", mean, d_mean, 1e-5, 1e-6);
+    close_("embedding_layernorm rstd", rstd, d_rstd, 1e-5, 1e-6);
+
+    /* backward onto random non-zero gradients (they accumulate), rerun for determinism */
+    bl_tensor *dy = rnd(dt, 3, SH(B, S, H), 280 + k, -1, 1), *d_dy = up(dy);
+    bl_tensor *gr[5] = {rnd(BL_F32, 2, SH(cases[k].vocab, H), 290 + k, -1, 1),
+                        rnd(BL_F32, 2, SH(cases[k].npos, H), 300 + k, -1, 1),
+                        rnd(BL_F32, 2, SH(ntype, H), 310 + k, -1, 1), rnd(BL_F32, 1, SH(H), 320 + k, -1, 1),
+                        rnd(BL_F32, 1, SH(H), 330 + k, -1, 1)};
+    bl_tensor *d_gr[5], *d_gr2[5];
+    for (int q = 0; q < 5; q++) { d_gr[q] = up(gr[q]); d_gr2[q] = up(gr[q]); }
+    OK(bl_embedding_layernorm_backward(gr[0], gr[1], gr[2], gr[3], gr[4], dy, tab[0], tab[1], tab[2], idx[0], idx[1],
+                                       idx[2], gam, mean, rstd, p, seed, off));
+    for (int r = 0; r < 2; r++) {
+      bl_tensor **g = r ? d_gr2 : d_gr;
+      OK(bl_cuda_embedding_layernorm_backward(g[0], g[1], g[2], g[3], g[4], d_dy, d_tab[0], d_tab[1], d_tab[2],
+                                              d_idx[0], d_idx[1], d_idx[2], d_gam, d_mean, d_rstd, p, seed, off));
+    }
+    if (dt != BL_F32) no_conversion(name, c0);
+
+    /* the CPU's f32 intermediates for the bounds: s, dy' (dropped dy), ds */
+    bl_tensor *s = mk(-1, BL_F32, 3, SH(B, S, H)), *dyd = mk(-1, BL_F32, 3, SH(B, S, H));
+    bl_tensor *ds = mk(-1, BL_F32, 3, SH(B, S, H));
+    OK(bl_embedding_forward(s, tab[0], idx[0], 0));
+    OK(bl_embedding_forward(s, tab[1], idx[1], 1));
+    OK(bl_embedding_forward(s, tab[2], idx[2], 1));
+    OK(bl_dropout_backward(dyd, dy, NULL, p, seed, off));
+    OK(bl_layernorm_backward(ds, NULL, NULL, dyd, s, gam, mean, rstd));
+    double *sv = f32_of(s), *gv = f32_of(dyd), *dv = f32_of(ds), *mv = f32_of(mean), *rv = f32_of(rstd);
+    double *gmv = f32_of(gam), *row_err = calloc((size_t)n, sizeof(double));
+#define xh_abs(i, c) fabs((sv[(i) * H + (c)] - mv[i]) * rv[i])
+    /* the row sums a, b of ds = rs (dy' g - a - xhat b) differ by up to 1e-5 of sum |dy' g| (1 + |xhat|) / H */
+    for (int64_t i = 0; i < n; i++) {
+      for (int64_t c = 0; c < H; c++) row_err[i] += fabs(gv[i * H + c] * gmv[c]) * (1 + xh_abs(i, c));
+      row_err[i] *= 1e-5 * rv[i] / (double)H;
+    }
+    for (int q = 0; q < 3; q++) {
+      const int64_t rows = tab[q]->shape[0];
+      double *abs_sum = calloc((size_t)(rows * H), sizeof(double)), *bound = malloc(sizeof(double) * rows * H);
+      int64_t *cnt = calloc((size_t)rows, sizeof(int64_t));
+      double *iv = f32_of(idx[q]);
+      for (int64_t i = 0; i < n; i++) {
+        const int64_t t = (int64_t)iv[i];
+        cnt[t]++;
+        for (int64_t c = 0; c < H; c++) abs_sum[t * H + c] += fabs(dv[i * H + c]) + row_err[i] * (1 + xh_abs(i, c));
+      }
+      for (int64_t e = 0; e < rows * H; e++) bound[e] = (u + 1e-5 + cnt[e / H] * u32) * abs_sum[e] + 1e-6;
+      const char *tn[3] = {"word", "position", "token type"};
+      snprintf(name, sizeof name, "embedding_layernorm backward %s table %s", tn[q], bl_dtype_name(dt));
+      check_bound(name, gr[q], d_gr[q], bound);
+      free(abs_sum); free(bound); free(cnt); free(iv);
+    }
+    double *bg = calloc((size_t)H, sizeof(double)), *bb = calloc((size_t)H, sizeof(double));
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t c = 0; c < H; c++) {
+        const double g = fabs(gv[i * H + c]);
+        bg[c] += (1e-5 + n * u32) * g * (xh_abs(i, c) + 1);
+        bb[c] += (1e-5 + n * u32) * g;
+      }
+    for (int64_t c = 0; c < H; c++) { bg[c] += 1e-6; bb[c] += 1e-6; }
+    check_bound("embedding_layernorm backward gamma", gr[3], d_gr[3], bg);
+    check_bound("embedding_layernorm backward beta", gr[4], d_gr[4], bb);
+    for (int q = 0; q < 5; q++) close_("embedding_layernorm backward rerun (bitwise)", d_gr[q], d_gr2[q], 0, 0);
+#undef xh_abs
+    free(sv); free(gv); free(dv); free(mv); free(rv); free(bg); free(bb); free(gmv); free(row_err);
+    F(s); F(dyd); F(ds); F(dy); F(d_dy);
+    for (int q = 0; q < 5; q++) { F(gr[q]); F(d_gr[q]); F(d_gr2[q]); }
+    for (int q = 0; q < 3; q++) { F(tab[q]); F(idx[q]); F(d_tab[q]); F(d_idx[q]); }
+    F(gam); F(bet); F(y); F(mean); F(rstd); F(d_gam); F(d_bet); F(d_y); F(d_mean); F(d_rstd);
+  }
+  /* a bad token type id: an error naming it, nothing written */
+  bl_tensor *h_tab = rnd(BL_BF16, 2, SH(5, 16), 340, -1, 1), *h_ty = rnd(BL_BF16, 2, SH(2, 16), 341, -1, 1);
+  bl_tensor *h_gam = rnd(BL_BF16, 1, SH(16), 342, 0.5, 1.5), *tab = up(h_tab), *ty = up(h_ty), *gam = up(h_gam);
+  bl_tensor *ids = mk(-1, BL_I32, 1, SH(3));
+  for (int i = 0; i < 3; i++) ((int32_t *)ids->data)[i] = i;
+  bl_tensor *tids = mk(-1, BL_I32, 1, SH(3));
+  for (int i = 0; i < 3; i++) ((int32_t *)tids->data)[i] = i;   /* 2 is out of range for 2 types */
+  bl_tensor *d_ids = up(ids), *d_tids = up(tids), *d_y = mk(DEV, BL_BF16, 2, SH(3, 16));
+  bl_tensor *d_m = mk(DEV, BL_F32, 1, SH(3)), *d_r = mk(DEV, BL_F32, 1, SH(3));
+  int rc = bl_embedding_layernorm_forward(d_y, d_m, d_r, tab, tab, ty, d_ids, d_ids, d_tids, gam, NULL, 1e-12, 0, 0, 0);
+  checks++;
+  if (rc == 0 || !strstr(bl_last_error(), "token type id 2 at position 2")) {
+    printf("FAIL embedding_layernorm bad type id: rc %d, error '%s'\n", rc, bl_last_error());
+    failures++;
+  }
+  F(h_tab); F(h_ty); F(h_gam); F(tab); F(ty); F(ids); F(gam); F(tids); F(d_ids); F(d_tids); F(d_y); F(d_m); F(d_r);
+}
+
 /* ---------------------------------------------------------------- casts */
 static void test_casts(void) {
   const int types[3] = {BL_F32, BL_BF16, BL_F16};
@@ -252,6 +406,7 @@ int main(void) {
   char nm[256];
   if (bl_cuda_device_name(DEV, nm, sizeof nm) == 0) printf("device: %s\n", nm);
   test_lookups();
+  test_embedding_layernorm();
   test_casts();
   test_losses();
   printf("%d checks, %d failures\n", checks, failures);

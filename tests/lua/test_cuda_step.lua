@@ -30,7 +30,8 @@ T.test("a token id outside the model's vocabulary: a clear error naming the op, 
     .. '"intermediate_size":128,"max_position_embeddings":64}')
   local out, rc = fx.pretrain(tmp .. "/badid", "--batch1=8 --micro-batch=8 --steps1=3 --device=cuda --model=" .. cfg)
   T.eq(rc, 1, out)
-  T.truthy(out:find("embedding: id ", 1, true) and out:find("is out of range for vocabulary size 100", 1, true)
+  T.truthy(out:find("embedding_layernorm: id ", 1, true)
+    and out:find("is out of range for vocabulary size 100", 1, true)
     and out:find("deferred check", 1, true), out)
 end)
 

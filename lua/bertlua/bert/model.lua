@@ -65,19 +65,24 @@ function BertEmbeddings:forward(ids, types)
   types = types or zero_types(self, B, S)
   self._types, self._posids = types, position_ids(self, B, S)
   local H = self.cfg.hidden_size
-  local sum = buf(self, "sum", { B, S, H })
-  ops.embedding(self.word_embeddings.weight, ids, sum)
-  ops.embedding(self.position_embeddings.weight, self._posids, sum, true)
-  ops.embedding(self.token_type_embeddings.weight, types, sum, true)
-  local y = self.LayerNorm:forward(sum)
-  return self.dropout:forward(y)
+  local ln, drop = self.LayerNorm, self.dropout
+  -- one op (sum of the three rows, LayerNorm, dropout); the dropout draws from the stream nn.Dropout would use
+  local p, seed, off = draw(drop, drop.p, B * S * H)
+  self._drop = { p = p, seed = seed, offset = off }
+  local y = buf(self, "output", { B, S, H })
+  ops.embedding_layernorm(self:_tables(), { ids, self._posids, types }, ln.weight, ln.bias,
+    { eps = ln.eps, p = p, seed = seed, offset = off, out = y, mean = buf(ln, "mean", { B * S }, "f32"),
+      rstd = buf(ln, "rstd", { B * S }, "f32") })
+  return y
+end
+function BertEmbeddings:_tables()
+  return { self.word_embeddings.weight, self.position_embeddings.weight, self.token_type_embeddings.weight }
 end
 function BertEmbeddings:backward(ids, dy)
-  local dln = self.dropout:backward(self.LayerNorm.output, dy)
-  local dsum = self.LayerNorm:backward(self.sum, dln)
-  ops.embedding_backward(self.word_embeddings.grad_weight, dsum, ids)
-  ops.embedding_backward(self.position_embeddings.grad_weight, dsum, self._posids)
-  ops.embedding_backward(self.token_type_embeddings.grad_weight, dsum, self._types)
+  local ln = self.LayerNorm
+  ops.embedding_layernorm_backward(dy, self:_tables(), { ids, self._posids, self._types }, ln.weight, ln.mean,
+    ln.rstd, { self.word_embeddings.grad_weight, self.position_embeddings.grad_weight,
+      self.token_type_embeddings.grad_weight, ln.grad_weight, ln.grad_bias }, self._drop)
   return nil
 end
 
