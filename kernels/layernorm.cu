@@ -62,19 +62,6 @@ __device__ __forceinline__ void store_f(T *p, const float (&v)[V]) {
   a.store(p);
 }
 
-// Dropout keep flags of elements i .. i+V-1 (V % 4 == 0, i % 4 == 0): one Philox block per 4 elements (the
-// stream's layout), where the scalar path runs a whole block per element.
-template <int V>
-__device__ __forceinline__ void keep_v(uint64_t seed, uint64_t offset, int64_t i, float p, bool (&k)[V]) {
-#pragma unroll
-  for (int q = 0; q < V; q += 4) {
-    const uint4 r = bl_philox4x32_dev(seed, offset + ((uint64_t)(i + q) >> 2));
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int l = 0; l < 4; l++) k[q + l] = (float)(w[l] >> 8) * (1.0f / 16777216.0f) >= p;
-  }
-}
-
 // s[e] = ln_s(.., i + e) and its dropout keep flag k[e] for e < V: one element (V == 1) or a vector of V at i
 // (i % V == 0, V % 4 == 0). Same arithmetic as ln_s (a kept element times scale, exact when p == 0).
 template <class T, int V>
@@ -84,10 +71,7 @@ __device__ __forceinline__ void ln_s_k(const T *x, const T *res, int64_t i, floa
 #pragma unroll
   for (int e = 0; e < V; e++) k[e] = true;
   if (!res) return;
-  if (p > 0.0f) {
-    if constexpr (V == 1) k[0] = bl_dropout_keep(seed, offset, (uint64_t)i, p);
-    else keep_v<V>(seed, offset, i, p, k);
-  }
+  if (p > 0.0f) bl_dropout_keep_v<V>(seed, offset, (uint64_t)i, p, k);
   float r[V];
   load_f<T, V>(res + i, r);
 #pragma unroll
