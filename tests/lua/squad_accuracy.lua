@@ -12,7 +12,10 @@
 -- torch.optim.AdamW, get_linear_schedule_with_warmup, its own shuffle from
 -- the seed) trains on the features bertlua makes and writes eval logits,
 -- which go through the same post-processing and official metric here, so the
--- two F1s differ only by training. Prints one JSON line {bertlua=, transformers=}.
+-- two F1s differ only by training. --only=native (or all) also runs
+-- tests/py/qa_transformers_native.py: transformers with its own windows, head
+-- initialisation and post-processing, as a transformers user runs it (issue 19's
+-- reference). Prints one JSON line {bertlua=, transformers=, native=}.
 package.path = "tests/lua/lib/?.lua;" .. package.path
 local bl = require "bertlua"
 local fs = require "bertlua.util.fs"
@@ -37,7 +40,7 @@ local opt = options.parse(arg, {
   { "threads", 2, "CPU threads for both" },
   { "bertlua_args", "", "extra recipes/squad.lua options" },
   { "ref_args", "--eps 1e-8 --clip 1.0", "qa_finetune_reference.py options (default: torch AdamW eps, clip 1)" },
-  { "only", "both", "both | bertlua | transformers" },
+  { "only", "both", "both (bertlua, transformers) | all (both, native) | bertlua | transformers | native" },
 }, { name = "squad_accuracy" })
 if not opt.model or not opt.squad then error("squad_accuracy: --model and --squad are required", 0) end
 bl.set_num_threads(opt.threads)
@@ -80,8 +83,10 @@ local common = ("--max-seq-length=%d --doc-stride=%d --lr=%g --epochs=%d --batch
   :format(opt.max_seq_length, opt.doc_stride, opt.lr, opt.epochs, opt.batch, opt.warmup, opt.seed, opt.threads)
 local result = {}
 local exe = arg[-1] or "bertlua"
+local py = os.getenv("BL_PYTHON") or "/usr/bin/python3"
+local function runs(side) return opt.only == side or opt.only == "all" or (opt.only == "both" and side ~= "native") end
 
-if opt.only ~= "transformers" then
+if runs("bertlua") then
   sh(("%s recipes/squad.lua --model=%s --train-file=%s --predict-file=%s --output=%s/bertlua --do-train " ..
     "--do-predict %s %s > %s/bertlua/log.txt 2>&1"):format(exe, opt.model, train_file, eval_file, opt.out, common,
     opt.bertlua_args, opt.out))
@@ -95,7 +100,7 @@ local function dump(feats, path, labels)
   st.save(path, real.qa_tensors(feats, all, opt.max_seq_length, labels))
 end
 
-if opt.only ~= "bertlua" then
+if runs("transformers") then
   local dir = opt.out .. "/transformers"
   local tok = Tok.load(opt.model .. "/vocab.txt", { lower = true })
   local fo = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride, max_query_length = 64 }
@@ -110,7 +115,6 @@ if opt.only ~= "bertlua" then
   local m = bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed, quiet = true })
   st.save(dir .. "/head.safetensors",
     { ["qa_outputs.weight"] = m.qa_outputs.weight, ["qa_outputs.bias"] = m.qa_outputs.bias })
-  local py = os.getenv("BL_PYTHON") or "/usr/bin/python3"
   local drop = cjson.decode(read(opt.model .. "/config.json")).hidden_dropout_prob or 0.1
   sh(("HF_HUB_OFFLINE=1 %s tests/py/qa_finetune_reference.py finetune %s %s --lr %g --epochs %d --batch %d " ..
     "--warmup %g --seed %d --threads %d --dropout %g %s > %s/log.txt 2>&1"):format(py, dir, opt.model, opt.lr,
@@ -120,6 +124,15 @@ if opt.only ~= "bertlua" then
   squad.write_predictions(eval_ex, eval_feats, results, { tokenizer = tok, output_dir = dir })
   local r = squad.evaluate(squad.load_json(eval_file), cjson.decode(read(dir .. "/predictions.json")))
   result.transformers = { exact_match = r.exact_match, f1 = r.f1 }
+end
+if runs("native") then
+  local dir = opt.out .. "/native"
+  sh(("mkdir -p %s && HF_HUB_OFFLINE=1 %s tests/py/qa_transformers_native.py %s %s %s %s --max-seq-length %d " ..
+    "--doc-stride %d --lr %g --epochs %d --batch %d --warmup %g --seed %d --threads %d > %s/log.txt 2>&1")
+    :format(dir, py, train_file, eval_file, opt.model, dir, opt.max_seq_length, opt.doc_stride, opt.lr, opt.epochs,
+      opt.batch, opt.warmup, opt.seed, opt.threads, dir))
+  local r = cjson.decode(read(dir .. "/eval_results.json"))
+  result.native = { exact_match = r.exact_match, f1 = r.f1 }
 end
 result.seed = opt.seed
 print(cjson.encode(result))

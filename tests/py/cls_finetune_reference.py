@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--eps", type=float, default=1e-6)
     ap.add_argument("--clip", type=float, default=0.0)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--micro-batch", type=int, default=0, help="sequences per forward (0: the whole batch)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=2)
