@@ -10,6 +10,7 @@
  * the public ops (three lookups into an f32 sum, LayerNorm, dropout): the
  * CPU's implementation, the reference of the fused device kernels, and the
  * device's fallback for operands those do not take. */
+#include "bl_ops.h"
 #include "ops_internal.h"
 #include "device/dispatch.h"
 #include <stdlib.h>
