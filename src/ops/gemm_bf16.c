@@ -121,13 +121,13 @@ BF16_TARGET static void ukernel(int64_t kp, const uint32_t *restrict ap, const u
     _mm512_storeu_ps(c + i * ldc + 16, acc1[i]);
   }
 }
-#endif
 
 /* the calling thread's A pack, grown only (no allocation per call at steady shapes) */
 static _Thread_local struct {
   uint32_t *p;
   size_t n;
 } tl_a;
+#endif
 
 int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
                   const float *bias, int gelu) {
