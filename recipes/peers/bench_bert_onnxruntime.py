@@ -59,7 +59,10 @@ def main(argv):
         if precision == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic
             quant = os.path.join(d, "bert_int8.onnx")
-            quantize_dynamic(fused, quant, per_channel=True, weight_type=QuantType.QInt8)
+            import onnx
+            # the fused graph's com.microsoft ops defeat onnx's shape inference: their outputs are f32
+            quantize_dynamic(fused, quant, per_channel=True, weight_type=QuantType.QInt8,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
             fused = quant
         so = ort.SessionOptions()
         so.intra_op_num_threads = a.threads
