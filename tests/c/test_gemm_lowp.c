@@ -29,23 +29,7 @@
 #include <string.h>
 
 #include "check.h"
-
-static uint64_t rng = 0xD1B54A32D192ED03ull;
-static uint64_t next(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return rng;
-}
-static float urand(void) { return (float)((double)(next() >> 40) / (double)(1ull << 24) * 2.0 - 1.0); }
-
-static bl_tensor *rand_tensor(int64_t r, int64_t c, float scale) {
-  bl_tensor *t = NULL;
-  int64_t shape[2] = { r, c };
-  OK(bl_tensor_empty(2, shape, BL_F32, -1, &t));
-  for (int64_t i = 0; t && i < r * c; i++) ((float *)t->data)[i] = scale * urand();
-  return t;
-}
+#include "rand_tensor.h"
 
 static double bf16_round(double x) { /* to 8 significant bits, nearest even */
   if (x == 0) return 0;
@@ -136,12 +120,12 @@ static void test_int8_exact(int isa, const char *name) {
     int32_t *q = malloc(sizeof(int32_t) * n * k), *c = malloc(sizeof(int32_t) * m * n);
     uint8_t *a = malloc((size_t)(m * k));
     for (int64_t j = 0; j < n; j++) {
-      float scale = ldexpf(1.0f, (int)(next() % 16) - 12);
-      for (int64_t p = 0; p < k; p++) q[j * k + p] = (int32_t)(next() % 255) - 127;
-      q[j * k + (int64_t)(next() % (uint64_t)k)] = next() & 1 ? 127 : -127;
+      float scale = ldexpf(1.0f, (int)(rng_next() % 16) - 12);
+      for (int64_t p = 0; p < k; p++) q[j * k + p] = (int32_t)(rng_next() % 255) - 127;
+      q[j * k + (int64_t)(rng_next() % (uint64_t)k)] = rng_next() & 1 ? 127 : -127;
       for (int64_t p = 0; p < k; p++) w[j * k + p] = scale * (float)q[j * k + p];
     }
-    for (int64_t i = 0; i < m * k; i++) a[i] = (uint8_t)(next() % 256);
+    for (int64_t i = 0; i < m * k; i++) a[i] = (uint8_t)(rng_next() % 256);
     opx_q8_b *pb = opx_q8_pack(isa, 1, k, n, w, k);
     CHECK(pb != NULL, "%s: int8 pack %lldx%lld failed", name, (long long)n, (long long)k);
     if (pb && opx_q8_gemm_s32(pb, m, a, k, c, n)) {
@@ -162,6 +146,7 @@ static void test_int8_exact(int isa, const char *name) {
 }
 
 int main(void) {
+  rng_state = 0xD1B54A32D192ED03ull;
   if (bl_cpu_set_isa("avx512") == 0 && bl_cpu_has("avx512_bf16"))
     test_layers(BL_PACK_BF16, "bf16");
   else
