@@ -54,7 +54,7 @@ local opt = options.parse(arg, {
   { "steps", 10, "timed steps" },
   { "warmup", 3, "untimed steps first (--cuda-graph: the step is captured from the 2nd or 3rd on)" },
   { "device", "cpu", "cpu, cuda or cuda:N" },
-  { "precision", "fp32", "fp32 | tf32 | bf16 (tf32 and bf16 need a GPU)" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | int8 (tf32: a GPU; bf16 on the cpu and int8: --infer, packed)" },
   { "peak_tflops", 0, "peak TFLOP/s for MFU (0 = known GPUs by name)" },
   { "threads", 0, "CPU threads for us and for PyTorch (0 = bertlua's default)" },
   { "masked", 20, "masked positions per sequence (MLM decoder rows)" },
@@ -80,8 +80,8 @@ end
 
 local dev = bl.device_of(opt.device, "benchmark")
 local on_gpu = dev >= 0
-if opt.precision ~= "fp32" and opt.precision ~= "tf32" and opt.precision ~= "bf16" then
-  error("benchmark: --precision must be fp32, tf32 or bf16, got " .. tostring(opt.precision), 0)
+if opt.precision ~= "fp32" and opt.precision ~= "tf32" and opt.precision ~= "bf16" and opt.precision ~= "int8" then
+  error("benchmark: --precision must be fp32, tf32, bf16 or int8, got " .. tostring(opt.precision), 0)
 end
 if on_gpu then
   if not bl.cuda_compiled() then error("benchmark: --device=" .. opt.device
@@ -90,9 +90,11 @@ if on_gpu then
     error(("benchmark: --device=%s but %d CUDA device(s) are visible"):format(opt.device, bl.cuda_device_count()), 0)
   end
   bl.cuda_set_tf32(opt.precision == "tf32")
-elseif opt.precision ~= "fp32" then
-  error("benchmark: --precision=" .. opt.precision .. " needs --device=cuda", 0)
+elseif opt.precision == "tf32" or (opt.precision ~= "fp32" and not (opt.infer and opt.pack)) then
+  error("benchmark: --precision=" .. opt.precision .. " needs --device=cuda" .. (opt.precision == "tf32" and ""
+    or " (on the cpu: with --infer and --pack=true)"), 0)
 end
+if opt.precision == "int8" and on_gpu then error("benchmark: --precision=int8 is cpu inference only", 0) end
 local stepmodel, profile
 if opt.model_time ~= "" then
   stepmodel = require "bertlua.stepmodel"
@@ -128,9 +130,11 @@ if on_gpu then
 end
 if opt.infer then model:eval() else model:train() end
 if opt.infer and opt.pack and not on_gpu then
-  local _, n = require("bertlua.bert.infer").pack(model.bert)
+  -- bf16 on the cpu: weights rounded (as predict does), then packed for the bf16 GEMM where the CPU has one
+  if opt.precision == "bf16" then amp.round_weights(model, "bf16") end
+  local _, n, what = require("bertlua.bert.infer").pack(model.bert, opt.precision)
   print(("inference GEMM: bertlua packed, %d weights packed once, bias/GELU in its epilogue "
-    .. "(--pack=false: the cpu line's GEMM)"):format(n))
+    .. "(--pack=false: the cpu line's GEMM); %s"):format(n, what))
 end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
   cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads, devname, opt.precision))
@@ -303,7 +307,7 @@ if opt.compare == "torch" and on_gpu then
 elseif opt.compare == "torch" then
   compare_with("torch", PEERS .. "bert_reference.py bench", "")
 elseif opt.compare == "onnxruntime" and opt.infer and not on_gpu then
-  compare_with("onnxruntime", PEERS .. "bench_bert_onnxruntime.py", "")
+  compare_with("onnxruntime", PEERS .. "bench_bert_onnxruntime.py", " --precision " .. opt.precision)
 elseif opt.compare ~= "" then
   error("benchmark: --compare must be 'torch', 'onnxruntime' (with --infer, on the cpu) or empty", 0)
 end

@@ -21,7 +21,7 @@ local bert = require "bertlua.bert"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
 local ft = require "bertlua.tasks.common"
-local amp = require "bertlua.train.amp"
+local infer = require "bertlua.bert.infer"
 local device = require "bertlua.train.device"
 
 local opt = options.parse(arg, {
@@ -34,7 +34,9 @@ local opt = options.parse(arg, {
   { "vocab", "", "vocab.txt (default: the model directory's)" },
   { "do_lower_case", true, "lower-case and strip accents (uncased models)" },
   { "threads", 0, "CPU threads (0 = default)" },
-  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16 (on the CPU: weights rounded, activations f32)" },
+  { "precision", "fp32", "fp32 | tf32 | bf16 | fp16 | int8 (on the CPU: weights rounded, activations f32; "
+    .. "bf16 runs the bf16 GEMM where the CPU has AVX512-BF16; int8: cpu, dynamic int8 GEMMs)" },
+  { "pack", true, "cpu: linear weights packed once for our own GEMM (bertlua.bert.infer)" },
   device.OPTION,
 }, { name = "extract_features",
   usage = "bertlua recipes/extract_features.lua --model=DIR --input=FILE --output=FILE.jsonl [options]" })
@@ -44,8 +46,8 @@ local function die(msg) error("extract_features: " .. msg, 0) end
 if opt.model == "" or opt.input == "" or opt.output == "" then die("--model, --input and --output are required " ..
   "(see --help)") end
 if opt.threads > 0 then require("bertlua").set_num_threads(opt.threads) end
-amp.check_precision("extract_features", opt.precision)
 local dev, dev_line = device.setup(opt, "extract_features")
+local weight_precision = infer.check_precision("extract_features", opt.precision, dev)
 print(dev_line)
 
 local layers = {}
@@ -84,7 +86,12 @@ do
 end
 
 local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
-device.inference_model(model, dev, opt.precision)
+device.inference_model(model, dev, weight_precision)
+if dev < 0 and opt.pack then
+  print("extract_features: " .. select(3, infer.pack(model, opt.precision)))
+elseif opt.precision == "int8" then
+  die("--precision=int8 runs the packed int8 GEMMs: drop --pack=false")
+end
 local tok = require("bertlua.data.tokenizer").load(vocab, { lower = opt.do_lower_case })
 
 local examples = {}

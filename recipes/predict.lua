@@ -23,7 +23,10 @@
 -- (p50/p90/p99) are printed at the end and written as JSON to --stats; --batch=1
 -- measures per-request latency. --warmup-batches runs that many batches
 -- first, untimed. --precision=bf16|fp16 rounds the weights to that type once
--- (activations stay f32: half-precision storage emulated on the CPU).
+-- (activations stay f32: half-precision storage emulated on the CPU); on a CPU
+-- with AVX512-BF16, bf16 also runs the packed bf16 GEMM (activations rounded
+-- to bf16 at each GEMM, f32 sums). --precision=int8 (CPU): dynamic int8 GEMMs
+-- (bertlua.bert.infer.plan says which kernel; the line is printed).
 -- Malformed input (a JSON line, a TSV row, a SQuAD entry) is reported with its
 -- location and skipped; the count is printed.
 local bl = require "bertlua"
@@ -33,7 +36,7 @@ local bert = require "bertlua.bert"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
 local ft = require "bertlua.tasks.common"
-local amp = require "bertlua.train.amp"
+local infer = require "bertlua.bert.infer"
 local device = require "bertlua.train.device"
 local cjson = require "cjson.safe"
 local slice = require("bertlua.util.list").slice
@@ -55,8 +58,8 @@ local opt = options.parse(arg, {
   { "version_2_with_negative", false, "squad: SQuAD 2.0 (unanswerable questions)" },
   { "null_score_diff_threshold", 0.0, "squad v2: predict no answer when null score - best > this" },
   { "precision", "fp32",
-    "fp32 | tf32 | bf16 | fp16: weights rounded to bf16/f16 once at load; on the CPU tf32 = fp32 and activations " ..
-      "stay f32 (half-precision storage emulated)" },
+    "fp32 | tf32 | bf16 | fp16 | int8: weights rounded to bf16/f16 once at load; on the CPU tf32 = fp32, bf16 " ..
+      "runs the bf16 GEMM where the CPU has AVX512-BF16, activations otherwise f32; int8: cpu, dynamic int8 GEMMs" },
   { "stats", nil, "write throughput and latency as JSON here" },
   { "threads", 0, "CPU threads (0: default)" },
   { "pack", true, "cpu: linear weights packed once for our own GEMM (bertlua.bert.infer)" },
@@ -66,8 +69,8 @@ local opt = options.parse(arg, {
     "[--output=FILE] [--batch=N]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 if not opt.model or not opt.input then error("predict: --model and --input are required (see --help)", 0) end
-amp.check_precision("predict", opt.precision)
 local dev, dev_line = device.setup(opt, "predict")
+local weight_precision = infer.check_precision("predict", opt.precision, dev)
 io.stderr:write(dev_line, "\n")
 local task = opt.task:lower()
 local glue_task = task:match("^glue%-(.+)$")
@@ -88,9 +91,13 @@ if task == "squad" and not is_qa then error("predict: --task=squad needs a QA mo
   .. " is a classifier", 0) end
 if glue_task and is_qa then error("predict: --task=" .. opt.task .. " needs a classification model; " .. opt.model
   .. " is a QA model", 0) end
-device.inference_model(model, dev, opt.precision)
+device.inference_model(model, dev, weight_precision)
 -- on the CPU every linear weight is packed once for our own GEMM (bias and GELU in its epilogue)
-if dev < 0 and opt.pack then require("bertlua.bert.infer").pack(model) end
+if dev < 0 and opt.pack then
+  io.stderr:write("predict: ", select(3, infer.pack(model, opt.precision)), "\n")
+elseif opt.precision == "int8" then
+  error("predict: --precision=int8 runs the packed int8 GEMMs: drop --pack=false", 0)
+end
 
 -- runs the model over n sequences (batches from make_batch), with untimed warmup batches first;
 -- describe(i) names sequence i in errors

@@ -59,6 +59,10 @@ const char *bl_cpu_info(void);
 const char *bl_gemm_backend(void);
 const char *bl_cpu_isa(void);
 int bl_cpu_set_isa(const char *name);
+/* 1 when the CPU ops can use feature now: "avx2", "avx512" (the path in use
+ * is at least that), "avx512_bf16", "avx512_vnni" (the CPU has it and the
+ * AVX-512 path is in use: the bf16 and VNNI int8 inference GEMMs) */
+int bl_cpu_has(const char *feature);
 int bl_cuda_compiled(void);      /* 1 when built with the CUDA backend */
 int bl_nccl_compiled(void);
 int bl_cuda_device_count(void);  /* 0 when no driver/GPU or CPU-only build */

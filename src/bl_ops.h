@@ -62,6 +62,15 @@ int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_ten
 typedef struct bl_packed_weight bl_packed_weight;
 enum { BL_LINEAR_NONE = 0, BL_LINEAR_GELU = 1 };
 int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w);
+/* bl_linear_pack in a precision: BL_PACK_F32 (as bl_linear_pack), BL_PACK_BF16
+ * (W and, per call, x rounded to bf16, products summed in f32: needs
+ * AVX512-BF16, bl_cpu_has("avx512_bf16")), BL_PACK_INT8 (dynamic int8: W
+ * symmetric per output channel, x asymmetric uint8 per row per call, exact
+ * int32 sums, dequantized in the epilogue: needs the avx2 or avx512 path;
+ * VNNI where bl_cpu_has("avx512_vnni")). Contract in src/ops/gemm_lowp.h. An
+ * error (BL_EUNSUPPORTED) where the CPU lacks the instructions. */
+enum { BL_PACK_F32 = 0, BL_PACK_BF16 = 1, BL_PACK_INT8 = 2 };
+int bl_linear_pack_as(bl_packed_weight **out, const bl_tensor *w, int precision);
 void bl_linear_pack_free(bl_packed_weight *pw);
 int bl_linear_forward_packed(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_packed_weight *pw,
                              const bl_tensor *b, int act);

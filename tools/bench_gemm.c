@@ -12,11 +12,15 @@
  * inference path: forward products only, B packed before the timing). Shapes are a linear
  * layer's three products, row-major as in src/ops/linear.c: forward Y[M,N] = X[M,K] W[N,K]^T, dX[M,K] = dY[M,N] W[N,K],
  * dW[N,K] = dY^T X; M = 4096 tokens (B=32, S=128) and M = 128 (one sequence), N/K in {768, 3072}.
+ * The low-precision inference GEMMs (src/ops/gemm_lowp.h) on the forward products, weight packed once
+ * as own-pre: own-bf16 (where the CPU has AVX512-BF16) and own-int8 (dynamic int8: the activations'
+ * quantization is in the timing; GOP/s counted as 2 M N K like the f32 columns).
  * The libraries take turns rep by rep (a shared machine's load hits them alike); the table gives
  * each one's best rep in GFLOP/s. The peak is a loop of 12 independent FMA chains per thread
  * (AVX-512 and AVX2 forms, those the CPU has), unrolled so the chains live in registers (rolled,
  * GCC kept them in memory and the probe read less than half the peak). */
 #include "ops/gemm.h"
+#include "ops/gemm_lowp.h"
 #include "ops/vecmath.h"
 #include <dlfcn.h>
 #include <math.h>
@@ -70,15 +74,24 @@ static double peak(int isa512, int threads) {
   return best * 1e-9;
 }
 
+enum { PRE_F32 = 1, PRE_BF16, PRE_INT8 };
 typedef struct { const char *name; cblas_sgemm_fn cblas; dnnl_sgemm_fn dnnl; int own_isa, pre; } lib;
 
-static opx_packed_b *prepacked; /* the current forward shape's weight, for own-pre */
+/* the current forward shape's weight packed once, for own-pre / own-bf16 / own-int8 */
+static opx_packed_b *prepacked;
+static opx_bf16_b *pre_bf16;
+static opx_q8_b *pre_int8;
+static int have_pre(int pre) {
+  return pre == PRE_F32 ? prepacked != NULL : pre == PRE_BF16 ? pre_bf16 != NULL : pre_int8 != NULL;
+}
 
 static int ldb_of(int tb, int K, int N) { return tb ? K : N; }
 
 static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *A, const float *B, float *C) {
   int lda = ta ? M : K, ldb = ldb_of(tb, K, N);
-  if (l->pre) opx_sgemm_packed(prepacked, ta, M, A, lda, C, N, NULL, 0);
+  if (l->pre == PRE_F32) opx_sgemm_packed(prepacked, ta, M, A, lda, C, N, NULL, 0);
+  else if (l->pre == PRE_BF16) opx_bf16_gemm(pre_bf16, ta, M, A, lda, C, N, NULL, 0);
+  else if (l->pre == PRE_INT8) opx_q8_gemm(pre_int8, ta, M, A, lda, C, N, NULL, 0);
   else if (l->own_isa) opx_sgemm_isa(l->own_isa, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, N);
   else if (l->cblas) l->cblas(ROW, ta ? TR : NT, tb ? TR : NT, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
   else l->dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
@@ -87,7 +100,7 @@ static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 5;
   use_cpu_time = argc > 3 && strcmp(argv[3], "cpu") == 0;
-  lib libs[5];
+  lib libs[7];
   int nl = 0;
   void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
   if (h) {
@@ -114,7 +127,10 @@ int main(int argc, char **argv) {
   const char *cap = getenv("BL_CPU_ISA");
   int own = has512 && !(cap && strcmp(cap, "avx2") == 0) ? OPX_ISA_AVX512 : has256 ? OPX_ISA_AVX2 : 0;
   if (own) libs[nl++] = (lib){own == OPX_ISA_AVX512 ? "own-avx512" : "own-avx2", NULL, NULL, own, 0};
-  if (own) libs[nl++] = (lib){"own-pre", NULL, NULL, own, 1};
+  if (own) libs[nl++] = (lib){"own-pre", NULL, NULL, own, PRE_F32};
+  if (own == OPX_ISA_AVX512 && opx_bf16_ok()) libs[nl++] = (lib){"own-bf16", NULL, NULL, own, PRE_BF16};
+  int q8isa = own == OPX_ISA_AVX512 && opx_vnni_ok() ? OPX_ISA_AVX512 : own ? OPX_ISA_AVX2 : 0;
+  if (q8isa) libs[nl++] = (lib){q8isa == OPX_ISA_AVX512 ? "int8-vnni" : "int8-avx2", NULL, NULL, own, PRE_INT8};
   printf("FMA peak, %d threads (GFLOP/s):", threads);
   if (has512) printf(" AVX-512 %.1f", peak(1, threads));
   if (has256) printf(" AVX2 %.1f", peak(0, threads));
@@ -138,13 +154,15 @@ int main(int argc, char **argv) {
         if (kind == 0) { m = M; n = N; k = K; ta = 0; tb = 1; what = "fwd  X W^T"; }
         else if (kind == 1) { m = M; n = K; k = N; ta = 0; tb = 0; what = "dX = dY W"; }
         else { m = N; n = K; k = M; ta = 1; tb = 0; what = "dW = dY^T X"; }
-        double best[5] = {0};
+        double best[7] = {0};
         prepacked = own && kind == 0 ? opx_pack_b(own, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
+        pre_bf16 = kind == 0 ? opx_bf16_pack(1, k, n, B, ldb_of(tb, k, n)) : NULL;
+        pre_int8 = q8isa && kind == 0 ? opx_q8_pack(q8isa, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
         for (int l = 0; l < nl; l++)
-          if (!libs[l].pre || prepacked) run(&libs[l], ta, tb, m, n, k, A, B, C);
+          if (!libs[l].pre || have_pre(libs[l].pre)) run(&libs[l], ta, tb, m, n, k, A, B, C);
         for (int r = 0; r < reps; r++)
           for (int l = 0; l < nl; l++) {
-            if (libs[l].pre && !prepacked) continue; /* backward products: no packed weight */
+            if (libs[l].pre && !have_pre(libs[l].pre)) continue; /* backward products: no packed weight */
             double t0 = now();
             run(&libs[l], ta, tb, m, n, k, A, B, C);
             double f = 2.0 * m * n * k / (now() - t0) * 1e-9;
@@ -156,6 +174,8 @@ int main(int argc, char **argv) {
         for (int l = 0; l < nl; l++) best[l] > 0 ? printf(" %10.1f", best[l]) : printf(" %10s", "-");
         printf("\n");
         opx_packed_b_free(prepacked);
+        opx_bf16_free(pre_bf16);
+        opx_q8_free(pre_int8);
       }
   free(A); free(B); free(C);
   return 0;

@@ -42,6 +42,11 @@ function M.set_num_threads(n) C.bl_set_num_threads(n) end
 -- set_cpu_isa(name): the vector path of our CPU ops (as BL_CPU_ISA: avx512, avx2, baseline); an error for
 -- one this CPU lacks
 function M.set_cpu_isa(name) check(C.bl_cpu_set_isa(name)) end
+-- cpu_has(feature) -> true when the CPU ops can use it now: "avx2", "avx512" (the path in use is at least
+-- that), "avx512_bf16", "avx512_vnni" (on the CPU and the AVX-512 path in use)
+function M.cpu_has(feature) return C.bl_cpu_has(feature) == 1 end
+-- cpu_isa() -> "avx512", "avx2" or "baseline": the path in use
+function M.cpu_isa() return ffi.string(C.bl_cpu_isa()) end
 -- SIGINT/SIGTERM recorded instead of killing: loops poll stop_signal() (0 or the signal) and stop together
 function M.stop_watch() C.bl_stop_watch() end
 function M.stop_signal() return C.bl_stop_signal() end

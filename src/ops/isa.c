@@ -3,6 +3,7 @@
  * variable BL_CPU_ISA (avx512, avx2 or baseline) so that an AVX-512 machine
  * also runs and tests the AVX2 and baseline kernels, or by bl_cpu_set_isa. */
 #include "ops_internal.h"
+#include "gemm_lowp.h"
 #include "vecmath.h"
 #include <stdatomic.h>
 #include <stdio.h>
@@ -74,7 +75,29 @@ int bl_cpu_set_isa(const char *name) {
   return 0;
 }
 
-/* "AMD EPYC 9R14; kernels avx512 (CPU: avx512 avx512_bf16)": the brand string
+/* The low-precision GEMMs' extensions (gemm_lowp.h): on the CPU, and the
+ * AVX-512 path in use (a cap to AVX2 turns them off like the rest). */
+static int hw_has(int bf16) {
+#if OPX_MULTI_ISA
+  __builtin_cpu_init();
+  return bf16 ? __builtin_cpu_supports("avx512bf16") : __builtin_cpu_supports("avx512vnni");
+#else
+  (void)bf16;
+  return 0;
+#endif
+}
+int opx_bf16_ok(void) { return opx_isa() == OPX_ISA_AVX512 && hw_has(1); }
+int opx_vnni_ok(void) { return opx_isa() == OPX_ISA_AVX512 && hw_has(0); }
+
+int bl_cpu_has(const char *feature) {
+  if (!feature) return 0;
+  if (strcmp(feature, "avx512_bf16") == 0) return opx_bf16_ok();
+  if (strcmp(feature, "avx512_vnni") == 0) return opx_vnni_ok();
+  int want = isa_by_name(feature);
+  return want > OPX_ISA_BASE && opx_isa() >= want;
+}
+
+/* "AMD EPYC 9R14; kernels avx512 (CPU: avx512 avx512_bf16 avx512_vnni)": the brand string
  * from CPUID, the path in use, and the CPU's own best level and BF16 flag. */
 const char *bl_cpu_info(void) {
   static _Thread_local char buf[256];
@@ -94,7 +117,7 @@ const char *bl_cpu_info(void) {
 #endif
   char *s = brand;
   while (*s == ' ') s++;
-  snprintf(buf, sizeof buf, "%s; kernels %s (CPU: %s%s)", s, bl_cpu_isa(), isa_names[hw_isa()],
-           bf16 ? " avx512_bf16" : "");
+  snprintf(buf, sizeof buf, "%s; kernels %s (CPU: %s%s%s)", s, bl_cpu_isa(), isa_names[hw_isa()],
+           bf16 ? " avx512_bf16" : "", hw_has(0) ? " avx512_vnni" : "");
   return buf;
 }

@@ -10,6 +10,7 @@
 #include "bl_ops.h"
 #include "device/dispatch.h"
 #include "gemm.h"
+#include "gemm_lowp.h"
 #include "vecmath.h"
 #include <cblas.h>
 #include <stdatomic.h>
@@ -174,11 +175,15 @@ static int check_rows_out(const char *op, const char *name, const bl_tensor *y, 
 
 /* One packed weight (bl_ops.h): the packed copy for the ISA in use when it
  * was made, or none on the baseline path (the unpacked GEMM then runs), and
- * what it was packed from, to catch a pack used with another weight. */
+ * what it was packed from, to catch a pack used with another weight. A
+ * bf16 or int8 pack (gemm_lowp.h) holds bf or q8 instead of pb. */
 struct bl_packed_weight {
   opx_packed_b *pb;
+  opx_bf16_b *bf;
+  opx_q8_b *q8;
   const void *src;
   int64_t out, in;
+  int isa; /* the CPU path it was packed on (baseline: nothing packed) */
 };
 
 /* y = x W^T (+ b) (then GELU when gelu): through the packed weight when there
@@ -193,8 +198,11 @@ static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor 
   mw.buf.p = NULL;
   if ((rc = mat_load(op, x, &mx)) || (rc = mat_out(op, y, &my, 0))) goto done;
   if (b && (rc = opx_load(op, b, &bb))) goto done;
-  if (pw && pw->pb) {
-    if (!opx_sgemm_packed(pw->pb, mx.trans, my.rows, mx.p, mx.ld, my.p, my.ld, bb.p, gelu)) {
+  if (pw && (pw->pb || pw->bf || pw->q8)) {
+    int ok = pw->bf   ? opx_bf16_gemm(pw->bf, mx.trans, my.rows, mx.p, mx.ld, my.p, my.ld, bb.p, gelu)
+             : pw->q8 ? opx_q8_gemm(pw->q8, mx.trans, my.rows, mx.p, mx.ld, my.p, my.ld, bb.p, gelu)
+                      : opx_sgemm_packed(pw->pb, mx.trans, my.rows, mx.p, mx.ld, my.p, my.ld, bb.p, gelu);
+    if (!ok) {
       rc = bl_set_error(BL_ENOMEM, "%s: out of memory for the GEMM's pack buffer", op);
       goto done;
     }
@@ -229,25 +237,56 @@ int bl_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, cons
   return linear_forward_cpu(y, x, w, NULL, b, 0);
 }
 
-int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w) {
+static const char *const isa_names[] = {"baseline", "avx2", "avx512"};
+
+/* The bf16 / int8 pack of W (mw: W loaded as a matrix), or an error naming
+ * what the CPU lacks */
+static int pack_lowp(const char *op, bl_packed_weight *pw, const mat *mw, int precision) {
+  int isa = opx_isa();
+  if (precision == BL_PACK_BF16) {
+    if (!opx_bf16_ok())
+      return bl_set_error(BL_EUNSUPPORTED, "%s: bf16 needs AVX512-BF16 on the avx512 path (CPU path %s; %s)", op,
+                          isa_names[isa], bl_cpu_info());
+    pw->bf = opx_bf16_pack(!mw->trans, pw->in, pw->out, mw->p, mw->ld);
+    return pw->bf ? 0 : bl_set_error(BL_ENOMEM, "%s: out of memory packing a [%lld,%lld] weight as bf16", op,
+                                     (long long)pw->out, (long long)pw->in);
+  }
+  if (isa < OPX_ISA_AVX2)
+    return bl_set_error(BL_EUNSUPPORTED, "%s: int8 needs at least the avx2 path (CPU path %s)", op, isa_names[isa]);
+  if (pw->in > 65536) /* int32 sums of 255 * 127 products */
+    return BL_ERR("%s: int8 weight [%lld,%lld]: more than 65536 input features", op, (long long)pw->out,
+                  (long long)pw->in);
+  pw->q8 = opx_q8_pack(opx_vnni_ok() ? OPX_ISA_AVX512 : OPX_ISA_AVX2, !mw->trans, pw->in, pw->out, mw->p, mw->ld);
+  return pw->q8 ? 0 : bl_set_error(BL_ENOMEM, "%s: out of memory packing a [%lld,%lld] weight as int8", op,
+                                   (long long)pw->out, (long long)pw->in);
+}
+
+int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w) { return bl_linear_pack_as(out, w, BL_PACK_F32); }
+
+int bl_linear_pack_as(bl_packed_weight **out, const bl_tensor *w, int precision) {
   const char *op = "linear_pack";
   if (!out) return BL_ERR("%s: out is NULL", op);
+  if (precision != BL_PACK_F32 && precision != BL_PACK_BF16 && precision != BL_PACK_INT8)
+    return BL_ERR("%s: unknown precision %d (BL_PACK_F32, BL_PACK_BF16 or BL_PACK_INT8)", op, precision);
   *out = NULL;
   BL_CHECK(opx_check_float(op, w, "weight"));
   if (w->ndim != 2) return BL_ERR("%s: weight must be [out, in], got %s", op, OPX_SHAPE(w));
   if (w->device >= 0) return BL_ERR("%s: packed weights are for the CPU, weight is on cuda:%d", op, w->device);
   bl_packed_weight *pw = calloc(1, sizeof *pw);
   if (!pw) return bl_set_error(BL_ENOMEM, "%s: out of memory", op);
-  *pw = (bl_packed_weight){ NULL, w->data, w->shape[0], w->shape[1] };
+  *pw = (bl_packed_weight){ NULL, NULL, NULL, w->data, w->shape[0], w->shape[1], OPX_ISA_BASE };
   int isa = opx_isa();
-  if (isa > OPX_ISA_BASE && pw->out > 0 && pw->in > 0) {
+  if ((isa > OPX_ISA_BASE || precision != BL_PACK_F32) && pw->out > 0 && pw->in > 0) {
     mat mw;
     int rc = mat_load(op, w, &mw);
     if (rc) { free(pw); return rc; }
     /* op(B) = W^T: stored [out, in] (tb = 1), or already transposed in memory */
-    pw->pb = opx_pack_b(isa, !mw.trans, pw->in, pw->out, mw.p, mw.ld);
+    if (precision != BL_PACK_F32) rc = pack_lowp(op, pw, &mw, precision);
+    else if (!(pw->pb = opx_pack_b(isa, !mw.trans, pw->in, pw->out, mw.p, mw.ld)))
+      rc = bl_set_error(BL_ENOMEM, "%s: out of memory packing weight %s", op, OPX_SHAPE(w));
     opx_free(&mw.buf);
-    if (!pw->pb) { free(pw); return bl_set_error(BL_ENOMEM, "%s: out of memory packing weight %s", op, OPX_SHAPE(w)); }
+    if (rc) { free(pw); return rc; }
+    pw->isa = isa;
   }
   *out = pw;
   return 0;
@@ -256,6 +295,8 @@ int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w) {
 void bl_linear_pack_free(bl_packed_weight *pw) {
   if (!pw) return;
   opx_packed_b_free(pw->pb);
+  opx_bf16_free(pw->bf);
+  opx_q8_free(pw->q8);
   free(pw);
 }
 
@@ -270,8 +311,7 @@ int bl_linear_forward_packed(bl_tensor *y, const bl_tensor *x, const bl_tensor *
     return BL_ERR("%s: the packed weight [%lld,%lld] was not packed from weight %s", op, (long long)pw->out,
                   (long long)pw->in, OPX_SHAPE(w));
   if (act != BL_LINEAR_NONE && act != BL_LINEAR_GELU) return BL_ERR("%s: unknown activation %d", op, act);
-  static const char *const isa_names[] = {"baseline", "avx2", "avx512"};
-  int packed_isa = pw->pb ? opx_packed_b_isa(pw->pb) : OPX_ISA_BASE;
+  int packed_isa = pw->isa;
   if (packed_isa != OPX_ISA_BASE && packed_isa != opx_isa())
     return BL_ERR("%s: weight %s was packed for the %s path but the CPU path is now %s: pack it again", op,
                   OPX_SHAPE(w), isa_names[packed_isa], isa_names[opx_isa()]);

@@ -19,23 +19,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "rand_tensor.h"
 #include "ref_dot.h"
-
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static float urand(void) { /* uniform in [-1, 1) */
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (float)((double)(rng >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
-}
-
-static bl_tensor *rand_tensor(int64_t r, int64_t c, float scale) {
-  bl_tensor *t = NULL;
-  int64_t shape[2] = { r, c };
-  OK(bl_tensor_empty(2, shape, BL_F32, -1, &t));
-  for (int64_t i = 0; t && i < r * c; i++) ((float *)t->data)[i] = scale * urand();
-  return t;
-}
 
 /* one layer: x [rows, in], W [out, in] (stored transposed when wtrans), bias or none, act */
 static void check_layer(const char *isa, int64_t rows, int64_t in, int64_t out, int wtrans, int bias, int act) {
@@ -106,6 +91,7 @@ static void test_errors(void) {
 }
 
 int main(void) {
+  rng_state = 0x2545F4914F6CDD1Dull;
   static const char *const paths[] = { "avx512", "avx2", "baseline" };
   for (int i = 0; i < 3; i++) {
     if (bl_cpu_set_isa(paths[i]) != 0) {

@@ -243,7 +243,7 @@ T.test("bad input", function()
   refused("--model=%s/cls --input=%s/missing.jsonl", "--input=" .. tmp .. "/missing.jsonl cannot be read")
   refused("--model=%s --input=%s/bad.jsonl", "is not a model directory: no config.json")
   refused("--model=%s/cls --input=%s/bad.jsonl --precision=f16",
-    "predict: --precision must be fp32, tf32, bf16 or fp16, got f16")
+    "predict: --precision must be fp32, tf32, bf16, fp16 or int8, got f16")
   refused("--model=%s/cls --input=%s/bad.jsonl --batch=0", "option --batch=0: must be >= 1")
 end)
 

@@ -2,6 +2,7 @@
 --
 --   local infer = require "bertlua.bert.infer"
 --   infer.pack(model)     -- eval mode, every linear weight packed once for our own GEMM
+--   infer.pack(model, "int8")  -- or "bf16": the low-precision GEMMs (see plan below)
 --   model:forward(batch)  -- the packed GEMMs, bias and GELU in their epilogues
 --   infer.unpack(model)   -- back to the ordinary GEMMs (before training again)
 --
@@ -12,33 +13,70 @@
 -- packs keep their memory: about one more copy of the linear weights).
 -- On a GPU, or for weights that are not f32 on the CPU, nothing is packed.
 local ops = require "bertlua.nn.ops"
+local bl = require "bertlua"
 
 local M = {}
+
+-- check_precision(recipe, p, dev) -> the precision the model's weights get (bertlua.train.device's
+-- inference_model): p itself (bertlua.train.amp's precisions), or "fp32" for "int8", which is CPU
+-- inference only; errors raised at level 0 (one clear line from a recipe)
+local PRECISIONS = { fp32 = true, tf32 = true, bf16 = true, fp16 = true, int8 = true }
+function M.check_precision(recipe, p, dev)
+  if not PRECISIONS[p] then
+    error(("%s: --precision must be fp32, tf32, bf16, fp16 or int8, got %s"):format(recipe, tostring(p)), 0)
+  end
+  if p ~= "int8" then return p end
+  if dev >= 0 then error(recipe .. ": --precision=int8 is CPU inference only (use --device=cpu)", 0) end
+  return "fp32"
+end
+
+-- plan(precision) -> the pack's precision ("fp32", "bf16" or "int8") and a line saying what runs:
+--   int8: dynamic quantization, weights per output channel, activations per row (VNNI or AVX2 kernel);
+--   bf16: weights and activations rounded to bf16, f32 sums, where the CPU has AVX512-BF16; elsewhere the
+--         f32 GEMM on the bf16-rounded weights (what the recipes' weight rounding already gives);
+--   anything else: fp32 (tf32/fp16 round the weights only, as before).
+function M.plan(precision)
+  if precision == "int8" then
+    if not bl.cpu_has("avx2") then
+      error("int8 inference needs the avx2 or avx512 CPU path (this one: " .. bl.cpu_isa() .. ")", 0)
+    end
+    return "int8", "int8 dynamic quantization (weights per output channel, activations per row), "
+      .. (bl.cpu_has("avx512_vnni") and "VNNI vpdpbusd" or "AVX2 vpmaddwd") .. " int32 sums"
+  elseif precision == "bf16" then
+    if bl.cpu_has("avx512_bf16") then
+      return "bf16", "bf16 GEMM (weights and activations rounded to bf16, vdpbf16ps, f32 sums)"
+    end
+    return "fp32", "bf16: no AVX512-BF16 on this CPU path (" .. bl.cpu_isa() .. "): f32 GEMM on bf16-rounded weights"
+  end
+  return "fp32", "fp32 GEMM"
+end
 
 local function packable(w) return w ~= nil and w.device_ == -1 and w:dtype() == "f32" end
 
 -- the fused [3H, H] QKV weight of a self-attention module, or nil
 local function qkv_of(m) return m.fused and m._qkv end
 
--- pack(model) -> model (in eval mode); returns the number of weights packed as a second value
-function M.pack(model)
+-- pack(model[, precision]) -> model (in eval mode), the number of weights packed, and plan(precision)'s
+-- line (precision: as a recipe's --precision, default fp32)
+function M.pack(model, precision)
+  local kind, line = M.plan(precision or "fp32")
   model:eval()
   local n = 0
   local function visit(m)
     local qkv = qkv_of(m)
     if qkv and packable(qkv.w) then
-      qkv.packed = ops.pack_weight(qkv.w)
+      qkv.packed = ops.pack_weight(qkv.w, kind)
       n = n + 1
       return  -- its query/key/value Linears are not run
     end
     if m.__name == "Linear" and packable(m.weight) then
-      m.packed = ops.pack_weight(m.weight)
+      m.packed = ops.pack_weight(m.weight, kind)
       n = n + 1
     end
     for _, c in ipairs(m._children) do visit(c.module) end
   end
   visit(model)
-  return model, n
+  return model, n, line
 end
 
 -- unpack(model): drop every pack (their memory goes with the next garbage collection)

@@ -45,10 +45,16 @@ function M.linear(x, w, b, out, packed, act)
 end
 -- w [out, in] on the CPU packed once for the GEMM of the CPU path in use (a
 -- snapshot: pack again after changing w); freed by the garbage collector.
+-- precision: "fp32" (default), "bf16" (x and w rounded to bf16, f32 sums:
+-- needs AVX512-BF16) or "int8" (dynamic: w per output channel, x per row;
+-- needs the avx2 path or better); src/ops/gemm_lowp.h has the contracts.
 local packbox = ffi.typeof("bl_packed_weight*[1]")
-function M.pack_weight(w)
+local PACK = { fp32 = C.BL_PACK_F32, bf16 = C.BL_PACK_BF16, int8 = C.BL_PACK_INT8 }
+function M.pack_weight(w, precision)
+  local p = PACK[precision or "fp32"]
+  if not p then error("pack_weight: unknown precision '" .. tostring(precision) .. "' (fp32, bf16 or int8)", 2) end
   local box = packbox()
-  check(C.bl_linear_pack(box, w))
+  check(C.bl_linear_pack_as(box, w, p))
   return ffi.gc(box[0], C.bl_linear_pack_free)
 end
 

@@ -1,0 +1,180 @@
+/* bf16 inference GEMM on AVX512-BF16 (contract in gemm_lowp.h).
+ *
+ * vdpbf16ps multiplies two bf16 pairs per f32 lane and adds both exact
+ * products to the lane, one after the other, in f32 (round to nearest even;
+ * bf16 subnormal inputs count as zero). So the weight is packed once as bf16
+ * pairs of consecutive k for each output column: panels of NR = 32 columns,
+ * [k/2][32] 32-bit pairs, two zmm per k pair. A is rounded to bf16 (nearest
+ * even, vcvtne2ps2bf16) when it is packed, per call, into MR = 14 row panels
+ * of [k/2][14] pairs, so the micro-kernel broadcasts one 32-bit pair per row
+ * (28 accumulators + 2 B vectors + 1 broadcast = 31 of 32 zmm). K is not
+ * blocked: a B panel (32 x K bf16, 192 KB at K = 3072) stays in L2 while a
+ * block of A panels passes it. Bias and GELU are applied to each finished
+ * tile by the f32 path's epilogue (opx_bias_act_rows). */
+#include "gemm.h"
+#include "gemm_lowp.h"
+#include "vecmath.h"
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#if OPX_MULTI_ISA
+#include <immintrin.h>
+#define BF16_TARGET __attribute__((target("arch=x86-64-v4,avx512bf16")))
+#endif
+
+enum { MR = 14, NR = 32, ROWBLK = 8 /* A panels per task: 8 x 14 rows */ };
+
+struct opx_bf16_b {
+  int64_t k, n, kp; /* kp = k pairs (k rounded up to even, zero-padded) */
+  uint32_t *p;      /* ceil(n / NR) panels of kp x NR pairs */
+};
+
+/* round to nearest even, as vcvtne2ps2bf16 does for normal numbers (NaN stays NaN) */
+static uint32_t bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+/* element (r, c) of op(X), X row-major with leading dim ld, transposed when t */
+#define AT(x, t, ld, r, c) ((t) ? (x)[(int64_t)(c) * (ld) + (r)] : (x)[(int64_t)(r) * (ld) + (c)])
+
+opx_bf16_b *opx_bf16_pack(int tb, int64_t k, int64_t n, const float *b, int64_t ldb) {
+  if (!opx_bf16_ok() || k <= 0 || n <= 0) return NULL;
+  opx_bf16_b *pb = malloc(sizeof *pb);
+  int64_t kp = (k + 1) / 2, panels = (n + NR - 1) / NR;
+  size_t bytes = (size_t)(panels * kp * NR) * 4;
+  uint32_t *p = pb ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
+  if (!p) {
+    free(pb);
+    return NULL;
+  }
+  *pb = (opx_bf16_b){ k, n, kp, p };
+#pragma omp parallel for schedule(static)
+  for (int64_t jp = 0; jp < panels; jp++)
+    for (int64_t q = 0; q < kp; q++)
+      for (int64_t jj = 0; jj < NR; jj++) {
+        int64_t j = jp * NR + jj, k0 = 2 * q;
+        uint32_t lo = j < n ? bf16_bits(AT(b, !tb, ldb, j, k0)) : 0;
+        uint32_t hi = j < n && k0 + 1 < k ? bf16_bits(AT(b, !tb, ldb, j, k0 + 1)) : 0;
+        p[(jp * kp + q) * NR + jj] = lo | hi << 16;
+      }
+  return pb;
+}
+
+void opx_bf16_free(opx_bf16_b *pb) {
+  if (!pb) return;
+  free(pb->p);
+  free(pb);
+}
+
+#if OPX_MULTI_ISA
+/* rows [i0, i0 + rows) of op(A) as one MR-row panel of bf16 pairs (rows past
+ * the end zero): 16 pairs of a row at a time rounded by vcvtne2ps2bf16 */
+BF16_TARGET static void pack_a_panel(int ta, const float *a, int64_t lda, int64_t k, int64_t kp, int64_t i0,
+                                     int64_t rows, uint32_t *dst) {
+  for (int64_t i = 0; i < MR; i++) {
+    if (i >= rows) {
+      for (int64_t q = 0; q < kp; q++) dst[q * MR + i] = 0;
+      continue;
+    }
+    if (ta) {
+      for (int64_t q = 0; q < kp; q++) {
+        uint32_t lo = bf16_bits(AT(a, 1, lda, i0 + i, 2 * q));
+        uint32_t hi = 2 * q + 1 < k ? bf16_bits(AT(a, 1, lda, i0 + i, 2 * q + 1)) : 0;
+        dst[q * MR + i] = lo | hi << 16;
+      }
+      continue;
+    }
+    const float *r = a + (i0 + i) * lda;
+    for (int64_t q0 = 0; q0 < kp; q0 += 16) {
+      int64_t k0 = 2 * q0, left = k - k0;
+      __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+      __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+      __m512 lo = _mm512_maskz_loadu_ps(m0, r + k0), hi = _mm512_maskz_loadu_ps(m1, r + k0 + 16);
+      uint32_t t[16];
+      _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      int64_t nq = kp - q0 < 16 ? kp - q0 : 16;
+      for (int64_t q = 0; q < nq; q++) dst[(q0 + q) * MR + i] = t[q];
+    }
+  }
+}
+
+/* C tile (MR x NR, row stride ldc) = A panel x B panel over kp pairs */
+BF16_TARGET static void ukernel(int64_t kp, const uint32_t *restrict ap, const uint32_t *restrict bp, float *restrict c,
+                                int64_t ldc) {
+  __m512 acc0[MR], acc1[MR];
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < kp; q++) {
+    __m512bh b0 = (__m512bh)_mm512_load_si512(bp), b1 = (__m512bh)_mm512_load_si512(bp + 16);
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {
+      __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[i]);
+      acc0[i] = _mm512_dpbf16_ps(acc0[i], av, b0);
+      acc1[i] = _mm512_dpbf16_ps(acc1[i], av, b1);
+    }
+    ap += MR;
+    bp += NR;
+  }
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {
+    _mm512_storeu_ps(c + i * ldc, acc0[i]);
+    _mm512_storeu_ps(c + i * ldc + 16, acc1[i]);
+  }
+}
+
+/* the calling thread's A pack, grown only (no allocation per call at steady shapes) */
+static _Thread_local struct {
+  uint32_t *p;
+  size_t n;
+} tl_a;
+#endif
+
+int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
+                  const float *bias, int gelu) {
+#if OPX_MULTI_ISA
+  if (!pb || !opx_bf16_ok()) return 0;
+  if (m <= 0) return 1;
+  int64_t kp = pb->kp, n = pb->n, mpanels = (m + MR - 1) / MR, npanels = (n + NR - 1) / NR;
+  size_t need = (size_t)(mpanels * kp * MR);
+  if (need > tl_a.n) {
+    free(tl_a.p);
+    tl_a.n = 0;
+    tl_a.p = aligned_alloc(64, (need * 4 + 63) / 64 * 64);
+    if (!tl_a.p) return 0;
+    tl_a.n = need;
+  }
+  uint32_t *apack = tl_a.p;
+  int nthreads = omp_get_max_threads();
+  if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
+  /* tasks: a block of ROWBLK A panels x a chunk of B panels, at least 2 per thread where the shape allows */
+  int64_t nblk = (mpanels + ROWBLK - 1) / ROWBLK, nsplit = 1;
+  while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
+  int64_t per = (npanels + nsplit - 1) / nsplit;
+#pragma omp parallel num_threads(nthreads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t ip = 0; ip < mpanels; ip++)
+      pack_a_panel(ta, a, lda, pb->k, kp, ip * MR, m - ip * MR < MR ? m - ip * MR : MR, apack + ip * kp * MR);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < nblk * nsplit; t++) {
+      int64_t ip0 = t / nsplit * ROWBLK, ip1 = ip0 + ROWBLK < mpanels ? ip0 + ROWBLK : mpanels;
+      int64_t jp0 = t % nsplit * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
+      for (int64_t jp = jp0; jp < jp1; jp++) {
+        int64_t j = jp * NR, cols = n - j < NR ? n - j : NR;
+        for (int64_t ip = ip0; ip < ip1; ip++) {
+          int64_t i = ip * MR, rows = m - i < MR ? m - i : MR;
+          float *ct = c + i * ldc + j, tmp[MR * NR];
+          int edge = rows < MR || cols < NR;
+          ukernel(kp, apack + ip * kp * MR, pb->p + jp * kp * NR, edge ? tmp : ct, edge ? NR : ldc);
+          for (int64_t r = 0; edge && r < rows; r++) memcpy(ct + r * ldc, tmp + r * NR, (size_t)cols * sizeof(float));
+          opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, ct, ldc, bias ? bias + j : NULL, gelu);
+        }
+      }
+    }
+  }
+  return 1;
+#else
+  (void)pb, (void)ta, (void)m, (void)a, (void)lda, (void)c, (void)ldc, (void)bias, (void)gelu;
+  return 0;
+#endif
+}

@@ -1,0 +1,38 @@
+/* Low-precision inference GEMMs on a weight packed once (issue 17), with the
+ * f32 packed path's epilogue (C += bias, then exact-erf GELU when gelu):
+ *   bf16 (src/ops/gemm_bf16.c): A and W rounded to bf16 (nearest even),
+ *        products accumulated in f32 by AVX512-BF16's vdpbf16ps;
+ *   int8 (src/ops/gemm_int8.c): W symmetric int8 per output channel, A
+ *        asymmetric uint8 per row at run time, exact int32 sums (VNNI
+ *        vpdpbusd, or AVX2 vpmaddwd on the values widened to int16),
+ *        dequantized in the epilogue.
+ * C[m x n] = A[m x k] op(B), B given as an inference weight (W [n, k]
+ * stored: tb = 1). Every function returns 0 / NULL when the CPU lacks the
+ * instructions or memory ran out; the caller reports which. */
+#ifndef BL_OPS_GEMM_LOWP_H
+#define BL_OPS_GEMM_LOWP_H
+#include <stdint.h>
+
+/* does this CPU (and build) run the bf16 GEMM / the VNNI int8 kernel? Both
+ * also need the AVX-512 path in use (BL_CPU_ISA not capped below it). */
+int opx_bf16_ok(void);
+int opx_vnni_ok(void);
+
+typedef struct opx_bf16_b opx_bf16_b;
+opx_bf16_b *opx_bf16_pack(int tb, int64_t k, int64_t n, const float *b, int64_t ldb);
+void opx_bf16_free(opx_bf16_b *pb);
+int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
+                  const float *bias, int gelu);
+
+/* isa: OPX_ISA_AVX512 (VNNI kernel, needs opx_vnni_ok) or OPX_ISA_AVX2 */
+typedef struct opx_q8_b opx_q8_b;
+opx_q8_b *opx_q8_pack(int isa, int tb, int64_t k, int64_t n, const float *b, int64_t ldb);
+void opx_q8_free(opx_q8_b *pb);
+int opx_q8_isa(const opx_q8_b *pb);
+int opx_q8_gemm(const opx_q8_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
+                const float *bias, int gelu);
+/* the integer core alone, for tests: C32 = A8 Wq^T, A8 uint8 [m, k] row-major */
+int opx_q8_gemm_s32(const opx_q8_b *pb, int64_t m, const uint8_t *a, int64_t lda, int32_t *c, int64_t ldc);
+/* the per-channel weight scale of output j (W ~ scale_j * Wq[j, :]) */
+float opx_q8_scale(const opx_q8_b *pb, int64_t j);
+#endif

@@ -1,0 +1,179 @@
+/* The low-precision inference GEMMs (src/ops/gemm_bf16.c, gemm_int8.c) through
+ * bl_linear_pack_as / bl_linear_forward_packed, against references of this
+ * file on random inputs: odd M/N/K, batch 1, partial tiles, bias and GELU.
+ *
+ * bf16: the reference rounds x and W to bf16 itself (nearest even, through
+ * frexp/ldexp, not the library's bit trick) and sums the products in double.
+ * A product of two bf16 values (8-bit significands) is exact in f32, and
+ * vdpbf16ps adds the products to its f32 lane one at a time, so the kernel
+ * is a k-term f32 sum of exact terms plus the bias: within (k + 1) u sum|terms|
+ * of the reference, u = 2^-24 (Higham 3.1); GELU as in test_linear_packed
+ * (|gelu'| <= 1.13, vm_phi relative error 5e-7). Not rounding x (or
+ * truncating instead of rounding) costs up to 2^-9 of each term: hundreds of
+ * times the bound, so it fails.
+ *
+ * int8, integer core: W = 2^e_j Q with Q in [-127, 127] and one |Q| = 127 per
+ * row, so that the per-channel quantization recovers Q exactly; A uint8. The
+ * int32 sums must equal the exact integer products bit for bit, on the VNNI
+ * and the AVX2 kernel. int8, whole path: against x W^T + b in double, within
+ * the quantization bound per entry: |dx| <= sa / 2, |dw| <= sw / 2, so
+ * |err| <= sa/2 sum|w| + sw/2 sum|x| + k sa sw / 4 (times 1 + 2^-12 for the
+ * f32 roundings of the scales and of x / sa, w / sw), plus f32 rounding
+ * (k + 4) u (sum|x w| + the bound) and, with GELU, 1.13 times that. */
+#include "bertlua.h"
+#include "ops/gemm_lowp.h"
+#include "ops/vecmath.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "rand_tensor.h"
+
+static double bf16_round(double x) { /* to 8 significant bits, nearest even */
+  if (x == 0) return 0;
+  int e;
+  double f = frexp(x, &e); /* x = f 2^e, 0.5 <= |f| < 1 */
+  return ldexp(nearbyint(ldexp(f, 8)), e - 8);
+}
+
+static double gelu(double v) { return v * 0.5 * erfc(-v / sqrt(2.0)); }
+
+/* y = act(x W^T + b) packed as prec; returns the worst error as a fraction of its bound */
+static double check_layer(int prec, int64_t rows, int64_t in, int64_t out, int act) {
+  bl_tensor *x = rand_tensor(rows, in, 1.0f), *w = rand_tensor(out, in, 0.1f), *b = rand_tensor(1, out, 0.5f);
+  bl_tensor *y = rand_tensor(rows, out, 1.0f), *bv = NULL;
+  int64_t bshape[1] = { out };
+  OK(bl_tensor_view(b, 1, bshape, &bv));
+  bl_packed_weight *pw = NULL;
+  OK(bl_linear_pack_as(&pw, w, prec));
+  for (int64_t i = 0; i < rows * out; i++) ((float *)y->data)[i] = NAN; /* every entry must be written */
+  OK(bl_linear_forward_packed(y, x, w, pw, bv, act));
+  const float *X = x->data, *W = w->data, *B = b->data, *Y = y->data;
+  const double u = ldexp(1.0, -24);
+  double worst = 0;
+  for (int64_t i = 0; i < rows; i++) {
+    double xmin = 0, xmax = 0, sx = 0;
+    for (int64_t p = 0; p < in; p++) {
+      xmin = fmin(xmin, X[i * in + p]);
+      xmax = fmax(xmax, X[i * in + p]);
+      sx += fabs(X[i * in + p]);
+    }
+    for (int64_t j = 0; j < out; j++) {
+      const float *xr = X + i * in, *wr = W + j * in;
+      double v = B[j], mag = fabs(B[j]), bound;
+      if (prec == BL_PACK_BF16) {
+        for (int64_t p = 0; p < in; p++) {
+          double t = bf16_round(xr[p]) * bf16_round(wr[p]);
+          v += t;
+          mag += fabs(t);
+        }
+        bound = (double)(in + 1) * u * mag;
+      } else {
+        double wmax = 0, sw = 0;
+        for (int64_t p = 0; p < in; p++) {
+          v += (double)xr[p] * wr[p];
+          mag += fabs((double)xr[p] * wr[p]);
+          wmax = fmax(wmax, fabs(wr[p]));
+          sw += fabs(wr[p]);
+        }
+        double sa = (xmax - xmin) / 255, sq = wmax / 127;
+        /* 2^-12: the f32 roundings of the scales and of x / sa, w / sw inside the library */
+        bound = (sa / 2 * sw + sq / 2 * sx + (double)in * sa * sq / 4) * (1 + ldexp(1.0, -12));
+        bound += (double)(in + 4) * u * (mag + bound);
+      }
+      double ref = v;
+      if (act == BL_LINEAR_GELU) {
+        ref = gelu(v);
+        bound = 1.13 * bound + (5e-7 + u) * (fabs(v) + bound);
+      }
+      double got = Y[i * out + j], r = isfinite(got) ? fabs(got - ref) / (bound + 1e-30) : 1e30;
+      if (r > worst) worst = r;
+    }
+  }
+  bl_linear_pack_free(pw);
+  bl_tensor *ts[] = { x, w, b, bv, y };
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
+  return worst;
+}
+
+static void test_layers(int prec, const char *name) {
+  /* rows, in, out: one element, batch 1, odd everything, K odd and not a multiple of 4, N over many panels */
+  static const int64_t shapes[][3] = { { 1, 1, 1 },      { 1, 768, 100 },  { 29, 45, 70 }, { 15, 801, 40 },
+                                       { 33, 43, 3100 }, { 130, 300, 97 }, { 7, 3, 33 } };
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int act = 0; act < 2; act++) {
+      double r = check_layer(prec, shapes[s][0], shapes[s][1], shapes[s][2], act ? BL_LINEAR_GELU : 0);
+      CHECK(r <= 1.0, "%s on %s: %lldx%lld -> %lld, act %d: error %.3g x its bound", name, bl_cpu_isa(),
+            (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2], act, r);
+    }
+  printf("%s on %s: %d layers checked\n", name, bl_cpu_isa(), (int)(2 * sizeof shapes / sizeof shapes[0]));
+}
+
+/* the int32 sums of the int8 kernel of isa, bit for bit */
+static void test_int8_exact(int isa, const char *name) {
+  static const int64_t shapes[][3] = { { 1, 1, 1 }, { 1, 768, 64 }, { 17, 33, 45 }, { 100, 301, 70 }, { 6, 5, 16 } };
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    int64_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
+    float *w = malloc(sizeof(float) * n * k);
+    int32_t *q = malloc(sizeof(int32_t) * n * k), *c = malloc(sizeof(int32_t) * m * n);
+    uint8_t *a = malloc((size_t)(m * k));
+    for (int64_t j = 0; j < n; j++) {
+      float scale = ldexpf(1.0f, (int)(rng_next() % 16) - 12);
+      for (int64_t p = 0; p < k; p++) q[j * k + p] = (int32_t)(rng_next() % 255) - 127;
+      q[j * k + (int64_t)(rng_next() % (uint64_t)k)] = rng_next() & 1 ? 127 : -127;
+      for (int64_t p = 0; p < k; p++) w[j * k + p] = scale * (float)q[j * k + p];
+    }
+    for (int64_t i = 0; i < m * k; i++) a[i] = (uint8_t)(rng_next() % 256);
+    opx_q8_b *pb = opx_q8_pack(isa, 1, k, n, w, k);
+    CHECK(pb != NULL, "%s: int8 pack %lldx%lld failed", name, (long long)n, (long long)k);
+    if (pb && opx_q8_gemm_s32(pb, m, a, k, c, n)) {
+      int64_t bad = 0;
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+          int64_t ref = 0;
+          for (int64_t p = 0; p < k; p++) ref += (int64_t)a[i * k + p] * q[j * k + p];
+          bad += ref != c[i * n + j];
+        }
+      CHECK(bad == 0, "%s: int8 sums %lldx%lldx%lld: %lld of %lld differ", name, (long long)m, (long long)n,
+            (long long)k, (long long)bad, (long long)(m * n));
+    }
+    opx_q8_free(pb);
+    free(w), free(q), free(c), free(a);
+  }
+  printf("%s: int8 integer sums exact\n", name);
+}
+
+int main(void) {
+  rng_state = 0xD1B54A32D192ED03ull;
+  if (bl_cpu_set_isa("avx512") == 0 && bl_cpu_has("avx512_bf16"))
+    test_layers(BL_PACK_BF16, "bf16");
+  else
+    printf("bf16: no AVX512-BF16 on this CPU/build: skipped (%s)\n", bl_cpu_info());
+  static const char *const paths[] = { "avx512", "avx2" };
+  for (int i = 0; i < 2; i++) {
+    if (bl_cpu_set_isa(paths[i]) != 0) {
+      printf("int8 on %s: not on this CPU or build, skipped\n", paths[i]);
+      continue;
+    }
+    int vnni = bl_cpu_has("avx512_vnni");
+    if (i == 0 && !vnni) printf("int8 on avx512: no VNNI, the AVX2 kernel runs\n");
+    test_layers(BL_PACK_INT8, "int8");
+    test_int8_exact(vnni ? OPX_ISA_AVX512 : OPX_ISA_AVX2, vnni ? "int8 vnni" : "int8 avx2");
+  }
+  /* what the CPU cannot do is a clear error, not a crash */
+  bl_tensor *w = rand_tensor(4, 8, 1.0f);
+  bl_packed_weight *pw = NULL;
+  if (bl_cpu_set_isa("baseline") == 0) {
+    CHECK(bl_linear_pack_as(&pw, w, BL_PACK_INT8) != 0 && strstr(bl_last_error(), "int8 needs"),
+          "int8 on the baseline path: %s", bl_last_error());
+    CHECK(bl_linear_pack_as(&pw, w, BL_PACK_BF16) != 0 && strstr(bl_last_error(), "AVX512-BF16"),
+          "bf16 on the baseline path: %s", bl_last_error());
+  }
+  CHECK(bl_linear_pack_as(&pw, w, 9) != 0 && strstr(bl_last_error(), "unknown precision"), "precision 9: %s",
+        bl_last_error());
+  bl_tensor_free(w);
+  printf("%s\n", failures ? "FAILED" : "OK");
+  return failures ? 1 : 0;
+}
