@@ -55,16 +55,16 @@ T.test("tiny SQuAD fine-tuning in bf16: cuda (compute copy) predicts like the cp
   local cjson = require "cjson"
   local pa = cjson.decode(T.slurp(tmp .. "/bf16_cpu/predictions.json"))
   local pb = cjson.decode(T.slurp(tmp .. "/bf16_cuda/predictions.json"))
-  local n, differ = 0, 0
+  local count, differ = 0, 0
   for id, ans in pairs(pa) do
-    n = n + 1
+    count = count + 1
     if pb[id] ~= ans then differ = differ + 1 end
   end
   local ea = cjson.decode(T.slurp(tmp .. "/bf16_cpu/eval_results.json"))
   local eb = cjson.decode(T.slurp(tmp .. "/bf16_cuda/eval_results.json"))
-  print(("bf16: %d of %d answers differ; EM %.2f / %.2f, F1 %.2f / %.2f (cpu / cuda)"):format(differ, n,
+  print(("bf16: %d of %d answers differ; EM %.2f / %.2f, F1 %.2f / %.2f (cpu / cuda)"):format(differ, count,
     ea.exact_match, eb.exact_match, ea.f1, eb.f1))
-  T.truthy(n > 0 and differ <= ANSWER_FLIPS * n, ("%d of %d answers differ"):format(differ, n))
+  T.truthy(count > 0 and differ <= ANSWER_FLIPS * count, ("%d of %d answers differ"):format(differ, count))
   T.truthy(math.abs(eb.exact_match - ea.exact_match) <= SCORE_TOL, "EM cuda / cpu")
   T.truthy(math.abs(eb.f1 - ea.f1) <= SCORE_TOL, "F1 cuda / cpu")
 end)
