@@ -189,6 +189,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- bf16/fp16: f32 master weights and the half compute copy on a GPU (half weights and gradients emulated on the
   -- CPU, see bertlua.train.amp), loss scaling for fp16
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision, scaler = scaler_opts }
+  say("  training path: " .. mp:path())
   -- With accumulation, each micro-batch's gradient is computed into the zeroed
   -- model buffer and then added to `acc`: the same additions an all-reduce over
   -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.

@@ -214,10 +214,13 @@ T.test("MixedPrecision on a model with a compute copy: no rounding passes, misma
   local m = bert.BertForPreTraining(cfg, { seed = 1 })
   T.eq(amp.model_to(m, -1, "bf16"), m)
   T.eq(m.compute_dtype, nil, "model_to on the cpu keeps the f32 model (the emulation)")
-  T.eq(amp.MixedPrecision{ model = m, precision = "bf16" }.compute, false)
+  local emu = amp.MixedPrecision{ model = m, precision = "bf16" }
+  T.truthy(not emu.compute and emu.master, "an f32 model: the emulation")
+  T.eq(emu:path(), "bf16 emulated on f32 activations, f32 master weights")
   m:to{ dtype = "bf16" }
   local mp = amp.MixedPrecision{ model = m, precision = "bf16" }
   T.truthy(mp.compute and not mp.master, "compute mode keeps no master copy")
+  T.eq(mp:path(), "bf16 compute copy, f32 master weights")
   m.flat_grads:copy_(bl.rand({ m.flat_grads:numel() }, { seed = 4, low = -1, high = 1 }))
   local w, g = m.flat_params:clone(), m.flat_grads:clone()
   mp:begin_step()

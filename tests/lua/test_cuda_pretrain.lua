@@ -73,7 +73,7 @@ T.test("bf16 and fp16: 20 steps on cuda (compute copy) track the cpu (emulation)
     run(p .. "_cpu", args .. " --device=cpu")
     local out = run(p .. "_cuda", args .. " --device=cuda")
     local path = amp.path(0, p)
-    T.truthy(out:find(path, 1, true), ("the startup line names the path '%s': %s"):format(path, out))
+    T.truthy(out:find("training path: " .. path, 1, true), ("the run names its path '%s': %s"):format(path, out))
     local c, g = losses(tmp .. "/" .. p .. "_cpu"), losses(tmp .. "/" .. p .. "_cuda")
     for s = 1, 20 do
       T.truthy(g[s] and rel(g[s], c[s]) <= HALF_TOL[p], ("%s step %d: cuda %.9g cpu %.9g"):format(p, s, g[s] or 0 / 0,

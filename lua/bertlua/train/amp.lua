@@ -273,12 +273,13 @@ end
 
 -- path(dev, p) -> how a model moved by model_to trains in precision p on dev, for the startup lines: "bf16 compute
 -- copy, f32 master weights" (a GPU), "bf16 emulated on f32 activations, f32 master weights" (the CPU), or "f32
--- GEMMs" / "tf32 GEMMs"
+-- GEMMs" / "tf32 GEMMs". MixedPrecision:path() says the same from the model it was given.
+local function describe(dt, copy, tf32)
+  if not dt then return (tf32 and "tf32" or "f32") .. " GEMMs" end
+  return dt .. (copy and " compute copy" or " emulated on f32 activations") .. ", f32 master weights"
+end
 function M.path(dev, p)
-  local dt = M.storage_dtype(p)
-  if not dt then return (dev >= 0 and p == "tf32" and "tf32" or "f32") .. " GEMMs" end
-  if dev >= 0 then return dt .. " compute copy, f32 master weights" end
-  return dt .. " emulated on f32 activations, f32 master weights"
+  return describe(M.storage_dtype(p), dev >= 0, dev >= 0 and p == "tf32")
 end
 
 -- round_weights(model, p): inference in precision p: the model's parameters
@@ -352,6 +353,13 @@ function M.MixedPrecision(o)
     self.half = fp:empty_like({ dtype = self.dtype })
   end
   return self
+end
+
+-- path() -> the path this step takes, as amp.path: from the model's real set-up (a log line that shows a GPU run
+-- trains on its compute copy, not on the emulation)
+function MP:path()
+  local dev = self.model.flat_params:device()
+  return describe(self.dtype, self.compute, dev ~= "cpu" and self.precision == "tf32")
 end
 
 function MP:scale()

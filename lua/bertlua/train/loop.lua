@@ -103,8 +103,8 @@ function M.fit(o)
   end
   local model, dev, precision = o.model, o.device or -1, o.precision or "fp32"
   -- on a GPU bf16/fp16 train on the half compute copy, never on the emulation of the CPU (bertlua.train.amp)
-  local half = amp.storage_dtype(precision)
-  if dev >= 0 and half and model.compute_dtype ~= half then amp.model_to(model, dev, precision) end
+  local known, half = pcall(amp.storage_dtype, precision)   -- an unknown one: MixedPrecision's error below
+  if dev >= 0 and known and half and model.compute_dtype ~= half then amp.model_to(model, dev, precision) end
   -- on a GPU the step stays on the device (bertlua.train.device_step) for the heads it knows
   local make_device_step = dev >= 0 and not o.synchronous and device_step.for_model(model) or nil
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01,
@@ -114,6 +114,7 @@ function M.fit(o)
   -- bf16/fp16: f32 master weights, the half compute copy (GPU) or emulated half weights and gradients (CPU), fp16
   -- loss scaling
   local mp = amp.MixedPrecision{ model = model, precision = precision, scaler = o.scaler }
+  if rank == 0 then print("train: training path: " .. mp:path()) end
   -- gradients accumulate in place: a layer's are final when its backward of the last micro-batch returns, once
   -- rounded to bf16/fp16 (the CPU's emulation); its buckets are reduced while the rest of backward runs
   local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = o.bucket_mb, dtype = o.allreduce_dtype }
@@ -260,8 +261,8 @@ function M.predict(o)
   end
   local model, dev, precision = o.model, o.device or -1, o.precision or "fp32"
   -- on a GPU bf16/fp16 train on the half compute copy, never on the emulation of the CPU (bertlua.train.amp)
-  local half = amp.storage_dtype(precision)
-  if dev >= 0 and half and model.compute_dtype ~= half then amp.model_to(model, dev, precision) end
+  local known, half = pcall(amp.storage_dtype, precision)   -- an unknown one: MixedPrecision's error below
+  if dev >= 0 and known and half and model.compute_dtype ~= half then amp.model_to(model, dev, precision) end
   local rank, world = dist.rank(), dist.size()
   model:eval()
   local lat = {}
