@@ -44,9 +44,9 @@ local opt = options.parse(arg, {
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
   { "log_every", 1, "a training log line every N steps (on a GPU the one host wait of a step)", int = true, min = 1 },
   { "precision", "fp32",
-    "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with " ..
-      "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
-        "emulated (f32 activations)" },
+    "fp32 | tf32 | bf16 | fp16: training with f32 master weights (fp16 with dynamic loss scaling); on a GPU a " ..
+      "bf16/f16 compute copy with half activations, on the CPU half weights and gradients emulated (f32 " ..
+        "activations) and tf32 = fp32; prediction in the same precision" },
   { "seed", 42, "seed", int = true, min = 0, max = 2 ^ 53 }, { "threads", 0, "CPU threads (0: default)" },
   { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true },
   { "allreduce_dtype", "fp32", "data parallel: fp32 or bf16 gradient all-reduce" },
@@ -66,7 +66,7 @@ amp.check_precision("glue", opt.precision)
 dist.check_allreduce_dtype("glue", opt.allreduce_dtype)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "glue")
 local dev, dev_line = device.setup(opt, "glue")
-print(dev_line)
+print(("%s (%s)"):format(dev_line, amp.path(dev, opt.precision)))
 
 local task = opt.task:lower()
 do
@@ -105,8 +105,8 @@ do  -- a classifier fine-tuned for another task does not fit: say so before load
       :format(opt.model, c.num_labels, task, num_labels), 0)
   end
 end
-local model = device.model_to(bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels,
-  seed = opt.seed }), dev)
+local model = amp.model_to(bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels,
+  seed = opt.seed }), dev, opt.precision)
 
 -- examples of a split (t: the task, or mnli-mm for MNLI's mismatched files); a
 -- file with no usable row stops the run with the file's name (reasons above)
@@ -163,8 +163,9 @@ if opt.do_train then
     print("train: model saved to " .. opt.output .. "/model")
   end
 end
--- the saved model keeps the f32 master weights; evaluation and prediction run in --precision
-if (opt.do_eval or opt.do_predict) and amp.round_weights(model, opt.precision) then
+-- the saved model keeps the f32 master weights; evaluation and prediction run in --precision (on a GPU: the
+-- compute copy)
+if (opt.do_eval or opt.do_predict) and amp.round_weights(model, opt.precision) and dev < 0 then
   print("predict: weights rounded to " .. opt.precision)
 end
 

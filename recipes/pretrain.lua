@@ -55,8 +55,8 @@ local SPEC = {
   { "micro_batch", 8, "sequences per device per forward/backward", int = true, min = 1 },
   { "bin_lengths", false, "loader sorts sequences by length within windows of 64 steps: less padding (phase 2)" },
   { "precision", "fp32",
-    "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, half weights and gradients, " ..
-      "fp16 with loss scaling)" },
+    "fp32 | tf32 | bf16 | fp16 (tf32 = fp32 on the CPU; bf16/fp16: f32 master weights, on a GPU a half compute " ..
+      "copy with half activations, on the CPU half weights and gradients emulated; fp16 with loss scaling)" },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, dynamic:INIT[:INTERVAL] or a fixed number (e.g. 32768)" },
   { "bucket_mb", 25, "data parallel: gradients are summed in buckets of this many MB (f32), each launched as "
     .. "soon as backward has finished it", min = 0, above = true },
@@ -93,7 +93,8 @@ amp.check_precision("pretrain", opt.precision)
 dist.check_allreduce_dtype("pretrain", opt.allreduce_dtype)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "pretrain")
 local dev, dev_line = device.setup(opt, "pretrain")
-say(("%s; world size %d, %d CPU threads per rank"):format(dev_line, world, bl.num_threads()))
+say(("%s (%s); world size %d, %d CPU threads per rank"):format(dev_line, amp.path(dev, opt.precision), world,
+  bl.num_threads()))
 say(options.show(opt))
 local use_graph = opt.cuda_graph
 if use_graph and graph.unavailable(world, dev) then
@@ -178,15 +179,17 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     require("bertlua.io.import").load_into(model, init_model_dir)
     say("  initialised from " .. init_model_dir)
   end
-  device.model_to(model, dev)
+  -- on a GPU in bf16/fp16 the model trains on its half compute copy; f32 master weights stay in flat_params
+  amp.model_to(model, dev, opt.precision)
   local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay,
     max_grad_norm = opt.max_grad_norm }
   if prev_opt_state and opt.keep_optimizer then lamb:load_state_dict(prev_opt_state) end
   local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, power = opt.power,
     warmup_steps = ph.warmup_steps, warmup_proportion = not ph.warmup_steps and ph.warmup or nil }
-  -- bf16/fp16: f32 master weights, half-precision weights and gradients
-  -- (emulated on the CPU, see bertlua.train.amp), loss scaling for fp16
+  -- bf16/fp16: f32 master weights and the half compute copy on a GPU (half weights and gradients emulated on the
+  -- CPU, see bertlua.train.amp), loss scaling for fp16
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision, scaler = scaler_opts }
+  say("  training path: " .. mp:path())
   -- With accumulation, each micro-batch's gradient is computed into the zeroed
   -- model buffer and then added to `acc`: the same additions an all-reduce over
   -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.

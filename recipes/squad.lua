@@ -55,9 +55,9 @@ local opt = options.parse(arg, {
   { "log_every", 1, "a training log line every N steps (on a GPU the one host wait of a step)", int = true, min = 1 },
   { "seed", 42, "seed (initialisation of a new head, data order, dropout)", int = true, min = 0, max = 2 ^ 53 },
   { "precision", "fp32",
-    "fp32 | tf32 | bf16 | fp16: training with f32 master weights and bf16/f16 weights and gradients (fp16 with " ..
-      "dynamic loss scaling), prediction with weights rounded to it; on the CPU tf32 = fp32 and half precision is " ..
-        "emulated (f32 activations)" },
+    "fp32 | tf32 | bf16 | fp16: training with f32 master weights (fp16 with dynamic loss scaling); on a GPU a " ..
+      "bf16/f16 compute copy with half activations, on the CPU half weights and gradients emulated (f32 " ..
+        "activations) and tf32 = fp32; prediction in the same precision" },
   { "threads", 0, "CPU threads (0: default)" },
   { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true },
   { "allreduce_dtype", "fp32", "data parallel: fp32 or bf16 gradient all-reduce" },
@@ -76,7 +76,7 @@ amp.check_precision("squad", opt.precision)
 dist.check_allreduce_dtype("squad", opt.allreduce_dtype)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "squad")
 local dev, dev_line = device.setup(opt, "squad")
-print(dev_line)
+print(("%s (%s)"):format(dev_line, amp.path(dev, opt.precision)))
 -- every input is checked before any work, so a typo does not cost a training run
 local vocab = ft.model_dir("squad", opt.model, opt.vocab)
 if opt.do_train then ft.input_file("squad", opt.train_file, "--train-file") end
@@ -87,7 +87,7 @@ end
 
 fs.mkdir_p(opt.output)
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
-local model = device.model_to(bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev)
+local model = amp.model_to(bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev, opt.precision)
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,
   max_query_length = opt.max_query_length }
 
@@ -149,8 +149,8 @@ if opt.do_train then
 end
 
 if opt.do_predict then
-  -- the saved model keeps the f32 master weights; prediction runs in --precision
-  if amp.round_weights(model, opt.precision) then print("predict: weights rounded to " .. opt.precision) end
+  -- the saved model keeps the f32 master weights; prediction runs in --precision (on a GPU: the compute copy)
+  if amp.round_weights(model, opt.precision) and dev < 0 then print("predict: weights rounded to " .. opt.precision) end
   local examples, rep = squad.read_examples(opt.predict_file, { is_training = false,
     version_2_with_negative = opt.version_2_with_negative })
   print(("predict: %d questions, %d examples, %d skipped"):format(rep.questions, rep.examples, rep.skipped))

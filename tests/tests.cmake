@@ -38,6 +38,8 @@ endforeach()
 set_tests_properties(lua_test_cuda_pretrain PROPERTIES TIMEOUT 1500)
 # two pairs of emulated-cuda pre-training runs, with and without --cuda-graph: ~3 min on a loaded 2-core VM
 set_tests_properties(lua_test_cuda_graph PROPERTIES TIMEOUT 1200)
+# three pairs of tiny SQuAD fine-tunings (cpu/cuda fp32 and bf16, 1 rank/2 ranks): ~3 min each pair when loaded
+set_tests_properties(lua_test_cuda_squad PROPERTIES TIMEOUT 1200)
 
 file(GLOB BL_HOSTILE_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/hostile/test_*.lua)
 foreach(src ${BL_HOSTILE_TESTS})

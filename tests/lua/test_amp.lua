@@ -2,7 +2,8 @@
 -- step skipped, weights and moments unchanged, scale halved; growth after
 -- growth_interval clean steps; floor; persistent-NaN error; fused step path
 -- equals the unscale-then-step path; state_dict; the bf16 pass-through;
--- MixedPrecision (f32 master weights, half weights/gradients in the step).
+-- MixedPrecision (f32 master weights, half weights/gradients in the step; no
+-- rounding on a model with a half compute copy).
 local T = require "testing"
 local bl = require "bertlua"
 local optim = require "bertlua.train.optim"
@@ -203,6 +204,34 @@ T.test("MixedPrecision bf16/fp16: half weights and gradients inside the step, f3
     T.truthy(lost > N * 0.9, prec .. ": the same updates vanish when rounded (" .. lost .. " lost)")
     T.eq(mp.scaler.enabled, prec == "fp16")
   end
+end)
+
+-- a model with a half compute copy (what amp.model_to makes on a GPU; model:to{dtype=} here): no emulation
+T.test("MixedPrecision on a model with a compute copy: no rounding passes, mismatches refused", function()
+  local bert = require "bertlua.bert"
+  local cfg = bert.config.new{ vocab_size = 64, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+    intermediate_size = 64, max_position_embeddings = 32 }
+  local m = bert.BertForPreTraining(cfg, { seed = 1 })
+  T.eq(amp.model_to(m, -1, "bf16"), m)
+  T.eq(m.compute_dtype, nil, "model_to on the cpu keeps the f32 model (the emulation)")
+  local emu = amp.MixedPrecision{ model = m, precision = "bf16" }
+  T.truthy(not emu.compute and emu.master, "an f32 model: the emulation")
+  T.eq(emu:path(), "bf16 emulated on f32 activations, f32 master weights")
+  m:to{ dtype = "bf16" }
+  local mp = amp.MixedPrecision{ model = m, precision = "bf16" }
+  T.truthy(mp.compute and not mp.master, "compute mode keeps no master copy")
+  T.eq(mp:path(), "bf16 compute copy, f32 master weights")
+  m.flat_grads:copy_(bl.rand({ m.flat_grads:numel() }, { seed = 4, low = -1, high = 1 }))
+  local w, g = m.flat_params:clone(), m.flat_grads:clone()
+  mp:begin_step()
+  mp:round_grads(0, m.flat_grads:numel())
+  mp:end_backward()
+  T.truthy(same(m.flat_params, w) and same(m.flat_grads, g), "f32 weights and gradients untouched by the hooks")
+  T.raises(function() amp.MixedPrecision{ model = m, precision = "fp16" } end, "model computes in bf16")
+  T.eq(amp.path(0, "bf16"), "bf16 compute copy, f32 master weights")
+  T.eq(amp.path(-1, "fp16"), "f16 emulated on f32 activations, f32 master weights")
+  T.eq(amp.path(0, "tf32"), "tf32 GEMMs")
+  T.eq(amp.path(-1, "tf32"), "f32 GEMMs")
 end)
 
 T.test("MixedPrecision fp16: an overflowing gradient skips the step and backs off", function()

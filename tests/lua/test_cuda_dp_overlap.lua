@@ -1,14 +1,15 @@
 -- recipes/pretrain.lua data parallel on cuda with gradient accumulation and bf16 training: the bucketed all-reduce
 -- overlaps the backward of the last micro-batch (each encoder layer's buckets are launched once its gradients are
--- final: the earlier micro-batches' sum added, rounded to bf16), where it used to wait for the whole backward.
+-- final: the earlier micro-batches' sum added), where it used to wait for the whole backward. On cuda bf16 trains
+-- on the half compute copy, whose gradients are f32 (the cpu's emulation would round them to bf16 there).
 --   * the overlap as the run saw it: the log's overlapped_buckets (buckets launched before backward returned) is
 --     > 0 on every step with 0.02 MB buckets, and 0 with one bucket for the whole model (nothing completes it
 --     before backward ends: the old order); the two runs give the same losses and weights bit for bit (the sums
 --     are elementwise, only their timing moved);
---   * 2 ranks x accumulation 2 against 1 rank x accumulation 4 (same global batch and data): each rank rounds its
---     partial sum to bf16 before the f32 all-reduce, the single rank the whole sum, so gradients differ by up to
---     2^-8 of their magnitude. Step 1's loss (before any update) is equal; later losses move by about that
---     fraction of the loss change a step makes (measured 1.4e-6 relative): bound 1e-5. Weights: LAMB/Adam
+--   * 2 ranks x accumulation 2 against 1 rank x accumulation 4 (same global batch and data): the f32 gradients are
+--     summed in another order (the emulation, rounding each rank's partial sum to bf16, made them differ by up to
+--     2^-8 of their magnitude, the bound below was made for that). Step 1's loss (before any update) is equal;
+--     later losses move by about that fraction of the loss change a step makes: bound 1e-5. Weights: LAMB/Adam
 --     updates are normalised, an element moves by up to lr (1e-2 here) per step whatever its gradient, and a
 --     perturbed gradient moves it by the perturbation's share of that: measured 2.6e-4 (a LayerNorm bias after
 --     3 steps), bound 1e-3 absolute, a tenth of one step (an unreduced or twice-added range moves far more).

@@ -7,6 +7,7 @@
 --   * fp16: the loss scaler decides on the device; the synchronous scaler's norm sums the whole flat buffer in
 --     fixed chunks, the device's the segments in theirs (f64, about 1e-16 apart), which can move a clipping
 --     factor by an f32 ulp: losses within 1e-6 relative;
+--   * bf16/fp16 train on the model's half compute copy, which fit makes (the recorded launches show its GEMMs);
 --   * the emulated runtime's counters: at most one host wait per logged step (log_every 1 and 3) and no device
 --     allocation after the first step; the synchronous step needs several waits per step (the counters see them).
 -- Needs a CUDA device (the emulated one in CI); skipped otherwise.
@@ -76,7 +77,7 @@ local function fit(head, name, o)
     local r = cjson.decode(line)
     if r.step then recs[#recs + 1] = r end
   end
-  return recs, model.flat_params:to("cpu"):totable()
+  return recs, model.flat_params:to("cpu"):totable(), model
 end
 
 local function same_run(head, precision, rtol)
@@ -107,6 +108,25 @@ end
 T.test("qa fp16 (loss scaling on the device): losses within 1e-6 of the synchronous step's", function()
   local _, dev = same_run("qa", "fp16", 1e-6)
   T.truthy(dev[STEPS].loss_scale and dev[STEPS].loss_scale > 0, "the loss scale is logged")
+end)
+
+-- fit given an f32 model on cuda and bf16 makes its half compute copy and trains on it: every GEMM on the half
+-- tensor-core engine, no rounding pass (one cast makes the copy) -- with a fall-back to the emulation, the GEMMs
+-- would be f32 and each step would make 4 casts
+T.test("bf16 fit on cuda trains on the half compute copy (recorded launches)", function()
+  local stepmodel = require "bertlua.stepmodel"
+  local model
+  local list = stepmodel.record(0, function()
+    model = select(3, fit("classification", "copy", { precision = "bf16" }))
+  end)
+  T.eq(model.compute_dtype, "bf16", "the model's compute dtype after fit")
+  local gemm, tc16, cast = 0, 0, 0
+  for _, l in ipairs(list) do
+    if l.cls == "gemm" then gemm, tc16 = gemm + 1, tc16 + (l.engine == "tc16" and 1 or 0) end
+    if l.cls == "cast" then cast = cast + 1 end
+  end
+  T.truthy(gemm > 0 and tc16 == gemm, ("%d of %d GEMMs on tensor cores"):format(tc16, gemm))
+  T.truthy(cast <= 1, ("%d casts in %d steps: only the one that makes the copy"):format(cast, STEPS))
 end)
 
 T.test("at most one host wait per logged step, no allocation after step 1", function()

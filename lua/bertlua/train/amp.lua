@@ -225,11 +225,13 @@ end
 --   fp16  weights and gradients stored as f16; f32 master weights; dynamic
 --         loss scaling (DynamicLossScaler above): an overflowing step is
 --         skipped and the scale backs off.
--- On the CPU half-precision storage is emulated (MixedPrecision below): the
--- weights the forward and backward passes read and the gradients they write
--- are rounded to bf16/f16 while activations stay f32, so the rounding,
--- overflow and underflow of half-precision weights and gradients happen as on
--- a GPU, and the loss scaler is exercised for real.
+-- On a GPU bf16/fp16 train on the model's half compute copy (model_to below: model:to{dtype=}): half
+-- weights and activations, bf16/f16 tensor-core GEMMs and attention, f32 gradients and f32 master weights
+-- (flat_params), the copy written by the optimizer's update pass. On the CPU, which has no such kernels for
+-- training, half-precision storage is emulated (MixedPrecision below): the weights the forward and backward
+-- passes read and the gradients they write are rounded to bf16/f16 while activations stay f32, so the rounding,
+-- overflow and underflow of half-precision weights and gradients happen as there, and the loss scaler is
+-- exercised for real.
 M.PRECISIONS = { "fp32", "tf32", "bf16", "fp16" }
 local HALF = { fp32 = false, tf32 = false, bf16 = "bf16", fp16 = "f16" }
 
@@ -261,11 +263,31 @@ function M.round_(t, dtype, buf)
   return t
 end
 
+-- model_to(model, dev, p): the model for training or inference in precision p on dev (-1: the CPU, nothing to
+-- do; the emulation above). On a GPU its buffers move there, and for bf16/fp16 it gets its half compute copy.
+-- Returns the model.
+function M.model_to(model, dev, p)
+  if dev >= 0 then model:to{ device = dev, dtype = M.storage_dtype(p or "fp32") or "f32" } end
+  return model
+end
+
+-- path(dev, p) -> how a model moved by model_to trains in precision p on dev, for the startup lines: "bf16 compute
+-- copy, f32 master weights" (a GPU), "bf16 emulated on f32 activations, f32 master weights" (the CPU), or "f32
+-- GEMMs" / "tf32 GEMMs". MixedPrecision:path() says the same from the model it was given.
+local function describe(dt, copy, tf32)
+  if not dt then return (tf32 and "tf32" or "f32") .. " GEMMs" end
+  return dt .. (copy and " compute copy" or " emulated on f32 activations") .. ", f32 master weights"
+end
+function M.path(dev, p)
+  return describe(M.storage_dtype(p), dev >= 0, dev >= 0 and p == "tf32")
+end
+
 -- round_weights(model, p): inference in precision p: the model's parameters
 -- rounded to bf16/f16 once, in place (no-op for fp32/tf32). Returns the dtype or nil.
 function M.round_weights(model, p)
   local dt = M.storage_dtype(p)
-  if dt then M.round_(model.flat_params, dt) end
+  -- a model with that compute copy (on a GPU) already predicts from the rounded weights
+  if dt and model.compute_dtype ~= dt then M.round_(model.flat_params, dt) end
   return dt
 end
 
@@ -297,8 +319,15 @@ end
 -- an fp32 run is bitwise what it was without this object. For bf16/fp16 the
 -- optimizer updates the f32 master copy: updates smaller than half a unit in
 -- the last place of a bf16 weight (lr 3e-5 on a weight of 0.05 is) still
--- accumulate, as with a GPU's f32 master weights. Memory: one f32 copy and
--- one half copy of the parameters.
+-- accumulate.
+-- Two modes for bf16/fp16:
+--   * a model with a half compute copy of that dtype (a GPU model moved by model_to): flat_params are the master
+--     weights already, the forward and backward read the copy and write f32 gradients; begin_step, end_backward
+--     and round_grads do nothing (mp.compute is true). The optimizer (built with model=) writes the copy in its
+--     update pass; on a skipped step it writes neither. The fp16 loss scale seeds the half backward, and an
+--     activation gradient that overflows f16 reaches the f32 gradients as inf/NaN, which the step's check sees.
+--   * otherwise (the CPU) the emulation: begin_step keeps an f32 master copy and rounds flat_params to half,
+--     end_backward rounds the gradients and restores the master. Memory: one f32 and one half copy.
 local MP = {}
 MP.__index = MP
 
@@ -312,12 +341,25 @@ function M.MixedPrecision(o)
   end
   local self = setmetatable({ model = o.model, precision = p, dtype = HALF[p] or nil }, MP)
   self.scaler = p == "fp16" and M.DynamicLossScaler(o.scaler) or M.NoScaler()
-  if self.dtype then
+  local cdt = o.model.compute_dtype
+  if cdt and self.dtype and cdt ~= self.dtype then   -- (recipes/benchmark.lua steps a bf16 model as fp32)
+    error(("amp.MixedPrecision: precision %s, but the model computes in %s (move it with amp.model_to)")
+      :format(p, cdt), 2)
+  end
+  self.compute = cdt ~= nil
+  if self.dtype and not self.compute then
     local fp = o.model.flat_params
     self.master = fp:clone()
     self.half = fp:empty_like({ dtype = self.dtype })
   end
   return self
+end
+
+-- path() -> the path this step takes, as amp.path: from the model's real set-up (a log line that shows a GPU run
+-- trains on its compute copy, not on the emulation)
+function MP:path()
+  local dev = self.model.flat_params:device()
+  return describe(self.dtype, self.compute, dev ~= "cpu" and self.precision == "tf32")
 end
 
 function MP:scale()
@@ -390,7 +432,7 @@ function MP:read(values)
 end
 
 function MP:begin_step()
-  if not self.dtype then return end
+  if not self.master then return end
   local fp = self.model.flat_params
   self.master:copy_(fp)
   M.round_(fp, self.dtype, self.half)
@@ -398,7 +440,7 @@ end
 
 -- end_backward([{rounded = true}]): rounded: the gradients were rounded already, range by range (round_grads)
 function MP:end_backward(opts)
-  if not self.dtype then return end
+  if not self.master then return end
   if not (opts and opts.rounded) then M.round_(self.model.flat_grads, self.dtype, self.half) end
   self.model.flat_params:copy_(self.master)
 end
@@ -406,7 +448,7 @@ end
 -- round_grads(lo, hi): gradient elements [lo, hi) (0-based) rounded to the half dtype, as end_backward rounds
 -- them all: a data-parallel reducer rounds each layer's range when it is final (dist.Reducer:on_final)
 function MP:round_grads(lo, hi)
-  if not self.dtype or hi <= lo then return end
+  if not self.master or hi <= lo then return end
   M.round_(self.model.flat_grads:narrow(1, lo + 1, hi - lo), self.dtype, self.half:narrow(1, lo + 1, hi - lo))
 end
 

@@ -2,7 +2,7 @@
 --
 --   local ckpt = require "bertlua.train.checkpoint"
 --   ckpt.save("runs/x/checkpoints", {
---     step = 100, model = model,                          -- weights, HF names (model.safetensors)
+--     step = 100, model = model,                          -- f32 (master) weights, HF names (model.safetensors)
 --     tensors = { ["optimizer.exp_avg"] = m, ... },         -- optimizer state etc. (state.safetensors)
 --     state = { phase = 1, rng = ..., loader = ..., scaler = ..., optimizer = {...} },  -- JSON
 --     identity = { model_config = cfg, optimizer = "lamb", data_slices = 2 },          -- must match on load
@@ -142,7 +142,11 @@ function M.load(path, opts)
     end
   end
   compare(path, opts.identity, meta.identity or {})
-  if opts.model then st.load_model(opts.model, path .. "/model.safetensors", { strict = opts.strict }) end
+  if opts.model then
+    st.load_model(opts.model, path .. "/model.safetensors", { strict = opts.strict })
+    -- the file holds the f32 master weights; a model with a half compute copy (a GPU in bf16/fp16) reads that
+    if opts.model.sync_compute then opts.model:sync_compute() end
+  end
   local tensors = {}
   if exists(path .. "/state.safetensors") then tensors = st.load(path .. "/state.safetensors") end
   return { step = meta.step, state = meta.state, identity = meta.identity, tensors = tensors, path = path }

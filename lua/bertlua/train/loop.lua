@@ -24,7 +24,8 @@
 --   trainer.fit{ model = m, n = #features, batch = 32, micro_batch = 8, epochs = 2, lr = 3e-5,
 --                warmup = 0.1 (or warmup_steps = N), make_batch = function(indices) return batch_table end,
 --                log_path = ..., precision = "fp32",  -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision
---                device = -1,           -- or N: the model is on cuda:N (model:to), batches are moved there
+--                device = -1,           -- or N: the model is on cuda:N (model:to), batches are moved there;
+--                                       -- bf16/fp16 train on its half compute copy (made here if it has none)
 --                log_every = 1,         -- on a GPU: a log line (and the step's one host wait) every N steps
 --                synchronous = false,   -- true: on a GPU too, the step that reads every loss back (comparisons)
 --                bucket_mb = 25, allreduce_dtype = "fp32" }   -- data parallel (below)
@@ -100,17 +101,22 @@ function M.fit(o)
     print(("train: %d examples, %d steps (%d epochs x %d), batch %d = %s%d x %d"):format(o.n, total, o.epochs,
       steps_per_epoch, o.batch, world > 1 and world .. " ranks x " or "", micro, accum))
   end
-  local model, dev = o.model, o.device or -1
+  local model, dev, precision = o.model, o.device or -1, o.precision or "fp32"
+  -- on a GPU bf16/fp16 train on the half compute copy, never on the emulation of the CPU (bertlua.train.amp)
+  local known, half = pcall(amp.storage_dtype, precision)   -- an unknown one: MixedPrecision's error below
+  if dev >= 0 and known and half and model.compute_dtype ~= half then amp.model_to(model, dev, precision) end
   -- on a GPU the step stays on the device (bertlua.train.device_step) for the heads it knows
   local make_device_step = dev >= 0 and not o.synchronous and device_step.for_model(model) or nil
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01,
     max_grad_norm = o.max_grad_norm or 1.0 }
   local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_steps = o.warmup_steps,
     warmup_proportion = not o.warmup_steps and (o.warmup or 0.1) or nil }
-  -- bf16/fp16: f32 master weights, half weights and gradients, fp16 loss scaling
-  local mp = amp.MixedPrecision{ model = model, precision = o.precision or "fp32", scaler = o.scaler }
+  -- bf16/fp16: f32 master weights, the half compute copy (GPU) or emulated half weights and gradients (CPU), fp16
+  -- loss scaling
+  local mp = amp.MixedPrecision{ model = model, precision = precision, scaler = o.scaler }
+  if rank == 0 then print("train: training path: " .. mp:path()) end
   -- gradients accumulate in place: a layer's are final when its backward of the last micro-batch returns, once
-  -- rounded to bf16/fp16; its buckets are reduced while the rest of backward runs
+  -- rounded to bf16/fp16 (the CPU's emulation); its buckets are reduced while the rest of backward runs
   local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = o.bucket_mb, dtype = o.allreduce_dtype }
   reducer:on_final(function(lo, hi) mp:round_grads(lo, hi) end)
   if world > 1 then reducer:attach(model) end
@@ -253,7 +259,10 @@ function M.predict(o)
   if not (type(o.batch) == "number" and o.batch >= 1 and o.batch % 1 == 0) then
     error(("%s: batch size must be an integer >= 1, got %s"):format(o.name or "predict", tostring(o.batch)), 0)
   end
-  local model, dev = o.model, o.device or -1
+  local model, dev, precision = o.model, o.device or -1, o.precision or "fp32"
+  -- on a GPU bf16/fp16 train on the half compute copy, never on the emulation of the CPU (bertlua.train.amp)
+  local known, half = pcall(amp.storage_dtype, precision)   -- an unknown one: MixedPrecision's error below
+  if dev >= 0 and known and half and model.compute_dtype ~= half then amp.model_to(model, dev, precision) end
   local rank, world = dist.rank(), dist.size()
   model:eval()
   local lat = {}
