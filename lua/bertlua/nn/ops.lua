@@ -159,6 +159,13 @@ function M.bias_gelu_backward(dy, x, b, db, dx)
   check(C.bl_bias_gelu_backward(dx, db, dy, x, b))
   return dx
 end
+-- tanh-approximated GELU (gelu_new) of x + b in one pass (b optional); backward: db accumulates when given.
+function M.gelu_tanh(x, b, out) out = out or like(x); check(C.bl_gelu_tanh_forward(out, x, b)); return out end
+function M.gelu_tanh_backward(dy, x, b, db, dx)
+  dx = dx or like(x)
+  check(C.bl_gelu_tanh_backward(dx, db, dy, x, b))
+  return dx
+end
 function M.tanh(x, out) out = out or like(x); check(C.bl_tanh_forward(out, x)); return out end
 -- tanh backward from the forward OUTPUT y.
 function M.tanh_backward(dy, y, dx) dx = dx or like(y); check(C.bl_tanh_backward(dx, dy, y)); return dx end
