@@ -150,8 +150,8 @@ T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's mat
     if l.name == "ln_bwd_final" then
       finals = finals + 1
       local nblk = (l.bytes / 4 - 6 * H) / (3 * H)
-      T.truthy(nblk <= math.ceil(B * S / 24), ("LayerNorm backward partials: %d blocks for <= %d rows"):format(nblk,
-        B * S))
+      T.truthy(nblk <= math.ceil(B * S / 24), ("LayerNorm backward partials: %d blocks for at most %d rows, "
+        .. "at most %d wanted"):format(nblk, B * S, math.ceil(B * S / 24)))
     end
   end
   T.truthy(finals > 0, "the step runs the LayerNorm backward")
