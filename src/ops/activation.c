@@ -29,6 +29,12 @@ OPX_BODY gelu_fwd_row_body(int64_t n, const float *restrict x, const float *rest
 }
 OPX_ISA_FN(gelu_fwd_row, (int64_t n, const float *restrict x, const float *restrict b, float *restrict y), (n, x, b, y))
 
+/* acc[j] += dx[j]: a row's share of the bias gradient partials */
+OPX_BODY acc_add_row(int64_t n, const float *restrict dx, float *restrict acc) {
+  #pragma omp simd
+  for (int64_t j = 0; j < n; j++) acc[j] += dx[j];
+}
+
 /* dx = dy * gelu'(x + b); when acc != NULL also acc[j] += dx[j] (bias gradient partials) */
 OPX_BODY gelu_bwd_row_body(int64_t n, const float *restrict x, const float *restrict b,
                            const float *restrict dy, float *restrict dx, float *restrict acc) {
@@ -51,15 +57,12 @@ OPX_BODY gelu_bwd_row_body(int64_t n, const float *restrict x, const float *rest
       float v = x[j], pdf, cdf = vm_phi(v, &pdf);
       dx[j] = dy[j] * (cdf + v * pdf);
     }
-    if (acc) {
-      #pragma omp simd
-      for (int64_t j = 0; j < n; j++) acc[j] += dx[j];
-    }
+    if (acc) acc_add_row(n, dx, acc);
   }
 }
-OPX_ISA_FN(gelu_bwd_row, (int64_t n, const float *restrict x, const float *restrict b, const float *restrict dy,
-                          float *restrict dx, float *restrict acc),
-           (n, x, b, dy, dx, acc))
+#define ACT_BWD_ROW_PARAMS (int64_t n, const float *restrict x, const float *restrict b, const float *restrict dy, \
+                            float *restrict dx, float *restrict acc)
+OPX_ISA_FN(gelu_bwd_row, ACT_BWD_ROW_PARAMS, (n, x, b, dy, dx, acc))
 
 /* Tanh GELU as a logistic: 0.5 (1 + tanh(u)) = s = 1 / (1 + exp(-2u)), u = K0 (v + K1 v^3), so y = v s, and
  * 1 - tanh(u)^2 = 4 s (1 - s) gives y' = s + 2 v s (1 - s) K0 (1 + 3 K1 v^2). The logistic keeps its relative
@@ -88,14 +91,9 @@ OPX_BODY gelu_tanh_bwd_row_body(int64_t n, const float *restrict x, const float 
                                 const float *restrict dy, float *restrict dx, float *restrict acc) {
   #pragma omp simd
   for (int64_t j = 0; j < n; j++) dx[j] = dy[j] * gelu_tanh_grad(b ? x[j] + b[j] : x[j]);
-  if (acc) {
-    #pragma omp simd
-    for (int64_t j = 0; j < n; j++) acc[j] += dx[j];
-  }
+  if (acc) acc_add_row(n, dx, acc);
 }
-OPX_ISA_FN(gelu_tanh_bwd_row, (int64_t n, const float *restrict x, const float *restrict b, const float *restrict dy,
-                               float *restrict dx, float *restrict acc),
-           (n, x, b, dy, dx, acc))
+OPX_ISA_FN(gelu_tanh_bwd_row, ACT_BWD_ROW_PARAMS, (n, x, b, dy, dx, acc))
 
 typedef void (*act_fwd_row_fn)(int64_t, const float *, const float *, float *);
 typedef void (*act_bwd_row_fn)(int64_t, const float *, const float *, const float *, float *, float *);
@@ -175,23 +173,27 @@ done:
   return rc;
 }
 
+/* tanh_form: the tanh GELU (gelu_new), whose CUDA twin takes an optional bias; else the erf GELU */
 static int dispatch(const char *op, bl_tensor *out, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
-                    const bl_tensor *b, int backward) {
+                    const bl_tensor *b, int backward, int tanh_form) {
   int dev;
   const bl_tensor *ts[] = {out, db, dy, x, b};
   BL_CHECK(opx_device(op, 5, ts, &dev));
+  if (dev >= 0 && tanh_form)
+    return BL_ON_CUDA(op, dev, backward ? bl_cuda_gelu_tanh_backward(out, db, dy, x, b)
+                                        : bl_cuda_gelu_tanh_forward(out, x, b));
   if (dev >= 0)
     return BL_ON_CUDA(op, dev, !backward ? (b ? bl_cuda_bias_gelu_forward(out, x, b) : bl_cuda_gelu_forward(out, x))
                                          : (b ? bl_cuda_bias_gelu_backward(out, db, dy, x, b)
                                               : bl_cuda_gelu_backward(out, dy, x)));
-  return gelu_cpu(op, out, db, dy, x, b, backward, 0);
+  return gelu_cpu(op, out, db, dy, x, b, backward, tanh_form);
 }
 
 int bl_gelu_forward(bl_tensor *y, const bl_tensor *x) {
   const char *op = "gelu";
   BL_CHECK(opx_check_float(op, x, "input"));
   BL_CHECK(check_same(op, y, "output", x));
-  return dispatch(op, y, NULL, NULL, x, NULL, 0);
+  return dispatch(op, y, NULL, NULL, x, NULL, 0, 0);
 }
 
 int bl_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x) {
@@ -199,57 +201,47 @@ int bl_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x) {
   BL_CHECK(opx_check_float(op, x, "input"));
   BL_CHECK(check_same(op, dy, "grad_output", x));
   BL_CHECK(check_same(op, dx, "grad_input", x));
-  return dispatch(op, dx, NULL, dy, x, NULL, 1);
+  return dispatch(op, dx, NULL, dy, x, NULL, 1, 0);
+}
+
+/* The operands of a (bias) activation op: out (named out_name) and dy (may be NULL) shaped as x, b (required when
+ * need_b, else may be NULL) and db (may be NULL, needs b) over x's last dim. */
+static int check_act(const char *op, const bl_tensor *out, const char *out_name, const bl_tensor *db,
+                     const bl_tensor *dy, const bl_tensor *x, const bl_tensor *b, int need_b) {
+  BL_CHECK(opx_check_float(op, x, "input"));
+  if (db && !b) return BL_ERR("%s: grad_bias given without a bias", op);
+  if (need_b || b) BL_CHECK(check_bias(op, b, "bias", x));
+  if (db) BL_CHECK(check_bias(op, db, "grad_bias", x));
+  if (dy) BL_CHECK(check_same(op, dy, "grad_output", x));
+  return check_same(op, out, out_name, x);
 }
 
 int bl_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b) {
   const char *op = "bias_gelu";
-  BL_CHECK(opx_check_float(op, x, "input"));
-  BL_CHECK(check_bias(op, b, "bias", x));
-  BL_CHECK(check_same(op, y, "output", x));
-  return dispatch(op, y, NULL, NULL, x, b, 0);
+  BL_CHECK(check_act(op, y, "output", NULL, NULL, x, b, 1));
+  return dispatch(op, y, NULL, NULL, x, b, 0, 0);
 }
 
 int bl_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
                           const bl_tensor *b) {
   const char *op = "bias_gelu_backward";
-  BL_CHECK(opx_check_float(op, x, "input"));
-  BL_CHECK(check_bias(op, b, "bias", x));
-  if (db) BL_CHECK(check_bias(op, db, "grad_bias", x));
-  BL_CHECK(check_same(op, dy, "grad_output", x));
-  BL_CHECK(check_same(op, dx, "grad_input", x));
-  return dispatch(op, dx, db, dy, x, b, 1);
-}
-
-static int gelu_tanh_dispatch(const char *op, bl_tensor *out, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
-                              const bl_tensor *b, int backward) {
-  int dev;
-  const bl_tensor *ts[] = {out, db, dy, x, b};
-  BL_CHECK(opx_device(op, 5, ts, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA(op, dev, backward ? bl_cuda_gelu_tanh_backward(out, db, dy, x, b)
-                                        : bl_cuda_gelu_tanh_forward(out, x, b));
-  return gelu_cpu(op, out, db, dy, x, b, backward, 1);
+  BL_CHECK(opx_check_float(op, dy, "grad_output"));   /* dy is required here */
+  BL_CHECK(check_act(op, dx, "grad_input", db, dy, x, b, 1));
+  return dispatch(op, dx, db, dy, x, b, 1, 0);
 }
 
 int bl_gelu_tanh_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b) {
   const char *op = "gelu_tanh";
-  BL_CHECK(opx_check_float(op, x, "input"));
-  if (b) BL_CHECK(check_bias(op, b, "bias", x));
-  BL_CHECK(check_same(op, y, "output", x));
-  return gelu_tanh_dispatch(op, y, NULL, NULL, x, b, 0);
+  BL_CHECK(check_act(op, y, "output", NULL, NULL, x, b, 0));
+  return dispatch(op, y, NULL, NULL, x, b, 0, 1);
 }
 
 int bl_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
                           const bl_tensor *b) {
   const char *op = "gelu_tanh_backward";
-  BL_CHECK(opx_check_float(op, x, "input"));
-  if (db && !b) return BL_ERR("%s: grad_bias given without a bias", op);
-  if (b) BL_CHECK(check_bias(op, b, "bias", x));
-  if (db) BL_CHECK(check_bias(op, db, "grad_bias", x));
-  BL_CHECK(check_same(op, dy, "grad_output", x));
-  BL_CHECK(check_same(op, dx, "grad_input", x));
-  return gelu_tanh_dispatch(op, dx, db, dy, x, b, 1);
+  BL_CHECK(opx_check_float(op, dy, "grad_output"));
+  BL_CHECK(check_act(op, dx, "grad_input", db, dy, x, b, 0));
+  return dispatch(op, dx, db, dy, x, b, 1, 1);
 }
 
 static int tanh_cpu(const char *op, bl_tensor *out, const bl_tensor *a, const bl_tensor *dy) {
