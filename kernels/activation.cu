@@ -1,7 +1,7 @@
 // Elementwise activations of the BERT op library (contracts in bl_ops.h):
-// GELU (exact erf form) and the fused bias + GELU, each with its backward
-// (db: deterministic column sum of dx) and tanh (backward from the saved
-// output); CPU twin src/ops/activation.c. Grid: one thread per element, grid-stride loop, 256 threads per block;
+// GELU (exact erf form) and the fused bias + GELU, the same for the tanh GELU
+// (gelu_new), each with its backward (db: deterministic column sum of dx) and
+// tanh (backward from the saved output); CPU twin src/ops/activation.c. Grid: one thread per element, grid-stride loop, 256 threads per block;
 // operands are contiguous f32 images (cu_buf), bias indexed by i % H.
 // bf16/f16 activations (input, grad and output of one dtype, contiguous, rows a
 // multiple of 16 bytes) skip those images: act_native reads and writes them with
@@ -20,7 +20,19 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + erff(x * INV_SQRT2)) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
 }
 
-enum { K_GELU = 0, K_GELU_BWD, K_TANH, K_TANH_BWD, K_DROPOUT };
+// Tanh GELU through the logistic s = 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)), u = K0 (x + K1 x^3): y = x s,
+// y' = s + 2 x s (1 - s) K0 (1 + 3 K1 x^2); the CPU twin's formula (no cancellation of 1 + tanh for x << 0).
+#define GT_K0 0.7978845608028654f
+#define GT_K1 0.044715f
+__device__ __forceinline__ float gelu_tanh_s(float x) {
+  return 1.0f / (1.0f + expf(-2.0f * GT_K0 * (x + GT_K1 * x * x * x)));
+}
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+  const float s = gelu_tanh_s(x);
+  return s + 2.0f * x * s * (1.0f - s) * GT_K0 * (1.0f + 3.0f * GT_K1 * x * x);
+}
+
+enum { K_GELU = 0, K_GELU_BWD, K_TANH, K_TANH_BWD, K_GELU_TANH, K_GELU_TANH_BWD };
 
 // f(x, g) of `kind`; x already has the bias added.
 __device__ __forceinline__ float act_apply(int kind, float x, float g) {
@@ -28,6 +40,8 @@ __device__ __forceinline__ float act_apply(int kind, float x, float g) {
     case K_GELU: return gelu(x);
     case K_GELU_BWD: return g * gelu_grad(x);
     case K_TANH: return tanhf(x);
+    case K_GELU_TANH: return x * gelu_tanh_s(x);
+    case K_GELU_TANH_BWD: return g * gelu_tanh_grad(x);
     default: return g * (1.0f - x * x);   // K_TANH_BWD: x is the saved output y
   }
 }
@@ -186,6 +200,14 @@ extern "C" int bl_cuda_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl
                                           const bl_tensor *b) {
   if (!b) return bl_set_error(BL_EINVAL, "bias_gelu_backward: bias is NULL");
   return run_act("bias_gelu_backward", K_GELU_BWD, dx, db, dy, x, b);
+}
+extern "C" int bl_cuda_gelu_tanh_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b) {
+  return run_act("gelu_tanh", K_GELU_TANH, y, nullptr, nullptr, x, b);
+}
+extern "C" int bl_cuda_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                                          const bl_tensor *b) {
+  if (db && !b) return bl_set_error(BL_EINVAL, "gelu_tanh_backward: grad_bias given without a bias");
+  return run_act("gelu_tanh_backward", K_GELU_TANH_BWD, dx, db, dy, x, b);
 }
 extern "C" int bl_cuda_tanh_forward(bl_tensor *y, const bl_tensor *x) { return run_act("tanh", K_TANH, y, nullptr, nullptr, x, nullptr); }
 extern "C" int bl_cuda_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y) {

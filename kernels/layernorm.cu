@@ -9,13 +9,17 @@
 // deterministic), rstd = 1/sqrt(var + eps). Saved: mean, rstd [rows] f32.
 // Dropout: element r*H + j of the Philox stream (seed, offset), as the CPU.
 //
-// Backward: ln_bwd_rows, one block per fixed group of kRows rows, a row at a
-// time: recomputes xhat from x (+ dropout + residual), mean, rstd:
-// dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)), dresidual = that,
-// dx = mask-scaled. In the same pass each thread adds its own columns of
-// dy*xhat, dy and the final dx into block partials (the dgamma, dbeta and the
-// preceding linear's bias gradient), and ln_bwd_final adds the blocks in
-// order (+=): deterministic, no atomics, no second read of the activations.
+// Backward: ln_bwd_rows, blocks of G row groups (blockDim.y, fixed by h and
+// the storage type) of kRows rows each, a group taking rows g, g + G, ... of
+// its block one at a time: recomputes xhat from x (+ dropout + residual),
+// mean, rstd: dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)),
+// dresidual = that, dx = mask-scaled. In the same pass each thread adds its
+// own columns of dy*xhat, dy and the final dx into its group's partials (the
+// dgamma, dbeta and the preceding linear's bias gradient); the block adds its
+// groups in order and writes one partial per block (G times fewer partials to
+// write and to read back than a block of one group), and ln_bwd_final adds the
+// blocks in order (+=): deterministic, no atomics, no second read of the
+// activations.
 //
 // bf16/f16 rows that are whole 16-byte vectors: every kernel reads and writes
 // them 8 elements at a time (V = 8: a thread's columns are consecutive, the
@@ -29,11 +33,14 @@
 
 namespace {
 
-// Rows per backward block: fixes the order of the parameter-gradient sums, whatever the device. Few, so that a
-// [B*S, 1024] backward has enough blocks to fill a GPU (1,024 of 128 threads at B*S = 8,192); the block partials
-// (12 bytes per column) add 1.5 bytes per activation element.
+// Rows per backward row group: fixes the order of the parameter-gradient sums, whatever the device. Few, so that a
+// [B*S, 1024] backward has enough threads to fill a GPU (8,192 rows: 1,024 groups of 128 threads).
 const int kRows = 8;
-// Column partials of a backward block in shared memory up to this many bytes (3 x h floats), else in global memory.
+// Row groups per backward block: up to kGroups and kGroupThreads threads, while their column partials (3 x h
+// floats each) fit in kSmemAcc. The block partials (12 bytes per column per block) add 1.5 / G bytes per
+// activation element, written once and read once by ln_bwd_final: 0.5 at BERT-large's h = 1024 (G = 3).
+const int kGroups = 4, kGroupThreads = 512;
+// Column partials of a backward block in shared memory up to this many bytes, else (G = 1) in global memory.
 const size_t kSmemAcc = 40u << 10;   // under the 48 KiB a launch gets without opting in
 
 template <class T>
@@ -131,28 +138,44 @@ __global__ void ln_fwd(const T *x, const T *res, const G *gamma, const G *beta, 
   }
 }
 
-// Backward of kRows rows per block (one row at a time, the row sums as in ln_fwd). acc: the block's column
-// partials [3][h] (dgamma: dy xhat, dbeta: dy, dbias: dx, the gradient of x after the dropout mask), in shared
-// memory when they fit, else the block's own slice of part; every thread touches only its own columns, so they need
-// no barrier. part == nullptr: no parameter gradient is wanted.
+// The sums of (a, b) over the threads of row group threadIdx.y (its warps in order: deterministic); sh holds 64
+// floats. Contains __syncthreads: every group calls it the same number of times.
+__device__ __forceinline__ float2 group_sum2(float a, float b, float *sh) {
+  const int nw = blockDim.x >> 5, w0 = threadIdx.y * nw;
+  a = cu_warp_sum(a);
+  b = cu_warp_sum(b);
+  __syncthreads();   // sh may still be read by a previous call
+  if ((threadIdx.x & 31) == 0) { sh[2 * (w0 + (threadIdx.x >> 5))] = a; sh[2 * (w0 + (threadIdx.x >> 5)) + 1] = b; }
+  __syncthreads();
+  float2 t = make_float2(0.0f, 0.0f);
+  for (int w = 0; w < nw; w++) { t.x += sh[2 * (w0 + w)]; t.y += sh[2 * (w0 + w) + 1]; }
+  return t;
+}
+
+// Backward of G = blockDim.y row groups of kRows rows per block (row g + G k of the block for group g, the row sums
+// as in ln_fwd but per group). acc: the group's column partials [3][h] (dgamma: dy xhat, dbeta: dy, dbias: dx, the
+// gradient of x after the dropout mask), in shared memory when they fit (then summed over the groups in order into
+// the block's slice of part), else (G = 1) the block's own slice of part; every thread touches only its own columns
+// of its own group's partials, so they need no barrier. part == nullptr: no parameter gradient is wanted.
 template <class T, class G, int V>
 __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamma, const float *mean,
                             const float *rstd, T *dx, T *dres, float *part, bool smem, int64_t rows, int64_t h,
                             float p, float scale, uint64_t seed, uint64_t offset) {
   extern __shared__ float sacc[];
-  __shared__ float sh[32];
-  const int64_t step = blockDim.x * (int64_t)V;
-  float *acc = part ? (smem ? sacc : part + blockIdx.x * 3 * h) : nullptr;
+  __shared__ float sh[64];
+  const int64_t step = blockDim.x * (int64_t)V, ng = blockDim.y;
+  float *acc = part ? (smem ? sacc + threadIdx.y * 3 * h : part + blockIdx.x * 3 * h) : nullptr;
   if (acc)
     for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step)
 #pragma unroll
       for (int e = 0; e < V; e++) acc[j + e] = acc[h + j + e] = acc[2 * h + j + e] = 0.0f;
-  const int64_t r1 = min((blockIdx.x + 1) * (int64_t)kRows, rows);
-  for (int64_t r = blockIdx.x * (int64_t)kRows; r < r1; r++) {
-    const int64_t base = r * h;
-    const float m = mean[r], rs = rstd[r];
+  const int64_t r0 = blockIdx.x * ng * kRows + threadIdx.y;
+  for (int k = 0; k < kRows; k++) {   // the same trip count in every group: group_sum2 holds barriers
+    const int64_t r = r0 + k * ng, base = r * h;
+    const bool live = r < rows;
+    const float m = live ? mean[r] : 0.0f, rs = live ? rstd[r] : 0.0f;
     float a = 0.0f, b = 0.0f;
-    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
+    for (int64_t j = threadIdx.x * (int64_t)V; live && j < h; j += step) {
       float s[V], g[V], d[V];
       ln_s_v<T, V>(x, res, base + j, p, scale, seed, offset, s);
       load_f<G, V>(gamma + j, g);
@@ -164,13 +187,14 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamm
         b += gj * ((s[e] - m) * rs);
       }
     }
-    a = cu_block_sum(a, sh) / (float)h;
-    b = cu_block_sum(b, sh) / (float)h;
-    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
+    const float2 ab = group_sum2(a, b, sh);
+    a = ab.x / (float)h;
+    b = ab.y / (float)h;
+    for (int64_t j = threadIdx.x * (int64_t)V; live && j < h; j += step) {
       const int64_t i = base + j;
       float s[V], g[V], d[V], o[V];
-      bool k[V];
-      ln_s_k<T, V>(x, res, i, p, scale, seed, offset, s, k);
+      bool kp[V];
+      ln_s_k<T, V>(x, res, i, p, scale, seed, offset, s, kp);
       load_f<G, V>(gamma + j, g);
       load_f<T, V>(dy + i, d);
 #pragma unroll
@@ -182,7 +206,7 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamm
       if (dres) store_f<T, V>(dres + i, o);
       if (res && p > 0.0f) {
 #pragma unroll
-        for (int e = 0; e < V; e++) o[e] = k[e] ? o[e] * scale : 0.0f;
+        for (int e = 0; e < V; e++) o[e] = kp[e] ? o[e] * scale : 0.0f;
       }
       if (acc) {
 #pragma unroll
@@ -191,11 +215,15 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamm
       store_f<T, V>(dx + i, o);
     }
   }
-  if (acc && smem)
-    for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step)
-#pragma unroll
-      for (int e = 0; e < V; e++)
-        for (int q = 0; q < 3; q++) part[(blockIdx.x * 3 + q) * h + j + e] = acc[q * h + j + e];
+  if (!acc || !smem) return;
+  __syncthreads();   // every group's partials are complete
+  // the block's partial: the groups added in order, each thread of the block taking whole columns of 3h
+  const int64_t nt = blockDim.x * ng;
+  for (int64_t c = threadIdx.y * blockDim.x + threadIdx.x; c < 3 * h; c += nt) {
+    float t = 0.0f;
+    for (int64_t q = 0; q < ng; q++) t += sacc[q * 3 * h + c];
+    part[blockIdx.x * 3 * h + c] = t;
+  }
 }
 
 // out[q][j] += the sum of the block partials part[c][q][j] over c in order (q: dgamma, dbeta, dbias; NULL: skipped).
@@ -228,6 +256,14 @@ int threads_for(int64_t h) {
   int t = 32;
   while (t < 256 && t < h) t <<= 1;
   return t;
+}
+
+// Row groups per backward block for tpr threads per row and rows of h (see kGroups): a function of the shape and
+// the storage type only, so the order of the parameter-gradient sums does not depend on the device.
+int ln_bwd_groups(int tpr, int64_t h) {
+  int g = kGroups;
+  while (g > 1 && (g * tpr > kGroupThreads || g * 3 * h * sizeof(float) > kSmemAcc)) g--;
+  return g;
 }
 
 int check_numel(const char *op, const bl_tensor *t, int64_t n, const char *name) {
@@ -341,7 +377,9 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
                int64_t rows, int64_t h, double p, uint64_t seed, uint64_t offset) {
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   const double n = (double)rows * h;
-  const int64_t nblk = (rows + kRows - 1) / kRows;
+  const bool vec = vec_rows<T>(h, {dy, x, res, gamma, dx, dres});
+  const int tpr = threads_for(vec ? h / kVec : h), groups = ln_bwd_groups(tpr, h);
+  const int64_t nblk = (rows + groups * kRows - 1) / (groups * kRows);
   const bool want = dgamma || dbeta || dbias, smem = 3 * h * sizeof(float) <= kSmemAcc;
   if (nblk > INT32_MAX)
     return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many", op, dev, (long long)rows);
@@ -349,15 +387,15 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
   if (want) BL_CHECK(part.alloc(op, dev, (size_t)(3 * nblk * h) * sizeof(float)));
   cu_cost_kernel(dev, "layernorm", "ln_bwd_rows", sizeof(T) * n * (3 + (res ? 1 : 0) + (dres ? 1 : 0)) +
                  sizeof(G) * (double)h + 8.0 * rows + (want ? 12.0 * nblk * h : 0.0));
-  const size_t shm = want && smem ? 3 * h * sizeof(float) : 0;
-  const bool vec = vec_rows<T>(h, {dy, x, res, gamma, dx, dres});
+  const size_t shm = want && smem ? 3 * h * sizeof(float) * groups : 0;
+  const dim3 block(tpr, groups);
   if constexpr (sizeof(T) == 2) {
     if (vec)
-      ln_bwd_rows<T, G, kVec><<<(unsigned)nblk, threads_for(h / kVec), shm, cu_stream(dev)>>>(
+      ln_bwd_rows<T, G, kVec><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(
           dy, x, res, gamma, mean, rstd, dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
   }
   if (!vec)
-    ln_bwd_rows<T, G, 1><<<(unsigned)nblk, threads_for(h), shm, cu_stream(dev)>>>(
+    ln_bwd_rows<T, G, 1><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(
         dy, x, res, gamma, mean, rstd, dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
   if (!want) return 0;

@@ -70,6 +70,7 @@ local opt = options.parse(arg, {
   { "compare", "", "'torch': the same benchmark in PyTorch, with the ratio; 'onnxruntime' (--infer): ONNX Runtime's "
     .. "fused BERT graph (recipes/peers/bench_bert_onnxruntime.py)" },
   { "model_time", "", "also print the step-time model of one training step at these figures (h100)" },
+  { "model_items", false, "with --model-time: list every non-GEMM launch class with its bytes (the breakdown)" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch for --compare=torch" },
 }, { usage = "bertlua recipes/benchmark.lua [options]" })
 print("benchmark options:\n" .. options.show(opt))
@@ -223,7 +224,7 @@ if stepmodel then
   text, model_t = stepmodel.report(list, syncs, profile, B * opt.accum,
     ("BERT %s training step (pretrain's, LAMB), batch %d x %d%s, %d masked, %s%s"):format(opt.model, B, S,
       opt.accum > 1 and (" x %d accumulation"):format(opt.accum) or "", opt.masked, opt.precision,
-      opt.cuda_graph and ", CUDA graph" or ""))
+      opt.cuda_graph and ", CUDA graph" or ""), opt.model_items)
   print(text)
   if dry then
     print("(recorded on the emulated device without running the large work: no timing, results are garbage)")

@@ -142,6 +142,13 @@ int bl_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
 int bl_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
                           const bl_tensor *b);
 
+/* ---- tanh-approximated GELU (HF "gelu_new" / "gelu_pytorch_tanh"), one fused op:
+ * y = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), v = x + b (b [H] over the last dim, may be NULL);
+ * backward recomputes v from x and b, dx overwritten, db += (may be NULL; needs b). */
+int bl_gelu_tanh_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
+int bl_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                          const bl_tensor *b);
+
 /* ---- tanh (BERT pooler): backward uses the saved OUTPUT y: dx = dy (1 - y^2). */
 int bl_tanh_forward(bl_tensor *y, const bl_tensor *x);
 int bl_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);

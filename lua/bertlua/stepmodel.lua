@@ -71,11 +71,11 @@ function M.evaluate(list, p)
     local key = l.cls .. " / " .. l.name
     local it = items[key]
     if not it then
-      it = { what = key, launches = 0, s = 0 }
+      it = { what = key, launches = 0, s = 0, bytes = 0, gemm = l.cls == "gemm" }
       items[key] = it
       item_list[#item_list + 1] = it
     end
-    it.launches, it.s = it.launches + 1, it.s + s + gap
+    it.launches, it.s, it.bytes = it.launches + 1, it.s + s + gap, it.bytes + l.bytes
     t.flops = t.flops + l.flops
     if l.cls == "gemm" then t.gemm_s = t.gemm_s + s
     else
@@ -94,8 +94,9 @@ function M.evaluate(list, p)
   return rows, t
 end
 
--- Printable report of a recorded step of `seqs` sequences on profile p.
-function M.report(list, syncs, p, seqs, what)
+-- Printable report of a recorded step of `seqs` sequences on profile p; all_items: list every non-GEMM item with
+-- its bytes (the breakdown), not only the largest items.
+function M.report(list, syncs, p, seqs, what, all_items)
   local rows, t = M.evaluate(list, p)
   local out = {}
   local function add(fmt, ...) out[#out + 1] = fmt:format(...) end
@@ -121,6 +122,14 @@ function M.report(list, syncs, p, seqs, what)
   for i = 1, math.min(12, #t.items) do
     local it = t.items[i]
     add("    %-40s %6d launches %9.3f ms %6.1f%%", it.what, it.launches, it.s * 1e3, 100 * it.s / t.step_s)
+  end
+  if all_items then
+    add("  every non-GEMM item (class / kernel): launches, MB moved (the bytes its launches state), model ms:")
+    for _, it in ipairs(t.items) do
+      if not it.gemm then
+        add("    %-40s %6d %11.1f MB %9.3f ms", it.what, it.launches, it.bytes / 1e6, it.s * 1e3)
+      end
+    end
   end
   return table.concat(out, "\n"), t
 end

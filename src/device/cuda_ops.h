@@ -143,6 +143,9 @@ int bl_cuda_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x
 int bl_cuda_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
 int bl_cuda_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
                                const bl_tensor *b);
+int bl_cuda_gelu_tanh_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
+int bl_cuda_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                               const bl_tensor *b);
 int bl_cuda_tanh_forward(bl_tensor *y, const bl_tensor *x);
 int bl_cuda_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
 int bl_cuda_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p,

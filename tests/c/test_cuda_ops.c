@@ -376,6 +376,19 @@ static void test_activations_half(void) {
     OK(bl_gelu_forward(y, cx)); OK(bl_cuda_gelu_forward(dy, x));
     snprintf(name, sizeof name, "gelu %s h=%lld", bl_dtype_name(dt), (long long)h);
     close_(name, y, dy, rt, 1e-6);
+    /* the tanh GELU (gelu_new): exp where GELU has erf, the same bounds */
+    OK(bl_gelu_tanh_forward(y, cx, cb)); OK(bl_cuda_gelu_tanh_forward(dy, x, b));
+    snprintf(name, sizeof name, "bias gelu_tanh %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    OK(bl_tensor_copy(dgb, gb));
+    OK(bl_gelu_tanh_backward(y, gb, cgy, cx, cb)); OK(bl_cuda_gelu_tanh_backward(dy, dgb, gy, x, b));
+    snprintf(name, sizeof name, "bias gelu_tanh backward dx %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
+    snprintf(name, sizeof name, "bias gelu_tanh backward db %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, gb, dgb, 1e-5, 1e-5);
+    OK(bl_gelu_tanh_backward(y, NULL, cgy, cx, NULL)); OK(bl_cuda_gelu_tanh_backward(dy, NULL, gy, x, NULL));
+    snprintf(name, sizeof name, "gelu_tanh backward %s h=%lld", bl_dtype_name(dt), (long long)h);
+    close_(name, y, dy, rt, 1e-6);
     OK(bl_tanh_backward(y, cgy, cx)); OK(bl_cuda_tanh_backward(dy, gy, x));
     snprintf(name, sizeof name, "tanh backward %s h=%lld", bl_dtype_name(dt), (long long)h);
     close_(name, y, dy, rt, 1e-6);
@@ -393,6 +406,13 @@ static void test_activations(void) {
   bl_tensor *gb = rnd(1, SH(33), 33, -1, 1), *dgb = up(gb, BL_F32);
   OK(bl_bias_gelu_backward(y, gb, gy, x, b)); OK(bl_cuda_bias_gelu_backward(dy, dgb, dgy, dx_, db));
   close_("bias_gelu dx", y, dy, 1e-5, 1e-6); close_("bias_gelu db", gb, dgb, 1e-5, 1e-5);
+  OK(bl_gelu_tanh_forward(y, x, b)); OK(bl_cuda_gelu_tanh_forward(dy, dx_, db));
+  close_("bias gelu_tanh", y, dy, 1e-5, 1e-6);
+  OK(bl_gelu_tanh_forward(y, x, NULL)); OK(bl_cuda_gelu_tanh_forward(dy, dx_, NULL));
+  close_("gelu_tanh", y, dy, 1e-5, 1e-6);
+  OK(bl_tensor_copy(dgb, gb));
+  OK(bl_gelu_tanh_backward(y, gb, gy, x, b)); OK(bl_cuda_gelu_tanh_backward(dy, dgb, dgy, dx_, db));
+  close_("bias gelu_tanh dx", y, dy, 1e-5, 1e-6); close_("bias gelu_tanh db", gb, dgb, 1e-5, 1e-5);
   OK(bl_tanh_forward(y, x)); OK(bl_cuda_tanh_forward(dy, dx_)); close_("tanh", y, dy, 1e-6, 1e-7);
   OK(bl_tanh_backward(y, gy, x)); OK(bl_cuda_tanh_backward(dy, dgy, dx_)); close_("tanh backward", y, dy, 1e-6, 1e-6);
   /* dropout: same mask bit for bit */

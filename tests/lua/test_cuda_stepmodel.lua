@@ -142,6 +142,19 @@ T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's mat
   end
   T.eq(adds, 0, "residual-gradient adds of [B,S,H]")
   T.eq(colsums, 0, "bias-gradient column-sum passes")
+  -- the LayerNorm backward writes one parameter-gradient partial (3 x H floats) per block of several row groups
+  -- (kernels/layernorm.cu: 4 groups of 8 rows at H = 64), not one per 8 rows: ln_bwd_final reads 4 (3 H nblk + 6 H)
+  -- bytes, and nblk <= ceil(B S / 24) leaves room for 3 groups
+  local finals = 0
+  for _, l in ipairs(list) do
+    if l.name == "ln_bwd_final" then
+      finals = finals + 1
+      local nblk = (l.bytes / 4 - 6 * H) / (3 * H)
+      T.truthy(nblk <= math.ceil(B * S / 24), ("LayerNorm backward partials: %d blocks for at most %d rows, "
+        .. "at most %d wanted"):format(nblk, B * S, math.ceil(B * S / 24)))
+    end
+  end
+  T.truthy(finals > 0, "the step runs the LayerNorm backward")
 end)
 
 T.test("a dry run records the same launches as a real run (emulated device)", function()

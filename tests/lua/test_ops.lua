@@ -70,6 +70,49 @@ T.test("layernorm, residual layernorm, gelu, tanh, softmax", function()
   T.raises(function() ops.gelu(bl.zeros({ 2 }, { dtype = "i32" })) end, "gelu: input must be f32/f64/f16/bf16, got i32")
 end)
 
+-- gelu_tanh (gelu_new) against the textbook tanh formula in double precision. The op evaluates y = v s,
+-- s = 1 / (1 + exp(-2u)), u = K0 (v + K1 v^3) in f32: u carries ~3 ulp (6 ulp ~ 4e-7 relative), which exp turns
+-- into |2u| times that in s (|2u| <= 25 on [-6, 6]: 1e-5); the rest adds a few ulp. Hence 2e-5 relative, and 1e-6
+-- absolute where y' = s + 2 v s (1 - s) K0 (1 + 3 K1 v^2) cancels (near v = -0.75) or y underflows (v << 0).
+T.test("gelu_tanh (gelu_new) and its backward vs a double-precision reference", function()
+  local K0, K1 = math.sqrt(2 / math.pi), 0.044715
+  local function ref(v)
+    local t = math.tanh(K0 * (v + K1 * v ^ 3))
+    return 0.5 * v * (1 + t), 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * K0 * (1 + 3 * K1 * v * v)
+  end
+  local R, H = 9, 40
+  local x = randn({ R, H }, 21) * 2.5
+  x:view({ R * H }):narrow(1, 1, 121):copy_(bl.arange(-60, 61, 1, { dtype = "f32" }) * 0.1)   -- sweep [-6, 6]
+  local b, dy = randn({ H }, 22) * 0.3, randn({ R, H }, 23)
+  local xs, bs, dys = x:tolist(), b:tolist(), dy:tolist()
+  local y, yb = ops.gelu_tanh(x), ops.gelu_tanh(x, b)
+  local db = randn({ H }, 24)
+  local db0 = db:tolist()
+  local dx, dxb = ops.gelu_tanh_backward(dy, x), ops.gelu_tanh_backward(dy, x, b, db)
+  local ys, ybs, dxs, dxbs, dbs = y:tolist(), yb:tolist(), dx:tolist(), dxb:tolist(), db:tolist()
+  local col = {}
+  for j = 1, H do col[j] = 0 end
+  for i = 1, R do
+    for j = 1, H do
+      local v = xs[i][j]
+      local f, g = ref(v)
+      T.near(ys[i][j], f, 2e-5, 1e-6)
+      T.near(dxs[i][j], dys[i][j] * g, 2e-5, 1e-6)
+      f, g = ref(v + bs[j])
+      T.near(ybs[i][j], f, 2e-5, 1e-6)
+      T.near(dxbs[i][j], dys[i][j] * g, 2e-5, 1e-6)
+      col[j] = col[j] + dys[i][j] * g
+    end
+  end
+  for j = 1, H do T.near(dbs[j], db0[j] + col[j], 2e-5, 1e-5) end
+  -- far in the negative tail y is a tiny negative number (the tanh form's 1 + tanh would give 0 or noise)
+  local tail = ops.gelu_tanh(bl.from({ -8, -12, -40 })):tolist()
+  T.truthy(tail[1] < 0 and tail[1] > -1e-20, "gelu_tanh(-8) is a tiny negative number")
+  T.truthy(tail[2] <= 0 and tail[3] <= 0, "no NaN or positive value in the far tail")
+  T.raises(function() ops.gelu_tanh_backward(dy, x, nil, db) end, "gelu_tanh_backward: grad_bias given without a bias")
+  T.raises(function() ops.gelu_tanh(x, bl.zeros({ 3 })) end, "gelu_tanh: bias [3] does not match the last dim of input")
+end)
+
 T.test("dropout reproducible from seed and offset", function()
   local x = bl.ones({ 1000 })
   local g = bl.Generator(123)

@@ -425,20 +425,14 @@ function ReLU:backward(x, dy)
   return dy:mul(x:gt(0), buf(self, "grad_input", x:shape()))   -- by the 0/1 mask
 end
 
--- tanh-approximated GELU (HF "gelu_new" / "gelu_pytorch_tanh"), in tensor ops.
+-- tanh-approximated GELU (HF "gelu_new" / "gelu_pytorch_tanh"): one fused op each way (bias included when fused).
 local GELUTanh = M.class("GELUTanh")
-local K0, K1 = math.sqrt(2 / math.pi), 0.044715
-function GELUTanh:forward(x)
-  local u = (x + x:pow(3) * K1) * K0
-  local t = u:tanh()
-  self._t = t
-  return (x * 0.5):mul(t + 1, buf(self, "output", x:shape()))
-end
-function GELUTanh:backward(x, dy)
-  local t = self._t
-  -- d/dx 0.5 x (1 + t) = 0.5 (1 + t) + 0.5 x (1 - t^2) K0 (1 + 3 K1 x^2)
-  local g = (t + 1) * 0.5 + x * 0.5 * (1 - t * t) * ((x * x * (3 * K1) + 1) * K0)
-  return dy:mul(g, buf(self, "grad_input", x:shape()))
+GELUTanh.fuses_bias = true
+function GELUTanh:forward(x) return ops.gelu_tanh(x, nil, buf(self, "output", x:shape())) end
+function GELUTanh:backward(x, dy) return ops.gelu_tanh_backward(dy, x, nil, nil, buf(self, "grad_input", x:shape())) end
+function GELUTanh:forward_bias(x, b) return ops.gelu_tanh(x, b, buf(self, "output", x:shape())) end
+function GELUTanh:backward_bias(x, b, dy, db)
+  return ops.gelu_tanh_backward(dy, x, b, db, buf(self, "grad_input", x:shape()))
 end
 
 -- activation(name) -> module for a Hugging Face hidden_act name

@@ -160,11 +160,16 @@ function M.gelu(x, out) out = out or like(x); check(C.bl_gelu_forward(out, x)); 
 function M.gelu_backward(dy, x, dx) dx = dx or like(x); check(C.bl_gelu_backward(dx, dy, x)); return dx end
 -- gelu(x + b): pass the linear output without bias; db accumulates when given.
 function M.bias_gelu(x, b, out) out = out or like(x); check(C.bl_bias_gelu_forward(out, x, b)); return out end
-function M.bias_gelu_backward(dy, x, b, db, dx)
+-- dx (allocated when not given) of a bias activation's backward fn(dx, db, dy, x, b)
+local function act_backward(fn, dy, x, b, db, dx)
   dx = dx or like(x)
-  check(C.bl_bias_gelu_backward(dx, db, dy, x, b))
+  check(fn(dx, db, dy, x, b))
   return dx
 end
+function M.bias_gelu_backward(dy, x, b, db, dx) return act_backward(C.bl_bias_gelu_backward, dy, x, b, db, dx) end
+-- tanh-approximated GELU (gelu_new) of x + b in one pass (b optional); backward: db accumulates when given.
+function M.gelu_tanh(x, b, out) out = out or like(x); check(C.bl_gelu_tanh_forward(out, x, b)); return out end
+function M.gelu_tanh_backward(dy, x, b, db, dx) return act_backward(C.bl_gelu_tanh_backward, dy, x, b, db, dx) end
 function M.tanh(x, out) out = out or like(x); check(C.bl_tanh_forward(out, x)); return out end
 -- tanh backward from the forward OUTPUT y.
 function M.tanh_backward(dy, y, dx) dx = dx or like(y); check(C.bl_tanh_backward(dx, dy, y)); return dx end
