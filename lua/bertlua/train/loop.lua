@@ -40,11 +40,11 @@
 -- accumulation N. predict shards the batches over the ranks (round robin)
 -- and hands every output to consume on rank 0 only, in order.
 --
--- On a GPU (device >= 0) the QA and classification heads train with bertlua.train.device_step: no host wait
--- inside a step (losses, accuracy and the fp16 loss scaler stay on the device and are read once per log line,
--- every log_every steps), no device allocation after the first step while the batch shape stays the same; the
--- logged losses are those of the synchronous step. A regression head (MSE) keeps the synchronous step. With fp16
--- the learning-rate schedule advances on a skipped step too (as in pre-training).
+-- On a GPU (device >= 0) the QA, classification and regression (STS-B) heads train with
+-- bertlua.train.device_step: no host wait inside a step (losses, accuracy and the fp16 loss scaler stay on the
+-- device and are read once per log line, every log_every steps), no device allocation after the first step while
+-- the batch shape stays the same; the logged losses are those of the synchronous step. With fp16 the
+-- learning-rate schedule advances on a skipped step too (as in pre-training).
 local bl = require "bertlua"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
