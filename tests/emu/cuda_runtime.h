@@ -187,6 +187,7 @@ typedef struct emu_counters {
   int64_t launches;  // kernel launches (a graph launch counts the kernels it runs)
   int64_t graph_launches;  // cudaGraphLaunch
   int64_t graph_kernels;   // kernels run by graph launches (included in launches)
+  int64_t pageable_h2d;    // host-to-device copies from pageable (not page-locked) host memory
 } emu_counters;
 int emu_get_counters(int dev, emu_counters *out);
 // Launch recording for the step-time model (kernels/stepmodel.cu): the hook, when set, is called at every accepted

@@ -81,7 +81,7 @@ struct device {
   emu_stream *legacy = nullptr;
   std::vector<emu_stream *> streams;       // blocking and non-blocking streams created by the user
   cudaError_t sticky = cudaSuccess;
-  emu_counters cnt = {0, 0, 0, 0, 0, 0};
+  emu_counters cnt = {0, 0, 0, 0, 0, 0, 0};
 };
 
 std::recursive_mutex mu;
@@ -322,6 +322,7 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, emu_
   }
   if (kind == cudaMemcpyHostToDevice && !is_pinned(src, n)) {
     // pageable source: the runtime stages it before returning, so the caller may reuse it at once
+    if (valid_dev(ddev)) devs[(size_t)ddev].cnt.pageable_h2d++;
     auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
     enqueue(s, kind_name(kind), [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
     return cudaSuccess;
