@@ -38,6 +38,9 @@ endforeach()
 set_tests_properties(lua_test_cuda_pretrain PROPERTIES TIMEOUT 1500)
 # two pairs of emulated-cuda pre-training runs, with and without --cuda-graph: ~3 min on a loaded 2-core VM
 set_tests_properties(lua_test_cuda_graph PROPERTIES TIMEOUT 1200)
+# 2-rank emulated pre-training with and without --cuda-graph and three 2-rank reducer scripts: ~2 min on an idle
+# 2-core VM, ~9 min at load 15
+set_tests_properties(lua_test_cuda_graph_dp PROPERTIES TIMEOUT 1200)
 
 file(GLOB BL_HOSTILE_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/hostile/test_*.lua)
 foreach(src ${BL_HOSTILE_TESTS})
