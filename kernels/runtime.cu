@@ -454,12 +454,12 @@ extern "C" int bl_cuda_counters(int device, bl_cuda_count *out) {
   emu_counters c;
   if (emu_get_counters(device, &c) != 0) return bl_set_error(BL_EDEVICE, "counters: cuda:%d: no such device", device);
   *out = bl_cuda_count{c.syncs, c.mallocs, c.frees, c.launches, cu_conversions(device), c.graph_launches,
-                       c.graph_kernels};
+                       c.graph_kernels, c.pageable_h2d};
 #else
   if (device >= 64) return bl_set_error(BL_EINVAL, "counters: cuda:%d: only devices 0..63 are counted", device);
   const counts &k = call_counts[device];
   *out = bl_cuda_count{k.syncs.load(), k.mallocs.load(), k.frees.load(), -1, cu_conversions(device),
-                       k.graph_launches.load(), -1};
+                       k.graph_launches.load(), -1, -1};
 #endif
   return 0;
 }

@@ -77,8 +77,8 @@ local SPEC = {
   { "eval_batches", 20, "micro-batches per evaluation", int = true, min = 1 },
   { "log_every", 1, "steps between JSON log lines", int = true, min = 1 },
   { "threads", 0, "CPU threads (0: keep the default)" },
-  { "cuda_graph", false, "GPU, one rank: run each step as one CUDA graph (captured after the first step; the "
-    .. "device runs it without launch gaps)" },
+  { "cuda_graph", false, "GPU: run each step as one CUDA graph, NCCL all-reduces included (captured after the "
+    .. "first step; the device runs it without launch gaps)" },
   device.OPTION,
 }
 local opt = options.parse(arg, SPEC, { name = "pretrain",
@@ -97,8 +97,8 @@ say(("%s (%s); world size %d, %d CPU threads per rank"):format(dev_line, amp.pat
   bl.num_threads()))
 say(options.show(opt))
 local use_graph = opt.cuda_graph
-if use_graph and graph.unavailable(world, dev) then
-  say("pretrain: " .. graph.unavailable(world, dev) .. "; running without a CUDA graph")
+if use_graph and graph.unavailable(dev) then
+  say("pretrain: " .. graph.unavailable(dev) .. "; running without a CUDA graph")
   use_graph = false
 end
 

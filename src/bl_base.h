@@ -80,9 +80,9 @@ void bl_cuda_set_tf32(int enable);
  * the generic strided copy that change the dtype (an op without a native path for its operands' dtype making f32
  * images), counted by the kernel layer on both. Error in a CPU-only build. */
 /* graph_launches: CUDA graph launches (bl_cuda_graph_launch); graph_kernels: the kernels they ran (included in
- * launches; -1 on a real GPU). */
+ * launches; -1 on a real GPU). pageable_h2d: host-to-device copies from pageable host memory (-1 on a real GPU). */
 typedef struct bl_cuda_count {
-  int64_t syncs, mallocs, frees, launches, conversions, graph_launches, graph_kernels;
+  int64_t syncs, mallocs, frees, launches, conversions, graph_launches, graph_kernels, pageable_h2d;
 } bl_cuda_count;
 int bl_cuda_counters(int device, bl_cuda_count *out);
 /* Deferred index checks on cuda:N. On (enable = 1), ops that validate indices on the device (embedding and

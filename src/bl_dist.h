@@ -56,6 +56,9 @@ int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_
 int bl_reducer_buckets(const bl_reducer *r);
 int bl_reducer_launch(bl_reducer *r, int bucket);  /* 0-based; launching one twice is an error */
 int bl_reducer_finish(bl_reducer *r);              /* launches what is left; ready for the next step */
+/* Forgets the buckets launched since the last finish, whose work was dropped: they were captured into a CUDA graph
+ * whose capture failed (--cuda-graph; the step then runs again uncaptured and launches them anew). */
+int bl_reducer_cancel(bl_reducer *r);
 int bl_reducer_wait(bl_reducer *r);                /* the watched wait (cuda), see above */
 /* No wait: an error when the sums of the last finish() failed or are late past BL_NCCL_TIMEOUT (communicator
  * aborted then); 0 while they run or once they are done. */

@@ -231,6 +231,19 @@ int bl_feeder_get(bl_feeder *f, bl_loader_batch *out);
 int bl_feeder_in_flight(const bl_feeder *f);
 void bl_feeder_drop(bl_feeder *f);
 void bl_feeder_free(bl_feeder *f);
+/* Any batch to a GPU the same way (src/data/feeder.c): evaluation and prediction batches, whose fields and shapes
+ * are the caller's. put copies up to BL_STAGER_FIELDS contiguous CPU tensors into the free slot's pinned buffers
+ * and queues their host-to-device copies on the copy stream; get hands the oldest slot out as device tensors of
+ * the same shapes and dtypes (new headers, the caller's to free) after making the compute stream wait for the
+ * copies. A slot's buffers grow to the largest batch put in it (an allocation then, none while batches fit);
+ * its tensors stay valid until the second put after the get that handed them out. At most 2 batches in flight. */
+enum { BL_STAGER_FIELDS = 8 };
+typedef struct bl_stager bl_stager;
+int bl_stager_new(int device, bl_stager **res);
+int bl_stager_put(bl_stager *st, int n, bl_tensor *const *fields);
+int bl_stager_get(bl_stager *st, int n, bl_tensor **out);
+int bl_stager_in_flight(const bl_stager *st);
+void bl_stager_free(bl_stager *st);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

@@ -27,14 +27,15 @@ function M.cuda_synchronize(dev) check(C.bl_cuda_synchronize(dev)) end
 -- emulated device only: record launches without running large work (the step-time model of a large model)
 function M.cuda_dry_run(dev, on) check(C.bl_cuda_dry_run(dev, on and 1 or 0)) end
 function M.cuda_compiled() return C.bl_cuda_compiled() == 1 end
--- what cuda:dev has done since the start: {syncs=, mallocs=, frees=, launches=, graph_launches=, graph_kernels=}
--- (host-blocking calls, device allocations; launches and graph_kernels are -1 on a real GPU)
+-- what cuda:dev has done since the start: {syncs=, mallocs=, frees=, launches=, graph_launches=, graph_kernels=,
+-- pageable_h2d=} (host-blocking calls, device allocations, uploads from pageable host memory; launches,
+-- graph_kernels and pageable_h2d are -1 on a real GPU)
 function M.cuda_counters(dev)
   local c = ffi.new("bl_cuda_count")
   check(C.bl_cuda_counters(dev, c))
   return { syncs = tonumber(c.syncs), mallocs = tonumber(c.mallocs), frees = tonumber(c.frees),
     launches = tonumber(c.launches), graph_launches = tonumber(c.graph_launches),
-    graph_kernels = tonumber(c.graph_kernels) }
+    graph_kernels = tonumber(c.graph_kernels), pageable_h2d = tonumber(c.pageable_h2d) }
 end
 function M.nccl_compiled() return C.bl_nccl_compiled() == 1 end
 function M.num_threads() return C.bl_num_threads() end

@@ -198,6 +198,133 @@ int bl_feeder_get(bl_feeder *f, bl_loader_batch *out) {
   f->count--;
   return 0;
 }
+
+/* ---- bl_stager: any batch through pinned buffers (evaluation and prediction) */
+typedef struct {
+  void *host[BL_STAGER_FIELDS];        /* pinned, cap[i] bytes */
+  bl_tensor *dev[BL_STAGER_FIELDS];    /* 1-d device buffers of the field's dtype, cap[i] bytes */
+  size_t cap[BL_STAGER_FIELDS];
+  struct { int ndim; int64_t shape[BL_MAX_DIMS]; } dims[BL_STAGER_FIELDS];   /* of the staged batch */
+  void *copied, *consumed;
+  int consumed_recorded, n;
+} sslot;
+
+struct bl_stager {
+  int device;
+  void *copy_stream;
+  sslot s[SLOTS];
+  int head, count, handed;
+};
+
+void bl_stager_free(bl_stager *st) {
+  if (!st) return;
+  for (int k = 0; k < SLOTS; k++) {
+    sslot *s = &st->s[k];
+    if (s->copied) bl_cuda_event_wait_host(st->device, s->copied);
+    for (int i = 0; i < BL_STAGER_FIELDS; i++) {
+      bl_cuda_host_free(s->host[i]);
+      bl_tensor_free(s->dev[i]);
+    }
+    bl_cuda_event_free(s->copied);
+    bl_cuda_event_free(s->consumed);
+  }
+  free(st);
+}
+
+int bl_stager_new(int device, bl_stager **res) {
+  const char *op = "stager";
+  *res = NULL;
+  BL_CHECK(bl_dev_check(device, op));
+  bl_stager *st = calloc(1, sizeof *st);
+  if (!st) return bl_set_error(BL_ENOMEM, "%s: out of host memory", op);
+  st->device = device;
+  st->handed = -1;
+  int rc = (st->copy_stream = bl_cuda_copy_stream(device)) ? 0 : BL_EDEVICE;
+  for (int k = 0; k < SLOTS && !rc; k++) {
+    rc = bl_cuda_event_new(device, &st->s[k].copied);
+    if (!rc) rc = bl_cuda_event_new(device, &st->s[k].consumed);
+  }
+  if (rc) {
+    bl_stager_free(st);
+    return rc;
+  }
+  *res = st;
+  return 0;
+}
+
+/* Field i of slot s able to hold t: grown (pinned and device memory) when t is larger or of another dtype. A new
+ * device buffer may reuse memory the compute stream still reads, so its copy waits for the work queued so far. */
+static int stager_fit(bl_stager *st, sslot *s, int i, const bl_tensor *t) {
+  size_t n = (size_t)t->numel * (size_t)bl_dtype_size(t->dtype);
+  if (s->dev[i] && s->dev[i]->dtype == t->dtype && s->cap[i] >= n) return 0;
+  bl_cuda_host_free(s->host[i]);
+  bl_tensor_free(s->dev[i]);
+  s->host[i] = NULL, s->dev[i] = NULL, s->cap[i] = 0;
+  int64_t numel = t->numel > 0 ? t->numel : 1;
+  BL_CHECK(bl_cuda_host_alloc((size_t)numel * (size_t)bl_dtype_size(t->dtype), &s->host[i]));
+  BL_CHECK(bl_tensor_empty(1, &numel, t->dtype, st->device, &s->dev[i]));
+  s->cap[i] = (size_t)numel * (size_t)bl_dtype_size(t->dtype);
+  BL_CHECK(bl_cuda_event_record(st->device, s->consumed, NULL));
+  s->consumed_recorded = 1;
+  return 0;
+}
+
+int bl_stager_put(bl_stager *st, int n, bl_tensor *const *fields) {
+  const char *op = "stager";
+  if (!st || (n > 0 && !fields)) return bl_set_error(BL_EINVAL, "%s: put on a NULL stager or field list", op);
+  if (n < 1 || n > BL_STAGER_FIELDS)
+    return bl_set_error(BL_EINVAL, "%s: %d fields (1..%d)", op, n, (int)BL_STAGER_FIELDS);
+  for (int i = 0; i < n; i++) {
+    BL_CHECK(bl_tensor_check(fields[i], op));
+    if (fields[i]->device >= 0 || !bl_tensor_is_contiguous(fields[i]))
+      return bl_set_error(BL_EINVAL, "%s: field %d must be a contiguous CPU tensor", op, i + 1);
+  }
+  if (st->count == SLOTS) return bl_set_error(BL_EINVAL, "%s: put with %d batches in flight (get one first)", op, SLOTS);
+  sslot *s = &st->s[(st->head + st->count) % SLOTS];
+  BL_CHECK(bl_cuda_event_wait_host(st->device, s->copied));   /* its pinned buffers are no longer read */
+  for (int i = 0; i < n; i++) BL_CHECK(stager_fit(st, s, i, fields[i]));
+  if (s->consumed_recorded) BL_CHECK(bl_cuda_stream_wait_event(st->device, st->copy_stream, s->consumed));
+  for (int i = 0; i < n; i++) {
+    size_t bytes = (size_t)fields[i]->numel * (size_t)bl_dtype_size(fields[i]->dtype);
+    if (bytes) memcpy(s->host[i], fields[i]->data, bytes);
+    BL_CHECK(bl_cuda_memcpy_h2d_on(st->device, st->copy_stream, s->dev[i]->data, s->host[i], bytes));
+    s->dims[i].ndim = fields[i]->ndim;
+    memcpy(s->dims[i].shape, fields[i]->shape, sizeof s->dims[i].shape);
+  }
+  BL_CHECK(bl_cuda_event_record(st->device, s->copied, st->copy_stream));
+  s->n = n;
+  st->count++;
+  return 0;
+}
+
+int bl_stager_get(bl_stager *st, int n, bl_tensor **out) {
+  const char *op = "stager";
+  if (!st || !out) return bl_set_error(BL_EINVAL, "%s: get on a NULL stager or output list", op);
+  if (st->count == 0) return bl_set_error(BL_EINVAL, "%s: get with no batch in flight (put one first)", op);
+  sslot *s = &st->s[st->head];
+  if (n != s->n) return bl_set_error(BL_EINVAL, "%s: get of %d fields, the batch has %d", op, n, s->n);
+  if (st->handed >= 0) {   /* the slot handed out last is read by the work queued so far */
+    BL_CHECK(bl_cuda_event_record(st->device, st->s[st->handed].consumed, NULL));
+    st->s[st->handed].consumed_recorded = 1;
+  }
+  BL_CHECK(bl_cuda_stream_wait_event(st->device, NULL, s->copied));
+  for (int i = 0; i < n; i++) out[i] = NULL;
+  for (int i = 0; i < n; i++) {
+    int nd = s->dims[i].ndim;
+    const int64_t *shape = s->dims[i].shape;
+    int64_t stride[BL_MAX_DIMS], k = 1;
+    for (int d = nd - 1; d >= 0; k *= shape[d], d--) stride[d] = k;
+    int rc = bl_tensor_as_strided(s->dev[i], nd, shape, stride, 0, &out[i]);
+    if (rc) {
+      for (int j = 0; j < i; j++) bl_tensor_free(out[j]), out[j] = NULL;
+      return rc;
+    }
+  }
+  st->handed = st->head;
+  st->head = (st->head + 1) % SLOTS;
+  st->count--;
+  return 0;
+}
 #else
 void bl_feeder_free(bl_feeder *f) { (void)f; }
 int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions,
@@ -218,7 +345,25 @@ int bl_feeder_get(bl_feeder *f, bl_loader_batch *out) {
   (void)f, (void)out;
   return bl_set_error(BL_EDEVICE, "feeder: this bertlua was built without CUDA");
 }
+struct bl_stager {
+  int count;
+};
+void bl_stager_free(bl_stager *st) { (void)st; }
+int bl_stager_new(int device, bl_stager **res) {
+  *res = NULL;
+  return bl_set_error(BL_EDEVICE, "stager: cuda:%d requested, but this bertlua was built without CUDA", device);
+}
+int bl_stager_put(bl_stager *st, int n, bl_tensor *const *fields) {
+  (void)st, (void)n, (void)fields;
+  return bl_set_error(BL_EDEVICE, "stager: this bertlua was built without CUDA");
+}
+int bl_stager_get(bl_stager *st, int n, bl_tensor **out) {
+  (void)st, (void)n, (void)out;
+  return bl_set_error(BL_EDEVICE, "stager: this bertlua was built without CUDA");
+}
 #endif
+
+int bl_stager_in_flight(const bl_stager *st) { return st ? st->count : 0; }
 
 int bl_feeder_in_flight(const bl_feeder *f) { return f ? f->count : 0; }
 

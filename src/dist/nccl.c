@@ -236,6 +236,7 @@ struct bl_nccl_buckets {
   cudaEvent_t done;           /* recorded on comm_stream at finish */
   cudaEvent_t queued;         /* recorded on the compute stream by wait(): everything queued before it */
   double finished_at;         /* when finish() queued the last step's sums (0: none pending) */
+  int in_graph;               /* finish() was captured into a CUDA graph: its sums run when the graph does */
 };
 
 static int cuda_fail(const char *op, int device, cudaError_t e) {
@@ -308,17 +309,33 @@ int bl_nccl_buckets_finish(bl_nccl_buckets *b) {
   BL_CHECK(live_compute(b, &compute));
   cudaError_t e = cudaEventRecord(b->done, b->comm_stream);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(compute, b->done, 0);  /* the optimizer runs after the sums */
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (e == cudaSuccess) e = cudaStreamIsCapturing(compute, &cs);
   if (e != cudaSuccess) return cuda_fail(op, b->device, e);
   /* a failure already reported is raised now; one still to come, at the watched wait */
   ncclResult_t st = ncclSuccess;
   if (ncclCommGetAsyncError(comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
     return fail(op, "bucket all-reduce", st);
-  b->finished_at = now_s();
+  /* captured (--cuda-graph): the collectives above join the graph (the comm stream forked from the compute
+   * stream's capture and joined back); `done` is then a dependency inside it, which poll cannot query */
+  b->in_graph = cs == cudaStreamCaptureStatusActive;
+  b->finished_at = b->in_graph ? 0 : now_s();
   return 0;
 }
 
 int bl_nccl_buckets_poll(bl_nccl_buckets *b) {
   const char *op = "reducer";
+  if (b->in_graph) {   /* the graph holding the sums was launched since: a marker after it stands for them */
+    cudaStream_t compute = NULL;
+    BL_CHECK(live_compute(b, &compute));
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(compute, &cs);
+    if (e == cudaSuccess && cs == cudaStreamCaptureStatusActive) return 0;   /* not launched yet */
+    if (e == cudaSuccess) e = cudaEventRecord(b->done, compute);
+    if (e != cudaSuccess) return cuda_fail(op, b->device, e);
+    b->in_graph = 0;
+    b->finished_at = now_s();
+  }
   if (!b->finished_at) return 0;
   if (!comm) return bl_set_error(BL_EIO, "%s: the NCCL communicator was aborted by an earlier error", op);
   cudaError_t ce = cudaEventQuery(b->done);

@@ -158,6 +158,12 @@ int bl_reducer_finish(bl_reducer *r) {
   return r->buf != r->grads ? bl_tensor_copy(r->grads, r->buf) : 0;
 }
 
+int bl_reducer_cancel(bl_reducer *r) {
+  if (!r) return bl_set_error(BL_EINVAL, "reducer: no reducer");
+  for (int i = 0; i < r->n; i++) r->launched[i] = 0;
+  return 0;
+}
+
 int bl_reducer_poll(bl_reducer *r) {
   if (!r) return bl_set_error(BL_EINVAL, "reducer: no reducer");
 #ifdef BL_HAVE_NCCL

@@ -30,6 +30,7 @@ typedef enum cudaError {
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
   cudaErrorStreamCaptureIsolation = 905,
   cudaErrorStreamCaptureImplicit = 906,
   cudaErrorCapturedEvent = 907,
@@ -162,9 +163,15 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
 // Stream capture and graphs (CUDA 12 signatures). A capture records the stream's kernels, copies, memsets and
 // library calls in order; a launch of the instantiated graph queues them again, in that order, on its stream.
+// Other streams join a capture as on the real runtime: an event recorded in the capture, waited for by another
+// stream, makes that stream capture into the same graph (fork), and the capturing stream's wait for an event
+// recorded there after its last work joins it back; the capture's end fails (cudaErrorStreamCaptureUnjoined) for
+// a stream not joined back. The graph keeps the work of all its streams in the order it was queued, a valid order
+// of their dependencies, and a launch runs it in that order.
 // Global mode only: while a stream of a device captures, a host-blocking call, cudaMalloc/cudaFree, work on the
-// legacy stream, a copy from pageable host memory, an event record or a wait on an event recorded outside the
-// capture is refused (cudaErrorStreamCapture*) and invalidates the capture, whose end then fails.
+// legacy stream, a copy from pageable host memory or a wait on an event recorded outside the capture is refused
+// (cudaErrorStreamCapture*) and invalidates the capture, whose end then fails. Querying or waiting on the host for
+// an event last recorded in a capture is cudaErrorCapturedEvent.
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
@@ -187,6 +194,7 @@ typedef struct emu_counters {
   int64_t launches;  // kernel launches (a graph launch counts the kernels it runs)
   int64_t graph_launches;  // cudaGraphLaunch
   int64_t graph_kernels;   // kernels run by graph launches (included in launches)
+  int64_t pageable_h2d;    // host-to-device copies from pageable (not page-locked) host memory
 } emu_counters;
 int emu_get_counters(int dev, emu_counters *out);
 // Launch recording for the step-time model (kernels/stepmodel.cu): the hook, when set, is called at every accepted

@@ -24,8 +24,11 @@
 //   ncclCommGetAsyncError reports it, ncclCommAbort frees the communicator.
 //   Later collectives on a failed or aborted communicator do nothing.
 //
+// - Collectives queued on a stream that captures a CUDA graph are recorded
+//   into it (as NCCL >= 2.9 allows) and run, in order, at every launch.
+//
 // Not emulated: speed, NVLink/network topology, send/recv, split, user
-// reduction ops, device-side (GPU-initiated) API, CUDA graphs.
+// reduction ops, device-side (GPU-initiated) API.
 // System and C++ headers first: the emulated device's keyword macros (__noinline__, ...) must not reach them.
 // MPI's C API only: the C++ bindings would need libmpi_cxx.
 #define OMPI_SKIP_MPICXX 1

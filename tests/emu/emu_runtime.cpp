@@ -17,7 +17,8 @@
 //   kernel (emu_fault) is sticky: every later call on that device fails.
 // - Stream capture and graphs: a capturing stream appends its work to the
 //   graph instead of its queue; a graph launch queues the recorded work again,
-//   in order (cudaStreamBeginCapture ... cudaGraphLaunch below). Calls that are
+//   in order (cudaStreamBeginCapture ... cudaGraphLaunch below). Streams fork
+//   from and join the capture through events recorded in it. Calls that are
 //   illegal while a device captures (global mode) fail and invalidate it.
 #include <signal.h>
 #include <stdarg.h>
@@ -51,13 +52,17 @@ struct emu_stream {
   std::deque<op> q;
   emu_graph *cap = nullptr;     // the graph this stream is capturing into, if any
   bool cap_invalid = false;     // an illegal call during the capture: its end fails
+  bool cap_origin = false;      // the stream that began the capture (the others forked from it)
+  uint64_t cap_ops = 0;         // work this stream added to the capture
+  bool cap_joined = true;       // a forked stream's work so far is waited for by the capture's other streams
 };
-// A captured graph and an instantiated one: the recorded work in stream order (one capturing stream, so the
-// order is a chain).
+// A captured graph and an instantiated one: the recorded work of the capturing streams in the order it was
+// queued (every event wait inside the capture came after its record, so that order keeps the dependencies).
 struct emu_graph {
   int dev;
   std::vector<emu_stream::op> ops;
   size_t kernels = 0;
+  uint64_t id = 0;              // the capture's number (events recorded in it name it)
 };
 struct emu_graph_exec {
   int dev;
@@ -67,6 +72,8 @@ struct emu_graph_exec {
 struct emu_event {
   emu_stream *s = nullptr;
   uint64_t seq = 0;
+  uint64_t cap_id = 0;          // last recorded in that capture (0: outside any): a graph-internal dependency
+  uint64_t cap_seq = 0;         // the recording stream's cap_ops then
   // Host time when the recorded point completed. Shared with the queued record op: an event may be destroyed (or
   // recorded again) before that op runs, as the real runtime allows, and the op must not write into a freed event.
   std::shared_ptr<double> t;
@@ -81,7 +88,7 @@ struct device {
   emu_stream *legacy = nullptr;
   std::vector<emu_stream *> streams;       // blocking and non-blocking streams created by the user
   cudaError_t sticky = cudaSuccess;
-  emu_counters cnt = {0, 0, 0, 0, 0, 0};
+  emu_counters cnt = {0, 0, 0, 0, 0, 0, 0};
 };
 
 std::recursive_mutex mu;
@@ -247,6 +254,35 @@ cudaError_t capture_check(emu_stream *s) {
   if (s->legacy) return refuse(s->dev, cudaErrorStreamCaptureImplicit);
   return cudaSuccess;
 }
+
+uint64_t captures = 0;   // captures begun so far: their numbers
+
+// The graph of capture `id` of device dev while it is being captured, or nullptr.
+emu_graph *capture_by_id(int dev, uint64_t id) {
+  for (emu_stream *s : devs[(size_t)dev].streams)
+    if (s->cap && s->cap->id == id) return s->cap;
+  return nullptr;
+}
+
+// st waits for event e recorded inside a capture: st forks from it (joins the capture) or, already in it, the
+// dependency holds by the graph's order; waiting for everything a forked stream did joins that stream back.
+cudaError_t capture_wait(emu_stream *st, cudaEvent_t e) {
+  emu_graph *g = capture_by_id(e->s->dev, e->cap_id);
+  if (!g) return ret(cudaErrorCapturedEvent);   // that capture has ended
+  if (st->cap && st->cap != g) return ret(refuse(st->dev, cudaErrorStreamCaptureIsolation));
+  if (st->legacy || st->dev != e->s->dev) return ret(refuse(e->s->dev, cudaErrorStreamCaptureIsolation));
+  if (!st->cap) {
+    st->cap = g;
+    st->cap_invalid = false;
+    st->cap_origin = false;
+    st->cap_ops = 0;
+    st->cap_joined = true;
+  } else if (e->s != st && e->cap_seq == e->s->cap_ops) {
+    e->s->cap_joined = true;
+  }
+  return cudaSuccess;
+}
+
 void drain_device(int dev) {
   device &d = devs[(size_t)dev];
   drain(d.legacy);
@@ -258,9 +294,11 @@ void enqueue(emu_stream *s, const char *what, std::function<void()> fn, bool ker
   o.what = what;
   o.fn = std::move(fn);
   o.kernel = kernel;
-  if (s->cap) {   // captured: no cross-stream waits inside a graph (waits on outside events are refused)
+  if (s->cap) {   // captured: the graph's order keeps the dependencies (waits on outside events are refused)
     s->cap->kernels += kernel;
     s->cap->ops.push_back(std::move(o));
+    s->cap_ops++;
+    if (!s->cap_origin) s->cap_joined = false;
     return;
   }
   device &d = devs[(size_t)s->dev];
@@ -322,6 +360,7 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, emu_
   }
   if (kind == cudaMemcpyHostToDevice && !is_pinned(src, n)) {
     // pageable source: the runtime stages it before returning, so the caller may reuse it at once
+    if (valid_dev(ddev)) devs[(size_t)ddev].cnt.pageable_h2d++;
     auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
     enqueue(s, kind_name(kind), [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
     return cudaSuccess;
@@ -459,7 +498,8 @@ const char *cudaGetErrorName(cudaError_t e) {
     N_(cudaErrorInvalidResourceHandle) N_(cudaErrorNotReady) N_(cudaErrorIllegalAddress)
     N_(cudaErrorLaunchOutOfResources) N_(cudaErrorLaunchFailure) N_(cudaErrorInvalidDevice) N_(cudaErrorNoDevice)
     N_(cudaErrorPeerAccessAlreadyEnabled) N_(cudaErrorUnknown) N_(cudaErrorStreamCaptureUnsupported)
-    N_(cudaErrorStreamCaptureInvalidated) N_(cudaErrorStreamCaptureUnmatched) N_(cudaErrorStreamCaptureIsolation)
+    N_(cudaErrorStreamCaptureInvalidated) N_(cudaErrorStreamCaptureUnmatched) N_(cudaErrorStreamCaptureUnjoined)
+    N_(cudaErrorStreamCaptureIsolation)
     N_(cudaErrorStreamCaptureImplicit) N_(cudaErrorCapturedEvent) N_(cudaErrorGraphExecUpdateFailure)
 #undef N_
   }
@@ -486,6 +526,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
     case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
     case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing "
                                                 "blocking stream";
@@ -796,10 +837,16 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   lock l;
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   emu_stream *st = resolve(s);
-  // captured events (graph-internal dependencies) are not emulated: a capture is one stream's chain
-  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureUnsupported));
-  if (cudaError_t ce = capture_check(st)) return ret(ce);
   e->t = std::make_shared<double>(0);
+  if (st->cap) {   // a point inside the capture: other streams fork from it or the capture joins them there
+    e->s = st;
+    e->cap_id = st->cap->id;
+    e->cap_seq = st->cap_ops;
+    e->recorded = true;
+    return cudaSuccess;
+  }
+  if (cudaError_t ce = capture_check(st)) return ret(ce);
+  e->cap_id = 0;
   enqueue(st, "cudaEventRecord", [t = e->t] { *t = now_s(); });
   e->s = st;
   e->seq = st->enq;
@@ -811,6 +858,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   lock l;
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   if (!e->recorded) return cudaSuccess;
+  if (e->cap_id) return ret(cudaErrorCapturedEvent);
   devs[(size_t)e->s->dev].cnt.syncs++;
   run_until(e->s, e->seq);
   return ret(devs[(size_t)e->s->dev].sticky);
@@ -819,6 +867,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   lock l;
   if (!e) return ret(cudaErrorInvalidResourceHandle);
+  if (e->recorded && e->cap_id) return ret(cudaErrorCapturedEvent);
   if (!e->recorded || e->s->done >= e->seq) return cudaSuccess;
   run_until(e->s, e->seq);
   return cudaErrorNotReady;
@@ -838,6 +887,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   if (!e->recorded) return cudaSuccess;
   emu_stream *st = resolve(s);
+  if (e->cap_id) return capture_wait(st, e);
   if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureIsolation));   // recorded outside the capture
   if (cudaError_t ce = capture_check(st)) return ret(ce);
   emu_stream *es = e->s;
@@ -848,6 +898,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 }
 
 // ---------------------------------------------------------------- stream capture and graphs
+
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   lock l;
   emu_stream *st = resolve(s);
@@ -855,8 +906,10 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   if (st->legacy) return ret(cudaErrorStreamCaptureImplicit);                   // the legacy stream cannot capture
   if (st->cap) return ret(cudaErrorStreamCaptureUnsupported);
   if (devs[(size_t)st->dev].sticky) return ret(devs[(size_t)st->dev].sticky);
-  st->cap = new emu_graph{st->dev, {}, 0};
+  st->cap = new emu_graph{st->dev, {}, 0, ++captures};
   st->cap_invalid = false;
+  st->cap_origin = true;
+  st->cap_ops = 0;
   return cudaSuccess;
 }
 
@@ -864,12 +917,19 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
   lock l;
   emu_stream *st = resolve(s);
   *g = nullptr;
-  if (!st->cap) return ret(cudaErrorStreamCaptureUnmatched);
+  if (!st->cap || !st->cap_origin) return ret(cudaErrorStreamCaptureUnmatched);
   emu_graph *cg = st->cap;
+  bool unjoined = false;
+  for (emu_stream *o : devs[(size_t)st->dev].streams)   // the forked streams leave the capture too
+    if (o != st && o->cap == cg) {
+      unjoined = unjoined || !o->cap_joined;
+      o->cap = nullptr;
+    }
   st->cap = nullptr;
-  if (st->cap_invalid) {
+  st->cap_origin = false;
+  if (st->cap_invalid || unjoined) {
     delete cg;
-    return ret(cudaErrorStreamCaptureInvalidated);
+    return ret(st->cap_invalid ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureUnjoined);
   }
   *g = cg;
   return cudaSuccess;

@@ -9,20 +9,14 @@ if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated bui
 if not T.sh("command -v mpirun"):find("/", 1, true) then T.skip_all("mpirun not installed") end
 local mpirun = "timeout 120 mpirun -np 2 --oversubscribe --allow-run-as-root "
 
-local function run(body, env)
-  local p = os.tmpname() .. ".lua"
-  T.write_file(p, [[
+local run = require("mpi_script")(T, mpirun, [[
 local bl = require "bertlua"
 local dist = require "bertlua.train.dist"
 local g = bl.randn({ 5000 }, { seed = 1 }):to("cuda:0")
 local r = dist.Reducer{ grads = g, bucket_mb = 1000 * 4 / 2 ^ 20 }
 r:finish()   -- one good step: the communicator exists
 r:wait()
-]] .. body)
-  local out, rc = T.sh((env or "") .. " " .. mpirun .. T.exe() .. " " .. p)
-  os.remove(p)
-  return out, rc
-end
+]])
 
 T.test("an error on one rank between steps ends every rank", function()
   local out, rc = run([[

@@ -1,7 +1,8 @@
 -- trainer.fit on a GPU with the device-resident step (bertlua.train.device_step) against the synchronous step
--- (fit{synchronous = true}: the heads' own losses, read back every micro-batch) on the same device, tiny QA and
--- classification models, 6 steps of 2 accumulated micro-batches with random inputs and targets (some QA positions
--- outside the window and one ignored label, so clamping and ignoring are exercised):
+-- (fit{synchronous = true}: the heads' own losses, read back every micro-batch) on the same device, tiny QA,
+-- classification and regression (STS-B: one f32 score, MSE) models, 6 steps of 2 accumulated micro-batches with
+-- random inputs and targets (some QA positions outside the window and one ignored label, so clamping and ignoring
+-- are exercised):
 --   * fp32 and bf16: every logged loss and the final weights bit for bit those of the synchronous step (the same
 --     kernels in the same order; only where the loss is read differs);
 --   * fp16: the loss scaler decides on the device; the synchronous scaler's norm sums the whole flat buffer in
@@ -23,9 +24,12 @@ if not bl.cuda_available() then
 end
 
 local tmp = T.tmpdir()
-local CFG = config.new{ vocab_size = 64, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
-  intermediate_size = 64, max_position_embeddings = 32, hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1,
-  num_labels = 3 }
+local function tiny(num_labels)
+  return config.new{ vocab_size = 64, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+    intermediate_size = 64, max_position_embeddings = 32, hidden_dropout_prob = 0.1,
+    attention_probs_dropout_prob = 0.1, num_labels = num_labels }
+end
+local CFG, CFG_REG = tiny(3), tiny(1)
 local N, S, BATCH, MICRO, STEPS = 16, 16, 4, 2, 6
 
 -- the examples: random ids, padding at the end of some rows, targets; fixed by the seed
@@ -43,35 +47,40 @@ local function examples(seed)
     -- positions past the window (S + 2) are clamped to S and ignored; label -100 is ignored
     local st = i % 5 == 0 and S + 2 or math.floor(u[r + S + 1] * len)
     ex[i] = { ids = ids, mask = mask, start = st, stop = math.min(st + 1, S + 2),
-      label = i == 7 and -100 or math.floor(u[r + S + 3] * 3) }
+      label = i == 7 and -100 or math.floor(u[r + S + 3] * 3), score = 5 * u[r + S + 2] }
   end
   return ex
 end
 local EX = examples(11)
 
-local function make_batch(idx)
+-- a batch of the examples idx; regression: the labels are the f32 scores (STS-B's 0..5 similarity)
+local function batch_of(idx, regression)
   local ids, mask, tt, st, en, lab = {}, {}, {}, {}, {}, {}
   for k, i in ipairs(idx) do
     local e = EX[i]
     ids[k], mask[k], tt[k] = e.ids, e.mask, {}
     for s = 1, S do tt[k][s] = s > S / 2 and 1 or 0 end
-    st[k], en[k], lab[k] = e.start, e.stop, e.label
+    st[k], en[k], lab[k] = e.start, e.stop, regression and e.score or e.label
   end
   return { input_ids = bl.from(ids, { dtype = "i32" }), attention_mask = bl.from(mask, { dtype = "i32" }),
     token_type_ids = bl.from(tt, { dtype = "i32" }), start_positions = bl.from(st, { dtype = "i32" }),
-    end_positions = bl.from(en, { dtype = "i32" }), labels = bl.from(lab, { dtype = "i32" }) }
+    end_positions = bl.from(en, { dtype = "i32" }), labels = bl.from(lab, { dtype = regression and "f32" or "i32" }) }
 end
 
-local HEADS = { qa = bert.BertForQuestionAnswering, classification = bert.BertForSequenceClassification }
+local HEADS = {
+  qa = function() return bert.BertForQuestionAnswering(CFG, { seed = 5 }) end,
+  classification = function() return bert.BertForSequenceClassification(CFG, { seed = 5 }) end,
+  regression = function() return bert.BertForSequenceClassification(CFG_REG, { seed = 5 }) end }
 
 -- fit on cuda:0 -> log records (by step), final f32 weights on the host
 local function fit(head, name, o)
-  local model = HEADS[head](CFG, { seed = 5 })
+  local model = HEADS[head]()
   model:to{ device = 0 }
   local log = ("%s/%s.jsonl"):format(tmp, name)
   trainer.fit{ model = model, n = N, batch = BATCH, micro_batch = MICRO, epochs = 2, max_steps = STEPS, lr = 1e-3,
     warmup = 0.2, seed = 3, device = 0, precision = o.precision, synchronous = o.synchronous,
-    log_every = o.log_every, log_path = log, make_batch = make_batch }
+    log_every = o.log_every, log_path = log,
+    make_batch = function(idx) return batch_of(idx, head == "regression") end }
   local recs = {}
   for line in io.lines(log) do
     local r = cjson.decode(line)
@@ -98,7 +107,7 @@ local function same_run(head, precision, rtol)
   return sync, dev
 end
 
-for _, head in ipairs({ "qa", "classification" }) do
+for _, head in ipairs({ "qa", "classification", "regression" }) do
   T.test(head .. ": fp32 and bf16 losses and weights bit for bit the synchronous step's", function()
     same_run(head, "fp32", 0)
     same_run(head, "bf16", 0)
@@ -136,9 +145,13 @@ T.test("at most one host wait per logged step, no allocation after step 1", func
       every[i].cuda_syncs - every[i - 1].cuda_syncs))
     T.eq(every[i].cuda_mallocs, every[1].cuda_mallocs, "device allocations after step 1 (step " .. i .. ")")
   end
-  local third = fit("classification", "every3", { precision = "bf16", log_every = 3 })
-  T.eq(#third, 2, "log lines every 3 steps")
-  T.eq(third[2].cuda_syncs - third[1].cuda_syncs, 1, "waits in steps 4-6")
+  for _, head in ipairs({ "classification", "regression" }) do
+    local third = fit(head, head .. "_every3", { precision = "bf16", log_every = 3 })
+    T.eq(#third, 2, head .. ": log lines every 3 steps")
+    T.truthy(third[2].cuda_syncs, head .. ": the device step logs the counters")
+    T.eq(third[2].cuda_syncs - third[1].cuda_syncs, 1, head .. ": waits in steps 4-6")
+    T.eq(third[2].cuda_mallocs, third[1].cuda_mallocs, head .. ": device allocations in steps 4-6")
+  end
   -- the counters see the waits of the synchronous step (one per micro-batch at least)
   local k0 = bl.cuda_counters(0).syncs
   fit("qa", "sync_counted", { precision = "fp32", synchronous = true })

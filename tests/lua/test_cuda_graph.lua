@@ -52,14 +52,7 @@ T.test("calls that cannot be captured: clear errors, the device still works", fu
 end)
 
 local fx = require("pretrain_fixture").make(T)
-
--- the weights of a finished run, as bytes
-local function weights(out)
-  local f = assert(io.open(out .. "/phase1/model.safetensors", "rb"))
-  local b = f:read("*a")
-  f:close()
-  return b
-end
+local weights = fx.weights
 
 -- min_launched: graph launches expected at least (the warm-up takes one or two steps, and again after work outside
 -- the step that allocates, such as an evaluation)

@@ -99,7 +99,8 @@ end
 -- {"linex_index": i, "features": [{"token": t, "layers": [{"index": -1, "values": [...]}, ...]}, ...]}
 -- opts.layers: list of layer indices, negative from the last encoder layer
 -- (-1 = last; 0 = the embeddings output). Values are printed with %.9g.
--- opts.device: the model is on cuda:N (inputs are moved there; outputs are read back).
+-- opts.device: the model is on cuda:N (inputs go there through pinned memory, the next batch's copy while the
+-- current batch runs: bertlua.train.prefetch; outputs are read back).
 function M.extract_features(model, examples, opts, emit)
   local cjson = require "cjson"
   local m = model.bert or model
@@ -111,12 +112,14 @@ function M.extract_features(model, examples, opts, emit)
       2) end
   end
   local bs = opts.batch or 8
-  local first = 1
-  while first <= #examples do
-    local last = math.min(first + bs - 1, #examples)
-    local n = last - first + 1
-    local S = 0
+  local function span(first)   -- the last example and the padded length of the batch starting at `first`
+    local last, S = math.min(first + bs - 1, #examples), 0
     for i = first, last do S = math.max(S, #examples[i].ids) end
+    return last, S
+  end
+  local function inputs_at(first)
+    local last, S = span(first)
+    local n = last - first + 1
     local ids = bl.zeros({ n, S }, { dtype = "i32" })
     local types = bl.zeros({ n, S }, { dtype = "i32" })
     local mask = bl.zeros({ n, S }, { dtype = "f32" })
@@ -125,8 +128,15 @@ function M.extract_features(model, examples, opts, emit)
       local e, row = examples[i], (i - first) * S
       for j = 1, #e.ids do ip[row + j - 1] = e.ids[j]; tp[row + j - 1] = e.type_ids[j]; mp[row + j - 1] = 1 end
     end
-    local inputs = { input_ids = ids, token_type_ids = types, attention_mask = mask }
-    if (opts.device or -1) >= 0 then inputs = require("bertlua.train.device").batch_to(inputs, opts.device) end
+    return { input_ids = ids, token_type_ids = types, attention_mask = mask }
+  end
+  local stage = (opts.device or -1) >= 0 and require("bertlua.train.prefetch").Stager(opts.device) or nil
+  if stage and #examples > 0 then stage:put(inputs_at(1)) end
+  local first = 1
+  while first <= #examples do
+    local last, S = span(first)
+    local inputs = stage and stage:get() or inputs_at(first)
+    if stage and last < #examples then stage:put(inputs_at(last + 1)) end
     local out = m:forward(inputs)
     local hs = out.hidden_states
     local H = hs[1]:size(3)
@@ -155,6 +165,7 @@ function M.extract_features(model, examples, opts, emit)
     end
     first = last + 1
   end
+  if stage then stage:close() end
 end
 
 return M

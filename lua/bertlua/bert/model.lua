@@ -38,14 +38,21 @@ function BertEmbeddings:__init(cfg)
   self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
   self:add("dropout", nn.Dropout(cfg.hidden_dropout_prob))
 end
--- position ids 0..S-1 per row, cached per shape
+-- position ids 0..S-1 per row, cached per shape; on a GPU a new shape is copied there from one row of every
+-- position, uploaded once (no upload from host memory per batch shape: evaluation batches change shape)
 local function position_ids(self, B, S)
   local p = self._pos
   if p and p:size(1) == B and p:size(2) == S and p.device_ == (self.device or -1) then return p end
-  p = bl.empty({ B, S }, { dtype = "i32" })
-  local ptr = p:ptr()
-  for b = 0, B - 1 do for s = 0, S - 1 do ptr[b * S + s] = s end end
-  p = on_device(self, p)
+  local row = self._pos_row
+  if not (row and row.device_ == (self.device or -1)) then
+    local n = self.cfg.max_position_embeddings
+    row = bl.empty({ 1, n }, { dtype = "i32" })
+    local ptr = row:ptr()
+    for s = 0, n - 1 do ptr[s] = s end
+    row = on_device(self, row)
+    self._pos_row = row
+  end
+  p = bl.empty({ B, S }, { dtype = "i32", device = self.device }):copy_(row:narrow(2, 1, S):expand({ B, S }))
   self._pos = p
   return p
 end

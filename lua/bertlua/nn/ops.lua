@@ -283,6 +283,12 @@ function M.cross_entropy_counted(logits, targets, ignore_index, count, loss, dlo
   return loss
 end
 
+-- The same for the mean squared error (regression heads): its mean into `loss`, its gradient into `dpred`.
+function M.mse_loss_into(pred, target, loss, dpred, grad_scale)
+  check(C.bl_mse_loss(loss, dpred, pred, target, grad_scale or 1))
+  return loss
+end
+
 -- counts (i64 [2] on the logits' device) += {correct, counted}.
 function M.accuracy_add(counts, logits, targets, ignore_index)
   check(C.bl_accuracy_add(counts, logits, targets, ignore_index or -100))

@@ -3,8 +3,9 @@
 --   * the batch goes to device buffers kept across steps (device.batch_to with keep), the targets too, after
 --     they were clamped and counted on the host where the batch was made;
 --   * the head's loss is computed here, not by the head (whose forward reads its loss back, one wait per
---     micro-batch): ops.cross_entropy_counted writes each micro-batch's loss into its own f64 slot on the device
---     and its gradient, which goes back through head:backward_logits;
+--     micro-batch): ops.cross_entropy_counted (ops.mse_loss_into for a regression head, STS-B) writes each
+--     micro-batch's loss into its own f64 slot on the device and its gradient, which goes back through
+--     head:backward_logits;
 --   * the optimizer step is queued with its loss-scale decision, skip and step count on the device
 --     (amp.MixedPrecision:queue_step; fp16 dynamic loss scaling without a host round trip);
 --   * index checks are deferred (device.defer_checks) and raised at the next log line.
@@ -12,7 +13,7 @@
 -- state back; the loss is then summed on the host exactly as the synchronous step sums it, so the logged losses
 -- are that step's bits.
 --
---   local make = device_step.for_model(model)   -- nil: the head has no device step (regression: MSE)
+--   local make = device_step.for_model(model)   -- nil: the model has no head with a device step
 --   local step = make{ model =, dev =, accum =, world =, mp =, optimizer =, reducer =, lr_at =, total =,
 --     log_every =, set_rng = function(step, a) end }
 --   local rec = step(step_no, next_batch)   -- loop.run's step hook; nil on a step that is not logged
@@ -28,16 +29,17 @@ local M = {}
 
 local TARGET_KEYS = { start_positions = true, end_positions = true, labels = true }
 
--- targets(x, B, what) -> the host's values of a batch field as a list of B integers
-local function targets(x, B, what)
+-- targets(x, B, what[, dtype]) -> the host's values of a batch field as a list of B integers (or f32 values)
+local function targets(x, B, what, dtype)
   if x == nil then error(("trainer: the batch has no %s (the training batches need them)"):format(what), 0) end
-  local t = bl.as_tensor(x, { dtype = "i64" })
+  local t = bl.as_tensor(x, { dtype = dtype or "i64" })
   if t:numel() ~= B then error(("trainer: %s must have one value per sequence"):format(what), 0) end
   return t:contiguous():view({ B }):totable()
 end
 
 -- The loss parts of the heads: QA has two (start and end positions, clamped to [0, S] and S ignored, weight 0.5
--- each, as bertlua.nn.SpanCriterion), classification one (labels, -100 ignored, with accuracy counts).
+-- each, as bertlua.nn.SpanCriterion), classification one (labels, -100 ignored, with accuracy counts),
+-- regression one (f32 labels, mean squared error as bertlua.nn.MSECriterion; `mse` set, nothing ignored).
 -- parts(out, batch) -> list of {logits, values (host), ignore, weight}
 local HEADS = {
   qa = { nparts = 2, ncounts = 0,
@@ -59,12 +61,18 @@ local HEADS = {
     end,
     loss = function(l, a) return l[a] end,
     backward = function(model, d) model:backward_logits(d[1]) end },
+  regression = { nparts = 1, ncounts = 0, mse = true,
+    parts = function(out, batch)
+      return { { out.logits, targets(batch.labels, out.logits:size(1), "labels", "f32"), nil, 1 } }
+    end,
+    loss = function(l, a) return l[a] end,
+    backward = function(model, d) model:backward_logits(d[1]) end },
 }
 
 -- for_model(model) -> the step maker for the model's head, or nil when its head has none
 function M.for_model(model)
-  local head = model.qa_outputs and HEADS.qa or (model.classifier and (model.num_labels or 2) > 1)
-    and HEADS.classification or nil
+  local head = model.qa_outputs and HEADS.qa
+    or model.classifier and ((model.num_labels or 2) > 1 and HEADS.classification or HEADS.regression) or nil
   if head then return function(o) return M.new(o, head) end end
 end
 
@@ -88,14 +96,19 @@ function M.new(o, head)
     local out = model:forward(device.batch_to(inputs, dev, keep))
     local parts, host, d = head.parts(out, tg), {}, {}
     for k, p in ipairs(parts) do
-      host["t" .. k] = bl.from(p[2], { dtype = "i32" })
+      host["t" .. k] = bl.from(p[2], { dtype = head.mse and "f32" or "i32" })
     end
     local on = device.batch_to(host, dev, keep_t)
     for k, p in ipairs(parts) do
-      local count = 0
-      for _, v in ipairs(p[2]) do if v ~= p[3] then count = count + 1 end end
+      local slot = slots[(a - 1) * np + k]
       d[k] = buf(grads, "d" .. k, p[1]:shape(), p[1]:dtype())
-      ops.cross_entropy_counted(p[1], on["t" .. k], p[3], count, slots[(a - 1) * np + k], d[k], p[4])
+      if head.mse then
+        ops.mse_loss_into(p[1], on["t" .. k], slot, d[k], p[4])
+      else
+        local count = 0
+        for _, v in ipairs(p[2]) do if v ~= p[3] then count = count + 1 end end
+        ops.cross_entropy_counted(p[1], on["t" .. k], p[3], count, slot, d[k], p[4])
+      end
       ops.scale_(d[k], seed)
       if head.ncounts > 0 then ops.accuracy_add(stats.counts, p[1], on["t" .. k], p[3]) end
     end

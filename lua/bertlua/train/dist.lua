@@ -203,6 +203,14 @@ function Reducer:finish(opts)
   return self.grads
 end
 
+-- cancel(): forget the step's launched buckets and final ranges, whose queued work was dropped (a CUDA graph
+-- capture that failed: bertlua.train.pretrain_step runs the step again uncaptured)
+function Reducer:cancel()
+  check(C.bl_reducer_cancel(self.r))
+  self.launched, self.final, self.armed = {}, {}, true
+  return self
+end
+
 -- wait(): on a GPU, the host waits for everything queued so far under the NCCL watchdog (no-op otherwise)
 function Reducer:wait()
   check(C.bl_reducer_wait(self.r))

@@ -62,13 +62,12 @@ function Graph:free()
   if self.g ~= nil then C.bl_cuda_graph_free(ffi.gc(self.g, nil)); self.g = nil end
 end
 
--- unavailable(world, dev) -> nil, or why this run cannot use a graph (the recipes then run without one and say so)
-function M.unavailable(world, dev)
+-- unavailable(dev) -> nil, or why this run cannot use a graph (the recipes then run without one and say so).
+-- Any number of ranks: the gradient reducer's NCCL all-reduces are captured with the step (its communication
+-- stream forks from the capture at each bucket's event and joins it back before the optimizer), so every rank's
+-- graph replays the same collectives in the same order (NCCL supports capture since 2.9).
+function M.unavailable(dev)
   if dev < 0 then return "--cuda-graph needs --device=cuda" end
-  if world > 1 then
-    return "--cuda-graph runs on one rank only: capturing the gradient reducer's NCCL collectives and its "
-      .. "range hooks is not done yet"
-  end
 end
 
 return M

@@ -41,11 +41,11 @@
 -- accumulation N. predict shards the batches over the ranks (round robin)
 -- and hands every output to consume on rank 0 only, in order.
 --
--- On a GPU (device >= 0) the QA and classification heads train with bertlua.train.device_step: no host wait
--- inside a step (losses, accuracy and the fp16 loss scaler stay on the device and are read once per log line,
--- every log_every steps), no device allocation after the first step while the batch shape stays the same; the
--- logged losses are those of the synchronous step. A regression head (MSE) keeps the synchronous step. With fp16
--- the learning-rate schedule advances on a skipped step too (as in pre-training).
+-- On a GPU (device >= 0) the QA, classification and regression (STS-B) heads train with
+-- bertlua.train.device_step: no host wait inside a step (losses, accuracy and the fp16 loss scaler stay on the
+-- device and are read once per log line, every log_every steps), no device allocation after the first step while
+-- the batch shape stays the same; the logged losses are those of the synchronous step. With fp16 the
+-- learning-rate schedule advances on a skipped step too (as in pre-training).
 local bl = require "bertlua"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
@@ -56,6 +56,7 @@ local slice = require("bertlua.util.list").slice
 local device = require "bertlua.train.device"
 local device_step = require "bertlua.train.device_step"
 local dist = require "bertlua.train.dist"
+local prefetch = require "bertlua.train.prefetch"
 
 local M = {}
 
@@ -254,7 +255,8 @@ end
 -- returns {sequences, seconds, seq_per_s, p50_ms, p90_ms, p99_ms} (latency per batch: on a GPU
 -- until the outputs are back on the host, which consume receives them on). Under mpirun batch k
 -- runs on rank (k - 1) % world and consume runs on rank 0 only, for every batch in order; the
--- latencies are rank 0's own batches.
+-- latencies are rank 0's own batches. On a GPU the batches go through pinned memory
+-- (bertlua.train.prefetch): the rank's next batch is copied while the current one runs.
 function M.predict(o)
   if not (type(o.batch) == "number" and o.batch >= 1 and o.batch % 1 == 0) then
     error(("%s: batch size must be an integer >= 1, got %s"):format(o.name or "predict", tostring(o.batch)), 0)
@@ -267,16 +269,26 @@ function M.predict(o)
   model:eval()
   local lat = {}
   local t_all = logm.clock()
-  local k = 0
+  local batches = {}   -- the examples of batch k
   for first = 1, o.n, o.batch do
     local idx = {}
     for i = first, math.min(first + o.batch - 1, o.n) do idx[#idx + 1] = i end
-    local owner, out = k % world, nil
-    k = k + 1
+    batches[#batches + 1] = idx
+  end
+  local stage = dev >= 0 and prefetch.Stager(dev) or nil
+  local function put_after(k)   -- this rank's first batch after batch k on its way to the device
+    for j = k + 1, #batches do
+      if (j - 1) % world == rank then return stage:put(o.make_batch(batches[j])) end
+    end
+  end
+  if stage then put_after(0) end
+  for k, idx in ipairs(batches) do
+    local owner, out = (k - 1) % world, nil
     if owner == rank then
-      local b = o.make_batch(idx)
+      local b
+      if stage then b = stage:get(); put_after(k) else b = o.make_batch(idx) end
       local t0 = logm.clock()
-      out = model:forward(device.batch_to(b, dev))
+      out = model:forward(b)
       if dev >= 0 then out = device.batch_to(out, -1) end
       lat[#lat + 1] = (logm.clock() - t0) * 1000
       check_outputs(o, idx, out)
@@ -284,6 +296,7 @@ function M.predict(o)
     if world > 1 then out = share_outputs(out, owner) end
     if o.consume and rank == 0 then o.consume(idx, out) end
   end
+  if stage then stage:close() end
   local dt = logm.clock() - t_all
   table.sort(lat)
   return { sequences = o.n, seconds = dt, seq_per_s = o.n / dt, p50_ms = percentile(lat, 50),

@@ -12,9 +12,9 @@
 -- the bits of 1 x N*A), the mean over ranks, then the optimizer step queued through the mixed-precision object
 -- (the skip/update decision and the loss scale stay on the device). A model with a half compute copy
 -- (model:to{dtype=}) gets it written by the optimizer's update pass (or refreshed after it).
--- s:use_graph() (--cuda-graph, one GPU): from then on the micro-batches are fetched and copied into fixed device
+-- s:use_graph() (--cuda-graph): from then on the micro-batches are fetched and copied into fixed device
 -- buffers first; once a run allocates no device memory (the warm-up: one or two steps, s.graph_ready), everything
--- above is captured and launched as one CUDA graph (bertlua.train.graph).
+-- above is captured and launched as one CUDA graph (bertlua.train.graph), the reducer's collectives included.
 local bl = require "bertlua"
 local device = require "bertlua.train.device"
 local graph = require "bertlua.train.graph"
@@ -106,8 +106,10 @@ function Step:run(step, next_batch, lr)
     local ok, err = pcall(self.graph.run, self.graph, queue, self, step, get, lr)
     if ok then return seqs end
     -- an allocation refused in the capture (work outside the step, an evaluation, took cached blocks): nothing
-    -- of the step ran and only device work was queued, so the step runs uncaptured below, warming up again
+    -- of the step ran and only device work was queued, so the step runs uncaptured below, warming up again (the
+    -- reducer forgets the buckets it launched into the dropped capture)
     if not graph.refused_allocation(err) then error(err, 0) end
+    if self.reducer then self.reducer:cancel() end
   end
   local m0 = bl.cuda_counters(self.dev).mallocs
   queue(self, step, get, lr)

@@ -5,6 +5,7 @@
 --   fx.pretrain(out_dir, "--steps1=6 ...", launcher) -> output, exit code (fx.command: the command line)
 --   fx.kill_at(out_dir, extra, step) -> steps logged when the background run was SIGKILLed
 --   fx.losses(out_dir) -> { [step] = loss }; fx.records(out_dir) -> the step lines of the log
+--   fx.weights(out_dir) -> the bytes of the saved phase-1 model
 --   fx.step_stays_on_device(out_dir, what): the counters of a cuda run's log (no allocation, <= 1 wait per line)
 --   fx.run(name, extra, launcher): fx.pretrain into tmp/name, failing the test when it fails; fx.rel(a, b)
 local cjson = require "cjson"
@@ -85,6 +86,13 @@ function M.make(T, opts)
       T.truthy(b.cuda_syncs - a.cuda_syncs <= 1, ("%s: %d host waits between the log lines of steps %d and %d")
         :format(what, b.cuda_syncs - a.cuda_syncs, a.step, b.step))
     end
+  end
+  -- weights(out) -> the bytes of the phase-1 model a finished run saved
+  function fx.weights(out)
+    local f = assert(io.open(out .. "/phase1/model.safetensors", "rb"))
+    local b = f:read("*a")
+    f:close()
+    return b
   end
   function fx.losses(out)
     local r = {}
