@@ -4,7 +4,9 @@
 --   * the GEMM FLOPs equal the analytic count of BERT's matmuls (independent of the launch sites' statements);
 --   * a dry run records the same launches as a real run of the same step;
 --   * no op of the step converts its operands through the generic strided copy (attention exempt for now), and
---     the step with its LAMB update casts nothing (the update writes the bf16 compute copy).
+--     the step with its LAMB update casts nothing (the update writes the bf16 compute copy);
+--   * the split of a recorded step into micro-batch and optimizer-step parts (marks) and the bound at an
+--     accumulation.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -49,6 +51,26 @@ T.test("model arithmetic: roofline per launch, launch gaps, classes, and a launc
   T.raises(function() stepmodel.evaluate(list, p) end, "before them): k (x.cu:3)")
 end)
 
+T.test("split arithmetic: micro-batch and optimizer-step parts from the marks, the bound at an accumulation", function()
+  local p = { name = "test", tc16 = 1e12, tf32 = 5e11, fp32 = 1e11, hbm = 1e9, pcie = 1e8, launch_us = 0 }
+  local function l(cls, bytes) return { name = cls, cls = cls, engine = "mem", flops = 0, bytes = bytes } end
+  -- zeroing 1 ms | micro-batch 1: GEMM 2 ms + LayerNorm 1 ms | micro-batch 2: the same | optimizer 4 ms
+  local list = { l("memset", 1e6), l("gemm", 2e6), l("layernorm", 1e6), l("gemm", 2e6), l("layernorm", 1e6),
+    l("optimizer", 4e6) }
+  local marks = { { tag = "micro", at = 1 }, { tag = "micro", at = 3 }, { tag = "step", at = 5 } }
+  local micro, step = stepmodel.parts(list, marks)
+  T.eq(#micro, 2, "micro-batches")
+  T.eq(#micro[1] + #micro[2], 4, "launches in the micro-batches")
+  T.eq(step[1].cls .. "," .. step[2].cls, "memset,optimizer", "the optimizer step's launches")
+  local text, res = stepmodel.accum_report(list, marks, p, 8, { { 1 }, { 10, "ten" } })
+  T.near(res[1].step_s, 8e-3, 1e-12, 0, "accumulation 1")
+  T.near(res[2].step_s, 35e-3, 1e-12, 0, "accumulation 10")
+  T.near(res[2].seqs_per_s, 80 / 35e-3, 1e-12, 0, "seq/s at accumulation 10")
+  T.near(res[2].non_gemm, 15 / 35, 1e-12, 0, "non-GEMM share at accumulation 10")
+  T.truthy(text:find("accumulation 10 (ten)", 1, true), text)
+  T.raises(function() stepmodel.accum_report(list, {}, p, 8, { { 1 } }) end, "marked no micro-batch")
+end)
+
 T.test("recording needs CUDA; reading the log while recording is an error", function()
   if not HAVE_GPU then
     T.raises(function() check(C.bl_cuda_record_begin(0)) end, "cuda:0")
@@ -61,6 +83,7 @@ T.test("recording needs CUDA; reading the log while recording is an error", func
   local n = ffi.new("int64_t[1]")
   check(C.bl_cuda_record_end(0, n))
   T.raises(function() check(C.bl_cuda_record_end(0, n)) end, "not being recorded")
+  T.raises(function() check(C.bl_cuda_record_mark(0, n)) end, "not being recorded")
   if not emulated() then T.raises(function() check(C.bl_cuda_dry_run(0, 1)) end, "emulated device") end
 end)
 

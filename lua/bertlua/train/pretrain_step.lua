@@ -62,6 +62,7 @@ local function queue(self, step, get, lr)
   local seed = self.amp:loss_seed(accum)  -- fp16: the loss scale on the model's device
   self.stats:zero()
   for a = 1, accum do
+    if self.mark then self.mark("micro") end   -- the step-time model's split (bertlua.stepmodel.parts)
     model.rng = bl.Generator(self.dropout_seed(step, self.rank * accum + a - 1))
     model:apply(function(m) m.rng = model.rng end)
     model:forward(get(a), self.stats)
@@ -70,6 +71,7 @@ local function queue(self, step, get, lr)
     model:backward(seed)
     if acc and (a < accum or not reducer) then acc:add_(model.flat_grads) end
   end
+  if self.mark then self.mark("step") end
   if reducer then
     self.amp:end_backward{ rounded = true }
     reducer:finish{ scale = 1 / self.world }  -- the mean over ranks; the optimizer waits for it on the device
