@@ -7,11 +7,12 @@
 --   local seqs = s:run(step, next_batch, lr)   -- queued on the device; no host wait
 --   local v = s:read()                          -- the one wait: {losses, counts, amp} of the steps since zero
 --
--- A step: zero the gradients, for each of `accum` micro-batches forward (losses and accuracy counts summed into
--- device-side stats) and backward (gradients accumulated in a separate buffer, so N ranks x A micro-batches give
--- the bits of 1 x N*A), the mean over ranks, then the optimizer step queued through the mixed-precision object
--- (the skip/update decision and the loss scale stay on the device). A model with a half compute copy
--- (model:to{dtype=}) gets it written by the optimizer's update pass (or refreshed after it).
+-- A step: zero the gradients once, for each of `accum` micro-batches forward (losses and accuracy counts summed
+-- into device-side stats) and backward (which adds its gradients into the flat buffer: dW GEMMs with beta = 1, the
+-- bias, LayerNorm and embedding sums added where they are written), the mean over ranks, then the optimizer step
+-- queued through the mixed-precision object (the skip/update decision and the loss scale stay on the device). A
+-- model with a half compute copy (model:to{dtype=}) gets it written by the optimizer's update pass (or refreshed
+-- after it).
 -- s:use_graph() (--cuda-graph, one GPU): from then on the micro-batches are fetched and copied into fixed device
 -- buffers first; once a run allocates no device memory (the warm-up: one or two steps, s.graph_ready), everything
 -- above is captured and launched as one CUDA graph (bertlua.train.graph).
@@ -31,8 +32,6 @@ function M.PretrainStep(o)
   local self = setmetatable({ model = o.model, optimizer = o.optimizer, amp = o.amp, dev = o.dev,
     accum = o.accum or 1, world = o.world or 1, rank = o.rank or 0, reducer = o.reducer,
     dropout_seed = o.dropout_seed, stats = device.StepStats(o.dev), on_device = {} }, Step)
-  -- o.acc: the accumulation buffer, when the caller's reducer hook reads it too
-  self.acc = o.acc or (self.accum > 1 and bl.zeros_like(o.model.flat_grads) or nil)
   -- device memory the step needs, made before its first run (a captured step may not allocate)
   device.defer_checks(o.dev)
   o.optimizer:prepare()
@@ -52,11 +51,11 @@ end
 
 -- The step's device work on the micro-batches get(a) (already on the device). With a reducer (recipes/pretrain.lua,
 -- which makes one on every world size), the last micro-batch's backward hands each layer's range to it as it
--- returns (reducer:arm): the range is made final there (the earlier micro-batches' sum added, rounded to
--- bf16/fp16 by the reducer's on_final hook) and its buckets launched; finish() does the ranges left. Without one
--- (the benchmark) the sum is copied back after backward.
+-- returns (reducer:arm): the range is final there (the backward added the last micro-batch's gradients to the
+-- earlier ones'; the reducer's on_final hook rounds it to bf16/fp16) and its buckets are launched; finish() does the
+-- ranges left.
 local function queue(self, step, get, lr)
-  local model, accum, acc, reducer = self.model, self.accum, self.acc, self.reducer
+  local model, accum, reducer = self.model, self.accum, self.reducer
   model:zero_grad()
   self.amp:begin_step()
   local seed = self.amp:loss_seed(accum)  -- fp16: the loss scale on the model's device
@@ -66,18 +65,14 @@ local function queue(self, step, get, lr)
     model.rng = bl.Generator(self.dropout_seed(step, self.rank * accum + a - 1))
     model:apply(function(m) m.rng = model.rng end)
     model:forward(get(a), self.stats)
-    if acc then model:zero_grad() end
     if reducer then reducer:arm(a == accum) end
     model:backward(seed)
-    if acc and (a < accum or not reducer) then acc:add_(model.flat_grads) end
   end
   if self.mark then self.mark("step") end
   if reducer then
     self.amp:end_backward{ rounded = true }
     reducer:finish{ scale = 1 / self.world }  -- the mean over ranks; the optimizer waits for it on the device
-    if acc then acc:zero_() end
   else
-    if acc then model.flat_grads:copy_(acc); acc:zero_() end
     self.amp:end_backward()
   end
   self.amp:queue_step(self.optimizer, lr)
