@@ -25,6 +25,33 @@ local M = {}
 local Step = {}
 Step.__index = Step
 
+-- The embedding tables' gradients are sums chained row by row from the buffer's value (the segmented scatter; the
+-- word table also takes the tied MLM decoder's dW first), so added in place they would round differently from a
+-- sum over ranks. They keep their own accumulation (12 + 4 bytes per table element and micro-batch, ~10 % of
+-- BERT's parameters): each micro-batch's table gradients are formed in a zeroed range and added to `acc` in micro-batch
+-- order, as an all-reduce adds ranks, so N ranks x A micro-batches give the bits of 1 x N*A. With a reducer, its
+-- on_final hook gets the sum added first (the range is final there).
+local function tables_of(model, reducer)
+  local lo, hi
+  for _, e in ipairs(model:parameters()) do
+    if e.name:find("_embeddings%.weight$") then
+      lo, hi = math.min(lo or e.offset, e.offset), math.max(hi or 0, e.offset + e.numel)
+    end
+  end
+  if not lo then return nil end
+  local t = { lo = lo, hi = hi, view = model.flat_grads:narrow(1, lo + 1, hi - lo) }
+  t.acc = bl.zeros_like(t.view)
+  if reducer then
+    local fin = reducer.finalize
+    reducer:on_final(function(a, b)
+      local x, y = math.max(a, lo), math.min(b, hi)
+      if x < y then model.flat_grads:narrow(1, x + 1, y - x):add_(t.acc:narrow(1, x - lo + 1, y - x)) end
+      if fin then fin(a, b) end
+    end)
+  end
+  return t
+end
+
 function M.PretrainStep(o)
   for _, k in ipairs({ "model", "optimizer", "amp", "dev", "dropout_seed" }) do
     if o[k] == nil then error("PretrainStep: missing field '" .. k .. "'", 2) end
@@ -32,6 +59,7 @@ function M.PretrainStep(o)
   local self = setmetatable({ model = o.model, optimizer = o.optimizer, amp = o.amp, dev = o.dev,
     accum = o.accum or 1, world = o.world or 1, rank = o.rank or 0, reducer = o.reducer,
     dropout_seed = o.dropout_seed, stats = device.StepStats(o.dev), on_device = {} }, Step)
+  if self.accum > 1 then self.tables = tables_of(o.model, self.reducer) end
   -- device memory the step needs, made before its first run (a captured step may not allocate)
   device.defer_checks(o.dev)
   o.optimizer:prepare()
@@ -55,7 +83,7 @@ end
 -- earlier ones'; the reducer's on_final hook rounds it to bf16/fp16) and its buckets are launched; finish() does the
 -- ranges left.
 local function queue(self, step, get, lr)
-  local model, accum, reducer = self.model, self.accum, self.reducer
+  local model, accum, reducer, tables = self.model, self.accum, self.reducer, self.tables
   model:zero_grad()
   self.amp:begin_step()
   local seed = self.amp:loss_seed(accum)  -- fp16: the loss scale on the model's device
@@ -65,6 +93,10 @@ local function queue(self, step, get, lr)
     model.rng = bl.Generator(self.dropout_seed(step, self.rank * accum + a - 1))
     model:apply(function(m) m.rng = model.rng end)
     model:forward(get(a), self.stats)
+    if tables and a > 1 then
+      tables.acc:add_(tables.view)
+      tables.view:zero_()
+    end
     if reducer then reducer:arm(a == accum) end
     model:backward(seed)
   end
@@ -73,8 +105,10 @@ local function queue(self, step, get, lr)
     self.amp:end_backward{ rounded = true }
     reducer:finish{ scale = 1 / self.world }  -- the mean over ranks; the optimizer waits for it on the device
   else
+    if tables then tables.view:add_(tables.acc) end
     self.amp:end_backward()
   end
+  if tables then tables.acc:zero_() end
   self.amp:queue_step(self.optimizer, lr)
   -- an optimizer built with model= writes the half compute copy in its update pass
   if model.compute_dtype and not self.optimizer:half() then model:sync_compute() end
