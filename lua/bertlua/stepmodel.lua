@@ -160,39 +160,47 @@ function M.parts(list, marks)
   return micro, step
 end
 
--- Printable split of a recorded step into its per-micro-batch part (the mean over the recorded micro-batches) and its
--- per-optimizer-step part, and the bound each accumulation in `accums` ({A, label} pairs) gives with micro-batches
--- of b sequences: A x micro + step, all computed from the recorded launches. Returns the text and the rows.
+-- Printable split of a recorded step into its micro-batch parts and its per-optimizer-step part, and the bound each
+-- accumulation in `accums` ({A, label} pairs) gives with micro-batches of b sequences: the first micro-batch, A - 1
+-- later ones (the mean of the recorded later ones: they may differ from the first, e.g. by an accumulation add) and
+-- the step part, all computed from the recorded launches. Returns the text and the rows.
 function M.accum_report(list, marks, p, b, accums)
   local micro, step = M.parts(list, marks)
   if #micro == 0 then error("step-time model: the recorded step marked no micro-batch", 2) end
-  local all = {}
-  for _, ml in ipairs(micro) do for _, l in ipairs(ml) do all[#all + 1] = l end end
-  local mrows, mt = M.evaluate(all, p)
+  local later = {}
+  for i = 2, #micro do for _, l in ipairs(micro[i]) do later[#later + 1] = l end end
+  local nl = math.max(#micro - 1, 1)
+  local frows, ft = M.evaluate(micro[1], p)
+  local lrows, lt = M.evaluate(#micro > 1 and later or micro[1], p)
   local srows, st = M.evaluate(step, p)
-  local n, by, order = #micro, {}, {}
+  local by, order = {}, {}
   local function row(cls)
     if not by[cls] then
-      by[cls] = { cls = cls, micro = 0, step = 0 }
+      by[cls] = { cls = cls, first = 0, later = 0, step = 0 }
       order[#order + 1] = by[cls]
     end
     return by[cls]
   end
-  for _, r in ipairs(mrows) do row(r.cls).micro = r.s / n end
+  for _, r in ipairs(frows) do row(r.cls).first = r.s end
+  for _, r in ipairs(lrows) do row(r.cls).later = r.s / nl end
   for _, r in ipairs(srows) do row(r.cls).step = r.s end
   local out = {}
   local function add(fmt, ...) out[#out + 1] = fmt:format(...) end
-  add("  split of the recorded step, computed from its launches (MODEL): per micro-batch (mean of %d) and per "
-    .. "optimizer step", n)
-  add("  %-14s %14s %12s", "class", "micro-batch ms", "step ms")
-  for _, r in ipairs(order) do add("  %-14s %14.3f %12.3f", r.cls, r.micro * 1e3, r.step * 1e3) end
-  add("  micro-batch: %.2f ms (%d launches, non-GEMM incl. gaps %.2f ms); optimizer step: %.2f ms (%d launches)",
-    mt.step_s / n * 1e3, mt.launches / n, (mt.step_s - mt.gemm_s) / n * 1e3, st.step_s * 1e3, st.launches)
+  add("  split of the recorded step, computed from its launches (MODEL): the first micro-batch, each later one (mean "
+    .. "of %d recorded) and the optimizer step", #micro - 1)
+  add("  %-14s %11s %11s %10s", "class", "first ms", "later ms", "step ms")
+  for _, r in ipairs(order) do
+    add("  %-14s %11.3f %11.3f %10.3f", r.cls, r.first * 1e3, r.later * 1e3, r.step * 1e3)
+  end
+  local l_s, l_gemm, l_n = lt.step_s / nl, lt.gemm_s / nl, lt.launches / nl
+  add("  first micro-batch %.2f ms (%d launches), each later %.2f ms (%d launches, non-GEMM incl. gaps %.2f ms); "
+    .. "optimizer step %.2f ms (%d launches)", ft.step_s * 1e3, ft.launches, l_s * 1e3, l_n, (l_s - l_gemm) * 1e3,
+    st.step_s * 1e3, st.launches)
   local res = {}
   for _, a in ipairs(accums) do
     local A = a[1]
-    local t = A * mt.step_s / n + st.step_s
-    local gemm = A * mt.gemm_s / n + st.gemm_s
+    local t = ft.step_s + (A - 1) * l_s + st.step_s
+    local gemm = ft.gemm_s + (A - 1) * l_gemm + st.gemm_s
     res[#res + 1] = { accum = A, label = a[2], step_s = t, seqs_per_s = A * b / t, non_gemm = 1 - gemm / t }
     add("  MODEL bound at accumulation %d%s: %.0f seq/s, %.2f ms per optimizer step, non-GEMM %.1f%%", A,
       a[2] and (" (" .. a[2] .. ")") or "", A * b / t, t * 1e3, 100 * (1 - gemm / t))

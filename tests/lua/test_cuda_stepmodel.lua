@@ -6,8 +6,9 @@
 --   * no op of the step converts its operands through the generic strided copy (attention exempt for now), and
 --     the step with its LAMB update casts nothing (the update writes the bf16 compute copy);
 --   * the split of a recorded step into micro-batch and optimizer-step parts (marks) and the bound at an
---     accumulation; backward adds into the gradient buffer (two backward calls without zeroing give the sum), so
---     pre-training's step with accumulation makes no full-gradient-buffer pass per micro-batch.
+--     accumulation (the first micro-batch, A - 1 later ones, the optimizer step); backward adds into the gradient
+--     buffer (two backward calls without zeroing give the sum), so pre-training's step with accumulation makes no
+--     full-gradient-buffer pass per micro-batch.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -71,6 +72,12 @@ T.test("split arithmetic: micro-batch and optimizer-step parts from the marks, t
   T.near(res[2].seqs_per_s, 80 / 35e-3, 1e-12, 0, "seq/s at accumulation 10")
   T.near(res[2].non_gemm, 15 / 35, 1e-12, 0, "non-GEMM share at accumulation 10")
   T.truthy(text:find("accumulation 10 (ten)", 1, true), text)
+  -- a later micro-batch that differs from the first (an accumulation add, 1 ms): A - 1 of them
+  table.insert(list, 5, l("elementwise", 1e6))
+  marks[3].at = 6
+  res = select(2, stepmodel.accum_report(list, marks, p, 8, { { 1 }, { 10 } }))
+  T.near(res[1].step_s, 8e-3, 1e-12, 0, "accumulation 1: the first micro-batch only")
+  T.near(res[2].step_s, 3e-3 + 9 * 4e-3 + 5e-3, 1e-12, 0, "accumulation 10: the first and 9 later micro-batches")
   T.raises(function() stepmodel.accum_report(list, {}, p, 8, { { 1 } }) end, "marked no micro-batch")
 end)
 
