@@ -95,6 +95,14 @@ extern "C" int bl_cuda_record_end(int device, int64_t *count) {
   return 0;
 }
 
+extern "C" int bl_cuda_record_mark(int device, int64_t *count) {
+  std::lock_guard<std::mutex> g(mu);
+  *count = 0;
+  if (rec_dev.load() != device) return bl_set_error(BL_EINVAL, "record: cuda:%d is not being recorded", device);
+  *count = (int64_t)launches.size();
+  return 0;
+}
+
 extern "C" int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out) {
   std::lock_guard<std::mutex> g(mu);
   if (rec_dev.load() >= 0) return bl_set_error(BL_EINVAL, "record: the log is read after bl_cuda_record_end");

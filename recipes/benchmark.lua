@@ -187,14 +187,16 @@ else
   end
 end
 local steps_run = 0
-local function step()
+local function step(mark)
   if opt.infer then
     model.bert:forward(batch)
     return
   end
   steps_run = steps_run + 1
   if pstep then
+    pstep.mark = mark   -- the model's split into micro-batch and optimizer-step parts
     pstep:run(steps_run, function() return batch end, opt.lr)
+    pstep.mark = nil
     return
   end
   model:zero_grad()
@@ -219,13 +221,18 @@ end
 sync()
 local model_t
 if stepmodel then
-  local list, syncs = stepmodel.record(dev, step)
+  local list, syncs, marks = stepmodel.record(dev, step)
   local text
   text, model_t = stepmodel.report(list, syncs, profile, B * opt.accum,
     ("BERT %s training step (pretrain's, LAMB), batch %d x %d%s, %d masked, %s%s"):format(opt.model, B, S,
       opt.accum > 1 and (" x %d accumulation"):format(opt.accum) or "", opt.masked, opt.precision,
       opt.cuda_graph and ", CUDA graph" or ""), opt.model_items)
   print(text)
+  -- the bound at other accumulations, NVIDIA's recipe's among them, from the same recorded launches
+  local accums, r = { { 1 }, { 4 } }, stepmodel.recipe[S]
+  if r then accums[3] = { math.max(1, math.floor(r.seqs / B + 0.5)), ("%s: %d sequences per GPU and optimizer "
+    .. "step"):format(r.what, r.seqs) } end
+  print((stepmodel.accum_report(list, marks, profile, B, accums)))
   if dry then
     print("(recorded on the emulated device without running the large work: no timing, results are garbage)")
     return

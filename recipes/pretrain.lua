@@ -190,18 +190,12 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- CPU, see bertlua.train.amp), loss scaling for fp16
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision, scaler = scaler_opts }
   say("  training path: " .. mp:path())
-  -- With accumulation, each micro-batch's gradient is computed into the zeroed
-  -- model buffer and then added to `acc`: the same additions an all-reduce over
-  -- ranks does, so N ranks x A micro-batches give the same bits as 1 x N*A.
-  local acc = accum > 1 and bl.zeros_like(model.flat_grads) or nil
   -- data parallel: gradients summed in buckets, each encoder layer's launched when its backward of the last
-  -- micro-batch returns (overlapped with the rest of backward), once it is final: the earlier micro-batches' sum
-  -- added, rounded to bf16/fp16 (the reducer finishes the other ranges before it launches their buckets)
+  -- micro-batch returns (overlapped with the rest of backward), once it is final: rounded to bf16/fp16 (each backward
+  -- adds into the buffer, so the earlier micro-batches' gradients are in it; the reducer finishes the other ranges
+  -- before it launches their buckets)
   local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = opt.bucket_mb, dtype = opt.allreduce_dtype }
-  reducer:on_final(function(lo, hi)
-    if acc then model.flat_grads:narrow(1, lo + 1, hi - lo):add_(acc:narrow(1, lo + 1, hi - lo)) end
-    mp:round_grads(lo, hi)
-  end)
+  reducer:on_final(function(lo, hi) mp:round_grads(lo, hi) end)
   if world > 1 then reducer:attach(model) end
 
   -- Micro-batch j of a global batch (j = rank*accum + a) comes from virtual
@@ -267,7 +261,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- here, before the first step
   local skipped_logged = mp:state_dict().skipped_steps or 0
   local pstep = PretrainStep{ model = model, optimizer = lamb, amp = mp, reducer = reducer, dev = dev,
-    accum = accum, world = world, rank = rank, dropout_seed = dropout_seed, acc = acc }
+    accum = accum, world = world, rank = rank, dropout_seed = dropout_seed }
   if use_graph then pstep:use_graph() end  -- captured once a step allocates nothing (from the 2nd or 3rd step)
   -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
   -- clocks and the signals of all ranks are combined (one small all-reduce per step)

@@ -108,6 +108,8 @@ typedef struct bl_cuda_launch_rec {
 } bl_cuda_launch_rec;
 int bl_cuda_record_begin(int device);
 int bl_cuda_record_end(int device, int64_t *count);
+/* While recording cuda:N: *count = the launches logged so far (marks where a part of a step begins). */
+int bl_cuda_record_mark(int device, int64_t *count);
 int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out);
 /* Emulated device only: while on, large kernels, copies, memsets and library calls are accepted (and logged) but
  * not executed, and allocations take no host memory until written (tests/emu/README.md): a model too large to run

@@ -23,12 +23,18 @@ M.profiles = {
 local ENGINE = { [C.BL_ENGINE_MEM] = "mem", [C.BL_ENGINE_TC16] = "tc16", [C.BL_ENGINE_TF32] = "tf32",
                  [C.BL_ENGINE_FP32] = "fp32", [C.BL_ENGINE_PCIE] = "pcie" }
 
--- Runs fn() with cuda:dev's launches recorded; returns the launch list and the host synchronisations fn made.
+-- Runs fn(mark) with cuda:dev's launches recorded; returns the launch list, the host synchronisations fn made and
+-- the marks fn set: mark(tag) notes that the launches from here on belong to a part named tag (parts() below).
 function M.record(dev, fn)
   local c0, c1 = ffi.new("bl_cuda_count"), ffi.new("bl_cuda_count")
   check(C.bl_cuda_record_begin(dev))   -- synchronises first: queued work is not the step's
   check(C.bl_cuda_counters(dev, c0))
-  local ok, err = pcall(fn)
+  local marks, at = {}, ffi.new("int64_t[1]")
+  local function mark(tag)
+    check(C.bl_cuda_record_mark(dev, at))
+    marks[#marks + 1] = { tag = tag, at = tonumber(at[0]) }
+  end
+  local ok, err = pcall(fn, mark)
   local n = ffi.new("int64_t[1]")
   check(C.bl_cuda_record_end(dev, n))
   if not ok then error(err, 0) end
@@ -39,7 +45,7 @@ function M.record(dev, fn)
     list[#list + 1] = { name = ffi.string(r.name), cls = ffi.string(r.cls), engine = ENGINE[r.engine],
                         flops = r.flops, bytes = r.bytes, in_graph = r.in_graph ~= 0 }
   end
-  return list, tonumber(c1.syncs - c0.syncs)
+  return list, tonumber(c1.syncs - c0.syncs), marks
 end
 
 -- Lower-bound seconds of one launch on profile p (without the launch gap).
@@ -132,6 +138,83 @@ function M.report(list, syncs, p, seqs, what, all_items)
     end
   end
   return table.concat(out, "\n"), t
+end
+
+-- NVIDIA DeepLearningExamples' BERT pre-training (PyTorch, scripts/configs/pretrain_config.sh, dgxa100_8gpu_fp16):
+-- sequences per GPU per optimizer step (its train_batch_size; micro-batch x gradient_accumulation_steps: 64 x 128 in
+-- phase 1, 16 x 256 in phase 2), by sequence length.
+M.recipe = {
+  [128] = { what = "NVIDIA's phase 1", seqs = 8192 },
+  [512] = { what = "NVIDIA's phase 2", seqs = 4096 },
+}
+
+-- parts(list, marks) -> micro (a list of launch lists, one per micro-batch), step (the launch list of the rest):
+-- a "micro" mark starts a micro-batch's part, any other mark (and the time before the first mark) the optimizer
+-- step's part, which every optimizer step pays once whatever its accumulation.
+function M.parts(list, marks)
+  local micro, step, cur, m = {}, {}, nil, 1
+  for i, l in ipairs(list) do
+    while marks[m] and marks[m].at < i do
+      if marks[m].tag == "micro" then
+        cur = {}
+        micro[#micro + 1] = cur
+      else
+        cur = step
+      end
+      m = m + 1
+    end
+    local into = cur or step
+    into[#into + 1] = l
+  end
+  return micro, step
+end
+
+-- Printable split of a recorded step into its micro-batch parts and its per-optimizer-step part, and the bound each
+-- accumulation in `accums` ({A, label} pairs) gives with micro-batches of b sequences: the first micro-batch, A - 1
+-- later ones (the mean of the recorded later ones: they may differ from the first, e.g. by an accumulation add) and
+-- the step part, all computed from the recorded launches. Returns the text and the rows.
+function M.accum_report(list, marks, p, b, accums)
+  local micro, step = M.parts(list, marks)
+  if #micro == 0 then error("step-time model: the recorded step marked no micro-batch", 2) end
+  local later = {}
+  for i = 2, #micro do for _, l in ipairs(micro[i]) do later[#later + 1] = l end end
+  local nl = math.max(#micro - 1, 1)
+  local frows, ft = M.evaluate(micro[1], p)
+  local lrows, lt = M.evaluate(#micro > 1 and later or micro[1], p)
+  local srows, st = M.evaluate(step, p)
+  local by, order = {}, {}
+  local function row(cls)
+    if not by[cls] then
+      by[cls] = { cls = cls, first = 0, later = 0, step = 0 }
+      order[#order + 1] = by[cls]
+    end
+    return by[cls]
+  end
+  for _, r in ipairs(frows) do row(r.cls).first = r.s end
+  for _, r in ipairs(lrows) do row(r.cls).later = r.s / nl end
+  for _, r in ipairs(srows) do row(r.cls).step = r.s end
+  local out = {}
+  local function add(fmt, ...) out[#out + 1] = fmt:format(...) end
+  add("  split of the recorded step, computed from its launches (MODEL): the first micro-batch, each later one (mean "
+    .. "of %d recorded) and the optimizer step", #micro - 1)
+  add("  %-14s %11s %11s %10s", "class", "first ms", "later ms", "step ms")
+  for _, r in ipairs(order) do
+    add("  %-14s %11.3f %11.3f %10.3f", r.cls, r.first * 1e3, r.later * 1e3, r.step * 1e3)
+  end
+  local l_s, l_gemm, l_n = lt.step_s / nl, lt.gemm_s / nl, lt.launches / nl
+  add("  first micro-batch %.2f ms (%d launches), each later %.2f ms (%d launches, non-GEMM incl. gaps %.2f ms); "
+    .. "optimizer step %.2f ms (%d launches)", ft.step_s * 1e3, ft.launches, l_s * 1e3, l_n, (l_s - l_gemm) * 1e3,
+    st.step_s * 1e3, st.launches)
+  local res = {}
+  for _, a in ipairs(accums) do
+    local A = a[1]
+    local t = ft.step_s + (A - 1) * l_s + st.step_s
+    local gemm = ft.gemm_s + (A - 1) * l_gemm + st.gemm_s
+    res[#res + 1] = { accum = A, label = a[2], step_s = t, seqs_per_s = A * b / t, non_gemm = 1 - gemm / t }
+    add("  MODEL bound at accumulation %d%s: %.0f seq/s, %.2f ms per optimizer step, non-GEMM %.1f%%", A,
+      a[2] and (" (" .. a[2] .. ")") or "", A * b / t, t * 1e3, 100 * (1 - gemm / t))
+  end
+  return table.concat(out, "\n"), res
 end
 
 return M

@@ -4,7 +4,11 @@
 --   * the GEMM FLOPs equal the analytic count of BERT's matmuls (independent of the launch sites' statements);
 --   * a dry run records the same launches as a real run of the same step;
 --   * no op of the step converts its operands through the generic strided copy (attention exempt for now), and
---     the step with its LAMB update casts nothing (the update writes the bf16 compute copy).
+--     the step with its LAMB update casts nothing (the update writes the bf16 compute copy);
+--   * the split of a recorded step into micro-batch and optimizer-step parts (marks) and the bound at an
+--     accumulation (the first micro-batch, A - 1 later ones, the optimizer step); backward adds into the gradient
+--     buffer (two backward calls without zeroing give the sum), so pre-training's step with accumulation makes no
+--     full-gradient-buffer pass per micro-batch.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -12,6 +16,8 @@ local config = require "bertlua.bert.config"
 local core = require "bertlua.core"
 local stepmodel = require "bertlua.stepmodel"
 local optim = require "bertlua.train.optim"
+local amp = require "bertlua.train.amp"
+local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 local C, check, ffi = core.C, core.check, core.ffi
 
 local HAVE_GPU = bl.cuda_available()
@@ -49,6 +55,32 @@ T.test("model arithmetic: roofline per launch, launch gaps, classes, and a launc
   T.raises(function() stepmodel.evaluate(list, p) end, "before them): k (x.cu:3)")
 end)
 
+T.test("split arithmetic: micro-batch and optimizer-step parts from the marks, the bound at an accumulation", function()
+  local p = { name = "test", tc16 = 1e12, tf32 = 5e11, fp32 = 1e11, hbm = 1e9, pcie = 1e8, launch_us = 0 }
+  local function l(cls, bytes) return { name = cls, cls = cls, engine = "mem", flops = 0, bytes = bytes } end
+  -- zeroing 1 ms | micro-batch 1: GEMM 2 ms + LayerNorm 1 ms | micro-batch 2: the same | optimizer 4 ms
+  local list = { l("memset", 1e6), l("gemm", 2e6), l("layernorm", 1e6), l("gemm", 2e6), l("layernorm", 1e6),
+    l("optimizer", 4e6) }
+  local marks = { { tag = "micro", at = 1 }, { tag = "micro", at = 3 }, { tag = "step", at = 5 } }
+  local micro, step = stepmodel.parts(list, marks)
+  T.eq(#micro, 2, "micro-batches")
+  T.eq(#micro[1] + #micro[2], 4, "launches in the micro-batches")
+  T.eq(step[1].cls .. "," .. step[2].cls, "memset,optimizer", "the optimizer step's launches")
+  local text, res = stepmodel.accum_report(list, marks, p, 8, { { 1 }, { 10, "ten" } })
+  T.near(res[1].step_s, 8e-3, 1e-12, 0, "accumulation 1")
+  T.near(res[2].step_s, 35e-3, 1e-12, 0, "accumulation 10")
+  T.near(res[2].seqs_per_s, 80 / 35e-3, 1e-12, 0, "seq/s at accumulation 10")
+  T.near(res[2].non_gemm, 15 / 35, 1e-12, 0, "non-GEMM share at accumulation 10")
+  T.truthy(text:find("accumulation 10 (ten)", 1, true), text)
+  -- a later micro-batch that differs from the first (an accumulation add, 1 ms): A - 1 of them
+  table.insert(list, 5, l("elementwise", 1e6))
+  marks[3].at = 6
+  res = select(2, stepmodel.accum_report(list, marks, p, 8, { { 1 }, { 10 } }))
+  T.near(res[1].step_s, 8e-3, 1e-12, 0, "accumulation 1: the first micro-batch only")
+  T.near(res[2].step_s, 3e-3 + 9 * 4e-3 + 5e-3, 1e-12, 0, "accumulation 10: the first and 9 later micro-batches")
+  T.raises(function() stepmodel.accum_report(list, {}, p, 8, { { 1 } }) end, "marked no micro-batch")
+end)
+
 T.test("recording needs CUDA; reading the log while recording is an error", function()
   if not HAVE_GPU then
     T.raises(function() check(C.bl_cuda_record_begin(0)) end, "cuda:0")
@@ -61,6 +93,7 @@ T.test("recording needs CUDA; reading the log while recording is an error", func
   local n = ffi.new("int64_t[1]")
   check(C.bl_cuda_record_end(0, n))
   T.raises(function() check(C.bl_cuda_record_end(0, n)) end, "not being recorded")
+  T.raises(function() check(C.bl_cuda_record_mark(0, n)) end, "not being recorded")
   if not emulated() then T.raises(function() check(C.bl_cuda_dry_run(0, 1)) end, "emulated device") end
 end)
 
@@ -68,12 +101,12 @@ local CFG = config.new{ vocab_size = 104, hidden_size = 64, num_hidden_layers = 
   intermediate_size = 96, max_position_embeddings = 64, hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1 }
 local B, S, P = 3, 24, 4
 
-local function batch()
+local function batch(shift)
   local ids, am, pos, lab, nsp = {}, {}, {}, {}, {}
   for b = 1, B do
     ids[b], am[b], pos[b], lab[b] = {}, {}, {}, {}
     for s = 1, S do
-      ids[b][s] = (7 * b + 13 * s) % CFG.vocab_size
+      ids[b][s] = (7 * b + 13 * s + (shift or 0)) % CFG.vocab_size
       am[b][s] = s <= S - b and 1 or 0
     end
     for j = 1, P do pos[b][j], lab[b][j] = 2 * j + b, (5 * j + b) % CFG.vocab_size end
@@ -210,5 +243,94 @@ T.test("a bf16 training step makes no generic conversion", function()
   T.eq(casts, 0, "casts in a step (the compute copy is written by the optimizer's update)")
   T.eq(total, 0, "generic conversions counted by the runtime")
 end)
+
+-- Runs forward + backward of the batches in `bs` (with dropout streams seeds[i]) after one zero_grad: the gradient
+-- buffer, per parameter, on the host.
+local function grads_after(m, bs, seeds)
+  m:zero_grad()
+  for i, bt in ipairs(bs) do
+    m.rng = bl.Generator(seeds[i])
+    m:apply(function(x) x.rng = m.rng end)
+    m:forward(bt)
+    m:backward()
+  end
+  local r = {}
+  for _, e in ipairs(m:parameters()) do r[e.name] = e.grad:to("cpu") end
+  return r
+end
+
+-- Pre-training accumulates in the gradient buffer: each backward adds (dW GEMMs with beta = 1; the bias, LayerNorm and
+-- embedding sums added where they are written). Two backward calls without zeroing = the two gradients added on the
+-- host, bit for bit wherever a parameter gets one sum per backward, as the old separate accumulation buffer added
+-- them. The embedding tables' segmented sums add each row into the buffer in index order (a chain starting from the
+-- buffer, the CPU's order), and the tied word embedding also gets the MLM decoder's dW: their terms are added in
+-- another order, so they differ by f32 rounding only: |d| <= gamma_n sum|terms| with n <= B*S + 2 terms; bounded
+-- here by 1e-5 of the largest gradient of the table. A backward that overwrote the buffer gives g2 alone.
+T.test("two backward calls without zeroing give the sum of the two gradients (cuda, bf16)", function()
+  need_gpu()
+  local m = bert.BertForPreTraining(CFG, { seed = 7 }):to{ device = "cuda:0", dtype = "bf16" }
+  m:train()
+  local b1, b2 = batch(0), batch(5)
+  local g1 = grads_after(m, { b1 }, { 11 })
+  local g2 = grads_after(m, { b2 }, { 12 })
+  local gs = grads_after(m, { b1, b2 }, { 11, 12 })
+  local exact, tables = 0, 0
+  for name, g in pairs(gs) do
+    local want = g1[name] + g2[name]
+    local d = (g - want):abs():max()
+    if name:find("_embeddings.weight", 1, true) then
+      tables = tables + 1
+      local scale = math.max(g1[name]:abs():max(), g2[name]:abs():max())
+      T.truthy(d <= 1e-5 * scale, ("%s: largest difference %.3g, gradient scale %.3g"):format(name, d, scale))
+    else
+      exact = exact + 1
+      T.eq(d, 0, name .. ": the sum differs from g1 + g2")
+    end
+    T.truthy(g1[name]:abs():max() == 0 or (g - g2[name]):abs():max() > 0, name .. ": the first gradient was lost")
+  end
+  T.eq(tables, 3, "embedding tables")
+  T.truthy(exact > 20, "parameters checked bit for bit")
+end)
+
+-- pre-training's step (the benchmark's set-up) with accumulation 2, recorded with the step-time model's marks
+local function recorded_accum_step()
+  local m = bert.BertForPreTraining(CFG, { seed = 9 }):to{ device = "cuda:0", dtype = "bf16" }
+  m:train()
+  local dev = bl.device_of("cuda:0", "test")
+  local lamb = optim.LAMB{ model = m, lr = 1e-3, weight_decay = 0.01, max_grad_norm = 1.0 }
+  local ps = PretrainStep{ model = m, optimizer = lamb, amp = amp.MixedPrecision{ model = m }, dev = dev, accum = 2,
+    dropout_seed = function(step, micro) return 100 * step + micro end }
+  local bt = batch(1)
+  ps:run(1, function() return bt end, 1e-3)
+  ps:read()
+  local list, _, marks = stepmodel.record(0, function(mark)
+    ps.mark = mark
+    ps:run(2, function() return bt end, 1e-3)
+    ps.mark = nil
+  end)
+  return list, marks, m.flat_grads:numel()
+end
+
+-- A launch that moves at least the whole f32 gradient buffer once (a zeroing writes 4 bytes per gradient, an add
+-- of another buffer moves 12) and is no GEMM: a full-gradient-buffer pass. The tiny model's activations are far
+-- smaller than its parameters, so nothing else is that large here.
+T.test("pre-training's step with accumulation: no full-gradient-buffer pass per micro-batch, one zeroing per step",
+  function()
+    need_gpu()
+    local list, marks, n = recorded_accum_step()
+    local micro, step = stepmodel.parts(list, marks)
+    T.eq(#micro, 2, "micro-batches marked")
+    local function full(l) return l.cls ~= "gemm" and l.bytes >= 4 * n end
+    for a, ml in ipairs(micro) do
+      local bad = {}
+      for _, l in ipairs(ml) do if full(l) then bad[#bad + 1] = l.cls .. "/" .. l.name end end
+      T.eq(table.concat(bad, ", "), "", ("micro-batch %d: full-gradient-buffer passes"):format(a))
+    end
+    local zeroings = 0
+    for _, l in ipairs(step) do
+      if (l.cls == "memset" or l.name == "fill") and l.bytes >= 4 * n then zeroings = zeroings + 1 end
+    end
+    T.eq(zeroings, 1, "zeroings of the gradient buffer per optimizer step")
+  end)
 
 T.run()

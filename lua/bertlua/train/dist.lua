@@ -77,9 +77,10 @@ end
 -- On a GPU finish() does not wait on the host (bl_reducer_wait in bl_dist.h): call wait() before the host reads
 -- what the step computed, so that the watchdog (BL_NCCL_TIMEOUT) sees a collective that never ends.
 -- A layer's gradients are final when its backward of the step's last
--- micro-batch returns, once the caller's on_final function has finished them
--- there: with accumulation in a separate buffer it adds that buffer's range,
--- with bf16/fp16 training it rounds the range to half precision. finish()
+-- micro-batch returns (backward adds into the buffer, so the earlier
+-- micro-batches' gradients are in it), once the caller's on_final function
+-- has finished them there: with bf16/fp16 training it rounds the range to
+-- half precision. finish()
 -- calls it on the ranges no layer finished (embeddings, heads) before it
 -- launches their buckets. Buckets are launched in the same order on every
 -- rank (they are collectives).

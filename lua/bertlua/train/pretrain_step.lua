@@ -7,11 +7,12 @@
 --   local seqs = s:run(step, next_batch, lr)   -- queued on the device; no host wait
 --   local v = s:read()                          -- the one wait: {losses, counts, amp} of the steps since zero
 --
--- A step: zero the gradients, for each of `accum` micro-batches forward (losses and accuracy counts summed into
--- device-side stats) and backward (gradients accumulated in a separate buffer, so N ranks x A micro-batches give
--- the bits of 1 x N*A), the mean over ranks, then the optimizer step queued through the mixed-precision object
--- (the skip/update decision and the loss scale stay on the device). A model with a half compute copy
--- (model:to{dtype=}) gets it written by the optimizer's update pass (or refreshed after it).
+-- A step: zero the gradients once, for each of `accum` micro-batches forward (losses and accuracy counts summed
+-- into device-side stats) and backward (which adds its gradients into the flat buffer: dW GEMMs with beta = 1, the
+-- bias, LayerNorm and embedding sums added where they are written), the mean over ranks, then the optimizer step
+-- queued through the mixed-precision object (the skip/update decision and the loss scale stay on the device). A
+-- model with a half compute copy (model:to{dtype=}) gets it written by the optimizer's update pass (or refreshed
+-- after it).
 -- s:use_graph() (--cuda-graph): from then on the micro-batches are fetched and copied into fixed device
 -- buffers first; once a run allocates no device memory (the warm-up: one or two steps, s.graph_ready), everything
 -- above is captured and launched as one CUDA graph (bertlua.train.graph), the reducer's collectives included.
@@ -24,6 +25,33 @@ local M = {}
 local Step = {}
 Step.__index = Step
 
+-- The embedding tables' gradients are sums chained row by row from the buffer's value (the segmented scatter; the
+-- word table also takes the tied MLM decoder's dW first), so added in place they would round differently from a
+-- sum over ranks. They keep their own accumulation (12 + 4 bytes per table element and micro-batch, ~10 % of
+-- BERT's parameters): each micro-batch's table gradients are formed in a zeroed range and added to `acc` in micro-batch
+-- order, as an all-reduce adds ranks, so N ranks x A micro-batches give the bits of 1 x N*A. With a reducer, its
+-- on_final hook gets the sum added first (the range is final there).
+local function tables_of(model, reducer)
+  local lo, hi
+  for _, e in ipairs(model:parameters()) do
+    if e.name:find("_embeddings%.weight$") then
+      lo, hi = math.min(lo or e.offset, e.offset), math.max(hi or 0, e.offset + e.numel)
+    end
+  end
+  if not lo then return nil end
+  local t = { lo = lo, hi = hi, view = model.flat_grads:narrow(1, lo + 1, hi - lo) }
+  t.acc = bl.zeros_like(t.view)
+  if reducer then
+    local fin = reducer.finalize
+    reducer:on_final(function(a, b)
+      local x, y = math.max(a, lo), math.min(b, hi)
+      if x < y then model.flat_grads:narrow(1, x + 1, y - x):add_(t.acc:narrow(1, x - lo + 1, y - x)) end
+      if fin then fin(a, b) end
+    end)
+  end
+  return t
+end
+
 function M.PretrainStep(o)
   for _, k in ipairs({ "model", "optimizer", "amp", "dev", "dropout_seed" }) do
     if o[k] == nil then error("PretrainStep: missing field '" .. k .. "'", 2) end
@@ -31,8 +59,7 @@ function M.PretrainStep(o)
   local self = setmetatable({ model = o.model, optimizer = o.optimizer, amp = o.amp, dev = o.dev,
     accum = o.accum or 1, world = o.world or 1, rank = o.rank or 0, reducer = o.reducer,
     dropout_seed = o.dropout_seed, stats = device.StepStats(o.dev), on_device = {} }, Step)
-  -- o.acc: the accumulation buffer, when the caller's reducer hook reads it too
-  self.acc = o.acc or (self.accum > 1 and bl.zeros_like(o.model.flat_grads) or nil)
+  if self.accum > 1 then self.tables = tables_of(o.model, self.reducer) end
   -- device memory the step needs, made before its first run (a captured step may not allocate)
   device.defer_checks(o.dev)
   o.optimizer:prepare()
@@ -52,32 +79,36 @@ end
 
 -- The step's device work on the micro-batches get(a) (already on the device). With a reducer (recipes/pretrain.lua,
 -- which makes one on every world size), the last micro-batch's backward hands each layer's range to it as it
--- returns (reducer:arm): the range is made final there (the earlier micro-batches' sum added, rounded to
--- bf16/fp16 by the reducer's on_final hook) and its buckets launched; finish() does the ranges left. Without one
--- (the benchmark) the sum is copied back after backward.
+-- returns (reducer:arm): the range is final there (the backward added the last micro-batch's gradients to the
+-- earlier ones'; the reducer's on_final hook rounds it to bf16/fp16) and its buckets are launched; finish() does the
+-- ranges left.
 local function queue(self, step, get, lr)
-  local model, accum, acc, reducer = self.model, self.accum, self.acc, self.reducer
+  local model, accum, reducer, tables = self.model, self.accum, self.reducer, self.tables
   model:zero_grad()
   self.amp:begin_step()
   local seed = self.amp:loss_seed(accum)  -- fp16: the loss scale on the model's device
   self.stats:zero()
   for a = 1, accum do
+    if self.mark then self.mark("micro") end   -- the step-time model's split (bertlua.stepmodel.parts)
     model.rng = bl.Generator(self.dropout_seed(step, self.rank * accum + a - 1))
     model:apply(function(m) m.rng = model.rng end)
     model:forward(get(a), self.stats)
-    if acc then model:zero_grad() end
+    if tables and a > 1 then
+      tables.acc:add_(tables.view)
+      tables.view:zero_()
+    end
     if reducer then reducer:arm(a == accum) end
     model:backward(seed)
-    if acc and (a < accum or not reducer) then acc:add_(model.flat_grads) end
   end
+  if self.mark then self.mark("step") end
   if reducer then
     self.amp:end_backward{ rounded = true }
     reducer:finish{ scale = 1 / self.world }  -- the mean over ranks; the optimizer waits for it on the device
-    if acc then acc:zero_() end
   else
-    if acc then model.flat_grads:copy_(acc); acc:zero_() end
+    if tables then tables.view:add_(tables.acc) end
     self.amp:end_backward()
   end
+  if tables then tables.acc:zero_() end
   self.amp:queue_step(self.optimizer, lr)
   -- an optimizer built with model= writes the half compute copy in its update pass
   if model.compute_dtype and not self.optimizer:half() then model:sync_compute() end
