@@ -35,6 +35,7 @@ local opt = options.parse(arg, {
   { "do_lower_case", true, "lower-case and strip accents (uncased models)" },
   { "threads", 0, "CPU threads (0 = default)" },
   { "precision", "fp32", "fp32 | tf32 | bf16 | fp16 (on the CPU: weights rounded, activations f32)" },
+  { "pack", true, "cpu: linear weights packed once for our own GEMM, padding skipped (bertlua.bert.infer)" },
   device.OPTION,
 }, { name = "extract_features",
   usage = "bertlua recipes/extract_features.lua --model=DIR --input=FILE --output=FILE.jsonl [options]" })
@@ -85,6 +86,8 @@ end
 
 local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
 device.inference_model(model, dev, opt.precision)
+-- on the CPU: packed weights, and each batch's padded positions skipped (their hidden states are never written out)
+if dev < 0 and opt.pack then require("bertlua.bert.infer").pack(model) end
 local tok = require("bertlua.data.tokenizer").load(vocab, { lower = opt.do_lower_case })
 
 local examples = {}
