@@ -14,6 +14,10 @@
 -- features at --seq, stride 128; MRPC dev sentence pairs), a seeded draw of
 -- --batch of them from --data. On the CPU with --pack, bertlua skips the
 -- padded positions (bertlua.bert.infer); the peers compute them.
+-- OpenMP's idle workers sleep by default (the host sets OMP_WAIT_POLICY=passive
+-- for training, see src/host/main.c); inference at batch 1 runs many short
+-- parallel regions and is faster with OMP_WAIT_POLICY=active (BENCHMARKS.md):
+-- the policy in effect is printed.
 -- On a GPU (--device=cuda[:N]) the step is recipes/pretrain.lua's own
 -- (bertlua.train.pretrain_step): --accum micro-batches of --batch sequences,
 -- losses and accuracy summed on the device, NVLAMB on the device with the
@@ -140,6 +144,11 @@ if opt.infer and opt.pack and not on_gpu then
   print(("inference GEMM: bertlua packed, %d weights packed once, bias/GELU in its epilogue "
     .. "(--pack=false: the cpu line's GEMM); padded positions %s"):format(n, opt.unpad and "skipped"
     or "computed (--unpad=false)"))
+end
+if opt.infer and not on_gpu then
+  local set = os.getenv("BERTLUA_THREAD_ENV_SET") or ""
+  print(("openmp wait policy: %s%s"):format(os.getenv("OMP_WAIT_POLICY") or "libgomp's default",
+    set:find("OMP_WAIT_POLICY", 1, true) and " (the host's default; OMP_WAIT_POLICY=active for latency)" or ""))
 end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
   cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads, devname, opt.precision))
