@@ -14,10 +14,12 @@
 -- features at --seq, stride 128; MRPC dev sentence pairs), a seeded draw of
 -- --batch of them from --data. On the CPU with --pack, bertlua skips the
 -- padded positions (bertlua.bert.infer); the peers compute them.
--- OpenMP's idle workers sleep by default (the host sets OMP_WAIT_POLICY=passive
--- for training, see src/host/main.c); inference at batch 1 runs many short
--- parallel regions and is faster with OMP_WAIT_POLICY=active (BENCHMARKS.md):
--- the policy in effect is printed.
+-- OpenMP's idle workers sleep at once by default (the host sets
+-- OMP_WAIT_POLICY=passive for training, see src/host/main.c); inference at
+-- batch 1 runs many short parallel regions and is about 2x faster on a busy
+-- machine when they spin briefly first: GOMP_SPINCOUNT=10000 (~0.1 ms).
+-- OMP_WAIT_POLICY=active is as fast alone but collapses when the cores are
+-- shared (BENCHMARKS.md). The policy in effect is printed.
 -- On a GPU (--device=cuda[:N]) the step is recipes/pretrain.lua's own
 -- (bertlua.train.pretrain_step): --accum micro-batches of --batch sequences,
 -- losses and accuracy summed on the device, NVLAMB on the device with the
@@ -147,8 +149,9 @@ if opt.infer and opt.pack and not on_gpu then
 end
 if opt.infer and not on_gpu then
   local set = os.getenv("BERTLUA_THREAD_ENV_SET") or ""
-  print(("openmp wait policy: %s%s"):format(os.getenv("OMP_WAIT_POLICY") or "libgomp's default",
-    set:find("OMP_WAIT_POLICY", 1, true) and " (the host's default; OMP_WAIT_POLICY=active for latency)" or ""))
+  print(("openmp wait policy: %s%s, GOMP_SPINCOUNT %s"):format(os.getenv("OMP_WAIT_POLICY") or "libgomp's default",
+    set:find("OMP_WAIT_POLICY", 1, true) and " (the host's default)" or "", os.getenv("GOMP_SPINCOUNT")
+    or "unset (GOMP_SPINCOUNT=10000 for latency)"))
 end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
   cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads, devname, opt.precision))
