@@ -15,11 +15,9 @@ end
 
 -- indices (0-based) of the n largest logits; ties keep the lower index first
 -- (Python's stable sorted(..., reverse=True)).
--- the n best of the first `len` logits (a feature's own tokens: padded positions are never candidates, so their
--- values, zeros-based under unpadded inference, cannot crowd real ones out)
-local function best_indexes(logits, n, len)
+local function best_indexes(logits, n)
   local idx = {}
-  for i = 1, math.min(len, #logits) do idx[i] = i end
+  for i = 1, #logits do idx[i] = i end
   local function key(i) local v = logits[i]; if v ~= v then return -math.huge end return v end
   table.sort(idx, function(a, b)
     local va, vb = key(a), key(b)
@@ -123,13 +121,13 @@ function M.write_predictions(examples, features, results, opts)
         error(("squad.write_predictions: no result for feature %s"):format(tostring(feature.unique_id)), 2)
       end
       local sl, el = result.start_logits, result.end_logits
-      local ntok = #feature.tokens
-      local starts = best_indexes(sl, n_best_size, ntok)
-      local ends = best_indexes(el, n_best_size, ntok)
+      local starts = best_indexes(sl, n_best_size)
+      local ends = best_indexes(el, n_best_size)
       if v2 then
         local fns = sl[1] + el[1]
         if fns < score_null then score_null, min_null_fi, null_start, null_end = fns, fi, sl[1], el[1] end
       end
+      local ntok = #feature.tokens
       for _, s in ipairs(starts) do
         for _, e in ipairs(ends) do
           if s < ntok and e < ntok and feature.token_to_orig_map[s] ~= nil and feature.token_to_orig_map[e] ~= nil
