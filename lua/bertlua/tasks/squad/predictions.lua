@@ -217,15 +217,18 @@ end
 -- run(n, consume) runs the model over features 1..n in batches (the caller
 -- chooses batching and timing) and calls consume(idx, out) with the features'
 -- indices and the model's { start_logits, end_logits } [rows, S]; it returns
--- its statistics, passed through as `stats`.
+-- its statistics, passed through as `stats`. Only a feature's own tokens'
+-- logits are kept: padded positions (zero hidden states under unpadded CPU
+-- inference, bertlua.bert.infer) can then never crowd real candidates out.
 function M.predict(examples, features, run, opts)
   local results = {}
   local stats = run(#features, function(idx, out)
     local S = out.start_logits:size(2)
     local st, en = out.start_logits:totable(), out.end_logits:totable()
     for r, i in ipairs(idx) do
+      local last = (r - 1) * S + math.min(S, #features[i].tokens)
       results[i] = { unique_id = features[i].unique_id,
-        start_logits = slice(st, (r - 1) * S + 1, r * S), end_logits = slice(en, (r - 1) * S + 1, r * S) }
+        start_logits = slice(st, (r - 1) * S + 1, last), end_logits = slice(en, (r - 1) * S + 1, last) }
     end
   end)
   local preds, nbest, odds = M.write_predictions(examples, features, results, opts)
