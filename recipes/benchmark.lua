@@ -9,7 +9,17 @@
 -- (MLM decoder on the masked positions only, NSP), backward into the flat
 -- gradient buffer, and an update over the flat parameter buffer.
 -- Both sides use the same shapes, --threads threads, dropout --dropout, and
--- a batch with the last seq/8 tokens of every sequence padded.
+-- a batch with the last seq/8 tokens of every sequence padded. --infer
+-- --lengths=squad|mrpc instead gives the rows real lengths (SQuAD v1.1 dev
+-- features at --seq, stride 128; MRPC dev sentence pairs), a seeded draw of
+-- --batch of them from --data. On the CPU with --pack, bertlua skips the
+-- padded positions (bertlua.bert.infer); the peers compute them.
+-- OpenMP's idle workers sleep at once by default (the host sets
+-- OMP_WAIT_POLICY=passive for training, see src/host/main.c); inference at
+-- batch 1 runs many short parallel regions and is about 2x faster on a busy
+-- machine when they spin briefly first: GOMP_SPINCOUNT=10000 (~0.1 ms).
+-- OMP_WAIT_POLICY=active is as fast alone but collapses when the cores are
+-- shared (BENCHMARKS.md). The policy in effect is printed.
 -- On a GPU (--device=cuda[:N]) the step is recipes/pretrain.lua's own
 -- (bertlua.train.pretrain_step): --accum micro-batches of --batch sequences,
 -- losses and accuracy summed on the device, NVLAMB on the device with the
@@ -61,8 +71,12 @@ local opt = options.parse(arg, {
   { "dropout", 0.1, "hidden and attention dropout" },
   { "hidden_act", "", "FFN activation (gelu, gelu_new, ...; empty = the model's config)" },
   { "infer", false, "time inference (forward of the encoder only) instead of training" },
-  { "pack", true, "--infer on the cpu: linear weights packed once for our own GEMM, bias/GELU in its epilogue "
-    .. "(bertlua.bert.infer)" },
+  { "pack", true, "--infer on the cpu: linear weights packed once for our own GEMM, bias/GELU in its epilogue, "
+    .. "padded positions skipped (bertlua.bert.infer)" },
+  { "unpad", true, "with --pack: run the real tokens only (false: the padded forward)" },
+  { "lengths", "pad8", "--infer: real tokens per row: pad8 (last seq/8 padded), squad or mrpc (dev set lengths)" },
+  { "data", "../shared/data", "--lengths=squad|mrpc: the data directory (squad/dev-v1.1.json, glue/MRPC/dev.tsv, "
+    .. "vocab/bert-base-uncased-vocab.txt)" },
   { "lr", 1e-4, "learning rate (LAMB on a GPU, SGD on the CPU)" },
   { "accum", 1, "GPU training: micro-batches of --batch per optimizer step (gradient accumulation)", int = true,
     min = 1 },
@@ -133,27 +147,68 @@ if opt.infer then model:eval() else model:train() end
 if opt.infer and opt.pack and not on_gpu then
   -- bf16 on the cpu: weights rounded (as predict does), then packed for the bf16 GEMM where the CPU has one
   if opt.precision == "bf16" then amp.round_weights(model, "bf16") end
-  local _, n, what = require("bertlua.bert.infer").pack(model.bert, opt.precision)
+  local _, n, what = require("bertlua.bert.infer").pack(model.bert, opt.precision, { unpad = opt.unpad })
   print(("inference GEMM: bertlua packed, %d weights packed once, bias/GELU in its epilogue "
-    .. "(--pack=false: the cpu line's GEMM); %s"):format(n, what))
+    .. "(--pack=false: the cpu line's GEMM); %s; padded positions %s"):format(n, what, opt.unpad and "skipped"
+    or "computed (--unpad=false)"))
+end
+if opt.infer and not on_gpu then
+  local set = os.getenv("BERTLUA_THREAD_ENV_SET") or ""
+  print(("openmp wait policy: %s%s, GOMP_SPINCOUNT %s"):format(os.getenv("OMP_WAIT_POLICY") or "libgomp's default",
+    set:find("OMP_WAIT_POLICY", 1, true) and " (the host's default)" or "", os.getenv("GOMP_SPINCOUNT")
+    or "unset (GOMP_SPINCOUNT=10000 for latency)"))
 end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
   cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads, devname, opt.precision))
 
--- a fixed batch: random tokens, last S/8 padded, `masked` MLM positions per sequence
-local pad = math.floor(S / 8)
+-- the real tokens of each row: S - S/8, or lengths of a dev set's features drawn with a fixed seed
+local function real_lengths()
+  local all = {}
+  if opt.lengths == "pad8" then
+    local n = {}
+    for b = 1, B do n[b] = S - math.floor(S / 8) end
+    return n
+  elseif not opt.infer then
+    error("benchmark: --lengths=" .. opt.lengths .. " is for --infer", 0)
+  end
+  local tok = require("bertlua.data.tokenizer").load(opt.data .. "/vocab/bert-base-uncased-vocab.txt",
+    { lower = true })
+  if opt.lengths == "squad" then
+    local squad = require "bertlua.tasks.squad"
+    local ex = squad.read_examples(opt.data .. "/squad/dev-v1.1.json", { is_training = false, quiet = true })
+    ex = { unpack(ex, 1, math.min(#ex, 400)) }
+    local feats = squad.convert_examples_to_features(ex, tok, { max_seq_length = S, doc_stride = 128,
+      max_query_length = 64, is_training = false })
+    for i, f in ipairs(feats) do all[i] = #f.tokens end
+  elseif opt.lengths == "mrpc" then
+    local ex = require("bertlua.tasks.glue").read_examples("mrpc", opt.data .. "/glue/MRPC/dev.tsv", { quiet = true })
+    for i, e in ipairs(ex) do all[i] = #bert.pair(tok:tokenize(e.text_a), tok:tokenize(e.text_b), S) end
+  else
+    error("benchmark: --lengths must be pad8, squad or mrpc, got " .. tostring(opt.lengths), 0)
+  end
+  local u = bl.rand({ B }, { seed = 7, offset = 0 }):totable()
+  local n = {}
+  for b = 1, B do n[b] = all[1 + math.floor(u[b] * #all)] end
+  return n
+end
+local len = real_lengths()
+local function sum(t) local x = 0 for _, v in ipairs(t) do x = x + v end return x end
+print(("batch: %d real tokens of %d (%.1f%%), --lengths=%s, rows %s"):format(sum(len), B * S,
+  100 * sum(len) / (B * S), opt.lengths, B <= 8 and table.concat(len, ",") or ("min %d max %d"):format(
+    math.min(unpack(len)), math.max(unpack(len)))))
+-- a fixed batch: random tokens, the real ones first in each row, `masked` MLM positions per sequence
 local u = bl.rand({ B, S + 2 * opt.masked }, { seed = 5, offset = 0 }):totable()
 local ids, mask, pos, lab = {}, {}, {}, {}
 for b = 1, B do
   ids[b], mask[b], pos[b], lab[b] = {}, {}, {}, {}
   local row = (b - 1) * (S + 2 * opt.masked)
   for s = 1, S do
-    local real = s <= S - pad
+    local real = s <= len[b]
     ids[b][s] = real and math.floor(u[row + s] * V) or 0
     mask[b][s] = real and 1 or 0
   end
   for j = 1, opt.masked do
-    pos[b][j] = 1 + math.floor(u[row + S + j] * (S - pad - 2))
+    pos[b][j] = 1 + math.floor(u[row + S + j] * (len[b] - 2))
     lab[b][j] = math.floor(u[row + S + opt.masked + j] * V)
   end
 end
@@ -292,6 +347,7 @@ local function compare_with(peer, script, extra, report)
     "--masked %d --warmup %d --dropout %g%s%s 2>&1")
     :format(opt.python, script, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
       threads, V, opt.masked, opt.warmup, opt.dropout, extra, opt.infer and " --infer" or "")
+  if opt.lengths ~= "pad8" then cmd = cmd:gsub(" 2>&1$", " --lengths " .. table.concat(len, ",") .. " 2>&1") end
   local f = io.popen(bl.peer_env_prefix() .. cmd)
   local out = f:read("*a")
   f:close()

@@ -36,7 +36,7 @@ local opt = options.parse(arg, {
   { "threads", 0, "CPU threads (0 = default)" },
   { "precision", "fp32", "fp32 | tf32 | bf16 | fp16 | int8 (on the CPU: weights rounded, activations f32; "
     .. "bf16 runs the bf16 GEMM where the CPU has AVX512-BF16; int8: cpu, dynamic int8 GEMMs)" },
-  { "pack", true, "cpu: linear weights packed once for our own GEMM (bertlua.bert.infer)" },
+  { "pack", true, "cpu: linear weights packed once for our own GEMM, padding skipped (bertlua.bert.infer)" },
   device.OPTION,
 }, { name = "extract_features",
   usage = "bertlua recipes/extract_features.lua --model=DIR --input=FILE --output=FILE.jsonl [options]" })
@@ -87,6 +87,7 @@ end
 
 local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
 device.inference_model(model, dev, weight_precision)
+-- on the CPU: packed weights, and each batch's padded positions skipped (their hidden states are never written out)
 if dev < 0 and opt.pack then
   print("extract_features: " .. select(3, infer.pack(model, opt.precision)))
 elseif opt.precision == "int8" then

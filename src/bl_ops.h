@@ -192,6 +192,16 @@ int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_
                           const bl_tensor *probs, int heads, double scale, double p,
                           uint64_t seed, uint64_t offset);
 
+/* ---- the same attention for inference over packed sequences (no padding, no
+ * dropout, nothing saved): q, k, v (strided as above) and ctx [1, T, H] hold
+ * the real tokens of B sequences back to back; offsets [B+1] i32/i64 (0 first,
+ * non-decreasing, T last) delimit them, and each token attends to the tokens
+ * of its own sequence only. Equal to bl_attention_forward on the padded batch
+ * at the real positions up to summation order (masked probabilities are 0
+ * there). Sequences of length 0 are allowed (nothing written). CPU only. */
+int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                                const bl_tensor *offsets, int heads, double scale);
+
 /* ---- the same attention on any device. What forward saves for backward
  * depends on the device: the CPU op above keeps the probabilities; the CUDA
  * kernel (flash-style, S x S never in memory) keeps the row logsumexp

@@ -1,7 +1,7 @@
 """ONNX Runtime peer of recipes/benchmark.lua --infer --compare=onnxruntime.
 
 usage: /usr/bin/python3 recipes/peers/bench_bert_onnxruntime.py --layers L --hidden H --heads A
-      --seq S --batch B --steps N --threads T [--vocab V] --infer
+      --seq S --batch B --steps N --threads T [--vocab V] [--lengths N1,N2,...] --infer
 
 The encoder (transformers' BertModel with its pooler, the shapes and batch of bert_reference.py's
 torch benchmark: the last S/8 tokens of every sequence padded) is exported with torch.onnx.export,
@@ -45,7 +45,7 @@ def main(argv):
     model = BertModel(BertConfig(**bench_config(a))).eval()
     for p in model.parameters():
         p.data.normal_(0, 0.02)
-    ids, mask, _, _ = bench_batch(a.batch, a.seq, a.vocab, a.masked)
+    ids, mask, _, _ = bench_batch(a.batch, a.seq, a.vocab, a.masked, a.lengths)
     feed = {"input_ids": ids, "attention_mask": mask.long(), "token_type_ids": torch.zeros_like(ids)}
     with tempfile.TemporaryDirectory() as d:
         raw, fused = os.path.join(d, "bert.onnx"), os.path.join(d, "bert_fused.onnx")

@@ -82,7 +82,7 @@ def main(argv):
     model.to(dev)
     model.train(not a.infer)
     B, S = a.batch, a.seq
-    ids, mask, labels, nsp = ref.bench_batch(B, S, a.vocab, a.masked)
+    ids, mask, labels, nsp = ref.bench_batch(B, S, a.vocab, a.masked, getattr(a, "lengths", None))
     ids, mask, labels, nsp = ids.to(dev), mask.to(dev), labels.to(dev), nsp.to(dev)
     types = torch.zeros_like(ids)
     sel = (labels.reshape(-1) != -1).nonzero().squeeze(1)   # the masked positions, once

@@ -328,14 +328,20 @@ def bench_config(a):
                 hidden_act="gelu")
 
 
-def bench_batch(B, S, vocab, masked):
+def bench_batch(B, S, vocab, masked, lengths=None):
     """The benchmark batch (as recipes/benchmark.lua lays it out): random ids, the last S/8 tokens of every
-    sequence padding, `masked` MLM labels per sequence (-1 elsewhere) and NSP labels, from a fixed seed.
-    Returns ids, mask, labels, nsp on the CPU."""
+    sequence padding (or each row's real tokens first: lengths, a list of B), `masked` MLM labels per sequence
+    (-1 elsewhere) and NSP labels, from a fixed seed. Returns ids, mask, labels, nsp on the CPU."""
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (B, S), generator=g)
     mask = torch.ones(B, S)
-    mask[:, S - S // 8:] = 0
+    if lengths is None:
+        mask[:, S - S // 8:] = 0
+    else:
+        if len(lengths) != B or not all(0 < n <= S for n in lengths):
+            raise SystemExit(f"bench: --lengths needs {B} lengths in 1..{S}, got {lengths}")
+        for b, n in enumerate(lengths):
+            mask[b, n:] = 0
     labels = torch.full((B, S), -1, dtype=torch.long)
     pos = torch.randint(1, S - S // 8, (B, masked), generator=g)
     labels.scatter_(1, pos, torch.randint(0, vocab, (B, masked), generator=g))
@@ -351,6 +357,8 @@ def bench_args(argv):
                  ("threads", 1), ("vocab", 30522), ("masked", 20), ("warmup", 2)]:
         ap.add_argument("--" + k, type=int, default=v)
     ap.add_argument("--infer", action="store_true")
+    ap.add_argument("--lengths", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                    help="real tokens of each row (comma-separated; default: the last S/8 padded)")
     ap.add_argument("--dropout", type=float, default=0.1)
     return ap.parse_args(argv)
 
@@ -364,7 +372,7 @@ def bench(argv):
     for p in model.parameters():
         p.data.normal_(0, 0.02)
     B, S = a.batch, a.seq
-    ids, mask, labels, nsp = bench_batch(B, S, a.vocab, a.masked)
+    ids, mask, labels, nsp = bench_batch(B, S, a.vocab, a.masked, a.lengths)
     batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask,
              "masked_lm_labels": labels, "next_sentence_labels": nsp}
 

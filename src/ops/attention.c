@@ -263,6 +263,88 @@ done:
   return rc;
 }
 
+/* Token offsets [B+1] of packed sequences (i32/i64 on the CPU) into a new array; checks they start at 0, never
+ * decrease and end at T. *maxlen gets the longest sequence. */
+static int load_offsets(const char *op, const bl_tensor *o, int64_t T, int64_t **out, int64_t *maxlen) {
+  BL_CHECK(opx_check_index(op, o, "offsets"));
+  if (o->ndim != 1 || o->shape[0] < 1)
+    return BL_ERR("%s: offsets must be [batch + 1] (token offsets of each sequence), got %s", op, OPX_SHAPE(o));
+  int64_t n = o->shape[0], *a = malloc((size_t)n * sizeof(int64_t));
+  if (!a) return bl_set_error(BL_ENOMEM, "%s: out of memory for the offsets", op);
+  *maxlen = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = i * o->stride[0];
+    a[i] = o->dtype == BL_I32 ? ((const int32_t *)o->data)[off] : ((const int64_t *)o->data)[off];
+    int64_t len = i > 0 ? a[i] - a[i - 1] : 0;
+    if ((i == 0 && a[0] != 0) || len < 0 || (i == n - 1 && a[i] != T)) {
+      free(a);
+      return BL_ERR("%s: offsets must rise from 0 to the %lld packed tokens; entry %lld is %lld", op, (long long)T,
+                    (long long)i, (long long)a[i]);
+    }
+    if (len > *maxlen) *maxlen = len;
+  }
+  *out = a;
+  return 0;
+}
+
+/* Inference attention over packed sequences: q, k, v, ctx [1, T, H] hold the real tokens of B sequences back to
+ * back (sequence b is tokens off[b] .. off[b+1]-1); each attends to its own tokens only. This is the padded op
+ * with its masked keys left out: there their probabilities underflow to 0, so only the summation order differs. */
+int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                                const bl_tensor *offsets, int heads, double scale) {
+  const char *op = "attention_packed";
+  BL_CHECK(check_bsh(op, q, "query", NULL));
+  BL_CHECK(check_bsh(op, k, "key", q));
+  BL_CHECK(check_bsh(op, v, "value", q));
+  BL_CHECK(check_bsh(op, ctx, "context", q));
+  if (q->shape[0] != 1) return BL_ERR("%s: query %s must be [1, tokens, hidden] (packed)", op, OPX_SHAPE(q));
+  if (heads < 1 || q->shape[2] % heads != 0)
+    return BL_ERR("%s: hidden size %lld of query %s is not divisible by %d heads", op, (long long)q->shape[2],
+                  OPX_SHAPE(q), heads);
+  int dev;
+  const bl_tensor *ts[] = {ctx, q, k, v, offsets};
+  BL_CHECK(opx_device(op, 5, ts, &dev));
+  if (dev >= 0) return BL_ERR("%s: CPU inference only, got tensors on cuda:%d", op, dev);
+  int64_t T = q->shape[1], H = q->shape[2], d = H / heads, *off = NULL, S = 0;
+  BL_CHECK(load_offsets(op, offsets, T, &off, &S));
+  if (scale <= 0) scale = 1.0 / sqrt((double)d);
+  const int64_t nb = offsets->shape[0] - 1;
+  bsh mq, mk, mv, mc;
+  int rc = 0, oom = 0;
+  mq.buf.owned = mk.buf.owned = mv.buf.owned = mc.buf.owned = 0;
+  if ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)) ||
+      (rc = bsh_out(op, ctx, &mc)))
+    goto done;
+  const float sc = (float)scale;
+  #pragma omp parallel if (nb * heads > 1 && heads * S * S * d > 32768)
+  {
+    float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
+    float *pr = malloc((size_t)(S * S > 0 ? S * S : 1) * sizeof(float));
+    int ok = kt && pr;
+    if (!ok) {
+      #pragma omp atomic write
+      oom = 1;
+    }
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < nb * heads; bh++) {
+      int64_t b = bh / heads, h = bh % heads, n = off[b + 1] - off[b];
+      if (!ok || n == 0) continue;
+      const float *qb = mq.p + off[b] * mq.ss + h * d, *kb = mk.p + off[b] * mk.ss + h * d;
+      const float *vb = mv.p + off[b] * mv.ss + h * d;
+      transpose(n, d, kb, mk.ss, kt, n);
+      gemm_nn(n, n, d, qb, mq.ss, kt, n, pr, n, 0);
+      for (int64_t i = 0; i < n; i++) softmax_row(n, pr + i * n, NULL, sc, NULL, 1.0f, NULL);
+      gemm_nn(n, d, n, pr, n, vb, mv.ss, mc.p + off[b] * mc.ss + h * d, mc.ss, 0);
+    }
+    free(kt); free(pr);
+  }
+  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
+  opx_store(ctx, &mc.buf);
+done:
+  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mc.buf); free(off);
+  return rc;
+}
+
 /* The CUDA kernel never forms the probabilities: this signature has no twin there. */
 static int no_probs_on_cuda(const char *op, int dev) {
   return bl_set_error(BL_EUNSUPPORTED,

@@ -5,6 +5,10 @@
 -- pooler output of a padded batch, with random biases so that a missing bias
 -- or GELU shows; the QA head through predict's packing; and the errors
 -- (backward after a packed forward, a pack made for another CPU path).
+-- Unpadded inference (the default of pack: real tokens only, attention per
+-- row) against the padded forward: equal at the real positions within the
+-- same tolerance (masked keys have probability exactly 0 in the padded
+-- softmax, so only the order of sums differs), zeros at padded positions.
 --
 -- Tolerance: the two forwards do the same f32 math but sum the GEMMs in other
 -- orders. Per product entry the difference is at most 2 gamma_K sum_p |x_p w_p|
@@ -70,7 +74,7 @@ T.test("packed inference forward = eval forward on every CPU path", function()
       infer.unpack(model)
       model:eval()
       local h0, p0 = outputs(model, batch)
-      local _, n = infer.pack(model)
+      local _, n = infer.pack(model, { unpad = false })
       T.eq(n, 4 * CFG.num_hidden_layers + 1, isa .. ": weights packed (QKV, 3 dense per layer, pooler)")
       local h1, p1 = outputs(model, batch)
       local dh, dp = max_diff(h1, h0), max_diff(p1, p0)
@@ -82,6 +86,102 @@ T.test("packed inference forward = eval forward on every CPU path", function()
   end
   T.truthy(tested >= 1, "no CPU path could be set")
   for _, isa in ipairs(PATHS) do if pcall(bl.set_cpu_isa, isa) then break end end -- back to the best one
+end)
+
+-- a batch of rows with these real tokens (1 = real) as a mask, ids and types random
+local function batch_of(rows)
+  local u = bl.rand({ #rows, S }, { seed = 9, offset = 0 }):totable()
+  local ids, mask, types = {}, {}, {}
+  for b, r in ipairs(rows) do
+    ids[b], mask[b], types[b] = {}, {}, {}
+    for s = 1, S do
+      ids[b][s] = math.floor(u[(b - 1) * S + s] * CFG.vocab_size)
+      mask[b][s] = r(s) and 1 or 0
+      types[b][s] = s > S / 2 and 1 or 0
+    end
+  end
+  return { input_ids = bl.from(ids, { dtype = "i32" }), attention_mask = bl.from(mask),
+    token_type_ids = bl.from(types, { dtype = "i32" }) }, mask
+end
+local function first(n) return function(s) return s <= n end end
+
+-- every hidden state and the pooler: within TOL of the padded forward at real positions, zero at padded ones
+local function check_unpadded(model, batch, mask, what)
+  infer.pack(model, { unpad = false })
+  local ref = model:forward(batch)
+  local hs0, p0 = {}, ref.pooler_output:totable()
+  for i, h in ipairs(ref.hidden_states) do hs0[i] = h:totable() end
+  infer.pack(model)
+  local out = model:forward(batch)
+  local H, worst, nonzero = CFG.hidden_size, 0, 0
+  T.eq(#out.hidden_states, #hs0, what .. ": hidden states")
+  for i, h in ipairs(out.hidden_states) do
+    local t = h:totable()
+    for b = 1, #mask do
+      for s = 1, S do
+        for c = 1, H do
+          local j = ((b - 1) * S + s - 1) * H + c
+          if mask[b][s] == 1 then worst = math.max(worst, math.abs(t[j] - hs0[i][j]))
+          elseif t[j] ~= 0 then nonzero = nonzero + 1 end
+        end
+      end
+    end
+  end
+  local p1 = out.pooler_output:totable()
+  local pb = model.pooler.dense.bias:totable()
+  for b = 1, #mask do
+    for c = 1, H do
+      local j = (b - 1) * H + c
+      if mask[b][1] == 1 then worst = math.max(worst, math.abs(p1[j] - p0[j]))
+      else  -- the [CLS] position is padding: zero hidden state, so tanh(bias)
+        worst = math.max(worst, math.abs(p1[j] - math.tanh(pb[c])))
+      end
+    end
+  end
+  print(("%s: max |unpadded - padded| at real positions %.3g (tolerance %g)"):format(what, worst, TOL))
+  T.truthy(worst <= TOL, ("%s: unpadded forward differs by %.3g"):format(what, worst))
+  T.eq(nonzero, 0, what .. ": nonzero hidden values at padded positions")
+  return out
+end
+
+T.test("unpadded inference = padded forward at real positions, zeros at padded ones, every CPU path", function()
+  local model = bert.BertModel(CFG, { seed = 6 })
+  randomise(model)
+  local holes = function(s) return s % 3 ~= 2 and s <= 33 end  -- not a prefix: real tokens after padded ones
+  local rows = { first(S), first(30), first(11), first(0), first(1), holes, first(36) }
+  local tested = 0
+  for _, isa in ipairs(PATHS) do
+    if pcall(bl.set_cpu_isa, isa) then
+      local batch, mask = batch_of(rows)
+      check_unpadded(model, batch, mask, isa .. " B=7 (a full row, odd lengths, an empty row, holes)")
+      batch, mask = batch_of({ first(29) })
+      check_unpadded(model, batch, mask, isa .. " B=1")
+      tested = tested + 1
+    end
+  end
+  T.truthy(tested >= 1, "no CPU path could be set")
+  for _, isa in ipairs(PATHS) do if pcall(bl.set_cpu_isa, isa) then break end end
+end)
+
+T.test("unpadded inference: every row padding, no padding, bad offsets", function()
+  local model = bert.BertModel(CFG, { seed = 7 })
+  randomise(model)
+  local batch, mask = batch_of({ first(0), first(0) })
+  local out = check_unpadded(model, batch, mask, "every row padding")
+  T.eq(out.last_hidden_state:abs():max(), 0, "all hidden states zero")
+  -- without padding the ordinary forward runs: bitwise the padded path
+  batch = batch_of({ first(S), first(S) })
+  infer.pack(model, { unpad = false })
+  local h0 = model:forward(batch).last_hidden_state:clone()
+  infer.pack(model)
+  T.eq(max_diff(model:forward(batch).last_hidden_state, h0), 0, "no padding: the same forward")
+  -- the packed attention op refuses bad offsets with a message naming them
+  local ops = require "bertlua.nn.ops"
+  local q = bl.randn({ 1, 5, 8 }, { seed = 1 })
+  T.raises(function() ops.attention_packed(q, q, q, bl.from({ 0, 3, 4 }, { dtype = "i32" }), 2) end,
+    "offsets must rise from 0 to the 5 packed tokens")
+  T.raises(function() ops.attention_packed(q, q, q, bl.from({ 0, 4, 2, 5 }, { dtype = "i32" }), 2) end, "entry 2")
+  T.raises(function() ops.attention_packed(q, q, q, bl.from({ 0, 5 }, { dtype = "f32" }), 2) end, "offsets")
 end)
 
 T.test("a pack is a snapshot: train mode ignores it, backward after a packed forward is refused", function()

@@ -3,7 +3,7 @@
 --   local infer = require "bertlua.bert.infer"
 --   infer.pack(model)     -- eval mode, every linear weight packed once for our own GEMM
 --   infer.pack(model, "int8")  -- or "bf16": the low-precision GEMMs (see plan below)
---   model:forward(batch)  -- the packed GEMMs, bias and GELU in their epilogues
+--   model:forward(batch)  -- the packed GEMMs, bias and GELU in their epilogues, padding skipped
 --   infer.unpack(model)   -- back to the ordinary GEMMs (before training again)
 --
 -- A pack is a snapshot of the weights for the CPU path (AVX-512 / AVX2) in
@@ -12,6 +12,12 @@
 -- (training runs the ordinary GEMMs, so train() needs no unpack, but the
 -- packs keep their memory: about one more copy of the linear weights).
 -- On a GPU, or for weights that are not f32 on the CPU, nothing is packed.
+--
+-- pack also turns on unpadded inference (opts.unpad = false keeps the padded
+-- forward): a batch with padding runs on its real tokens only, packed into one
+-- matrix, with attention per sequence over its own tokens; the hidden states
+-- of padded positions are zeros (see BertModel:forward). Heads and recipes
+-- read real positions only.
 local ops = require "bertlua.nn.ops"
 local bl = require "bertlua"
 
@@ -56,13 +62,17 @@ local function packable(w) return w ~= nil and w.device_ == -1 and w:dtype() == 
 -- the fused [3H, H] QKV weight of a self-attention module, or nil
 local function qkv_of(m) return m.fused and m._qkv end
 
--- pack(model[, precision]) -> model (in eval mode), the number of weights packed, and plan(precision)'s
--- line (precision: as a recipe's --precision, default fp32)
-function M.pack(model, precision)
+-- pack(model[, precision][, {unpad = true}]) -> model (in eval mode), the number of weights packed, and
+-- plan(precision)'s line (precision: as a recipe's --precision, default fp32; unpad = false: padded positions are
+-- computed as in training instead of skipped)
+function M.pack(model, precision, opts)
+  if type(precision) == "table" then precision, opts = nil, precision end
   local kind, line = M.plan(precision or "fp32")
+  local unpad = not (opts and opts.unpad == false)
   model:eval()
   local n = 0
   local function visit(m)
+    if m.__name == "BertModel" then m.unpad = unpad end
     local qkv = qkv_of(m)
     if qkv and packable(qkv.w) then
       qkv.packed = ops.pack_weight(qkv.w, kind)
@@ -83,6 +93,7 @@ end
 function M.unpack(model)
   model:apply(function(m)
     m.packed = nil
+    m.unpad = nil
     local qkv = qkv_of(m)
     if qkv then qkv.packed = nil end
   end)

@@ -63,14 +63,15 @@ local function zero_types(self, B, S)
   self._zero_types = t
   return t
 end
-function BertEmbeddings:forward(ids, types)
+-- posids (optional): the position of every token, for packed inference (see BertModel:forward)
+function BertEmbeddings:forward(ids, types, posids)
   local B, S = ids:size(1), ids:size(2)
-  if S > self.cfg.max_position_embeddings then
+  if not posids and S > self.cfg.max_position_embeddings then
     error(("BertEmbeddings: sequence length %d exceeds max_position_embeddings %d"):format(S,
       self.cfg.max_position_embeddings), 3)
   end
   types = types or zero_types(self, B, S)
-  self._types, self._posids = types, position_ids(self, B, S)
+  self._types, self._posids = types, posids or position_ids(self, B, S)
   local H = self.cfg.hidden_size
   local ln, drop = self.LayerNorm, self.dropout
   -- one op (sum of the three rows, LayerNorm, dropout); the dropout draws from the stream nn.Dropout would use
@@ -159,6 +160,10 @@ function BertSelfAttention:forward(x, mask)
     self._used_fused = false
   end
   local ctx = buf(self, "output", { B, S, H })
+  if type(mask) == "table" then  -- packed sequences (BertModel:forward's unpadded inference)
+    if self.training then error("BertSelfAttention: packed sequences are for inference (eval mode) only", 2) end
+    return ops.attention_packed(q, k, v, mask.offsets, self.heads, ctx)
+  end
   -- what backward needs: the probabilities [B,heads,S,S] on the CPU (self.probs),
   -- the row logsumexp [B,heads,S] on a GPU (self.lse); see bl_attention_saved_shape
   local saved
@@ -377,9 +382,75 @@ function BertModel:__init(cfg, opts)
   if opts.pooler ~= false then self:add("pooler", nn.BertPooler(cfg)) end
   if opts.flatten ~= false then self:flatten{ seed = opts.seed or 0 } end
 end
+-- Unpadded inference: the real tokens (attention_mask ~= 0) of the whole batch packed into one [1, T, H] matrix:
+-- ids, token types and positions gathered, flat row b*S+s of each token (pos), token offsets per row. nil when
+-- nothing is padded.
+local function unpad_plan(self, ids, types, mask)
+  local B, S = ids:size(1), ids:size(2)
+  -- the host copies stay referenced (locals) while their pointers are read
+  local m32, ic, tc = mask:to{ dtype = "f32" }:contiguous(), ids:contiguous(), types and types:contiguous()
+  local mp = m32:ptr()
+  local T = 0
+  for i = 0, B * S - 1 do if mp[i] ~= 0 then T = T + 1 end end
+  if T == B * S then return nil end
+  local plan = { B = B, S = S, T = T, offsets = buf(self, "_unpad_offsets", { B + 1 }, "i32") }
+  local op = plan.offsets:ptr()
+  op[0] = 0
+  if T > 0 then
+    plan.pos = buf(self, "_unpad_pos", { T }, "i32")
+    plan.ids, plan.types = buf(self, "_unpad_ids", { 1, T }, "i32"), buf(self, "_unpad_types", { 1, T }, "i32")
+    plan.posids = buf(self, "_unpad_posids", { 1, T }, "i32")
+    local ip, tp = ic:ptr(), tc and tc:ptr()
+    local pp, wp, yp, sp = plan.pos:ptr(), plan.ids:ptr(), plan.types:ptr(), plan.posids:ptr()
+    local t = 0
+    for b = 0, B - 1 do
+      for s = 0, S - 1 do
+        local i = b * S + s
+        if mp[i] ~= 0 then
+          pp[t], wp[t], yp[t], sp[t] = i, ip[i], tp and tp[i] or 0, s
+          t = t + 1
+        end
+      end
+      op[b + 1] = t
+    end
+  else
+    for b = 1, B do op[b] = 0 end
+  end
+  return plan
+end
+
+-- the packed forward: every GEMM, LayerNorm and GELU on the T real tokens, attention per row over its own tokens;
+-- each hidden state scattered back to [B, S, H] with zeros at the padded positions
+function BertModel:_forward_packed(plan)
+  local B, S, H, T = plan.B, plan.S, self.cfg.hidden_size, plan.T
+  local packed = {}
+  if T > 0 then
+    local x = self.embeddings:forward(plan.ids, plan.types, plan.posids)
+    packed[1] = x
+    for i, l in ipairs(self.encoder.layer) do
+      x = l:forward(x, plan)
+      packed[i + 1] = x
+    end
+  end
+  local hs = {}
+  for i = 1, #self.encoder.layer + 1 do
+    hs[i] = buf(self, "_unpad_hs" .. i, { B, S, H })
+    hs[i]:zero_()
+    if T > 0 then ops.gather_backward(hs[i], packed[i], plan.pos) end
+  end
+  self.encoder.hidden_states = hs
+  local seq = hs[#hs]
+  local pooled = self.pooler and self.pooler:forward(seq) or nil
+  return { last_hidden_state = seq, pooler_output = pooled, hidden_states = hs }
+end
+
 -- forward{input_ids=, token_type_ids=, attention_mask=} ->
 -- { last_hidden_state [B,S,H], pooler_output [B,H] (nil without pooler),
 --   hidden_states = { embeddings, layer 1, ..., layer L } }
+-- With self.unpad (bertlua.bert.infer.pack sets it), in eval mode on the CPU, a batch with padding runs packed
+-- (BertModel:_forward_packed): the padded positions cost nothing, and their hidden states are zero (not what
+-- the padded forward computes there; a row with no real token gives zeros, and a pooler output of tanh(bias)).
+-- The real positions equal the padded forward's up to summation order.
 function BertModel:forward(batch)
   local ids = as_ids(batch.input_ids, "input_ids")
   if not ids or ids:dim() ~= 2 then error("BertModel: input_ids must be a [batch, seq] tensor", 2) end
@@ -394,7 +465,14 @@ function BertModel:forward(batch)
   end
   same(types, "token_type_ids"); same(mask, "attention_mask")
   ids, types, mask = on_device(self, ids), on_device(self, types), on_device(self, mask)
-  self._ids, self._mask = ids, mask
+  self._ids, self._mask, self._ran_packed = ids, mask, false
+  if self.unpad and mask and not self.training and (self.device or -1) < 0 then
+    local plan = unpad_plan(self, ids, types, mask)
+    if plan then
+      self._ran_packed = true
+      return self:_forward_packed(plan)
+    end
+  end
   local emb = self.embeddings:forward(ids, types)
   local seq = self.encoder:forward(emb, mask)
   local pooled = self.pooler and self.pooler:forward(seq) or nil
@@ -403,6 +481,10 @@ end
 -- backward(dseq, dpooled): dseq [B,S,H] or nil (zeros), dpooled [B,H] or nil.
 -- dseq is modified in place when given (the pooler's gradient is added to its [CLS] rows).
 function BertModel:backward(dseq, dpooled)
+  if self._ran_packed then
+    error("BertModel:backward: the last forward ran on packed tokens for inference; call "
+      .. "bertlua.bert.infer.unpack(model) and forward again first", 2)
+  end
   local hs = self.encoder.hidden_states
   local seq = hs[#hs]
   if dpooled then

@@ -221,6 +221,13 @@ function M.attention(q, k, v, key_mask, heads, opts)
     opts.seed or 0, opts.offset or 0))
   return ctx, probs
 end
+-- Inference over packed sequences: q, k, v [1, T, H] hold B sequences back to back, offsets [B+1] (i32, 0 .. T)
+-- delimit them; each attends to its own tokens (bl_attention_forward_packed). Returns ctx [1, T, H] (or out).
+function M.attention_packed(q, k, v, offsets, heads, out)
+  out = out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
+  check(C.bl_attention_forward_packed(out, q, k, v, offsets, heads, 0))
+  return out
+end
 -- Returns dq, dk, dv (or writes opts.dq/dk/dv, e.g. slices of one dQKV buffer).
 -- On a GPU, opts.ctx (the forward's output) and opts.key_mask (the forward's
 -- mask) are required too: the kernel recomputes the probabilities.

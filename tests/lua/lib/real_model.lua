@@ -78,11 +78,9 @@ function M.ref_results(path, feats)
   local lg = require("bertlua.io.safetensors").load(path)
   local L = lg.start_logits:size(2)
   local sl, el = lg.start_logits:totable(), lg.end_logits:totable()
-  local results = {}
-  for i, f in ipairs(feats) do
-    results[i] = { unique_id = f.unique_id, start_logits = { unpack(sl, (i - 1) * L + 1, i * L) },
-      end_logits = { unpack(el, (i - 1) * L + 1, i * L) } }
-  end
+  local results, squad = {}, require "bertlua.tasks.squad"
+  -- as squad.predict makes them for bertlua's own logits (a feature's own tokens only)
+  for i, f in ipairs(feats) do results[i] = squad.feature_result(f, sl, el, (i - 1) * L + 1, L) end
   return results
 end
 

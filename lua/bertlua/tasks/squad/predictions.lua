@@ -212,21 +212,26 @@ function M.write_predictions(examples, features, results, opts)
   return all_predictions, all_nbest, v2 and scores_diff or nil
 end
 
+-- feature_result(feature, st, en, first, S): write_predictions' record of one feature from flat start/end logit arrays
+-- whose row (S values) starts at index first. Only the feature's own tokens' logits are kept: padded positions
+-- (zero hidden states under unpadded CPU inference, bertlua.bert.infer) can then never crowd real candidates out.
+function M.feature_result(feature, st, en, first, S)
+  local last = first + math.min(S, #feature.tokens) - 1
+  return { unique_id = feature.unique_id, start_logits = slice(st, first, last), end_logits = slice(en, first, last) }
+end
+
 -- predict(examples, features, run, opts) -> predictions, nbest, null_odds, stats:
 -- the QA model's logits for every feature, then write_predictions(opts).
 -- run(n, consume) runs the model over features 1..n in batches (the caller
 -- chooses batching and timing) and calls consume(idx, out) with the features'
 -- indices and the model's { start_logits, end_logits } [rows, S]; it returns
--- its statistics, passed through as `stats`.
+-- its statistics, passed through as `stats`. Results as M.feature_result makes them.
 function M.predict(examples, features, run, opts)
   local results = {}
   local stats = run(#features, function(idx, out)
     local S = out.start_logits:size(2)
     local st, en = out.start_logits:totable(), out.end_logits:totable()
-    for r, i in ipairs(idx) do
-      results[i] = { unique_id = features[i].unique_id,
-        start_logits = slice(st, (r - 1) * S + 1, r * S), end_logits = slice(en, (r - 1) * S + 1, r * S) }
-    end
+    for r, i in ipairs(idx) do results[i] = M.feature_result(features[i], st, en, (r - 1) * S + 1, S) end
   end)
   local preds, nbest, odds = M.write_predictions(examples, features, results, opts)
   return preds, nbest, odds, stats
