@@ -14,10 +14,10 @@
 -- features at --seq, stride 128; MRPC dev sentence pairs), a seeded draw of
 -- --batch of them from --data. On the CPU with --pack, bertlua skips the
 -- padded positions (bertlua.bert.infer); the peers compute them.
--- OpenMP's idle workers sleep at once by default (the host sets
--- OMP_WAIT_POLICY=passive for training, see src/host/main.c); inference at
--- batch 1 runs many short parallel regions and is about 2x faster on a busy
--- machine when they spin briefly first: GOMP_SPINCOUNT=10000 (~0.1 ms).
+-- OpenMP's idle workers spin briefly, then sleep (the host sets
+-- OMP_WAIT_POLICY=passive with GOMP_SPINCOUNT=10000, ~0.1 ms, see
+-- src/host/main.c): inference at batch 1 runs many short parallel regions and
+-- is about 2x slower on a busy machine when they sleep at once.
 -- OMP_WAIT_POLICY=active is as fast alone but collapses when the cores are
 -- shared (BENCHMARKS.md). The policy in effect is printed.
 -- On a GPU (--device=cuda[:N]) the step is recipes/pretrain.lua's own
@@ -155,8 +155,9 @@ end
 if opt.infer and not on_gpu then
   local set = os.getenv("BERTLUA_THREAD_ENV_SET") or ""
   print(("openmp wait policy: %s%s, GOMP_SPINCOUNT %s"):format(os.getenv("OMP_WAIT_POLICY") or "libgomp's default",
-    set:find("OMP_WAIT_POLICY", 1, true) and " (the host's default)" or "", os.getenv("GOMP_SPINCOUNT")
-    or "unset (GOMP_SPINCOUNT=10000 for latency)"))
+    set:find("OMP_WAIT_POLICY", 1, true) and " (the host's default)" or "",
+    (os.getenv("GOMP_SPINCOUNT") or "unset (libgomp's default)")
+      .. (set:find("GOMP_SPINCOUNT", 1, true) and " (the host's default)" or "")))
 end
 print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"):format(cfg.num_hidden_layers,
   cfg.hidden_size, cfg.num_attention_heads, model:num_parameters() / 1e6, B, S, threads, devname, opt.precision))
