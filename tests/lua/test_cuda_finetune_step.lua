@@ -145,6 +145,21 @@ for _, head in ipairs({ "qa", "classification", "regression" }) do
   end)
 end
 
+T.test("a batch without input_ids or with a field the device step stages: a clear error", function()
+  for _, c in ipairs({ { field = "input_ids", value = false, want = "needs input_ids" },
+    { field = "target1", value = bl.zeros({ MICRO }), want = "target1 is reserved" } }) do
+    local model = HEADS.classification()
+    model:to{ device = 0 }
+    local ok, err = pcall(trainer.fit, { model = model, n = N, batch = BATCH, micro_batch = MICRO, epochs = 1,
+      lr = 1e-3, device = 0, make_batch = function(idx)
+        local b = batch_of(idx)
+        b[c.field] = c.value or nil
+        return b
+      end })
+    T.truthy(not ok and tostring(err):find(c.want, 1, true), tostring(err))
+  end
+end)
+
 T.test("qa fp16 (loss scaling on the device): losses within 1e-6 of the synchronous step's", function()
   local _, dev = same_run("qa", "fp16", 1e-6)
   T.truthy(dev[STEPS].loss_scale and dev[STEPS].loss_scale > 0, "the loss scale is logged")
