@@ -1,7 +1,8 @@
 -- bertlua.train.device_step: the fine-tuning step of trainer.fit on a GPU, resident on the device as
 -- pre-training's is (recipes/pretrain.lua). The host never waits inside a step:
---   * the batch goes to device buffers kept across steps (device.batch_to with keep), the targets too, after
---     they were clamped and counted on the host where the batch was made;
+--   * the batch reaches the device through trainer.fit's stager (bertlua.train.prefetch: pinned buffers, the copy
+--     stream, the next micro-batch in flight), its targets too: step.prepare turns a host batch into the staged one,
+--     the targets clamped and counted on the host where the batch was made;
 --   * the head's loss is computed here, not by the head (whose forward reads its loss back, one wait per
 --     micro-batch): ops.cross_entropy_counted (ops.mse_loss_into for a regression head, STS-B) writes each
 --     micro-batch's loss into its own f64 slot on the device and its gradient, which goes back through
@@ -16,7 +17,8 @@
 --   local make = device_step.for_model(model)   -- nil: the model has no head with a device step
 --   local step = make{ model =, dev =, accum =, world =, mp =, optimizer =, reducer =, lr_at =, total =,
 --     log_every =, set_rng = function(step, a) end }
---   local rec = step(step_no, next_batch)   -- loop.run's step hook; nil on a step that is not logged
+--   local staged = step.prepare(host_batch)  -- what the stager gets: the inputs, the targets as tensors
+--   local rec = step(step_no, next_batch)   -- loop.run's step hook, next_batch(a) on the device; nil: not logged
 --   step.finish()                           -- after the last step: the scaler's totals, checks back on
 local bl = require "bertlua"
 local ops = require "bertlua.nn.ops"
@@ -40,34 +42,57 @@ end
 -- The loss parts of the heads: QA has two (start and end positions, clamped to [0, S] and S ignored, weight 0.5
 -- each, as bertlua.nn.SpanCriterion), classification one (labels, -100 ignored, with accuracy counts),
 -- regression one (f32 labels, mean squared error as bertlua.nn.MSECriterion; `mse` set, nothing ignored).
--- parts(out, batch) -> list of {logits, values (host), ignore, weight}
+-- targets(batch, B, S) -> list of {values (host), ignore, weight} for B sequences of S tokens (the QA logits have
+-- S positions); logits(out) -> the parts' logits, in order
 local HEADS = {
   qa = { nparts = 2, ncounts = 0,
-    parts = function(out, batch)
-      local B, S = out.start_logits:size(1), out.start_logits:size(2)
+    targets = function(batch, B, S)
       local function clamp(key)
         local v = targets(batch[key], B, key)
         for i = 1, B do v[i] = math.min(math.max(v[i], 0), S) end
         return v
       end
-      return { { out.start_logits, clamp("start_positions"), S, 0.5 }, { out.end_logits, clamp("end_positions"), S,
-        0.5 } }
+      return { { clamp("start_positions"), S, 0.5 }, { clamp("end_positions"), S, 0.5 } }
     end,
+    logits = function(out) return { out.start_logits, out.end_logits } end,
     loss = function(l, a) return (l[2 * a - 1] + l[2 * a]) / 2 end,
     backward = function(model, d) model:backward_logits(d[1], d[2]) end },
   classification = { nparts = 1, ncounts = 2,
-    parts = function(out, batch)
-      return { { out.logits, targets(batch.labels, out.logits:size(1), "labels"), -100, 1 } }
-    end,
+    targets = function(batch, B) return { { targets(batch.labels, B, "labels"), -100, 1 } } end,
+    logits = function(out) return { out.logits } end,
     loss = function(l, a) return l[a] end,
     backward = function(model, d) model:backward_logits(d[1]) end },
   regression = { nparts = 1, ncounts = 0, mse = true,
-    parts = function(out, batch)
-      return { { out.logits, targets(batch.labels, out.logits:size(1), "labels", "f32"), nil, 1 } }
-    end,
+    targets = function(batch, B) return { { targets(batch.labels, B, "labels", "f32"), nil, 1 } } end,
+    logits = function(out) return { out.logits } end,
     loss = function(l, a) return l[a] end,
     backward = function(model, d) model:backward_logits(d[1]) end },
 }
+
+-- the staged batch's fields besides the model's inputs: part k's targets (a tensor) and its ignore, weight and
+-- count of targets not ignored (host values, which the stager keeps)
+local function target_key(k) return "target" .. k end
+local STAGED = { target1 = true, target2 = true, parts = true }
+
+-- prepare(head, batch) -> the batch to stage: the inputs as they are, the targets of each part as a tensor
+local function prepare(head, batch)
+  local ids = batch.input_ids
+  if not bl.is_tensor(ids) or ids:dim() ~= 2 then
+    error("trainer: the batch needs input_ids of shape [batch, sequence] (a tensor)", 0)
+  end
+  local out, parts = { parts = {} }, head.targets(batch, ids:size(1), ids:size(2))
+  for k, v in pairs(batch) do
+    if STAGED[k] then error(("trainer: the batch field %s is reserved for the device step"):format(k), 0) end
+    if not TARGET_KEYS[k] then out[k] = v end
+  end
+  for k, p in ipairs(parts) do
+    local count = 0
+    for _, v in ipairs(p[1]) do if v ~= p[2] then count = count + 1 end end
+    out[target_key(k)] = bl.from(p[1], { dtype = head.mse and "f32" or "i32" })
+    out.parts[k] = { ignore = p[2], weight = p[3], count = count }
+  end
+  return out
+end
 
 -- for_model(model) -> the step maker for the model's head, or nil when its head has none
 function M.for_model(model)
@@ -82,39 +107,32 @@ function M.new(o, head)
   local stats = device.StepStats(dev, accum * np, head.ncounts)
   local slots = {}   -- the f64 [1] loss slot of (micro-batch, part), made once
   for i = 1, accum * np do slots[i] = stats.losses:narrow(1, i, 1) end
-  local keep, keep_t, grads = {}, {}, { device = dev }   -- device buffers reused every step
+  local grads = { device = dev }   -- the logits' gradients, device buffers reused every step
   device.defer_checks(dev)
   o.optimizer:prepare()   -- with the scaler's state and the stats: device memory made before the first step
   mp:state_tensor()
   local since, seqs, skipped_logged, last = logm.clock(), 0, 0, nil
 
+  -- micro_batch(a, batch, seed): batch is a prepared one, on the device (its targets were staged with it)
   local function micro_batch(a, batch, seed)
-    local inputs, tg = {}, {}
+    local inputs = {}
     for k, v in pairs(batch) do
-      if TARGET_KEYS[k] then tg[k] = v else inputs[k] = v end
+      if not STAGED[k] then inputs[k] = v end
     end
-    local out = model:forward(device.batch_to(inputs, dev, keep))
-    local parts, host, d = head.parts(out, tg), {}, {}
-    for k, p in ipairs(parts) do
-      host["t" .. k] = bl.from(p[2], { dtype = head.mse and "f32" or "i32" })
-    end
-    local on = device.batch_to(host, dev, keep_t)
-    for k, p in ipairs(parts) do
-      local slot = slots[(a - 1) * np + k]
-      d[k] = buf(grads, "d" .. k, p[1]:shape(), p[1]:dtype())
+    local logits, d = head.logits(model:forward(inputs)), {}
+    for k, p in ipairs(batch.parts) do
+      local slot, x, t = slots[(a - 1) * np + k], logits[k], batch[target_key(k)]
+      d[k] = buf(grads, "d" .. k, x:shape(), x:dtype())
       if head.mse then
-        ops.mse_loss_into(p[1], on["t" .. k], slot, d[k], p[4])
+        ops.mse_loss_into(x, t, slot, d[k], p.weight)
       else
-        local count = 0
-        for _, v in ipairs(p[2]) do if v ~= p[3] then count = count + 1 end end
-        ops.cross_entropy_counted(p[1], on["t" .. k], p[3], count, slot, d[k], p[4])
+        ops.cross_entropy_counted(x, t, p.ignore, p.count, slot, d[k], p.weight)
       end
       ops.scale_(d[k], seed)
-      if head.ncounts > 0 then ops.accuracy_add(stats.counts, p[1], on["t" .. k], p[3]) end
+      if head.ncounts > 0 then ops.accuracy_add(stats.counts, x, t, p.ignore) end
     end
     o.reducer:arm(a == accum)
     head.backward(model, d)
-    return out
   end
 
   local function read(step)
@@ -154,6 +172,8 @@ function M.new(o, head)
     if n % o.log_every ~= 0 and n ~= o.total then return nil end
     return read(n)
   end })
+
+  function step.prepare(batch) return prepare(head, batch) end
 
   -- finish() -> {loss = the last logged loss, skipped = steps skipped in all}: deferred checks back off
   function step.finish()

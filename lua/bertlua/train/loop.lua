@@ -24,7 +24,7 @@
 --   trainer.fit{ model = m, n = #features, batch = 32, micro_batch = 8, epochs = 2, lr = 3e-5,
 --                warmup = 0.1 (or warmup_steps = N), make_batch = function(indices) return batch_table end,
 --                log_path = ..., precision = "fp32",  -- or tf32, bf16, fp16: bertlua.train.amp.MixedPrecision
---                device = -1,           -- or N: the model is on cuda:N (model:to), batches are moved there;
+--                device = -1,           -- or N: the model is on cuda:N (model:to), batches are staged there;
 --                                       -- bf16/fp16 train on its half compute copy (made here if it has none)
 --                log_every = 1,         -- on a GPU: a log line (and the step's one host wait) every N steps
 --                synchronous = false,   -- true: on a GPU too, the step that reads every loss back (comparisons)
@@ -45,7 +45,9 @@
 -- bertlua.train.device_step: no host wait inside a step (losses, accuracy and the fp16 loss scaler stay on the
 -- device and are read once per log line, every log_every steps), no device allocation after the first step while
 -- the batch shape stays the same; the logged losses are those of the synchronous step. With fp16 the
--- learning-rate schedule advances on a skipped step too (as in pre-training).
+-- learning-rate schedule advances on a skipped step too (as in pre-training). On a GPU the training micro-batches,
+-- targets included, go through pinned memory on the copy stream (bertlua.train.prefetch), the next one copied
+-- while the current one trains, on the device step and the synchronous one alike.
 local bl = require "bertlua"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
@@ -129,14 +131,14 @@ function M.fit(o)
   model:train()
   local last_loss, skipped = nil, 0
   -- the epoch's order is shuffled on its first step (the draws the old per-epoch loop made)
-  local function batch(step, a)
+  -- micro-batch a of a step on the host; called in the order of the micro-batches
+  local function host_batch(step, a)
     local s = (step - 1) % steps_per_epoch
     if s == 0 and a == 1 then
       for i = #order, 2, -1 do local j = draw(i); order[i], order[j] = order[j], order[i] end
     end
     local first = s * o.batch + (rank * accum + a - 1) * micro
-    local b = o.make_batch(slice(order, first + 1, first + micro))
-    return make_device_step and b or device.batch_to(b, dev)
+    return o.make_batch(slice(order, first + 1, first + micro))
   end
   local function set_rng(step, a)
     model.rng = bl.Generator(dropout_seed(o.seed or 42, step, rank * accum + a - 1))
@@ -174,11 +176,29 @@ function M.fit(o)
     step_hook = make_device_step{ model = model, dev = dev, accum = accum, world = world, mp = mp, optimizer = adamw,
       reducer = reducer, lr_at = lr_at, total = total, log_every = o.log_every or 1, set_rng = set_rng }
   end
+  local batch = function(step, a) return device.batch_to(host_batch(step, a), dev) end
+  local stage = dev >= 0 and prefetch.Stager(dev) or nil
+  if stage then
+    -- on a GPU every micro-batch goes through pinned memory and the copy stream (bertlua.train.prefetch): got,
+    -- then the next one put (copied while this one trains), then trained; the device step's targets with it
+    local prepare = make_device_step and step_hook.prepare or function(b) return b end
+    local function put(step, a)
+      if a > accum then step, a = step + 1, 1 end
+      if step <= total then stage:put(prepare(host_batch(step, a))) end
+    end
+    batch = function(step, a)
+      if stage:in_flight() == 0 then put(step, a) end
+      local b = stage:get()
+      put(step, a + 1)
+      return b
+    end
+  end
   local step = M.run{ name = "trainer", total = total, batch = batch, step = step_hook,
     log = function(rec, n)
       if rec and (n % (o.log_every or 1) == 0 or n == total) then log:step(rec) end
     end }
   log:close()
+  if stage then stage:close() end
   if make_device_step then
     local f = step_hook.finish()
     last_loss, skipped = f.loss, f.skipped

@@ -1,12 +1,13 @@
--- bertlua.train.prefetch: evaluation and prediction batches go to a GPU as training batches do (bl_stager in
--- bl_loader.h): their tensors are copied into pinned host buffers and from there on the device's copy stream,
--- with an event the compute stream waits on, so the next batch is copied while the current one computes and no
--- upload comes from pageable memory (which the runtime would stage on the host first).
+-- bertlua.train.prefetch: fine-tuning, evaluation and prediction batches go to a GPU as pre-training's do
+-- (bl_stager in bl_loader.h): their tensors are copied into pinned host buffers and from there on the device's
+-- copy stream, with an event the compute stream waits on, so the next batch is copied while the current one
+-- computes and no upload comes from pageable memory (which the runtime would stage on the host first).
 --
 --   local prefetch = require "bertlua.train.prefetch"
 --   local st = prefetch.Stager(dev)   -- dev >= 0
 --   st:put(batch)                     -- a table of CPU tensors (at most 8) and other values, all kept by the stager
 --   local b = st:get()                -- the oldest batch put: its tensors on the device (same keys, shapes, dtypes)
+--   st:in_flight()                    -- batches put and not yet got (at most 2)
 --
 -- get's tensors stay valid until the second put after it: a loop gets batch k, puts batch k + 1, then runs k.
 local core = require "bertlua.core"
@@ -53,6 +54,8 @@ function Stager:get()
   for i, k in ipairs(p.keys) do out[k] = bl.wrap(self.fields[i - 1]) end
   return out
 end
+
+function Stager:in_flight() return #self.pending end
 
 function Stager:close()
   if self.s ~= nil then C.bl_stager_free(ffi.gc(self.s, nil)); self.s = nil end
