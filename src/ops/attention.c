@@ -277,9 +277,10 @@ static int load_offsets(const char *op, const bl_tensor *o, int64_t T, int64_t *
     a[i] = o->dtype == BL_I32 ? ((const int32_t *)o->data)[off] : ((const int64_t *)o->data)[off];
     int64_t len = i > 0 ? a[i] - a[i - 1] : 0;
     if ((i == 0 && a[0] != 0) || len < 0 || (i == n - 1 && a[i] != T)) {
+      const long long bad = (long long)a[i];
       free(a);
       return BL_ERR("%s: offsets must rise from 0 to the %lld packed tokens; entry %lld is %lld", op, (long long)T,
-                    (long long)i, (long long)a[i]);
+                    (long long)i, bad);
     }
     if (len > *maxlen) *maxlen = len;
   }
