@@ -105,13 +105,21 @@ function M.Reducer(o)
   check(C.bl_reducer_new(o.grads, elems, dt == "bf16" and C.BL_BF16 or C.BL_F32, out))
   local r = ffi.gc(out[0], C.bl_reducer_free)
   return setmetatable({ r = r, grads = o.grads, elems = elems, total = o.grads:numel(),
-    n = C.bl_reducer_buckets(r), launched = {}, final = {}, hooked = {}, armed = true, overlapped = 0 }, Reducer)
+    n = C.bl_reducer_buckets(r), launched = {}, final = {}, hooked = {}, armed = true, overlapped = 0,
+    finalizers = {} }, Reducer)
 end
 
--- on_final(fn): fn(lo, hi) finishes the gradients of elements [lo, hi) (0-based) before they are reduced
-function Reducer:on_final(fn)
-  self.finalize = fn
+-- on_final(fn[, {first = true}]): fn(lo, hi) finishes the gradients of elements [lo, hi) (0-based) before they
+-- are reduced. Hooks run in the order added; first = true runs fn before those (a hook that completes the values
+-- the others then read, e.g. adds a separately accumulated sum before the rounding to half precision).
+function Reducer:on_final(fn, opts)
+  table.insert(self.finalizers, opts and opts.first and 1 or #self.finalizers + 1, fn)
   return self
+end
+
+-- the on_final hooks on elements [lo, hi)
+function Reducer:finalize(lo, hi)
+  for _, fn in ipairs(self.finalizers) do fn(lo, hi) end
 end
 
 -- arm(on): whether the layers' backward that follows makes their gradients final (the last micro-batch)
@@ -122,7 +130,7 @@ end
 
 -- ready(lo, hi): elements [lo, hi) (0-based) hold their final gradients; launch every bucket now covered
 function Reducer:ready(lo, hi)
-  if self.finalize then self.finalize(lo, hi) end
+  self:finalize(lo, hi)
   local f = self.final
   f[#f + 1] = { lo, hi }
   table.sort(f, function(a, b) return a[1] < b[1] end)
@@ -186,13 +194,13 @@ end
 -- after the sums on a GPU; done on the CPU). self.overlapped: how many buckets of this step were launched during
 -- backward.
 function Reducer:finish(opts)
-  if self.finalize then
+  if #self.finalizers > 0 then
     local at = 0
     for _, iv in ipairs(self.final) do   -- merged, sorted: the gaps between them are what is left
-      if iv[1] > at then self.finalize(at, iv[1]) end
+      if iv[1] > at then self:finalize(at, iv[1]) end
       at = iv[2]
     end
-    if at < self.total then self.finalize(at, self.total) end
+    if at < self.total then self:finalize(at, self.total) end
   end
   local n = 0
   for _ in pairs(self.launched) do n = n + 1 end

@@ -29,8 +29,8 @@ Step.__index = Step
 -- word table also takes the tied MLM decoder's dW first), so added in place they would round differently from a
 -- sum over ranks. They keep their own accumulation (12 + 4 bytes per table element and micro-batch, ~10 % of
 -- BERT's parameters): each micro-batch's table gradients are formed in a zeroed range and added to `acc` in micro-batch
--- order, as an all-reduce adds ranks, so N ranks x A micro-batches give the bits of 1 x N*A. With a reducer, its
--- on_final hook gets the sum added first (the range is final there).
+-- order, as an all-reduce adds ranks, so N ranks x A micro-batches give the bits of 1 x N*A. With a reducer, the sum
+-- is added by an on_final hook that runs before the others (the range is final there).
 local function tables_of(model, reducer)
   local lo, hi
   for _, e in ipairs(model:parameters()) do
@@ -42,12 +42,10 @@ local function tables_of(model, reducer)
   local t = { lo = lo, hi = hi, view = model.flat_grads:narrow(1, lo + 1, hi - lo) }
   t.acc = bl.zeros_like(t.view)
   if reducer then
-    local fin = reducer.finalize
     reducer:on_final(function(a, b)
       local x, y = math.max(a, lo), math.min(b, hi)
       if x < y then model.flat_grads:narrow(1, x + 1, y - x):add_(t.acc:narrow(1, x - lo + 1, y - x)) end
-      if fin then fin(a, b) end
-    end)
+    end, { first = true })
   end
   return t
 end
