@@ -552,6 +552,10 @@ end
 -- (BertModel:_forward_packed): the padded positions cost nothing, and their hidden states are zero (not what
 -- the padded forward computes there; a row with no real token gives zeros, and a pooler output of tanh(bias)).
 -- The real positions equal the padded forward's up to summation order.
+-- With self.unpad_training (pretrain/benchmark --unpad), in training mode on the CPU, a batch with padding trains
+-- packed (BertModel:_forward_packed_train; train_plan says when it falls back): last_hidden_state is [B, S, H] with
+-- zeros at padded positions, hidden_states is not returned, and backward gives the padded step's gradients up to
+-- summation order.
 function BertModel:forward(batch)
   local ids = as_ids(batch.input_ids, "input_ids")
   if not ids or ids:dim() ~= 2 then error("BertModel: input_ids must be a [batch, seq] tensor", 2) end
