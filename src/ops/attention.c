@@ -252,54 +252,22 @@ static void head_backward(int64_t n, int64_t d, const float *qb, int64_t ldq, co
   gemm_tn(n, d, n, ds, n, qb, ldq, dkb, lddk, 0);
 }
 
-static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
-                             const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
-                             uint64_t seed, uint64_t offset) {
-  const char *op = "attention";
-  int64_t B = q->shape[0], S = q->shape[1], H = q->shape[2], d = H / heads;
-  bsh mq, mk, mv, mc;
-  float *madd = NULL;
-  int rc = 0, oom = 0;
-  mq.buf.owned = mk.buf.owned = mv.buf.owned = mc.buf.owned = 0;
-  if ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)) ||
-      (rc = bsh_out(op, ctx, &mc)) || (key_mask && (rc = load_key_mask(op, key_mask, B, S, &madd))))
-    goto done;
-  const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  float *P = (float *)probs->data;
-  #pragma omp parallel if (B * heads > 1 && B * heads * S * S * d > 32768)
-  {
-    float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
-    float *pd = p > 0 ? malloc((size_t)(S * S > 0 ? S * S : 1) * sizeof(float)) : NULL;
-    uint8_t *keep = p > 0 ? malloc((size_t)(S * S > 0 ? S * S : 1)) : NULL;
-    int ok = kt && (p <= 0 || (pd && keep));
-    if (!ok) {
-      #pragma omp atomic write
-      oom = 1;
-    }
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * heads; bh++) {
-      if (!ok) continue;
-      int64_t b = bh / heads, h = bh % heads;
-      const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
-      float *cb = mc.p + b * mc.sb + h * d, *pb = P + bh * S * S;
-      if (keep) head_keep(seed, offset, bh, S, S, p, keep);
-      head_forward(S, d, qb, mq.ss, kb, mk.ss, vb, mv.ss, cb, mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale,
-                   kt, pd);
-    }
-    free(kt); free(pd); free(keep);
-  }
-  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
-  opx_store(ctx, &mc.buf);
-done:
-  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mc.buf); free(madd);
-  return rc;
-}
-
-/* The checked operands of a packed call: nb sequences delimited by off [nb+1] in T tokens, the longest maxlen;
- * poff [nb+1]: where each sequence's saved probabilities start (heads * the sum of the earlier lengths squared). */
+/* The sequences of a call: packed, nb sequences delimited by off [nb+1] in T tokens, the longest maxlen, and poff
+ * [nb+1] where each one's saved probabilities start (heads * the sum of the earlier lengths squared); or padded
+ * (off NULL): nb rows of maxlen tokens each, the [B, S, H] layout's batch stride. */
 typedef struct packed_seqs {
   int64_t nb, T, d, maxlen, *off, *poff;
 } packed_seqs;
+
+static inline int64_t seq_len(const packed_seqs *ps, int64_t b) {
+  return ps->off ? ps->off[b + 1] - ps->off[b] : ps->maxlen;
+}
+static inline int64_t seq_probs(const packed_seqs *ps, int64_t b, int heads) {
+  return ps->off ? ps->poff[b] : b * heads * ps->maxlen * ps->maxlen;
+}
+static inline float *seq_at(const bsh *m, const packed_seqs *ps, int64_t b) {
+  return m->p + (ps->off ? ps->off[b] * m->ss : b * m->sb);
+}
 
 static void packed_free(packed_seqs *ps) { free(ps->off); free(ps->poff); ps->off = ps->poff = NULL; }
 
@@ -344,12 +312,13 @@ static int check_packed_probs(const char *op, const bl_tensor *probs, const pack
   return 0;
 }
 
-/* Packed forward (inference: probs NULL, p 0; training: probs saved and dropout drawn as the padded op of length
- * seq draws it). Each (sequence, head) is one item, as the padded op's (b, h). */
-static int packed_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
-                          const bl_tensor *v, const packed_seqs *ps, int heads, double scale, int64_t seq, double p,
-                          uint64_t seed, uint64_t offset) {
-  const int64_t nb = ps->nb, d = ps->d, S = ps->maxlen, *off = ps->off;
+/* The forward over sequences, one (sequence, head) per item: the padded op (madd: its additive key mask [B, S]),
+ * or packed (inference: probs NULL, p 0; training: probs saved and dropout drawn as the padded op of length seq
+ * draws it). */
+static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
+                        const bl_tensor *v, const packed_seqs *ps, const float *madd, int heads, double scale,
+                        int64_t seq, double p, uint64_t seed, uint64_t offset) {
+  const int64_t nb = ps->nb, d = ps->d, S = ps->maxlen;
   bsh mq, mk, mv, mc;
   int rc = 0, oom = 0;
   mq.buf.owned = mk.buf.owned = mv.buf.owned = mc.buf.owned = 0;
@@ -357,7 +326,7 @@ static int packed_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, cons
       (rc = bsh_out(op, ctx, &mc)))
     goto done;
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  #pragma omp parallel if (nb * heads > 1 && heads * S * S * d > 32768)
+  #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
     size_t ss = (size_t)(S * S > 0 ? S * S : 1);
     float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
@@ -370,13 +339,12 @@ static int packed_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, cons
     }
     #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < nb * heads; bh++) {
-      int64_t b = bh / heads, h = bh % heads, n = off[b + 1] - off[b];
+      int64_t b = bh / heads, h = bh % heads, n = seq_len(ps, b), c = h * d;
       if (!ok || n == 0) continue;
-      float *pb = probs ? (float *)probs->data + ps->poff[b] + h * n * n : pr;
+      float *pb = probs ? (float *)probs->data + seq_probs(ps, b, heads) + h * n * n : pr;
       if (keep) head_keep(seed, offset, bh, seq, n, p, keep);
-      head_forward(n, d, mq.p + off[b] * mq.ss + h * d, mq.ss, mk.p + off[b] * mk.ss + h * d, mk.ss,
-                   mv.p + off[b] * mv.ss + h * d, mv.ss, mc.p + off[b] * mc.ss + h * d, mc.ss, pb, NULL, sc, keep,
-                   dscale, kt, pd);
+      head_forward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
+                   seq_at(&mc, ps, b) + c, mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale, kt, pd);
     }
     free(kt); free(pr); free(pd); free(keep);
   }
@@ -411,16 +379,17 @@ int bl_attention_forward_packed_train(bl_tensor *ctx, bl_tensor *probs, const bl
   BL_CHECK(packed_load(op, q, k, v, offsets, heads, probs ? seq : 0, &ps));
   int rc = probs ? check_packed_probs(op, probs, &ps) : 0;
   if (scale <= 0) scale = 1.0 / sqrt((double)ps.d);
-  if (!rc) rc = packed_fwd_cpu(op, ctx, probs, q, k, v, &ps, heads, scale, seq, p, seed, offset);
+  if (!rc) rc = seqs_fwd_cpu(op, ctx, probs, q, k, v, &ps, NULL, heads, scale, seq, p, seed, offset);
   packed_free(&ps);
   return rc;
 }
 
-static int packed_bwd_cpu(const char *op, bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                          const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
-                          const packed_seqs *ps, int heads, double scale, int64_t seq, double p, uint64_t seed,
-                          uint64_t offset) {
-  const int64_t nb = ps->nb, d = ps->d, S = ps->maxlen, *off = ps->off;
+/* The backward over sequences (padded or packed, as seqs_fwd_cpu) */
+static int seqs_bwd_cpu(const char *op, bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                        const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
+                        const packed_seqs *ps, int heads, double scale, int64_t seq, double p, uint64_t seed,
+                        uint64_t offset) {
+  const int64_t nb = ps->nb, d = ps->d, S = ps->maxlen;
   bsh mq, mk, mv, mo, mdq, mdk, mdv;
   int rc = 0, oom = 0;
   mq.buf.owned = mk.buf.owned = mv.buf.owned = mo.buf.owned = mdq.buf.owned = mdk.buf.owned = mdv.buf.owned = 0;
@@ -429,7 +398,7 @@ static int packed_bwd_cpu(const char *op, bl_tensor *dq, bl_tensor *dk, bl_tenso
       (rc = bsh_out(op, dv, &mdv)))
     goto done;
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  #pragma omp parallel if (nb * heads > 1 && heads * S * S * d > 32768)
+  #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
     size_t ss = (size_t)(S * S > 0 ? S * S : 1);
     float *vt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
@@ -442,13 +411,13 @@ static int packed_bwd_cpu(const char *op, bl_tensor *dq, bl_tensor *dk, bl_tenso
     }
     #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < nb * heads; bh++) {
-      int64_t b = bh / heads, h = bh % heads, n = off[b + 1] - off[b], t = off[b], c = h * d;
+      int64_t b = bh / heads, h = bh % heads, n = seq_len(ps, b), c = h * d;
       if (!ok || n == 0) continue;
       if (keep) head_keep(seed, offset, bh, seq, n, p, keep);
-      head_backward(n, d, mq.p + t * mq.ss + c, mq.ss, mk.p + t * mk.ss + c, mk.ss, mv.p + t * mv.ss + c, mv.ss,
-                    mo.p + t * mo.ss + c, mo.ss, (const float *)probs->data + ps->poff[b] + h * n * n,
-                    mdq.p + t * mdq.ss + c, mdq.ss, mdk.p + t * mdk.ss + c, mdk.ss, mdv.p + t * mdv.ss + c, mdv.ss,
-                    sc, keep, dscale, vt, ds, pdrop);
+      head_backward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
+                    seq_at(&mo, ps, b) + c, mo.ss, (const float *)probs->data + seq_probs(ps, b, heads) + h * n * n,
+                    seq_at(&mdq, ps, b) + c, mdq.ss, seq_at(&mdk, ps, b) + c, mdk.ss, seq_at(&mdv, ps, b) + c,
+                    mdv.ss, sc, keep, dscale, vt, ds, pdrop);
     }
     free(vt); free(ds); free(pdrop); free(keep);
   }
@@ -480,8 +449,22 @@ int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, co
   BL_CHECK(packed_load(op, q, k, v, offsets, heads, seq, &ps));
   int rc = check_packed_probs(op, probs, &ps);
   if (scale <= 0) scale = 1.0 / sqrt((double)ps.d);
-  if (!rc) rc = packed_bwd_cpu(op, dq, dk, dv, dctx, q, k, v, probs, &ps, heads, scale, seq, p, seed, offset);
+  if (!rc) rc = seqs_bwd_cpu(op, dq, dk, dv, dctx, q, k, v, probs, &ps, heads, scale, seq, p, seed, offset);
   packed_free(&ps);
+  return rc;
+}
+
+/* The padded op: the key mask's additive values, then every (b, h) over S tokens */
+static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
+                             const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
+                             uint64_t seed, uint64_t offset) {
+  const char *op = "attention";
+  const int64_t B = q->shape[0], S = q->shape[1];
+  const packed_seqs ps = {B, B * S, q->shape[2] / heads, S, NULL, NULL};
+  float *madd = NULL;
+  if (key_mask) BL_CHECK(load_key_mask(op, key_mask, B, S, &madd));
+  int rc = seqs_fwd_cpu(op, ctx, probs, q, k, v, &ps, madd, heads, scale, S, p, seed, offset);
+  free(madd);
   return rc;
 }
 
@@ -511,50 +494,13 @@ int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, c
   return attention_fwd_cpu(ctx, probs, q, k, v, key_mask, heads, scale, p, seed, offset);
 }
 
+/* The padded op: B rows of S tokens, each item over all S keys (the masked ones have probability 0 in probs) */
 static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
                              const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
                              int heads, double scale, double p, uint64_t seed, uint64_t offset) {
-  const char *op = "attention_backward";
-  int64_t B = q->shape[0], S = q->shape[1], H = q->shape[2], d = H / heads;
-  bsh mq, mk, mv, mo, mdq, mdk, mdv;
-  int rc = 0, oom = 0;
-  mq.buf.owned = mk.buf.owned = mv.buf.owned = mo.buf.owned = mdq.buf.owned = mdk.buf.owned = mdv.buf.owned = 0;
-  if ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)) ||
-      (rc = bsh_load(op, dctx, &mo)) || (rc = bsh_out(op, dq, &mdq)) || (rc = bsh_out(op, dk, &mdk)) ||
-      (rc = bsh_out(op, dv, &mdv)))
-    goto done;
-  const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  const float *P = (const float *)probs->data;
-  #pragma omp parallel if (B * heads > 1 && B * heads * S * S * d > 32768)
-  {
-    size_t ss = (size_t)(S * S > 0 ? S * S : 1);
-    float *vt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
-    float *ds = malloc(ss * sizeof(float)), *pdrop = p > 0 ? malloc(ss * sizeof(float)) : NULL;
-    uint8_t *keep = p > 0 ? malloc(ss) : NULL;
-    int ok = vt && ds && (p <= 0 || (keep && pdrop));
-    if (!ok) {
-      #pragma omp atomic write
-      oom = 1;
-    }
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * heads; bh++) {
-      if (!ok) continue;
-      int64_t b = bh / heads, h = bh % heads;
-      const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
-      const float *ob = mo.p + b * mo.sb + h * d, *pb = P + bh * S * S;
-      float *dqb = mdq.p + b * mdq.sb + h * d, *dkb = mdk.p + b * mdk.sb + h * d, *dvb = mdv.p + b * mdv.sb + h * d;
-      if (keep) head_keep(seed, offset, bh, S, S, p, keep);
-      head_backward(S, d, qb, mq.ss, kb, mk.ss, vb, mv.ss, ob, mo.ss, pb, dqb, mdq.ss, dkb, mdk.ss, dvb, mdv.ss, sc,
-                    keep, dscale, vt, ds, pdrop);
-    }
-    free(vt); free(ds); free(pdrop); free(keep);
-  }
-  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
-  opx_store(dq, &mdq.buf); opx_store(dk, &mdk.buf); opx_store(dv, &mdv.buf);
-done:
-  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mo.buf);
-  opx_free(&mdq.buf); opx_free(&mdk.buf); opx_free(&mdv.buf);
-  return rc;
+  const int64_t S = q->shape[1];
+  const packed_seqs ps = {q->shape[0], q->shape[0] * S, q->shape[2] / heads, S, NULL, NULL};
+  return seqs_bwd_cpu("attention_backward", dq, dk, dv, dctx, q, k, v, probs, &ps, heads, scale, S, p, seed, offset);
 }
 
 int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
