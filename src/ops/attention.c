@@ -18,6 +18,7 @@
  * dV = Pdrop^T dctx, dQ = dS K, dK = dS^T Q (gemm_tn reads the transposed
  * left operands in place). */
 #include "ops_internal.h"
+#include "bl_ops.h"
 #include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>

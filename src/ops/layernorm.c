@@ -10,6 +10,7 @@
  * (vectorisable without -ffast-math, and the same for every thread count);
  * the row kernels are compiled for AVX-512/AVX2 with runtime dispatch. */
 #include "ops_internal.h"
+#include "bl_ops.h"
 #include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>
