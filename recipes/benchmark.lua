@@ -73,7 +73,8 @@ local opt = options.parse(arg, {
   { "infer", false, "time inference (forward of the encoder only) instead of training" },
   { "pack", true, "--infer on the cpu: linear weights packed once for our own GEMM, bias/GELU in its epilogue, "
     .. "padded positions skipped (bertlua.bert.infer)" },
-  { "unpad", true, "with --pack: run the real tokens only (false: the padded forward)" },
+  { "unpad", true, "the cpu: run the real tokens only (false: the padded forward/step): inference with --pack, "
+    .. "training always (exact: the padded positions' gradients are zero)" },
   { "lengths", "pad8", "--infer: real tokens per row: pad8 (last seq/8 padded), squad or mrpc (dev set lengths)" },
   { "data", "../shared/data", "--lengths=squad|mrpc: the data directory (squad/dev-v1.1.json, glue/MRPC/dev.tsv, "
     .. "vocab/bert-base-uncased-vocab.txt)" },
@@ -150,6 +151,11 @@ if opt.infer and opt.pack and not on_gpu then
   local _, n, what = require("bertlua.bert.infer").pack(model.bert, opt.precision, { unpad = opt.unpad })
   print(("inference GEMM: bertlua packed, %d weights packed once, bias/GELU in its epilogue "
     .. "(--pack=false: the cpu line's GEMM); %s; padded positions %s"):format(n, what, opt.unpad and "skipped"
+    or "computed (--unpad=false)"))
+end
+if not opt.infer and not on_gpu then
+  model.bert.unpad_training = opt.unpad
+  print("training path: padded positions " .. (opt.unpad and "skipped (the real tokens packed, attention per row)"
     or "computed (--unpad=false)"))
 end
 if opt.infer and not on_gpu then

@@ -48,6 +48,7 @@ local opt = options.parse(arg, {
       "bf16/f16 compute copy with half activations, on the CPU half weights and gradients emulated (f32 " ..
         "activations) and tf32 = fp32; prediction in the same precision" },
   { "seed", 42, "seed", int = true, min = 0, max = 2 ^ 53 }, { "threads", 0, "CPU threads (0: default)" },
+  { "unpad", true, "CPU training: the real tokens only, padded positions skipped (exact; false: the padded step)" },
   { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true },
   { "allreduce_dtype", "fp32", "data parallel: fp32 or bf16 gradient all-reduce" },
   device.OPTION,
@@ -107,6 +108,11 @@ do  -- a classifier fine-tuned for another task does not fit: say so before load
 end
 local model = amp.model_to(bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels,
   seed = opt.seed }), dev, opt.precision)
+model.bert.unpad_training = opt.unpad and dev < 0
+if opt.do_train then
+  print("glue: padded positions " .. (model.bert.unpad_training and "skipped in training (real tokens packed; "
+    .. "--unpad=false computes them)" or "computed in training"))
+end
 
 -- examples of a split (t: the task, or mnli-mm for MNLI's mismatched files); a
 -- file with no usable row stops the run with the file's name (reasons above)

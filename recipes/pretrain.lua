@@ -77,6 +77,8 @@ local SPEC = {
   { "eval_batches", 20, "micro-batches per evaluation", int = true, min = 1 },
   { "log_every", 1, "steps between JSON log lines", int = true, min = 1 },
   { "threads", 0, "CPU threads (0: keep the default)" },
+  { "unpad", true, "CPU: train on the real tokens only, padded positions skipped (exact: their gradients are zero); "
+    .. "false: the padded step" },
   { "cuda_graph", false, "GPU: run each step as one CUDA graph, NCCL all-reduces included (captured after the "
     .. "first step; the device runs it without launch gaps)" },
   device.OPTION,
@@ -190,6 +192,9 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- CPU, see bertlua.train.amp), loss scaling for fp16
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision, scaler = scaler_opts }
   say("  training path: " .. mp:path())
+  model.bert.unpad_training = opt.unpad and dev < 0
+  say("  padded positions: " .. (model.bert.unpad_training and "skipped (real tokens packed, attention per row; "
+    .. "--unpad=false computes them)" or (dev < 0 and "computed (--unpad=false)" or "computed (GPU)")))
   -- data parallel: gradients summed in buckets, each encoder layer's launched when its backward of the last
   -- micro-batch returns (overlapped with the rest of backward), once it is final: rounded to bf16/fp16 (each backward
   -- adds into the buffer, so the earlier micro-batches' gradients are in it; the reducer finishes the other ranges

@@ -133,6 +133,21 @@ int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tenso
                                    const bl_tensor *mean, const bl_tensor *rstd,
                                    double p, uint64_t seed, uint64_t offset);
 
+/* ---- the same on packed tokens (CPU only, for unpadded training): x, residual, y [1, T, H] (or [T, H]) hold
+ * the real tokens of B rows back to back, offsets [B+1] delimit them (as bl_attention_forward_packed), seq is the
+ * padded length they come from. Token t of row b (its position s = t - offsets[b]; each row's real tokens its
+ * first ones) draws its dropout from row b*seq + s of the padded op's mask, so a packed run drops what the padded
+ * run drops at the real positions. */
+int bl_residual_layernorm_forward_packed(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                                         const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+                                         double eps, double p, uint64_t seed, uint64_t offset,
+                                         const bl_tensor *offsets, int64_t seq);
+int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                          bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
+                                          const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
+                                          const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
+                                          uint64_t offset, const bl_tensor *offsets, int64_t seq);
+
 /* ---- GELU (exact erf form): y = 0.5 x (1 + erf(x / sqrt 2)).
  * bias_gelu: y = gelu(x + b), b [H] over the last dim; backward recomputes the
  * pre-activation from x and b (saved: x only), dx overwritten, db += (may be NULL). */
@@ -201,6 +216,21 @@ int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_
  * there). Sequences of length 0 are allowed (nothing written). CPU only. */
 int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
                                 const bl_tensor *offsets, int heads, double scale);
+/* ---- packed attention for training (CPU only): as bl_attention_forward_packed, with dropout and the
+ * probabilities saved for backward. seq: the padded length S of the batch the tokens were packed from (no
+ * sequence longer). Dropout draws what bl_attention_forward draws on that padded batch when each row's real
+ * tokens are its first n_b: element (i, j) of sequence b, head h is element ((bh*S + i)*S4 + j) of the stream,
+ * bh = b*heads + h, S4 = 4*ceil(S/4); so the packed run drops exactly the padded run's entries (call with the
+ * padded op's seed and offset). probs: contiguous f32 of heads * sum_b n_b^2 elements, sequence b's heads back
+ * to back ([heads, n_b, n_b], softmax before dropout). Sequences of length 0 write nothing.
+ * Backward: dq, dk, dv [1, T, H] overwritten, the mask regenerated from (seed, offset). */
+int bl_attention_forward_packed_train(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
+                                      const bl_tensor *v, const bl_tensor *offsets, int heads, double scale,
+                                      int64_t seq, double p, uint64_t seed, uint64_t offset);
+int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                                 const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
+                                 const bl_tensor *offsets, int heads, double scale, int64_t seq, double p,
+                                 uint64_t seed, uint64_t offset);
 
 /* ---- the same attention on any device. What forward saves for backward
  * depends on the device: the CPU op above keeps the probabilities; the CUDA

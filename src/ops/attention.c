@@ -18,6 +18,7 @@
  * dV = Pdrop^T dctx, dQ = dS K, dK = dS^T Q (gemm_tn reads the transposed
  * left operands in place). */
 #include "ops_internal.h"
+#include "bl_ops.h"
 #include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>
@@ -209,83 +210,150 @@ OPX_ISA_FN(softmax_bwd_row, (int64_t S, float *restrict ds, const float *restric
                              float dscale, float scale),
            (S, ds, pr, keep, dscale, scale))
 
-/* The dropout mask of head bh: row q starts Philox call (bh*S + q)*ceil(S/4), so that one call's four outputs
- * are four adjacent keys of one row (what the CUDA tensor-core kernel draws per lane pair). */
-static void head_keep(uint64_t seed, uint64_t offset, int64_t bh, int64_t S, double p, uint8_t *keep) {
+/* The dropout mask of head bh over a batch of padded length S: row q starts Philox call (bh*S + q)*ceil(S/4), so
+ * that one call's four outputs are four adjacent keys of one row (what the CUDA tensor-core kernel draws per lane
+ * pair). keep gets the first n x n corner (n = S for the padded op; a packed sequence's length for the packed one,
+ * whose tokens are the row's first n). */
+static void head_keep(uint64_t seed, uint64_t offset, int64_t bh, int64_t S, int64_t n, double p, uint8_t *keep) {
   const int64_t row = (S + 3) / 4 * 4;
-  for (int64_t q = 0; q < S; q++) opx_dropout_keep(seed, offset, (bh * S + q) * row, S, (float)p, keep + q * S);
+  for (int64_t q = 0; q < n; q++) opx_dropout_keep(seed, offset, (bh * S + q) * row, n, (float)p, keep + q * n);
 }
 
-static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
-                             const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
-                             uint64_t seed, uint64_t offset) {
-  const char *op = "attention";
-  int64_t B = q->shape[0], S = q->shape[1], H = q->shape[2], d = H / heads;
+/* One (sequence, head) item of the forward over n tokens: probabilities into pb [n, n] (before dropout), context
+ * into cb. kt, pd, keep: per-thread scratch of d*n, n*n, n*n (pd and keep NULL without dropout; keep filled by the
+ * caller). madd: additive key mask [n] or NULL. */
+static void head_forward(int64_t n, int64_t d, const float *qb, int64_t ldq, const float *kb, int64_t ldk,
+                         const float *vb, int64_t ldv, float *cb, int64_t ldc, float *pb, const float *madd, float sc,
+                         const uint8_t *keep, float dscale, float *kt, float *pd) {
+  transpose(n, d, kb, ldk, kt, n);
+  gemm_nn(n, n, d, qb, ldq, kt, n, pb, n, 0);
+  for (int64_t i = 0; i < n; i++)
+    softmax_row(n, pb + i * n, madd, sc, keep ? keep + i * n : NULL, dscale, pd ? pd + i * n : NULL);
+  gemm_nn(n, d, n, pd ? pd : pb, n, vb, ldv, cb, ldc, 0);
+}
+
+/* One item of the backward: dq, dk, dv of the n tokens from the saved probabilities pb [n, n]. vt, ds, pdrop:
+ * scratch of d*n, n*n, n*n (pdrop NULL without dropout). */
+static void head_backward(int64_t n, int64_t d, const float *qb, int64_t ldq, const float *kb, int64_t ldk,
+                          const float *vb, int64_t ldv, const float *ob, int64_t ldo, const float *pb, float *dqb,
+                          int64_t lddq, float *dkb, int64_t lddk, float *dvb, int64_t lddv, float sc,
+                          const uint8_t *keep, float dscale, float *vt, float *ds, float *pdrop) {
+  /* dV = Pdrop^T dctx (the dropped probabilities, read transposed) */
+  if (keep) {
+    drop_rows(n * n, pb, keep, dscale, pdrop);
+    gemm_tn(n, d, n, pdrop, n, ob, ldo, dvb, lddv, 0);
+  } else {
+    gemm_tn(n, d, n, pb, n, ob, ldo, dvb, lddv, 0);
+  }
+  /* dP = dctx V^T, then the softmax backward row by row */
+  transpose(n, d, vb, ldv, vt, n);
+  gemm_nn(n, n, d, ob, ldo, vt, n, ds, n, 0);
+  for (int64_t i = 0; i < n; i++) softmax_bwd_row(n, ds + i * n, pb + i * n, keep ? keep + i * n : NULL, dscale, sc);
+  gemm_nn(n, d, n, ds, n, kb, ldk, dqb, lddq, 0);
+  gemm_tn(n, d, n, ds, n, qb, ldq, dkb, lddk, 0);
+}
+
+/* The sequences of a call: packed, nb sequences delimited by off [nb+1] in T tokens, the longest maxlen, and poff
+ * [nb+1] where each one's saved probabilities start (heads * the sum of the earlier lengths squared); or padded
+ * (off NULL): nb rows of maxlen tokens each, the [B, S, H] layout's batch stride. */
+typedef struct packed_seqs {
+  int64_t nb, T, d, maxlen, *off, *poff;
+} packed_seqs;
+
+static inline int64_t seq_len(const packed_seqs *ps, int64_t b) {
+  return ps->off ? ps->off[b + 1] - ps->off[b] : ps->maxlen;
+}
+static inline int64_t seq_probs(const packed_seqs *ps, int64_t b, int heads) {
+  return ps->off ? ps->poff[b] : b * heads * ps->maxlen * ps->maxlen;
+}
+static inline float *seq_at(const bsh *m, const packed_seqs *ps, int64_t b) {
+  return m->p + (ps->off ? ps->off[b] * m->ss : b * m->sb);
+}
+
+static void packed_free(packed_seqs *ps) { free(ps->off); free(ps->poff); ps->off = ps->poff = NULL; }
+
+/* Checks q, k, v and the offsets of a packed call (q [1, T, H], CPU) and, when seq > 0 (training: the padded
+ * length that lays out the dropout stream), that no sequence is longer than seq. */
+static int packed_load(const char *op, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                       const bl_tensor *offsets, int heads, int64_t seq, packed_seqs *ps) {
+  ps->off = ps->poff = NULL;
+  BL_CHECK(check_bsh(op, q, "query", NULL));
+  BL_CHECK(check_bsh(op, k, "key", q));
+  BL_CHECK(check_bsh(op, v, "value", q));
+  if (q->shape[0] != 1) return BL_ERR("%s: query %s must be [1, tokens, hidden] (packed)", op, OPX_SHAPE(q));
+  if (heads < 1 || q->shape[2] % heads != 0)
+    return BL_ERR("%s: hidden size %lld of query %s is not divisible by %d heads", op, (long long)q->shape[2],
+                  OPX_SHAPE(q), heads);
+  ps->T = q->shape[1];
+  ps->d = q->shape[2] / heads;
+  BL_CHECK(opx_load_offsets(op, offsets, ps->T, &ps->off, &ps->maxlen));
+  ps->nb = offsets->shape[0] - 1;
+  if (seq > 0 && ps->maxlen > seq) {
+    packed_free(ps);
+    return BL_ERR("%s: a sequence has %lld tokens, more than the padded length %lld", op, (long long)ps->maxlen,
+                  (long long)seq);
+  }
+  ps->poff = malloc((size_t)(ps->nb + 1) * sizeof(int64_t));
+  if (!ps->poff) { packed_free(ps); return bl_set_error(BL_ENOMEM, "%s: out of memory for the offsets", op); }
+  ps->poff[0] = 0;
+  for (int64_t b = 0; b < ps->nb; b++) {
+    int64_t n = ps->off[b + 1] - ps->off[b];
+    ps->poff[b + 1] = ps->poff[b] + heads * n * n;
+  }
+  return 0;
+}
+
+/* probs: a contiguous f32 tensor of heads * sum(n_b^2) elements (the saved probabilities of a packed call) */
+static int check_packed_probs(const char *op, const bl_tensor *probs, const packed_seqs *ps) {
+  BL_CHECK(opx_check(op, probs, "probs"));
+  if (probs->dtype != BL_F32 || !bl_tensor_is_contiguous(probs) || probs->numel != ps->poff[ps->nb])
+    return BL_ERR("%s: probs must be a contiguous f32 tensor of %lld elements (heads x the sum of the squared "
+                  "sequence lengths), got %s %s", op, (long long)ps->poff[ps->nb], bl_dtype_name(probs->dtype),
+                  OPX_SHAPE(probs));
+  return 0;
+}
+
+/* The forward over sequences, one (sequence, head) per item: the padded op (madd: its additive key mask [B, S]),
+ * or packed (inference: probs NULL, p 0; training: probs saved and dropout drawn as the padded op of length seq
+ * draws it). */
+static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
+                        const bl_tensor *v, const packed_seqs *ps, const float *madd, int heads, double scale,
+                        int64_t seq, double p, uint64_t seed, uint64_t offset) {
+  const int64_t nb = ps->nb, d = ps->d, S = ps->maxlen;
   bsh mq, mk, mv, mc;
-  float *madd = NULL;
   int rc = 0, oom = 0;
   mq.buf.owned = mk.buf.owned = mv.buf.owned = mc.buf.owned = 0;
   if ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)) ||
-      (rc = bsh_out(op, ctx, &mc)) || (key_mask && (rc = load_key_mask(op, key_mask, B, S, &madd))))
+      (rc = bsh_out(op, ctx, &mc)))
     goto done;
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  float *P = (float *)probs->data;
-  #pragma omp parallel if (B * heads > 1 && B * heads * S * S * d > 32768)
+  #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
+    size_t ss = (size_t)(S * S > 0 ? S * S : 1);
     float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
-    float *pd = p > 0 ? malloc((size_t)(S * S > 0 ? S * S : 1) * sizeof(float)) : NULL;
-    uint8_t *keep = p > 0 ? malloc((size_t)(S * S > 0 ? S * S : 1)) : NULL;
-    int ok = kt && (p <= 0 || (pd && keep));
+    float *pr = probs ? NULL : malloc(ss * sizeof(float)), *pd = p > 0 ? malloc(ss * sizeof(float)) : NULL;
+    uint8_t *keep = p > 0 ? malloc(ss) : NULL;
+    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep));
     if (!ok) {
       #pragma omp atomic write
       oom = 1;
     }
     #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * heads; bh++) {
-      if (!ok) continue;
-      int64_t b = bh / heads, h = bh % heads;
-      const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
-      float *cb = mc.p + b * mc.sb + h * d, *pb = P + bh * S * S;
-      transpose(S, d, kb, mk.ss, kt, S);
-      gemm_nn(S, S, d, qb, mq.ss, kt, S, pb, S, 0);
-      if (keep) head_keep(seed, offset, bh, S, p, keep);
-      for (int64_t i = 0; i < S; i++)
-        softmax_row(S, pb + i * S, madd ? madd + b * S : NULL, sc, keep ? keep + i * S : NULL, dscale,
-                    pd ? pd + i * S : NULL);
-      gemm_nn(S, d, S, pd ? pd : pb, S, vb, mv.ss, cb, mc.ss, 0);
+    for (int64_t bh = 0; bh < nb * heads; bh++) {
+      int64_t b = bh / heads, h = bh % heads, n = seq_len(ps, b), c = h * d;
+      if (!ok || n == 0) continue;
+      float *pb = probs ? (float *)probs->data + seq_probs(ps, b, heads) + h * n * n : pr;
+      if (keep) head_keep(seed, offset, bh, seq, n, p, keep);
+      head_forward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
+                   seq_at(&mc, ps, b) + c, mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale, kt, pd);
     }
-    free(kt); free(pd); free(keep);
+    free(kt); free(pr); free(pd); free(keep);
   }
   if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
   opx_store(ctx, &mc.buf);
 done:
-  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mc.buf); free(madd);
+  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mc.buf);
   return rc;
-}
-
-/* Token offsets [B+1] of packed sequences (i32/i64 on the CPU) into a new array; checks they start at 0, never
- * decrease and end at T. *maxlen gets the longest sequence. */
-static int load_offsets(const char *op, const bl_tensor *o, int64_t T, int64_t **out, int64_t *maxlen) {
-  BL_CHECK(opx_check_index(op, o, "offsets"));
-  if (o->ndim != 1 || o->shape[0] < 1)
-    return BL_ERR("%s: offsets must be [batch + 1] (token offsets of each sequence), got %s", op, OPX_SHAPE(o));
-  int64_t n = o->shape[0], *a = malloc((size_t)n * sizeof(int64_t));
-  if (!a) return bl_set_error(BL_ENOMEM, "%s: out of memory for the offsets", op);
-  *maxlen = 0;
-  for (int64_t i = 0; i < n; i++) {
-    int64_t off = i * o->stride[0];
-    a[i] = o->dtype == BL_I32 ? ((const int32_t *)o->data)[off] : ((const int64_t *)o->data)[off];
-    int64_t len = i > 0 ? a[i] - a[i - 1] : 0;
-    if ((i == 0 && a[0] != 0) || len < 0 || (i == n - 1 && a[i] != T)) {
-      const long long bad = (long long)a[i];
-      free(a);
-      return BL_ERR("%s: offsets must rise from 0 to the %lld packed tokens; entry %lld is %lld", op, (long long)T,
-                    (long long)i, bad);
-    }
-    if (len > *maxlen) *maxlen = len;
-  }
-  *out = a;
-  return 0;
 }
 
 /* Inference attention over packed sequences: q, k, v, ctx [1, T, H] hold the real tokens of B sequences back to
@@ -293,56 +361,111 @@ static int load_offsets(const char *op, const bl_tensor *o, int64_t T, int64_t *
  * with its masked keys left out: there their probabilities underflow to 0, so only the summation order differs. */
 int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
                                 const bl_tensor *offsets, int heads, double scale) {
-  const char *op = "attention_packed";
-  BL_CHECK(check_bsh(op, q, "query", NULL));
-  BL_CHECK(check_bsh(op, k, "key", q));
-  BL_CHECK(check_bsh(op, v, "value", q));
-  BL_CHECK(check_bsh(op, ctx, "context", q));
-  if (q->shape[0] != 1) return BL_ERR("%s: query %s must be [1, tokens, hidden] (packed)", op, OPX_SHAPE(q));
-  if (heads < 1 || q->shape[2] % heads != 0)
-    return BL_ERR("%s: hidden size %lld of query %s is not divisible by %d heads", op, (long long)q->shape[2],
-                  OPX_SHAPE(q), heads);
+  return bl_attention_forward_packed_train(ctx, NULL, q, k, v, offsets, heads, scale, 0, 0.0, 0, 0);
+}
+
+int bl_attention_forward_packed_train(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
+                                      const bl_tensor *v, const bl_tensor *offsets, int heads, double scale,
+                                      int64_t seq, double p, uint64_t seed, uint64_t offset) {
+  const char *op = probs ? "attention_packed_train" : "attention_packed";
   int dev;
-  const bl_tensor *ts[] = {ctx, q, k, v, offsets};
-  BL_CHECK(opx_device(op, 5, ts, &dev));
-  if (dev >= 0) return BL_ERR("%s: CPU inference only, got tensors on cuda:%d", op, dev);
-  int64_t T = q->shape[1], H = q->shape[2], d = H / heads, *off = NULL, S = 0;
-  BL_CHECK(load_offsets(op, offsets, T, &off, &S));
-  if (scale <= 0) scale = 1.0 / sqrt((double)d);
-  const int64_t nb = offsets->shape[0] - 1;
-  bsh mq, mk, mv, mc;
+  const bl_tensor *ts[] = {ctx, probs, q, k, v, offsets};
+  BL_CHECK(opx_device(op, 6, ts, &dev));
+  if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
+  BL_CHECK(opx_check_p(op, p));
+  if (p > 0 && !probs) return BL_ERR("%s: dropout needs probs (the training op)", op);
+  if (probs && seq < 1) return BL_ERR("%s: the padded length %lld must be positive", op, (long long)seq);
+  BL_CHECK(check_bsh(op, ctx, "context", q));
+  packed_seqs ps;
+  BL_CHECK(packed_load(op, q, k, v, offsets, heads, probs ? seq : 0, &ps));
+  int rc = probs ? check_packed_probs(op, probs, &ps) : 0;
+  if (scale <= 0) scale = 1.0 / sqrt((double)ps.d);
+  if (!rc) rc = seqs_fwd_cpu(op, ctx, probs, q, k, v, &ps, NULL, heads, scale, seq, p, seed, offset);
+  packed_free(&ps);
+  return rc;
+}
+
+/* The backward over sequences (padded or packed, as seqs_fwd_cpu) */
+static int seqs_bwd_cpu(const char *op, bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                        const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
+                        const packed_seqs *ps, int heads, double scale, int64_t seq, double p, uint64_t seed,
+                        uint64_t offset) {
+  const int64_t nb = ps->nb, d = ps->d, S = ps->maxlen;
+  bsh mq, mk, mv, mo, mdq, mdk, mdv;
   int rc = 0, oom = 0;
-  mq.buf.owned = mk.buf.owned = mv.buf.owned = mc.buf.owned = 0;
+  mq.buf.owned = mk.buf.owned = mv.buf.owned = mo.buf.owned = mdq.buf.owned = mdk.buf.owned = mdv.buf.owned = 0;
   if ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)) ||
-      (rc = bsh_out(op, ctx, &mc)))
+      (rc = bsh_load(op, dctx, &mo)) || (rc = bsh_out(op, dq, &mdq)) || (rc = bsh_out(op, dk, &mdk)) ||
+      (rc = bsh_out(op, dv, &mdv)))
     goto done;
-  const float sc = (float)scale;
-  #pragma omp parallel if (nb * heads > 1 && heads * S * S * d > 32768)
+  const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
+  #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
-    float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
-    float *pr = malloc((size_t)(S * S > 0 ? S * S : 1) * sizeof(float));
-    int ok = kt && pr;
+    size_t ss = (size_t)(S * S > 0 ? S * S : 1);
+    float *vt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
+    float *ds = malloc(ss * sizeof(float)), *pdrop = p > 0 ? malloc(ss * sizeof(float)) : NULL;
+    uint8_t *keep = p > 0 ? malloc(ss) : NULL;
+    int ok = vt && ds && (p <= 0 || (keep && pdrop));
     if (!ok) {
       #pragma omp atomic write
       oom = 1;
     }
     #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < nb * heads; bh++) {
-      int64_t b = bh / heads, h = bh % heads, n = off[b + 1] - off[b];
+      int64_t b = bh / heads, h = bh % heads, n = seq_len(ps, b), c = h * d;
       if (!ok || n == 0) continue;
-      const float *qb = mq.p + off[b] * mq.ss + h * d, *kb = mk.p + off[b] * mk.ss + h * d;
-      const float *vb = mv.p + off[b] * mv.ss + h * d;
-      transpose(n, d, kb, mk.ss, kt, n);
-      gemm_nn(n, n, d, qb, mq.ss, kt, n, pr, n, 0);
-      for (int64_t i = 0; i < n; i++) softmax_row(n, pr + i * n, NULL, sc, NULL, 1.0f, NULL);
-      gemm_nn(n, d, n, pr, n, vb, mv.ss, mc.p + off[b] * mc.ss + h * d, mc.ss, 0);
+      if (keep) head_keep(seed, offset, bh, seq, n, p, keep);
+      head_backward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
+                    seq_at(&mo, ps, b) + c, mo.ss, (const float *)probs->data + seq_probs(ps, b, heads) + h * n * n,
+                    seq_at(&mdq, ps, b) + c, mdq.ss, seq_at(&mdk, ps, b) + c, mdk.ss, seq_at(&mdv, ps, b) + c,
+                    mdv.ss, sc, keep, dscale, vt, ds, pdrop);
     }
-    free(kt); free(pr);
+    free(vt); free(ds); free(pdrop); free(keep);
   }
   if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
-  opx_store(ctx, &mc.buf);
+  opx_store(dq, &mdq.buf); opx_store(dk, &mdk.buf); opx_store(dv, &mdv.buf);
 done:
-  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mc.buf); free(off);
+  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mo.buf);
+  opx_free(&mdq.buf); opx_free(&mdk.buf); opx_free(&mdv.buf);
+  return rc;
+}
+
+int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                                 const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
+                                 const bl_tensor *offsets, int heads, double scale, int64_t seq, double p,
+                                 uint64_t seed, uint64_t offset) {
+  const char *op = "attention_packed_backward";
+  int dev;
+  const bl_tensor *ts[] = {dq, dk, dv, dctx, q, k, v, probs, offsets};
+  BL_CHECK(opx_device(op, 9, ts, &dev));
+  if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
+  if (!probs) return BL_ERR("%s: probs (saved by attention_packed_train) is NULL", op);
+  BL_CHECK(opx_check_p(op, p));
+  if (seq < 1) return BL_ERR("%s: the padded length %lld must be positive", op, (long long)seq);
+  BL_CHECK(check_bsh(op, dctx, "grad_context", q));
+  BL_CHECK(check_bsh(op, dq, "grad_query", q));
+  BL_CHECK(check_bsh(op, dk, "grad_key", q));
+  BL_CHECK(check_bsh(op, dv, "grad_value", q));
+  packed_seqs ps;
+  BL_CHECK(packed_load(op, q, k, v, offsets, heads, seq, &ps));
+  int rc = check_packed_probs(op, probs, &ps);
+  if (scale <= 0) scale = 1.0 / sqrt((double)ps.d);
+  if (!rc) rc = seqs_bwd_cpu(op, dq, dk, dv, dctx, q, k, v, probs, &ps, heads, scale, seq, p, seed, offset);
+  packed_free(&ps);
+  return rc;
+}
+
+/* The padded op: the key mask's additive values, then every (b, h) over S tokens */
+static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
+                             const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
+                             uint64_t seed, uint64_t offset) {
+  const char *op = "attention";
+  const int64_t B = q->shape[0], S = q->shape[1];
+  const packed_seqs ps = {B, B * S, q->shape[2] / heads, S, NULL, NULL};
+  float *madd = NULL;
+  if (key_mask) BL_CHECK(load_key_mask(op, key_mask, B, S, &madd));
+  int rc = seqs_fwd_cpu(op, ctx, probs, q, k, v, &ps, madd, heads, scale, S, p, seed, offset);
+  free(madd);
   return rc;
 }
 
@@ -372,62 +495,13 @@ int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, c
   return attention_fwd_cpu(ctx, probs, q, k, v, key_mask, heads, scale, p, seed, offset);
 }
 
+/* The padded op: B rows of S tokens, each item over all S keys (the masked ones have probability 0 in probs) */
 static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
                              const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
                              int heads, double scale, double p, uint64_t seed, uint64_t offset) {
-  const char *op = "attention_backward";
-  int64_t B = q->shape[0], S = q->shape[1], H = q->shape[2], d = H / heads;
-  bsh mq, mk, mv, mo, mdq, mdk, mdv;
-  int rc = 0, oom = 0;
-  mq.buf.owned = mk.buf.owned = mv.buf.owned = mo.buf.owned = mdq.buf.owned = mdk.buf.owned = mdv.buf.owned = 0;
-  if ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)) ||
-      (rc = bsh_load(op, dctx, &mo)) || (rc = bsh_out(op, dq, &mdq)) || (rc = bsh_out(op, dk, &mdk)) ||
-      (rc = bsh_out(op, dv, &mdv)))
-    goto done;
-  const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  const float *P = (const float *)probs->data;
-  #pragma omp parallel if (B * heads > 1 && B * heads * S * S * d > 32768)
-  {
-    size_t ss = (size_t)(S * S > 0 ? S * S : 1);
-    float *vt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
-    float *ds = malloc(ss * sizeof(float)), *pdrop = p > 0 ? malloc(ss * sizeof(float)) : NULL;
-    uint8_t *keep = p > 0 ? malloc(ss) : NULL;
-    int ok = vt && ds && (p <= 0 || (keep && pdrop));
-    if (!ok) {
-      #pragma omp atomic write
-      oom = 1;
-    }
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * heads; bh++) {
-      if (!ok) continue;
-      int64_t b = bh / heads, h = bh % heads;
-      const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
-      const float *ob = mo.p + b * mo.sb + h * d, *pb = P + bh * S * S;
-      float *dqb = mdq.p + b * mdq.sb + h * d, *dkb = mdk.p + b * mdk.sb + h * d, *dvb = mdv.p + b * mdv.sb + h * d;
-      if (keep) head_keep(seed, offset, bh, S, p, keep);
-      /* dV = Pdrop^T dctx (the dropped probabilities, read transposed) */
-      if (keep) {
-        drop_rows(S * S, pb, keep, dscale, pdrop);
-        gemm_tn(S, d, S, pdrop, S, ob, mo.ss, dvb, mdv.ss, 0);
-      } else {
-        gemm_tn(S, d, S, pb, S, ob, mo.ss, dvb, mdv.ss, 0);
-      }
-      /* dP = dctx V^T, then the softmax backward row by row */
-      transpose(S, d, vb, mv.ss, vt, S);
-      gemm_nn(S, S, d, ob, mo.ss, vt, S, ds, S, 0);
-      for (int64_t i = 0; i < S; i++)
-        softmax_bwd_row(S, ds + i * S, pb + i * S, keep ? keep + i * S : NULL, dscale, sc);
-      gemm_nn(S, d, S, ds, S, kb, mk.ss, dqb, mdq.ss, 0);
-      gemm_tn(S, d, S, ds, S, qb, mq.ss, dkb, mdk.ss, 0);
-    }
-    free(vt); free(ds); free(pdrop); free(keep);
-  }
-  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
-  opx_store(dq, &mdq.buf); opx_store(dk, &mdk.buf); opx_store(dv, &mdv.buf);
-done:
-  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mo.buf);
-  opx_free(&mdq.buf); opx_free(&mdk.buf); opx_free(&mdv.buf);
-  return rc;
+  const int64_t S = q->shape[1];
+  const packed_seqs ps = {q->shape[0], q->shape[0] * S, q->shape[2] / heads, S, NULL, NULL};
+  return seqs_bwd_cpu("attention_backward", dq, dk, dv, dctx, q, k, v, probs, &ps, heads, scale, S, p, seed, offset);
 }
 
 int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,

@@ -232,3 +232,45 @@ int opx_check_p(const char *op, double p) {
   if (!(p >= 0.0 && p < 1.0)) return BL_ERR("%s: dropout probability %g must be in [0, 1)", op, p);
   return 0;
 }
+
+/* Token offsets [B+1] of packed sequences (i32/i64 on the CPU) into a new array; checks they start at 0, never
+ * decrease and end at T. *maxlen gets the longest sequence. */
+int opx_load_offsets(const char *op, const bl_tensor *o, int64_t T, int64_t **out, int64_t *maxlen) {
+  BL_CHECK(opx_check_index(op, o, "offsets"));
+  if (o->ndim != 1 || o->shape[0] < 1)
+    return BL_ERR("%s: offsets must be [batch + 1] (token offsets of each sequence), got %s", op, OPX_SHAPE(o));
+  int64_t n = o->shape[0], *a = malloc((size_t)n * sizeof(int64_t));
+  if (!a) return bl_set_error(BL_ENOMEM, "%s: out of memory for the offsets", op);
+  *maxlen = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = i * o->stride[0];
+    a[i] = o->dtype == BL_I32 ? ((const int32_t *)o->data)[off] : ((const int64_t *)o->data)[off];
+    int64_t len = i > 0 ? a[i] - a[i - 1] : 0;
+    if ((i == 0 && a[0] != 0) || len < 0 || (i == n - 1 && a[i] != T)) {
+      const long long bad = (long long)a[i];
+      free(a);
+      return BL_ERR("%s: offsets must rise from 0 to the %lld packed tokens; entry %lld is %lld", op, (long long)T,
+                    (long long)i, bad);
+    }
+    if (len > *maxlen) *maxlen = len;
+  }
+  *out = a;
+  return 0;
+}
+
+int opx_packed_rows(const char *op, const bl_tensor *offsets, int64_t T, int64_t seq, int64_t **rows) {
+  int64_t *off, maxlen;
+  BL_CHECK(opx_load_offsets(op, offsets, T, &off, &maxlen));
+  if (seq < 1 || maxlen > seq) {
+    free(off);
+    return BL_ERR("%s: a sequence has %lld tokens, more than the padded length %lld", op, (long long)maxlen,
+                  (long long)seq);
+  }
+  int64_t *r = malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
+  if (!r) { free(off); return bl_set_error(BL_ENOMEM, "%s: out of memory for the packed rows", op); }
+  for (int64_t b = 0; b + 1 < offsets->shape[0]; b++)
+    for (int64_t t = off[b]; t < off[b + 1]; t++) r[t] = b * seq + (t - off[b]);
+  free(off);
+  *rows = r;
+  return 0;
+}

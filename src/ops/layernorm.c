@@ -10,6 +10,7 @@
  * (vectorisable without -ffast-math, and the same for every thread count);
  * the row kernels are compiled for AVX-512/AVX2 with runtime dispatch. */
 #include "ops_internal.h"
+#include "bl_ops.h"
 #include "device/dispatch.h"
 #include "vecmath.h"
 #include <math.h>
@@ -196,7 +197,7 @@ static int ln_oom_row(const char *op) {
 
 static int ln_forward_cpu(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                           const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *beta, double eps,
-                          double p, uint64_t seed, uint64_t offset) {
+                          double p, uint64_t seed, uint64_t offset, const int64_t *rmap) {
   opx_buf bx = {0}, br = {0}, bg = {0}, bb = {0}, by = {0}, bm = {0}, bs = {0};
   int64_t h = opx_cols(x), rows = opx_rows(x);
   int rc, oom = 0;
@@ -206,14 +207,14 @@ static int ln_forward_cpu(const char *op, bl_tensor *y, bl_tensor *mean, bl_tens
     goto done;
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f, feps = (float)eps;
   /* the dropout mask is made one row at a time into a per-thread buffer
-   * (still the documented stream: row r is elements r*h .. r*h+h-1) */
+   * (still the documented stream: row r is elements r*h .. r*h+h-1; rmap: packed row r is stream row rmap[r]) */
   #pragma omp parallel if (rows * h > 32768)
   {
     uint8_t *keep = ln_keep_row(p, h, &oom);
     #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       if (p > 0 && !keep) continue;
-      if (keep) opx_dropout_keep(seed, offset, r * h, h, (float)p, keep);
+      if (keep) opx_dropout_keep(seed, offset, (rmap ? rmap[r] : r) * h, h, (float)p, keep);
       ln_fwd_row(h, bx.p + r * h, res ? br.p + r * h : NULL, keep, scale, bg.p, bb.p, feps, by.p + r * h,
                  &bm.p[r], &bs.p[r]);
     }
@@ -229,7 +230,7 @@ done:
 static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamma, bl_tensor *dbeta,
                            bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *res,
                            const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
-                           uint64_t seed, uint64_t offset) {
+                           uint64_t seed, uint64_t offset, const int64_t *rmap) {
   opx_buf bdy = {0}, bx = {0}, br = {0}, bg = {0}, bm = {0}, bs = {0}, bdx = {0}, bdr = {0}, bdg = {0}, bdb = {0},
           bdc = {0};
   float *part = NULL;
@@ -256,7 +257,7 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
       float *pg = part ? part + c * 3 * h : NULL, *pb = pg ? pg + h : NULL, *pc = pg ? pg + 2 * h : NULL;
       int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
       for (int64_t r = c * LN_CHUNK; r < r1; r++) {
-        if (keep) opx_dropout_keep(seed, offset, r * h, h, (float)p, keep);
+        if (keep) opx_dropout_keep(seed, offset, (rmap ? rmap[r] : r) * h, h, (float)p, keep);
         ln_bwd_row(h, bx.p + r * h, res ? br.p + r * h : NULL, keep, scale, bg.p, bdy.p + r * h, bm.p[r], bs.p[r],
                    bdx.p + r * h, dres ? bdr.p + r * h : NULL, pg, pb, pc);
       }
@@ -303,7 +304,7 @@ int bl_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const b
   const bl_tensor *ts[] = {y, mean, rstd, x, gamma, beta};
   BL_CHECK(opx_device(op, 6, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_layernorm_forward(y, mean, rstd, x, gamma, beta, eps));
-  return ln_forward_cpu(op, y, mean, rstd, x, NULL, gamma, beta, eps, 0.0, 0, 0);
+  return ln_forward_cpu(op, y, mean, rstd, x, NULL, gamma, beta, eps, 0.0, 0, 0, NULL);
 }
 
 int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
@@ -321,34 +322,25 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
   if (dev >= 0)
     return BL_ON_CUDA(op, dev,
                       bl_cuda_layernorm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd));
-  return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, NULL, dy, x, NULL, gamma, mean, rstd, 0.0, 0, 0);
+  return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, NULL, dy, x, NULL, gamma, mean, rstd, 0.0, 0, 0, NULL);
 }
 
-int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
-                                  const bl_tensor *x, const bl_tensor *residual,
-                                  const bl_tensor *gamma, const bl_tensor *beta, double eps,
-                                  double p, uint64_t seed, uint64_t offset) {
-  const char *op = "residual_layernorm";
+/* The argument checks of the residual op's forward and backward (padded and packed alike). */
+static int check_res_fwd(const char *op, const bl_tensor *y, const bl_tensor *mean, const bl_tensor *rstd,
+                         const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+                         double eps, double p) {
   BL_CHECK(check_ln(op, x, gamma, beta, mean, rstd));
   BL_CHECK(check_same(op, residual, "residual", x));
   BL_CHECK(check_same(op, y, "output", x));
   BL_CHECK(check_eps(op, eps));
   BL_CHECK(opx_check_p(op, p));
-  int dev;
-  const bl_tensor *ts[] = {y, mean, rstd, x, residual, gamma, beta};
-  BL_CHECK(opx_device(op, 7, ts, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA(
-        op, dev, bl_cuda_residual_layernorm_forward(y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset));
-  return ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset);
+  return 0;
 }
 
-int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                   const bl_tensor *residual, const bl_tensor *gamma,
-                                   const bl_tensor *mean, const bl_tensor *rstd,
-                                   double p, uint64_t seed, uint64_t offset) {
-  const char *op = "residual_layernorm_backward";
+static int check_res_bwd(const char *op, const bl_tensor *dx, const bl_tensor *dresidual, const bl_tensor *dgamma,
+                         const bl_tensor *dbeta, const bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
+                         const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
+                         const bl_tensor *rstd, double p) {
   BL_CHECK(check_ln(op, x, gamma, NULL, mean, rstd));
   BL_CHECK(check_same(op, residual, "residual", x));
   BL_CHECK(check_same(op, dy, "grad_output", x));
@@ -358,6 +350,31 @@ int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tenso
   if (dbeta) BL_CHECK(check_same(op, dbeta, "grad_beta", gamma));
   if (dbias) BL_CHECK(check_same(op, dbias, "grad_bias", gamma));
   BL_CHECK(opx_check_p(op, p));
+  return 0;
+}
+
+int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
+                                  const bl_tensor *x, const bl_tensor *residual,
+                                  const bl_tensor *gamma, const bl_tensor *beta, double eps,
+                                  double p, uint64_t seed, uint64_t offset) {
+  const char *op = "residual_layernorm";
+  BL_CHECK(check_res_fwd(op, y, mean, rstd, x, residual, gamma, beta, eps, p));
+  int dev;
+  const bl_tensor *ts[] = {y, mean, rstd, x, residual, gamma, beta};
+  BL_CHECK(opx_device(op, 7, ts, &dev));
+  if (dev >= 0)
+    return BL_ON_CUDA(
+        op, dev, bl_cuda_residual_layernorm_forward(y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset));
+  return ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset, NULL);
+}
+
+int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
+                                   const bl_tensor *residual, const bl_tensor *gamma,
+                                   const bl_tensor *mean, const bl_tensor *rstd,
+                                   double p, uint64_t seed, uint64_t offset) {
+  const char *op = "residual_layernorm_backward";
+  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p));
   int dev;
   const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd};
   BL_CHECK(opx_device(op, 11, ts, &dev));
@@ -366,5 +383,43 @@ int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tenso
                       bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma,
                                                           mean, rstd, p, seed, offset));
   return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p, seed,
-                         offset);
+                         offset, NULL);
+}
+
+/* The packed twins (bl_ops.h): the same op on [1, T, H] packed tokens, each row's dropout drawn from its row of
+ * the padded batch (opx_packed_rows). */
+static int ln_rows(const char *op, const bl_tensor *x, const bl_tensor *offsets, int64_t seq, int64_t **rmap) {
+  int dev;
+  const bl_tensor *ts[] = {x, offsets};
+  BL_CHECK(opx_device(op, 2, ts, &dev));
+  if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
+  return opx_packed_rows(op, offsets, opx_rows(x), seq, rmap);
+}
+
+int bl_residual_layernorm_forward_packed(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                                         const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+                                         double eps, double p, uint64_t seed, uint64_t offset,
+                                         const bl_tensor *offsets, int64_t seq) {
+  const char *op = "residual_layernorm_packed";
+  BL_CHECK(check_res_fwd(op, y, mean, rstd, x, residual, gamma, beta, eps, p));
+  int64_t *rmap;
+  BL_CHECK(ln_rows(op, x, offsets, seq, &rmap));
+  int rc = ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset, rmap);
+  free(rmap);
+  return rc;
+}
+
+int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                          bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
+                                          const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
+                                          const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
+                                          uint64_t offset, const bl_tensor *offsets, int64_t seq) {
+  const char *op = "residual_layernorm_packed_backward";
+  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p));
+  int64_t *rmap;
+  BL_CHECK(ln_rows(op, x, offsets, seq, &rmap));
+  int rc = ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p, seed,
+                           offset, rmap);
+  free(rmap);
+  return rc;
 }

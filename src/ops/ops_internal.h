@@ -61,6 +61,13 @@ int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids);
 void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep);
 int opx_check_p(const char *op, double p);
 
+/* Packed sequences: offsets [B+1] (i32/i64) delimit B sequences in T tokens. opx_load_offsets checks they rise
+ * from 0 to T and copies them (free with free()); *maxlen gets the longest sequence. opx_packed_rows gives each
+ * token's row in the padded [B, seq] batch it came from (b*seq + its position, the row's real tokens being its
+ * first ones), an error when a sequence is longer than seq. */
+int opx_load_offsets(const char *op, const bl_tensor *o, int64_t T, int64_t **out, int64_t *maxlen);
+int opx_packed_rows(const char *op, const bl_tensor *offsets, int64_t T, int64_t seq, int64_t **rows);
+
 /* float <-> half / bfloat16: the core's one converter (base/half.h), inlined. */
 static inline float opx_h2f(uint16_t h) { return bl_half_f16_to_f32(h); }
 static inline uint16_t opx_f2h(float f) { return bl_half_f32_to_f16(f); }

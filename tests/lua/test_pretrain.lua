@@ -50,9 +50,10 @@ T.test("2 ranks x 1 micro-batch == 1 rank x 2 micro-batches", function()
   local wb = st.load(tmp .. "/two/phase1/model.safetensors")
   local worst = 0
   for name, t in pairs(wa) do
-    -- the key bias has a zero true gradient (softmax ignores a constant shift), so its
-    -- values are rounding noise ~1e-9: measure it against the weights' scale
-    local d = (t - wb[name]):abs():max() / math.max(t:abs():max(), 1e-3)
+    -- the key bias has a zero true gradient (softmax ignores a constant shift), so its values are rounding noise
+    -- (~1e-8 after 6 steps; unpadded training sums its column over T rows): measure it against the weights' init
+    -- scale (0.02), the other tensors against their own
+    local d = (t - wb[name]):abs():max() / math.max(t:abs():max(), name:find("key%.bias$") and 0.02 or 1e-3)
     if d > worst then worst = d end
   end
   T.truthy(worst <= 1e-6, ("largest relative weight difference %.3g"):format(worst))

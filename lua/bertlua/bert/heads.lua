@@ -170,6 +170,20 @@ local function masked_positions(self, batch, B, S)
   return pt, lt, n
 end
 
+-- Unpadded training (BertModel.unpad_training) computes no hidden state at padded positions: a masked position there
+-- would train on zeros instead of what the padded step computes, so it is an error.
+local function unpadded_positions(plan, pos, n)
+  local o, p = plan.offsets:ptr(), pos:ptr()
+  for i = 0, n - 1 do
+    local b = math.floor(p[i] / plan.S)
+    local s = p[i] - b * plan.S
+    if s >= o[b + 1] - o[b] then
+      error(("BertForPreTraining: masked position %d of row %d is a padded token (attention_mask 0); unpadded "
+        .. "training (--unpad) cannot train it, run with --unpad=false"):format(s, b + 1), 3)
+    end
+  end
+end
+
 -- forward(batch[, stats]) -> { loss, mlm_loss, nsp_loss, mlm_accuracy, nsp_accuracy,
 -- mlm_count, mlm_logits [M,V], nsp_logits [B,2], sequence_output, pooled_output }.
 -- Gradients of the losses w.r.t. the logits are computed here (cheaply, by the
@@ -184,6 +198,7 @@ function BertForPreTraining:forward(batch, stats)
   local B, S, H = seq:size(1), seq:size(2), seq:size(3)
   local res = { sequence_output = seq, pooled_output = pooled, hidden_states = out.hidden_states, loss = 0 }
   local pos, lab, npos = masked_positions(self, batch, B, S)
+  if pos and self.bert._plan then unpadded_positions(self.bert._plan, pos, npos) end
   local mlm_t, nsp_t  -- the losses as device scalars (stats)
   if stats then  -- made before the ops below run: a buffer made later takes a device block cached for their scratch
     f64_scalar(self, "_loss_total")
@@ -248,8 +263,7 @@ end
 -- backward([loss_scale]): gradients of loss * loss_scale (a number or a one-element tensor on the model's
 -- device), accumulated into the flat gradient buffer.
 function BertForPreTraining:backward(loss_scale)
-  local hs = self.bert.encoder.hidden_states
-  local seq = hs[#hs]
+  local seq = self.bert:sequence_output()
   local dseq = buf(self, "_dseq", seq:shape())
   dseq:zero_()
   local emb = self.bert.embeddings.word_embeddings
@@ -281,6 +295,10 @@ end
 -- Positions outside [0, S) are clamped to S and ignored, as in transformers.
 function BertForQuestionAnswering:forward(batch)
   local out = self.bert:forward(batch)
+  if self.bert._plan then  -- the span softmax runs over every position, padded ones included
+    error("BertForQuestionAnswering: unpadded training is for pre-training and classification; set "
+      .. "unpad_training = false on the encoder", 2)
+  end
   local seq = out.last_hidden_state
   local B, S = seq:size(1), seq:size(2)
   local logits = self.qa_outputs:forward(seq)  -- [B,S,2]
@@ -314,7 +332,7 @@ function BertForQuestionAnswering:backward(loss_scale)
 end
 -- backward_logits(dstart, dend): from given gradients of the start/end logits [B,S]
 function BertForQuestionAnswering:backward_logits(ds, de)
-  local seq = self.bert.encoder.hidden_states[#self.bert.encoder.hidden_states]
+  local seq = self.bert:sequence_output()
   local B, S = seq:size(1), seq:size(2)
   local dl = buf(self, "_dlogits", { B, S, 2 })
   dl:select(3, 1):copy_(ds); dl:select(3, 2):copy_(de)

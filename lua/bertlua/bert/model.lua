@@ -71,7 +71,7 @@ function BertEmbeddings:forward(ids, types, posids)
       self.cfg.max_position_embeddings), 3)
   end
   types = types or zero_types(self, B, S)
-  self._types, self._posids = types, posids or position_ids(self, B, S)
+  self._types, self._posids, self._plan = types, posids or position_ids(self, B, S), nil
   local H = self.cfg.hidden_size
   local ln, drop = self.LayerNorm, self.dropout
   -- one op (sum of the three rows, LayerNorm, dropout); the dropout draws from the stream nn.Dropout would use
@@ -83,11 +83,51 @@ function BertEmbeddings:forward(ids, types, posids)
       rstd = buf(ln, "rstd", { B * S }, "f32") })
   return y
 end
+-- Packed training (BertModel's unpadded training): the real tokens of the plan as [1, T, H], one call per row so
+-- that row b's dropout draws the padded run's: its mask starts at element b*S*H of the same stream, i.e. counter
+-- block offset + b*S*H/4 (plan.S * H is a multiple of 4, checked by the plan).
+function BertEmbeddings:forward_packed(plan)
+  local H, T = self.cfg.hidden_size, plan.T
+  local ln, drop = self.LayerNorm, self.dropout
+  local p, seed, off = draw(drop, drop.p, plan.B * plan.S * H)
+  self._drop = { p = p, seed = seed, offset = off }
+  self._types, self._posids, self._plan = plan.types, plan.posids, plan
+  local y = buf(self, "output", { 1, T, H })
+  local mean, rstd = buf(ln, "mean", { T }, "f32"), buf(ln, "rstd", { T }, "f32")
+  self:_per_row(plan, function(r)
+    ops.embedding_layernorm(self:_tables(), { r(plan.ids), r(plan.posids), r(plan.types) }, ln.weight, ln.bias,
+      { eps = ln.eps, p = p, seed = seed, offset = r.offset, out = r(y), mean = r(mean, 1), rstd = r(rstd, 1) })
+  end)
+  return y
+end
+-- fn(r) for every row b with tokens: r(t[, dim]) narrows t ([1, T, ...] on dim 2, or dim) to the row's tokens,
+-- r.offset is the row's dropout offset
+function BertEmbeddings:_per_row(plan, fn)
+  local o, step = plan.offsets:ptr(), plan.S * self.cfg.hidden_size / 4
+  for b = 0, plan.B - 1 do
+    local t0, n = o[b], o[b + 1] - o[b]
+    if n > 0 then
+      fn(setmetatable({ offset = self._drop.offset + b * step }, { __call = function(_, t, dim)
+        return t:narrow(dim or 2, t0 + 1, n)
+      end }))
+    end
+  end
+end
 function BertEmbeddings:_tables()
   return { self.word_embeddings.weight, self.position_embeddings.weight, self.token_type_embeddings.weight }
 end
 function BertEmbeddings:backward(ids, dy)
   local ln = self.LayerNorm
+  if self._plan then
+    local plan, grads = self._plan, { self.word_embeddings.grad_weight, self.position_embeddings.grad_weight,
+      self.token_type_embeddings.grad_weight, ln.grad_weight, ln.grad_bias }
+    self:_per_row(plan, function(r)
+      ops.embedding_layernorm_backward(r(dy), self:_tables(), { r(plan.ids), r(plan.posids), r(plan.types) },
+        ln.weight, r(ln.mean, 1), r(ln.rstd, 1), grads, { p = self._drop.p, seed = self._drop.seed,
+          offset = r.offset })
+    end)
+    return nil
+  end
   ops.embedding_layernorm_backward(dy, self:_tables(), { ids, self._posids, self._types }, ln.weight, ln.mean,
     ln.rstd, { self.word_embeddings.grad_weight, self.position_embeddings.grad_weight,
       self.token_type_embeddings.grad_weight, ln.grad_weight, ln.grad_bias }, self._drop)
@@ -160,9 +200,17 @@ function BertSelfAttention:forward(x, mask)
     self._used_fused = false
   end
   local ctx = buf(self, "output", { B, S, H })
-  if type(mask) == "table" then  -- packed sequences (BertModel:forward's unpadded inference)
-    if self.training then error("BertSelfAttention: packed sequences are for inference (eval mode) only", 2) end
+  self._plan = nil
+  if type(mask) == "table" and not self.training then  -- packed sequences (BertModel's unpadded inference)
     return ops.attention_packed(q, k, v, mask.offsets, self.heads, ctx)
+  elseif type(mask) == "table" then  -- unpadded training: the padded run's dropout stream (plan.S lays it out)
+    local plan = mask
+    local p, seed, off = draw(self, self.p, plan.B * self.heads * plan.S * 4 * math.ceil(plan.S / 4))
+    self._drop, self._plan = { p, seed, off }, plan
+    self._saved = buf(self, "probs_packed", { self.heads * plan.sum_sq }, "f32")
+    ops.attention_packed_train(q, k, v, plan.offsets, self.heads, { out = ctx, probs = self._saved, seq = plan.S,
+      p = p, seed = seed, offset = off })
+    return ctx
   end
   -- what backward needs: the probabilities [B,heads,S,S] on the CPU (self.probs),
   -- the row logsumexp [B,heads,S] on a GPU (self.lse); see bl_attention_saved_shape
@@ -179,10 +227,20 @@ function BertSelfAttention:forward(x, mask)
   ops.attention(q, k, v, mask, self.heads, { out = ctx, probs = saved, p = p, seed = seed, offset = off })
   return ctx
 end
+function BertSelfAttention:_attention_backward(dctx, dq, dk, dv)
+  local p, seed, off, plan = self._drop[1], self._drop[2], self._drop[3], self._plan
+  local o = { dq = dq, dk = dk, dv = dv, p = p, seed = seed, offset = off }
+  if plan then
+    o.seq = plan.S
+    ops.attention_packed_backward(dctx, self._q, self._k, self._v, self._saved, plan.offsets, self.heads, o)
+  else
+    o.ctx, o.key_mask = self.output, self._mask
+    ops.attention_backward(dctx, self._q, self._k, self._v, self._saved, self.heads, o)
+  end
+end
 -- dacc (optional): the residual path's gradient of x; the QKV GEMM adds its dx into it (returned)
 function BertSelfAttention:backward(x, dctx, dacc)
   local B, S, H = x:size(1), x:size(2), x:size(3)
-  local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
   local dx = dacc or buf(self, "grad_input", { B, S, H })
   if self._used_fused then
     local dqkv = buf(self, "grad_qkv", { B, S, 3 * H })
@@ -190,15 +248,13 @@ function BertSelfAttention:backward(x, dctx, dacc)
       self._dq, self._dk, self._dv = dqkv:narrow(3, 1, H), dqkv:narrow(3, H + 1, H), dqkv:narrow(3, 2 * H + 1, H)
       self._dqkv_src = dqkv
     end
-    ops.attention_backward(dctx, self._q, self._k, self._v, self._saved, self.heads, { dq = self._dq, dk = self._dk,
-      dv = self._dv, ctx = self.output, key_mask = self._mask, p = p, seed = seed, offset = off })
+    self:_attention_backward(dctx, self._dq, self._dk, self._dv)
     ops.linear_backward(dqkv, x, self._qkv.w, { dx = dx, dw = self._qkv.gw, db = self._qkv.gb,
       accumulate = dacc ~= nil })
   else
     local dq, dk, dv = buf(self, "grad_q", { B, S, H }), buf(self, "grad_k", { B, S, H }), buf(self, "grad_v", { B, S,
       H })
-    ops.attention_backward(dctx, self._q, self._k, self._v, self._saved, self.heads, { dq = dq, dk = dk, dv = dv,
-      ctx = self.output, key_mask = self._mask, p = p, seed = seed, offset = off })
+    self:_attention_backward(dctx, dq, dk, dv)
     local function back(lin, d, acc)
       ops.linear_backward(d, x, lin.weight, { dx = dx, dw = lin.grad_weight, db = lin.grad_bias, accumulate = acc })
     end
@@ -219,17 +275,21 @@ function BertOutput:__init(cfg, in_features)
   self:add("dense", nn.Linear(in_features or cfg.intermediate_size, cfg.hidden_size))
   self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
 end
-function BertOutput:forward(input)
+-- plan (optional): BertModel's unpadded training plan; each token's dropout is then drawn from its row of the
+-- padded batch (the packed op), so that the packed run drops what the padded one drops
+function BertOutput:forward(input, plan)
   local h, residual = input[1], input[2]
   local d = self.dense:forward(h)
   local y = buf(self, "output", residual:shape())
-  local rows = residual:numel() / self.cfg.hidden_size
+  local H = self.cfg.hidden_size
+  local rows = residual:numel() / H
   local mean, rstd = buf(self, "mean", { rows }, "f32"), buf(self, "rstd", { rows }, "f32")
-  local p, seed, off = draw(self, self.p, d:numel())
+  self._plan = type(plan) == "table" and self.training and plan or nil
+  local p, seed, off = draw(self, self.p, self._plan and plan.B * plan.S * H or d:numel())
   self._drop = { p, seed, off }
   local ln = self.LayerNorm
   ops.residual_layernorm(d, residual, ln.weight, ln.bias, { eps = ln.eps, p = p, seed = seed, offset = off, out = y,
-    mean = mean, rstd = rstd })
+    mean = mean, rstd = rstd, packed = self._plan })
   return y
 end
 -- The dense layer's bias gradient comes out of the LayerNorm backward's pass (a plain Linear with a bias), so its
@@ -244,7 +304,7 @@ function BertOutput:backward(input, dy)
   local fuse_db = dense.__name == "Linear" and dense.grad_bias ~= nil
   ops.residual_layernorm_backward(dy, d, residual, ln.weight, self.mean, self.rstd, { dgamma = ln.grad_weight,
     dbeta = ln.grad_bias, dbias = fuse_db and dense.grad_bias or nil, p = p, seed = seed, offset = off, dx = dd,
-    dres = dres })
+    dres = dres, packed = self._plan })
   if not fuse_db then return { dense:backward(h, dd), dres } end
   local dh = ops.linear_backward(dd, h, dense.weight, { dx = buf(dense, "grad_input", h:shape()),
     dw = dense.grad_weight })
@@ -260,7 +320,7 @@ function BertAttention:__init(cfg)
   self:add("output", nn.BertSelfOutput(cfg))
 end
 function BertAttention:forward(x, mask)
-  return self.output:forward({ self.self:forward(x, mask), x })
+  return self.output:forward({ self.self:forward(x, mask), x }, mask)
 end
 -- the residual gradient d[2] is handed to the self-attention backward, whose dx GEMM adds into it
 function BertAttention:backward(x, dy)
@@ -293,7 +353,7 @@ end
 function BertLayer:forward(x, mask)
   local a = self.attention:forward(x, mask)
   local i = self.intermediate:forward(a)
-  return self.output:forward({ i, a })
+  return self.output:forward({ i, a }, mask)
 end
 function BertLayer:backward(x, dy)
   local a = self.attention.output.output
@@ -419,6 +479,46 @@ local function unpad_plan(self, ids, types, mask)
   return plan
 end
 
+-- Unpadded training's plan: unpad_plan's, when it reproduces the padded step (else nil and why). Each row's real
+-- tokens must be its first ones and at least one: the packed ops draw dropout at the padded positions of the same
+-- tokens, and the [CLS] row feeds the pooler; a row with no real token attends to all its pads in the padded
+-- softmax. S * H must be a multiple of 4 (BertEmbeddings:forward_packed). plan.sum_sq: the sum of the squared
+-- lengths (the saved attention probabilities per head).
+local function train_plan(self, ids, types, mask)
+  local plan = unpad_plan(self, ids, types, mask)
+  if not plan then return nil end
+  if plan.S * self.cfg.hidden_size % 4 ~= 0 then return nil, "seq x hidden is not a multiple of 4" end
+  local o, pp = plan.offsets:ptr(), plan.T > 0 and plan.pos:ptr()
+  plan.sum_sq = 0
+  for b = 0, plan.B - 1 do
+    local n = o[b + 1] - o[b]
+    if n == 0 then return nil, ("row %d has no real token"):format(b + 1) end
+    if pp[o[b + 1] - 1] ~= b * plan.S + n - 1 then
+      return nil, ("the real tokens of row %d are not its first ones (attention_mask is not a prefix)"):format(b + 1)
+    end
+    plan.sum_sq = plan.sum_sq + n * n
+  end
+  return plan
+end
+
+-- Unpadded training: embeddings and layers on the T real tokens ([1, T, H]; encoder.hidden_states packed too),
+-- the last hidden state scattered to [B, S, H] (zeros at padded positions) for the heads and the pooler
+function BertModel:_forward_packed_train(plan)
+  local x = self.embeddings:forward_packed(plan)
+  local hs = { x }
+  for i, l in ipairs(self.encoder.layer) do
+    x = l:forward(x, plan)
+    hs[i + 1] = x
+  end
+  self.encoder.hidden_states = hs
+  local seq = buf(self, "_unpad_seq", { plan.B, plan.S, self.cfg.hidden_size })
+  seq:zero_()
+  ops.gather_backward(seq, x, plan.pos)
+  self._seq, self._plan = seq, plan
+  local pooled = self.pooler and self.pooler:forward(seq) or nil
+  return { last_hidden_state = seq, pooler_output = pooled }
+end
+
 -- the packed forward: every GEMM, LayerNorm and GELU on the T real tokens, attention per row over its own tokens;
 -- each hidden state scattered back to [B, S, H] with zeros at the padded positions
 function BertModel:_forward_packed(plan)
@@ -440,6 +540,7 @@ function BertModel:_forward_packed(plan)
   end
   self.encoder.hidden_states = hs
   local seq = hs[#hs]
+  self._seq = seq
   local pooled = self.pooler and self.pooler:forward(seq) or nil
   return { last_hidden_state = seq, pooler_output = pooled, hidden_states = hs }
 end
@@ -451,6 +552,10 @@ end
 -- (BertModel:_forward_packed): the padded positions cost nothing, and their hidden states are zero (not what
 -- the padded forward computes there; a row with no real token gives zeros, and a pooler output of tanh(bias)).
 -- The real positions equal the padded forward's up to summation order.
+-- With self.unpad_training (pretrain/benchmark --unpad), in training mode on the CPU, a batch with padding trains
+-- packed (BertModel:_forward_packed_train; train_plan says when it falls back): last_hidden_state is [B, S, H] with
+-- zeros at padded positions, hidden_states is not returned, and backward gives the padded step's gradients up to
+-- summation order.
 function BertModel:forward(batch)
   local ids = as_ids(batch.input_ids, "input_ids")
   if not ids or ids:dim() ~= 2 then error("BertModel: input_ids must be a [batch, seq] tensor", 2) end
@@ -465,7 +570,15 @@ function BertModel:forward(batch)
   end
   same(types, "token_type_ids"); same(mask, "attention_mask")
   ids, types, mask = on_device(self, ids), on_device(self, types), on_device(self, mask)
-  self._ids, self._mask, self._ran_packed = ids, mask, false
+  self._ids, self._mask, self._ran_packed, self._plan = ids, mask, false, nil
+  if self.unpad_training and mask and self.training and (self.device or -1) < 0 then
+    local plan, why = train_plan(self, ids, types, mask)
+    if plan then return self:_forward_packed_train(plan) end
+    if why and not self._warned_unpad then
+      self._warned_unpad = true
+      io.stderr:write("BertModel: unpadded training falls back to the padded step for such batches: ", why, "\n")
+    end
+  end
   if self.unpad and mask and not self.training and (self.device or -1) < 0 then
     local plan = unpad_plan(self, ids, types, mask)
     if plan then
@@ -475,6 +588,7 @@ function BertModel:forward(batch)
   end
   local emb = self.embeddings:forward(ids, types)
   local seq = self.encoder:forward(emb, mask)
+  self._seq = seq
   local pooled = self.pooler and self.pooler:forward(seq) or nil
   return { last_hidden_state = seq, pooler_output = pooled, hidden_states = self.encoder.hidden_states }
 end
@@ -485,8 +599,7 @@ function BertModel:backward(dseq, dpooled)
     error("BertModel:backward: the last forward ran on packed tokens for inference; call "
       .. "bertlua.bert.infer.unpack(model) and forward again first", 2)
   end
-  local hs = self.encoder.hidden_states
-  local seq = hs[#hs]
+  local seq = self._seq
   if dpooled then
     if not self.pooler then error("BertModel:backward: gradient for pooler_output but the model has no pooler", 2) end
     local dp = self.pooler:backward(seq, dpooled)
@@ -495,9 +608,17 @@ function BertModel:backward(dseq, dpooled)
     dseq = buf(self, "grad_seq", seq:shape())
     dseq:zero_()
   end
-  local demb = self.encoder:backward(hs[1], dseq)
+  local plan = self._plan
+  if plan then  -- unpadded training: the gradient of the real tokens only (the padded ones' is zero)
+    local dy = buf(self, "_unpad_dy", { 1, plan.T, seq:size(3) })
+    ops.gather(dseq, plan.pos, dy)
+    dseq = dy
+  end
+  local demb = self.encoder:backward(self.encoder.hidden_states[1], dseq)
   self.embeddings:backward(self._ids, demb)
 end
+-- sequence_output() -> the last forward's last hidden state [B, S, H] (what forward returned as last_hidden_state)
+function BertModel:sequence_output() return self._seq end
 function M.BertModel(cfg, opts) return BertModel(cfg, opts) end
 
 M.resolve_cfg = resolve_cfg

@@ -134,24 +134,37 @@ function M.layernorm_backward(dy, x, gamma, mean, rstd, dgamma, dbeta, dx)
   return dx
 end
 
--- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out, mean, rstd (buffers).
+-- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out, mean, rstd (buffers), packed (x holds
+-- packed tokens: a table with offsets [B+1] and S, the padded length, as BertModel's unpadded training plan).
 function M.residual_layernorm(x, residual, gamma, beta, opts)
   opts = opts or {}
   local out = opts.out or like(x)
   local n = rows(x)
   local mean, rstd = opts.mean or bl.empty({ n }, { device = x:device() }),
     opts.rstd or bl.empty({ n }, { device = x:device() })
-  check(C.bl_residual_layernorm_forward(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
-    opts.p or 0, opts.seed or 0, opts.offset or 0))
+  local pk = opts.packed
+  if pk then  -- packed tokens: dropout drawn from each token's row of the padded batch (pk.offsets, pk.S)
+    check(C.bl_residual_layernorm_forward_packed(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
+      opts.p or 0, opts.seed or 0, opts.offset or 0, pk.offsets, pk.S))
+  else
+    check(C.bl_residual_layernorm_forward(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
+      opts.p or 0, opts.seed or 0, opts.offset or 0))
+  end
   return out, mean, rstd
 end
 -- Returns dx, dresidual. opts: dgamma, dbeta (+=), dbias (+= the column sums of dx: the bias gradient of the linear
--- layer that produced x, in the same pass), p, seed, offset (as in forward), dx, dres (buffers).
+-- layer that produced x, in the same pass), p, seed, offset, packed (as in forward), dx, dres (buffers).
 function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
   opts = opts or {}
   local dx, dres = opts.dx or like(x), opts.dres or like(x)
-  check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual, gamma, mean,
-    rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  local pk = opts.packed
+  if pk then
+    check(C.bl_residual_layernorm_backward_packed(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual,
+      gamma, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0, pk.offsets, pk.S))
+  else
+    check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual, gamma,
+      mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  end
   return dx, dres
 end
 
@@ -227,6 +240,22 @@ function M.attention_packed(q, k, v, offsets, heads, out)
   out = out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
   check(C.bl_attention_forward_packed(out, q, k, v, offsets, heads, 0))
   return out
+end
+-- Training over packed sequences (bl_attention_forward_packed_train): opts.seq is the padded length the tokens
+-- come from (it lays out the dropout stream as the padded op's), opts.probs the saved probabilities (heads * the
+-- sum of the squared lengths, f32), opts.out, p, seed, offset as M.attention. Returns ctx, probs.
+function M.attention_packed_train(q, k, v, offsets, heads, opts)
+  local ctx = opts.out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
+  check(C.bl_attention_forward_packed_train(ctx, opts.probs, q, k, v, offsets, heads, opts.scale or 0, opts.seq,
+    opts.p or 0, opts.seed or 0, opts.offset or 0))
+  return ctx, opts.probs
+end
+-- Its backward: dq, dk, dv (or opts.dq/dk/dv) from dctx, the forward's operands and probabilities.
+function M.attention_packed_backward(dctx, q, k, v, probs, offsets, heads, opts)
+  local dq, dk, dv = opts.dq or like(q), opts.dk or like(k), opts.dv or like(v)
+  check(C.bl_attention_backward_packed(dq, dk, dv, dctx, q, k, v, probs, offsets, heads, opts.scale or 0, opts.seq,
+    opts.p or 0, opts.seed or 0, opts.offset or 0))
+  return dq, dk, dv
 end
 -- Returns dq, dk, dv (or writes opts.dq/dk/dv, e.g. slices of one dQKV buffer).
 -- On a GPU, opts.ctx (the forward's output) and opts.key_mask (the forward's
