@@ -69,7 +69,7 @@ size_t large_cache_limit() {
 }
 
 // Calls of this device layer, for bl_cuda_counters in a real-GPU build (the emulator counts every call itself).
-struct counts { std::atomic<int64_t> syncs{0}, mallocs{0}, frees{0}, graph_launches{0}; };
+struct counts { std::atomic<int64_t> syncs{0}, mallocs{0}, frees{0}, graph_launches{0}, blocks{0}; };
 counts call_counts[64];
 void count_call(int dev, std::atomic<int64_t> counts::*which) {
   if (dev >= 0 && dev < 64) (call_counts[dev].*which)++;
@@ -165,6 +165,7 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
       *p = v.back();
       v.pop_back();
       unlist_large(dp, *p, c);
+      count_call(device, &counts::blocks);
       return 0;
     }
   }
@@ -190,6 +191,7 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
   if (e != cudaSuccess) { *p = nullptr; return bl_set_error(BL_ENOMEM, "malloc: cuda:%d: cannot allocate %zu bytes: %s", device, n, cudaGetErrorString(e)); }
   std::lock_guard<std::mutex> g(pool_mu);
   block_size[*p] = c;
+  count_call(device, &counts::blocks);
   return 0;
 }
 
@@ -478,9 +480,11 @@ struct bl_cuda_graph {
   int dev;
   cudaGraphExec_t exec = nullptr;
   bool captured = false;   // a capture ended and was not launched yet
+  bool launched = false;   // exec ran since its capture: it may be replayed
+  int64_t blocks_at = -1;  // the device's count of handed-out blocks when the capture ended
   staging st[2];
   int cur = 0;
-  bl_cuda_graph_stats stats = {0, 0, 0, 0};
+  bl_cuda_graph_stats stats = {0, 0, 0, 0, 0};
 };
 
 namespace {
@@ -599,11 +603,14 @@ extern "C" int bl_cuda_graph_end(bl_cuda_graph *g) {
   if (e != cudaSuccess) return graph_err(g, "instantiate", e);
   g->stats.nodes = (int64_t)nodes;
   g->captured = true;
+  g->launched = false;
+  g->blocks_at = call_counts[g->dev].blocks.load();
   return 0;
 }
 
-extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
-  if (!g->captured) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: nothing captured to launch", g->dev);
+namespace {
+// Runs g's instantiated graph on the compute stream; the staging set of its capture is then read until `done`.
+int launch_exec(bl_cuda_graph *g) {
   cudaStream_t s = cu_stream(g->dev);
   if (!s) return BL_EDEVICE;
   cudaError_t e = cudaGraphLaunch(g->exec, s);
@@ -612,9 +619,34 @@ extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
   e = cudaEventRecord(st.done, s);
   if (e != cudaSuccess) return graph_err(g, "event", e);
   st.launched = true;
-  g->captured = false;
+  g->launched = true;
   g->stats.launches++;
   count_call(g->dev, &counts::graph_launches);
+  return 0;
+}
+}  // namespace
+
+extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
+  if (!g->captured) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: nothing captured to launch", g->dev);
+  BL_CHECK(launch_exec(g));
+  g->captured = false;
+  return 0;
+}
+
+extern "C" int bl_cuda_graph_replayable(const bl_cuda_graph *g, int *ok) {
+  *ok = g->exec && g->launched && !g->captured && !capturing(g->dev) &&
+        call_counts[g->dev].blocks.load() == g->blocks_at;
+  return 0;
+}
+
+extern "C" int bl_cuda_graph_replay(bl_cuda_graph *g) {
+  int ok = 0;
+  bl_cuda_graph_replayable(g, &ok);
+  if (!ok)
+    return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: no graph to replay (none launched since its capture, or a "
+                        "device block was handed out since: capture again)", g->dev);
+  BL_CHECK(launch_exec(g));
+  g->stats.replays++;
   return 0;
 }
 

@@ -3,7 +3,8 @@
 --   local graph = require "bertlua.train.graph"
 --   local g = graph.Graph(dev)
 --   g:run(function() ... queue the step's work ... end)   -- captured, then launched as one graph
---   g:stats()   -- {nodes=, instantiations=, updates=, launches=}
+--   g:replay()  -- the last graph again, unchanged (when g:replayable())
+--   g:stats()   -- {nodes=, instantiations=, updates=, launches=, replays=}
 --
 -- run(fn) captures the work fn queues on the device's compute stream (stream capture: nothing runs while fn
 -- does), turns it into the instantiated graph and launches that: the device then runs the whole step without a
@@ -51,11 +52,26 @@ function M.refused_allocation(err)
   return tostring(err):find("a new device allocation", 1, true) ~= nil
 end
 
+-- replayable() -> true when replay() may run the last graph again unchanged (bl_cuda_graph_replayable: it was
+-- launched and no device block was handed out since its capture ended).
+function Graph:replayable()
+  local ok = ffi.new("int[1]")
+  check(C.bl_cuda_graph_replayable(self.g, ok))
+  return ok[0] == 1
+end
+
+-- replay(): the last captured graph launched again, without running the code that was captured. Values that
+-- change from one launch to the next must then be read by the kernels from device memory the host updates before
+-- it (seed slots, BL_SEED_SLOT in bl_ops.h; bl_amp_config.lr_from).
+function Graph:replay()
+  check(C.bl_cuda_graph_replay(self.g))
+end
+
 function Graph:stats()
   local s = ffi.new("bl_cuda_graph_stats")
   check(C.bl_cuda_graph_stats_get(self.g, s))
   return { nodes = tonumber(s.nodes), instantiations = tonumber(s.instantiations), updates = tonumber(s.updates),
-    launches = tonumber(s.launches) }
+    launches = tonumber(s.launches), replays = tonumber(s.replays) }
 end
 
 function Graph:free()
