@@ -22,6 +22,11 @@
  *    (offset + i/4), lane i%4, u = (x >> 8) * 2^-24, keep = (u >= p), kept
  *    values scaled by 1/(1-p). The same (seed, offset) gives the same mask on
  *    every device; an op consumes ceil(numel/4) counter blocks.
+ *  - A seed with bit 63 set (BL_SEED_SLOT | address) is a device seed slot:
+ *    a CUDA kernel reads the seed from the u64 at that device address when
+ *    it runs, so a replayed CUDA graph takes each step's seed from memory
+ *    the host updates (bertlua.train.pretrain_step). Seeds a user passes are
+ *    below 2^63; the CPU ops refuse a slot.
  *  - Tensors on cuda:N run the CUDA twin (in kernels/, contracts in
  *    src/device/cuda_ops.h) behind the same entry point; all tensors of a
  *    call must be on one device (else an error naming both). Attention has a
@@ -32,6 +37,9 @@
 #ifndef BL_OPS_H
 #define BL_OPS_H
 #include "bl_tensor.h"
+
+/* bit 63 of a dropout seed: the seed is read on the device from the address in bits 0..62 (see above) */
+#define BL_SEED_SLOT 0x8000000000000000ull
 
 #ifdef __cplusplus
 extern "C" {

@@ -220,6 +220,7 @@ static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *
                              const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
                              uint64_t seed, uint64_t offset) {
   const char *op = "attention";
+  BL_CHECK(opx_seed_check(op, p, seed));
   int64_t B = q->shape[0], S = q->shape[1], H = q->shape[2], d = H / heads;
   bsh mq, mk, mv, mc;
   float *madd = NULL;
@@ -376,6 +377,7 @@ static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const 
                              const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
                              int heads, double scale, double p, uint64_t seed, uint64_t offset) {
   const char *op = "attention_backward";
+  BL_CHECK(opx_seed_check(op, p, seed));
   int64_t B = q->shape[0], S = q->shape[1], H = q->shape[2], d = H / heads;
   bsh mq, mk, mv, mo, mdq, mdk, mdv;
   int rc = 0, oom = 0;
