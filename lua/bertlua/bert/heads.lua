@@ -292,6 +292,9 @@ function BertForQuestionAnswering:forward(batch)
     local function clamp(x, key)
       local t = bl.as_tensor(x, { dtype = "i64" })
       if t:numel() ~= B then error("BertForQuestionAnswering: " .. key .. " must have one position per sequence", 3) end
+      if self.device and t.device_ == self.device then   -- staged on the device (trainer.fit): clamped there
+        return buf(self, "_" .. key, { B }, "i32"):copy_(t:contiguous():view({ B })):maximum_(0):minimum_(S)
+      end
       local v = t:totable()
       local r = self.device and bl.empty({ B }, { dtype = "i32" }) or buf(self, "_" .. key, { B }, "i32")
       local p = r:ptr()
