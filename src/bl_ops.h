@@ -254,7 +254,9 @@ int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logit
                      int64_t *count);
 /* The same with the number of counted targets given by the caller (e.g. counted on the host where the batch was
  * made), so a GPU need not send it back: no host wait when deferred checks are on (bl_cuda_defer_checks; the
- * targets are then checked late too). Without them, and on the CPU, a different count is an error. */
+ * targets are then checked late too). Without them, and on the CPU, a different count is an error. count < 0: not
+ * known to the caller; with deferred checks the GPU counts the targets itself and its kernels read that count
+ * (nothing read back, and a replayed CUDA graph counts its new targets), otherwise as bl_cross_entropy. */
 int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
                              const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count);
 /* ---- mean squared error (STS-B regression): pred and target of equal numel

@@ -3,7 +3,8 @@
 -- f32 and bf16 tensor-core, forward and backward) gives with a slot holding s exactly what it gives with s, and the
 -- CPU twin's mask; a changed slot changes the mask at the next run; the CPU refuses a slot with a clear error; a
 -- CUDA graph captured once and replayed takes the seed from the slot (bertlua.train.graph: replay, replayable).
--- Needs a CUDA device (the emulated one in CI).
+-- Cross-entropy with its count made on the device (count -1, deferred checks) equals the one given the count, and
+-- a replay counts its new targets. Needs a CUDA device (the emulated one in CI).
 local T = require "testing"
 local bl = require "bertlua"
 local ops = require "bertlua.nn.ops"
@@ -139,6 +140,47 @@ T.test("a graph captured once and replayed reads the seed from its slot", functi
   T.raises(function() g:replay() end, "capture again")
   tmp:free()
   g:free()
+end)
+
+T.test("cross-entropy counted on the device: the given count's bits, and a replay counts its new targets", function()
+  local device = require "bertlua.train.device"
+  device.defer_checks(0)
+  local N, K = 13, 9
+  local logits = bl.randn({ N, K }, { seed = 40 }):to("cuda:0")
+  local t = bl.zeros({ N }, { dtype = "i32", device = 0 })
+  local function targets(seed)   -- some rows ignored (-1): their number changes with the seed
+    local v, n = {}, 0
+    for i = 1, N do
+      v[i] = ((i * 7 + seed * 3) % 5 == 0) and -1 or (i * seed) % K
+      if v[i] ~= -1 then n = n + 1 end
+    end
+    t:copy_(bl.from(v, { dtype = "i32" }))
+    return n
+  end
+  local l1, l2 = bl.zeros({ 1 }, { dtype = "f64", device = 0 }), bl.zeros({ 1 }, { dtype = "f64", device = 0 })
+  local d1, d2 = bl.zeros({ N, K }, { device = 0 }), bl.zeros({ N, K }, { device = 0 })
+  local n = targets(1)
+  ops.cross_entropy_counted(logits, t, -1, n, l1, d1, 0.5)
+  ops.cross_entropy_counted(logits, t, -1, -1, l2, d2, 0.5)
+  T.eq(l2:totable()[1], l1:totable()[1], "loss")
+  same(d2, d1, "dlogits")
+  local want = {}   -- the references first: their scratch blocks are handed out before the capture
+  for _, seed in ipairs({ 2, 3, 4 }) do
+    n = targets(seed)
+    ops.cross_entropy_counted(logits, t, -1, n, l1, d1, 0.5)
+    want[seed] = { l1:totable()[1], d1:to("cpu"), n }
+  end
+  local g = graph.Graph(0)
+  g:run(function() ops.cross_entropy_counted(logits, t, -1, -1, l2, d2, 0.5) end)
+  for _, seed in ipairs({ 2, 3, 4 }) do
+    targets(seed)
+    T.truthy(g:replayable(), "replayable")
+    g:replay()
+    T.eq(l2:totable()[1], want[seed][1], "replayed loss, seed " .. seed .. " (" .. want[seed][3] .. " counted)")
+    same(d2, want[seed][2], "replayed dlogits, seed " .. seed)
+  end
+  g:free()
+  device.defer_checks(0, false)
 end)
 
 T.run()

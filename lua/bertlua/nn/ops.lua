@@ -295,7 +295,8 @@ end
 
 -- Device-side sums (nothing read back, for a training step on a GPU): the loss of the targets not equal to
 -- ignore_index into `loss` (an f64 [1] tensor on the logits' device) with its gradient into `dlogits`, given
--- `count`, the number of counted targets, which the caller knows; grad_scale (default 1) multiplies the gradient.
+-- `count`, the number of counted targets, which the caller knows (-1: counted on the device, bl_ops.h); grad_scale
+-- (default 1) multiplies the gradient.
 function M.cross_entropy_counted(logits, targets, ignore_index, count, loss, dlogits, grad_scale)
   check(C.bl_cross_entropy_counted(loss, dlogits, logits, targets, ignore_index, grad_scale or 1, count))
   return loss
