@@ -484,6 +484,13 @@ struct bl_cuda_graph {
   int64_t blocks_at = -1;  // the device's count of handed-out blocks when the capture ended
   staging st[2];
   int cur = 0;
+  struct input_buf {   // pinned source of bl_cuda_graph_set_inputs' copy, and the event after that copy
+    void *p = nullptr;
+    size_t cap = 0;
+    cudaEvent_t read = nullptr;
+    bool pending = false;
+  } in[2];
+  int in_cur = 0;
   bl_cuda_graph_stats stats = {0, 0, 0, 0, 0};
 };
 
@@ -524,8 +531,9 @@ extern "C" int bl_cuda_graph_new(int device, bl_cuda_graph **out) {
   if (!bl_cuda_stream(device)) return BL_EDEVICE;
   bl_cuda_graph *g = new bl_cuda_graph;
   g->dev = device;
-  for (auto &s : g->st) {
-    cudaError_t e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
+  for (int i = 0; i < 4; i++) {
+    cudaEvent_t *ev = i < 2 ? &g->st[i].done : &g->in[i - 2].read;
+    cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
     if (e != cudaSuccess) {
       int rc = graph_err(g, "event", e);
       bl_cuda_graph_free(g);
@@ -544,6 +552,10 @@ extern "C" void bl_cuda_graph_free(bl_cuda_graph *g) {
   for (auto &s : g->st) {
     if (s.done) cudaEventDestroy(s.done);
     for (auto &c : s.chunks) cudaFreeHost(c.first);   // waits for the work that may still read it
+  }
+  for (auto &b : g->in) {
+    if (b.read) cudaEventDestroy(b.read);
+    if (b.p) cudaFreeHost(b.p);
   }
   delete g;
 }
@@ -647,6 +659,37 @@ extern "C" int bl_cuda_graph_replay(bl_cuda_graph *g) {
                         "device block was handed out since: capture again)", g->dev);
   BL_CHECK(launch_exec(g));
   g->stats.replays++;
+  return 0;
+}
+
+extern "C" int bl_cuda_graph_set_inputs(bl_cuda_graph *g, bl_tensor *dst, const void *src, size_t n) {
+  const char *op = "cuda_graph inputs";
+  if (capturing(g->dev)) return capture_error(op, g->dev, "an input upload (it belongs before the capture)");
+  if (!dst || dst->device != g->dev || !bl_tensor_is_contiguous(dst) ||
+      (size_t)dst->numel * bl_dtype_size(dst->dtype) < n)
+    return bl_set_error(BL_EINVAL, "%s: cuda:%d: the destination must be a contiguous tensor of at least %zu bytes "
+                        "on the graph's device", op, g->dev, n);
+  if (n == 0) return 0;
+  g->in_cur ^= 1;
+  bl_cuda_graph::input_buf &b = g->in[g->in_cur];
+  if (b.pending) BL_CHECK(bl_cuda_event_wait_host(g->dev, b.read));   // the copy two calls ago read it
+  b.pending = false;
+  if (b.cap < n) {
+    if (b.p) cudaFreeHost(b.p);
+    b.p = nullptr;
+    b.cap = 0;
+    cudaError_t e = cudaHostAlloc(&b.p, n, cudaHostAllocPortable);
+    if (e != cudaSuccess) return graph_err(g, "pinned buffer for the step's inputs", e);
+    b.cap = n;
+  }
+  memcpy(b.p, src, n);
+  cudaStream_t s = cu_stream(g->dev);
+  if (!s) return BL_EDEVICE;
+  copy_cost(g->dev, g->dev, -1, n);
+  cudaError_t e = cudaMemcpyAsync(dst->data, b.p, n, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaEventRecord(b.read, s);
+  if (e != cudaSuccess) return graph_err(g, "copy of the step's inputs", e);
+  b.pending = true;
   return 0;
 }
 

@@ -139,6 +139,13 @@ int bl_cuda_graph_launch(bl_cuda_graph *g);
  * a scratch block it writes taken by other work: capture again). */
 int bl_cuda_graph_replay(bl_cuda_graph *g);
 int bl_cuda_graph_replayable(const bl_cuda_graph *g, int *ok);
+/* The step's inputs for the next launch or replay: the n bytes at src are copied into one of the graph's two
+ * pinned buffers and from there into dst (contiguous, on the graph's device, at least n bytes) by one copy queued
+ * on the compute stream, so it lands after the launches queued before it and before those queued after it. A pinned
+ * buffer is rewritten only after the copy that read it, two calls ago, has run (a wait only when the host is that
+ * far ahead). An error while capturing. */
+struct bl_tensor;
+int bl_cuda_graph_set_inputs(bl_cuda_graph *g, struct bl_tensor *dst, const void *src, size_t n);
 int bl_cuda_graph_stats_get(const bl_cuda_graph *g, bl_cuda_graph_stats *out);
 int bl_cuda_get_tf32(void);
 int bl_num_threads(void);
