@@ -81,6 +81,7 @@ __device__ __forceinline__ float dot_sh(const float *x, const float *y, int64_t 
 }
 
 __global__ void __launch_bounds__(NT) attn_fwd(attn_args a) {
+  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
   extern __shared__ float smem[];
   const int d = (int)a.d, dp = d + 1, ps = BK + 1;
   float *Qs = smem, *Ks = Qs + BQ * dp, *Vs = Ks + BK * dp, *Ps = Vs + BK * dp;
@@ -182,6 +183,7 @@ __device__ __forceinline__ void ds_entry(const attn_args &a, int64_t bh, int64_t
 }
 
 __global__ void __launch_bounds__(NT) attn_bwd_kv(attn_args a) {
+  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
   extern __shared__ float smem[];
   const int d = (int)a.d, dp = d + 1, ps = BK + 1;
   float *Ks = smem, *Vs = Ks + BK * dp, *Qs = Vs + BK * dp, *Os = Qs + BQ * dp;
@@ -239,6 +241,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_kv(attn_args a) {
 }
 
 __global__ void __launch_bounds__(NT) attn_bwd_q(attn_args a) {
+  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
   extern __shared__ float smem[];
   const int d = (int)a.d, dp = d + 1, ps = BK + 1;
   float *Qs = smem, *Os = Qs + BQ * dp, *Ks = Os + BQ * dp, *Vs = Ks + BK * dp, *DS = Vs + BK * dp;

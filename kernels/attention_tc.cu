@@ -165,6 +165,7 @@ __device__ __forceinline__ void drop4_t(const tc_args &a, uint64_t call0, int rc
 }
 
 template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(tc_args a) {
+  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
   const int LD = D + PAD;
   extern __shared__ uint4 smem_fwd[];
   T *Qs = (T *)smem_fwd, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD;   // K, V: two buffers each
@@ -294,6 +295,7 @@ template <int D> struct bwd_cfg {
 };
 
 template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(tc_args a) {
+  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
   const int LD = D + PAD, BQ = bwd_cfg<D>::BQ, MT = bwd_cfg<D>::MT, DW = bwd_cfg<D>::DW, LDS = BQ + PAD;
   extern __shared__ uint4 smem_bwd[];
   T *Ks = (T *)smem_bwd, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *Os = Qs + 2 * BQ * LD, *dSs = Os + 2 * BQ * LD;

@@ -30,6 +30,12 @@ __global__ void ce_check(const int64_t *t, int64_t n, int64_t c, int64_t ignore,
 
 __global__ void init2(unsigned long long *res) { res[0] = ~0ull; res[1] = 0; }
 
+// *cnt += the targets not equal to ignore (integer atomics: exact in any order)
+__global__ void ce_count(const int64_t *t, int64_t n, int64_t ignore, unsigned long long *cnt) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    if (t[i] != ignore) atomicAdd(cnt, 1ull);
+}
+
 // (m, s) <- the pair for the union of (m, s) and (m2, s2), s a sum of exp(x - m); an empty side has m = -inf.
 __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2) {
   const float mm = fmaxf(m, m2);
@@ -52,11 +58,24 @@ __device__ __forceinline__ void lse_block(float &m, float &s, float *sm, float *
   for (int o = 16; o > 0; o >>= 1) lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
+// The gradient's multiplier grad_scale / count: the host's, or made from a count the device keeps (cnt).
+struct ce_mul {
+  float g;
+  const unsigned long long *cnt;
+  double grad_scale;
+  __device__ __forceinline__ float get() const {
+    if (!cnt) return g;
+    const unsigned long long k = *cnt;
+    return k ? (float)(grad_scale / (double)k) : 0.0f;
+  }
+};
+
 // One block per row; a thread takes vectors of V elements j = (threadIdx.x + k blockDim.x) V; c % V == 0.
 template <class T, int V>
 __global__ void ce_rows(const T *x, const int64_t *t, T *dlogits, double *rl, int64_t n, int64_t c, int64_t ignore,
-                        float g) {
+                        ce_mul mul) {
   __shared__ float sm[32], ss[32];
+  const float g = mul.get();
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const T *xr = x + i * c;
     T *dr = dlogits ? dlogits + i * c : nullptr;
@@ -94,9 +113,15 @@ __global__ void ce_rows(const T *x, const int64_t *t, T *dlogits, double *rl, in
   }
 }
 
-// out[0] = sum(v[0..n)) * mul, one block of 256 threads, fixed partition.
-__global__ void sum_rows(const double *v, int64_t n, double mul, double *out) {
+// out[0] = sum(v[0..n)) * mul, one block of 256 threads, fixed partition. With cnt (a count on the device), mul is
+// 1 / *cnt, and 0 rows are summed when it is 0.
+__global__ void sum_rows(const double *v, int64_t n, double mul, const unsigned long long *cnt, double *out) {
   __shared__ double sh[32];
+  if (cnt) {
+    const unsigned long long k = *cnt;
+    n = k ? n : 0;
+    mul = k ? 1.0 / (double)k : 0.0;
+  }
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += v[i];
   acc = cu_block_sum_d(acc, sh);
@@ -120,7 +145,7 @@ int threads_for(int64_t n) {
 // ce_rows over rows of c elements of T at x (dlogits: same dtype, may be NULL), 16-byte vectors when rows allow.
 template <class T>
 int launch_rows(const char *op, int dev, const void *x, const int64_t *t, void *dl, double *rl, int64_t n, int64_t c,
-                int64_t ignore, float g, double bytes) {
+                int64_t ignore, ce_mul g, double bytes) {
   constexpr int V = 16 / sizeof(T);
   const bool vec = c % V == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)dl % 16 == 0;
   const unsigned grid = cu_blocks(n, 1, 1 << 20);
@@ -184,14 +209,30 @@ int ce_run(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const b
   int64_t c = logits->shape[logits->ndim - 1], n = logits->numel / c;
   if (targets->numel != n || loss->numel != 1 || (dlogits && dlogits->numel != logits->numel))
     return bl_set_error(BL_EINVAL, "%s: logits, targets, loss and grad_logits are not compatible", op);
-  cu_mem t, rl, tot;
+  cu_mem t, rl, tot, dcnt;
   BL_CHECK(cu_load_ids(op, targets, &t));
   int64_t cnt = given;
-  if (given >= 0 && cu_checks_deferred(dev))
+  // not given, and nothing may be read back: the device counts (a CUDA graph replays this with new targets)
+  const bool count_here = given < 0 && !count && cu_checks_deferred(dev);
+  if ((given >= 0 || count_here) && cu_checks_deferred(dev))
     BL_CHECK(cu_defer_ids(op, dev, t.as<int64_t>(), n, c, 1, ignore_index, ignore_index, "target", "classes"));
   else
     BL_CHECK(check_targets(op, dev, &t, n, c, ignore_index, given, &cnt));
-  const float g = cnt ? (float)(grad_scale / (double)cnt) : 0.0f;
+  ce_mul g = {cnt ? (float)(grad_scale / (double)cnt) : 0.0f, nullptr, grad_scale};
+  if (count_here) {
+    BL_CHECK(dcnt.alloc(op, dev, 2 * sizeof(unsigned long long)));
+    unsigned long long *res = dcnt.as<unsigned long long>();
+    cu_cost_kernel(dev, "loss", "init2", 16);
+    init2<<<1, 1, 0, cu_stream(dev)>>>(res);
+    BL_CHECK(cu_launched(op, dev));
+    if (n > 0) {
+      cu_cost_kernel(dev, "loss", "ce_count", 8.0 * n);
+      ce_count<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(t.as<int64_t>(), n, ignore_index, res + 1);
+      BL_CHECK(cu_launched(op, dev));
+    }
+    g.cnt = res + 1;
+    cnt = 1;   // a placeholder: the kernels read the count
+  }
   BL_CHECK(rl.alloc(op, dev, (size_t)n * sizeof(double)));
   BL_CHECK(tot.alloc(op, dev, sizeof(double)));
   cu_buf bx, bd;
@@ -219,7 +260,8 @@ int ce_run(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const b
     }
   }
   cu_cost_kernel(dev, "loss", "sum_rows", 8.0 * n + 8);
-  sum_rows<<<1, 256, 0, cu_stream(dev)>>>(rl.as<double>(), cnt ? n : 0, cnt ? 1.0 / (double)cnt : 0.0, tot.as<double>());
+  sum_rows<<<1, 256, 0, cu_stream(dev)>>>(rl.as<double>(), cnt ? n : 0, cnt ? 1.0 / (double)cnt : 0.0, g.cnt,
+                                          tot.as<double>());
   BL_CHECK(cu_launched(op, dev));
   BL_CHECK(write_scalar(op, loss, tot.as<double>()));
   if (dlogits && n > 0) BL_CHECK(cu_store(op, dlogits, &bd));
@@ -263,7 +305,8 @@ extern "C" int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tens
     BL_CHECK(cu_launched(op, dev));
   }
   cu_cost_kernel(dev, "loss", "sum_rows", 8.0 * n + 8);
-  sum_rows<<<1, 256, 0, cu_stream(dev)>>>(e2.as<double>(), n, n ? 1.0 / (double)n : 0.0, tot.as<double>());
+  sum_rows<<<1, 256, 0, cu_stream(dev)>>>(e2.as<double>(), n, n ? 1.0 / (double)n : 0.0, nullptr,
+                                          tot.as<double>());
   BL_CHECK(cu_launched(op, dev));
   BL_CHECK(write_scalar(op, loss, tot.as<double>()));
   if (dpred && n > 0) BL_CHECK(cu_store(op, dpred, &bd));

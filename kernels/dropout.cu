@@ -14,6 +14,7 @@ namespace {
 template <class T>
 __global__ void dropout_kernel(T *y, const T *x, const uint8_t *mask_in, uint8_t *mask_out, int64_t n, float p,
                                float scale, uint64_t seed, uint64_t offset) {
+  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     bool keep = mask_in ? mask_in[i] != 0 : bl_dropout_keep(seed, offset, (uint64_t)i, p);
     from_f(keep ? to_f(x[i]) * scale : 0.0f, &y[i]);

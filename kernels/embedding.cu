@@ -236,6 +236,7 @@ __device__ __forceinline__ void emb_dy(const T *dy, int64_t i, float p, float sc
 template <class T, class G, int V>
 __global__ void emb_ln_fwd(emb_src<T> e, const G *gamma, const G *beta, T *y, float *mean, float *rstd, int64_t rows,
                            int64_t h, float eps, float p, float scale, uint64_t seed, uint64_t offset) {
+  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
   __shared__ float sh[32];
   const int64_t step = blockDim.x * (int64_t)V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -280,6 +281,7 @@ __global__ void emb_ln_fwd(emb_src<T> e, const G *gamma, const G *beta, T *y, fl
 template <class T, class G, int V>
 __global__ void emb_ln_bwd(emb_src<T> e, const T *dy, const G *gamma, const float *mean, const float *rstd, T *ds,
                            int64_t rows, int64_t h, float p, float scale, uint64_t seed, uint64_t offset) {
+  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
   __shared__ float sh[32];
   const int64_t step = blockDim.x * (int64_t)V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -320,6 +322,7 @@ template <class T, int V>
 __global__ void emb_param_partial(emb_src<T> e, const T *dy, const T *ds, const float *mean, const float *rstd,
                                   float *pg, float *pb, float *pt, int ntype, int64_t rows, int64_t h, float p,
                                   float scale, uint64_t seed, uint64_t offset) {
+  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
   __shared__ float red[8][32][V + (V == 1)];   // V == 1: padded against bank conflicts
   const int64_t j = (blockIdx.x * 32LL + threadIdx.x) * V, nchunk = gridDim.y;
   const int64_t r0 = blockIdx.y * (int64_t)kChunk, r1 = min(r0 + kChunk, rows);

@@ -96,6 +96,7 @@ __device__ __forceinline__ void ln_s_v(const T *x, const T *res, int64_t i, floa
 template <class T, class G, int V>
 __global__ void ln_fwd(const T *x, const T *res, const G *gamma, const G *beta, T *y, float *mean, float *rstd,
                        int64_t rows, int64_t h, float eps, float p, float scale, uint64_t seed, uint64_t offset) {
+  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
   constexpr bool keep = std::is_same<T, float>::value;
   __shared__ float sh[32];
   const int64_t step = blockDim.x * (int64_t)V;
@@ -161,6 +162,7 @@ template <class T, class G, int V>
 __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamma, const float *mean,
                             const float *rstd, T *dx, T *dres, float *part, bool smem, int64_t rows, int64_t h,
                             float p, float scale, uint64_t seed, uint64_t offset) {
+  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
   extern __shared__ float sacc[];
   __shared__ float sh[64];
   const int64_t step = blockDim.x * (int64_t)V, ng = blockDim.y;

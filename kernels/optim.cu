@@ -38,6 +38,7 @@ struct chunk {
 };
 
 struct step_state {
+  double lr;          // the caller's, or read from bl_amp_config.lr_from when the step runs
   double norm;        // ||grad_scale * g||
   double clip;        // global clipping divisor (1 = none)
   float gmul;         // grad_scale / clip
@@ -48,7 +49,8 @@ struct step_state {
 // What step_final needs besides the partials. amp: see bl_amp_config; ibc1/ibc2 are the host's bias corrections,
 // used when there is no amp state (with one, the step count is the state's and they are computed here).
 struct final_args {
-  double given, max_norm, grad_scale;
+  double given, max_norm, grad_scale, lr;
+  const double *lr_from;   // device copy of the learning rate, or null: lr
   float ibc1, ibc2;
   double beta1, beta2;
   int bias_correction;
@@ -186,6 +188,7 @@ __global__ void step_final(const double *part, int64_t n, final_args a, double *
     ibc2 = a.bias_correction ? (float)(1.0 / (1.0 - pow(a.beta2, step))) : 1.0f;
   }
   double clip = (a.max_norm > 0.0 && nrm > a.max_norm) ? nrm / a.max_norm : 1.0;
+  st->lr = a.lr_from ? *a.lr_from : a.lr;
   st->norm = nrm;
   st->clip = clip;
   st->skip = skip;
@@ -197,7 +200,7 @@ __global__ void step_final(const double *part, int64_t n, final_args a, double *
 // Per-segment sums of chunk partials (one block per segment, chunk order):
 // LAMB's trust ratio from ||w||^2, ||u||^2, or BertAdam's per-segment clip.
 struct ratio_args {
-  double lr, max_weight_norm, max_trust_ratio, max_grad_norm, grad_scale;
+  double max_weight_norm, max_trust_ratio, max_grad_norm, grad_scale;
   int lamb;
 };
 
@@ -219,7 +222,7 @@ __global__ void seg_ratio(const double *pw, const double *pu, const int64_t *seg
     if (a.max_weight_norm > 0 && wn > a.max_weight_norm) wn = a.max_weight_norm;
     double t = (wn > 0 && un > 0) ? wn / un : 1.0;
     if (a.max_trust_ratio > 0 && t > a.max_trust_ratio) t = a.max_trust_ratio;
-    ratio[s] = (float)(a.lr * t);
+    ratio[s] = (float)(st->lr * t);
   } else {
     double coef = a.max_grad_norm / (sqrt(sw) + 1e-6);   // torch.nn.utils.clip_grad_norm_
     ratio[s] = (float)(a.grad_scale * (coef < 1 ? coef : 1.0));
@@ -243,7 +246,7 @@ double half_bytes(const bl_tensor *half, int64_t n) { return half ? 2.0 * (doubl
 
 // Constants of the Adam family, as the CPU's lamb_k / adam_k (f32 element math).
 struct adam_k {
-  float b1, b3, b2, b2c, eps, lr, wd;
+  float b1, b3, b2, b2c, eps, wd;
   int adam_w, trust_all;
 };
 
@@ -282,7 +285,7 @@ __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const
       aw += (double)w[i] * w[i];
       au += (double)u * u;
     } else {
-      const float wi = w[i] - k.lr * u;
+      const float wi = w[i] - (float)st->lr * u;
       w[i] = wi;
       h.store(i, wi);
     }
@@ -322,14 +325,14 @@ __global__ void adamw_apply(float *w, const float *g, float *m, float *v, const 
     const float den = adam_moments(k, w[i], g[i], gm, wdl, st->ibc2, &mi, &vi);
     m[i] = mi;
     v[i] = vi;
-    const float wi = w[i] - k.lr * ((mi * ibc1) / (den + k.eps) + wdw * w[i]);
+    const float wi = w[i] - (float)st->lr * ((mi * ibc1) / (den + k.eps) + wdw * w[i]);
     w[i] = wi;
     h.store(i, wi);
   }
 }
 
 struct sgd_k {
-  float lr, mu, damp, wd;
+  float mu, damp, wd;
   int mom, first, nesterov;
 };
 
@@ -346,7 +349,7 @@ __global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch,
       buf[i] = b;
       d = k.nesterov ? d + k.mu * b : b;
     }
-    const float wi = w[i] - k.lr * d;
+    const float wi = w[i] - (float)st->lr * d;
     w[i] = wi;
     h.store(i, wi);
   }
@@ -396,6 +399,7 @@ struct step_src {
   int bias_correction;
   const bl_amp_config *amp;
   bl_tensor *amp_state;
+  double lr;
 };
 
 float inv_bc(int on, double beta, int64_t step) { return on ? (float)(1.0 / (1.0 - pow(beta, (double)step))) : 1.0f; }
@@ -442,12 +446,19 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
   a.given = grad_norm;
   a.max_norm = max_grad_norm;
   a.grad_scale = grad_scale;
+  a.lr = src.lr;
   a.ibc1 = amp ? 1.0f : inv_bc(src.bias_correction, src.beta1, src.step);
   a.ibc2 = amp ? 1.0f : inv_bc(src.bias_correction, src.beta2, src.step);
   a.beta1 = src.beta1;
   a.beta2 = src.beta2;
   a.bias_correction = src.bias_correction;
   if (amp) a.amp = *src.amp;
+  if (amp && src.amp->lr_from) {
+    const bl_tensor *lt = src.amp->lr_from;
+    if (lt->device != x->dev || lt->dtype != BL_F64 || lt->numel != 1)
+      return bl_set_error(BL_EINVAL, "%s: amp lr_from must be a 1-element f64 tensor on cuda:%d", op, x->dev);
+    a.lr_from = (const double *)lt->data;
+  }
   cu_cost_kernel(x->dev, "optimizer", "step_final",
                  8.0 * nc + sizeof(step_state) + (amp ? 16.0 * BL_AMP_STATE_LEN : 0));   // amp: state read, written
   step_final<<<1, kThreads, 0, x->s>>>(part, nc, a, amp, c->state.mem.as<step_state>());
@@ -483,14 +494,13 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
 
 // The constants both Adam-family steps share (grad averaging on, trust ratio off); the bias corrections come
 // from the step state.
-adam_k adam_consts(double b1, double b2, double eps, double wd, int adam_w, double lr) {
+adam_k adam_consts(double b1, double b2, double eps, double wd, int adam_w) {
   adam_k k;
   k.b1 = (float)b1;
   k.b3 = (float)(1.0 - b1);
   k.b2 = (float)b2;
   k.b2c = (float)(1.0 - b2);
   k.eps = (float)eps;
-  k.lr = (float)lr;
   k.wd = (float)wd;
   k.adam_w = adam_w != 0;
   k.trust_all = 0;
@@ -498,14 +508,14 @@ adam_k adam_consts(double b1, double b2, double eps, double wd, int adam_w, doub
 }
 
 int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-              bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, double grad_norm,
+              bl_tensor *v, const bl_optim_segments *seg, double grad_scale, double grad_norm,
               bl_optim_stats *stats, const step_src &src) {
   step_ctx x;
   const bl_tensor *ts[] = {w, g, m, v};
   BL_CHECK(begin_step(&x, "lamb_step", ts, 4, seg, grad_scale, grad_norm, cfg->max_grad_norm, 2, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->adam_w_mode, lr);
+    adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->adam_w_mode);
     if (!cfg->grad_averaging) k.b3 = 1.0f;
     k.trust_all = cfg->use_nvlamb != 0;
     const chunk *ch = x.c->chunks.mem.as<chunk>();
@@ -517,7 +527,7 @@ int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl
     lamb_moments<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
                                                       (float *)v->data, ch, k, st, pw, pu, half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
-    ratio_args ra = {lr, cfg->max_weight_norm, cfg->max_trust_ratio, 0, 0, 1};
+    ratio_args ra = {cfg->max_weight_norm, cfg->max_trust_ratio, 0, 0, 1};
     cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 16.0 * nc + 4.0 * seg->count);
     seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(pw, pu, x.c->seg_first_d.mem.as<int64_t>(), ra, st, ratio);
     BL_CHECK(cu_launched(x.op, x.dev));
@@ -531,7 +541,7 @@ int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl
 }
 
 int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-               bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, double grad_norm,
+               bl_tensor *v, const bl_optim_segments *seg, double grad_scale, double grad_norm,
                bl_optim_stats *stats, const step_src &src) {
   step_ctx x;
   const bl_tensor *ts[] = {w, g, m, v};
@@ -540,14 +550,14 @@ int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const 
   BL_CHECK(begin_step(&x, "adamw_step", ts, 4, seg, grad_scale, grad_norm, global_max, 1, per_seg, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    const adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->adam_w_mode, lr);
+    const adam_k k = adam_consts(cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay, cfg->adam_w_mode);
     const step_state *st = x.c->state.mem.as<step_state>();
     float *segmul = nullptr;
     if (per_seg) {
       if (src.amp_state)
         return bl_set_error(BL_EUNSUPPORTED, "%s: per-segment clipping (BertAdam) with an amp state", x.op);
       segmul = x.c->ratio.mem.as<float>();
-      ratio_args ra = {0, 0, 0, cfg->max_grad_norm, grad_scale, 0};
+      ratio_args ra = {0, 0, cfg->max_grad_norm, grad_scale, 0};
       cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 8.0 * nc + 4.0 * seg->count);
       seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(x.c->part.mem.as<double>(), nullptr,
                                                              x.c->seg_first_d.mem.as<int64_t>(), ra, st, segmul);
@@ -579,29 +589,29 @@ extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
 extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                  bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
                                  double grad_scale, double grad_norm, bl_optim_stats *stats) {
-  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr};
-  return lamb_step(cfg, w, half, g, m, v, seg, lr, grad_scale, grad_norm, stats, src);
+  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr};
+  return lamb_step(cfg, w, half, g, m, v, seg, grad_scale, grad_norm, stats, src);
 }
 
 extern "C" int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                      bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
                                      double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
-  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state};
-  return lamb_step(cfg, w, half, g, m, v, seg, lr, grad_scale, -1.0, nullptr, src);
+  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr};
+  return lamb_step(cfg, w, half, g, m, v, seg, grad_scale, -1.0, nullptr, src);
 }
 
 extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                   bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
                                   double grad_scale, double grad_norm, bl_optim_stats *stats) {
-  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr};
-  return adamw_step(cfg, w, half, g, m, v, seg, lr, grad_scale, grad_norm, stats, src);
+  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr};
+  return adamw_step(cfg, w, half, g, m, v, seg, grad_scale, grad_norm, stats, src);
 }
 
 extern "C" int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                       bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
                                       double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
-  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state};
-  return adamw_step(cfg, w, half, g, m, v, seg, lr, grad_scale, -1.0, nullptr, src);
+  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr};
+  return adamw_step(cfg, w, half, g, m, v, seg, grad_scale, -1.0, nullptr, src);
 }
 
 extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
@@ -610,11 +620,11 @@ extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tenso
   step_ctx x;
   const bool mom = cfg->momentum > 0;
   const bl_tensor *ts[] = {w, g, mom ? buf : nullptr};
-  step_src src = {step, 0, 0, 0, nullptr, nullptr};
+  step_src src = {step, 0, 0, 0, nullptr, nullptr, lr};
   BL_CHECK(begin_step(&x, "sgd_step", ts, 3, seg, grad_scale, grad_norm, cfg->max_grad_norm, 1, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    sgd_k k = {(float)lr, (float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom,
+    sgd_k k = {(float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom,
                step == 1, cfg->nesterov != 0};
     // w, g (, buf) in; w (, buf, w's half copy) out
     cu_cost_kernel(x.dev, "optimizer", "sgd_apply", (mom ? 20.0 : 12.0) * w->numel + half_bytes(half, w->numel));

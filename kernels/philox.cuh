@@ -5,6 +5,15 @@
 // random bits (exact in f32); dropout keeps an element when u >= p.
 #pragma once
 #include <stdint.h>
+#include "../src/bl_ops.h"
+
+// The seed a kernel uses: a device seed slot (BL_SEED_SLOT | address, bl_ops.h) is read from device memory, so a
+// replayed CUDA graph takes the seed the host last copied there; any other value is the seed itself. Kernels call
+// it once at entry (one load per thread, from a line every thread of the grid reads).
+__device__ __forceinline__ uint64_t bl_seed_resolve(uint64_t seed) {
+  if (!(seed & BL_SEED_SLOT)) return seed;
+  return *(const uint64_t *)(uintptr_t)(seed & ~BL_SEED_SLOT);
+}
 
 __device__ __forceinline__ uint4 bl_philox4x32_dev(uint64_t seed, uint64_t counter) {
   uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;

@@ -69,7 +69,7 @@ size_t large_cache_limit() {
 }
 
 // Calls of this device layer, for bl_cuda_counters in a real-GPU build (the emulator counts every call itself).
-struct counts { std::atomic<int64_t> syncs{0}, mallocs{0}, frees{0}, graph_launches{0}; };
+struct counts { std::atomic<int64_t> syncs{0}, mallocs{0}, frees{0}, graph_launches{0}, blocks{0}; };
 counts call_counts[64];
 void count_call(int dev, std::atomic<int64_t> counts::*which) {
   if (dev >= 0 && dev < 64) (call_counts[dev].*which)++;
@@ -165,6 +165,7 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
       *p = v.back();
       v.pop_back();
       unlist_large(dp, *p, c);
+      count_call(device, &counts::blocks);
       return 0;
     }
   }
@@ -190,6 +191,7 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
   if (e != cudaSuccess) { *p = nullptr; return bl_set_error(BL_ENOMEM, "malloc: cuda:%d: cannot allocate %zu bytes: %s", device, n, cudaGetErrorString(e)); }
   std::lock_guard<std::mutex> g(pool_mu);
   block_size[*p] = c;
+  count_call(device, &counts::blocks);
   return 0;
 }
 
@@ -478,9 +480,18 @@ struct bl_cuda_graph {
   int dev;
   cudaGraphExec_t exec = nullptr;
   bool captured = false;   // a capture ended and was not launched yet
+  bool launched = false;   // exec ran since its capture: it may be replayed
+  int64_t blocks_at = -1;  // the device's count of handed-out blocks when the capture ended
   staging st[2];
   int cur = 0;
-  bl_cuda_graph_stats stats = {0, 0, 0, 0};
+  struct input_buf {   // pinned source of bl_cuda_graph_set_inputs' copy, and the event after that copy
+    void *p = nullptr;
+    size_t cap = 0;
+    cudaEvent_t read = nullptr;
+    bool pending = false;
+  } in[2];
+  int in_cur = 0;
+  bl_cuda_graph_stats stats = {0, 0, 0, 0, 0};
 };
 
 namespace {
@@ -520,8 +531,9 @@ extern "C" int bl_cuda_graph_new(int device, bl_cuda_graph **out) {
   if (!bl_cuda_stream(device)) return BL_EDEVICE;
   bl_cuda_graph *g = new bl_cuda_graph;
   g->dev = device;
-  for (auto &s : g->st) {
-    cudaError_t e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
+  for (int i = 0; i < 4; i++) {
+    cudaEvent_t *ev = i < 2 ? &g->st[i].done : &g->in[i - 2].read;
+    cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
     if (e != cudaSuccess) {
       int rc = graph_err(g, "event", e);
       bl_cuda_graph_free(g);
@@ -540,6 +552,10 @@ extern "C" void bl_cuda_graph_free(bl_cuda_graph *g) {
   for (auto &s : g->st) {
     if (s.done) cudaEventDestroy(s.done);
     for (auto &c : s.chunks) cudaFreeHost(c.first);   // waits for the work that may still read it
+  }
+  for (auto &b : g->in) {
+    if (b.read) cudaEventDestroy(b.read);
+    if (b.p) cudaFreeHost(b.p);
   }
   delete g;
 }
@@ -599,11 +615,14 @@ extern "C" int bl_cuda_graph_end(bl_cuda_graph *g) {
   if (e != cudaSuccess) return graph_err(g, "instantiate", e);
   g->stats.nodes = (int64_t)nodes;
   g->captured = true;
+  g->launched = false;
+  g->blocks_at = call_counts[g->dev].blocks.load();
   return 0;
 }
 
-extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
-  if (!g->captured) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: nothing captured to launch", g->dev);
+namespace {
+// Runs g's instantiated graph on the compute stream; the staging set of its capture is then read until `done`.
+int launch_exec(bl_cuda_graph *g) {
   cudaStream_t s = cu_stream(g->dev);
   if (!s) return BL_EDEVICE;
   cudaError_t e = cudaGraphLaunch(g->exec, s);
@@ -612,9 +631,65 @@ extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
   e = cudaEventRecord(st.done, s);
   if (e != cudaSuccess) return graph_err(g, "event", e);
   st.launched = true;
-  g->captured = false;
+  g->launched = true;
   g->stats.launches++;
   count_call(g->dev, &counts::graph_launches);
+  return 0;
+}
+}  // namespace
+
+extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
+  if (!g->captured) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: nothing captured to launch", g->dev);
+  BL_CHECK(launch_exec(g));
+  g->captured = false;
+  return 0;
+}
+
+extern "C" int bl_cuda_graph_replayable(const bl_cuda_graph *g, int *ok) {
+  *ok = g->exec && g->launched && !g->captured && !capturing(g->dev) &&
+        call_counts[g->dev].blocks.load() == g->blocks_at;
+  return 0;
+}
+
+extern "C" int bl_cuda_graph_replay(bl_cuda_graph *g) {
+  int ok = 0;
+  bl_cuda_graph_replayable(g, &ok);
+  if (!ok)
+    return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: no graph to replay (none launched since its capture, or a "
+                        "device block was handed out since: capture again)", g->dev);
+  BL_CHECK(launch_exec(g));
+  g->stats.replays++;
+  return 0;
+}
+
+extern "C" int bl_cuda_graph_set_inputs(bl_cuda_graph *g, bl_tensor *dst, const void *src, size_t n) {
+  const char *op = "cuda_graph inputs";
+  if (capturing(g->dev)) return capture_error(op, g->dev, "an input upload (it belongs before the capture)");
+  if (!dst || dst->device != g->dev || !bl_tensor_is_contiguous(dst) ||
+      (size_t)dst->numel * bl_dtype_size(dst->dtype) < n)
+    return bl_set_error(BL_EINVAL, "%s: cuda:%d: the destination must be a contiguous tensor of at least %zu bytes "
+                        "on the graph's device", op, g->dev, n);
+  if (n == 0) return 0;
+  g->in_cur ^= 1;
+  bl_cuda_graph::input_buf &b = g->in[g->in_cur];
+  if (b.pending) BL_CHECK(bl_cuda_event_wait_host(g->dev, b.read));   // the copy two calls ago read it
+  b.pending = false;
+  if (b.cap < n) {
+    if (b.p) cudaFreeHost(b.p);
+    b.p = nullptr;
+    b.cap = 0;
+    cudaError_t e = cudaHostAlloc(&b.p, n, cudaHostAllocPortable);
+    if (e != cudaSuccess) return graph_err(g, "pinned buffer for the step's inputs", e);
+    b.cap = n;
+  }
+  memcpy(b.p, src, n);
+  cudaStream_t s = cu_stream(g->dev);
+  if (!s) return BL_EDEVICE;
+  copy_cost(g->dev, g->dev, -1, n);
+  cudaError_t e = cudaMemcpyAsync(dst->data, b.p, n, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaEventRecord(b.read, s);
+  if (e != cudaSuccess) return graph_err(g, "copy of the step's inputs", e);
+  b.pending = true;
   return 0;
 }
 

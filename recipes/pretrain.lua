@@ -279,10 +279,15 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     if votes[2] > 0 then return "signal" end
   end
   local function next_micro(_, a) return (virt and loaders[a] or loaders[1]):next() end
+  local captures_said = 0
   local function train_step(step, next_batch)
     local t0 = logm.clock()
     -- skip or update decided on the model's device: no wait here
     local seqs = pstep:run(step, next_batch, lr_at(lamb.step_count + 1))
+    if use_graph and (pstep.captures or 0) > captures_said then   -- a capture after the first: say why
+      captures_said = pstep.captures
+      if captures_said > 1 then say(("pretrain: step %d captured again: %s"):format(step, pstep.capture_reason)) end
+    end
     if step % opt.log_every ~= 0 and step ~= ph.steps then return nil end
     -- the one wait of a logged step: this step's sums, the scaler state and the deferred index checks
     local v = pstep:read()
@@ -300,7 +305,11 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     if dev >= 0 then  -- totals since the start: allocations and host waits of the device
       local k = bl.cuda_counters(dev)
       rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
-      if use_graph then rec.cuda_graph_launches = k.graph_launches end
+      if use_graph then
+        local g = pstep:graph_stats()
+        rec.cuda_graph_launches, rec.cuda_graph_replays = k.graph_launches, g.replays
+        rec.cuda_graph_instantiations, rec.cuda_graph_updates = g.instantiations, g.updates
+      end
     end
     return rec
   end

@@ -124,13 +124,28 @@ int bl_cuda_dry_run(int device, int on);
  * alternate captures), and a host wait, a read of device memory or a device allocation is an error naming the op
  * (the capture is then void: bl_cuda_graph_abort ends it). Errors in a CPU-only build. */
 typedef struct bl_cuda_graph bl_cuda_graph;
-typedef struct bl_cuda_graph_stats { int64_t nodes, instantiations, updates, launches; } bl_cuda_graph_stats;
+typedef struct bl_cuda_graph_stats { int64_t nodes, instantiations, updates, launches, replays; } bl_cuda_graph_stats;
 int bl_cuda_graph_new(int device, bl_cuda_graph **out);
 void bl_cuda_graph_free(bl_cuda_graph *g);
 int bl_cuda_graph_begin(bl_cuda_graph *g);
 int bl_cuda_graph_end(bl_cuda_graph *g);
 void bl_cuda_graph_abort(bl_cuda_graph *g);
 int bl_cuda_graph_launch(bl_cuda_graph *g);
+/* Capture once, replay: bl_cuda_graph_replay launches the graph instantiated last, unchanged, without a new capture
+ * (counted in launches and replays). Kernels that read their per-step values from device memory (dropout seed
+ * slots, BL_SEED_SLOT in bl_ops.h; bl_amp_config.lr_from) take them from what was copied there before the replay.
+ * *ok (bl_cuda_graph_replayable) = 1 when a replay would be valid: a graph was captured and launched, and no device
+ * block was handed out on its device since that capture ended (a buffer the graph reads may have been replaced, or
+ * a scratch block it writes taken by other work: capture again). */
+int bl_cuda_graph_replay(bl_cuda_graph *g);
+int bl_cuda_graph_replayable(const bl_cuda_graph *g, int *ok);
+/* The step's inputs for the next launch or replay: the n bytes at src are copied into one of the graph's two
+ * pinned buffers and from there into dst (contiguous, on the graph's device, at least n bytes) by one copy queued
+ * on the compute stream, so it lands after the launches queued before it and before those queued after it. A pinned
+ * buffer is rewritten only after the copy that read it, two calls ago, has run (a wait only when the host is that
+ * far ahead). An error while capturing. */
+struct bl_tensor;
+int bl_cuda_graph_set_inputs(bl_cuda_graph *g, struct bl_tensor *dst, const void *src, size_t n);
 int bl_cuda_graph_stats_get(const bl_cuda_graph *g, bl_cuda_graph_stats *out);
 int bl_cuda_get_tf32(void);
 int bl_num_threads(void);

@@ -63,6 +63,7 @@ int bl_reducer_wait(bl_reducer *r);                /* the watched wait (cuda), s
 /* No wait: an error when the sums of the last finish() failed or are late past BL_NCCL_TIMEOUT (communicator
  * aborted then); 0 while they run or once they are done. */
 int bl_reducer_poll(bl_reducer *r);
+int bl_reducer_replayed(bl_reducer *r);            /* a CUDA graph holding the step's collectives was replayed */
 /* bl_dist_allreduce_sum of a CPU tensor that polls r between MPI tests: a loop's per-step vote cannot hang on a
  * rank stuck before the GPU sums that finish() no longer waits for. */
 int bl_dist_allreduce_sum_watched(bl_tensor *t, bl_reducer *r);

@@ -22,6 +22,11 @@
  *    (offset + i/4), lane i%4, u = (x >> 8) * 2^-24, keep = (u >= p), kept
  *    values scaled by 1/(1-p). The same (seed, offset) gives the same mask on
  *    every device; an op consumes ceil(numel/4) counter blocks.
+ *  - A seed with bit 63 set (BL_SEED_SLOT | address) is a device seed slot:
+ *    a CUDA kernel reads the seed from the u64 at that device address when
+ *    it runs, so a replayed CUDA graph takes each step's seed from memory
+ *    the host updates (bertlua.train.pretrain_step). Seeds a user passes are
+ *    below 2^63; the CPU ops refuse a slot.
  *  - Tensors on cuda:N run the CUDA twin (in kernels/, contracts in
  *    src/device/cuda_ops.h) behind the same entry point; all tensors of a
  *    call must be on one device (else an error naming both). Attention has a
@@ -32,6 +37,9 @@
 #ifndef BL_OPS_H
 #define BL_OPS_H
 #include "bl_tensor.h"
+
+/* bit 63 of a dropout seed: the seed is read on the device from the address in bits 0..62 (see above) */
+#define BL_SEED_SLOT 0x8000000000000000ull
 
 #ifdef __cplusplus
 extern "C" {
@@ -276,7 +284,9 @@ int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logit
                      int64_t *count);
 /* The same with the number of counted targets given by the caller (e.g. counted on the host where the batch was
  * made), so a GPU need not send it back: no host wait when deferred checks are on (bl_cuda_defer_checks; the
- * targets are then checked late too). Without them, and on the CPU, a different count is an error. */
+ * targets are then checked late too). Without them, and on the CPU, a different count is an error. count < 0: not
+ * known to the caller; with deferred checks the GPU counts the targets itself and its kernels read that count
+ * (nothing read back, and a replayed CUDA graph counts its new targets), otherwise as bl_cross_entropy. */
 int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
                              const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count);
 /* ---- mean squared error (STS-B regression): pred and target of equal numel

@@ -174,6 +174,9 @@ typedef struct bl_amp_config {
   double growth_factor, backoff_factor, min_scale, max_scale;
   int64_t growth_interval;
   int32_t dynamic;
+  /* NULL, or a 1-element f64 tensor on the buffers' device holding the learning rate: the step reads it when it
+   * runs and ignores its lr argument (a replayed CUDA graph takes the rate the host last copied there) */
+  const bl_tensor *lr_from;
 } bl_amp_config;
 enum {
   BL_AMP_SCALE = 0, BL_AMP_GROWTH, BL_AMP_FLOOR_SKIPS, BL_AMP_SKIPPED, BL_AMP_STEP, BL_AMP_NORM,

@@ -36,13 +36,14 @@ foreach(src ${BL_LUA_TESTS})
 endforeach()
 # cpu and emulated-cuda pre-training runs side by side (7 pairs, one under mpirun): over 600 s on a shared 2-core VM
 set_tests_properties(lua_test_cuda_pretrain PROPERTIES TIMEOUT 1500)
-# two pairs of emulated-cuda pre-training runs, with and without --cuda-graph: ~3 min on a loaded 2-core VM
-set_tests_properties(lua_test_cuda_graph PROPERTIES TIMEOUT 1200)
+# three pairs of emulated-cuda pre-training runs, with and without --cuda-graph, and a killed and resumed graphed
+# run: ~5 min on an idle 2-core VM, 20 min at load 9
+set_tests_properties(lua_test_cuda_graph PROPERTIES TIMEOUT 2400)
 # three pairs of tiny SQuAD fine-tunings (cpu/cuda fp32 and bf16, 1 rank/2 ranks): ~3 min each pair when loaded
 set_tests_properties(lua_test_cuda_squad PROPERTIES TIMEOUT 1200)
-# 2-rank emulated pre-training with and without --cuda-graph and three 2-rank reducer scripts: ~2 min on an idle
-# 2-core VM, ~9 min at load 15
-set_tests_properties(lua_test_cuda_graph_dp PROPERTIES TIMEOUT 1200)
+# 2-rank emulated pre-training (6 steps) with and without --cuda-graph and four 2-rank reducer scripts: ~3 min on an
+# idle 2-core VM, ~15 min at load 15
+set_tests_properties(lua_test_cuda_graph_dp PROPERTIES TIMEOUT 1800)
 
 file(GLOB BL_HOSTILE_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/hostile/test_*.lua)
 foreach(src ${BL_HOSTILE_TESTS})

@@ -323,6 +323,9 @@ int bl_nccl_buckets_finish(bl_nccl_buckets *b) {
   return 0;
 }
 
+/* the graph holding the sums was launched again (a replay: finish did not run): poll stands a marker after it */
+void bl_nccl_buckets_replayed(bl_nccl_buckets *b) { b->in_graph = 1; }
+
 int bl_nccl_buckets_poll(bl_nccl_buckets *b) {
   const char *op = "reducer";
   if (b->in_graph) {   /* the graph holding the sums was launched since: a marker after it stands for them */

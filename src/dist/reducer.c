@@ -164,6 +164,14 @@ int bl_reducer_cancel(bl_reducer *r) {
   return 0;
 }
 
+int bl_reducer_replayed(bl_reducer *r) {
+  if (!r) return bl_set_error(BL_EINVAL, "reducer: no reducer");
+#ifdef BL_HAVE_NCCL
+  if (r->dev) bl_nccl_buckets_replayed(r->dev);
+#endif
+  return 0;
+}
+
 int bl_reducer_poll(bl_reducer *r) {
   if (!r) return bl_set_error(BL_EINVAL, "reducer: no reducer");
 #ifdef BL_HAVE_NCCL

@@ -319,6 +319,7 @@ static int check_packed_probs(const char *op, const bl_tensor *probs, const pack
 static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
                         const bl_tensor *v, const packed_seqs *ps, const float *madd, int heads, double scale,
                         int64_t seq, double p, uint64_t seed, uint64_t offset) {
+  BL_CHECK(opx_seed_check(op, p, seed));
   const int64_t nb = ps->nb, d = ps->d, S = ps->maxlen;
   bsh mq, mk, mv, mc;
   int rc = 0, oom = 0;
@@ -390,6 +391,7 @@ static int seqs_bwd_cpu(const char *op, bl_tensor *dq, bl_tensor *dk, bl_tensor 
                         const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
                         const packed_seqs *ps, int heads, double scale, int64_t seq, double p, uint64_t seed,
                         uint64_t offset) {
+  BL_CHECK(opx_seed_check(op, p, seed));
   const int64_t nb = ps->nb, d = ps->d, S = ps->maxlen;
   bsh mq, mk, mv, mo, mdq, mdk, mdv;
   int rc = 0, oom = 0;

@@ -3,6 +3,7 @@
  * index loading, and the Philox dropout keep-mask used by every op that
  * drops (dropout.c, attention.c, layernorm.c). See ops_internal.h. */
 #include "ops_internal.h"
+#include "bl_ops.h"
 #include "vecmath.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,6 +203,12 @@ OPX_BODY keep_blocks_body(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, 
 }
 OPX_ISA_FN(keep_blocks, (uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr, uint8_t *restrict keep),
            (k0, k1, ctr, nblk, thr, keep))
+
+int opx_seed_check(const char *op, double p, uint64_t seed) {
+  if (p <= 0 || !(seed & BL_SEED_SLOT)) return 0;
+  return bl_set_error(BL_EINVAL, "%s: seed 0x%llx is a device seed slot (bit 63 set): only CUDA tensors read one; "
+                      "a CPU dropout seed must be below 2^63", op, (unsigned long long)seed);
+}
 
 void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep) {
   /* keep = (x >> 8) * 2^-24 >= p  <=>  (x >> 8) >= ceil(p * 2^24): both sides

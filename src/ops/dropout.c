@@ -56,8 +56,8 @@ static int dropout_cpu(const char *op, bl_tensor *out, bl_tensor *mask_out, cons
   opx_buf bi = {0}, bo = {0};
   uint8_t *keep = NULL;
   int64_t n = in->numel;
-  int rc;
-  if ((rc = opx_load(op, in, &bi)) || (rc = opx_out(op, out, &bo, 0))) goto done;
+  int rc = opx_seed_check(op, p, seed);
+  if (rc || (rc = opx_load(op, in, &bi)) || (rc = opx_out(op, out, &bo, 0))) goto done;
   const float scale = (float)(1.0 / (1.0 - p));
   const bl_tensor *mio = mask_in ? mask_in : mask_out;
   /* u8 and bool are both one byte, read as nonzero = keep and written as 0/1 */

@@ -200,8 +200,8 @@ static int ln_forward_cpu(const char *op, bl_tensor *y, bl_tensor *mean, bl_tens
                           double p, uint64_t seed, uint64_t offset, const int64_t *rmap) {
   opx_buf bx = {0}, br = {0}, bg = {0}, bb = {0}, by = {0}, bm = {0}, bs = {0};
   int64_t h = opx_cols(x), rows = opx_rows(x);
-  int rc, oom = 0;
-  if ((rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) || (rc = opx_load(op, gamma, &bg)) ||
+  int rc = opx_seed_check(op, p, seed), oom = 0;
+  if (rc || (rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) || (rc = opx_load(op, gamma, &bg)) ||
       (beta && (rc = opx_load(op, beta, &bb))) || (rc = opx_out(op, y, &by, 0)) ||
       (rc = opx_out(op, mean, &bm, 0)) || (rc = opx_out(op, rstd, &bs, 0)))
     goto done;
@@ -236,8 +236,8 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
   float *part = NULL;
   int64_t h = opx_cols(x), rows = opx_rows(x), nchunk = (rows + LN_CHUNK - 1) / LN_CHUNK;
   int want_param = dgamma || dbeta || dbias;
-  int rc, oom = 0;
-  if ((rc = opx_load(op, dy, &bdy)) || (rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) ||
+  int rc = opx_seed_check(op, p, seed), oom = 0;
+  if (rc || (rc = opx_load(op, dy, &bdy)) || (rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) ||
       (rc = opx_load(op, gamma, &bg)) || (rc = opx_load(op, mean, &bm)) || (rc = opx_load(op, rstd, &bs)) ||
       (rc = opx_out(op, dx, &bdx, 0)) || (dres && (rc = opx_out(op, dres, &bdr, 0))) ||
       (dgamma && (rc = opx_out(op, dgamma, &bdg, 1))) || (dbeta && (rc = opx_out(op, dbeta, &bdb, 1))) ||

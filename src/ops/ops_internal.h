@@ -58,6 +58,8 @@ int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids);
 /* Philox dropout: element i of a stream uses block (offset + i/4), lane i%4,
  * u = (x >> 8) * 2^-24, keep = u >= p. Fills keep[0..n) (1 keep, 0 drop)
  * for elements start..start+n of the stream. */
+/* 0, or an error naming op when p > 0 and seed is a device seed slot (BL_SEED_SLOT, bl_ops.h): the CPU has none */
+int opx_seed_check(const char *op, double p, uint64_t seed);
 void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep);
 int opx_check_p(const char *op, double p);
 

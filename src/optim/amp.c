@@ -29,6 +29,13 @@ int opt_amp_check(const char *op, const bl_tensor *w, const bl_amp_config *a, co
       state->device != w->device)
     return BL_ERR("%s: amp state must be a contiguous f64 tensor of %d elements on the parameters' device", op,
                   BL_AMP_STATE_LEN);
+  const bl_tensor *lt = a->lr_from;
+  if (lt) {
+    BL_CHECK(bl_tensor_check(lt, op));
+    if (lt->dtype != BL_F64 || lt->numel != 1 || lt->device != w->device)
+      return BL_ERR("%s: amp lr_from must be a 1-element f64 tensor on the parameters' device", op);
+    if (lt->device < 0) lr = *(const double *)lt->data;
+  }
   if (!isfinite(lr) || lr < 0) return BL_ERR("%s: learning rate must be finite and >= 0, got %g", op, lr);
   if (!isfinite(grad_scale) || grad_scale <= 0)
     return BL_ERR("%s: grad_scale must be finite and > 0, got %g", op, grad_scale);
@@ -68,6 +75,7 @@ int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, b
                 bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
                 const bl_amp_config *amp, bl_tensor *state) {
   double *a = state->data, saved[BL_AMP_STATE_LEN];
+  if (amp->lr_from) lr = *(const double *)amp->lr_from->data;
   if (!(a[BL_AMP_SCALE] > 0) || isinf(a[BL_AMP_SCALE]) || !(a[BL_AMP_STEP] >= 0))
     return BL_ERR("%s: amp state holds scale %g and step %g (scale must be finite and > 0)", op, a[BL_AMP_SCALE],
                   a[BL_AMP_STEP]);

@@ -266,7 +266,7 @@ static void test_amp(void) {
   setup(&c, &d, 600);
   bl_lamb_config l;
   bl_lamb_config_default(&l);
-  const bl_amp_config amp = { 2.0, 0.5, 1.0, 16777216.0, 2, 1 };
+  const bl_amp_config amp = { 2.0, 0.5, 1.0, 16777216.0, 2, 1, NULL };
   bl_tensor *sc = amp_state(-1, 1024), *sd = amp_state(0, 1024), *w2 = make(-1), *w3 = make(-1);
   bl_cuda_count a, b;
   int64_t waits = 0, allocs = 0;
@@ -326,7 +326,7 @@ static int half_step(int kind, bufs *b, bl_tensor *half, int64_t step, bl_tensor
   s.momentum = 0.9;
   s.weight_decay = 0.01;
   l.use_nvlamb = kind == 1;
-  static const bl_amp_config AMP = { 2.0, 0.5, 1.0, 16777216.0, 2, 1 };
+  static const bl_amp_config AMP = { 2.0, 0.5, 1.0, 16777216.0, 2, 1, NULL };
   switch (kind) {
     case 0:
     case 1: return bl_lamb_step(&l, b->w, half, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, -1, NULL);
@@ -443,6 +443,60 @@ static void test_mixed(void) {
   release(&d);
 }
 
+/* bl_amp_config.lr_from: the step takes its learning rate from a device (or CPU) tensor when it runs, ignoring its
+ * lr argument (a replayed CUDA graph's step reads the rate the host copied there): on both devices the weights equal,
+ * bit for bit, those of the same steps given the rate as an argument; two steps with different rates in the tensor
+ * show it is read at each step. Fails if lr_from is ignored (the argument, 7.0, would blow the weights up). */
+static void test_amp_lr_from(void) {
+  bl_lamb_config l;
+  bl_lamb_config_default(&l);
+  bl_adamw_config a;
+  bl_adamw_config_default(&a);
+  const double rates[2] = { 2e-3, 5e-4 };
+  for (int kind = 0; kind < 2; kind++) {
+    for (int dev = -1; dev <= 0; dev++) {
+      bufs x[2], y[2];
+      setup(&x[0], &y[0], 900);
+      setup(&x[1], &y[1], 900);
+      bufs *p = dev < 0 ? x : y;
+      bl_tensor *s0 = amp_state(dev, 1), *s1 = amp_state(dev, 1), *lr = NULL;
+      OK(bl_tensor_empty(1, (const int64_t[]){ 1 }, BL_F64, dev, &lr));
+      bl_amp_config by_arg = { 2.0, 0.5, 1.0, 16777216.0, 2, 0, NULL }, by_tensor = by_arg;
+      by_tensor.lr_from = lr;
+      for (int step = 0; step < 2; step++) {
+        OK(bl_tensor_fill(lr, rates[step]));
+        if (kind == 0) {
+          OK(bl_lamb_step_amp(&l, p[0].w, NULL, p[0].g, p[0].m, p[0].v, &SEG, rates[step], 1.0, &by_arg, s0));
+          OK(bl_lamb_step_amp(&l, p[1].w, NULL, p[1].g, p[1].m, p[1].v, &SEG, 7.0, 1.0, &by_tensor, s1));
+        } else {
+          OK(bl_adamw_step_amp(&a, p[0].w, NULL, p[0].g, p[0].m, p[0].v, &SEG, rates[step], 1.0, &by_arg, s0));
+          OK(bl_adamw_step_amp(&a, p[1].w, NULL, p[1].g, p[1].m, p[1].v, &SEG, 7.0, 1.0, &by_tensor, s1));
+        }
+      }
+      char what[80];
+      snprintf(what, sizeof what, "%s weights with lr_from on %s", kind ? "adamw" : "lamb", dev < 0 ? "cpu" : "cuda");
+      bl_tensor *w0 = make(-1);
+      OK(bl_tensor_copy(w0, p[0].w));
+      close_(what, w0, p[1].w, 0, 0);
+      bl_tensor_free(w0);
+      bl_tensor *bad = NULL;
+      OK(bl_tensor_empty(1, (const int64_t[]){ 2 }, BL_F64, dev, &bad));
+      by_tensor.lr_from = bad;
+      CHECK(bl_lamb_step_amp(&l, p[1].w, NULL, p[1].g, p[1].m, p[1].v, &SEG, 1e-3, 1.0, &by_tensor, s1) != 0 &&
+                strstr(bl_last_error(), "lr_from") != NULL,
+            "a 2-element lr_from is refused naming it: %s", bl_last_error());
+      bl_tensor_free(bad);
+      bl_tensor_free(lr);
+      bl_tensor_free(s0);
+      bl_tensor_free(s1);
+      for (int i = 0; i < 2; i++) {
+        release(&x[i]);
+        release(&y[i]);
+      }
+    }
+  }
+}
+
 int main(void) {
   if (!bl_cuda_compiled() || bl_cuda_device_count() == 0) {
     printf("skipped: no CUDA device (bl_cuda_compiled() = %d)\n", bl_cuda_compiled());
@@ -453,6 +507,7 @@ int main(void) {
   test_nonfinite();
   test_counters();
   test_amp();
+  test_amp_lr_from();
   test_fused_half();
   test_mixed();
   if (failures) {

@@ -72,15 +72,46 @@ local function compare(name, extra, steps, min_launched)
   T.truthy(launched >= min_launched, name .. ": graph launches " .. launched)
   -- an evaluation allocates (with or without the graph): the counters' check is for runs without one
   if not extra:find("eval-interval", 1, true) then fx.step_stays_on_device(fx.tmp .. "/" .. graphed, name) end
+  return b[steps]
+end
+
+-- Captured once: after the warm-up (one or two uncaptured steps) the step is one capture (one instantiation, no
+-- update), every later step a replay of it with the new step's inputs copied to the device (seeds, learning rate,
+-- MLM rows, NSP labels).
+local function captured_once(name, last, steps)
+  T.eq(last.cuda_graph_instantiations, 1, name .. ": instantiations")
+  T.eq(last.cuda_graph_updates, 0, name .. ": updates (a capture after the first)")
+  T.truthy(last.cuda_graph_replays >= steps - 3, name .. ": replays " .. last.cuda_graph_replays)
+  T.eq(last.cuda_graph_launches, last.cuda_graph_replays + 1, name .. ": launches = the capture's + the replays")
 end
 
 T.test("pre-training with --cuda-graph = without, bit for bit (fp32)", function()
-  -- with an evaluation after step 3 (work outside the captured step that allocates: step 4 warms up again)
-  compare("fp32", "--batch1=8 --micro-batch=8 --steps1=6 --eval-interval=3", 6, 2)
+  -- with an evaluation after step 3 (work outside the captured step that allocates: a later step captures again)
+  local last = compare("fp32", "--batch1=8 --micro-batch=8 --steps1=6 --eval-interval=3", 6, 2)
+  T.truthy(last.cuda_graph_instantiations + last.cuda_graph_updates >= 2, "fp32: captured again after the evaluation")
 end)
 
-T.test("pre-training with --cuda-graph = without, bit for bit (fp16 loss scaling, accumulation 2)", function()
-  compare("fp16", "--batch1=16 --micro-batch=8 --steps1=4 --precision=fp16 --loss-scale=dynamic:16777216:3", 4, 2)
+T.test("pre-training with --cuda-graph = without, bit for bit, captured once (fp16 loss scaling, accumulation 2)",
+  function()
+    local steps = 6
+    local last = compare("fp16", "--batch1=16 --micro-batch=8 --steps1=6 --precision=fp16 " ..
+      "--loss-scale=dynamic:16777216:3", steps, 2)
+    captured_once("fp16", last, steps)
+  end)
+
+T.test("captured once (bf16, accumulation 2): = without, bit for bit; SIGKILL and --resume reproduce it", function()
+  local steps, extra = 6, "--batch1=16 --micro-batch=8 --steps1=6 --precision=bf16"
+  captured_once("bf16", compare("bf16", extra, steps, 2), steps)
+  -- the graphed run again, killed after step 3 and resumed (a checkpoint every step): every later loss and the
+  -- final weights are those of the uninterrupted graphed run
+  local args = extra .. " --device=cuda --cuda-graph --checkpoint-interval=1 --eval-batches=1"
+  local n = fx.kill_at(fx.tmp .. "/bf16_part", args, 3)
+  T.truthy(n >= 3 and n < steps, "killed at step " .. n)
+  local out = fx.run("bf16_part", args .. " --resume")
+  T.truthy(out:find("resumed from", 1, true), out)
+  local full, resumed = fx.losses(fx.tmp .. "/bf16_graph"), fx.losses(fx.tmp .. "/bf16_part")
+  for s = 1, steps do T.eq(resumed[s], full[s], "resumed: step " .. s) end
+  T.truthy(weights(fx.tmp .. "/bf16_graph") == weights(fx.tmp .. "/bf16_part"), "resumed: final weights bit for bit")
 end)
 
 T.run()

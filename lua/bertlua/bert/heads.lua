@@ -117,7 +117,9 @@ end
 -- With masked_lm_positions the rows are padded to B*P (ignored label, position 0): the shapes of the MLM head
 -- stay the same from batch to batch, so its buffers and the ops' scratch are reused (no device allocation after
 -- the first step); ignored rows add exact zeros to the loss and the gradients.
-local function masked_positions(self, batch, B, S)
+-- The rows on the host: pos, lab (i32 CPU tensors [m], m = max(n, B*P, 1)) and n, or nil when the batch has no MLM
+-- targets; into(m) gives the two tensors to fill (default: new ones).
+local function mlm_rows(self, batch, B, S, into)
   local ign = self.ignore_index
   local pos, lab, cap = {}, {}, 0
   if batch.masked_lm_positions ~= nil then
@@ -157,15 +159,34 @@ local function masked_positions(self, batch, B, S)
   end
   local n = #pos
   local m = math.max(n, cap, 1)
-  -- filled on the host: the module's own buffers on the CPU, staging tensors for a GPU
-  local pt = self.device and bl.empty({ m }, { dtype = "i32" }) or buf(self, "_mpos", { m }, "i32")
-  local lt = self.device and bl.empty({ m }, { dtype = "i32" }) or buf(self, "_mlab", { m }, "i32")
+  local pt, lt
+  if into then pt, lt = into(m) else pt, lt = bl.empty({ m }, { dtype = "i32" }), bl.empty({ m }, { dtype = "i32" }) end
   local pp, lp = pt:ptr(), lt:ptr()
   for i = 1, n do pp[i - 1] = pos[i]; lp[i - 1] = lab[i] end
   for i = n, m - 1 do pp[i] = 0; lp[i] = ign end  -- padding; at least one row keeps the shapes non-empty
+  return pt, lt, n
+end
+
+-- mlm_rows(batch[, into]) -> pos, lab (i32 CPU tensors [m]: flat row b*S + p of each masked position, its label;
+-- padded with position 0 and ignore_index), n (the counted ones), or nil without MLM targets; into(m) -> the two
+-- tensors to fill. A caller that puts them on the device itself passes them back as batch.mlm_rows = {pos, lab}
+-- (bertlua.train.pretrain_step with a CUDA graph: they travel with the step's inputs).
+function BertForPreTraining:mlm_rows(batch, into)
+  local ids = batch.input_ids
+  return mlm_rows(self, batch, ids:size(1), ids:size(2), into)
+end
+
+-- masked positions: the rows on the model's device (the module's buffers; batch.mlm_rows when the caller put them
+-- there: their count is then made on the device, n = -1)
+local function masked_positions(self, batch, B, S)
+  if batch.mlm_rows then return batch.mlm_rows[1], batch.mlm_rows[2], -1 end
+  -- filled on the host: the module's own buffers on the CPU, staging tensors for a GPU
+  local function into(m) return buf(self, "_mpos", { m }, "i32"), buf(self, "_mlab", { m }, "i32") end
+  local pt, lt, n = mlm_rows(self, batch, B, S, not self.device and into or nil)
+  if not pt then return nil end
   if self.device then
-    pt = buf(self, "_mpos", { m }, "i32"):copy_(pt)
-    lt = buf(self, "_mlab", { m }, "i32"):copy_(lt)
+    pt = buf(self, "_mpos", pt:shape(), "i32"):copy_(pt)
+    lt = buf(self, "_mlab", lt:shape(), "i32"):copy_(lt)
   end
   return pt, lt, n
 end
@@ -227,7 +248,8 @@ function BertForPreTraining:forward(batch, stats)
   if nsp ~= nil and self.nsp then
     local t = bl.as_tensor(nsp, { dtype = "i32" })
     if t:numel() ~= B then error("BertForPreTraining: next_sentence_labels must have one label per sequence", 2) end
-    local counted = stats and count_labels(t, self.ignore_index)
+    -- on the device already (the caller staged them with a CUDA graph's inputs): counted there too
+    local counted = stats and (t.device_ >= 0 and -1 or count_labels(t, self.ignore_index))
     if self.device and t.device_ ~= self.device then  -- into a kept buffer: no allocation per step
       t = buf(self, "_nsp_labels", { B }, "i32"):copy_(t:view({ B }))
     else
@@ -310,6 +332,9 @@ function BertForQuestionAnswering:forward(batch)
     local function clamp(x, key)
       local t = bl.as_tensor(x, { dtype = "i64" })
       if t:numel() ~= B then error("BertForQuestionAnswering: " .. key .. " must have one position per sequence", 3) end
+      if self.device and t.device_ == self.device then   -- staged on the device (trainer.fit): clamped there
+        return buf(self, "_" .. key, { B }, "i32"):copy_(t:contiguous():view({ B })):maximum_(0):minimum_(S)
+      end
       local v = t:totable()
       local r = self.device and bl.empty({ B }, { dtype = "i32" }) or buf(self, "_" .. key, { B }, "i32")
       local p = r:ptr()

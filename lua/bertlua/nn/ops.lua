@@ -195,6 +195,17 @@ function M.dropout(x, p, seed, offset, want_mask, out)
   check(C.bl_dropout_forward(out, mask, x, p, seed or 0, offset or 0))
   return out, mask
 end
+-- seed_slot(t, i) -> a seed (uint64 cdata) that names element i (1-based) of t, a contiguous i64 tensor on a GPU: the
+-- CUDA kernels read the seed from there when they run (BL_SEED_SLOT in bl_ops.h), so a replayed CUDA graph takes
+-- the value the host last copied into t. The CPU ops refuse such a seed.
+local SEED_SLOT = 0x8000000000000000ULL
+function M.seed_slot(t, i)
+  if t.device_ < 0 or t:dtype() ~= "i64" or not t:is_contiguous() or i < 1 or i > t:numel() then
+    error(("seed_slot: needs a contiguous i64 tensor on a GPU and an element 1..%d, got %s %s on %s, element %s")
+      :format(t:numel(), t:dtype(), bl.shape_str(t:shape()), t:device(), tostring(i)), 2)
+  end
+  return SEED_SLOT + ffi.cast("uint64_t", ffi.cast("uintptr_t", t.data_)) + 8 * (i - 1)
+end
 -- Mask from `mask` when given, else regenerated from (seed, offset).
 function M.dropout_backward(dy, p, seed, offset, mask, dx)
   dx = dx or like(dy)
@@ -313,7 +324,8 @@ end
 
 -- Device-side sums (nothing read back, for a training step on a GPU): the loss of the targets not equal to
 -- ignore_index into `loss` (an f64 [1] tensor on the logits' device) with its gradient into `dlogits`, given
--- `count`, the number of counted targets, which the caller knows; grad_scale (default 1) multiplies the gradient.
+-- `count`, the number of counted targets, which the caller knows (-1: counted on the device, bl_ops.h); grad_scale
+-- (default 1) multiplies the gradient.
 function M.cross_entropy_counted(logits, targets, ignore_index, count, loss, dlogits, grad_scale)
   check(C.bl_cross_entropy_counted(loss, dlogits, logits, targets, ignore_index, grad_scale or 1, count))
   return loss

@@ -220,6 +220,13 @@ function Reducer:cancel()
   return self
 end
 
+-- replayed(): the step's collectives ran again in a replayed CUDA graph (finish did not run): the watchdog of
+-- poll and wait covers them as it covers a captured step's
+function Reducer:replayed()
+  check(C.bl_reducer_replayed(self.r))
+  return self
+end
+
 -- wait(): on a GPU, the host waits for everything queued so far under the NCCL watchdog (no-op otherwise)
 function Reducer:wait()
   check(C.bl_reducer_wait(self.r))

@@ -3,17 +3,21 @@
 --   local graph = require "bertlua.train.graph"
 --   local g = graph.Graph(dev)
 --   g:run(function() ... queue the step's work ... end)   -- captured, then launched as one graph
---   g:stats()   -- {nodes=, instantiations=, updates=, launches=}
+--   g:replay()  -- the last graph again, unchanged (when g:replayable())
+--   g:stats()   -- {nodes=, instantiations=, updates=, launches=, replays=}
 --
 -- run(fn) captures the work fn queues on the device's compute stream (stream capture: nothing runs while fn
 -- does), turns it into the instantiated graph and launches that: the device then runs the whole step without a
 -- gap between launches, and the host only records. The graph is instantiated once; a later capture of the same
--- kernels in the same order only updates its parameters (cudaGraphExecUpdate), which is how a replay gets its
--- step's dropout seeds, learning rate, step count and batch sizes: they are kernel arguments the host computes
--- per step. So a step with the graph computes exactly what it computes without one. What the step must not do
--- while captured: wait for the device, read its memory, or allocate (after warm-up the caching allocator
--- serves every block); each of those is an error naming the op, raised from run(). Uploads from host memory in
--- fn are staged by the runtime (bl_cuda_graph_begin in bl_base.h).
+-- kernels in the same order only updates its parameters (cudaGraphExecUpdate). replay() launches the last graph
+-- again without running fn: the kernels must then read whatever changes from step to step from device memory
+-- that the host updates before the launch (set_inputs in bl_base.h; dropout seed slots, BL_SEED_SLOT in
+-- bl_ops.h; the optimizer's bl_amp_config.lr_from), which is how bertlua.train.pretrain_step captures its step
+-- once. replayable() says whether a replay is valid (no device block handed out since the capture). What the step
+-- must not do while captured: wait for the device, read its memory, or allocate (after warm-up the caching
+-- allocator serves every block); each of those is an error naming the op, raised from run(). Uploads from host
+-- memory in fn are staged by the runtime (bl_cuda_graph_begin in bl_base.h): a replay reads what was staged at
+-- its capture, so data that changes per step must not be uploaded inside fn.
 local core = require "bertlua.core"
 local C, ffi, check = core.C, core.ffi, core.check
 
@@ -51,11 +55,26 @@ function M.refused_allocation(err)
   return tostring(err):find("a new device allocation", 1, true) ~= nil
 end
 
+-- replayable() -> true when replay() may run the last graph again unchanged (bl_cuda_graph_replayable: it was
+-- launched and no device block was handed out since its capture ended).
+function Graph:replayable()
+  local ok = ffi.new("int[1]")
+  check(C.bl_cuda_graph_replayable(self.g, ok))
+  return ok[0] == 1
+end
+
+-- replay(): the last captured graph launched again, without running the code that was captured. Values that
+-- change from one launch to the next must then be read by the kernels from device memory the host updates before
+-- it (seed slots, BL_SEED_SLOT in bl_ops.h; bl_amp_config.lr_from).
+function Graph:replay()
+  check(C.bl_cuda_graph_replay(self.g))
+end
+
 function Graph:stats()
   local s = ffi.new("bl_cuda_graph_stats")
   check(C.bl_cuda_graph_stats_get(self.g, s))
   return { nodes = tonumber(s.nodes), instantiations = tonumber(s.instantiations), updates = tonumber(s.updates),
-    launches = tonumber(s.launches) }
+    launches = tonumber(s.launches), replays = tonumber(s.replays) }
 end
 
 function Graph:free()

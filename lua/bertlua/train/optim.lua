@@ -295,6 +295,11 @@ function Optimizer:step_amp(lr, amp, state, grad_scale)
   end
   if type(lr) ~= "number" then error("optim." .. self.kind .. ":step_amp: lr must be a number", 2) end
   check(self._amp_call(self, lr, grad_scale or 1.0, amp, state))
+  self:count_step(lr)
+end
+
+-- count_step(lr): the host's record of a queued step_amp (a replayed CUDA graph queues the step without calling it)
+function Optimizer:count_step(lr)
   self.step_count = self.step_count + 1
   self.last_lr = lr
 end

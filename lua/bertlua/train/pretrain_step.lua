@@ -14,11 +14,17 @@
 -- model with a half compute copy (model:to{dtype=}) gets it written by the optimizer's update pass (or refreshed
 -- after it).
 -- s:use_graph() (--cuda-graph): from then on the micro-batches are fetched and copied into fixed device
--- buffers first; once a run allocates no device memory (the warm-up: one or two steps, s.graph_ready), everything
--- above is captured and launched as one CUDA graph (bertlua.train.graph), the reducer's collectives included.
+-- buffers first, and the step's host-made inputs (learning rate, dropout seeds, MLM rows, NSP labels) copied into
+-- one device block (Inputs below); once a run allocates no device memory (the warm-up: one or two steps,
+-- s.graph_ready), everything above is captured once as a CUDA graph (bertlua.train.graph), the reducer's
+-- collectives included, and every later step replays it (s.captures, s.replays; s.capture_reason says why the
+-- last capture was made).
 local bl = require "bertlua"
+local core = require "bertlua.core"
 local device = require "bertlua.train.device"
 local graph = require "bertlua.train.graph"
+local ops = require "bertlua.nn.ops"
+local C, ffi, check = core.C, core.ffi, core.check
 
 local M = {}
 
@@ -67,12 +73,101 @@ end
 
 -- use_graph(): later runs as a CUDA graph, once warmed up. A captured step may not allocate, so runs go
 -- uncaptured until one has found every block it needs in the allocator's cache (the first allocates its
--- buffers; the blocks those took from the cache may make the next allocate a little too).
+-- buffers; the blocks those took from the cache may make the next allocate a little too). Then the step is
+-- captured once and replayed: what changes from step to step reaches the device as data (Inputs below).
 function Step:use_graph()
   self.graph = graph.Graph(self.dev)
   self.graph_ready = false
+  self.captures, self.replays = 0, 0
   for a = 1, self.accum do self.on_device[a] = {} end
   return self
+end
+
+-- Inputs: what a step takes from the host, in one device block that the captured kernels read, so that a replay
+-- of the graph computes the new step: the learning rate (bl_amp_config.lr_from), each micro-batch's dropout seed
+-- (a seed slot, bl_ops.h BL_SEED_SLOT), MLM rows and labels (BertForPreTraining:mlm_rows) and NSP labels. The host
+-- writes them into an image of the block and one copy on the compute stream puts it there before the launch
+-- (graph:set_inputs: pinned, double-buffered). sizes[a] = {MLM rows, NSP labels} of micro-batch a; a block for other
+-- sizes is a new allocation, so the graph is captured again.
+local DT = { f64 = { C.BL_F64, "double *", 8 }, i64 = { C.BL_I64, "int64_t *", 8 }, i32 = { C.BL_I32, "int32_t *", 4 } }
+
+local function Inputs(dev, sizes)
+  local fields, bytes = {}, 0
+  local function add(dtype, n)
+    fields[#fields + 1] = { dtype = dtype, n = n, off = bytes }
+    bytes = bytes + math.ceil(n * DT[dtype][3] / 8) * 8
+    return #fields
+  end
+  local lr, seeds, rows = add("f64", 1), add("i64", #sizes), {}
+  for a, s in ipairs(sizes) do rows[a] = { add("i32", s[1]), add("i32", s[1]), s[2] > 0 and add("i32", s[2]) } end
+  local self = { sizes = sizes, bytes = bytes, block = bl.zeros({ bytes / 8 }, { dtype = "i64", device = dev }),
+    image = ffi.new("uint8_t[?]", bytes) }
+  local base = ffi.cast("uint8_t *", self.block.data_)
+  local views, host = {}, {}
+  for i, f in ipairs(fields) do
+    local out = ffi.new("bl_tensor *[1]")
+    check(C.bl_tensor_wrap(base + f.off, 1, ffi.new("int64_t[1]", f.n), nil, DT[f.dtype][1], dev, out))
+    views[i], host[i] = bl.wrap(out[0]), ffi.cast(DT[f.dtype][2], self.image + f.off)
+  end
+  self.lr, self.lr_host, self.seed_host = views[lr], host[lr], host[seeds]
+  self.slots, self.rows, self.nsp, self.rows_host = {}, {}, {}, {}
+  for a, r in ipairs(rows) do
+    self.slots[a] = ops.seed_slot(views[seeds], a)
+    self.rows[a] = { views[r[1]], views[r[2]] }
+    self.nsp[a] = r[3] and views[r[3]] or nil
+    self.rows_host[a] = { host[r[1]], host[r[2]], r[3] and host[r[3]] }
+  end
+  return self
+end
+
+local function same_sizes(x, y)
+  if #x ~= #y then return false end
+  for a = 1, #x do if x[a][1] ~= y[a][1] or x[a][2] ~= y[a][2] then return false end end
+  return true
+end
+
+-- The micro-batches of a graphed step: fetched, their tensors copied into fixed device buffers, their host-made
+-- inputs (MLM rows, NSP labels) and the step's seeds and learning rate written into the inputs' image and copied
+-- to the device. Returns the device batches and the sequence count; self.relayout = why the inputs block changed.
+local function stage(self, step, next_batch, lr)
+  local batches, sizes, host, seqs = {}, {}, {}, 0
+  self.relayout = nil
+  for a = 1, self.accum do
+    local b = next_batch(a)
+    seqs = seqs + b.input_ids:size(1)
+    local pos, lab = self.model:mlm_rows(b)
+    if not pos then error("PretrainStep: --cuda-graph needs MLM targets in every micro-batch (masked_lm_positions "
+      .. "and masked_lm_labels, or labels)", 0) end
+    local nsp = b.next_sentence_labels or b.next_sentence_label
+    nsp = nsp and bl.as_tensor(nsp):totable() or {}
+    sizes[a], host[a] = { pos:numel(), #nsp }, { pos, lab, nsp }
+    batches[a] = device.batch_to(b, self.dev, self.on_device[a], true)
+  end
+  local ins = self.inputs
+  if not (ins and same_sizes(ins.sizes, sizes)) then
+    self.relayout = ins and "the micro-batches' MLM rows or NSP labels changed in number" or "first step"
+    if ins then ins.block:free() end
+    ins = Inputs(self.dev, sizes)
+    self.inputs = ins
+    self.amp:state_tensor()   -- the amp config exists from here on: the optimizer reads the rate from the block
+    self.amp.amp_cfg.lr_from = ins.lr
+  end
+  if type(lr) ~= "number" or lr ~= lr or lr < 0 then
+    error(("PretrainStep: learning rate must be a finite number >= 0, got %s"):format(tostring(lr)), 0)
+  end
+  ins.lr_host[0] = lr
+  for a = 1, self.accum do
+    ins.seed_host[a - 1] = self.dropout_seed(step, self.rank * self.accum + a - 1)
+    local h, n = ins.rows_host[a], sizes[a][1]
+    ffi.copy(h[1], host[a][1]:ptr(), 4 * n)
+    ffi.copy(h[2], host[a][2]:ptr(), 4 * n)
+    for i, v in ipairs(host[a][3]) do h[3][i - 1] = v end
+    local d = batches[a]
+    d.mlm_rows, d.masked_lm_positions, d.masked_lm_labels, d.labels = ins.rows[a], nil, nil, nil
+    d.next_sentence_labels, d.next_sentence_label = ins.nsp[a], nil
+  end
+  check(C.bl_cuda_graph_set_inputs(self.graph.g, ins.block, ins.image, ins.bytes))
+  return batches, seqs
 end
 
 -- The step's device work on the micro-batches get(a) (already on the device). With a reducer (recipes/pretrain.lua,
@@ -88,7 +183,8 @@ local function queue(self, step, get, lr)
   self.stats:zero()
   for a = 1, accum do
     if self.mark then self.mark("micro") end   -- the step-time model's split (bertlua.stepmodel.parts)
-    model.rng = bl.Generator(self.dropout_seed(step, self.rank * accum + a - 1))
+    -- with a graph, the seed is read from the inputs block when the kernels run
+    model.rng = bl.Generator(self.inputs and self.inputs.slots[a] or self.dropout_seed(step, self.rank * accum + a - 1))
     model:apply(function(m) m.rng = model.rng end)
     model:forward(get(a), self.stats)
     if tables and a > 1 then
@@ -124,16 +220,27 @@ function Step:run(step, next_batch, lr)
     end, lr)
     return seqs
   end
-  local batches = {}
-  for a = 1, self.accum do
-    local b = next_batch(a)
-    seqs = seqs + b.input_ids:size(1)
-    batches[a] = device.batch_to(b, self.dev, self.on_device[a], true)
-  end
+  local batches
+  batches, seqs = stage(self, step, next_batch, lr)
   local function get(a) return batches[a] end
+  -- (the step-time model, self.mark, records the launches a capture makes: a replay makes none on the host)
+  if self.graph_ready and not self.relayout and not self.mark and self.graph:replayable() then
+    -- the step captured before, unchanged; the host's record of it kept as the captured code keeps it
+    self.graph:replay()
+    self.replays = self.replays + 1
+    self.optimizer:count_step(lr)
+    if self.reducer then self.reducer:replayed() end
+    return seqs
+  end
   if self.graph_ready then
+    self.capture_reason = self.relayout or (self.captures == 0 and "first capture")
+      or (self.mark and "the step-time model records this step's launches")
+      or "a device block was handed out since the last capture (work outside the step allocated)"
     local ok, err = pcall(self.graph.run, self.graph, queue, self, step, get, lr)
-    if ok then return seqs end
+    if ok then
+      self.captures = self.captures + 1
+      return seqs
+    end
     -- an allocation refused in the capture (work outside the step, an evaluation, took cached blocks): nothing
     -- of the step ran and only device work was queued, so the step runs uncaptured below, warming up again (the
     -- reducer forgets the buckets it launched into the dropped capture)
@@ -153,9 +260,13 @@ function Step:read()
   return self.stats:read(self.amp:state_tensor())
 end
 
--- graph_stats() -> nil without a graph, else {nodes, instantiations, updates, launches} (bertlua.train.graph)
+-- graph_stats() -> nil without a graph, else {nodes, instantiations, updates, launches, replays} (bertlua.train.graph)
+-- and captures (this step's), capture_reason (why the last one was made)
 function Step:graph_stats()
-  return self.graph and self.graph:stats() or nil
+  if not self.graph then return nil end
+  local s = self.graph:stats()
+  s.captures, s.capture_reason = self.captures, self.capture_reason
+  return s
 end
 
 return M
