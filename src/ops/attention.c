@@ -19,6 +19,7 @@
  * left operands in place). */
 #include "ops_internal.h"
 #include "device/dispatch.h"
+#include "transpose.h"
 #include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
@@ -133,17 +134,6 @@ OPX_ISA_DISPATCH(gemm_tn, GEMM_PARAMS, GEMM_ARGS, gemm_tn_v16, gemm_tn_v8, gemm_
 #undef GEMM_ARGS
 #undef GEMM_WIDTH
 
-/* dst[c*ld_dst + r] = src[r*ld_src + c] for an R x Cn block */
-static void transpose(int64_t R, int64_t Cn, const float *restrict src, int64_t ld_src, float *restrict dst,
-                      int64_t ld_dst) {
-  for (int64_t r0 = 0; r0 < R; r0 += 16)
-    for (int64_t c0 = 0; c0 < Cn; c0 += 16) {
-      int64_t r1 = r0 + 16 < R ? r0 + 16 : R, c1 = c0 + 16 < Cn ? c0 + 16 : Cn;
-      for (int64_t r = r0; r < r1; r++)
-        for (int64_t c = c0; c < c1; c++) dst[c * ld_dst + r] = src[r * ld_src + c];
-    }
-}
-
 /* out = keep ? p * dscale : 0 over n elements */
 OPX_BODY drop_rows_body(int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale,
                         float *restrict out) {
@@ -185,6 +175,24 @@ OPX_BODY softmax_row_body(int64_t S, float *restrict row, const float *restrict 
 OPX_ISA_FN(softmax_row, (int64_t S, float *restrict row, const float *restrict madd, float scale,
                          const uint8_t *restrict keep, float dscale, float *restrict pd),
            (S, row, madd, scale, keep, dscale, pd))
+
+/* Inference's row (no mask, no dropout), in place: row = exp(row * scale - max), unnormalised, and *inv =
+ * 1 / sum, which the caller applies to the row's context instead (d values, not S). Two passes over the
+ * row where softmax_row makes four; max(row) * scale is max(row * scale) exactly (scale > 0, rounding is
+ * monotonic), so only the exp argument's rounding (possibly one FMA) and where 1/sum is applied differ. */
+OPX_BODY softmax_exp_row_body(int64_t S, float *restrict row, float scale, float *inv) {
+  float mx = vm_row_max(S, row) * scale;
+  float acc[16] = {0}, sum = 0.0f;
+  int64_t j = 0;
+  for (; j + 16 <= S; j += 16) {
+    #pragma omp simd
+    for (int l = 0; l < 16; l++) { float e = vm_exp(row[j + l] * scale - mx); row[j + l] = e; acc[l] += e; }
+  }
+  for (; j < S; j++) { float e = vm_exp(row[j] * scale - mx); row[j] = e; sum += e; }
+  for (int l = 0; l < 16; l++) sum += acc[l];
+  *inv = 1.0f / sum;
+}
+OPX_ISA_FN(softmax_exp_row, (int64_t S, float *restrict row, float scale, float *inv), (S, row, scale, inv))
 
 /* Backward of one row, in place: ds holds dPdrop = dctx V^T on entry; the
  * dropout mask is applied (dP), then ds = P (dP - sum(dP P)) * scale. */
@@ -246,7 +254,7 @@ static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *
       int64_t b = bh / heads, h = bh % heads;
       const float *qb = mq.p + b * mq.sb + h * d, *kb = mk.p + b * mk.sb + h * d, *vb = mv.p + b * mv.sb + h * d;
       float *cb = mc.p + b * mc.sb + h * d, *pb = P + bh * S * S;
-      transpose(S, d, kb, mk.ss, kt, S);
+      opx_transpose(S, d, kb, mk.ss, kt, S);
       gemm_nn(S, S, d, qb, mq.ss, kt, S, pb, S, 0);
       if (keep) head_keep(seed, offset, bh, S, p, keep);
       for (int64_t i = 0; i < S; i++)
@@ -321,7 +329,8 @@ int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_ten
   {
     float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
     float *pr = malloc((size_t)(S * S > 0 ? S * S : 1) * sizeof(float));
-    int ok = kt && pr;
+    float *inv = malloc((size_t)(S > 0 ? S : 1) * sizeof(float));
+    int ok = kt && pr && inv;
     if (!ok) {
       #pragma omp atomic write
       oom = 1;
@@ -332,12 +341,15 @@ int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_ten
       if (!ok || n == 0) continue;
       const float *qb = mq.p + off[b] * mq.ss + h * d, *kb = mk.p + off[b] * mk.ss + h * d;
       const float *vb = mv.p + off[b] * mv.ss + h * d;
-      transpose(n, d, kb, mk.ss, kt, n);
+      opx_transpose(n, d, kb, mk.ss, kt, n);
       gemm_nn(n, n, d, qb, mq.ss, kt, n, pr, n, 0);
-      for (int64_t i = 0; i < n; i++) softmax_row(n, pr + i * n, NULL, sc, NULL, 1.0f, NULL);
-      gemm_nn(n, d, n, pr, n, vb, mv.ss, mc.p + off[b] * mc.ss + h * d, mc.ss, 0);
+      for (int64_t i = 0; i < n; i++) softmax_exp_row(n, pr + i * n, sc, inv + i);
+      float *cb = mc.p + off[b] * mc.ss + h * d;
+      gemm_nn(n, d, n, pr, n, vb, mv.ss, cb, mc.ss, 0);
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < d; c++) cb[i * mc.ss + c] *= inv[i];
     }
-    free(kt); free(pr);
+    free(kt); free(pr); free(inv);
   }
   if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
   opx_store(ctx, &mc.buf);
@@ -413,7 +425,7 @@ static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const 
         gemm_tn(S, d, S, pb, S, ob, mo.ss, dvb, mdv.ss, 0);
       }
       /* dP = dctx V^T, then the softmax backward row by row */
-      transpose(S, d, vb, mv.ss, vt, S);
+      opx_transpose(S, d, vb, mv.ss, vt, S);
       gemm_nn(S, S, d, ob, mo.ss, vt, S, ds, S, 0);
       for (int64_t i = 0; i < S; i++)
         softmax_bwd_row(S, ds + i * S, pb + i * S, keep ? keep + i * S : NULL, dscale, sc);

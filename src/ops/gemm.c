@@ -16,6 +16,7 @@
  * (opx_sgemm_packed), which then also applies bias and GELU to each C tile
  * as soon as its last K block is done. */
 #include "gemm.h"
+#include "transpose.h"
 #include "vecmath.h"
 #include <omp.h>
 #include <stdlib.h>
@@ -108,49 +109,16 @@ static float *pack_reserve(pack_buf *b, size_t n) {
 /* element (r, c) of op(X): X stored row-major with leading dim ld, transposed when t */
 #define AT(x, t, ld, r, c) ((t) ? (x)[(int64_t)(c) * (ld) + (r)] : (x)[(int64_t)(r) * (ld) + (c)])
 
-#if OPX_MULTI_ISA
-/* One full MR-row panel of a row-major A (not transposed): 4 x 4 blocks
- * transposed in SSE registers (baseline x86-64), row groups 0, 4, ... and a
- * last group ending at row MR that overlaps the one before when MR % 4 != 0
- * (it rewrites the same values). The element-wise copy read 14 rows a
- * stride apart per column: a row of the FFN's 3072 floats is 12 KB, so all
- * 14 fell in one L1 set and every read missed (2.6 % of a base forward).
- * Here each row is read line by line, in chunks of 64 columns whose part of
- * the panel stays in L1. */
-static void pack_a_rows(const float *a, int64_t lda, int mr, int64_t kb, float *dst) {
-  for (int64_t pc = 0; pc < kb; pc += 64) {
-    int64_t pe = pc + 64 < kb ? pc + 64 : kb, p4 = pc + (pe - pc) / 4 * 4;
-    for (int g = 0; g < mr; g += 4) {
-      int r = g + 4 <= mr ? g : mr - 4;
-      const float *s = a + r * lda;
-      for (int64_t p = pc; p < p4; p += 4) {
-        __m128 x0 = _mm_loadu_ps(s + p), x1 = _mm_loadu_ps(s + lda + p);
-        __m128 x2 = _mm_loadu_ps(s + 2 * lda + p), x3 = _mm_loadu_ps(s + 3 * lda + p);
-        _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
-        _mm_storeu_ps(dst + p * mr + r, x0);
-        _mm_storeu_ps(dst + (p + 1) * mr + r, x1);
-        _mm_storeu_ps(dst + (p + 2) * mr + r, x2);
-        _mm_storeu_ps(dst + (p + 3) * mr + r, x3);
-      }
-    }
-    for (int64_t p = p4; p < pe; p++)
-      for (int i = 0; i < mr; i++) dst[p * mr + i] = a[i * lda + p];
-  }
-}
-#endif
-
 /* rows [i0, i0+mb) x cols [p0, p0+kb) of op(A) into MR-row panels, zero-padded */
 static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64_t i0, int64_t mb, int64_t p0,
                    int64_t kb, float *dst) {
   int mr = g->mr;
   for (int64_t ir = 0; ir < mb; ir += mr, dst += mr * kb) {
     int64_t rows = mb - ir < mr ? mb - ir : mr;
-#if OPX_MULTI_ISA
-    if (!ta && rows == mr && mr >= 4) {
-      pack_a_rows(a + (i0 + ir) * lda + p0, lda, mr, kb, dst);
+    if (!ta && rows == mr) { /* a full panel of a row-major A: its transpose */
+      opx_transpose(mr, kb, a + (i0 + ir) * lda + p0, lda, dst, mr);
       continue;
     }
-#endif
     for (int64_t p = 0; p < kb; p++) {
       float *d = dst + p * mr;
       int64_t i = 0;
