@@ -103,19 +103,25 @@ static int load_key_mask(const char *op, const bl_tensor *m, int64_t b, int64_t 
 
 #define AG_NAME gemm_v16
 #define AG_LANES 16
+#define AG_MR 4
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
+#undef AG_MR
 #define AG_NAME gemm_v8
 #define AG_LANES 8
+#define AG_MR 6
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
+#undef AG_MR
 #define AG_NAME gemm_v4
 #define AG_LANES 4
+#define AG_MR 4
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
+#undef AG_MR
 
 /* gemm_nn: A as stored; gemm_tn: A transposed in place. Each ISA gets the
  * width it has: 16 lanes on AVX-512, 8 on AVX2, 4 on SSE. */
