@@ -50,7 +50,10 @@ static inline __attribute__((always_inline)) void AG_CAT(AG_NAME, _rows)(int R, 
       }
     }
     float *cp = C + i * ldc + j;
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) { AG_OUT(cp + r * ldc, c0[r]); AG_OUT(cp + r * ldc + L, c1[r]); }
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+      AG_OUT(cp + r * ldc, c0[r]);
+      AG_OUT(cp + r * ldc + L, c1[r]);
+    }
   }
   for (; j + L <= N; j += L) {
     AG_V c0[8];
