@@ -7,14 +7,14 @@
  * AVX-512 14 x 32 (28 accumulators + 2 B vectors + 1 broadcast = 31 of 32
  * zmm), AVX2+FMA 6 x 16 (12 + 2 + 1 of 16 ymm). The baseline path has no
  * kernel of its own (callers fall back to OpenBLAS). Threads share the packed
- * B block and split the MC blocks of A (and the NR panels when A has too few
- * rows, as at batch 1). Pack buffers are kept per thread and grow only, so a
- * steady workload allocates nothing per call.
+ * B block and split A into even row blocks of at most MC rows (and the NR
+ * panels when A has too few rows, as at batch 1). Pack buffers are kept per
+ * thread and grow only, so a steady workload allocates nothing per call.
  *
  * For inference a weight can be packed once (opx_pack_b: every KC x NC block
  * of B laid out as the driver reads it) and reused by every call
  * (opx_sgemm_packed), which then also applies bias and GELU to each C tile
- * as soon as its last K block is done. */
+ * as soon as its last K block is done, with no barrier between K blocks. */
 #include "gemm.h"
 #include "transpose.h"
 #include "vecmath.h"
