@@ -20,6 +20,7 @@
 #include "ops_internal.h"
 #include "bl_ops.h"
 #include "device/dispatch.h"
+#include "transpose.h"
 #include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
@@ -103,19 +104,25 @@ static int load_key_mask(const char *op, const bl_tensor *m, int64_t b, int64_t 
 
 #define AG_NAME gemm_v16
 #define AG_LANES 16
+#define AG_MR 4
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
+#undef AG_MR
 #define AG_NAME gemm_v8
 #define AG_LANES 8
+#define AG_MR 6
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
+#undef AG_MR
 #define AG_NAME gemm_v4
 #define AG_LANES 4
+#define AG_MR 4
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
+#undef AG_MR
 
 /* gemm_nn: A as stored; gemm_tn: A transposed in place. Each ISA gets the
  * width it has: 16 lanes on AVX-512, 8 on AVX2, 4 on SSE. */
@@ -133,17 +140,6 @@ OPX_ISA_DISPATCH(gemm_tn, GEMM_PARAMS, GEMM_ARGS, gemm_tn_v16, gemm_tn_v8, gemm_
 #undef GEMM_PARAMS
 #undef GEMM_ARGS
 #undef GEMM_WIDTH
-
-/* dst[c*ld_dst + r] = src[r*ld_src + c] for an R x Cn block */
-static void transpose(int64_t R, int64_t Cn, const float *restrict src, int64_t ld_src, float *restrict dst,
-                      int64_t ld_dst) {
-  for (int64_t r0 = 0; r0 < R; r0 += 16)
-    for (int64_t c0 = 0; c0 < Cn; c0 += 16) {
-      int64_t r1 = r0 + 16 < R ? r0 + 16 : R, c1 = c0 + 16 < Cn ? c0 + 16 : Cn;
-      for (int64_t r = r0; r < r1; r++)
-        for (int64_t c = c0; c < c1; c++) dst[c * ld_dst + r] = src[r * ld_src + c];
-    }
-}
 
 /* out = keep ? p * dscale : 0 over n elements */
 OPX_BODY drop_rows_body(int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale,
@@ -187,6 +183,24 @@ OPX_ISA_FN(softmax_row, (int64_t S, float *restrict row, const float *restrict m
                          const uint8_t *restrict keep, float dscale, float *restrict pd),
            (S, row, madd, scale, keep, dscale, pd))
 
+/* Inference's row (no mask, no dropout), in place: row = exp(row * scale - max), unnormalised, and *inv =
+ * 1 / sum, which the caller applies to the row's context instead (d values, not S). Two passes over the
+ * row where softmax_row makes four; max(row) * scale is max(row * scale) exactly (scale > 0, rounding is
+ * monotonic), so only the exp argument's rounding (possibly one FMA) and where 1/sum is applied differ. */
+OPX_BODY softmax_exp_row_body(int64_t S, float *restrict row, float scale, float *inv) {
+  float mx = vm_row_max(S, row) * scale;
+  float acc[16] = {0}, sum = 0.0f;
+  int64_t j = 0;
+  for (; j + 16 <= S; j += 16) {
+    #pragma omp simd
+    for (int l = 0; l < 16; l++) { float e = vm_exp(row[j + l] * scale - mx); row[j + l] = e; acc[l] += e; }
+  }
+  for (; j < S; j++) { float e = vm_exp(row[j] * scale - mx); row[j] = e; sum += e; }
+  for (int l = 0; l < 16; l++) sum += acc[l];
+  *inv = 1.0f / sum;
+}
+OPX_ISA_FN(softmax_exp_row, (int64_t S, float *restrict row, float scale, float *inv), (S, row, scale, inv))
+
 /* Backward of one row, in place: ds holds dPdrop = dctx V^T on entry; the
  * dropout mask is applied (dP), then ds = P (dP - sum(dP P)) * scale. */
 OPX_BODY softmax_bwd_row_body(int64_t S, float *restrict ds, const float *restrict pr,
@@ -221,12 +235,20 @@ static void head_keep(uint64_t seed, uint64_t offset, int64_t bh, int64_t S, int
 
 /* One (sequence, head) item of the forward over n tokens: probabilities into pb [n, n] (before dropout), context
  * into cb. kt, pd, keep: per-thread scratch of d*n, n*n, n*n (pd and keep NULL without dropout; keep filled by the
- * caller). madd: additive key mask [n] or NULL. */
+ * caller). madd: additive key mask [n] or NULL. inv: scratch of n for packed inference (no mask, no dropout, the
+ * probabilities not kept), which normalises the context rows instead of the probability rows; else NULL. */
 static void head_forward(int64_t n, int64_t d, const float *qb, int64_t ldq, const float *kb, int64_t ldk,
                          const float *vb, int64_t ldv, float *cb, int64_t ldc, float *pb, const float *madd, float sc,
-                         const uint8_t *keep, float dscale, float *kt, float *pd) {
-  transpose(n, d, kb, ldk, kt, n);
+                         const uint8_t *keep, float dscale, float *kt, float *pd, float *inv) {
+  opx_transpose(n, d, kb, ldk, kt, n);
   gemm_nn(n, n, d, qb, ldq, kt, n, pb, n, 0);
+  if (inv) {
+    for (int64_t i = 0; i < n; i++) softmax_exp_row(n, pb + i * n, sc, inv + i);
+    gemm_nn(n, d, n, pb, n, vb, ldv, cb, ldc, 0);
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t c = 0; c < d; c++) cb[i * ldc + c] *= inv[i];
+    return;
+  }
   for (int64_t i = 0; i < n; i++)
     softmax_row(n, pb + i * n, madd, sc, keep ? keep + i * n : NULL, dscale, pd ? pd + i * n : NULL);
   gemm_nn(n, d, n, pd ? pd : pb, n, vb, ldv, cb, ldc, 0);
@@ -246,7 +268,7 @@ static void head_backward(int64_t n, int64_t d, const float *qb, int64_t ldq, co
     gemm_tn(n, d, n, pb, n, ob, ldo, dvb, lddv, 0);
   }
   /* dP = dctx V^T, then the softmax backward row by row */
-  transpose(n, d, vb, ldv, vt, n);
+  opx_transpose(n, d, vb, ldv, vt, n);
   gemm_nn(n, n, d, ob, ldo, vt, n, ds, n, 0);
   for (int64_t i = 0; i < n; i++) softmax_bwd_row(n, ds + i * n, pb + i * n, keep ? keep + i * n : NULL, dscale, sc);
   gemm_nn(n, d, n, ds, n, kb, ldk, dqb, lddq, 0);
@@ -333,8 +355,9 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
     size_t ss = (size_t)(S * S > 0 ? S * S : 1);
     float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
     float *pr = probs ? NULL : malloc(ss * sizeof(float)), *pd = p > 0 ? malloc(ss * sizeof(float)) : NULL;
+    float *inv = ps->off && !probs && p <= 0 ? malloc((size_t)(S > 0 ? S : 1) * sizeof(float)) : NULL;
     uint8_t *keep = p > 0 ? malloc(ss) : NULL;
-    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep));
+    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (inv || !ps->off || probs || p > 0);
     if (!ok) {
       #pragma omp atomic write
       oom = 1;
@@ -346,9 +369,9 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
       float *pb = probs ? (float *)probs->data + seq_probs(ps, b, heads) + h * n * n : pr;
       if (keep) head_keep(seed, offset, bh, seq, n, p, keep);
       head_forward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
-                   seq_at(&mc, ps, b) + c, mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale, kt, pd);
+                   seq_at(&mc, ps, b) + c, mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale, kt, pd, inv);
     }
-    free(kt); free(pr); free(pd); free(keep);
+    free(kt); free(pr); free(pd); free(inv); free(keep);
   }
   if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
   opx_store(ctx, &mc.buf);
@@ -359,7 +382,8 @@ done:
 
 /* Inference attention over packed sequences: q, k, v, ctx [1, T, H] hold the real tokens of B sequences back to
  * back (sequence b is tokens off[b] .. off[b+1]-1); each attends to its own tokens only. This is the padded op
- * with its masked keys left out: there their probabilities underflow to 0, so only the summation order differs. */
+ * with its masked keys left out: there their probabilities underflow to 0, so only the summation order
+ * differs, and that 1/sum scales the context rows (head_forward's inv) instead of the probabilities. */
 int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
                                 const bl_tensor *offsets, int heads, double scale) {
   return bl_attention_forward_packed_train(ctx, NULL, q, k, v, offsets, heads, scale, 0, 0.0, 0, 0);

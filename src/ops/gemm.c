@@ -7,15 +7,16 @@
  * AVX-512 14 x 32 (28 accumulators + 2 B vectors + 1 broadcast = 31 of 32
  * zmm), AVX2+FMA 6 x 16 (12 + 2 + 1 of 16 ymm). The baseline path has no
  * kernel of its own (callers fall back to OpenBLAS). Threads share the packed
- * B block and split the MC blocks of A (and the NR panels when A has too few
- * rows, as at batch 1). Pack buffers are kept per thread and grow only, so a
- * steady workload allocates nothing per call.
+ * B block and split A into even row blocks of at most MC rows (and the NR
+ * panels when A has too few rows, as at batch 1). Pack buffers are kept per
+ * thread and grow only, so a steady workload allocates nothing per call.
  *
  * For inference a weight can be packed once (opx_pack_b: every KC x NC block
  * of B laid out as the driver reads it) and reused by every call
  * (opx_sgemm_packed), which then also applies bias and GELU to each C tile
- * as soon as its last K block is done. */
+ * as soon as its last K block is done, with no barrier between K blocks. */
 #include "gemm.h"
+#include "transpose.h"
 #include "vecmath.h"
 #include <omp.h>
 #include <stdlib.h>
@@ -114,6 +115,10 @@ static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64
   int mr = g->mr;
   for (int64_t ir = 0; ir < mb; ir += mr, dst += mr * kb) {
     int64_t rows = mb - ir < mr ? mb - ir : mr;
+    if (!ta && rows == mr) { /* a full panel of a row-major A: its transpose */
+      opx_transpose(mr, kb, a + (i0 + ir) * lda + p0, lda, dst, mr);
+      continue;
+    }
     for (int64_t p = 0; p < kb; p++) {
       float *d = dst + p * mr;
       int64_t i = 0;
@@ -228,6 +233,63 @@ static int64_t pre_offset(const gemm_cfg *g, int64_t k, int64_t j0, int64_t p0, 
   return j0 * k + p0 * npanels * g->nr;
 }
 
+/* The row blocks of A: whole MR panels, at most MC rows each, as even as
+ * possible and, when there are at least as many as threads, a multiple of
+ * the thread count, so that the static schedule gives the threads equal
+ * rows to within one panel per block. (MC-row blocks and a short last one
+ * left one of 2 threads idle for 3-7 % of every GEMM at T = 3584 or 2688
+ * tokens.) */
+typedef struct row_blocks {
+  int64_t n, panels;
+  int mr;
+} row_blocks;
+
+static row_blocks split_rows(const gemm_cfg *g, int64_t m, int nthreads) {
+  int64_t panels = (m + g->mr - 1) / g->mr, per = g->mc / g->mr, n = (panels + per - 1) / per;
+  if (n >= nthreads) n = (n + nthreads - 1) / nthreads * nthreads;
+  return (row_blocks){ n, panels, g->mr };
+}
+
+/* rows [*i0, *i0 + *mb) of block b (m rows in all) */
+static void row_block(const row_blocks *rb, int64_t m, int64_t b, int64_t *i0, int64_t *mb) {
+  int64_t r0 = b * rb->panels / rb->n * rb->mr, r1 = (b + 1) * rb->panels / rb->n * rb->mr;
+  *i0 = r0;
+  *mb = (r1 < m ? r1 : m) - r0;
+}
+
+/* One pass's task t: a row block x a chunk of `per` NR panels of the B block bblk (k rows [p0, p0 + kb),
+ * columns [j0, j0 + nb)); A's block is packed unless *packed_blk says this thread already holds it. */
+typedef struct pass {
+  const gemm_cfg *g;
+  const float *a, *bblk;
+  int64_t lda, p0, kb, j0, nb, npanels, nsplit, per, ldc;
+  int ta;
+  float beta;
+  float *c;
+  const epilogue *ep;
+} pass;
+
+static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t t, float *apack, int64_t *packed_blk) {
+  const gemm_cfg *g = ps->g;
+  int64_t blk = t / ps->nsplit, i0, mb;
+  row_block(rb, m, blk, &i0, &mb);
+  if (mb <= 0) return;
+  if (blk != *packed_blk) {
+    pack_a(g, ps->a, ps->lda, ps->ta, i0, mb, ps->p0, ps->kb, apack);
+    *packed_blk = blk;
+  }
+  int64_t jp0 = t % ps->nsplit * ps->per, jp1 = jp0 + ps->per < ps->npanels ? jp0 + ps->per : ps->npanels;
+  for (int64_t jp = jp0; jp < jp1; jp++) {
+    int64_t jj = jp * g->nr, cols = ps->nb - jj < g->nr ? ps->nb - jj : g->nr;
+    const float *bias = ps->ep && ps->ep->bias ? ps->ep->bias + ps->j0 + jj : NULL;
+    for (int64_t ir = 0; ir < mb; ir += g->mr) {
+      int64_t rows = mb - ir < g->mr ? mb - ir : g->mr;
+      tile(g, ps->kb, apack + ir * ps->kb, ps->bblk + jp * g->nr * ps->kb, ps->c + (i0 + ir) * ps->ldc + ps->j0 + jj,
+           ps->ldc, rows, cols, ps->beta, ps->ep, bias);
+    }
+  }
+}
+
 static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                  const bsource *bs, float beta, float *c, int64_t ldc, const epilogue *ep) {
   int64_t ncb = n < g->nc ? n : g->nc, kcb = k < g->kc ? k : g->kc;
@@ -238,6 +300,7 @@ static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, con
   }
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)k < 4e6) nthreads = 1; /* too small to pay a fork */
+  row_blocks rb = split_rows(g, m, nthreads);
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -249,36 +312,38 @@ static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, con
 #pragma omp barrier
     for (int64_t j0 = 0; j0 < n && !failed; j0 += g->nc) {
       int64_t nb = n - j0 < g->nc ? n - j0 : g->nc, npanels = (nb + g->nr - 1) / g->nr;
+      /* tasks: a row block x a chunk of NR panels, enough for every thread */
+      int64_t nsplit = 1;
+      while (rb.n * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
+      int64_t ntasks = rb.n * nsplit;
       for (int64_t p0 = 0; p0 < k; p0 += g->kc) {
-        int64_t kb = k - p0 < g->kc ? k - p0 : g->kc;
-        float bt = p0 == 0 ? beta : 1.0f;
-        const epilogue *epk = p0 + kb == k ? ep : NULL;
-        const float *bblk = bs->pre ? bs->pre + pre_offset(g, k, j0, p0, npanels) : bpack;
-        if (!bs->pre) {
+        int64_t kb = k - p0 < g->kc ? k - p0 : g->kc, packed_blk = -1;
+        pass ps = { .g = g,
+                    .a = a,
+                    .lda = lda,
+                    .ta = ta,
+                    .p0 = p0,
+                    .kb = kb,
+                    .j0 = j0,
+                    .nb = nb,
+                    .npanels = npanels,
+                    .nsplit = nsplit,
+                    .per = (npanels + nsplit - 1) / nsplit,
+                    .beta = p0 == 0 ? beta : 1.0f,
+                    .c = c,
+                    .ldc = ldc,
+                    .ep = p0 + kb == k ? ep : NULL,
+                    .bblk = bs->pre ? bs->pre + pre_offset(g, k, j0, p0, npanels) : bpack };
+        if (bs->pre) {
+          /* B is read-only, and each pass of this j0 block has the same tasks, which the static schedule gives
+           * to the same threads: a thread's next K pass only adds to its own tiles, so no barrier between. */
+#pragma omp for schedule(static) nowait
+          for (int64_t t = 0; t < ntasks; t++) run_task(&ps, &rb, m, t, apack, &packed_blk);
+        } else {
 #pragma omp for schedule(static)
           for (int64_t jp = 0; jp < npanels; jp++) pack_b_panel(g, bs->b, bs->ldb, bs->tb, p0, kb, j0, nb, jp, bpack);
-        }
-        /* tasks: an MC block of rows x a chunk of NR panels, enough for every thread */
-        int64_t nblk = (m + g->mc - 1) / g->mc, nsplit = 1;
-        while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
-        int64_t per = (npanels + nsplit - 1) / nsplit, packed_blk = -1;
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < nblk * nsplit; t++) {
-          int64_t blk = t / nsplit, i0 = blk * g->mc, mb = m - i0 < g->mc ? m - i0 : g->mc;
-          if (blk != packed_blk) {
-            pack_a(g, a, lda, ta, i0, mb, p0, kb, apack);
-            packed_blk = blk;
-          }
-          int64_t jp1 = (t % nsplit + 1) * per < npanels ? (t % nsplit + 1) * per : npanels;
-          for (int64_t jp = t % nsplit * per; jp < jp1; jp++) {
-            int64_t jj = jp * g->nr, cols = nb - jj < g->nr ? nb - jj : g->nr;
-            const float *bias = epk && epk->bias ? epk->bias + j0 + jj : NULL;
-            for (int64_t ir = 0; ir < mb; ir += g->mr) {
-              int64_t rows = mb - ir < g->mr ? mb - ir : g->mr;
-              tile(g, kb, apack + ir * kb, bblk + jp * g->nr * kb, c + (i0 + ir) * ldc + j0 + jj, ldc, rows, cols, bt,
-                   epk, bias);
-            }
-          }
+          for (int64_t t = 0; t < ntasks; t++) run_task(&ps, &rb, m, t, apack, &packed_blk);
         }
       }
     }
