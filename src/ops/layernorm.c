@@ -366,41 +366,15 @@ int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd
   return ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset);
 }
 
-int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                   const bl_tensor *residual, const bl_tensor *gamma,
-                                   const bl_tensor *mean, const bl_tensor *rstd,
-                                   double p, uint64_t seed, uint64_t offset) {
-  const char *op = "residual_layernorm_backward";
-  BL_CHECK(check_ln(op, x, gamma, NULL, mean, rstd));
-  BL_CHECK(check_same(op, residual, "residual", x));
-  BL_CHECK(check_same(op, dy, "grad_output", x));
-  BL_CHECK(check_same(op, dx, "grad_input", x));
-  if (dresidual) BL_CHECK(check_same(op, dresidual, "grad_residual", x));
-  if (dgamma) BL_CHECK(check_same(op, dgamma, "grad_gamma", gamma));
-  if (dbeta) BL_CHECK(check_same(op, dbeta, "grad_beta", gamma));
-  if (dbias) BL_CHECK(check_same(op, dbias, "grad_bias", gamma));
-  BL_CHECK(opx_check_p(op, p));
-  int dev;
-  const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd};
-  BL_CHECK(opx_device(op, 11, ts, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA(op, dev,
-                      bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma,
-                                                          mean, rstd, p, seed, offset));
-  return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd, p,
-                         seed, offset);
-}
-
-int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                       bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
-                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                       const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                       uint64_t offset) {
-  const char *op = "residual_layernorm_backward_out";
+/* Both residual backward entries: xhat from y (with beta) when y is given, else from x and residual. */
+static int residual_ln_backward(const char *op, bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y,
+                                const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
+                                const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd, double p,
+                                uint64_t seed, uint64_t offset) {
   BL_CHECK(check_ln(op, x, gamma, beta, mean, rstd));
   BL_CHECK(check_same(op, residual, "residual", x));
-  BL_CHECK(check_same(op, y, "output", x));
+  if (y) BL_CHECK(check_same(op, y, "output", x));
   BL_CHECK(check_same(op, dy, "grad_output", x));
   BL_CHECK(check_same(op, dx, "grad_input", x));
   if (dresidual) BL_CHECK(check_same(op, dresidual, "grad_residual", x));
@@ -411,10 +385,33 @@ int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_t
   int dev;
   const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd};
   BL_CHECK(opx_device(op, 13, ts, &dev));
-  if (dev >= 0)
+  if (dev >= 0 && y)
     return BL_ON_CUDA(op, dev,
                       bl_cuda_residual_layernorm_backward_out(dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual,
                                                               gamma, beta, mean, rstd, p, seed, offset));
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev,
+                      bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma,
+                                                          mean, rstd, p, seed, offset));
   return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p,
                          seed, offset);
+}
+
+int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
+                                   const bl_tensor *residual, const bl_tensor *gamma,
+                                   const bl_tensor *mean, const bl_tensor *rstd,
+                                   double p, uint64_t seed, uint64_t offset) {
+  return residual_ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x,
+                              residual, gamma, NULL, mean, rstd, p, seed, offset);
+}
+
+int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                       bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
+                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+                                       const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
+                                       uint64_t offset) {
+  if (!y) return BL_ERR("residual_layernorm_backward_out: output is NULL");
+  return residual_ln_backward("residual_layernorm_backward_out", dx, dresidual, dgamma, dbeta, dbias, dy, y, x,
+                              residual, gamma, beta, mean, rstd, p, seed, offset);
 }
