@@ -32,6 +32,7 @@
 // attn_bwd_q grid (ceil(S/BQ), B*heads). Same dS for its query tile over all
 //            key tiles; dQ += dS k. Two passes instead of atomics: dq, dk, dv
 //            are written exactly once, deterministic.
+#include <algorithm>
 #include "attention_tc.cuh"
 #include "philox.cuh"
 
@@ -48,6 +49,8 @@ struct attn_args {
   bsh q, k, v, o, dout;     // o = ctx
   bsh dq, dk, dv;
   const float *madd;        // [B, S] additive key mask or NULL
+  const int *klive;         // [B] keys the tensor-core kernels visit per row (mask_rows), with madd
+  int *cost_slot;           // the step-time model's count of those keys (recording only) or NULL
   float *lse;               // [B*heads, S]
   float *dsum;              // [B*heads, S] (backward)
   int64_t S, heads, d;
@@ -287,9 +290,29 @@ __global__ void __launch_bounds__(NT) attn_bwd_q(attn_args a) {
   }
 }
 
-__global__ void mask_add(const float *m, float *out, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    out[i] = (float)((1.0 - (double)m[i]) * -10000.0);
+// One block per row b of the [B, S] key mask m: the additive mask (1 - m) * -10000 of its keys, and live[b], the
+// keys the tensor-core kernels visit: up to the end of the key tile holding the row's last key with m > 0 (NaN
+// counts as such), all S when no key has one. A key past that has m <= 0, an additive mask of -10000 or less, and
+// its probability exp(score - 10000 - lse) is exactly 0 in f32 unless its score beats the row's best visited one
+// by ~9,900: skipping its tile changes nothing. rec (while the step-time model records): += live[b].
+__global__ void mask_rows(const float *m, float *out, int *live, int *rec, int64_t S) {
+  __shared__ int last;
+  if (threadIdx.x == 0) last = -1;
+  __syncthreads();
+  const int64_t base = blockIdx.x * S;
+  int mine = -1;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    const float v = m[base + j];
+    out[base + j] = (float)((1.0 - (double)v) * -10000.0);
+    if (!(v <= 0.0f)) mine = (int)j;
+  }
+  if (mine >= 0) atomicMax(&last, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int64_t n = last < 0 ? S : std::min<int64_t>(S, ((int64_t)last / kTcKeyTile + 1) * kTcKeyTile);
+    live[blockIdx.x] = (int)n;
+    if (rec) atomicAdd(rec, (int)n);
+  }
 }
 
 // An operand in place (f32, unit stride in H) or through a contiguous scratch.
@@ -353,17 +376,19 @@ int check_mask(const char *op, const bl_tensor *key_mask, int64_t B, int64_t S) 
   return 0;
 }
 
-// The additive mask (1 - m) * -10000 of the n = batch*seq key_mask values
-// into *madd, for a->madd; *bm holds the loaded mask (both the caller's, so
-// they live as long as the launches that use them).
-int load_mask(const char *op, int dev, const bl_tensor *key_mask, int64_t n, cu_buf *bm, cu_mem *madd, attn_args *a) {
+// The additive mask (1 - m) * -10000 of the [B, S] key_mask and the keys to visit per row (mask_rows) into
+// *madd, for a->madd and a->klive; *bm holds the loaded mask (both the caller's, so they live as long as the
+// launches that use them).
+int load_mask(const char *op, int dev, const bl_tensor *key_mask, int64_t B, int64_t S, cu_buf *bm, cu_mem *madd,
+              attn_args *a) {
   BL_CHECK(cu_load(op, key_mask, bm));
-  BL_CHECK(madd->alloc(op, dev, (size_t)n * sizeof(float)));
-  cu_cost_kernel(dev, "attention", "mask_add", 8.0 * n);
-  mask_add<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(bm->p, madd->as<float>(), n);
-  BL_CHECK(cu_launched(op, dev));
+  BL_CHECK(madd->alloc(op, dev, (size_t)(B * S + B) * sizeof(float)));
   a->madd = madd->as<float>();
-  return 0;
+  a->klive = (const int *)(a->madd + B * S);
+  a->cost_slot = cu_cost_slot(dev);
+  cu_cost_kernel(dev, "attention", "mask_rows", 8.0 * B * S + 4.0 * B);
+  mask_rows<<<(unsigned)B, 256, 0, cu_stream(dev)>>>(bm->p, madd->as<float>(), (int *)a->klive, a->cost_slot, S);
+  return cu_launched(op, dev);
 }
 
 // Cost of an attention kernel over B*heads (S x S) tiles: `macs` S^2*d multiply-adds on the f32 SIMT units, reading
@@ -378,7 +403,7 @@ void attn_cost(int dev, const char *name, const attn_args &a, int64_t B, int mac
 tc_args tc_common(const attn_args &a, const bl_tensor *q) {
   tc_args t;
   memset(&t, 0, sizeof t);
-  t.madd = a.madd; t.lse = a.lse; t.dsum = a.dsum;
+  t.madd = a.madd; t.klive = a.klive; t.cost_slot = a.cost_slot; t.lse = a.lse; t.dsum = a.dsum;
   t.S = a.S; t.heads = a.heads; t.d = (int)a.d; t.dtype = q->dtype;
   t.scale = a.scale; t.p = a.p; t.dscale = a.dscale; t.seed = a.seed; t.offset = a.offset;
   return t;
@@ -412,7 +437,7 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
   cu_mem madd;
   const bl_tensor *tcs[] = {q, k, v, ctx};
   if (attn_tc_eligible(dev, a.d, 4, tcs)) {
-    if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B * S, &bm, &madd, &a));
+    if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B, S, &bm, &madd, &a));
     tc_args t = tc_common(a, q);
     t.q = tc_at(q); t.k = tc_at(k); t.v = tc_at(v); t.o = tc_at(ctx);
     return attn_tc_forward(op, dev, t, B);
@@ -423,7 +448,7 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
   BL_CHECK(op_load(op, v, &ov));
   BL_CHECK(op_out(op, ctx, &oc));
   a.q = oq.v; a.k = ok.v; a.v = ov.v; a.o = oc.v;
-  if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B * S, &bm, &madd, &a));
+  if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B, S, &bm, &madd, &a));
   const int dp = (int)a.d + 1;
   size_t smem = (size_t)(BQ * dp + 2 * BK * dp + BQ * (BK + 1)) * sizeof(float);
   dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)(B * heads));
@@ -455,7 +480,7 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
   // the same key mask as the forward (the CPU op has it baked into probs).
   cu_buf bm;
   cu_mem madd;
-  if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B * S, &bm, &madd, &a));
+  if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B, S, &bm, &madd, &a));
   cu_mem dsum;
   int64_t rows = B * heads * S;
   BL_CHECK(dsum.alloc(op, dev, (size_t)rows * sizeof(float)));

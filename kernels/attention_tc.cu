@@ -19,6 +19,10 @@
 //               an f32 accumulator that only this CTA touches, in a fixed order: 5 S^2 d multiply-adds, deterministic, no atomics. The last key tile writes dQ, or, split,
 //               the split's f32 partial, which attn_tc_dq_sum adds in split order (small batches fill the GPU).
 //
+// Padding: with a key mask, a row's key tiles past a.klive[b] (all their keys masked out, see mask_rows in
+// attention.cu) are not visited: their probabilities are exactly 0, so they add nothing to O, l, dQ, and their
+// dK, dV rows are written as zeros. A batch padded at its tail skips its padded tiles this way.
+//
 // Occupancy (scripts/ptxas_check.sh prints the registers; dynamic shared memory is fwd_smem / bwd_smem below):
 // forward d = 32/64/128 uses 150/180/222 registers (sm_90) and 25/45/85 KB, backward 252/242/255 and 39/41/54 KB
 // (+ 4 KB for D when S <= 1024),
@@ -33,7 +37,7 @@ namespace {
 
 const int NW = 4, NT = 32 * NW;   // warps, threads per CTA
 const int BM = 64;                // query rows per forward CTA (16 per warp)
-const int BN = 64;                // keys per tile (16 per warp in the backward)
+const int BN = kTcKeyTile;        // keys per tile (16 per warp in the backward)
 const int PAD = 8;                // elements of padding per shared row: 16-byte rows, conflict-free ldmatrix
 const int kDsumLocal = 1024;      // longest S whose D = rowsum(dO o O) the backward keeps in shared memory (4 KB)
 const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
@@ -125,6 +129,17 @@ template <class T> __device__ __forceinline__ T *head(const tc_view &v, int64_t 
   return (T *)v.p + b * v.sb + h * d;
 }
 
+// Zeros into rows [r0, r1) of a head's D columns of dK and dV (16-byte rows: view_ok), by the whole CTA.
+template <int D, class T>
+__device__ __forceinline__ void zero_keys(T *dk, int64_t dks, T *dv, int64_t dvs, int64_t r0, int64_t r1) {
+  const int CH = D / 8;
+  for (int64_t i = threadIdx.x; i < (r1 - r0) * CH; i += NT) {
+    const int64_t r = r0 + i / CH, c = (i % CH) * 8;
+    *(uint4 *)(dk + r * dks + c) = make_uint4(0u, 0u, 0u, 0u);
+    *(uint4 *)(dv + r * dvs + c) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 // Dropout: element (q, k) of head bh uses Philox call offset + (bh*S + q)*ceil(S/4) + k/4, output k%4 (every row
 // starts a call, so a call's four outputs are four adjacent keys of one row). keep when u >= p (philox.cuh).
 __device__ __forceinline__ uint64_t drop_call(const tc_args &a, int64_t bh, int64_t q, int64_t k) {
@@ -175,7 +190,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
   const T *qg = head<T>(a.q, b, h, D), *kg = head<T>(a.k, b, h, D), *vg = head<T>(a.v, b, h, D);
   const float *madd = a.madd ? a.madd + b * S : nullptr;
   const float sl2 = a.scale * LOG2E;
-  const int nk = (int)((S + BN - 1) / BN);
+  const int nk = (int)(((madd ? a.klive[b] : S) + BN - 1) / BN);   // the key tiles to visit
 
   load_rows<D>(Qs, qg, a.q.ss, q0, BM, S);
   load_rows<D>(Ks, kg, a.k.ss, 0, BN, S);
@@ -321,14 +336,21 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
     }
   }
   // this CTA's key tiles [kt0, kt1): split blockIdx.x of gridDim.x; with one split dQ is written here, with more
-  // each split leaves its partial dQ in its own f32 slice of dqacc for attn_tc_dq_sum
+  // each split leaves its partial dQ in its own f32 slice of dqacc for attn_tc_dq_sum. Tiles from kv on are
+  // masked out: not visited, their dK, dV rows zeroed below (kv >= 1: a row visits at least one tile).
   const int nk = (int)((S + BN - 1) / BN), nq = (int)((S + BQ - 1) / BQ), per = (nk + gridDim.x - 1) / gridDim.x;
-  const int kt0 = blockIdx.x * per, kt1 = min(nk, kt0 + per), steps = (kt1 - kt0) * nq;
+  const int kv = madd ? (a.klive[b] + BN - 1) / BN : nk;
+  const int kt0 = blockIdx.x * per, kt1 = min(nk, kt0 + per), ktv = max(kt0, min(kt1, kv)), steps = (ktv - kt0) * nq;
   const bool direct = gridDim.x == 1;
   float *dqacc = a.dqacc ? a.dqacc + ((int64_t)blockIdx.x * gridDim.y + bh) * S * D : nullptr;
+  const int64_t kend = (int64_t)kt1 * BN < S ? (int64_t)kt1 * BN : S;
+  zero_keys<D>(dkg, a.dk.ss, dvg, a.dv.ss, (int64_t)ktv * BN, kend);
+  if (steps == 0 && !direct)   // a split with no tile to visit adds zeros to dQ
+    for (int64_t i = threadIdx.x; i < (int64_t)S * D; i += NT) dqacc[i] = 0.0f;
   const float sl2 = a.scale * LOG2E;
   const int mt = warp % MT, c0 = (warp / MT) * DW;   // this warp's dQ block: rows 16*mt of the step, DW columns
 
+  if (steps == 0) return;
   load_rows<D>(Qs, qg, a.q.ss, 0, BQ, S);
   load_rows<D>(Os, dog, a.dout.ss, 0, BQ, S);
   ptx::cp_async_commit();
@@ -416,7 +438,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
       for (int np = 0; np < DW / 16; np++) mma_b<true, LD>(&dq[2 * np], da, Ks, kk * 16, c0 + np * 16);
     }
     // dQ accumulates over key tiles in f32, always by this lane for these elements: ordered, no atomics
-    const bool first = kt == kt0, last = kt == kt1 - 1;
+    const bool first = kt == kt0, last = kt == ktv - 1;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int q = qs0 + mt * 16 + g + 8 * r;
@@ -477,17 +499,25 @@ template <class K> int launch(const char *op, int dev, K kernel, dim3 grid, size
   return cu_launched(op, dev);
 }
 
-// Minimum traffic and tensor-core FLOPs of a launch over B*heads heads: `nio` 16-bit [B,S,H] operands moved,
-// `nrow` f32 values per row (lse, dsum), the additive mask, `extra` bytes, and `macs` S^2 d multiply-adds.
-void tc_cost(int dev, const char *name, const tc_args &a, int64_t B, int macs, int nio, int nrow, double extra = 0) {
+// Minimum traffic and tensor-core FLOPs of a launch over B*heads heads: `nio` 16-bit [B,S,H] operands moved whole
+// and `nkv` moved for the visited keys only (K, V), `nrow` f32 values per row (lse, dsum), the additive mask,
+// `extra` bytes, and `macs` S d multiply-adds per visited key and head. The visited keys are a count on the device
+// (a.cost_slot, written by mask_rows) while the model records, else (or without a mask) all B*S keys.
+void tc_cost(int dev, const char *name, const tc_args &a, int64_t B, int macs, int nio, int nkv, int nrow,
+             double extra = 0) {
   const double rows = (double)B * a.heads * a.S, elems = rows * a.d;
   const double bytes = 2.0 * nio * elems + 4.0 * nrow * rows + (a.madd ? 4.0 * B * a.S : 0.0) + extra;
-  cu_cost_kernel(dev, "attention", name, bytes, 2.0 * macs * rows * a.S * a.d, macs ? BL_ENGINE_TC16 : BL_ENGINE_MEM);
+  const double key_bytes = 2.0 * nkv * a.heads * a.d, key_flops = 2.0 * macs * a.heads * a.S * a.d;
+  const int engine = macs ? BL_ENGINE_TC16 : BL_ENGINE_MEM;
+  if (a.madd && a.cost_slot && (nkv || macs))
+    cu_cost_kernel_per(dev, "attention", name, bytes, 0.0, engine, a.cost_slot, key_bytes, key_flops);
+  else
+    cu_cost_kernel(dev, "attention", name, bytes + key_bytes * B * a.S, key_flops * B * a.S, engine);
 }
 
 template <class T> int forward_t(const char *op, int dev, const tc_args &a, int64_t B) {
   const dim3 grid((unsigned)((a.S + BM - 1) / BM), (unsigned)(B * a.heads));
-  tc_cost(dev, "attn_tc_fwd", a, B, 2, 4, 1);   // S = Q K^T, O = P V; q, k, v in, o and lse out
+  tc_cost(dev, "attn_tc_fwd", a, B, 2, 2, 2, 1);   // S = Q K^T, O = P V; q, (k, v) in, o and lse out
   switch (a.d) {
     case 32: return launch(op, dev, attn_tc_fwd<32, T>, grid, fwd_smem(32), a);
     case 64: return launch(op, dev, attn_tc_fwd<64, T>, grid, fwd_smem(64), a);
@@ -501,15 +531,15 @@ template <class T> int backward_t(const char *op, int dev, tc_args a, int64_t B)
   a.dsum_local = a.S <= kDsumLocal;
   const size_t dsmem = a.dsum_local ? sizeof(float) * kDsumLocal : 0;
   if (!a.dsum_local) {
-    tc_cost(dev, "attn_tc_dsum", a, B, 0, 2, 1);
+    tc_cost(dev, "attn_tc_dsum", a, B, 0, 2, 0, 1);
     attn_tc_dsum<T><<<cu_blocks(rows * 32, 256), 256, 0, cu_stream(dev)>>>(a, rows);
     BL_CHECK(cu_launched(op, dev));
   }
-  // S^T, dP^T, dV, dK, dQ: 5 S^2 d; q, k, v, dout in, dq, dk, dv out; lse, dsum in; dQ's f32 round trips within
+  // S^T, dP^T, dV, dK, dQ: 5 S^2 d; q, (k, v), dout in, dq, dk, dv out; lse, dsum in; dQ's f32 round trips within
   // a CTA stay in its L2 working set and are not counted, the partial slices of a split are (written once)
   const int ns = attn_tc_kv_split(dev, B * a.heads, a.S);
   const double slices = ns > 1 ? 4.0 * ns * rows * a.d : 0.0;
-  tc_cost(dev, "attn_tc_bwd", a, B, 5, 7 - (ns > 1) + a.dsum_local, 2 - a.dsum_local, slices);   // + ctx, - D
+  tc_cost(dev, "attn_tc_bwd", a, B, 5, 5 - (ns > 1) + a.dsum_local, 2, 2 - a.dsum_local, slices);   // + ctx, - D
   const dim3 grid((unsigned)ns, (unsigned)(B * a.heads));
   int rc;
   switch (a.d) {
@@ -518,7 +548,7 @@ template <class T> int backward_t(const char *op, int dev, tc_args a, int64_t B)
     default: rc = launch(op, dev, attn_tc_bwd<128, T>, grid, bwd_smem<128>() + dsmem, a); break;
   }
   if (rc || ns == 1) return rc;
-  tc_cost(dev, "attn_tc_dq_sum", a, B, 0, 1, 0, slices);
+  tc_cost(dev, "attn_tc_dq_sum", a, B, 0, 1, 0, 0, slices);
   attn_tc_dq_sum<T><<<cu_blocks(rows * a.d / 2, 256), 256, 0, cu_stream(dev)>>>(a, B, ns);
   return cu_launched(op, dev);
 }

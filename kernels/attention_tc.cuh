@@ -9,9 +9,15 @@ struct tc_view {
   int64_t sb, ss;
 };
 
+// Keys per tile of the tensor-core kernels: they visit a row's keys in tiles of this many, up to klive[b].
+const int kTcKeyTile = 64;
+
 struct tc_args {
   tc_view q, k, v, o, dout, dq, dk, dv;   // o = ctx
   const float *madd;                      // [B, S] additive key mask, natural units, or NULL
+  const int *klive;                       // with madd: [B] keys to visit per row, whole tiles (or S); the tiles past
+                                          // them are masked out (mask_rows in attention.cu) and skipped
+  int *cost_slot;                         // the step-time model's count of the visited keys, or NULL
   float *lse;                             // [B*heads, S]
   float *dsum;                            // [B*heads, S] scratch (backward)
   int dsum_local;                         // backward: D computed in the kernel (set by attn_tc_backward)

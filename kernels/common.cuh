@@ -39,6 +39,12 @@ int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
 void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, double flops = 0,
                     int engine = BL_ENGINE_MEM);
 void cu_cost_call(int dev, const char *cls, const char *name, int engine, double flops, double bytes);
+// A launch whose work depends on device data: `bytes` and `flops` plus bytes_per and flops_per times the int at
+// `slot`, which the step's earlier work writes (read at bl_cuda_record_end). cu_cost_slot: a device int, zero, for
+// such a count while dev is being recorded, else (or when the recording's slots are used up) nullptr.
+void cu_cost_kernel_per(int dev, const char *cls, const char *name, double bytes, double flops, int engine,
+                        const int *slot, double bytes_per, double flops_per);
+int *cu_cost_slot(int dev);
 static inline double cu_bytes(const bl_tensor *t) { return t ? (double)t->numel * bl_dtype_size(t->dtype) : 0.0; }
 
 #define CU_TRY(op, dev, expr) do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) return cu_err(op, dev, e_); } while (0)

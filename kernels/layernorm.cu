@@ -12,7 +12,10 @@
 // Backward: ln_bwd_rows, blocks of G row groups (blockDim.y, fixed by h and
 // the storage type) of kRows rows each, a group taking rows g, g + G, ... of
 // its block one at a time: recomputes xhat from x (+ dropout + residual),
-// mean, rstd: dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)),
+// mean, rstd, or (the _out entry, when every column passes ln_col_safe, a
+// test each block makes on gamma/beta before its rows) from the saved output:
+// xhat = (y - beta) / gamma, one [rows, H] read fewer than x and residual:
+// dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)),
 // dresidual = that, dx = mask-scaled. In the same pass each thread adds its
 // own columns of dy*xhat, dy and the final dx into its group's partials (the
 // dgamma, dbeta and the preceding linear's bias gradient); the block adds its
@@ -158,10 +161,36 @@ __device__ __forceinline__ float2 group_sum2(float a, float b, float *sh) {
 // gradient of x after the dropout mask), in shared memory when they fit (then summed over the groups in order into
 // the block's slice of part), else (G = 1) the block's own slice of part; every thread touches only its own columns
 // of its own group's partials, so they need no barrier. part == nullptr: no parameter gradient is wanted.
+// Whether column j's xhat can be recovered from y = xhat gamma + beta (bl_residual_layernorm_backward_out in
+// bl_ops.h; the CPU twin's ln_col_safe): |gamma| >= 2^-60 and |beta| <= 4 |gamma|, so the rounding of a stored y
+// moves xhat by at most u (|xhat| + 4), u the unit roundoff of y's dtype. NaN fails both tests.
+__device__ __forceinline__ bool ln_col_safe(float g, float b) {
+  return fabsf(g) >= 0x1p-60f && fabsf(b) <= 4.0f * fabsf(g);
+}
+
+// xhat[e] of the V elements at i (column j) and their dropout keep flags: from y when y is given, else from x (+
+// dropout + residual), mean m and rstd rs. g, b: gamma and beta at j (b unused without y). From y the keep flags
+// are drawn only when `flags` is set.
+template <class T, int V>
+__device__ __forceinline__ void ln_xh_k(const T *y, const T *x, const T *res, int64_t i, const float (&g)[V],
+                                        const float (&b)[V], float m, float rs, float p, float scale,
+                                        uint64_t seed, uint64_t offset, bool flags, float (&xh)[V], bool (&k)[V]) {
+  if (y) {
+    load_f<T, V>(y + i, xh);
+#pragma unroll
+    for (int e = 0; e < V; e++) { xh[e] = (xh[e] - b[e]) / g[e]; k[e] = true; }
+    if (flags && res && p > 0.0f) bl_dropout_keep_v<V>(seed, offset, (uint64_t)i, p, k);
+    return;
+  }
+  ln_s_k<T, V>(x, res, i, p, scale, seed, offset, xh, k);
+#pragma unroll
+  for (int e = 0; e < V; e++) xh[e] = (xh[e] - m) * rs;
+}
+
 template <class T, class G, int V>
-__global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamma, const float *mean,
-                            const float *rstd, T *dx, T *dres, float *part, bool smem, int64_t rows, int64_t h,
-                            float p, float scale, uint64_t seed, uint64_t offset) {
+__global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const T *y, const G *gamma, const G *beta,
+                            const float *mean, const float *rstd, T *dx, T *dres, float *part, bool smem,
+                            int64_t rows, int64_t h, float p, float scale, uint64_t seed, uint64_t offset) {
   seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
   extern __shared__ float sacc[];
   __shared__ float sh[64];
@@ -171,6 +200,17 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamm
     for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step)
 #pragma unroll
       for (int e = 0; e < V; e++) acc[j + e] = acc[h + j + e] = acc[2 * h + j + e] = 0.0f;
+  if (y) {   // y is usable when every column is: the same answer in every block (y is a kernel argument)
+    bool ok = true;
+    for (int64_t j = (threadIdx.y * blockDim.x + threadIdx.x) * (int64_t)V; j < h; j += step * ng) {
+      float g[V], b[V] = {};
+      load_f<G, V>(gamma + j, g);
+      if (beta) load_f<G, V>(beta + j, b);
+#pragma unroll
+      for (int e = 0; e < V; e++) ok = ok && ln_col_safe(g[e], b[e]);
+    }
+    if (!__syncthreads_and(ok)) y = nullptr;
+  }
   const int64_t r0 = blockIdx.x * ng * kRows + threadIdx.y;
   for (int k = 0; k < kRows; k++) {   // the same trip count in every group: group_sum2 holds barriers
     const int64_t r = r0 + k * ng, base = r * h;
@@ -178,15 +218,17 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamm
     const float m = live ? mean[r] : 0.0f, rs = live ? rstd[r] : 0.0f;
     float a = 0.0f, b = 0.0f;
     for (int64_t j = threadIdx.x * (int64_t)V; live && j < h; j += step) {
-      float s[V], g[V], d[V];
-      ln_s_v<T, V>(x, res, base + j, p, scale, seed, offset, s);
+      float xh[V], g[V], bt[V] = {}, d[V];
+      bool kp[V];
       load_f<G, V>(gamma + j, g);
+      if (y && beta) load_f<G, V>(beta + j, bt);
+      ln_xh_k<T, V>(y, x, res, base + j, g, bt, m, rs, p, scale, seed, offset, false, xh, kp);
       load_f<T, V>(dy + base + j, d);
 #pragma unroll
       for (int e = 0; e < V; e++) {
         float gj = d[e] * g[e];
         a += gj;
-        b += gj * ((s[e] - m) * rs);
+        b += gj * xh[e];
       }
     }
     const float2 ab = group_sum2(a, b, sh);
@@ -194,16 +236,16 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const G *gamm
     b = ab.y / (float)h;
     for (int64_t j = threadIdx.x * (int64_t)V; live && j < h; j += step) {
       const int64_t i = base + j;
-      float s[V], g[V], d[V], o[V];
+      float xh[V], g[V], bt[V] = {}, d[V], o[V];
       bool kp[V];
-      ln_s_k<T, V>(x, res, i, p, scale, seed, offset, s, kp);
       load_f<G, V>(gamma + j, g);
+      if (y && beta) load_f<G, V>(beta + j, bt);
+      ln_xh_k<T, V>(y, x, res, i, g, bt, m, rs, p, scale, seed, offset, true, xh, kp);
       load_f<T, V>(dy + i, d);
 #pragma unroll
       for (int e = 0; e < V; e++) {
-        const float xh = (s[e] - m) * rs;
-        o[e] = rs * (d[e] * g[e] - a - xh * b);
-        if (acc) { acc[j + e] += d[e] * xh; acc[h + j + e] += d[e]; }
+        o[e] = rs * (d[e] * g[e] - a - xh[e] * b);
+        if (acc) { acc[j + e] += d[e] * xh[e]; acc[h + j + e] += d[e]; }
       }
       if (dres) store_f<T, V>(dres + i, o);
       if (res && p > 0.0f) {
@@ -372,14 +414,15 @@ int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, c
 }
 
 // dx (and dres) of the rows and, when any of dgamma/dbeta/dbias is wanted, the block partials of all three in the
-// same pass, then their ordered sum (+=) in ln_bwd_final.
+// same pass, then their ordered sum (+=) in ln_bwd_final. y (with beta, may be NULL): xhat from the output.
 template <class T, class G>
-int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, const G *gamma, const float *mean,
-               const float *rstd, T *dx, T *dres, bl_tensor *dgamma, bl_tensor *dbeta, bl_tensor *dbias,
-               int64_t rows, int64_t h, double p, uint64_t seed, uint64_t offset) {
+int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, const T *y, const G *gamma,
+               const G *beta, const float *mean, const float *rstd, T *dx, T *dres, bl_tensor *dgamma,
+               bl_tensor *dbeta, bl_tensor *dbias, int64_t rows, int64_t h, double p, uint64_t seed,
+               uint64_t offset) {
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   const double n = (double)rows * h;
-  const bool vec = vec_rows<T>(h, {dy, x, res, gamma, dx, dres});
+  const bool vec = vec_rows<T>(h, {dy, x, res, y, gamma, beta, dx, dres});
   const int tpr = threads_for(vec ? h / kVec : h), groups = ln_bwd_groups(tpr, h);
   const int64_t nblk = (rows + groups * kRows - 1) / (groups * kRows);
   const bool want = dgamma || dbeta || dbias, smem = 3 * h * sizeof(float) <= kSmemAcc;
@@ -387,18 +430,21 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
     return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many", op, dev, (long long)rows);
   cu_mem part;
   if (want) BL_CHECK(part.alloc(op, dev, (size_t)(3 * nblk * h) * sizeof(float)));
-  cu_cost_kernel(dev, "layernorm", "ln_bwd_rows", sizeof(T) * n * (3 + (res ? 1 : 0) + (dres ? 1 : 0)) +
-                 sizeof(G) * (double)h + 8.0 * rows + (want ? 12.0 * nblk * h : 0.0));
+  // dy, dx and the sum's inputs x (+ res), or y with beta, whose every column ln_col_safe accepts (the other case,
+  // degenerate gamma, is the x path's cost)
+  const double ins = y ? 1.0 : res ? 2.0 : 1.0;
+  cu_cost_kernel(dev, "layernorm", "ln_bwd_rows", sizeof(T) * n * (2 + ins + (dres ? 1 : 0)) +
+                 sizeof(G) * (double)h * (y && beta ? 2 : 1) + 8.0 * rows + (want ? 12.0 * nblk * h : 0.0));
   const size_t shm = want && smem ? 3 * h * sizeof(float) * groups : 0;
   const dim3 block(tpr, groups);
   if constexpr (sizeof(T) == 2) {
     if (vec)
-      ln_bwd_rows<T, G, kVec><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(
-          dy, x, res, gamma, mean, rstd, dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
+      ln_bwd_rows<T, G, kVec><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(dy, x, res, y, gamma, beta, mean, rstd,
+          dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
   }
   if (!vec)
-    ln_bwd_rows<T, G, 1><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(
-        dy, x, res, gamma, mean, rstd, dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
+    ln_bwd_rows<T, G, 1><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(dy, x, res, y, gamma, beta, mean, rstd, dx,
+        dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
   if (!want) return 0;
   cu_buf bdg, bdb, bdc;
@@ -415,19 +461,23 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
   return 0;
 }
 
+// y, beta: the forward's output and beta (y NULL: xhat from x and res only).
 int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamma, bl_tensor *dbeta, bl_tensor *dbias,
-                const bl_tensor *dy, const bl_tensor *x, const bl_tensor *res, const bl_tensor *gamma,
-                const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
+                const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x, const bl_tensor *res,
+                const bl_tensor *gamma, const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd, double p,
+                uint64_t seed, uint64_t offset) {
   int dev;
-  const bl_tensor *ts[] = {dx, dres, dgamma, dbeta, dbias, dy, x, res, gamma, mean, rstd};
-  BL_CHECK(cu_device(op, 11, ts, &dev));
+  const bl_tensor *ts[] = {dx, dres, dgamma, dbeta, dbias, dy, y, x, res, gamma, beta, mean, rstd};
+  BL_CHECK(cu_device(op, 13, ts, &dev));
   int64_t h = 0, rows = 0;
   BL_CHECK(ln_dims(op, x, &h, &rows));
   BL_CHECK(check_numel(op, dx, x->numel, "grad_input"));
   BL_CHECK(check_numel(op, dres, x->numel, "grad_residual"));
   BL_CHECK(check_numel(op, dy, x->numel, "grad_output"));
   BL_CHECK(check_numel(op, res, x->numel, "residual"));
+  BL_CHECK(check_numel(op, y, x->numel, "output"));
   BL_CHECK(check_numel(op, gamma, h, "gamma"));
+  BL_CHECK(check_numel(op, beta, h, "beta"));
   BL_CHECK(check_numel(op, dgamma, h, "grad_gamma"));
   BL_CHECK(check_numel(op, dbeta, h, "grad_beta"));
   BL_CHECK(check_numel(op, dbias, h, "grad_bias"));
@@ -435,30 +485,34 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
   BL_CHECK(check_numel(op, rstd, rows, "rstd"));
   BL_CHECK(check_dropout(op, p));
   if (rows == 0) return 0;
-  int gdt, dt = native_dtype({x, dy, dx, res, dres}, {gamma}, {mean, rstd}, &gdt);
+  int gdt, dt = native_dtype({x, dy, dx, res, dres, y}, {gamma, beta}, {mean, rstd}, &gdt);
   if (dt >= 0) {
     int rc = 0;
     with_types(dt, gdt, [&](auto t, auto g) {
       using T = decltype(t);
       using G = decltype(g);
       rc = ln_bwd_run<T, G>(op, dev, (const T *)dy->data, (const T *)x->data, res ? (const T *)res->data : nullptr,
-                            (const G *)gamma->data, (const float *)mean->data, (const float *)rstd->data,
-                            (T *)dx->data, dres ? (T *)dres->data : nullptr, dgamma, dbeta, dbias, rows, h, p, seed,
-                            offset);
+                            y ? (const T *)y->data : nullptr, (const G *)gamma->data,
+                            beta ? (const G *)beta->data : nullptr, (const float *)mean->data,
+                            (const float *)rstd->data, (T *)dx->data, dres ? (T *)dres->data : nullptr, dgamma,
+                            dbeta, dbias, rows, h, p, seed, offset);
     });
     return rc;
   }
-  cu_buf bdy, bx, br, bg, bm, bs, bdx, bdr;
+  cu_buf bdy, bx, br, by, bg, bb, bm, bs, bdx, bdr;
   BL_CHECK(cu_load(op, dy, &bdy));
   BL_CHECK(cu_load(op, x, &bx));
   if (res) BL_CHECK(cu_load(op, res, &br));
+  if (y) BL_CHECK(cu_load(op, y, &by));
   BL_CHECK(cu_load(op, gamma, &bg));
+  if (beta) BL_CHECK(cu_load(op, beta, &bb));
   BL_CHECK(cu_load(op, mean, &bm));
   BL_CHECK(cu_load(op, rstd, &bs));
   BL_CHECK(cu_out(op, dx, &bdx, 0));
   if (dres) BL_CHECK(cu_out(op, dres, &bdr, 0));
-  BL_CHECK((ln_bwd_run<float, float>(op, dev, bdy.p, bx.p, res ? br.p : nullptr, bg.p, bm.p, bs.p, bdx.p,
-                                     dres ? bdr.p : nullptr, dgamma, dbeta, dbias, rows, h, p, seed, offset)));
+  BL_CHECK((ln_bwd_run<float, float>(op, dev, bdy.p, bx.p, res ? br.p : nullptr, y ? by.p : nullptr, bg.p,
+                                     beta ? bb.p : nullptr, bm.p, bs.p, bdx.p, dres ? bdr.p : nullptr, dgamma, dbeta,
+                                     dbias, rows, h, p, seed, offset)));
   BL_CHECK(cu_store(op, dx, &bdx));
   if (dres) BL_CHECK(cu_store(op, dres, &bdr));
   return 0;
@@ -474,8 +528,8 @@ extern "C" int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tenso
 extern "C" int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
                                           const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
                                           const bl_tensor *rstd) {
-  return ln_backward("layernorm_backward", dx, nullptr, dgamma, dbeta, nullptr, dy, x, nullptr, gamma, mean, rstd, 0.0,
-                     0, 0);
+  return ln_backward("layernorm_backward", dx, nullptr, dgamma, dbeta, nullptr, dy, nullptr, x, nullptr, gamma, nullptr,
+                     mean, rstd, 0.0, 0, 0);
 }
 
 extern "C" int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
@@ -492,6 +546,19 @@ extern "C" int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dre
                                                    const bl_tensor *gamma, const bl_tensor *mean,
                                                    const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
   if (!residual) return bl_set_error(BL_EINVAL, "residual_layernorm_backward: residual is NULL");
-  return ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean,
-                     rstd, p, seed, offset);
+  return ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, nullptr, x, residual,
+                     gamma, nullptr, mean, rstd, p, seed, offset);
+}
+
+extern "C" int bl_cuda_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                                       bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
+                                                       const bl_tensor *y, const bl_tensor *x,
+                                                       const bl_tensor *residual, const bl_tensor *gamma,
+                                                       const bl_tensor *beta, const bl_tensor *mean,
+                                                       const bl_tensor *rstd, double p, uint64_t seed,
+                                                       uint64_t offset) {
+  const char *op = "residual_layernorm_backward_out";
+  if (!residual || !y) return bl_set_error(BL_EINVAL, "%s: %s is NULL", op, residual ? "output" : "residual");
+  return ln_backward(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p, seed,
+                     offset);
 }

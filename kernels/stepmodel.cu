@@ -2,6 +2,9 @@
 // cu_cost_kernel / cu_cost_call (common.cuh); this file keeps them while a recording is active. On the emulated
 // device the emulator also reports every launch it accepts (emu_set_launch_hook): a kernel cost then waits for its
 // launch, and a launch that finds no cost waiting is logged as "unannotated", so a missing statement cannot hide.
+// A launch whose work depends on device data (the attention kernels skip key tiles that the mask rules out) states
+// a fixed part and a part per unit of a count that an earlier kernel of the step writes to a cost slot: the slots
+// are device ints of an arena made at bl_cuda_record_begin and read at bl_cuda_record_end, after the step's work.
 #include <atomic>
 #include <mutex>
 #include <set>
@@ -15,15 +18,25 @@ std::atomic<int> rec_dev{-1};            // device being recorded, -1 when off
 std::vector<bl_cuda_launch_rec> launches;
 std::set<std::string> names;             // storage of the launches' names (a name may be the caller's op)
 
+// Cost slots (cu_cost_slot) and the launches that depend on them: record `at` gets *slot times the per-unit costs.
+const int kSlots = 4096;
+int *slots = nullptr;
+int slots_used = 0;
+struct per_unit { size_t at; const int *slot; double bytes, flops; };
+std::vector<per_unit> deferred;
+
 #ifdef BL_CUDA_EMU
 bool dry = false;                        // bl_cuda_dry_run
 bool have_pending = false;               // a kernel cost waiting for the emulator to see its launch
 bl_cuda_launch_rec pending;
+per_unit pending_unit{0, nullptr, 0, 0};
 
 void on_launch(int dev, const char *name, const char *file, int line) {
   std::lock_guard<std::mutex> g(mu);
   if (dev != rec_dev.load()) return;
   if (have_pending) {
+    if (pending_unit.slot) deferred.push_back(per_unit{launches.size(), pending_unit.slot, pending_unit.bytes,
+                                                       pending_unit.flops});
     launches.push_back(pending);
     have_pending = false;
     return;
@@ -34,17 +47,30 @@ void on_launch(int dev, const char *name, const char *file, int line) {
 #endif
 }  // namespace
 
-void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, double flops, int engine) {
+void cu_cost_kernel_per(int dev, const char *cls, const char *name, double bytes, double flops, int engine,
+                        const int *slot, double bytes_per, double flops_per) {
   if (dev != rec_dev.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> g(mu);
   name = names.insert(name).first->c_str();
 #ifdef BL_CUDA_EMU
   // A cost still pending here belonged to a launch the emulator refused (the op fails with that error).
   pending = bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev)};
+  pending_unit = per_unit{0, slot, bytes_per, flops_per};
   have_pending = true;
 #else
+  if (slot) deferred.push_back(per_unit{launches.size(), slot, bytes_per, flops_per});
   launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev)});
 #endif
+}
+
+void cu_cost_kernel(int dev, const char *cls, const char *name, double bytes, double flops, int engine) {
+  cu_cost_kernel_per(dev, cls, name, bytes, flops, engine, nullptr, 0, 0);
+}
+
+int *cu_cost_slot(int dev) {
+  if (dev != rec_dev.load(std::memory_order_relaxed)) return nullptr;
+  std::lock_guard<std::mutex> g(mu);
+  return slots && slots_used < kSlots ? slots + slots_used++ : nullptr;
 }
 
 void cu_cost_call(int dev, const char *cls, const char *name, int engine, double flops, double bytes) {
@@ -75,6 +101,10 @@ extern "C" int bl_cuda_record_begin(int device) {
   if (rec_dev.load() >= 0) return bl_set_error(BL_EINVAL, "record: cuda:%d is being recorded already", rec_dev.load());
   launches.clear();
   names.clear();
+  deferred.clear();
+  slots_used = 0;
+  CU_TRY("record", device, cudaMalloc((void **)&slots, kSlots * sizeof(int)));
+  CU_TRY("record", device, cudaMemset(slots, 0, kSlots * sizeof(int)));
   rec_dev.store(device);
 #ifdef BL_CUDA_EMU
   have_pending = false;
@@ -83,14 +113,28 @@ extern "C" int bl_cuda_record_begin(int device) {
   return 0;
 }
 
+// Waits for the recorded work (the cost slots are written by it), then adds the per-unit costs.
 extern "C" int bl_cuda_record_end(int device, int64_t *count) {
-  std::lock_guard<std::mutex> g(mu);
   *count = 0;
   if (rec_dev.load() != device) return bl_set_error(BL_EINVAL, "record: cuda:%d is not being recorded", device);
+  const int sync = bl_cuda_synchronize(device);
+  std::lock_guard<std::mutex> g(mu);
   rec_dev.store(-1);
 #ifdef BL_CUDA_EMU
   emu_set_launch_hook(nullptr, dry);
 #endif
+  std::vector<int> got((size_t)kSlots);
+  const int *base = slots;
+  cudaError_t e = sync ? cudaSuccess : cudaMemcpy(got.data(), slots, kSlots * sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(slots);
+  slots = nullptr;
+  if (sync) return sync;
+  if (e != cudaSuccess) return cu_err("record", device, e);
+  for (const per_unit &u : deferred) {
+    const double n = got[(size_t)(u.slot - base)];
+    launches[u.at].bytes += n * u.bytes;
+    launches[u.at].flops += n * u.flops;
+  }
   *count = (int64_t)launches.size();
   return 0;
 }

@@ -75,7 +75,8 @@ local opt = options.parse(arg, {
     .. "padded positions skipped (bertlua.bert.infer)" },
   { "unpad", true, "the cpu: run the real tokens only (false: the padded forward/step): inference with --pack, "
     .. "training always (exact: the padded positions' gradients are zero)" },
-  { "lengths", "pad8", "--infer: real tokens per row: pad8 (last seq/8 padded), squad or mrpc (dev set lengths)" },
+  { "lengths", "pad8", "real tokens per row: pad8 (last seq/8 padded) or full (no padding); with --infer also "
+    .. "squad or mrpc (dev set lengths)" },
   { "data", "../shared/data", "--lengths=squad|mrpc: the data directory (squad/dev-v1.1.json, glue/MRPC/dev.tsv, "
     .. "vocab/bert-base-uncased-vocab.txt)" },
   { "lr", 1e-4, "learning rate (LAMB on a GPU, SGD on the CPU)" },
@@ -171,9 +172,9 @@ print(("model: L%d H%d A%d, %.1fM parameters, batch %d x %d, %d threads, %s, %s"
 -- the real tokens of each row: S - S/8, or lengths of a dev set's features drawn with a fixed seed
 local function real_lengths()
   local all = {}
-  if opt.lengths == "pad8" then
+  if opt.lengths == "pad8" or opt.lengths == "full" then
     local n = {}
-    for b = 1, B do n[b] = S - math.floor(S / 8) end
+    for b = 1, B do n[b] = opt.lengths == "full" and S or S - math.floor(S / 8) end
     return n
   elseif not opt.infer then
     error("benchmark: --lengths=" .. opt.lengths .. " is for --infer", 0)
@@ -191,7 +192,7 @@ local function real_lengths()
     local ex = require("bertlua.tasks.glue").read_examples("mrpc", opt.data .. "/glue/MRPC/dev.tsv", { quiet = true })
     for i, e in ipairs(ex) do all[i] = #bert.pair(tok:tokenize(e.text_a), tok:tokenize(e.text_b), S) end
   else
-    error("benchmark: --lengths must be pad8, squad or mrpc, got " .. tostring(opt.lengths), 0)
+    error("benchmark: --lengths must be pad8, full, squad or mrpc, got " .. tostring(opt.lengths), 0)
   end
   local u = bl.rand({ B }, { seed = 7, offset = 0 }):totable()
   local n = {}

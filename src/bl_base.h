@@ -97,7 +97,9 @@ int bl_cuda_check_deferred(int device);
  * bl_cuda_record_end every kernel launch, cuBLASLt call, memset and copy on cuda:N is logged with the FLOPs and the
  * minimum bytes it must move, as its launch site computes them from its arguments. `engine` says what the FLOPs run
  * on (BL_ENGINE_*); class groups launches for the model's table. On the emulated device every launch is also seen by
- * the emulator: one whose site states no cost is logged with class "unannotated". One device at a time. */
+ * the emulator: one whose site states no cost is logged with class "unannotated". One device at a time.
+ * bl_cuda_record_end waits for the recorded work: a launch whose work depends on device data (the attention
+ * kernels skip key tiles the mask rules out) is costed from a count that work wrote. */
 enum { BL_ENGINE_MEM = 0, BL_ENGINE_TC16 = 1, BL_ENGINE_TF32 = 2, BL_ENGINE_FP32 = 3, BL_ENGINE_PCIE = 4 };
 /* in_graph: the launch was captured into a CUDA graph (bl_cuda_graph_begin): it runs without a launch gap. */
 typedef struct bl_cuda_launch_rec {

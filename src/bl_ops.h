@@ -140,6 +140,18 @@ int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tenso
                                    const bl_tensor *residual, const bl_tensor *gamma,
                                    const bl_tensor *mean, const bl_tensor *rstd,
                                    double p, uint64_t seed, uint64_t offset);
+/* The same backward from the forward's output y (and beta, NULL = 0): the normalised sum is recovered as
+ * xhat = (y - beta) / gamma instead of recomputed from x and residual, one [rows, H] read fewer (what makes y is
+ * kept anyway: it is the next sublayer's input). Used only when every column j has |gamma_j| >= 2^-60 and
+ * |beta_j| <= 4 |gamma_j|; otherwise (a gamma near 0 cannot give xhat back) the op reads x and residual as above,
+ * so both stay required. The rounding of a stored y (unit roundoff u of its dtype: 2^-24 f32, 2^-8 bf16, 2^-11
+ * f16) moves xhat by at most u (|xhat| + 4): dx, dresidual and dgamma may differ from the x path by that much
+ * relative to their xhat term. */
+int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                       bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
+                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+                                       const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
+                                       uint64_t offset);
 
 /* ---- the same on packed tokens (CPU only, for unpadded training): x, residual, y [1, T, H] (or [T, H]) hold
  * the real tokens of B rows back to back, offsets [B+1] delimit them (as bl_attention_forward_packed), seq is the

@@ -35,10 +35,11 @@ function M.record(dev, fn)
     marks[#marks + 1] = { tag = tag, at = tonumber(at[0]) }
   end
   local ok, err = pcall(fn, mark)
+  check(C.bl_cuda_counters(dev, c1))   -- before record_end's own wait for the recorded work
   local n = ffi.new("int64_t[1]")
-  check(C.bl_cuda_record_end(dev, n))
+  local rc = C.bl_cuda_record_end(dev, n)
   if not ok then error(err, 0) end
-  check(C.bl_cuda_counters(dev, c1))
+  check(rc)
   local list, r = {}, ffi.new("bl_cuda_launch_rec")
   for i = 0, tonumber(n[0]) - 1 do
     check(C.bl_cuda_record_get(i, r))

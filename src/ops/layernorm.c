@@ -3,7 +3,8 @@
  * forms s = dropout(x) + residual into the output row (no extra buffer) and
  * normalises it in place; its backward recomputes s from x and residual
  * rather than storing it, since that is one cheap pass over memory already
- * being read. dgamma/dbeta (and the residual variant's dbias, the column
+ * being read, or (the _out entry) takes xhat back from the output y.
+ * dgamma/dbeta (and the residual variant's dbias, the column
  * sums of dx) are summed per fixed 32-row chunk and the chunks
  * reduced in order, so results do not depend on the number of threads.
  * Row sums use 16 independent lane accumulators combined in a fixed order
@@ -115,10 +116,12 @@ OPX_ISA_FN(ln_fwd_row, (int64_t h, const float *restrict x, const float *restric
                         float *m_out, float *rs_out),
            (h, x, res, keep, scale, g, b, eps, y, m_out, rs_out))
 
-/* One backward row: xh = normalised input (recomputed), dx = rs (dy g - mean(dy g) - xh mean(dy g xh)),
+/* One backward row: xh = normalised input (recomputed, or (y - b) / g when y is given),
+ * dx = rs (dy g - mean(dy g) - xh mean(dy g xh)),
  * dres = dx before the dropout mask, pg/pb/pc += dy xh / dy / dx (chunk partials of dgamma, dbeta and the
  * preceding linear's bias gradient; all NULL to skip). */
 OPX_BODY ln_bwd_row_body(int64_t h, const float *restrict x, const float *restrict res,
+                         const float *restrict y, const float *restrict b,
                          const uint8_t *restrict keep, float scale, const float *restrict g,
                          const float *restrict dy, float m, float rs, float *restrict dx,
                          float *restrict dres, float *restrict pg, float *restrict pb, float *restrict pc) {
@@ -139,7 +142,11 @@ OPX_BODY ln_bwd_row_body(int64_t h, const float *restrict x, const float *restri
     float xh = (XH), gj = dy[k] * g[k];                                          \
     dx[k] = xh; a += gj; bsum += gj * xh;                                        \
   }
-  if (res) {  /* the sum s = dropout(x) + res first, into dx (a plain loop that vectorises) */
+  if (y && b) {
+    LN_PASS((y[k] - b[k]) / g[k])
+  } else if (y) {
+    LN_PASS(y[k] / g[k])
+  } else if (res) {  /* the sum s = dropout(x) + res first, into dx (a plain loop that vectorises) */
     ln_sum_row(h, x, res, keep, scale, dx);
     LN_PASS((dx[k] - m) * rs)
   } else {
@@ -174,11 +181,21 @@ OPX_BODY ln_bwd_row_body(int64_t h, const float *restrict x, const float *restri
     for (int64_t k = 0; k < h; k++) pc[k] += dx[k];
   }
 }
-OPX_ISA_FN(ln_bwd_row, (int64_t h, const float *restrict x, const float *restrict res, const uint8_t *restrict keep,
-                        float scale, const float *restrict g, const float *restrict dy, float m, float rs,
-                        float *restrict dx, float *restrict dres, float *restrict pg, float *restrict pb,
-                        float *restrict pc),
-           (h, x, res, keep, scale, g, dy, m, rs, dx, dres, pg, pb, pc))
+OPX_ISA_FN(ln_bwd_row, (int64_t h, const float *restrict x, const float *restrict res, const float *restrict y,
+                        const float *restrict b, const uint8_t *restrict keep, float scale, const float *restrict g,
+                        const float *restrict dy, float m, float rs, float *restrict dx, float *restrict dres,
+                        float *restrict pg, float *restrict pb, float *restrict pc),
+           (h, x, res, y, b, keep, scale, g, dy, m, rs, dx, dres, pg, pb, pc))
+
+/* Whether xhat can be taken back from y = xhat g + b in every column (bl_residual_layernorm_backward_out; the
+ * CUDA twin tests the same per column): |g| >= 2^-60 and |b| <= 4 |g|; NaN fails. */
+static int ln_y_usable(int64_t h, const float *g, const float *b) {
+  for (int64_t j = 0; j < h; j++) {
+    float bj = b ? b[j] : 0.0f;
+    if (!(fabsf(g[j]) >= 0x1p-60f && fabsf(bj) <= 4.0f * fabsf(g[j]))) return 0;
+  }
+  return 1;
+}
 
 /* A thread's dropout mask row of h flags (NULL when p == 0); when p > 0 and
  * the row cannot be had, sets *oom (shared by the threads) and returns NULL. */
@@ -227,18 +244,24 @@ done:
   return rc;
 }
 
+/* y, beta: the forward's output and beta for xhat (y NULL: from x and res; also when ln_y_usable says no) */
 static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamma, bl_tensor *dbeta,
-                           bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *res,
-                           const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
-                           uint64_t seed, uint64_t offset, const int64_t *rmap) {
-  opx_buf bdy = {0}, bx = {0}, br = {0}, bg = {0}, bm = {0}, bs = {0}, bdx = {0}, bdr = {0}, bdg = {0}, bdb = {0},
-          bdc = {0};
+                           bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
+                           const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *beta,
+                           const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset,
+                           const int64_t *rmap) {
+  opx_buf bdy = {0}, bx = {0}, br = {0}, by = {0}, bg = {0}, bb = {0}, bm = {0}, bs = {0}, bdx = {0}, bdr = {0},
+          bdg = {0}, bdb = {0}, bdc = {0};
   float *part = NULL;
   int64_t h = opx_cols(x), rows = opx_rows(x), nchunk = (rows + LN_CHUNK - 1) / LN_CHUNK;
   int want_param = dgamma || dbeta || dbias;
   int rc = opx_seed_check(op, p, seed), oom = 0;
-  if (rc || (rc = opx_load(op, dy, &bdy)) || (rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) ||
-      (rc = opx_load(op, gamma, &bg)) || (rc = opx_load(op, mean, &bm)) || (rc = opx_load(op, rstd, &bs)) ||
+  if (rc || (rc = opx_load(op, gamma, &bg)) || (y && beta && (rc = opx_load(op, beta, &bb))))
+    goto done;
+  if (y && !ln_y_usable(h, bg.p, beta ? bb.p : NULL)) y = NULL;
+  if ((rc = opx_load(op, dy, &bdy)) || (y && (rc = opx_load(op, y, &by))) || (!y && (rc = opx_load(op, x, &bx))) ||
+      (!y && res && (rc = opx_load(op, res, &br))) || (rc = opx_load(op, mean, &bm)) ||
+      (rc = opx_load(op, rstd, &bs)) ||
       (rc = opx_out(op, dx, &bdx, 0)) || (dres && (rc = opx_out(op, dres, &bdr, 0))) ||
       (dgamma && (rc = opx_out(op, dgamma, &bdg, 1))) || (dbeta && (rc = opx_out(op, dbeta, &bdb, 1))) ||
       (dbias && (rc = opx_out(op, dbias, &bdc, 1))))
@@ -258,8 +281,9 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
       int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
       for (int64_t r = c * LN_CHUNK; r < r1; r++) {
         if (keep) opx_dropout_keep(seed, offset, (rmap ? rmap[r] : r) * h, h, (float)p, keep);
-        ln_bwd_row(h, bx.p + r * h, res ? br.p + r * h : NULL, keep, scale, bg.p, bdy.p + r * h, bm.p[r], bs.p[r],
-                   bdx.p + r * h, dres ? bdr.p + r * h : NULL, pg, pb, pc);
+        ln_bwd_row(h, y ? NULL : bx.p + r * h, y || !res ? NULL : br.p + r * h, y ? by.p + r * h : NULL,
+                   y && beta ? bb.p : NULL, keep, scale, bg.p, bdy.p + r * h, bm.p[r], bs.p[r], bdx.p + r * h,
+                   dres ? bdr.p + r * h : NULL, pg, pb, pc);
       }
     }
     free(keep);
@@ -283,8 +307,8 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
   if (dbeta) opx_store(dbeta, &bdb);
   if (dbias) opx_store(dbias, &bdc);
 done:
-  opx_free(&bdy); opx_free(&bx); opx_free(&br); opx_free(&bg); opx_free(&bm); opx_free(&bs);
-  opx_free(&bdx); opx_free(&bdr); opx_free(&bdg); opx_free(&bdb); opx_free(&bdc);
+  opx_free(&bdy); opx_free(&bx); opx_free(&br); opx_free(&by); opx_free(&bg); opx_free(&bb); opx_free(&bm);
+  opx_free(&bs); opx_free(&bdx); opx_free(&bdr); opx_free(&bdg); opx_free(&bdb); opx_free(&bdc);
   free(part);
   return rc;
 }
@@ -322,7 +346,7 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
   if (dev >= 0)
     return BL_ON_CUDA(op, dev,
                       bl_cuda_layernorm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd));
-  return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, NULL, dy, x, NULL, gamma, mean, rstd, 0.0, 0, 0, NULL);
+  return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, NULL, dy, NULL, x, NULL, gamma, NULL, mean, rstd, 0.0, 0, 0, NULL);
 }
 
 /* The argument checks of the residual op's forward and backward (padded and packed alike). */
@@ -337,12 +361,14 @@ static int check_res_fwd(const char *op, const bl_tensor *y, const bl_tensor *me
   return 0;
 }
 
+/* The checks of the residual backward entries (y, beta: the forward's output and beta, or NULL) */
 static int check_res_bwd(const char *op, const bl_tensor *dx, const bl_tensor *dresidual, const bl_tensor *dgamma,
-                         const bl_tensor *dbeta, const bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                         const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
-                         const bl_tensor *rstd, double p) {
-  BL_CHECK(check_ln(op, x, gamma, NULL, mean, rstd));
+                         const bl_tensor *dbeta, const bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y,
+                         const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
+                         const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd, double p) {
+  BL_CHECK(check_ln(op, x, gamma, beta, mean, rstd));
   BL_CHECK(check_same(op, residual, "residual", x));
+  if (y) BL_CHECK(check_same(op, y, "output", x));
   BL_CHECK(check_same(op, dy, "grad_output", x));
   BL_CHECK(check_same(op, dx, "grad_input", x));
   if (dresidual) BL_CHECK(check_same(op, dresidual, "grad_residual", x));
@@ -368,22 +394,45 @@ int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd
   return ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset, NULL);
 }
 
+/* Both residual backward entries: xhat from y (with beta) when y is given, else from x and residual. */
+static int residual_ln_backward(const char *op, bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
+                                bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y,
+                                const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
+                                const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd, double p,
+                                uint64_t seed, uint64_t offset) {
+  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p));
+  int dev;
+  const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd};
+  BL_CHECK(opx_device(op, 13, ts, &dev));
+  if (dev >= 0 && y)
+    return BL_ON_CUDA(op, dev,
+                      bl_cuda_residual_layernorm_backward_out(dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual,
+                                                              gamma, beta, mean, rstd, p, seed, offset));
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev,
+                      bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma,
+                                                          mean, rstd, p, seed, offset));
+  return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p,
+                         seed, offset, NULL);
+}
+
 int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
                                    bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
                                    const bl_tensor *residual, const bl_tensor *gamma,
                                    const bl_tensor *mean, const bl_tensor *rstd,
                                    double p, uint64_t seed, uint64_t offset) {
-  const char *op = "residual_layernorm_backward";
-  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p));
-  int dev;
-  const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd};
-  BL_CHECK(opx_device(op, 11, ts, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA(op, dev,
-                      bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma,
-                                                          mean, rstd, p, seed, offset));
-  return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p, seed,
-                         offset, NULL);
+  return residual_ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x,
+                              residual, gamma, NULL, mean, rstd, p, seed, offset);
+}
+
+int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                       bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
+                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+                                       const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
+                                       uint64_t offset) {
+  if (!y) return BL_ERR("residual_layernorm_backward_out: output is NULL");
+  return residual_ln_backward("residual_layernorm_backward_out", dx, dresidual, dgamma, dbeta, dbias, dy, y, x,
+                              residual, gamma, beta, mean, rstd, p, seed, offset);
 }
 
 /* The packed twins (bl_ops.h): the same op on [1, T, H] packed tokens, each row's dropout drawn from its row of
@@ -415,11 +464,12 @@ int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, b
                                           const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
                                           uint64_t offset, const bl_tensor *offsets, int64_t seq) {
   const char *op = "residual_layernorm_packed_backward";
-  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p));
+  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd,
+                         p));
   int64_t *rmap;
   BL_CHECK(ln_rows(op, x, offsets, seq, &rmap));
-  int rc = ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma, mean, rstd, p, seed,
-                           offset, rmap);
+  int rc = ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd,
+                           p, seed, offset, rmap);
   free(rmap);
   return rc;
 }

@@ -4,7 +4,12 @@
  *
  * Inputs: Q, K, V as column slices of one [B, S, 3H] tensor (the fused-QKV layout, strided), dctx, all random in
  * [-1, 1] and rounded to the activation dtype first, so both sides see the same values; the CPU op runs in f32 on
- * those. Key masks pad every sequence but the first; dropout with the same (seed, offset) on both sides.
+ * those. Key masks (mask kinds below) pad every sequence but the first, or give rows random lengths (1 and S
+ * among them), or zero random keys anywhere (not padding-shaped: no tile may be skipped unless all keys after it are
+ * masked) with one row masked entirely (its softmax is uniform over all S keys: nothing may be skipped); dropout with
+ * the same (seed, offset) on both sides. The kernels skip the key tiles past a row's last unmasked key: those
+ * cases check that skipping changes nothing beyond the bounds below, and check_skip that the skipped tiles are not
+ * read at all.
  *
  * Tolerances, per element, from a rounding analysis (u = 2^-8 bf16, 2^-11 f16; ua = half the smallest f16
  * subnormal, 2^-25, for f16, whose small P and dS values are subnormal). The kernel rounds, beyond f32:
@@ -85,22 +90,41 @@ static void report(const tally *t, const char *name) {
   }
 }
 
-static void run_case(int dtype, int64_t B, int64_t S, int heads, int64_t d, double p) {
+enum { MASK_THIRDS, MASK_LENGTHS, MASK_SCATTER };
+
+/* Key mask kind `kind` of B rows of S (1 keep, 0 masked) into m; lcg: the test's own random stream. */
+static void make_mask(float *m, int kind, int64_t B, int64_t S, uint64_t seed) {
+  uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+#define NEXT() (x = x * 6364136223846793005ull + 1442695040888963407ull, (x >> 33) % 1000003)
+  for (int64_t b = 0; b < B; b++) {
+    int64_t len = S;   /* MASK_LENGTHS: row 0 all S, row 1 a single key, others random in [1, S] */
+    if (kind == MASK_LENGTHS) len = b == 0 ? S : b == 1 ? 1 : 1 + (int64_t)(NEXT() % (uint64_t)S);
+    for (int64_t s = 0; s < S; s++) {
+      float v = 1.0f;
+      if (kind == MASK_THIRDS) v = s == 0 || s < S - b * (S / 3) ? 1.0f : 0.0f;   /* the first S - b*S/3 keys */
+      if (kind == MASK_LENGTHS) v = s < len ? 1.0f : 0.0f;
+      if (kind == MASK_SCATTER) v = b == B - 1 && B > 1 ? 0.0f : NEXT() % 3 == 0 ? 0.0f : 1.0f;
+      m[b * S + s] = v;
+    }
+  }
+#undef NEXT
+}
+
+static void run_case_mask(int dtype, int64_t B, int64_t S, int heads, int64_t d, double p, int kind) {
   const int64_t H = heads * d, S4 = (S + 3) / 4 * 4;
   const double u = dtype == BL_BF16 ? 1.0 / 256 : 1.0 / 2048, ua = dtype == BL_BF16 ? 0 : ldexp(1, -25);
   const double scale = 1.0 / sqrt((double)d), frel = ldexp(S + d * d * scale, -23);
   const uint64_t seed = 17, offset = 5;
   char name[96];
-  snprintf(name, sizeof name, "%s B=%lld S=%lld heads=%d d=%lld p=%.2f", dtype == BL_BF16 ? "bf16" : "f16",
-           (long long)B, (long long)S, heads, (long long)d, p);
+  snprintf(name, sizeof name, "%s B=%lld S=%lld heads=%d d=%lld p=%.2f mask %d", dtype == BL_BF16 ? "bf16" : "f16",
+           (long long)B, (long long)S, heads, (long long)d, p, kind);
 
   bl_tensor *qkv_c, *qkv = random_pair(3, SH(B, S, 3 * H), dtype, 100 + S + d, &qkv_c);
   bl_tensor *go_c, *go = random_pair(3, SH(B, S, H), dtype, 200 + S + d, &go_c);
   bl_tensor *q_c = slice(qkv_c, 0, H), *k_c = slice(qkv_c, H, H), *v_c = slice(qkv_c, 2 * H, H);
   bl_tensor *q = slice(qkv, 0, H), *k = slice(qkv, H, H), *v = slice(qkv, 2 * H, H);
   bl_tensor *km_c = mk(-1, BL_F32, 2, SH(B, S));
-  for (int64_t b = 0; b < B; b++)   /* batch b keeps its first S - b*S/3 keys (at least one) */
-    for (int64_t s = 0; s < S; s++) ((float *)km_c->data)[b * S + s] = s == 0 || s < S - b * (S / 3) ? 1.0f : 0.0f;
+  make_mask((float *)km_c->data, kind, B, S, 300 + S + d);
   bl_tensor *km = mk(DEV, BL_F32, 2, SH(B, S));
   OK(bl_tensor_copy(km, km_c));
 
@@ -215,6 +239,64 @@ static void run_case(int dtype, int64_t B, int64_t S, int heads, int64_t d, doub
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
 }
 
+static void run_case(int dtype, int64_t B, int64_t S, int heads, int64_t d, double p) {
+  run_case_mask(dtype, B, S, heads, d, p, MASK_THIRDS);
+}
+
+/* The key tiles past a row's last unmasked key are not read: with NaN in K and V of those tiles' keys, ctx and the
+ * gradients are bit for bit those of a run with finite values there, and dK, dV of those keys are zeros. (A NaN in
+ * a visited masked key would still poison its row: 0 * NaN. The CPU twin reads every key and gives NaN here.) */
+static void check_skip(int dtype, int64_t S, int64_t len, int64_t d) {
+  const int heads = 2;
+  const int64_t B = 2, H = heads * d, tile = 64, live = (len + tile - 1) / tile * tile;
+  char name[96];
+  snprintf(name, sizeof name, "skip %s S=%lld len=%lld d=%lld", dtype == BL_BF16 ? "bf16" : "f16", (long long)S,
+           (long long)len, (long long)d);
+  bl_tensor *qkv_c, *qkv = random_pair(3, SH(B, S, 3 * H), dtype, 700 + S, &qkv_c);
+  bl_tensor *go_c, *go = random_pair(3, SH(B, S, H), dtype, 800 + S, &go_c);
+  bl_tensor *km_c = mk(-1, BL_F32, 2, SH(B, S)), *km = mk(DEV, BL_F32, 2, SH(B, S));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t s = 0; s < S; s++) ((float *)km_c->data)[b * S + s] = s < len ? 1.0f : 0.0f;
+  OK(bl_tensor_copy(km, km_c));
+  bl_tensor *out[2][2];   /* [finite, poisoned][ctx, gqkv] */
+  for (int poison = 0; poison < 2; poison++) {
+    if (poison) {   /* NaN into K and V of the keys in the skipped tiles */
+      bl_tensor *h = mk(-1, dtype, 3, SH(B, S, 3 * H));
+      OK(bl_tensor_copy(h, qkv));
+      bl_tensor *kv = slice(h, H, 2 * H), *pad = NULL;
+      OK(bl_tensor_narrow(kv, 1, live, S - live, &pad));
+      OK(bl_tensor_fill(pad, NAN));
+      OK(bl_tensor_copy(qkv, h));
+      bl_tensor_free(pad); bl_tensor_free(kv); bl_tensor_free(h);
+    }
+    bl_tensor *q = slice(qkv, 0, H), *k = slice(qkv, H, H), *v = slice(qkv, 2 * H, H);
+    bl_tensor *ctx = mk(DEV, dtype, 3, SH(B, S, H)), *lse = mk(DEV, BL_F32, 3, SH(B, heads, S));
+    bl_tensor *g = mk(DEV, dtype, 3, SH(B, S, 3 * H));
+    bl_tensor *gq = slice(g, 0, H), *gk = slice(g, H, H), *gv = slice(g, 2 * H, H);
+    OK(bl_attention_forward_saved(ctx, lse, q, k, v, km, heads, 0, 0.1, 3, 9));
+    OK(bl_attention_backward_saved(gq, gk, gv, go, q, k, v, ctx, lse, km, heads, 0, 0.1, 3, 9));
+    out[poison][0] = ctx; out[poison][1] = g;
+    bl_tensor *ts[] = {q, k, v, lse, gq, gk, gv};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
+  }
+  for (int w = 0; w < 2; w++) {
+    double *a = host(out[0][w]), *b = host(out[1][w]);
+    CHECK(!memcmp(a, b, sizeof(double) * (size_t)out[0][w]->numel), "%s: %s changes with NaN in skipped keys", name,
+          w ? "the gradient" : "ctx");
+    if (w == 1)
+      for (int64_t i = 0; i < out[0][1]->numel; i++) {
+        const int64_t s = (i / (3 * H)) % S, c = i % (3 * H);
+        if (s >= live && c >= H && a[i] != 0) {
+          CHECK(0, "%s: dK/dV of skipped key %lld not 0", name, (long long)s);
+          break;
+        }
+      }
+    free(a); free(b);
+  }
+  bl_tensor *ts[] = {qkv_c, qkv, go_c, go, km_c, km, out[0][0], out[0][1], out[1][0], out[1][1]};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
+}
+
 int main(void) {
   if (!bl_cuda_compiled() || bl_cuda_device_count() == 0) {
     printf("skipped: no CUDA device (bl_cuda_compiled() = %d)\n", bl_cuda_compiled());
@@ -239,6 +321,19 @@ int main(void) {
   setenv("BL_ATTENTION_KV_SPLIT", "2", 1);
   run_case(BL_BF16, 2, 384, 1, 64, 0.1);
   run_case(BL_F16, 1, 320, 2, 32, 0.0);
+  /* random lengths (1 and S among them) and masks that are not padding-shaped, odd S, with and without splits */
+  run_case_mask(BL_BF16, 4, 200, 2, 64, 0.1, MASK_LENGTHS);
+  run_case_mask(BL_F16, 3, 131, 1, 128, 0.0, MASK_LENGTHS);
+  run_case_mask(BL_BF16, 3, 97, 2, 32, 0.1, MASK_SCATTER);
+  run_case_mask(BL_F16, 2, 200, 1, 64, 0.1, MASK_SCATTER);
+  setenv("BL_ATTENTION_KV_SPLIT", "2", 1);
+  run_case_mask(BL_BF16, 4, 257, 1, 32, 0.1, MASK_LENGTHS);
+  run_case_mask(BL_F16, 3, 200, 1, 64, 0.0, MASK_SCATTER);
+  unsetenv("BL_ATTENTION_KV_SPLIT");
+  check_skip(BL_BF16, 200, 70, 64);
+  check_skip(BL_F16, 384, 300, 32);
+  setenv("BL_ATTENTION_KV_SPLIT", "3", 1);
+  check_skip(BL_BF16, 384, 100, 128);
   unsetenv("BL_ATTENTION_KV_SPLIT");
   printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;

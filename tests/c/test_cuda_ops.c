@@ -341,6 +341,118 @@ static void test_layernorm_half(void) {
   }
 }
 
+/* The residual LayerNorm backward from the output y (bl_residual_layernorm_backward_out): xhat = (y - beta) / gamma.
+ * (a) CUDA against the CPU twin, which takes xhat back from the same y the same way: the tolerances of the tests
+ *     above (f32 summation order; a stored bf16/f16 dx, dresidual one unit in the last place apart at most).
+ * (b) The CPU twin from y against the x path from x and residual (p = 0; this is the error the formulation adds):
+ *     y = round(gamma xhat + beta) is within uy |y| <= uy |gamma| (|xhat| + 4) of its value (uy: unit roundoff of
+ *     y's dtype, plus 2^-21 for the f32 arithmetic), so xhat is within e = (uy + 2^-21)(|xhat| + 4). With
+ *     b = mean(dy g xhat) and B = mean(|dy g| e) (the bound on b's change), dx = rs (dy g - a - xhat b) moves by at
+ *     most rs (e |b| + |xhat| B + e B); each stored dx is within us |dx| of its f32 value (us: dx's unit roundoff),
+ *     and the f32 evaluation adds 1e-5 rs (|dy g| + |a| + |xhat b|). dgamma = sum dy xhat moves by sum |dy| e.
+ * (c) A gamma column of 0 (or |beta| > 4 |gamma|) cannot give xhat back: the op must read x and residual, bit for
+ *     bit the x path on either device. 37 rows of 300 (scalar kernels) and 264 (16-byte vectors). */
+static void check_ln_out_bound(const char *name, const bl_tensor *x, const bl_tensor *res, const bl_tensor *g,
+                               const bl_tensor *dyt, const bl_tensor *mt, const bl_tensor *st, const bl_tensor *ref,
+                               const bl_tensor *got, const bl_tensor *gref, const bl_tensor *ggot, double uy,
+                               double us) {
+  checks++;
+  const int64_t h = g->numel, rows = x->numel / h;
+  double *xv = host(x), *rv = host(res), *gv = host(g), *dy = host(dyt), *m = host(mt), *s = host(st);
+  double *a0 = host(ref), *a1 = host(got), *g0 = host(gref), *g1 = host(ggot);
+  double *dgb = calloc((size_t)h, sizeof(double)), worst = 0;
+  int64_t bad = -1;
+  for (int64_t r = 0; r < rows; r++) {
+    const double *xr = xv + r * h, *rr = rv + r * h, *d = dy + r * h;
+    double a = 0, b = 0, B = 0;
+    for (int64_t j = 0; j < h; j++) {
+      double xh = (xr[j] + rr[j] - m[r]) * s[r], e = (uy + 0x1p-21) * (fabs(xh) + 4);
+      a += d[j] * gv[j] / h; b += d[j] * gv[j] * xh / h; B += fabs(d[j] * gv[j]) * e / h;
+      dgb[j] += fabs(d[j]) * e;
+    }
+    for (int64_t j = 0; j < h; j++) {
+      double xh = (xr[j] + rr[j] - m[r]) * s[r], e = (uy + 0x1p-21) * (fabs(xh) + 4);
+      double lim = s[r] * (e * fabs(b) + fabs(xh) * B + e * B) + us * (fabs(a0[r * h + j]) + fabs(a1[r * h + j])) +
+                   1e-5 * s[r] * (fabs(d[j] * gv[j]) + fabs(a) + fabs(xh * b));
+      double err = fabs(a0[r * h + j] - a1[r * h + j]);
+      if (!(err <= lim) && bad < 0) bad = r * h + j;
+      if (err > worst || err != err) worst = err;
+    }
+  }
+  for (int64_t j = 0; j < h && bad < 0; j++)
+    if (!(fabs(g0[j] - g1[j]) <= dgb[j] * 1.0001 + 1e-5 * (fabs(g0[j]) + 1))) bad = rows * h + j;
+  if (bad >= 0) { printf("FAIL %s: element %lld (max dx err %.3g)\n", name, (long long)bad, worst); fails++; }
+  free(xv); free(rv); free(gv); free(dy); free(m); free(s); free(a0); free(a1); free(g0); free(g1); free(dgb);
+}
+
+static void test_layernorm_out(void) {
+  const int dts[3] = {BL_F32, BL_BF16, BL_F16};
+  for (int k = 0; k < 12; k++) {
+    const int dt = dts[k % 3], gdt = (k / 3) & 1 ? BL_F32 : dt;
+    const int64_t R = 37, H = k >= 6 ? 264 : 300;
+    const double ut = dt == BL_BF16 ? 1.0 / 128 : dt == BL_F16 ? 1.0 / 1024 : 0;   /* one ulp, as above */
+    const double uy = dt == BL_BF16 ? 0x1p-8 : dt == BL_F16 ? 0x1p-11 : 0x1p-24;     /* unit roundoff */
+    bl_tensor *fx = rnd(2, SH(R, H), 200 + k, -2, 2), *fr = rnd(2, SH(R, H), 220 + k, -1, 1);
+    bl_tensor *fg = rnd(1, SH(H), 240 + k, 0.5, 1.5), *fb = rnd(1, SH(H), 260 + k, -1, 1);
+    bl_tensor *fgy = rnd(2, SH(R, H), 280 + k, -1, 1);
+    bl_tensor *x = mk(-1, dt, 2, SH(R, H)), *res = mk(-1, dt, 2, SH(R, H)), *gy = mk(-1, dt, 2, SH(R, H));
+    bl_tensor *g = mk(-1, gdt, 1, SH(H)), *b = mk(-1, gdt, 1, SH(H));
+    OK(bl_tensor_copy(x, fx)); OK(bl_tensor_copy(res, fr)); OK(bl_tensor_copy(gy, fgy));
+    OK(bl_tensor_copy(g, fg)); OK(bl_tensor_copy(b, fb));
+    bl_tensor *y = mk(-1, dt, 2, x->shape), *m = mk(-1, BL_F32, 1, SH(R)), *s_ = mk(-1, BL_F32, 1, SH(R));
+    bl_tensor *dx = mk(-1, dt, 2, x->shape), *dr = mk(-1, dt, 2, x->shape), *dg = mk(-1, BL_F32, 1, SH(H));
+    bl_tensor *db = mk(-1, BL_F32, 1, SH(H)), *dc = mk(-1, BL_F32, 1, SH(H));
+    bl_tensor *ex = mk(-1, dt, 2, x->shape), *er = mk(-1, dt, 2, x->shape), *eg = mk(-1, BL_F32, 1, SH(H));
+    bl_tensor *eb = mk(-1, BL_F32, 1, SH(H));
+    bl_tensor *gx = mk(DEV, dt, 2, x->shape), *gr = mk(DEV, dt, 2, x->shape), *gg = mk(DEV, BL_F32, 1, SH(H));
+    bl_tensor *gb = mk(DEV, BL_F32, 1, SH(H)), *gc = mk(DEV, BL_F32, 1, SH(H));
+    char name[112];
+    for (int pass = 0; pass < 3; pass++) {   /* (a), (b), (c) */
+      const double p = pass == 1 ? 0.0 : 0.1;
+      if (pass == 2) {   /* one gamma of 0 and one column where beta is 5 gamma: back to x and residual */
+        double *gv = host(g), *bv = host(b);
+        gv[H / 3] = 0; bv[H / 2] = 5 * gv[H / 2];
+        OK(bl_tensor_from_doubles(g, gv, H)); OK(bl_tensor_from_doubles(b, bv, H));
+        free(gv); free(bv);
+      }
+      ln_fwd(0, y, m, s_, x, res, g, b, p);
+      bl_tensor *Dx = up(x, dt), *Dr = up(res, dt), *Dy = up(y, dt), *Dg = up(g, gdt), *Db = up(b, gdt);
+      bl_tensor *Dgy = up(gy, dt), *Dm = up(m, BL_F32), *Ds = up(s_, BL_F32);
+      OK(bl_tensor_fill(dg, 0)); OK(bl_tensor_fill(db, 0)); OK(bl_tensor_fill(dc, 0));
+      OK(bl_residual_layernorm_backward_out(dx, dr, dg, db, dc, gy, y, x, res, g, b, m, s_, p, 5, 100));
+      OK(bl_cuda_tensor_fill(gg, 0)); OK(bl_cuda_tensor_fill(gb, 0)); OK(bl_cuda_tensor_fill(gc, 0));
+      OK(bl_cuda_residual_layernorm_backward_out(gx, gr, gg, gb, gc, Dgy, Dy, Dx, Dr, Dg, Db, Dm, Ds, p, 5, 100));
+      snprintf(name, sizeof name, "ln_out pass %d %s gamma %s H %lld", pass, bl_dtype_name(dt), bl_dtype_name(gdt),
+               (long long)H);
+      if (pass == 0) {
+        close_(name, dx, gx, ut + 1e-4, 1e-5); close_(name, dr, gr, ut + 1e-4, 1e-5);
+        close_(name, dg, gg, 1e-4, 1e-4); close_(name, db, gb, 1e-5, 1e-4); close_(name, dc, gc, 1e-4, 1e-5);
+      }
+      if (pass == 1) {   /* the x path on the CPU as the reference */
+        OK(bl_tensor_fill(eg, 0)); OK(bl_tensor_fill(eb, 0));
+        OK(bl_residual_layernorm_backward(ex, er, eg, eb, NULL, gy, x, res, g, m, s_, 0.0, 0, 0));
+        check_ln_out_bound(name, x, res, g, gy, m, s_, ex, dx, eg, dg, uy, uy);
+        close_(name, eb, db, 1e-6, 1e-6);
+      }
+      if (pass == 2) {   /* the x path, bit for bit, on both devices */
+        OK(bl_tensor_fill(eg, 0));
+        OK(bl_residual_layernorm_backward(ex, er, eg, NULL, NULL, gy, x, res, g, m, s_, p, 5, 100));
+        same_bits("ln_out fallback dx (cpu)", ex, dx); same_bits("ln_out fallback dres (cpu)", er, dr);
+        same_bits("ln_out fallback dgamma (cpu)", eg, dg);
+        bl_tensor *hx = mk(DEV, dt, 2, x->shape), *hr = mk(DEV, dt, 2, x->shape), *hg = mk(DEV, BL_F32, 1, SH(H));
+        OK(bl_cuda_tensor_fill(hg, 0));
+        OK(bl_cuda_residual_layernorm_backward(hx, hr, hg, NULL, NULL, Dgy, Dx, Dr, Dg, Dm, Ds, p, 5, 100));
+        same_bits("ln_out fallback dx (cuda)", hx, gx); same_bits("ln_out fallback dres (cuda)", hr, gr);
+        same_bits("ln_out fallback dgamma (cuda)", hg, gg);
+        F(hx); F(hr); F(hg);
+      }
+      F(Dx); F(Dr); F(Dy); F(Dg); F(Db); F(Dgy); F(Dm); F(Ds);
+    }
+    F(fx); F(fr); F(fg); F(fb); F(fgy); F(x); F(res); F(gy); F(g); F(b); F(y); F(m); F(s_); F(dx); F(dr); F(dg);
+    F(db); F(dc); F(ex); F(er); F(eg); F(eb); F(gx); F(gr); F(gg); F(gb); F(gc);
+  }
+}
+
 /* ---------------------------------------------------------------- activations, dropout, softmax */
 /* bf16/f16 activations (kernels/activation.cu reads and writes them natively when rows are whole 16-byte vectors,
  * else through f32 images) against the CPU twin on the same rounded inputs. Both compute each element in f32 from
@@ -688,6 +800,7 @@ int main(void) {
   test_activations();
   test_activations_half();
   test_layernorm_half();
+  test_layernorm_out();
   test_lookup_losses();
   test_attention();
   test_optim();

@@ -131,6 +131,13 @@ local function train_step(m, bt)
   end
 end
 
+-- a bf16 pre-training model in training mode on cuda:0 and its batch
+local function bf16_model(seed)
+  local m = bert.BertForPreTraining(CFG, { seed = seed }):to{ device = "cuda:0", dtype = "bf16" }
+  m:train()
+  return m, batch()
+end
+
 T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's matmul count", function()
   need_gpu()
   local m = bert.BertForPreTraining(CFG, { seed = 3 }):to{ device = "cuda:0", dtype = "bf16" }
@@ -190,6 +197,52 @@ T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's mat
   T.truthy(finals > 0, "the step runs the LayerNorm backward")
 end)
 
+T.test("the attention kernels skip masked-out key tiles, and the model costs the keys they visit", function()
+  need_gpu()
+  -- S = 130: three tiles of 64 keys. Row 1 is full (130 keys visited), row 2 has 10 real keys (one tile, 64 keys
+  -- visited): 194 of 260 keys. The model costs S d macs per visited key and head, 2 forward and 5 backward.
+  local ops = require "bertlua.nn.ops"
+  local Bq, Sq, heads, d = 2, 130, 2, 32
+  local qkv = bl.rand({ Bq, Sq, 3 * heads * d }, { seed = 9, offset = 0 }):to{ device = "cuda:0", dtype = "bf16" }
+  local dctx = bl.rand({ Bq, Sq, heads * d }, { seed = 10, offset = 0 }):to{ device = "cuda:0", dtype = "bf16" }
+  local am = {}
+  for b = 1, Bq do
+    am[b] = {}
+    for s = 1, Sq do am[b][s] = (b == 1 or s <= 10) and 1 or 0 end
+  end
+  local mask = bl.from(am):to("cuda:0")
+  local H = heads * d
+  local q, k, v = qkv:narrow(3, 1, H), qkv:narrow(3, H + 1, H), qkv:narrow(3, 2 * H + 1, H)
+  local list = stepmodel.record(0, function()
+    local ctx, lse = ops.attention(q, k, v, mask, heads, { p = 0.1, seed = 1 })
+    ops.attention_backward(dctx, q, k, v, lse, heads, { ctx = ctx, key_mask = mask, p = 0.1, seed = 1 })
+  end)
+  local flops = { attn_tc_fwd = 0, attn_tc_bwd = 0 }
+  for _, l in ipairs(list) do
+    if flops[l.name] then flops[l.name] = flops[l.name] + l.flops end
+  end
+  local visited = Sq + 64
+  T.eq(flops.attn_tc_fwd, 2 * 2 * heads * Sq * d * visited, "forward FLOPs: the visited keys only")
+  T.eq(flops.attn_tc_bwd, 2 * 5 * heads * Sq * d * visited, "backward FLOPs: the visited keys only")
+end)
+
+T.test("the residual LayerNorm backward reads the output, not the sum's two inputs", function()
+  need_gpu()
+  -- dy, y in and dx, dresidual out: 4 [B*S, H] bf16 passes (5 when it read x and residual), plus gamma, beta,
+  -- mean, rstd and the parameter-gradient partials
+  local m, bt = bf16_model(3)
+  train_step(m, bt)()
+  local list = stepmodel.record(0, train_step(m, bt))
+  local n, seen = B * S * CFG.hidden_size, 0
+  for _, l in ipairs(list) do
+    if l.name == "ln_bwd_rows" and l.bytes > 4 * 2 * n then
+      seen = seen + 1
+      T.truthy(l.bytes < 5 * 2 * n, ("ln_bwd_rows moves %d bytes: under 5 passes of %d"):format(l.bytes, 2 * n))
+    end
+  end
+  T.eq(seen, 2 * CFG.num_hidden_layers, "residual LayerNorm backward launches (two per layer)")
+end)
+
 T.test("a dry run records the same launches as a real run (emulated device)", function()
   need_gpu()
   if not emulated() then T.skip("dry runs exist on the emulated device only") end
@@ -215,9 +268,7 @@ end)
 -- op lost its native path. Head size 32: the attention runs the tensor-core kernels, which read bf16 in place.
 T.test("a bf16 training step makes no generic conversion", function()
   need_gpu()
-  local m = bert.BertForPreTraining(CFG, { seed = 5 }):to{ device = "cuda:0", dtype = "bf16" }
-  m:train()
-  local bt = batch()
+  local m, bt = bf16_model(5)
   -- the update writes the bf16 compute copy in its own launches (optim with model=): no refresh cast follows it
   local lamb = optim.LAMB{ model = m, lr = 1e-3 }
   local function step()

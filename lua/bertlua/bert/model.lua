@@ -302,9 +302,10 @@ function BertOutput:backward(input, dy)
   local ln = self.LayerNorm
   local p, seed, off = self._drop[1], self._drop[2], self._drop[3]
   local fuse_db = dense.__name == "Linear" and dense.grad_bias ~= nil
+  -- the normalised sum from the output (kept: it is the next sublayer's input), one read fewer than d and residual
   ops.residual_layernorm_backward(dy, d, residual, ln.weight, self.mean, self.rstd, { dgamma = ln.grad_weight,
     dbeta = ln.grad_bias, dbias = fuse_db and dense.grad_bias or nil, p = p, seed = seed, offset = off, dx = dd,
-    dres = dres, packed = self._plan })
+    dres = dres, packed = self._plan, y = self.output, beta = ln.bias })
   if not fuse_db then return { dense:backward(h, dd), dres } end
   local dh = ops.linear_backward(dd, h, dense.weight, { dx = buf(dense, "grad_input", h:shape()),
     dw = dense.grad_weight })

@@ -153,7 +153,9 @@ function M.residual_layernorm(x, residual, gamma, beta, opts)
   return out, mean, rstd
 end
 -- Returns dx, dresidual. opts: dgamma, dbeta (+=), dbias (+= the column sums of dx: the bias gradient of the linear
--- layer that produced x, in the same pass), p, seed, offset, packed (as in forward), dx, dres (buffers).
+-- layer that produced x, in the same pass), p, seed, offset, packed (as in forward), dx, dres (buffers), y and beta
+-- (the forward's output and beta: the normalised sum is taken back from y, one read fewer, where gamma allows it;
+-- see bl_residual_layernorm_backward_out; the packed op reads x and residual).
 function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
   opts = opts or {}
   local dx, dres = opts.dx or like(x), opts.dres or like(x)
@@ -161,6 +163,9 @@ function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
   if pk then
     check(C.bl_residual_layernorm_backward_packed(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual,
       gamma, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0, pk.offsets, pk.S))
+  elseif opts.y then
+    check(C.bl_residual_layernorm_backward_out(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, opts.y, x, residual,
+      gamma, opts.beta, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
   else
     check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual, gamma,
       mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
