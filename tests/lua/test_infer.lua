@@ -24,8 +24,7 @@ local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local infer = require "bertlua.bert.infer"
 
-local CFG = { vocab_size = 211, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
-  intermediate_size = 256, max_position_embeddings = 64, type_vocab_size = 2 }
+local CFG = require("fixtures").tiny_config()
 local B, S = 3, 37
 local TOL = 2e-4
 

@@ -20,8 +20,7 @@ local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local infer = require "bertlua.bert.infer"
 
-local CFG = { vocab_size = 211, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
-  intermediate_size = 256, max_position_embeddings = 64, type_vocab_size = 2 }
+local CFG = require("fixtures").tiny_config()
 
 -- a batch of token rows (tables of ids), padded with 0 to the longest; types 0
 local function batch_of(rows)

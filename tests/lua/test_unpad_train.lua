@@ -34,8 +34,7 @@ local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
 local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 
-local CFG = { vocab_size = 211, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
-  intermediate_size = 256, max_position_embeddings = 64, type_vocab_size = 2 }
+local CFG = require("fixtures").tiny_config()
 local S, LR, STEPS = 37, 1e-3, 4
 local LENS = { { S, 1, 23, 9 }, { 2, 30, S, 17 } }   -- the two micro-batches: a full row, a row of length 1
 local TOL = { fp32 = { rel = 2e-6, w = 2e-6 }, bf16 = { rel = 2e-5, w = 1.6e-5 } }

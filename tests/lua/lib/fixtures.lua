@@ -4,6 +4,7 @@
 --   local fx = require "fixtures"
 --   local vocab = fx.vocab(dir[, { size = 2000 }])   -- build_vocab.lua on the generated corpus
 --   local dev = fx.glue(dir, "mrpc")                -- a GLUE dev.tsv in the task's own format
+--   local cfg = fx.tiny_config()                    -- a 2-layer BERT config with odd vocab, 4 heads of 16
 --
 -- The texts come from bertlua.data.synthetic's invented world; labels follow
 -- rules a small model can learn from the words (so "loss falls" holds).
@@ -12,6 +13,12 @@ local syn = require "bertlua.data.synthetic"
 local rng = require "bertlua.util.rng"
 
 local M = {}
+
+-- a fresh table each call (callers may change it)
+function M.tiny_config()
+  return { vocab_size = 211, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+    intermediate_size = 256, max_position_embeddings = 64, type_vocab_size = 2 }
+end
 
 local function world() return syn.world { seed = 11, countries = 40 } end
 
