@@ -44,6 +44,8 @@ set_tests_properties(lua_test_cuda_squad PROPERTIES TIMEOUT 1200)
 # 2-rank emulated pre-training (6 steps) with and without --cuda-graph and four 2-rank reducer scripts: ~3 min on an
 # idle 2-core VM, ~15 min at load 15
 set_tests_properties(lua_test_cuda_graph_dp PROPERTIES TIMEOUT 1800)
+# a real MiniLM fine-tuned twice (bertlua, then transformers): ~2.5 min in Release, 8-10 min in the ASan build
+set_tests_properties(lua_test_finetune_f1 PROPERTIES TIMEOUT 1200)
 # 26 attention cases with host f64 bounds on the emulated device (masks with skipped key tiles among them)
 set_tests_properties(c_test_cuda_attention PROPERTIES TIMEOUT 1200)
 

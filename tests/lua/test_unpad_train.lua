@@ -92,7 +92,7 @@ local function train(unpad, precision)
 end
 
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
-local PATHS = { "avx512", "avx2" }
+local PATHS = { "avx512", "avx2", "baseline" }   -- baseline: builds without ISA kernels (the sanitizer build)
 
 for _, precision in ipairs({ "fp32", "bf16" }) do
   T.test(precision .. ": packed pre-training steps = padded steps on every CPU path", function()
