@@ -61,30 +61,22 @@ end
 
 local function max_diff(a, b) return (a - b):abs():max() end
 
-local PATHS = { "avx512", "avx2", "baseline" }
-
 T.test("packed inference forward = eval forward on every CPU path", function()
   local model = bert.BertModel(CFG, { seed = 3 })
   randomise(model)
   local batch = make_batch()
-  local tested = 0
-  for _, isa in ipairs(PATHS) do
-    if pcall(bl.set_cpu_isa, isa) then
-      infer.unpack(model)
-      model:eval()
-      local h0, p0 = outputs(model, batch)
-      local _, n = infer.pack(model, { unpad = false })
-      T.eq(n, 4 * CFG.num_hidden_layers + 1, isa .. ": weights packed (QKV, 3 dense per layer, pooler)")
-      local h1, p1 = outputs(model, batch)
-      local dh, dp = max_diff(h1, h0), max_diff(p1, p0)
-      print(("%s: max |packed - eval| hidden %.3g, pooler %.3g (tolerance %g)"):format(isa, dh, dp, TOL))
-      T.truthy(dh <= TOL and dp <= TOL, ("%s: packed forward differs by %.3g / %.3g"):format(isa, dh, dp))
-      T.truthy(h0:abs():max() > 0.5, "outputs are not trivially small")
-      tested = tested + 1
-    end
-  end
-  T.truthy(tested >= 1, "no CPU path could be set")
-  for _, isa in ipairs(PATHS) do if pcall(bl.set_cpu_isa, isa) then break end end -- back to the best one
+  T.each_cpu_path(function(isa)
+    infer.unpack(model)
+    model:eval()
+    local h0, p0 = outputs(model, batch)
+    local _, n = infer.pack(model, { unpad = false })
+    T.eq(n, 4 * CFG.num_hidden_layers + 1, isa .. ": weights packed (QKV, 3 dense per layer, pooler)")
+    local h1, p1 = outputs(model, batch)
+    local dh, dp = max_diff(h1, h0), max_diff(p1, p0)
+    print(("%s: max |packed - eval| hidden %.3g, pooler %.3g (tolerance %g)"):format(isa, dh, dp, TOL))
+    T.truthy(dh <= TOL and dp <= TOL, ("%s: packed forward differs by %.3g / %.3g"):format(isa, dh, dp))
+    T.truthy(h0:abs():max() > 0.5, "outputs are not trivially small")
+  end)
 end)
 
 -- a batch of rows with these real tokens (1 = real) as a mask, ids and types random
@@ -148,18 +140,12 @@ T.test("unpadded inference = padded forward at real positions, zeros at padded o
   randomise(model)
   local holes = function(s) return s % 3 ~= 2 and s <= 33 end  -- not a prefix: real tokens after padded ones
   local rows = { first(S), first(30), first(11), first(0), first(1), holes, first(36) }
-  local tested = 0
-  for _, isa in ipairs(PATHS) do
-    if pcall(bl.set_cpu_isa, isa) then
-      local batch, mask = batch_of(rows)
-      check_unpadded(model, batch, mask, isa .. " B=7 (a full row, odd lengths, an empty row, holes)")
-      batch, mask = batch_of({ first(29) })
-      check_unpadded(model, batch, mask, isa .. " B=1")
-      tested = tested + 1
-    end
-  end
-  T.truthy(tested >= 1, "no CPU path could be set")
-  for _, isa in ipairs(PATHS) do if pcall(bl.set_cpu_isa, isa) then break end end
+  T.each_cpu_path(function(isa)
+    local batch, mask = batch_of(rows)
+    check_unpadded(model, batch, mask, isa .. " B=7 (a full row, odd lengths, an empty row, holes)")
+    batch, mask = batch_of({ first(29) })
+    check_unpadded(model, batch, mask, isa .. " B=1")
+  end)
 end)
 
 T.test("unpadded inference: every row padding, no padding, bad offsets", function()

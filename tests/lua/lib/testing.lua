@@ -77,6 +77,22 @@ function M.at_exit(fn) finalizers[#finalizers + 1] = fn end
 -- Helpers for tests that run recipes through the executable --------------------
 
 -- exe(): path of the bertlua executable: $BL_BUILD_DIR/bertlua (ctest sets it), else build/bertlua.
+-- each_cpu_path(fn): fn(isa) on every CPU kernel path this build and CPU can set (avx512, avx2, baseline; the
+-- sanitizer build has only baseline), at least one; the best path is set again afterwards.
+local CPU_PATHS = { "avx512", "avx2", "baseline" }
+function M.each_cpu_path(fn)
+  local bl = require "bertlua"
+  local tested = 0
+  for _, isa in ipairs(CPU_PATHS) do
+    if pcall(bl.set_cpu_isa, isa) then
+      fn(isa)
+      tested = tested + 1
+    end
+  end
+  M.truthy(tested >= 1, "no CPU path could be set")
+  for _, isa in ipairs(CPU_PATHS) do if pcall(bl.set_cpu_isa, isa) then break end end
+end
+
 function M.exe() return (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua" end
 
 -- sh(cmd) -> out, rc: runs a shell command; out is its stdout and stderr together
