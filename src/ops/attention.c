@@ -355,9 +355,10 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
     size_t ss = (size_t)(S * S > 0 ? S * S : 1);
     float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
     float *pr = probs ? NULL : malloc(ss * sizeof(float)), *pd = p > 0 ? malloc(ss * sizeof(float)) : NULL;
-    float *inv = ps->off && !probs && p <= 0 ? malloc((size_t)(S > 0 ? S : 1) * sizeof(float)) : NULL;
+    const int infer = ps->off && !probs && p <= 0;   /* packed inference: head_forward's inv */
+    float *inv = infer ? malloc((size_t)(S > 0 ? S : 1) * sizeof(float)) : NULL;
     uint8_t *keep = p > 0 ? malloc(ss) : NULL;
-    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (inv || !ps->off || probs || p > 0);
+    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (!infer || inv);
     if (!ok) {
       #pragma omp atomic write
       oom = 1;
