@@ -8,7 +8,8 @@
 --   * the split of a recorded step into micro-batch and optimizer-step parts (marks) and the bound at an
 --     accumulation (the first micro-batch, A - 1 later ones, the optimizer step); backward adds into the gradient
 --     buffer (two backward calls without zeroing give the sum), so pre-training's step with accumulation makes no
---     full-gradient-buffer pass per micro-batch.
+--     full-gradient-buffer pass per micro-batch;
+--   * a step's loss seed 1/accum is applied by the cross-entropy (no pass over the logits' gradient, same bits).
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -18,6 +19,7 @@ local stepmodel = require "bertlua.stepmodel"
 local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
 local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local device = require "bertlua.train.device"
 local C, check, ffi = core.C, core.check, core.ffi
 
 local HAVE_GPU = bl.cuda_available()
@@ -382,6 +384,57 @@ T.test("pre-training's step with accumulation: no full-gradient-buffer pass per 
       if (l.cls == "memset" or l.name == "fill") and l.bytes >= 4 * n then zeroings = zeroings + 1 end
     end
     T.eq(zeroings, 1, "zeroings of the gradient buffer per optimizer step")
+  end)
+
+-- A step's loss seed 1/accum (a number: bf16, no loss scaling) is known before the forward: PretrainStep hands it
+-- over as stats.grad_scale and the cross-entropy writes the logits' gradients times it, so backward(1/accum) makes no
+-- pass over the [masked rows, vocab] gradient. 0.5 is a power of two: the product's bits are those of scaling the
+-- rounded gradient afterwards, so every gradient must be the same bit for bit.
+T.test("the loss seed rides on the cross-entropy's gradient pass: no pass over the logits' gradient, same bits",
+  function()
+    need_gpu()
+    local m, bt = bf16_model(7)
+    local function run(folded, backward_scale)
+      m:zero_grad()
+      m.rng = bl.Generator(11)
+      m:apply(function(x) x.rng = m.rng end)
+      local stats = device.StepStats(0)
+      stats.grad_scale = folded and (backward_scale or 0.5) or nil
+      local list = stepmodel.record(0, function()
+        m:forward(bt, stats)
+        m:backward(backward_scale or 0.5)
+      end)
+      local scales = 0
+      for _, l in ipairs(list) do if l.name == "affine" then scales = scales + 1 end end
+      local r = {}
+      for _, e in ipairs(m:parameters()) do r[e.name] = e.grad:to("cpu") end
+      return r, scales
+    end
+    run(false)   -- warm-up: scratch and cuBLASLt plans
+    local want, before = run(false)
+    local got, after = run(true)
+    T.eq(before, 2, "scaling passes when backward applies the seed (MLM and NSP logits' gradients)")
+    T.eq(after, 0, "scaling passes when the cross-entropy applied it")
+    local n = 0
+    for name, g in pairs(got) do
+      T.eq((g - want[name]):abs():max(), 0, name .. ": differs from scaling after the cross-entropy")
+      n = n + 1
+    end
+    T.truthy(n > 20, "parameters compared")
+    T.raises(function()
+      m:forward(bt, setmetatable({ grad_scale = 0.5 }, { __index = device.StepStats(0) }))
+      m:backward(0.25)
+    end, "differs from the forward's stats.grad_scale")
+    -- 1/3 (accumulation 3): one rounding of d * fl(s/c) to bf16 (relative error <= u + 2 u32, u = 2^-8) where the
+    -- scaling afterwards rounded twice (<= 2 u + 2 u32): they differ by at most 3u (1 + 2^-6) of the larger
+    local function dlogits(folded)
+      run(folded, 1 / 3)
+      return m._dmlm:to{ device = "cpu", dtype = "f32" }
+    end
+    local old, new = dlogits(false), dlogits(true)
+    local worst = ((new - old):abs() - old:abs() * (3 * 2 ^ -8 * (1 + 2 ^ -6))):max()
+    T.truthy(worst <= 0, ("1/3: the folded logits' gradient is within 3u of the scaled one (excess %g)"):format(worst))
+    T.truthy(old:abs():max() > 0, "the logits' gradient is not zero")
   end)
 
 T.run()
