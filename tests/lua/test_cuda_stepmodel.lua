@@ -9,7 +9,8 @@
 --     accumulation (the first micro-batch, A - 1 later ones, the optimizer step); backward adds into the gradient
 --     buffer (two backward calls without zeroing give the sum), so pre-training's step with accumulation makes no
 --     full-gradient-buffer pass per micro-batch;
---   * a step's loss seed 1/accum is applied by the cross-entropy (no pass over the logits' gradient, same bits).
+--   * a step's loss seed 1/accum is applied by the cross-entropy (no pass over the logits' gradient, same bits);
+--   * a LayerNorm backward that falls back from its output to the sum's inputs is costed with the extra pass.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -244,6 +245,28 @@ T.test("the residual LayerNorm backward reads the output, not the sum's two inpu
   end
   T.eq(seen, 2 * CFG.num_hidden_layers, "residual LayerNorm backward launches (two per layer)")
 end)
+
+T.test("a LayerNorm backward that falls back to the sum's inputs (degenerate gamma) is costed with their pass",
+  function()
+    need_gpu()
+    local ops = require "bertlua.nn.ops"
+    local rows, H = 37, 64
+    local function r(shape, seed) return bl.rand(shape, { seed = seed, offset = 0 }):to{ device = "cuda:0" } end
+    local x, res, dy = r({ rows, H }, 1):to("bf16"), r({ rows, H }, 2):to("bf16"), r({ rows, H }, 3):to("bf16")
+    local beta = r({ H }, 5) * 0.1
+    local function ln_bytes(gamma)
+      local y, mean, rstd = ops.residual_layernorm(x, res, gamma, beta)
+      local list = stepmodel.record(0, function()
+        ops.residual_layernorm_backward(dy, x, res, gamma, mean, rstd, { y = y, beta = beta })
+      end)
+      for _, l in ipairs(list) do if l.name == "ln_bwd_rows" then return l.bytes end end
+      error("no ln_bwd_rows launch recorded")
+    end
+    local gamma = r({ H }, 4) + 0.5
+    local safe = ln_bytes(gamma)
+    gamma:narrow(1, 7, 1):fill_(0)   -- |gamma| < 2^-60 in one column: xhat cannot come from y
+    T.eq(ln_bytes(gamma) - safe, 2 * rows * H, "the fallback's extra read of the residual")
+  end)
 
 T.test("a dry run records the same launches as a real run (emulated device)", function()
   need_gpu()
