@@ -460,4 +460,32 @@ T.test("the loss seed rides on the cross-entropy's gradient pass: no pass over t
     T.truthy(old:abs():max() > 0, "the logits' gradient is not zero")
   end)
 
+-- The benchmark records a graphed step (which captures it) and then times replays of that capture: the kernels
+-- that count for the model (mask_rows' visited keys, the LayerNorm backward's fallback) keep the cost slots'
+-- addresses in the graph, so the slots must outlive the recording (a freed arena is an access outside every
+-- allocation on the emulated device).
+T.test("a step captured while it was recorded replays after the recording", function()
+  need_gpu()
+  local m = bert.BertForPreTraining(CFG, { seed = 9 }):to{ device = "cuda:0", dtype = "bf16" }
+  m:train()
+  local dev = bl.device_of("cuda:0", "test")
+  local lamb = optim.LAMB{ model = m, lr = 1e-3, weight_decay = 0.01, max_grad_norm = 1.0 }
+  local ps = PretrainStep{ model = m, optimizer = lamb, amp = amp.MixedPrecision{ model = m }, dev = dev, accum = 2,
+    dropout_seed = function(step, micro) return 100 * step + micro end }:use_graph()
+  local bt = batch(1)
+  local function run(step) ps:run(step, function() return bt end, 1e-3) end
+  for step = 1, 3 do run(step) end
+  T.truthy(ps.graph_ready, "warmed up")
+  stepmodel.record(0, function(mark)
+    ps.mark = mark
+    run(4)
+    ps.mark = nil
+  end)
+  local replays = ps.replays
+  run(5)
+  run(6)
+  ps:read()
+  T.eq(ps.replays - replays, 2, "replays of the capture made while recording")
+end)
+
 T.run()
