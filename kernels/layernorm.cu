@@ -190,7 +190,8 @@ __device__ __forceinline__ void ln_xh_k(const T *y, const T *x, const T *res, in
 template <class T, class G, int V>
 __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const T *y, const G *gamma, const G *beta,
                             const float *mean, const float *rstd, T *dx, T *dres, float *part, bool smem,
-                            int64_t rows, int64_t h, float p, float scale, uint64_t seed, uint64_t offset) {
+                            int64_t rows, int64_t h, float p, float scale, uint64_t seed, uint64_t offset,
+                            int *fell_back) {
   seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
   extern __shared__ float sacc[];
   __shared__ float sh[64];
@@ -209,7 +210,11 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const T *y, c
 #pragma unroll
       for (int e = 0; e < V; e++) ok = ok && ln_col_safe(g[e], b[e]);
     }
-    if (!__syncthreads_and(ok)) y = nullptr;
+    if (!__syncthreads_and(ok)) {
+      y = nullptr;
+      // every block decides alike: block 0 tells the step-time model (a cost slot while it records)
+      if (fell_back && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) *fell_back = 1;
+    }
   }
   const int64_t r0 = blockIdx.x * ng * kRows + threadIdx.y;
   for (int k = 0; k < kRows; k++) {   // the same trip count in every group: group_sum2 holds barriers
@@ -430,21 +435,24 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
     return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many", op, dev, (long long)rows);
   cu_mem part;
   if (want) BL_CHECK(part.alloc(op, dev, (size_t)(3 * nblk * h) * sizeof(float)));
-  // dy, dx and the sum's inputs x (+ res), or y with beta, whose every column ln_col_safe accepts (the other case,
-  // degenerate gamma, is the x path's cost)
+  // dy, dx and the sum's inputs x (+ res), or y with beta, whose every column ln_col_safe accepts. A degenerate
+  // gamma makes the kernel fall back to x and res, a pass more: it writes 1 to the cost slot, read at the end of
+  // the step-time model's recording (without res both ways read one pass).
   const double ins = y ? 1.0 : res ? 2.0 : 1.0;
-  cu_cost_kernel(dev, "layernorm", "ln_bwd_rows", sizeof(T) * n * (2 + ins + (dres ? 1 : 0)) +
-                 sizeof(G) * (double)h * (y && beta ? 2 : 1) + 8.0 * rows + (want ? 12.0 * nblk * h : 0.0));
+  const double bytes = sizeof(T) * n * (2 + ins + (dres ? 1 : 0)) + sizeof(G) * (double)h * (y && beta ? 2 : 1) +
+                       8.0 * rows + (want ? 12.0 * nblk * h : 0.0);
+  int *fell_back = y && res ? cu_cost_slot(dev) : nullptr;
+  cu_cost_kernel_per(dev, "layernorm", "ln_bwd_rows", bytes, 0.0, BL_ENGINE_MEM, fell_back, sizeof(T) * n, 0.0);
   const size_t shm = want && smem ? 3 * h * sizeof(float) * groups : 0;
   const dim3 block(tpr, groups);
   if constexpr (sizeof(T) == 2) {
     if (vec)
       ln_bwd_rows<T, G, kVec><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(dy, x, res, y, gamma, beta, mean, rstd,
-          dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
+          dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset, fell_back);
   }
   if (!vec)
     ln_bwd_rows<T, G, 1><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(dy, x, res, y, gamma, beta, mean, rstd, dx,
-        dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset);
+        dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset, fell_back);
   BL_CHECK(cu_launched(op, dev));
   if (!want) return 0;
   cu_buf bdg, bdb, bdc;

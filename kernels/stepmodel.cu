@@ -20,7 +20,10 @@ std::set<std::string> names;             // storage of the launches' names (a na
 
 // Cost slots (cu_cost_slot) and the launches that depend on them: record `at` gets *slot times the per-unit costs.
 const int kSlots = 4096;
+// The arena outlives a recording: a step captured as a CUDA graph while it was recorded keeps slot addresses in
+// its kernels' arguments, and its replays (the benchmark's timed steps) still write there after the recording.
 int *slots = nullptr;
+int slots_dev = -1;
 int slots_used = 0;
 struct per_unit { size_t at; const int *slot; double bytes, flops; };
 std::vector<per_unit> deferred;
@@ -103,7 +106,14 @@ extern "C" int bl_cuda_record_begin(int device) {
   names.clear();
   deferred.clear();
   slots_used = 0;
-  CU_TRY("record", device, cudaMalloc((void **)&slots, kSlots * sizeof(int)));
+  if (slots && slots_dev != device) {   // only the last recorded device keeps an arena
+    cudaFree(slots);
+    slots = nullptr;
+  }
+  if (!slots) {
+    CU_TRY("record", device, cudaMalloc((void **)&slots, kSlots * sizeof(int)));
+    slots_dev = device;
+  }
   CU_TRY("record", device, cudaMemset(slots, 0, kSlots * sizeof(int)));
   rec_dev.store(device);
 #ifdef BL_CUDA_EMU
@@ -126,8 +136,6 @@ extern "C" int bl_cuda_record_end(int device, int64_t *count) {
   std::vector<int> got((size_t)kSlots);
   const int *base = slots;
   cudaError_t e = sync ? cudaSuccess : cudaMemcpy(got.data(), slots, kSlots * sizeof(int), cudaMemcpyDeviceToHost);
-  cudaFree(slots);
-  slots = nullptr;
   if (sync) return sync;
   if (e != cudaSuccess) return cu_err("record", device, e);
   for (const per_unit &u : deferred) {

@@ -4,7 +4,8 @@
 -- keep a separate sum: their gradients are chained row sums), so the weights after 6 optimizer steps of accumulation
 -- 3 must be the reference's bit for bit: fp32, and fp16 with dynamic loss scaling (skips included), on the CPU and on
 -- cuda:0 when there is one (the emulated device in CI). A step that added the tables' micro-batch gradients in place
--- fails (largest weight difference 1.2e-7 on the cpu, 5.4e-7 on cuda).
+-- fails (largest weight difference 1.2e-7 on the cpu, 5.4e-7 on cuda). A loss seed that is a number (1/3 here, fp32)
+-- is applied by the forward's cross-entropy in the step (stats.grad_scale), so the reference's forward gets it too.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -12,6 +13,7 @@ local config = require "bertlua.bert.config"
 local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
 local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local device = require "bertlua.train.device"
 
 local CFG = config.new{ vocab_size = 104, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2,
   intermediate_size = 96, max_position_embeddings = 64, hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1 }
@@ -57,16 +59,18 @@ local function with_step(devname, precision)
 end
 
 local function reference(devname, precision)
-  local m, lamb, mp = setup(devname, precision)
+  local m, lamb, mp, dev = setup(devname, precision)
   local acc = bl.zeros_like(m.flat_grads)
+  local stats = device.StepStats(dev)
   for step = 1, STEPS do
     mp:begin_step()
     local seed = mp:loss_seed(ACCUM)
+    stats.grad_scale = type(seed) == "number" and seed or nil
     acc:zero_()
     for a = 1, ACCUM do
       m.rng = bl.Generator(seed_of(step, a - 1))
       m:apply(function(x) x.rng = m.rng end)
-      m:forward(batch(step * 10 + a))
+      m:forward(batch(step * 10 + a), stats)
       m:zero_grad()
       m:backward(seed)
       acc:add_(m.flat_grads)

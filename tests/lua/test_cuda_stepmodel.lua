@@ -8,7 +8,9 @@
 --   * the split of a recorded step into micro-batch and optimizer-step parts (marks) and the bound at an
 --     accumulation (the first micro-batch, A - 1 later ones, the optimizer step); backward adds into the gradient
 --     buffer (two backward calls without zeroing give the sum), so pre-training's step with accumulation makes no
---     full-gradient-buffer pass per micro-batch.
+--     full-gradient-buffer pass per micro-batch;
+--   * a step's loss seed 1/accum is applied by the cross-entropy (no pass over the logits' gradient, same bits);
+--   * a LayerNorm backward that falls back from its output to the sum's inputs is costed with the extra pass.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -18,6 +20,7 @@ local stepmodel = require "bertlua.stepmodel"
 local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
 local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local device = require "bertlua.train.device"
 local C, check, ffi = core.C, core.check, core.ffi
 
 local HAVE_GPU = bl.cuda_available()
@@ -243,6 +246,28 @@ T.test("the residual LayerNorm backward reads the output, not the sum's two inpu
   T.eq(seen, 2 * CFG.num_hidden_layers, "residual LayerNorm backward launches (two per layer)")
 end)
 
+T.test("a LayerNorm backward that falls back to the sum's inputs (degenerate gamma) is costed with their pass",
+  function()
+    need_gpu()
+    local ops = require "bertlua.nn.ops"
+    local rows, H = 37, 64
+    local function r(shape, seed) return bl.rand(shape, { seed = seed, offset = 0 }):to{ device = "cuda:0" } end
+    local x, res, dy = r({ rows, H }, 1):to("bf16"), r({ rows, H }, 2):to("bf16"), r({ rows, H }, 3):to("bf16")
+    local beta = r({ H }, 5) * 0.1
+    local function ln_bytes(gamma)
+      local y, mean, rstd = ops.residual_layernorm(x, res, gamma, beta)
+      local list = stepmodel.record(0, function()
+        ops.residual_layernorm_backward(dy, x, res, gamma, mean, rstd, { y = y, beta = beta })
+      end)
+      for _, l in ipairs(list) do if l.name == "ln_bwd_rows" then return l.bytes end end
+      error("no ln_bwd_rows launch recorded")
+    end
+    local gamma = r({ H }, 4) + 0.5
+    local safe = ln_bytes(gamma)
+    gamma:narrow(1, 7, 1):fill_(0)   -- |gamma| < 2^-60 in one column: xhat cannot come from y
+    T.eq(ln_bytes(gamma) - safe, 2 * rows * H, "the fallback's extra read of the residual")
+  end)
+
 T.test("a dry run records the same launches as a real run (emulated device)", function()
   need_gpu()
   if not emulated() then T.skip("dry runs exist on the emulated device only") end
@@ -383,5 +408,84 @@ T.test("pre-training's step with accumulation: no full-gradient-buffer pass per 
     end
     T.eq(zeroings, 1, "zeroings of the gradient buffer per optimizer step")
   end)
+
+-- A step's loss seed 1/accum (a number: bf16, no loss scaling) is known before the forward: PretrainStep hands it
+-- over as stats.grad_scale and the cross-entropy writes the logits' gradients times it, so backward(1/accum) makes no
+-- pass over the [masked rows, vocab] gradient. 0.5 is a power of two: the product's bits are those of scaling the
+-- rounded gradient afterwards, so every gradient must be the same bit for bit.
+T.test("the loss seed rides on the cross-entropy's gradient pass: no pass over the logits' gradient, same bits",
+  function()
+    need_gpu()
+    local m, bt = bf16_model(7)
+    local function run(folded, backward_scale)
+      m:zero_grad()
+      m.rng = bl.Generator(11)
+      m:apply(function(x) x.rng = m.rng end)
+      local stats = device.StepStats(0)
+      stats.grad_scale = folded and (backward_scale or 0.5) or nil
+      local list = stepmodel.record(0, function()
+        m:forward(bt, stats)
+        m:backward(backward_scale or 0.5)
+      end)
+      local scales = 0
+      for _, l in ipairs(list) do if l.name == "affine" then scales = scales + 1 end end
+      local r = {}
+      for _, e in ipairs(m:parameters()) do r[e.name] = e.grad:to("cpu") end
+      return r, scales
+    end
+    run(false)   -- warm-up: scratch and cuBLASLt plans
+    local want, before = run(false)
+    local got, after = run(true)
+    T.eq(before, 2, "scaling passes when backward applies the seed (MLM and NSP logits' gradients)")
+    T.eq(after, 0, "scaling passes when the cross-entropy applied it")
+    local n = 0
+    for name, g in pairs(got) do
+      T.eq((g - want[name]):abs():max(), 0, name .. ": differs from scaling after the cross-entropy")
+      n = n + 1
+    end
+    T.truthy(n > 20, "parameters compared")
+    T.raises(function()
+      m:forward(bt, setmetatable({ grad_scale = 0.5 }, { __index = device.StepStats(0) }))
+      m:backward(0.25)
+    end, "differs from the forward's stats.grad_scale")
+    -- 1/3 (accumulation 3): one rounding of d * fl(s/c) to bf16 (relative error <= u + 2 u32, u = 2^-8) where the
+    -- scaling afterwards rounded twice (<= 2 u + 2 u32): they differ by at most 3u (1 + 2^-6) of the larger
+    local function dlogits(folded)
+      run(folded, 1 / 3)
+      return m._dmlm:to{ device = "cpu", dtype = "f32" }
+    end
+    local old, new = dlogits(false), dlogits(true)
+    local worst = ((new - old):abs() - old:abs() * (3 * 2 ^ -8 * (1 + 2 ^ -6))):max()
+    T.truthy(worst <= 0, ("1/3: the folded logits' gradient is within 3u of the scaled one (excess %g)"):format(worst))
+    T.truthy(old:abs():max() > 0, "the logits' gradient is not zero")
+  end)
+
+-- The benchmark records a graphed step (which captures it) and then times replays of that capture: the kernels
+-- that count for the model (mask_rows' visited keys, the LayerNorm backward's fallback) keep the cost slots'
+-- addresses in the graph, so the slots must outlive the recording (a freed arena is an access outside every
+-- allocation on the emulated device).
+T.test("a step captured while it was recorded replays after the recording", function()
+  need_gpu()
+  local m = bert.BertForPreTraining(CFG, { seed = 9 }):to{ device = "cuda:0", dtype = "bf16" }
+  m:train()
+  local dev = bl.device_of("cuda:0", "test")
+  local lamb = optim.LAMB{ model = m, lr = 1e-3, weight_decay = 0.01, max_grad_norm = 1.0 }
+  local ps = PretrainStep{ model = m, optimizer = lamb, amp = amp.MixedPrecision{ model = m }, dev = dev, accum = 2,
+    dropout_seed = function(step, micro) return 100 * step + micro end }:use_graph()
+  local bt = batch(1)
+  local function run(step) ps:run(step, function() return bt end, 1e-3) end
+  for step = 1, 3 do run(step) end
+  T.truthy(ps.graph_ready, "warmed up")
+  stepmodel.record(0, function(mark)
+    ps.mark = mark
+    run(4)
+    ps.mark = nil
+  end)
+  local replays = ps.replays
+  run(5)
+  run(6)
+  ps:read()
+  T.eq(ps.replays - replays, 2, "replays of the capture made while recording")
+end)
 
 T.run()

@@ -34,9 +34,10 @@ end
 
 -- The same into device-side sums (forward's stats): count = the targets not ignored, known to the caller, so
 -- nothing is read back; the loss (an f64 [1] buffer on the model's device) is added to `sum` and returned.
-local function cross_entropy_into(self, dkey, logits, targets, ignore, count, sum)
+-- grad_scale multiplies the gradient in the same pass.
+local function cross_entropy_into(self, dkey, logits, targets, ignore, count, sum, grad_scale)
   local loss = ops.cross_entropy_counted(logits, targets, ignore, count, f64_scalar(self, "_loss_" .. dkey),
-    buf(self, dkey, logits:shape()))
+    buf(self, dkey, logits:shape()), grad_scale)
   ops.add(sum, loss, sum)
   return loss
 end
@@ -213,6 +214,8 @@ end
 -- losses {total, mlm, nsp} and the counts {mlm correct, mlm counted, nsp correct, nsp counted} are added there
 -- and nothing is read back (loss, mlm_loss, nsp_loss and the accuracies are then not in the result): a
 -- training step on a GPU does not wait for them. Keep next_sentence_labels on the host for that (their count).
+-- stats.grad_scale (optional, a number): backward's loss_scale, known before the forward (a step's 1/accum). The
+-- cross-entropy writes the logits' gradients times it, so backward(loss_scale) need not pass over them again.
 function BertForPreTraining:forward(batch, stats)
   local out = self.bert:forward(batch)
   local seq, pooled = out.last_hidden_state, out.pooler_output
@@ -226,6 +229,7 @@ function BertForPreTraining:forward(batch, stats)
     if self.device then buf(self, "_nsp_labels", { B }, "i32") end
   end
   self._pos, self._lab = pos, lab
+  self._dscale = stats and stats.grad_scale or 1
   local E = self.bert.embeddings.word_embeddings.weight
   if pos then
     local g = buf(self, "_gathered", { pos:numel(), H })
@@ -233,7 +237,8 @@ function BertForPreTraining:forward(batch, stats)
     local logits = self.cls.predictions:forward(g, E)
     res.mlm_logits = logits
     if stats then
-      mlm_t = cross_entropy_into(self, "_dmlm", logits, lab, self.ignore_index, npos, stats.losses:narrow(1, 2, 1))
+      mlm_t = cross_entropy_into(self, "_dmlm", logits, lab, self.ignore_index, npos, stats.losses:narrow(1, 2, 1),
+        self._dscale)
       ops.accuracy_add(stats.counts:narrow(1, 1, 2), logits, lab, self.ignore_index)
     else
       local loss, cnt = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index)
@@ -257,7 +262,8 @@ function BertForPreTraining:forward(batch, stats)
     end
     self._nsp_t = t
     if stats then
-      nsp_t = cross_entropy_into(self, "_dnsp", nlog, t, self.ignore_index, counted, stats.losses:narrow(1, 3, 1))
+      nsp_t = cross_entropy_into(self, "_dnsp", nlog, t, self.ignore_index, counted, stats.losses:narrow(1, 3, 1),
+        self._dscale)
       ops.accuracy_add(stats.counts:narrow(1, 3, 2), nlog, t, self.ignore_index)
     else
       local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index)
@@ -282,6 +288,15 @@ function BertForPreTraining:forward(batch, stats)
   return res
 end
 
+-- The multiplier backward(loss_scale) still has to apply to the logits' gradients: 1 when the forward's
+-- cross-entropy applied loss_scale already (stats.grad_scale).
+local function pending_scale(self, loss_scale)
+  local done = self._dscale or 1
+  if done == 1 or rawequal(loss_scale, done) then return done == 1 and loss_scale or 1 end
+  error(("BertForPreTraining:backward: loss_scale %s differs from the forward's stats.grad_scale %s, which the "
+    .. "logits' gradients already carry"):format(tostring(loss_scale), tostring(done)), 3)
+end
+
 -- backward([loss_scale]): gradients of loss * loss_scale (a number or a one-element tensor on the model's
 -- device), accumulated into the flat gradient buffer.
 function BertForPreTraining:backward(loss_scale)
@@ -289,6 +304,7 @@ function BertForPreTraining:backward(loss_scale)
   local dseq = buf(self, "_dseq", seq:shape())
   dseq:zero_()
   local emb = self.bert.embeddings.word_embeddings
+  loss_scale = pending_scale(self, loss_scale or 1)
   if self._has_mlm then
     local dl = self._dmlm
     ops.scale_(dl, loss_scale)

@@ -181,6 +181,8 @@ local function queue(self, step, get, lr)
   self.amp:begin_step()
   local seed = self.amp:loss_seed(accum)  -- fp16: the loss scale on the model's device
   self.stats:zero()
+  -- a number (1/accum) goes into the forward's cross-entropy: no extra pass over the MLM logits' gradients
+  self.stats.grad_scale = type(seed) == "number" and seed or nil
   for a = 1, accum do
     if self.mark then self.mark("micro") end   -- the step-time model's split (bertlua.stepmodel.parts)
     -- with a graph, the seed is read from the inputs block when the kernels run
