@@ -36,8 +36,8 @@ foreach(src ${BL_LUA_TESTS})
 endforeach()
 # cpu and emulated-cuda pre-training runs side by side (7 pairs, one under mpirun): over 600 s on a shared 2-core VM
 set_tests_properties(lua_test_cuda_pretrain PROPERTIES TIMEOUT 1500)
-# three pairs of emulated-cuda pre-training runs, with and without --cuda-graph, and a killed and resumed graphed
-# run: ~5 min on an idle 2-core VM, 20 min at load 9
+# four pairs of emulated-cuda pre-training runs, with and without --cuda-graph (one changes the batch shape in
+# mid-run), and a killed and resumed graphed run: ~6 min on an idle 2-core VM, 26 min at load 9
 set_tests_properties(lua_test_cuda_graph PROPERTIES TIMEOUT 2400)
 # three pairs of tiny SQuAD fine-tunings (cpu/cuda fp32 and bf16, 1 rank/2 ranks): ~3 min each pair when loaded
 set_tests_properties(lua_test_cuda_squad PROPERTIES TIMEOUT 1200)

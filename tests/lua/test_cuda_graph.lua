@@ -56,10 +56,10 @@ local weights = fx.weights
 
 -- min_launched: graph launches expected at least (the warm-up takes one or two steps, and again after work outside
 -- the step that allocates, such as an evaluation)
-local function compare(name, extra, steps, min_launched)
+local function compare(name, extra, steps, min_launched, allocates)
   local plain, graphed = name .. "_plain", name .. "_graph"
   fx.run(plain, extra .. " --device=cuda --checkpoint-interval=0 --eval-batches=1")
-  fx.run(graphed, extra .. " --device=cuda --checkpoint-interval=0 --eval-batches=1 --cuda-graph")
+  local said = fx.run(graphed, extra .. " --device=cuda --checkpoint-interval=0 --eval-batches=1 --cuda-graph")
   local a, b = fx.records(fx.tmp .. "/" .. plain), fx.records(fx.tmp .. "/" .. graphed)
   T.eq(#a, steps, name .. ": log lines")
   T.eq(#b, steps, name .. ": log lines")
@@ -70,9 +70,12 @@ local function compare(name, extra, steps, min_launched)
   T.truthy(weights(fx.tmp .. "/" .. plain) == weights(fx.tmp .. "/" .. graphed), name .. ": final weights bit for bit")
   local launched = b[steps].cuda_graph_launches
   T.truthy(launched >= min_launched, name .. ": graph launches " .. launched)
-  -- an evaluation allocates (with or without the graph): the counters' check is for runs without one
-  if not extra:find("eval-interval", 1, true) then fx.step_stays_on_device(fx.tmp .. "/" .. graphed, name) end
-  return b[steps]
+  -- an evaluation (or a new batch shape) allocates, with or without the graph: the counters' check is for runs
+  -- without one
+  if not (allocates or extra:find("eval-interval", 1, true)) then
+    fx.step_stays_on_device(fx.tmp .. "/" .. graphed, name)
+  end
+  return b[steps], b, said
 end
 
 -- Captured once: after the warm-up (one or two uncaptured steps) the step is one capture (one instantiation, no
@@ -112,6 +115,52 @@ T.test("captured once (bf16, accumulation 2): = without, bit for bit; SIGKILL an
   local full, resumed = fx.losses(fx.tmp .. "/bf16_graph"), fx.losses(fx.tmp .. "/bf16_part")
   for s = 1, steps do T.eq(resumed[s], full[s], "resumed: step " .. s) end
   T.truthy(weights(fx.tmp .. "/bf16_graph") == weights(fx.tmp .. "/bf16_part"), "resumed: final weights bit for bit")
+end)
+
+-- A batch of another shape in mid-run (the loader pads each batch to its longest row, rounded up to 8): its
+-- device buffers are new blocks, so the step is captured again, never a stale replay of the graph made for the
+-- other shape; so too when the first shape comes back. Shards with only short-target instances and length
+-- binning give batches of 32 and of 24 tokens. The test reads the shapes of every step from the recipe's loaders
+-- (micro-batch a from virtual rank a - 1 of 2: pretrain.lua's split of a step).
+T.test("a changed batch shape in mid-run: captured again, never a stale replay; = without, bit for bit", function()
+  fx.must(("%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s/vocab.txt --output=%s/short " ..
+    "--max-seq-length=32 --max-predictions=5 --dupe-factor=1 --short-seq-prob=1"):format(fx.exe, fx.tmp, fx.tmp,
+    fx.tmp))
+  local steps, seed = 10, 3   -- seed 3: 4 steps of 32 tokens, 1 of 24, then 32 again
+  local shapes = {}
+  local loader = require "bertlua.data.loader"
+  local ld = {}
+  for a = 1, 2 do
+    ld[a] = loader.Loader{ dir = fx.tmp .. "/short", split = "train", batch_size = 8, rank = a - 1, world_size = 2,
+      seed = seed, max_seq_length = 32, max_predictions = 5, vocab = fx.tmp .. "/vocab.txt", bin_lengths = true,
+      prefetch = 0 }
+  end
+  for s = 1, steps do shapes[s] = ld[1]:next().input_ids:size(2) .. "," .. ld[2]:next().input_ids:size(2) end
+  for a = 1, 2 do ld[a]:close() end
+  -- the schedule this data gives: a stable first shape (captured, replayed), another one, the first one again
+  local first, other, back = shapes[1], nil, nil
+  for s = 2, steps do
+    if not other and shapes[s] ~= first then other = s end
+    if other and not back and shapes[s] == first then back = s end
+  end
+  T.truthy(other and other >= 5 and back and back <= steps - 2, "shapes by step: " .. table.concat(shapes, " "))
+  fx.data = fx.tmp .. "/short"
+  local extra = ("--batch1=16 --micro-batch=8 --steps1=%d --bin-lengths --seed=%d"):format(steps, seed)
+  local last, rec, said = compare("shape", extra, steps, 2, true)
+  fx.data = fx.tmp .. "/data"
+  T.truthy(rec[other - 1].cuda_graph_replays > 0, "replayed before the change")
+  -- a replay only where the step's shapes are the previous step's (no stale graph), and a capture after the change
+  for s = 2, steps do
+    local replayed = rec[s].cuda_graph_replays - rec[s - 1].cuda_graph_replays
+    if shapes[s] ~= shapes[s - 1] then
+      T.eq(replayed, 0, ("step %d (shapes %s after %s): replays"):format(s, shapes[s], shapes[s - 1]))
+    end
+  end
+  T.truthy(last.cuda_graph_instantiations + last.cuda_graph_updates >= 2,
+    ("captured again after the change: %d instantiations, %d updates"):format(last.cuda_graph_instantiations,
+      last.cuda_graph_updates))
+  T.truthy(rec[steps].cuda_graph_replays > rec[back].cuda_graph_replays, "replays after the first shape came back")
+  T.truthy(said:find("captured again: a device block was handed out", 1, true), "the recipe says why:\n" .. said)
 end)
 
 T.run()

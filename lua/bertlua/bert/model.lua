@@ -6,6 +6,7 @@ local nn = require "bertlua.nn"
 local config = require "bertlua.bert.config"
 local ffi = core.ffi
 local ops = require "bertlua.nn.ops"
+local graph = require "bertlua.train.graph"
 local buf, draw, class, Module = nn.buf, nn.draw, nn.class, nn.Module
 
 
@@ -38,6 +39,12 @@ function BertEmbeddings:__init(cfg)
   self:add("LayerNorm", nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps))
   self:add("dropout", nn.Dropout(cfg.hidden_dropout_prob))
 end
+-- A cache entry made inside a CUDA graph capture is dropped if the capture is aborted: the work filling it
+-- never ran (graph.on_abort).
+local function forget_on_abort(self, key)
+  local t = self[key]
+  graph.on_abort(function() if self[key] == t then self[key] = nil end end)
+end
 -- position ids 0..S-1 per row, cached per shape; on a GPU a new shape is copied there from one row of every
 -- position, uploaded once (no upload from host memory per batch shape: evaluation batches change shape)
 local function position_ids(self, B, S)
@@ -51,9 +58,11 @@ local function position_ids(self, B, S)
     for s = 0, n - 1 do ptr[s] = s end
     row = on_device(self, row)
     self._pos_row = row
+    forget_on_abort(self, "_pos_row")
   end
   p = bl.empty({ B, S }, { dtype = "i32", device = self.device }):copy_(row:narrow(2, 1, S):expand({ B, S }))
   self._pos = p
+  forget_on_abort(self, "_pos")
   return p
 end
 local function zero_types(self, B, S)
@@ -61,6 +70,7 @@ local function zero_types(self, B, S)
   if t and t:size(1) == B and t:size(2) == S and t.device_ == (self.device or -1) then return t end
   t = bl.zeros({ B, S }, { dtype = "i32", device = self.device })
   self._zero_types = t
+  forget_on_abort(self, "_zero_types")
   return t
 end
 -- posids (optional): the position of every token, for packed inference (see BertModel:forward)

@@ -34,13 +34,28 @@ function M.Graph(dev)
   return setmetatable({ dev = dev, g = ffi.gc(out[0], C.bl_cuda_graph_free) }, Graph)
 end
 
+-- The abort hooks of the capture in progress (nil outside one): see on_abort.
+local abort_hooks
+
+-- on_abort(fn): inside a capture, fn() is called if that capture is aborted (no-op outside one). A host cache
+-- that keeps a device tensor filled by work queued in the capture (the model's position ids) must forget it then:
+-- that work never runs, and an uncaptured rerun of the step would read the tensor's garbage.
+function M.on_abort(fn)
+  if abort_hooks then abort_hooks[#abort_hooks + 1] = fn end
+end
+
 -- run(fn, ...): fn(...) captured and launched; returns fn's (first) result. An error in fn (a refused call among
--- them) ends the capture first, so the device is usable afterwards; nothing fn queued has run then.
+-- them) ends the capture first, so the device is usable afterwards; nothing fn queued has run then, and the
+-- on_abort hooks have run.
 function Graph:run(fn, ...)
   check(C.bl_cuda_graph_begin(self.g))
+  abort_hooks = {}
   local ok, res = pcall(fn, ...)
+  local hooks = abort_hooks
+  abort_hooks = nil
   if not ok then
     C.bl_cuda_graph_abort(self.g)
+    for _, h in ipairs(hooks) do h() end
     error(("cuda graph: the step failed while it was captured (--cuda-graph): %s"):format(tostring(res)), 0)
   end
   check(C.bl_cuda_graph_end(self.g))

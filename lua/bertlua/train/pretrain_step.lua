@@ -243,9 +243,10 @@ function Step:run(step, next_batch, lr)
       self.captures = self.captures + 1
       return seqs
     end
-    -- an allocation refused in the capture (work outside the step, an evaluation, took cached blocks): nothing
-    -- of the step ran and only device work was queued, so the step runs uncaptured below, warming up again (the
-    -- reducer forgets the buckets it launched into the dropped capture)
+    -- an allocation refused in the capture (work outside the step, an evaluation, took cached blocks; a new batch
+    -- shape): nothing of the step ran and only device work was queued, so the step runs uncaptured below, warming
+    -- up again (the reducer forgets the buckets it launched into the dropped capture; the model's caches filled
+    -- in it were dropped by graph.on_abort)
     if not graph.refused_allocation(err) then error(err, 0) end
     if self.reducer then self.reducer:cancel() end
   end

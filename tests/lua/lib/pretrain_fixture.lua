@@ -35,11 +35,12 @@ function M.make(T, opts)
   local cfg = { vocab_size = 600, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2,
     intermediate_size = 128, max_position_embeddings = 64 }
   T.write_file(tmp .. "/cfg.json", cjson.encode(cfg))
-  local fx = { tmp = tmp, exe = exe, must = must }
+  -- data: the phase-1 shards the runs read (a test may point it at shards of its own)
+  local fx = { tmp = tmp, exe = exe, must = must, data = tmp .. "/data" }
   function fx.command(out, extra, launcher)
-    return ("%s%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s/data " ..
+    return ("%s%s recipes/pretrain.lua --model=%s/cfg.json --vocab=%s/vocab.txt --data-phase1=%s " ..
       "--output=%s --phase=1 --seq1=32 --pred1=5 --lr1=1e-2 --warmup1=0.1 --threads=1 --checkpoint-interval=5 %s")
-      :format(launcher or "", exe, tmp, tmp, tmp, out, extra)
+      :format(launcher or "", exe, tmp, tmp, fx.data, out, extra)
   end
   function fx.pretrain(out, extra, launcher) return sh(fx.command(out, extra, launcher)) end
   -- run(name, extra, launcher): pretrain into tmp/name; a failure fails the test with the output
