@@ -26,7 +26,7 @@
 #endif
 
 typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
-                           int64_t ldc, float beta);
+                           int64_t ldc, float beta, const float *restrict bias);
 
 typedef struct gemm_cfg {
   int mr, nr, kc, mc, nc;
@@ -38,10 +38,13 @@ typedef struct gemm_cfg {
  * unroll pragmas on every loop over the tile's rows keep the accumulator
  * arrays in registers: with the store loop left rolled GCC kept them in
  * memory and wrote them back each k step, which halved the AVX2 kernel's
- * speed. beta == 0 never reads C (it may hold garbage or NaN). */
+ * speed. beta == 0 never reads C (it may hold garbage or NaN). A bias (NULL:
+ * none) is added to the finished sums before the store, in the order a
+ * separate pass over the stored tile would add it (same bits, one L1 round
+ * trip and a row loop less per tile). */
 #define UKERNEL(name, TARGET, VT, P, MR, W)                                                                  \
   TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c, \
-                          int64_t ldc, float beta) {                                                         \
+                          int64_t ldc, float beta, const float *restrict bias) {                             \
     VT acc0[MR], acc1[MR];                                                                                   \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();              \
     for (int64_t p = 0; p < kc; p++) {                                                                       \
@@ -54,12 +57,20 @@ typedef struct gemm_cfg {
       ap += MR;                                                                                              \
       bp += 2 * W;                                                                                           \
     }                                                                                                        \
-    VT vb = P##_set1_ps(beta);                                                                               \
+    VT vb = P##_set1_ps(beta), bias0 = P##_setzero_ps(), bias1 = bias0;                                      \
+    if (bias) {                                                                                              \
+      bias0 = P##_loadu_ps(bias);                                                                            \
+      bias1 = P##_loadu_ps(bias + W);                                                                        \
+    }                                                                                                        \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                  \
       float *r = c + i * ldc;                                                                                \
       if (beta != 0.0f) {                                                                                    \
         acc0[i] = P##_fmadd_ps(vb, P##_loadu_ps(r), acc0[i]);                                                \
         acc1[i] = P##_fmadd_ps(vb, P##_loadu_ps(r + W), acc1[i]);                                            \
+      }                                                                                                      \
+      if (bias) {                                                                                            \
+        acc0[i] = P##_add_ps(acc0[i], bias0);                                                                \
+        acc1[i] = P##_add_ps(acc1[i], bias1);                                                                \
       }                                                                                                      \
       P##_storeu_ps(r, acc0[i]);                                                                             \
       P##_storeu_ps(r + W, acc1[i]);                                                                         \
@@ -206,15 +217,16 @@ typedef struct epilogue {
  * points at the tile's first column. */
 static void tile(const gemm_cfg *g, int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t rows,
                  int64_t cols, float beta, const epilogue *ep, const float *bias) {
-  if (rows == g->mr && cols == g->nr) {
-    g->kernel(kb, ap, bp, c, ldc, beta);
-  } else {
-    float t[14 * 32];
-    g->kernel(kb, ap, bp, t, g->nr, 0.0f);
-    for (int64_t i = 0; i < rows; i++)
-      for (int64_t j = 0; j < cols; j++)
-        c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
+  if (rows == g->mr && cols == g->nr) { /* the kernel adds the bias */
+    g->kernel(kb, ap, bp, c, ldc, beta, ep ? bias : NULL);
+    if (ep && ep->gelu) ep->fn(rows, cols, c, ldc, NULL, 1);
+    return;
   }
+  float t[14 * 32];
+  g->kernel(kb, ap, bp, t, g->nr, 0.0f, NULL);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
   if (ep && (bias || ep->gelu)) ep->fn(rows, cols, c, ldc, bias, ep->gelu);
 }
 
