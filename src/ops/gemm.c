@@ -194,6 +194,17 @@ static void bias_act_base BIAS_ACT_PARAMS { bias_act_body(rows, cols, c, ldc, bi
 typedef void(*bias_act_fn) BIAS_ACT_PARAMS;
 #undef BIAS_ACT_PARAMS
 
+/* GELU on a full tile (the kernel has added the bias): trip counts known at
+ * compile time, so no loop prologue or remainder per row */
+#define GELU_TILE(name, TARGET, MR, NR)                                                                   \
+  TARGET static void name(float *restrict c, int64_t ldc) {                                               \
+    _Pragma("GCC unroll 2") for (int i = 0; i < MR; i++) bias_act_body(1, NR, c + i * ldc, ldc, NULL, 1); \
+  }
+GELU_TILE(gelu_tile_avx512, OPX_TARGET_AVX512, 14, 32)
+GELU_TILE(gelu_tile_avx2, OPX_TARGET_AVX2, 6, 16)
+#undef GELU_TILE
+typedef void (*gelu_tile_fn)(float *restrict c, int64_t ldc);
+
 /* the epilogue compiled for isa (this file never asks which ISA is in use:
  * the caller says, as with the kernels) */
 static bias_act_fn bias_act_for(int isa) {
@@ -209,6 +220,7 @@ typedef struct epilogue {
   const float *bias;
   int gelu;
   bias_act_fn fn;
+  gelu_tile_fn gelu_tile; /* for full tiles */
 } epilogue;
 
 /* The micro-kernel on a full tile, or through a scratch tile at the edges;
@@ -219,7 +231,7 @@ static void tile(const gemm_cfg *g, int64_t kb, const float *ap, const float *bp
                  int64_t cols, float beta, const epilogue *ep, const float *bias) {
   if (rows == g->mr && cols == g->nr) { /* the kernel adds the bias */
     g->kernel(kb, ap, bp, c, ldc, beta, ep ? bias : NULL);
-    if (ep && ep->gelu) ep->fn(rows, cols, c, ldc, NULL, 1);
+    if (ep && ep->gelu) ep->gelu_tile(c, ldc);
     return;
   }
   float t[14 * 32];
@@ -416,6 +428,6 @@ int opx_sgemm_packed(const opx_packed_b *pb, int ta, int64_t m, const float *a, 
   if (!pb || !cfg_for(pb->isa, &g)) return 0;
   if (m <= 0) return 1;
   bsource bs = { NULL, pb->p, 0, 0 };
-  epilogue ep = { bias, gelu, bias_act_for(pb->isa) };
+  epilogue ep = { bias, gelu, bias_act_for(pb->isa), pb->isa == OPX_ISA_AVX512 ? gelu_tile_avx512 : gelu_tile_avx2 };
   return drive(&g, ta, m, pb->n, pb->k, a, lda, &bs, 0.0f, c, ldc, &ep);
 }
