@@ -9,9 +9,11 @@
  * OpenBLAS (libopenblas-dev), BLIS (libblis-dev, its OpenMP build) and oneDNN (libdnnl-dev,
  * dnnl_sgemm, row-major) and our own packed GEMM (src/ops/gemm.c, linked in; on the ISA that
  * BL_CPU_ISA=avx2 caps it to, as in the library), also with the weight packed once (own-pre, the
- * inference path: forward products only, B packed before the timing). Shapes are a linear
- * layer's three products, row-major as in src/ops/linear.c: forward Y[M,N] = X[M,K] W[N,K]^T, dX[M,K] = dY[M,N] W[N,K],
- * dW[N,K] = dY^T X; M = 4096 tokens (B=32, S=128) and M = 128 (one sequence), N/K in {768, 3072}.
+ * inference path: forward products only, B packed before the timing), and own-pre with its fused
+ * epilogues: +bias (C += bias) and +gelu (bias, then the exact erf GELU), as the inference linears
+ * run. Shapes are a linear layer's three products, row-major as in src/ops/linear.c: forward
+ * Y[M,N] = X[M,K] W[N,K]^T, dX[M,K] = dY[M,N] W[N,K], dW[N,K] = dY^T X; M = 4096 tokens (B=32, S=128)
+ * and M = 128 (one sequence), N/K in {768, 3072}.
  * The low-precision inference GEMMs (src/ops/gemm_lowp.h) on the forward products, weight packed once
  * as own-pre: own-bf16 (where the CPU has AVX512-BF16) and own-int8 (dynamic int8: the activations'
  * quantization is in the timing; GOP/s counted as 2 M N K like the f32 columns).
@@ -74,22 +76,24 @@ static double peak(int isa512, int threads) {
   return best * 1e-9;
 }
 
-enum { PRE_F32 = 1, PRE_BF16, PRE_INT8 };
+enum { PRE_F32 = 1, PRE_F32_BIAS, PRE_F32_GELU, PRE_BF16, PRE_INT8 };
 typedef struct { const char *name; cblas_sgemm_fn cblas; dnnl_sgemm_fn dnnl; int own_isa, pre; } lib;
 
 /* the current forward shape's weight packed once, for own-pre / own-bf16 / own-int8 */
 static opx_packed_b *prepacked;
 static opx_bf16_b *pre_bf16;
 static opx_q8_b *pre_int8;
+static float *bias; /* for own-pre's epilogues: N values */
 static int have_pre(int pre) {
-  return pre == PRE_F32 ? prepacked != NULL : pre == PRE_BF16 ? pre_bf16 != NULL : pre_int8 != NULL;
+  return pre <= PRE_F32_GELU ? prepacked != NULL : pre == PRE_BF16 ? pre_bf16 != NULL : pre_int8 != NULL;
 }
 
 static int ldb_of(int tb, int K, int N) { return tb ? K : N; }
 
 static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *A, const float *B, float *C) {
   int lda = ta ? M : K, ldb = ldb_of(tb, K, N);
-  if (l->pre == PRE_F32) opx_sgemm_packed(prepacked, ta, M, A, lda, C, N, NULL, 0);
+  if (l->pre && l->pre <= PRE_F32_GELU)
+    opx_sgemm_packed(prepacked, ta, M, A, lda, C, N, l->pre == PRE_F32 ? NULL : bias, l->pre == PRE_F32_GELU);
   else if (l->pre == PRE_BF16) opx_bf16_gemm(pre_bf16, ta, M, A, lda, C, N, NULL, 0);
   else if (l->pre == PRE_INT8) opx_q8_gemm(pre_int8, ta, M, A, lda, C, N, NULL, 0);
   else if (l->own_isa) opx_sgemm_isa(l->own_isa, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, N);
@@ -100,7 +104,7 @@ static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 5;
   use_cpu_time = argc > 3 && strcmp(argv[3], "cpu") == 0;
-  lib libs[7];
+  lib libs[9];
   int nl = 0;
   void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
   if (h) {
@@ -128,6 +132,8 @@ int main(int argc, char **argv) {
   int own = has512 && !(cap && strcmp(cap, "avx2") == 0) ? OPX_ISA_AVX512 : has256 ? OPX_ISA_AVX2 : 0;
   if (own) libs[nl++] = (lib){own == OPX_ISA_AVX512 ? "own-avx512" : "own-avx2", NULL, NULL, own, 0};
   if (own) libs[nl++] = (lib){"own-pre", NULL, NULL, own, PRE_F32};
+  if (own) libs[nl++] = (lib){"+bias", NULL, NULL, own, PRE_F32_BIAS};
+  if (own) libs[nl++] = (lib){"+gelu", NULL, NULL, own, PRE_F32_GELU};
   if (own == OPX_ISA_AVX512 && opx_bf16_ok()) libs[nl++] = (lib){"own-bf16", NULL, NULL, own, PRE_BF16};
   int q8isa = own == OPX_ISA_AVX512 && opx_vnni_ok() ? OPX_ISA_AVX512 : own ? OPX_ISA_AVX2 : 0;
   if (q8isa) libs[nl++] = (lib){q8isa == OPX_ISA_AVX512 ? "int8-vnni" : "int8-avx2", NULL, NULL, own, PRE_INT8};
@@ -140,7 +146,9 @@ int main(int argc, char **argv) {
   const int Ms[] = {4096, 128};
   float *A = malloc(sizeof(float) * 4096 * 3072), *B = malloc(sizeof(float) * 3072 * 3072),
         *C = malloc(sizeof(float) * 4096 * 3072);
-  if (!A || !B || !C) return 1;
+  bias = malloc(sizeof(float) * 3072);
+  if (!A || !B || !C || !bias) return 1;
+  for (int j = 0; j < 3072; j++) bias[j] = (float)(j % 17) * 0.01f - 0.08f;
   for (long i = 0; i < 4096L * 3072; i++) A[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
   for (long i = 0; i < 3072L * 3072; i++) B[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
   printf("\n%-6s %-28s", "M", "product");
@@ -154,7 +162,7 @@ int main(int argc, char **argv) {
         if (kind == 0) { m = M; n = N; k = K; ta = 0; tb = 1; what = "fwd  X W^T"; }
         else if (kind == 1) { m = M; n = K; k = N; ta = 0; tb = 0; what = "dX = dY W"; }
         else { m = N; n = K; k = M; ta = 1; tb = 0; what = "dW = dY^T X"; }
-        double best[7] = {0};
+        double best[9] = {0};
         prepacked = own && kind == 0 ? opx_pack_b(own, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
         pre_bf16 = kind == 0 ? opx_bf16_pack(1, k, n, B, ldb_of(tb, k, n)) : NULL;
         pre_int8 = q8isa && kind == 0 ? opx_q8_pack(q8isa, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
@@ -177,6 +185,6 @@ int main(int argc, char **argv) {
         opx_bf16_free(pre_bf16);
         opx_q8_free(pre_int8);
       }
-  free(A); free(B); free(C);
+  free(A); free(B); free(C); free(bias);
   return 0;
 }

@@ -26,7 +26,7 @@
 #endif
 
 typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
-                           int64_t ldc, float beta);
+                           int64_t ldc, float beta, const float *restrict bias);
 
 typedef struct gemm_cfg {
   int mr, nr, kc, mc, nc;
@@ -38,10 +38,13 @@ typedef struct gemm_cfg {
  * unroll pragmas on every loop over the tile's rows keep the accumulator
  * arrays in registers: with the store loop left rolled GCC kept them in
  * memory and wrote them back each k step, which halved the AVX2 kernel's
- * speed. beta == 0 never reads C (it may hold garbage or NaN). */
+ * speed. beta == 0 never reads C (it may hold garbage or NaN). A bias (NULL:
+ * none) is added to the finished sums before the store, in the order a
+ * separate pass over the stored tile would add it (same bits, one L1 round
+ * trip and a row loop less per tile). */
 #define UKERNEL(name, TARGET, VT, P, MR, W)                                                                  \
   TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c, \
-                          int64_t ldc, float beta) {                                                         \
+                          int64_t ldc, float beta, const float *restrict bias) {                             \
     VT acc0[MR], acc1[MR];                                                                                   \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();              \
     for (int64_t p = 0; p < kc; p++) {                                                                       \
@@ -54,12 +57,20 @@ typedef struct gemm_cfg {
       ap += MR;                                                                                              \
       bp += 2 * W;                                                                                           \
     }                                                                                                        \
-    VT vb = P##_set1_ps(beta);                                                                               \
+    VT vb = P##_set1_ps(beta), bias0 = P##_setzero_ps(), bias1 = bias0;                                      \
+    if (bias) {                                                                                              \
+      bias0 = P##_loadu_ps(bias);                                                                            \
+      bias1 = P##_loadu_ps(bias + W);                                                                        \
+    }                                                                                                        \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                  \
       float *r = c + i * ldc;                                                                                \
       if (beta != 0.0f) {                                                                                    \
         acc0[i] = P##_fmadd_ps(vb, P##_loadu_ps(r), acc0[i]);                                                \
         acc1[i] = P##_fmadd_ps(vb, P##_loadu_ps(r + W), acc1[i]);                                            \
+      }                                                                                                      \
+      if (bias) {                                                                                            \
+        acc0[i] = P##_add_ps(acc0[i], bias0);                                                                \
+        acc1[i] = P##_add_ps(acc1[i], bias1);                                                                \
       }                                                                                                      \
       P##_storeu_ps(r, acc0[i]);                                                                             \
       P##_storeu_ps(r + W, acc1[i]);                                                                         \
@@ -183,6 +194,17 @@ static void bias_act_base BIAS_ACT_PARAMS { bias_act_body(rows, cols, c, ldc, bi
 typedef void(*bias_act_fn) BIAS_ACT_PARAMS;
 #undef BIAS_ACT_PARAMS
 
+/* GELU on a full tile (the kernel has added the bias): trip counts known at
+ * compile time, so no loop prologue or remainder per row */
+#define GELU_TILE(name, TARGET, MR, NR)                                                                   \
+  TARGET static void name(float *restrict c, int64_t ldc) {                                               \
+    _Pragma("GCC unroll 2") for (int i = 0; i < MR; i++) bias_act_body(1, NR, c + i * ldc, ldc, NULL, 1); \
+  }
+GELU_TILE(gelu_tile_avx512, OPX_TARGET_AVX512, 14, 32)
+GELU_TILE(gelu_tile_avx2, OPX_TARGET_AVX2, 6, 16)
+#undef GELU_TILE
+typedef void (*gelu_tile_fn)(float *restrict c, int64_t ldc);
+
 /* the epilogue compiled for isa (this file never asks which ISA is in use:
  * the caller says, as with the kernels) */
 static bias_act_fn bias_act_for(int isa) {
@@ -198,6 +220,7 @@ typedef struct epilogue {
   const float *bias;
   int gelu;
   bias_act_fn fn;
+  gelu_tile_fn gelu_tile; /* for full tiles */
 } epilogue;
 
 /* The micro-kernel on a full tile, or through a scratch tile at the edges;
@@ -206,15 +229,16 @@ typedef struct epilogue {
  * points at the tile's first column. */
 static void tile(const gemm_cfg *g, int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t rows,
                  int64_t cols, float beta, const epilogue *ep, const float *bias) {
-  if (rows == g->mr && cols == g->nr) {
-    g->kernel(kb, ap, bp, c, ldc, beta);
-  } else {
-    float t[14 * 32];
-    g->kernel(kb, ap, bp, t, g->nr, 0.0f);
-    for (int64_t i = 0; i < rows; i++)
-      for (int64_t j = 0; j < cols; j++)
-        c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
+  if (rows == g->mr && cols == g->nr) { /* the kernel adds the bias */
+    g->kernel(kb, ap, bp, c, ldc, beta, ep ? bias : NULL);
+    if (ep && ep->gelu) ep->gelu_tile(c, ldc);
+    return;
   }
+  float t[14 * 32];
+  g->kernel(kb, ap, bp, t, g->nr, 0.0f, NULL);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
   if (ep && (bias || ep->gelu)) ep->fn(rows, cols, c, ldc, bias, ep->gelu);
 }
 
@@ -404,6 +428,6 @@ int opx_sgemm_packed(const opx_packed_b *pb, int ta, int64_t m, const float *a, 
   if (!pb || !cfg_for(pb->isa, &g)) return 0;
   if (m <= 0) return 1;
   bsource bs = { NULL, pb->p, 0, 0 };
-  epilogue ep = { bias, gelu, bias_act_for(pb->isa) };
+  epilogue ep = { bias, gelu, bias_act_for(pb->isa), pb->isa == OPX_ISA_AVX512 ? gelu_tile_avx512 : gelu_tile_avx2 };
   return drive(&g, ta, m, pb->n, pb->k, a, lda, &bs, 0.0f, c, ldc, &ep);
 }
