@@ -337,8 +337,10 @@ extern "C" void bl_cuda_set_tf32(int enable) { g_tf32 = enable != 0; }
 extern "C" int bl_cuda_get_tf32(void) { return g_tf32; }
 
 // ---------------------------------------------------------------- linear
-// y = x W^T (+ b): the bias epilogue, or DEFAULT without a bias.
-static int linear_fwd(const char *op, bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
+// y = x W^T (+ b): the bias epilogue, or DEFAULT without a bias. With aux (a tanh GELU's pre-activation that passed
+// aux_in_place; b and K > 0 required): GELU_AUX_BIAS, y = gelu_tanh(x W^T + b) and aux = x W^T + b in one GEMM.
+static int linear_fwd(const char *op, bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b,
+                      const mat *aux = nullptr) {
   int dev;
   const bl_tensor *ts[] = {y, x, w, b};
   BL_CHECK(cu_device(op, 4, ts, &dev));
@@ -364,38 +366,13 @@ static int linear_fwd(const char *op, bl_tensor *y, const bl_tensor *x, const bl
   g.m = M; g.n = N; g.k = K; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
   g.bias = bp;
   g.epi = bp ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (aux) { g.epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; g.aux = aux->p; g.aux_ld = aux->ld; }
   BL_CHECK(gemm(op, dev, g));
   return mat_sync(op, y, &my, false);
 }
 
 extern "C" int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
   return linear_fwd("linear", y, x, w, b);
-}
-
-// pre = x W^T + b and y = gelu_tanh(pre) in one GEMM: GELU_AUX_BIAS writes y as D and pre as AUX. BL_EUNSUPPORTED
-// (nothing has run) when the operands do not fit the epilogue or cuBLASLt has no algorithm for it.
-static int linear_gelu_tanh_epilogue(const char *op, int dev, bl_tensor *y, bl_tensor *pre, const bl_tensor *x,
-                                     const bl_tensor *w, const bl_tensor *b) {
-  int64_t M = rows_of(y), N = w->shape[0], K = w->shape[1];
-  int cdt = compute_dtype(x, w), odt = out_dtype(y, cdt);
-  mat mp;
-  if (!b || M == 0 || N == 0 || K == 0 || !aux_in_place(pre, odt, &mp))
-    return bl_set_error(BL_EUNSUPPORTED, "%s: no GELU epilogue for these operands", op);
-  mat mx, mw, my;
-  BL_CHECK(linear_mat(op, x, cdt, &mx, false));
-  BL_CHECK(mat_sync(op, x, &mx, true));
-  BL_CHECK(linear_mat(op, w, cdt, &mw, false));
-  BL_CHECK(mat_sync(op, w, &mw, true));
-  BL_CHECK(linear_mat(op, y, odt, &my, true));
-  cu_mem bmem;
-  const void *bp = nullptr;
-  BL_CHECK(vec_as(op, b, odt, &bmem, &bp));
-  gemm_args g;
-  g.a = &mx; g.ta = 0; g.b = &mw; g.tb = 1; g.c = &my;
-  g.m = M; g.n = N; g.k = K; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
-  g.bias = bp; g.epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; g.aux = mp.p; g.aux_ld = mp.ld;
-  BL_CHECK(gemm(op, dev, g));
-  return mat_sync(op, y, &my, false);
 }
 
 extern "C" int bl_cuda_linear_gelu_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
@@ -406,12 +383,10 @@ extern "C" int bl_cuda_linear_gelu_forward(bl_tensor *y, bl_tensor *pre, const b
   if (pre->ndim != y->ndim || memcmp(pre->shape, y->shape, sizeof(int64_t) * y->ndim))
     return bl_set_error(BL_EINVAL, "%s: pre-activation %s must have the output's shape %s", op, BL_SHAPE(pre, a),
                         BL_SHAPE(y, c));
-  if (tanh_form) {
-    int dev;
-    const bl_tensor *ts[] = {y, pre, x, w, b};
-    BL_CHECK(cu_device(op, 5, ts, &dev));
-    BL_CHECK(check_linear(op, x, w, y, "output"));
-    int rc = linear_gelu_tanh_epilogue(op, dev, y, pre, x, w, b);
+  mat mp;
+  if (tanh_form && b && w->ndim == 2 && w->shape[1] > 0 && y->numel > 0 &&
+      aux_in_place(pre, out_dtype(y, compute_dtype(x, w)), &mp)) {   // else, or without an algorithm: the kernels
+    int rc = linear_fwd(op, y, x, w, b, &mp);
     if (rc != BL_EUNSUPPORTED) return rc;
   }
   BL_CHECK(linear_fwd(op, pre, x, w, b));   // the GEMM with its bias epilogue, then the activation kernel
@@ -491,30 +466,6 @@ extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *
   return 0;
 }
 
-// The dX GEMM of FC2 with the tanh GELU's derivative in its epilogue (DGELU, AUX = pre) and, with DGELU_BGRAD, FC1's
-// bias gradient: the column sums of the epilogue's output dpre, written in D's dtype (the bias type cuBLASLt
-// documents for non-fp8 GEMMs) into a scratch and added to db. An f16 sum over all tokens could overflow where the
-// values do not, so f16 takes DGELU and the column-sum kernel. BL_EUNSUPPORTED (nothing has run) when the epilogue
-// does not fit; *db_done says whether db was handled.
-static int dgelu_tanh_epilogue(const char *op, int dev, mat *md, mat *mdh, mat *mw, const bl_tensor *pre, int odt,
-                               bl_tensor *db, int64_t M, int64_t N, int64_t N2, bool *db_done) {
-  mat mp;
-  *db_done = false;
-  if (!aux_in_place(pre, odt, &mp)) return bl_set_error(BL_EUNSUPPORTED, "%s: no DGELU epilogue here", op);
-  cu_mem part;
-  bool bgrad = db && odt != BL_F16;
-  if (bgrad) BL_CHECK(part.alloc(op, dev, (size_t)N * bl_dtype_size(odt)));
-  gemm_args g;
-  g.a = mdh; g.ta = 0; g.b = mw; g.tb = 0; g.c = md;
-  g.m = M; g.n = N; g.k = N2; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
-  g.epi = bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-  g.bias = bgrad ? part.p : nullptr; g.aux = mp.p; g.aux_ld = mp.ld;
-  BL_CHECK(gemm(op, dev, g));
-  if (bgrad) BL_CHECK(add_into(op, dev, db, part.p, odt));
-  *db_done = bgrad;
-  return 0;
-}
-
 extern "C" int bl_cuda_linear_dgelu_backward(bl_tensor *dpre, bl_tensor *db, const bl_tensor *dh, const bl_tensor *w2,
                                              const bl_tensor *pre, int tanh_form) {
   const char *op = tanh_form ? "linear_dgelu_tanh_backward" : "linear_dgelu_backward";
@@ -537,23 +488,33 @@ extern "C" int bl_cuda_linear_dgelu_backward(bl_tensor *dpre, bl_tensor *db, con
   BL_CHECK(linear_mat(op, w2, cdt, &mw, false));
   BL_CHECK(mat_sync(op, w2, &mw, true));
   BL_CHECK(linear_mat(op, dpre, odt, &md, true));
-  bool db_done = false;
-  int rc = tanh_form ? dgelu_tanh_epilogue(op, dev, &md, &mdh, &mw, pre, odt, db, M, N, N2, &db_done)
-                     : BL_EUNSUPPORTED;
-  if (rc == BL_EUNSUPPORTED) {   // the plain GEMM, then the activation's derivative in place
-    gemm_args g;
-    g.a = &mdh; g.ta = 0; g.b = &mw; g.tb = 0; g.c = &md;
-    g.m = M; g.n = N; g.k = N2; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
-    g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
-    BL_CHECK(gemm(op, dev, g));
-    BL_CHECK(mat_sync(op, dpre, &md, false));
+  // With the tanh GELU: its derivative in the GEMM's epilogue (DGELU, AUX = pre) and, with DGELU_BGRAD, FC1's bias
+  // gradient: the column sums of the epilogue's output, written in D's dtype (the bias type cuBLASLt documents for
+  // non-fp8 GEMMs) into a scratch that is added to db. An f16 sum over all tokens can overflow where the values do
+  // not, so f16 takes DGELU and the column-sum kernel.
+  mat mp;
+  bool epi = tanh_form && aux_in_place(pre, odt, &mp), bgrad = epi && db && odt != BL_F16;
+  cu_mem part;
+  if (bgrad) BL_CHECK(part.alloc(op, dev, (size_t)N * bl_dtype_size(odt)));
+  gemm_args g;
+  g.a = &mdh; g.ta = 0; g.b = &mw; g.tb = 0; g.c = &md;
+  g.m = M; g.n = N; g.k = N2; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
+  g.epi = bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : epi ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
+  g.bias = bgrad ? part.p : nullptr;
+  if (epi) { g.aux = mp.p; g.aux_ld = mp.ld; }
+  int rc = gemm(op, dev, g);
+  if (rc == BL_EUNSUPPORTED && epi) {   // no algorithm with the epilogue (nothing has run): the plain GEMM
+    epi = bgrad = false;
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr; g.aux = nullptr; g.aux_ld = 0;
+    rc = gemm(op, dev, g);
+  }
+  BL_CHECK(rc);
+  BL_CHECK(mat_sync(op, dpre, &md, false));
+  if (!epi)   // the activation's derivative in place
     BL_CHECK(tanh_form ? bl_cuda_gelu_tanh_backward(dpre, nullptr, dpre, pre, nullptr)
                        : bl_cuda_gelu_backward(dpre, dpre, pre));
-  } else {
-    BL_CHECK(rc);
-    BL_CHECK(mat_sync(op, dpre, &md, false));
-  }
-  if (db && !db_done) BL_CHECK(bias_grad(op, dev, dpre, M, N, db));
+  if (bgrad) BL_CHECK(add_into(op, dev, db, part.p, odt));
+  if (db && !bgrad) BL_CHECK(bias_grad(op, dev, dpre, M, N, db));
   return 0;
 }
 
