@@ -173,22 +173,7 @@ T.test("a gelu_new BERT step on cuda:0 matches the cpu, with the GELUs in the GE
   local bert, config, optim = require "bertlua.bert", require "bertlua.bert.config", require "bertlua.train.optim"
   local cfg = config.new{ vocab_size = 96, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
     intermediate_size = 128, max_position_embeddings = 64, hidden_act = "gelu_new" }
-  local B, S, P = 3, 24, 4
-  local ids, tt, am, pos, lab, nsp = {}, {}, {}, {}, {}, {}
-  for i = 1, B do
-    ids[i], tt[i], am[i], pos[i], lab[i] = {}, {}, {}, {}, {}
-    local len = S - (i % 3)
-    for s = 1, S do
-      ids[i][s] = s <= len and (7 * i + 13 * s) % cfg.vocab_size or 0
-      tt[i][s] = s > len / 2 and s <= len and 1 or 0
-      am[i][s] = s <= len and 1 or 0
-    end
-    for j = 1, P do pos[i][j], lab[i][j] = (3 * j + i) % (len - 1) + 1, (5 * j + i) % cfg.vocab_size end
-    nsp[i] = i % 2
-  end
-  local bt = { input_ids = bl.from(ids, { dtype = "i32" }), token_type_ids = bl.from(tt, { dtype = "i32" }),
-    attention_mask = bl.from(am), masked_lm_positions = bl.from(pos, { dtype = "i32" }),
-    masked_lm_labels = bl.from(lab, { dtype = "i32" }), next_sentence_labels = bl.from(nsp, { dtype = "i32" }) }
+  local bt = require("fixtures").pretrain_batch(cfg.vocab_size, 3, 24, 4)
   local cpu = bert.BertForPreTraining(cfg, { seed = 3 })
   local gpu = bert.BertForPreTraining(cfg, { seed = 3 }):to("cuda:0")
   local lc, lg = cpu:forward(bt).loss, nil
