@@ -39,6 +39,10 @@
 //   every operand must lie inside one allocation of the current emulated
 //   device: a stray pointer is reported at the call (a real GPU would fault).
 //
+// Test seam: BL_EMU_LT_NO_ALGO="164,208" (epilogue numbers, comma-separated) makes the heuristic find no
+// algorithm for those epilogues (NOT_SUPPORTED, 0 results), as a cuBLASLt or GPU without them would, so that the
+// callers' fallbacks run in tests.
+//
 // Not emulated: performance, algorithm choice (one algo, no workspace), the
 // exact summation order of the hardware, fp8/int8, other epilogues, row-major
 // orders, device-pointer alpha/beta. Each error is also printed on stderr
@@ -46,6 +50,7 @@
 #include <cublasLt.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <vector>
 #include "emu_internal.h"
 #include "emu_numeric.h"
@@ -100,6 +105,17 @@ template <typename T> cublasStatus_t set_attr(T *field, const void *buf, size_t 
 }
 
 bool has(uint32_t epi, uint32_t bits) { return (epi & bits) == bits; }
+// Is epilogue e listed in BL_EMU_LT_NO_ALGO (read at each heuristic call, so a test may change it)?
+bool no_algo_for(uint32_t e) {
+  const char *s = getenv("BL_EMU_LT_NO_ALGO");
+  for (char *end = nullptr; s && *s; s = end) {
+    unsigned long v = strtoul(s, &end, 10);
+    if (end == s) return false;
+    if (v == e) return true;
+    while (*end == ',' || *end == ' ') end++;
+  }
+  return false;
+}
 bool epi_known(uint32_t e) {
   return e == CUBLASLT_EPILOGUE_DEFAULT || e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU ||
          e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
@@ -391,6 +407,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   problem p;
   cublasStatus_t s = make_problem(desc, a, b, c, d, &p);
   if (s) return s;
+  if (no_algo_for(p.d.epi))
+    return fail(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for epilogue %u (BL_EMU_LT_NO_ALGO)", p.d.epi);
   int ab = emu_type_size(p.la.type), cd = emu_type_size(p.lc.type);
   const int esize[4] = {ab, ab, cd, cd};
   for (int i = 0; i < 4; i++) {

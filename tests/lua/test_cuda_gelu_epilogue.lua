@@ -156,6 +156,26 @@ T.test("fallback where cuBLASLt refuses: N = 45 is no multiple of 8 (the AUX lea
   end
 end)
 
+-- The emulated cuBLASLt finds no algorithm for the GELU epilogues (BL_EMU_LT_NO_ALGO, as a cuBLASLt or GPU without
+-- them): the GEMMs run without the epilogue and the activation kernels after them. Shapes of their own, so that no
+-- algorithm cached by the cases above is reused.
+T.test("fallback where cuBLASLt has no algorithm for the epilogues", function()
+  local ffi = require "ffi"
+  ffi.cdef [[ int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name); ]]
+  local epi = { 164, 192, 208 }   -- GELU_AUX_BIAS, DGELU, DGELU_BGRAD
+  ffi.C.setenv("BL_EMU_LT_NO_ALGO", table.concat(epi, ","), 1)
+  local ok, err = pcall(function()
+    for _, dtype in ipairs { "f32", "bf16", "f16" } do
+      local fwd, bwd = case(dtype, 33, 23, 40, 11, 41, true)
+      local cf, cb = classes(fwd), classes(bwd)
+      T.truthy((cf.activation or 0) >= 1 and cf.gemm == 1, dtype .. ": the GEMM, then the activation kernel")
+      T.truthy((cb.activation or 0) >= 1 and cb.gemm == 1, dtype .. ": the GEMM, then the activation's derivative")
+    end
+  end)
+  ffi.C.unsetenv("BL_EMU_LT_NO_ALGO")
+  if not ok then error(err, 0) end
+end)
+
 T.test("bad arguments name the op", function()
   local x, w = bl.rand({ 4, 8 }, { seed = 1, device = "cuda:0" }), bl.rand({ 16, 8 }, { seed = 2, device = "cuda:0" })
   T.raises(function() ops.linear_gelu_tanh(x, w, nil) end, "linear_gelu_tanh: the bias is required")
