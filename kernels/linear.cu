@@ -4,9 +4,12 @@
 // and its backward, and the batched bl_matmul twin (strided-batched, batch
 // stride 0 for broadcast).
 //
-// GELU is BERT's exact erf GELU, as on the CPU (bl_gelu_forward), applied by
-// activation.cu after the GEMM: cuBLASLt's GELU/DGELU epilogues compute the
-// tanh approximation, which differs by up to ~5e-4 (relative 1e-3).
+// BERT's exact erf GELU (bl_gelu_forward) runs in activation.cu after the GEMM:
+// cuBLASLt's GELU/DGELU epilogues compute the tanh approximation, which differs
+// by up to ~5e-4 (relative 1e-3). The tanh GELU (gelu_new) goes into the
+// epilogues: GELU_AUX_BIAS writes y and the pre-activation (AUX) in one GEMM,
+// DGELU_BGRAD multiplies FC2's dX GEMM by gelu'(AUX) and writes FC1's bias
+// gradient; where cuBLASLt refuses, the GEMM and the activation kernel run.
 //
 // Row-major <-> cuBLASLt: our matrices are row-major; cuBLASLt is
 // column-major. A row-major C[m,n] is the column-major C^T[n,m], so we ask
@@ -137,6 +140,8 @@ struct gemm_args {
   float alpha, beta;
   cublasLtEpilogue_t epi;
   const void *bias;   // dtype of c (length n)
+  void *aux = nullptr;   // the GELU epilogues' pre-activation matrix: dtype of c, [m, n] with row stride aux_ld
+  int64_t aux_ld = 0;
 };
 
 int gemm(const char *op, int dev, const gemm_args &g) {
@@ -157,8 +162,11 @@ int gemm(const char *op, int dev, const gemm_args &g) {
   int esab = bl_dtype_size(A.dtype), escd = bl_dtype_size(g.c->dtype);
   int alx = align_of(B.p, B.bstride * esab), aly = align_of(A.p, A.bstride * esab), alc = align_of(g.c->p, g.c->bstride * escd);
   int albias = g.bias ? align_of(g.bias, 0) : 256;
+  // the heuristic reads the AUX pointer for its alignment (cublasLt.h, EPILOGUE_AUX_POINTER): part of the key
+  int alaux = g.aux ? align_of(g.aux, 0) : 0;
   int64_t key[24] = {g.m, g.n, g.k, B.ld, A.ld, g.c->ld, opx, opy, (int64_t)tab, (int64_t)tcd, (int64_t)ct, (int64_t)g.epi,
-                     g.batch, B.bstride != 0, A.bstride != 0, alx, aly, alc, 0, albias, g.beta != 0.0f, dev, 0, 0};
+                     g.batch, B.bstride != 0, A.bstride != 0, alx, aly, alc, 0, albias, g.beta != 0.0f, dev, alaux,
+                     g.aux_ld};
   std::string skey((const char *)key, sizeof key);
   cublasLtMatmulAlgo_t algo;
   bool have = false;
@@ -176,6 +184,12 @@ int gemm(const char *op, int dev, const gemm_args &g) {
     if (g.bias) {
       LT_TRY(op, dev, "bias", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
       LT_TRY(op, dev, "bias", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &tcd, sizeof tcd));
+    }
+    if (g.aux) {   // AUX in D's dtype (the default AUX_DATA_TYPE), leading dimension in elements
+      LT_TRY(op, dev, "aux", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux,
+                                                            sizeof g.aux));
+      LT_TRY(op, dev, "aux", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.aux_ld,
+                                                            sizeof g.aux_ld));
     }
   }
   LT_TRY(op, dev, "layout", cublasLtMatrixLayoutCreate(&lx, tab, xr, xc, B.ld));
@@ -219,8 +233,9 @@ int gemm(const char *op, int dev, const gemm_args &g) {
     double ba = A.bstride ? g.batch : 1, bb = B.bstride ? g.batch : 1, mn = (double)g.m * g.n * g.batch;
     // a bias is read (BIAS: one per output column n) or written (BGRADB: one per output row m)
     double nbias = g.epi == CUBLASLT_EPILOGUE_BGRADB ? (double)g.m : (double)g.n;
+    // the GELU epilogues write (forward) or read (backward) the pre-activation: one more [m, n] in D's dtype
     double bytes = esab * ((double)g.m * g.k * ba + (double)g.k * g.n * bb) + escd * mn * (g.beta != 0.0f ? 2 : 1) +
-                   (g.bias ? escd * nbias : 0.0);
+                   (g.bias ? escd * nbias : 0.0) + (g.aux ? escd * mn : 0.0);
     int engine = A.dtype != BL_F32 ? BL_ENGINE_TC16 : g_tf32 ? BL_ENGINE_TF32 : BL_ENGINE_FP32;
     cu_cost_call(dev, "gemm", "cublasLtMatmul", engine, 2.0 * mn * g.k, bytes);
   }
@@ -287,19 +302,33 @@ int bias_grad(const char *op, int dev, const bl_tensor *g, int64_t M, int64_t N,
   return cu_store(op, db, &bdb);
 }
 
-__global__ void add_f32_kernel(float *dst, const float *src, int64_t n) {
+template <class T> __global__ void add_into_kernel(float *dst, const T *src, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    dst[i] += src[i];
+    dst[i] += to_f(src[i]);
 }
 
-// db += src[0 .. db->numel) (f32; db through an f32 image when it is another dtype or strided).
-int add_f32(const char *op, int dev, bl_tensor *db, const float *src) {
+// db += src[0 .. db->numel) (src of dtype sdt: f32 or bf16; db through an f32 image when it is another dtype or
+// strided).
+int add_into(const char *op, int dev, bl_tensor *db, const void *src, int sdt) {
   cu_buf bdb;
   BL_CHECK(cu_out(op, db, &bdb, 1));
-  cu_cost_kernel(dev, "bias grad", "add_f32", 12.0 * (double)db->numel);
-  add_f32_kernel<<<cu_blocks(db->numel, 256), 256, 0, cu_stream(dev)>>>(bdb.p, src, db->numel);
+  int64_t n = db->numel;
+  cu_cost_kernel(dev, "bias grad", "add_into", (8.0 + bl_dtype_size(sdt)) * (double)n);
+  if (sdt == BL_BF16)
+    add_into_kernel<__nv_bfloat16><<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(bdb.p, (const __nv_bfloat16 *)src, n);
+  else
+    add_into_kernel<float><<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(bdb.p, (const float *)src, n);
   BL_CHECK(cu_launched(op, dev));
   return cu_store(op, db, &bdb);
+}
+
+// The GELU epilogues' AUX operand: pre [M, N] in place, in D's dtype odt, rows untransposed with a leading dimension
+// that is a multiple of 8 elements (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: "must be divisible by 8 and be
+// no less than the number of rows"). false: no epilogue, the caller runs the separate kernels.
+bool aux_in_place(const bl_tensor *pre, int odt, mat *m) {
+  if (pre->dtype != odt || pre->numel == 0) return false;
+  if (linear_mat("aux", pre, odt, m, true) || m->mem.p || m->trans) return false;
+  return m->ld % 8 == 0;
 }
 
 }  // namespace
@@ -308,8 +337,10 @@ extern "C" void bl_cuda_set_tf32(int enable) { g_tf32 = enable != 0; }
 extern "C" int bl_cuda_get_tf32(void) { return g_tf32; }
 
 // ---------------------------------------------------------------- linear
-// y = x W^T (+ b): the bias epilogue, or DEFAULT without a bias.
-static int linear_fwd(const char *op, bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
+// y = x W^T (+ b): the bias epilogue, or DEFAULT without a bias. With aux (a tanh GELU's pre-activation that passed
+// aux_in_place; b and K > 0 required): GELU_AUX_BIAS, y = gelu_tanh(x W^T + b) and aux = x W^T + b in one GEMM.
+static int linear_fwd(const char *op, bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b,
+                      const mat *aux = nullptr) {
   int dev;
   const bl_tensor *ts[] = {y, x, w, b};
   BL_CHECK(cu_device(op, 4, ts, &dev));
@@ -335,6 +366,7 @@ static int linear_fwd(const char *op, bl_tensor *y, const bl_tensor *x, const bl
   g.m = M; g.n = N; g.k = K; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
   g.bias = bp;
   g.epi = bp ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (aux) { g.epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; g.aux = aux->p; g.aux_ld = aux->ld; }
   BL_CHECK(gemm(op, dev, g));
   return mat_sync(op, y, &my, false);
 }
@@ -344,15 +376,21 @@ extern "C" int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl
 }
 
 extern "C" int bl_cuda_linear_gelu_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
-                                           const bl_tensor *b) {
-  const char *op = "linear_gelu";
+                                           const bl_tensor *b, int tanh_form) {
+  const char *op = tanh_form ? "linear_gelu_tanh" : "linear_gelu";
   if (!pre) return bl_set_error(BL_EINVAL, "%s: the pre-activation output is required (saved for backward)", op);
   char a[128], c[128];
   if (pre->ndim != y->ndim || memcmp(pre->shape, y->shape, sizeof(int64_t) * y->ndim))
     return bl_set_error(BL_EINVAL, "%s: pre-activation %s must have the output's shape %s", op, BL_SHAPE(pre, a),
                         BL_SHAPE(y, c));
-  BL_CHECK(linear_fwd(op, pre, x, w, b));
-  return bl_cuda_gelu_forward(y, pre);
+  mat mp;
+  if (tanh_form && b && w->ndim == 2 && w->shape[1] > 0 && y->numel > 0 &&
+      aux_in_place(pre, out_dtype(y, compute_dtype(x, w)), &mp)) {   // else, or without an algorithm: the kernels
+    int rc = linear_fwd(op, y, x, w, b, &mp);
+    if (rc != BL_EUNSUPPORTED) return rc;
+  }
+  BL_CHECK(linear_fwd(op, pre, x, w, b));   // the GEMM with its bias epilogue, then the activation kernel
+  return tanh_form ? bl_cuda_gelu_tanh_forward(y, pre, nullptr) : bl_cuda_gelu_forward(y, pre);
 }
 
 extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
@@ -418,7 +456,7 @@ extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *
     BL_CHECK(rc);
     BL_CHECK(mat_sync(op, dw, &mdw, false));
     if (g.bias) {
-      BL_CHECK(add_f32(op, dev, db, part.as<float>()));
+      BL_CHECK(add_into(op, dev, db, part.p, BL_F32));
       db_done = true;
     }
   }
@@ -429,8 +467,8 @@ extern "C" int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *
 }
 
 extern "C" int bl_cuda_linear_dgelu_backward(bl_tensor *dpre, bl_tensor *db, const bl_tensor *dh, const bl_tensor *w2,
-                                             const bl_tensor *pre) {
-  const char *op = "linear_dgelu_backward";
+                                             const bl_tensor *pre, int tanh_form) {
+  const char *op = tanh_form ? "linear_dgelu_tanh_backward" : "linear_dgelu_backward";
   int dev;
   const bl_tensor *ts[] = {dpre, db, dh, w2, pre};
   BL_CHECK(cu_device(op, 5, ts, &dev));
@@ -450,16 +488,33 @@ extern "C" int bl_cuda_linear_dgelu_backward(bl_tensor *dpre, bl_tensor *db, con
   BL_CHECK(linear_mat(op, w2, cdt, &mw, false));
   BL_CHECK(mat_sync(op, w2, &mw, true));
   BL_CHECK(linear_mat(op, dpre, odt, &md, true));
+  // With the tanh GELU: its derivative in the GEMM's epilogue (DGELU, AUX = pre) and, with DGELU_BGRAD, FC1's bias
+  // gradient: the column sums of the epilogue's output, written in D's dtype (the bias type cuBLASLt documents for
+  // non-fp8 GEMMs) into a scratch that is added to db. An f16 sum over all tokens can overflow where the values do
+  // not, so f16 takes DGELU and the column-sum kernel.
+  mat mp;
+  bool epi = tanh_form && aux_in_place(pre, odt, &mp), bgrad = epi && db && odt != BL_F16;
+  cu_mem part;
+  if (bgrad) BL_CHECK(part.alloc(op, dev, (size_t)N * bl_dtype_size(odt)));
   gemm_args g;
   g.a = &mdh; g.ta = 0; g.b = &mw; g.tb = 0; g.c = &md;
   g.m = M; g.n = N; g.k = N2; g.batch = 1; g.alpha = 1.0f; g.beta = 0.0f;
-  g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr;
-  BL_CHECK(gemm(op, dev, g));
-  BL_CHECK(mat_sync(op, dpre, &md, false));
-  BL_CHECK(bl_cuda_gelu_backward(dpre, dpre, pre));   // erf GELU' in place, as the CPU's gelu_backward
-  if (db) {
-    BL_CHECK(bias_grad(op, dev, dpre, M, N, db));
+  g.epi = bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : epi ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
+  g.bias = bgrad ? part.p : nullptr;
+  if (epi) { g.aux = mp.p; g.aux_ld = mp.ld; }
+  int rc = gemm(op, dev, g);
+  if (rc == BL_EUNSUPPORTED && epi) {   // no algorithm with the epilogue (nothing has run): the plain GEMM
+    epi = bgrad = false;
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT; g.bias = nullptr; g.aux = nullptr; g.aux_ld = 0;
+    rc = gemm(op, dev, g);
   }
+  BL_CHECK(rc);
+  BL_CHECK(mat_sync(op, dpre, &md, false));
+  if (!epi)   // the activation's derivative in place
+    BL_CHECK(tanh_form ? bl_cuda_gelu_tanh_backward(dpre, nullptr, dpre, pre, nullptr)
+                       : bl_cuda_gelu_backward(dpre, dpre, pre));
+  if (bgrad) BL_CHECK(add_into(op, dev, db, part.p, odt));
+  if (db && !bgrad) BL_CHECK(bias_grad(op, dev, dpre, M, N, db));
   return 0;
 }
 

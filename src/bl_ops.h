@@ -184,6 +184,17 @@ int bl_gelu_tanh_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
 int bl_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
                           const bl_tensor *b);
 
+/* ---- linear + bias + tanh GELU (gelu_new) with the pre-activation kept, and the backward of FC2(gelu(FC1 x))
+ * through it. On CUDA each is one cuBLASLt GEMM (GELU_AUX_BIAS; DGELU_BGRAD) where cuBLASLt has the epilogue,
+ * else the GEMM and the activation kernel; on the CPU bl_linear_forward + bl_gelu_tanh_forward and back.
+ * forward: pre = x W^T + b (b required), y = gelu_tanh(pre); y and pre [..., out] of one dtype.
+ * backward: dpre = (dy2 W2) .* gelu_tanh'(pre) (overwritten), dy2 [..., n2] the gradient of FC2's output, W2
+ * [n2, out] FC2's weight, pre/dpre [..., out]; db += the column sums of dpre (FC1's bias gradient; may be NULL). */
+int bl_linear_gelu_tanh_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
+                                const bl_tensor *b);
+int bl_linear_dgelu_tanh_backward(bl_tensor *dpre, bl_tensor *db, const bl_tensor *dy2, const bl_tensor *w2,
+                                  const bl_tensor *pre);
+
 /* ---- tanh (BERT pooler): backward uses the saved OUTPUT y: dx = dy (1 - y^2). */
 int bl_tanh_forward(bl_tensor *y, const bl_tensor *x);
 int bl_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);

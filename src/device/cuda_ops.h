@@ -81,16 +81,16 @@ int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w,
 int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
                             const bl_tensor *x, const bl_tensor *w, int accumulate);
 /* Linear + bias + GELU: pre = x W^T + b (saved for backward, same shape/dtype
- * rules as y), y = gelu(pre) with BERT's exact erf GELU, the CPU's
- * bl_linear_forward + bl_gelu_forward. (cuBLASLt's GELU epilogues compute the
- * tanh approximation, so the GELU runs after the GEMM, not in its epilogue.)
- * Backward: dpre = (dh @ w2) .* gelu'(pre) (erf GELU, as bl_gelu_backward),
+ * rules as y), y = gelu(pre); backward: dpre = (dh @ w2) .* gelu'(pre),
  * db += column sums of dpre (may be NULL). Shapes: dh [M, N2], w2 [N2, N],
- * pre/dpre [M, N], db [N]. */
+ * pre/dpre [M, N], db [N]. tanh_form = 0: BERT's exact erf GELU (the CPU's
+ * bl_gelu_forward/backward), run after the GEMM: cuBLASLt has no erf epilogue.
+ * tanh_form = 1: the tanh GELU (bl_linear_gelu_tanh_*), in the GEMM's
+ * GELU_AUX_BIAS / DGELU(_BGRAD) epilogue where cuBLASLt has one. */
 int bl_cuda_linear_gelu_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
-                                const bl_tensor *b);
+                                const bl_tensor *b, int tanh_form);
 int bl_cuda_linear_dgelu_backward(bl_tensor *dpre, bl_tensor *db, const bl_tensor *dh, const bl_tensor *w2,
-                                  const bl_tensor *pre);
+                                  const bl_tensor *pre, int tanh_form);
 /* bl_matmul twin: out[..., m, n] = a[..., m, k] @ b[..., k, n], batch dims
  * broadcast (strided-batched cuBLASLt; broadcast operands get batch stride 0). */
 int bl_cuda_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b);

@@ -401,3 +401,65 @@ int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_ten
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_backward(dx, dw, db, dy, x, w, accumulate));
   return linear_backward_cpu(dx, dw, db, dy, x, w, accumulate);
 }
+
+/* ---- linear + tanh GELU and the backward of the chain through it (bl_ops.h). The CPU twin is the unfused
+ * sequence (GEMM with the bias, then the activation; the dX GEMM, then the activation's derivative, then the
+ * column sums), which is what the CUDA epilogues are checked against. */
+int bl_linear_gelu_tanh_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x, const bl_tensor *w,
+                                const bl_tensor *b) {
+  const char *op = "linear_gelu_tanh";
+  if (!b || !pre) return BL_ERR("%s: %s is required", op, b ? "the pre-activation output" : "the bias");
+  BL_CHECK(check_args(op, x, w, b));
+  BL_CHECK(opx_check_float(op, y, "output"));
+  BL_CHECK(check_rows_out(op, "output", y, x, w->shape[0]));
+  BL_CHECK(opx_check_float(op, pre, "pre-activation"));
+  if (!opx_same_shape(pre, y) || pre->dtype != y->dtype)
+    return BL_ERR("%s: pre-activation %s %s must match output %s %s", op, OPX_SHAPE(pre), bl_dtype_name(pre->dtype),
+                  OPX_SHAPE(y), bl_dtype_name(y->dtype));
+  int dev;
+  const bl_tensor *ts[] = {y, pre, x, w, b};
+  BL_CHECK(opx_device(op, 5, ts, &dev));
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_gelu_forward(y, pre, x, w, b, 1));
+  BL_CHECK(linear_forward_cpu(pre, x, w, NULL, b, 0));
+  return bl_gelu_tanh_forward(y, pre, NULL);
+}
+
+int bl_linear_dgelu_tanh_backward(bl_tensor *dpre, bl_tensor *db, const bl_tensor *dy2, const bl_tensor *w2,
+                                  const bl_tensor *pre) {
+  const char *op = "linear_dgelu_tanh_backward";
+  BL_CHECK(opx_check_float(op, dy2, "grad_output"));
+  BL_CHECK(opx_check_float(op, w2, "weight"));
+  BL_CHECK(opx_check_float(op, pre, "pre-activation"));
+  BL_CHECK(opx_check_float(op, dpre, "grad_pre"));
+  if (dy2->ndim < 1 || w2->ndim != 2 || opx_cols(dy2) != w2->shape[0])
+    return BL_ERR("%s: grad_output %s and FC2 weight %s are not compatible", op, OPX_SHAPE(dy2), OPX_SHAPE(w2));
+  if (pre->ndim < 1 || opx_cols(pre) != w2->shape[1] || opx_rows(pre) != opx_rows(dy2))
+    return BL_ERR("%s: pre-activation %s does not match grad_output %s and FC2 weight %s", op, OPX_SHAPE(pre),
+                  OPX_SHAPE(dy2), OPX_SHAPE(w2));
+  if (!opx_same_shape(dpre, pre))
+    return BL_ERR("%s: grad_pre %s does not match pre-activation %s", op, OPX_SHAPE(dpre), OPX_SHAPE(pre));
+  if (db) {
+    BL_CHECK(opx_check_float(op, db, "grad_bias"));
+    if (db->ndim != 1 || db->shape[0] != w2->shape[1])
+      return BL_ERR("%s: grad_bias %s does not match FC2 weight %s", op, OPX_SHAPE(db), OPX_SHAPE(w2));
+  }
+  int dev;
+  const bl_tensor *ts[] = {dpre, db, dy2, w2, pre};
+  BL_CHECK(opx_device(op, 5, ts, &dev));
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_dgelu_backward(dpre, db, dy2, w2, pre, 1));
+  bl_tensor *dh = NULL;   /* dy2 W2 in f32, then through the activation's derivative (not in place: restrict) */
+  BL_CHECK(bl_tensor_empty(pre->ndim, pre->shape, BL_F32, -1, &dh));
+  int rc = linear_backward_cpu(dh, NULL, NULL, dy2, pre, w2, 0);   /* pre only stands for x: not read */
+  if (!rc) rc = bl_gelu_tanh_backward(dpre, NULL, dh, pre, NULL);
+  bl_tensor_free(dh);
+  if (rc || !db) return rc;
+  mat md;
+  opx_buf bdb = {0};
+  if (!(rc = mat_load(op, dpre, &md)) && !(rc = opx_out(op, db, &bdb, 1))) {
+    bias_grad(bdb.p, &md);
+    opx_store(db, &bdb);
+  }
+  opx_free(&md.buf);
+  opx_free(&bdb);
+  return rc;
+}

@@ -198,7 +198,7 @@ static void test_gemm(void) {
     OK(bl_linear_forward(pre, x, w, b)); OK(bl_gelu_forward(ref, pre));
     bl_tensor *dx_ = up(x, BL_F32), *dw_ = up(w, BL_F32), *db_ = up(b, BL_F32);
     bl_tensor *dy = mk(DEV, BL_F32, 2, ref->shape), *dpre = mk(DEV, BL_F32, 2, ref->shape);
-    OK(bl_cuda_linear_gelu_forward(dy, dpre, dx_, dw_, db_));
+    OK(bl_cuda_linear_gelu_forward(dy, dpre, dx_, dw_, db_, 0));
     close_("linear_gelu pre", pre, dpre, 1e-5, 1e-5); close_("linear_gelu y (erf gelu)", ref, dy, 1e-5, 1e-5);
     /* dpre = (dh @ w2) * gelu'(pre), db = column sums of dpre */
     bl_tensor *dh = rnd(2, SH(9, 5), 15, -1, 1), *w2 = rnd(2, SH(5, 24), 16, -1, 1), *mm = mk(-1, BL_F32, 2, SH(9, 24));
@@ -207,7 +207,7 @@ static void test_gemm(void) {
     bl_tensor *ddh = up(dh, BL_F32), *dw2 = up(w2, BL_F32), *dd = mk(DEV, BL_F32, 2, mm->shape);
     bl_tensor *gb = mk(DEV, BL_F32, 1, SH(24));
     OK(bl_cuda_tensor_fill(gb, 0));
-    OK(bl_cuda_linear_dgelu_backward(dd, gb, ddh, dw2, dpre));
+    OK(bl_cuda_linear_dgelu_backward(dd, gb, ddh, dw2, dpre, 0));
     close_("linear_dgelu dpre (erf gelu)", want, dd, 1e-5, 1e-5); close_("linear_dgelu db", wantb, gb, 1e-5, 1e-5);
     F(x); F(w); F(b); F(pre); F(ref); F(dx_); F(dw_); F(db_); F(dy); F(dpre); F(dh); F(w2); F(mm); F(want); F(wantb);
     F(ddh); F(dw2); F(dd); F(gb);

@@ -12,18 +12,36 @@
 //   Scale type f32, alpha/beta on the host; C is not read when beta == 0.
 // - Epilogues: BIAS adds bias[row] (after alpha/beta); GELU applies the tanh
 //   approximation 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) (cuBLASLt's GELU,
-//   not the exact erf GELU); _AUX variants store the GELU input in the aux
-//   matrix; DGELU multiplies by the derivative of that GELU at aux; DGELU_BGRAD
-//   also writes the row sums of D to the bias pointer; BGRADB writes the sums
-//   of op(B) over the k dimension (one per column of D, "the bias gradient of
-//   input B") to the bias pointer and leaves D the plain product.
+//   not the exact erf GELU); GELU_AUX(_BIAS) stores the GELU input (after the
+//   bias: "output of GELU input matrix in forward pass", EPILOGUE_AUX_POINTER)
+//   in the aux matrix; DGELU multiplies by the derivative of that GELU at aux
+//   ("input of GELU input matrix for backward pass"); DGELU_BGRAD also writes
+//   the row sums of the resulting D (the gradient after the GELU derivative,
+//   one per row of D, like the input bias) to the bias pointer; BGRADB writes
+//   the sums of op(B) over the k dimension (one per column of D, "the bias
+//   gradient of input B") to the bias pointer and leaves D the plain product.
+// - The aux matrix has D's shape, its own leading dimension (AUX_LD, in
+//   elements) and batch stride, and D's type: AUX_DATA_TYPE may differ only
+//   for fp8 outputs (cuBLAS docs, cublasLtMatmulDescAttributes_t). The bias
+//   (or bias gradient) vector has D's type: BIAS_DATA_TYPE "the same type as
+//   the elements of the output matrix" except IMMA and fp8 kernels, which are
+//   not emulated, so another type is INVALID_VALUE here.
 // - Documented constraints return the real status: the GELU aux leading
 //   dimension must be a multiple of 8 and >= rows, its batch stride a multiple
 //   of 8 (INVALID_VALUE); unsupported types/compute/epilogue: NOT_SUPPORTED.
+// - The heuristic reads the aux pointer's value for the alignment it must
+//   have ("routines that don't dereference this pointer, like
+//   cublasLtMatmulAlgoGetHeuristic(), depend on its value to determine
+//   expected pointer alignment"): the algorithm records it, and a matmul with
+//   a less aligned aux pointer is INVALID_VALUE, as for A-D.
 // - Pointers must be aligned to the alignment the algorithm was chosen for
 //   (the heuristic's MIN_ALIGNMENT preferences) and to the element size, and
 //   every operand must lie inside one allocation of the current emulated
 //   device: a stray pointer is reported at the call (a real GPU would fault).
+//
+// Test seam: BL_EMU_LT_NO_ALGO="164,208" (epilogue numbers, comma-separated) makes the heuristic find no
+// algorithm for those epilogues (NOT_SUPPORTED, 0 results), as a cuBLASLt or GPU without them would, so that the
+// callers' fallbacks run in tests.
 //
 // Not emulated: performance, algorithm choice (one algo, no workspace), the
 // exact summation order of the hardware, fp8/int8, other epilogues, row-major
@@ -32,6 +50,7 @@
 #include <cublasLt.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <vector>
 #include "emu_internal.h"
 #include "emu_numeric.h"
@@ -86,6 +105,17 @@ template <typename T> cublasStatus_t set_attr(T *field, const void *buf, size_t 
 }
 
 bool has(uint32_t epi, uint32_t bits) { return (epi & bits) == bits; }
+// Is epilogue e listed in BL_EMU_LT_NO_ALGO (read at each heuristic call, so a test may change it)?
+bool no_algo_for(uint32_t e) {
+  const char *s = getenv("BL_EMU_LT_NO_ALGO");
+  for (char *end = nullptr; s && *s; s = end) {
+    unsigned long v = strtoul(s, &end, 10);
+    if (end == s) return false;
+    if (v == e) return true;
+    while (*end == ',' || *end == ' ') end++;
+  }
+  return false;
+}
 bool epi_known(uint32_t e) {
   return e == CUBLASLT_EPILOGUE_DEFAULT || e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU ||
          e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
@@ -156,8 +186,8 @@ cublasStatus_t make_problem(const emu_lt_desc *d, const emu_lt_layout *a, const 
   p->aux_t = d->aux_type < 0 ? dd->type : (cudaDataType_t)d->aux_type;
   if (epi_bias_in(d->epi) || epi_bgrad(d->epi) || epi_bgradb(d->epi)) {
     if (!d->bias) return fail(CUBLAS_STATUS_INVALID_VALUE, "epilogue %u needs a BIAS_POINTER", d->epi);
-    if (p->bias_t != dd->type && p->bias_t != CUDA_R_32F)
-      return fail(CUBLAS_STATUS_INVALID_VALUE, "bias type %d with D type %d", p->bias_t, dd->type);
+    if (p->bias_t != dd->type)
+      return fail(CUBLAS_STATUS_INVALID_VALUE, "bias type %d with D type %d (must be D's type)", p->bias_t, dd->type);
   }
   if (epi_aux(d->epi)) {
     if (!d->aux) return fail(CUBLAS_STATUS_INVALID_VALUE, "epilogue %u needs EPILOGUE_AUX_POINTER", d->epi);
@@ -179,6 +209,11 @@ uint64_t fingerprint(const problem &p) {
 }
 
 bool aligned(const void *p, uint64_t a) { return ((uintptr_t)p % a) == 0; }
+// The alignment a pointer's value shows: its lowest set bit, at most 256 bytes.
+uint64_t pointer_align(const void *p) {
+  uintptr_t a = (uintptr_t)p | 256;
+  return (uint64_t)(a & (~a + 1));
+}
 
 // Bytes spanned by a strided-batched column-major matrix (0 if empty).
 size_t extent(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t bstride, int esize) {
@@ -372,6 +407,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   problem p;
   cublasStatus_t s = make_problem(desc, a, b, c, d, &p);
   if (s) return s;
+  if (no_algo_for(p.d.epi))
+    return fail(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for epilogue %u (BL_EMU_LT_NO_ALGO)", p.d.epi);
   int ab = emu_type_size(p.la.type), cd = emu_type_size(p.lc.type);
   const int esize[4] = {ab, ab, cd, cd};
   for (int i = 0; i < 4; i++) {
@@ -385,6 +422,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   algo.data[0] = kAlgoMagic;
   algo.data[1] = fingerprint(p);
   for (int i = 0; i < 4; i++) algo.data[2 + i] = pref->align[i];
+  algo.data[6] = epi_aux(p.d.epi) ? pointer_align(p.d.aux) : 0;
   results->workspaceSize = 0;
   results->state = CUBLAS_STATUS_SUCCESS;
   results->wavesCount = 1.0f;
@@ -435,6 +473,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     if ((s = check_range(dev, p.d.bias, bytes, "bias"))) return s;
   }
   if (epi_aux(p.d.epi)) {
+    uint64_t need = algo ? algo->data[6] : (uint64_t)emu_type_size(p.aux_t);
+    if (need < (uint64_t)emu_type_size(p.aux_t)) need = (uint64_t)emu_type_size(p.aux_t);
+    if (!aligned(p.d.aux, need))
+      return fail(CUBLAS_STATUS_INVALID_VALUE, "matmul: aux=%p is not %llu-byte aligned as the algorithm requires",
+                  p.d.aux, (unsigned long long)need);
     size_t bytes = extent(p.m, p.n, p.d.aux_ld, p.batch, p.d.aux_bstride, emu_type_size(p.aux_t));
     if ((s = check_range(dev, p.d.aux, bytes, "aux"))) return s;
   }

@@ -44,28 +44,7 @@ end
 local CFG = config.new{ vocab_size = 96, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
   intermediate_size = 128, max_position_embeddings = 64, hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1 }
 
-local function batch(B, S, P)
-  local ids, tt, am, pos, lab, nsp = {}, {}, {}, {}, {}, {}
-  for b = 1, B do
-    ids[b], tt[b], am[b], pos[b], lab[b] = {}, {}, {}, {}, {}
-    local len = S - (b % 3)
-    for s = 1, S do
-      ids[b][s] = s <= len and (7 * b + 13 * s) % CFG.vocab_size or 0
-      tt[b][s] = s > len / 2 and s <= len and 1 or 0
-      am[b][s] = s <= len and 1 or 0
-    end
-    for j = 1, P do
-      pos[b][j] = (3 * j + b) % (len - 1) + 1
-      lab[b][j] = j == P and -1 or (5 * j + b) % CFG.vocab_size
-    end
-    nsp[b] = b % 2
-  end
-  return {
-    input_ids = bl.from(ids, { dtype = "i32" }), token_type_ids = bl.from(tt, { dtype = "i32" }),
-    attention_mask = bl.from(am), masked_lm_positions = bl.from(pos, { dtype = "i32" }),
-    masked_lm_labels = bl.from(lab, { dtype = "i32" }), next_sentence_labels = bl.from(nsp, { dtype = "i32" }),
-  }
-end
+local function batch(B, S, P) return require("fixtures").pretrain_batch(CFG.vocab_size, B, S, P) end
 
 T.test("without a GPU, moving a model to cuda fails cleanly", function()
   if HAVE_GPU then T.skip("a GPU is present") end

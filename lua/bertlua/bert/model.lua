@@ -303,8 +303,10 @@ function BertOutput:forward(input, plan)
   return y
 end
 -- The dense layer's bias gradient comes out of the LayerNorm backward's pass (a plain Linear with a bias), so its
--- own backward only runs the two GEMMs.
-function BertOutput:backward(input, dy)
+-- own backward only runs the two GEMMs. gelu_of (optional): the BertIntermediate whose tanh GELU ran in its GEMM's
+-- epilogue; the dX GEMM then also applies that GELU's derivative and gives its bias gradient, and the result
+-- { dpre, dres, dpre = true } carries the gradient of its pre-activation instead of h's.
+function BertOutput:backward(input, dy, gelu_of)
   local h, residual = input[1], input[2]
   local dense = self.dense
   local d = dense.output
@@ -317,6 +319,12 @@ function BertOutput:backward(input, dy)
     dbeta = ln.grad_bias, dbias = fuse_db and dense.grad_bias or nil, p = p, seed = seed, offset = off, dx = dd,
     dres = dres, packed = self._plan, y = self.output, beta = ln.bias })
   if not fuse_db then return { dense:backward(h, dd), dres } end
+  if gelu_of then
+    ops.linear_backward(dd, h, dense.weight, { dx = false, dw = dense.grad_weight })
+    local pre = gelu_of.pre
+    return { ops.linear_dgelu_tanh_backward(dd, dense.weight, pre, gelu_of.dense.grad_bias,
+      buf(gelu_of, "grad_pre", pre:shape())), dres, dpre = true }
+  end
   local dh = ops.linear_backward(dd, h, dense.weight, { dx = buf(dense, "grad_input", h:shape()),
     dw = dense.grad_weight })
   return { dh, dres }
@@ -350,8 +358,8 @@ function BertIntermediate:forward(x)
   self.output = nn.dense_act_forward(self, self.dense, self.intermediate_act_fn, x)
   return self.output
 end
-function BertIntermediate:backward(x, dy, dacc)
-  return nn.dense_act_backward(self, self.dense, self.intermediate_act_fn, x, dy, dacc)
+function BertIntermediate:backward(x, dy, dacc, dy_is_dpre)
+  return nn.dense_act_backward(self, self.dense, self.intermediate_act_fn, x, dy, dacc, dy_is_dpre)
 end
 
 local BertLayer = class("BertLayer")
@@ -368,8 +376,10 @@ function BertLayer:forward(x, mask)
 end
 function BertLayer:backward(x, dy)
   local a = self.attention.output.output
-  local d = self.output:backward({ self.intermediate.output, a }, dy)
-  local da = nn.add_into(self.intermediate:backward(a, d[1], d[2]), d[2])   -- the residual path's gradient added
+  local inter = self.intermediate
+  -- a tanh GELU in FC1's epilogue: FC2's dX GEMM applies its derivative (DGELU_BGRAD)
+  local d = self.output:backward({ inter.output, a }, dy, inter._fused == "epilogue" and inter or nil)
+  local da = nn.add_into(inter:backward(a, d[1], d[2], d.dpre), d[2])   -- the residual path's gradient added
   return self.attention:backward(x, da)
 end
 

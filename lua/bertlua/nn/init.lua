@@ -448,11 +448,17 @@ end
 -- dense then activation (BertIntermediate, the MLM head's transform): the dense
 -- bias goes into the activation's kernel when it can take it (bias+GELU).
 -- The module keeps its buffers ("pre", "grad_input") and whether it fused.
+-- On CUDA the tanh GELU goes into the GEMM ("epilogue"): "pre" then holds x W^T + b, bias included.
 function M.dense_act_forward(self, dense, act, x)
   if dense.packed and not self.training and getmetatable(act) == M.GELU then  -- GELU in the packed GEMM's epilogue
     self._fused = "packed"
     return ops.linear(x, dense.weight, dense.bias, buf(act, "output", with_last(x, dense.out_features)), dense.packed,
       "gelu")
+  end
+  if getmetatable(act) == M.GELUTanh and dense.bias ~= nil and x:is_cuda() and getmetatable(dense) == Linear then
+    self._fused = "epilogue"
+    local pre = buf(self, "pre", with_last(x, dense.out_features))
+    return ops.linear_gelu_tanh(x, dense.weight, dense.bias, buf(act, "output", pre:shape()), pre)
   end
   self._fused = act.fuses_bias and dense.bias ~= nil
   if not self._fused then return act:forward(dense:forward(x)) end
@@ -462,10 +468,17 @@ function M.dense_act_forward(self, dense, act, x)
 end
 -- dy: gradient of the activation's output -> gradient of x (dense's grads accumulate). dacc (optional): a gradient
 -- of x from elsewhere (a residual path); the result is dacc + the gradient, added by the dx GEMM where fused.
-function M.dense_act_backward(self, dense, act, x, dy, dacc)
+-- dy_is_dpre: dy is already the gradient of the pre-activation and the bias gradient is in (the next layer's dX GEMM
+-- applied the activation's derivative: ops.linear_dgelu_tanh_backward).
+function M.dense_act_backward(self, dense, act, x, dy, dacc, dy_is_dpre)
   if self._fused == "packed" then
     error(tostring(self) .. ": backward after a packed inference forward (GELU fused, pre-activation not kept); "
       .. "call bertlua.bert.infer.unpack(model) first", 3)
+  end
+  if self._fused == "epilogue" then
+    local dpre = dy_is_dpre and dy or ops.gelu_tanh_backward(dy, self.pre, nil, nil, buf(act, "grad_input", dy:shape()))
+    return ops.linear_backward(dpre, x, dense.weight, { dx = dacc or buf(self, "grad_input", x:shape()),
+      dw = dense.grad_weight, db = not dy_is_dpre and dense.grad_bias or nil, accumulate = dacc ~= nil })
   end
   if not self._fused then
     local dx = dense:backward(x, act:backward(dense.output, dy))

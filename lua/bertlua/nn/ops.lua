@@ -67,6 +67,22 @@ function M.linear_backward(dy, x, w, opts)
   check(C.bl_linear_backward(dx, opts.dw, opts.db, dy, x, w, opts.accumulate and 1 or 0))
   return dx
 end
+-- linear + bias + tanh GELU (gelu_new): y = gelu_tanh(x W^T + b), the pre-activation written to pre (kept for the
+-- backward). On CUDA one GEMM (cuBLASLt's GELU_AUX_BIAS epilogue) where cuBLASLt has it.
+function M.linear_gelu_tanh(x, w, b, out, pre)
+  out = out or bl.empty(shape_with_last(x, w:size(1)), { dtype = x:dtype(), device = x:device() })
+  pre = pre or like(out)
+  check(C.bl_linear_gelu_tanh_forward(out, pre, x, w, b))
+  return out, pre
+end
+-- backward of FC2(gelu_tanh(pre)) down to pre: dpre = (dy2 W2) .* gelu_tanh'(pre), dy2 the gradient of FC2's
+-- output, w2 FC2's weight; db (FC1's bias gradient) += the column sums of dpre when given. On CUDA FC2's dX GEMM
+-- with the DGELU_BGRAD epilogue.
+function M.linear_dgelu_tanh_backward(dy2, w2, pre, db, dpre)
+  dpre = dpre or like(pre)
+  check(C.bl_linear_dgelu_tanh_backward(dpre, db, dy2, w2, pre))
+  return dpre
+end
 
 -- embedding / gather ---------------------------------------------------------
 -- out[..., :] = table[ids[...], :]; accumulate adds into `out` (embedding sums).

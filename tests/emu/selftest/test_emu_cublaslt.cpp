@@ -338,6 +338,31 @@ static void test_errors(cublasLtHandle_t h) {
     cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &bs, sizeof bs);
     CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_INVALID_VALUE, "aux batch stride %lld accepted", (long long)bs);
   }
+  {   // the heuristic reads the aux pointer's alignment (cublasLt.h, EPILOGUE_AUX_POINTER): a matmul with that
+      // algorithm and a less aligned aux fails; the bias vector has D's type (BIAS_DATA_TYPE: non-fp8 GEMMs)
+    setup s(8, 4, 6, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F);
+    cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_GELU_AUX;
+    int64_t ld = 8;
+    cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
+    cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &s.aux.p, sizeof(void *));
+    cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+    CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_SUCCESS, "gelu_aux refused");
+    cublasLtMatmulAlgo_t algo = r.algo;
+    CHECK(s.matmul(h, s.a.p, s.b.p, nullptr, s.c.p, &algo) == CUBLAS_STATUS_SUCCESS, "aligned aux refused");
+    void *off = (char *)s.aux.p + 4;
+    cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &off, sizeof off);
+    CHECK(s.matmul(h, s.a.p, s.b.p, nullptr, s.c.p, &algo) == CUBLAS_STATUS_INVALID_VALUE,
+          "an aux less aligned than the heuristic saw was accepted");
+    CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_SUCCESS, "4-byte aligned aux refused by the heuristic");
+    algo = r.algo;
+    CHECK(s.matmul(h, s.a.p, s.b.p, nullptr, s.c.p, &algo) == CUBLAS_STATUS_SUCCESS, "aux as the heuristic saw it");
+    e = CUBLASLT_EPILOGUE_BIAS;
+    int32_t bt = CUDA_R_16BF;
+    cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
+    cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &s.aux.p, sizeof(void *));
+    cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_INVALID_VALUE, "a bf16 bias with an f32 D accepted");
+  }
   {   // alignment the algorithm was chosen for; out-of-range operands; shape mismatch; unread C
     setup s(4, 4, 4, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F);
     uint32_t al = 16;

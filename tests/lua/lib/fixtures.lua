@@ -5,6 +5,7 @@
 --   local vocab = fx.vocab(dir[, { size = 2000 }])   -- build_vocab.lua on the generated corpus
 --   local dev = fx.glue(dir, "mrpc")                -- a GLUE dev.tsv in the task's own format
 --   local cfg = fx.tiny_config()                    -- a 2-layer BERT config with odd vocab, 4 heads of 16
+--   local bt = fx.pretrain_batch(vocab_size, B, S, P) -- a BertForPreTraining batch with padded rows
 --
 -- The texts come from bertlua.data.synthetic's invented world; labels follow
 -- rules a small model can learn from the words (so "loss falls" holds).
@@ -18,6 +19,32 @@ local M = {}
 function M.tiny_config()
   return { vocab_size = 211, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
     intermediate_size = 256, max_position_embeddings = 64, type_vocab_size = 2 }
+end
+
+-- A BertForPreTraining batch of B rows of S tokens (row b has S - b % 3 real ones, its second half type 1) and P
+-- masked positions per row, the last one ignored (label -1); ids and labels below vocab_size.
+function M.pretrain_batch(vocab_size, B, S, P)
+  local bl = require "bertlua"
+  local ids, tt, am, pos, lab, nsp = {}, {}, {}, {}, {}, {}
+  for b = 1, B do
+    ids[b], tt[b], am[b], pos[b], lab[b] = {}, {}, {}, {}, {}
+    local len = S - (b % 3)
+    for s = 1, S do
+      ids[b][s] = s <= len and (7 * b + 13 * s) % vocab_size or 0
+      tt[b][s] = s > len / 2 and s <= len and 1 or 0
+      am[b][s] = s <= len and 1 or 0
+    end
+    for j = 1, P do
+      pos[b][j] = (3 * j + b) % (len - 1) + 1
+      lab[b][j] = j == P and -1 or (5 * j + b) % vocab_size
+    end
+    nsp[b] = b % 2
+  end
+  return {
+    input_ids = bl.from(ids, { dtype = "i32" }), token_type_ids = bl.from(tt, { dtype = "i32" }),
+    attention_mask = bl.from(am), masked_lm_positions = bl.from(pos, { dtype = "i32" }),
+    masked_lm_labels = bl.from(lab, { dtype = "i32" }), next_sentence_labels = bl.from(nsp, { dtype = "i32" }),
+  }
 end
 
 local function world() return syn.world { seed = 11, countries = 40 } end
