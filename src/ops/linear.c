@@ -173,6 +173,15 @@ static int check_rows_out(const char *op, const char *name, const bl_tensor *y, 
   return 0;
 }
 
+/* db (optional) must be a float vector of n, the output features of the weight w named wname. */
+static int check_grad_bias(const char *op, const bl_tensor *db, int64_t n, const char *wname, const bl_tensor *w) {
+  if (!db) return 0;
+  BL_CHECK(opx_check_float(op, db, "grad_bias"));
+  if (db->ndim != 1 || db->shape[0] != n)
+    return BL_ERR("%s: grad_bias %s does not match %s %s", op, OPX_SHAPE(db), wname, OPX_SHAPE(w));
+  return 0;
+}
+
 /* One packed weight (bl_ops.h): the packed copy for the ISA in use when it
  * was made, or none on the baseline path (the unpacked GEMM then runs), and
  * what it was packed from, to catch a pack used with another weight. A
@@ -390,11 +399,7 @@ int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_ten
     if (!opx_same_shape(dw, w))
       return BL_ERR("%s: grad_weight %s does not match weight %s", op, OPX_SHAPE(dw), OPX_SHAPE(w));
   }
-  if (db) {
-    BL_CHECK(opx_check_float(op, db, "grad_bias"));
-    if (db->ndim != 1 || db->shape[0] != w->shape[0])
-      return BL_ERR("%s: grad_bias %s does not match weight %s", op, OPX_SHAPE(db), OPX_SHAPE(w));
-  }
+  BL_CHECK(check_grad_bias(op, db, w->shape[0], "weight", w));
   int dev;
   const bl_tensor *ts[] = {dx, dw, db, dy, x, w};
   BL_CHECK(opx_device(op, 6, ts, &dev));
@@ -438,11 +443,7 @@ int bl_linear_dgelu_tanh_backward(bl_tensor *dpre, bl_tensor *db, const bl_tenso
                   OPX_SHAPE(dy2), OPX_SHAPE(w2));
   if (!opx_same_shape(dpre, pre))
     return BL_ERR("%s: grad_pre %s does not match pre-activation %s", op, OPX_SHAPE(dpre), OPX_SHAPE(pre));
-  if (db) {
-    BL_CHECK(opx_check_float(op, db, "grad_bias"));
-    if (db->ndim != 1 || db->shape[0] != w2->shape[1])
-      return BL_ERR("%s: grad_bias %s does not match FC2 weight %s", op, OPX_SHAPE(db), OPX_SHAPE(w2));
-  }
+  BL_CHECK(check_grad_bias(op, db, w2->shape[1], "FC2 weight", w2));
   int dev;
   const bl_tensor *ts[] = {dpre, db, dy2, w2, pre};
   BL_CHECK(opx_device(op, 5, ts, &dev));

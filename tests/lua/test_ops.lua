@@ -27,6 +27,13 @@ T.test("linear forward/backward match matmul", function()
   close(ops.linear(cls, w, b), ops.linear(cls:contiguous(), w, b))
   T.raises(function() ops.linear(bl.zeros({ 4, 7 }), bl.zeros({ 5, 6 })) end,
     "linear: input [4,7] and weight [5,6] are not compatible")
+  T.raises(function() ops.linear_backward(dy, x, w, { dx = false, db = bl.zeros({ 5 }) }) end,
+    "linear_backward: grad_bias [5] does not match weight [6,10]")
+  -- the fused tanh-GELU pair's CPU twin: FC1's bias gradient is checked against FC2's weight
+  local pre = randn({ 21, 6 }, 8)
+  local dy2, w2 = randn({ 21, 4 }, 9), randn({ 4, 6 }, 10)
+  T.raises(function() ops.linear_dgelu_tanh_backward(dy2, w2, pre, bl.zeros({ 4 })) end,
+    "linear_dgelu_tanh_backward: grad_bias [4] does not match FC2 weight [4,6]")
 end)
 
 T.test("layernorm, residual layernorm, gelu, tanh, softmax", function()
