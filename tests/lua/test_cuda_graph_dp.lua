@@ -60,25 +60,28 @@ r:wait()
   T.truthy(out:find("rank one gives up", 1, true), out)
 end)
 
+-- body (with sleep(s) declared) leaves rank 1 asleep while rank 0 waits on a graph's all-reduce: every rank must end
+-- with the reducer's timeout message, before mpirun's own time limit
+local function expect_vote_timeout(body)
+  local out, rc = run('local ffi = require "ffi"\nffi.cdef "unsigned int sleep(unsigned int);"\n' .. body,
+    "BL_NCCL_TIMEOUT=15 BL_EMU_NCCL_TIMEOUT=15")   -- the start-up agreement too: 3 s is short under load
+  T.truthy(rc ~= 0 and rc ~= 124, "nonzero exit without timing out (rc " .. tostring(rc) .. "): " .. out)
+  T.truthy(out:find("reducer: NCCL bucket all-reduce", 1, true) and out:find("communicator aborted", 1, true), out)
+end
+
 T.test("a stuck rank: the graph's all-reduce times out at the next vote, the job ends", function()
-  local out, rc = run([[
-local ffi = require "ffi"
-ffi.cdef "unsigned int sleep(unsigned int);"
+  expect_vote_timeout([[
 gr:run(function() r:finish() end)
 r:wait()
 if rank == 1 then ffi.C.sleep(100) end   -- in-process: ends with the process
 gr:run(function() r:finish() end)         -- rank 0: launched, no wait
 dist.sum_numbers({ 1, 2 }, r)             -- the per-step vote watches the graph's sums
-]], "BL_NCCL_TIMEOUT=15 BL_EMU_NCCL_TIMEOUT=15")   -- the start-up agreement too: 3 s is short under load
-  T.truthy(rc ~= 0 and rc ~= 124, "nonzero exit without timing out (rc " .. tostring(rc) .. "): " .. out)
-  T.truthy(out:find("reducer: NCCL bucket all-reduce", 1, true) and out:find("communicator aborted", 1, true), out)
+]])
 end)
 
 T.test("a stuck rank after replays: the replayed graph's all-reduce times out at the vote, the job ends", function()
   -- a replay runs no finish(): Reducer:replayed() makes the per-step vote watch the replayed collectives again
-  local out, rc = run([[
-local ffi = require "ffi"
-ffi.cdef "unsigned int sleep(unsigned int);"
+  expect_vote_timeout([[
 gr:run(function() r:finish() end)
 r:wait()
 gr:replay(); r:replayed()
@@ -87,9 +90,7 @@ r:wait()
 if rank == 1 then ffi.C.sleep(100) end
 gr:replay(); r:replayed()                  -- rank 0: launched, no wait
 dist.sum_numbers({ 1, 2 }, r)
-]], "BL_NCCL_TIMEOUT=15 BL_EMU_NCCL_TIMEOUT=15")
-  T.truthy(rc ~= 0 and rc ~= 124, "nonzero exit without timing out (rc " .. tostring(rc) .. "): " .. out)
-  T.truthy(out:find("reducer: NCCL bucket all-reduce", 1, true) and out:find("communicator aborted", 1, true), out)
+]])
 end)
 
 local fx = require("pretrain_fixture").make(T)
