@@ -46,6 +46,9 @@
 -- device's dense peak for the precision (--peak_tflops overrides). --compare=onnxruntime (--infer, CPU)
 -- times the encoder exported to ONNX and fused by onnxruntime's BERT optimizer
 -- (recipes/peers/bench_bert_onnxruntime.py); both sides also print the median latency of one step (p50).
+-- Single calls of a 2-core machine spread by +-5 %: --rounds=N times N blocks of --steps, and with a CPU peer
+-- alternates ours and the peer's block by block (one peer process, so its setup is paid once) and prints each
+-- round's ratio and their median.
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local optim = require "bertlua.train.optim"
@@ -85,6 +88,8 @@ local opt = options.parse(arg, {
   { "cuda_graph", false, "GPU training: run each step after the first as one CUDA graph (see pretrain)" },
   { "compare", "", "'torch': the same benchmark in PyTorch, with the ratio; 'onnxruntime' (--infer): ONNX Runtime's "
     .. "fused BERT graph (recipes/peers/bench_bert_onnxruntime.py)" },
+  { "rounds", 1, "timed blocks of --steps steps; with a CPU --compare, ours and the peer's alternate block by block "
+    .. "(one peer process) and the median ratio is printed", int = true, min = 1 },
   { "model_time", "", "also print the step-time model of one training step at these figures (h100)" },
   { "model_items", false, "with --model-time: list every non-GEMM launch class with its bytes (the breakdown)" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch for --compare=torch" },
@@ -97,6 +102,12 @@ end
 
 local dev = bl.device_of(opt.device, "benchmark")
 local on_gpu = dev >= 0
+if opt.compare ~= "" and opt.compare ~= "torch" and opt.compare ~= "onnxruntime" then
+  error("benchmark: --compare must be 'torch', 'onnxruntime' (with --infer, on the cpu) or empty", 0)
+end
+if opt.rounds > 1 and opt.compare ~= "" and on_gpu then
+  error("benchmark: --rounds with --compare alternates with a cpu peer; on a GPU compare one block (--rounds=1)", 0)
+end
 if opt.precision ~= "fp32" and opt.precision ~= "tf32" and opt.precision ~= "bf16" and opt.precision ~= "int8" then
   error("benchmark: --precision must be fp32, tf32, bf16 or int8, got " .. tostring(opt.precision), 0)
 end
@@ -303,25 +314,118 @@ if stepmodel then
 end
 -- A GPU training step is timed as a block of --steps steps with one wait at its end (the step never waits for
 -- the device, as in pre-training); otherwise every step is timed alone, and its median is printed too.
-local t0 = log.clock()
-local times = {}
 local per_step = not pstep
-for i = 1, opt.steps do
-  local ts = log.clock()
-  step()
-  if per_step then
-    sync()
-    times[i] = log.clock() - ts
-  end
-end
-if not per_step then sync() end
-local dt = log.clock() - t0
 local seqs = B * (pstep and opt.accum or 1)
-local ours = seqs * opt.steps / dt
-table.sort(times)
-print(("bertlua: %.2f seq/s (%.1f ms/step%s, %s, %s, %s, %d threads)"):format(ours, dt / opt.steps * 1000,
-  per_step and (", p50 %.1f ms"):format(times[math.floor(#times / 2) + 1] * 1000) or ", one block",
-  opt.infer and "inference" or "training", opt.device, opt.precision, threads))
+local function timed_block()
+  local t0, times = log.clock(), {}
+  for i = 1, opt.steps do
+    local ts = log.clock()
+    step()
+    if per_step then
+      sync()
+      times[i] = log.clock() - ts
+    end
+  end
+  if not per_step then sync() end
+  local dt = log.clock() - t0
+  table.sort(times)
+  local r = { rate = seqs * opt.steps / dt, dt = dt, p50 = per_step and times[math.floor(#times / 2) + 1] or nil }
+  print(("bertlua: %.2f seq/s (%.1f ms/step%s, %s, %s, %s, %d threads)"):format(r.rate, dt / opt.steps * 1000,
+    r.p50 and (", p50 %.1f ms"):format(r.p50 * 1000) or ", one block",
+    opt.infer and "inference" or "training", opt.device, opt.precision, threads))
+  return r
+end
+local function median(t)
+  local s = { unpack(t) }
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
+-- the CPU peers' command line (the peer prints "<peer>: N seq/s (..., p50 M ms, ...)" per block)
+local cpu_peer
+if opt.compare == "torch" and not on_gpu then
+  cpu_peer = { "torch", PEERS .. "bert_reference.py bench", "" }
+elseif opt.compare == "onnxruntime" then
+  cpu_peer = { "onnxruntime", PEERS .. "bench_bert_onnxruntime.py", " --precision " .. opt.precision }
+end
+local function peer_command(script, extra, rounds)
+  local cmd = ("%s %s --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d " ..
+    "--masked %d --warmup %d --dropout %g%s%s%s")
+    :format(opt.python, script, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
+      threads, V, opt.masked, opt.warmup, opt.dropout, extra, opt.infer and " --infer" or "",
+      rounds > 1 and (" --rounds %d"):format(rounds) or "")
+  if opt.lengths ~= "pad8" then cmd = cmd .. " --lengths " .. table.concat(len, ",") end
+  return bl.peer_env_prefix() .. cmd
+end
+local function peer_result(peer, line)
+  local rate = tonumber(line:match("^" .. peer .. ": ([%d%.]+) seq/s"))
+  return rate and { rate = rate, p50 = tonumber(line:match("p50 ([%d%.]+) ms")) }
+end
+
+-- --rounds: ours and the peer's blocks alternate; the peer is one process that times a block each time it reads
+-- "go" on its stdin and prints through a FIFO we read line by line (each side waits while the other runs)
+local rounds
+if opt.rounds > 1 and cpu_peer then
+  local peer = cpu_peer[1]
+  local fifo = os.tmpname()
+  os.remove(fifo)
+  local made = os.execute("mkfifo " .. fifo)
+  if made ~= 0 and made ~= true then error("benchmark: --rounds: cannot make a FIFO at " .. fifo, 0) end
+  -- cat drains "go" lines a peer that ended early no longer reads (a write into a closed pipe would kill us)
+  local to_peer = io.popen("{ PYTHONUNBUFFERED=1 " .. peer_command(cpu_peer[2], cpu_peer[3], opt.rounds)
+    .. " > " .. fifo .. " 2>&1; cat > /dev/null; }", "w")
+  local from_peer = io.open(fifo, "r")
+  os.remove(fifo)   -- both ends are open: the name is no longer needed
+  -- echoes the peer's lines up to one it wants (nil at its end of output: it failed or skipped)
+  local function read_until(want)
+    for line in from_peer:lines() do
+      print(line)
+      local got = want(line)
+      if got then return got end
+    end
+  end
+  rounds = { ours = {}, theirs = {} }
+  if read_until(function(l) return l == "ready" end) then
+    step()   -- ours again after the peer's setup and warm-up, so both start their blocks warm
+    for r = 1, opt.rounds do
+      rounds.ours[r] = timed_block()
+      to_peer:write("go\n")
+      to_peer:flush()
+      rounds.theirs[r] = read_until(function(l) return peer_result(peer, l) end)
+      if not rounds.theirs[r] then break end
+      print(("round %d: ratio bertlua/%s %.2fx%s"):format(r, peer, rounds.ours[r].rate / rounds.theirs[r].rate,
+        rounds.ours[r].p50 and rounds.theirs[r].p50 and (", by p50 %.2fx"):format(rounds.theirs[r].p50 /
+          (rounds.ours[r].p50 * 1000)) or ""))
+    end
+  end
+  to_peer:close()
+  from_peer:close()
+  if #rounds.theirs == 0 then
+    print(peer .. " comparison failed or skipped (see output above)")
+    if #rounds.ours == 0 then rounds.ours[1] = timed_block() end
+  end
+else
+  rounds = { ours = {} }
+  for r = 1, opt.rounds do rounds.ours[r] = timed_block() end
+end
+local function field(t, k) local v = {} for i, x in ipairs(t) do v[i] = x[k] end return v end
+local ours = median(field(rounds.ours, "rate"))
+local dt = seqs * opt.steps / ours
+if #rounds.ours > 1 then
+  print(("bertlua over %d blocks: median %.2f seq/s (min %.2f, max %.2f)"):format(#rounds.ours, ours,
+    math.min(unpack(field(rounds.ours, "rate"))), math.max(unpack(field(rounds.ours, "rate")))))
+end
+if rounds.theirs and #rounds.theirs > 0 then
+  local n, rate, p50 = #rounds.theirs, {}, {}
+  for r = 1, n do
+    rate[r] = rounds.ours[r].rate / rounds.theirs[r].rate
+    p50[r] = rounds.ours[r].p50 and rounds.theirs[r].p50 and rounds.theirs[r].p50 / (rounds.ours[r].p50 * 1000)
+  end
+  print(("ratio bertlua/%s: %.2fx, the median of %d alternating rounds (min %.2fx, max %.2fx)%s"):format(cpu_peer[1],
+    median(rate), n, math.min(unpack(rate)), math.max(unpack(rate)), #p50 == n and (("; by p50 latency %.2fx "
+      .. "(min %.2fx, max %.2fx)"):format(median(p50), math.min(unpack(p50)), math.max(unpack(p50)))) or ""))
+end
 if model_t then
   print(("measured vs model: %.2f ms/step measured, %.2f ms/step model bound (%.0f%% of the bound's speed)")
     :format(dt / opt.steps * 1000, model_t.step_s * 1000, 100 * model_t.step_s / (dt / opt.steps)))
@@ -348,38 +452,32 @@ local achieved = flops * opt.steps / dt / 1e12
 print(("model FLOPs: %.3g per step, %.1f TFLOP/s%s"):format(flops, achieved,
   peak and ("; MFU %.1f%% of %.0f TFLOP/s (%s)"):format(100 * achieved / peak, peak, opt.precision) or ""))
 
--- runs a peer (script and its extra options; it prints "<peer>: N seq/s") on the same model and batch,
--- in the peers' environment, echoes its output and prints the throughput ratio (and, on a GPU, report(theirs))
-local function compare_with(peer, script, extra, report)
-  local cmd = ("%s %s --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d " ..
-    "--masked %d --warmup %d --dropout %g%s%s 2>&1")
-    :format(opt.python, script, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
-      threads, V, opt.masked, opt.warmup, opt.dropout, extra, opt.infer and " --infer" or "")
-  if opt.lengths ~= "pad8" then cmd = cmd:gsub(" 2>&1$", " --lengths " .. table.concat(len, ",") .. " 2>&1") end
-  local f = io.popen(bl.peer_env_prefix() .. cmd)
+-- one peer call after our block(s) (--rounds=1): its output echoed, the throughput ratio printed (and, on a GPU,
+-- report(theirs))
+local function compare_with(peer, cmd, report)
+  local f = io.popen(cmd .. " 2>&1")
   local out = f:read("*a")
   f:close()
   io.write(out)
-  local theirs = tonumber(out:match(peer .. ": ([%d%.]+) seq/s"))
+  local theirs
+  for line in out:gmatch("[^\n]+") do theirs = theirs or peer_result(peer, line) end
   if theirs then
-    print(("ratio bertlua/%s: %.2fx"):format(peer, ours / theirs))
-    if report then report(theirs) end
+    local p50 = rounds.ours[1].p50
+    print(("ratio bertlua/%s: %.2fx%s"):format(peer, ours / theirs.rate, p50 and theirs.p50
+      and ("; by p50 latency %.2fx"):format(theirs.p50 / (p50 * 1000)) or ""))
+    if report then report(theirs.rate) end
   else
     print(peer .. " comparison failed or skipped (see output above)")
   end
 end
 
 if opt.compare == "torch" and on_gpu then
-  compare_with("torch", PEERS .. "bench_bert_torch.py", (" --lr %g --device %s --precision %s")
-    :format(opt.lr, opt.device == "cuda" and "cuda:0" or opt.device, opt.precision),
+  compare_with("torch", peer_command(PEERS .. "bench_bert_torch.py", (" --lr %g --device %s --precision %s")
+    :format(opt.lr, opt.device == "cuda" and "cuda:0" or opt.device, opt.precision), 1),
     function(theirs)
       print(("torch model FLOP/s: %.1f TFLOP/s%s"):format(flops * theirs / B / 1e12,
         peak and (", MFU %.1f%%"):format(100 * flops * theirs / B / 1e12 / peak) or ""))
     end)
-elseif opt.compare == "torch" then
-  compare_with("torch", PEERS .. "bert_reference.py bench", "")
-elseif opt.compare == "onnxruntime" and opt.infer and not on_gpu then
-  compare_with("onnxruntime", PEERS .. "bench_bert_onnxruntime.py", " --precision " .. opt.precision)
-elseif opt.compare ~= "" then
-  error("benchmark: --compare must be 'torch', 'onnxruntime' (with --infer, on the cpu) or empty", 0)
+elseif cpu_peer and opt.rounds == 1 then
+  compare_with(cpu_peer[1], peer_command(cpu_peer[2], cpu_peer[3], 1))
 end

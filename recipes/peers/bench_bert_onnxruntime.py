@@ -1,13 +1,14 @@
 """ONNX Runtime peer of recipes/benchmark.lua --infer --compare=onnxruntime.
 
 usage: /usr/bin/python3 recipes/peers/bench_bert_onnxruntime.py --layers L --hidden H --heads A
-      --seq S --batch B --steps N --threads T [--vocab V] [--lengths N1,N2,...] --infer
+      --seq S --batch B --steps N --threads T [--vocab V] [--lengths N1,N2,...] [--rounds R] --infer
 
 The encoder (transformers' BertModel with its pooler, the shapes and batch of bert_reference.py's
 torch benchmark: the last S/8 tokens of every sequence padded) is exported with torch.onnx.export,
 then rewritten by onnxruntime's BERT graph optimizer (fused Attention, SkipLayerNormalization,
 BiasGelu / FastGelu, EmbedLayerNormalization: the counts are printed) and timed on the CPU provider
-with T intra-op threads: throughput and the median latency of one step. --precision int8 times
+with T intra-op threads: throughput and the median latency of one step (per block of --steps; see
+bert_reference.time_rounds for --rounds). --precision int8 times
 onnxruntime's own dynamic quantization of the fused graph (quantize_dynamic, per_channel=True,
 QInt8 weights; activations uint8 per tensor at run time); other precisions run the fp32 graph
 (the CPU provider has no bf16 GEMMs), said so in the output. Exits 77 when onnxruntime, onnx or
@@ -16,7 +17,6 @@ transformers cannot be imported.
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +28,7 @@ def main(argv):
         from onnxruntime.transformers import optimizer
         import torch
         from transformers import BertConfig, BertModel
-        from bert_reference import bench_args, bench_batch, bench_config
+        from bert_reference import bench_args, bench_batch, bench_config, time_rounds
     except Exception as e:  # noqa: BLE001
         print(f"skipped: onnxruntime / onnx / torch / transformers not importable: {e}")
         return 77
@@ -76,15 +76,7 @@ def main(argv):
     inputs = {n: feed[n].numpy().astype(np.int64) for n in names}
     for _ in range(a.warmup):
         sess.run(None, inputs)
-    times = []
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
-        sess.run(None, inputs)
-        times.append(time.perf_counter() - t0)
-    dt = sum(times)
-    p50 = sorted(times)[len(times) // 2] * 1000
-    print(f"onnxruntime: {a.batch * a.steps / dt:.2f} seq/s ({dt / a.steps * 1000:.1f} ms/step, p50 {p50:.1f} ms, "
-          f"{a.threads} threads)")
+    time_rounds(a, "onnxruntime", lambda: sess.run(None, inputs))
     return 0
 
 

@@ -12,7 +12,7 @@ usage:
       the logits and losses of the head, and grad.<param name> for every
       parameter (gradient of the head's loss).
   /usr/bin/python3 recipes/peers/bert_reference.py bench --layers L --hidden H --heads A
-      --seq S --batch B --steps N --threads T [--vocab V] [--infer] [--masked P]
+      --seq S --batch B --steps N --threads T [--vocab V] [--infer] [--masked P] [--rounds R]
       Times the same training step as recipes/benchmark.lua (forward, backward,
       SGD update) in float32 and prints "torch: X seq/s".
   /usr/bin/python3 recipes/peers/bert_reference.py hf_save DIR     (needs transformers)
@@ -360,7 +360,29 @@ def bench_args(argv):
     ap.add_argument("--lengths", type=lambda v: [int(x) for x in v.split(",")], default=None,
                     help="real tokens of each row (comma-separated; default: the last S/8 padded)")
     ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="timed blocks, each after a line 'go' on stdin when > 1 (recipes/benchmark.lua --rounds)")
     return ap.parse_args(argv)
+
+
+def time_rounds(a, label, step):
+    """Times --steps calls of step() and prints '<label>: N seq/s (... p50 ...)'. With --rounds R > 1
+    (recipes/benchmark.lua alternating its own blocks with ours) it prints 'ready' first, then times R such blocks,
+    each when a line 'go' arrives on stdin, and stops early at end of input."""
+    if a.rounds > 1:
+        print("ready", flush=True)
+    for _ in range(max(1, a.rounds)):
+        if a.rounds > 1 and sys.stdin.readline().strip() != "go":
+            return
+        times = []
+        for _ in range(a.steps):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        dt = sum(times)
+        p50 = sorted(times)[len(times) // 2] * 1000
+        print(f"{label}: {a.batch * a.steps / dt:.2f} seq/s ({dt / a.steps * 1000:.1f} ms/step, p50 {p50:.1f} ms, "
+              f"{a.threads} threads)", flush=True)
 
 
 def bench(argv):
@@ -397,11 +419,7 @@ def bench(argv):
     with ctx:
         for _ in range(a.warmup):
             step()
-        t0 = time.perf_counter()
-        for _ in range(a.steps):
-            step()
-        dt = time.perf_counter() - t0
-    print(f"torch: {B * a.steps / dt:.2f} seq/s ({dt / a.steps * 1000:.1f} ms/step, {a.threads} threads)")
+        time_rounds(a, "torch", step)
 
 
 # ---------------------------------------------------------------- transformers interop
