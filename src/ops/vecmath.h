@@ -182,7 +182,7 @@ VM_INLINE float vm_phi(float x, float *pdf) {
 }
 
 /* GELU x Phi(x) for inference's GEMM epilogue, with an absolute error bound
- * instead of vm_phi's relative one (about 19 vector operations instead of
+ * instead of vm_phi's relative one (about 17 vector operations instead of
  * ~45: no exp, no erfc). Phi(x) - 1/2 = x P(x^2) / Q(x^2) with x clamped to
  * [-5.6, 5.6], P and Q of degree 5 (Q(0) = 1), fitted in double (Lawson's
  * weighted least squares on the absolute error, x^2 scaled to [0, 1]):
