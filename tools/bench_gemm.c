@@ -10,7 +10,7 @@
  * dnnl_sgemm, row-major) and our own packed GEMM (src/ops/gemm.c, linked in; on the ISA that
  * BL_CPU_ISA=avx2 caps it to, as in the library), also with the weight packed once (own-pre, the
  * inference path: forward products only, B packed before the timing), and own-pre with its fused
- * epilogues: +bias (C += bias) and +gelu (bias, then the exact erf GELU), as the inference linears
+ * epilogues: +bias (C += bias) and +gelu (bias, then the erf GELU), as the inference linears
  * run. Shapes are a linear layer's three products, row-major as in src/ops/linear.c: forward
  * Y[M,N] = X[M,K] W[N,K]^T, dX[M,K] = dY[M,N] W[N,K], dW[N,K] = dY^T X; M = 4096 tokens (B=32, S=128)
  * and M = 128 (one sequence), N/K in {768, 3072}.

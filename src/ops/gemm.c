@@ -162,24 +162,20 @@ static void pack_b_panel(const gemm_cfg *g, const float *b, int64_t ldb, int tb,
 }
 
 /* The fused epilogue on a finished C tile (rows x cols, still in L1): c +=
- * bias, then GELU (exact erf form, vm_phi, the same formula as bias_gelu in
- * src/ops/activation.c) when gelu is set. */
+ * bias, then GELU when gelu is set: the erf form through vm_gelu_fast, whose
+ * error is bounded relative to |x| (vecmath.h), not relative to the result
+ * as training's bias_gelu (src/ops/activation.c) keeps it for the backward;
+ * inference only feeds it to the next GEMM. */
 OPX_BODY bias_act_body(int64_t rows, int64_t cols, float *restrict c, int64_t ldc, const float *restrict bias,
                        int gelu) {
   for (int64_t i = 0; i < rows; i++) {
     float *restrict r = c + i * ldc;
     if (bias && gelu) {
 #pragma omp simd
-      for (int64_t j = 0; j < cols; j++) {
-        float v = r[j] + bias[j], pdf;
-        r[j] = v * vm_phi(v, &pdf);
-      }
+      for (int64_t j = 0; j < cols; j++) r[j] = vm_gelu_fast(r[j] + bias[j]);
     } else if (gelu) {
 #pragma omp simd
-      for (int64_t j = 0; j < cols; j++) {
-        float v = r[j], pdf;
-        r[j] = v * vm_phi(v, &pdf);
-      }
+      for (int64_t j = 0; j < cols; j++) r[j] = vm_gelu_fast(r[j]);
     } else if (bias) {
 #pragma omp simd
       for (int64_t j = 0; j < cols; j++) r[j] += bias[j];

@@ -19,7 +19,7 @@ void opx_packed_b_free(opx_packed_b *pb);
 int opx_packed_b_isa(const opx_packed_b *pb);
 
 /* C[m x n] = op(A) B (overwritten) with the fused epilogue C += bias (bias
- * [n] or NULL), then C = GELU(C) (exact erf form) when gelu != 0, applied to
+ * [n] or NULL), then C = GELU(C) (erf form, vm_gelu_fast) when gelu != 0, applied to
  * each C tile while it is in cache. Same ISA kernel as the pack; 0 on failure
  * (a pack buffer), C then unspecified. */
 int opx_sgemm_packed(const opx_packed_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,

@@ -77,10 +77,11 @@ static double check_one(int isa, int ta, int tb, int64_t m, int64_t n, int64_t k
 }
 
 static void test_isa(int isa, const char *name) {
-  /* m, n, k: under one tile, partial tiles, several MC blocks, k over KC (768), n over NC (3072) */
+  /* m, n, k: under one tile, partial tiles, several MC blocks, k over KC (768), n over NC (3072); 40 x 300 x 1000
+   * is one row block split over N on every thread, as at batch 1 */
   static const int64_t shapes[][3] = { { 1, 1, 1 },     { 5, 7, 3 },      { 13, 31, 17 },   { 14, 32, 768 },
                                        { 15, 33, 769 }, { 37, 100, 777 }, { 173, 65, 129 }, { 200, 48, 64 },
-                                       { 3, 3100, 9 },  { 300, 17, 5 } };
+                                       { 3, 3100, 9 },  { 300, 17, 5 },   { 40, 300, 1000 } };
   static const float betas[] = { 0.0f, 1.0f, 0.5f };
   int runs = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -100,10 +101,11 @@ static void test_isa(int isa, const char *name) {
  * of its own: the same kernel, blocks and K order, so the results must be
  * bitwise equal, on 1 thread and on 3 (uneven row blocks; the threads skip
  * the barrier between K passes, so a tile handed to another thread in the
- * next pass would show here). The unfused product itself is checked
- * against double sums above. */
+ * next pass would show here). 112 x 200 x 1600 is batch 1's case: one
+ * row block whose N panels the threads split, three K blocks. The unfused
+ * product itself is checked against double sums above. */
 static void test_packed(int isa, const char *name) {
-  static const int64_t shapes[][3] = { { 700, 100, 1600 }, { 300, 70, 800 }, { 29, 3100, 40 } };
+  static const int64_t shapes[][3] = { { 700, 100, 1600 }, { 300, 70, 800 }, { 29, 3100, 40 }, { 112, 200, 1600 } };
   int runs = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], lda = k + 3, ldc = n + 1;

@@ -8,7 +8,7 @@
  * vdpbf16ps adds the products to its f32 lane one at a time, so the kernel
  * is a k-term f32 sum of exact terms plus the bias: within (k + 1) u sum|terms|
  * of the reference, u = 2^-24 (Higham 3.1); GELU as in test_linear_packed
- * (|gelu'| <= 1.13, vm_phi relative error 5e-7). Not rounding x (or
+ * (|gelu'| <= 1.13, vm_gelu_fast's error < 5e-7 |v|). Not rounding x (or
  * truncating instead of rounding) costs up to 2^-9 of each term: hundreds of
  * times the bound, so it fails.
  *

@@ -9,8 +9,9 @@
  *
  * Tolerance per entry: v = sum_p x_ip w_jp + b_j in f32 with FMA is within
  * e = (k + 2) u sum |terms| of the exact value (Higham 3.1, u = 2^-24). GELU
- * has |gelu'| <= 1.129, and vm_phi's relative error is <= 5e-7 (vecmath.h),
- * so act(v) is within 1.13 e + (5e-7 + u) |v| of gelu(exact v). */
+ * has |gelu'| <= 1.129, and the epilogue's vm_gelu_fast is within 3.5 ulp(|v|)
+ * <= 3.5 2^-23 |v| < 5e-7 |v| of gelu(v) (vecmath.h), so act(v) is within
+ * 1.13 e + (5e-7 + u) |v| of gelu(exact v). */
 #include "bertlua.h"
 #include "ops/vecmath.h"
 #include <math.h>

@@ -38,6 +38,11 @@ OPX_BODY run_phi_body(int n, const float *restrict x, float *restrict y, float *
   for (int i = 0; i < n; i++) y[i] = vm_phi(x[i], &d[i]);
 }
 OPX_ISA_FN(run_phi, (int n, const float *restrict x, float *restrict y, float *restrict d), (n, x, y, d))
+OPX_BODY run_gelu_fast_body(int n, const float *restrict x, float *restrict y) {
+  #pragma omp simd
+  for (int i = 0; i < n; i++) y[i] = vm_gelu_fast(x[i]);
+}
+OPX_ISA_FN(run_gelu_fast, (int n, const float *restrict x, float *restrict y), (n, x, y))
 OPX_BODY run_philox_body(int n, uint64_t seed, uint64_t off, uint32_t *restrict o) {
   #pragma omp simd
   for (int i = 0; i < n; i++)
@@ -106,6 +111,26 @@ static int check_path(float *x, float *y, float *d) {
   printf("vm_phi: max rel error %.3g (at %.6g), pdf %.3g (at %.6g)\n", wrel, at, wpdf, atp);
   CHECK(wrel <= 5e-7, "vm_phi rel error %g at %g", wrel, at);
   CHECK(wpdf <= 5e-7, "vm_phi pdf rel error %g at %g", wpdf, atp);
+
+  /* inference's GELU: |error| <= 3.5 ulp(|x|) (3.3 is the exhaustive maximum over all f32 x, vecmath.h) on a grid
+   * over [-16, 16], a dense one around the clamp at |x| = 5.6, and the worst inputs of the exhaustive scan */
+  worst = 0; at = 0;
+  for (int i = 0; i < N; i++) {
+    float t = (float)i / (N - 1);
+    x[i] = i % 2 ? -16.0f + 32.0f * t : (i % 4 ? -1.0f : 1.0f) * (5.5f + 0.2f * t);
+  }
+  float hard[] = {3.68264318f, -3.61216807f, 3.67527437f, -3.63478184f, 1e30f, -1e30f, 1e-30f, -1e-30f};
+  memcpy(x, hard, sizeof hard);
+  run_gelu_fast(N, x, y);
+  for (int i = 0; i < N; i++) {
+    double xd = x[i], e = fabs(y[i] - xd * 0.5 * erfc(-xd / sqrt(2.0))) / ldexp(1.0, ilogb(xd) - 23);
+    if (e > worst) { worst = e; at = xd; }
+  }
+  printf("vm_gelu_fast: max %.2f ulp(|x|) (at %.9g)\n", worst, at);
+  CHECK(worst <= 3.5, "vm_gelu_fast error %.2f ulp(|x|) at %.9g", worst, at);
+  x[0] = NAN; x[1] = 0.0f;
+  run_gelu_fast(2, x, y);
+  CHECK(isnan(y[0]) && y[1] == 0.0f, "vm_gelu_fast specials: %g %g", y[0], y[1]);
 
   /* Philox: identical to the library's generator */
   uint32_t *o = (uint32_t *)y;
