@@ -4,6 +4,7 @@
 --   bertlua recipes/benchmark_ops.lua --threads=2 --size=base
 --   bertlua recipes/benchmark_ops.lua --size=mini --only=attention_fwd,attention_fwdbwd --compare=
 --   bertlua recipes/benchmark_ops.lua --seq=384 --threads=1 --isa=avx512,avx2 --only=attention_fwdbwd --compare=
+--   bertlua recipes/benchmark_ops.lua --seq=336 --threads=1 --isa=avx512,avx2 --only=attention_infer --compare=
 --
 -- Each row is the median (and, in parentheses, the minimum) over --reps
 -- timed repetitions after one untimed warm-up; "fwdbwd" rows time forward and backward together. Outputs
@@ -114,6 +115,16 @@ do
     ops.attention(q, k, v, km, NH, o)
     ops.attention_backward(dctx, q, k, v, probs, NH, ob)
   end, 3 * f)
+end
+
+-- packed inference attention: B sequences of S tokens back to back, no mask, no dropout (ours only: the PyTorch
+-- peer has no such row); GFLOP/s counts the two products, 4 S^2 d per (sequence, head) -----------------------
+do
+  local q, k, v = rn({ 1, B * S, H }), rn({ 1, B * S, H }), rn({ 1, B * S, H })
+  local offs = {}
+  for b = 0, B do offs[b + 1] = b * S end
+  local offsets, ctx = bl.from(offs, { dtype = "i32" }), bl.empty({ 1, B * S, H })
+  bench("attention_infer", function() ops.attention_packed(q, k, v, offsets, NH, ctx) end, 4 * B * S * S * H)
 end
 
 -- bias + GELU --------------------------------------------------------------------

@@ -151,6 +151,13 @@ OPX_ISA_FN(drop_rows, (int64_t n, const float *restrict p, const uint8_t *restri
                        float *restrict out),
            (n, p, keep, dscale, out))
 
+/* x *= s over n elements */
+OPX_BODY scale_row_body(int64_t n, float *restrict x, float s) {
+  #pragma omp simd
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+OPX_ISA_FN(scale_row, (int64_t n, float *restrict x, float s), (n, x, s))
+
 /* One score row -> probabilities in place: softmax(row * scale + madd); pd
  * (when keep) receives the dropped and rescaled copy. */
 OPX_BODY softmax_row_body(int64_t S, float *restrict row, const float *restrict madd, float scale,
@@ -233,22 +240,31 @@ static void head_keep(uint64_t seed, uint64_t offset, int64_t bh, int64_t S, int
   for (int64_t q = 0; q < n; q++) opx_dropout_keep(seed, offset, (bh * S + q) * row, n, (float)p, keep + q * n);
 }
 
+/* Packed inference runs an item in blocks of this many query rows: scores, softmax and context of a block while
+ * its scores are in L1/L2. A multiple of every gemm_nn row tile (4 and 6), so each block is tiled as the whole
+ * product would be: the same bits as one product over all n rows. */
+#define INFER_ROWS 24
+
 /* One (sequence, head) item of the forward over n tokens: probabilities into pb [n, n] (before dropout), context
  * into cb. kt, pd, keep: per-thread scratch of d*n, n*n, n*n (pd and keep NULL without dropout; keep filled by the
- * caller). madd: additive key mask [n] or NULL. inv: scratch of n for packed inference (no mask, no dropout, the
- * probabilities not kept), which normalises the context rows instead of the probability rows; else NULL. */
+ * caller). madd: additive key mask [n] or NULL. inv: scratch of INFER_ROWS for packed inference (no mask, no
+ * dropout, the probabilities not kept; pb then holds INFER_ROWS rows), which normalises the context rows instead
+ * of the probability rows; else NULL. */
 static void head_forward(int64_t n, int64_t d, const float *qb, int64_t ldq, const float *kb, int64_t ldk,
                          const float *vb, int64_t ldv, float *cb, int64_t ldc, float *pb, const float *madd, float sc,
                          const uint8_t *keep, float dscale, float *kt, float *pd, float *inv) {
   opx_transpose(n, d, kb, ldk, kt, n);
-  gemm_nn(n, n, d, qb, ldq, kt, n, pb, n, 0);
   if (inv) {
-    for (int64_t i = 0; i < n; i++) softmax_exp_row(n, pb + i * n, sc, inv + i);
-    gemm_nn(n, d, n, pb, n, vb, ldv, cb, ldc, 0);
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t c = 0; c < d; c++) cb[i * ldc + c] *= inv[i];
+    for (int64_t i = 0; i < n; i += INFER_ROWS) {
+      int64_t r = n - i < INFER_ROWS ? n - i : INFER_ROWS;
+      gemm_nn(r, n, d, qb + i * ldq, ldq, kt, n, pb, n, 0);
+      for (int64_t q = 0; q < r; q++) softmax_exp_row(n, pb + q * n, sc, inv + q);
+      gemm_nn(r, d, n, pb, n, vb, ldv, cb + i * ldc, ldc, 0);
+      for (int64_t q = 0; q < r; q++) scale_row(d, cb + (i + q) * ldc, inv[q]);
+    }
     return;
   }
+  gemm_nn(n, n, d, qb, ldq, kt, n, pb, n, 0);
   for (int64_t i = 0; i < n; i++)
     softmax_row(n, pb + i * n, madd, sc, keep ? keep + i * n : NULL, dscale, pd ? pd + i * n : NULL);
   gemm_nn(n, d, n, pd ? pd : pb, n, vb, ldv, cb, ldc, 0);
@@ -353,10 +369,12 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
   #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
     size_t ss = (size_t)(S * S > 0 ? S * S : 1);
+    const int infer = ps->off && !probs && p <= 0;   /* packed inference: head_forward's inv, INFER_ROWS score rows */
     float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
-    float *pr = probs ? NULL : malloc(ss * sizeof(float)), *pd = p > 0 ? malloc(ss * sizeof(float)) : NULL;
-    const int infer = ps->off && !probs && p <= 0;   /* packed inference: head_forward's inv */
-    float *inv = infer ? malloc((size_t)(S > 0 ? S : 1) * sizeof(float)) : NULL;
+    size_t np = infer ? (size_t)INFER_ROWS * (size_t)(S > 0 ? S : 1) : ss;
+    float *pr = probs ? NULL : malloc(np * sizeof(float));
+    float *pd = p > 0 ? malloc(ss * sizeof(float)) : NULL;
+    float *inv = infer ? malloc(INFER_ROWS * sizeof(float)) : NULL;
     uint8_t *keep = p > 0 ? malloc(ss) : NULL;
     int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (!infer || inv);
     if (!ok) {
