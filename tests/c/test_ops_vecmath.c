@@ -201,9 +201,12 @@ static int check_path(float *x, float *y, float *d) {
       ((float *)tdy->data)[i] = 1.0f + (float)(i % 3);
     }
     for (int64_t j = 0; j < h; j++) { ((float *)tg->data)[j] = 1.0f + 0.1f * j; ((float *)tb->data)[j] = 0.0f; }
-    double ps[] = {0.1, 0.5, 0.9, 1.0 / 3.0};
-    for (int k = 0; k < 4; k++) {
-      uint64_t seed = 1234567u + k, off = 99 + 3 * k;
+    double ps[] = {0.1, 0.5, 0.9, 1.0 / 3.0, 0.25, 0.75};
+    /* the fifth stream starts 21 blocks before the counter's low word wraps (the vector paths hand
+     * that stretch to the scalar loop), the sixth above 2^32 blocks (a nonzero high word in every lane) */
+    uint64_t offs[] = {99, 102, 105, 108, 0xFFFFFFFFull - 20, 0x100000005ull};
+    for (int k = 0; k < 6; k++) {
+      uint64_t seed = 1234567u + k, off = offs[k];
       CHECK(bl_dropout_forward(ty, tm, tx, ps[k], seed, off) == 0, "dropout: %s", bl_last_error());
       int bad = 0, bad_ln = 0;
       for (int64_t i = 0; i < n; i++) {
