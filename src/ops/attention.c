@@ -151,13 +151,6 @@ OPX_ISA_FN(drop_rows, (int64_t n, const float *restrict p, const uint8_t *restri
                        float *restrict out),
            (n, p, keep, dscale, out))
 
-/* x *= s over n elements */
-OPX_BODY scale_row_body(int64_t n, float *restrict x, float s) {
-  #pragma omp simd
-  for (int64_t i = 0; i < n; i++) x[i] *= s;
-}
-OPX_ISA_FN(scale_row, (int64_t n, float *restrict x, float s), (n, x, s))
-
 /* One score row -> probabilities in place: softmax(row * scale + madd); pd
  * (when keep) receives the dropped and rescaled copy. */
 OPX_BODY softmax_row_body(int64_t S, float *restrict row, const float *restrict madd, float scale,
@@ -260,7 +253,7 @@ static void head_forward(int64_t n, int64_t d, const float *qb, int64_t ldq, con
       gemm_nn(r, n, d, qb + i * ldq, ldq, kt, n, pb, n, 0);
       for (int64_t q = 0; q < r; q++) softmax_exp_row(n, pb + q * n, sc, inv + q);
       gemm_nn(r, d, n, pb, n, vb, ldv, cb + i * ldc, ldc, 0);
-      for (int64_t q = 0; q < r; q++) scale_row(d, cb + (i + q) * ldc, inv[q]);
+      for (int64_t q = 0; q < r; q++) opx_scale_row(d, cb + (i + q) * ldc, inv[q]);
     }
     return;
   }

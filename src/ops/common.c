@@ -263,6 +263,14 @@ int opx_seed_check(const char *op, double p, uint64_t seed) {
                       "a CPU dropout seed must be below 2^63", op, (unsigned long long)seed);
 }
 
+/* x *= s over n elements, on the ISA in use */
+OPX_BODY scale_row_body(int64_t n, float *restrict x, float s) {
+  #pragma omp simd
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+OPX_ISA_FN(scale_row, (int64_t n, float *restrict x, float s), (n, x, s))
+void opx_scale_row(int64_t n, float *x, float s) { scale_row(n, x, s); }
+
 void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep) {
   /* keep = (x >> 8) * 2^-24 >= p  <=>  (x >> 8) >= ceil(p * 2^24): both sides
    * are exact in float (24-bit integers times a power of two), so the integer

@@ -52,12 +52,6 @@ OPX_BODY ce_row_body(int64_t c, const float *restrict x, float *restrict dr, flo
 OPX_ISA_FN(ce_row, (int64_t c, const float *restrict x, float *restrict dr, float *mx_out, float *sum_out),
            (c, x, dr, mx_out, sum_out))
 
-OPX_BODY scale_row_body(int64_t c, float *restrict v, float s) {
-  #pragma omp simd
-  for (int64_t j = 0; j < c; j++) v[j] *= s;
-}
-OPX_ISA_FN(scale_row, (int64_t c, float *restrict v, float s), (c, v, s))
-
 static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
                   int64_t ignore_index, double grad_scale, int64_t *count) {
   const char *op = "cross_entropy";
@@ -93,7 +87,7 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
     ce_row(c, x, dr, &mx, &sum);
     rl[i] = (double)mx + log((double)sum) - (double)x[t[i]];
     if (dr) {
-      scale_row(c, dr, g / sum);
+      opx_scale_row(c, dr, g / sum);
       dr[t[i]] -= g;
     }
   }

@@ -62,6 +62,8 @@ int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids);
 int opx_seed_check(const char *op, double p, uint64_t seed);
 void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float p, uint8_t *keep);
 int opx_check_p(const char *op, double p);
+/* x *= s over n floats (one rounding each: the same bits on every ISA path) */
+void opx_scale_row(int64_t n, float *x, float s);
 
 /* Packed sequences: offsets [B+1] (i32/i64) delimit B sequences in T tokens. opx_load_offsets checks they rise
  * from 0 to T and copies them (free with free()); *maxlen gets the longest sequence. opx_packed_rows gives each
