@@ -358,6 +358,8 @@ local function peer_command(script, extra, rounds)
   if opt.lengths ~= "pad8" then cmd = cmd .. " --lengths " .. table.concat(len, ",") end
   return bl.peer_env_prefix() .. cmd
 end
+-- ours / theirs by throughput, and by p50 latency where both sides timed steps alone (else nil)
+local function ratios(o, t) return o.rate / t.rate, o.p50 and t.p50 and t.p50 / (o.p50 * 1000) end
 local function peer_result(peer, line)
   local rate = tonumber(line:match("^" .. peer .. ": ([%d%.]+) seq/s"))
   return rate and { rate = rate, p50 = tonumber(line:match("p50 ([%d%.]+) ms")) }
@@ -394,9 +396,9 @@ if opt.rounds > 1 and cpu_peer then
       to_peer:flush()
       rounds.theirs[r] = read_until(function(l) return peer_result(peer, l) end)
       if not rounds.theirs[r] then break end
-      print(("round %d: ratio bertlua/%s %.2fx%s"):format(r, peer, rounds.ours[r].rate / rounds.theirs[r].rate,
-        rounds.ours[r].p50 and rounds.theirs[r].p50 and (", by p50 %.2fx"):format(rounds.theirs[r].p50 /
-          (rounds.ours[r].p50 * 1000)) or ""))
+      local by_rate, by_p50 = ratios(rounds.ours[r], rounds.theirs[r])
+      print(("round %d: ratio bertlua/%s %.2fx%s"):format(r, peer, by_rate, by_p50 and (", by p50 %.2fx")
+        :format(by_p50) or ""))
     end
   end
   to_peer:close()
@@ -409,22 +411,21 @@ else
   rounds = { ours = {} }
   for r = 1, opt.rounds do rounds.ours[r] = timed_block() end
 end
-local function field(t, k) local v = {} for i, x in ipairs(t) do v[i] = x[k] end return v end
-local ours = median(field(rounds.ours, "rate"))
+-- median, min and max of a list
+local function spread(t) return median(t), math.min(unpack(t)), math.max(unpack(t)) end
+local rates = {}
+for i, r in ipairs(rounds.ours) do rates[i] = r.rate end
+local ours = median(rates)
 local dt = seqs * opt.steps / ours
-if #rounds.ours > 1 then
-  print(("bertlua over %d blocks: median %.2f seq/s (min %.2f, max %.2f)"):format(#rounds.ours, ours,
-    math.min(unpack(field(rounds.ours, "rate"))), math.max(unpack(field(rounds.ours, "rate")))))
+if #rates > 1 then
+  print(("bertlua over %d blocks: median %.2f seq/s (min %.2f, max %.2f)"):format(#rates, spread(rates)))
 end
 if rounds.theirs and #rounds.theirs > 0 then
   local n, rate, p50 = #rounds.theirs, {}, {}
-  for r = 1, n do
-    rate[r] = rounds.ours[r].rate / rounds.theirs[r].rate
-    p50[r] = rounds.ours[r].p50 and rounds.theirs[r].p50 and rounds.theirs[r].p50 / (rounds.ours[r].p50 * 1000)
-  end
+  for r = 1, n do rate[r], p50[r] = ratios(rounds.ours[r], rounds.theirs[r]) end
+  local m, lo, hi = spread(rate)
   print(("ratio bertlua/%s: %.2fx, the median of %d alternating rounds (min %.2fx, max %.2fx)%s"):format(cpu_peer[1],
-    median(rate), n, math.min(unpack(rate)), math.max(unpack(rate)), #p50 == n and (("; by p50 latency %.2fx "
-      .. "(min %.2fx, max %.2fx)"):format(median(p50), math.min(unpack(p50)), math.max(unpack(p50)))) or ""))
+    m, n, lo, hi, #p50 == n and ("; by p50 latency %.2fx (min %.2fx, max %.2fx)"):format(spread(p50)) or ""))
 end
 if model_t then
   print(("measured vs model: %.2f ms/step measured, %.2f ms/step model bound (%.0f%% of the bound's speed)")
@@ -462,9 +463,9 @@ local function compare_with(peer, cmd, report)
   local theirs
   for line in out:gmatch("[^\n]+") do theirs = theirs or peer_result(peer, line) end
   if theirs then
-    local p50 = rounds.ours[1].p50
-    print(("ratio bertlua/%s: %.2fx%s"):format(peer, ours / theirs.rate, p50 and theirs.p50
-      and ("; by p50 latency %.2fx"):format(theirs.p50 / (p50 * 1000)) or ""))
+    local by_rate, by_p50 = ratios(rounds.ours[1], theirs)
+    print(("ratio bertlua/%s: %.2fx%s"):format(peer, by_rate, by_p50 and ("; by p50 latency %.2fx"):format(by_p50)
+      or ""))
     if report then report(theirs.rate) end
   else
     print(peer .. " comparison failed or skipped (see output above)")
