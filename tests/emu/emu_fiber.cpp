@@ -262,6 +262,22 @@ unsigned warp_lanes(int w) {
   return n >= 32 ? 0xffffffffu : (1u << n) - 1u;
 }
 
+// A warp collective that names a lane which has exited can never complete. Checked both when a lane
+// arrives and when a lane exits, so the report does not depend on the order the scheduler ran them in.
+bool fail_if_lane_exited(int warp) {
+  const warp_op &op = G->warps[(size_t)warp];
+  if (op.arrived == 0) return false;
+  const gthread *w0 = &G->th[(size_t)warp * 32];
+  for (int j = 0; j < 32; j++)
+    if (((op.mask >> j) & 1u) && w0[j].st == DONE) {
+      char b[512];
+      snprintf(b, sizeof b, "%s at %s:%d with mask 0x%08x: lane %d has exited", op.what, op.file, op.line, op.mask, j);
+      fail(b);
+      return true;
+    }
+  return false;
+}
+
 // A lane arrived at a warp collective (host context).
 void warp_arrive(gthread *t) {
   warp_op &op = G->warps[t->warp];
@@ -286,11 +302,7 @@ void warp_arrive(gthread *t) {
     return fail(b);
   }
   op.arrived |= 1u << t->lane;
-  for (int j = 0; j < 32; j++)
-    if (((op.mask >> j) & 1u) && w0[j].st == DONE) {
-      snprintf(b, sizeof b, "%s at %s:%d with mask 0x%08x: lane %d has exited", op.what, op.file, op.line, op.mask, j);
-      return fail(b);
-    }
+  if (fail_if_lane_exited(t->warp)) return;
   if (op.arrived != op.mask) return;
   for (int i = 0; i < 32; i++) {
     if (!((op.mask >> i) & 1u)) continue;
@@ -363,7 +375,7 @@ void run_block() {
       emu_ctx_switch(&host_sp, t->sp);
       T = nullptr;
       if (G->failed) break;
-      if (t->st == DONE) { G->done++; release_stack(t); }
+      if (t->st == DONE) { G->done++; release_stack(t); fail_if_lane_exited(t->warp); }
       else if (t->st == BAR) G->at_bar++;
       else if (t->st == WARP) warp_arrive(t);
       if (G->failed) break;

@@ -373,7 +373,7 @@ static void test_faults() {
     cudaDeviceSynchronize();
   }, &st);
   CHECK(out.find("__shfl_xor_sync") != std::string::npos && out.find("missing_lane") != std::string::npos &&
-        out.find("exited") != std::string::npos, "warp collective with a lane missing: %s", out.c_str());
+        out.find("lane 7 has exited") != std::string::npos, "warp collective with a lane missing: %s", out.c_str());
   out = in_child([] {
     float *d = nullptr;
     cudaMalloc((void **)&d, 4096);
