@@ -9,7 +9,8 @@
 -- Inputs (read in C, no Python): Google's TensorFlow checkpoints
 -- (PREFIX.index + PREFIX.data-*, every crc32c checked; optimizer slots
 -- skipped), transformers' pytorch_model.bin and NVIDIA's torch.save .pt files
--- ({"model": state dict}, "module." prefixes, NVIDIA's names), safetensors.
+-- ({"model": state dict}, "module." prefixes, NVIDIA's names, vocabulary rows
+-- padded past vocab_size: dropped with a note), safetensors.
 -- The head (pre-training, SQuAD, classifier or none) follows from the tensors
 -- the checkpoint holds; --head overrides it. Every recipe's --model/--init
 -- also takes these inputs directly: converting once just saves the mapping
@@ -25,6 +26,8 @@ local opt = options.parse(arg, {
   { "vocab", "", "vocab.txt (default: the one next to the input)" },
   { "head", "auto", "auto | pretraining | qa | classification | model" },
   { "dtype", "F32", "F32 | F16 | BF16: how model.safetensors stores the weights" },
+  { "pad_vocab", 0, "pad the vocabulary rows with zeros to a multiple of this (8: NVIDIA's layout; transformers "
+    .. "refuses such files, bertlua trims them)", int = true, min = 0 },
 }, { name = "convert", usage = "usage: bertlua recipes/convert.lua --input=CKPT --output=DIR [options]" })
 
 if opt.input == "" or opt.output == "" then error("convert: --input=CKPT and --output=DIR are required", 0) end
@@ -42,6 +45,6 @@ print(("convert: %s (%s) with %s -> %s, head %s"):format(src.weights, src.format
 local model = bert.from_pretrained(opt.input, { head = head, num_labels = num_labels, config = src.config })
 local n = 0
 for _ in ipairs(model:parameters()) do n = n + 1 end
-bert.save_pretrained(model, opt.output, { vocab = vocab, dtype = dtype })
+bert.save_pretrained(model, opt.output, { vocab = vocab, dtype = dtype, pad_vocab = opt.pad_vocab })
 print(("convert: wrote %s/config.json, model.safetensors (%d tensors, %s)%s"):format(opt.output, n, dtype,
   vocab and ", vocab.txt" or " (no vocab.txt found: pass --vocab=FILE)"))

@@ -103,6 +103,8 @@ T.test("TF optimizer slots are skipped with a count; fine-tuned SQuAD and classi
   -- the encoder is the pre-training checkpoint's, kernels transposed
   local pt = bert.from_pretrained(DIR .. "/tf", { quiet = true })
   same(qa.bert.encoder.layer[2].intermediate.dense.weight, pt.bert.encoder.layer[2].intermediate.dense.weight)
+  -- a TF checkpoint with its vocabulary rows padded (99 -> 104) loads the same weights
+  same(bert.from_pretrained(DIR .. "/tf_padded", { quiet = true }).flat_params, pt.flat_params)
 end)
 
 T.test("a corrupted byte in the TF data shard is reported by crc32c naming the tensor", function()
@@ -156,7 +158,7 @@ T.test("hostile TF files: truncated or corrupt index, missing or short shard, wr
   os.remove(shard)
   T.raises(function() imp.open("tf", index) end, "data shard 0 of 1 is missing")
   index = fresh()
-  local cfg = slurp(d .. "/bert_config.json"):gsub('"vocab_size": 99', '"vocab_size": 98')
+  local cfg = slurp(d .. "/bert_config.json"):gsub('"vocab_size": 99', '"vocab_size": 100')
   write(d .. "/bert_config.json", cfg)
   T.raises(function() bert.from_pretrained(d, { quiet = true }) end,
     "tf checkpoint: " .. index .. ": tensor 'bert/embeddings/word_embeddings': shape [99,32] does not match")
@@ -226,6 +228,47 @@ T.test("an NVIDIA .pt ({model = state dict}, module. prefixes, dense_act) equals
   same(ob.start_logits, oa.start_logits)
   local info = imp.source("torch", DIR .. "/nvidia/bert_qa.pt", { quiet = true })
   T.eq(info.skipped, 1, "the optimizer's exp_avg")
+end)
+
+T.test("NVIDIA's run_pretraining .pt with its vocabulary padded to a multiple of 8 loads, padding dropped", function()
+  fixture("torch")
+  local a = bert.from_pretrained(DIR .. "/st", { quiet = true })
+  local b = bert.from_pretrained(DIR .. "/nvidia_pt", { quiet = true })
+  T.eq(tostring(b), "BertForPreTraining")
+  T.eq(b.cfg.vocab_size, 99)
+  same(b.flat_params, a.flat_params)
+  -- the note names the dropped rows and tensors; padding past the next multiple of 128 is still refused
+  local cfg = bert.config.new(require("cjson").decode(slurp(DIR .. "/nvidia_pt/bert_config.json")))
+  local m = bert.BertForPreTraining(cfg)
+  local res = imp.load_into(m, DIR .. "/nvidia_pt/ckpt_8601.pt", { quiet = true })
+  T.eq(table.concat(res.trimmed, " "),
+    "model.module.bert.embeddings.word_embeddings.weight model.module.cls.predictions.bias")
+  cfg = bert.config.new(require("cjson").decode(slurp(DIR .. "/nvidia_full/bert_config.json")))
+  cfg.vocab_size = 30000  -- 30528 rows are past 30080, 30000 rounded up to a multiple of 128
+  T.raises(function() imp.load_into(bert.BertForPreTraining(cfg), DIR .. "/nvidia_full/ckpt_8601.pt", { quiet = true })
+  end, "shape [30528,8] does not match the model's bert.embeddings.word_embeddings.weight [30000,8] (wrong config?)")
+  -- at full size (30522 -> 30528) through convert.lua: one line names what was dropped
+  local out = DIR .. "/nvidia_full_conv"
+  local rc, log = run(("%s recipes/convert.lua --input=%s/nvidia_full --output=%s"):format(T.exe(), DIR, out))
+  T.eq(rc, 0, log)
+  T.truthy(log:find("ckpt_8601.pt: dropped 6 row(s) of vocabulary padding (rows 30522..30527 past vocab_size 30522, "
+    .. "not checked) from model.module.bert.embeddings.word_embeddings.weight, model.module.cls.predictions.bias\n",
+    1, true), log)
+  same(bert.from_pretrained(out, { quiet = true }).flat_params,
+    bert.from_pretrained(DIR .. "/full_st", { quiet = true }).flat_params)
+  -- and back to NVIDIA's layout on request: zero rows up to the multiple, config unchanged
+  rc, log = run(("%s recipes/convert.lua --input=%s/nvidia_full --output=%s_pad --pad-vocab=8"):format(T.exe(), DIR,
+    out))
+  T.eq(rc, 0, log)
+  local h = st.read_header(out .. "_pad/model.safetensors")
+  T.eq(table.concat(h.tensors["bert.embeddings.word_embeddings.weight"].shape, ","), "30528,8")
+  T.eq(h.tensors["cls.predictions.bias"].shape[1], 30528)
+  local tensors = st.load(out .. "_pad/model.safetensors")
+  T.eq(tensors["cls.predictions.bias"]:narrow(1, 30523, 6):abs():max(), 0)
+  T.eq(tensors["bert.embeddings.word_embeddings.weight"]:narrow(1, 30523, 6):abs():max(), 0)
+  T.eq(require("cjson").decode(slurp(out .. "_pad/config.json")).vocab_size, 30522)
+  same(bert.from_pretrained(out .. "_pad", { quiet = true }).flat_params,
+    bert.from_pretrained(out, { quiet = true }).flat_params)
 end)
 
 T.test("a pickle asking for os.system is refused by name and nothing runs", function()
