@@ -189,6 +189,41 @@ T.test("convert.lua: an HF directory from a TF checkpoint, loaded by transformer
   T.truthy(log:find("model directory " .. DIR .. "/nowhere does not exist", 1, true), log)
 end)
 
+T.test("convert.lua: each documented form; --config is a file of option values, --bert-config the model's", function()
+  fixture("tf")
+  fixture("torch")
+  local function convert(args)
+    return run(("%s recipes/convert.lua %s"):format(T.exe(), args:gsub("DIR", DIR)))
+  end
+  local from_tf = bert.from_pretrained(DIR .. "/tf", { quiet = true })
+  for i, input in ipairs({ "DIR/tf", "DIR/tf/bert_model.ckpt", "DIR/tf/bert_model.ckpt.index" }) do
+    local rc, log = convert(("--input=%s --output=DIR/forms%d"):format(input, i))
+    T.eq(rc, 0, log)
+    same(bert.from_pretrained(DIR .. "/forms" .. i, { quiet = true }).flat_params, from_tf.flat_params, input)
+  end
+  -- a .pt alone, its config and vocabulary named
+  os.execute(("mkdir -p %q && cp %q %q"):format(DIR .. "/lone", DIR .. "/nvidia/bert_qa.pt", DIR .. "/lone/"))
+  local rc, log = convert("--input=DIR/lone/bert_qa.pt --bert-config=DIR/nvidia/bert_config.json "
+    .. "--vocab=DIR/nvidia/vocab.txt --output=DIR/forms_pt")
+  T.eq(rc, 0, log)
+  same(bert.from_pretrained(DIR .. "/forms_pt", { quiet = true }).flat_params,
+    bert.from_pretrained(DIR .. "/qa_st", { quiet = true }).flat_params)
+  T.eq(slurp(DIR .. "/forms_pt/vocab.txt"), slurp(DIR .. "/nvidia/vocab.txt"))
+  -- options from a file
+  write(DIR .. "/convert_opts.json", ('{"input": "%s/tf", "output": "%s/forms_opts"}'):format(DIR, DIR))
+  rc, log = convert("--config=DIR/convert_opts.json")
+  T.eq(rc, 0, log)
+  same(bert.from_pretrained(DIR .. "/forms_opts", { quiet = true }).flat_params, from_tf.flat_params)
+  -- the old spelling: a model config given as --config says what to do, in one line
+  rc, log = convert("--input=DIR/lone/bert_qa.pt --config=DIR/nvidia/bert_config.json --output=DIR/x")
+  T.eq(rc, 1)
+  T.eq(log, ("bertlua: convert: --config=%s/nvidia/bert_config.json is a model configuration, but --config takes a "
+    .. "file of option values: pass it as --bert-config=%s/nvidia/bert_config.json\nrc=1\n"):format(DIR, DIR))
+  rc, log = convert("--help")
+  T.truthy(rc == 0 and log:find("--bert-config", 1, true) and log:find("--config=FILE: a file of option values", 1,
+    true), log)
+end)
+
 -- PyTorch -------------------------------------------------------------------------------------
 T.test("transformers' pytorch_model.bin loads with outputs identical to its safetensors twin", function()
   fixture("torch")
