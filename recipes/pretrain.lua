@@ -18,6 +18,7 @@ local schedule = require "bertlua.train.schedule"
 local amp = require "bertlua.train.amp"
 local dist = require "bertlua.train.dist"
 local ckpt = require "bertlua.train.checkpoint"
+local fs = require "bertlua.util.fs"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
 local device = require "bertlua.train.device"
@@ -29,6 +30,8 @@ local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
   { "init", nil, "start phase 1 from these weights: a model directory, or a checkpoint bertlua.import reads "
     .. "(Google's TF bert_model.ckpt, pytorch_model.bin, NVIDIA's .pt)" },
+  { "init_random", false, "--phase=2 without --init or a phase-1 model in --output: start from random weights "
+    .. "(refused otherwise)" },
   { "vocab", nil, "vocab.txt used to create the data (checked against the shards; copied to the output model)" },
   { "data_phase1", nil, "directory of phase-1 shards (S=128)" },
   { "data_phase2", nil, "directory of phase-2 shards (S=512)" },
@@ -349,15 +352,21 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
 end
 
 local ok, err = xpcall(function()
+  if opt.phase ~= "1" and opt.phase ~= "2" and opt.phase ~= "both" then
+    error("pretrain: --phase must be 1, 2 or both, got " .. tostring(opt.phase), 0)
+  end
   local phases = opt.phase == "both" and { 1, 2 } or { tonumber(opt.phase) }
-  if not phases[1] then error("pretrain: --phase must be 1, 2 or both", 0) end
   local init = opt.init
+  if init and opt.init_random then error("pretrain: --init and --init-random exclude each other", 0) end
   local prev_state
   for _, p in ipairs(phases) do
     if p == 2 and not init then
       local dir = opt.output .. "/phase1"
-      local f = io.open(dir .. "/model.safetensors")
-      if f then f:close(); init = dir end
+      if fs.readable(dir .. "/model.safetensors") then init = dir
+      elseif not opt.init_random and not (opt.resume and ckpt.latest(opt.output .. "/checkpoints/phase2")) then
+        error(("pretrain: --phase=2 starts from phase 1's model: pass --init=DIR (or run phase 1 into --output=%s "
+          .. "first); --init-random trains phase 2 from random weights"):format(opt.output), 0)
+      end
     end
     local finished, final_dir, state = run_phase(phase_settings(p), init, prev_state)
     if not finished then break end

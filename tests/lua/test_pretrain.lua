@@ -114,6 +114,26 @@ T.test("the pre-training notebook plots the log", function()
   T.truthy(io.open(tmp .. "/nb/pretraining_curves.png"), "the plot was written")
 end)
 
+T.test("--phase=2 alone needs --init, a phase-1 model in --output, or --init-random", function()
+  local p2 = (" --phase=2 --data-phase2=%s --seq2=32 --pred2=5 --batch2=16 --micro-batch=16 --steps2=2 --lr2=1e-2")
+    :format(fx.data)
+  local out, rc = pretrain(tmp .. "/p2", p2)
+  T.eq(rc, 1, out)
+  T.truthy(out:find(("bertlua: pretrain: --phase=2 starts from phase 1's model: pass --init=DIR (or run phase 1 "
+    .. "into --output=%s/p2 first); --init-random trains phase 2 from random weights\n"):format(tmp), 1, true), out)
+  T.truthy(not out:find("traceback", 1, true) and not io.open(tmp .. "/p2/phase2/model.safetensors"), out)
+  out, rc = pretrain(tmp .. "/p2", p2 .. " --init-random")
+  T.eq(rc, 0, out)
+  T.truthy(not out:find("initialised from", 1, true), out)
+  -- phase 1 run into the same --output first: phase 2 starts from it
+  fx.run("p2_after", "--batch1=16 --micro-batch=16 --steps1=2")
+  out, rc = pretrain(tmp .. "/p2_after", p2)
+  T.eq(rc, 0, out)
+  T.truthy(out:find("initialised from " .. tmp .. "/p2_after/phase1", 1, true), out)
+  out, rc = pretrain(tmp .. "/p2", p2 .. " --init-random --init=" .. tmp .. "/p2_after/phase1")
+  T.truthy(rc == 1 and out:find("--init and --init-random exclude each other", 1, true), out)
+end)
+
 T.test("--init from a torch.save pytorch_model.bin, --warmup-steps1 and a fixed --loss-scale reach the run", function()
   local src = tmp .. "/run/phase1"  -- the first test's model, re-saved by torch as pytorch_model.bin
   local bin = tmp .. "/bin_init"
