@@ -108,6 +108,7 @@ do  -- a classifier fine-tuned for another task does not fit: say so before load
 end
 local model = amp.model_to(bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels,
   seed = opt.seed }), dev, opt.precision)
+ft.seq_length("glue", model.cfg, opt.max_seq_length)
 model.bert.unpad_training = opt.unpad and dev < 0
 if opt.do_train then
   print("glue: padded positions " .. (model.bert.unpad_training and "skipped in training (real tokens packed; "

@@ -84,6 +84,7 @@ ft.input_file("predict", opt.input, "--input")
 
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = bert.from_pretrained(opt.model)
+ft.seq_length("predict", model.cfg, opt.max_seq_length)
 local is_qa = model.qa_outputs ~= nil
 if not is_qa and not model.classifier then error("predict: " .. opt.model
   .. " is neither a QA nor a classification model", 0) end

@@ -21,6 +21,7 @@ local ckpt = require "bertlua.train.checkpoint"
 local fs = require "bertlua.util.fs"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
+local shards = require "bertlua.data.shards"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
 local graph = require "bertlua.train.graph"
@@ -134,15 +135,29 @@ end
 local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,
   config = { options = opt, world_size = world } }
 
+-- open_loader(ph, args): a data.Loader; its errors name the phase's data option (and --seqN when too short)
+local function open_loader(ph, args, flag)
+  local ok, loader = pcall(data.Loader, args)
+  if ok then return loader end
+  local msg = tostring(loader)
+  if msg:find("tokens, more than the %d+ asked for") then msg = msg .. (" (--seq%d=%d)"):format(ph.phase, ph.seq) end
+  error(("pretrain: %s=%s: %s"):format(flag, args.dir, msg), 0)
+end
+
+local no_eval_said = {}
 local function evaluate(model, ph, step)
   local dir = opt.eval_data or ph.data
-  local ok, loader = pcall(data.Loader, { dir = dir, split = "test", batch_size = opt.micro_batch, rank = rank,
-    world_size = world, seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
-    shuffle = false })
-  if not ok then
-    say("pretrain: no held-out shards for evaluation (" .. tostring(loader) .. ")")
+  if #shards.list_shards(dir, "test") == 0 then
+    if not no_eval_said[dir] then
+      say(("pretrain: no held-out shards for evaluation (no test_*.blshard in %s; shard.lua --test-fraction makes "
+        .. "them)"):format(dir))
+      no_eval_said[dir] = true
+    end
     return nil
   end
+  local loader = open_loader(ph, { dir = dir, split = "test", batch_size = opt.micro_batch, rank = rank,
+    world_size = world, seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
+    shuffle = false }, opt.eval_data and "--eval-data" or "--data-phase" .. ph.phase)
   model:eval()
   local loss, correct, count, batches = 0, 0, 0, 0
   for _ = 1, opt.eval_batches do
@@ -211,15 +226,16 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- split over ranks and accumulation (bounded to keep the loader count sane).
   local virt = accum <= 16
   local loaders = {}
+  local flag = "--data-phase" .. ph.phase
   local function loader_args(vrank, nvirt)
     return { dir = ph.data, split = "train", batch_size = opt.micro_batch, rank = vrank, world_size = nvirt,
       seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
         bin_lengths = opt.bin_lengths }
   end
   if virt then
-    for a = 1, accum do loaders[a] = data.Loader(loader_args(rank * accum + a - 1, world * accum)) end
+    for a = 1, accum do loaders[a] = open_loader(ph, loader_args(rank * accum + a - 1, world * accum), flag) end
   else
-    loaders[1] = data.Loader(loader_args(rank, world))
+    loaders[1] = open_loader(ph, loader_args(rank, world), flag)
   end
   if dev >= 0 then  -- to the GPU through pinned buffers on a copy stream, the next batch copied during this step
     for a, l in ipairs(loaders) do loaders[a] = data.DeviceLoader(l, dev) end

@@ -88,6 +88,7 @@ end
 fs.mkdir_p(opt.output)
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = amp.model_to(bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev, opt.precision)
+ft.seq_length("squad", model.cfg, opt.max_seq_length)
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,
   max_query_length = opt.max_query_length }
 

@@ -39,6 +39,15 @@ function M.model_dir(recipe, dir, vocab)
   return src.vocab
 end
 
+-- seq_length(recipe, cfg, n): error unless --max-seq-length=n fits the model's position table
+function M.seq_length(recipe, cfg, n)
+  if n > cfg.max_position_embeddings then
+    error(("%s: --max-seq-length=%d is longer than the model's %d positions (max_position_embeddings, the length "
+      .. "it was trained up to): pass --max-seq-length=%d or less"):format(recipe, n, cfg.max_position_embeddings,
+      cfg.max_position_embeddings), 0)
+  end
+end
+
 -- input_file(recipe, path, flag): error unless path is a readable file
 -- (flag: the option, "--predict-file", or a description, "test data")
 function M.input_file(recipe, path, flag)
