@@ -39,11 +39,12 @@ function M.model_dir(recipe, dir, vocab)
   return src.vocab
 end
 
--- seq_length(recipe, cfg, n): error unless --max-seq-length=n fits the model's position table
-function M.seq_length(recipe, cfg, n)
+-- seq_length(recipe, cfg, n[, flag]): error unless --max-seq-length=n (or flag=n) fits the model's position table
+function M.seq_length(recipe, cfg, n, flag)
+  flag = flag or "--max-seq-length"
   if n > cfg.max_position_embeddings then
-    error(("%s: --max-seq-length=%d is longer than the model's %d positions (max_position_embeddings, the length "
-      .. "it was trained up to): pass --max-seq-length=%d or less"):format(recipe, n, cfg.max_position_embeddings,
+    error(("%s: %s=%d is longer than the model's %d positions (max_position_embeddings, the length "
+      .. "it was trained up to): pass %s=%d or less"):format(recipe, flag, n, cfg.max_position_embeddings, flag,
       cfg.max_position_embeddings), 0)
   end
 end
