@@ -73,4 +73,19 @@ case { class = "bad option", name = "convert.lua: a bert_config.json given as --
     return ("%sconvert.lua --input=%s --config=%s/config.json --output=%s/o"):format(R, fx.model, fx.model, d)
   end }
 
+case { class = "bad option", name = "export_onnx.lua: --head=qa on a classifier",
+  expect = { "export_onnx: --head=qa needs the qa head's weights, but", "holds a classification model" },
+  setup = function(d) return ("%sexport_onnx.lua --model=%s --output=%s/m.onnx --head=qa"):format(R, fx.model, d) end,
+  check = function(d) return not io.open(d .. "/m.onnx"), "a file was written" end }
+
+case { class = "bad option", name = "export_onnx.lua: an unknown --head",
+  expect = { "export_onnx: --head must be auto, qa, cls, mlm or none, got bert" },
+  setup = function(d)
+    return ("%sexport_onnx.lua --model=%s --output=%s/m.onnx --head=bert"):format(R, fx.model, d)
+  end }
+
+case { class = "bad option", name = "export_onnx.lua: --output in a missing directory",
+  expect = { "export_onnx: --output=", "does not exist" },
+  setup = function(d) return ("%sexport_onnx.lua --model=%s --output=%s/none/m.onnx"):format(R, fx.model, d) end }
+
 H.report("hostile inputs, a user's own models: one clear line, no traceback")
