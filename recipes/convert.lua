@@ -39,6 +39,9 @@ local dtype = opt.dtype:upper()
 if dtype ~= "F32" and dtype ~= "F16" and dtype ~= "BF16" then
   error("convert: --dtype must be F32, F16 or BF16, got " .. opt.dtype, 0)
 end
+if opt.head ~= "auto" and not bert.heads[opt.head] then
+  error("convert: --head must be auto, pretraining, qa, classification or model, got " .. opt.head, 0)
+end
 local src = imp.locate(opt.input, opt.bert_config ~= "" and opt.bert_config or nil)
 local vocab = opt.vocab ~= "" and opt.vocab or src.vocab
 if vocab and not io.open(vocab, "rb") then error("convert: --vocab=" .. vocab .. " cannot be read", 0) end

@@ -73,6 +73,10 @@ case { class = "bad option", name = "convert.lua: a bert_config.json given as --
     return ("%sconvert.lua --input=%s --config=%s/config.json --output=%s/o"):format(R, fx.model, fx.model, d)
   end }
 
+case { class = "bad option", name = "convert.lua: an unknown --head",
+  expect = { "convert: --head must be auto, pretraining, qa, classification or model, got bogus" },
+  setup = function(d) return ("%sconvert.lua --input=%s --output=%s/o --head=bogus"):format(R, fx.model, d) end }
+
 case { class = "bad option", name = "export_onnx.lua: --head=qa on a classifier",
   expect = { "export_onnx: --head=qa needs the qa head's weights, but", "holds a classification model" },
   setup = function(d) return ("%sexport_onnx.lua --model=%s --output=%s/m.onnx --head=qa"):format(R, fx.model, d) end,
