@@ -29,8 +29,8 @@ local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
-  { "init", nil, "start phase 1 from these weights: a model directory, or a checkpoint bertlua.import reads "
-    .. "(Google's TF bert_model.ckpt, pytorch_model.bin, NVIDIA's .pt)" },
+  { "init", nil, "start from these weights (phase 1, or --phase=2 alone): a model directory, or a checkpoint "
+    .. "bertlua.import reads (Google's TF bert_model.ckpt, pytorch_model.bin, NVIDIA's .pt)" },
   { "init_random", false, "--phase=2 without --init or a phase-1 model in --output: start from random weights "
     .. "(refused otherwise)" },
   { "vocab", nil, "vocab.txt used to create the data (checked against the shards; copied to the output model)" },
