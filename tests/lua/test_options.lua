@@ -73,6 +73,7 @@ end)
 T.test("help text lists every option", function()
   local h = options.help(spec, { usage = "usage: x" })
   T.truthy(h:find("--max-steps", 1, true) and h:find("default 100", 1, true), h)
+  T.truthy(h:find("a Lua or JSON file of option values (not a model's config.json)", 1, true), h)
 end)
 
 T.run()

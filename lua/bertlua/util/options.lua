@@ -98,7 +98,8 @@ function M.help(spec, info)
       d == nil and "" or (" (default " .. tostring(d) .. ")"))
     local _ = ds
   end
-  lines[#lines + 1] = ("  --%-" .. (width + 2) .. "s %s"):format("config", "Lua or JSON file with option values")
+  lines[#lines + 1] = ("  --%-" .. (width + 2) .. "s %s"):format("config",
+    "a Lua or JSON file of option values (not a model's config.json)")
   return table.concat(lines, "\n")
 end
 
