@@ -144,20 +144,30 @@ local function open_loader(ph, args, flag)
   error(("pretrain: %s=%s: %s"):format(flag, args.dir, msg), 0)
 end
 
+-- eval_loader(ph) -> the held-out shards' loader, or nil (said once) when there are none or too few for a
+-- batch; held-out shards that do not fit the phase are an error
 local no_eval_said = {}
-local function evaluate(model, ph, step)
+local function eval_loader(ph)
   local dir = opt.eval_data or ph.data
-  if #shards.list_shards(dir, "test") == 0 then
-    if not no_eval_said[dir] then
-      say(("pretrain: no held-out shards for evaluation (no test_*.blshard in %s; shard.lua --test-fraction makes "
-        .. "them)"):format(dir))
-      no_eval_said[dir] = true
-    end
-    return nil
+  local function none(why)
+    if not no_eval_said[dir] then say("pretrain: no held-out shards for evaluation (" .. why .. ")") end
+    no_eval_said[dir] = true
   end
-  local loader = open_loader(ph, { dir = dir, split = "test", batch_size = opt.micro_batch, rank = rank,
+  if #shards.list_shards(dir, "test") == 0 then
+    return none(("no test_*.blshard in %s; shard.lua --test-fraction makes them"):format(dir))
+  end
+  local ok, loader = pcall(open_loader, ph, { dir = dir, split = "test", batch_size = opt.micro_batch, rank = rank,
     world_size = world, seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
     shuffle = false }, opt.eval_data and "--eval-data" or "--data-phase" .. ph.phase)
+  if ok then return loader end
+  local few = tostring(loader):match("(%d+ instances are not enough for .*)$")
+  if not few then error(loader, 0) end
+  return none(("test_*.blshard in %s: %s"):format(dir, few))
+end
+
+local function evaluate(model, ph, step)
+  local loader = eval_loader(ph)
+  if not loader then return nil end
   model:eval()
   local loss, correct, count, batches = 0, 0, 0, 0
   for _ = 1, opt.eval_batches do
@@ -236,6 +246,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     for a = 1, accum do loaders[a] = open_loader(ph, loader_args(rank * accum + a - 1, world * accum), flag) end
   else
     loaders[1] = open_loader(ph, loader_args(rank, world), flag)
+  end
+  do  -- the held-out shards are checked now, not after the phase's training
+    local l = eval_loader(ph)
+    if l then l:close() end
   end
   if dev >= 0 then  -- to the GPU through pinned buffers on a copy stream, the next batch copied during this step
     for a, l in ipairs(loaders) do loaders[a] = data.DeviceLoader(l, dev) end

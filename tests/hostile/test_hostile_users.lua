@@ -53,6 +53,9 @@ case { class = "model limits", name = "pretrain.lua: held-out shards longer than
     return make:format(R, d, 32, fx.vocab, d, 32, 32) .. make:format(R, d, 64, fx.vocab, d, 64, 64)
       .. fx.PT:gsub("%-%-seq1=64", "--seq1=32"):gsub("%-%-data%-phase1=%S+", "--data-phase1=" .. d .. "/s32")
       .. " --eval-data=" .. d .. "/s64 --output=" .. d .. "/o"
+  end,
+  check = function(d)  -- before training, not after the phase
+    return not io.open(d .. "/o/checkpoints/phase1/ckpt-00000002/state.json"), "it trained before refusing"
   end }
 
 case { class = "model limits", name = "pretrain.lua: --phase=2 without a phase-1 model",
