@@ -27,6 +27,17 @@ case { class = "model limits", name = "predict.lua: --max-seq-length=200 past th
       fx.qa_model, fx.squad_file, d)
   end }
 
+-- valid: predict's default length follows the model (at most 384)
+case { class = "model limits", name = "predict.lua: the default --max-seq-length on a model with 128 positions",
+  setup = function(d)
+    return ("%spredict.lua --model=%s --task=squad --input=%s --output=%s/p.json"):format(R, fx.qa_model,
+      fx.squad_file, d)
+  end,
+  check = function(d, out)
+    if not io.open(d .. "/p.json") then return false, "no predictions written" end
+    return no_position(d, out)
+  end }
+
 case { class = "model limits", name = "pretrain.lua: shards longer than --seq1",
   expect = { "pretrain: --data-phase1=", "holds sequences of up to 64 tokens, more than the 32 asked for (--seq1=32)" },
   setup = function(d)
