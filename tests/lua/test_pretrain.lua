@@ -26,15 +26,15 @@ T.test("loss falls, the model is saved and reloads with the same outputs", funct
   local first = (l[1] + l[2] + l[3]) / 3
   local last = (l[98] + l[99] + l[100]) / 3
   T.truthy(last < first - 1.0, ("loss %.3f -> %.3f"):format(first, last))
-  local bert = require "bertlua.bert"
-  local m = bert.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
+  local pretrained = require "bertlua.pretrained"
+  local m = pretrained.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
   local pd = require "bertlua.data.loader"
   local loader = pd.Loader{ dir = tmp .. "/data", split = "test", batch_size = 4, max_seq_length = 32,
     max_predictions = 5, shuffle = false }
   local batch = loader:next()
   m:eval()
   local a = m:forward(batch).mlm_loss
-  local m2 = bert.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
+  local m2 = pretrained.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
   m2:eval()
   T.eq(m2:forward(batch).mlm_loss, a)
   T.truthy(out:find("eval phase 1 step 100", 1, true), out)
