@@ -13,6 +13,7 @@
 local options = require "bertlua.util.options"
 local Tok = require "bertlua.data.tokenizer"
 local fs = require "bertlua.util.fs"
+local shell = require "bertlua.util.shell"
 
 local spec = {
   { "input", "", "text file(s) or directories of *.txt, comma-separated" },
@@ -30,10 +31,11 @@ if opt.input == "" then error("build_vocab: --input is required", 0) end
 
 local function files_of(path)
   if not fs.is_dir(path) then return { path } end
-  local h = io.popen("find '" .. path:gsub("'", "'\\''") .. "' -type f -name '*.txt' | LC_ALL=C sort")
   local out = {}
-  for l in h:lines() do out[#out + 1] = l end
-  h:close()
+  -- find has no "--": a path starting with "-" gets "./"
+  local found = shell.read { "find", (path:gsub("^%-", "./-")), "-type", "f", "-name", "*.txt", "-print0" }
+  for l in found:gmatch("([^%z]+)%z") do out[#out + 1] = l end
+  table.sort(out)  -- byte order, as LC_ALL=C sort
   return out
 end
 

@@ -23,6 +23,7 @@
 -- BL_HOSTILE_FILTER=text runs only the cases whose name contains text; BL_HOSTILE_TIMEOUT sets the limit.
 local T = require "testing"
 local cjson = require "cjson"
+local shell = require "bertlua.util.shell"
 
 local H = { T = T }
 local exe = T.exe()
@@ -196,7 +197,7 @@ function H.run(c)
   os.execute("mkdir -p " .. dir)
   local cmd = c.setup and c.setup(dir) or c.cmd
   local limit = c.timeout or H.LIMIT
-  local out, rc = sh(("cd %s && timeout -k 5 %d bash -c %q"):format(ROOT, limit, cmd))
+  local out, rc = sh(("cd %s && timeout -k 5 %d bash -c %s"):format(shell.quote(ROOT), limit, shell.quote(cmd)))
   out = out:gsub("rc=%d+%s*$", "")
   local last = (out:match("([^\n]+)\n*$") or ""):sub(1, 120)
   if rc == 124 or rc == 137 then return "hang", "killed after " .. limit .. " s" end

@@ -5,6 +5,7 @@
 -- size, magic, version, offsets, checksum, record lengths/positions/ids or vocab
 -- hash is wrong, naming the file and the problem. The loader (C with a prefetch
 local core = require "bertlua.core"
+local fs = require "bertlua.util.fs"
 local C, ffi, check = core.C, core.ffi, core.check
 
 local M = {}
@@ -88,14 +89,11 @@ end
 
 -- loaders -------------------------------------------------------------------------------
 local function list_shards(dir, split)
-  local f = io.popen("ls -1 '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
   local r = {}
-  for name in f:lines() do
-    if name:match("%.blshard$") and (not split or name:sub(1,
-      #split + 1) == split .. "_") then r[#r + 1] = dir .. "/" .. name end
+  if not fs.is_dir(dir) then return r end
+  for _, name in ipairs(fs.list_dir(dir, "%.blshard$")) do
+    if not split or name:sub(1, #split + 1) == split .. "_" then r[#r + 1] = dir .. "/" .. name end
   end
-  f:close()
-  table.sort(r)
   return r
 end
 M.list_shards = list_shards

@@ -25,8 +25,6 @@ local fs = require "bertlua.util.fs"
 local M = {}
 M.FORMAT = 1
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
 local exists = fs.exists
 
 -- FNV-1a 64 of a file's bytes as a decimal string (state.json records one per tensor file: a bit flip in a
@@ -72,7 +70,7 @@ function M.save(dir, c, opts)
   fs.mkdir_p(dir)
   -- leftovers of interrupted saves
   for _, e in ipairs(fs.list_dir(dir, nil, "hidden")) do
-    if e:match("^%.tmp%-ckpt%-") then os.execute("rm -rf " .. q(dir .. "/" .. e)) end
+    if e:match("^%.tmp%-ckpt%-") then fs.remove_tree(dir .. "/" .. e) end
   end
   local final = dir .. "/" .. M.name(c.step)
   local tmp = ("%s/.tmp-%s-%d"):format(dir, M.name(c.step), math.random(1, 1e9))
@@ -86,12 +84,12 @@ function M.save(dir, c, opts)
   local meta = { format = M.FORMAT, step = c.step, state = c.state or {}, identity = c.identity or {},
     time = os.time(), checksums = sums }
   fs.write_atomic(tmp .. "/state.json", cjson.encode(meta))
-  if exists(final .. "/state.json") then os.execute("rm -rf " .. q(final)) end
+  if exists(final .. "/state.json") then fs.remove_tree(final) end
   local ok, err = os.rename(tmp, final)
   if not ok then error("checkpoint.save: cannot move " .. tmp .. " to " .. final .. ": " .. tostring(err), 2) end
   local keep = opts.keep or 3
   local all = M.list(dir)
-  for i = 1, #all - keep do os.execute("rm -rf " .. q(all[i].path)) end
+  for i = 1, #all - keep do fs.remove_tree(all[i].path) end
   return final
 end
 

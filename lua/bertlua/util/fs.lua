@@ -10,6 +10,7 @@
 -- file was not written". Line inputs are read with lines (bl_lines): a NUL
 -- byte is data, lines end at "\n", FIFOs and directories are refused.
 local core = require "bertlua.core"
+local shell = require "bertlua.util.shell"
 local C, ffi, check = core.C, core.ffi, core.check
 
 local M = {}
@@ -21,6 +22,11 @@ function M.file_size(path) return tonumber(C.bl_fs_file_size(path)) end   -- -1 
 function M.exists(path) return C.bl_fs_file_size(path) >= 0 end
 function M.is_dir(path) return C.bl_fs_is_dir(path) == 1 end
 function M.mkdir_p(path) check(C.bl_fs_mkdir_p(path)); return path end
+-- remove_tree(path): path and everything under it gone (rm -rf); an error names what stayed
+function M.remove_tree(path)
+  local out, ok = shell.read({ "rm", "-rf", "--", path }, { stderr = "stdout" })
+  if not ok then error(("cannot remove %s: %s"):format(path, out:match("[^\n]*")), 0) end
+end
 
 -- readable(path): a file (not a directory) this process can open
 function M.readable(path)
@@ -146,15 +152,32 @@ function M.read_text(path, who)
   return text
 end
 
+pcall(ffi.cdef, "char *realpath(const char *path, char *resolved); void free(void *p);")
+-- realpath(p): p absolute, with symlinks, "." and ".." resolved; a part that does not exist yet is kept as
+-- given (as realpath -m)
+function M.realpath(p)
+  local tail, cur = {}, p
+  while true do
+    local r = ffi.C.realpath(cur == "" and "/" or cur, nil)
+    if r ~= nil then
+      local parts = { ffi.string(r) }
+      ffi.C.free(r)
+      for _, t in ipairs(tail) do
+        if t == ".." then parts[1] = parts[1]:match("^(.*)/[^/]*$") or ""
+        elseif t ~= "." and t ~= "" then parts[1] = (parts[1] == "/" and "" or parts[1]) .. "/" .. t end
+      end
+      return parts[1] == "" and "/" or parts[1]
+    end
+    local parent, base = cur:match("^(.*)/([^/]*)$")
+    if not parent then parent, base = ".", cur end
+    table.insert(tail, 1, base)
+    cur = parent
+  end
+end
+
 -- inside(child, parent): whether child is parent or lies under it (symlinks and ".." resolved)
 function M.inside(child, parent)
-  local function real(p)
-    local h = io.popen("realpath -m -- '" .. p:gsub("'", "'\\''") .. "' 2>/dev/null")
-    local r = h and h:read("*l")
-    if h then h:close() end
-    return r or p
-  end
-  local c, p = real(child), real(parent)
+  local c, p = M.realpath(child), M.realpath(parent)
   return c == p or c:sub(1, #p + 1) == p .. "/"
 end
 

@@ -8,6 +8,7 @@
 -- redrawn in place when stderr is a terminal, printed every `every` steps otherwise.
 local ffi = require "ffi"
 local cjson = require "cjson"
+local fs = require "bertlua.util.fs"
 
 pcall(ffi.cdef, "int isatty(int fd);")
 local M = {}
@@ -68,7 +69,7 @@ function M.open(o)
   if self.rank ~= 0 then self.silent = true return self end
   if o.path then
     local dir = o.path:match("^(.*)/[^/]*$")
-    if dir then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
+    if dir then fs.mkdir_p(dir) end
     local f, err = io.open(o.path, o.append and "a" or "w")
     if not f then error("log: cannot open " .. o.path .. ": " .. tostring(err), 2) end
     self.file, self.path = f, o.path

@@ -1,0 +1,88 @@
+-- Hostile-input suite, round two, files and commands (issue 33): file names that
+-- carry shell syntax, run directories two runs share or another run left,
+-- outputs equal to inputs, symlinked logs, a full standard output, FIFOs where
+-- files are read. The harness (fixtures, classifier, report) is harness.lua.
+package.path = arg[0]:gsub("[^/]*$", "") .. "?.lua;" .. package.path
+local H = require "harness"
+local shell = require "bertlua.util.shell"
+local fs = require "bertlua.util.fs"
+
+local fx, case, write = H.fx, H.case, H.write
+local Q = shell.quote
+-- the host by an absolute path: the injection cases run inside their own directory
+local EXE = H.exe:match("^/") and H.exe or (H.ROOT .. "/" .. H.exe)
+local function recipe(name) return Q(EXE) .. " " .. Q(H.ROOT .. "/recipes/" .. name) end
+
+-- ---------------------------------------------------------------- shell injection through names
+-- Directory names: one runs `touch PWNEDn` wherever a command line is built from it unquoted (every case
+-- runs inside its own directory, so a marker there or in the source tree is a command that ran); the other,
+-- a quote and a newline, breaks such a line. Each spawning recipe must run correctly under both.
+local HOSTILE = { "h$(touch PWNED1)`touch PWNED2`;touch PWNED3;#", "q'x\ny" }
+local function pwned(d)
+  for _, where in ipairs { d, H.ROOT } do
+    local found = shell.read { "find", where, "-maxdepth", "3", "-name", "PWNED*" }
+    if found:match("%S") then return found:match("[^\n]+") end
+  end
+end
+local function injection_case(name, make, expect)
+  for k, hostile in ipairs(HOSTILE) do
+    case { class = "security", name = ("%s (name %d)"):format(name, k), expect = expect,
+      setup = function(d)
+        local h = fs.mkdir_p(d .. "/" .. hostile)
+        return "cd " .. Q(d) .. " && " .. make(d, h)
+      end,
+      check = function(d)
+        local p = pwned(d)
+        if p then return false, "a command smuggled in a file name ran: " .. p, "security" end
+        return true
+      end }
+  end
+end
+injection_case("benchmark_tokenizer.lua --vocab in a hostile directory", function(_, h)
+  shell.run { "cp", fx.vocab, h .. "/vocab.txt" }
+  write(h .. "/in.txt", H.big_text(200) .. "\n")
+  return recipe("benchmark_tokenizer.lua") .. " " .. Q("--vocab=" .. h .. "/vocab.txt") .. " "
+    .. Q("--input=" .. h .. "/in.txt") .. " --repeat=1 --python=/bin/echo"
+end)
+injection_case("benchmark_ops.lua --python in a hostile directory", function(_, h)
+  shell.run { "ln", "-s", "/bin/echo", h .. "/python" }
+  return recipe("benchmark_ops.lua") .. " --size=mini --reps=1 --only=gelu --threads=1 "
+    .. Q("--python=" .. h .. "/python")
+end)
+injection_case("benchmark_data.lua --work, --wiki, --books, --vocab in a hostile directory", function(_, h)
+  -- a two-article dump and one book
+  write(h .. "/wiki.xml", "<mediawiki><page><title>Aa</title><ns>0</ns><revision><text>"
+    .. H.big_text(300) .. ".</text></revision></page><page><title>Bb</title><ns>0</ns><revision><text>"
+    .. H.big_text(300) .. ".</text></revision></page></mediawiki>\n")
+  shell.run { "bzip2", "-f", h .. "/wiki.xml" }
+  fs.mkdir_p(h .. "/books")
+  write(h .. "/books/b.txt", H.big_text(2000) .. "\n")
+  shell.run { "cp", fx.vocab, h .. "/vocab.txt" }
+  return recipe("benchmark_data.lua") .. " " .. Q("--work=" .. h .. "/w") .. " " .. Q("--wiki=" .. h
+    .. "/wiki.xml.bz2") .. " " .. Q("--books=" .. h .. "/books") .. " " .. Q("--vocab=" .. h .. "/vocab.txt")
+    .. " --seq=64 --loader-batches=4 --batch=4 --jobs=2"
+end)
+injection_case("create_pretraining_data.lua --jobs=2 from and into a hostile directory", function(_, h)
+  fs.mkdir_p(h .. "/in")
+  shell.run { "cp", fx.corpus, h .. "/in/a.txt" }
+  shell.run { "cp", fx.corpus, h .. "/in/b.txt" }
+  return recipe("create_pretraining_data.lua") .. " " .. Q("--input=" .. h .. "/in") .. " "
+    .. Q("--vocab=" .. fx.vocab) .. " " .. Q("--output=" .. h .. "/out") .. " --jobs=2 --max-seq-length=64"
+end)
+injection_case("build_vocab.lua --input=a hostile directory", function(_, h)
+  shell.run { "cp", fx.corpus, h .. "/c.txt" }
+  return recipe("build_vocab.lua") .. " " .. Q("--input=" .. h) .. " " .. Q("--output=" .. h .. "/v.txt")
+    .. " --size=300"
+end)
+injection_case("download.lua --base-url and --output in a hostile directory", function(_, h)
+  write(h .. "/bert-base-uncased-vocab.txt", "not the vocabulary\n")
+  write(h .. "/bert-base-cased-vocab.txt", "not the vocabulary\n")
+  return recipe("download.lua") .. " --dataset=vocab --retries=0 " .. Q("--base-url=file://" .. h) .. " "
+    .. Q("--output=" .. h .. "/out")
+end, { "could not fetch" })  -- curl refuses such a URL (it is not percent-encoded): no command ran
+injection_case("quickstart.lua --output=a hostile directory", function(_, h)
+  return recipe("quickstart.lua") .. " " .. Q("--output=" .. h .. "/q") .. " --countries=12 --vocab-size=300 "
+    .. "--pretrain-steps=4 --finetune-epochs=1 --minutes=1"
+end)
+
+H.report("hostile files and commands: no injection, no data loss, no hang, no unclear error")
