@@ -128,6 +128,8 @@ local function dropout_seed(step, micro)
   return ((opt.seed * 1000003 + step) * 8191 + micro) % 9007199254740881
 end
 
+-- the run directory belongs to this run while it lasts (a second run into it is refused)
+if rank == 0 then require("bertlua.util.fs").lock_dir(opt.output, "pretrain") end
 local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,
   config = { options = opt, world_size = world } }
 

@@ -85,4 +85,14 @@ injection_case("quickstart.lua --output=a hostile directory", function(_, h)
     .. "--pretrain-steps=4 --finetune-epochs=1 --minutes=1"
 end)
 
+-- ---------------------------------------------------------------- run directories
+case { class = "data loss", name = "pretrain.lua: a second run on a running run's --output is refused",
+  expect = { "is in use by another run (pid" },
+  setup = function(d)
+    -- the first run holds the directory (its lock file names it) while the second starts
+    return ("%s --output=%s/run --steps1=400 --checkpoint-interval=0 > %s/first.log 2>&1 & "
+      .. "for i in $(seq 200); do grep -q . %s/run/.lock 2>/dev/null && break; sleep 0.1; done; "
+      .. "%s --output=%s/run; rc=$?; kill %%1; wait; exit $rc"):format(fx.PT, d, d, d, fx.PT, d)
+  end }
+
 H.report("hostile files and commands: no injection, no data loss, no hang, no unclear error")

@@ -11,7 +11,7 @@
 --   local c = ckpt.load(path, { model = model, identity = {...} })  -- c.step, c.state, c.tensors
 --
 -- Layout: DIR/ckpt-00000100/{model.safetensors, state.safetensors, state.json}.
--- A checkpoint is written into DIR/.tmp-ckpt-00000100-PID/ (every file fsynced
+-- A checkpoint is written into DIR/.tmp-ckpt-00000100-PID-RANDOM/ (every file fsynced
 -- by the atomic writer, bl_writer), state.json last, and the directory is then renamed
 -- into place: a crash at any point leaves either no checkpoint or a hidden
 -- .tmp directory that latest() ignores and the next save removes. Only rank 0
@@ -73,8 +73,7 @@ function M.save(dir, c, opts)
     if e:match("^%.tmp%-ckpt%-") then fs.remove_tree(dir .. "/" .. e) end
   end
   local final = dir .. "/" .. M.name(c.step)
-  local tmp = ("%s/.tmp-%s-%d"):format(dir, M.name(c.step), math.random(1, 1e9))
-  fs.mkdir_p(tmp)
+  local tmp = fs.unique_dir(("%s/.tmp-%s"):format(dir, M.name(c.step)))
   if c.model then st.save_model(c.model, tmp .. "/model.safetensors") end
   if c.tensors and next(c.tensors) then st.save(tmp .. "/state.safetensors", c.tensors) end
   local sums = {}

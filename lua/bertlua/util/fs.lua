@@ -175,6 +175,60 @@ function M.realpath(p)
   end
 end
 
+-- libc through the FFI: st_dev and st_ino lead struct stat on x86-64 and on the generic (aarch64) layout;
+-- the rest is room for the whole struct
+pcall(ffi.cdef, [[
+typedef struct { uint64_t dev, ino; uint8_t rest[256]; } bl_fs_stat;
+int stat(const char *path, bl_fs_stat *st);
+int open(const char *path, int flags, ...);
+int close(int fd);
+int flock(int fd, int op);
+int ftruncate(int fd, int64_t len);
+long write(int fd, const void *buf, size_t n);
+long pread(int fd, void *buf, size_t n, int64_t off);
+int getpid(void);
+char *mkdtemp(char *tmpl);
+char *strerror(int errnum);
+]])
+local O_RDWR, O_CREAT, O_CLOEXEC, LOCK_EX, LOCK_NB = 2, 64, 524288, 2, 4
+
+-- unique_dir(prefix) -> a new directory prefix .. "-PID-XXXXXX" (mkdtemp: random, created exclusively)
+function M.unique_dir(prefix)
+  local tmpl = ("%s-%d-XXXXXX"):format(prefix, ffi.C.getpid())
+  local buf = ffi.new("char[?]", #tmpl + 1, tmpl)
+  if ffi.C.mkdtemp(buf) == nil then
+    error(("cannot create a directory %s: %s"):format(tmpl, ffi.string(ffi.C.strerror(ffi.errno()))), 0)
+  end
+  return ffi.string(buf)
+end
+
+local held = {}   -- the lock files' descriptors, open (and locked) until released or the process ends
+-- lock_dir(dir, who) -> release(): an exclusive flock on DIR/.lock (dir created), held for the life of the
+-- process: a run directory belongs to one run. A second run gets "who: DIR is in use by another run (pid N)".
+function M.lock_dir(dir, who)
+  M.mkdir_p(dir)
+  local path = dir .. "/.lock"
+  local fd = ffi.C.open(path, bit.bor(O_RDWR, O_CREAT, O_CLOEXEC), ffi.cast("int", 438))
+  if fd < 0 then
+    error(("%s: cannot open %s: %s"):format(who, path, ffi.string(ffi.C.strerror(ffi.errno()))), 0)
+  end
+  if ffi.C.flock(fd, bit.bor(LOCK_EX, LOCK_NB)) ~= 0 then
+    local buf = ffi.new("char[32]")
+    local n = tonumber(ffi.C.pread(fd, buf, 31, 0))
+    ffi.C.close(fd)
+    local pid = n > 0 and ffi.string(buf, n):match("%d+") or "unknown"
+    error(("%s: %s is in use by another run (pid %s); wait for it to end or choose another --output")
+      :format(who, dir, pid), 0)
+  end
+  local pid = tostring(ffi.C.getpid()) .. "\n"
+  ffi.C.ftruncate(fd, 0)
+  ffi.C.write(fd, pid, #pid)
+  held[fd] = true
+  return function()
+    if held[fd] then held[fd] = nil; ffi.C.close(fd) end
+  end
+end
+
 -- inside(child, parent): whether child is parent or lies under it (symlinks and ".." resolved)
 function M.inside(child, parent)
   local c, p = M.realpath(child), M.realpath(parent)
