@@ -7,7 +7,7 @@ local H = require "harness"
 local shell = require "bertlua.util.shell"
 local fs = require "bertlua.util.fs"
 
-local fx, case, write = H.fx, H.case, H.write
+local fx, case, write, slurp = H.fx, H.case, H.write, H.slurp
 local Q = shell.quote
 -- the host by an absolute path: the injection cases run inside their own directory
 local EXE = H.exe:match("^/") and H.exe or (H.ROOT .. "/" .. H.exe)
@@ -93,6 +93,47 @@ case { class = "data loss", name = "pretrain.lua: a second run on a running run'
     return ("%s --output=%s/run --steps1=400 --checkpoint-interval=0 > %s/first.log 2>&1 & "
       .. "for i in $(seq 200); do grep -q . %s/run/.lock 2>/dev/null && break; sleep 0.1; done; "
       .. "%s --output=%s/run; rc=$?; kill %%1; wait; exit $rc"):format(fx.PT, d, d, d, fx.PT, d)
+  end }
+-- a directory holding another run's checkpoints: refused, naming what differs (PT: --steps1=4, a checkpoint every 2)
+local function reuse_case(name, first, second, words)
+  case { class = "data loss", name = name, expect = words,
+    setup = function(d)
+      local out, rc = H.sh(("%s --output=%s/run %s"):format(fx.PT, d, first))
+      assert(rc == 0, out)
+      return ("%s --output=%s/run %s"):format(fx.PT, d, second)
+    end,
+    check = function(d)
+      local ckpts = fs.list_dir(d .. "/run/checkpoints/phase1", "^ckpt", "dirs")
+      if table.concat(ckpts, " ") ~= "ckpt-00000002 ckpt-00000004" then
+        return false, "the first run's checkpoints changed: " .. table.concat(ckpts, " "), "loss"
+      end
+      return true
+    end }
+end
+reuse_case("pretrain.lua: a fresh run into a directory with another run's checkpoints", "--lr1=1e-3", "--lr1=2e-3",
+  { "holds checkpoints of another run", "lr = 0.001 there, 0.002 now" })
+reuse_case("pretrain.lua: the same run again without --resume", "", "", { "earlier run", "--resume" })
+reuse_case("pretrain.lua --resume with other --steps1 and --seed", "", "--resume --steps1=8 --seed=9",
+  { "another run", "seed = ", "steps = 4 there, 8 now" })
+case { class = "data loss", name = "pretrain.lua --resume: a checkpoint whose state.json lost its checksums",
+  setup = function(d)
+    local out, rc = H.sh(("%s --output=%s/run"):format(fx.PT, d))
+    assert(rc == 0, out)
+    local last = d .. "/run/checkpoints/phase1/ckpt-00000004/state.json"
+    local meta = require("cjson").decode(slurp(last))
+    meta.checksums = nil
+    write(last, require("cjson").encode(meta))
+    -- and a flipped weight byte the checksum would have caught
+    local f = assert(io.open(d .. "/run/checkpoints/phase1/ckpt-00000004/model.safetensors", "r+b"))
+    local size = f:seek("end")
+    f:seek("set", size - 3); local b = f:read(1)
+    f:seek("set", size - 3); f:write(string.char((b:byte() + 1) % 256)); f:close()
+    return ("%s --output=%s/run --resume"):format(fx.PT, d)
+  end,
+  check = function(_, out)
+    if not out:find("no checksums", 1, true) then return false, "the edited checkpoint was trusted" end
+    if not out:find("resumed from [^\n]*ckpt%-00000002") then return false, "did not fall back to step 2" end
+    return true
   end }
 
 H.report("hostile files and commands: no injection, no data loss, no hang, no unclear error")

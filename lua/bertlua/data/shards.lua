@@ -87,6 +87,17 @@ function Shard:record(k)
     ffi.cast("const uint8_t*", r.labels)
 end
 
+-- fingerprint(dir) -> a decimal string naming the data: FNV-1a 64 of every train/test shard's name and size
+-- (a checkpoint records it, so a run resumes only on the data it started with)
+function M.fingerprint(dir)
+  local h = ffi.new("uint64_t", 14695981039346656037ULL)
+  for _, name in ipairs(fs.is_dir(dir) and fs.list_dir(dir, "%.blshard$") or {}) do
+    local line = ("%s %d\n"):format(name, fs.file_size(dir .. "/" .. name))
+    h = C.bl_fnv1a64(line, #line, h)
+  end
+  return (tostring(h):gsub("ULL$", ""))
+end
+
 -- loaders -------------------------------------------------------------------------------
 local function list_shards(dir, split)
   local r = {}

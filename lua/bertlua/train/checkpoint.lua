@@ -101,7 +101,7 @@ local function sorted_keys(t)
   return ks
 end
 
-local function compare(path, want, have)
+local function differences(want, have)
   local diffs = {}
   for _, k in ipairs(sorted_keys(want or {})) do
     local v, h = want[k], have[k]
@@ -116,6 +116,11 @@ local function compare(path, want, have)
       diffs[#diffs + 1] = ("%s = %s, this run has %s"):format(k, tostring(h), tostring(v))
     end
   end
+  return diffs
+end
+
+local function compare(path, want, have)
+  local diffs = differences(want, have)
   if #diffs > 0 then
     error(("checkpoint %s was made with %s"):format(path, table.concat(diffs, "; ")), 0)
   end
@@ -132,8 +137,15 @@ function M.load(path, opts)
     error(("checkpoint: %s has format %s, this bertlua reads format %d"):format(path, tostring(meta.format), M.FORMAT),
       2)
   end
+  -- format 1 records a checksum for every tensor file: one missing means an edited state.json, not trusted
+  if type(meta.checksums) ~= "table" then
+    error(("checkpoint: %s/state.json has no checksums (its format records them); not trusted"):format(path), 0)
+  end
   for _, name in ipairs(TENSOR_FILES) do
-    local want = meta.checksums and meta.checksums[name]
+    local want = meta.checksums[name]
+    if not want and exists(path .. "/" .. name) then
+      error(("checkpoint: %s/state.json has no checksum for %s; not trusted"):format(path, name), 0)
+    end
     if want and M.file_checksum(path .. "/" .. name) ~= want then
       error(("checkpoint: %s/%s is corrupt (its checksum differs from the one saved with it)"):format(path, name), 0)
     end
@@ -147,6 +159,26 @@ function M.load(path, opts)
   local tensors = {}
   if exists(path .. "/state.safetensors") then tensors = st.load(path .. "/state.safetensors") end
   return { step = meta.step, state = meta.state, identity = meta.identity, tensors = tensors, path = path }
+end
+
+-- claim(dir, identity, resume, who): at the start of a run whose checkpoints go to dir. Checkpoints already
+-- there belong to an earlier run: without resume they are refused (retention would mix the two runs and a
+-- later --resume continue the wrong one), naming what differs from this run when it is another run's; with
+-- resume, the newest must be this run's (load_latest checks each one it loads).
+function M.claim(dir, identity, resume, who)
+  local all = M.list(dir)
+  if #all == 0 then return end
+  local newest = all[#all].path
+  local ok, meta = pcall(cjson.decode, fs.read(newest .. "/state.json") or "")
+  local diffs = ok and type(meta) == "table" and differences(identity, meta.identity or {}) or {}
+  if #diffs > 0 then
+    error(("%s: %s holds checkpoints of another run (%s was made with %s); choose another --output or remove them")
+      :format(who, dir, newest, table.concat(diffs, "; ")), 0)
+  end
+  if not resume then
+    error(("%s: %s holds checkpoints of an earlier run (newest %s); --resume continues it, or choose another "
+      .. "--output or remove them"):format(who, dir, newest), 0)
+  end
 end
 
 -- load_latest(dir, opts) -> checkpoint or nil: the newest checkpoint that loads; a corrupt one (bad
