@@ -49,6 +49,7 @@ local special = { ["[PAD]"] = true, ["[UNK]"] = true, ["[CLS]"] = true, ["[SEP]"
 local counts, nbytes = {}, 0
 for p in opt.input:gmatch("[^,]+") do
   for _, file in ipairs(files_of(p)) do
+    fs.check_output("build_vocab", { "--output", opt.output }, { { "--input", file } })
     local ok, ierr = pcall(fs.check_input, file, "input")   -- a FIFO would block the open
     if not ok then error("build_vocab: " .. ierr, 0) end
     local f, err = io.open(file, "rb")

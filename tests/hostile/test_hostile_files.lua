@@ -7,7 +7,7 @@ local H = require "harness"
 local shell = require "bertlua.util.shell"
 local fs = require "bertlua.util.fs"
 
-local fx, case, write, slurp = H.fx, H.case, H.write, H.slurp
+local fx, case, R, write, slurp = H.fx, H.case, H.R, H.write, H.slurp
 local Q = shell.quote
 -- the host by an absolute path: the injection cases run inside their own directory
 local EXE = H.exe:match("^/") and H.exe or (H.ROOT .. "/" .. H.exe)
@@ -84,6 +84,50 @@ injection_case("quickstart.lua --output=a hostile directory", function(_, h)
   return recipe("quickstart.lua") .. " " .. Q("--output=" .. h .. "/q") .. " --countries=12 --vocab-size=300 "
     .. "--pretrain-steps=4 --finetune-epochs=1 --minutes=1"
 end)
+
+-- ---------------------------------------------------------------- outputs that are inputs
+-- each refused before anything is written; the input keeps its bytes
+local function same_case(name, make, words)
+  case { class = "data loss", name = name, expect = words,
+    setup = function(d)
+      local cmd, input = make(d)
+      return ("cp %s %s/before && %s"):format(Q(input), Q(d), cmd)
+    end,
+    check = function(d)
+      for _, f in ipairs(fs.list_dir(d)) do
+        if f ~= "before" and slurp(d .. "/" .. f) ~= slurp(d .. "/before") and fs.exists(d .. "/before") then
+          return false, f .. " (an input) was overwritten", "loss"
+        end
+      end
+      return true
+    end }
+end
+same_case("predict.lua --output = --input (JSON lines)", function(d)
+  write(d .. "/in.jsonl", '{"text": "the river"}\n{"text": "the capital"}\n')
+  return ("%spredict.lua --model=%s --input=%s/in.jsonl --output=%s/in.jsonl"):format(R, fx.model, d, d),
+    d .. "/in.jsonl"
+end, { "--output=", "same file as --input=" })
+same_case("predict.lua --output = --input through a symlink (GLUE dev.tsv)", function(d)
+  shell.run { "cp", fx.glue_dir .. "/dev.tsv", d .. "/dev.tsv" }
+  shell.run { "ln", "-s", "dev.tsv", d .. "/out.tsv" }
+  return ("%spredict.lua --model=%s --task=glue-sst2 --input=%s/dev.tsv --output=%s/out.tsv --max-seq-length=64")
+    :format(R, fx.model, d, d), d .. "/dev.tsv"
+end, { "same file as --input=" })
+same_case("extract_features.lua --output = --input", function(d)
+  write(d .. "/in.txt", "the river\n")
+  return ("%sextract_features.lua --model=%s --input=%s/in.txt --output=%s/./in.txt"):format(R, fx.model, d, d),
+    d .. "/in.txt"
+end, { "same file as --input=" })
+same_case("build_vocab.lua --output = the corpus (a hard link of it)", function(d)
+  shell.run { "cp", fx.corpus, d .. "/corpus.txt" }
+  shell.run { "ln", d .. "/corpus.txt", d .. "/link.txt" }
+  return ("%sbuild_vocab.lua --input=%s/corpus.txt --output=%s/link.txt --size=300"):format(R, d, d),
+    d .. "/corpus.txt"
+end, { "same file as --input=" })
+same_case("squad_eval.lua --out-file = the predictions", function(d)
+  write(d .. "/p.json", '{"x": "y"}')
+  return ("%ssquad_eval.lua %s %s/p.json --out-file=%s/p.json"):format(R, fx.squad_file, d, d), d .. "/p.json"
+end, { "--out-file=", "same file as the predictions" })
 
 -- ---------------------------------------------------------------- run directories
 case { class = "data loss", name = "pretrain.lua: a second run on a running run's --output is refused",

@@ -192,6 +192,27 @@ char *strerror(int errnum);
 ]])
 local O_RDWR, O_CREAT, O_CLOEXEC, LOCK_EX, LOCK_NB = 2, 64, 524288, 2, 4
 
+-- same_file(a, b): whether a and b name one existing file (device and inode: a symlink, "..", another
+-- spelling or a hard link of it all count)
+function M.same_file(a, b)
+  local sa, sb = ffi.new("bl_fs_stat"), ffi.new("bl_fs_stat")
+  if ffi.C.stat(a, sa) ~= 0 or ffi.C.stat(b, sb) ~= 0 then return false end
+  return sa.dev == sb.dev and sa.ino == sb.ino
+end
+
+-- check_output(who, output, inputs): the one rule for outputs: output ({ "--output", path }) must not be
+-- any of inputs ({ { "--input", path }, { "the predictions", path }, ... }), which writing it would replace
+function M.check_output(who, output, inputs)
+  local function name(o) return o[1]:match("^%-%-") and (o[1] .. "=" .. o[2]) or (o[1] .. " " .. o[2]) end
+  for _, input in ipairs(inputs) do
+    if input[2] and input[2] ~= "" and M.same_file(output[2], input[2]) then
+      error(("%s: %s is the same file as %s: writing it would destroy the input; choose another %s")
+        :format(who, name(output), name(input), output[1]), 0)
+    end
+  end
+  return output[2]
+end
+
 -- unique_dir(prefix) -> a new directory prefix .. "-PID-XXXXXX" (mkdtemp: random, created exclusively)
 function M.unique_dir(prefix)
   local tmpl = ("%s-%d-XXXXXX"):format(prefix, ffi.C.getpid())
