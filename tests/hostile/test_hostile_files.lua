@@ -138,6 +138,18 @@ case { class = "data loss", name = "pretrain.lua: a second run on a running run'
       .. "for i in $(seq 200); do grep -q . %s/run/.lock 2>/dev/null && break; sleep 0.1; done; "
       .. "%s --output=%s/run; rc=$?; kill %%1; wait; exit $rc"):format(fx.PT, d, d, d, fx.PT, d)
   end }
+case { class = "data loss", name = "pretrain.lua: a symlinked log.jsonl is replaced, not followed",
+  setup = function(d)
+    write(d .. "/victim", "precious\n")
+    fs.mkdir_p(d .. "/run")
+    shell.run { "ln", "-s", d .. "/victim", d .. "/run/log.jsonl" }
+    return ("%s --output=%s/run --steps1=2"):format(fx.PT, d)
+  end,
+  check = function(d)
+    if slurp(d .. "/victim") ~= "precious\n" then return false, "the symlink's target was overwritten", "loss" end
+    if fs.is_symlink(d .. "/run/log.jsonl") then return false, "log.jsonl is still the symlink" end
+    return true
+  end }
 -- a directory holding another run's checkpoints: refused, naming what differs (PT: --steps1=4, a checkpoint every 2)
 local function reuse_case(name, first, second, words)
   case { class = "data loss", name = name, expect = words,

@@ -192,6 +192,13 @@ char *strerror(int errnum);
 ]])
 local O_RDWR, O_CREAT, O_CLOEXEC, LOCK_EX, LOCK_NB = 2, 64, 524288, 2, 4
 
+pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t size);")
+-- is_symlink(path): whether path itself is a symbolic link (dangling or not)
+function M.is_symlink(path)
+  local buf = ffi.new("char[1]")
+  return ffi.C.readlink(path, buf, 1) >= 0
+end
+
 -- same_file(a, b): whether a and b name one existing file (device and inode: a symlink, "..", another
 -- spelling or a hard link of it all count)
 function M.same_file(a, b)
@@ -265,7 +272,6 @@ end
 
 -- host(): the running bertlua executable (absolute), for recipes that start other recipes
 function M.host()
-  pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t size);")
   local buf = ffi.new("char[4096]")
   local n = tonumber(ffi.C.readlink("/proc/self/exe", buf, 4096))
   if n and n > 0 then return ffi.string(buf, n) end
