@@ -192,4 +192,23 @@ case { class = "data loss", name = "pretrain.lua --resume: a checkpoint whose st
     return true
   end }
 
+-- ---------------------------------------------------------------- a standard output that takes nothing
+local function stdout_case(name, cmd)
+  case { class = "data loss", name = name .. " > /dev/full", expect = { "cannot write the standard output" },
+    setup = function() return cmd() .. " > /dev/full" end }
+end
+stdout_case("tokenize.lua", function()
+  return ("%stokenize.lua --vocab=%s --quiet < %s"):format(R, fx.vocab, fx.corpus)
+end)
+stdout_case("predict.lua without --output", function()
+  return ("%spredict.lua --model=%s --task=glue-sst2 --input=%s/test.tsv --max-seq-length=64"):format(R, fx.model,
+    fx.glue_dir)
+end)
+stdout_case("squad_eval.lua", function()
+  local d = H.tmp .. "/stdout_squad"
+  fs.mkdir_p(d)
+  write(d .. "/p.json", '{"x": "y"}')
+  return ("%ssquad_eval.lua %s %s/p.json"):format(R, fx.squad_file, d)
+end)
+
 H.report("hostile files and commands: no injection, no data loss, no hang, no unclear error")
