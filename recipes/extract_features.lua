@@ -62,6 +62,7 @@ if #layers == 0 then die("--layers is empty") end
 -- every input is checked before the model is loaded
 local vocab = ft.model_dir("extract_features", opt.model, opt.vocab ~= "" and opt.vocab or nil)
 ft.input_file("extract_features", opt.input, "--input")
+fs.check_output("extract_features", { "--output", opt.output }, { { "--input", opt.input } })
 local cfg = bert.config.load(opt.model .. "/config.json")
 local L = cfg.num_hidden_layers
 for _, li in ipairs(layers) do

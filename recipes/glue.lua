@@ -97,7 +97,8 @@ end
 local regression = glue.is_regression(task)
 local num_labels = regression and 1 or glue.num_labels(task)
 local labels = glue.labels(task)
-fs.mkdir_p(opt.output)
+-- the output directory belongs to this run while it lasts (a second run into it is refused)
+if dist.is_main() then fs.lock_dir(opt.output, "glue") end
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 do  -- a classifier fine-tuned for another task does not fit: say so before loading
   local c = bert.config.load(opt.model .. "/config.json")

@@ -82,6 +82,7 @@ local glue = require "bertlua.tasks.glue"
 if glue_task then glue.labels(glue_task) end  -- unknown task names fail here, before loading anything
 local vocab = ft.model_dir("predict", opt.model, opt.vocab)
 ft.input_file("predict", opt.input, "--input")
+if opt.output then fs.check_output("predict", { "--output", opt.output }, { { "--input", opt.input } }) end
 
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = pretrained.from_pretrained(opt.model)

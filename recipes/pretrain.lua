@@ -129,6 +129,8 @@ local function dropout_seed(step, micro)
   return ((opt.seed * 1000003 + step) * 8191 + micro) % 9007199254740881
 end
 
+-- the run directory belongs to this run while it lasts (a second run into it is refused)
+if rank == 0 then require("bertlua.util.fs").lock_dir(opt.output, "pretrain") end
 local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,
   config = { options = opt, world_size = world } }
 
@@ -229,7 +231,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- a different number of ranks with the same global and micro batch (so
   -- accumulation makes up the difference) continues exactly.
   local identity = { model_config = cfg, optimizer = "lamb", data_slices = virt and world * accum or world,
-    global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase }
+    global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase,
+    run = { lr = ph.lr, warmup = ph.warmup, steps = ph.steps, seed = opt.seed,
+      data = require("bertlua.data.shards").fingerprint(ph.data) } }
+  if rank == 0 then ckpt.claim(ckdir, identity, opt.resume, "pretrain") end
   local start = 0  -- steps already done (a resumed run starts after them)
   if opt.resume then
     local c = ckpt.load_latest(ckdir, { model = model, identity = identity })

@@ -85,7 +85,8 @@ if opt.micro_batch > 0 and opt.batch % opt.micro_batch ~= 0 then
   error(("squad: --batch=%d is not a multiple of --micro-batch=%d"):format(opt.batch, opt.micro_batch), 0)
 end
 
-fs.mkdir_p(opt.output)
+-- the output directory belongs to this run while it lasts (a second run into it is refused)
+if dist.is_main() then fs.lock_dir(opt.output, "squad") end
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = amp.model_to(pretrained.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev, opt.precision)
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,

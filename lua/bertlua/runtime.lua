@@ -65,16 +65,19 @@ function M.cpu_cache_stats()
 end
 function M.cpu_cache_release() return tonumber(C.bl_cpu_cache_release()) end
 function M.cpu_cache_set_limit(bytes) check(C.bl_cpu_cache_set_limit(bytes)) end
--- Prefix for a shell command that runs a peer program (PyTorch in the
--- benchmarks) in the environment the user gave: the host sets thread-waiting
--- variables for itself (src/host/main.c) and lists them in
--- BERTLUA_THREAD_ENV_SET, not for others.
-function M.peer_env_prefix()
+-- The words before a peer program's command (PyTorch in the benchmarks; a list for
+-- bertlua.util.shell) that run it in the environment the user gave: the host sets
+-- thread-waiting variables for itself (src/host/main.c) and lists them in
+-- BERTLUA_THREAD_ENV_SET, not for others. `vars` ({ "NAME=value", ... }) are set for it.
+function M.peer_env(vars)
+  local words = { "env" }
   local set = os.getenv("BERTLUA_THREAD_ENV_SET")
-  if not set then return "" end
-  local parts = { "env -u BERTLUA_THREAD_ENV_SET" }
-  for name in set:gmatch("[%w_]+") do parts[#parts + 1] = "-u " .. name end
-  return table.concat(parts, " ") .. " "
+  if set then
+    words[#words + 1] = "-u"; words[#words + 1] = "BERTLUA_THREAD_ENV_SET"
+    for name in set:gmatch("[%w_]+") do words[#words + 1] = "-u"; words[#words + 1] = name end
+  end
+  for _, v in ipairs(vars or {}) do words[#words + 1] = v end
+  return words
 end
 
 -- process group (MPI when launched by mpirun/srun, else a world of one)
