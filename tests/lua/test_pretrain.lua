@@ -104,6 +104,50 @@ T.test("fp16 (loss scaling) and bf16 track the fp32 loss curve", function()
   T.truthy(scale and scale > 1, "fp16 ran with a loss scale")
 end)
 
+T.test("--optimizer=adam trains with AdamW and resumes its moments exactly; --log-format=dllogger", function()
+  local args = "--batch1=16 --micro-batch=16 --steps1=6 --optimizer=adam --lr1=1e-3 --checkpoint-interval=3"
+  local out, rc = pretrain(tmp .. "/adam", args)
+  T.eq(rc, 0, out)
+  T.truthy(out:find("summary: 6 steps, [%d.]+ sequences/s %(96 sequences in"), out)
+  -- stopped after 3 steps, resumed: the moments come back from the checkpoint, so every later loss is the same
+  local out1, rc1 = pretrain(tmp .. "/adam_resumed", args .. " --max-steps=3")
+  T.eq(rc1, 0, out1)
+  local out2, rc2 = pretrain(tmp .. "/adam_resumed", args .. " --resume")
+  T.eq(rc2, 0, out2)
+  local a, b = losses(tmp .. "/adam"), losses(tmp .. "/adam_resumed")
+  for s = 1, 6 do T.eq(b[s], a[s], "step " .. s) end
+  -- the checkpoint holds AdamW's state, and LAMB from the same start takes another path
+  local state = cjson.decode(T.slurp(tmp .. "/adam/checkpoints/phase1/ckpt-00000006/state.json"))
+  T.eq(state.identity.optimizer, "adam")
+  local out3, rc3 = pretrain(tmp .. "/lamb6", "--batch1=16 --micro-batch=16 --steps1=6 --lr1=1e-3")
+  T.eq(rc3, 0, out3)
+  T.truthy(losses(tmp .. "/lamb6")[2] ~= a[2], "LAMB and Adam gave the same step 2")
+  -- the same run logged the DLLogger way: DLLL lines, the config as PARAMETER, [phase, step], the summary as []
+  local out4, rc4 = pretrain(tmp .. "/adam_dll", args .. " --log-format=dllogger")
+  T.eq(rc4, 0, out4)
+  local recs = {}
+  for line in io.lines(tmp .. "/adam_dll/dllogger.json") do
+    T.eq(line:sub(1, 5), "DLLL ", line)
+    recs[#recs + 1] = cjson.decode(line:sub(6))
+  end
+  T.eq(recs[1].step, "PARAMETER")
+  T.eq(recs[1].data.config.options.optimizer, "adam")
+  T.eq(recs[2].type, "LOG"); T.eq(recs[2].step[1], 1); T.eq(recs[2].step[2], 1)
+  T.near(recs[2].data.loss, a[1], 1e-12)
+  T.truthy(tonumber(recs[2].elapsedtime) and tonumber(recs[2].timestamp), "times as numbers in strings")
+  local last = recs[#recs]
+  T.eq(type(last.step), "table"); T.eq(#last.step, 0)
+  T.eq(last.data.steps, 6); T.eq(last.data.sequences, 96)
+  T.near(last.data.final_loss, a[6], 1e-12)
+  -- a bad value is one line before anything runs
+  local bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --log-format=csv")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: unknown --log-format 'csv' (jsonl or dllogger)", 1, true), bad)
+  bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --optimizer=sgd")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: unknown --optimizer 'sgd' (lamb or adam)", 1, true), bad)
+  bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --allreduce-dtype=fp16")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: --allreduce-dtype=fp16 needs --precision=fp16", 1, true), bad)
+end)
+
 T.test("the pre-training notebook plots the log", function()
   local _, has = sh("command -v jupyter")
   if has ~= 0 then T.skip("jupyter (jupyter-nbconvert) not installed") end
