@@ -211,4 +211,40 @@ stdout_case("squad_eval.lua", function()
   return ("%ssquad_eval.lua %s %s/p.json"):format(R, fx.squad_file, d)
 end)
 
+-- ---------------------------------------------------------------- FIFOs where a file is read
+-- every reader refuses a FIFO at once, naming it (the open used to wait forever for a writer)
+local function fifo_case(name, make, words)
+  case { class = "hang", name = name, expect = words or { "fifo", "is a FIFO" }, timeout = 60,
+    setup = function(d) return make(d, H.fifo(d .. "/fifo")) end }
+end
+fifo_case("convert.lua: the TF checkpoint's .data shard is a FIFO", function(d)
+  local out, rc = H.sh(("%s %s/tests/py/checkpoint_fixtures.py tf %s"):format(os.getenv("BL_PYTHON")
+    or "/usr/bin/python3", H.ROOT, d))
+  if rc == 77 then return nil, "no tensorflow: " .. out:match("[^\n]*") end
+  assert(rc == 0, out)
+  shell.run { "mv", d .. "/fifo", d .. "/tf/bert_model.ckpt.data-00000-of-00001" }
+  return ("%sconvert.lua --input=%s/tf/bert_model.ckpt --output=%s/out"):format(R, d, d)
+end, { "bert_model.ckpt.data-00000-of-00001 is a FIFO" })
+fifo_case("tokenize.lua --vocab=FIFO", function(d, f)
+  return ("%stokenize.lua --vocab=%s < %s"):format(R, f, fx.corpus)
+end)
+fifo_case("create_pretraining_data.lua --vocab=FIFO", function(d, f)
+  return ("%screate_pretraining_data.lua --input=%s --vocab=%s --output=%s/out"):format(R, fx.corpus, f, d)
+end)
+fifo_case("pretrain.lua --vocab=FIFO", function(d, f)
+  return ("%spretrain.lua --model=%s --vocab=%s --data-phase1=%s --phase=1 --output=%s/o"):format(R, fx.pt_config, f,
+    fx.shards, d)
+end)
+fifo_case("pretrain.lua --model=FIFO (a config.json)", function(d, f)
+  return ("%spretrain.lua --model=%s --vocab=%s --data-phase1=%s --phase=1 --output=%s/o"):format(R, f, fx.vocab,
+    fx.shards, d)
+end)
+fifo_case("glue.lua --config=FIFO", function(d, f)
+  return ("%sglue.lua --config=%s --task=sst2 --data-dir=%s --model=%s --output=%s/o"):format(R, f, fx.glue_dir,
+    fx.model, d)
+end)
+fifo_case("prepare_wikipedia.lua --input=FIFO", function(d, f)
+  return ("%sprepare_wikipedia.lua --input=%s --output=%s/o"):format(R, f, d)
+end)
+
 H.report("hostile files and commands: no injection, no data loss, no hang, no unclear error")
