@@ -192,6 +192,13 @@ case { class = "data loss", name = "pretrain.lua --resume: a checkpoint whose st
     return true
   end }
 
+case { class = "data loss", name = "quickstart.lua run twice into one --output", timeout = 600,
+  setup = function(d)
+    local q = recipe("quickstart.lua") .. " " .. Q("--output=" .. d .. "/q") .. " --countries=12 --vocab-size=300 "
+      .. "--pretrain-steps=4 --finetune-epochs=1 --minutes=1"
+    return q .. " > /dev/null && " .. q
+  end }
+
 -- ---------------------------------------------------------------- a standard output that takes nothing
 local function stdout_case(name, cmd)
   case { class = "data loss", name = name .. " > /dev/full", expect = { "cannot write the standard output" },
