@@ -49,6 +49,11 @@ injection_case("benchmark_ops.lua --python in a hostile directory", function(_, 
   return recipe("benchmark_ops.lua") .. " --size=mini --reps=1 --only=gelu --threads=1 "
     .. Q("--python=" .. h .. "/python")
 end)
+injection_case("benchmark.lua --compare=torch --rounds=2 with --python in a hostile directory", function(_, h)
+  shell.run { "ln", "-s", "/bin/echo", h .. "/python" }
+  return recipe("benchmark.lua") .. " --model=tiny --seq=32 --batch=4 --steps=2 --warmup=1 --threads=1 "
+    .. "--compare=torch --rounds=2 " .. Q("--python=" .. h .. "/python")
+end)
 injection_case("benchmark_data.lua --work, --wiki, --books, --vocab in a hostile directory", function(_, h)
   -- a two-article dump and one book
   write(h .. "/wiki.xml", "<mediawiki><page><title>Aa</title><ns>0</ns><revision><text>"
@@ -138,6 +143,19 @@ case { class = "data loss", name = "pretrain.lua: a second run on a running run'
       .. "for i in $(seq 200); do grep -q . %s/run/.lock 2>/dev/null && break; sleep 0.1; done; "
       .. "%s --output=%s/run; rc=$?; kill %%1; wait; exit $rc"):format(fx.PT, d, d, d, fx.PT, d)
   end }
+case { class = "data loss", name = "glue.lua: a symlinked train_log.jsonl is replaced, not followed",
+  setup = function(d)
+    write(d .. "/victim", "precious\n")
+    fs.mkdir_p(d .. "/o")
+    shell.run { "ln", "-s", d .. "/victim", d .. "/o/train_log.jsonl" }
+    return ("%sglue.lua --task=sst2 --data-dir=%s --model=%s --output=%s/o --do-train --epochs=1 --batch=8")
+      :format(R, fx.glue_dir, fx.model, d)
+  end,
+  check = function(d)
+    if slurp(d .. "/victim") ~= "precious\n" then return false, "the symlink's target was overwritten", "loss" end
+    if fs.is_symlink(d .. "/o/train_log.jsonl") then return false, "train_log.jsonl is still the symlink" end
+    return true
+  end }
 case { class = "data loss", name = "pretrain.lua: a symlinked log.jsonl is replaced, not followed",
   setup = function(d)
     write(d .. "/victim", "precious\n")
@@ -204,6 +222,13 @@ local function stdout_case(name, cmd)
   case { class = "data loss", name = name .. " > /dev/full", expect = { "cannot write the standard output" },
     setup = function() return cmd() .. " > /dev/full" end }
 end
+case { class = "data loss", name = "tokenize.lua > a full disk", expect = { "cannot write the standard output" },
+  setup = function()
+    local full = H.full()
+    H.clear_full()
+    return ("%s%stokenize.lua --vocab=%s --quiet < %s > %s/ids.txt"):format(H.fill_full(8), R, fx.vocab, fx.corpus,
+      full)
+  end }
 stdout_case("tokenize.lua", function()
   return ("%stokenize.lua --vocab=%s --quiet < %s"):format(R, fx.vocab, fx.corpus)
 end)
