@@ -143,31 +143,26 @@ case { class = "data loss", name = "pretrain.lua: a second run on a running run'
       .. "for i in $(seq 200); do grep -q . %s/run/.lock 2>/dev/null && break; sleep 0.1; done; "
       .. "%s --output=%s/run; rc=$?; kill %%1; wait; exit $rc"):format(fx.PT, d, d, d, fx.PT, d)
   end }
-case { class = "data loss", name = "glue.lua: a symlinked train_log.jsonl is replaced, not followed",
-  setup = function(d)
-    write(d .. "/victim", "precious\n")
-    fs.mkdir_p(d .. "/o")
-    shell.run { "ln", "-s", d .. "/victim", d .. "/o/train_log.jsonl" }
-    return ("%sglue.lua --task=sst2 --data-dir=%s --model=%s --output=%s/o --do-train --epochs=1 --batch=8")
-      :format(R, fx.glue_dir, fx.model, d)
-  end,
-  check = function(d)
-    if slurp(d .. "/victim") ~= "precious\n" then return false, "the symlink's target was overwritten", "loss" end
-    if fs.is_symlink(d .. "/o/train_log.jsonl") then return false, "train_log.jsonl is still the symlink" end
-    return true
-  end }
-case { class = "data loss", name = "pretrain.lua: a symlinked log.jsonl is replaced, not followed",
-  setup = function(d)
-    write(d .. "/victim", "precious\n")
-    fs.mkdir_p(d .. "/run")
-    shell.run { "ln", "-s", d .. "/victim", d .. "/run/log.jsonl" }
-    return ("%s --output=%s/run --steps1=2"):format(fx.PT, d)
-  end,
-  check = function(d)
-    if slurp(d .. "/victim") ~= "precious\n" then return false, "the symlink's target was overwritten", "loss" end
-    if fs.is_symlink(d .. "/run/log.jsonl") then return false, "log.jsonl is still the symlink" end
-    return true
-  end }
+-- a log whose path is a symlink to a victim: the symlink is replaced, the victim keeps its bytes
+local function symlinked_log_case(name, log, cmd)
+  case { class = "data loss", name = name .. ": a symlinked " .. log .. " is replaced, not followed",
+    setup = function(d)
+      write(d .. "/victim", "precious\n")
+      fs.mkdir_p(d .. "/o")
+      shell.run { "ln", "-s", d .. "/victim", d .. "/o/" .. log }
+      return cmd(d .. "/o")
+    end,
+    check = function(d)
+      if slurp(d .. "/victim") ~= "precious\n" then return false, "the symlink's target was overwritten", "loss" end
+      if fs.is_symlink(d .. "/o/" .. log) then return false, log .. " is still the symlink" end
+      return true
+    end }
+end
+symlinked_log_case("glue.lua", "train_log.jsonl", function(o)
+  return ("%sglue.lua --task=sst2 --data-dir=%s --model=%s --output=%s --do-train --epochs=1 --batch=8")
+    :format(R, fx.glue_dir, fx.model, o)
+end)
+symlinked_log_case("pretrain.lua", "log.jsonl", function(o) return ("%s --output=%s --steps1=2"):format(fx.PT, o) end)
 -- a directory holding another run's checkpoints: refused, naming what differs (PT: --steps1=4, a checkpoint every 2)
 local function reuse_case(name, first, second, words)
   case { class = "data loss", name = name, expect = words,
