@@ -18,6 +18,7 @@
 -- config.json, model.safetensors and vocab.txt (--vocab overrides); any BERT
 -- checkpoint works (its heads are ignored).
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
 local ft = require "bertlua.tasks.common"
@@ -86,7 +87,7 @@ do
   if not any then die(opt.input .. " is empty: expected one sentence or 'text_a ||| text_b' per line") end
 end
 
-local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
+local model = pretrained.from_pretrained(opt.model, { head = "model", quiet = true })
 device.inference_model(model, dev, weight_precision)
 -- on the CPU: packed weights, and each batch's padded positions skipped (their hidden states are never written out)
 if dev < 0 and opt.pack then

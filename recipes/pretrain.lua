@@ -13,6 +13,7 @@
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
 local amp = require "bertlua.train.amp"
@@ -22,7 +23,7 @@ local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
-local graph = require "bertlua.train.graph"
+local graph = require "bertlua.device.graph"
 local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 
 local SPEC = {
@@ -345,7 +346,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     save_checkpoint(step)
     evaluate(model, ph, step)
     if rank == 0 then
-      bert.save_pretrained(model, final_dir, { vocab = opt.vocab })
+      pretrained.save_pretrained(model, final_dir, { vocab = opt.vocab })
       say(("phase %d: done, model saved to %s"):format(ph.phase, final_dir))
     end
     dist.barrier()
