@@ -94,6 +94,11 @@ local cfg = { vocab_size = nvocab, hidden_size = 128, num_hidden_layers = 2, num
   hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1, layer_norm_eps = 1e-12, initializer_range = 0.02 }
 fs.write_atomic(out .. "/tiny_config.json", cjson.encode(cfg))
 
+-- a rerun starts pre-training afresh: pretrain.lua refuses a run directory holding another run's checkpoints
+if fs.is_dir(out .. "/checkpoints") then
+  print("removing the checkpoints of the previous quickstart run in " .. out)
+  fs.remove_tree(out .. "/checkpoints")
+end
 stage("pre-train a tiny BERT (phase 1 only, LAMB)", recipe("pretrain", { "--model=" .. out .. "/tiny_config.json",
   "--vocab=" .. vocab, "--data-phase1=" .. out .. "/pretrain_data", "--output=" .. out, "--phase=1", "--seq1=64",
   "--pred1=10", "--batch1=32", "--micro-batch=32", "--lr1=5e-3", "--warmup1=0.1", "--steps1=" .. opt.pretrain_steps,

@@ -49,6 +49,11 @@ injection_case("benchmark_ops.lua --python in a hostile directory", function(_, 
   return recipe("benchmark_ops.lua") .. " --size=mini --reps=1 --only=gelu --threads=1 "
     .. Q("--python=" .. h .. "/python")
 end)
+injection_case("benchmark.lua --compare=torch --rounds=2 with --python in a hostile directory", function(_, h)
+  shell.run { "ln", "-s", "/bin/echo", h .. "/python" }
+  return recipe("benchmark.lua") .. " --model=tiny --seq=32 --batch=4 --steps=2 --warmup=1 --threads=1 "
+    .. "--compare=torch --rounds=2 " .. Q("--python=" .. h .. "/python")
+end)
 injection_case("benchmark_data.lua --work, --wiki, --books, --vocab in a hostile directory", function(_, h)
   -- a two-article dump and one book
   write(h .. "/wiki.xml", "<mediawiki><page><title>Aa</title><ns>0</ns><revision><text>"
@@ -138,18 +143,26 @@ case { class = "data loss", name = "pretrain.lua: a second run on a running run'
       .. "for i in $(seq 200); do grep -q . %s/run/.lock 2>/dev/null && break; sleep 0.1; done; "
       .. "%s --output=%s/run; rc=$?; kill %%1; wait; exit $rc"):format(fx.PT, d, d, d, fx.PT, d)
   end }
-case { class = "data loss", name = "pretrain.lua: a symlinked log.jsonl is replaced, not followed",
-  setup = function(d)
-    write(d .. "/victim", "precious\n")
-    fs.mkdir_p(d .. "/run")
-    shell.run { "ln", "-s", d .. "/victim", d .. "/run/log.jsonl" }
-    return ("%s --output=%s/run --steps1=2"):format(fx.PT, d)
-  end,
-  check = function(d)
-    if slurp(d .. "/victim") ~= "precious\n" then return false, "the symlink's target was overwritten", "loss" end
-    if fs.is_symlink(d .. "/run/log.jsonl") then return false, "log.jsonl is still the symlink" end
-    return true
-  end }
+-- a log whose path is a symlink to a victim: the symlink is replaced, the victim keeps its bytes
+local function symlinked_log_case(name, log, cmd)
+  case { class = "data loss", name = name .. ": a symlinked " .. log .. " is replaced, not followed",
+    setup = function(d)
+      write(d .. "/victim", "precious\n")
+      fs.mkdir_p(d .. "/o")
+      shell.run { "ln", "-s", d .. "/victim", d .. "/o/" .. log }
+      return cmd(d .. "/o")
+    end,
+    check = function(d)
+      if slurp(d .. "/victim") ~= "precious\n" then return false, "the symlink's target was overwritten", "loss" end
+      if fs.is_symlink(d .. "/o/" .. log) then return false, log .. " is still the symlink" end
+      return true
+    end }
+end
+symlinked_log_case("glue.lua", "train_log.jsonl", function(o)
+  return ("%sglue.lua --task=sst2 --data-dir=%s --model=%s --output=%s --do-train --epochs=1 --batch=8")
+    :format(R, fx.glue_dir, fx.model, o)
+end)
+symlinked_log_case("pretrain.lua", "log.jsonl", function(o) return ("%s --output=%s --steps1=2"):format(fx.PT, o) end)
 -- a directory holding another run's checkpoints: refused, naming what differs (PT: --steps1=4, a checkpoint every 2)
 local function reuse_case(name, first, second, words)
   case { class = "data loss", name = name, expect = words,
@@ -192,11 +205,25 @@ case { class = "data loss", name = "pretrain.lua --resume: a checkpoint whose st
     return true
   end }
 
+case { class = "data loss", name = "quickstart.lua run twice into one --output", timeout = 600,
+  setup = function(d)
+    local q = recipe("quickstart.lua") .. " " .. Q("--output=" .. d .. "/q") .. " --countries=12 --vocab-size=300 "
+      .. "--pretrain-steps=4 --finetune-epochs=1 --minutes=1"
+    return q .. " > /dev/null && " .. q
+  end }
+
 -- ---------------------------------------------------------------- a standard output that takes nothing
 local function stdout_case(name, cmd)
   case { class = "data loss", name = name .. " > /dev/full", expect = { "cannot write the standard output" },
     setup = function() return cmd() .. " > /dev/full" end }
 end
+case { class = "data loss", name = "tokenize.lua > a full disk", expect = { "cannot write the standard output" },
+  setup = function()
+    local full = H.full()
+    H.clear_full()
+    return ("%s%stokenize.lua --vocab=%s --quiet < %s > %s/ids.txt"):format(H.fill_full(8), R, fx.vocab, fx.corpus,
+      full)
+  end }
 stdout_case("tokenize.lua", function()
   return ("%stokenize.lua --vocab=%s --quiet < %s"):format(R, fx.vocab, fx.corpus)
 end)
@@ -209,6 +236,42 @@ stdout_case("squad_eval.lua", function()
   fs.mkdir_p(d)
   write(d .. "/p.json", '{"x": "y"}')
   return ("%ssquad_eval.lua %s %s/p.json"):format(R, fx.squad_file, d)
+end)
+
+-- ---------------------------------------------------------------- FIFOs where a file is read
+-- every reader refuses a FIFO at once, naming it (the open used to wait forever for a writer)
+local function fifo_case(name, make, words)
+  case { class = "hang", name = name, expect = words or { "fifo", "is a FIFO" }, timeout = 60,
+    setup = function(d) return make(d, H.fifo(d .. "/fifo")) end }
+end
+fifo_case("convert.lua: the TF checkpoint's .data shard is a FIFO", function(d)
+  local out, rc = H.sh(("%s %s/tests/py/checkpoint_fixtures.py tf %s"):format(os.getenv("BL_PYTHON")
+    or "/usr/bin/python3", H.ROOT, d))
+  if rc == 77 then return nil, "no tensorflow: " .. out:match("[^\n]*") end
+  assert(rc == 0, out)
+  shell.run { "mv", d .. "/fifo", d .. "/tf/bert_model.ckpt.data-00000-of-00001" }
+  return ("%sconvert.lua --input=%s/tf/bert_model.ckpt --output=%s/out"):format(R, d, d)
+end, { "bert_model.ckpt.data-00000-of-00001 is a FIFO" })
+fifo_case("tokenize.lua --vocab=FIFO", function(d, f)
+  return ("%stokenize.lua --vocab=%s < %s"):format(R, f, fx.corpus)
+end)
+fifo_case("create_pretraining_data.lua --vocab=FIFO", function(d, f)
+  return ("%screate_pretraining_data.lua --input=%s --vocab=%s --output=%s/out"):format(R, fx.corpus, f, d)
+end)
+fifo_case("pretrain.lua --vocab=FIFO", function(d, f)
+  return ("%spretrain.lua --model=%s --vocab=%s --data-phase1=%s --phase=1 --output=%s/o"):format(R, fx.pt_config, f,
+    fx.shards, d)
+end)
+fifo_case("pretrain.lua --model=FIFO (a config.json)", function(d, f)
+  return ("%spretrain.lua --model=%s --vocab=%s --data-phase1=%s --phase=1 --output=%s/o"):format(R, f, fx.vocab,
+    fx.shards, d)
+end)
+fifo_case("glue.lua --config=FIFO", function(d, f)
+  return ("%sglue.lua --config=%s --task=sst2 --data-dir=%s --model=%s --output=%s/o"):format(R, f, fx.glue_dir,
+    fx.model, d)
+end)
+fifo_case("prepare_wikipedia.lua --input=FIFO", function(d, f)
+  return ("%sprepare_wikipedia.lua --input=%s --output=%s/o"):format(R, f, d)
 end)
 
 H.report("hostile files and commands: no injection, no data loss, no hang, no unclear error")

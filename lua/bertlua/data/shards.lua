@@ -16,10 +16,8 @@ local FNV0 = 14695981039346656037ULL
 
 -- vocab_hash(path): the header's vocab_hash of a vocabulary file
 function M.vocab_hash(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("pretraining_data: cannot read vocab " .. path .. ": " .. tostring(err), 2) end
-  local s = f:read("*a")
-  f:close()
+  local s, err = fs.read(path, "vocab")
+  if not s then error("pretraining_data: cannot read vocab " .. path .. " (" .. tostring(err) .. ")", 0) end
   return C.bl_fnv1a64(s, #s, FNV0)
 end
 

@@ -54,13 +54,43 @@ function M.list_dir(dir, pattern, what)
   return names
 end
 
--- read(path) -> the whole file (binary), or nil and the reason
-function M.read(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local s = f:read("*a")
-  f:close()
-  return s
+pcall(ffi.cdef, [[
+int open(const char *path, int flags, ...);
+int close(int fd);
+long read(int fd, void *buf, size_t n);
+char *strerror(int errnum);
+]])
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC, EINTR = 0, 2048, 524288, 4
+local chunk = ffi.new("uint8_t[?]", 1048576)
+
+-- read(path[, what]) -> the whole file (binary), or nil and the reason: the one Lua reader of whole files. The
+-- open does not wait on a FIFO (O_NONBLOCK) and anything but a regular file is refused ("what PATH is a FIFO, not
+-- a regular file"), so no reader can hang on one.
+function M.read(path, what)
+  local fd = ffi.C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC))
+  if fd < 0 then return nil, ("%s: %s"):format(path, ffi.string(ffi.C.strerror(ffi.errno()))) end
+  -- what the descriptor is: /proc/self/fd/N is the opened file itself, whatever path names now
+  if C.bl_check_regular("/proc/self/fd/" .. fd, what or "input", 1) ~= 0 then
+    ffi.C.close(fd)
+    if C.bl_check_regular(path, what or "input", 1) == 0 then return nil, path .. " is not a regular file" end
+    return nil, ffi.string(C.bl_last_error())
+  end
+  local parts = {}
+  while true do
+    local n = tonumber(ffi.C.read(fd, chunk, 1048576))
+    if n == 0 then break end
+    if n < 0 then
+      local e = ffi.errno()
+      if e ~= EINTR then
+        ffi.C.close(fd)
+        return nil, ("%s: read failed: %s"):format(path, ffi.string(ffi.C.strerror(e)))
+      end
+    else
+      parts[#parts + 1] = ffi.string(chunk, n)
+    end
+  end
+  ffi.C.close(fd)
+  return table.concat(parts)
 end
 
 local function fail() error(ffi.string(C.bl_last_error()), 0) end
@@ -140,14 +170,12 @@ function M.check_input(path, what, may_be_missing)
 end
 
 -- read_text(path, who) -> the whole file without a UTF-8 byte-order mark; "who: ..." errors for a file
--- that is missing, unreadable or not a regular file (checked before the open, which a FIFO would block)
+-- that is missing, unreadable or not a regular file
 function M.read_text(path, who)
-  local ok, err = pcall(M.check_input, path, "data file", true)
-  if not ok then error(who .. ": " .. err, 0) end
-  local f, oerr = io.open(path, "rb")
-  if not f then error(("%s: cannot open %s: %s"):format(who, tostring(path), tostring(oerr)), 0) end
-  local text = f:read("*a")
-  f:close()
+  local text, err = M.read(tostring(path), "data file")
+  if not text then
+    error(err:find(" not a regular file", 1, true) and (who .. ": " .. err) or (who .. ": cannot open " .. err), 0)
+  end
   if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
   return text
 end
@@ -180,17 +208,14 @@ end
 pcall(ffi.cdef, [[
 typedef struct { uint64_t dev, ino; uint8_t rest[256]; } bl_fs_stat;
 int stat(const char *path, bl_fs_stat *st);
-int open(const char *path, int flags, ...);
-int close(int fd);
 int flock(int fd, int op);
 int ftruncate(int fd, int64_t len);
 long write(int fd, const void *buf, size_t n);
 long pread(int fd, void *buf, size_t n, int64_t off);
 int getpid(void);
 char *mkdtemp(char *tmpl);
-char *strerror(int errnum);
 ]])
-local O_RDWR, O_CREAT, O_CLOEXEC, LOCK_EX, LOCK_NB = 2, 64, 524288, 2, 4
+local O_RDWR, O_CREAT, LOCK_EX, LOCK_NB = 2, 64, 2, 4
 
 pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t size);")
 -- is_symlink(path): whether path itself is a symbolic link (dangling or not)
