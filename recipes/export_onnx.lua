@@ -13,7 +13,7 @@
 -- --dynamic-seq those dimensions are fixed at --batch / --seq-length.
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
-local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local imp = require "bertlua.io.import"
 local onnx = require "bertlua.io.onnx"
 local ft = require "bertlua.tasks.common"
@@ -55,7 +55,7 @@ if head ~= "none" and HAS[own] ~= head then
     head, opt.model, own, HAS[own]))
 end
 
-local model = bert.from_pretrained(opt.model, { head = onnx.HEADS[head], num_labels = num_labels, quiet = true,
+local model = pretrained.from_pretrained(opt.model, { head = onnx.HEADS[head], num_labels = num_labels, quiet = true,
   config = src.config })
 model:eval()
 if opt.seq_length == 0 then opt.seq_length = math.min(128, model.cfg.max_position_embeddings) end

@@ -9,6 +9,7 @@
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local st = require "bertlua.io.safetensors"
 local cjson = require "cjson"
 
@@ -37,7 +38,7 @@ local function random_model(head, seed)
   local m = bert[CLASSES[head]](bert.config.new(CFG), { seed = seed, num_labels = 3 })
   bl.manual_seed(seed)
   m.flat_params:copy_(bl.randn({ m.flat_params:numel() }) * 0.3)
-  bert.save_pretrained(m, dir, {})
+  pretrained.save_pretrained(m, dir, {})
   return dir
 end
 
@@ -60,7 +61,7 @@ end
 
 -- reference(dir, head, b, path): bertlua's outputs on batch b, with the inputs, as safetensors at path
 local function reference(dir, head, b, path)
-  local m = bert.from_pretrained(dir, { quiet = true })
+  local m = pretrained.from_pretrained(dir, { quiet = true })
   m:eval()
   local o = m:forward(b)
   local list = { { "input_ids", b.input_ids:to("i64") }, { "token_type_ids", b.token_type_ids:to("i64") },

@@ -6,6 +6,7 @@
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local st = require "bertlua.io.safetensors"
 local cjson = require "cjson"
 local real = require "real_model"
@@ -18,7 +19,7 @@ T.test("MiniLM exported to ONNX: onnxruntime equals bertlua within 1e-5 on real 
   local out, rc = T.sh(("%s recipes/export_onnx.lua --model=%s --output=%s --head=none --dynamic-batch "
     .. "--dynamic-seq"):format(T.exe(), dir, path))
   T.eq(rc, 0, out)
-  local m = bert.from_pretrained(dir, { head = "model", quiet = true })
+  local m = pretrained.from_pretrained(dir, { head = "model", quiet = true })
   m:eval()
   local tok = require("bertlua.data.tokenizer").load(dir .. "/vocab.txt", { lower = true })
   local texts = { { "Where is the capital of France?", "Paris is the capital and largest city of France." },

@@ -26,15 +26,15 @@ T.test("loss falls, the model is saved and reloads with the same outputs", funct
   local first = (l[1] + l[2] + l[3]) / 3
   local last = (l[98] + l[99] + l[100]) / 3
   T.truthy(last < first - 1.0, ("loss %.3f -> %.3f"):format(first, last))
-  local bert = require "bertlua.bert"
-  local m = bert.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
+  local pretrained = require "bertlua.pretrained"
+  local m = pretrained.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
   local pd = require "bertlua.data.loader"
   local loader = pd.Loader{ dir = tmp .. "/data", split = "test", batch_size = 4, max_seq_length = 32,
     max_predictions = 5, shuffle = false }
   local batch = loader:next()
   m:eval()
   local a = m:forward(batch).mlm_loss
-  local m2 = bert.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
+  local m2 = pretrained.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
   m2:eval()
   T.eq(m2:forward(batch).mlm_loss, a)
   T.truthy(out:find("eval phase 1 step 100", 1, true), out)
@@ -104,6 +104,50 @@ T.test("fp16 (loss scaling) and bf16 track the fp32 loss curve", function()
   T.truthy(scale and scale > 1, "fp16 ran with a loss scale")
 end)
 
+T.test("--optimizer=adam trains with AdamW and resumes its moments exactly; --log-format=dllogger", function()
+  local args = "--batch1=16 --micro-batch=16 --steps1=6 --optimizer=adam --lr1=1e-3 --checkpoint-interval=3"
+  local out, rc = pretrain(tmp .. "/adam", args)
+  T.eq(rc, 0, out)
+  T.truthy(out:find("summary: 6 steps, [%d.]+ sequences/s %(96 sequences in"), out)
+  -- stopped after 3 steps, resumed: the moments come back from the checkpoint, so every later loss is the same
+  local out1, rc1 = pretrain(tmp .. "/adam_resumed", args .. " --max-steps=3")
+  T.eq(rc1, 0, out1)
+  local out2, rc2 = pretrain(tmp .. "/adam_resumed", args .. " --resume")
+  T.eq(rc2, 0, out2)
+  local a, b = losses(tmp .. "/adam"), losses(tmp .. "/adam_resumed")
+  for s = 1, 6 do T.eq(b[s], a[s], "step " .. s) end
+  -- the checkpoint holds AdamW's state, and LAMB from the same start takes another path
+  local state = cjson.decode(T.slurp(tmp .. "/adam/checkpoints/phase1/ckpt-00000006/state.json"))
+  T.eq(state.identity.optimizer, "adam")
+  local out3, rc3 = pretrain(tmp .. "/lamb6", "--batch1=16 --micro-batch=16 --steps1=6 --lr1=1e-3")
+  T.eq(rc3, 0, out3)
+  T.truthy(losses(tmp .. "/lamb6")[2] ~= a[2], "LAMB and Adam gave the same step 2")
+  -- the same run logged the DLLogger way: DLLL lines, the config as PARAMETER, [phase, step], the summary as []
+  local out4, rc4 = pretrain(tmp .. "/adam_dll", args .. " --log-format=dllogger")
+  T.eq(rc4, 0, out4)
+  local recs = {}
+  for line in io.lines(tmp .. "/adam_dll/dllogger.json") do
+    T.eq(line:sub(1, 5), "DLLL ", line)
+    recs[#recs + 1] = cjson.decode(line:sub(6))
+  end
+  T.eq(recs[1].step, "PARAMETER")
+  T.eq(recs[1].data.config.options.optimizer, "adam")
+  T.eq(recs[2].type, "LOG"); T.eq(recs[2].step[1], 1); T.eq(recs[2].step[2], 1)
+  T.near(recs[2].data.loss, a[1], 1e-12)
+  T.truthy(tonumber(recs[2].elapsedtime) and tonumber(recs[2].timestamp), "times as numbers in strings")
+  local last = recs[#recs]
+  T.eq(type(last.step), "table"); T.eq(#last.step, 0)
+  T.eq(last.data.steps, 6); T.eq(last.data.sequences, 96)
+  T.near(last.data.final_loss, a[6], 1e-12)
+  -- a bad value is one line before anything runs
+  local bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --log-format=csv")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: unknown --log-format 'csv' (jsonl or dllogger)", 1, true), bad)
+  bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --optimizer=sgd")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: unknown --optimizer 'sgd' (lamb or adam)", 1, true), bad)
+  bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --allreduce-dtype=fp16")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: --allreduce-dtype=fp16 needs --precision=fp16", 1, true), bad)
+end)
+
 T.test("the pre-training notebook plots the log", function()
   local _, has = sh("command -v jupyter")
   if has ~= 0 then T.skip("jupyter (jupyter-nbconvert) not installed") end
@@ -112,6 +156,32 @@ T.test("the pre-training notebook plots the log", function()
     :format(tmp, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(io.open(tmp .. "/nb/pretraining_curves.png"), "the plot was written")
+  -- two runs of two phases each, one resumed (its steps 3-4 logged twice): one curve per run and phase,
+  -- the resumed steps' last records kept
+  local function log_of(name, resumed)
+    local recs = { cjson.encode { event = "config", config = { output = name } } }
+    local function steps(phase, from, to, loss0)
+      for st = from, to do recs[#recs + 1] = cjson.encode { step = st, phase = phase, loss = loss0 - st / 10 } end
+    end
+    steps(1, 1, 4, 10)
+    if resumed then steps(1, 3, 6, 9) else steps(1, 5, 6, 10) end
+    recs[#recs + 1] = cjson.encode { event = "eval", phase = 1, step = 6, eval_mlm_acc = 0.25 }
+    steps(2, 1, 3, 5)
+    os.execute("mkdir -p " .. tmp .. "/" .. name)
+    T.write_file(tmp .. "/" .. name .. "/log.jsonl", table.concat(recs, "\n") .. "\n")
+    return tmp .. "/" .. name .. "/log.jsonl"
+  end
+  local logs = log_of("nb_a", false) .. "," .. log_of("nb_b", true)
+  out, rc = sh(("BL_LOG=%s BL_NB_OUT=%s/nb2 jupyter nbconvert --to notebook --execute notebooks/pretraining.ipynb "
+    .. "--output-dir=%s/nb2"):format(logs, tmp, tmp))
+  T.eq(rc, 0, out)
+  local text = T.slurp(tmp .. "/nb2/pretraining.ipynb")
+  T.truthy(text:find("4 curves (run x phase)", 1, true), "one curve per run and phase")
+  T.truthy(text:find("nb_b/log.jsonl: phase 1: 6 steps, 1 evaluations, phase 2: 3 steps", 1, true),
+    "a resumed step counted once")
+  T.truthy(text:find("nb_b phase 1: loss 9.900 -> 8.400 over steps 1-6", 1, true), "resumed steps: the last records")
+  T.truthy(text:find("nb_a phase 2: loss 4.900 -> 4.700 over steps 1-3", 1, true), "phase 2 on its own")
+  T.truthy(text:find("held-out MLM accuracy 0.2500 at step 6", 1, true), "the evaluation")
 end)
 
 T.test("--phase=2 alone needs --init, a phase-1 model in --output, or --init-random", function()

@@ -27,6 +27,7 @@
 --                device = -1,           -- or N: the model is on cuda:N (model:to), batches are staged there;
 --                                       -- bf16/fp16 train on its half compute copy (made here if it has none)
 --                log_every = 1,         -- on a GPU: a log line (and the step's one host wait) every N steps
+--                log_format = "jsonl",  -- or "dllogger" (bertlua.util.log); the run ends with a summary line
 --                synchronous = false,   -- true: on a GPU too, the step that reads every loss back (comparisons)
 --                bucket_mb = 25, allreduce_dtype = "fp32" }   -- data parallel (below)
 --   local stats = trainer.predict{ model = m, n = #features, batch = 32,
@@ -46,9 +47,9 @@
 -- device and are read once per log line, every log_every steps), no device allocation after the first step while
 -- the batch shape stays the same; the logged losses are those of the synchronous step. With fp16 the
 -- learning-rate schedule advances on a skipped step too (as in pre-training). On a GPU the training micro-batches,
--- targets included, go through pinned memory on the copy stream (bertlua.train.prefetch), the next one copied
+-- targets included, go through pinned memory on the copy stream (bertlua.device.prefetch), the next one copied
 -- while the current one trains, on the device step and the synchronous one alike.
-local bl = require "bertlua"
+local bl = require "bertlua.tensor"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
 local logm = require "bertlua.util.log"
@@ -58,7 +59,7 @@ local slice = require("bertlua.util.list").slice
 local device = require "bertlua.train.device"
 local device_step = require "bertlua.train.device_step"
 local dist = require "bertlua.train.dist"
-local prefetch = require "bertlua.train.prefetch"
+local prefetch = require "bertlua.device.prefetch"
 
 local M = {}
 
@@ -124,7 +125,7 @@ function M.fit(o)
   reducer:on_final(function(lo, hi) mp:round_grads(lo, hi) end)
   if world > 1 then reducer:attach(model) end
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "grad_norm", "seq_per_s" },
-    config = o.config, rank = rank }
+    config = o.config, rank = rank, format = o.log_format }
   local draw = rng(o.seed or 42)
   local order = {}
   for i = 1, o.n do order[i] = i end
@@ -179,7 +180,7 @@ function M.fit(o)
   local batch = function(step, a) return device.batch_to(host_batch(step, a), dev) end
   local stage = dev >= 0 and prefetch.Stager(dev) or nil
   if stage then
-    -- on a GPU every micro-batch goes through pinned memory and the copy stream (bertlua.train.prefetch): got,
+    -- on a GPU every micro-batch goes through pinned memory and the copy stream (bertlua.device.prefetch): got,
     -- then the next one put (copied while this one trains), then trained; the device step's targets with it
     local prepare = make_device_step and step_hook.prepare or function(b) return b end
     local function put(step, a)
@@ -193,16 +194,18 @@ function M.fit(o)
       return b
     end
   end
+  local t_train = logm.clock()
   local step = M.run{ name = "trainer", total = total, batch = batch, step = step_hook,
     log = function(rec, n)
       if rec and (n % (o.log_every or 1) == 0 or n == total) then log:step(rec) end
     end }
-  log:close()
   if stage then stage:close() end
   if make_device_step then
     local f = step_hook.finish()
     last_loss, skipped = f.loss, f.skipped
   end
+  log:summary{ steps = step, sequences = step * o.batch, train_time = logm.clock() - t_train }
+  log:close()
   if skipped > 0 and rank == 0 then
     print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(skipped, step, mp:scale()))
   end
@@ -276,7 +279,7 @@ end
 -- until the outputs are back on the host, which consume receives them on). Under mpirun batch k
 -- runs on rank (k - 1) % world and consume runs on rank 0 only, for every batch in order; the
 -- latencies are rank 0's own batches. On a GPU the batches go through pinned memory
--- (bertlua.train.prefetch): the rank's next batch is copied while the current one runs.
+-- (bertlua.device.prefetch): the rank's next batch is copied while the current one runs.
 function M.predict(o)
   if not (type(o.batch) == "number" and o.batch >= 1 and o.batch % 1 == 0) then
     error(("%s: batch size must be an integer >= 1, got %s"):format(o.name or "predict", tostring(o.batch)), 0)
