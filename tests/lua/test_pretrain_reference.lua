@@ -62,4 +62,39 @@ T.test("blshard.py refuses a damaged shard in one line naming it", function()
   T.truthy(not ok and out:find("shorter than the 80-byte header", 1, true), out)
 end)
 
+-- tools/pretrain_vs_reference.lua on the tiny model: 14 + 6 steps of 2 micro-batches of 8; the tool fails when a
+-- bound is exceeded (extra: more options)
+local function compare(name, extra)
+  local argv = { fx.exe, "tools/pretrain_vs_reference.lua", "--model=" .. tmp .. "/cfg.json",
+    "--vocab=" .. tmp .. "/vocab.txt", "--data-phase1=" .. fx.data, "--data-phase2=" .. tmp .. "/data2",
+    "--output=" .. tmp .. "/" .. name, "--seq1=32", "--pred1=5", "--seq2=64", "--pred2=10", "--batch1=16",
+    "--batch2=16", "--micro-batch=8", "--steps1=14", "--steps2=6", "--lr1=1e-2", "--lr2=5e-3", "--python=" .. PY,
+    extra or {} }
+  return shell.read(argv, { stderr = "stdout" })
+end
+
+T.test("pretrain.lua equals the reference step by step: losses, gradient norms, weights after each phase", function()
+  local out, ok = compare("agree")
+  T.truthy(ok, out)
+  T.truthy(out:find("within the bounds", 1, true), out)
+  local s = require("cjson").decode(T.slurp(tmp .. "/agree/summary.json"))
+  for p = 1, 2 do
+    local ph = s.phases[p]
+    T.eq(ph.steps, p == 1 and 14 or 6)
+    T.truthy(ph.loss_rel <= 1e-5 and ph.grad_norm_rel <= 1e-5, ("phase %d: loss %g, grad norm %g relative"):format(p,
+      ph.loss_rel, ph.grad_norm_rel))
+    T.truthy(ph.weight_abs <= 1e-4, ("phase %d: weights differ by %g"):format(p, ph.weight_abs))
+  end
+  -- the micro-batches the reference replayed are the ones bertlua trained on: 2 per step
+  local n = 0
+  for _ in pairs(require("bertlua.util.fs").list_dir(tmp .. "/agree/batches/phase1", "%.safetensors$")) do n = n + 1 end
+  T.eq(n, 28)
+end)
+
+T.test("a difference is reported: the reference with a linear decay (power 1) is outside the bounds", function()
+  local out, ok = compare("differ", { "--reference-args=--power=1" })
+  T.truthy(not ok, out)
+  T.truthy(out:find("pretrain_vs_reference: phase 1,2 outside the bounds", 1, true), out)
+end)
+
 T.run()
