@@ -40,6 +40,8 @@ local SPEC = {
   { "python", "/usr/bin/python3", "the Python with torch and transformers" },
   { "reference_args", "", "more options for the reference, space-separated (e.g. --power=1, to see a difference "
     .. "reported)" },
+  { "rerun", "both", "both | reference (keep OUTPUT's init/, batches/ and bertlua/ from an earlier run) | none "
+    .. "(compare OUTPUT's two runs again)" },
   { "loss_tol", 1e-5, "largest relative loss / gradient-norm difference allowed", min = 0 },
   { "weight_tol", 1e-4, "largest absolute weight difference allowed after each phase", min = 0 },
 }
@@ -52,10 +54,17 @@ local here = (arg[0]:match("^(.*)/[^/]*$") or ".")
 local out = fs.mkdir_p(opt.output)
 local phases = opt.data_phase2 and 2 or 1
 
--- the initial weights both sides start from (dropout off: written into the config the reference reads)
-local cfg = bert.config.is_preset(opt.model) and bert.config.preset(opt.model) or bert.config.load(opt.model)
-cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob = 0, 0
-pretrained.save_pretrained(bert.BertForPreTraining(cfg, { seed = opt.seed }), out .. "/init", { vocab = opt.vocab })
+if opt.rerun ~= "both" and opt.rerun ~= "reference" and opt.rerun ~= "none" then
+  error("pretrain_vs_reference: --rerun must be both, reference or none, got '" .. opt.rerun .. "'", 0)
+end
+if opt.rerun == "both" then
+  -- the initial weights both sides start from (dropout off: written into the config the reference reads)
+  local cfg = bert.config.is_preset(opt.model) and bert.config.preset(opt.model) or bert.config.load(opt.model)
+  cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob = 0, 0
+  pretrained.save_pretrained(bert.BertForPreTraining(cfg, { seed = opt.seed }), out .. "/init", { vocab = opt.vocab })
+  fs.remove_tree(out .. "/batches")
+  fs.remove_tree(out .. "/bertlua")
+end
 
 local function run(what, argv)
   print(what .. ": " .. shell.command(argv))
@@ -68,18 +77,22 @@ end
 
 local extra = {}
 for w in opt.reference_args:gmatch("%S+") do extra[#extra + 1] = w end
-local common = { "--steps1=" .. opt.steps1, "--lr1=" .. opt.lr1,
-  "--warmup1=" .. opt.warmup1, "--threads=" .. opt.threads }
+local common = { "--steps1=" .. opt.steps1, "--lr1=" .. opt.lr1, "--warmup1=" .. opt.warmup1,
+  "--threads=" .. opt.threads }
 local p2 = phases == 2 and { "--steps2=" .. opt.steps2, "--lr2=" .. opt.lr2, "--warmup2=" .. opt.warmup2 } or {}
-run("bertlua", { fs.host(), here .. "/../recipes/pretrain.lua", "--model=" .. out .. "/init/config.json",
-  "--init=" .. out .. "/init", "--vocab=" .. opt.vocab, "--data-phase1=" .. opt.data_phase1,
-  phases == 2 and "--data-phase2=" .. opt.data_phase2 or "--phase=1", "--output=" .. out .. "/bertlua",
-  "--seq1=" .. opt.seq1, "--pred1=" .. opt.pred1, "--batch1=" .. opt.batch1, "--batch2=" .. opt.batch2,
-  "--seq2=" .. opt.seq2, "--pred2=" .. opt.pred2,
-  "--micro-batch=" .. opt.micro_batch, "--seed=" .. opt.seed, "--dropout=0", "--precision=fp32",
-  "--checkpoint-interval=0", "--eval-batches=1", "--device=cpu", "--dump-batches=" .. out .. "/batches", common, p2 })
-run("reference", { opt.python, here .. "/peers/nvidia_pretrain_reference.py", "--init=" .. out .. "/init",
-  "--batches=" .. out .. "/batches", "--output=" .. out .. "/reference", "--dropout=0", common, p2, extra })
+if opt.rerun == "both" then
+  run("bertlua", { fs.host(), here .. "/../recipes/pretrain.lua", "--model=" .. out .. "/init/config.json",
+    "--init=" .. out .. "/init", "--vocab=" .. opt.vocab, "--data-phase1=" .. opt.data_phase1,
+    phases == 2 and "--data-phase2=" .. opt.data_phase2 or "--phase=1", "--output=" .. out .. "/bertlua",
+    "--seq1=" .. opt.seq1, "--pred1=" .. opt.pred1, "--batch1=" .. opt.batch1, "--batch2=" .. opt.batch2,
+    "--seq2=" .. opt.seq2, "--pred2=" .. opt.pred2, "--micro-batch=" .. opt.micro_batch, "--seed=" .. opt.seed,
+    "--dropout=0", "--precision=fp32", "--checkpoint-interval=0", "--eval-batches=1", "--device=cpu",
+    "--dump-batches=" .. out .. "/batches", common, p2 })
+end
+if opt.rerun ~= "none" then
+  run("reference", { opt.python, here .. "/peers/nvidia_pretrain_reference.py", "--init=" .. out .. "/init",
+    "--batches=" .. out .. "/batches", "--output=" .. out .. "/reference", "--dropout=0", common, p2, extra })
+end
 
 local function steps(path)
   local r = {}
