@@ -8,6 +8,16 @@
 --   bertlua tools/pretrain_vs_reference.lua --model=mini --vocab=V --data-phase1=D1 --data-phase2=D2 --output=OUT
 --
 -- (needs /usr/bin/python3 with torch and transformers; exit code 77 when they are missing)
+--
+-- The BERT-mini check of issue 30 (50 + 20 steps of 2 x 8 sequences, S=128/20 then S=512/80, NVIDIA's learning
+-- rates and warmup; ~5 min for bertlua and ~20 for the reference with one thread each on a loaded 2-core VM):
+--   B=build/bertlua V=../shared/data/vocab/bert-base-uncased-vocab.txt
+--   $B recipes/prepare_bookcorpus.lua --input=../shared/data/books --output=d/prep
+--   $B recipes/shard.lua --input=d/prep --output=d/shards --num-shards=2 --test-fraction=0.05
+--   $B recipes/create_pretraining_data.lua --input=d/shards --vocab=$V --output=d/p1 --dupe-factor=1
+--   $B recipes/create_pretraining_data.lua --input=d/shards --vocab=$V --output=d/p2 --dupe-factor=1 \
+--     --max-seq-length=512 --max-predictions=80
+--   $B tools/pretrain_vs_reference.lua --model=mini --vocab=$V --data-phase1=d/p1 --data-phase2=d/p2 --output=d/cmp
 local bert = require "bertlua.bert"
 local pretrained = require "bertlua.pretrained"
 local options = require "bertlua.util.options"
