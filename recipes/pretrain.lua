@@ -27,6 +27,7 @@ local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
 local graph = require "bertlua.device.graph"
 local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local safetensors = require "bertlua.io.safetensors"
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
@@ -85,6 +86,8 @@ local SPEC = {
   { "log_every", 1, "steps between JSON log lines", int = true, min = 1 },
   { "log_format", "jsonl", logm.FORMAT_HELP .. "; the log is log.jsonl or dllogger.json" },
   { "threads", 0, "CPU threads (0: keep the default)" },
+  { "dump_batches", nil, "CPU: also write every training micro-batch to DIR/phaseP/STEP_J.safetensors (J: micro-batch "
+    .. "of the step), the data tools/peers/nvidia_pretrain_reference.py replays" },
   { "unpad", true, "CPU: train on the real tokens only, padded positions skipped (exact: their gradients are zero); "
     .. "false: the padded step" },
   { "cuda_graph", false, "GPU: run each step as one CUDA graph, NCCL all-reduces included (captured after the "
@@ -298,6 +301,11 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     end
   end
   if start >= ph.steps then say("  phase already complete") end
+  if opt.dump_batches then
+    if dev >= 0 then error("pretrain: --dump-batches works on the CPU only (--device=cpu)", 0) end
+    if not virt then error("pretrain: --dump-batches needs at most 16 micro-batches per rank and step", 0) end
+    require("bertlua.util.fs").mkdir_p(("%s/phase%d"):format(opt.dump_batches, ph.phase))
+  end
 
   local function save_checkpoint(at)  -- at: the step just done
     reducer:wait()   -- the reads below wait for the device: under the watchdog (a step's finish did not wait)
@@ -327,7 +335,14 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     if votes[1] > 0 then return "max-time" end
     if votes[2] > 0 then return "signal" end
   end
-  local function next_micro(_, a) return (virt and loaders[a] or loaders[1]):next() end
+  local dump_dir = opt.dump_batches and ("%s/phase%d"):format(opt.dump_batches, ph.phase)
+  local function next_micro(step, a)
+    local b = (virt and loaders[a] or loaders[1]):next()
+    if dump_dir then
+      safetensors.save(("%s/%06d_%03d.safetensors"):format(dump_dir, step, (virt and rank * accum or 0) + a), b)
+    end
+    return b
+  end
   local captures_said = 0
   local function train_step(step, next_batch)
     local t0 = logm.clock()
