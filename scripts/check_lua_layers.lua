@@ -23,7 +23,8 @@ local function layer_of(mod)
   local best, best_len
   for i, l in ipairs(LAYERS) do
     for _, p in ipairs(l[2]) do
-      if (mod == p or mod:sub(1, #p + 1) == p .. ".") and (not best_len or #p > best_len) then best, best_len = i, #p end
+      local match = mod == p or mod:sub(1, #p + 1) == p .. "."
+      if match and (not best_len or #p > best_len) then best, best_len = i, #p end
     end
   end
   return best
@@ -52,8 +53,7 @@ for _, f in ipairs(files()) do
   for line in (src .. "\n"):gmatch("([^\n]*)\n") do
     n = n + 1
     local code = line:gsub("%-%-.*$", "")
-    for q, to in code:gmatch("require%s*%(?%s*([\"'])(.-)%1") do
-      local _ = q
+    for _, to in code:gmatch("require%s*%(?%s*([\"'])(.-)%1") do
       if to:match("^bertlua") then
         edges[from][to] = edges[from][to] or (f .. ":" .. n)
         local lf, lt = layer_of(from), layer_of(to)
