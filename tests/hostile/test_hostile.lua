@@ -1,140 +1,16 @@
--- Hostile-input suite: every input is generated here at run time (a corpus,
--- a vocabulary built from it, a tiny model), then each case feeds a recipe
--- something a user or a machine can throw at it — a full disk, a FIFO, NUL
--- bytes, giant inputs, bad option values, skewed MPI ranks — under a time
--- limit, and classifies the outcome:
---   clear error   non-zero exit, the expected words, no Lua traceback
---   correct       exit 0 and the output checks pass (for inputs that are valid)
---   unclear error non-zero exit without the expected words, or a traceback
---   hang          still running at the limit
---   crash         killed by a signal
---   silent wrong  exit 0 with a wrong or invalid result
---   data loss     an existing file damaged, or output missing while exit 0
--- and prints the table. Any outcome but the first two fails the suite.
---
--- A full disk is a small tmpfs when this user may mount one, else a file-size
--- limit (ulimit -f, the host ignores SIGXFSZ so writes fail with EFBIG).
-local T = require "testing"
+-- Hostile-input suite, round one: full disks, FIFOs, NUL bytes, giant inputs,
+-- bad option values, absurd model configs, skewed MPI ranks. The fixtures, the
+-- classifier and the report live in harness.lua beside this file.
+package.path = arg[0]:gsub("[^/]*$", "") .. "?.lua;" .. package.path
+local H = require "harness"
 
-local exe = T.exe()
--- the source tree, from this file's own path (ctest runs it there, but $PWD may say otherwise)
-local ROOT = (arg[0]:match("^(.*)/tests/hostile/[^/]*$") or ".")
-if ROOT:sub(1, 1) ~= "/" then
-  local h = io.popen("pwd"); ROOT = h:read("*l") .. "/" .. ROOT; h:close()
-end
-local tmp = T.tmpdir("full")
-local sh, write, slurp = T.sh, T.write_file, T.slurp
-local LIMIT = tonumber(os.getenv("BL_HOSTILE_TIMEOUT") or "120")
-
--- ---------------------------------------------------------------- fixtures
-local syn = require "bertlua.data.synthetic"
-local rng = require "bertlua.util.rng"
-local world = syn.world { seed = 3, countries = 30 }
-local docs_dir = tmp .. "/docs"
-os.execute("mkdir -p " .. docs_dir)
-do  -- the between-stages format: title line, paragraph lines, blank line between documents
-  local out = {}
-  for _, d in ipairs(syn.documents(world, { copies = 2 })) do
-    out[#out + 1] = d.title
-    out[#out + 1] = table.concat(d.sentences, " ")
-    out[#out + 1] = ""
-  end
-  write(docs_dir .. "/docs_0.txt", table.concat(out, "\n"))
-end
-local corpus = syn.write_corpus(world, tmp .. "/corpus", { copies = 2 })
-local vocab = tmp .. "/vocab.txt"
-do
-  local out, rc = sh(("%s %s/recipes/build_vocab.lua --input=%s --output=%s --size=600"):format(exe, ROOT, corpus,
-    vocab))
-
-  assert(rc == 0, "fixture vocabulary: " .. out)
-end
-local model = tmp .. "/model"
-T.tiny_model_dir(model, { vocab = vocab, head = "cls", seed = 5, config = { vocab_size = 600, hidden_size = 16,
-  num_attention_heads = 2, intermediate_size = 32, max_position_embeddings = 128 } })
-
--- a small full disk: tmpfs when allowed, else nil (cases then use ulimit -f)
-local full = tmp .. "/full"
-local mounted = select(2, sh(("mount -t tmpfs -o size=160k bertlua_hostile %s 2>/dev/null"):format(full))) == 0
-local function unmount() if mounted then os.execute("umount " .. full) end end
-T.at_exit(function() os.execute("umount " .. full .. " 2>/dev/null; rm -rf " .. tmp) end)
--- empties the small disk (before a case writes the files that must survive)
-local function clear_full() os.execute(("rm -rf %s/* %s/.[!.]* 2>/dev/null"):format(full, full)) end
--- the prefix that runs a command with about `kb` KB of room left
-local function fill_full(kb)
-  if mounted then
-    os.execute(("dd if=/dev/zero of=%s/.filler bs=4k 2>/dev/null; truncate -s -%dK %s/.filler"):format(full, kb, full))
-    return ""
-  end
-  return ("ulimit -f %d; "):format(kb * 2)  -- 512-byte blocks
-end
--- names of the files under the small disk but the filler, sorted
-local function full_files()
-  local out = {}
-  local p = io.popen("cd " .. full .. " && find . -type f ! -name .filler | sort")
-  for l in p:lines() do out[#out + 1] = l end
-  p:close()
-  return out
-end
-
--- ---------------------------------------------------------------- cases
-local cases = {}
--- case{ class, name, cmd | setup(dir) -> cmd, expect = words of a clear error (nil: the input is valid),
---       check(dir, out) -> true | false, why [, "loss"] }
-local function case(c)
-  cases[#cases + 1] = c
-  c.dir = tmp .. "/case" .. #cases
-end
-
-local function run(c)
-  local dir = c.dir
-  os.execute("mkdir -p " .. dir)
-  local cmd = c.setup and c.setup(dir) or c.cmd
-  local out, rc = sh(("cd %s && timeout -k 5 %d bash -c %q"):format(ROOT, c.timeout or LIMIT,
-    cmd))
-  out = out:gsub("rc=%d+%s*$", "")
-  local last = (out:match("([^\n]+)\n*$") or ""):sub(1, 120)
-  if rc == 124 or rc == 137 then return "hang", "killed after " .. (c.timeout or LIMIT) .. " s" end
-  if rc > 128 then return "crash", "signal " .. (rc - 128) .. ": " .. last end
-  local traceback = out:find("stack traceback", 1, true)
-  if c.check then
-    local ok, why, kind = c.check(dir, out, rc)
-    if not ok then return kind == "loss" and "data loss" or (rc == 0 and "silent wrong" or "unclear error"), why end
-  end
-  if c.expect then
-    local words = type(c.expect) == "table" and c.expect or { c.expect }
-    if rc == 0 then return "silent wrong", "exit 0, no error about " .. table.concat(words, ", ") end
-    for _, w in ipairs(words) do
-      if not out:find(w, 1, true) then return "unclear error", ("'%s' not in: %s"):format(w, last) end
-    end
-    if traceback then return "unclear error", "traceback for a user error" end
-    return "clear error"
-  end
-  if rc ~= 0 then return "unclear error", "a valid input was refused: " .. last end
-  return "correct"
-end
-
-
--- ---------------------------------------------------------------- the inputs
-local R = exe .. " " .. ROOT .. "/recipes/"
-local function lines_of(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a"); f:close()
-  local r = {}
-  for l in s:gmatch("([^\n]*)\n") do r[#r + 1] = l end
-  return r, s
-end
-local function valid_jsonl(path, n)
-  local ls = lines_of(path)
-  if not ls then return false, path .. " missing" end
-  if #ls ~= n then return false, ("%d lines, want %d"):format(#ls, n) end
-  for i, l in ipairs(ls) do
-    local ok, j = pcall(require("cjson").decode, l)
-    if not ok or type(j) ~= "table" then return false, ("line %d is not JSON"):format(i) end
-  end
-  return true
-end
+local fx, case, R = H.fx, H.case, H.R
+local write, slurp, lines_of, valid_jsonl, big_text = H.write, H.slurp, H.lines_of, H.valid_jsonl, H.big_text
+local exe, ROOT = H.exe, H.ROOT
+local corpus, vocab, model, qa_model = fx.corpus, fx.vocab, fx.model, fx.qa_model
+local docs_dir, glue_dir, squad_file, shards, PT_MODEL = fx.docs_dir, fx.glue_dir, fx.squad_file, fx.shards,
+  fx.pt_config
+local full = H.full()
 
 -- NUL bytes and CRLF in line-oriented inputs: nothing merges, nothing shifts
 case { class = "NUL bytes", name = "extract_features: a NUL inside line 2 of 3",
@@ -153,43 +29,17 @@ case { class = "NUL bytes", name = "extract_features: a NUL inside line 2 of 3",
   end }
 
 
--- a GLUE SST-2 task directory and a SQuAD file about the generated world, and a QA model
-local glue_dir = tmp .. "/sst2"
-do
-  os.execute("mkdir -p " .. glue_dir)
-  local r = rng(9)
-  local train, test = { "sentence\tlabel" }, { "index\tsentence" }
-  for i, d in ipairs(syn.documents(world, { copies = 1 })) do
-    train[#train + 1] = d.sentences[1] .. "\t" .. (r(2) - 1)
-    test[#test + 1] = (i - 1) .. "\t" .. d.sentences[2]
-  end
-  write(glue_dir .. "/train.tsv", table.concat(train, "\n") .. "\n")
-  write(glue_dir .. "/dev.tsv", table.concat(train, "\n") .. "\n")
-  write(glue_dir .. "/test.tsv", table.concat(test, "\n") .. "\n")
-end
-local squad_file = syn.write_squad(world, tmp .. "/squad.json", { split = "dev" })
-local qa_model = tmp .. "/qa_model"
-T.tiny_model_dir(qa_model, { vocab = vocab, head = "qa", seed = 6, config = { vocab_size = 600, hidden_size = 16,
-  num_attention_heads = 2, intermediate_size = 32, max_position_embeddings = 128 } })
-local function big_text(words)
-  local r, w = rng(11), {}
-  local pool = { "the", "capital", "river", "founded", "language", "people", "trade", "east" }
-  for i = 1, words do w[i] = pool[r(#pool)] end
-  return table.concat(w, " ")
-end
-
 -- ---------------------------------------------------------------- full disk
-local DISK = mounted and "No space left on device" or "File too large"
 -- kb: room left, less than the output needs (tmpfs counts whole 4 KB pages: 0 is a full disk)
 local function full_case(name, kb, make, check)
-  case { class = "disk full", name = name, expect = DISK,
+  case { class = "disk full", name = name, expect = H.DISK,
     setup = function(d)
-      clear_full()
+      H.clear_full()
       local cmd = make(d)
-      return fill_full(kb) .. cmd
+      return H.fill_full(kb) .. cmd
     end,
     check = function(d, out, rc)
-      for _, f in ipairs(full_files()) do
+      for _, f in ipairs(H.full_files()) do
         if f:find("%.tmp") then return false, "temporary left behind: " .. f, "loss" end
       end
       if check then return check(d, out, rc) end
@@ -239,7 +89,7 @@ full_case("predict.lua --output", 0, function(d)
 end)
 
 -- ---------------------------------------------------------------- FIFOs and directories where files belong
-local function fifo(path) os.execute("rm -rf '" .. path .. "' && mkfifo '" .. path .. "'") return path end
+local fifo = H.fifo
 case { class = "FIFO", name = "build_vocab.lua --input=FIFO", expect = { "fifo.txt", "FIFO" },
   setup = function(d) return ("%sbuild_vocab.lua --input=%s --output=%s/v.txt --size=600"):format(R,
     fifo(d .. "/fifo.txt"), d) end }
@@ -291,19 +141,7 @@ case { class = "giant input", name = "predict.lua squad: a 1 MB context without 
   end }
 
 -- ---------------------------------------------------------------- option values
-local PT_MODEL = tmp .. "/pt_config.json"
-write(PT_MODEL, require("cjson").encode { vocab_size = 600, hidden_size = 16, num_hidden_layers = 1,
-  num_attention_heads = 2, intermediate_size = 32, max_position_embeddings = 64, type_vocab_size = 2 })
-local shards = tmp .. "/shards"
-do  -- shard.lua's names: train_*.txt become the train_*.blshard files pretrain.lua reads
-  os.execute(("mkdir -p %s/ptin && cp %s %s/ptin/train_00000.txt"):format(tmp, corpus, tmp))
-  local out, rc = sh(("%s " .. ROOT .. "/recipes/create_pretraining_data.lua --input=%s/ptin --vocab=%s --output=%s "
-    .. "--dupe-factor=1 "
-    .. "--max-seq-length=64 --max-predictions=10"):format(exe, tmp, vocab, shards))
-  assert(rc == 0, "fixture shards: " .. out)
-end
-local PT = ("%spretrain.lua --model=%s --vocab=%s --data-phase1=%s --phase=1 --seq1=64 --pred1=10 --batch1=8 "
-  .. "--micro-batch=4 --steps1=4 --checkpoint-interval=2"):format(R, PT_MODEL, vocab, shards)
+local PT = fx.PT
 local function opt_case(name, cmd, words)
   case { class = "option value", name = name, expect = words, setup = function(d) return cmd(d) end }
 end
@@ -427,24 +265,4 @@ case { class = "MPI ranks", name = "pretrain.lua -np 2 --max-time with rank 1 st
   end }
 
 
-local ORDER = { "clear error", "correct", "unclear error", "hang", "crash", "silent wrong", "data loss" }
-
-T.test("hostile inputs: no hang, no crash, no silent wrong result, no data loss", function()
-  local counts, bad = {}, {}
-  for _, k in ipairs(ORDER) do counts[k] = 0 end
-  for _, c in ipairs(cases) do
-    local verdict, why = run(c)
-    counts[verdict] = counts[verdict] + 1
-    io.write(("  %-13s %-14s %s%s\n"):format(verdict, c.class, c.name, why and ("  (" .. why .. ")") or ""))
-    if verdict ~= "clear error" and verdict ~= "correct" then
-      bad[#bad + 1] = ("%s: %s: %s"):format(verdict, c.name, why or "")
-    end
-  end
-  unmount()  -- before the temporary directory is removed
-  io.write(("\n  %-28s %d\n"):format("inputs tried", #cases))
-  for _, k in ipairs(ORDER) do io.write(("  %-28s %d\n"):format(k .. (k == "hang" and "s" or ""), counts[k])) end
-  io.write(("  (full disk: %s)\n"):format(mounted and "160 KB tmpfs" or "ulimit -f"))
-  T.eq(#bad, 0, table.concat(bad, "\n"))
-end)
-
-T.run()
+H.report("hostile inputs: no hang, no crash, no silent wrong result, no data loss")
