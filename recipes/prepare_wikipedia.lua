@@ -15,7 +15,7 @@ local o = options.parse(arg, {
   { "docs_per_file", 10000, "articles per output file (by article index)" },
   { "min_chars", 0, "drop articles whose cleaned text is shorter" },
   { "keep_headings", false, "keep section titles as their own line (WikiExtractor drops them)" },
-  { "max_page_mb", 64, "pages larger than this are skipped with a warning" },
+  { "max_page_mb", 64, "pages larger than this are skipped with a warning", int = false },
   { "quiet", false, "do not print per-page warnings (they are still counted)" },
 }, { name = "prepare_wikipedia",
   usage = "usage: bertlua recipes/prepare_wikipedia.lua --input=DUMP.xml[.bz2][,DUMP2...] --output=DIR",
