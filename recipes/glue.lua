@@ -18,6 +18,7 @@ local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local device = require "bertlua.train.device"
 local dist = require "bertlua.train.dist"
+local fingerprint = require "bertlua.train.fingerprint"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -93,6 +94,9 @@ if opt.do_predict then
   if not opt.data_dir then error("glue: --do-predict needs --data-dir (with test.tsv)", 0) end
   for _, t in ipairs(eval_splits) do ft.input_file("glue", split_path(t, "test"), "test data") end
 end
+-- every rank runs one job: options, model, vocabulary and data compared before any work (bertlua.train.fingerprint)
+dist.agree("glue", fingerprint.entries{ options = opt, files = { { "--model", opt.model }, { "--vocab", vocab },
+  { "--data-dir", opt.data_dir }, { "--train-file", opt.train_file }, { "--eval-file", opt.eval_file } } })
 local regression = glue.is_regression(task)
 local num_labels = regression and 1 or glue.num_labels(task)
 local labels = glue.labels(task)

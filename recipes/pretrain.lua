@@ -17,6 +17,7 @@ local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
 local amp = require "bertlua.train.amp"
 local dist = require "bertlua.train.dist"
+local fingerprint = require "bertlua.train.fingerprint"
 local ckpt = require "bertlua.train.checkpoint"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
@@ -121,6 +122,10 @@ local function model_config()
   end
   return cfg
 end
+-- every rank runs one job: options, model, vocabulary and data compared before any work (bertlua.train.fingerprint)
+dist.agree("pretrain", fingerprint.entries{ options = opt, config = model_config(),
+  files = { { "--vocab", opt.vocab }, { "--init", opt.init } },
+  data = { { "--data-phase1", opt.data_phase1, "%.blshard$" }, { "--data-phase2", opt.data_phase2, "%.blshard$" } } })
 
 -- Dropout stream of one micro-batch: a function of (seed, step, global micro-batch
 -- index) only, so a run resumes exactly and N ranks x A accumulation steps see the
@@ -366,7 +371,6 @@ local ok, err = xpcall(function()
   end
 end, debug.traceback)
 log:close()
-if not ok then
-  if world > 1 then dist.abort(tostring(err), 1) end
-  error(err, 0)
-end
+-- the host prints the one line of a user error (the traceback too for an internal one or --debug), then ends
+-- every rank of an MPI job
+if not ok then error(err, 0) end

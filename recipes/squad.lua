@@ -24,6 +24,7 @@ local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
 local device = require "bertlua.train.device"
 local dist = require "bertlua.train.dist"
+local fingerprint = require "bertlua.train.fingerprint"
 
 local opt = options.parse(arg, {
   { "model", nil, "model directory to start from" },
@@ -84,6 +85,9 @@ if opt.do_predict then ft.input_file("squad", opt.predict_file, "--predict-file"
 if opt.micro_batch > 0 and opt.batch % opt.micro_batch ~= 0 then
   error(("squad: --batch=%d is not a multiple of --micro-batch=%d"):format(opt.batch, opt.micro_batch), 0)
 end
+-- every rank runs one job: options, model, vocabulary and data compared before any work (bertlua.train.fingerprint)
+dist.agree("squad", fingerprint.entries{ options = opt, files = { { "--model", opt.model }, { "--vocab", vocab },
+  { "--train-file", opt.train_file }, { "--predict-file", opt.predict_file } } })
 
 fs.mkdir_p(opt.output)
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })

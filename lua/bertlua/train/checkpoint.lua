@@ -97,12 +97,7 @@ end
 
 -- identity fields that must match between the run and the checkpoint; every
 -- mismatch is named, in sorted order (pairs() order varies between runs)
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks, function(a, b) return tostring(a) < tostring(b) end)
-  return ks
-end
+local sorted_keys = require("bertlua.util.list").sorted_keys
 
 local function compare(path, want, have)
   local diffs = {}
