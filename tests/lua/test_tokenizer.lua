@@ -100,6 +100,10 @@ T.test("errors name the file", function()
   T.truthy(err:find("[UNK]", 1, true), err)
   local e = tmp("")
   T.raises(function() Tok.load(e) end, "empty")
+  T.raises(function() Tok.load(tmp("\239\187\191")) end, "empty")
+  -- a UTF-8 byte order mark (an editor's) before [PAD] is skipped, not taken for part of the token
+  local bom = Tok.load(tmp("\239\187\191[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n"))
+  T.eq(bom.pad_id, 0); T.eq(bom.size, 6); T.eq(bom:token(0), "[PAD]"); T.eq(bom:id("hello"), 5)
   T.raises(function() uncased:tokenize(42) end, "must be a string")
 end)
 
