@@ -52,17 +52,18 @@ end
 local draw = require("bertlua.util.rng")(tonumber(os.getenv("BL_SIGNAL_SEED") or "33"))
 local GEMMS = { "onednn", "openblas", "own" }
 for i = 1, tonumber(os.getenv("BL_SIGNAL_SOAK") or "3") do
-  -- the signal comes at a random fraction of the uninterrupted run's length (start-up included)
-  local gemm, sig, frac = GEMMS[(i - 1) % 3 + 1], draw(2) == 1 and "INT" or "TERM", 0.1 + draw(1000) / 1000 * 0.6
-  case { class = "signal", name = ("signal %d: SIG%s at %.0f%% of the run, BL_GEMM=%s, then --resume"):format(i, sig,
+  -- the signal comes at a random fraction of the uninterrupted run's length after training started
+  local gemm, sig, frac = GEMMS[(i - 1) % 3 + 1], draw(2) == 1 and "INT" or "TERM", draw(1000) / 1000 * 0.8
+  case { class = "signal", name = ("signal %d: SIG%s %.0f%% of a run in, BL_GEMM=%s, then --resume"):format(i, sig,
     frac * 100, gemm), timeout = 300,
     setup = function(d)
       local run, at = d .. "/run", frac * reference_run(gemm).seconds
-      -- the stopped run's exit code and output in stop.log, then the resumed run (a script: the harness's
-      -- command line is in double quotes)
-      H.write(d .. "/soak.sh", ("%s > %s/stop.log 2>&1 & pid=$!\nsleep %.3f\nkill -%s $pid\nwait $pid\n"
-        .. "echo \"stop rc=$?\" >> %s/stop.log\n%s --resume\n"):format(soak_pt(gemm, run), d, at, sig, d,
-        soak_pt(gemm, run)))
+      -- the signal comes once training has started (the line before the loop), then the run's exit code goes
+      -- to stop.log and the run is resumed (a script: the harness's command line is in double quotes)
+      H.write(d .. "/soak.sh", table.concat({ ("%s > %s/stop.log 2>&1 & pid=$!"):format(soak_pt(gemm, run), d),
+        ("for _ in $(seq 600); do grep -q 'padded positions' %s/stop.log && break; sleep 0.1; done"):format(d),
+        ("sleep %.3f; kill -%s $pid; wait $pid; echo \"stop rc=$?\" >> %s/stop.log"):format(at, sig, d),
+        soak_pt(gemm, run) .. " --resume" }, "\n") .. "\n")
       return "bash " .. d .. "/soak.sh"
     end,
     check = function(d, out)
