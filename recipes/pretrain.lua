@@ -21,6 +21,7 @@ local fingerprint = require "bertlua.train.fingerprint"
 local ckpt = require "bertlua.train.checkpoint"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
+local Tok = require "bertlua.data.tokenizer"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
 local graph = require "bertlua.train.graph"
@@ -122,6 +123,7 @@ local function model_config()
   end
   return cfg
 end
+if opt.vocab then Tok.load(opt.vocab):check_model(model_config().vocab_size, "pretrain", opt.model) end
 -- every rank runs one job: options, model, vocabulary and data compared before any work (bertlua.train.fingerprint)
 dist.agree("pretrain", fingerprint.entries{ options = opt, config = model_config(),
   files = { { "--vocab", opt.vocab }, { "--init", opt.init } },
