@@ -57,6 +57,7 @@ local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 local config = require "bertlua.bert.config"
 local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
+local shell = require "bertlua.util.shell"
 -- the PyTorch peers live beside the recipes (installed with them)
 local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
 
@@ -345,18 +346,19 @@ end
 -- the CPU peers' command line (the peer prints "<peer>: N seq/s (..., p50 M ms, ...)" per block)
 local cpu_peer
 if opt.compare == "torch" and not on_gpu then
-  cpu_peer = { "torch", PEERS .. "bert_reference.py bench", "" }
+  cpu_peer = { "torch", { PEERS .. "bert_reference.py", "bench" }, {} }
 elseif opt.compare == "onnxruntime" then
-  cpu_peer = { "onnxruntime", PEERS .. "bench_bert_onnxruntime.py", " --precision " .. opt.precision }
+  cpu_peer = { "onnxruntime", PEERS .. "bench_bert_onnxruntime.py", { "--precision", opt.precision } }
 end
-local function peer_command(script, extra, rounds)
-  local cmd = ("%s %s --layers %d --hidden %d --heads %d --seq %d --batch %d --steps %d --threads %d --vocab %d " ..
-    "--masked %d --warmup %d --dropout %g%s%s%s")
-    :format(opt.python, script, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, S, B, opt.steps,
-      threads, V, opt.masked, opt.warmup, opt.dropout, extra, opt.infer and " --infer" or "",
-      rounds > 1 and (" --rounds %d"):format(rounds) or "")
-  if opt.lengths ~= "pad8" then cmd = cmd .. " --lengths " .. table.concat(len, ",") end
-  return bl.peer_env_prefix() .. cmd
+-- the peer's words for bertlua.util.shell (script: a path or a list of words, extra: a list of words)
+local function peer_command(script, extra, rounds, vars)
+  local num = function(v) return ("%.17g"):format(v) end
+  return { bl.peer_env(vars), opt.python, script, "--layers", num(cfg.num_hidden_layers), "--hidden",
+    num(cfg.hidden_size), "--heads", num(cfg.num_attention_heads), "--seq", num(S), "--batch", num(B), "--steps",
+    num(opt.steps), "--threads", num(threads), "--vocab", num(V), "--masked", num(opt.masked), "--warmup",
+    num(opt.warmup), "--dropout", ("%g"):format(opt.dropout), extra, opt.infer and "--infer" or {},
+    rounds > 1 and { "--rounds", num(rounds) } or {}, opt.lengths ~= "pad8" and { "--lengths",
+    table.concat(len, ",") } or {} }
 end
 -- ours / theirs by throughput, and by p50 latency where both sides timed steps alone (else nil)
 local function ratios(o, t) return o.rate / t.rate, o.p50 and t.p50 and t.p50 / (o.p50 * 1000) end
@@ -372,11 +374,10 @@ if opt.rounds > 1 and cpu_peer then
   local peer = cpu_peer[1]
   local fifo = os.tmpname()
   os.remove(fifo)
-  local made = os.execute("mkfifo " .. fifo)
-  if made ~= 0 and made ~= true then error("benchmark: --rounds: cannot make a FIFO at " .. fifo, 0) end
+  if not shell.run { "mkfifo", fifo } then error("benchmark: --rounds: cannot make a FIFO at " .. fifo, 0) end
   -- cat drains "go" lines a peer that ended early no longer reads (a write into a closed pipe would kill us)
-  local to_peer = io.popen("{ PYTHONUNBUFFERED=1 " .. peer_command(cpu_peer[2], cpu_peer[3], opt.rounds)
-    .. " > " .. fifo .. " 2>&1; cat > /dev/null; }", "w")
+  local to_peer = shell.popen("{ " .. shell.command(peer_command(cpu_peer[2], cpu_peer[3], opt.rounds,
+    { "PYTHONUNBUFFERED=1" }), { stdout = fifo, stderr = "stdout" }) .. "; cat > /dev/null; }", "w")
   local from_peer = io.open(fifo, "r")
   os.remove(fifo)   -- both ends are open: the name is no longer needed
   -- echoes the peer's lines up to one it wants (nil at its end of output: it failed or skipped)
@@ -456,9 +457,7 @@ print(("model FLOPs: %.3g per step, %.1f TFLOP/s%s"):format(flops, achieved,
 -- one peer call after our block(s) (--rounds=1): its output echoed, the throughput ratio printed (and, on a GPU,
 -- report(theirs))
 local function compare_with(peer, cmd, report)
-  local f = io.popen(cmd .. " 2>&1")
-  local out = f:read("*a")
-  f:close()
+  local out = shell.read(cmd, { stderr = "stdout" })
   io.write(out)
   local theirs
   for line in out:gmatch("[^\n]+") do theirs = theirs or peer_result(peer, line) end
@@ -473,8 +472,8 @@ local function compare_with(peer, cmd, report)
 end
 
 if opt.compare == "torch" and on_gpu then
-  compare_with("torch", peer_command(PEERS .. "bench_bert_torch.py", (" --lr %g --device %s --precision %s")
-    :format(opt.lr, opt.device == "cuda" and "cuda:0" or opt.device, opt.precision), 1),
+  compare_with("torch", peer_command(PEERS .. "bench_bert_torch.py", { "--lr", ("%g"):format(opt.lr), "--device",
+    opt.device == "cuda" and "cuda:0" or opt.device, "--precision", opt.precision }, 1),
     function(theirs)
       print(("torch model FLOP/s: %.1f TFLOP/s%s"):format(flops * theirs / B / 1e12,
         peak and (", MFU %.1f%%"):format(100 * flops * theirs / B / 1e12 / peak) or ""))

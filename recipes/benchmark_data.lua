@@ -13,6 +13,8 @@
 -- prefetch thread then builds the next batches meanwhile.
 local options = require "bertlua.util.options"
 local logm = require "bertlua.util.log"
+local shell = require "bertlua.util.shell"
+local fs = require "bertlua.util.fs"
 
 local shared = os.getenv("BL_SHARED_DATA") or "../shared/data"
 local opt = options.parse(arg, {
@@ -31,22 +33,22 @@ local opt = options.parse(arg, {
 }, { name = "benchmark_data", usage = "usage: bertlua recipes/benchmark_data.lua [options]" })
 print(require("bertlua").cpu_line())
 
-local exe = arg[-1] or "bertlua"
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local exe = fs.host()
 local function size_of(path)
-  local f = io.popen("du -sb " .. q(path) .. " 2>/dev/null"); local s = f:read("*a"); f:close()
-  return tonumber(s:match("^(%d+)")) or 0
+  return tonumber(shell.read({ "du", "-sb", "--", path }, { stderr = "/dev/null" }):match("^(%d+)")) or 0
 end
-local has_time = os.execute("test -x /usr/bin/time") == 0 or os.execute("test -x /usr/bin/time") == true
+local has_time = shell.run { "test", "-x", "/usr/bin/time" }
 
 local rows = {}
-local function stage(name, cmd, input_bytes, count_fn)
+-- stage(name, argv (the words after the host), input bytes[, count_fn[, redirect]]): one timed process, its
+-- output in WORK/NAME.log unless redirect (bertlua.util.shell's) says otherwise
+local function stage(name, argv, input_bytes, count_fn, redirect)
   local rss_file = opt.work .. "/rss"
-  local full = has_time and ("/usr/bin/time -f %M -o " .. q(rss_file) .. " " .. cmd) or cmd
+  local cmd = { has_time and { "/usr/bin/time", "-f", "%M", "-o", rss_file } or {}, exe, argv }
   local t0 = logm.clock()
-  local rc = os.execute(full .. " > " .. q(opt.work .. "/" .. name .. ".log") .. " 2>&1")
+  local ok = shell.run(cmd, redirect or { stdout = opt.work .. "/" .. name .. ".log", stderr = "stdout" })
   local dt = logm.clock() - t0
-  if rc ~= 0 and rc ~= true then error("benchmark_data: stage " .. name .. " failed, see " .. opt.work .. "/" .. name
+  if not ok then error("benchmark_data: stage " .. name .. " failed, see " .. opt.work .. "/" .. name
     .. ".log", 0) end
   local rss = 0
   if has_time then local f = io.open(rss_file); rss = tonumber(f:read("*a"):match("(%d+)")) or 0; f:close() end
@@ -58,38 +60,53 @@ local function stage(name, cmd, input_bytes, count_fn)
   io.stderr:write(("  %-28s %6.2f s\n"):format(name, dt))
 end
 
-os.execute("rm -rf " .. q(opt.work) .. " && mkdir -p " .. q(opt.work))
+fs.remove_tree(opt.work)
+fs.mkdir_p(opt.work)
 local W = opt.work
 local loader_dir = opt.loader_data
 if loader_dir == "" then
   local xml_bytes
-  do local f = io.popen("bzcat " .. q(opt.wiki) .. " | wc -c"); xml_bytes = tonumber(f:read("*a")) or 0; f:close() end
-  stage("prepare_wikipedia", ("%s recipes/prepare_wikipedia.lua --input=%s --output=%s/wiki"):format(exe, q(opt.wiki),
-    W), xml_bytes)
-  stage("prepare_bookcorpus", ("%s recipes/prepare_bookcorpus.lua --input=%s --output=%s/books"):format(exe,
-    q(opt.books), W), size_of(opt.books))
+  do  -- the XML's size: bzcat's output counted, not kept
+    local f = shell.popen({ "bzcat", "--", opt.wiki }, "r", { stderr = "/dev/null" })
+    xml_bytes = 0
+    for chunk in function() return f:read(1048576) end do xml_bytes = xml_bytes + #chunk end
+    f:close()
+  end
+  local R = fs.recipe
+  stage("prepare_wikipedia", { R("prepare_wikipedia.lua"), "--input=" .. opt.wiki, "--output=" .. W .. "/wiki" },
+    xml_bytes)
+  stage("prepare_bookcorpus", { R("prepare_bookcorpus.lua"), "--input=" .. opt.books, "--output=" .. W .. "/books" },
+    size_of(opt.books))
   local text_bytes = size_of(W .. "/wiki") + size_of(W .. "/books")
-  stage("shard", ("%s recipes/shard.lua --input=%s/wiki,%s/books --output=%s/shards --num-shards=4 --memory-mb=4")
-    :format(exe, W, W, W), text_bytes)
-  stage("tokenize (1 thread)", ("sh -c %s"):format(q(("%s recipes/tokenize.lua --vocab=%s --ids --quiet < " ..
-    "%s/shards/train_00000.txt > /dev/null"):format(exe, opt.vocab, W))),
-    size_of(W .. "/shards/train_00000.txt"))
+  stage("shard", { R("shard.lua"), "--input=" .. W .. "/wiki," .. W .. "/books", "--output=" .. W .. "/shards",
+    "--num-shards=4", "--memory-mb=4" }, text_bytes)
+  stage("tokenize (1 thread)", { R("tokenize.lua"), "--vocab=" .. opt.vocab, "--ids", "--quiet" },
+    size_of(W .. "/shards/train_00000.txt"), nil,
+    { stdin = W .. "/shards/train_00000.txt", stdout = "/dev/null", stderr = W .. "/tokenize.log" })
+  -- the instance counts the workers (or the single process) printed in their logs
   local function instances(dir)
     return function()
       local n = 0
-      local f = io.popen("cat " .. q(W .. "/" .. dir) .. "/*.log 2>/dev/null; cat " .. q(W)
-        .. "/create_pretraining_data*.log")
-      for line in f:lines() do local k = line:match("(%d+) instances in") if k then n = n + tonumber(k) end end
-      f:close()
+      local logs = {}
+      for _, d in ipairs { W .. "/" .. dir, W } do
+        local pattern = d == W and "^create_pretraining_data.*%.log$" or "%.log$"
+        for _, name in ipairs(fs.is_dir(d) and fs.list_dir(d, pattern) or {}) do logs[#logs + 1] = d .. "/" .. name end
+      end
+      for _, path in ipairs(logs) do
+        for line in (fs.read(path) or ""):gmatch("[^\n]+") do
+          local k = line:match("(%d+) instances in") if k then n = n + tonumber(k) end
+        end
+      end
       return n, "instances"
     end
   end
-  local cpd = "%s recipes/create_pretraining_data.lua --input=%s/shards --vocab=%s --output=%s/%s " ..
-    "--max-seq-length=%d --max-predictions=20 --dupe-factor=5 --jobs=%d"
-  stage("create_pretraining_data j1", cpd:format(exe, W, q(opt.vocab), W, "pd1", opt.seq, 1), size_of(W .. "/shards"),
-    instances("pd1"))
-  stage("create_pretraining_data j" .. opt.jobs, cpd:format(exe, W, q(opt.vocab), W, "pdN", opt.seq, opt.jobs),
-    size_of(W .. "/shards"))
+  local function cpd(out, jobs)
+    return { R("create_pretraining_data.lua"), "--input=" .. W .. "/shards", "--vocab=" .. opt.vocab,
+      "--output=" .. W .. "/" .. out, "--max-seq-length=" .. opt.seq, "--max-predictions=20", "--dupe-factor=5",
+      "--jobs=" .. jobs }
+  end
+  stage("create_pretraining_data j1", cpd("pd1", 1), size_of(W .. "/shards"), instances("pd1"))
+  stage("create_pretraining_data j" .. opt.jobs, cpd("pdN", opt.jobs), size_of(W .. "/shards"))
   rows[#rows].count, rows[#rows].unit = rows[#rows - 1].count, "instances"
   loader_dir = W .. "/pd1"
 end
@@ -103,6 +120,8 @@ local f = io.open(loader_script, "w")
 f:write([[
 local pd = require "bertlua.data.loader"
 local logm = require "bertlua.util.log"
+local shell = require "bertlua.util.shell"
+local fs = require "bertlua.util.fs"
 local ffi = require "ffi"
 local ts = ffi.new("bl_timespec")   -- declared by bertlua.util.log
 -- CPU time of this thread
@@ -129,8 +148,8 @@ f:close()
 local loader_notes = {}
 local function loader_row(name, prefetch, bin)
   local log = W .. "/" .. name .. ".log"
-  stage(name, ("%s %s %s %d %d %d %d %d %g %s"):format(exe, q(loader_script), q(loader_dir), prefetch, bin and 1 or 0,
-    opt.batch, opt.loader_batches, opt.seq, opt.step_ms, q(vocab_ok and opt.vocab or "")), 0, function()
+  stage(name, { loader_script, loader_dir, prefetch, bin and 1 or 0, opt.batch, opt.loader_batches, opt.seq,
+    ("%g"):format(opt.step_ms), vocab_ok and opt.vocab or "" }, 0, function()
     local g = io.open(log); local s = g:read("*a"); g:close()
     local n, secs, rest = s:match("(%d+) batches in ([%d.]+) s, ([^\n]*)")
     loader_notes[#loader_notes + 1] = ("%-28s %s"):format(name, rest or "?")

@@ -16,6 +16,7 @@ local bl = require "bertlua"
 local ops = require "bertlua.nn.ops"
 local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
+local shell = require "bertlua.util.shell"
 -- the PyTorch peers live beside the recipes (installed with them)
 local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
 
@@ -182,12 +183,9 @@ end
 -- the PyTorch side, then the table ------------------------------------------------------
 local theirs = {}
 if opt.compare == "torch" then
-  local cmd = bl.peer_env_prefix()
-    .. ("OMP_NUM_THREADS=%d %s %sbench_ops_torch.py --threads=%d --size=%s --reps=%d --only=%s 2>&1")
-    :format(opt.threads, opt.python, PEERS, opt.threads, opt.size, opt.reps, table.concat(order, ","))
-  local f = io.popen(cmd)
-  local out = f:read("*a")
-  f:close()
+  local out = shell.read({ bl.peer_env { "OMP_NUM_THREADS=" .. opt.threads }, opt.python,
+    PEERS .. "bench_ops_torch.py", "--threads=" .. opt.threads, "--size=" .. opt.size, "--reps=" .. opt.reps,
+    "--only=" .. table.concat(order, ",") }, { stderr = "stdout" })
   for name, med, mn in out:gmatch("torch ([%w_]+) ([%d%.]+) ([%d%.]+)") do
     theirs[name] = { med = tonumber(med), min = tonumber(mn) }
   end

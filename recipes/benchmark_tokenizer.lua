@@ -7,6 +7,7 @@
 -- call per whole text (tok:count). Use a Release build.
 local options = require "bertlua.util.options"
 local Tok = require "bertlua.data.tokenizer"
+local shell = require "bertlua.util.shell"
 
 local data = os.getenv("BL_SHARED_DATA") or "../shared/data"
 local spec = {
@@ -68,10 +69,9 @@ bench("whole_text", whole)
 if opt.peer then
   local tmp = os.tmpname()
   local f = assert(io.open(tmp, "wb")); f:write(text); f:close()
-  local cmd = ("RAYON_NUM_THREADS=1 %s %stokenizer_reference.py --vocab=%s %s --bench=%s --repeat=%d"):format(
-    opt.python, PEERS, opt.vocab, opt.cased and "--cased" or "", tmp, opt["repeat"])
-  local h = io.popen(cmd .. " 2>&1")
-  local out = h:read("*a"); h:close()
+  local out = shell.read({ "env", "RAYON_NUM_THREADS=1", opt.python, PEERS .. "tokenizer_reference.py",
+    "--vocab=" .. opt.vocab, opt.cased and "--cased" or {}, "--bench=" .. tmp, "--repeat=" .. opt["repeat"] },
+    { stderr = "stdout" })
   os.remove(tmp)
   io.write(out)
   local peer = tonumber(out:match("hf_tokenizers_rust .- MBps=([%d%.]+)"))

@@ -13,6 +13,7 @@
 local options = require "bertlua.util.options"
 local Tok = require "bertlua.data.tokenizer"
 local fs = require "bertlua.util.fs"
+local shell = require "bertlua.util.shell"
 
 local spec = {
   { "input", "", "text file(s) or directories of *.txt, comma-separated" },
@@ -30,10 +31,11 @@ if opt.input == "" then error("build_vocab: --input is required", 0) end
 
 local function files_of(path)
   if not fs.is_dir(path) then return { path } end
-  local h = io.popen("find '" .. path:gsub("'", "'\\''") .. "' -type f -name '*.txt' | LC_ALL=C sort")
   local out = {}
-  for l in h:lines() do out[#out + 1] = l end
-  h:close()
+  -- find has no "--": a path starting with "-" gets "./"
+  local found = shell.read { "find", (path:gsub("^%-", "./-")), "-type", "f", "-name", "*.txt", "-print0" }
+  for l in found:gmatch("([^%z]+)%z") do out[#out + 1] = l end
+  table.sort(out)  -- byte order, as LC_ALL=C sort
   return out
 end
 
@@ -47,6 +49,7 @@ local special = { ["[PAD]"] = true, ["[UNK]"] = true, ["[CLS]"] = true, ["[SEP]"
 local counts, nbytes = {}, 0
 for p in opt.input:gmatch("[^,]+") do
   for _, file in ipairs(files_of(p)) do
+    fs.check_output("build_vocab", { "--output", opt.output }, { { "--input", file } })
     local ok, ierr = pcall(fs.check_input, file, "input")   -- a FIFO would block the open
     if not ok then error("build_vocab: " .. ierr, 0) end
     local f, err = io.open(file, "rb")

@@ -14,7 +14,7 @@
 -- the checkpoint holds; --head overrides it. Every recipe's --model/--init
 -- also takes these inputs directly: converting once just saves the mapping
 -- work on every later start.
-local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local options = require "bertlua.util.options"
 local imp = require "bertlua.io.import"
 
@@ -39,9 +39,9 @@ local head, num_labels
 if opt.head == "auto" then head, num_labels = imp.head_of(src) else head = opt.head end
 
 print(("convert: %s (%s) with %s -> %s, head %s"):format(src.weights, src.format, src.config, opt.output, head))
-local model = bert.from_pretrained(opt.input, { head = head, num_labels = num_labels, config = src.config })
+local model = pretrained.from_pretrained(opt.input, { head = head, num_labels = num_labels, config = src.config })
 local n = 0
 for _ in ipairs(model:parameters()) do n = n + 1 end
-bert.save_pretrained(model, opt.output, { vocab = vocab, dtype = dtype })
+pretrained.save_pretrained(model, opt.output, { vocab = vocab, dtype = dtype })
 print(("convert: wrote %s/config.json, model.safetensors (%d tensors, %s)%s"):format(opt.output, n, dtype,
   vocab and ", vocab.txt" or " (no vocab.txt found: pass --vocab=FILE)"))

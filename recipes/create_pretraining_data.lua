@@ -9,6 +9,7 @@
 local options = require "bertlua.util.options"
 local cjson = require "cjson"
 local fs = require "bertlua.util.fs"
+local shell = require "bertlua.util.shell"
 local pd = require "bertlua.data.pretraining"
 local shards = require "bertlua.data.shards"
 local Tok = require "bertlua.data.tokenizer"
@@ -36,20 +37,19 @@ local opt = options.parse(arg, {
 for _, k in ipairs({ "input", "vocab", "output" }) do
   if not opt[k] then error("create_pretraining_data: --" .. k .. " is required (see --help)", 0) end
 end
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 local files = {}
 for part in opt.input:gmatch("[^,]+") do
   if part:match("%.txt$") then files[#files + 1] = part
   else
-    local f = io.popen("ls -1 " .. q(part) .. " 2>/dev/null")
-    for name in f:lines() do if name:match("%.txt$") then files[#files + 1] = part .. "/" .. name end end
-    f:close()
+    for _, name in ipairs(fs.is_dir(part) and fs.list_dir(part, "%.txt$") or {}) do
+      files[#files + 1] = part .. "/" .. name
+    end
   end
 end
 table.sort(files)
 if #files == 0 then error("create_pretraining_data: no .txt files in " .. opt.input, 0) end
-os.execute("mkdir -p " .. q(opt.output))
+fs.mkdir_p(opt.output)
 
 -- Shards already in --output are kept (a rerun completes an interrupted one), so they must come from the
 -- same vocabulary and options: creation.json records them, and anything else is refused, not mixed in.
@@ -87,12 +87,11 @@ if opt.worker == "" then
     -- the same recipe in N processes, each on its own files; then wait for all
     local cmds = {}
     local self_args = {}
-    for i = 1, #arg do if not arg[i]:match("^%-%-jobs") then self_args[#self_args + 1] = q(arg[i]) end end
+    for i = 1, #arg do if not arg[i]:match("^%-%-jobs") then self_args[#self_args + 1] = arg[i] end end
     for k = 0, opt.jobs - 1 do
-      cmds[#cmds + 1] = ("%s %s %s --worker=%d/%d"):format(exe, q(arg[0]), table.concat(self_args, " "), k, opt.jobs)
+      cmds[#cmds + 1] = shell.command { exe, arg[0], self_args, ("--worker=%d/%d"):format(k, opt.jobs) }
     end
-    local status = os.execute("( " .. table.concat(cmds, " & ") .. " & wait ) ; exit 0")
-    local _ = status
+    shell.run("( " .. table.concat(cmds, " & ") .. " & wait )")
     -- verify every output exists (a failed worker leaves its files missing)
     local missing = 0
     for _, path in ipairs(files) do

@@ -6,6 +6,8 @@
 --
 -- Offline (or when a source refuses), it prints what to fetch and where to put it.
 local options = require "bertlua.util.options"
+local shell = require "bertlua.util.shell"
+local fs = require "bertlua.util.fs"
 
 local opt = options.parse(arg, {
   { "dataset", "squad", "wikipedia | bookcorpus | squad | glue | vocab" },
@@ -51,19 +53,11 @@ local DATASETS = {
   bookcorpus = function() return nil end,
 }
 
-local function sh(cmd)
-  local ok, _, code = os.execute(cmd)
-  if type(ok) == "number" then return ok == 0, math.floor(ok / 256) end  -- LuaJIT: raw wait status
-  return ok == true, code
-end
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local function exists(p) local f = io.open(p, "rb"); if f then f:close() return true end return false end
 
 local function digest(algo, path)
-  local f = io.popen((algo == "md5" and "md5sum " or "sha256sum ") .. q(path) .. " 2>/dev/null")
-  local out = f:read("*a") or ""
-  f:close()
-  return out:match("^(%x+)")
+  return shell.read({ algo == "md5" and "md5sum" or "sha256sum", "--", path }, { stderr = "/dev/null" })
+    :match("^(%x+)")
 end
 
 local function offline_help(files, why)
@@ -87,19 +81,20 @@ if not make then error("download: unknown dataset '" .. tostring(opt.dataset)
   .. "' (wikipedia, bookcorpus, squad, glue, vocab)", 0) end
 local files = make()
 print(options.show(opt))
-sh("mkdir -p " .. q(opt.output))
-if not sh("command -v curl >/dev/null 2>&1") then
+fs.mkdir_p(opt.output)
+if not shell.run({ "sh", "-c", "command -v curl" }, { stdout = "/dev/null", stderr = "stdout" }) then
   offline_help(files, "curl is not installed (apt-get install curl)")
   os.exit(1)
 end
 
 local function fetch(url, part)
   -- -C - resumes a partial file; a server without range support answers 33: start over
-  local base = ("curl -fsSL --retry %d --connect-timeout %d -o %s "):format(opt.retries, opt.timeout, q(part))
-  local ok, code = sh(base .. "-C - " .. q(url))
+  local base = { "curl", "-fsSL", "--retry", tostring(opt.retries), "--connect-timeout", tostring(opt.timeout), "-o",
+    part }
+  local ok, code = shell.run { base, "-C", "-", "--", url }
   if not ok and code == 33 then
     os.remove(part)
-    ok, code = sh(base .. q(url))
+    ok, code = shell.run { base, "--", url }
   end
   return ok, code
 end
@@ -110,11 +105,9 @@ for _, f in ipairs(files) do
   local dest = opt.output .. "/" .. f.file
   local expect_algo, expect = f.sha256 and "sha256", f.sha256
   if f.checksum_file then
-    local curl = io.popen("curl -fsSL --connect-timeout " .. opt.timeout .. " " ..
-      q(opt.base_url and (opt.base_url:gsub("/$",
-        "") .. "/" .. f.checksum_file.url:match("[^/]+$")) or f.checksum_file.url) .. " 2>/dev/null")
-    local sums = curl:read("*a") or ""
-    curl:close()
+    local sums = shell.read({ "curl", "-fsSL", "--connect-timeout", tostring(opt.timeout), "--",
+      opt.base_url and (opt.base_url:gsub("/$", "") .. "/" .. f.checksum_file.url:match("[^/]+$"))
+      or f.checksum_file.url }, { stderr = "/dev/null" })
     for line in sums:gmatch("[^\n]+") do
       local hex, name = line:match("^(%x+)%s+%*?(%S+)$")
       if name == f.file then expect_algo, expect = f.checksum_file.algo, hex end
@@ -139,7 +132,10 @@ for _, f in ipairs(files) do
       else
         os.rename(dest .. ".part", dest)
         print(("  %s: done%s"):format(f.file, expect and (", " .. expect_algo .. " ok") or " (no published checksum)"))
-        if f.unzip then sh("cd " .. q(opt.output) .. " && unzip -qo " .. q(f.file)) end
+        -- unzip has no "--": a path starting with "-" gets "./"
+        if f.unzip then
+          shell.run { "unzip", "-qo", (dest:gsub("^%-", "./-")), "-d", (opt.output:gsub("^%-", "./-")) }
+        end
       end
     end
   end

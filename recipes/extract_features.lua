@@ -18,6 +18,7 @@
 -- config.json, model.safetensors and vocab.txt (--vocab overrides); any BERT
 -- checkpoint works (its heads are ignored).
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
 local ft = require "bertlua.tasks.common"
@@ -61,6 +62,7 @@ if #layers == 0 then die("--layers is empty") end
 -- every input is checked before the model is loaded
 local vocab = ft.model_dir("extract_features", opt.model, opt.vocab ~= "" and opt.vocab or nil)
 ft.input_file("extract_features", opt.input, "--input")
+fs.check_output("extract_features", { "--output", opt.output }, { { "--input", opt.input } })
 local cfg = bert.config.load(opt.model .. "/config.json")
 local L = cfg.num_hidden_layers
 for _, li in ipairs(layers) do
@@ -85,7 +87,7 @@ do
   if not any then die(opt.input .. " is empty: expected one sentence or 'text_a ||| text_b' per line") end
 end
 
-local model = bert.from_pretrained(opt.model, { head = "model", quiet = true })
+local model = pretrained.from_pretrained(opt.model, { head = "model", quiet = true })
 device.inference_model(model, dev, weight_precision)
 -- on the CPU: packed weights, and each batch's padded positions skipped (their hidden states are never written out)
 if dev < 0 and opt.pack then

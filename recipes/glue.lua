@@ -10,6 +10,7 @@ local bl = require "bertlua"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local glue = require "bertlua.tasks.glue"
 local metrics = require "bertlua.tasks.metrics"
 local Tok = require "bertlua.data.tokenizer"
@@ -100,7 +101,8 @@ dist.agree("glue", fingerprint.entries{ options = opt, files = { { "--model", op
 local regression = glue.is_regression(task)
 local num_labels = regression and 1 or glue.num_labels(task)
 local labels = glue.labels(task)
-fs.mkdir_p(opt.output)
+-- the output directory belongs to this run while it lasts (a second run into it is refused)
+if dist.is_main() then fs.lock_dir(opt.output, "glue") end
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 do  -- a classifier fine-tuned for another task does not fit: say so before loading
   local c = bert.config.load(opt.model .. "/config.json")
@@ -110,7 +112,7 @@ do  -- a classifier fine-tuned for another task does not fit: say so before load
       :format(opt.model, c.num_labels, task, num_labels), 0)
   end
 end
-local model = amp.model_to(bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels,
+local model = amp.model_to(pretrained.from_pretrained(opt.model, { head = "classification", num_labels = num_labels,
   seed = opt.seed }), dev, opt.precision)
 model.bert.unpad_training = opt.unpad and dev < 0
 if opt.do_train then
@@ -169,7 +171,7 @@ if opt.do_train then
     bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
     make_batch = function(idx) return batch_of(rows, idx, true) end }
   if dist.is_main() then
-    bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
+    pretrained.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
     print("train: model saved to " .. opt.output .. "/model")
   end
 end

@@ -33,6 +33,7 @@ local bl = require "bertlua"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
 local ft = require "bertlua.tasks.common"
@@ -81,9 +82,10 @@ local glue = require "bertlua.tasks.glue"
 if glue_task then glue.labels(glue_task) end  -- unknown task names fail here, before loading anything
 local vocab = ft.model_dir("predict", opt.model, opt.vocab)
 ft.input_file("predict", opt.input, "--input")
+if opt.output then fs.check_output("predict", { "--output", opt.output }, { { "--input", opt.input } }) end
 
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
-local model = bert.from_pretrained(opt.model)
+local model = pretrained.from_pretrained(opt.model)
 local is_qa = model.qa_outputs ~= nil
 if not is_qa and not model.classifier then error("predict: " .. opt.model
   .. " is neither a QA nor a classification model", 0) end

@@ -2,7 +2,7 @@
 --   bertlua recipes/prepare_wikipedia.lua --input=enwiki-latest-pages-articles.xml.bz2 --output=data/wiki
 -- Reads .xml, .xml.bz2 (single or multi-stream) or "-" (stdin), streaming with
 -- bounded memory; keeps namespace-0 pages that are not redirects, strips the
--- wiki markup (templates, tables, refs, files, categories, headings...) and
+-- wiki markup (templates, tables, refs, files, categories, headings, list items...) and
 -- writes DIR/wiki_NNNNN.txt, docs_per_file articles each, atomically
 -- (NAME.tmp then rename). Re-running skips the files that already exist.
 -- Several dumps: --input=a.xml.bz2,b.xml.bz2 (files DIR/wiki_II_NNNNN.txt).
@@ -15,6 +15,7 @@ local o = options.parse(arg, {
   { "docs_per_file", 10000, "articles per output file (by article index)" },
   { "min_chars", 0, "drop articles whose cleaned text is shorter" },
   { "keep_headings", false, "keep section titles as their own line (WikiExtractor drops them)" },
+  { "keep_lists", false, "keep the text of list items (* # ;) (WikiExtractor, NVIDIA's extractor, drops them)" },
   { "max_page_mb", 64, "pages larger than this are skipped with a warning", int = false },
   { "quiet", false, "do not print per-page warnings (they are still counted)" },
 }, { name = "prepare_wikipedia",

@@ -13,6 +13,7 @@
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
 local amp = require "bertlua.train.amp"
@@ -24,7 +25,7 @@ local data = require "bertlua.data.loader"
 local Tok = require "bertlua.data.tokenizer"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
-local graph = require "bertlua.train.graph"
+local graph = require "bertlua.device.graph"
 local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 
 local SPEC = {
@@ -136,6 +137,8 @@ local function dropout_seed(step, micro)
   return ((opt.seed * 1000003 + step) * 8191 + micro) % 9007199254740881
 end
 
+-- the run directory belongs to this run while it lasts (a second run into it is refused)
+if rank == 0 then require("bertlua.util.fs").lock_dir(opt.output, "pretrain") end
 local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,
   config = { options = opt, world_size = world } }
 
@@ -236,7 +239,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- a different number of ranks with the same global and micro batch (so
   -- accumulation makes up the difference) continues exactly.
   local identity = { model_config = cfg, optimizer = "lamb", data_slices = virt and world * accum or world,
-    global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase }
+    global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase,
+    run = { lr = ph.lr, warmup = ph.warmup, steps = ph.steps, seed = opt.seed,
+      data = require("bertlua.data.shards").fingerprint(ph.data) } }
+  if rank == 0 then ckpt.claim(ckdir, identity, opt.resume, "pretrain") end
   local start = 0  -- steps already done (a resumed run starts after them)
   if opt.resume then
     local c = ckpt.load_latest(ckdir, { model = model, identity = identity })
@@ -348,7 +354,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     save_checkpoint(step)
     evaluate(model, ph, step)
     if rank == 0 then
-      bert.save_pretrained(model, final_dir, { vocab = opt.vocab })
+      pretrained.save_pretrained(model, final_dir, { vocab = opt.vocab })
       say(("phase %d: done, model saved to %s"):format(ph.phase, final_dir))
     end
     dist.barrier()

@@ -7,6 +7,7 @@
 -- the last), head 1-based. The context is truncated to fit --max-seq-length.
 local options = require "bertlua.util.options"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
 local cjson = require "cjson"
@@ -20,7 +21,7 @@ local opt = options.parse(arg, {
 }, { name = "qa_explain", usage = "usage: bertlua recipes/qa_explain.lua --model=DIR --input=FILE.jsonl" })
 if not opt.model or not opt.input then error("qa_explain: --model and --input are required", 0) end
 local tok = Tok.load(opt.model .. "/vocab.txt", { lower = opt.do_lower_case })
-local model = bert.from_pretrained(opt.model, { head = "qa" })
+local model = pretrained.from_pretrained(opt.model, { head = "qa" })
 model:eval()
 local layers = model.bert.encoder.layer
 local li = opt.layer < 0 and #layers + opt.layer + 1 or opt.layer

@@ -29,34 +29,34 @@ local opt = options.parse(arg, {
 -- the sibling recipes and the host are found from this recipe's own location, so the quickstart runs from
 -- any working directory, in the source tree or installed
 local fs = require "bertlua.util.fs"
+local shell = require "bertlua.util.shell"
 local exe = fs.host()
 local out = opt.output
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local clock = require("bertlua.util.log").clock
 local t_all = clock()
 
 local function stage(title, cmd)
-  print(("\n== %s\n$ %s"):format(title, cmd))
+  print(("\n== %s\n$ %s"):format(title, shell.command(cmd)))
   io.stdout:flush()
   local t0 = clock()
-  local ok = os.execute(cmd)
-  if ok ~= 0 and ok ~= true then
+  if not shell.run(cmd) then
     io.stderr:write(("quickstart: stage '%s' failed (see its messages above)\n"):format(title))
     os.exit(1)
   end
   print(("   (%.1f s)"):format(clock() - t0))
 end
-local function recipe(name, args) return ("%s %s %s"):format(q(exe), q(fs.recipe(name .. ".lua")), args) end
-local threads = opt.threads > 0 and (" --threads=" .. opt.threads) or ""
+-- recipe(name, args): the words that run a sibling recipe with the list of arguments args
+local function recipe(name, args) return { exe, fs.recipe(name .. ".lua"), args } end
+local threads = opt.threads > 0 and ("--threads=" .. opt.threads) or {}
 
-os.execute("mkdir -p " .. q(out))
+fs.mkdir_p(out)
 local world = syn.world{ seed = opt.seed, countries = opt.countries }
 
 -- 1. a corpus: generated books (several countries per book) unless --books is given
 local books = opt.books
 if not books then
   books = out .. "/books"
-  os.execute("mkdir -p " .. q(books))
+  fs.mkdir_p(books)
   local docs = syn.documents(world, { copies = 3, seed = opt.seed })
   local per_book = 4
   for b = 1, math.ceil(#docs / per_book) do
@@ -71,20 +71,20 @@ if not books then
 end
 
 stage("prepare: one document per book",
-  recipe("prepare_bookcorpus", ("--input=%s --output=%s/prepared"):format(q(books), q(out))))
+  recipe("prepare_bookcorpus", { "--input=" .. books, "--output=" .. out .. "/prepared" }))
 stage("shard: sentences, shuffled, balanced shards, held-out split",
-  recipe("shard", ("--input=%s/prepared --output=%s/shards --num-shards=2 --test-fraction=0.1 --seed=%d"):format(q(out),
-    q(out), opt.seed)))
+  recipe("shard", { "--input=" .. out .. "/prepared", "--output=" .. out .. "/shards", "--num-shards=2",
+    "--test-fraction=0.1", "--seed=" .. opt.seed }))
 local vocab = opt.vocab
 if not vocab then
   vocab = out .. "/vocab.txt"
   stage("vocab: learn a WordPiece vocabulary",
-    recipe("build_vocab", ("--input=%s/shards --output=%s --size=%d"):format(q(out), q(vocab), opt.vocab_size)))
+    recipe("build_vocab", { "--input=" .. out .. "/shards", "--output=" .. vocab, "--size=" .. opt.vocab_size }))
 end
 stage("pre-training data: masked LM + next-sentence pairs",
-  recipe("create_pretraining_data", ("--input=%s/shards --vocab=%s --output=%s/pretrain_data --max-seq-length=64 " ..
-    "--max-predictions=10 --dupe-factor=5 --seed=%d")
-    :format(q(out), q(vocab), q(out), opt.seed)))
+  recipe("create_pretraining_data", { "--input=" .. out .. "/shards", "--vocab=" .. vocab,
+    "--output=" .. out .. "/pretrain_data", "--max-seq-length=64", "--max-predictions=10", "--dupe-factor=5",
+    "--seed=" .. opt.seed }))
 
 -- a tiny BERT sized to the vocabulary
 local nvocab = 0
@@ -94,12 +94,16 @@ local cfg = { vocab_size = nvocab, hidden_size = 128, num_hidden_layers = 2, num
   hidden_dropout_prob = 0.1, attention_probs_dropout_prob = 0.1, layer_norm_eps = 1e-12, initializer_range = 0.02 }
 fs.write_atomic(out .. "/tiny_config.json", cjson.encode(cfg))
 
-stage("pre-train a tiny BERT (phase 1 only, LAMB)", recipe("pretrain",
-  ("--model=%s/tiny_config.json --vocab=%s --data-phase1=%s/pretrain_data --output=%s --phase=1 " ..
-   "--seq1=64 --pred1=10 " ..
-   "--batch1=32 --micro-batch=32 --lr1=5e-3 --warmup1=0.1 --steps1=%d --checkpoint-interval=100 --eval-batches=8 " ..
-     "--max-time=%d --seed=%d%s")
-    :format(q(out), q(vocab), q(out), q(out), opt.pretrain_steps, opt.minutes * 60, opt.seed, threads)))
+-- a rerun starts pre-training afresh: pretrain.lua refuses a run directory holding another run's checkpoints
+if fs.is_dir(out .. "/checkpoints") then
+  print("removing the checkpoints of the previous quickstart run in " .. out)
+  fs.remove_tree(out .. "/checkpoints")
+end
+stage("pre-train a tiny BERT (phase 1 only, LAMB)", recipe("pretrain", { "--model=" .. out .. "/tiny_config.json",
+  "--vocab=" .. vocab, "--data-phase1=" .. out .. "/pretrain_data", "--output=" .. out, "--phase=1", "--seq1=64",
+  "--pred1=10", "--batch1=32", "--micro-batch=32", "--lr1=5e-3", "--warmup1=0.1", "--steps1=" .. opt.pretrain_steps,
+  "--checkpoint-interval=100", "--eval-batches=8", "--max-time=" .. opt.minutes * 60, "--seed=" .. opt.seed,
+  threads }))
 
 -- 2. QA about the same world
 syn.write_squad(world, out .. "/qa-train.json", { split = "train", seed = opt.seed })
@@ -110,15 +114,16 @@ if not io.open(model_dir .. "/model.safetensors") then
   print("pre-training stopped early; fine-tuning from its last checkpoint")
   local ckpt = require "bertlua.train.checkpoint"
   local latest = ckpt.latest(out .. "/checkpoints/phase1")
-  os.execute(("mkdir -p %s && cp %s/model.safetensors %s/ && cp %s/tiny_config.json %s/config.json && cp %s " ..
-    "%s/vocab.txt")
-    :format(q(model_dir), q(latest), q(model_dir), q(out), q(model_dir), q(vocab), q(model_dir)))
+  fs.mkdir_p(model_dir)
+  fs.copy(latest .. "/model.safetensors", model_dir .. "/model.safetensors", "quickstart")
+  fs.copy(out .. "/tiny_config.json", model_dir .. "/config.json", "quickstart")
+  fs.copy(vocab, model_dir .. "/vocab.txt", "quickstart")
 end
-stage("fine-tune on QA and predict", recipe("squad",
-  ("--model=%s --vocab=%s --train-file=%s/qa-train.json --predict-file=%s/qa-dev.json --output=%s/squad --do-train " ..
-    "--do-predict " ..
-   "--max-seq-length=128 --doc-stride=64 --max-query-length=32 --batch=16 --lr=1e-3 --epochs=%d --seed=%d%s")
-    :format(q(model_dir), q(vocab), q(out), q(out), q(out), opt.finetune_epochs, opt.seed, threads)))
+stage("fine-tune on QA and predict", recipe("squad", { "--model=" .. model_dir, "--vocab=" .. vocab,
+  "--train-file=" .. out .. "/qa-train.json", "--predict-file=" .. out .. "/qa-dev.json",
+  "--output=" .. out .. "/squad", "--do-train", "--do-predict", "--max-seq-length=128", "--doc-stride=64",
+  "--max-query-length=32", "--batch=16", "--lr=1e-3", "--epochs=" .. opt.finetune_epochs, "--seed=" .. opt.seed,
+  threads }))
 
 -- 3. show a few answers and the official metrics
 local preds = cjson.decode(assert(io.open(out .. "/squad/predictions.json")):read("*a"))
@@ -133,8 +138,8 @@ for _, art in ipairs(dev.data) do
     end
   end
 end
-stage("official SQuAD v1.1 metrics", recipe("squad_eval", ("%s/qa-dev.json %s/squad/predictions.json"):format(q(out),
-  q(out))))
+stage("official SQuAD v1.1 metrics", recipe("squad_eval", { out .. "/qa-dev.json",
+  out .. "/squad/predictions.json" }))
 -- a trivial baseline for comparison: answer every question with the first word of its context
 local squad = require "bertlua.tasks.squad"
 local base = {}

@@ -15,7 +15,7 @@
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
-local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
@@ -89,9 +89,10 @@ end
 dist.agree("squad", fingerprint.entries{ options = opt, files = { { "--model", opt.model }, { "--vocab", vocab },
   { "--train-file", opt.train_file }, { "--predict-file", opt.predict_file } } })
 
-fs.mkdir_p(opt.output)
+-- the output directory belongs to this run while it lasts (a second run into it is refused)
+if dist.is_main() then fs.lock_dir(opt.output, "squad") end
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
-local model = amp.model_to(bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev, opt.precision)
+local model = amp.model_to(pretrained.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev, opt.precision)
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,
   max_query_length = opt.max_query_length }
 
@@ -147,7 +148,7 @@ if opt.do_train then
     bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
   if dist.is_main() then
-    bert.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
+    pretrained.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
     print("train: model saved to " .. opt.output .. "/model")
   end
 end

@@ -28,6 +28,11 @@ end
 io.stderr:write("squad_eval options:\n", options.show(opt), "\n")
 
 local function run()
+  if opt.out_file ~= "" then
+    require("bertlua.util.fs").check_output("squad_eval", { "--out-file", opt.out_file },
+      { { "the data file", pos[1] }, { "the predictions", pos[2] }, { "--na-prob", opt.na_prob },
+        { "--na-prob-file", opt.na_prob_file } })
+  end
   local dataset = squad.load_json(pos[1])
   if type(dataset) ~= "table" or type(dataset.data) ~= "table" then
     error(pos[1] .. ": not a SQuAD file (no 'data' array)", 0)

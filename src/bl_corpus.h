@@ -30,8 +30,10 @@
  * [[target|anchor]] -> anchor, [[target]] -> target, [http://x anchor] ->
  * anchor; other HTML tags are removed, keeping their text; bold/italic
  * quotes, magic words (__TOC__) and table-remnant lines are removed; list
- * items keep their text; section headings are dropped (BL_WIKI_KEEP_HEADINGS
- * keeps them as their own line); entities (&amp; &nbsp; &ndash; &#NNN;
+ * items (lines starting with * # ;) are dropped and indented lines (:) keep
+ * their text, as WikiExtractor does by default (BL_WIKI_KEEP_LISTS keeps the
+ * items' text); section headings are dropped (BL_WIKI_KEEP_HEADINGS keeps
+ * them as their own line); entities (&amp; &nbsp; &ndash; &#NNN;
  * &#xHH; ...) are decoded. Output: one paragraph per line, no empty lines,
  * no trailing newline.
  */
@@ -44,13 +46,13 @@ extern "C" {
 #endif
 
 /* BL_CDEF_BEGIN */
-enum { BL_WIKI_KEEP_HEADINGS = 1 };
+enum { BL_WIKI_KEEP_HEADINGS = 1, BL_WIKI_KEEP_LISTS = 2 };
 
 typedef struct bl_wiki_reader bl_wiki_reader;
 
 typedef struct bl_wiki_options {
   size_t max_page_bytes; /* pages whose XML is larger are skipped; 0 = 64 MiB */
-  int32_t flags;         /* BL_WIKI_KEEP_HEADINGS */
+  int32_t flags;         /* BL_WIKI_KEEP_HEADINGS | BL_WIKI_KEEP_LISTS */
   int32_t quiet;         /* 1: do not print warnings on stderr (still counted) */
 } bl_wiki_options;
 

@@ -17,9 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "bl_corpus.h"
 #include "corpus_internal.h"
+#include "base/open.h"
 
 #define WIN_CAP (1u << 20)
 #define IN_CAP (1u << 16)
@@ -196,8 +198,10 @@ int bl_wiki_open(const char *path, const bl_wiki_options *opts, bl_wiki_reader *
   if (!r->inbuf || !r->win) { bl_wiki_close(r); return bl_set_error(BL_ENOMEM, "wiki_open: out of memory"); }
   if (!strcmp(path, "-")) r->f = stdin;
   else {
-    r->f = fopen(path, "rb");
-    if (!r->f) { bl_wiki_close(r); return bl_set_error(BL_EIO, "wiki_open: cannot open %s", path); }
+    int fd = bl_open_regular(path, "wiki_open: input", NULL);
+    if (fd < 0) { bl_wiki_close(r); return BL_EIO; }
+    r->f = fdopen(fd, "rb");
+    if (!r->f) { close(fd); bl_wiki_close(r); return bl_set_error(BL_EIO, "wiki_open: cannot open %s", path); }
     r->own_f = 1;
   }
   int k = read_input(r);

@@ -398,6 +398,8 @@ static void pass_lines(const char *s, size_t n, int flags, bl_cbuf *o) {
     if (!heading) {
       if (l[0] == '|' || l[0] == '!' || (ln >= 2 && l[0] == '{' && l[1] == '|')) continue;
       if (ln >= 4 && !memcmp(l, "----", 4)) continue;
+      /* WikiExtractor drops list items and keeps indented (:) lines */
+      if (!(flags & BL_WIKI_KEEP_LISTS) && (l[0] == '*' || l[0] == '#' || l[0] == ';')) continue;
       while (ln && (l[0] == '*' || l[0] == '#' || l[0] == ':' || l[0] == ';')) { l++; ln--; }
       trim(&l, &ln);
     }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "data_internal.h"
+#include "base/open.h"
 
 #define HDR_BYTES 80
 #define FNV0 14695981039346656037ULL
@@ -111,27 +112,16 @@ static int validate(bl_shard *s, const bl_shard_expect *ex) {
 int bl_shard_open(const char *path, const bl_shard_expect *expect, bl_shard **out) {
   if (!path || !out) return bl_set_error(BL_EINVAL, "shard: path and out are required");
   *out = NULL;
-  /* O_NONBLOCK: a FIFO must be refused, not waited on */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return bl_set_error(BL_EIO, "shard %s: cannot open: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return bl_set_error(BL_EIO, "shard %s: cannot stat: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return bl_set_error(BL_EIO, "shard %s: is a %s, not a regular file", path,
-                        S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "special file");
-  }
+  int64_t size;
+  int fd = bl_open_regular(path, "shard", &size);
+  if (fd < 0) return BL_EIO;
   bl_shard *s = calloc(1, sizeof *s);
   if (!s || !(s->path = strdup(path))) {
     free(s);
     close(fd);
     return bl_set_error(BL_ENOMEM, "shard %s: out of memory", path);
   }
-  s->size = (size_t)st.st_size;
+  s->size = (size_t)size;
   if (s->size >= HDR_BYTES) {
     void *p = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

@@ -118,6 +118,28 @@ static int docall(lua_State *L, int narg, int nres) {
   return status;
 }
 
+/* A script's output is lost if standard output could not take it (a full disk,
+ * /dev/full, a closed pipe): exiting 0 would claim success. Flushes stdout and
+ * checks its error flag (and, with do_close, its close); on a failure prints one
+ * line and returns 1. */
+static int stdout_failed(int do_close) {
+  static int reported;
+  errno = 0;
+  int bad = fflush(stdout) != 0 || ferror(stdout);
+  int e = errno;
+  if (do_close && fclose(stdout) != 0 && !bad) {
+    bad = 1;
+    e = errno;
+  }
+  if (bad && !reported) {
+    reported = 1;
+    fprintf(stderr, "%s: cannot write the standard output%s%s; the output is incomplete\n", progname,
+            e ? ": " : "", e ? strerror(e) : "");
+    fflush(stderr);
+  }
+  return bad;
+}
+
 /* os.exit replacement: a failing rank takes the whole MPI job down instead of
  * leaving the others waiting in a collective; a clean exit finalizes MPI. */
 static int host_exit(lua_State *L) {
@@ -125,11 +147,12 @@ static int host_exit(lua_State *L) {
   if (lua_isnoneornil(L, 1)) code = 0;
   else if (lua_isboolean(L, 1)) code = lua_toboolean(L, 1) ? 0 : 1;
   else code = (int)luaL_checkinteger(L, 1);
-  fflush(stdout);
+  if (stdout_failed(0) && code == 0) code = 1;
   fflush(stderr);
   if (code != 0 && code != 77 && bl_dist_size() > 1) bl_dist_abort("exiting with an error", code);
   bl_dist_finalize();
   lua_close(L);
+  if (stdout_failed(1) && code == 0) code = 1;
   exit(code);
 }
 
@@ -360,9 +383,10 @@ int main(int argc, char **argv) {
     else status = run_chunk(L, luaL_loadfile(L, NULL), 1);
   }
   if (status == 0 && interactive) repl(L);
-  fflush(stdout);
+  if (stdout_failed(0)) status = 1;
   if (status != 0 && bl_dist_size() > 1) bl_dist_abort("uncaught error", 1);
   lua_close(L);
   bl_dist_finalize();
+  if (stdout_failed(1)) status = 1;
   return status ? 1 : 0;
 }

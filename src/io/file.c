@@ -1,6 +1,7 @@
 /* Bounds-checked positional reads. Contract in src/bl_io.h. */
 #define _GNU_SOURCE
 #include "bl_io.h"
+#include "base/open.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,13 +27,9 @@ static char *dup_str(const char *s) {
 int bl_file_open_read(const char *path, bl_file **res) {
   if (!path || !res) return bl_set_error(BL_EINVAL, "file: NULL path");
   *res = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return bl_set_error(BL_EIO, "file: cannot open %s: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return bl_set_error(BL_EIO, "file: %s is not a regular file", path);
-  }
+  int64_t size;
+  int fd = bl_open_regular(path, "file", &size);
+  if (fd < 0) return BL_EIO;
   bl_file *f = calloc(1, sizeof *f);
   if (!f || !(f->path = dup_str(path))) {
     free(f);
@@ -40,7 +37,7 @@ int bl_file_open_read(const char *path, bl_file **res) {
     return bl_set_error(BL_ENOMEM, "file: out of memory opening %s", path);
   }
   f->fd = fd;
-  f->size = (int64_t)st.st_size;
+  f->size = size;
   *res = f;
   return 0;
 }

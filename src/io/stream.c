@@ -1,6 +1,7 @@
 /* Checked atomic writer and byte-exact line reader. Contract in src/bl_stream.h. */
 #define _GNU_SOURCE
 #include "bl_stream.h"
+#include "base/open.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +42,31 @@ int bl_check_regular(const char *path, const char *what, int must_exist) {
   if (!S_ISREG(st.st_mode))
     return bl_set_error(BL_EIO, "%s %s is %s, not a regular file", what ? what : "file", path, kind_of(st.st_mode));
   return 0;
+}
+
+int bl_open_regular(const char *path, const char *what, int64_t *size) {
+  if (!what) what = "file";
+  if (!path || !*path) return bl_set_error(BL_EINVAL, "%s: empty path", what), -1;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return bl_set_error(BL_EIO, "%s: cannot open %s: %s", what, path, strerror(errno)), -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return bl_set_error(BL_EIO, "%s: cannot stat %s: %s", what, path, strerror(e)), -1;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return bl_set_error(BL_EIO, "%s: %s is %s, not a regular file", what, path, kind_of(st.st_mode)), -1;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    int e = errno;
+    close(fd);
+    return bl_set_error(BL_EIO, "%s: cannot clear O_NONBLOCK on %s: %s", what, path, strerror(e)), -1;
+  }
+  if (size) *size = (int64_t)st.st_size;
+  return fd;
 }
 
 int bl_writer_open(const char *path, bl_writer **res) {
@@ -160,19 +186,8 @@ struct bl_lines {
 int bl_lines_open(const char *path, int strip_cr, bl_lines **res) {
   if (!path || !res) return bl_set_error(BL_EINVAL, "read: NULL path");
   *res = NULL;
-  /* O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return bl_set_error(BL_EIO, "read %s: cannot open: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return bl_set_error(BL_EIO, "read %s: cannot stat: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return bl_set_error(BL_EIO, "read %s: it is %s, not a regular file", path, kind_of(st.st_mode));
-  }
+  int fd = bl_open_regular(path, "read", NULL);
+  if (fd < 0) return BL_EIO;
   bl_lines *r = calloc(1, sizeof *r);
   if (!r || !(r->path = strdup(path)) || !(r->buf = malloc(WBUF))) {
     if (r) free(r->path);

@@ -9,10 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bl_base.h"
 #include "bl_tokenizer.h"
 #include "text_internal.h"
+#include "base/open.h"
 
 const char *const bl_tok_special_names[BL_TOK_NUM_SPECIAL] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
 
@@ -76,8 +78,13 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
   if (!out) return bl_set_error(BL_EINVAL, "tokenizer_load: out is NULL");
   *out = NULL;
   if (!path) return bl_set_error(BL_EINVAL, "tokenizer_load: vocab path is NULL");
-  FILE *f = fopen(path, "rb");
-  if (!f) return bl_set_error(BL_EIO, "tokenizer_load: cannot open vocab file %s: %s", path, strerror(errno));
+  int fd = bl_open_regular(path, "tokenizer_load: vocab file", NULL);
+  if (fd < 0) return BL_EIO;
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return bl_set_error(BL_EIO, "tokenizer_load: cannot open vocab file %s: %s", path, strerror(errno));
+  }
   bl_tokenizer *t = calloc(1, sizeof *t);
   if (!t) { fclose(f); return bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory (%s)", path); }
   snprintf(t->path, sizeof t->path, "%s", path);

@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "bertlua.h"
+#include "base/open.h"
+#include <fcntl.h>
 
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
@@ -171,11 +173,39 @@ static void test_lines(const char *dir) {
   CHECK(bl_check_regular(path, "output", 0) == 0, "an absent output is fine");
 }
 
+/* bl_open_regular, the readers' open: a FIFO or a directory is refused at once naming it; a regular file
+ * opens blocking, with its size */
+static void test_open_regular(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/fifo", dir);
+  CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+  alarm(10);
+  int fd = bl_open_regular(path, "vocab file", NULL);
+  alarm(0);
+  CHECK(fd < 0 && strstr(bl_last_error(), "vocab file: ") && strstr(bl_last_error(), path) &&
+            strstr(bl_last_error(), "is a FIFO, not a regular file"),
+        "%s", bl_last_error());
+  unlink(path);
+  CHECK(bl_open_regular(dir, "input", NULL) < 0 && strstr(bl_last_error(), "is a directory"), "%s", bl_last_error());
+  snprintf(path, sizeof path, "%s/absent", dir);
+  CHECK(bl_open_regular(path, "input", NULL) < 0 && strstr(bl_last_error(), "cannot open"), "%s", bl_last_error());
+  snprintf(path, sizeof path, "%s/plain", dir);
+  FILE *f = fopen(path, "wb");
+  CHECK(f && fwrite("12345", 1, 5, f) == 5 && fclose(f) == 0, "write %s", path);
+  int64_t size = -1;
+  fd = bl_open_regular(path, "input", &size);
+  CHECK(fd >= 0 && size == 5, "open %s: fd %d size %lld", path, fd, (long long)size);
+  CHECK(fd >= 0 && !(fcntl(fd, F_GETFL) & O_NONBLOCK), "O_NONBLOCK is cleared");
+  if (fd >= 0) close(fd);
+  unlink(path);
+}
+
 int main(void) {
   char dir[] = "/tmp/bl_test_stream_XXXXXX";
   if (!mkdtemp(dir)) { printf("mkdtemp failed\n"); return 1; }
   test_writer(dir);
   test_lines(dir);
+  test_open_regular(dir);
   rmdir(dir);
   if (failures) { printf("%d failures\n", failures); return 1; }
   printf("all stream checks passed\n");

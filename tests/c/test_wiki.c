@@ -33,7 +33,9 @@ static void test_clean(void) {
   clean_case("[[Category:Anarchism]]\n[[de:Anarchismus]]\nBody text.", "Body text.", 0);
   clean_case("See [http://example.com the site] and [https://x.org].", "See the site and.", 0);
   clean_case("== History ==\nFirst para.\n\n=== Sub ===\n* item one\n# item two\n: indented",
-             "First para.\nitem one\nitem two\nindented", 0);
+             "First para.\nindented", 0);
+  clean_case("Intro.\n* item one\n#item two\n; term\n:: indented\n*: under an item", "Intro.\nindented", 0);
+  clean_case("Intro.\n* item one\n# item two\n: indented", "Intro.\nitem one\nitem two\nindented", BL_WIKI_KEEP_LISTS);
   clean_case("== History ==\nText.", "History\nText.", BL_WIKI_KEEP_HEADINGS);
   clean_case("__TOC__\nA&nbsp;B &ndash; C &amp; D&mdash;E &#65;&#x42; &lt;b&gt;",
              "A B \xE2\x80\x93 C & D\xE2\x80\x94"

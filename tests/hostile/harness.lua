@@ -10,7 +10,8 @@
 --   silent wrong  exit 0 with a wrong or invalid result
 --   data loss     an existing file damaged, or output missing while exit 0
 --   security      a command ran that the input smuggled in
--- H.report() prints the table; any outcome but the first two fails the suite.
+-- H.report() prints the table; any outcome but the first two fails the suite (a case whose setup cannot
+-- run here is counted as skipped).
 --
 -- A test file:
 --   package.path = arg[0]:gsub("[^/]*$", "") .. "?.lua;" .. package.path
@@ -18,11 +19,13 @@
 --   local fx = H.fx            -- fixtures, each built on first use
 --   H.case { class = "FIFO", name = "...", expect = { "words" }, setup = function(dir) return cmd end }
 --   H.report("what these cases are about")
--- case{ class, name, cmd | setup(dir) -> cmd, expect = words of a clear error (nil: the input is valid),
+-- case{ class, name, cmd | setup(dir) -> cmd (or nil, why: skipped here, e.g. a fixture's tool is missing),
+--       expect = words of a clear error (nil: the input is valid),
 --       check(dir, out, rc) -> true | false, why [, "loss" | "security"], timeout = seconds }
 -- BL_HOSTILE_FILTER=text runs only the cases whose name contains text; BL_HOSTILE_TIMEOUT sets the limit.
 local T = require "testing"
 local cjson = require "cjson"
+local shell = require "bertlua.util.shell"
 
 local H = { T = T }
 local exe = T.exe()
@@ -194,9 +197,11 @@ local KINDS = { loss = "data loss", security = "security" }
 function H.run(c)
   local dir = c.dir
   os.execute("mkdir -p " .. dir)
-  local cmd = c.setup and c.setup(dir) or c.cmd
+  local cmd, skip = c.cmd, nil
+  if c.setup then cmd, skip = c.setup(dir) end
+  if not cmd then return "skipped", skip end
   local limit = c.timeout or H.LIMIT
-  local out, rc = sh(("cd %s && timeout -k 5 %d bash -c %q"):format(ROOT, limit, cmd))
+  local out, rc = sh(("cd %s && timeout -k 5 %d bash -c %s"):format(shell.quote(ROOT), limit, shell.quote(cmd)))
   out = out:gsub("rc=%d+%s*$", "")
   local last = (out:match("([^\n]+)\n*$") or ""):sub(1, 120)
   if rc == 124 or rc == 137 then return "hang", "killed after " .. limit .. " s" end
@@ -220,7 +225,7 @@ function H.run(c)
 end
 
 local ORDER = { "clear error", "correct", "unclear error", "hang", "crash", "silent wrong", "data loss",
-  "security" }
+  "security", "skipped" }
 -- report(title): one test that runs every case, prints each verdict and the counts, and fails on a bad one
 function H.report(title)
   T.test(title or "hostile inputs: no hang, no crash, no silent wrong result, no data loss", function()
@@ -234,7 +239,7 @@ function H.report(title)
         counts[verdict] = counts[verdict] + 1
         io.write(("  %-13s %-14s %s%s\n"):format(verdict, c.class, c.name, why and ("  (" .. why .. ")") or ""))
         io.flush()
-        if verdict ~= "clear error" and verdict ~= "correct" then
+        if verdict ~= "clear error" and verdict ~= "correct" and verdict ~= "skipped" then
           bad[#bad + 1] = ("%s: %s: %s"):format(verdict, c.name, why or "")
         end
       end

@@ -224,10 +224,10 @@ case { class = "rows", name = "glue.lua --do-predict keeps each test row's own i
 case { class = "non-finite", name = "extract_features.lua: a weight is NaN", expect = { "NaN" },
   setup = function(d)
     os.execute(("cp -r %s %s/m"):format(model, d))
-    local bert = require "bertlua.bert"
-    local m = bert.from_pretrained(d .. "/m", { quiet = true })
+    local pretrained = require "bertlua.pretrained"
+    local m = pretrained.from_pretrained(d .. "/m", { quiet = true })
     m.flat_params:ptr()[7] = 0 / 0
-    bert.save_pretrained(m, d .. "/m", { vocab = vocab })
+    pretrained.save_pretrained(m, d .. "/m", { vocab = vocab })
     write(d .. "/in.txt", "the river\n")
     return ("%sextract_features.lua --model=%s/m --input=%s/in.txt --output=%s/o.jsonl --layers=-1"):format(R, d, d,
       d)
@@ -237,11 +237,11 @@ case { class = "non-finite", name = "predict.lua --precision=fp16 on a model wit
   expect = { "not finite", "fp16" },
   setup = function(d)
     os.execute(("cp -r %s %s/m"):format(model, d))
-    local bert = require "bertlua.bert"
-    local m = bert.from_pretrained(d .. "/m", { quiet = true })
+    local pretrained = require "bertlua.pretrained"
+    local m = pretrained.from_pretrained(d .. "/m", { quiet = true })
     local p = m.flat_params:ptr()
     for k = 0, m.flat_params:numel() - 1, 97 do p[k] = 70000 end   -- above fp16's 65504
-    bert.save_pretrained(m, d .. "/m", { vocab = vocab })
+    pretrained.save_pretrained(m, d .. "/m", { vocab = vocab })
     return ("%spredict.lua --model=%s/m --task=glue-sst2 --input=%s/test.tsv --output=%s/p.tsv --precision=fp16 "
       .. "--max-seq-length=64"):format(R, d, glue_dir, d)
   end }

@@ -18,6 +18,7 @@ local metrics = require "bertlua.tasks.metrics"
 local Tok = require "bertlua.data.tokenizer"
 local st = require "bertlua.io.safetensors"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local trainer = require "bertlua.train.loop"
 local cjson = require "cjson"
 
@@ -97,7 +98,7 @@ if opt.only ~= "bertlua" then
   local eval_rows = rows_of(eval_file)
   dump(eval_rows, dir .. "/eval_features.safetensors", false)
   -- the classifier starts as the recipe's does for this seed
-  local m = bert.from_pretrained(opt.model, { head = "classification", num_labels = num_labels, seed = opt.seed,
+  local m = pretrained.from_pretrained(opt.model, { head = "classification", num_labels = num_labels, seed = opt.seed,
     quiet = true })
   st.save(dir .. "/head.safetensors",
     { ["classifier.weight"] = m.classifier.weight, ["classifier.bias"] = m.classifier.bias })

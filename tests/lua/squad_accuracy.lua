@@ -24,7 +24,7 @@ local options = require "bertlua.util.options"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
 local st = require "bertlua.io.safetensors"
-local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -112,7 +112,7 @@ if runs("transformers") then
   local eval_feats = squad.convert_examples_to_features(eval_ex, tok, fo)
   dump(eval_feats, dir .. "/eval_features.safetensors", false)
   -- the head starts as the recipe's does for this seed (a fresh normal(0, 0.02) either way)
-  local m = bert.from_pretrained(opt.model, { head = "qa", seed = opt.seed, quiet = true })
+  local m = pretrained.from_pretrained(opt.model, { head = "qa", seed = opt.seed, quiet = true })
   st.save(dir .. "/head.safetensors",
     { ["qa_outputs.weight"] = m.qa_outputs.weight, ["qa_outputs.bias"] = m.qa_outputs.bias })
   local drop = cjson.decode(read(opt.model .. "/config.json")).hidden_dropout_prob or 0.1

@@ -7,6 +7,7 @@
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local nn = require "bertlua.nn"
 local config = require "bertlua.bert.config"
 local st = require "bertlua.io.safetensors"
@@ -400,7 +401,7 @@ T.test("recipes/extract_features.lua end to end (needs bertlua.data.tokenizer)",
   for k, v in pairs(CFG) do c[k] = v end
   c.vocab_size = #words
   local model = bert.BertForPreTraining(c, { seed = 3 })
-  bert.save_pretrained(model, d .. "/m", { vocab = d .. "/vocab.txt" })
+  pretrained.save_pretrained(model, d .. "/m", { vocab = d .. "/vocab.txt" })
   f = io.open(d .. "/in.txt", "w"); f:write("The cat sat on the mat.\nthe dogs ||| a cat\n"); f:close()
   local rc, out = run(("%s/bertlua recipes/extract_features.lua --model=%s/m --input=%s/in.txt " ..
     "--output=%s/out.jsonl --layers=-1,-2 --max-seq-length=16"):format(

@@ -77,4 +77,33 @@ T.test("a bit flip in the newest checkpoint is found; load_latest falls back to 
   T.eq(ckpt.load_latest(dir .. "/none", { model = into }), nil)
 end)
 
+T.test("a state.json without checksums is not trusted", function()
+  local d = dir .. "/nosums"
+  local m = bert.BertForPreTraining(cfg, { seed = 1 })
+  local path = ckpt.save(d, { step = 1, model = m }, { keep = 3 })
+  local cjson = require "cjson"
+  local meta = cjson.decode(T.slurp(path .. "/state.json"))
+  meta.checksums = nil
+  T.write_file(path .. "/state.json", cjson.encode(meta))
+  T.raises(function() ckpt.load(path, { model = m }) end, "has no checksums")
+  meta.checksums = {}
+  T.write_file(path .. "/state.json", cjson.encode(meta))
+  T.raises(function() ckpt.load(path, { model = m }) end, "no checksum for model.safetensors")
+end)
+
+T.test("claim: another run's checkpoints are refused, naming what differs; the same run needs --resume", function()
+  local d = dir .. "/claim"
+  local m = bert.BertForPreTraining(cfg, { seed = 1 })
+  local id = { optimizer = "lamb", run = { lr = 1e-3, steps = 10, data = "123" } }
+  ckpt.claim(d, id, false, "pretrain")   -- nothing there yet
+  ckpt.save(d, { step = 4, model = m, identity = id }, { keep = 3 })
+  local ok, err = pcall(ckpt.claim, d, { optimizer = "lamb", run = { lr = 2e-3, steps = 10, data = "9" } }, true,
+    "pretrain")
+  T.eq(ok, false)
+  T.truthy(err:find("holds checkpoints of another run", 1, true) and err:find("data = 123 there, 9 now", 1, true)
+    and err:find("lr = 0.001 there, 0.002 now", 1, true), err)
+  T.raises(function() ckpt.claim(d, id, false, "pretrain") end, "--resume continues it")
+  ckpt.claim(d, id, true, "pretrain")
+end)
+
 T.run()

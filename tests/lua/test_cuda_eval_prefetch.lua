@@ -1,4 +1,4 @@
--- Evaluation and prediction batches on a GPU go through pinned memory (bertlua.train.prefetch, bl_stager), as the
+-- Evaluation and prediction batches on a GPU go through pinned memory (bertlua.device.prefetch, bl_stager), as the
 -- training batches do: trainer.predict (squad/glue evaluation, predict.lua) and bert.extract_features
 -- (extract_features.lua) on a tiny model with random inputs, batches of changing length and a short last batch:
 --   * the outputs are bit for bit those of the direct path (each batch uploaded with device.batch_to, the same
@@ -15,7 +15,7 @@ local bert = require "bertlua.bert"
 local config = require "bertlua.bert.config"
 local trainer = require "bertlua.train.loop"
 local device = require "bertlua.train.device"
-local prefetch = require "bertlua.train.prefetch"
+local prefetch = require "bertlua.device.prefetch"
 local cjson = require "cjson"
 
 if not bl.cuda_available() then

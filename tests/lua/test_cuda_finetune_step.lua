@@ -12,7 +12,7 @@
 --   * the emulated runtime's counters: at most one host wait per logged step (log_every 1 and 3) and no device
 --     allocation after the first step; the synchronous step needs several waits per step (the counters see them);
 --     no upload from pageable memory after step 1, on either step: the micro-batches and their targets go through
---     the stager's pinned buffers (bertlua.train.prefetch), the next one made and put before the current one's
+--     the stager's pinned buffers (bertlua.device.prefetch), the next one made and put before the current one's
 --     forward.
 -- Needs a CUDA device (the emulated one in CI); skipped otherwise.
 local T = require "testing"

@@ -1,10 +1,10 @@
--- CUDA graphs (--cuda-graph, bertlua.train.graph): a captured and replayed step computes exactly what the plain
+-- CUDA graphs (--cuda-graph, bertlua.device.graph): a captured and replayed step computes exactly what the plain
 -- step computes; the runtime's counters show the kernels came from graph launches; a call that cannot be
 -- captured (a host wait, a read of device memory, a new device allocation) is a clear error, not a hang, and
 -- leaves the device usable. Needs a CUDA device (the emulated one in CI).
 local T = require "testing"
 local bl = require "bertlua"
-local graph = require "bertlua.train.graph"
+local graph = require "bertlua.device.graph"
 
 if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
 

@@ -2,13 +2,13 @@
 -- the kernels read when they run. Every dropout-using op (dropout, residual LayerNorm, embedding LayerNorm, attention
 -- f32 and bf16 tensor-core, forward and backward) gives with a slot holding s exactly what it gives with s, and the
 -- CPU twin's mask; a changed slot changes the mask at the next run; the CPU refuses a slot with a clear error; a
--- CUDA graph captured once and replayed takes the seed from the slot (bertlua.train.graph: replay, replayable).
+-- CUDA graph captured once and replayed takes the seed from the slot (bertlua.device.graph: replay, replayable).
 -- Cross-entropy with its count made on the device (count -1, deferred checks) equals the one given the count, and
 -- a replay counts its new targets. Needs a CUDA device (the emulated one in CI).
 local T = require "testing"
 local bl = require "bertlua"
 local ops = require "bertlua.nn.ops"
-local graph = require "bertlua.train.graph"
+local graph = require "bertlua.device.graph"
 
 if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
 

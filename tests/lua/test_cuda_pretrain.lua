@@ -38,13 +38,13 @@ T.test("fp32: 20 steps on cuda track the cpu within 1e-5 per step; saved models 
     T.truthy(g[s] and rel(g[s], c[s]) <= 1e-5, ("step %d: cuda %.9g cpu %.9g"):format(s, g[s] or 0 / 0, c[s]))
   end
   step_stays_on_device(tmp .. "/cuda", "fp32")
-  local bert = require "bertlua.bert"
+  local pretrained = require "bertlua.pretrained"
   local loader = require("bertlua.data.loader").Loader{ dir = tmp .. "/data", split = "test", batch_size = 4,
     max_seq_length = 32, max_predictions = 5, shuffle = false }
   local batch = loader:next()
   loader:close()
   local function mlm(dir)
-    local m = bert.from_pretrained(dir, { head = "pretraining" })
+    local m = pretrained.from_pretrained(dir, { head = "pretraining" })
     m:eval()
     return m:forward(batch).mlm_loss
   end
@@ -184,7 +184,7 @@ T.test("the cuda-trained models (fp32, bf16) load into transformers with the sam
   local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
   local _, prc = T.sh(PY .. " -c 'import transformers, torch'")
   if prc ~= 0 then T.skip("transformers not importable by " .. PY .. " (scripts/requirements-test.txt)") end
-  local st, bert = require "bertlua.io.safetensors", require "bertlua.bert"
+  local st, pretrained = require "bertlua.io.safetensors", require "bertlua.pretrained"
   local b = { input_ids = bl.from({ { 2, 14, 27, 90, 3, 55, 61, 3 }, { 2, 8, 9, 3, 40, 3, 0, 0 } }, { dtype = "i32" }),
     token_type_ids = bl.from({ { 0, 0, 0, 0, 0, 1, 1, 1 }, { 0, 0, 0, 0, 1, 1, 0, 0 } }, { dtype = "i32" }),
     attention_mask = bl.from({ { 1, 1, 1, 1, 1, 1, 1, 1 }, { 1, 1, 1, 1, 1, 1, 0, 0 } }, { dtype = "i32" }) }
@@ -199,7 +199,7 @@ T.test("the cuda-trained models (fp32, bf16) load into transformers with the sam
     if rc == 77 then T.skip(out) end
     T.eq(rc, 0, "transformers load failed: " .. out)
     local ref = st.load(dir .. "/hf_out.safetensors")
-    local m = bert.from_pretrained(dir .. "/phase1", { head = "pretraining" })
+    local m = pretrained.from_pretrained(dir .. "/phase1", { head = "pretraining" })
     m:eval()
     local o = m:forward(b)
     local seq = o.sequence_output

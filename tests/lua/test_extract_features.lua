@@ -8,7 +8,7 @@
 -- gives one clear line.
 local T = require "testing"
 local bl = require "bertlua"
-local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local cjson = require "cjson"
 
 local exe = T.exe()
@@ -47,7 +47,7 @@ local function extract(out, extra)
 end
 
 -- the model's hidden states for one example, computed directly (no padding)
-local model = bert.from_pretrained(tmp .. "/m", { head = "model", quiet = true })
+local model = pretrained.from_pretrained(tmp .. "/m", { head = "model", quiet = true })
 model:eval()
 local tok = require("bertlua.data.tokenizer").load(tmp .. "/vocab.txt", { lower = true })
 local function direct(tokens, types)

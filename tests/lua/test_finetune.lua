@@ -7,6 +7,7 @@
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local trainer = require "bertlua.train.loop"
 local schedule = require "bertlua.train.schedule"
 local ft = require "bertlua.tasks.common"
@@ -254,7 +255,7 @@ T.test("bad input: batch and micro-batch, too little data, input checks", functi
   T.raises(function() ft.input_file("x", tmp .. "/nofile", "--input") end,
     "--input=" .. tmp .. "/nofile cannot be read")
   T.raises(function() ft.input_file("x", nil, "--input") end, "--input=FILE is required")
-  bert.save_pretrained(m, tmp .. "/m", {})
+  pretrained.save_pretrained(m, tmp .. "/m", {})
   os.remove(tmp .. "/m/vocab.txt")
   T.raises(function() ft.model_dir("x", tmp .. "/m") end, "has no vocab.txt")
   local f = io.open(tmp .. "/v.txt", "w"); f:write("[PAD]\n"); f:close()

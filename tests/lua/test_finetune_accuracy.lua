@@ -13,7 +13,7 @@
 -- reaches padding positions, which attention masks and answers never use).
 local T = require "testing"
 local real = require "real_model"
-local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
@@ -44,7 +44,7 @@ local dir = tmp .. "/run"
 local all = {}
 for i = 1, N do all[i] = i end
 st.save(dir .. "/features.safetensors", real.qa_tensors(feats, all, L, true))
-local model = bert.from_pretrained(m0, { head = "qa", seed = 5, quiet = true })
+local model = pretrained.from_pretrained(m0, { head = "qa", seed = 5, quiet = true })
 local w0 = model.flat_params:clone()
 st.save(dir .. "/head.safetensors", { ["qa_outputs.weight"] = model.qa_outputs.weight,
   ["qa_outputs.bias"] = model.qa_outputs.bias })

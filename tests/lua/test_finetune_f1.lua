@@ -14,7 +14,7 @@
 -- clipping, issue 19) is run too and must fall outside the band.
 local T = require "testing"
 local real = require "real_model"
-local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
@@ -55,7 +55,7 @@ end
 -- bertlua: trainer.fit as recipes/squad.lua calls it (steps = 0: the fresh model);
 -- returns F1, predictions and the batch order it drew
 local function bertlua_f1(max_grad_norm, steps)
-  local model = bert.from_pretrained(m0, { head = "qa", seed = SEED, quiet = true })
+  local model = pretrained.from_pretrained(m0, { head = "qa", seed = SEED, quiet = true })
   st.save(dir .. "/head.safetensors", { ["qa_outputs.weight"] = model.qa_outputs.weight,
     ["qa_outputs.bias"] = model.qa_outputs.bias })
   local order = {}

@@ -8,6 +8,7 @@
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local st = require "bertlua.io.safetensors"
 local imp = require "bertlua.io.import"
 local ffi = require "ffi"
@@ -70,7 +71,7 @@ end)
 T.test("a TF checkpoint written by TensorFlow gives transformers' hidden states (its own TF conversion)", function()
   fixture("tf")
   local ref = st.load(DIR .. "/tf_ref.safetensors")
-  local model = bert.from_pretrained(DIR .. "/tf", { quiet = true })
+  local model = pretrained.from_pretrained(DIR .. "/tf", { quiet = true })
   T.eq(tostring(model), "BertForPreTraining")
   T.eq(model.vocab_path, DIR .. "/tf/vocab.txt")
   local out = model_outputs(model, { input_ids = ref.input_ids, token_type_ids = ref.token_type_ids,
@@ -80,9 +81,9 @@ T.test("a TF checkpoint written by TensorFlow gives transformers' hidden states 
   e = rel(out.nsp_logits, ref.nsp_logits)
   T.truthy(e <= 1e-5, ("NSP logits differ: relative %.3g"):format(e))
   -- the same through a prefix and through the .index path
-  local m2 = bert.from_pretrained(DIR .. "/tf/bert_model.ckpt", { quiet = true })
+  local m2 = pretrained.from_pretrained(DIR .. "/tf/bert_model.ckpt", { quiet = true })
   same(m2.flat_params, model.flat_params)
-  local m3 = bert.from_pretrained(DIR .. "/tf/bert_model.ckpt.index", { quiet = true })
+  local m3 = pretrained.from_pretrained(DIR .. "/tf/bert_model.ckpt.index", { quiet = true })
   same(m3.flat_params, model.flat_params)
 end)
 
@@ -92,16 +93,16 @@ T.test("TF optimizer slots are skipped with a count; fine-tuned SQuAD and classi
   local weights = #info.names
   T.eq(info.skipped, 2 * weights + 1, "adam_m + adam_v per weight, and global_step")
   local heads = st.load(DIR .. "/tf_heads.safetensors")
-  local qa = bert.from_pretrained(DIR .. "/tf_squad", { quiet = true })
+  local qa = pretrained.from_pretrained(DIR .. "/tf_squad", { quiet = true })
   T.eq(tostring(qa), "BertForQuestionAnswering")
   same(qa.qa_outputs.weight, heads["cls.squad.output_weights"])
   same(qa.qa_outputs.bias, heads["cls.squad.output_bias"])
-  local cls = bert.from_pretrained(DIR .. "/tf_cls", { quiet = true })
+  local cls = pretrained.from_pretrained(DIR .. "/tf_cls", { quiet = true })
   T.eq(tostring(cls), "BertForSequenceClassification")
   T.eq(cls.classifier.weight:size(1), 3)
   same(cls.classifier.weight, heads.output_weights)
   -- the encoder is the pre-training checkpoint's, kernels transposed
-  local pt = bert.from_pretrained(DIR .. "/tf", { quiet = true })
+  local pt = pretrained.from_pretrained(DIR .. "/tf", { quiet = true })
   same(qa.bert.encoder.layer[2].intermediate.dense.weight, pt.bert.encoder.layer[2].intermediate.dense.weight)
 end)
 
@@ -123,7 +124,7 @@ T.test("a corrupted byte in the TF data shard is reported by crc32c naming the t
   end
   T.eq(#failed, 1)
   T.eq(failed[1], victim.name)
-  T.raises(function() bert.from_pretrained(d, { quiet = true }) end,
+  T.raises(function() pretrained.from_pretrained(d, { quiet = true }) end,
     "tf checkpoint: " .. shard .. ": tensor 'bert/encoder/layer_1/intermediate/dense/kernel': crc32c mismatch")
 end)
 
@@ -158,7 +159,7 @@ T.test("hostile TF files: truncated or corrupt index, missing or short shard, wr
   index = fresh()
   local cfg = slurp(d .. "/bert_config.json"):gsub('"vocab_size": 99', '"vocab_size": 98')
   write(d .. "/bert_config.json", cfg)
-  T.raises(function() bert.from_pretrained(d, { quiet = true }) end,
+  T.raises(function() pretrained.from_pretrained(d, { quiet = true }) end,
     "tf checkpoint: " .. index .. ": tensor 'bert/embeddings/word_embeddings': shape [99,32] does not match")
 end)
 
@@ -168,8 +169,8 @@ T.test("convert.lua: an HF directory from a TF checkpoint, loaded by transformer
   local rc, log = run(("%s recipes/convert.lua --input=%s/tf/bert_model.ckpt --output=%s"):format(T.exe(), DIR, out))
   T.eq(rc, 0, log)
   T.truthy(log:find("skipped 95 tensor(s) that are not model weights", 1, true), log)
-  local from_tf = bert.from_pretrained(DIR .. "/tf", { quiet = true })
-  same(bert.from_pretrained(out, { quiet = true }).flat_params, from_tf.flat_params)
+  local from_tf = pretrained.from_pretrained(DIR .. "/tf", { quiet = true })
+  same(pretrained.from_pretrained(out, { quiet = true }).flat_params, from_tf.flat_params)
   T.eq(slurp(out .. "/vocab.txt"), slurp(DIR .. "/tf/vocab.txt"))
   local py = ("import torch, transformers\n"
     .. "from safetensors.torch import load_file\n"
@@ -190,8 +191,8 @@ end)
 -- PyTorch -------------------------------------------------------------------------------------
 T.test("transformers' pytorch_model.bin loads with outputs identical to its safetensors twin", function()
   fixture("torch")
-  local a = bert.from_pretrained(DIR .. "/st", { quiet = true })
-  local b = bert.from_pretrained(DIR .. "/hf_bin", { quiet = true })
+  local a = pretrained.from_pretrained(DIR .. "/st", { quiet = true })
+  local b = pretrained.from_pretrained(DIR .. "/hf_bin", { quiet = true })
   same(b.flat_params, a.flat_params)
   local ids = bl.from({ { 2, 14, 27, 90, 3, 55 }, { 2, 8, 9, 3, 0, 0 } }, { dtype = "i32" })
   local batch = { input_ids = ids, attention_mask = bl.from({ { 1, 1, 1, 1, 1, 1 }, { 1, 1, 1, 1, 0, 0 } }) }
@@ -199,14 +200,14 @@ T.test("transformers' pytorch_model.bin loads with outputs identical to its safe
   same(ob.sequence_output, oa.sequence_output)
   same(ob.nsp_logits, oa.nsp_logits)
   -- the file path itself works too
-  same(bert.from_pretrained(DIR .. "/hf_bin/pytorch_model.bin", { quiet = true }).flat_params, a.flat_params)
+  same(pretrained.from_pretrained(DIR .. "/hf_bin/pytorch_model.bin", { quiet = true }).flat_params, a.flat_params)
 end)
 
 T.test("the legacy (pre-1.6, non-zip) torch.save format loads too; truncated, it names the storage", function()
   fixture("torch")
-  local a = bert.from_pretrained(DIR .. "/st", { quiet = true })
+  local a = pretrained.from_pretrained(DIR .. "/st", { quiet = true })
   local bin = DIR .. "/legacy/pytorch_model.bin"
-  same(bert.from_pretrained(bin, { quiet = true }).flat_params, a.flat_params)
+  same(pretrained.from_pretrained(bin, { quiet = true }).flat_params, a.flat_params)
   local s = slurp(bin)
   write(DIR .. "/legacy_cut.bin", s:sub(1, #s - 100))
   T.raises(function() imp.open("torch", DIR .. "/legacy_cut.bin") end, "runs past the end of the file: truncated?")
@@ -226,8 +227,8 @@ end)
 
 T.test("an NVIDIA .pt ({model = state dict}, module. prefixes, dense_act) equals its safetensors twin", function()
   fixture("torch")
-  local a = bert.from_pretrained(DIR .. "/qa_st", { quiet = true })
-  local b = bert.from_pretrained(DIR .. "/nvidia", { quiet = true })
+  local a = pretrained.from_pretrained(DIR .. "/qa_st", { quiet = true })
+  local b = pretrained.from_pretrained(DIR .. "/nvidia", { quiet = true })
   T.eq(tostring(b), "BertForQuestionAnswering")
   same(b.flat_params, a.flat_params)
   local ids = bl.from({ { 2, 14, 27, 90, 3, 55 } }, { dtype = "i32" })
@@ -242,7 +243,7 @@ T.test("a pickle asking for os.system is refused by name and nothing runs", func
   local marker = DIR .. "/pwned"
   os.remove(marker)
   T.raises(function() imp.open("torch", DIR .. "/evil.pt") end, "refusing global posix.system")
-  T.raises(function() bert.from_pretrained(DIR .. "/evil.pt", { config = DIR .. "/st/config.json" }) end,
+  T.raises(function() pretrained.from_pretrained(DIR .. "/evil.pt", { config = DIR .. "/st/config.json" }) end,
     "torch checkpoint: " .. DIR .. "/evil.pt")
   T.truthy(not io.open(marker), "the command did not run")
   -- the fixture is live: Python's own unpickler does run it
@@ -301,7 +302,7 @@ T.test("a name bertlua cannot place is listed; a directory with two checkpoints 
   local nv = DIR .. "/nvidia/"
   os.execute(("mkdir -p %q && cp %q %q && cp %q %q && cp %q %q"):format(d, nv .. "bert_qa.pt", d .. "/a.pt",
     nv .. "bert_qa.pt", d .. "/b.pt", nv .. "bert_config.json", d))
-  T.raises(function() bert.from_pretrained(d) end, "holds several checkpoints (a.pt, b.pt)")
+  T.raises(function() pretrained.from_pretrained(d) end, "holds several checkpoints (a.pt, b.pt)")
   local cfg = bert.config.new(require("cjson").decode(slurp(d .. "/bert_config.json")))
   local m = bert.BertModel(cfg, { pooler = false })  -- transformers' QA model has none
   T.raises(function() imp.load_into(m, d .. "/a.pt", { quiet = true }) end, "not parameters of this model")
@@ -315,7 +316,7 @@ T.test("TF: Saver's checkpoint file picks the newest of several; unplaced tensor
   os.execute(("mkdir -p %q && cp %q/tf/* %q/ && cd %q && mv bert_model.ckpt.index model.ckpt-2.index && "
     .. "mv bert_model.ckpt.data-00000-of-00001 model.ckpt-2.data-00000-of-00001 && cp model.ckpt-2.index "
     .. "model.ckpt-1.index"):format(t, DIR, t, t))
-  T.raises(function() bert.from_pretrained(t) end, "holds several checkpoints (model.ckpt-1, model.ckpt-2)")
+  T.raises(function() pretrained.from_pretrained(t) end, "holds several checkpoints (model.ckpt-1, model.ckpt-2)")
   write(t .. "/checkpoint", 'model_checkpoint_path: "model.ckpt-2"\nall_model_checkpoint_paths: "model.ckpt-2"\n')
   T.eq(imp.locate(t).weights, t .. "/model.ckpt-2")
   local m = bert.BertModel(bert.config.load(DIR .. "/tf_squad/bert_config.json"))

@@ -18,6 +18,7 @@
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local infer = require "bertlua.bert.infer"
 
 local CFG = require("fixtures").tiny_config()
@@ -163,7 +164,7 @@ end
 T.test("the accuracy cost on all-MiniLM-L6-v2: sentence and token cosines vs fp32", function()
   local dir = minilm()
   local tok = require("bertlua.data.tokenizer").load(dir .. "/vocab.txt", { lower = true })
-  local model = bert.from_pretrained(dir, { head = "model", quiet = true })
+  local model = pretrained.from_pretrained(dir, { head = "model", quiet = true })
   model:eval()
   local rows, lens = {}, {}
   for i, s in ipairs(sentences()) do

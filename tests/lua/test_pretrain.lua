@@ -26,15 +26,15 @@ T.test("loss falls, the model is saved and reloads with the same outputs", funct
   local first = (l[1] + l[2] + l[3]) / 3
   local last = (l[98] + l[99] + l[100]) / 3
   T.truthy(last < first - 1.0, ("loss %.3f -> %.3f"):format(first, last))
-  local bert = require "bertlua.bert"
-  local m = bert.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
+  local pretrained = require "bertlua.pretrained"
+  local m = pretrained.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
   local pd = require "bertlua.data.loader"
   local loader = pd.Loader{ dir = tmp .. "/data", split = "test", batch_size = 4, max_seq_length = 32,
     max_predictions = 5, shuffle = false }
   local batch = loader:next()
   m:eval()
   local a = m:forward(batch).mlm_loss
-  local m2 = bert.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
+  local m2 = pretrained.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
   m2:eval()
   T.eq(m2:forward(batch).mlm_loss, a)
   T.truthy(out:find("eval phase 1 step 100", 1, true), out)
@@ -112,6 +112,32 @@ T.test("the pre-training notebook plots the log", function()
     :format(tmp, tmp, tmp))
   T.eq(rc, 0, out)
   T.truthy(io.open(tmp .. "/nb/pretraining_curves.png"), "the plot was written")
+  -- two runs of two phases each, one resumed (its steps 3-4 logged twice): one curve per run and phase,
+  -- the resumed steps' last records kept
+  local function log_of(name, resumed)
+    local recs = { cjson.encode { event = "config", config = { output = name } } }
+    local function steps(phase, from, to, loss0)
+      for st = from, to do recs[#recs + 1] = cjson.encode { step = st, phase = phase, loss = loss0 - st / 10 } end
+    end
+    steps(1, 1, 4, 10)
+    if resumed then steps(1, 3, 6, 9) else steps(1, 5, 6, 10) end
+    recs[#recs + 1] = cjson.encode { event = "eval", phase = 1, step = 6, eval_mlm_acc = 0.25 }
+    steps(2, 1, 3, 5)
+    os.execute("mkdir -p " .. tmp .. "/" .. name)
+    T.write_file(tmp .. "/" .. name .. "/log.jsonl", table.concat(recs, "\n") .. "\n")
+    return tmp .. "/" .. name .. "/log.jsonl"
+  end
+  local logs = log_of("nb_a", false) .. "," .. log_of("nb_b", true)
+  out, rc = sh(("BL_LOG=%s BL_NB_OUT=%s/nb2 jupyter nbconvert --to notebook --execute notebooks/pretraining.ipynb "
+    .. "--output-dir=%s/nb2"):format(logs, tmp, tmp))
+  T.eq(rc, 0, out)
+  local text = T.slurp(tmp .. "/nb2/pretraining.ipynb")
+  T.truthy(text:find("4 curves (run x phase)", 1, true), "one curve per run and phase")
+  T.truthy(text:find("nb_b/log.jsonl: phase 1: 6 steps, 1 evaluations, phase 2: 3 steps", 1, true),
+    "a resumed step counted once")
+  T.truthy(text:find("nb_b phase 1: loss 9.900 -> 8.400 over steps 1-6", 1, true), "resumed steps: the last records")
+  T.truthy(text:find("nb_a phase 2: loss 4.900 -> 4.700 over steps 1-3", 1, true), "phase 2 on its own")
+  T.truthy(text:find("held-out MLM accuracy 0.2500 at step 6", 1, true), "the evaluation")
 end)
 
 T.test("--init from a torch.save pytorch_model.bin, --warmup-steps1 and a fixed --loss-scale reach the run", function()

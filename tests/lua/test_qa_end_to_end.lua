@@ -24,12 +24,13 @@ assert(select(2, sh(("%s recipes/build_vocab.lua --input=%s/corpus --output=%s/v
   tmp))) == 0)
 -- a fresh tiny model directory
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local n = 0
 for _ in io.lines(tmp .. "/vocab.txt") do n = n + 1 end
 local m = bert.BertForQuestionAnswering({ vocab_size = n, hidden_size = 64, num_hidden_layers = 2,
   num_attention_heads = 2,
   intermediate_size = 128, max_position_embeddings = 128 }, { seed = 3 })
-bert.save_pretrained(m, tmp .. "/init", { vocab = tmp .. "/vocab.txt" })
+pretrained.save_pretrained(m, tmp .. "/init", { vocab = tmp .. "/vocab.txt" })
 
 T.test("fine-tuning beats a trivial baseline on held-out questions", function()
   local out, rc = sh(("%s recipes/squad.lua --model=%s/init --train-file=%s/train.json --predict-file=%s/dev.json " ..

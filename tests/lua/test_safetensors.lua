@@ -7,6 +7,7 @@
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
+local pretrained = require "bertlua.pretrained"
 local st = require "bertlua.io.safetensors"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
@@ -132,31 +133,32 @@ T.test("model directories: save_pretrained / from_pretrained, head swap like tra
   local vocab = DIR .. "/vocab_src.txt"
   local f = io.open(vocab, "w"); f:write("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n"); f:close()
   local d = DIR .. "/model_dir"
-  bert.save_pretrained(m, d, { vocab = vocab })
+  pretrained.save_pretrained(m, d, { vocab = vocab })
   local cfgf = io.open(d .. "/config.json"):read("*a")
   T.truthy(cfgf:find('"BertForPreTraining"', 1, true), "architectures in config.json")
   T.eq(io.open(d .. "/vocab.txt"):read("*a"), "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n")
-  local m2 = bert.from_pretrained(d)
+  local m2 = pretrained.from_pretrained(d)
   T.eq(tostring(m2), "BertForPreTraining")
   same(m2.flat_params, m.flat_params)
   T.eq(m2.vocab_path, d .. "/vocab.txt")
-  local qa = bert.from_pretrained(d, { head = "qa", seed = 3, quiet = true })
+  local qa = pretrained.from_pretrained(d, { head = "qa", seed = 3, quiet = true })
   T.eq(tostring(qa), "BertForQuestionAnswering")
   same(qa.bert.encoder.layer[1].attention.self.value.weight, m.bert.encoder.layer[1].attention.self.value.weight)
   T.truthy(qa.qa_outputs.weight:abs():max() > 0, "qa_outputs initialised fresh")
-  local cls = bert.from_pretrained(d, { head = "classification", num_labels = 5, quiet = true })
+  local cls = pretrained.from_pretrained(d, { head = "classification", num_labels = 5, quiet = true })
   T.eq(cls.classifier.weight:size(1), 5)
   same(cls.bert.pooler.dense.weight, m.bert.pooler.dense.weight)
   -- strict: a head mismatch is an error
-  T.raises(function() bert.from_pretrained(d, { head = "qa", strict = true }) end, "qa_outputs.weight' is missing")
-  T.raises(function() bert.from_pretrained(DIR .. "/nowhere") end,
+  T.raises(function() pretrained.from_pretrained(d, { head = "qa", strict = true }) end,
+    "qa_outputs.weight' is missing")
+  T.raises(function() pretrained.from_pretrained(DIR .. "/nowhere") end,
     "model directory " .. DIR .. "/nowhere does not exist")
   -- wrong config for the weights: error names the tensor and both shapes
   local d2 = DIR .. "/bad_dir"
-  bert.save_pretrained(m, d2)
+  pretrained.save_pretrained(m, d2)
   local c = io.open(d2 .. "/config.json"):read("*a"):gsub('"vocab_size": 97', '"vocab_size": 98')
   writefile(d2 .. "/config.json", c)
-  T.raises(function() bert.from_pretrained(d2) end,
+  T.raises(function() pretrained.from_pretrained(d2) end,
     "tensor 'bert.embeddings.word_embeddings.weight': shape [97,48] does not match the model's")
   T.raises(function() st.save(DIR .. "/no/such/dir/x.safetensors", { a = bl.zeros({ 2 }) }) end, "cannot create")
 end)
@@ -280,7 +282,7 @@ T.test("a model saved by transformers loads here with the same outputs", functio
   if rc == 77 then T.skip(out) end
   T.eq(rc, 0, "transformers save failed: " .. out)
   local ref = st.load(d .. "/hf_out.safetensors")
-  local model = bert.from_pretrained(d .. "/hf")
+  local model = pretrained.from_pretrained(d .. "/hf")
   T.eq(tostring(model), "BertForPreTraining")
   compare_hf(model, ref, 1e-5)
 end)
@@ -294,7 +296,7 @@ T.test("a model saved here loads in transformers (tied decoder, QA head initiali
     if p.name:match("bias$") or p.name:match("LayerNorm") then p.param:add_(bl.randn(p.shape, { seed = 2,
       offset = p.offset }) * 0.1) end
   end
-  bert.save_pretrained(model, d .. "/ours")
+  pretrained.save_pretrained(model, d .. "/ours")
   local rc, out = run(PY .. " recipes/peers/bert_reference.py hf_check '" .. d .. "/ours'")
   if rc == 77 then T.skip(out) end
   T.eq(rc, 0, "transformers load failed: " .. out)

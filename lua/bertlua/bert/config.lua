@@ -9,6 +9,7 @@
 -- Field names and defaults are those of transformers' BertConfig, so files
 -- move both ways. Validation errors name the field and what was wrong.
 local cjson = require "cjson"
+local fs = require "bertlua.util.fs"
 
 local M = {}
 
@@ -152,10 +153,8 @@ end
 function M.is_preset(name) return PRESETS[name] ~= nil end
 
 function M.load(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("config: cannot open " .. path .. ": " .. tostring(err), 0) end
-  local text = f:read("*a")
-  f:close()
+  local text, err = fs.read(path, "model config")
+  if not text then error("config: cannot open " .. path .. " (" .. tostring(err) .. ")", 0) end
   local ok, t = pcall(cjson.decode, text)
   if not ok or type(t) ~= "table" or t[1] ~= nil or next(t) == nil then
     error("config: " .. path .. " is not a JSON object with the model's fields: "

@@ -8,7 +8,7 @@
 --
 -- A pack is a snapshot of the weights for the CPU path (AVX-512 / AVX2) in
 -- use: call pack again after loading other weights, after an optimizer step
--- or after bl.cpu_set_isa. Modules use their pack in eval mode only
+-- or after bl.set_cpu_isa. Modules use their pack in eval mode only
 -- (training runs the ordinary GEMMs, so train() needs no unpack, but the
 -- packs keep their memory: about one more copy of the linear weights).
 -- On a GPU, or for weights that are not f32 on the CPU, nothing is packed.
@@ -19,7 +19,7 @@
 -- of padded positions are zeros (see BertModel:forward). Heads and recipes
 -- read real positions only.
 local ops = require "bertlua.nn.ops"
-local bl = require "bertlua"
+local runtime = require "bertlua.runtime"
 
 local M = {}
 
@@ -43,16 +43,17 @@ end
 --   anything else: fp32 (tf32/fp16 round the weights only, as before).
 function M.plan(precision)
   if precision == "int8" then
-    if not bl.cpu_has("avx2") then
-      error("int8 inference needs the avx2 or avx512 CPU path (this one: " .. bl.cpu_isa() .. ")", 0)
+    if not runtime.cpu_has("avx2") then
+      error("int8 inference needs the avx2 or avx512 CPU path (this one: " .. runtime.cpu_isa() .. ")", 0)
     end
     return "int8", "int8 dynamic quantization (weights per output channel, activations per row), "
-      .. (bl.cpu_has("avx512_vnni") and "VNNI vpdpbusd" or "AVX2 vpmaddwd") .. " int32 sums"
+      .. (runtime.cpu_has("avx512_vnni") and "VNNI vpdpbusd" or "AVX2 vpmaddwd") .. " int32 sums"
   elseif precision == "bf16" then
-    if bl.cpu_has("avx512_bf16") then
+    if runtime.cpu_has("avx512_bf16") then
       return "bf16", "bf16 GEMM (weights and activations rounded to bf16, vdpbf16ps, f32 sums)"
     end
-    return "fp32", "bf16: no AVX512-BF16 on this CPU path (" .. bl.cpu_isa() .. "): f32 GEMM on bf16-rounded weights"
+    return "fp32", "bf16: no AVX512-BF16 on this CPU path (" .. runtime.cpu_isa()
+      .. "): f32 GEMM on bf16-rounded weights"
   end
   return "fp32", "fp32 GEMM"
 end

@@ -7,8 +7,7 @@
 --                              next_sentence_labels = nsp }
 --   -- out.loss, out.mlm_loss, out.nsp_loss, out.mlm_accuracy, out.nsp_accuracy
 --   model:zero_grad(); model:backward()     -- gradients of out.loss into model.flat_grads
---   bert.save_pretrained(model, "out/", { vocab = "vocab.txt" })
---   local m2 = bert.from_pretrained("out/", { head = "qa" })
+--   (model directories in and out: bertlua.pretrained)
 --
 -- Module tree and parameter names are those of Hugging Face transformers
 -- (bert.embeddings.word_embeddings.weight, bert.encoder.layer.0.attention.self.query.weight,
@@ -42,31 +41,6 @@ M.architectures = {
   BertModel = "model", BertForPreTraining = "pretraining",
   BertForQuestionAnswering = "qa", BertForSequenceClassification = "classification",
 }
-
--- save_pretrained / from_pretrained live here so users need one module
-function M.save_pretrained(model, dir, opts)
-  return require("bertlua.io.safetensors").save_pretrained(model, dir, opts)
-end
-function M.from_pretrained(dir, opts)
-  local model, cfg = require("bertlua.io.safetensors").from_pretrained(dir, opts)
-  M.check_finite(model, dir .. "/model.safetensors")
-  return model, cfg
-end
-
--- check_finite(model, where): an error naming the first weight that holds NaN or an infinity (a corrupt
--- file or a diverged run would otherwise give NaN outputs without a word)
-function M.check_finite(model, where)
-  local global_norm = require("bertlua.train.optim").global_norm
-  local _, bad = global_norm(model.flat_params)
-  if not bad then return end
-  for _, e in ipairs(model._plist) do
-    _, bad = global_norm(model.flat_params:narrow(1, e.offset + 1, e.numel))
-    if bad then
-      error(("%s: weight %s holds NaN or infinite values (a corrupt file or a diverged run)"):format(where,
-        e.name), 0)
-    end
-  end
-end
 
 -- feature extraction (BERT's extract_features.py) ---------------------------------------
 -- pair(tokens_a, tokens_b, max_len) -> tokens, type_ids: [CLS] a [SEP] (b [SEP]),
@@ -103,7 +77,7 @@ end
 -- opts.layers: list of layer indices, negative from the last encoder layer
 -- (-1 = last; 0 = the embeddings output). Values are printed with %.9g.
 -- opts.device: the model is on cuda:N (inputs go there through pinned memory, the next batch's copy while the
--- current batch runs: bertlua.train.prefetch; outputs are read back).
+-- current batch runs: bertlua.device.prefetch; outputs are read back).
 function M.extract_features(model, examples, opts, emit)
   local cjson = require "cjson"
   local m = model.bert or model
@@ -133,7 +107,7 @@ function M.extract_features(model, examples, opts, emit)
     end
     return { input_ids = ids, token_type_ids = types, attention_mask = mask }
   end
-  local stage = (opts.device or -1) >= 0 and require("bertlua.train.prefetch").Stager(opts.device) or nil
+  local stage = (opts.device or -1) >= 0 and require("bertlua.device.prefetch").Stager(opts.device) or nil
   if stage and #examples > 0 then stage:put(inputs_at(1)) end
   local first = 1
   while first <= #examples do

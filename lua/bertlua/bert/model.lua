@@ -6,7 +6,7 @@ local nn = require "bertlua.nn"
 local config = require "bertlua.bert.config"
 local ffi = core.ffi
 local ops = require "bertlua.nn.ops"
-local graph = require "bertlua.train.graph"
+local graph = require "bertlua.device.graph"
 local buf, draw, class, Module = nn.buf, nn.draw, nn.class, nn.Module
 
 

@@ -14,6 +14,7 @@
 local core = require "bertlua.core"
 local fs = require "bertlua.util.fs"
 local C, ffi = core.C, core.ffi
+local bit = require "bit"
 
 local M = {}
 
@@ -76,10 +77,15 @@ function M.progress(label, total_bytes)
 end
 
 ---------------------------------------------------------------- text primitives
--- clean_wikitext(s [, keep_headings]) -> plain text (see src/bl_corpus.h)
-function M.clean_wikitext(s, keep_headings)
+-- the cleaning flags from options {keep_headings=, keep_lists=} (both off: WikiExtractor's defaults)
+local function wiki_flags(o)
+  return bit.bor(o.keep_headings and C.BL_WIKI_KEEP_HEADINGS or 0, o.keep_lists and C.BL_WIKI_KEEP_LISTS or 0)
+end
+
+-- clean_wikitext(s [, {keep_headings=, keep_lists=}]) -> plain text (see src/bl_corpus.h)
+function M.clean_wikitext(s, o)
   local out, len = charpp(), sizep()
-  core.check(C.bl_wikitext_clean(s, #s, keep_headings and C.BL_WIKI_KEEP_HEADINGS or 0, out, len))
+  core.check(C.bl_wikitext_clean(s, #s, wiki_flags(o or {}), out, len))
   local r = ffi.string(out[0], len[0])
   C.bl_corpus_free(out[0])
   return r
@@ -142,14 +148,15 @@ local function wiki_stats_table(r)
   return t
 end
 
--- Low-level reader: local r = corpus.wiki_open(path, {max_page_mb=64, keep_headings=false, quiet=false})
+-- Low-level reader: local r = corpus.wiki_open(path, {max_page_mb=64, keep_headings=false, keep_lists=false,
+--   quiet=false})
 -- r:next() -> {title=, text=, page_id=, article_index=, xml_offset=} or nil at the end
 -- (raises on fatal errors); r:seek_article(i); r:stats(); r:last_warning(); r:close()
 function M.wiki_open(path, o)
   o = o or {}
   local opts = ffi.new("bl_wiki_options")
   opts.max_page_bytes = math.floor((o.max_page_mb or 64) * 1048576)
-  opts.flags = o.keep_headings and C.BL_WIKI_KEEP_HEADINGS or 0
+  opts.flags = wiki_flags(o)
   opts.quiet = o.quiet and 1 or 0
   local pr = ffi.new("bl_wiki_reader*[1]")
   core.check(C.bl_wiki_open(path, opts, pr))

@@ -5,6 +5,7 @@
 -- size, magic, version, offsets, checksum, record lengths/positions/ids or vocab
 -- hash is wrong, naming the file and the problem. The loader (C with a prefetch
 local core = require "bertlua.core"
+local fs = require "bertlua.util.fs"
 local C, ffi, check = core.C, core.ffi, core.check
 
 local M = {}
@@ -15,10 +16,8 @@ local FNV0 = 14695981039346656037ULL
 
 -- vocab_hash(path): the header's vocab_hash of a vocabulary file
 function M.vocab_hash(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("pretraining_data: cannot read vocab " .. path .. ": " .. tostring(err), 2) end
-  local s = f:read("*a")
-  f:close()
+  local s, err = fs.read(path, "vocab")
+  if not s then error("pretraining_data: cannot read vocab " .. path .. " (" .. tostring(err) .. ")", 0) end
   return C.bl_fnv1a64(s, #s, FNV0)
 end
 
@@ -86,16 +85,24 @@ function Shard:record(k)
     ffi.cast("const uint8_t*", r.labels)
 end
 
+-- fingerprint(dir) -> a decimal string naming the data: FNV-1a 64 of every train/test shard's name and size
+-- (a checkpoint records it, so a run resumes only on the data it started with)
+function M.fingerprint(dir)
+  local h = ffi.new("uint64_t", 14695981039346656037ULL)
+  for _, name in ipairs(fs.is_dir(dir) and fs.list_dir(dir, "%.blshard$") or {}) do
+    local line = ("%s %d\n"):format(name, fs.file_size(dir .. "/" .. name))
+    h = C.bl_fnv1a64(line, #line, h)
+  end
+  return (tostring(h):gsub("ULL$", ""))
+end
+
 -- loaders -------------------------------------------------------------------------------
 local function list_shards(dir, split)
-  local f = io.popen("ls -1 '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
   local r = {}
-  for name in f:lines() do
-    if name:match("%.blshard$") and (not split or name:sub(1,
-      #split + 1) == split .. "_") then r[#r + 1] = dir .. "/" .. name end
+  if not fs.is_dir(dir) then return r end
+  for _, name in ipairs(fs.list_dir(dir, "%.blshard$")) do
+    if not split or name:sub(1, #split + 1) == split .. "_" then r[#r + 1] = dir .. "/" .. name end
   end
-  f:close()
-  table.sort(r)
   return r
 end
 M.list_shards = list_shards

@@ -173,6 +173,7 @@ end
 
 -- locating a model ---------------------------------------------------------------------------
 local function zip_magic(p)
+  if not is_file(p) then return false end  -- a FIFO would block the open
   local f = io.open(p, "rb")
   if not f then return false end
   local m = f:read(4)
@@ -193,9 +194,7 @@ local function in_dir(dir)
   if is_file(dir .. "/model.safetensors") then return "safetensors", dir .. "/model.safetensors" end
   if is_file(dir .. "/pytorch_model.bin") then return "torch", dir .. "/pytorch_model.bin" end
   -- tf.train.Saver's "checkpoint" file names the newest of several
-  local f = io.open(dir .. "/checkpoint", "rb")
-  local newest = f and f:read("*a"):match('model_checkpoint_path:%s*"([^"]+)"')
-  if f then f:close() end
+  local newest = (fs.read(dir .. "/checkpoint", "checkpoint list") or ""):match('model_checkpoint_path:%s*"([^"]+)"')
   if newest then
     local p = newest:sub(1, 1) == "/" and newest or dir .. "/" .. newest
     if is_file(p .. ".index") then return "tf", p end

@@ -1,13 +1,11 @@
 -- bertlua.io.safetensors: read and write safetensors files (the Hugging Face
--- weight format) and Hugging Face style model directories.
+-- weight format); model directories are bertlua.pretrained's.
 --
 --   local st = require "bertlua.io.safetensors"
 --   local tensors, meta = st.load("model.safetensors")          -- name -> tensor
 --   st.save("out.safetensors", { ["a.weight"] = t }, { dtype = "F16" })
 --   st.load_model(model, "model.safetensors")                    -- HF names -> model parameters
 --   st.save_model(model, "model.safetensors")
---   st.save_pretrained(model, "dir", { vocab = "vocab.txt" })   -- config.json + model.safetensors + vocab.txt
---   local model, cfg = st.from_pretrained("dir", { head = "qa" })
 --
 -- File format: 8-byte little-endian header length N; N bytes of JSON
 -- {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}
@@ -28,7 +26,6 @@
 local core = require "bertlua.core"
 local bl = require "bertlua.tensor"
 local cjson = require "cjson"
-local fs = require "bertlua.util.fs"
 local C, ffi, check = core.C, core.ffi, core.check
 
 local M = {}
@@ -461,66 +458,6 @@ function M.save_model(model, path, opts)
     list[#list + 1] = { "cls.predictions.decoder.weight", names["bert.embeddings.word_embeddings.weight"] }
   end
   return M.save(path, list, { dtype = opts.dtype, metadata = opts.metadata })
-end
-
--- model directories ---------------------------------------------------------------
--- save_pretrained(model, dir[, opts]): dir/config.json (+ "architectures"),
--- dir/model.safetensors, dir/vocab.txt (copied from opts.vocab when given).
-function M.save_pretrained(model, dir, opts)
-  opts = opts or {}
-  local config = require "bertlua.bert.config"
-  local made, why = pcall(fs.mkdir_p, dir)
-  if not made then error("save_pretrained: cannot create directory " .. dir .. " (" .. tostring(why) .. ")", 0) end
-  local cfg = {}
-  for k, v in pairs(model.cfg or {}) do cfg[k] = v end
-  local arch = tostring(model)
-  cfg.architectures = { arch }
-  cfg.model_type = "bert"
-  cfg.torch_dtype = ({ F16 = "float16", BF16 = "bfloat16" })[(opts.dtype or "F32"):upper()] or "float32"
-  if model.num_labels then cfg.num_labels = model.num_labels end
-  if opts.config then for k, v in pairs(opts.config) do cfg[k] = v end end
-  config.save(cfg, dir .. "/config.json")
-  M.save_model(model, dir .. "/model.safetensors", opts)
-  if opts.vocab then fs.copy(opts.vocab, dir .. "/vocab.txt", "save_pretrained") end
-  return dir
-end
-
--- from_pretrained(dir[, opts]) -> model, cfg.
--- dir: a model directory, or any checkpoint bertlua.import reads (pytorch_model.bin, a TensorFlow
--- checkpoint with bert_config.json, NVIDIA's .pt; a directory holding one, or its file/prefix).
--- opts.head: "pretraining", "qa", "classification", "model" (default: from
--- config.json "architectures", else from the heads the checkpoint holds); opts.num_labels; opts.seed
--- (initialisation of parameters absent from the checkpoint); opts.strict
--- (default false: head parameters may be missing — initialised fresh with
--- a note — and other heads' tensors are ignored, as transformers does; the
--- encoder itself must always be complete); opts.config: a config file to use instead of the one found.
-function M.from_pretrained(dir, opts)
-  opts = opts or {}
-  local config = require "bertlua.bert.config"
-  local bert = require "bertlua.bert"
-  local imp = require "bertlua.io.import"
-  local src = imp.locate(dir, opts.config)
-  local cfg = config.load(src.config)
-  local head, num_labels = opts.head, opts.num_labels
-  if not head and type(cfg.architectures) == "table" then head = bert.architectures[cfg.architectures[1]] end
-  if not head and src.format ~= "safetensors" then
-    local n
-    head, n = imp.head_of(src)
-    num_labels = num_labels or n
-  end
-  head = head or "pretraining"
-  local ctor = bert.heads[head]
-  if not ctor then error("from_pretrained: unknown head '" .. tostring(head)
-    .. "' (pretraining, qa, classification, model)", 2) end
-  local model = ctor(cfg, { seed = opts.seed or 0, num_labels = num_labels })
-  local strict = opts.strict
-  M.load_model(model, imp.weights(src, { quiet = opts.quiet }), {
-    allow_missing = not strict and is_head or false,
-    allow_unexpected = not strict and is_head or false,
-    quiet = opts.quiet,
-  })
-  if src.vocab then model.vocab_path = src.vocab end
-  return model, model.cfg
 end
 
 return M

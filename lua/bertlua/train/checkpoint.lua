@@ -11,7 +11,7 @@
 --   local c = ckpt.load(path, { model = model, identity = {...} })  -- c.step, c.state, c.tensors
 --
 -- Layout: DIR/ckpt-00000100/{model.safetensors, state.safetensors, state.json}.
--- A checkpoint is written into DIR/.tmp-ckpt-00000100-PID/ (every file fsynced
+-- A checkpoint is written into DIR/.tmp-ckpt-00000100-PID-RANDOM/ (every file fsynced
 -- by the atomic writer, bl_writer), state.json last, and the directory is then renamed
 -- into place: a crash at any point leaves either no checkpoint or a hidden
 -- .tmp directory that latest() ignores and the next save removes. Only rank 0
@@ -24,8 +24,6 @@ local fs = require "bertlua.util.fs"
 
 local M = {}
 M.FORMAT = 1
-
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 local exists = fs.exists
 
@@ -72,11 +70,10 @@ function M.save(dir, c, opts)
   fs.mkdir_p(dir)
   -- leftovers of interrupted saves
   for _, e in ipairs(fs.list_dir(dir, nil, "hidden")) do
-    if e:match("^%.tmp%-ckpt%-") then os.execute("rm -rf " .. q(dir .. "/" .. e)) end
+    if e:match("^%.tmp%-ckpt%-") then fs.remove_tree(dir .. "/" .. e) end
   end
   local final = dir .. "/" .. M.name(c.step)
-  local tmp = ("%s/.tmp-%s-%d"):format(dir, M.name(c.step), math.random(1, 1e9))
-  fs.mkdir_p(tmp)
+  local tmp = fs.unique_dir(("%s/.tmp-%s"):format(dir, M.name(c.step)))
   if c.model then st.save_model(c.model, tmp .. "/model.safetensors") end
   if c.tensors and next(c.tensors) then st.save(tmp .. "/state.safetensors", c.tensors) end
   local sums = {}
@@ -86,12 +83,12 @@ function M.save(dir, c, opts)
   local meta = { format = M.FORMAT, step = c.step, state = c.state or {}, identity = c.identity or {},
     time = os.time(), checksums = sums }
   fs.write_atomic(tmp .. "/state.json", cjson.encode(meta))
-  if exists(final .. "/state.json") then os.execute("rm -rf " .. q(final)) end
+  if exists(final .. "/state.json") then fs.remove_tree(final) end
   local ok, err = os.rename(tmp, final)
   if not ok then error("checkpoint.save: cannot move " .. tmp .. " to " .. final .. ": " .. tostring(err), 2) end
   local keep = opts.keep or 3
   local all = M.list(dir)
-  for i = 1, #all - keep do os.execute("rm -rf " .. q(all[i].path)) end
+  for i = 1, #all - keep do fs.remove_tree(all[i].path) end
   return final
 end
 
@@ -99,7 +96,7 @@ end
 -- mismatch is named, in sorted order (pairs() order varies between runs)
 local sorted_keys = require("bertlua.util.list").sorted_keys
 
-local function compare(path, want, have)
+local function differences(want, have)
   local diffs = {}
   for _, k in ipairs(sorted_keys(want or {})) do
     local v, h = want[k], have[k]
@@ -114,6 +111,11 @@ local function compare(path, want, have)
       diffs[#diffs + 1] = ("%s = %s, this run has %s"):format(k, tostring(h), tostring(v))
     end
   end
+  return diffs
+end
+
+local function compare(path, want, have)
+  local diffs = differences(want, have)
   if #diffs > 0 then
     error(("checkpoint %s was made with %s"):format(path, table.concat(diffs, "; ")), 0)
   end
@@ -130,8 +132,15 @@ function M.load(path, opts)
     error(("checkpoint: %s has format %s, this bertlua reads format %d"):format(path, tostring(meta.format), M.FORMAT),
       2)
   end
+  -- format 1 records a checksum for every tensor file: one missing means an edited state.json, not trusted
+  if type(meta.checksums) ~= "table" then
+    error(("checkpoint: %s/state.json has no checksums (its format records them); not trusted"):format(path), 0)
+  end
   for _, name in ipairs(TENSOR_FILES) do
-    local want = meta.checksums and meta.checksums[name]
+    local want = meta.checksums[name]
+    if not want and exists(path .. "/" .. name) then
+      error(("checkpoint: %s/state.json has no checksum for %s; not trusted"):format(path, name), 0)
+    end
     if want and M.file_checksum(path .. "/" .. name) ~= want then
       error(("checkpoint: %s/%s is corrupt (its checksum differs from the one saved with it)"):format(path, name), 0)
     end
@@ -145,6 +154,26 @@ function M.load(path, opts)
   local tensors = {}
   if exists(path .. "/state.safetensors") then tensors = st.load(path .. "/state.safetensors") end
   return { step = meta.step, state = meta.state, identity = meta.identity, tensors = tensors, path = path }
+end
+
+-- claim(dir, identity, resume, who): at the start of a run whose checkpoints go to dir. Checkpoints already
+-- there belong to an earlier run: without resume they are refused (retention would mix the two runs and a
+-- later --resume continue the wrong one), naming what differs from this run when it is another run's; with
+-- resume, the newest must be this run's (load_latest checks each one it loads).
+function M.claim(dir, identity, resume, who)
+  local all = M.list(dir)
+  if #all == 0 then return end
+  local newest = all[#all].path
+  local ok, meta = pcall(cjson.decode, fs.read(newest .. "/state.json") or "")
+  local diffs = ok and type(meta) == "table" and differences(identity, meta.identity or {}) or {}
+  if #diffs > 0 then
+    error(("%s: %s holds checkpoints of another run (%s was made with %s); choose another --output or remove them")
+      :format(who, dir, newest, table.concat(diffs, "; ")), 0)
+  end
+  if not resume then
+    error(("%s: %s holds checkpoints of an earlier run (newest %s); --resume continues it, or choose another "
+      .. "--output or remove them"):format(who, dir, newest), 0)
+  end
 end
 
 -- load_latest(dir, opts) -> checkpoint or nil: the newest checkpoint that loads; a corrupt one (bad

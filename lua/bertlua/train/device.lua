@@ -11,7 +11,8 @@
 -- that device on every rank. The environment variable BERTLUA_DEVICE, when
 -- set, replaces "auto" (the test suite sets it to cpu: its recipe tests run
 -- on the CPU on any machine unless they name a --device).
-local bl = require "bertlua"
+local bl = require "bertlua.tensor"
+local runtime = require "bertlua.runtime"
 local core = require "bertlua.core"
 local C, check = core.C, core.check
 
@@ -24,13 +25,13 @@ M.OPTION = { "device", "auto",
 -- naming the recipe when the device cannot be used.
 function M.pick(spec, recipe)
   if spec == nil or spec == "auto" then spec = os.getenv("BERTLUA_DEVICE") or "auto" end
-  local n = bl.cuda_device_count()
+  local n = runtime.cuda_device_count()
   if (spec == nil or spec == "auto") and n == 0 then return -1 end
-  if spec == nil or spec == "auto" or (spec == "cuda" and n > 0) then return bl.local_rank() % n end
+  if spec == nil or spec == "auto" or (spec == "cuda" and n > 0) then return runtime.local_rank() % n end
   local ok, dev = pcall(bl.device_of, spec, recipe)
   if not ok then error(("%s: --device must be cpu, cuda, cuda:N or auto, got '%s'"):format(recipe, spec), 0) end
   if dev < 0 then return -1 end
-  if not bl.cuda_compiled() then
+  if not runtime.cuda_compiled() then
     error(("%s: --device=%s, but this bertlua was built without CUDA"):format(recipe, spec), 0)
   end
   if dev >= n then
@@ -43,7 +44,7 @@ end
 -- on a GPU only for --precision=tf32 (fp32 stays exact f32, as on the CPU).
 function M.setup(opt, recipe)
   local dev = M.pick(opt.device, recipe)
-  if dev >= 0 then bl.cuda_set_tf32(opt.precision == "tf32") end
+  if dev >= 0 then runtime.cuda_set_tf32(opt.precision == "tf32") end
   return dev, ("%s: %s"):format(recipe, M.describe(dev, opt.precision))
 end
 
@@ -70,8 +71,8 @@ function M.name(dev) return dev >= 0 and ("cuda:" .. dev) or "cpu" end
 
 -- describe(dev, precision) -> "device cuda:0 (NVIDIA H100 (sm_90, 79.6 GiB)), precision bf16"
 function M.describe(dev, precision)
-  local what = dev < 0 and ("cpu (%d threads)"):format(bl.num_threads())
-    or ("%s (%s)"):format(M.name(dev), bl.cuda_device_name(dev) or "unknown GPU")
+  local what = dev < 0 and ("cpu (%d threads)"):format(runtime.num_threads())
+    or ("%s (%s)"):format(M.name(dev), runtime.cuda_device_name(dev) or "unknown GPU")
   return ("device %s, precision %s"):format(what, precision or "fp32")
 end
 

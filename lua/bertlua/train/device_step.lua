@@ -1,6 +1,6 @@
 -- bertlua.train.device_step: the fine-tuning step of trainer.fit on a GPU, resident on the device as
 -- pre-training's is (recipes/pretrain.lua). The host never waits inside a step:
---   * the batch reaches the device through trainer.fit's stager (bertlua.train.prefetch: pinned buffers, the copy
+--   * the batch reaches the device through trainer.fit's stager (bertlua.device.prefetch: pinned buffers, the copy
 --     stream, the next micro-batch in flight), its targets too: step.prepare turns a host batch into the staged one,
 --     the targets clamped and counted on the host where the batch was made;
 --   * the head's loss is computed here, not by the head (whose forward reads its loss back, one wait per
@@ -20,7 +20,8 @@
 --   local staged = step.prepare(host_batch)  -- what the stager gets: the inputs, the targets as tensors
 --   local rec = step(step_no, next_batch)   -- loop.run's step hook, next_batch(a) on the device; nil: not logged
 --   step.finish()                           -- after the last step: the scaler's totals, checks back on
-local bl = require "bertlua"
+local bl = require "bertlua.tensor"
+local runtime = require "bertlua.runtime"
 local ops = require "bertlua.nn.ops"
 local buf = require "bertlua.nn.buffer"
 local device = require "bertlua.train.device"
@@ -149,7 +150,7 @@ function M.new(o, head)
       seq_per_s = s[4] / (now - since), accuracy = head.ncounts > 0 and s[3] > 0 and s[2] / s[3] or nil,
       loss_scale = mp.dtype == "f16" and r.loss_scale or nil,
       skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil }   -- steps since the last line
-    local k = bl.cuda_counters(dev)   -- totals since the start: allocations and host waits of the device
+    local k = runtime.cuda_counters(dev)   -- totals since the start: allocations and host waits of the device
     rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
     since, seqs, skipped_logged, last = now, 0, r.skipped, rec
     return rec

@@ -46,9 +46,9 @@
 -- device and are read once per log line, every log_every steps), no device allocation after the first step while
 -- the batch shape stays the same; the logged losses are those of the synchronous step. With fp16 the
 -- learning-rate schedule advances on a skipped step too (as in pre-training). On a GPU the training micro-batches,
--- targets included, go through pinned memory on the copy stream (bertlua.train.prefetch), the next one copied
+-- targets included, go through pinned memory on the copy stream (bertlua.device.prefetch), the next one copied
 -- while the current one trains, on the device step and the synchronous one alike.
-local bl = require "bertlua"
+local bl = require "bertlua.tensor"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
 local logm = require "bertlua.util.log"
@@ -58,7 +58,7 @@ local slice = require("bertlua.util.list").slice
 local device = require "bertlua.train.device"
 local device_step = require "bertlua.train.device_step"
 local dist = require "bertlua.train.dist"
-local prefetch = require "bertlua.train.prefetch"
+local prefetch = require "bertlua.device.prefetch"
 
 local M = {}
 
@@ -179,7 +179,7 @@ function M.fit(o)
   local batch = function(step, a) return device.batch_to(host_batch(step, a), dev) end
   local stage = dev >= 0 and prefetch.Stager(dev) or nil
   if stage then
-    -- on a GPU every micro-batch goes through pinned memory and the copy stream (bertlua.train.prefetch): got,
+    -- on a GPU every micro-batch goes through pinned memory and the copy stream (bertlua.device.prefetch): got,
     -- then the next one put (copied while this one trains), then trained; the device step's targets with it
     local prepare = make_device_step and step_hook.prepare or function(b) return b end
     local function put(step, a)
@@ -276,7 +276,7 @@ end
 -- until the outputs are back on the host, which consume receives them on). Under mpirun batch k
 -- runs on rank (k - 1) % world and consume runs on rank 0 only, for every batch in order; the
 -- latencies are rank 0's own batches. On a GPU the batches go through pinned memory
--- (bertlua.train.prefetch): the rank's next batch is copied while the current one runs.
+-- (bertlua.device.prefetch): the rank's next batch is copied while the current one runs.
 function M.predict(o)
   if not (type(o.batch) == "number" and o.batch >= 1 and o.batch % 1 == 0) then
     error(("%s: batch size must be an integer >= 1, got %s"):format(o.name or "predict", tostring(o.batch)), 0)

@@ -16,13 +16,14 @@
 -- s:use_graph() (--cuda-graph): from then on the micro-batches are fetched and copied into fixed device
 -- buffers first, and the step's host-made inputs (learning rate, dropout seeds, MLM rows, NSP labels) copied into
 -- one device block (Inputs below); once a run allocates no device memory (the warm-up: one or two steps,
--- s.graph_ready), everything above is captured once as a CUDA graph (bertlua.train.graph), the reducer's
+-- s.graph_ready), everything above is captured once as a CUDA graph (bertlua.device.graph), the reducer's
 -- collectives included, and every later step replays it (s.captures, s.replays; s.capture_reason says why the
 -- last capture was made).
-local bl = require "bertlua"
+local bl = require "bertlua.tensor"
+local runtime = require "bertlua.runtime"
 local core = require "bertlua.core"
 local device = require "bertlua.train.device"
-local graph = require "bertlua.train.graph"
+local graph = require "bertlua.device.graph"
 local ops = require "bertlua.nn.ops"
 local C, ffi, check = core.C, core.ffi, core.check
 
@@ -250,9 +251,9 @@ function Step:run(step, next_batch, lr)
     if not graph.refused_allocation(err) then error(err, 0) end
     if self.reducer then self.reducer:cancel() end
   end
-  local m0 = bl.cuda_counters(self.dev).mallocs
+  local m0 = runtime.cuda_counters(self.dev).mallocs
   queue(self, step, get, lr)
-  self.graph_ready = bl.cuda_counters(self.dev).mallocs == m0
+  self.graph_ready = runtime.cuda_counters(self.dev).mallocs == m0
   return seqs
 end
 
@@ -263,7 +264,7 @@ function Step:read()
   return self.stats:read(self.amp:state_tensor())
 end
 
--- graph_stats() -> nil without a graph, else {nodes, instantiations, updates, launches, replays} (bertlua.train.graph)
+-- graph_stats() -> nil without a graph, else {nodes, instantiations, updates, launches, replays} (bertlua.device.graph)
 -- and captures (this step's), capture_reason (why the last one was made)
 function Step:graph_stats()
   if not self.graph then return nil end

@@ -10,6 +10,7 @@
 -- file was not written". Line inputs are read with lines (bl_lines): a NUL
 -- byte is data, lines end at "\n", FIFOs and directories are refused.
 local core = require "bertlua.core"
+local shell = require "bertlua.util.shell"
 local C, ffi, check = core.C, core.ffi, core.check
 
 local M = {}
@@ -21,6 +22,11 @@ function M.file_size(path) return tonumber(C.bl_fs_file_size(path)) end   -- -1 
 function M.exists(path) return C.bl_fs_file_size(path) >= 0 end
 function M.is_dir(path) return C.bl_fs_is_dir(path) == 1 end
 function M.mkdir_p(path) check(C.bl_fs_mkdir_p(path)); return path end
+-- remove_tree(path): path and everything under it gone (rm -rf); an error names what stayed
+function M.remove_tree(path)
+  local out, ok = shell.read({ "rm", "-rf", "--", path }, { stderr = "stdout" })
+  if not ok then error(("cannot remove %s: %s"):format(path, out:match("[^\n]*")), 0) end
+end
 
 -- readable(path): a file (not a directory) this process can open
 function M.readable(path)
@@ -48,13 +54,43 @@ function M.list_dir(dir, pattern, what)
   return names
 end
 
--- read(path) -> the whole file (binary), or nil and the reason
-function M.read(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local s = f:read("*a")
-  f:close()
-  return s
+pcall(ffi.cdef, [[
+int open(const char *path, int flags, ...);
+int close(int fd);
+long read(int fd, void *buf, size_t n);
+char *strerror(int errnum);
+]])
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC, EINTR = 0, 2048, 524288, 4
+local chunk = ffi.new("uint8_t[?]", 1048576)
+
+-- read(path[, what]) -> the whole file (binary), or nil and the reason: the one Lua reader of whole files. The
+-- open does not wait on a FIFO (O_NONBLOCK) and anything but a regular file is refused ("what PATH is a FIFO, not
+-- a regular file"), so no reader can hang on one.
+function M.read(path, what)
+  local fd = ffi.C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC))
+  if fd < 0 then return nil, ("%s: %s"):format(path, ffi.string(ffi.C.strerror(ffi.errno()))) end
+  -- what the descriptor is: /proc/self/fd/N is the opened file itself, whatever path names now
+  if C.bl_check_regular("/proc/self/fd/" .. fd, what or "input", 1) ~= 0 then
+    ffi.C.close(fd)
+    if C.bl_check_regular(path, what or "input", 1) == 0 then return nil, path .. " is not a regular file" end
+    return nil, ffi.string(C.bl_last_error())
+  end
+  local parts = {}
+  while true do
+    local n = tonumber(ffi.C.read(fd, chunk, 1048576))
+    if n == 0 then break end
+    if n < 0 then
+      local e = ffi.errno()
+      if e ~= EINTR then
+        ffi.C.close(fd)
+        return nil, ("%s: read failed: %s"):format(path, ffi.string(ffi.C.strerror(e)))
+      end
+    else
+      parts[#parts + 1] = ffi.string(chunk, n)
+    end
+  end
+  ffi.C.close(fd)
+  return table.concat(parts)
 end
 
 local function fail() error(ffi.string(C.bl_last_error()), 0) end
@@ -134,27 +170,121 @@ function M.check_input(path, what, may_be_missing)
 end
 
 -- read_text(path, who) -> the whole file without a UTF-8 byte-order mark; "who: ..." errors for a file
--- that is missing, unreadable or not a regular file (checked before the open, which a FIFO would block)
+-- that is missing, unreadable or not a regular file
 function M.read_text(path, who)
-  local ok, err = pcall(M.check_input, path, "data file", true)
-  if not ok then error(who .. ": " .. err, 0) end
-  local f, oerr = io.open(path, "rb")
-  if not f then error(("%s: cannot open %s: %s"):format(who, tostring(path), tostring(oerr)), 0) end
-  local text = f:read("*a")
-  f:close()
+  local text, err = M.read(tostring(path), "data file")
+  if not text then
+    error(err:find(" not a regular file", 1, true) and (who .. ": " .. err) or (who .. ": cannot open " .. err), 0)
+  end
   if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
   return text
 end
 
+pcall(ffi.cdef, "char *realpath(const char *path, char *resolved); void free(void *p);")
+-- realpath(p): p absolute, with symlinks, "." and ".." resolved; a part that does not exist yet is kept as
+-- given (as realpath -m)
+function M.realpath(p)
+  local tail, cur = {}, p
+  while true do
+    local r = ffi.C.realpath(cur == "" and "/" or cur, nil)
+    if r ~= nil then
+      local parts = { ffi.string(r) }
+      ffi.C.free(r)
+      for _, t in ipairs(tail) do
+        if t == ".." then parts[1] = parts[1]:match("^(.*)/[^/]*$") or ""
+        elseif t ~= "." and t ~= "" then parts[1] = (parts[1] == "/" and "" or parts[1]) .. "/" .. t end
+      end
+      return parts[1] == "" and "/" or parts[1]
+    end
+    local parent, base = cur:match("^(.*)/([^/]*)$")
+    if not parent then parent, base = ".", cur end
+    table.insert(tail, 1, base)
+    cur = parent
+  end
+end
+
+-- libc through the FFI: st_dev and st_ino lead struct stat on x86-64 and on the generic (aarch64) layout;
+-- the rest is room for the whole struct
+pcall(ffi.cdef, [[
+typedef struct { uint64_t dev, ino; uint8_t rest[256]; } bl_fs_stat;
+int stat(const char *path, bl_fs_stat *st);
+int flock(int fd, int op);
+int ftruncate(int fd, int64_t len);
+long write(int fd, const void *buf, size_t n);
+long pread(int fd, void *buf, size_t n, int64_t off);
+int getpid(void);
+char *mkdtemp(char *tmpl);
+]])
+local O_RDWR, O_CREAT, LOCK_EX, LOCK_NB = 2, 64, 2, 4
+
+pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t size);")
+-- is_symlink(path): whether path itself is a symbolic link (dangling or not)
+function M.is_symlink(path)
+  local buf = ffi.new("char[1]")
+  return ffi.C.readlink(path, buf, 1) >= 0
+end
+
+-- same_file(a, b): whether a and b name one existing file (device and inode: a symlink, "..", another
+-- spelling or a hard link of it all count)
+function M.same_file(a, b)
+  local sa, sb = ffi.new("bl_fs_stat"), ffi.new("bl_fs_stat")
+  if ffi.C.stat(a, sa) ~= 0 or ffi.C.stat(b, sb) ~= 0 then return false end
+  return sa.dev == sb.dev and sa.ino == sb.ino
+end
+
+-- check_output(who, output, inputs): the one rule for outputs: output ({ "--output", path }) must not be
+-- any of inputs ({ { "--input", path }, { "the predictions", path }, ... }), which writing it would replace
+function M.check_output(who, output, inputs)
+  local function name(o) return o[1]:match("^%-%-") and (o[1] .. "=" .. o[2]) or (o[1] .. " " .. o[2]) end
+  for _, input in ipairs(inputs) do
+    if input[2] and input[2] ~= "" and M.same_file(output[2], input[2]) then
+      error(("%s: %s is the same file as %s: writing it would destroy the input; choose another %s")
+        :format(who, name(output), name(input), output[1]), 0)
+    end
+  end
+  return output[2]
+end
+
+-- unique_dir(prefix) -> a new directory prefix .. "-PID-XXXXXX" (mkdtemp: random, created exclusively)
+function M.unique_dir(prefix)
+  local tmpl = ("%s-%d-XXXXXX"):format(prefix, ffi.C.getpid())
+  local buf = ffi.new("char[?]", #tmpl + 1, tmpl)
+  if ffi.C.mkdtemp(buf) == nil then
+    error(("cannot create a directory %s: %s"):format(tmpl, ffi.string(ffi.C.strerror(ffi.errno()))), 0)
+  end
+  return ffi.string(buf)
+end
+
+local held = {}   -- the lock files' descriptors, open (and locked) until released or the process ends
+-- lock_dir(dir, who) -> release(): an exclusive flock on DIR/.lock (dir created), held for the life of the
+-- process: a run directory belongs to one run. A second run gets "who: DIR is in use by another run (pid N)".
+function M.lock_dir(dir, who)
+  M.mkdir_p(dir)
+  local path = dir .. "/.lock"
+  local fd = ffi.C.open(path, bit.bor(O_RDWR, O_CREAT, O_CLOEXEC), ffi.cast("int", 438))
+  if fd < 0 then
+    error(("%s: cannot open %s: %s"):format(who, path, ffi.string(ffi.C.strerror(ffi.errno()))), 0)
+  end
+  if ffi.C.flock(fd, bit.bor(LOCK_EX, LOCK_NB)) ~= 0 then
+    local buf = ffi.new("char[32]")
+    local n = tonumber(ffi.C.pread(fd, buf, 31, 0))
+    ffi.C.close(fd)
+    local pid = n > 0 and ffi.string(buf, n):match("%d+") or "unknown"
+    error(("%s: %s is in use by another run (pid %s); wait for it to end or choose another --output")
+      :format(who, dir, pid), 0)
+  end
+  local pid = tostring(ffi.C.getpid()) .. "\n"
+  ffi.C.ftruncate(fd, 0)
+  ffi.C.write(fd, pid, #pid)
+  held[fd] = true
+  return function()
+    if held[fd] then held[fd] = nil; ffi.C.close(fd) end
+  end
+end
+
 -- inside(child, parent): whether child is parent or lies under it (symlinks and ".." resolved)
 function M.inside(child, parent)
-  local function real(p)
-    local h = io.popen("realpath -m -- '" .. p:gsub("'", "'\\''") .. "' 2>/dev/null")
-    local r = h and h:read("*l")
-    if h then h:close() end
-    return r or p
-  end
-  local c, p = real(child), real(parent)
+  local c, p = M.realpath(child), M.realpath(parent)
   return c == p or c:sub(1, #p + 1) == p .. "/"
 end
 
@@ -167,7 +297,6 @@ end
 
 -- host(): the running bertlua executable (absolute), for recipes that start other recipes
 function M.host()
-  pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t size);")
   local buf = ffi.new("char[4096]")
   local n = tonumber(ffi.C.readlink("/proc/self/exe", buf, 4096))
   if n and n > 0 then return ffi.string(buf, n) end

@@ -8,6 +8,7 @@
 -- redrawn in place when stderr is a terminal, printed every `every` steps otherwise.
 local ffi = require "ffi"
 local cjson = require "cjson"
+local fs = require "bertlua.util.fs"
 
 pcall(ffi.cdef, "int isatty(int fd);")
 local M = {}
@@ -68,9 +69,13 @@ function M.open(o)
   if self.rank ~= 0 then self.silent = true return self end
   if o.path then
     local dir = o.path:match("^(.*)/[^/]*$")
-    if dir then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
+    if dir then fs.mkdir_p(dir) end
+    -- a symlink put where the log goes is replaced, not followed (it would overwrite what it points to)
+    if fs.is_symlink(o.path) and not os.remove(o.path) then
+      error("log: cannot replace the symbolic link " .. o.path, 0)
+    end
     local f, err = io.open(o.path, o.append and "a" or "w")
-    if not f then error("log: cannot open " .. o.path .. ": " .. tostring(err), 2) end
+    if not f then error("log: cannot open " .. o.path .. ": " .. tostring(err), 0) end
     self.file, self.path = f, o.path
     if o.config then put(self, { event = "config", config = o.config, time = os.time() }) end
   end

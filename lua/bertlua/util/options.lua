@@ -29,6 +29,7 @@
 -- a string and stray arguments are refused; a recipe that takes arguments
 -- says so with info.positional = true (they are in opt._positional).
 local ffi = require "ffi"
+local fs = require "bertlua.util.fs"
 local M = {}
 
 local function online_cpus()
@@ -88,10 +89,8 @@ local function convert(name, v, default, where, o)
 end
 
 local function load_config(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("options: cannot open config file " .. path .. ": " .. tostring(err), 0) end
-  local text = f:read("*a")
-  f:close()
+  local text, err = fs.read(path, "config file")
+  if not text then error("options: cannot open config file " .. path .. " (" .. tostring(err) .. ")", 0) end
   if path:match("%.json$") or text:match("^%s*{%s*\"") then
     local ok, t = pcall(require("cjson").decode, text)
     if not ok or type(t) ~= "table" then error("options: " .. path .. " is not a JSON object: " .. tostring(t), 0) end

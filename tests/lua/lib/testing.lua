@@ -144,13 +144,14 @@ local HEADS = { qa = "BertForQuestionAnswering", cls = "BertForSequenceClassific
 --     (30522), hidden 32, 1 layer, 2 heads, intermediate 64, 128 positions
 function M.tiny_model_dir(dir, opts)
   local bert = require "bertlua.bert"
+  local pretrained = require "bertlua.pretrained"
   local cfg = { vocab_size = 30522, hidden_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
     intermediate_size = 64, max_position_embeddings = 128 }
   for k, v in pairs(opts.config or {}) do cfg[k] = v end
   local head = HEADS[opts.head or "cls"] or error("tiny_model_dir: unknown head " .. tostring(opts.head), 2)
   local mopts = { seed = opts.seed }
   if head == HEADS.cls then mopts.num_labels = opts.num_labels or 2 end
-  bert.save_pretrained(bert[head](cfg, mopts), dir, { vocab = assert(opts.vocab, "tiny_model_dir: opts.vocab") })
+  pretrained.save_pretrained(bert[head](cfg, mopts), dir, { vocab = assert(opts.vocab, "tiny_model_dir: opts.vocab") })
   return cfg
 end
 

@@ -1,6 +1,6 @@
--- bertlua.train.graph: a training step run as a CUDA graph (--cuda-graph).
+-- bertlua.device.graph: a training step run as a CUDA graph (--cuda-graph).
 --
---   local graph = require "bertlua.train.graph"
+--   local graph = require "bertlua.device.graph"
 --   local g = graph.Graph(dev)
 --   g:run(function() ... queue the step's work ... end)   -- captured, then launched as one graph
 --   g:replay()  -- the last graph again, unchanged (when g:replayable())

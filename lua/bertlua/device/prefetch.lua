@@ -1,9 +1,9 @@
--- bertlua.train.prefetch: fine-tuning, evaluation and prediction batches go to a GPU as pre-training's do
+-- bertlua.device.prefetch: fine-tuning, evaluation and prediction batches go to a GPU as pre-training's do
 -- (bl_stager in bl_loader.h): their tensors are copied into pinned host buffers and from there on the device's
 -- copy stream, with an event the compute stream waits on, so the next batch is copied while the current one
 -- computes and no upload comes from pageable memory (which the runtime would stage on the host first).
 --
---   local prefetch = require "bertlua.train.prefetch"
+--   local prefetch = require "bertlua.device.prefetch"
 --   local st = prefetch.Stager(dev)   -- dev >= 0
 --   st:put(batch)                     -- a table of CPU tensors (at most 8) and other values, all kept by the stager
 --   local b = st:get()                -- the oldest batch put: its tensors on the device (same keys, shapes, dtypes)
