@@ -128,7 +128,7 @@ if opt.vocab then Tok.load(opt.vocab):check_model(model_config().vocab_size, "pr
 -- every rank runs one job: options, model, vocabulary and data compared before any work (bertlua.train.fingerprint)
 dist.agree("pretrain", fingerprint.entries{ options = opt, config = model_config(),
   files = { { "--vocab", opt.vocab }, { "--init", opt.init } },
-  data = { { "--data-phase1", opt.data_phase1, "%.blshard$" }, { "--data-phase2", opt.data_phase2, "%.blshard$" } } })
+  data = { { "--data-phase1", opt.data_phase1 }, { "--data-phase2", opt.data_phase2 } } })
 
 -- Dropout stream of one micro-batch: a function of (seed, step, global micro-batch
 -- index) only, so a run resumes exactly and N ranks x A accumulation steps see the
