@@ -245,22 +245,24 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   if rank == 0 then ckpt.claim(ckdir, identity, opt.resume, "pretrain") end
   local start = 0  -- steps already done (a resumed run starts after them)
   if opt.resume then
-    local c = ckpt.load_latest(ckdir, { model = model, identity = identity })
-    if not c then
-      say(("  --resume: nothing to resume in %s (no complete checkpoint); phase %d starts at step 0")
-        :format(ckdir, ph.phase))
-    else
-      local latest = c.path
+    -- a checkpoint whose state does not restore (e.g. a loader position past the data) falls back to the previous
+    local function restore(c)
       local sd = { optimizer = "lamb", step = c.state.optimizer_step, lr = c.state.lr }
       for k, t in pairs(c.tensors) do
         local name = k:match("^optimizer%.(.+)$")
         if name then sd[name] = t end
       end
+      for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
       lamb:load_state_dict(sd)
       mp:load_state_dict(c.state.scaler, c.state.optimizer_step)
-      for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
+    end
+    local c = ckpt.load_latest(ckdir, { model = model, identity = identity, restore = restore })
+    if not c then
+      say(("  --resume: nothing to resume in %s (no complete checkpoint); phase %d starts at step 0")
+        :format(ckdir, ph.phase))
+    else
       start = c.step
-      say(("  resumed from %s at step %d"):format(latest, start))
+      say(("  resumed from %s at step %d"):format(c.path, start))
     end
   end
   if start >= ph.steps then say("  phase already complete") end
