@@ -194,7 +194,7 @@ Generator.__index = Generator
 -- a seed or an offset: an integer in [0, 2^64) (or an FFI integer); -1, NaN or 2^80 would all map to one stream
 local function check_seed(v, op, what)
   if type(v) ~= "cdata" and (type(v) ~= "number" or not (v >= 0 and v < 2 ^ 64) or v % 1 ~= 0) then
-    error(("%s: %s must be an integer from 0 to 2^64-1, got %s"):format(op, what, tostring(v)), 3)
+    error(("%s: %s must be an integer from 0 to 2^64-1, got %s"):format(op, what, tostring(v)), 0)
   end
   return v
 end
