@@ -213,9 +213,10 @@ end
 -- ---------------------------------------------------------------- signals at random moments
 -- Each case stops a short pre-training run with SIGINT or SIGTERM at a random moment, resumes it to the end and
 -- compares the final model with the uninterrupted run's, byte for byte: every stop must exit 0 with its
--- checkpoint, every resume must be exact. Round robin over the three CPU GEMMs (oneDNN, OpenBLAS, ours).
--- BL_SIGNAL_SOAK=N sets the number of signals (default 3; the soak in the closing note of issue 33 ran 200:
--- BL_SIGNAL_SOAK=200 BL_HOSTILE_FILTER=signal).
+-- checkpoint, every resume must be exact. Round robin over the three CPU GEMMs (oneDNN, OpenBLAS, ours): on
+-- oneDNN a signal's frame used to land in the heap now and then (src/base/stop.c). BL_SIGNAL_SOAK=N sets the
+-- number of signals (default 3), BL_SIGNAL_SEED their moments; the long soak of issue 33:
+-- BL_SIGNAL_SOAK=210 BL_SIGNAL_SEED=2027 BL_HOSTILE_FILTER=signal.
 local SOAK_STEPS = 400
 local function soak_pt(gemm, out)
   return ("BL_GEMM=%s %spretrain.lua --model=%s --vocab=%s --data-phase1=%s --phase=1 --seq1=64 --pred1=10 "
