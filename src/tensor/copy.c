@@ -148,17 +148,18 @@ int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
  * refused instead. at < 0: no element index to name. */
 static int check_fits(const bl_tensor *t, double v, const char *op, int64_t at) {
   double lo, hi;  /* [lo, hi) */
+  const char *range;
   switch (t->dtype) {
-    case BL_I32: lo = -2147483648.0; hi = 2147483648.0; break;
-    case BL_I64: lo = -9223372036854775808.0; hi = 9223372036854775808.0; break;
-    case BL_U8: lo = 0; hi = 256; break;
+    case BL_I32: lo = -2147483648.0; hi = 2147483648.0; range = "-2^31 to 2^31-1"; break;
+    case BL_I64: lo = -9223372036854775808.0; hi = 9223372036854775808.0; range = "-2^63 to 2^63-1"; break;
+    case BL_U8: lo = 0; hi = 256; range = "0 to 255"; break;
     default: return 0;
   }
   if (v >= lo && v < hi) return 0;
   char where[48] = "";
   if (at >= 0) snprintf(where, sizeof where, " (element %lld)", (long long)at);
-  return bl_set_error(BL_EINVAL, "%s: value %.17g%s does not fit dtype %s (%.0f to %.0f)", op, v, where,
-                      bl_dtype_name(t->dtype), lo, hi - 1);
+  return bl_set_error(BL_EINVAL, "%s: value %.17g%s does not fit dtype %s (%s)", op, v, where,
+                      bl_dtype_name(t->dtype), range);
 }
 
 int bl_tensor_fill(bl_tensor *t, double value) {
