@@ -218,9 +218,9 @@ end)
 
 T.test("torch.save with pickle_protocol=4 and 5 (MEMOIZE) loads identical to its safetensors twin", function()
   fixture("torch")
-  local a = bert.from_pretrained(DIR .. "/st", { quiet = true })
+  local a = pretrained.from_pretrained(DIR .. "/st", { quiet = true })
   for _, p in ipairs { 4, 5 } do
-    same(bert.from_pretrained(("%s/proto%d"):format(DIR, p), { quiet = true }).flat_params, a.flat_params,
+    same(pretrained.from_pretrained(("%s/proto%d"):format(DIR, p), { quiet = true }).flat_params, a.flat_params,
       "protocol " .. p)
   end
 end)
