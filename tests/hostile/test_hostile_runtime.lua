@@ -234,19 +234,21 @@ local function reference_run(gemm)
   end
   return reference[gemm]
 end
+local soak_stops = 0   -- signals that stopped a run (the others came after its last step)
 local draw = require("bertlua.util.rng")(tonumber(os.getenv("BL_SIGNAL_SEED") or "33"))
 local GEMMS = { "onednn", "openblas", "own" }
 for i = 1, tonumber(os.getenv("BL_SIGNAL_SOAK") or "3") do
-  -- the signal comes at a random fraction of the uninterrupted run's length after training started
+  -- the signal comes at a random fraction of the uninterrupted run's length
   local gemm, sig, frac = GEMMS[(i - 1) % 3 + 1], draw(2) == 1 and "INT" or "TERM", draw(1000) / 1000 * 0.8
   case { class = "signal", name = ("signal %d: SIG%s %.0f%% of a run in, BL_GEMM=%s, then --resume"):format(i, sig,
     frac * 100, gemm), timeout = 300,
     setup = function(d)
       local run, at = d .. "/run", frac * reference_run(gemm).seconds
-      -- the signal comes once training has started (the line before the loop), then the run's exit code goes
-      -- to stop.log and the run is resumed (a script: the harness's command line is in double quotes)
+      -- the moment counts from the run's start (its log.jsonl, written and flushed before the model is built;
+      -- stdout is not flushed line by line into a file), then the run's exit code goes to stop.log and the run
+      -- is resumed (a script: the harness's command line is in double quotes)
       H.write(d .. "/soak.sh", table.concat({ ("%s > %s/stop.log 2>&1 & pid=$!"):format(soak_pt(gemm, run), d),
-        ("for _ in $(seq 600); do grep -q 'padded positions' %s/stop.log && break; sleep 0.1; done"):format(d),
+        ("for _ in $(seq 600); do [ -s %s/log.jsonl ] && break; sleep 0.05; done"):format(run),
         ("sleep %.3f; kill -%s $pid; wait $pid; echo \"stop rc=$?\" >> %s/stop.log"):format(at, sig, d),
         soak_pt(gemm, run) .. " --resume" }, "\n") .. "\n")
       return "bash " .. d .. "/soak.sh"
@@ -269,10 +271,15 @@ for i = 1, tonumber(os.getenv("BL_SIGNAL_SOAK") or "3") do
         return false, ("the resumed model differs from the uninterrupted run's (stopped at step %s)")
           :format(tostring(stopped))
       end
+      if stopped then soak_stops = soak_stops + 1 end
       io.write(("    %s, the resumed model equals the uninterrupted run's\n"):format(stopped and
         ("stopped at step %d of %d with its checkpoint"):format(stopped, SOAK_STEPS) or "finished before the signal"))
       return true
     end }
+end
+if tonumber(os.getenv("BL_SIGNAL_SOAK") or "3") > 0 then  -- runs after them: a soak of late signals tests nothing
+  case { class = "signal", name = "signal cases: at least one stopped a run before its last step", cmd = "true",
+    check = function() return soak_stops > 0, "every signal came after the last step" end }
 end
 
 H.report("hostile inputs, round two (runtime): no hang, no crash, no silent wrong result")
