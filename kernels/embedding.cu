@@ -591,8 +591,8 @@ struct emb_ids {
 
 int emb_load_ids(const char *op, int dev, const bl_tensor *const *tables, const bl_tensor *const *idx, emb_ids *m) {
   BL_CHECK(load_checked(op, dev, idx[0], tables[0]->shape[0], &m->ids, "id", "vocabulary size"));
-  BL_CHECK(load_checked(op, dev, idx[1], tables[1]->shape[0], &m->pids, "position id", "positions"));
-  return load_checked(op, dev, idx[2], tables[2]->shape[0], &m->tids, "token type id", "token types");
+  BL_CHECK(load_checked(op, dev, idx[1], tables[1]->shape[0], &m->pids, BL_EMB_POSITION_NAMES));
+  return load_checked(op, dev, idx[2], tables[2]->shape[0], &m->tids, BL_EMB_TOKEN_TYPE_NAMES);
 }
 
 // Whether the native kernels take these operands (acts: tables and y or dy; params: gamma, beta).

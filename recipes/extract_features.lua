@@ -71,10 +71,7 @@ for _, li in ipairs(layers) do
       :format(li, L, L, L))
   end
 end
-if opt.max_seq_length > cfg.max_position_embeddings then
-  die(("--max-seq-length=%d is longer than the model's %d positions (the length it was trained up to)")
-    :format(opt.max_seq_length, cfg.max_position_embeddings))
-end
+ft.seq_length("extract_features", cfg, opt.max_seq_length)
 
 local lines = {}
 do

@@ -9,6 +9,7 @@
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
+local logm = require "bertlua.util.log"
 local bert = require "bertlua.bert"
 local pretrained = require "bertlua.pretrained"
 local glue = require "bertlua.tasks.glue"
@@ -45,6 +46,7 @@ local opt = options.parse(arg, {
   { "eval_batch", 64, "sequences per forward when evaluating", int = true, min = 1 },
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
   { "log_every", 1, "a training log line every N steps (on a GPU the one host wait of a step)", int = true, min = 1 },
+  { "log_format", "jsonl", logm.FORMAT_HELP .. "; the training log is train_log.jsonl or dllogger.json" },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16: training with f32 master weights (fp16 with dynamic loss scaling); on a GPU a " ..
       "bf16/f16 compute copy with half activations, on the CPU half weights and gradients emulated (f32 " ..
@@ -52,12 +54,13 @@ local opt = options.parse(arg, {
   { "seed", 42, "seed", int = true, min = 0, max = 2 ^ 53 }, { "threads", 0, "CPU threads (0: default)" },
   { "unpad", true, "CPU training: the real tokens only, padded positions skipped (exact; false: the padded step)" },
   { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true, int = false },
-  { "allreduce_dtype", "fp32", "data parallel: fp32 or bf16 gradient all-reduce" },
+  { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
   device.OPTION,
 }, { name = "glue",
   usage = "usage: [mpirun -np N] bertlua recipes/glue.lua --task=T --data-dir=DIR --model=DIR [--do-train] " ..
     "[--do-eval] [--do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
+logm.check_format(opt.log_format, "glue")
 ft.line_buffered()
 print(options.show(opt))
 for _, k in ipairs({ "task", "model" }) do if not opt[k] then error("glue: --" .. k:gsub("_", "-") .. " is required",
@@ -66,7 +69,7 @@ if not (opt.do_train or opt.do_eval or opt.do_predict) then error("glue: nothing
   "and/or --do-predict", 0) end
 if not opt.data_dir and not (opt.train_file or opt.eval_file) then error("glue: --data-dir is required", 0) end
 amp.check_precision("glue", opt.precision)
-dist.check_allreduce_dtype("glue", opt.allreduce_dtype)
+dist.check_allreduce_dtype("glue", opt.allreduce_dtype, opt.precision)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "glue")
 local dev, dev_line = device.setup(opt, "glue")
 print(("%s (%s)"):format(dev_line, amp.path(dev, opt.precision)))
@@ -114,6 +117,7 @@ do  -- a classifier fine-tuned for another task does not fit: say so before load
 end
 local model = amp.model_to(pretrained.from_pretrained(opt.model, { head = "classification", num_labels = num_labels,
   seed = opt.seed }), dev, opt.precision)
+ft.seq_length("glue", model.cfg, opt.max_seq_length)
 model.bert.unpad_training = opt.unpad and dev < 0
 if opt.do_train then
   print("glue: padded positions " .. (model.bert.unpad_training and "skipped in training (real tokens packed; "
@@ -167,7 +171,8 @@ if opt.do_train then
     lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
     scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
     max_steps = opt.max_steps, log_every = opt.log_every, seed = opt.seed, device = dev,
-    precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
+    precision = opt.precision, log_path = logm.path_for(opt.output, "train_log", opt.log_format),
+    log_format = opt.log_format, config = { options = opt },
     bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
     make_batch = function(idx) return batch_of(rows, idx, true) end }
   if dist.is_main() then

@@ -51,7 +51,8 @@ local opt = options.parse(arg, {
   { "split", "auto", "glue: dev (labelled) or test (the file name decides by default)" },
   { "batch", 32, "sequences per forward (1: latency mode)", int = true, min = 1 },
   { "warmup_batches", 0, "untimed batches run first", int = true, min = 0 },
-  { "max_seq_length", 384, "tokens per sequence", int = true, min = 3 },
+  { "max_seq_length", 0, "tokens per sequence (0: the model's max_position_embeddings, at most 384)", int = true,
+    min = 0 },
   { "doc_stride", 128, "QA: stride between context windows", int = true, min = 1 },
   { "max_query_length", 64, "QA: question tokens kept", int = true, min = 1 },
   { "max_answer_length", 30, "QA: longest answer", int = true, min = 1 },
@@ -86,6 +87,9 @@ if opt.output then fs.check_output("predict", { "--output", opt.output }, { { "-
 
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = pretrained.from_pretrained(opt.model)
+if opt.max_seq_length == 0 then opt.max_seq_length = math.min(384, model.cfg.max_position_embeddings) end
+if opt.max_seq_length < 3 then error("predict: --max-seq-length must be at least 3 ([CLS], a token, [SEP])", 0) end
+ft.seq_length("predict", model.cfg, opt.max_seq_length)
 local is_qa = model.qa_outputs ~= nil
 if not is_qa and not model.classifier then error("predict: " .. opt.model
   .. " is neither a QA nor a classification model", 0) end

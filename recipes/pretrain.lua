@@ -20,9 +20,11 @@ local amp = require "bertlua.train.amp"
 local dist = require "bertlua.train.dist"
 local fingerprint = require "bertlua.train.fingerprint"
 local ckpt = require "bertlua.train.checkpoint"
+local fs = require "bertlua.util.fs"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
 local Tok = require "bertlua.data.tokenizer"
+local shards = require "bertlua.data.shards"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
 local graph = require "bertlua.device.graph"
@@ -30,8 +32,10 @@ local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
-  { "init", nil, "start phase 1 from these weights: a model directory, or a checkpoint bertlua.import reads "
-    .. "(Google's TF bert_model.ckpt, pytorch_model.bin, NVIDIA's .pt)" },
+  { "init", nil, "start from these weights (phase 1, or --phase=2 alone): a model directory, or a checkpoint "
+    .. "bertlua.import reads (Google's TF bert_model.ckpt, pytorch_model.bin, NVIDIA's .pt)" },
+  { "init_random", false, "--phase=2 without --init or a phase-1 model in --output: start from random weights "
+    .. "(refused otherwise)" },
   { "vocab", nil, "vocab.txt used to create the data (checked against the shards; copied to the output model)" },
   { "data_phase1", nil, "directory of phase-1 shards (S=128)" },
   { "data_phase2", nil, "directory of phase-2 shards (S=512)" },
@@ -63,10 +67,13 @@ local SPEC = {
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, dynamic:INIT[:INTERVAL] or a fixed number (e.g. 32768)" },
   { "bucket_mb", 25, "data parallel: gradients are summed in buckets of this many MB (f32), each launched as "
     .. "soon as backward has finished it", min = 0, above = true, int = false },
-  { "allreduce_dtype", "fp32", "data parallel: fp32, or bf16 (half the bytes; the sum is written back in f32)" },
+  { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
   { "power", 0.5, "polynomial decay power after warmup", min = 0 },
   { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)", min = 0 },
-  { "max_grad_norm", 1.0, "LAMB global gradient pre-normalisation", min = 0, above = true, int = false },
+  { "optimizer", "lamb", "lamb (NVLAMB, NVIDIA's PyTorch recipe) or adam (AdamW with bias correction, as NVIDIA's TF2 "
+    .. "recipe's adam; --lr1/--lr2 default to LAMB's rates: give Adam's, e.g. 1e-4)" },
+  { "max_grad_norm", 1.0, "global gradient pre-normalisation (LAMB) or clipping (adam)", min = 0, above = true,
+    int = false },
   { "keep_optimizer", false, "phase 2 keeps phase 1's optimizer state (NVIDIA starts it fresh)" },
   { "seed", 12439, "seed for initialisation, data order and dropout", int = true, min = 0, max = 2 ^ 53 },
   { "dropout", -1, "override hidden and attention dropout (-1: keep the config's 0.1)", min = -1, max = 0.99,
@@ -80,6 +87,7 @@ local SPEC = {
   { "eval_interval", 0, "steps between held-out MLM evaluations (0: only at the end of a phase)", int = true, min = 0 },
   { "eval_batches", 20, "micro-batches per evaluation", int = true, min = 1 },
   { "log_every", 1, "steps between JSON log lines", int = true, min = 1 },
+  { "log_format", "jsonl", logm.FORMAT_HELP .. "; the log is log.jsonl or dllogger.json" },
   { "threads", 0, "CPU threads (0: keep the default)" },
   { "unpad", true, "CPU: train on the real tokens only, padded positions skipped (exact: their gradients are zero); "
     .. "false: the padded step" },
@@ -96,7 +104,11 @@ if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 local rank, world = dist.rank(), dist.size()
 local function say(...) if rank == 0 then print(...) end end
 amp.check_precision("pretrain", opt.precision)
-dist.check_allreduce_dtype("pretrain", opt.allreduce_dtype)
+logm.check_format(opt.log_format, "pretrain")
+if opt.optimizer ~= "lamb" and opt.optimizer ~= "adam" then
+  error(("pretrain: unknown --optimizer '%s' (lamb or adam)"):format(opt.optimizer), 0)
+end
+dist.check_allreduce_dtype("pretrain", opt.allreduce_dtype, opt.precision)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "pretrain")
 local dev, dev_line = device.setup(opt, "pretrain")
 say(("%s (%s); world size %d, %d CPU threads per rank"):format(dev_line, amp.path(dev, opt.precision), world,
@@ -139,18 +151,43 @@ end
 
 -- the run directory belongs to this run while it lasts (a second run into it is refused)
 if rank == 0 then require("bertlua.util.fs").lock_dir(opt.output, "pretrain") end
-local log = logm.open{ path = opt.output .. "/log.jsonl", rank = rank, append = opt.resume,
-  config = { options = opt, world_size = world } }
+local log = logm.open{ path = logm.path_for(opt.output, "log", opt.log_format), rank = rank, append = opt.resume,
+  config = { options = opt, world_size = world }, format = opt.log_format }
+local done = { steps = 0, sequences = 0, train_time = 0 }   -- this run's work, for the summary line
+
+-- open_loader(ph, args): a data.Loader; its errors name the phase's data option (and --seqN when too short)
+local function open_loader(ph, args, flag)
+  local ok, loader = pcall(data.Loader, args)
+  if ok then return loader end
+  local msg = tostring(loader)
+  if msg:find("tokens, more than the %d+ asked for") then msg = msg .. (" (--seq%d=%d)"):format(ph.phase, ph.seq) end
+  error(("pretrain: %s=%s: %s"):format(flag, args.dir, msg), 0)
+end
+
+-- eval_loader(ph) -> the held-out shards' loader, or nil (said once) when there are none or too few for a
+-- batch; held-out shards that do not fit the phase are an error
+local no_eval_said = {}
+local function eval_loader(ph)
+  local dir = opt.eval_data or ph.data
+  local function none(why)
+    if not no_eval_said[dir] then say("pretrain: no held-out shards for evaluation (" .. why .. ")") end
+    no_eval_said[dir] = true
+  end
+  if #shards.list_shards(dir, "test") == 0 then
+    return none(("no test_*.blshard in %s; shard.lua --test-fraction makes them"):format(dir))
+  end
+  local ok, loader = pcall(open_loader, ph, { dir = dir, split = "test", batch_size = opt.micro_batch, rank = rank,
+    world_size = world, seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
+    shuffle = false }, opt.eval_data and "--eval-data" or "--data-phase" .. ph.phase)
+  if ok then return loader end
+  local few = tostring(loader):match("(%d+ instances are not enough for .*)$")
+  if not few then error(loader, 0) end
+  return none(("test_*.blshard in %s: %s"):format(dir, few))
+end
 
 local function evaluate(model, ph, step)
-  local dir = opt.eval_data or ph.data
-  local ok, loader = pcall(data.Loader, { dir = dir, split = "test", batch_size = opt.micro_batch, rank = rank,
-    world_size = world, seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
-    shuffle = false })
-  if not ok then
-    say("pretrain: no held-out shards for evaluation (" .. tostring(loader) .. ")")
-    return nil
-  end
+  local loader = eval_loader(ph)
+  if not loader then return nil end
   model:eval()
   local loss, correct, count, batches = 0, 0, 0, 0
   for _ = 1, opt.eval_batches do
@@ -194,9 +231,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   end
   -- on a GPU in bf16/fp16 the model trains on its half compute copy; f32 master weights stay in flat_params
   amp.model_to(model, dev, opt.precision)
-  local lamb = optim.LAMB{ model = model, lr = ph.lr, weight_decay = opt.weight_decay,
-    max_grad_norm = opt.max_grad_norm }
-  if prev_opt_state and opt.keep_optimizer then lamb:load_state_dict(prev_opt_state) end
+  -- NVLAMB, or AdamW; both decay all but biases and LayerNorm, both bias-correct
+  local optimizer = (opt.optimizer == "adam" and optim.AdamW or optim.LAMB){ model = model, lr = ph.lr,
+    weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm }
+  if prev_opt_state and opt.keep_optimizer then optimizer:load_state_dict(prev_opt_state) end
   local lr_at = schedule.poly_warmup{ lr = ph.lr, total_steps = ph.steps, power = opt.power,
     warmup_steps = ph.warmup_steps, warmup_proportion = not ph.warmup_steps and ph.warmup or nil }
   -- bf16/fp16: f32 master weights and the half compute copy on a GPU (half weights and gradients emulated on the
@@ -219,15 +257,20 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- split over ranks and accumulation (bounded to keep the loader count sane).
   local virt = accum <= 16
   local loaders = {}
+  local flag = "--data-phase" .. ph.phase
   local function loader_args(vrank, nvirt)
     return { dir = ph.data, split = "train", batch_size = opt.micro_batch, rank = vrank, world_size = nvirt,
       seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
         bin_lengths = opt.bin_lengths }
   end
   if virt then
-    for a = 1, accum do loaders[a] = data.Loader(loader_args(rank * accum + a - 1, world * accum)) end
+    for a = 1, accum do loaders[a] = open_loader(ph, loader_args(rank * accum + a - 1, world * accum), flag) end
   else
-    loaders[1] = data.Loader(loader_args(rank, world))
+    loaders[1] = open_loader(ph, loader_args(rank, world), flag)
+  end
+  do  -- the held-out shards are checked now, not after the phase's training
+    local l = eval_loader(ph)
+    if l then l:close() end
   end
   if dev >= 0 then  -- to the GPU through pinned buffers on a copy stream, the next batch copied during this step
     for a, l in ipairs(loaders) do loaders[a] = data.DeviceLoader(l, dev) end
@@ -238,7 +281,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- (world x accumulation virtual ranks), not to the world size: resuming on
   -- a different number of ranks with the same global and micro batch (so
   -- accumulation makes up the difference) continues exactly.
-  local identity = { model_config = cfg, optimizer = "lamb", data_slices = virt and world * accum or world,
+  local identity = { model_config = cfg, optimizer = opt.optimizer, data_slices = virt and world * accum or world,
     global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase,
     run = { lr = ph.lr, warmup = ph.warmup, steps = ph.steps, seed = opt.seed,
       data = require("bertlua.data.shards").fingerprint(ph.data) } }
@@ -247,13 +290,13 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   if opt.resume then
     -- a checkpoint whose state does not restore (e.g. a loader position past the data) falls back to the previous
     local function restore(c)
-      local sd = { optimizer = "lamb", step = c.state.optimizer_step, lr = c.state.lr }
+      local sd = { optimizer = optimizer.kind, step = c.state.optimizer_step, lr = c.state.lr }
       for k, t in pairs(c.tensors) do
         local name = k:match("^optimizer%.(.+)$")
         if name then sd[name] = t end
       end
       for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
-      lamb:load_state_dict(sd)
+      optimizer:load_state_dict(sd)
       mp:load_state_dict(c.state.scaler, c.state.optimizer_step)
     end
     local c = ckpt.load_latest(ckdir, { model = model, identity = identity, restore = restore })
@@ -271,17 +314,18 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     reducer:wait()   -- the reads below wait for the device: under the watchdog (a step's finish did not wait)
     if rank ~= 0 then return end
     local tensors = {}
-    for k, v in pairs(lamb:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
+    for k, v in pairs(optimizer:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
     ckpt.save(ckdir, { step = at, model = model, tensors = tensors, identity = identity,
       -- every rank's (virtual) loaders step in lockstep: one position describes them all
-      state = { phase = ph.phase, optimizer_step = lamb.step_count, lr = lamb.last_lr, scaler = mp:state_dict(),
-        loader = loaders[1]:state(), world_size = world, accumulation = accum } }, { keep = opt.keep_checkpoints })
+      state = { phase = ph.phase, optimizer_step = optimizer.step_count, lr = optimizer.last_lr,
+        scaler = mp:state_dict(), loader = loaders[1]:state(), world_size = world, accumulation = accum } },
+      { keep = opt.keep_checkpoints })
   end
 
   -- the step (bertlua.train.pretrain_step, also what recipes/benchmark.lua times); its device memory is made
   -- here, before the first step
   local skipped_logged = mp:state_dict().skipped_steps or 0
-  local pstep = PretrainStep{ model = model, optimizer = lamb, amp = mp, reducer = reducer, dev = dev,
+  local pstep = PretrainStep{ model = model, optimizer = optimizer, amp = mp, reducer = reducer, dev = dev,
     accum = accum, world = world, rank = rank, dropout_seed = dropout_seed }
   if use_graph then pstep:use_graph() end  -- captured once a step allocates nothing (from the 2nd or 3rd step)
   -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
@@ -299,7 +343,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local function train_step(step, next_batch)
     local t0 = logm.clock()
     -- skip or update decided on the model's device: no wait here
-    local seqs = pstep:run(step, next_batch, lr_at(lamb.step_count + 1))
+    local seqs = pstep:run(step, next_batch, lr_at(optimizer.step_count + 1))
     if use_graph and (pstep.captures or 0) > captures_said then   -- a capture after the first: say why
       captures_said = pstep.captures
       if captures_said > 1 then say(("pretrain: step %d captured again: %s"):format(step, pstep.capture_reason)) end
@@ -311,7 +355,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     local s = dist.sum_numbers({ v.losses[1], v.losses[2], v.counts[1], v.counts[2], v.counts[3], v.counts[4],
       seqs })
     local dt = logm.clock() - t0
-    local lr = lamb.last_lr
+    local lr = optimizer.last_lr
     local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
       mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
       seq_per_s = s[7] / dt, step_time = dt, loss_scale = r.loss_scale, grad_norm = r.grad_norm,
@@ -337,6 +381,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
         :format(step, opt.precision, ckdir), 0)
     end
   end
+  local t_loop = logm.clock()
   local step, stop_reason = loop.run{ name = "pretrain", start = start, total = ph.steps, stop = stop,
     batch = next_micro, step = train_step, log = log_step,
     checkpoint = function(s)
@@ -345,6 +390,8 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     evaluate = function(s)
       if opt.eval_interval > 0 and s % opt.eval_interval == 0 then evaluate(model, ph, s) end
     end }
+  done.steps, done.sequences = done.steps + step - start, done.sequences + (step - start) * ph.batch
+  done.train_time = done.train_time + logm.clock() - t_loop
   if stop_reason then
     save_checkpoint(step)
     say(("phase %d: stopped at step %d (%s); --resume continues from here"):format(ph.phase, step, stop_reason))
@@ -361,24 +408,31 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     end
     dist.barrier()
   end
-  return finished, final_dir, lamb:state_dict()
+  return finished, final_dir, optimizer:state_dict()
 end
 
 local ok, err = xpcall(function()
+  if opt.phase ~= "1" and opt.phase ~= "2" and opt.phase ~= "both" then
+    error("pretrain: --phase must be 1, 2 or both, got " .. tostring(opt.phase), 0)
+  end
   local phases = opt.phase == "both" and { 1, 2 } or { tonumber(opt.phase) }
-  if not phases[1] then error("pretrain: --phase must be 1, 2 or both", 0) end
   local init = opt.init
+  if init and opt.init_random then error("pretrain: --init and --init-random exclude each other", 0) end
   local prev_state
   for _, p in ipairs(phases) do
     if p == 2 and not init then
       local dir = opt.output .. "/phase1"
-      local f = io.open(dir .. "/model.safetensors")
-      if f then f:close(); init = dir end
+      if fs.readable(dir .. "/model.safetensors") then init = dir
+      elseif not opt.init_random and not (opt.resume and ckpt.latest(opt.output .. "/checkpoints/phase2")) then
+        error(("pretrain: --phase=2 starts from phase 1's model: pass --init=DIR (or run phase 1 into --output=%s "
+          .. "first); --init-random trains phase 2 from random weights"):format(opt.output), 0)
+      end
     end
     local finished, final_dir, state = run_phase(phase_settings(p), init, prev_state)
     if not finished then break end
     init, prev_state = final_dir, state
   end
+  log:summary(done)
 end, debug.traceback)
 log:close()
 -- the host prints the one line of a user error (the traceback too for an internal one or --debug), then ends

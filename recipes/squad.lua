@@ -15,6 +15,7 @@
 local bl = require "bertlua"
 local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
+local logm = require "bertlua.util.log"
 local pretrained = require "bertlua.pretrained"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
@@ -54,6 +55,7 @@ local opt = options.parse(arg, {
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this", int = false },
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
   { "log_every", 1, "a training log line every N steps (on a GPU the one host wait of a step)", int = true, min = 1 },
+  { "log_format", "jsonl", logm.FORMAT_HELP .. "; the training log is train_log.jsonl or dllogger.json" },
   { "seed", 42, "seed (initialisation of a new head, data order, dropout)", int = true, min = 0, max = 2 ^ 53 },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16: training with f32 master weights (fp16 with dynamic loss scaling); on a GPU a " ..
@@ -61,12 +63,13 @@ local opt = options.parse(arg, {
         "activations) and tf32 = fp32; prediction in the same precision" },
   { "threads", 0, "CPU threads (0: default)" },
   { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true, int = false },
-  { "allreduce_dtype", "fp32", "data parallel: fp32 or bf16 gradient all-reduce" },
+  { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
   device.OPTION,
 }, { name = "squad",
   usage = "usage: [mpirun -np N] bertlua recipes/squad.lua --model=DIR [--train-file=F --do-train] " ..
     "[--predict-file=F --do-predict]" })
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
+logm.check_format(opt.log_format, "squad")
 ft.line_buffered()
 print(options.show(opt))
 if not opt.model then error("squad: --model=DIR is required", 0) end
@@ -74,7 +77,7 @@ if not (opt.do_train or opt.do_predict) then error("squad: nothing to do: give -
 if opt.do_train and not opt.train_file then error("squad: --do-train needs --train-file", 0) end
 if opt.do_predict and not opt.predict_file then error("squad: --do-predict needs --predict-file", 0) end
 amp.check_precision("squad", opt.precision)
-dist.check_allreduce_dtype("squad", opt.allreduce_dtype)
+dist.check_allreduce_dtype("squad", opt.allreduce_dtype, opt.precision)
 local scaler_opts = amp.loss_scale_option(opt.loss_scale, "squad")
 local dev, dev_line = device.setup(opt, "squad")
 print(("%s (%s)"):format(dev_line, amp.path(dev, opt.precision)))
@@ -93,6 +96,7 @@ dist.agree("squad", fingerprint.entries{ options = opt, files = { { "--model", o
 if dist.is_main() then fs.lock_dir(opt.output, "squad") end
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = amp.model_to(pretrained.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev, opt.precision)
+ft.seq_length("squad", model.cfg, opt.max_seq_length)
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,
   max_query_length = opt.max_query_length }
 
@@ -144,7 +148,8 @@ if opt.do_train then
     lr = opt.lr, warmup = opt.warmup, warmup_steps = opt.warmup_steps >= 0 and opt.warmup_steps or nil,
     scaler = scaler_opts, weight_decay = opt.weight_decay, max_grad_norm = opt.max_grad_norm,
     max_steps = opt.max_steps, log_every = opt.log_every, seed = opt.seed, device = dev,
-    precision = opt.precision, log_path = opt.output .. "/train_log.jsonl", config = { options = opt },
+    precision = opt.precision, log_path = logm.path_for(opt.output, "train_log", opt.log_format),
+    log_format = opt.log_format, config = { options = opt },
     bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
     make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
   if dist.is_main() then

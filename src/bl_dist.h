@@ -44,11 +44,14 @@ void bl_dist_finalize(void);
  *    an error and the communicator aborted, instead of a hang. A training loop
  *    calls it where it waits anyway (before reading its log line).
  *  - CPU: MPI_Iallreduce per bucket, MPI_Waitall in finish(); wait() is a no-op.
- * reduce_dtype BL_F32, or BL_BF16: a bf16 copy of each bucket is summed
- * (half the bytes) and the sum written back into the f32 buffer; per element
- * the error is at most about (ranks + 1) * 2^-9 * sum |g_rank| (one rounding
- * of each rank's value, one per addition).
- * Streams, events and the bf16 copy are made here: no allocation per step.
+ * reduce_dtype BL_F32, or BL_BF16 / BL_F16: a half copy of each bucket is
+ * summed (half the bytes) and the sum written back into the f32 buffer; per
+ * element the error is at most about (ranks + 1) * u * sum |g_rank| (one
+ * rounding of each rank's value, one per addition; u = 2^-9 for bf16, 2^-11
+ * for f16). f16 keeps 3 more bits but overflows above 65504: it is for
+ * gradients that carry fp16 training's dynamic loss scale, whose overflow
+ * check then skips the step (NVIDIA's allreduce_post_accumulation_fp16).
+ * Streams, events and the half copy are made here: no allocation per step.
  * In a world of one every call is a no-op. Every rank must make the same
  * calls in the same order (they are collectives). */
 typedef struct bl_reducer bl_reducer;

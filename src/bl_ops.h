@@ -40,6 +40,9 @@
 
 /* bit 63 of a dropout seed: the seed is read on the device from the address in bits 0..62 (see above) */
 #define BL_SEED_SLOT 0x8000000000000000ull
+/* how bl_embedding_layernorm_* name an out-of-range position / token type id and its table (both devices) */
+#define BL_EMB_POSITION_NAMES "position id", "the position table's max_position_embeddings"
+#define BL_EMB_TOKEN_TYPE_NAMES "token type id", "the token type table's type_vocab_size"
 
 #ifdef __cplusplus
 extern "C" {

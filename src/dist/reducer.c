@@ -10,12 +10,12 @@
 
 struct bl_reducer {
   bl_tensor *grads;         /* f32, the caller's buffer (own header, shared storage) */
-  bl_tensor *buf;           /* what is summed: grads itself, or its bf16 copy */
+  bl_tensor *buf;           /* what is summed: grads itself, or its bf16/f16 copy */
   bl_tensor **gpart, **bpart;  /* bucket views of grads and buf */
   int n;
   char *launched;
   MPI_Request *req;         /* CPU path */
-  MPI_Op bf16_sum;          /* CPU path, bf16 */
+  MPI_Op half_sum;          /* CPU path, bf16 or f16 */
 #ifdef BL_HAVE_NCCL
   bl_nccl_buckets *dev;     /* CUDA path */
 #endif
@@ -23,12 +23,18 @@ struct bl_reducer {
 
 static int world_of_one(void) { return !bl_dist_initialized() || bl_dist_size() == 1; }
 
-/* MPI user op: bf16 + bf16 rounded to bf16 (nearest even), as NCCL's bf16 sum. */
+/* MPI user ops: half + half rounded to half (nearest even), as NCCL's bf16 and f16 sums. */
 static void bf16_add(void *in, void *inout, int *len, MPI_Datatype *ty) {
   (void)ty;
   const uint16_t *a = in;
   uint16_t *b = inout;
   for (int i = 0; i < *len; i++) b[i] = bl_f32_to_bf16(bl_bf16_to_f32(a[i]) + bl_bf16_to_f32(b[i]));
+}
+static void f16_add(void *in, void *inout, int *len, MPI_Datatype *ty) {
+  (void)ty;
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  for (int i = 0; i < *len; i++) b[i] = bl_f32_to_f16(bl_f16_to_f32(a[i]) + bl_f16_to_f32(b[i]));
 }
 
 void bl_reducer_free(bl_reducer *r) {
@@ -42,7 +48,7 @@ void bl_reducer_free(bl_reducer *r) {
   }
   if (r->buf != r->grads) bl_tensor_free(r->buf);
   bl_tensor_free(r->grads);
-  if (r->bf16_sum != MPI_OP_NULL) MPI_Op_free(&r->bf16_sum);
+  if (r->half_sum != MPI_OP_NULL) MPI_Op_free(&r->half_sum);
   free(r->gpart);
   free(r->bpart);
   free(r->launched);
@@ -69,8 +75,9 @@ int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_
   if (grads->dtype != BL_F32 || grads->ndim != 1 || !bl_tensor_is_contiguous(grads))
     return bl_set_error(BL_EINVAL, "%s: gradients must be a contiguous 1-d f32 buffer (got %s, %d dims)", op,
                         bl_dtype_name(grads->dtype), grads->ndim);
-  if (reduce_dtype != BL_F32 && reduce_dtype != BL_BF16)
-    return bl_set_error(BL_EINVAL, "%s: reduction dtype must be f32 or bf16, not %s", op, bl_dtype_name(reduce_dtype));
+  if (reduce_dtype != BL_F32 && reduce_dtype != BL_BF16 && reduce_dtype != BL_F16)
+    return bl_set_error(BL_EINVAL, "%s: reduction dtype must be f32, bf16 or f16, not %s", op,
+                        bl_dtype_name(reduce_dtype));
   if (bucket_elems < 1) return bl_set_error(BL_EINVAL, "%s: bucket size %lld < 1 element", op, (long long)bucket_elems);
   if (bucket_elems > INT32_MAX)
     return bl_set_error(BL_EINVAL, "%s: bucket of %lld elements is too large for one collective", op,
@@ -79,12 +86,12 @@ int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_
   if (nb > 1 << 20) return bl_set_error(BL_EINVAL, "%s: %lld buckets: make them larger", op, (long long)nb);
   bl_reducer *r = calloc(1, sizeof *r);
   if (!r) return bl_set_error(BL_ENOMEM, "%s: out of host memory", op);
-  r->bf16_sum = MPI_OP_NULL;
+  r->half_sum = MPI_OP_NULL;
   r->n = nb > 0 ? (int)nb : 1;
   int st = bl_tensor_alias(grads, &r->grads);
-  if (!st && reduce_dtype == BL_BF16 && !world_of_one()) {  /* alone: nothing to sum, no copy */
+  if (!st && reduce_dtype != BL_F32 && !world_of_one()) {  /* alone: nothing to sum, no copy */
     int64_t shape = grads->numel;
-    st = bl_tensor_empty(1, &shape, BL_BF16, grads->device, &r->buf);
+    st = bl_tensor_empty(1, &shape, reduce_dtype, grads->device, &r->buf);
   } else if (!st) {
     r->buf = r->grads;
   }
@@ -94,8 +101,8 @@ int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_
   r->req = calloc((size_t)r->n, sizeof *r->req);
   if (!st && (!r->gpart || !r->bpart || !r->launched || !r->req)) st = bl_set_error(BL_ENOMEM, "%s: out of memory", op);
   if (!st) st = make_parts(r, bucket_elems);
-  if (!st && reduce_dtype == BL_BF16 && grads->device < 0 && !world_of_one() &&
-      MPI_Op_create(bf16_add, 1, &r->bf16_sum) != MPI_SUCCESS)
+  if (!st && reduce_dtype != BL_F32 && grads->device < 0 && !world_of_one() &&
+      MPI_Op_create(reduce_dtype == BL_BF16 ? bf16_add : f16_add, 1, &r->half_sum) != MPI_SUCCESS)
     st = bl_set_error(BL_EIO, "%s: MPI_Op_create failed", op);
 #ifdef BL_HAVE_NCCL
   /* collective: every rank joins it even after a local failure (nccl.c), so none waits for a dead one */
@@ -128,13 +135,13 @@ int bl_reducer_launch(bl_reducer *r, int bucket) {
   r->launched[bucket] = 1;
   if (world_of_one()) return 0;
   bl_tensor *g = r->gpart[bucket], *b = r->bpart[bucket];
-  if (b != g) BL_CHECK(bl_tensor_copy(b, g));  /* bf16 copy; on a GPU queued on the compute stream */
+  if (b != g) BL_CHECK(bl_tensor_copy(b, g));  /* half copy; on a GPU queued on the compute stream */
 #ifdef BL_HAVE_NCCL
   if (r->dev) return bl_nccl_buckets_launch(r->dev, b, bucket);
 #endif
-  int bf16 = b != g;
-  int err = MPI_Iallreduce(MPI_IN_PLACE, b->data, (int)b->numel, bf16 ? MPI_UINT16_T : MPI_FLOAT,
-                           bf16 ? r->bf16_sum : MPI_SUM, bl_dist_comm(), &r->req[bucket]);
+  int half = b != g;
+  int err = MPI_Iallreduce(MPI_IN_PLACE, b->data, (int)b->numel, half ? MPI_UINT16_T : MPI_FLOAT,
+                           half ? r->half_sum : MPI_SUM, bl_dist_comm(), &r->req[bucket]);
   return err == MPI_SUCCESS ? 0 : bl_set_error(BL_EIO, "%s: MPI_Iallreduce of bucket %d failed", op, bucket);
 }
 
@@ -153,7 +160,7 @@ int bl_reducer_finish(bl_reducer *r) {
 #endif
   st = bl_dist_wait(r->req, r->n, op, "all-reduce of the gradient buckets", NULL);
   BL_CHECK(st);
-  /* bf16: the sums go back into the f32 buffer (on a GPU after the communication stream, see above) */
+  /* bf16/f16: the sums go back into the f32 buffer (on a GPU after the communication stream, see above) */
   return r->buf != r->grads ? bl_tensor_copy(r->grads, r->buf) : 0;
 }
 

@@ -22,6 +22,7 @@ typedef struct {
   const char *op;
   int gather;
   const bl_tensor *table;
+  const char *what, *limit_what; /* embedding: "id", "vocabulary size" unless a caller names its table */
 } rows_op;
 
 static int check_indices(const rows_op *r, const int64_t *idx, int64_t n, int64_t rows) {
@@ -30,8 +31,8 @@ static int check_indices(const rows_op *r, const int64_t *idx, int64_t n, int64_
     if (r->gather)
       return BL_ERR("%s: position %lld at index %lld is out of range for %s (%lld rows)", r->op,
                     (long long)idx[i], (long long)i, OPX_SHAPE(r->table), (long long)rows);
-    return BL_ERR("%s: id %lld at position %lld is out of range for vocabulary size %lld", r->op,
-                  (long long)idx[i], (long long)i, (long long)rows);
+    return BL_ERR("%s: %s %lld at position %lld is out of range for %s %lld", r->op, r->what, (long long)idx[i],
+                  (long long)i, r->limit_what, (long long)rows);
   }
   return 0;
 }
@@ -102,7 +103,9 @@ static int check_gather_shapes(const char *op, const bl_tensor *out, const bl_te
   return 0;
 }
 
-int bl_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor *ids, int accumulate) {
+/* what, limit_what: how an out-of-range index and the table are named (the CPU's message) */
+static int embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor *ids, int accumulate,
+                             const char *what, const char *limit_what) {
   const char *op = "embedding";
   BL_CHECK(opx_check_float(op, out, "output"));
   BL_CHECK(opx_check_float(op, table, "table"));
@@ -112,7 +115,11 @@ int bl_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor
   const bl_tensor *ts[] = {out, table, ids};
   BL_CHECK(opx_device(op, 3, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_embedding_forward(out, table, ids, accumulate));
-  return lookup_cpu(&(rows_op){op, 0, table}, out, table, ids, accumulate);
+  return lookup_cpu(&(rows_op){op, 0, table, what, limit_what}, out, table, ids, accumulate);
+}
+
+int bl_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor *ids, int accumulate) {
+  return embedding_forward(out, table, ids, accumulate, "id", "vocabulary size");
 }
 
 int bl_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_tensor *ids) {
@@ -125,7 +132,7 @@ int bl_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_ten
   const bl_tensor *ts[] = {dtable, dout, ids};
   BL_CHECK(opx_device(op, 3, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_embedding_backward(dtable, dout, ids));
-  return scatter_cpu(&(rows_op){op, 0, dtable}, dtable, dout, ids);
+  return scatter_cpu(&(rows_op){op, 0, dtable, "id", "vocabulary size"}, dtable, dout, ids);
 }
 
 int bl_gather_forward(bl_tensor *out, const bl_tensor *x, const bl_tensor *pos) {
@@ -138,7 +145,7 @@ int bl_gather_forward(bl_tensor *out, const bl_tensor *x, const bl_tensor *pos) 
   const bl_tensor *ts[] = {out, x, pos};
   BL_CHECK(opx_device(op, 3, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_gather_forward(out, x, pos));
-  return lookup_cpu(&(rows_op){op, 1, x}, out, x, pos, 0);
+  return lookup_cpu(&(rows_op){op, 1, x, NULL, NULL}, out, x, pos, 0);
 }
 
 int bl_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *pos) {
@@ -151,7 +158,7 @@ int bl_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *po
   const bl_tensor *ts[] = {dx, dout, pos};
   BL_CHECK(opx_device(op, 3, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_gather_backward(dx, dout, pos));
-  return scatter_cpu(&(rows_op){op, 1, dx}, dx, dout, pos);
+  return scatter_cpu(&(rows_op){op, 1, dx, NULL, NULL}, dx, dout, pos);
 }
 
 /* ---- embedding sum + LayerNorm + dropout (BERT's embedding block) */
@@ -188,8 +195,8 @@ static int check_row_stats(const char *op, const bl_tensor *t, int64_t n, const 
 static int emb_sum(const emb_rows *e, const bl_tensor *like, int dev, bl_tensor **s) {
   BL_CHECK(bl_tensor_empty(like->ndim, like->shape, BL_F32, dev, s));
   int rc = bl_embedding_forward(*s, e->word, e->ids, 0);
-  if (!rc) rc = bl_embedding_forward(*s, e->position, e->pos_ids, 1);
-  if (!rc) rc = bl_embedding_forward(*s, e->token_type, e->type_ids, 1);
+  if (!rc) rc = embedding_forward(*s, e->position, e->pos_ids, 1, BL_EMB_POSITION_NAMES);
+  if (!rc) rc = embedding_forward(*s, e->token_type, e->type_ids, 1, BL_EMB_TOKEN_TYPE_NAMES);
   if (rc) { bl_tensor_free(*s); *s = NULL; }
   return rc;
 }

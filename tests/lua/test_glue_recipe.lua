@@ -38,10 +38,16 @@ T.test("MRPC pairs: accumulation, loss falls, metrics agree with the predictions
       common))
   T.eq(rc, 0, out)
   T.truthy(out:find("batch 16 = 8 x 2", 1, true), out)
-  local steps = {}
-  for l in io.lines(tmp
-    .. "/mrpc/out/train_log.jsonl") do local x = cjson.decode(l); if x.step then steps[#steps + 1] = x end end
+  local steps, summary = {}, nil
+  for l in io.lines(tmp .. "/mrpc/out/train_log.jsonl") do
+    local x = cjson.decode(l)
+    if x.step then steps[#steps + 1] = x end
+    if x.event == "summary" then summary = x end
+  end
   T.eq(#steps, 3 * math.floor(256 / 16))
+  -- the run ends with its summary: on stdout and as the log's last record
+  T.truthy(out:find("summary: 48 steps, [%d.]+ sequences/s %(768 sequences in [%d.]+ s%), final loss"), out)
+  T.eq(summary.steps, 48); T.eq(summary.sequences, 768); T.eq(summary.final_loss, steps[#steps].loss)
   local first, last = (steps[1].loss + steps[2].loss + steps[3].loss) / 3, 0
   for i = #steps - 5, #steps do last = last + steps[i].loss / 6 end
   T.truthy(last < first - 0.02, ("loss %.4f -> %.4f"):format(first, last))

@@ -104,6 +104,8 @@ T.test("TF optimizer slots are skipped with a count; fine-tuned SQuAD and classi
   -- the encoder is the pre-training checkpoint's, kernels transposed
   local pt = pretrained.from_pretrained(DIR .. "/tf", { quiet = true })
   same(qa.bert.encoder.layer[2].intermediate.dense.weight, pt.bert.encoder.layer[2].intermediate.dense.weight)
+  -- a TF checkpoint with its vocabulary rows padded (99 -> 104) loads the same weights
+  same(pretrained.from_pretrained(DIR .. "/tf_padded", { quiet = true }).flat_params, pt.flat_params)
 end)
 
 T.test("a corrupted byte in the TF data shard is reported by crc32c naming the tensor", function()
@@ -157,7 +159,7 @@ T.test("hostile TF files: truncated or corrupt index, missing or short shard, wr
   os.remove(shard)
   T.raises(function() imp.open("tf", index) end, "data shard 0 of 1 is missing")
   index = fresh()
-  local cfg = slurp(d .. "/bert_config.json"):gsub('"vocab_size": 99', '"vocab_size": 98')
+  local cfg = slurp(d .. "/bert_config.json"):gsub('"vocab_size": 99', '"vocab_size": 100')
   write(d .. "/bert_config.json", cfg)
   T.raises(function() pretrained.from_pretrained(d, { quiet = true }) end,
     "tf checkpoint: " .. index .. ": tensor 'bert/embeddings/word_embeddings': shape [99,32] does not match")
@@ -186,6 +188,41 @@ T.test("convert.lua: an HF directory from a TF checkpoint, loaded by transformer
   rc, log = run(("%s recipes/convert.lua --input=%s/nowhere --output=%s/x"):format(T.exe(), DIR, DIR))
   T.eq(rc, 1)
   T.truthy(log:find("model directory " .. DIR .. "/nowhere does not exist", 1, true), log)
+end)
+
+T.test("convert.lua: each documented form; --config is a file of option values, --bert-config the model's", function()
+  fixture("tf")
+  fixture("torch")
+  local function convert(args)
+    return run(("%s recipes/convert.lua %s"):format(T.exe(), args:gsub("DIR", DIR)))
+  end
+  local from_tf = pretrained.from_pretrained(DIR .. "/tf", { quiet = true })
+  for i, input in ipairs({ "DIR/tf", "DIR/tf/bert_model.ckpt", "DIR/tf/bert_model.ckpt.index" }) do
+    local rc, log = convert(("--input=%s --output=DIR/forms%d"):format(input, i))
+    T.eq(rc, 0, log)
+    same(pretrained.from_pretrained(DIR .. "/forms" .. i, { quiet = true }).flat_params, from_tf.flat_params, input)
+  end
+  -- a .pt alone, its config and vocabulary named
+  os.execute(("mkdir -p %q && cp %q %q"):format(DIR .. "/lone", DIR .. "/nvidia/bert_qa.pt", DIR .. "/lone/"))
+  local rc, log = convert("--input=DIR/lone/bert_qa.pt --bert-config=DIR/nvidia/bert_config.json "
+    .. "--vocab=DIR/nvidia/vocab.txt --output=DIR/forms_pt")
+  T.eq(rc, 0, log)
+  same(pretrained.from_pretrained(DIR .. "/forms_pt", { quiet = true }).flat_params,
+    pretrained.from_pretrained(DIR .. "/qa_st", { quiet = true }).flat_params)
+  T.eq(slurp(DIR .. "/forms_pt/vocab.txt"), slurp(DIR .. "/nvidia/vocab.txt"))
+  -- options from a file
+  write(DIR .. "/convert_opts.json", ('{"input": "%s/tf", "output": "%s/forms_opts"}'):format(DIR, DIR))
+  rc, log = convert("--config=DIR/convert_opts.json")
+  T.eq(rc, 0, log)
+  same(pretrained.from_pretrained(DIR .. "/forms_opts", { quiet = true }).flat_params, from_tf.flat_params)
+  -- the old spelling: a model config given as --config says what to do, in one line
+  rc, log = convert("--input=DIR/lone/bert_qa.pt --config=DIR/nvidia/bert_config.json --output=DIR/x")
+  T.eq(rc, 1)
+  T.eq(log, ("bertlua: convert: --config=%s/nvidia/bert_config.json is a model configuration, but --config takes a "
+    .. "file of option values: pass it as --bert-config=%s/nvidia/bert_config.json\nrc=1\n"):format(DIR, DIR))
+  rc, log = convert("--help")
+  T.truthy(rc == 0 and log:find("--bert-config", 1, true) and log:find("--config=FILE: a file of option values", 1,
+    true), log)
 end)
 
 -- PyTorch -------------------------------------------------------------------------------------
@@ -236,6 +273,47 @@ T.test("an NVIDIA .pt ({model = state dict}, module. prefixes, dense_act) equals
   same(ob.start_logits, oa.start_logits)
   local info = imp.source("torch", DIR .. "/nvidia/bert_qa.pt", { quiet = true })
   T.eq(info.skipped, 1, "the optimizer's exp_avg")
+end)
+
+T.test("NVIDIA's run_pretraining .pt with its vocabulary padded to a multiple of 8 loads, padding dropped", function()
+  fixture("torch")
+  local a = pretrained.from_pretrained(DIR .. "/st", { quiet = true })
+  local b = pretrained.from_pretrained(DIR .. "/nvidia_pt", { quiet = true })
+  T.eq(tostring(b), "BertForPreTraining")
+  T.eq(b.cfg.vocab_size, 99)
+  same(b.flat_params, a.flat_params)
+  -- the note names the dropped rows and tensors; padding past the next multiple of 128 is still refused
+  local cfg = bert.config.new(require("cjson").decode(slurp(DIR .. "/nvidia_pt/bert_config.json")))
+  local m = bert.BertForPreTraining(cfg)
+  local res = imp.load_into(m, DIR .. "/nvidia_pt/ckpt_8601.pt", { quiet = true })
+  T.eq(table.concat(res.trimmed, " "),
+    "model.module.bert.embeddings.word_embeddings.weight model.module.cls.predictions.bias")
+  cfg = bert.config.new(require("cjson").decode(slurp(DIR .. "/nvidia_full/bert_config.json")))
+  cfg.vocab_size = 30000  -- 30528 rows are past 30080, 30000 rounded up to a multiple of 128
+  T.raises(function() imp.load_into(bert.BertForPreTraining(cfg), DIR .. "/nvidia_full/ckpt_8601.pt", { quiet = true })
+  end, "shape [30528,8] does not match the model's bert.embeddings.word_embeddings.weight [30000,8] (wrong config?)")
+  -- at full size (30522 -> 30528) through convert.lua: one line names what was dropped
+  local out = DIR .. "/nvidia_full_conv"
+  local rc, log = run(("%s recipes/convert.lua --input=%s/nvidia_full --output=%s"):format(T.exe(), DIR, out))
+  T.eq(rc, 0, log)
+  T.truthy(log:find("ckpt_8601.pt: dropped 6 row(s) of vocabulary padding (rows 30522..30527 past vocab_size 30522, "
+    .. "not checked) from model.module.bert.embeddings.word_embeddings.weight, model.module.cls.predictions.bias\n",
+    1, true), log)
+  same(pretrained.from_pretrained(out, { quiet = true }).flat_params,
+    pretrained.from_pretrained(DIR .. "/full_st", { quiet = true }).flat_params)
+  -- and back to NVIDIA's layout on request: zero rows up to the multiple, config unchanged
+  rc, log = run(("%s recipes/convert.lua --input=%s/nvidia_full --output=%s_pad --pad-vocab=8"):format(T.exe(), DIR,
+    out))
+  T.eq(rc, 0, log)
+  local h = st.read_header(out .. "_pad/model.safetensors")
+  T.eq(table.concat(h.tensors["bert.embeddings.word_embeddings.weight"].shape, ","), "30528,8")
+  T.eq(h.tensors["cls.predictions.bias"].shape[1], 30528)
+  local tensors = st.load(out .. "_pad/model.safetensors")
+  T.eq(tensors["cls.predictions.bias"]:narrow(1, 30523, 6):abs():max(), 0)
+  T.eq(tensors["bert.embeddings.word_embeddings.weight"]:narrow(1, 30523, 6):abs():max(), 0)
+  T.eq(require("cjson").decode(slurp(out .. "_pad/config.json")).vocab_size, 30522)
+  same(pretrained.from_pretrained(out .. "_pad", { quiet = true }).flat_params,
+    pretrained.from_pretrained(out, { quiet = true }).flat_params)
 end)
 
 T.test("a pickle asking for os.system is refused by name and nothing runs", function()

@@ -174,6 +174,13 @@ T.test("attention on fused QKV slices, losses, accuracy", function()
   close(e:select(1, 2):select(1, 1), tbl:select(1, 4))
   T.raises(function() ops.embedding(tbl, bl.from({ 11 }, { dtype = "i32" })) end,
     "id 11 at position 0 is out of range for vocabulary size 11")
+  -- the embedding block names the position and token type tables, not the vocabulary
+  local pos_t, type_t, g, b = randn({ 3, 4 }, 13), randn({ 2, 4 }, 14), bl.ones({ 4 }), bl.zeros({ 4 })
+  local i32 = function(x) return bl.from(x, { dtype = "i32" }) end
+  T.raises(function() ops.embedding_layernorm({ tbl, pos_t, type_t }, { i32({ 1, 2 }), i32({ 0, 3 }), i32({ 0, 0 }) },
+    g, b) end, "position id 3 at position 1 is out of range for the position table's max_position_embeddings 3")
+  T.raises(function() ops.embedding_layernorm({ tbl, pos_t, type_t }, { i32({ 1, 2 }), i32({ 0, 1 }), i32({ 2, 0 }) },
+    g, b) end, "token type id 2 at position 0 is out of range for the token type table's type_vocab_size 2")
   local gsel = ops.gather(e, bl.from({ 3, 0 }, { dtype = "i64" }))
   close(gsel:select(1, 1), tbl:select(1, 4))
 end)

@@ -77,11 +77,19 @@ T.test("config files, JSON and Lua; command line wins", function()
   T.raises(function() options.parse({ "--config", p }, spec) end, "unknown option 'bogus'")
   os.remove(p)
   T.raises(function() options.parse({ "--config=/nonexistent.lua" }, spec) end, "cannot open config file")
+  -- a model's config.json given as --config is named as such; no recipe may declare its own --config
+  p = os.tmpname() .. ".json"
+  f = io.open(p, "w"); f:write('{"vocab_size": 30522, "hidden_size": 768, "num_attention_heads": 12}'); f:close()
+  T.raises(function() options.parse({ "--config=" .. p }, spec) end,
+    "is a model configuration, but --config takes a file of option values: give the model's directory")
+  os.remove(p)
+  T.raises(function() options.parse({}, { { "config", "", "a model config" } }) end, "--config is reserved")
 end)
 
 T.test("help text lists every option", function()
   local h = options.help(spec, { usage = "usage: x" })
   T.truthy(h:find("--max-steps", 1, true) and h:find("default 100", 1, true), h)
+  T.truthy(h:find("a Lua or JSON file of option values (not a model's config.json)", 1, true), h)
 end)
 
 T.run()

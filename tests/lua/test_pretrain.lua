@@ -104,6 +104,50 @@ T.test("fp16 (loss scaling) and bf16 track the fp32 loss curve", function()
   T.truthy(scale and scale > 1, "fp16 ran with a loss scale")
 end)
 
+T.test("--optimizer=adam trains with AdamW and resumes its moments exactly; --log-format=dllogger", function()
+  local args = "--batch1=16 --micro-batch=16 --steps1=6 --optimizer=adam --lr1=1e-3 --checkpoint-interval=3"
+  local out, rc = pretrain(tmp .. "/adam", args)
+  T.eq(rc, 0, out)
+  T.truthy(out:find("summary: 6 steps, [%d.]+ sequences/s %(96 sequences in"), out)
+  -- stopped after 3 steps, resumed: the moments come back from the checkpoint, so every later loss is the same
+  local out1, rc1 = pretrain(tmp .. "/adam_resumed", args .. " --max-steps=3")
+  T.eq(rc1, 0, out1)
+  local out2, rc2 = pretrain(tmp .. "/adam_resumed", args .. " --resume")
+  T.eq(rc2, 0, out2)
+  local a, b = losses(tmp .. "/adam"), losses(tmp .. "/adam_resumed")
+  for s = 1, 6 do T.eq(b[s], a[s], "step " .. s) end
+  -- the checkpoint holds AdamW's state, and LAMB from the same start takes another path
+  local state = cjson.decode(T.slurp(tmp .. "/adam/checkpoints/phase1/ckpt-00000006/state.json"))
+  T.eq(state.identity.optimizer, "adam")
+  local out3, rc3 = pretrain(tmp .. "/lamb6", "--batch1=16 --micro-batch=16 --steps1=6 --lr1=1e-3")
+  T.eq(rc3, 0, out3)
+  T.truthy(losses(tmp .. "/lamb6")[2] ~= a[2], "LAMB and Adam gave the same step 2")
+  -- the same run logged the DLLogger way: DLLL lines, the config as PARAMETER, [phase, step], the summary as []
+  local out4, rc4 = pretrain(tmp .. "/adam_dll", args .. " --log-format=dllogger")
+  T.eq(rc4, 0, out4)
+  local recs = {}
+  for line in io.lines(tmp .. "/adam_dll/dllogger.json") do
+    T.eq(line:sub(1, 5), "DLLL ", line)
+    recs[#recs + 1] = cjson.decode(line:sub(6))
+  end
+  T.eq(recs[1].step, "PARAMETER")
+  T.eq(recs[1].data.config.options.optimizer, "adam")
+  T.eq(recs[2].type, "LOG"); T.eq(recs[2].step[1], 1); T.eq(recs[2].step[2], 1)
+  T.near(recs[2].data.loss, a[1], 1e-12)
+  T.truthy(tonumber(recs[2].elapsedtime) and tonumber(recs[2].timestamp), "times as numbers in strings")
+  local last = recs[#recs]
+  T.eq(type(last.step), "table"); T.eq(#last.step, 0)
+  T.eq(last.data.steps, 6); T.eq(last.data.sequences, 96)
+  T.near(last.data.final_loss, a[6], 1e-12)
+  -- a bad value is one line before anything runs
+  local bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --log-format=csv")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: unknown --log-format 'csv' (jsonl or dllogger)", 1, true), bad)
+  bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --optimizer=sgd")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: unknown --optimizer 'sgd' (lamb or adam)", 1, true), bad)
+  bad, rcb = pretrain(tmp .. "/bad", "--steps1=2 --allreduce-dtype=fp16")
+  T.truthy(rcb ~= 0 and bad:find("pretrain: --allreduce-dtype=fp16 needs --precision=fp16", 1, true), bad)
+end)
+
 T.test("the pre-training notebook plots the log", function()
   local _, has = sh("command -v jupyter")
   if has ~= 0 then T.skip("jupyter (jupyter-nbconvert) not installed") end
@@ -138,6 +182,26 @@ T.test("the pre-training notebook plots the log", function()
   T.truthy(text:find("nb_b phase 1: loss 9.900 -> 8.400 over steps 1-6", 1, true), "resumed steps: the last records")
   T.truthy(text:find("nb_a phase 2: loss 4.900 -> 4.700 over steps 1-3", 1, true), "phase 2 on its own")
   T.truthy(text:find("held-out MLM accuracy 0.2500 at step 6", 1, true), "the evaluation")
+end)
+
+T.test("--phase=2 alone needs --init, a phase-1 model in --output, or --init-random", function()
+  local p2 = (" --phase=2 --data-phase2=%s --seq2=32 --pred2=5 --batch2=16 --micro-batch=16 --steps2=2 --lr2=1e-2")
+    :format(fx.data)
+  local out, rc = pretrain(tmp .. "/p2", p2)
+  T.eq(rc, 1, out)
+  T.truthy(out:find(("bertlua: pretrain: --phase=2 starts from phase 1's model: pass --init=DIR (or run phase 1 "
+    .. "into --output=%s/p2 first); --init-random trains phase 2 from random weights\n"):format(tmp), 1, true), out)
+  T.truthy(not out:find("traceback", 1, true) and not io.open(tmp .. "/p2/phase2/model.safetensors"), out)
+  out, rc = pretrain(tmp .. "/p2", p2 .. " --init-random")
+  T.eq(rc, 0, out)
+  T.truthy(not out:find("initialised from", 1, true), out)
+  -- phase 1 run into the same --output first: phase 2 starts from it
+  fx.run("p2_after", "--batch1=16 --micro-batch=16 --steps1=2")
+  out, rc = pretrain(tmp .. "/p2_after", p2)
+  T.eq(rc, 0, out)
+  T.truthy(out:find("initialised from " .. tmp .. "/p2_after/phase1", 1, true), out)
+  out, rc = pretrain(tmp .. "/p2", p2 .. " --init-random --init=" .. tmp .. "/p2_after/phase1")
+  T.truthy(rc == 1 and out:find("--init and --init-random exclude each other", 1, true), out)
 end)
 
 T.test("--init from a torch.save pytorch_model.bin, --warmup-steps1 and a fixed --loss-scale reach the run", function()

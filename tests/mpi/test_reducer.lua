@@ -26,10 +26,11 @@ for r = 0, world - 1 do
 end
 
 -- fp32: the f32 sum of two f32 values is one rounding of the exact sum (2^-24 relative);
--- bf16: each rank's value rounded to bf16 (2^-9 relative) and each addition too:
--- |error| <= (world + 1) * 2^-9 * sum |g| (the contract in bl_dist.h)
+-- bf16 / fp16: each rank's value rounded to half (u = 2^-9 / 2^-11 relative) and each addition too:
+-- |error| <= (world + 1) * u * sum |g| (the contract in bl_dist.h)
+local U = { fp32 = 2 ^ -23 / (world + 1), bf16 = 2 ^ -9, fp16 = 2 ^ -11 }
 local function check(got, dtype, what)
-  local tol = dtype == "bf16" and (world + 1) * 2 ^ -9 or 2 ^ -23
+  local tol = (world + 1) * U[dtype]
   local off = 0
   for i = 1, N do
     if math.abs(got[i] - ref[i]) > tol * mag[i] then
@@ -69,12 +70,14 @@ T.test("fp32 sums equal the reference for every bucket size, with and without ea
   end
 end)
 
-T.test("bf16 reduction stays within its bound and really rounds", function()
+T.test("bf16 and fp16 reductions stay within their bounds and really round", function()
   for _, dev in ipairs(devices()) do
-    for _, e in ipairs({ 7, N }) do
-      local off = check(run_case(dev, "bf16", e, 1), "bf16", ("%s bf16, %d per bucket"):format(dev, e))
-      T.truthy(off > N / 2, ("%s: only %d of %d elements are outside the fp32 bound: bf16 was not used")
-        :format(dev, off, N))
+    for _, dt in ipairs({ "bf16", "fp16" }) do
+      for _, e in ipairs({ 7, N }) do
+        local off = check(run_case(dev, dt, e, 1), dt, ("%s %s, %d per bucket"):format(dev, dt, e))
+        T.truthy(off > N / 2, ("%s: only %d of %d elements are outside the fp32 bound: %s was not used")
+          :format(dev, off, N, dt))
+      end
     end
   end
 end)
@@ -167,7 +170,7 @@ T.test("misuse is an error naming the reducer", function()
   T.truthy(ffi.string(C.bl_last_error()):find("bucket 3 outside 0..2", 1, true))
   r:finish()
   T.raises(function() dist.Reducer{ grads = bl.zeros({ 2, 5 }) } end, "contiguous 1-d f32")
-  T.raises(function() dist.Reducer{ grads = g, dtype = "fp16" } end, "fp32 or bf16")
+  T.raises(function() dist.Reducer{ grads = g, dtype = "fp8" } end, "fp32, bf16 or fp16")
   T.raises(function() dist.Reducer{ grads = g, bucket_mb = 0 } end, "bucket_mb")
 end)
 

@@ -11,6 +11,11 @@ usage:
       OUT/nvidia/    the same QA model as NVIDIA saves it: bert_qa.pt = {"model": state dict with
                      "module." prefixes and NVIDIA's "dense_act" names, "optimizer": ..., "epoch": 2}
                      + bert_config.json + vocab.txt
+      OUT/nvidia_pt/ a BertForPreTraining as NVIDIA's run_pretraining.py saves it: its config's vocab_size
+                     padded to a multiple of 8 (99 -> 104 rows of random values), {"model": state dict with
+                     "module." names, "optimizer": ..., "files": ..., "epoch": ...}, bert_config.json saying 99;
+                     the unpadded twin in OUT/st
+      OUT/nvidia_full/ the same at NVIDIA's real vocabulary (30522 -> 30528 rows), hidden size 8, one layer
       OUT/evil.pt    a torch.save-shaped zip whose pickle calls os.system("touch OUT/pwned")
       OUT/hostile/*.pt  torch.save-shaped zips with hostile contents (see hostile())
   /usr/bin/python3 tests/py/checkpoint_fixtures.py tf OUT        (needs tensorflow)
@@ -18,6 +23,7 @@ usage:
                      with Google's variable names and Adam slots + bert_config.json + vocab.txt
       OUT/tf_ref.safetensors  the batch and transformers' outputs after its own TF->PyTorch
                      conversion (load_tf_weights_in_bert): last_hidden, prediction_logits, nsp_logits
+      OUT/tf_padded/ OUT/tf's weights with the word embeddings and output bias padded to 104 rows
       OUT/tf_squad/, OUT/tf_cls/  fine-tuned checkpoints: bert/* + cls/squad/output_* (SQuAD) or
                      output_weights/output_bias (classifier, 3 labels); OUT/tf_heads.safetensors
                      holds those head arrays
@@ -75,6 +81,27 @@ def nvidia_names(sd):
     return out
 
 
+VOCAB_ROWS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight", "cls.predictions.bias")
+
+
+def pad_rows(a, rows, seed):
+    """a with random rows appended up to `rows` (NVIDIA's padding rows are trained, not zero)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([a, torch.randn((rows - a.shape[0],) + tuple(a.shape[1:]), generator=g)])
+
+
+def nvidia_pretraining_ckpt(sd, cfg, d, rows):
+    """A run_pretraining.py checkpoint: the model built with vocab_size padded to `rows`."""
+    os.makedirs(d, exist_ok=True)
+    sd = {k: pad_rows(v, rows, 7) if k in VOCAB_ROWS else v for k, v in sd.items()}
+    sd["cls.predictions.decoder.weight"] = sd["bert.embeddings.word_embeddings.weight"]  # tied, as in training
+    torch.save({"model": nvidia_names(sd), "optimizer": {"state": {}, "param_groups": []},
+                "master params": [], "files": [0, ["shard_0.hdf5"]], "epoch": 1},
+               f"{d}/ckpt_8601.pt")
+    with open(f"{d}/bert_config.json", "w") as f:
+        json.dump(cfg, f)
+
+
 class Evil:
     def __init__(self, marker):
         self.marker = marker
@@ -107,6 +134,16 @@ def make_torch(out):
     with open(f"{out}/nvidia/bert_config.json", "w") as f:
         json.dump(CFG, f)
     vocab(f"{out}/nvidia/vocab.txt")
+    nvidia_pretraining_ckpt({k: v for k, v in pt.state_dict().items() if not k.endswith("position_ids")}, CFG,
+                            f"{out}/nvidia_pt", 104)
+    vocab(f"{out}/nvidia_pt/vocab.txt")
+    full = dict(CFG, vocab_size=30522, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=16)
+    torch.manual_seed(6)
+    big = transformers.BertForPreTraining(transformers.BertConfig(**full)).eval()
+    big.save_pretrained(f"{out}/full_st", safe_serialization=True)
+    nvidia_pretraining_ckpt({k: v for k, v in big.state_dict().items() if not k.endswith("position_ids")}, full,
+                            f"{out}/nvidia_full", 30528)
     with zipfile.ZipFile(f"{out}/evil.pt", "w", zipfile.ZIP_STORED) as z:
         z.writestr("archive/data.pkl", pickle.dumps({"w": Evil(f"{out}/pwned")}, protocol=2))
         z.writestr("archive/version", "3\n")
@@ -232,6 +269,10 @@ def make_tf(out):
                "attention_mask": am.numpy().astype(np.int64),
                "last_hidden": o.hidden_states[-1].numpy(), "prediction_logits": o.prediction_logits.numpy(),
                "nsp_logits": o.seq_relationship_logits.numpy()}, f"{out}/tf_ref.safetensors")
+    padded = google_names(pt.state_dict())
+    for k in ("bert/embeddings/word_embeddings", "cls/predictions/output_bias"):
+        padded[k] = pad_rows(torch.from_numpy(padded[k]), 104, 8).numpy()
+    tf_save(tf, padded, f"{out}/tf_padded", slots=False)
     enc = {k: v for k, v in google_names(pt.state_dict()).items() if k.startswith("bert/")}
     rng = np.random.default_rng(5)
     heads = {"cls/squad/output_weights": rng.standard_normal((2, CFG["hidden_size"]), dtype=np.float32),

@@ -83,7 +83,7 @@ local function c_loader(o, files, expect)
   local paths = ffi.new("const char*[?]", #files)
   for i, p in ipairs(files) do paths[i - 1] = p end
   local out = ffi.new("bl_loader*[1]")
-  if C.bl_loader_open(paths, #files, co, out) ~= 0 then error(ffi.string(C.bl_last_error()), 3) end
+  if C.bl_loader_open(paths, #files, co, out) ~= 0 then error(ffi.string(C.bl_last_error()), 0) end
   local c = ffi.gc(out[0], C.bl_loader_close)
   local info = ffi.new("bl_loader_info")
   check(C.bl_loader_get_info(c, info))
@@ -103,7 +103,7 @@ end
 
 function CLoader:next()
   local b = self._b
-  if C.bl_loader_next(alive(self), b) ~= 0 then error(ffi.string(C.bl_last_error()), 2) end
+  if C.bl_loader_next(alive(self), b) ~= 0 then error(ffi.string(C.bl_last_error()), 0) end
   local wrap = bl.wrap
   self.epoch, self.pos = tonumber(b.epoch), tonumber(b.pos) + 1
   local batch = { input_ids = wrap(b.input_ids), token_type_ids = wrap(b.token_type_ids),
@@ -126,7 +126,7 @@ end
 
 function CLoader:set_state(s)
   check_state(self, s)
-  if C.bl_loader_set_state(alive(self), s.epoch, s.pos) ~= 0 then error(ffi.string(C.bl_last_error()), 2) end
+  if C.bl_loader_set_state(alive(self), s.epoch, s.pos) ~= 0 then error(ffi.string(C.bl_last_error()), 0) end
   self.epoch, self.pos = s.epoch, s.pos
 end
 

@@ -352,6 +352,20 @@ local function map_names(model_names, info)
   return map, unexpected, notes
 end
 
+-- Vocabulary rows are padded past vocab_size in NVIDIA's checkpoints (30522 -> 30528, a multiple of 8
+-- for the GEMMs); any padding up to the next multiple of 128 is accepted.
+local function is_vocab_rows(name)
+  return name:match("word_embeddings%.weight$") ~= nil or name == "cls.predictions.bias"
+end
+
+-- vocab_padding(name, file shape, model shape) -> rows the file has beyond the vocabulary, or nil
+local function vocab_padding(name, fshape, mshape)
+  if not is_vocab_rows(name) or #fshape ~= #mshape or fshape[1] <= mshape[1] then return nil end
+  for i = 2, #mshape do if fshape[i] ~= mshape[i] then return nil end end
+  if fshape[1] > math.ceil(mshape[1] / 128) * 128 then return nil end
+  return fshape[1] - mshape[1]
+end
+
 -- load_model(model, path[, opts]): copy the file's tensors into the model's
 -- parameters (converted to f32). Strict by default: every parameter must be
 -- in the file and every file tensor must be used. opts.allow_missing /
@@ -393,13 +407,15 @@ function M.load_model(model, path, opts)
       what, path, #refused, table.concat(refused, ", ")), 0)
   end
   -- check every shape before writing anything: a failed load leaves the model as it was
+  local trim = {}  -- parameter name -> rows of vocabulary padding in the file, dropped on load
   for _, p in ipairs(params) do
     local e = map[p.name]
     if e then
       local ps = p.param:shape()
       local same = #ps == #e.shape
       for i = 1, #ps do if ps[i] ~= e.shape[i] then same = false end end
-      if not same then
+      trim[p.name] = not same and vocab_padding(p.name, e.shape, ps) or nil
+      if not same and not trim[p.name] then
         terr(path, e.name, ("shape [%s] does not match the model's %s [%s] (wrong config?)"):format(
           table.concat(e.shape, ","), p.name, table.concat(ps, ",")), what)
       end
@@ -412,7 +428,10 @@ function M.load_model(model, path, opts)
   local ok, err = pcall(function()
     for _, p in ipairs(params) do
       local e = map[p.name]
-      if e and info.read then
+      if e and trim[p.name] then
+        local t = info.read and info.read(e) or read_tensor(f, info, e)
+        p.param:copy_(t:narrow(1, 1, p.param:shape()[1]))
+      elseif e and info.read then
         local t = info.read(e, p.param)  -- another checkpoint format (bertlua.import); nil: read in place
         if t then p.param:copy_(t) end
       elseif e then
@@ -427,6 +446,14 @@ function M.load_model(model, path, opts)
   end)
   if f then close(f) end
   if not ok then error(err, 0) end
+  local trimmed, vocab, pad = {}, nil, nil
+  for _, p in ipairs(params) do
+    if trim[p.name] then trimmed[#trimmed + 1], vocab, pad = map[p.name].name, p.param:shape()[1], trim[p.name] end
+  end
+  if not opts.quiet and #trimmed > 0 then
+    io.stderr:write(("note: %s: dropped %d row(s) of vocabulary padding (rows %d..%d past vocab_size %d, not "
+      .. "checked) from %s\n"):format(path, pad, vocab, vocab + pad - 1, vocab, table.concat(trimmed, ", ")))
+  end
   if not opts.quiet then
     if #missing > 0 then
       io.stderr:write(("note: %s: %d parameter(s) not in the checkpoint, initialised fresh: %s\n"):format(path,
@@ -440,19 +467,29 @@ function M.load_model(model, path, opts)
   end
   local n = 0
   for _ in pairs(map) do n = n + 1 end
-  return { loaded = n, missing = missing, unexpected = unexpected, ignored = notes }
+  return { loaded = n, missing = missing, unexpected = unexpected, ignored = notes, trimmed = trimmed }
 end
 
 -- save_model(model, path[, opts]): the model's parameters under their HF names.
 -- opts.dtype ("F32" default, "F16", "BF16"), opts.tied_decoder (also write
--- cls.predictions.decoder.weight, a copy of the word embeddings), opts.metadata.
+-- cls.predictions.decoder.weight, a copy of the word embeddings), opts.metadata,
+-- opts.pad_vocab (a multiple: vocabulary rows zero-padded up to it, NVIDIA's layout; the
+-- config keeps the real vocab_size).
 function M.save_model(model, path, opts)
   opts = opts or {}
   local list = {}
   local names = {}
+  local m = opts.pad_vocab
   for _, p in ipairs(model:parameters()) do
-    list[#list + 1] = { p.name, p.param }
-    names[p.name] = p.param
+    local t = p.param
+    if m and m > 1 and is_vocab_rows(p.name) and t:shape()[1] % m ~= 0 then
+      local shape = t:shape()
+      shape[1] = math.ceil(shape[1] / m) * m
+      t = bl.zeros(shape, { dtype = t:dtype() })
+      t:narrow(1, 1, p.param:shape()[1]):copy_(p.param)
+    end
+    list[#list + 1] = { p.name, t }
+    names[p.name] = t
   end
   if opts.tied_decoder and names["cls.predictions.bias"] then
     list[#list + 1] = { "cls.predictions.decoder.weight", names["bert.embeddings.word_embeddings.weight"] }

@@ -43,6 +43,16 @@ function M.model_dir(recipe, dir, vocab)
   return vocab
 end
 
+-- seq_length(recipe, cfg, n[, flag]): error unless --max-seq-length=n (or flag=n) fits the model's position table
+function M.seq_length(recipe, cfg, n, flag)
+  flag = flag or "--max-seq-length"
+  if n > cfg.max_position_embeddings then
+    error(("%s: %s=%d is longer than the model's %d positions (max_position_embeddings, the length "
+      .. "it was trained up to): pass %s=%d or less"):format(recipe, flag, n, cfg.max_position_embeddings, flag,
+      cfg.max_position_embeddings), 0)
+  end
+end
+
 -- input_file(recipe, path, flag): error unless path is a readable file
 -- (flag: the option, "--predict-file", or a description, "test data")
 function M.input_file(recipe, path, flag)

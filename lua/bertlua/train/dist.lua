@@ -86,23 +86,32 @@ end
 -- rank (they are collectives).
 local Reducer = {}
 Reducer.__index = Reducer
-M.ALLREDUCE_DTYPES = { fp32 = "f32", bf16 = "bf16" }
+M.ALLREDUCE_DTYPES = { fp32 = "f32", bf16 = "bf16", fp16 = "f16" }
+M.ALLREDUCE_HELP = "data parallel: the gradient all-reduce in fp32, or bf16 / fp16 (half the bytes, the sum written "
+  .. "back in f32; fp16 only with --precision=fp16, whose loss scale keeps the gradients in its range)"
 
--- a recipe's --allreduce-dtype, checked before anything is allocated
-function M.check_allreduce_dtype(recipe, v)
+-- a recipe's --allreduce-dtype, checked before anything is allocated; fp16 sums the loss-scaled gradients of fp16
+-- training (as NVIDIA's allreduce_post_accumulation_fp16): without a loss scale small gradients would flush to zero
+function M.check_allreduce_dtype(recipe, v, precision)
   if not M.ALLREDUCE_DTYPES[v] then
-    error(("%s: --allreduce-dtype must be fp32 or bf16, got '%s'"):format(recipe, tostring(v)), 0)
+    error(("%s: --allreduce-dtype must be fp32, bf16 or fp16, got '%s'"):format(recipe, tostring(v)), 0)
+  end
+  if v == "fp16" and precision ~= "fp16" then
+    error(("%s: --allreduce-dtype=fp16 needs --precision=fp16 (its dynamic loss scale keeps the summed gradients "
+      .. "in fp16's range); with --precision=%s use bf16"):format(recipe, tostring(precision)), 0)
   end
 end
 
 function M.Reducer(o)
   local dt = M.ALLREDUCE_DTYPES[o.dtype or "fp32"]
-  if not dt then error(("reducer: all-reduce dtype must be fp32 or bf16, got '%s'"):format(tostring(o.dtype)), 2) end
+  if not dt then
+    error(("reducer: all-reduce dtype must be fp32, bf16 or fp16, got '%s'"):format(tostring(o.dtype)), 2)
+  end
   local mb = o.bucket_mb or 25
   if type(mb) ~= "number" or not (mb > 0) then error("reducer: bucket_mb must be a number > 0", 2) end
   local elems = math.max(1, math.floor(mb * 1024 * 1024 / 4))  -- sized in f32 bytes, whatever the dtype
   local out = ffi.new("bl_reducer *[1]")
-  check(C.bl_reducer_new(o.grads, elems, dt == "bf16" and C.BL_BF16 or C.BL_F32, out))
+  check(C.bl_reducer_new(o.grads, elems, ({ f32 = C.BL_F32, bf16 = C.BL_BF16, f16 = C.BL_F16 })[dt], out))
   local r = ffi.gc(out[0], C.bl_reducer_free)
   return setmetatable({ r = r, grads = o.grads, elems = elems, total = o.grads:numel(),
     n = C.bl_reducer_buckets(r), launched = {}, final = {}, hooked = {}, armed = true, overlapped = 0,

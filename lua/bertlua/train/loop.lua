@@ -27,6 +27,7 @@
 --                device = -1,           -- or N: the model is on cuda:N (model:to), batches are staged there;
 --                                       -- bf16/fp16 train on its half compute copy (made here if it has none)
 --                log_every = 1,         -- on a GPU: a log line (and the step's one host wait) every N steps
+--                log_format = "jsonl",  -- or "dllogger" (bertlua.util.log); the run ends with a summary line
 --                synchronous = false,   -- true: on a GPU too, the step that reads every loss back (comparisons)
 --                bucket_mb = 25, allreduce_dtype = "fp32" }   -- data parallel (below)
 --   local stats = trainer.predict{ model = m, n = #features, batch = 32,
@@ -124,7 +125,7 @@ function M.fit(o)
   reducer:on_final(function(lo, hi) mp:round_grads(lo, hi) end)
   if world > 1 then reducer:attach(model) end
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "grad_norm", "seq_per_s" },
-    config = o.config, rank = rank }
+    config = o.config, rank = rank, format = o.log_format }
   local draw = rng(o.seed or 42)
   local order = {}
   for i = 1, o.n do order[i] = i end
@@ -193,16 +194,18 @@ function M.fit(o)
       return b
     end
   end
+  local t_train = logm.clock()
   local step = M.run{ name = "trainer", total = total, batch = batch, step = step_hook,
     log = function(rec, n)
       if rec and (n % (o.log_every or 1) == 0 or n == total) then log:step(rec) end
     end }
-  log:close()
   if stage then stage:close() end
   if make_device_step then
     local f = step_hook.finish()
     last_loss, skipped = f.loss, f.skipped
   end
+  log:summary{ steps = step, sequences = step * o.batch, train_time = logm.clock() - t_train }
+  log:close()
   if skipped > 0 and rank == 0 then
     print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(skipped, step, mp:scale()))
   end

@@ -3,9 +3,14 @@
 --   local log = require "bertlua.util.log"
 --   local L = log.open{ path = "out/log.jsonl", total = 1000, config = opt }
 --   L:step{ step = 10, loss = 2.3, lr = 1e-3 }   -- one JSON object per call
+--   L:summary{ steps = 1000, sequences = 64000, train_time = 512.3 }   -- the end-of-run line
 --   L:close()
 -- Only rank 0 writes (other ranks get a silent logger). The progress line is
 -- redrawn in place when stderr is a terminal, printed every `every` steps otherwise.
+-- format = "dllogger" writes NVIDIA's DLLogger JSON stream instead of plain JSON lines:
+--   DLLL {"timestamp": "...", "datetime": "...", "elapsedtime": "...", "type": "LOG", "step": [phase, step],
+--         "data": {...}}
+-- (the config as step "PARAMETER", the summary with step []), what NVIDIA's scripts and their log parsers read.
 local ffi = require "ffi"
 local cjson = require "cjson"
 local fs = require "bertlua.util.fs"
@@ -55,17 +60,63 @@ local function json_safe(v)
 end
 M.json_safe = json_safe
 
--- one JSON line to the log file; a failed write (full disk) is an error naming the file
+M.FORMATS = { jsonl = true, dllogger = true }
+M.FORMAT_HELP = "log format: jsonl (one JSON object per line, DIR/NAME.jsonl) or dllogger (NVIDIA's DLLogger "
+  .. "JSON stream, DIR/dllogger.json)"
+
+-- check_format(format, who) -> format, or a one-line error naming the option
+function M.check_format(format, who)
+  if not M.FORMATS[format] then
+    error(("%s: unknown --log-format '%s' (jsonl or dllogger)"):format(who, tostring(format)), 0)
+  end
+  return format
+end
+
+-- path_for(dir, name, format) -> the log file of a run directory: dir/name.jsonl, or dir/dllogger.json as
+-- NVIDIA's scripts name theirs
+function M.path_for(dir, name, format)
+  return dir .. "/" .. ((format or "jsonl") == "dllogger" and "dllogger.json" or name .. ".jsonl")
+end
+
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_usec; } bl_timeval;")
+pcall(ffi.cdef, "int gettimeofday(bl_timeval *tv, void *tz);")
+local tv = ffi.new("bl_timeval")
+
+-- a record as DLLogger's JSONStreamBackend writes one: step [phase, step] (or "PARAMETER" for the config, [] for
+-- the summary), the other fields in data, times as strings
+local function dllogger_line(self, record)
+  ffi.C.gettimeofday(tv, nil)
+  local sec, usec = tonumber(tv.tv_sec), tonumber(tv.tv_usec)
+  local data, step = {}
+  for k, v in pairs(record) do
+    if k ~= "step" and k ~= "phase" and k ~= "time" and k ~= "event" then data[k] = v end
+  end
+  if record.event == "config" then
+    step = '"PARAMETER"'
+  elseif record.event == "summary" then
+    step = "[]"   -- cjson writes an empty table as {}
+  else
+    if record.event then data.event = record.event end
+    step = cjson.encode(record.phase and { record.phase, record.step } or { record.step or 0 })
+  end
+  return ('DLLL {"timestamp": "%d.%06d", "datetime": "%s.%06d", "elapsedtime": "%.6f", "type": "LOG", '
+    .. '"step": %s, "data": %s}'):format(sec, usec, os.date("%Y-%m-%d %H:%M:%S", sec), usec, M.clock() - self.t0,
+    step, cjson.encode(json_safe(data)))
+end
+
+-- one line to the log file; a failed write (full disk) is an error naming the file
 local function put(self, record)
-  local ok, err = self.file:write(cjson.encode(json_safe(record)), "\n")
+  local line = self.format == "dllogger" and dllogger_line(self, record) or cjson.encode(json_safe(record))
+  local ok, err = self.file:write(line, "\n")
   if ok then ok, err = self.file:flush() end
   if not ok then error(("log: cannot write %s: %s"):format(self.path, tostring(err)), 0) end
 end
 
 function M.open(o)
   o = o or {}
-  local self = setmetatable({ total = o.total, every = o.every or 10, rank = o.rank or 0,
-    t0 = M.clock(), tty = M.isatty(2), fields = o.fields, last_len = 0 }, Logger)
+  local format = M.check_format(o.format or "jsonl", "log")
+  local self = setmetatable({ total = o.total, every = o.every or 10, rank = o.rank or 0, format = format,
+    t0 = M.clock(), tty = M.isatty(2), fields = o.fields, last_len = 0, logged = 0 }, Logger)
   if self.rank ~= 0 then self.silent = true return self end
   if o.path then
     local dir = o.path:match("^(.*)/[^/]*$")
@@ -84,6 +135,10 @@ end
 
 -- record: table of fields (numbers/strings); `step` drives the progress line.
 function Logger:step(record)
+  if type(record.loss) == "number" and record.loss == record.loss then  -- for the summary, on every rank
+    self.final_loss = record.loss
+    self.best_loss = math.min(self.best_loss or math.huge, record.loss)
+  end
   if self.silent then return end
   record.time = record.time or os.time()
   if self.file then put(self, record) end
@@ -118,6 +173,30 @@ function Logger:event(name, fields)
   fields.event = name
   fields.time = fields.time or os.time()
   if self.file then put(self, fields) end
+end
+
+-- summary{ steps =, sequences =, train_time = [, fields] }: the end-of-run record (event "summary") and one
+-- line on stdout: steps and sequences of this run, sequences/s over train_time (seconds), the final and the best
+-- logged loss, the wall time since the log was opened. Returns the record (on every rank).
+function Logger:summary(o)
+  local wall = M.clock() - self.t0
+  local r = { event = "summary", steps = o.steps, sequences = o.sequences, train_time = o.train_time,
+    sequences_per_s = o.sequences and o.train_time and o.train_time > 0 and o.sequences / o.train_time or nil,
+    final_loss = self.final_loss, best_loss = self.best_loss, wall_time = wall }
+  for k, v in pairs(o.fields or {}) do r[k] = v end
+  if self.silent then return r end
+  local parts = { ("%d steps"):format(r.steps or 0) }
+  if r.sequences_per_s then
+    parts[#parts + 1] = ("%.1f sequences/s (%d sequences in %.1f s)"):format(r.sequences_per_s, r.sequences,
+      r.train_time)
+  end
+  if r.final_loss then parts[#parts + 1] = ("final loss %.4f, best %.4f"):format(r.final_loss, r.best_loss) end
+  parts[#parts + 1] = ("wall time %s"):format(fmt_eta(wall))
+  if self.tty then io.stderr:write("\n"); self.last_len = 0 end
+  print("summary: " .. table.concat(parts, ", "))
+  r.time = os.time()
+  if self.file then put(self, r) end
+  return r
 end
 
 function Logger:close()

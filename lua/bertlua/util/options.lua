@@ -116,7 +116,8 @@ function M.help(spec, info)
       d == nil and "" or (" (default " .. tostring(d) .. ")"))
     local _ = ds
   end
-  lines[#lines + 1] = ("  --%-" .. (width + 2) .. "s %s"):format("config", "Lua or JSON file with option values")
+  lines[#lines + 1] = ("  --%-" .. (width + 2) .. "s %s"):format("config",
+    "a Lua or JSON file of option values (not a model's config.json)")
   return table.concat(lines, "\n")
 end
 
@@ -125,6 +126,8 @@ function M.parse(argv, spec, info)
   local where = info and info.name or (argv and argv[0]) or "options"
   local known, opt = {}, { _positional = {} }
   for _, o in ipairs(spec) do
+    if norm(o[1]) == "config" then error("options: --config is reserved for option files; name the option otherwise", 2)
+    end
     known[norm(o[1])] = o
     opt[norm(o[1])] = o[2]
   end
@@ -172,7 +175,13 @@ function M.parse(argv, spec, info)
     i = i + 1
   end
   if given.config then
-    for k, v in pairs(load_config(given.config)) do
+    local values = load_config(given.config)
+    if values.hidden_size and values.num_attention_heads and not known.hidden_size then
+      error(("%s: --config=%s is a model configuration, but --config takes a file of option values: %s"):format(where,
+        given.config, known.bert_config and "pass it as --bert-config=" .. given.config
+        or "give the model's directory (--model/--init) instead"), 0)
+    end
+    for k, v in pairs(values) do
       local n = norm(k)
       if not known[n] then error(("%s: unknown option '%s' in %s"):format(where, k, given.config), 0) end
       opt[n] = convert(n, v, known[n][2], where, known[n])

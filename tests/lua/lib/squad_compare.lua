@@ -1,6 +1,7 @@
 -- Two runs of recipes/squad.lua compared (test_finetune_dp, test_cuda_squad):
 --   local sc = require "squad_compare"
 --   sc.losses(dir) -> { [step] = loss } from dir/train_log.jsonl
+--   sc.same_answers(T, want, got) -> n: every question of want answered the same in got
 --   sc.compare(T, dir_a, dir_b, rtol, steps): `steps` logged losses of b within rtol of a's, the same
 --     answer for every question, and the same EM and F1 when both runs evaluated
 local cjson = require "cjson"
@@ -16,6 +17,16 @@ function M.losses(dir)
   return r
 end
 
+-- same_answers(T, want, got) -> questions compared: got (predictions.json's table) has want's answer for each
+function M.same_answers(T, want, got)
+  local count = 0
+  for id, ans in pairs(want) do
+    T.eq(got[id], ans, "question " .. id)
+    count = count + 1
+  end
+  return count
+end
+
 function M.compare(T, a, b, rtol, steps)
   local la, lb = M.losses(a), M.losses(b)
   T.eq(#lb, steps)
@@ -23,13 +34,8 @@ function M.compare(T, a, b, rtol, steps)
     T.truthy(math.abs(lb[s] - la[s]) <= rtol * math.abs(la[s]), ("step %d: %s %.9g, %s %.9g"):format(s, b, lb[s],
       a, la[s]))
   end
-  local pa = cjson.decode(T.slurp(a .. "/predictions.json"))
-  local pb = cjson.decode(T.slurp(b .. "/predictions.json"))
-  local count = 0
-  for id, ans in pairs(pa) do
-    T.eq(pb[id], ans, "question " .. id)
-    count = count + 1
-  end
+  local count = M.same_answers(T, cjson.decode(T.slurp(a .. "/predictions.json")),
+    cjson.decode(T.slurp(b .. "/predictions.json")))
   T.truthy(count > 0, "predictions were written")
   local fa, fb = io.open(a .. "/eval_results.json"), io.open(b .. "/eval_results.json")
   if fa and fb then
