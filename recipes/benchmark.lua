@@ -69,7 +69,7 @@ local opt = options.parse(arg, {
   { "warmup", 3, "untimed steps first (--cuda-graph: the step is captured from the 2nd or 3rd on)" },
   { "device", "cpu", "cpu, cuda or cuda:N" },
   { "precision", "fp32", "fp32 | tf32 | bf16 | int8 (tf32: a GPU; bf16 on the cpu and int8: --infer, packed)" },
-  { "peak_tflops", 0, "peak TFLOP/s for MFU (0 = known GPUs by name)" },
+  { "peak_tflops", 0, "peak TFLOP/s for MFU (0 = known GPUs by name)", int = false },
   { "threads", 0, "CPU threads for us and for PyTorch (0 = bertlua's default)" },
   { "masked", 20, "masked positions per sequence (MLM decoder rows)" },
   { "dropout", 0.1, "hidden and attention dropout" },

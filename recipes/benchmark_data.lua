@@ -28,7 +28,8 @@ local opt = options.parse(arg, {
   { "loader_data", "", "benchmark only the loader on this directory of train_*.blshard" },
   { "loader_batches", 400, "batches per loader row" },
   { "batch", 64, "loader batch size" },
-  { "step_ms", 0, "simulated training step after each batch (busy), to show what the prefetch thread hides" },
+  { "step_ms", 0, "simulated training step after each batch (busy), to show what the prefetch thread hides",
+    int = false },
 }, { name = "benchmark_data", usage = "usage: bertlua recipes/benchmark_data.lua [options]" })
 print(require("bertlua").cpu_line())
 

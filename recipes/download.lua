@@ -14,7 +14,7 @@ local opt = options.parse(arg, {
   { "output", "data", "directory to write into" },
   { "base_url", nil, "fetch every file from this mirror (same file names) instead of the official host" },
   { "retries", 3, "curl retries per file" },
-  { "timeout", 30, "connect timeout in seconds" },
+  { "timeout", 30, "connect timeout in seconds", int = false },
   { "lang", "en", "Wikipedia language code" },
 }, { usage = "usage: bertlua recipes/download.lua --dataset=NAME --output=DIR", name = "download" })
 

@@ -20,6 +20,7 @@ local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local device = require "bertlua.train.device"
 local dist = require "bertlua.train.dist"
+local fingerprint = require "bertlua.train.fingerprint"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -41,7 +42,7 @@ local opt = options.parse(arg, {
     min = -1 },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 128)" },
   { "weight_decay", 0.01, "AdamW weight decay", min = 0 },
-  { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)", min = 0 },
+  { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)", min = 0, int = false },
   { "eval_batch", 64, "sequences per forward when evaluating", int = true, min = 1 },
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
   { "log_every", 1, "a training log line every N steps (on a GPU the one host wait of a step)", int = true, min = 1 },
@@ -52,7 +53,7 @@ local opt = options.parse(arg, {
         "activations) and tf32 = fp32; prediction in the same precision" },
   { "seed", 42, "seed", int = true, min = 0, max = 2 ^ 53 }, { "threads", 0, "CPU threads (0: default)" },
   { "unpad", true, "CPU training: the real tokens only, padded positions skipped (exact; false: the padded step)" },
-  { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true },
+  { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true, int = false },
   { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
   device.OPTION,
 }, { name = "glue",
@@ -97,6 +98,9 @@ if opt.do_predict then
   if not opt.data_dir then error("glue: --do-predict needs --data-dir (with test.tsv)", 0) end
   for _, t in ipairs(eval_splits) do ft.input_file("glue", split_path(t, "test"), "test data") end
 end
+-- every rank runs one job: options, model, vocabulary and data compared before any work (bertlua.train.fingerprint)
+dist.agree("glue", fingerprint.entries{ options = opt, files = { { "--model", opt.model }, { "--vocab", vocab },
+  { "--data-dir", opt.data_dir }, { "--train-file", opt.train_file }, { "--eval-file", opt.eval_file } } })
 local regression = glue.is_regression(task)
 local num_labels = regression and 1 or glue.num_labels(task)
 local labels = glue.labels(task)

@@ -58,7 +58,7 @@ local opt = options.parse(arg, {
   { "max_answer_length", 30, "QA: longest answer", int = true, min = 1 },
   { "n_best", 20, "QA: n-best spans per question", int = true, min = 1 },
   { "version_2_with_negative", false, "squad: SQuAD 2.0 (unanswerable questions)" },
-  { "null_score_diff_threshold", 0.0, "squad v2: predict no answer when null score - best > this" },
+  { "null_score_diff_threshold", 0.0, "squad v2: predict no answer when null score - best > this", int = false },
   { "precision", "fp32",
     "fp32 | tf32 | bf16 | fp16 | int8: weights rounded to bf16/f16 once at load; on the CPU tf32 = fp32, bf16 " ..
       "runs the bf16 GEMM where the CPU has AVX512-BF16, activations otherwise f32; int8: cpu, dynamic int8 GEMMs" },

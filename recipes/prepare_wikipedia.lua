@@ -16,7 +16,7 @@ local o = options.parse(arg, {
   { "min_chars", 0, "drop articles whose cleaned text is shorter" },
   { "keep_headings", false, "keep section titles as their own line (WikiExtractor drops them)" },
   { "keep_lists", false, "keep the text of list items (* # ;) (WikiExtractor, NVIDIA's extractor, drops them)" },
-  { "max_page_mb", 64, "pages larger than this are skipped with a warning" },
+  { "max_page_mb", 64, "pages larger than this are skipped with a warning", int = false },
   { "quiet", false, "do not print per-page warnings (they are still counted)" },
 }, { name = "prepare_wikipedia",
   usage = "usage: bertlua recipes/prepare_wikipedia.lua --input=DUMP.xml[.bz2][,DUMP2...] --output=DIR",

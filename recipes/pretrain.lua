@@ -18,10 +18,12 @@ local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
 local amp = require "bertlua.train.amp"
 local dist = require "bertlua.train.dist"
+local fingerprint = require "bertlua.train.fingerprint"
 local ckpt = require "bertlua.train.checkpoint"
 local fs = require "bertlua.util.fs"
 local logm = require "bertlua.util.log"
 local data = require "bertlua.data.loader"
+local Tok = require "bertlua.data.tokenizer"
 local shards = require "bertlua.data.shards"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
@@ -41,7 +43,7 @@ local SPEC = {
   { "eval_data", nil,
     "held-out shard directory for MLM evaluation (default: test_* shards next to the training data)" },
   { "output", "runs/pretrain", "run directory: checkpoints/, log.jsonl, phase1/ and phase2/ final models" },
-  { "phase", "both", "1, 2 or both" },
+  { "phase", "both", "1, 2 or both", choices = { "1", "2", "both" } },
   { "seq1", 128, "phase 1 sequence length", int = true, min = 3 },
   { "pred1", 20, "phase 1 max predictions per sequence", int = true, min = 0 },
   { "batch1", 65536, "phase 1 global batch (sequences per optimizer step)", int = true, min = 1 },
@@ -65,22 +67,24 @@ local SPEC = {
       "copy with half activations, on the CPU half weights and gradients emulated; fp16 with loss scaling)" },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, dynamic:INIT[:INTERVAL] or a fixed number (e.g. 32768)" },
   { "bucket_mb", 25, "data parallel: gradients are summed in buckets of this many MB (f32), each launched as "
-    .. "soon as backward has finished it", min = 0, above = true },
+    .. "soon as backward has finished it", min = 0, above = true, int = false },
   { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
   { "power", 0.5, "polynomial decay power after warmup", min = 0 },
   { "weight_decay", 0.01, "decoupled weight decay (not on biases/LayerNorm)", min = 0 },
   { "optimizer", "lamb", "lamb (NVLAMB, NVIDIA's PyTorch recipe) or adam (AdamW with bias correction, as NVIDIA's TF2 "
     .. "recipe's adam; --lr1/--lr2 default to LAMB's rates: give Adam's, e.g. 1e-4)" },
-  { "max_grad_norm", 1.0, "global gradient pre-normalisation (LAMB) or clipping (adam)", min = 0, above = true },
+  { "max_grad_norm", 1.0, "global gradient pre-normalisation (LAMB) or clipping (adam)", min = 0, above = true,
+    int = false },
   { "keep_optimizer", false, "phase 2 keeps phase 1's optimizer state (NVIDIA starts it fresh)" },
   { "seed", 12439, "seed for initialisation, data order and dropout", int = true, min = 0, max = 2 ^ 53 },
-  { "dropout", -1, "override hidden and attention dropout (-1: keep the config's 0.1)", min = -1, max = 0.99 },
+  { "dropout", -1, "override hidden and attention dropout (-1: keep the config's 0.1)", min = -1, max = 0.99,
+    int = false },
   { "checkpoint_interval", 200, "optimizer steps between checkpoints (0: only at the end and at a stop)", int = true,
     min = 0 },
   { "keep_checkpoints", 3, "checkpoints kept per phase", int = true, min = 1 },
   { "resume", false, "continue from the newest complete checkpoint in --output" },
   { "max_steps", 0, "stop each phase after this many steps of this run (0: all)", int = true, min = 0 },
-  { "max_time", 0, "stop after this many seconds, with a checkpoint (0: no limit)", min = 0 },
+  { "max_time", 0, "stop after this many seconds, with a checkpoint (0: no limit)", min = 0, int = false },
   { "eval_interval", 0, "steps between held-out MLM evaluations (0: only at the end of a phase)", int = true, min = 0 },
   { "eval_batches", 20, "micro-batches per evaluation", int = true, min = 1 },
   { "log_every", 1, "steps between JSON log lines", int = true, min = 1 },
@@ -135,6 +139,11 @@ local function model_config()
   end
   return cfg
 end
+if opt.vocab then Tok.load(opt.vocab):check_model(model_config().vocab_size, "pretrain", opt.model) end
+-- every rank runs one job: options, model, vocabulary and data compared before any work (bertlua.train.fingerprint)
+dist.agree("pretrain", fingerprint.entries{ options = opt, config = model_config(),
+  files = { { "--vocab", opt.vocab }, { "--init", opt.init } },
+  data = { { "--data-phase1", opt.data_phase1 }, { "--data-phase2", opt.data_phase2 } } })
 
 -- Dropout stream of one micro-batch: a function of (seed, step, global micro-batch
 -- index) only, so a run resumes exactly and N ranks x A accumulation steps see the
@@ -282,22 +291,24 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   if rank == 0 then ckpt.claim(ckdir, identity, opt.resume, "pretrain") end
   local start = 0  -- steps already done (a resumed run starts after them)
   if opt.resume then
-    local c = ckpt.load_latest(ckdir, { model = model, identity = identity })
-    if not c then
-      say(("  --resume: nothing to resume in %s (no complete checkpoint); phase %d starts at step 0")
-        :format(ckdir, ph.phase))
-    else
-      local latest = c.path
+    -- a checkpoint whose state does not restore (e.g. a loader position past the data) falls back to the previous
+    local function restore(c)
       local sd = { optimizer = optimizer.kind, step = c.state.optimizer_step, lr = c.state.lr }
       for k, t in pairs(c.tensors) do
         local name = k:match("^optimizer%.(.+)$")
         if name then sd[name] = t end
       end
+      for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
       optimizer:load_state_dict(sd)
       mp:load_state_dict(c.state.scaler, c.state.optimizer_step)
-      for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
+    end
+    local c = ckpt.load_latest(ckdir, { model = model, identity = identity, restore = restore })
+    if not c then
+      say(("  --resume: nothing to resume in %s (no complete checkpoint); phase %d starts at step 0")
+        :format(ckdir, ph.phase))
+    else
       start = c.step
-      say(("  resumed from %s at step %d"):format(latest, start))
+      say(("  resumed from %s at step %d"):format(c.path, start))
     end
   end
   if start >= ph.steps then say("  phase already complete") end
@@ -439,7 +450,6 @@ local ok, err = xpcall(function()
   log:summary(done)
 end, debug.traceback)
 log:close()
-if not ok then
-  if world > 1 then dist.abort(tostring(err), 1) end
-  error(err, 0)
-end
+-- the host prints the one line of a user error (the traceback too for an internal one or --debug), then ends
+-- every rank of an MPI job
+if not ok then error(err, 0) end

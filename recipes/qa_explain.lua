@@ -16,7 +16,7 @@ local slice = require("bertlua.util.list").slice
 local opt = options.parse(arg, {
   { "model", nil, "fine-tuned QA model directory" }, { "input", nil, "JSON lines {question, context}" },
   { "layer", -1, "encoder layer whose attention is reported (1-based, negative from the last)" },
-  { "head", 1, "attention head (1-based)" }, { "max_seq_length", 128, "tokens per sequence" },
+  { "head", 1, "attention head (1-based)" }, { "max_seq_length", 128, "tokens per sequence", min = 4 },
   { "max_answer_length", 30, "longest answer in tokens" }, { "do_lower_case", true, "uncased tokenization" },
 }, { name = "qa_explain", usage = "usage: bertlua recipes/qa_explain.lua --model=DIR --input=FILE.jsonl" })
 if not opt.model or not opt.input then error("qa_explain: --model and --input are required", 0) end

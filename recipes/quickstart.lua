@@ -21,7 +21,7 @@ local opt = options.parse(arg, {
   { "countries", 160, "size of the generated world" },
   { "pretrain_steps", 1200, "pre-training optimizer steps" },
   { "finetune_epochs", 6, "QA fine-tuning epochs" },
-  { "minutes", 5, "time budget for pre-training (it stops early, with a checkpoint, when reached)" },
+  { "minutes", 5, "time budget for pre-training (it stops early, with a checkpoint, when reached)", int = false },
   { "seed", 1, "seed of everything" },
   { "threads", 0, "CPU threads (0: all)" },
 }, { name = "quickstart", usage = "usage: bertlua recipes/quickstart.lua [options]" })

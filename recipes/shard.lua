@@ -18,7 +18,7 @@ local o = options.parse(arg, {
   { "num_test_shards", -1, "test shards (-1: round(num_shards * test_fraction), at least 1)" },
   { "test_fraction", 0.1, "fraction of documents that go to the test shards" },
   { "seed", 12345, "shuffle / split seed" },
-  { "memory_mb", 1024, "memory budget for the in-memory pass" },
+  { "memory_mb", 1024, "memory budget for the in-memory pass", int = false },
   { "keep_titles", false, "keep each document's title as its first sentence" },
 }, { name = "shard",
   usage = "usage: bertlua recipes/shard.lua --input=DIR[,DIR2] --output=DIR --num-shards=N\n" ..

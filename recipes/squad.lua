@@ -25,6 +25,7 @@ local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
 local device = require "bertlua.train.device"
 local dist = require "bertlua.train.dist"
+local fingerprint = require "bertlua.train.fingerprint"
 
 local opt = options.parse(arg, {
   { "model", nil, "model directory to start from" },
@@ -47,11 +48,11 @@ local opt = options.parse(arg, {
     min = -1 },
   { "loss_scale", "dynamic", "fp16 loss scale: dynamic, or a fixed number (e.g. 128)" },
   { "weight_decay", 0.01, "AdamW weight decay (not biases/LayerNorm)", min = 0 },
-  { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)", min = 0 },
+  { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)", min = 0, int = false },
   { "predict_batch", 32, "sequences per forward when predicting", int = true, min = 1 },
   { "n_best", 20, "n-best spans per question", int = true, min = 1 },
   { "max_answer_length", 30, "longest answer in tokens", int = true, min = 1 },
-  { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this" },
+  { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this", int = false },
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
   { "log_every", 1, "a training log line every N steps (on a GPU the one host wait of a step)", int = true, min = 1 },
   { "log_format", "jsonl", logm.FORMAT_HELP .. "; the training log is train_log.jsonl or dllogger.json" },
@@ -61,7 +62,7 @@ local opt = options.parse(arg, {
       "bf16/f16 compute copy with half activations, on the CPU half weights and gradients emulated (f32 " ..
         "activations) and tf32 = fp32; prediction in the same precision" },
   { "threads", 0, "CPU threads (0: default)" },
-  { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true },
+  { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true, int = false },
   { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
   device.OPTION,
 }, { name = "squad",
@@ -87,6 +88,9 @@ if opt.do_predict then ft.input_file("squad", opt.predict_file, "--predict-file"
 if opt.micro_batch > 0 and opt.batch % opt.micro_batch ~= 0 then
   error(("squad: --batch=%d is not a multiple of --micro-batch=%d"):format(opt.batch, opt.micro_batch), 0)
 end
+-- every rank runs one job: options, model, vocabulary and data compared before any work (bertlua.train.fingerprint)
+dist.agree("squad", fingerprint.entries{ options = opt, files = { { "--model", opt.model }, { "--vocab", vocab },
+  { "--train-file", opt.train_file }, { "--predict-file", opt.predict_file } } })
 
 -- the output directory belongs to this run while it lasts (a second run into it is refused)
 if dist.is_main() then fs.lock_dir(opt.output, "squad") end

@@ -13,12 +13,12 @@ local json = require "bertlua.util.json"
 local spec = {
   { "na_prob", "", "JSON file qid -> probability of no answer (v2.0; null_odds.json)" },
   { "na_prob_file", "", "same as --na-prob (the official script's name)" },
-  { "na_prob_thresh", 1.0, "predict \"\" when the no-answer probability exceeds this (v2.0)" },
+  { "na_prob_thresh", 1.0, "predict \"\" when the no-answer probability exceeds this (v2.0)", int = false },
   { "out_file", "", "write the metrics JSON here instead of stdout" },
   { "version", "auto", "auto, 1.1 or 2.0" },
 }
 local usage = "usage: bertlua recipes/squad_eval.lua DATA.json PREDICTIONS.json [options]"
-local ok, opt = pcall(options.parse, arg, spec, { usage = usage, name = "squad_eval" })
+local ok, opt = pcall(options.parse, arg, spec, { usage = usage, name = "squad_eval", positional = true })
 if not ok then io.stderr:write(tostring(opt), "\n"); os.exit(2) end
 local pos = opt._positional
 if #pos ~= 2 then

@@ -15,7 +15,7 @@ local spec = {
   { "cased", false, "cased model: no lowercasing or accent stripping" },
   { "ids", false, "print vocab ids instead of tokens" },
   { "basic", false, "print the basic tokens (before WordPiece)" },
-  { "chunk_mb", 4, "input read per step, in MB" },
+  { "chunk_mb", 4, "input read per step, in MB", int = false },
   { "quiet", false, "do not print options and totals on stderr" },
 }
 local opt = options.parse(arg, spec, { usage = "bertlua recipes/tokenize.lua --vocab=FILE [--cased] [--ids] < text" })

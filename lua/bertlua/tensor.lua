@@ -191,7 +191,16 @@ end
 -- random numbers: counter-based Philox; the stream is fixed by (seed, offset).
 local Generator = {}
 Generator.__index = Generator
-function M.Generator(seed) return setmetatable({ seed = seed or 0, offset = 0 }, Generator) end
+-- a seed or an offset: an integer in [0, 2^64) (or an FFI integer); -1, NaN or 2^80 would all map to one stream
+local function check_seed(v, op, what)
+  if type(v) ~= "cdata" and (type(v) ~= "number" or not (v >= 0 and v < 2 ^ 64) or v % 1 ~= 0) then
+    error(("%s: %s must be an integer from 0 to 2^64-1, got %s"):format(op, what, tostring(v)), 0)
+  end
+  return v
+end
+function M.Generator(seed)
+  return setmetatable({ seed = check_seed(seed or 0, "Generator", "seed"), offset = 0 }, Generator)
+end
 -- Reserve the counter blocks for n numbers and return the offset to use.
 function Generator:advance(n)
   local off = self.offset
@@ -205,7 +214,8 @@ function M.manual_seed(seed) M.default_generator = M.Generator(seed) return M.de
 
 -- normal_(seed, offset, mean, std): fill t in place from the Philox stream (seed, offset)
 function methods.normal_(t, seed, offset, mean, std)
-  check(C.bl_rand_normal(t, seed, offset, mean or 0, std or 1))
+  check(C.bl_rand_normal(t, check_seed(seed, "normal_", "seed"), check_seed(offset, "normal_", "offset"), mean or 0,
+    std or 1))
   return t
 end
 
@@ -217,7 +227,8 @@ local function random_fill(kind, shape, opts)
     local g = opts.generator or M.default_generator
     seed, offset = g.seed, g:advance(t:numel())
   end
-  offset = offset or 0
+  local op = kind == "normal" and "randn" or "rand"
+  seed, offset = check_seed(seed, op, "seed"), check_seed(offset or 0, op, "offset")
   if kind == "normal" then
     methods.normal_(t, seed, offset, opts.mean, opts.std)
   else

@@ -64,6 +64,7 @@ void bl_set_num_threads(int n) {
   omp_set_num_threads(n);
 #endif
   openblas_set_num_threads(n);
+  bl_stop_guard_threads();  /* a larger team's new workers */
 }
 
 int bl_check_cpu(const bl_tensor *t, const char *op, const char *name) {

@@ -54,6 +54,9 @@ void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim,
 void bl_broadcast_strides_bytes(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out);
 
 int bl_check_cpu(const bl_tensor *t, const char *op, const char *name);
+/* After bl_stop_watch: OpenMP workers block SIGINT/SIGTERM (src/base/stop.c says why); call when the team may
+ * have grown. */
+void bl_stop_guard_threads(void);
 int bl_check_same_device(const bl_tensor *a, const bl_tensor *b, const char *op);
 
 /* CPU tensor memory (src/tensor/alloc.c): 64-byte aligned; large blocks come from the block cache.

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include "../base/internal.h"
+#include "bl_corpus.h"  /* bl_corpus_now: the monotonic clock */
 #include "dist_internal.h"
 
 static int dist_on, dist_rank, dist_size = 1, local_rank, local_size = 1;
@@ -46,6 +47,40 @@ int bl_dist_init(int *argc, char ***argv) {
   return 0;
 }
 
+/* The CPU collectives' watchdog (MPI cannot time a collective out by itself): every wait polls its requests
+ * until they complete or BL_DIST_TIMEOUT seconds (default 600) pass, then fails naming the collective, so a
+ * dead, stopped or diverged rank ends the job (the recipes' error path calls bl_dist_abort) instead of
+ * leaving the others spinning. */
+double bl_dist_timeout_s(void) {
+  const char *e = getenv("BL_DIST_TIMEOUT");
+  char *end = NULL;
+  double t = e ? strtod(e, &end) : 0;
+  if (e && (end == e || *end || !(t > 0))) {
+    static int said;
+    if (!said++) fprintf(stderr, "bertlua: BL_DIST_TIMEOUT=%s ignored (a number of seconds > 0); using 600\n", e);
+    t = 0;
+  }
+  return t > 0 ? t : 600.0;
+}
+
+int bl_dist_wait(MPI_Request *req, int n, const char *op, const char *what, bl_reducer *r) {
+  double deadline = bl_corpus_now() + bl_dist_timeout_s();
+  for (long spins = 0;; spins++) {
+    int done = 0;
+    int err = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
+    if (err != MPI_SUCCESS) return mpi_fail(err, op);
+    if (done) return 0;
+    /* the requests stay pending on an error: the job is expected to end (bl_dist_abort) */
+    if (r) BL_CHECK(bl_reducer_poll(r));
+    if (bl_corpus_now() > deadline)
+      return bl_set_error(BL_EIO, "%s: the MPI %s did not complete within %.0f s on rank %d: another rank died, "
+                          "was stopped or is stuck, or the ranks run different steps (BL_DIST_TIMEOUT sets the "
+                          "limit)", op, what, bl_dist_timeout_s(), dist_rank);
+    struct timespec ts = {0, spins < 1000 ? 50000 : 1000000};  /* 50 us, after 50 ms 1 ms */
+    nanosleep(&ts, NULL);
+  }
+}
+
 int bl_dist_initialized(void) { return dist_on; }
 MPI_Comm bl_dist_comm(void) { return MPI_COMM_WORLD; }
 int bl_dist_rank(void) { return dist_rank; }
@@ -55,8 +90,9 @@ int bl_dist_local_size(void) { return local_size; }
 
 int bl_dist_barrier(void) {
   if (!dist_on) return 0;
-  int err = MPI_Barrier(MPI_COMM_WORLD);
-  return err == MPI_SUCCESS ? 0 : mpi_fail(err, "barrier");
+  MPI_Request req;
+  int err = MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  return err == MPI_SUCCESS ? bl_dist_wait(&req, 1, "barrier", "barrier", NULL) : mpi_fail(err, "barrier");
 }
 
 static int mpi_type(const bl_tensor *t, MPI_Datatype *ty, const char *op) {
@@ -88,8 +124,9 @@ int bl_dist_allreduce_sum(bl_tensor *t) {
   if (!dist_on || dist_size == 1) return 0;
   MPI_Datatype ty = MPI_BYTE;
   BL_CHECK(mpi_type(t, &ty, "allreduce"));
-  int err = MPI_Allreduce(MPI_IN_PLACE, t->data, (int)t->numel, ty, MPI_SUM, MPI_COMM_WORLD);
-  return err == MPI_SUCCESS ? 0 : mpi_fail(err, "allreduce");
+  MPI_Request req;
+  int err = MPI_Iallreduce(MPI_IN_PLACE, t->data, (int)t->numel, ty, MPI_SUM, MPI_COMM_WORLD, &req);
+  return err == MPI_SUCCESS ? bl_dist_wait(&req, 1, "allreduce", "all-reduce", NULL) : mpi_fail(err, "allreduce");
 }
 
 int bl_dist_allreduce_sum_watched(bl_tensor *t, bl_reducer *r) {
@@ -100,17 +137,7 @@ int bl_dist_allreduce_sum_watched(bl_tensor *t, bl_reducer *r) {
   BL_CHECK(mpi_type(t, &ty, "allreduce"));
   MPI_Request req;
   int err = MPI_Iallreduce(MPI_IN_PLACE, t->data, (int)t->numel, ty, MPI_SUM, MPI_COMM_WORLD, &req);
-  if (err != MPI_SUCCESS) return mpi_fail(err, "allreduce");
-  for (;;) {
-    int done = 0;
-    err = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (err != MPI_SUCCESS) return mpi_fail(err, "allreduce");
-    if (done) return 0;
-    /* the request stays pending on an error: the job is expected to end (bl_dist_abort) */
-    BL_CHECK(bl_reducer_poll(r));
-    struct timespec ts = {0, 100000};
-    nanosleep(&ts, NULL);
-  }
+  return err == MPI_SUCCESS ? bl_dist_wait(&req, 1, "allreduce", "all-reduce", r) : mpi_fail(err, "allreduce");
 }
 
 int bl_dist_broadcast(bl_tensor *t, int root) {
@@ -127,8 +154,9 @@ int bl_dist_broadcast(bl_tensor *t, int root) {
   if (!dist_on || dist_size == 1) return 0;
   MPI_Datatype ty = MPI_BYTE;
   BL_CHECK(mpi_type(t, &ty, "broadcast"));
-  int err = MPI_Bcast(t->data, (int)t->numel, ty, root, MPI_COMM_WORLD);
-  return err == MPI_SUCCESS ? 0 : mpi_fail(err, "broadcast");
+  MPI_Request req;
+  int err = MPI_Ibcast(t->data, (int)t->numel, ty, root, MPI_COMM_WORLD, &req);
+  return err == MPI_SUCCESS ? bl_dist_wait(&req, 1, "broadcast", "broadcast", NULL) : mpi_fail(err, "broadcast");
 }
 
 void bl_dist_abort(const char *message, int code) {

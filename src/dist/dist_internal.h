@@ -4,6 +4,7 @@
 #ifndef BL_DIST_INTERNAL_H
 #define BL_DIST_INTERNAL_H
 #include <mpi.h>
+#include "bl_dist.h"
 #include "bl_tensor.h"
 
 #ifdef BL_HAVE_NCCL
@@ -40,4 +41,9 @@ void bl_nccl_buckets_free(bl_nccl_buckets *b);
 #endif
 /* MPI world of the process group (dist.c), for the reducer's CPU path. */
 MPI_Comm bl_dist_comm(void);
+/* Waits for n MPI requests under the CPU collectives' watchdog: BL_EIO naming op and what (e.g. "all-reduce")
+ * when they have not completed within bl_dist_timeout_s() (BL_DIST_TIMEOUT, default 600 s); polls r (may be
+ * NULL) between tests. */
+int bl_dist_wait(MPI_Request *req, int n, const char *op, const char *what, bl_reducer *r);
+double bl_dist_timeout_s(void);
 #endif

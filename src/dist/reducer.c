@@ -158,8 +158,7 @@ int bl_reducer_finish(bl_reducer *r) {
   if (r->dev) st = bl_nccl_buckets_finish(r->dev);
   else
 #endif
-  if (MPI_Waitall(r->n, r->req, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-    st = bl_set_error(BL_EIO, "%s: MPI all-reduce of the gradient buckets failed", op);
+  st = bl_dist_wait(r->req, r->n, op, "all-reduce of the gradient buckets", NULL);
   BL_CHECK(st);
   /* bf16/f16: the sums go back into the f32 buffer (on a GPU after the communication stream, see above) */
   return r->buf != r->grads ? bl_tensor_copy(r->grads, r->buf) : 0;

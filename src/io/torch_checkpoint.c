@@ -52,7 +52,8 @@ typedef struct {
   size_t *marks;
   size_t mn, mcap;
   val **memo;
-  size_t memo_n;
+  size_t memo_cap;   /* slots allocated */
+  size_t memo_len;   /* entries stored: where MEMOIZE stores next, as Python's len(memo) */
   val *all;
   int64_t nvals;
   char where[80];    /* "archive/data.pkl", or "pickle" in the legacy format */
@@ -305,18 +306,19 @@ static int set_items(vm *m, val *d, val **kv, size_t n) {
 static int memo_put(vm *m, uint64_t idx) {
   if (m->sn == 0) return perr(m, "memo store with an empty stack");
   if (idx >= MAX_MEMO) return perr(m, "memo index %llu is absurd", (unsigned long long)idx);
-  if (idx >= m->memo_n) {
-    size_t cap = m->memo_n;
+  if (idx >= m->memo_cap) {
+    size_t cap = m->memo_cap;
     BL_CHECK(grow((void **)&m->memo, &cap, idx + 1, sizeof *m->memo));
-    memset(m->memo + m->memo_n, 0, (cap - m->memo_n) * sizeof *m->memo);
-    m->memo_n = cap;
+    memset(m->memo + m->memo_cap, 0, (cap - m->memo_cap) * sizeof *m->memo);
+    m->memo_cap = cap;
   }
+  if (!m->memo[idx]) m->memo_len++;
   m->memo[idx] = m->stack[m->sn - 1];
   return 0;
 }
 
 static int memo_get(vm *m, uint64_t idx) {
-  if (idx >= m->memo_n || !m->memo[idx]) return perr(m, "memo index %llu was never stored", (unsigned long long)idx);
+  if (idx >= m->memo_cap || !m->memo[idx]) return perr(m, "memo index %llu was never stored", (unsigned long long)idx);
   return push(m, m->memo[idx]);
 }
 
@@ -425,7 +427,7 @@ static int run(vm *m, val **out) {
       }
       case 'q': BL_CHECK(take(m, 1, &b)); BL_CHECK(memo_put(m, b[0])); break;
       case 'r': BL_CHECK(take(m, 4, &b)); BL_CHECK(memo_put(m, le32(b))); break;
-      case 0x94: BL_CHECK(memo_put(m, m->memo_n)); break;
+      case 0x94: BL_CHECK(memo_put(m, m->memo_len)); break;
       case 'h': BL_CHECK(take(m, 1, &b)); BL_CHECK(memo_get(m, b[0])); break;
       case 'j': BL_CHECK(take(m, 4, &b)); BL_CHECK(memo_get(m, le32(b))); break;
       case 'c': {
@@ -551,7 +553,8 @@ static const uint8_t LEGACY_MAGIC[15] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9
 /* the next pickle of the stream: fresh stack and memo */
 static int run_next(vm *m, val **out) {
   m->sn = m->mn = 0;
-  if (m->memo_n) memset(m->memo, 0, m->memo_n * sizeof *m->memo);
+  if (m->memo_cap) memset(m->memo, 0, m->memo_cap * sizeof *m->memo);
+  m->memo_len = 0;
   return run(m, out);
 }
 

@@ -1,4 +1,5 @@
 /* Copies (broadcast, dtype conversion, across devices), fill, element access. */
+#include <stdio.h>
 #include <stdlib.h>
 #include "../base/internal.h"
 #include "../device/dispatch.h"
@@ -89,10 +90,46 @@ done:
   return rc;
 }
 
+/* [lo, hi): the bytes t's elements occupy (strides may be negative) */
+static void byte_span(const bl_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+  int64_t es = bl_dtype_size(t->dtype), a = 0, b = 0;
+  for (int i = 0; i < t->ndim; i++) {
+    int64_t e = (t->shape[i] - 1) * t->stride[i];
+    if (e < 0) a += e; else b += e;
+  }
+  *lo = (uintptr_t)t->data + (uintptr_t)(a * es);
+  *hi = (uintptr_t)t->data + (uintptr_t)((b + 1) * es);
+}
+
+/* Would writing dst clobber elements of src not yet read? (x:copy_(x:t()) and other views of one storage) */
+static int overlaps(const bl_tensor *dst, const bl_tensor *src) {
+  if (dst->device != src->device || dst->numel == 0 || src->numel == 0) return 0;
+  uintptr_t dl, dh, sl, sh;
+  byte_span(dst, &dl, &dh);
+  byte_span(src, &sl, &sh);
+  if (dl >= sh || sl >= dh) return 0;
+  /* the very same elements in the same order: each is read before it is written */
+  if (dst->data == src->data && dst->dtype == src->dtype && dst->ndim == src->ndim) {
+    int same = 1;
+    for (int i = 0; i < dst->ndim; i++)
+      if (dst->shape[i] != src->shape[i] || dst->stride[i] != src->stride[i]) same = 0;
+    if (same) return 0;
+  }
+  return 1;
+}
+
 int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
   BL_CHECK(bl_tensor_check(dst, "copy"));
   BL_CHECK(bl_tensor_check(src, "copy"));
   BL_CHECK(check_broadcastable(dst, src, "copy"));
+  if (overlaps(dst, src)) {  /* through a contiguous temporary */
+    bl_tensor *c = NULL;
+    BL_CHECK(bl_tensor_empty(src->ndim, src->shape, src->dtype, src->device, &c));
+    int rc = copy_on(c, src);
+    if (!rc) rc = bl_tensor_copy(dst, c);
+    bl_tensor_free(c);
+    return rc;
+  }
   if (dst->device < 0 && src->device < 0) return copy_cpu(dst, src);
   /* Across devices or on a GPU: raw bytes move only between contiguous tensors of one
    * dtype and shape; on one GPU the CUDA twin does broadcast, conversion and strides. */
@@ -107,8 +144,27 @@ int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
   return copy_across(dst, src);
 }
 
+/* A value given for an integer tensor must fit it: the conversion clamps (and NaN becomes 0), a user's value is
+ * refused instead. at < 0: no element index to name. */
+static int check_fits(const bl_tensor *t, double v, const char *op, int64_t at) {
+  double lo, hi;  /* [lo, hi) */
+  const char *range;
+  switch (t->dtype) {
+    case BL_I32: lo = -2147483648.0; hi = 2147483648.0; range = "-2^31 to 2^31-1"; break;
+    case BL_I64: lo = -9223372036854775808.0; hi = 9223372036854775808.0; range = "-2^63 to 2^63-1"; break;
+    case BL_U8: lo = 0; hi = 256; range = "0 to 255"; break;
+    default: return 0;
+  }
+  if (v >= lo && v < hi) return 0;
+  char where[48] = "";
+  if (at >= 0) snprintf(where, sizeof where, " (element %lld)", (long long)at);
+  return bl_set_error(BL_EINVAL, "%s: value %.17g%s does not fit dtype %s (%s)", op, v, where,
+                      bl_dtype_name(t->dtype), range);
+}
+
 int bl_tensor_fill(bl_tensor *t, double value) {
   BL_CHECK(bl_tensor_check(t, "fill"));
+  BL_CHECK(check_fits(t, value, "fill", -1));
   if (t->device >= 0) return BL_ON_CUDA("fill", t->device, bl_cuda_tensor_fill(t, value));
   char one[8];
   bl_store(t->dtype, one, value);
@@ -194,6 +250,8 @@ int bl_tensor_from_doubles(bl_tensor *t, const double *in, int64_t n) {
   if (n != t->numel)
     return bl_set_error(BL_EINVAL, "from_doubles: %lld values given for a tensor of %lld elements", (long long)n,
                         (long long)t->numel);
+  if (t->dtype == BL_I32 || t->dtype == BL_I64 || t->dtype == BL_U8)
+    for (int64_t i = 0; i < n; i++) BL_CHECK(check_fits(t, in[i], "from", n > 1 ? i : -1));
   bl_tensor *s = NULL;
   BL_CHECK(bl_tensor_wrap((void *)in, t->ndim, t->shape, NULL, BL_F64, -1, &s));
   int rc = bl_tensor_copy(t, s);

@@ -2,8 +2,9 @@
  * Contract: bl_tokenizer_load reads the whole file once; line i (0-based) is
  * token id i; line ends are LF, CRLF or a lone CR (Python's universal newlines,
  * as HF's load_vocab reads it); a duplicate token maps to its last line (HF's
- * dict assignment) while both ids keep their string. The five special tokens
- * must be present. After loading the tokenizer is immutable. */
+ * dict assignment) while both ids keep their string; a leading UTF-8 BOM is
+ * skipped. The five special tokens must be present. After loading the
+ * tokenizer is immutable. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +112,8 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
     }
   }
   fclose(f); f = NULL;
+  /* a UTF-8 byte order mark (an editor's) is not part of the first token, which would lose its name */
+  if (n >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0) memmove(buf, buf + 3, n -= 3);
   if (n == 0) { rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s is empty", path); goto fail; }
   size_t bad = utf8_valid_prefix((const unsigned char *)buf, n);
   if (bad != n) {

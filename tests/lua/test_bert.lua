@@ -349,6 +349,10 @@ T.test("extract_features: pairs, truncation, JSON lines with 9 digits, batch pad
   T.eq(table.concat(types, ""), "00000111")
   toks = bert.pair({ "a", "b", "c", "d" }, nil, 4)
   T.eq(table.concat(toks, " "), "[CLS] a b [SEP]")
+  T.eq(table.concat(bert.pair({ "a" }, { "x" }, 3), " "), "[CLS] [SEP] [SEP]")
+  -- too short for the special tokens: an error, not an endless truncation loop
+  T.raises(function() bert.pair({ "a" }, { "x" }, 2) end, "pair: a length of 2 leaves no room for [CLS] and the [SEP]s")
+  T.raises(function() bert.pair({ "a" }, nil, 1) end, "pair: a length of 1 leaves no room")
   local model = bert.BertModel(CFG, { seed = 41 })
   local ex = {}
   for i, n in ipairs({ 3, 9, 5 }) do

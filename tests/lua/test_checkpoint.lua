@@ -77,6 +77,25 @@ T.test("a bit flip in the newest checkpoint is found; load_latest falls back to 
   T.eq(ckpt.load_latest(dir .. "/none", { model = into }), nil)
 end)
 
+T.test("a checkpoint whose state the run cannot restore (a loader position past the data) falls back", function()
+  local d = dir .. "/restore"
+  local m = bert.BertForPreTraining(cfg, { seed = 1 })
+  local id = { optimizer = "lamb" }
+  ckpt.save(d, { step = 1, model = m, identity = id, state = { loader = { pos = 1 } } }, { keep = 3 })
+  ckpt.save(d, { step = 2, model = m, identity = id, state = { loader = { pos = 1e12 } } }, { keep = 3 })
+  local restored = {}
+  local function restore(c)
+    if c.state.loader.pos > 100 then error("data: loader state epoch 0 pos 1e12 is out of range", 2) end
+    restored[#restored + 1] = c.step
+  end
+  T.raises(function() ckpt.load(d .. "/ckpt-00000002", { restore = restore }) end,
+    "checkpoint: " .. d .. "/ckpt-00000002 cannot be restored: data: loader state epoch 0 pos 1e12 is out of range")
+  local into = bert.BertForPreTraining(cfg, { seed = 5 })
+  local c = ckpt.load_latest(d, { model = into, identity = id, restore = restore })
+  T.eq(c.step, 1)
+  T.eq(#restored, 1)
+end)
+
 T.test("a state.json without checksums is not trusted", function()
   local d = dir .. "/nosums"
   local m = bert.BertForPreTraining(cfg, { seed = 1 })

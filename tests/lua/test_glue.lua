@@ -58,10 +58,14 @@ T.test("every task's layout (train/dev/test), CRLF, labels", function()
   T.eq(glue.split_file("mnli-mm", "dev"), "dev_mismatched.tsv"); T.eq(glue.split_file("MNLI", "dev"), "dev_matched.tsv")
   p = write("stsb.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n" ..
     "0\tmain\tf\t2012\t1\tnone\tnone\tA plane is taking off.\tAn air plane is taking off.\t5.000\n" ..
-    "1\tmain\tf\t2012\t4\tnone\tnone\tA man.\tA woman.\tabc\n")
+    "1\tmain\tf\t2012\t4\tnone\tnone\tA man.\tA woman.\tabc\n" ..
+    "2\tmain\tf\t2012\t5\tnone\tnone\tA dog.\tA cat.\t1e999\n" ..
+    "3\tmain\tf\t2012\t6\tnone\tnone\tA dog.\tA cat.\t-inf\n")
   local ex2, rep2 = glue.read_examples("sts-b", p, { quiet = true })
-  T.eq(#ex2, 1); T.eq(ex2[1].label, 5.0); T.eq(rep2.skipped, 1)
+  T.eq(#ex2, 1); T.eq(ex2[1].label, 5.0); T.eq(rep2.skipped, 3)
   T.truthy(rep2.problems[1]:find("stsb.tsv:3: label 'abc' is not a number", 1, true), rep2.problems[1])
+  T.truthy(rep2.problems[2]:find("stsb.tsv:4: label '1e999' is not a finite number", 1, true), rep2.problems[2])
+  T.truthy(rep2.problems[3]:find("stsb.tsv:5: label '-inf' is not a finite number", 1, true), rep2.problems[3])
   T.eq(glue.is_regression("stsb"), true); T.eq(glue.num_labels("sts-b"), 1)
   p = write("qnli.tsv", "index\tquestion\tsentence\tlabel\n0\tWhat?\tThis.\tnot_entailment\n")
   ex = glue.read_examples("qnli", p); T.eq(ex[1].label, "not_entailment"); T.eq(ex[1].text_a, "What?")

@@ -253,6 +253,15 @@ T.test("the legacy (pre-1.6, non-zip) torch.save format loads too; truncated, it
   T.raises(function() imp.open("torch", cut) end, "torch checkpoint: " .. cut .. ": ")
 end)
 
+T.test("torch.save with pickle_protocol=4 and 5 (MEMOIZE) loads identical to its safetensors twin", function()
+  fixture("torch")
+  local a = pretrained.from_pretrained(DIR .. "/st", { quiet = true })
+  for _, p in ipairs { 4, 5 } do
+    same(pretrained.from_pretrained(("%s/proto%d"):format(DIR, p), { quiet = true }).flat_params, a.flat_params,
+      "protocol " .. p)
+  end
+end)
+
 T.test("an NVIDIA .pt ({model = state dict}, module. prefixes, dense_act) equals its safetensors twin", function()
   fixture("torch")
   local a = pretrained.from_pretrained(DIR .. "/qa_st", { quiet = true })

@@ -10,7 +10,8 @@ local spec = {
 }
 
 T.test("defaults, --a=b, --a b, flags and --no-flag", function()
-  local o = options.parse({ "--lr=1e-4", "--max-steps", "7", "--resume", "pos1", "--name=x=y" }, spec)
+  local o = options.parse({ "--lr=1e-4", "--max-steps", "7", "--resume", "pos1", "--name=x=y" }, spec,
+    { positional = true })
   T.eq(o.lr, 1e-4); T.eq(o.max_steps, 7); T.eq(o.resume, true); T.eq(o.phase, "both"); T.eq(o.name, "x=y")
   T.eq(o._positional[1], "pos1")
   T.eq(options.parse({ "--no-resume" }, spec).resume, false)
@@ -42,12 +43,27 @@ T.test("typed options: ranges, integers, finite numbers, --threads, single dashe
   bad({ "--threads=100000" }, "--threads=100000: must be an integer from 0 to")
   bad({ "-lr=3" }, "-lr=3: options start with two dashes (--lr=3)")
   bad({ "--config=" .. T.tmpdir() .. "/none.json" }, "cannot open config file")
+  -- an integer default makes an integer option (int = false: a real one); a value without its option
+  bad({ "--seed=2.5" }, "--seed=2.5: must be an integer")
+  T.eq(options.parse({ "--secs=2.5" }, { { "secs", 0, "seconds", int = false } }).secs, 2.5)
+  bad({ "stray" }, "r: stray argument 'stray': options are --name=VALUE")
+  T.raises(function() options.parse({ "--name", "=", "x" }, spec, { name = "r" }) end,
+    "r: '--name =': write --name=VALUE without spaces")
+  T.raises(function() options.parse({ "--name" }, spec, { name = "r" }) end, "r: option --name needs a value")
+  T.raises(function() options.parse({ "--phase", "--resume" }, spec, { name = "r" }) end, "--phase needs a value")
+  local phase = { { "phase", "both", "1, 2 or both", choices = { "1", "2", "both" } } }
+  T.raises(function() options.parse({ "--phase=3" }, phase, { name = "r" }) end,
+    "r: option --phase=3: must be 1, 2, both")
+  T.eq(options.parse({ "--phase=2" }, phase).phase, "2")
   local o = options.parse({ "--batch=8", "--debug", "--lr", "0.5" }, typed)
   T.eq(o.batch, 8); T.eq(o.lr, 0.5); T.eq(o.debug, nil)
   -- a config file's values are checked like the command line's
   local dir = T.tmpdir()
   T.write_file(dir .. "/c.json", '{"batch": 0}')
   bad({ "--config=" .. dir .. "/c.json" }, "--batch=0: must be >= 1")
+  T.write_file(dir .. "/o.json", '{"name": {}}')
+  T.raises(function() options.parse({ "--config=" .. dir .. "/o.json" }, spec, { name = "r" }) end,
+    "r: option --name expects a string, got a JSON object or array")
 end)
 
 T.test("config files, JSON and Lua; command line wins", function()

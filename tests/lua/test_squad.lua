@@ -307,6 +307,13 @@ T.test("read_examples: malformed input is reported with its location and skipped
   T.eq(#ex2, 1)
   local ex3 = squad.read_examples(d, { is_training = false, quiet = true })
   T.eq(#ex3, 5) -- ok, far, wrong, shift, two
+  -- predictions are keyed by id: a shared id is refused, naming the first two questions that use it
+  local q = function(id) return { id = id, question = "Who?", answers = { { text = "cat", answer_start = 4 } } } end
+  local dup = { version = "1.1", data = { { title = "t", paragraphs = {
+    { context = "the cat sat on the mat", qas = { q("a"), q("b") } },
+    { context = "the cat sat on the mat", qas = { q("c"), q("b"), q("b") } } } } } }
+  T.raises(function() squad.read_examples(dup, { quiet = true }) end, "squad: article 1 paragraph 1 question 2 "
+    .. "(id b) and article 1 paragraph 2 question 2 (id b) share the id \"b\"; question ids must be unique")
   -- not JSON / not SQuAD
   write(tmp .. "/bad.json", "{\"data\": [1, 2")
   T.raises(function() squad.read_examples(tmp .. "/bad.json") end, tmp .. "/bad.json is not valid JSON")

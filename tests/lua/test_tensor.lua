@@ -142,6 +142,33 @@ T.test("bad calls raise errors naming the op", function()
   T.eq(tostring(t), "tensor(<freed>)")
 end)
 
+T.test("copy_ between overlapping views of one storage goes through a temporary", function()
+  local x = bl.from({{1, 2}, {3, 4}})
+  x:copy_(x:t())
+  T.near(x:totable(), {1, 3, 2, 4}, 0)   -- totable is flat
+  local v = bl.from({1, 2, 3, 4, 5})
+  v:narrow(1, 2, 4):copy_(v:narrow(1, 1, 4))   -- shift right by one
+  T.near(v:totable(), {1, 1, 2, 3, 4}, 0)
+  local w = bl.from({1, 2, 3})
+  w:copy_(w)   -- the same elements: nothing to protect
+  T.near(w:totable(), {1, 2, 3}, 0)
+end)
+
+T.test("seeds and offsets are integers in [0, 2^64); integer tensors refuse values they cannot hold", function()
+  for _, s in ipairs({-1, 0 / 0, 2 ^ 80, 1.5, 1 / 0}) do
+    T.raises(function() return bl.randn({3}, {seed = s}) end, "randn: seed must be an integer from 0 to 2^64-1")
+    T.raises(function() return bl.Generator(s) end, "Generator: seed must be an integer")
+  end
+  T.raises(function() return bl.rand({3}, {seed = 1, offset = -2}) end, "rand: offset must be an integer")
+  T.near(bl.randn({3}, {seed = 2 ^ 60}):totable(), bl.randn({3}, {seed = 2 ^ 60}):totable(), 0)
+  T.truthy(bl.randn({3}, {seed = 2 ^ 60}):totable()[1] ~= bl.randn({3}, {seed = 2 ^ 60 + 256}):totable()[1])
+  T.raises(function() return bl.from(2 ^ 63, {dtype = "i64"}) end, "fill: value 9.2233720368547758e+18 does not fit")
+  T.raises(function() return bl.from({1, 2 ^ 63}, {dtype = "i64"}) end, "(element 1) does not fit dtype i64")
+  T.raises(function() return bl.from({0 / 0}, {dtype = "i32"}) end, "does not fit dtype i32")
+  T.raises(function() return bl.from({300}, {dtype = "u8"}) end, "does not fit dtype u8 (0 to 255)")
+  T.near(bl.from({-2 ^ 63, 2 ^ 62}, {dtype = "i64"}):totable(), {-2 ^ 63, 2 ^ 62}, 0)
+end)
+
 T.test("printing", function()
   local s = tostring(bl.from({{1, -2.5}, {3, 4}}))
   T.truthy(s:find("shape=[2,2], dtype=f32, device=cpu", 1, true), s)

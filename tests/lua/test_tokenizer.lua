@@ -100,6 +100,14 @@ T.test("errors name the file", function()
   T.truthy(err:find("[UNK]", 1, true), err)
   local e = tmp("")
   T.raises(function() Tok.load(e) end, "empty")
+  T.raises(function() Tok.load(tmp("\239\187\191")) end, "empty")
+  -- a UTF-8 byte order mark (an editor's) before [PAD] is skipped, not taken for part of the token
+  local bom = Tok.load(tmp("\239\187\191[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n"))
+  T.eq(bom.pad_id, 0); T.eq(bom.size, 6); T.eq(bom:token(0), "[PAD]"); T.eq(bom:id("hello"), 5)
+  -- more tokens than the model's embedding rows: named with both sizes before any id goes out of range
+  T.eq(bom:check_model(6, "r"), bom)
+  T.raises(function() bom:check_model(5, "r", "m/config.json") end, "r: the vocabulary " .. bom.path
+    .. " has 6 tokens, more than the model's vocab_size 5 (m/config.json): ids from 5 on have no embedding")
   T.raises(function() uncased:tokenize(42) end, "must be a string")
 end)
 

@@ -6,6 +6,7 @@ usage:
       OUT/st/        transformers BertForPreTraining, safetensors (the twin)
       OUT/hf_bin/    the same model, pytorch_model.bin (torch.save zip) + config.json + vocab.txt
       OUT/legacy/    the same model in torch.save's legacy (pre-1.6, non-zip) format
+      OUT/proto4/, OUT/proto5/  the same model, torch.save(..., pickle_protocol=4 / 5) (MEMOIZE opcodes)
       OUT/qa_st/     a BertForQuestionAnswering, safetensors
       OUT/nvidia/    the same QA model as NVIDIA saves it: bert_qa.pt = {"model": state dict with
                      "module." prefixes and NVIDIA's "dense_act" names, "optimizer": ..., "epoch": 2}
@@ -117,6 +118,10 @@ def make_torch(out):
     os.makedirs(f"{out}/legacy", exist_ok=True)
     torch.save(pt.state_dict(), f"{out}/legacy/pytorch_model.bin", _use_new_zipfile_serialization=False)
     pt.config.to_json_file(f"{out}/legacy/config.json")
+    for proto in (4, 5):
+        os.makedirs(f"{out}/proto{proto}", exist_ok=True)
+        torch.save(pt.state_dict(), f"{out}/proto{proto}/pytorch_model.bin", pickle_protocol=proto)
+        pt.config.to_json_file(f"{out}/proto{proto}/config.json")
     qa = model("BertForQuestionAnswering", 2)
     save_dir(qa, f"{out}/qa_st", True)
     os.makedirs(f"{out}/nvidia", exist_ok=True)

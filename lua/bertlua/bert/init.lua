@@ -46,6 +46,9 @@ M.architectures = {
 -- pair(tokens_a, tokens_b, max_len) -> tokens, type_ids: [CLS] a [SEP] (b [SEP]),
 -- truncating the longer of a/b one token at a time (original _truncate_seq_pair).
 function M.pair(a, b, max_len)
+  if max_len < (b and 3 or 2) then  -- the loops below would never end
+    error(("pair: a length of %s leaves no room for [CLS] and the [SEP]s"):format(tostring(max_len)), 2)
+  end
   a = slice(a)
   if b then
     b = slice(b)

@@ -18,11 +18,17 @@ local M = {}
 local function randint(r, a, b) return a + r(b - a + 1) - 1 end
 local function shuffle(r, t) for i = #t, 2, -1 do local j = r(i); t[i], t[j] = t[j], t[i] end end
 
+-- the reference's truncation (the longer side loses its first or last token at random, same draws) on index
+-- ranges, then one copy: table.remove(t, 1) per token was quadratic in a long sentence
 local function truncate_pair(a, b, max_tokens, r)
-  while #a + #b > max_tokens do
-    local t = #a > #b and a or b
-    if r() < 0.5 then table.remove(t, 1) else t[#t] = nil end
+  local a1, a2, b1, b2 = 1, #a, 1, #b
+  while (a2 - a1 + 1) + (b2 - b1 + 1) > max_tokens do
+    local front = r() < 0.5
+    if a2 - a1 > b2 - b1 then
+      if front then a1 = a1 + 1 else a2 = a2 - 1 end
+    elseif front then b1 = b1 + 1 else b2 = b2 - 1 end
   end
+  return slice(a, a1, a2), slice(b, b1, b2)
 end
 
 -- masked LM on a token list (0-based ids); returns output ids, positions (0-based), labels
@@ -100,7 +106,7 @@ local function from_document(docs, di, o, r, emit)
         else
           for j = a_end + 1, #chunk do for _, t in ipairs(chunk[j]) do b[#b + 1] = t end end
         end
-        truncate_pair(a, b, max_tokens, r)
+        a, b = truncate_pair(a, b, max_tokens, r)
         if #a >= 1 and #b >= 1 then
           local tokens = { o.cls_id }
           for _, t in ipairs(a) do tokens[#tokens + 1] = t end

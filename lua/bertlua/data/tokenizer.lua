@@ -45,6 +45,17 @@ function M.load(path, opts)
   return self
 end
 
+-- check_model(vocab_size, who[, config_name]): a vocabulary larger than the model's embedding table gives ids
+-- without an embedding: refused naming the file and both sizes
+function Tok:check_model(vocab_size, who, config_name)
+  if type(vocab_size) == "number" and self.size > vocab_size then
+    error(("%s: the vocabulary %s has %d tokens, more than the model's vocab_size %d%s: ids from %d on have no "
+      .. "embedding; give the vocabulary the model was made with"):format(who, self.path, self.size, vocab_size,
+      config_name and " (" .. config_name .. ")" or "", vocab_size), 0)
+  end
+  return self
+end
+
 -- ids buffer: a WordPiece token takes at least one input byte, so #text + 1 always fits
 local function id_buffer(self, need)
   if need > self._cap then

@@ -17,6 +17,8 @@ local M = {}
 
 local fs = require "bertlua.util.fs"
 local imp = require "bertlua.io.import"
+local bert_config = require "bertlua.bert.config"
+local Tok = require "bertlua.data.tokenizer"
 local is_dir, readable = fs.is_dir, fs.readable
 
 -- model_dir(recipe, dir, vocab) -> vocab path. A model directory holds
@@ -30,13 +32,15 @@ function M.model_dir(recipe, dir, vocab)
   if not ok then error(recipe .. ": " .. tostring(src), 0) end
   if vocab then
     if not readable(vocab) then error(("%s: --vocab=%s cannot be read"):format(recipe, vocab), 0) end
-    return vocab
-  end
-  if not src.vocab then
+  elseif not src.vocab then
     error(("%s: %s has no vocab.txt; give the vocabulary the model was trained with as --vocab=FILE"):format(recipe,
       dir), 0)
   end
-  return src.vocab
+  vocab = vocab or src.vocab
+  -- a config that does not load is the model loader's to report
+  local cok, cfg = pcall(bert_config.load, src.config)
+  if cok then Tok.load(vocab):check_model(cfg.vocab_size, recipe, src.config) end
+  return vocab
 end
 
 -- seq_length(recipe, cfg, n[, flag]): error unless --max-seq-length=n (or flag=n) fits the model's position table

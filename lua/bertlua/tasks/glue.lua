@@ -149,6 +149,8 @@ function M.read_examples(task, path, opts)
         else
           local v = tonumber(label)
           if not v or v ~= v then problem(i, ("label '%s' is not a number"):format(label)); ok = false
+          elseif v == math.huge or v == -math.huge then  -- it would make every gradient non-finite
+            problem(i, ("label '%s' is not a finite number"):format(label)); ok = false
           else ex.label = v end
         end
       end

@@ -9,6 +9,7 @@
 --   }, { keep = 3 })
 --   local path = ckpt.latest("runs/x/checkpoints")       -- newest COMPLETE checkpoint or nil
 --   local c = ckpt.load(path, { model = model, identity = {...} })  -- c.step, c.state, c.tensors
+--     (restore = function(c) ... end: puts c's state into the run; an error there fails the load)
 --
 -- Layout: DIR/ckpt-00000100/{model.safetensors, state.safetensors, state.json}.
 -- A checkpoint is written into DIR/.tmp-ckpt-00000100-PID-RANDOM/ (every file fsynced
@@ -94,12 +95,7 @@ end
 
 -- identity fields that must match between the run and the checkpoint; every
 -- mismatch is named, in sorted order (pairs() order varies between runs)
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks, function(a, b) return tostring(a) < tostring(b) end)
-  return ks
-end
+local sorted_keys = require("bertlua.util.list").sorted_keys
 
 local function differences(want, have)
   local diffs = {}
@@ -158,7 +154,14 @@ function M.load(path, opts)
   end
   local tensors = {}
   if exists(path .. "/state.safetensors") then tensors = st.load(path .. "/state.safetensors") end
-  return { step = meta.step, state = meta.state, identity = meta.identity, tensors = tensors, path = path }
+  local c = { step = meta.step, state = meta.state, identity = meta.identity, tensors = tensors, path = path }
+  if opts.restore then  -- the caller's state from c (optimizer, loader position): a failure makes c unusable
+    local rok, rerr = pcall(opts.restore, c)
+    if not rok then
+      error(("checkpoint: %s cannot be restored: %s"):format(path, tostring(rerr):gsub("^[^\n]-%.lua:%d+: ", "")), 0)
+    end
+  end
+  return c
 end
 
 -- claim(dir, identity, resume, who): at the start of a run whose checkpoints go to dir. Checkpoints already
@@ -182,7 +185,8 @@ function M.claim(dir, identity, resume, who)
 end
 
 -- load_latest(dir, opts) -> checkpoint or nil: the newest checkpoint that loads; a corrupt one (bad
--- checksum, truncated file, broken JSON) is reported on stderr and the previous one is tried. A checkpoint
+-- checksum, truncated file, broken JSON, a state opts.restore(c) refuses, e.g. a loader position past the
+-- data) is reported on stderr and the previous one is tried. A checkpoint
 -- of another run (identity mismatch) is an error, not a reason to go back in time.
 function M.load_latest(dir, opts)
   local all = M.list(dir)

@@ -242,6 +242,52 @@ function Reducer:wait()
   return self
 end
 
+-- one string from `root` to every rank (its length first)
+local function broadcast_string(s, root)
+  local n = M.broadcast(bl.from({ #s }, { dtype = "f64" }), root):totable()[1]
+  local t = bl.empty({ math.max(n, 1) }, { dtype = "u8" })
+  if C.bl_dist_rank() == root then ffi.copy(t:ptr(), s, n) end
+  M.broadcast(t, root)
+  return ffi.string(t:ptr(), n)
+end
+
+-- agree(what, entries): every rank must hold the same entries, a list of { name, value } in one order (options,
+-- model config, file identities: bertlua.train.fingerprint); any difference ends every rank with the same one-line
+-- error naming the first differing entry and both values. A world of one returns at once.
+function M.agree(what, entries)
+  local world, rank = C.bl_dist_size(), C.bl_dist_rank()
+  if world == 1 then return end
+  local lines = {}
+  for i, e in ipairs(entries) do lines[i] = e[1] .. "\t" .. tostring(e[2]):gsub("[\t\n]", " ") end
+  local mine = table.concat(lines, "\n")
+  local ref, diff = broadcast_string(mine, 0), nil
+  if ref ~= mine then
+    local theirs, names = {}, {}
+    for l in (ref .. "\n"):gmatch("([^\n]*)\n") do
+      local k, v = l:match("^([^\t]*)\t(.*)$")
+      if k then theirs[k] = v; names[#names + 1] = k end
+    end
+    for i, e in ipairs(entries) do
+      local v = lines[i]:match("\t(.*)$")
+      if theirs[e[1]] ~= v then
+        diff = ("%s is %s on rank 0 and %s on rank %d"):format(e[1], theirs[e[1]] or "(absent)", v, rank)
+        break
+      end
+    end
+    diff = diff or ("%s is %s on rank 0 and absent on rank %d"):format(names[#names], theirs[names[#names]], rank)
+  end
+  local flags = bl.zeros({ world }, { dtype = "f64" })
+  if diff then flags:ptr()[rank] = 1 end
+  M.all_reduce_sum(flags)
+  local f = flags:totable()
+  for r = 1, world do
+    if f[r] > 0 then   -- the first rank that differs tells everyone
+      error(("%s: the ranks disagree: %s; start every rank with the same options, model, vocabulary and data")
+        :format(what, broadcast_string(diff or "", r - 1)), 0)
+    end
+  end
+end
+
 -- End the whole job with a message (every rank stops, no hang).
 function M.abort(message, code)
   C.bl_dist_abort(message, code or 1)
@@ -257,5 +303,4 @@ function M.guard(fn, ...)
   return err
 end
 
-local _ = ffi
 return M

@@ -11,4 +11,12 @@ function M.slice(t, i, j)
   return r
 end
 
+-- sorted_keys(t) -> t's keys, sorted as strings (pairs() order varies between runs)
+function M.sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks, function(a, b) return tostring(a) < tostring(b) end)
+  return ks
+end
+
 return M

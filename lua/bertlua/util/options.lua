@@ -20,8 +20,14 @@
 --   { "batch", 32, "sequences per step", int = true, min = 1 }
 --   { "lr", 2e-5, "peak learning rate", min = 0, above = true }   -- above: strictly greater than min
 --   { "warmup", 0.1, "warmup proportion", min = 0, max = 1 }
--- An option named "threads" is an integer in 0..(CPUs of this machine). A
--- single-dash option (-lr=3) is refused instead of being taken as an argument.
+--   { "max_time", 0, "seconds", int = false }   -- a real number despite its integer default
+--   { "phase", "both", "1, 2 or both", choices = { "1", "2", "both" } }
+-- A number option whose default is an integer is an integer unless it says
+-- int = false. An option named "threads" is an integer in 0..(CPUs of this
+-- machine). A single-dash option (-lr=3), a bare non-boolean option
+-- (--output), an "=" parted from its option (--output = x), a JSON object for
+-- a string and stray arguments are refused; a recipe that takes arguments
+-- says so with info.positional = true (they are in opt._positional).
 local ffi = require "ffi"
 local fs = require "bertlua.util.fs"
 local M = {}
@@ -45,7 +51,9 @@ local function range(where, name, n, o)
       bad(("must be an integer from 0 to %d (0: default)"):format(cpus))
     end
   end
-  if o.int and n ~= math.floor(n) then bad("must be an integer") end
+  local int = o.int
+  if int == nil then int = type(o[2]) == "number" and o[2] % 1 == 0 end
+  if int and n ~= math.floor(n) then bad("must be an integer") end
   if o.min and (n < o.min or (o.above and n == o.min)) then
     bad(("must be %s %s"):format(o.above and ">" or ">=", tostring(o.min)))
   end
@@ -65,6 +73,17 @@ local function convert(name, v, default, where, o)
     if v == true or v == "true" or v == "1" or v == "yes" then return true end
     if v == false or v == "false" or v == "0" or v == "no" then return false end
     error(("%s: option --%s expects true or false, got '%s'"):format(where, name:gsub("_", "-"), tostring(v)), 0)
+  end
+  local flag = "--" .. name:gsub("_", "-")
+  if v == true then error(("%s: option %s needs a value (%s=VALUE)"):format(where, flag, flag), 0) end
+  if type(v) == "number" then v = tostring(v) end
+  if type(v) ~= "string" then
+    error(("%s: option %s expects a string, got %s"):format(where, flag,
+      type(v) == "table" and "a JSON object or array" or tostring(v)), 0)
+  end
+  if o and o.choices then
+    for _, c in ipairs(o.choices) do if v == c then return v end end
+    error(("%s: option %s=%s: must be %s"):format(where, flag, v, table.concat(o.choices, ", ")), 0)
   end
   return v
 end
@@ -133,6 +152,9 @@ function M.parse(argv, spec, info)
         if name == "config" or (o and type(o[2]) ~= "boolean" and argv[i + 1] and not argv[i + 1]:match("^%-%-")) then
           i = i + 1
           value = argv[i]
+          if value:sub(1, 1) == "=" then
+            error(("%s: '--%s %s': write --%s=VALUE without spaces"):format(where, a:sub(3), value, a:sub(3)), 0)
+          end
         elseif not o and name:match("^no_") and known[name:sub(4)] then
           name, value = name:sub(4), false
         else
@@ -144,8 +166,10 @@ function M.parse(argv, spec, info)
         error(("%s: unknown option --%s (see --help)"):format(where, name:gsub("_", "-")), 0)
       end
       given[name] = value
-    else
+    elseif info and info.positional then
       opt._positional[#opt._positional + 1] = a
+    else
+      error(("%s: stray argument '%s': options are --name=VALUE (see --help)"):format(where, a), 0)
     end
     ::continue::
     i = i + 1

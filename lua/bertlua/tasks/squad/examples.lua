@@ -78,7 +78,7 @@ function M.read_examples(src, opts)
     if skipped then report.skipped = report.skipped + 1 else report.warnings = report.warnings + 1 end
     if not opts.quiet then io.stderr:write(line, "\n") end
   end
-  local examples = {}
+  local examples, seen = {}, {}   -- seen[id]: where the id was first used
   for ai, article in ipairs(dataset.data) do
     local paragraphs = type(article) == "table" and article.paragraphs
     if not is_array(paragraphs) then
@@ -111,9 +111,12 @@ function M.read_examples(src, opts)
           local function bad(msg) problem(loc, msg, true); ok_q = false end
           if type(qa) ~= "table" then bad("not an object")
           elseif type(id) ~= "string" then bad("'id' is missing or not a string")
+          elseif seen[id] then  -- predictions are keyed by id: the second would silently replace the first
+            error(("%s: %s and %s share the id %q; question ids must be unique"):format(name, seen[id], loc, id), 0)
           elseif type(qa.question) ~= "string" then bad("'question' is missing or not a string")
           elseif qa.answers ~= nil and not is_array(qa.answers) then bad("'answers' is not an array")
           end
+          if type(id) == "string" then seen[id] = loc end
           local ex
           if ok_q then
             local answers = qa.answers or {}
