@@ -1,5 +1,5 @@
 -- Training / inference throughput of a BERT model, optionally side by side
--- with the same model in PyTorch (recipes/peers/bert_reference.py).
+-- with the same model in PyTorch (tools/peers/bert_reference.py).
 --
 --   bertlua recipes/benchmark.lua --model=mini --seq=128 --batch=32 --steps=10 [--compare=torch]
 --   bertlua recipes/benchmark.lua --model=base --seq=384 --batch=8 --infer [--compare=onnxruntime]
@@ -29,10 +29,10 @@
 -- each update, and bf16 activations; f32 master weights and gradients);
 -- --cuda-graph runs each step after the first as one CUDA graph, as
 -- pretrain's --cuda-graph does. --compare=torch runs
--- recipes/peers/bench_bert_torch.py on the same GPU (bf16 = torch.autocast,
+-- tools/peers/bench_bert_torch.py on the same GPU (bf16 = torch.autocast,
 -- fused SDPA attention; its update is still plain SGD, a few percent of a step).
 -- On the CPU the update is a plain SGD loop over the flat buffer, as in the
--- CPU peer (recipes/peers/bert_reference.py bench).
+-- CPU peer (tools/peers/bert_reference.py bench).
 -- --model-time=h100 also prints the step-time MODEL (lua/bertlua/stepmodel.lua):
 -- a lower bound on the step time at that GPU's figures, summed over the
 -- launches one training step really makes. On the emulated device the step is
@@ -45,7 +45,7 @@
 -- only); inference is a third of the encoder part. MFU divides by the
 -- device's dense peak for the precision (--peak_tflops overrides). --compare=onnxruntime (--infer, CPU)
 -- times the encoder exported to ONNX and fused by onnxruntime's BERT optimizer
--- (recipes/peers/bench_bert_onnxruntime.py); both sides also print the median latency of one step (p50).
+-- (tools/peers/bench_bert_onnxruntime.py); both sides also print the median latency of one step (p50).
 -- Single calls of a 2-core machine spread by +-5 %: --rounds=N times N blocks of --steps, and with a CPU peer
 -- alternates ours and the peer's block by block (one peer process, so its setup is paid once) and prints each
 -- round's ratio and their median.
@@ -58,8 +58,8 @@ local config = require "bertlua.bert.config"
 local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
 local shell = require "bertlua.util.shell"
--- the PyTorch peers live beside the recipes (installed with them)
-local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
+-- the peers (PyTorch, ...) are in tools/peers, beside recipes/ in the source tree and installed
+local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/../tools/peers/"
 
 local opt = options.parse(arg, {
   { "model", "mini", "preset (tiny, mini, small, medium, base, large) or a model directory" },
@@ -88,7 +88,7 @@ local opt = options.parse(arg, {
     min = 1 },
   { "cuda_graph", false, "GPU training: run each step after the first as one CUDA graph (see pretrain)" },
   { "compare", "", "'torch': the same benchmark in PyTorch, with the ratio; 'onnxruntime' (--infer): ONNX Runtime's "
-    .. "fused BERT graph (recipes/peers/bench_bert_onnxruntime.py)" },
+    .. "fused BERT graph (tools/peers/bench_bert_onnxruntime.py)" },
   { "rounds", 1, "timed blocks of --steps steps; with a CPU --compare, ours and the peer's alternate block by block "
     .. "(one peer process) and the median ratio is printed", int = true, min = 1 },
   { "model_time", "", "also print the step-time model of one training step at these figures (h100)" },

@@ -1,7 +1,7 @@
 -- recipes/benchmark.lua's comparison with a CPU peer, --rounds: ours and the peer's timed blocks alternate through
 -- one peer process, each round's ratio and their median are printed; a peer that stops early or is skipped.
 -- The peers here are stand-ins (shell scripts passed as --python) that speak the protocol of
--- recipes/peers/bert_reference.py's time_rounds with known rates, so the arithmetic is checked exactly and no
+-- tools/peers/bert_reference.py's time_rounds with known rates, so the arithmetic is checked exactly and no
 -- torch is needed; test_benchmark_peers below runs the real torch peer when it is there.
 local T = require "testing"
 

@@ -1,12 +1,12 @@
 """The PyTorch peer of `recipes/benchmark.lua --device=cuda --compare=torch`.
 
 usage:
-  python3 recipes/peers/bench_bert_torch.py --layers L --hidden H --heads A --seq S --batch B
+  python3 tools/peers/bench_bert_torch.py --layers L --hidden H --heads A --seq S --batch B
       --steps N [--warmup W] [--vocab V] [--masked P] [--dropout D] [--infer]
       [--device cuda:0] [--precision fp32|tf32|bf16] [--attention sdpa|math] [--threads T]
 
 Times the step recipes/benchmark.lua times, on the same shapes and batch
-layout: BertForPreTraining of recipes/peers/bert_reference.py (the same
+layout: BertForPreTraining of tools/peers/bert_reference.py (the same
 architecture), forward, MLM decoder on the masked positions only (P per
 sequence), NSP, backward and a plain SGD update of all parameters (one
 multi-tensor _foreach_add_, like bertlua's single update of its flat buffer);

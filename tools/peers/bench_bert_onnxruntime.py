@@ -1,6 +1,6 @@
 """ONNX Runtime peer of recipes/benchmark.lua --infer --compare=onnxruntime.
 
-usage: /usr/bin/python3 recipes/peers/bench_bert_onnxruntime.py --layers L --hidden H --heads A
+usage: /usr/bin/python3 tools/peers/bench_bert_onnxruntime.py --layers L --hidden H --heads A
       --seq S --batch B --steps N --threads T [--vocab V] [--lengths N1,N2,...] [--rounds R] --infer
 
 The encoder (transformers' BertModel with its pooler, the shapes and batch of bert_reference.py's

@@ -2,7 +2,7 @@
 parity tests and speed comparisons of bertlua.
 
 usage:
-  /usr/bin/python3 recipes/peers/bert_reference.py parity DIR
+  /usr/bin/python3 tools/peers/bert_reference.py parity DIR
       DIR holds config.json, model.safetensors (HF names), batch.safetensors
       (input_ids, token_type_ids, attention_mask, masked_lm_labels [B,S] with
       -1 = not masked, next_sentence_labels, start_positions, end_positions,
@@ -11,12 +11,12 @@ usage:
       and writes DIR/ref.safetensors: hidden.K (K = 0 embeddings .. L),
       the logits and losses of the head, and grad.<param name> for every
       parameter (gradient of the head's loss).
-  /usr/bin/python3 recipes/peers/bert_reference.py bench --layers L --hidden H --heads A
+  /usr/bin/python3 tools/peers/bert_reference.py bench --layers L --hidden H --heads A
       --seq S --batch B --steps N --threads T [--vocab V] [--infer] [--masked P] [--rounds R]
       Times the same training step as recipes/benchmark.lua (forward, backward,
       SGD update) in float32 and prints "torch: X seq/s".
-  /usr/bin/python3 recipes/peers/bert_reference.py hf_save DIR     (needs transformers)
-  /usr/bin/python3 recipes/peers/bert_reference.py hf_check DIR    (needs transformers)
+  /usr/bin/python3 tools/peers/bert_reference.py hf_save DIR     (needs transformers)
+  /usr/bin/python3 tools/peers/bert_reference.py hf_check DIR    (needs transformers)
 
 The model follows the original BERT / transformers BertForPreTraining exactly:
 post-LayerNorm, erf GELU, additive mask (1 - m) * -10000, MLM decoder tied to
@@ -321,7 +321,7 @@ def parity(d):
 
 # ---------------------------------------------------------------- benchmark
 def bench_config(a):
-    """The model config of the torch benchmarks (here and recipes/peers/bench_bert_torch.py) from their arguments."""
+    """The model config of the torch benchmarks (here and tools/peers/bench_bert_torch.py) from their arguments."""
     return dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                 intermediate_size=4 * a.hidden, max_position_embeddings=max(512, a.seq), type_vocab_size=2,
                 hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout, layer_norm_eps=1e-12,
