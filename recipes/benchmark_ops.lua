@@ -18,7 +18,7 @@ local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
 local shell = require "bertlua.util.shell"
 -- the peers (PyTorch, ...) are in tools/peers, beside recipes/ in the source tree and installed
-local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/../tools/peers/"
+local PEERS = require("bertlua.util.fs").recipe("../tools/peers/")
 
 local opt = options.parse(arg, {
   { "threads", 2, "CPU threads for us and for PyTorch" },

@@ -31,7 +31,7 @@ end
 local text = table.concat(parts)
 local tok = Tok.load(opt.vocab, { lower = not opt.cased })
 -- the peers (PyTorch, ...) are in tools/peers, beside recipes/ in the source tree and installed
-local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/../tools/peers/"
+local PEERS = require("bertlua.util.fs").recipe("../tools/peers/")
 
 local now = require("bertlua.util.log").clock
 

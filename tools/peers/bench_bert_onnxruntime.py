@@ -21,59 +21,49 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def main(argv):
-    try:
-        import numpy as np
-        import onnxruntime as ort
-        from onnxruntime.transformers import optimizer
-        import torch
-        from transformers import BertConfig, BertModel
-        from bert_reference import bench_args, bench_batch, bench_config, time_rounds
-    except Exception as e:  # noqa: BLE001
-        print(f"skipped: onnxruntime / onnx / torch / transformers not importable: {e}")
-        return 77
-    precision = "fp32"
-    if "--precision" in argv:  # ours only; the rest are the CPU peers' common options
-        i = argv.index("--precision")
-        precision, argv = argv[i + 1], argv[:i] + argv[i + 2:]
-    a = bench_args(argv)
-    if not a.infer:
-        print("onnxruntime peer: inference only (pass --infer)")
-        return 2
-
-    torch.manual_seed(0)
-    model = BertModel(BertConfig(**bench_config(a))).eval()
-    for p in model.parameters():
-        p.data.normal_(0, 0.02)
-    ids, mask, _, _ = bench_batch(a.batch, a.seq, a.vocab, a.masked, a.lengths)
-    feed = {"input_ids": ids, "attention_mask": mask.long(), "token_type_ids": torch.zeros_like(ids)}
-    with tempfile.TemporaryDirectory() as d:
-        raw, fused = os.path.join(d, "bert.onnx"), os.path.join(d, "bert_fused.onnx")
-        names = list(feed)
-        dyn = {n: {0: "batch", 1: "seq"} for n in names}
-        torch.onnx.export(model, tuple(feed[n] for n in names), raw, input_names=names,
-                          output_names=["last_hidden_state", "pooler_output"], dynamic_axes=dyn, opset_version=14)
-        opt = optimizer.optimize_model(raw, model_type="bert", num_heads=a.heads, hidden_size=a.hidden)
-        stats = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
-        opt.save_model_to_file(fused)
-        if precision == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-            quant = os.path.join(d, "bert_int8.onnx")
-            import onnx
-            # the fused graph's com.microsoft ops defeat onnx's shape inference: their outputs are f32
-            quantize_dynamic(fused, quant, per_channel=True, weight_type=QuantType.QInt8,
-                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-            fused = quant
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = a.threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        sess = ort.InferenceSession(fused, so, providers=["CPUExecutionProvider"])
+def session(raw, d, heads, hidden, threads, precision):
+    """An onnxruntime CPU session of the ONNX BERT at raw (d: a scratch directory): the graph fused by onnxruntime's
+    BERT optimizer, int8 its dynamic quantization; returns the session and a line saying what it runs."""
+    import onnxruntime as ort
+    from onnxruntime.transformers import optimizer
+    fused = os.path.join(d, "bert_fused.onnx")
+    opt = optimizer.optimize_model(raw, model_type="bert", num_heads=heads, hidden_size=hidden)
+    stats = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+    opt.save_model_to_file(fused)
+    if precision == "int8":
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        quant = os.path.join(d, "bert_int8.onnx")
+        # the fused graph's com.microsoft ops defeat onnx's shape inference: their outputs are f32
+        quantize_dynamic(fused, quant, per_channel=True, weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        fused = quant
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    sess = ort.InferenceSession(fused, so, providers=["CPUExecutionProvider"])
     what = "int8 quantize_dynamic (per-channel weights)" if precision == "int8" else "fp32"
     if precision not in ("int8", "fp32"):
         what += f" (--precision {precision} has no CPU counterpart here)"
-    print(f"onnxruntime {ort.__version__}, fused graph: {stats}, {what}")
-    inputs = {n: feed[n].numpy().astype(np.int64) for n in names}
+    return sess, f"onnxruntime {ort.__version__}, fused graph: {stats}, {what}"
+
+
+def main(argv):
+    try:
+        from bert_reference import bench_encoder_onnx, infer_args, time_rounds
+        import onnxruntime  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        from bert_reference import skip_not_importable
+        return skip_not_importable("onnxruntime / onnx / torch / transformers", e)
+    a = infer_args(argv, "onnxruntime")
+    if a is None:
+        return 2
+    with tempfile.TemporaryDirectory() as d:
+        raw = os.path.join(d, "bert.onnx")
+        inputs = bench_encoder_onnx(a, raw)
+        sess, what = session(raw, d, a.heads, a.hidden, a.threads, a.precision)
+    print(what)
     for _ in range(a.warmup):
         sess.run(None, inputs)
     time_rounds(a, "onnxruntime", lambda: sess.run(None, inputs))

@@ -34,21 +34,6 @@ except Exception as e:  # noqa: BLE001
     sys.exit(77)
 
 
-class SdpaSelfAttention(ref.SelfAttention):
-    """Same parameters as the reference; the fused attention kernel."""
-
-    def forward(self, x, ext_mask):
-        B, S, H = x.shape
-        d = H // self.heads
-
-        def split(t):
-            return t.view(B, S, self.heads, d).transpose(1, 2)
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=ext_mask.to(q.dtype),
-                                             dropout_p=self.dropout.p if self.training else 0.0)
-        return ctx.transpose(1, 2).reshape(B, S, H)
-
-
 def main(argv):
     ap = argparse.ArgumentParser()
     for k, v in [("layers", 4), ("hidden", 256), ("heads", 4), ("seq", 128), ("batch", 32), ("steps", 10),
@@ -76,7 +61,7 @@ def main(argv):
         a.attention = "math"
     if a.attention == "sdpa":
         for layer in model.bert.encoder.layer:
-            layer.attention.self.__class__ = SdpaSelfAttention
+            layer.attention.self.__class__ = ref.SdpaSelfAttention
     for p in model.parameters():
         p.data.normal_(0, 0.02)
     model.to(dev)

@@ -13,8 +13,11 @@ usage:
       parameter (gradient of the head's loss).
   /usr/bin/python3 tools/peers/bert_reference.py bench --layers L --hidden H --heads A
       --seq S --batch B --steps N --threads T [--vocab V] [--infer] [--masked P] [--rounds R]
+      [--precision fp32|bf16] [--compile]
       Times the same training step as recipes/benchmark.lua (forward, backward,
-      SGD update) in float32 and prints "torch: X seq/s".
+      SGD update) in float32 (bf16: under torch.autocast) and prints "torch: X seq/s";
+      --compile runs the encoder through torch.compile ("torch-compile: X seq/s"), the
+      first call's compile time printed apart and not in the rate.
   /usr/bin/python3 tools/peers/bert_reference.py hf_save DIR     (needs transformers)
   /usr/bin/python3 tools/peers/bert_reference.py hf_check DIR    (needs transformers)
 
@@ -320,6 +323,21 @@ def parity(d):
 
 
 # ---------------------------------------------------------------- benchmark
+class SdpaSelfAttention(SelfAttention):
+    """Same parameters as SelfAttention; torch 2's fused attention (scaled_dot_product_attention)."""
+
+    def forward(self, x, ext_mask):
+        B, S, H = x.shape
+        d = H // self.heads
+
+        def split(t):
+            return t.view(B, S, self.heads, d).transpose(1, 2)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=ext_mask.to(q.dtype),
+                                             dropout_p=self.dropout.p if self.training else 0.0)
+        return ctx.transpose(1, 2).reshape(B, S, H)
+
+
 def bench_config(a):
     """The model config of the torch benchmarks (here and tools/peers/bench_bert_torch.py) from their arguments."""
     return dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
@@ -362,7 +380,65 @@ def bench_args(argv):
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=1,
                     help="timed blocks, each after a line 'go' on stdin when > 1 (recipes/benchmark.lua --rounds)")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "int8"],
+                    help="recipes/benchmark.lua's; each peer says what it runs for it")
+    ap.add_argument("--compile", action="store_true", help="torch: the encoder through torch.compile")
     return ap.parse_args(argv)
+
+
+def infer_args(argv, peer):
+    """bench_args of an inference-only peer; None, said why, without --infer."""
+    a = bench_args(argv)
+    if not a.infer:
+        print(f"{peer} peer: inference only (pass --infer)")
+        return None
+    return a
+
+
+def skip_not_importable(what, e):
+    """The peer's skip (exit 77) when its runtime is missing, with how to get today's peers."""
+    print(f"skipped: {what} not importable by {sys.executable}: {e} (today's peers: bash scripts/peers.sh, "
+          "then --python=.venv-peers/bin/python or nothing: recipes/benchmark.lua finds it)")
+    return 77
+
+
+class ByName(nn.Module):
+    """model(input_ids, attention_mask, token_type_ids) -> (last_hidden_state, pooler_output), its inputs passed by
+    name: transformers 5's BertModel.forward cannot be traced with positional ones."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return out[0], out[1]
+
+
+def bench_encoder_onnx(a, path):
+    """transformers' BertModel (with its pooler) at the benchmark's config, N(0, 0.02) weights from a fixed seed and
+    eager attention (the pattern onnxruntime's BERT optimizer fuses), exported to ONNX at path for the batch of
+    bench_batch. Returns the feed (input name -> int64 numpy array)."""
+    import inspect
+    import warnings
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(0)
+    cfg = BertConfig(**bench_config(a))
+    cfg._attn_implementation = "eager"
+    model = BertModel(cfg).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    ids, mask, _, _ = bench_batch(a.batch, a.seq, a.vocab, a.masked, a.lengths)
+    feed = {"input_ids": ids, "attention_mask": mask.long(), "token_type_ids": torch.zeros_like(ids)}
+    names = list(feed)
+    # torch 2's default exporter (dynamo) needs onnxscript; the TorchScript one is the one torch 1.13 has
+    kw = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on transformers' Python-side shape logic
+        torch.onnx.export(ByName(model), tuple(feed[n] for n in names), path, input_names=names,
+                          output_names=["last_hidden_state", "pooler_output"],
+                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in names}, opset_version=14, **kw)
+    return {n: v.numpy().astype(np.int64) for n, v in feed.items()}
 
 
 def time_rounds(a, label, step):
@@ -387,6 +463,9 @@ def time_rounds(a, label, step):
 
 def bench(argv):
     a = bench_args(argv)
+    label = "torch-compile" if a.compile else "torch"
+    if a.compile and not hasattr(torch, "compile"):
+        return skip_not_importable(f"torch.compile (torch {torch.__version__})", "torch 2 needed")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = BertForPreTraining(bench_config(a))
@@ -415,11 +494,27 @@ def bench(argv):
             for p in model.parameters():
                 p.add_(p.grad, alpha=-1e-4)
 
+    # torch 2: the fused attention a user of transformers gets (sdpa); torch 1.13 has none
+    sdpa = hasattr(F, "scaled_dot_product_attention")
+    if sdpa:
+        for layer in model.bert.encoder.layer:
+            layer.attention.self.__class__ = SdpaSelfAttention
+    bf16 = a.precision == "bf16"
+    other = "" if a.precision in ("fp32", "bf16") else f" (--precision {a.precision} has no counterpart here)"
+    print(f"{label} peer: torch {torch.__version__}, {'torch.compile of the encoder' if a.compile else 'eager'}, "
+          f"{'bf16 autocast' if bf16 else 'fp32'}{other}, attention {'sdpa' if sdpa else 'math'}")
+    if a.compile:
+        model.bert = torch.compile(model.bert)
     ctx = torch.no_grad() if a.infer else torch.enable_grad()
-    with ctx:
-        for _ in range(a.warmup):
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    with ctx, amp:
+        t0 = time.perf_counter()
+        step()  # torch.compile compiles here (forward and, training, backward)
+        if a.compile:
+            print(f"torch-compile peer: compile (first call) {time.perf_counter() - t0:.1f} s, not in the rate")
+        for _ in range(a.warmup - 1):
             step()
-        time_rounds(a, "torch", step)
+        time_rounds(a, label, step)
 
 
 # ---------------------------------------------------------------- transformers interop
@@ -476,7 +571,7 @@ if __name__ == "__main__":
     if cmd == "parity":
         parity(sys.argv[2])
     elif cmd == "bench":
-        bench(sys.argv[2:])
+        sys.exit(bench(sys.argv[2:]))
     elif cmd == "hf_save":
         hf_save(sys.argv[2])
     elif cmd == "hf_check":
