@@ -49,4 +49,30 @@ T.test("torch.compile: the training step, compile time printed apart", function(
     "torch%-compile peer: compile %(first call%) [%d%.]+ s, not in the rate" })
 end)
 
+T.test("accuracy rows: bertlua and each peer at fp32, bf16 and int8 on one classifier", function()
+  local dir = T.tmpdir("acc")
+  local words = { "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "good", "bad", "film", "slow", "fine", "very",
+    "dull", "fun", "it", "is", "." }
+  T.write_file(dir .. "/vocab.txt", table.concat(words, "\n") .. "\n")
+  T.tiny_model_dir(dir .. "/model", { vocab = dir .. "/vocab.txt", seed = 3, config = { vocab_size = #words } })
+  local rows = { "sentence\tlabel" }
+  for i = 1, 12 do
+    rows[#rows + 1] = ("it is %s %s film .\t%d"):format(i % 3 == 0 and "very" or "a", words[6 + i % 9], i % 2)
+  end
+  T.write_file(dir .. "/dev.tsv", table.concat(rows, "\n") .. "\n")
+  local out, rc = T.sh(("BERTLUA=%s BL_PEER_PYTHON=%s bash tools/peers/accuracy_delta.sh %s/model %s/dev.tsv 8 1 2>&1")
+    :format(exe, py, dir, dir))
+  T.eq(rc, 0, out)
+  for _, side in ipairs({ "bertlua fp32", "bertlua bf16", "bertlua int8", "torch fp32", "torch bf16",
+    "onnxruntime fp32", "onnxruntime int8", "openvino fp32", "openvino bf16", "openvino int8" }) do
+    local p = side:match("fp32$") and ": [%d%.]+ %%, 8 rows" or ": [%d%.]+ %%, [-+][%d%.]+ points from its fp32, 8 rows"
+    T.truthy(out:find("accuracy " .. side .. p), side .. ": " .. out)
+  end
+  -- every fp32 side computes the same model on the same rows
+  local fp32 = {}
+  for a in out:gmatch("accuracy %a+ fp32: ([%d%.]+) %%") do fp32[#fp32 + 1] = a end
+  T.eq(#fp32, 4, out)
+  for i = 2, 4 do T.eq(fp32[i], fp32[1], out) end
+end)
+
 T.run()

@@ -403,24 +403,35 @@ def skip_not_importable(what, e):
 
 
 class ByName(nn.Module):
-    """model(input_ids, attention_mask, token_type_ids) -> (last_hidden_state, pooler_output), its inputs passed by
-    name: transformers 5's BertModel.forward cannot be traced with positional ones."""
+    """model(input_ids, attention_mask, token_type_ids) -> its outputs as a tuple, the inputs passed by name:
+    transformers 5's forward cannot be traced with positional ones."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask, token_type_ids):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        return out[0], out[1]
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).to_tuple()
+
+
+def export_onnx(model, feed, path, outputs):
+    """A transformers BERT (eval mode) exported to ONNX at path for the torch int64 inputs feed (input_ids,
+    attention_mask, token_type_ids), batch and sequence axes dynamic, its outputs named `outputs`."""
+    import inspect
+    import warnings
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    # torch 2's default exporter (dynamo) needs onnxscript; the TorchScript one is the one torch 1.13 has
+    kw = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on transformers' Python-side shape logic
+        torch.onnx.export(ByName(model), tuple(feed[n] for n in names), path, input_names=names, output_names=outputs,
+                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in names}, opset_version=14, **kw)
 
 
 def bench_encoder_onnx(a, path):
     """transformers' BertModel (with its pooler) at the benchmark's config, N(0, 0.02) weights from a fixed seed and
     eager attention (the pattern onnxruntime's BERT optimizer fuses), exported to ONNX at path for the batch of
     bench_batch. Returns the feed (input name -> int64 numpy array)."""
-    import inspect
-    import warnings
     from transformers import BertConfig, BertModel
     torch.manual_seed(0)
     cfg = BertConfig(**bench_config(a))
@@ -430,14 +441,7 @@ def bench_encoder_onnx(a, path):
         p.data.normal_(0, 0.02)
     ids, mask, _, _ = bench_batch(a.batch, a.seq, a.vocab, a.masked, a.lengths)
     feed = {"input_ids": ids, "attention_mask": mask.long(), "token_type_ids": torch.zeros_like(ids)}
-    names = list(feed)
-    # torch 2's default exporter (dynamo) needs onnxscript; the TorchScript one is the one torch 1.13 has
-    kw = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tracer's notes on transformers' Python-side shape logic
-        torch.onnx.export(ByName(model), tuple(feed[n] for n in names), path, input_names=names,
-                          output_names=["last_hidden_state", "pooler_output"],
-                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in names}, opset_version=14, **kw)
+    export_onnx(model, feed, path, ["last_hidden_state", "pooler_output"])
     return {n: v.numpy().astype(np.int64) for n, v in feed.items()}
 
 
