@@ -16,7 +16,6 @@ transformers cannot be imported.
 """
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,23 +50,16 @@ def session(raw, d, heads, hidden, threads, precision):
 
 def main(argv):
     try:
-        from bert_reference import bench_encoder_onnx, infer_args, time_rounds
         import onnxruntime  # noqa: F401
+        from bert_reference import infer_peer
     except Exception as e:  # noqa: BLE001
         from bert_reference import skip_not_importable
         return skip_not_importable("onnxruntime / onnx / torch / transformers", e)
-    a = infer_args(argv, "onnxruntime")
-    if a is None:
-        return 2
-    with tempfile.TemporaryDirectory() as d:
-        raw = os.path.join(d, "bert.onnx")
-        inputs = bench_encoder_onnx(a, raw)
-        sess, what = session(raw, d, a.heads, a.hidden, a.threads, a.precision)
-    print(what)
-    for _ in range(a.warmup):
-        sess.run(None, inputs)
-    time_rounds(a, "onnxruntime", lambda: sess.run(None, inputs))
-    return 0
+
+    def make(raw, d, inputs, a):
+        sess, line = session(raw, d, a.heads, a.hidden, a.threads, a.precision)
+        return lambda: sess.run(None, inputs), line
+    return infer_peer(argv, "onnxruntime", make)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ cannot be imported (bash scripts/peers.sh installs them in .venv-peers/).
 """
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,26 +46,18 @@ def main(argv):
     try:
         import openvino  # noqa: F401
         import nncf  # noqa: F401
-        from bert_reference import bench_encoder_onnx, infer_args, time_rounds
+        from bert_reference import infer_peer
     except Exception as e:  # noqa: BLE001
         from bert_reference import skip_not_importable
         return skip_not_importable("openvino / nncf / torch / transformers", e)
-    a = infer_args(argv, "openvino")
-    if a is None:
-        return 2
-    if a.precision not in HINT:
-        print(f"openvino peer: --precision {a.precision}: fp32, bf16 or int8")
-        return 2
-    with tempfile.TemporaryDirectory() as d:
-        raw = os.path.join(d, "bert.onnx")
-        inputs = bench_encoder_onnx(a, raw)
-        c, what = compiled(raw, inputs, a.threads, a.precision)
-    print(what)
-    req = c.create_infer_request()
-    for _ in range(a.warmup):
-        req.infer(inputs)
-    time_rounds(a, "openvino", lambda: req.infer(inputs))
-    return 0
+
+    def make(raw, d, inputs, a):
+        if a.precision not in HINT:
+            raise SystemExit(f"openvino peer: --precision {a.precision}: fp32, bf16 or int8")
+        c, line = compiled(raw, inputs, a.threads, a.precision)
+        req = c.create_infer_request()
+        return lambda: req.infer(inputs), line
+    return infer_peer(argv, "openvino", make)
 
 
 if __name__ == "__main__":

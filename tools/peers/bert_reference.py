@@ -386,13 +386,23 @@ def bench_args(argv):
     return ap.parse_args(argv)
 
 
-def infer_args(argv, peer):
-    """bench_args of an inference-only peer; None, said why, without --infer."""
+def infer_peer(argv, peer, make):
+    """main() of an inference-only peer of the ONNX encoder: argv parsed, the encoder exported (bench_encoder_onnx),
+    make(raw, d, inputs, a) -> (step, line) builds the runtime (d: a scratch directory); the line printed, --warmup
+    calls of step, then time_rounds. Returns the exit code."""
+    import tempfile
     a = bench_args(argv)
     if not a.infer:
         print(f"{peer} peer: inference only (pass --infer)")
-        return None
-    return a
+        return 2
+    with tempfile.TemporaryDirectory() as d:
+        raw = os.path.join(d, "bert.onnx")
+        step, line = make(raw, d, bench_encoder_onnx(a, raw), a)
+    print(line)
+    for _ in range(a.warmup):
+        step()
+    time_rounds(a, peer, step)
+    return 0
 
 
 def skip_not_importable(what, e):
