@@ -1,5 +1,5 @@
 -- Training / inference throughput of a BERT model, optionally side by side
--- with the same model in PyTorch (recipes/peers/bert_reference.py).
+-- with the same model in PyTorch (tools/peers/bert_reference.py).
 --
 --   bertlua recipes/benchmark.lua --model=mini --seq=128 --batch=32 --steps=10 [--compare=torch]
 --   bertlua recipes/benchmark.lua --model=base --seq=384 --batch=8 --infer [--compare=onnxruntime]
@@ -29,10 +29,10 @@
 -- each update, and bf16 activations; f32 master weights and gradients);
 -- --cuda-graph runs each step after the first as one CUDA graph, as
 -- pretrain's --cuda-graph does. --compare=torch runs
--- recipes/peers/bench_bert_torch.py on the same GPU (bf16 = torch.autocast,
+-- tools/peers/bench_bert_torch.py on the same GPU (bf16 = torch.autocast,
 -- fused SDPA attention; its update is still plain SGD, a few percent of a step).
 -- On the CPU the update is a plain SGD loop over the flat buffer, as in the
--- CPU peer (recipes/peers/bert_reference.py bench).
+-- CPU peer (tools/peers/bert_reference.py bench).
 -- --model-time=h100 also prints the step-time MODEL (lua/bertlua/stepmodel.lua):
 -- a lower bound on the step time at that GPU's figures, summed over the
 -- launches one training step really makes. On the emulated device the step is
@@ -45,10 +45,17 @@
 -- only); inference is a third of the encoder part. MFU divides by the
 -- device's dense peak for the precision (--peak_tflops overrides). --compare=onnxruntime (--infer, CPU)
 -- times the encoder exported to ONNX and fused by onnxruntime's BERT optimizer
--- (recipes/peers/bench_bert_onnxruntime.py); both sides also print the median latency of one step (p50).
+-- (tools/peers/bench_bert_onnxruntime.py); both sides also print the median latency of one step (p50).
 -- Single calls of a 2-core machine spread by +-5 %: --rounds=N times N blocks of --steps, and with a CPU peer
 -- alternates ours and the peer's block by block (one peer process, so its setup is paid once) and prints each
 -- round's ratio and their median.
+-- Today's CPU peers (bash scripts/peers.sh makes .venv-peers/, found by default; else --python or BL_PEER_PYTHON):
+-- --compare=torch is PyTorch 2 eager there (sdpa attention; Debian's PyTorch 1.13 without the venv),
+-- --compare=torch-compile the encoder through torch.compile (compile time printed apart, not in the rate), both
+-- for the training step and --infer, --precision=bf16 under torch.autocast; --compare=openvino (--infer) OpenVINO's
+-- CPU plugin with INFERENCE_PRECISION_HINT f32 or bf16 as --precision says, int8 its own post-training quantization
+-- (NNCF); --compare=onnxruntime the venv's ONNX Runtime. Every peer gets the same rows (--lengths), threads and
+-- rounds; each prints what it runs (version, precision).
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local optim = require "bertlua.train.optim"
@@ -58,8 +65,18 @@ local config = require "bertlua.bert.config"
 local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
 local shell = require "bertlua.util.shell"
--- the PyTorch peers live beside the recipes (installed with them)
-local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
+local fs = require "bertlua.util.fs"
+-- the peers (PyTorch, ...) are in tools/peers, beside recipes/ in the source tree and installed
+local PEERS = fs.recipe("../tools/peers/")
+-- today's peers (bash scripts/peers.sh) when made, else Debian's python (PyTorch 1.13, the pinned onnxruntime)
+local VENV_PY, OLD_PY = fs.recipe("../.venv-peers/bin/python"), os.getenv("BL_PYTHON") or "/usr/bin/python3"
+-- the CPU peers: script (a path or a list of words), extra words; infer: inference only; today: the venv's only
+local CPU_PEERS = {
+  torch = { { PEERS .. "bert_reference.py", "bench" }, {} },
+  ["torch-compile"] = { { PEERS .. "bert_reference.py", "bench" }, { "--compile" }, today = true },
+  onnxruntime = { PEERS .. "bench_bert_onnxruntime.py", {}, infer = true },
+  openvino = { PEERS .. "bench_bert_openvino.py", {}, infer = true, today = true },
+}
 
 local opt = options.parse(arg, {
   { "model", "mini", "preset (tiny, mini, small, medium, base, large) or a model directory" },
@@ -87,24 +104,33 @@ local opt = options.parse(arg, {
   { "accum", 1, "GPU training: micro-batches of --batch per optimizer step (gradient accumulation)", int = true,
     min = 1 },
   { "cuda_graph", false, "GPU training: run each step after the first as one CUDA graph (see pretrain)" },
-  { "compare", "", "'torch': the same benchmark in PyTorch, with the ratio; 'onnxruntime' (--infer): ONNX Runtime's "
-    .. "fused BERT graph (recipes/peers/bench_bert_onnxruntime.py)" },
+  { "compare", "", "'torch' (eager) or 'torch-compile': the same benchmark in PyTorch, with the ratio; 'onnxruntime' "
+    .. "(--infer): ONNX Runtime's fused BERT graph; 'openvino' (--infer): OpenVINO (tools/peers/)" },
   { "rounds", 1, "timed blocks of --steps steps; with a CPU --compare, ours and the peer's alternate block by block "
     .. "(one peer process) and the median ratio is printed", int = true, min = 1 },
   { "model_time", "", "also print the step-time model of one training step at these figures (h100)" },
   { "model_items", false, "with --model-time: list every non-GEMM launch class with its bytes (the breakdown)" },
-  { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch for --compare=torch" },
+  { "python", os.getenv("BL_PEER_PYTHON") or (fs.exists(VENV_PY) and VENV_PY) or OLD_PY, "python of the peers: "
+    .. "$BL_PEER_PYTHON, else .venv-peers/bin/python (bash scripts/peers.sh) when made, else $BL_PYTHON or "
+    .. "/usr/bin/python3" },
 }, { usage = "bertlua recipes/benchmark.lua [options]" })
 print("benchmark options:\n" .. options.show(opt))
 print(bl.cpu_line())
-if opt.compare == "onnxruntime" and not (opt.infer and opt.device == "cpu") then
-  error("benchmark: --compare=onnxruntime times inference on the cpu: add --infer (and --device=cpu)", 0)
+local peer_def = CPU_PEERS[opt.compare]
+if opt.compare ~= "" and not peer_def then
+  error("benchmark: --compare must be torch, torch-compile, onnxruntime, openvino or empty, got " .. opt.compare, 0)
 end
-
 local dev = bl.device_of(opt.device, "benchmark")
 local on_gpu = dev >= 0
-if opt.compare ~= "" and opt.compare ~= "torch" and opt.compare ~= "onnxruntime" then
-  error("benchmark: --compare must be 'torch', 'onnxruntime' (with --infer, on the cpu) or empty", 0)
+if peer_def and peer_def.infer and not (opt.infer and not on_gpu) then
+  error("benchmark: --compare=" .. opt.compare .. " times inference on the cpu: add --infer (and --device=cpu)", 0)
+end
+if peer_def and opt.compare ~= "torch" and on_gpu then
+  error("benchmark: --compare=" .. opt.compare .. " is a cpu peer; on a GPU: --compare=torch", 0)
+end
+if peer_def and peer_def.today and opt.python == OLD_PY then
+  error("benchmark: --compare=" .. opt.compare .. " needs today's peers: make them with 'bash scripts/peers.sh' "
+    .. "(.venv-peers/) or pass --python=PATH", 0)
 end
 if opt.rounds > 1 and opt.compare ~= "" and on_gpu then
   error("benchmark: --rounds with --compare alternates with a cpu peer; on a GPU compare one block (--rounds=1)", 0)
@@ -345,10 +371,8 @@ end
 
 -- the CPU peers' command line (the peer prints "<peer>: N seq/s (..., p50 M ms, ...)" per block)
 local cpu_peer
-if opt.compare == "torch" and not on_gpu then
-  cpu_peer = { "torch", { PEERS .. "bert_reference.py", "bench" }, {} }
-elseif opt.compare == "onnxruntime" then
-  cpu_peer = { "onnxruntime", PEERS .. "bench_bert_onnxruntime.py", { "--precision", opt.precision } }
+if peer_def and not on_gpu then
+  cpu_peer = { opt.compare, peer_def[1], { peer_def[2], "--precision", opt.precision } }
 end
 -- the peer's words for bertlua.util.shell (script: a path or a list of words, extra: a list of words)
 local function peer_command(script, extra, rounds, vars)
@@ -363,7 +387,7 @@ end
 -- ours / theirs by throughput, and by p50 latency where both sides timed steps alone (else nil)
 local function ratios(o, t) return o.rate / t.rate, o.p50 and t.p50 and t.p50 / (o.p50 * 1000) end
 local function peer_result(peer, line)
-  local rate = tonumber(line:match("^" .. peer .. ": ([%d%.]+) seq/s"))
+  local rate = tonumber(line:match("^" .. peer:gsub("%-", "%%-") .. ": ([%d%.]+) seq/s"))
   return rate and { rate = rate, p50 = tonumber(line:match("p50 ([%d%.]+) ms")) }
 end
 

@@ -9,7 +9,7 @@
 -- Each row is the median (and, in parentheses, the minimum) over --reps
 -- timed repetitions after one untimed warm-up; "fwdbwd" rows time forward and backward together. Outputs
 -- are preallocated and reused (as the nn modules do). The PyTorch side is
--- recipes/peers/bench_ops_torch.py (Hugging Face's formulation of each op, f32,
+-- tools/peers/bench_ops_torch.py (Hugging Face's formulation of each op, f32,
 -- torch.set_num_threads(--threads)); ratio = torch ms / bertlua ms, so > 1
 -- means bertlua is faster.
 local bl = require "bertlua"
@@ -17,8 +17,8 @@ local ops = require "bertlua.nn.ops"
 local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
 local shell = require "bertlua.util.shell"
--- the PyTorch peers live beside the recipes (installed with them)
-local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
+-- the peers (PyTorch, ...) are in tools/peers, beside recipes/ in the source tree and installed
+local PEERS = require("bertlua.util.fs").recipe("../tools/peers/")
 
 local opt = options.parse(arg, {
   { "threads", 2, "CPU threads for us and for PyTorch" },

@@ -1,7 +1,7 @@
 -- benchmark_tokenizer.lua: single-thread tokenization throughput (MB/s) of
 -- bertlua's WordPiece tokenizer, and of Hugging Face tokenizers (Rust,
 -- BertWordPieceTokenizer, RAYON_NUM_THREADS=1) on the same text when
--- recipes/peers/tokenizer_reference.py can import it.
+-- tools/peers/tokenizer_reference.py can import it.
 --   bertlua recipes/benchmark_tokenizer.lua --vocab=vocab.txt --input=a.txt,b.txt [--cased] [--repeat=5]
 -- Both sides tokenize line by line (one call per line); bertlua also in one
 -- call per whole text (tok:count). Use a Release build.
@@ -30,8 +30,8 @@ for p in opt.input:gmatch("[^,]+") do
 end
 local text = table.concat(parts)
 local tok = Tok.load(opt.vocab, { lower = not opt.cased })
--- the PyTorch peers live beside the recipes (installed with them)
-local PEERS = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/peers/"
+-- the peers (PyTorch, ...) are in tools/peers, beside recipes/ in the source tree and installed
+local PEERS = require("bertlua.util.fs").recipe("../tools/peers/")
 
 local now = require("bertlua.util.log").clock
 

@@ -1,7 +1,7 @@
 -- recipes/benchmark.lua's comparison with a CPU peer, --rounds: ours and the peer's timed blocks alternate through
 -- one peer process, each round's ratio and their median are printed; a peer that stops early or is skipped.
 -- The peers here are stand-ins (shell scripts passed as --python) that speak the protocol of
--- recipes/peers/bert_reference.py's time_rounds with known rates, so the arithmetic is checked exactly and no
+-- tools/peers/bert_reference.py's time_rounds with known rates, so the arithmetic is checked exactly and no
 -- torch is needed; test_benchmark_peers below runs the real torch peer when it is there.
 local T = require "testing"
 
@@ -13,7 +13,7 @@ local common = "--model=tiny --seq=32 --batch=4 --steps=2 --warmup=1 --threads=2
 -- until they run out; `rounds1`: no protocol, one result at once (--rounds=1)
 local function fake_peer(name, rates, opts)
   opts = opts or {}
-  local lines = { "#!/bin/sh", 'echo "peer args: $*"' }
+  local lines, label = { "#!/bin/sh", 'echo "peer args: $*"' }, opts.label or "torch"
   if opts.skip then
     lines[#lines + 1] = 'echo "skipped: torch not importable (stand-in)"; exit 77'
   elseif opts.rounds1 then
@@ -23,7 +23,7 @@ local function fake_peer(name, rates, opts)
     lines[#lines + 1] = "echo ready"
     for _, r in ipairs(rates) do
       lines[#lines + 1] = 'read line || exit 0; [ "$line" = go ] || exit 0'
-      lines[#lines + 1] = ('echo "torch: %.2f seq/s (1.0 ms/step, p50 %.1f ms, 2 threads)"'):format(r[1], r[2])
+      lines[#lines + 1] = ('echo "%s: %.2f seq/s (1.0 ms/step, p50 %.1f ms, 2 threads)"'):format(label, r[1], r[2])
     end
     if opts.dies then lines[#lines + 1] = "exit 3" end
   end
@@ -33,8 +33,9 @@ local function fake_peer(name, rates, opts)
   return path
 end
 
-local function run(extra)
-  return T.sh(("%s recipes/benchmark.lua %s %s 2>&1"):format(exe, common, extra))
+-- recipe: another copy of benchmark.lua (its tree decides where the peers and .venv-peers are)
+local function run(extra, recipe)
+  return T.sh(("%s %s %s %s 2>&1"):format(exe, recipe or "recipes/benchmark.lua", common, extra))
 end
 local function ours_blocks(out)
   local t = {}
@@ -118,13 +119,40 @@ end)
 T.test("bad options: one line each, before any work", function()
   for _, c in ipairs({
     { "--rounds=0", "--rounds=0: must be >= 1" },
-    { "--compare=tensorflow", "--compare must be 'torch', 'onnxruntime'" },
+    { "--compare=tensorflow", "--compare must be torch, torch-compile, onnxruntime, openvino or empty" },
     { "--compare=onnxruntime", "--compare=onnxruntime times inference on the cpu" },
+    { "--compare=openvino", "--compare=openvino times inference on the cpu" },
   }) do
     local out, rc = run(c[1])
     T.truthy(rc ~= 0 and out:find(c[2], 1, true), c[1] .. ": " .. out)
     T.truthy(not out:find("traceback", 1, true) and not out:find("bertlua: [%d%.]+ seq/s"), out)
   end
+end)
+
+-- a copy of the recipe in a tree of its own, with a stand-in .venv-peers/bin/python when `venv_peer` is given
+local function recipe_tree(name, venv_peer)
+  local root = tmp .. "/" .. name
+  os.execute(("mkdir -p %s/recipes %s/.venv-peers/bin && cp recipes/benchmark.lua %s/recipes/"):format(root, root,
+    root))
+  if venv_peer then os.execute(("cp %s %s/.venv-peers/bin/python"):format(venv_peer, root)) end
+  return root .. "/recipes/benchmark.lua"
+end
+
+T.test("today's peers: .venv-peers found beside the recipes, or one line saying how to make it", function()
+  T.truthy(not os.getenv("BL_PEER_PYTHON"), "BL_PEER_PYTHON set: it overrides the default this checks")
+  for _, c in ipairs({ "--compare=torch-compile", "--infer --compare=openvino" }) do
+    local out, rc = run(c, recipe_tree("novenv"))
+    T.truthy(rc ~= 0 and out:find("needs today's peers: make them with 'bash scripts/peers.sh' (.venv-peers/) or "
+      .. "pass --python=PATH", 1, true), c .. ": " .. out)
+    T.truthy(not out:find("traceback", 1, true) and not out:find("bertlua: [%d%.]+ seq/s"), out)
+  end
+  -- the venv's python is the default; a peer name with a '-' is read back (ratio printed)
+  local out, rc = run("--rounds=2 --lengths=full --compare=torch-compile", recipe_tree("venv", fake_peer("venv_peer",
+    { { 10, 100 }, { 20, 50 } }, { label = "torch-compile" })))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("--compile --precision fp32", 1, true) and out:find("bert_reference.py bench", 1, true), out)
+  T.truthy(out:find("--lengths 32,32,32,32", 1, true), out)   -- the same rows
+  T.truthy(out:find("ratio bertlua/torch%-compile: [%d%.]+x, the median of 2 alternating rounds"), out)
 end)
 
 T.test("the real torch peer alternates with us (skipped without torch)", function()

@@ -1,5 +1,5 @@
 -- Whole-model tests of bertlua.bert: parity with an independent PyTorch BERT
--- (recipes/peers/bert_reference.py, float64) on hidden states, losses, logits and
+-- (tools/peers/bert_reference.py, float64) on hidden states, losses, logits and
 -- EVERY parameter gradient for the pre-training, QA and classification heads;
 -- bitwise determinism from the seed; dropout reproducibility; a few SGD
 -- steps that lower the MLM loss; and a model edited in Lua (activation
@@ -101,7 +101,7 @@ local function reference(model, batch, head, extra_cfg)
   if batch.labels then bt.labels = batch.labels end
   st.save(dir .. "/batch.safetensors", bt)
   local f = io.open(dir .. "/head.txt", "w"); f:write(head); f:close()
-  local rc, out = run(PY .. " recipes/peers/bert_reference.py parity '" .. dir .. "'")
+  local rc, out = run(PY .. " tools/peers/bert_reference.py parity '" .. dir .. "'")
   if rc == 77 then T.skip(out) end
   if rc ~= 0 then error("reference failed (rc " .. tostring(rc) .. "):\n" .. out) end
   return (st.load(dir .. "/ref.safetensors"))

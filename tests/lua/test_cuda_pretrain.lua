@@ -195,7 +195,7 @@ T.test("the cuda-trained models (fp32, bf16) load into transformers with the sam
       run(name, "--batch1=8 --micro-batch=8 --steps1=20 --eval-batches=1 --device=cuda --precision=" .. p)
     end
     st.save(dir .. "/batch.safetensors", b)
-    local out, rc = T.sh(PY .. " recipes/peers/bert_reference.py hf_check '" .. dir .. "/phase1'")
+    local out, rc = T.sh(PY .. " tools/peers/bert_reference.py hf_check '" .. dir .. "/phase1'")
     if rc == 77 then T.skip(out) end
     T.eq(rc, 0, "transformers load failed: " .. out)
     local ref = st.load(dir .. "/hf_out.safetensors")

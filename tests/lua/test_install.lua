@@ -9,11 +9,11 @@ T.test("installed host runs with no environment", function()
     .. prefix .. "/bin/bertlua -e 'local bl = require \"bertlua\"; print(package.path:match(\"^[^;]+\"), " ..
       "bl.ones({3}):sum())' 2>&1")
   local out = f:read("*a"); f:close()
-  -- the benchmark recipes find their PyTorch peers beside them, installed or not
-  local peer = io.open(prefix .. "/share/bertlua/recipes/peers/bench_bert_torch.py")
+  -- the benchmark recipes find their peers at recipes/../tools/peers, installed or not
+  local peer = io.open(prefix .. "/share/bertlua/recipes/../tools/peers/bench_bert_torch.py")
   if peer then peer:close() end
   os.execute("rm -rf " .. prefix)
-  T.truthy(peer, "recipes/peers/bench_bert_torch.py is installed with the recipes")
+  T.truthy(peer, "tools/peers/bench_bert_torch.py is installed beside the recipes")
   T.truthy(out:find(prefix .. "/bin/../share/bertlua/lua/?.lua", 1, true), out)
   T.truthy(out:find("\t3", 1, true), out)
 end)

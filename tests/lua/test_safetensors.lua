@@ -278,7 +278,7 @@ T.test("a model saved by transformers loads here with the same outputs", functio
   need_transformers()
   local d = tmpdir()
   st.save(d .. "/batch.safetensors", batch())
-  local rc, out = run(PY .. " recipes/peers/bert_reference.py hf_save '" .. d .. "/hf'")
+  local rc, out = run(PY .. " tools/peers/bert_reference.py hf_save '" .. d .. "/hf'")
   if rc == 77 then T.skip(out) end
   T.eq(rc, 0, "transformers save failed: " .. out)
   local ref = st.load(d .. "/hf_out.safetensors")
@@ -297,7 +297,7 @@ T.test("a model saved here loads in transformers (tied decoder, QA head initiali
       offset = p.offset }) * 0.1) end
   end
   pretrained.save_pretrained(model, d .. "/ours")
-  local rc, out = run(PY .. " recipes/peers/bert_reference.py hf_check '" .. d .. "/ours'")
+  local rc, out = run(PY .. " tools/peers/bert_reference.py hf_check '" .. d .. "/ours'")
   if rc == 77 then T.skip(out) end
   T.eq(rc, 0, "transformers load failed: " .. out)
   T.truthy(not out:find("newly initialized", 1, true) or out:find("qa_outputs", 1, true),

@@ -1,5 +1,5 @@
 -- Tokenizer tests: the Lua API, error messages, and exact equality with the
--- references (recipes/peers/tokenizer_reference.py, run with $BL_PYTHON) on real
+-- references (tools/peers/tokenizer_reference.py, run with $BL_PYTHON) on real
 -- text from shared/data (Wikipedia, books, SQuAD, GLUE, BERT's sample text),
 -- cased and uncased, on adversarial random strings, and code point by code
 -- point: Google's tokenization.py for both cases, Hugging Face's slow
@@ -16,7 +16,7 @@ end
 local UNCASED = data .. "/vocab/bert-base-uncased-vocab.txt"
 local CASED = data .. "/vocab/bert-base-cased-vocab.txt"
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
-local REF = "recipes/peers/tokenizer_reference.py"
+local REF = "tools/peers/tokenizer_reference.py"
 
 local tmpfiles = {}
 local function tmp(content)

@@ -2,7 +2,7 @@
 parity tests and speed comparisons of bertlua.
 
 usage:
-  /usr/bin/python3 recipes/peers/bert_reference.py parity DIR
+  /usr/bin/python3 tools/peers/bert_reference.py parity DIR
       DIR holds config.json, model.safetensors (HF names), batch.safetensors
       (input_ids, token_type_ids, attention_mask, masked_lm_labels [B,S] with
       -1 = not masked, next_sentence_labels, start_positions, end_positions,
@@ -11,12 +11,15 @@ usage:
       and writes DIR/ref.safetensors: hidden.K (K = 0 embeddings .. L),
       the logits and losses of the head, and grad.<param name> for every
       parameter (gradient of the head's loss).
-  /usr/bin/python3 recipes/peers/bert_reference.py bench --layers L --hidden H --heads A
+  /usr/bin/python3 tools/peers/bert_reference.py bench --layers L --hidden H --heads A
       --seq S --batch B --steps N --threads T [--vocab V] [--infer] [--masked P] [--rounds R]
+      [--precision fp32|bf16] [--compile]
       Times the same training step as recipes/benchmark.lua (forward, backward,
-      SGD update) in float32 and prints "torch: X seq/s".
-  /usr/bin/python3 recipes/peers/bert_reference.py hf_save DIR     (needs transformers)
-  /usr/bin/python3 recipes/peers/bert_reference.py hf_check DIR    (needs transformers)
+      SGD update) in float32 (bf16: under torch.autocast) and prints "torch: X seq/s";
+      --compile runs the encoder through torch.compile ("torch-compile: X seq/s"), the
+      first call's compile time printed apart and not in the rate.
+  /usr/bin/python3 tools/peers/bert_reference.py hf_save DIR     (needs transformers)
+  /usr/bin/python3 tools/peers/bert_reference.py hf_check DIR    (needs transformers)
 
 The model follows the original BERT / transformers BertForPreTraining exactly:
 post-LayerNorm, erf GELU, additive mask (1 - m) * -10000, MLM decoder tied to
@@ -320,8 +323,23 @@ def parity(d):
 
 
 # ---------------------------------------------------------------- benchmark
+class SdpaSelfAttention(SelfAttention):
+    """Same parameters as SelfAttention; torch 2's fused attention (scaled_dot_product_attention)."""
+
+    def forward(self, x, ext_mask):
+        B, S, H = x.shape
+        d = H // self.heads
+
+        def split(t):
+            return t.view(B, S, self.heads, d).transpose(1, 2)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=ext_mask.to(q.dtype),
+                                             dropout_p=self.dropout.p if self.training else 0.0)
+        return ctx.transpose(1, 2).reshape(B, S, H)
+
+
 def bench_config(a):
-    """The model config of the torch benchmarks (here and recipes/peers/bench_bert_torch.py) from their arguments."""
+    """The model config of the torch benchmarks (here and tools/peers/bench_bert_torch.py) from their arguments."""
     return dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                 intermediate_size=4 * a.hidden, max_position_embeddings=max(512, a.seq), type_vocab_size=2,
                 hidden_dropout_prob=a.dropout, attention_probs_dropout_prob=a.dropout, layer_norm_eps=1e-12,
@@ -362,7 +380,79 @@ def bench_args(argv):
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=1,
                     help="timed blocks, each after a line 'go' on stdin when > 1 (recipes/benchmark.lua --rounds)")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "int8"],
+                    help="recipes/benchmark.lua's; each peer says what it runs for it")
+    ap.add_argument("--compile", action="store_true", help="torch: the encoder through torch.compile")
     return ap.parse_args(argv)
+
+
+def infer_peer(argv, peer, make):
+    """main() of an inference-only peer of the ONNX encoder: argv parsed, the encoder exported (bench_encoder_onnx),
+    make(raw, d, inputs, a) -> (step, line) builds the runtime (d: a scratch directory); the line printed, --warmup
+    calls of step, then time_rounds. Returns the exit code."""
+    import tempfile
+    a = bench_args(argv)
+    if not a.infer:
+        print(f"{peer} peer: inference only (pass --infer)")
+        return 2
+    with tempfile.TemporaryDirectory() as d:
+        raw = os.path.join(d, "bert.onnx")
+        step, line = make(raw, d, bench_encoder_onnx(a, raw), a)
+    print(line)
+    for _ in range(a.warmup):
+        step()
+    time_rounds(a, peer, step)
+    return 0
+
+
+def skip_not_importable(what, e):
+    """The peer's skip (exit 77) when its runtime is missing, with how to get today's peers."""
+    print(f"skipped: {what} not importable by {sys.executable}: {e} (today's peers: bash scripts/peers.sh, "
+          "then --python=.venv-peers/bin/python or nothing: recipes/benchmark.lua finds it)")
+    return 77
+
+
+class ByName(nn.Module):
+    """model(input_ids, attention_mask, token_type_ids) -> its outputs as a tuple, the inputs passed by name:
+    transformers 5's forward cannot be traced with positional ones."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).to_tuple()
+
+
+def export_onnx(model, feed, path, outputs):
+    """A transformers BERT (eval mode) exported to ONNX at path for the torch int64 inputs feed (input_ids,
+    attention_mask, token_type_ids), batch and sequence axes dynamic, its outputs named `outputs`."""
+    import inspect
+    import warnings
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    # torch 2's default exporter (dynamo) needs onnxscript; the TorchScript one is the one torch 1.13 has
+    kw = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on transformers' Python-side shape logic
+        torch.onnx.export(ByName(model), tuple(feed[n] for n in names), path, input_names=names, output_names=outputs,
+                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in names}, opset_version=14, **kw)
+
+
+def bench_encoder_onnx(a, path):
+    """transformers' BertModel (with its pooler) at the benchmark's config, N(0, 0.02) weights from a fixed seed and
+    eager attention (the pattern onnxruntime's BERT optimizer fuses), exported to ONNX at path for the batch of
+    bench_batch. Returns the feed (input name -> int64 numpy array)."""
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(0)
+    cfg = BertConfig(**bench_config(a))
+    cfg._attn_implementation = "eager"
+    model = BertModel(cfg).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    ids, mask, _, _ = bench_batch(a.batch, a.seq, a.vocab, a.masked, a.lengths)
+    feed = {"input_ids": ids, "attention_mask": mask.long(), "token_type_ids": torch.zeros_like(ids)}
+    export_onnx(model, feed, path, ["last_hidden_state", "pooler_output"])
+    return {n: v.numpy().astype(np.int64) for n, v in feed.items()}
 
 
 def time_rounds(a, label, step):
@@ -387,6 +477,9 @@ def time_rounds(a, label, step):
 
 def bench(argv):
     a = bench_args(argv)
+    label = "torch-compile" if a.compile else "torch"
+    if a.compile and not hasattr(torch, "compile"):
+        return skip_not_importable(f"torch.compile (torch {torch.__version__})", "torch 2 needed")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = BertForPreTraining(bench_config(a))
@@ -415,11 +508,27 @@ def bench(argv):
             for p in model.parameters():
                 p.add_(p.grad, alpha=-1e-4)
 
+    # torch 2: the fused attention a user of transformers gets (sdpa); torch 1.13 has none
+    sdpa = hasattr(F, "scaled_dot_product_attention")
+    if sdpa:
+        for layer in model.bert.encoder.layer:
+            layer.attention.self.__class__ = SdpaSelfAttention
+    bf16 = a.precision == "bf16"
+    other = "" if a.precision in ("fp32", "bf16") else f" (--precision {a.precision} has no counterpart here)"
+    print(f"{label} peer: torch {torch.__version__}, {'torch.compile of the encoder' if a.compile else 'eager'}, "
+          f"{'bf16 autocast' if bf16 else 'fp32'}{other}, attention {'sdpa' if sdpa else 'math'}")
+    if a.compile:
+        model.bert = torch.compile(model.bert)
     ctx = torch.no_grad() if a.infer else torch.enable_grad()
-    with ctx:
-        for _ in range(a.warmup):
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    with ctx, amp:
+        t0 = time.perf_counter()
+        step()  # torch.compile compiles here (forward and, training, backward)
+        if a.compile:
+            print(f"torch-compile peer: compile (first call) {time.perf_counter() - t0:.1f} s, not in the rate")
+        for _ in range(a.warmup - 1):
             step()
-        time_rounds(a, "torch", step)
+        time_rounds(a, label, step)
 
 
 # ---------------------------------------------------------------- transformers interop
@@ -476,7 +585,7 @@ if __name__ == "__main__":
     if cmd == "parity":
         parity(sys.argv[2])
     elif cmd == "bench":
-        bench(sys.argv[2:])
+        sys.exit(bench(sys.argv[2:]))
     elif cmd == "hf_save":
         hf_save(sys.argv[2])
     elif cmd == "hf_check":

@@ -1,12 +1,12 @@
 """The PyTorch peer of `recipes/benchmark.lua --device=cuda --compare=torch`.
 
 usage:
-  python3 recipes/peers/bench_bert_torch.py --layers L --hidden H --heads A --seq S --batch B
+  python3 tools/peers/bench_bert_torch.py --layers L --hidden H --heads A --seq S --batch B
       --steps N [--warmup W] [--vocab V] [--masked P] [--dropout D] [--infer]
       [--device cuda:0] [--precision fp32|tf32|bf16] [--attention sdpa|math] [--threads T]
 
 Times the step recipes/benchmark.lua times, on the same shapes and batch
-layout: BertForPreTraining of recipes/peers/bert_reference.py (the same
+layout: BertForPreTraining of tools/peers/bert_reference.py (the same
 architecture), forward, MLM decoder on the masked positions only (P per
 sequence), NSP, backward and a plain SGD update of all parameters (one
 multi-tensor _foreach_add_, like bertlua's single update of its flat buffer);
@@ -32,21 +32,6 @@ try:
 except Exception as e:  # noqa: BLE001
     print(f"skipped: torch not importable by {sys.executable}: {e}")
     sys.exit(77)
-
-
-class SdpaSelfAttention(ref.SelfAttention):
-    """Same parameters as the reference; the fused attention kernel."""
-
-    def forward(self, x, ext_mask):
-        B, S, H = x.shape
-        d = H // self.heads
-
-        def split(t):
-            return t.view(B, S, self.heads, d).transpose(1, 2)
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=ext_mask.to(q.dtype),
-                                             dropout_p=self.dropout.p if self.training else 0.0)
-        return ctx.transpose(1, 2).reshape(B, S, H)
 
 
 def main(argv):
@@ -76,7 +61,7 @@ def main(argv):
         a.attention = "math"
     if a.attention == "sdpa":
         for layer in model.bert.encoder.layer:
-            layer.attention.self.__class__ = SdpaSelfAttention
+            layer.attention.self.__class__ = ref.SdpaSelfAttention
     for p in model.parameters():
         p.data.normal_(0, 0.02)
     model.to(dev)

@@ -1,6 +1,6 @@
 """PyTorch side of the per-op CPU benchmark (recipes/benchmark_ops.lua).
 
-usage: /usr/bin/python3 recipes/peers/bench_ops_torch.py --threads=2 --size=base [--reps=7]
+usage: /usr/bin/python3 tools/peers/bench_ops_torch.py --threads=2 --size=base [--reps=7]
 
 Times, in float32 on the CPU with --threads intra-op threads, the PyTorch
 equivalents of the bertlua ops one BERT training step is made of, on the
