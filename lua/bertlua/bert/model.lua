@@ -407,18 +407,52 @@ function BertEncoder:remove(pos)
   self:_rename()
   return l
 end
+-- Activation checkpointing (self.checkpoint, in training): a layer's forward keeps only its output (the next
+-- layer's input) and the dropout counter it started at; backward runs the layer's forward again from its input
+-- with that counter (the same masks, the same numbers) just before its backward. Layers of the same structure hand
+-- one set of internal buffers down the stack and back (nn.move_buffers), so one layer's activations exist at a
+-- time; the last layer's are still there when backward starts and are not recomputed.
+local function same_structure(a, b)
+  if getmetatable(a) ~= getmetatable(b) or #a._children ~= #b._children then return false end
+  for i, c in ipairs(a._children) do
+    if not same_structure(c.module, b._children[i].module) then return false end
+  end
+  return true
+end
+local function hand_buffers(from, to)
+  -- the layer output is the next layer's input (or the encoder's output): it stays with its layer
+  if not same_structure(from, to) then return end
+  nn.move_buffers(from, to, function(m, key) return m == from.output and key == "output" end)
+end
 function BertEncoder:forward(x, mask)
-  local hs = { x }
+  local hs, ckpt = { x }, self.checkpoint and self.training and {} or nil
   for i, l in ipairs(self.layer) do
+    if ckpt then
+      if i > 1 then hand_buffers(self.layer[i - 1], l) end
+      ckpt[i] = l.rng and l.rng:state()
+    end
     x = l:forward(x, mask)
     hs[i + 1] = x
   end
-  self.hidden_states = hs
+  self.hidden_states, self._ckpt, self._mask = hs, ckpt, mask
   return x
 end
 function BertEncoder:backward(x, dy)
-  local hs = self.hidden_states
-  for i = #self.layer, 1, -1 do dy = self.layer[i]:backward(hs[i], dy) end
+  local hs, ckpt, L = self.hidden_states, self._ckpt, #self.layer
+  for i = L, 1, -1 do
+    local l = self.layer[i]
+    if ckpt and i < L then
+      -- dy may live in the buffers handed over: a copy of it stays with the encoder
+      dy = buf(self, "_ckpt_dy", dy:shape()):copy_(dy)
+      hand_buffers(self.layer[i + 1], l)
+      local rng = l.rng
+      local now = rng and rng:state()
+      if rng then rng:set_state(ckpt[i]) end
+      l:forward(hs[i], self._mask)
+      if rng then rng:set_state(now) end
+    end
+    dy = l:backward(hs[i], dy)
+  end
   return dy
 end
 
@@ -525,13 +559,7 @@ end
 -- Unpadded training: embeddings and layers on the T real tokens ([1, T, H]; encoder.hidden_states packed too),
 -- the last hidden state scattered to [B, S, H] (zeros at padded positions) for the heads and the pooler
 function BertModel:_forward_packed_train(plan)
-  local x = self.embeddings:forward_packed(plan)
-  local hs = { x }
-  for i, l in ipairs(self.encoder.layer) do
-    x = l:forward(x, plan)
-    hs[i + 1] = x
-  end
-  self.encoder.hidden_states = hs
+  local x = self.encoder:forward(self.embeddings:forward_packed(plan), plan)
   local seq = buf(self, "_unpad_seq", { plan.B, plan.S, self.cfg.hidden_size })
   seq:zero_()
   ops.gather_backward(seq, x, plan.pos)
