@@ -671,6 +671,9 @@ function BertModel:sequence_output() return self._seq end
 function M.BertModel(cfg, opts) return BertModel(cfg, opts) end
 
 M.resolve_cfg = resolve_cfg
+-- the recipes' option for BertEncoder.checkpoint (pretrain, squad, glue set model.bert.encoder.checkpoint from it)
+M.CHECKPOINT_OPTION = { "checkpoint_activations", false, "recompute each encoder layer's forward in the backward: "
+  .. "one layer's activations in memory instead of all (about a third more compute; the same results, bit for bit)" }
 M.as_ids = as_ids
 
 return M
