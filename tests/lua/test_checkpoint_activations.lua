@@ -4,7 +4,7 @@
 --  * pre-training with LAMB (PretrainStep, accumulation 2), fp32 and the CPU's bf16 emulation, padded and unpadded
 --    (unpad_training): the loss of every step, the gradients of the last step and the weights after the steps;
 --  * the layers share one set of internal buffers (the memory saving): after a step only one layer holds them;
---  * on a GPU (the emulated device in CI), fp32: loss and every gradient of a forward/backward.
+--  * on a GPU (the emulated device in CI), f32 and bf16 compute: loss and every gradient of a forward/backward.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -85,26 +85,32 @@ for _, precision in ipairs({ "fp32", "bf16" }) do
   end
 end
 
-T.test("cuda fp32: checkpointed forward/backward = plain, bit for bit", function()
-  if not bl.cuda_available() then
-    T.skip(bl.cuda_compiled() and "no CUDA device" or "no CUDA device (CPU-only build)")
-  end
-  local batch = fx.pretrain_batch(CFG.vocab_size, B, S, P)
-  local function run(ckpt)
-    local model = bert.BertForPreTraining(CFG, { seed = 3 }):to("cuda:0")
-    model:train()
-    model.bert.encoder.checkpoint = ckpt
-    model:zero_grad()
-    model.rng = bl.Generator(77)
-    model:apply(function(m) m.rng = model.rng end)
-    local loss = model:forward(batch).loss
-    model:backward(1)
-    return loss, model.flat_grads:to("cpu")
-  end
-  local l0, g0 = run(false)
-  local l1, g1 = run(true)
-  T.eq(l1, l0, "loss")
-  bits_equal(g1, g0, "gradients")
-end)
+for _, dtype in ipairs({ "f32", "bf16" }) do
+  T.test("cuda " .. dtype .. ": checkpointed forward/backward = plain, bit for bit", function()
+    if not bl.cuda_available() then
+      T.skip(bl.cuda_compiled() and "no CUDA device" or "no CUDA device (CPU-only build)")
+    end
+    local batch = fx.pretrain_batch(CFG.vocab_size, B, S, P)
+    local function run(ckpt)
+      local model = bert.BertForPreTraining(CFG, { seed = 3 }):to{ device = "cuda:0", dtype = dtype }
+      model:train()
+      model.bert.encoder.checkpoint = ckpt
+      model:zero_grad()
+      model.rng = bl.Generator(77)
+      model:apply(function(m) m.rng = model.rng end)
+      local loss = model:forward(batch).loss
+      model:backward(1)
+      return loss, model.flat_grads:to("cpu"), layer_bytes(model)
+    end
+    local l0, g0, b0 = run(false)
+    local l1, g1, b1 = run(true)
+    T.eq(l1, l0, "loss")
+    bits_equal(g1, g0, "gradients")
+    print(("cuda %s: internal buffer bytes per layer, plain %s; checkpointed %s"):format(dtype, table.concat(b0, " "),
+      table.concat(b1, " ")))
+    T.eq(b1[1], b0[1], "layer 1 holds one set")
+    for i = 2, CFG.num_hidden_layers do T.eq(b1[i], 0, ("checkpointed layer %d holds no buffers"):format(i)) end
+  end)
+end
 
 T.run()
