@@ -1,5 +1,6 @@
 -- --checkpoint-activations in the recipes (pretrain, squad, glue; tiny data, dropout on): every step's loss and
--- the saved weights bit-identical to the same run without it; pre-training padded (--unpad=false) and unpadded.
+-- the saved weights bit-identical to the same run without it; pre-training padded (--unpad=false) and unpadded on
+-- the CPU, and on a GPU (the emulated device in CI) in bf16 with --cuda-graph.
 -- The fine-tuning models have 3 layers (the last one is not recomputed). test_checkpoint_activations.lua checks the
 -- encoder itself (gradients, the buffers shared between layers).
 local T = require "testing"
@@ -26,6 +27,22 @@ for _, unpad in ipairs({ "true", "false" }) do
     T.truthy(fx.weights(tmp .. "/ckpt" .. unpad) == fx.weights(tmp .. "/plain" .. unpad), "the saved weights differ")
   end)
 end
+
+T.test("pretrain on cuda, bf16, --cuda-graph: the same losses and weights with --checkpoint-activations", function()
+  if require("bertlua").cuda_device_count() == 0 then T.skip("no CUDA device (the emulated build provides one)") end
+  local extra = "--batch1=8 --micro-batch=4 --steps1=4 --device=cuda --precision=bf16 --cuda-graph "
+    .. "--checkpoint-interval=0 --eval-batches=1"
+  fx.run("cuda_plain", extra)
+  fx.run("cuda_ckpt", extra .. " --checkpoint-activations")
+  local a, b = fx.records(tmp .. "/cuda_plain"), fx.records(tmp .. "/cuda_ckpt")
+  T.eq(#a, 4, "steps logged")
+  for s = 1, 4 do
+    T.eq(b[s].loss, a[s].loss, ("step %d loss"):format(s))
+    T.eq(b[s].grad_norm, a[s].grad_norm, ("step %d gradient norm"):format(s))
+  end
+  T.truthy(b[4].cuda_graph_launches >= 2, "the checkpointed step ran as a graph: " .. b[4].cuda_graph_launches)
+  T.truthy(fx.weights(tmp .. "/cuda_ckpt") == fx.weights(tmp .. "/cuda_plain"), "the saved weights differ")
+end)
 
 T.test("squad: --checkpoint-activations gives the same losses and answers", function()
   local world = syn.world{ seed = 7, countries = 12 }
