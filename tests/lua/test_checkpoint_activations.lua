@@ -4,7 +4,8 @@
 --  * pre-training with LAMB (PretrainStep, accumulation 2), fp32 and the CPU's bf16 emulation, padded and unpadded
 --    (unpad_training): the loss of every step, the gradients of the last step and the weights after the steps;
 --  * the layers share one set of internal buffers (the memory saving): after a step only one layer holds them;
---  * on a GPU (the emulated device in CI), f32 and bf16 compute: loss and every gradient of a forward/backward.
+--  * on a GPU (the emulated device in CI), f32 and bf16 compute, GELU and gelu_new (the GEMM-epilogue path): loss
+--    and every gradient of a forward/backward.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
@@ -85,14 +86,18 @@ for _, precision in ipairs({ "fp32", "bf16" }) do
   end
 end
 
-for _, dtype in ipairs({ "f32", "bf16" }) do
-  T.test("cuda " .. dtype .. ": checkpointed forward/backward = plain, bit for bit", function()
+-- gelu_new: FC1's tanh GELU in the GEMM epilogue, its derivative in FC2's dX GEMM (BertLayer:backward)
+for _, case in ipairs({ { "f32", "gelu" }, { "bf16", "gelu" }, { "bf16", "gelu_new" } }) do
+  local dtype, act = case[1], case[2]
+  T.test(("cuda %s %s: checkpointed forward/backward = plain, bit for bit"):format(dtype, act), function()
     if not bl.cuda_available() then
       T.skip(bl.cuda_compiled() and "no CUDA device" or "no CUDA device (CPU-only build)")
     end
     local batch = fx.pretrain_batch(CFG.vocab_size, B, S, P)
     local function run(ckpt)
-      local model = bert.BertForPreTraining(CFG, { seed = 3 }):to{ device = "cuda:0", dtype = dtype }
+      local cfg = fx.tiny_config()
+      cfg.num_hidden_layers, cfg.hidden_act = CFG.num_hidden_layers, act
+      local model = bert.BertForPreTraining(cfg, { seed = 3 }):to{ device = "cuda:0", dtype = dtype }
       model:train()
       model.bert.encoder.checkpoint = ckpt
       model:zero_grad()
@@ -106,8 +111,8 @@ for _, dtype in ipairs({ "f32", "bf16" }) do
     local l1, g1, b1 = run(true)
     T.eq(l1, l0, "loss")
     bits_equal(g1, g0, "gradients")
-    print(("cuda %s: internal buffer bytes per layer, plain %s; checkpointed %s"):format(dtype, table.concat(b0, " "),
-      table.concat(b1, " ")))
+    print(("cuda %s %s: internal buffer bytes per layer, plain %s; checkpointed %s"):format(dtype, act,
+      table.concat(b0, " "), table.concat(b1, " ")))
     T.eq(b1[1], b0[1], "layer 1 holds one set")
     for i = 2, CFG.num_hidden_layers do T.eq(b1[i], 0, ("checkpointed layer %d holds no buffers"):format(i)) end
   end)
