@@ -3,7 +3,8 @@
 -- step, dropout on:
 --  * pre-training with LAMB (PretrainStep, accumulation 2), fp32 and the CPU's bf16 emulation, padded and unpadded
 --    (unpad_training): the loss of every step, the gradients of the last step and the weights after the steps;
---  * the layers share one set of internal buffers (the memory saving): after a step only one layer holds them;
+--  * the layers share one set of internal buffers (the memory saving): after a step, and after an evaluation between
+--    steps (which gives the plain model's loss), only one layer holds them;
 --  * on a GPU (the emulated device in CI), f32 and bf16 compute, GELU and gelu_new (the GEMM-epilogue path): loss
 --    and every gradient of a forward/backward.
 local T = require "testing"
@@ -47,21 +48,26 @@ end
 local function train(ckpt, unpad, precision)
   local model = bert.BertForPreTraining(CFG, { seed = 3 })
   model:train()
-  model.bert.unpad_training = unpad
+  model.bert.unpad_training, model.bert.unpad = unpad, unpad   -- unpad: the evaluation runs packed too
   model.bert.encoder.checkpoint = ckpt
   local lamb = optim.LAMB{ model = model, lr = LR, weight_decay = 0.01, max_grad_norm = 1.0 }
   local mp = amp.MixedPrecision{ model = model, precision = precision }
   local s = PretrainStep{ model = model, optimizer = lamb, amp = mp, dev = -1, accum = 2,
     dropout_seed = function(step, micro) return step * 8191 + micro end }
   local batches = { fx.pretrain_batch(CFG.vocab_size, B, S, P), fx.pretrain_batch(CFG.vocab_size, B + 1, S, P) }
-  local losses, packed = {}, 0
+  local losses, packed, eval = {}, 0, nil
   for step = 1, STEPS do
     s:run(step, function(a) return batches[a] end, LR)
     losses[step] = s:read().losses[1]
     if model.bert._plan then packed = packed + 1 end
+    if step == 2 then  -- an evaluation between steps
+      model:eval()
+      eval = { loss = model:forward(batches[1]).loss, bytes = layer_bytes(model), packed = model.bert._ran_packed }
+      model:train()
+    end
   end
   return { losses = losses, grads = model.flat_grads:clone(), weights = model.flat_params:clone(), packed = packed,
-    bytes = layer_bytes(model) }
+    bytes = layer_bytes(model), eval = eval }
 end
 
 for _, precision in ipairs({ "fp32", "bf16" }) do
@@ -77,6 +83,13 @@ for _, precision in ipairs({ "fp32", "bf16" }) do
       -- plain: every layer keeps its set; checkpointed: layer 1 holds the set after backward, the others none
       print(("%s: internal buffer bytes per layer, plain %s; checkpointed %s"):format(name,
         table.concat(a.bytes, " "), table.concat(b.bytes, " ")))
+      T.eq(a.eval.packed, unpad, name .. ": the evaluation ran packed when unpadded")
+      T.eq(b.eval.loss, a.eval.loss, name .. ": the evaluation's loss")
+      T.eq(b.eval.bytes[CFG.num_hidden_layers], a.eval.bytes[CFG.num_hidden_layers],
+        name .. ": after an evaluation the last layer holds the set")
+      for i = 1, CFG.num_hidden_layers - 1 do
+        T.eq(b.eval.bytes[i], 0, ("%s: after an evaluation layer %d holds no buffers"):format(name, i))
+      end
       T.eq(b.bytes[1], a.bytes[1], name .. ": layer 1 holds one set")
       for i = 2, CFG.num_hidden_layers do
         T.truthy(a.bytes[i] > 0, name .. ": a plain layer keeps its buffers")
