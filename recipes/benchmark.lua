@@ -96,6 +96,7 @@ local opt = options.parse(arg, {
     .. "padded positions skipped (bertlua.bert.infer)" },
   { "unpad", true, "the cpu: run the real tokens only (false: the padded forward/step): inference with --pack, "
     .. "training always (exact: the padded positions' gradients are zero)" },
+  bert.CHECKPOINT_OPTION,
   { "lengths", "pad8", "real tokens per row: pad8 (last seq/8 padded) or full (no padding); with --infer also "
     .. "squad or mrpc (dev set lengths)" },
   { "data", "../shared/data", "--lengths=squad|mrpc: the data directory (squad/dev-v1.1.json, glue/MRPC/dev.tsv, "
@@ -196,6 +197,11 @@ if not opt.infer and not on_gpu then
   model.bert.unpad_training = opt.unpad
   print("training path: padded positions " .. (opt.unpad and "skipped (the real tokens packed, attention per row)"
     or "computed (--unpad=false)"))
+end
+if not opt.infer then
+  model.bert.encoder.checkpoint = opt.checkpoint_activations
+  print("activations: " .. (model.bert.encoder.checkpoint and "each layer's recomputed in the backward "
+    .. "(--checkpoint-activations)" or "every layer's kept for the backward"))
 end
 if opt.infer and not on_gpu then
   local set = os.getenv("BERTLUA_THREAD_ENV_SET") or ""

@@ -52,6 +52,7 @@ local opt = options.parse(arg, {
       "bf16/f16 compute copy with half activations, on the CPU half weights and gradients emulated (f32 " ..
         "activations) and tf32 = fp32; prediction in the same precision" },
   { "seed", 42, "seed", int = true, min = 0, max = 2 ^ 53 }, { "threads", 0, "CPU threads (0: default)" },
+  bert.CHECKPOINT_OPTION,
   { "unpad", true, "CPU training: the real tokens only, padded positions skipped (exact; false: the padded step)" },
   { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true, int = false },
   { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
@@ -119,6 +120,7 @@ local model = amp.model_to(pretrained.from_pretrained(opt.model, { head = "class
   seed = opt.seed }), dev, opt.precision)
 ft.seq_length("glue", model.cfg, opt.max_seq_length)
 model.bert.unpad_training = opt.unpad and dev < 0
+model.bert.encoder.checkpoint = opt.checkpoint_activations
 if opt.do_train then
   print("glue: padded positions " .. (model.bert.unpad_training and "skipped in training (real tokens packed; "
     .. "--unpad=false computes them)" or "computed in training"))

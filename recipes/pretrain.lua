@@ -94,6 +94,7 @@ local SPEC = {
     .. "of the step), the data tools/peers/nvidia_pretrain_reference.py replays" },
   { "unpad", true, "CPU: train on the real tokens only, padded positions skipped (exact: their gradients are zero); "
     .. "false: the padded step" },
+  bert.CHECKPOINT_OPTION,
   { "cuda_graph", false, "GPU: run each step as one CUDA graph, NCCL all-reduces included (captured after the "
     .. "first step; the device runs it without launch gaps)" },
   device.OPTION,
@@ -245,6 +246,7 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   local mp = amp.MixedPrecision{ model = model, precision = opt.precision, scaler = scaler_opts }
   say("  training path: " .. mp:path())
   model.bert.unpad_training = opt.unpad and dev < 0
+  model.bert.encoder.checkpoint = opt.checkpoint_activations
   say("  padded positions: " .. (model.bert.unpad_training and "skipped (real tokens packed, attention per row; "
     .. "--unpad=false computes them)" or (dev < 0 and "computed (--unpad=false)" or "computed (GPU)")))
   -- data parallel: gradients summed in buckets, each encoder layer's launched when its backward of the last

@@ -17,6 +17,7 @@ local options = require "bertlua.util.options"
 local fs = require "bertlua.util.fs"
 local logm = require "bertlua.util.log"
 local pretrained = require "bertlua.pretrained"
+local bert = require "bertlua.bert"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
@@ -62,6 +63,7 @@ local opt = options.parse(arg, {
       "bf16/f16 compute copy with half activations, on the CPU half weights and gradients emulated (f32 " ..
         "activations) and tf32 = fp32; prediction in the same precision" },
   { "threads", 0, "CPU threads (0: default)" },
+  bert.CHECKPOINT_OPTION,
   { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true, int = false },
   { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
   device.OPTION,
@@ -97,6 +99,7 @@ if dist.is_main() then fs.lock_dir(opt.output, "squad") end
 local tok = Tok.load(vocab, { lower = opt.do_lower_case })
 local model = amp.model_to(pretrained.from_pretrained(opt.model, { head = "qa", seed = opt.seed }), dev, opt.precision)
 ft.seq_length("squad", model.cfg, opt.max_seq_length)
+model.bert.encoder.checkpoint = opt.checkpoint_activations
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,
   max_query_length = opt.max_query_length }
 

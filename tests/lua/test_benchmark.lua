@@ -116,6 +116,13 @@ T.test("--rounds without a peer: blocks and their median", function()
   T.truthy(med and math.abs(med - median(rates)) <= 0.011, out)
 end)
 
+T.test("--checkpoint-activations: the step recomputes the layers", function()
+  T.truthy(run(""):find("activations: every layer's kept", 1, true), "without it")
+  local out = run("--checkpoint-activations")
+  T.truthy(out:find("activations: each layer's recomputed in the backward", 1, true), out)
+  T.truthy(out:find("bertlua: [%d.]+ seq/s"), out)
+end)
+
 T.test("bad options: one line each, before any work", function()
   for _, c in ipairs({
     { "--rounds=0", "--rounds=0: must be >= 1" },

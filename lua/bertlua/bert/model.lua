@@ -393,7 +393,7 @@ function BertEncoder:__init(cfg)
   self:_rename()
 end
 function BertEncoder:_rename()
-  self._children = {}
+  self._children, self._set_at = {}, nil
   for i, l in ipairs(self.layer) do self._children[i] = { name = "layer." .. (i - 1), module = l } end
 end
 -- insert(pos, layer): layer becomes layer number pos (1-based); call flatten() on the root afterwards
@@ -407,18 +407,55 @@ function BertEncoder:remove(pos)
   self:_rename()
   return l
 end
+-- Activation checkpointing (self.checkpoint): a layer's forward keeps only its output (the next layer's input) and
+-- the dropout counter it started at; backward runs the layer's forward again from its input with that counter (the
+-- same masks, the same numbers) just before its backward. Layers of the same structure pass one set of internal
+-- buffers down the stack and back (nn.move_buffers), so one layer's activations exist at a time, in evaluation
+-- too; the last layer's are still there when backward starts and are not recomputed.
+local function same_structure(a, b)
+  if getmetatable(a) ~= getmetatable(b) or #a._children ~= #b._children then return false end
+  for i, c in ipairs(a._children) do
+    if not same_structure(c.module, b._children[i].module) then return false end
+  end
+  return true
+end
+-- the shared set moves to layer i from the layer that has it (self._set_at)
+local function take_set(self, i)
+  local from, to = self.layer[self._set_at or i], self.layer[i]
+  self._set_at = i
+  if not from or from == to or not same_structure(from, to) then return end
+  -- the layer output is the next layer's input (or the encoder's output): it stays with its layer
+  nn.move_buffers(from, to, function(m, key) return m == from.output and key == "output" end)
+end
 function BertEncoder:forward(x, mask)
-  local hs = { x }
+  local hs, ckpt = { x }, self.checkpoint and {} or nil
   for i, l in ipairs(self.layer) do
+    if ckpt then
+      take_set(self, i)
+      ckpt[i] = l.rng and l.rng:state() or false
+    end
     x = l:forward(x, mask)
     hs[i + 1] = x
   end
-  self.hidden_states = hs
+  self.hidden_states, self._ckpt, self._mask = hs, ckpt, mask
   return x
 end
 function BertEncoder:backward(x, dy)
-  local hs = self.hidden_states
-  for i = #self.layer, 1, -1 do dy = self.layer[i]:backward(hs[i], dy) end
+  local hs, ckpt, L = self.hidden_states, self._ckpt, #self.layer
+  for i = L, 1, -1 do
+    local l = self.layer[i]
+    if ckpt and i < L then
+      -- dy may live in the buffers handed over: a copy of it stays with the encoder
+      dy = buf(self, "_ckpt_dy", dy:shape()):copy_(dy)
+      take_set(self, i)
+      local rng, start = l.rng, ckpt[i]
+      local now = start and rng:state()
+      if start then rng:set_state(start) end
+      l:forward(hs[i], self._mask)
+      if start then rng:set_state(now) end
+    end
+    dy = l:backward(hs[i], dy)
+  end
   return dy
 end
 
@@ -525,13 +562,7 @@ end
 -- Unpadded training: embeddings and layers on the T real tokens ([1, T, H]; encoder.hidden_states packed too),
 -- the last hidden state scattered to [B, S, H] (zeros at padded positions) for the heads and the pooler
 function BertModel:_forward_packed_train(plan)
-  local x = self.embeddings:forward_packed(plan)
-  local hs = { x }
-  for i, l in ipairs(self.encoder.layer) do
-    x = l:forward(x, plan)
-    hs[i + 1] = x
-  end
-  self.encoder.hidden_states = hs
+  local x = self.encoder:forward(self.embeddings:forward_packed(plan), plan)
   local seq = buf(self, "_unpad_seq", { plan.B, plan.S, self.cfg.hidden_size })
   seq:zero_()
   ops.gather_backward(seq, x, plan.pos)
@@ -546,12 +577,8 @@ function BertModel:_forward_packed(plan)
   local B, S, H, T = plan.B, plan.S, self.cfg.hidden_size, plan.T
   local packed = {}
   if T > 0 then
-    local x = self.embeddings:forward(plan.ids, plan.types, plan.posids)
-    packed[1] = x
-    for i, l in ipairs(self.encoder.layer) do
-      x = l:forward(x, plan)
-      packed[i + 1] = x
-    end
+    self.encoder:forward(self.embeddings:forward(plan.ids, plan.types, plan.posids), plan)
+    packed = self.encoder.hidden_states
   end
   local hs = {}
   for i = 1, #self.encoder.layer + 1 do
@@ -643,6 +670,9 @@ function BertModel:sequence_output() return self._seq end
 function M.BertModel(cfg, opts) return BertModel(cfg, opts) end
 
 M.resolve_cfg = resolve_cfg
+-- the recipes' option for BertEncoder.checkpoint (pretrain, squad, glue set model.bert.encoder.checkpoint from it)
+M.CHECKPOINT_OPTION = { "checkpoint_activations", false, "recompute each encoder layer's forward in the backward: "
+  .. "one layer's activations in memory instead of all (about a third more compute; the same results, bit for bit)" }
 M.as_ids = as_ids
 
 return M

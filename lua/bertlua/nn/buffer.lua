@@ -3,7 +3,8 @@
 -- buf(self, key, shape[, dtype]) returns self[key], reallocated only when the
 -- shape, dtype or device changes. On the owner's device (`self.device`, nil =
 -- CPU); dtype defaults to the owner's activation dtype (`self.act_dtype`, nil =
--- f32, see Module:to).
+-- f32, see Module:to). The keys are recorded (self._buf_keys) so that
+-- nn.move_buffers can hand a module's buffers to a twin module.
 local bl = require "bertlua.tensor"
 
 local function same_shape(t, shape)
@@ -20,6 +21,9 @@ local function buf(self, key, shape, dtype)
   if t ~= nil then t:free() end
   t = bl.empty(shape, { dtype = dtype, device = self.device })
   self[key] = t
+  local keys = self._buf_keys
+  if not keys then keys = {}; self._buf_keys = keys end
+  keys[key] = true
   return t
 end
 

@@ -292,6 +292,29 @@ end
 local buf = require "bertlua.nn.buffer"
 M.buf = buf
 
+-- move_buffers(from, to[, keep]): every buffer of module `from` and its descendants
+-- becomes the buffer of the same key in `to` (a module of the same structure:
+-- the children are paired in order), freeing what `to` held there; keep(m, key)
+-- true leaves that one where it is. Activation checkpointing passes one set of
+-- a layer's buffers from layer to layer this way (BertEncoder).
+local function move_buffers(from, to, keep)
+  local keys = from._buf_keys
+  if keys then
+    local tk = to._buf_keys
+    if not tk then tk = {}; to._buf_keys = tk end
+    for key in pairs(keys) do
+      if not (keep and keep(from, key)) then
+        local t, old = from[key], to[key]
+        if old ~= nil and old ~= t and old.storage_ ~= nil then old:free() end
+        to[key], from[key], keys[key], tk[key] = t, nil, nil, true
+      end
+    end
+  end
+  for i, c in ipairs(from._children or {}) do move_buffers(c.module, to._children[i].module, keep) end
+end
+
+M.move_buffers = move_buffers
+
 local function with_last(t, n)
   local s = t:shape()
   s[#s] = n
