@@ -94,6 +94,8 @@ local opt = options.parse(arg, {
   { "model_time", "", "also print the step-time model of one training step at these figures (h100, a100 or "
     .. "h100,a100)" },
   { "model_items", false, "with --model-time: list every non-GEMM launch class with its bytes (the breakdown)" },
+  { "class_times", false, "with --model-time: time every launch of the recorded step with CUDA events and print the "
+    .. "measured time per class beside the model's (not with --cuda-graph: captured launches are not timed)" },
   { "python", os.getenv("BL_PYTHON") or "/usr/bin/python3", "python with torch for --compare=torch" },
 }, { usage = "bertlua recipes/benchmark.lua [options]" })
 print("benchmark options:\n" .. options.show(opt))
@@ -126,6 +128,7 @@ elseif opt.precision == "tf32" or (opt.precision ~= "fp32" and not (opt.infer an
 end
 if opt.precision == "int8" and on_gpu then error("benchmark: --precision=int8 is cpu inference only", 0) end
 local stepmodel, profiles
+if opt.class_times and opt.model_time == "" then error("benchmark: --class-times needs --model-time", 0) end
 if opt.model_time ~= "" then
   stepmodel = require "bertlua.stepmodel"
   profiles = {}
@@ -136,6 +139,9 @@ if opt.model_time ~= "" then
     end
   end
   if not on_gpu or opt.infer then error("benchmark: --model-time needs --device=cuda and a training step", 0) end
+  if opt.class_times and opt.cuda_graph then
+    error("benchmark: --class-times times launches one by one: leave out --cuda-graph", 0)
+  end
 end
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 local threads = bl.num_threads()
@@ -302,7 +308,7 @@ end
 sync()
 local model_t
 if stepmodel then
-  local list, syncs, marks = stepmodel.record(dev, step)
+  local list, syncs, marks = stepmodel.record(dev, step, opt.class_times)
   for i, profile in ipairs(profiles) do
     local text, t = stepmodel.report(list, syncs, profile, B * opt.accum,
       ("BERT %s training step (pretrain's, LAMB), batch %d x %d%s, %d masked, %s%s"):format(opt.model, B, S,

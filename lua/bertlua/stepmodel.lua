@@ -86,8 +86,10 @@ local ENGINE = { [C.BL_ENGINE_MEM] = "mem", [C.BL_ENGINE_TC16] = "tc16", [C.BL_E
 
 -- Runs fn(mark) with cuda:dev's launches recorded; returns the launch list, the host synchronisations fn made and
 -- the marks fn set: mark(tag) notes that the launches from here on belong to a part named tag (parts() below).
-function M.record(dev, fn)
+-- timed: each launch is also timed with CUDA events (measured_s in the list; not the launches of a graph capture).
+function M.record(dev, fn, timed)
   local c0, c1 = ffi.new("bl_cuda_count"), ffi.new("bl_cuda_count")
+  check(C.bl_cuda_record_timing(dev, timed and 1 or 0))
   check(C.bl_cuda_record_begin(dev))   -- synchronises first: queued work is not the step's
   check(C.bl_cuda_counters(dev, c0))
   local marks, at = {}, ffi.new("int64_t[1]")
@@ -105,7 +107,8 @@ function M.record(dev, fn)
   for i = 0, tonumber(n[0]) - 1 do
     check(C.bl_cuda_record_get(i, r))
     list[#list + 1] = { name = ffi.string(r.name), cls = ffi.string(r.cls), engine = ENGINE[r.engine],
-                        flops = r.flops, bytes = r.bytes, in_graph = r.in_graph ~= 0 }
+                        flops = r.flops, bytes = r.bytes, in_graph = r.in_graph ~= 0,
+                        measured_s = r.measured_s >= 0 and r.measured_s or nil }
   end
   return list, tonumber(c1.syncs - c0.syncs), marks
 end

@@ -189,6 +189,23 @@ local function bf16_model(seed)
   return m, batch()
 end
 
+T.test("timed recording: every launch of a timed recording has a measured time, an untimed one none", function()
+  need_gpu()
+  local x = bl.randn({ 256, 512 }, { seed = 3 }):to("cuda:0")
+  local function work() for _ = 1, 3 do x = x * 2 + x end end
+  local list = stepmodel.record(0, work, true)
+  T.truthy(#list >= 6, "launches recorded: " .. #list)
+  local measured = 0
+  for _, l in ipairs(list) do
+    T.truthy(l.measured_s and l.measured_s >= 0, l.name .. " has a measured time")
+    measured = measured + (l.measured_s or 0)
+  end
+  T.truthy(measured > 0, "some time was measured")
+  local text = stepmodel.report(list, 0, stepmodel.profiles.h100, 1, "ops")
+  T.truthy(text:find("measured ms", 1, true), text)
+  for _, l in ipairs(stepmodel.record(0, work)) do T.eq(l.measured_s, nil, l.name .. " untimed") end
+end)
+
 T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's matmul count", function()
   need_gpu()
   local m = bert.BertForPreTraining(CFG, { seed = 3 }):to{ device = "cuda:0", dtype = "bf16" }
