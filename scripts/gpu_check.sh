@@ -36,17 +36,6 @@ DEB_PKGS="libluajit2-5.1-dev libluajit2-5.1-2 lua-cjson-dev lua-cjson
   libpmix2 libfabric1 libucx0 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libpsm2-2
   libpsm-infinipath1 libnuma1 libmunge2 libpciaccess0"
 
-if [ "${1:-}" = "--fetch-debs" ]; then
-  dir="${2:-.gpu_debs}"
-  mkdir -p "$dir"
-  grep -qx "/$dir/" .git/info/exclude 2>/dev/null || echo "/$dir/" >> .git/info/exclude
-  # shellcheck disable=SC2086
-  (cd "$dir" && apt-get download $DEB_PKGS)
-  du -sh "$dir"
-  echo "carry '$dir' to the GPU machine (run tool: carry=[\"$dir\"])"
-  exit 0
-fi
-
 MODE=full FAKE="${BL_GPU_CHECK_FAKE:-0}" BUDGET_ONLY=0 ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
