@@ -44,9 +44,15 @@ function(bl_emu_configure target)
   target_include_directories(${target} BEFORE PRIVATE ${BL_EMU_DIR})
   # -ffp-contract=off: nvcc fuses a*b+c by default, g++ may too; the emulator fuses nothing, so a kernel that must
   # match the CPU bit for bit has to say __fmaf_rn / __fmul_rn explicitly (it would differ on a real GPU otherwise).
+  # BERTLUA_CUDA_EMU_CONTRACT: the kernels contract as nvcc does by default (-ffp-contract=fast, with FMA
+  # instructions), to try tolerances and bit-identity claims under contraction (issue 31).
+  set(BL_EMU_CONTRACT "-ffp-contract=off")
+  if(BERTLUA_CUDA_EMU_CONTRACT)
+    set(BL_EMU_CONTRACT "-ffp-contract=fast;-mfma")
+  endif()
   set_source_files_properties(${BL_EMU_GENERATED} PROPERTIES
     INCLUDE_DIRECTORIES "${CMAKE_SOURCE_DIR}/kernels"
-    COMPILE_OPTIONS "-include;cuda_runtime.h;-ffp-contract=off;-Wall;-Wextra;-Wno-unknown-pragmas;${BL_EMU_TSAN_FLAGS}")
+    COMPILE_OPTIONS "-include;cuda_runtime.h;${BL_EMU_CONTRACT};-Wall;-Wextra;-Wno-unknown-pragmas;${BL_EMU_TSAN_FLAGS}")
   set_source_files_properties(${BL_EMU_SOURCES} PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-Wall;-Wextra")
   if(BL_EMU_LIB_SOURCES)
     set_source_files_properties(${BL_EMU_LIB_SOURCES} PROPERTIES

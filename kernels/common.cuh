@@ -56,10 +56,15 @@ static inline int cu_same_numel(const char *op, const bl_tensor *a, const bl_ten
   return 0;
 }
 
+// BL_CUDA_MAX_GRID=N (N > 0) caps every cu_blocks grid at N blocks, so each grid-stride loop makes several passes
+// at test sizes, not only above 134M elements (CI runs the op tests with N=2; runtime.cu reads it once).
+int64_t cu_grid_cap();
+// Blocks of `threads` for n items, at most `cap`: kernels launched with it loop over their items grid-stride.
 static inline unsigned cu_blocks(int64_t n, int threads, int64_t cap = 65535LL * 8) {
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;
   if (b > cap) b = cap;
+  if (b > cu_grid_cap()) b = cu_grid_cap();
   return (unsigned)b;
 }
 

@@ -250,12 +250,15 @@ struct adam_k {
   int adam_w, trust_all;
 };
 
-// Moments of element i from its multiplied gradient; returns sqrt(v^).
+// Moments of element i from its multiplied gradient; returns sqrt(v^). The roundings are spelled out (no FMA
+// contraction, which nvcc applies by default): m and v are sums of two terms that nearly cancel when the gradient
+// changes sign, and a fused product there moves the result by ulps of the terms, far more than an ulp of m, so
+// the CPU twin's moments would no longer agree within test_cuda_optim's tolerance (seen with -ffp-contract=fast).
 __device__ __forceinline__ float adam_moments(const adam_k &k, float w, float g, float gm, float wdl, float ibc2,
                                               float *m, float *v) {
-  float gi = g * gm + wdl * w;
-  float mi = k.b1 * *m + k.b3 * gi;
-  float vi = k.b2 * *v + k.b2c * gi * gi;
+  float gi = __fadd_rn(__fmul_rn(g, gm), __fmul_rn(wdl, w));
+  float mi = __fadd_rn(__fmul_rn(k.b1, *m), __fmul_rn(k.b3, gi));
+  float vi = __fadd_rn(__fmul_rn(k.b2, *v), __fmul_rn(__fmul_rn(k.b2c, gi), gi));
   *m = mi;
   *v = vi;
   return sqrtf(vi * ibc2);
@@ -343,11 +346,11 @@ __global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch,
   const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f;
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
-    float d = g[i] * gm + wd * w[i];
+    float d = __fadd_rn(__fmul_rn(g[i], gm), __fmul_rn(wd, w[i]));   // uncontracted, as adam_moments
     if (k.mom) {
-      float b = k.first ? d : k.mu * buf[i] + k.damp * d;
+      float b = k.first ? d : __fadd_rn(__fmul_rn(k.mu, buf[i]), __fmul_rn(k.damp, d));
       buf[i] = b;
-      d = k.nesterov ? d + k.mu * b : b;
+      d = k.nesterov ? __fadd_rn(d, __fmul_rn(k.mu, b)) : b;
     }
     const float wi = w[i] - (float)st->lr * d;
     w[i] = wi;

@@ -29,6 +29,7 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+#include <cstdlib>
 #include <cstring>
 #include "common.cuh"
 
@@ -85,6 +86,15 @@ bl_cuda_graph *capturing(int dev) { return dev >= 0 && dev < 64 ? capture_of[dev
 int stage_upload(bl_cuda_graph *g, const void **src, size_t n);
 }  // namespace
 bool cu_capturing(int dev) { return capturing(dev) != nullptr; }
+
+int64_t cu_grid_cap() {
+  static const int64_t cap = [] {
+    const char *s = getenv("BL_CUDA_MAX_GRID");
+    const long long v = s ? atoll(s) : 0;
+    return v > 0 ? (int64_t)v : INT64_MAX;
+  }();
+  return cap;
+}
 namespace {
 int capture_error(const char *op, int dev, const char *what) {
   return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s while the step is captured into a CUDA graph (--cuda-graph): a "

@@ -5,6 +5,8 @@
 // A launch whose work depends on device data (the attention kernels skip key tiles that the mask rules out) states
 // a fixed part and a part per unit of a count that an earlier kernel of the step writes to a cost slot: the slots
 // are device ints of an arena made at bl_cuda_record_begin and read at bl_cuda_record_end, after the step's work.
+// With bl_cuda_record_timing on, each cost statement (made just before its launch) also records a CUDA event on the
+// device's stream, and a launch's measured time runs from its event to the next one (scripts/gpu_check.sh).
 #include <atomic>
 #include <mutex>
 #include <set>
@@ -28,6 +30,26 @@ int slots_used = 0;
 struct per_unit { size_t at; const int *slot; double bytes, flops; };
 std::vector<per_unit> deferred;
 
+// Launch timing: events[i] was recorded before launch marks[i]; a pool of events reused across recordings.
+bool timing = false;
+std::vector<cudaEvent_t> events;
+std::vector<size_t> marks;
+size_t events_used = 0;
+
+// Records the next event before launch `at` (not inside a capture: a captured launch runs later, in a graph).
+void time_mark(int dev, size_t at) {
+  if (!timing || cu_capturing(dev)) return;
+  if (events_used == events.size()) {
+    cudaEvent_t e;
+    if (cudaEventCreate(&e) != cudaSuccess) return;   // untimed, not an error of the step
+    events.push_back(e);
+  }
+  if (cudaEventRecord(events[events_used], cu_stream(dev)) != cudaSuccess) return;
+  marks.resize(events_used);
+  marks.push_back(at);
+  events_used++;
+}
+
 #ifdef BL_CUDA_EMU
 bool dry = false;                        // bl_cuda_dry_run
 bool have_pending = false;               // a kernel cost waiting for the emulator to see its launch
@@ -45,7 +67,7 @@ void on_launch(int dev, const char *name, const char *file, int line) {
     return;
   }
   const char *at = names.insert(std::string(name) + " (" + file + ":" + std::to_string(line) + ")").first->c_str();
-  launches.push_back(bl_cuda_launch_rec{at, "unannotated", BL_ENGINE_MEM, 0, 0, cu_capturing(dev)});
+  launches.push_back(bl_cuda_launch_rec{at, "unannotated", BL_ENGINE_MEM, 0, 0, cu_capturing(dev), -1});
 }
 #endif
 }  // namespace
@@ -55,14 +77,15 @@ void cu_cost_kernel_per(int dev, const char *cls, const char *name, double bytes
   if (dev != rec_dev.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> g(mu);
   name = names.insert(name).first->c_str();
+  time_mark(dev, launches.size());
 #ifdef BL_CUDA_EMU
   // A cost still pending here belonged to a launch the emulator refused (the op fails with that error).
-  pending = bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev)};
+  pending = bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev), -1};
   pending_unit = per_unit{0, slot, bytes_per, flops_per};
   have_pending = true;
 #else
   if (slot) deferred.push_back(per_unit{launches.size(), slot, bytes_per, flops_per});
-  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev)});
+  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev), -1});
 #endif
 }
 
@@ -80,7 +103,8 @@ void cu_cost_call(int dev, const char *cls, const char *name, int engine, double
   if (dev != rec_dev.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> g(mu);
   name = names.insert(name).first->c_str();
-  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev)});
+  time_mark(dev, launches.size());
+  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev), -1});
 }
 
 extern "C" int bl_cuda_dry_run(int device, int on) {
@@ -106,6 +130,8 @@ extern "C" int bl_cuda_record_begin(int device) {
   names.clear();
   deferred.clear();
   slots_used = 0;
+  events_used = 0;
+  marks.clear();
   if (slots && slots_dev != device) {   // only the last recorded device keeps an arena
     cudaFree(slots);
     slots = nullptr;
@@ -127,6 +153,10 @@ extern "C" int bl_cuda_record_begin(int device) {
 extern "C" int bl_cuda_record_end(int device, int64_t *count) {
   *count = 0;
   if (rec_dev.load() != device) return bl_set_error(BL_EINVAL, "record: cuda:%d is not being recorded", device);
+  {
+    std::lock_guard<std::mutex> g(mu);
+    time_mark(device, launches.size());   // the end of the last timed launch
+  }
   const int sync = bl_cuda_synchronize(device);
   std::lock_guard<std::mutex> g(mu);
   rec_dev.store(-1);
@@ -143,7 +173,19 @@ extern "C" int bl_cuda_record_end(int device, int64_t *count) {
     launches[u.at].bytes += n * u.bytes;
     launches[u.at].flops += n * u.flops;
   }
+  for (size_t i = 0; i + 1 < events_used; i++) {
+    float ms = 0;
+    if (marks[i] < launches.size() && cudaEventElapsedTime(&ms, events[i], events[i + 1]) == cudaSuccess)
+      launches[marks[i]].measured_s = ms * 1e-3;
+  }
   *count = (int64_t)launches.size();
+  return 0;
+}
+
+extern "C" int bl_cuda_record_timing(int device, int on) {
+  BL_CHECK(bl_dev_check(device, "record"));
+  std::lock_guard<std::mutex> g(mu);
+  timing = on != 0;
   return 0;
 }
 

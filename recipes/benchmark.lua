@@ -33,9 +33,10 @@
 -- fused SDPA attention; its update is still plain SGD, a few percent of a step).
 -- On the CPU the update is a plain SGD loop over the flat buffer, as in the
 -- CPU peer (tools/peers/bert_reference.py bench).
--- --model-time=h100 also prints the step-time MODEL (lua/bertlua/stepmodel.lua):
--- a lower bound on the step time at that GPU's figures, summed over the
--- launches one training step really makes. On the emulated device the step is
+-- --model-time=h100 (a100, or h100,a100) also prints the step-time MODEL
+-- (lua/bertlua/stepmodel.lua): a slow / expected / fast range of the step time
+-- at that GPU's figures and named assumptions, summed over the launches one
+-- training step really makes. On the emulated device the step is
 -- recorded without running its large work (bl_cuda_dry_run), so BERT-large fits;
 -- on a real GPU it is printed next to the measured step time. Throughput is also given as model
 -- FLOP/s and MFU: training FLOPs per step = 6 N B S (N = encoder matmul
@@ -109,8 +110,11 @@ local opt = options.parse(arg, {
     .. "(--infer): ONNX Runtime's fused BERT graph; 'openvino' (--infer): OpenVINO (tools/peers/)" },
   { "rounds", 1, "timed blocks of --steps steps; with a CPU --compare, ours and the peer's alternate block by block "
     .. "(one peer process) and the median ratio is printed", int = true, min = 1 },
-  { "model_time", "", "also print the step-time model of one training step at these figures (h100)" },
+  { "model_time", "", "also print the step-time model of one training step at these figures (h100, a100 or "
+    .. "h100,a100)" },
   { "model_items", false, "with --model-time: list every non-GEMM launch class with its bytes (the breakdown)" },
+  { "class_times", false, "with --model-time: time every launch of the recorded step with CUDA events and print the "
+    .. "measured time per class beside the model's (not with --cuda-graph: captured launches are not timed)" },
   { "python", os.getenv("BL_PEER_PYTHON") or (fs.exists(VENV_PY) and VENV_PY) or OLD_PY, "python of the peers: "
     .. "$BL_PEER_PYTHON, else .venv-peers/bin/python (bash scripts/peers.sh) when made, else $BL_PYTHON or "
     .. "/usr/bin/python3" },
@@ -151,12 +155,21 @@ elseif opt.precision == "tf32" or (opt.precision ~= "fp32" and not (opt.infer an
     or " (on the cpu: with --infer and --pack=true)"), 0)
 end
 if opt.precision == "int8" and on_gpu then error("benchmark: --precision=int8 is cpu inference only", 0) end
-local stepmodel, profile
+local stepmodel, profiles
+if opt.class_times and opt.model_time == "" then error("benchmark: --class-times needs --model-time", 0) end
 if opt.model_time ~= "" then
   stepmodel = require "bertlua.stepmodel"
-  profile = stepmodel.profiles[opt.model_time]
-  if not profile then error("benchmark: --model-time must be one of: h100, got " .. opt.model_time, 0) end
+  profiles = {}
+  for name in opt.model_time:gmatch("[^,]+") do
+    profiles[#profiles + 1] = stepmodel.profiles[name]
+    if not profiles[#profiles] then
+      error("benchmark: --model-time takes h100, a100 or both (h100,a100), got " .. opt.model_time, 0)
+    end
+  end
   if not on_gpu or opt.infer then error("benchmark: --model-time needs --device=cuda and a training step", 0) end
+  if opt.class_times and opt.cuda_graph then
+    error("benchmark: --class-times times launches one by one: leave out --cuda-graph", 0)
+  end
 end
 if opt.threads > 0 then bl.set_num_threads(opt.threads) end
 local threads = bl.num_threads()
@@ -328,18 +341,26 @@ end
 sync()
 local model_t
 if stepmodel then
-  local list, syncs, marks = stepmodel.record(dev, step)
-  local text
-  text, model_t = stepmodel.report(list, syncs, profile, B * opt.accum,
-    ("BERT %s training step (pretrain's, LAMB), batch %d x %d%s, %d masked, %s%s"):format(opt.model, B, S,
-      opt.accum > 1 and (" x %d accumulation"):format(opt.accum) or "", opt.masked, opt.precision,
-      opt.cuda_graph and ", CUDA graph" or ""), opt.model_items)
-  print(text)
-  -- the bound at other accumulations, NVIDIA's recipe's among them, from the same recorded launches
-  local accums, r = { { 1 }, { 4 } }, stepmodel.recipe[S]
-  if r then accums[3] = { math.max(1, math.floor(r.seqs / B + 0.5)), ("%s: %d sequences per GPU and optimizer "
-    .. "step"):format(r.what, r.seqs) } end
-  print((stepmodel.accum_report(list, marks, profile, B, accums)))
+  local list, syncs, marks = stepmodel.record(dev, step, opt.class_times)
+  for i, profile in ipairs(profiles) do
+    local text, t = stepmodel.report(list, syncs, profile, B * opt.accum,
+      ("BERT %s training step (pretrain's, LAMB), batch %d x %d%s, %d masked, %s%s"):format(opt.model, B, S,
+        opt.accum > 1 and (" x %d accumulation"):format(opt.accum) or "", opt.masked, opt.precision,
+        opt.cuda_graph and ", CUDA graph" or ""), opt.model_items)
+    print(text)
+    if i == 1 then model_t = t end   -- the first profile is the one the measurement is held against
+    -- the model at other accumulations, NVIDIA's recipe's among them, from the same recorded launches
+    local accums, r = { { 1 }, { 4 } }, stepmodel.recipe[S]
+    if r then accums[3] = { math.max(1, math.floor(r.seqs / B + 0.5)), ("%s: %d sequences per GPU and optimizer "
+      .. "step"):format(r.what, r.seqs) } end
+    local split, res = stepmodel.accum_report(list, marks, profile, B, accums)
+    print(split)
+    local pub = r and profile.published and profile.published[S]
+    if pub and res[3] then
+      print(("  published for %s (%s): %s; the model at that accumulation: %.0f / %.0f / %.0f seq/s"):format(
+        profile.name, r.what, pub, res[3].range[1], res[3].range[2], res[3].range[3]))
+    end
+  end
   if dry then
     print("(recorded on the emulated device without running the large work: no timing, results are garbage)")
     return
@@ -459,8 +480,11 @@ if rounds.theirs and #rounds.theirs > 0 then
     m, n, lo, hi, #p50 == n and ("; by p50 latency %.2fx (min %.2fx, max %.2fx)"):format(spread(p50)) or ""))
 end
 if model_t then
-  print(("measured vs model: %.2f ms/step measured, %.2f ms/step model bound (%.0f%% of the bound's speed)")
-    :format(dt / opt.steps * 1000, model_t.step_s * 1000, 100 * model_t.step_s / (dt / opt.steps)))
+  local r = model_t.range
+  print(("measured vs model: %.0f seq/s measured; model %.0f / %.0f / %.0f seq/s (slow / expected / fast, %s); "
+    .. "measured / expected %.2f, %s"):format(ours, seqs / r[1], seqs / r[2], seqs / r[3], profiles[1].name,
+    ours * r[2] / seqs, ours < seqs / r[1] and "BELOW the slow scenario" or ours > seqs / r[3]
+    and "ABOVE the fast scenario" or "inside the range"))
 end
 
 -- model FLOPs (see the header) and MFU against the device's dense peak

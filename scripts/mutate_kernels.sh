@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Mutation check of the emulated CUDA device: does the CUDA op test suite, run on the emulator, notice a missing
-# barrier or an off-by-one tile bound? Deletes each __syncthreads() of kernels/ in turn (and applies a few
-# off-by-one bounds and fragment indices), rebuilds the emulated library in a private copy of the tree, runs
-# tests/c/test_cuda_ops.c and test_cuda_attention.c, and counts the mutants they kill (wrong result, emulator
-# report or fault; a timeout counts as killed too).
+# barrier, an off-by-one tile bound or a grid-stride loop cut to one pass? Deletes each __syncthreads() of kernels/
+# in turn (and applies a few off-by-one bounds, fragment indices and one-pass grid-stride loops), rebuilds the
+# emulated library in a private copy of the tree, runs tests/c/test_cuda_ops.c and test_cuda_attention.c, and
+# test_cuda_ops.c again with BL_CUDA_MAX_GRID=2 (as CI does), and counts the mutants they kill (wrong result,
+# emulator report or fault; a timeout counts as killed too).
 # usage: scripts/mutate_kernels.sh [WORK_DIR]      (default /tmp/bertlua-mutants; the checkout is not modified)
 #   BL_MUTANT_TSAN=1 also runs each surviving mutant under the ThreadSanitizer build.
 #   BL_MUTANT_ONLY=REGEX keeps the mutants whose file matches (e.g. attention_tc).
@@ -22,11 +23,12 @@ if [ "${BL_MUTANT_TSAN:-0}" = 1 ]; then
   cmake -S "$SRC" -B "$WORK/build-tsan" -DCMAKE_BUILD_TYPE=Release -DBERTLUA_CUDA_EMU_TSAN=ON >/dev/null
   cmake --build "$WORK/build-tsan" -j"$(nproc)" --target test_cuda_ops >/dev/null
 fi
-run_tests() {   # 0: the suites pass (mutant survives)
+run_tests() {   # 0: the suites pass (mutant survives); the op tests also with grids capped, as CI runs them
   local t
   for t in "${TESTS[@]}"; do
     (cd "$SRC" && BL_SHARED_DATA="$ROOT/../shared/data" timeout 600 "$1/$t" >"$WORK/last.log" 2>&1) || return 1
   done
+  (cd "$SRC" && BL_CUDA_MAX_GRID=2 timeout 600 "$1/test_cuda_ops" >"$WORK/last.log" 2>&1)
 }
 run_tsan() {    # 0: the TSan build compiles and reports no race
   cmake --build "$WORK/build-tsan" -j"$(nproc)" --target test_cuda_ops >/dev/null 2>&1 &&
@@ -57,6 +59,11 @@ $SRC/kernels/attention_tc.cu	1	c < a.d; c += 32	c < a.d - 1; c += 32
 $SRC/kernels/attention_tc.cu	1	x0 += acc[0]; x1 += acc[1];	x0 += acc[0];
 $SRC/kernels/attention_tc.cu	1	(r0 + r < S)	(r0 + r < S - 1)
 $SRC/kernels/attention_tc.cu	1	bl_philox_lane(r, j ^ 2), 8)	bl_philox_lane(r, j ^ 1), 8)
+$SRC/kernels/dropout.cu	1	i < n; i += (int64_t)gridDim.x * blockDim.x	i < n; i = n
+$SRC/kernels/elementwise.cu	1	i < it.n; i += (int64_t)gridDim.x * blockDim.x	i < it.n; i = it.n
+$SRC/kernels/optim.cu	1	i < n; i += (int64_t)gridDim.x * blockDim.x	i < n; i = n
+$SRC/kernels/layernorm.cu	1	r < rows; r += gridDim.x	r < rows; r = rows
+$SRC/kernels/cross_entropy.cu	1	i < n; i += gridDim.x	i < n; i = n
 TSV
 if [ -n "${BL_MUTANT_ONLY:-}" ]; then
   grep -E "^[^	]*(${BL_MUTANT_ONLY})" "$mutants" >"$mutants.only" || true

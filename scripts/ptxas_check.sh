@@ -87,6 +87,55 @@ for a in $ARCHS; do
   fi
 done
 
+# Operand check of kernels/ptx.cuh (the probes of scripts/ptx_wrappers.cu): each HMMA's A, B, C registers hold the
+# probe's constants in the order the wrapper names them (a.x[0..3], b.x[0..1], c.x[0..3]), D and each LDSM result are
+# stored in register order. The emulated build never compiles the inline PTX, so this is what fails in CI when an asm
+# operand list is out of order (the hardware check is test_ptx, scripts/gpu_check.sh stage 1).
+if [ -n "$CUOBJDUMP" ]; then
+  for a in $ARCHS; do
+    "$NVCC" -cubin -O3 -DNDEBUG -std=c++17 -I"$ROOT/kernels" -arch=sm_$a -o "$TMP/probe_$a.cubin" \
+      "$ROOT/scripts/ptx_wrappers.cu"
+    PATH="$(dirname "$CUOBJDUMP"):$PATH" "$CUOBJDUMP" -sass "$TMP/probe_$a.cubin" > "$TMP/probe_$a.sass"
+    if ! awk -v arch="sm_$a" -f - "$TMP/probe_$a.sass" <<'AWK'
+function reg(s) { gsub(/[^0-9]/, "", s); return s + 0 }
+function hex(s,   n, i) { n = 0; s = tolower(s); for (i = 3; i <= length(s); i++) n = 16 * n + index("0123456789abcdef", substr(s, i, 1)) - 1; return n }
+function want(r, v, what) {
+  if (imm[r] != v) { printf "ptxas_check: %s %s: %s is R%d = %s, want %s\n", arch, fn, what, r, imm[r], v; bad = 1 }
+}
+/Function : / { fn = $NF; delete imm; base = -1; if (fn ~ /probe/) seen[fn] = 0; next }
+fn !~ /probe/ { next }
+/ (MOV|IMAD\.MOV\.U32) R[0-9]+, (RZ, RZ, )?0x[0-9a-f]+ ;/ {
+  split($0, w, /[ ,;]+/); for (i in w) if (w[i] ~ /^(MOV|IMAD\.MOV\.U32)$/) { r = reg(w[i + 1]) }
+  v = $0; sub(/ ;.*/, "", v); sub(/.* /, "", v); imm[r] = v
+}
+/ HMMA\.16816/ {
+  split($0, w, /[ ,;]+/); for (i in w) if (w[i] ~ /^HMMA/) { d = reg(w[i + 1]); A = reg(w[i + 2]); B = reg(w[i + 3]); C = reg(w[i + 4]) }
+  ty = (fn ~ /bf16/) ? "BF16" : ""; if ((ty == "BF16") != ($0 ~ /\.BF16 /)) { print "ptxas_check: " arch " " fn ": wrong HMMA type"; bad = 1 }
+  for (k = 0; k < 4; k++) want(A + k, sprintf("0x%d%d%d%d%d%d%d%d", k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1), "A register " k)
+  want(B, "0x55555555", "B register 0"); want(B + 1, "0x66666666", "B register 1")
+  split("0x3f800000 0x40000000 0x40400000 0x40800000", cf, " ")
+  for (k = 0; k < 4; k++) want(C + k, cf[k + 1], "C register " k)
+  base = d; seen[fn]++
+}
+/ LDSM\.16\.M88\.4 / { split($0, w, /[ ,;]+/); for (i in w) if (w[i] ~ /^LDSM/) base = reg(w[i + 1]); seen[fn]++ }
+/ STG\.E / && base >= 0 {
+  off = 0; if (match($0, /\+0x[0-9a-f]+\]/)) off = hex(substr($0, RSTART + 1, RLENGTH - 2))
+  v = $0; sub(/ ;.*/, "", v); sub(/.*, /, "", v)
+  if (reg(v) != base + off / 4) { printf "ptxas_check: %s %s: the value stored at +%d is R%d, want R%d\n", arch, fn, off, reg(v), base + off / 4; bad = 1 }
+  stores[fn]++
+}
+END {
+  n = 0
+  for (f in seen) { n++; if (seen[f] != 1 || stores[f] != 4) { print "ptxas_check: " arch " " f ": expected one HMMA/LDSM and 4 stores"; bad = 1 } }
+  if (n < 3) { print "ptxas_check: " arch ": probes missing"; bad = 1 }
+  exit bad
+}
+AWK
+    then status=1
+    else echo "ptxas_check: sm_$a: HMMA and LDSM operands in the order ptx.cuh's wrappers name them (3 probes)"; fi
+  done
+fi
+
 if [ "$status" = 0 ]; then
   echo "ptxas_check: $(wc -l < "$TMP/rows") kernel builds, no spills, no local memory"
 else

@@ -101,14 +101,20 @@ int bl_cuda_check_deferred(int device);
  * bl_cuda_record_end waits for the recorded work: a launch whose work depends on device data (the attention
  * kernels skip key tiles the mask rules out) is costed from a count that work wrote. */
 enum { BL_ENGINE_MEM = 0, BL_ENGINE_TC16 = 1, BL_ENGINE_TF32 = 2, BL_ENGINE_FP32 = 3, BL_ENGINE_PCIE = 4 };
-/* in_graph: the launch was captured into a CUDA graph (bl_cuda_graph_begin): it runs without a launch gap. */
+/* in_graph: the launch was captured into a CUDA graph (bl_cuda_graph_begin): it runs without a launch gap.
+ * measured_s: with bl_cuda_record_timing on, the seconds from a CUDA event recorded on the device's stream before
+ * this launch to the one before the next logged launch (or the end of the recording): the launch's own time plus
+ * any idle time while the host falls behind. -1 when not timed (timing off, or the launch was captured). */
 typedef struct bl_cuda_launch_rec {
   const char *name, *cls;
   int engine;
   double flops, bytes;
   int in_graph;
+  double measured_s;
 } bl_cuda_launch_rec;
 int bl_cuda_record_begin(int device);
+/* Whether the recordings that follow also time each launch (measured_s; scripts/gpu_check.sh's per-class table). */
+int bl_cuda_record_timing(int device, int on);
 int bl_cuda_record_end(int device, int64_t *count);
 /* While recording cuda:N: *count = the launches logged so far (marks where a part of a step begins). */
 int bl_cuda_record_mark(int device, int64_t *count);

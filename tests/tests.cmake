@@ -122,6 +122,14 @@ target_link_libraries(test_emu_cublaslt PRIVATE PkgConfig::OPENBLAS m)
 add_test(NAME emu_cublaslt COMMAND test_emu_cublaslt)
 set_tests_properties(emu_cublaslt PROPERTIES ENVIRONMENT "${BL_TEST_ENV}" TIMEOUT 300)
 
+# kernels/ptx.cuh's inline PTX on a real GPU, lane by lane (the emulated build runs the same file as emu_test_ptx).
+if(BL_HAVE_CUDA AND NOT BERTLUA_CUDA_EMU)
+  add_executable(test_ptx tests/emu/test_ptx.cu)
+  target_link_libraries(test_ptx PRIVATE CUDA::cudart)
+  add_test(NAME cuda_test_ptx COMMAND test_ptx)
+  set_tests_properties(cuda_test_ptx PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60)
+endif()
+
 # The emulated NCCL across two MPI ranks on the emulated device (emulated builds only).
 if(BERTLUA_CUDA_EMU)
   add_executable(test_emu_nccl tests/emu/selftest/test_emu_nccl.cpp)

@@ -57,6 +57,7 @@ int bl_cuda_deferred_pending(int device, bl_tensor *flag) {
 }
 int bl_cuda_record_begin(int device) { return no_cuda(device, "record"); }
 int bl_cuda_dry_run(int device, int on) { (void)on; return no_cuda(device, "dry_run"); }
+int bl_cuda_record_timing(int device, int on) { (void)on; return no_cuda(device, "record"); }
 int bl_cuda_record_end(int device, int64_t *count) { *count = 0; return no_cuda(device, "record"); }
 int bl_cuda_record_mark(int device, int64_t *count) { *count = 0; return no_cuda(device, "record"); }
 int bl_cuda_record_get(int64_t i, bl_cuda_launch_rec *out) {

@@ -225,8 +225,9 @@ static inline double max(double a, double b) { return fmax(a, b); }
 // ---------------------------------------------------------------- device math
 // The host libm gives correctly rounded or nearly so results; CUDA's are within a few ulp (tests allow for that).
 // Fast intrinsics (__expf...) are computed exactly here: the emulator proves logic, not CUDA's approximation error.
-// nvcc contracts a*b+c into an FMA by default; the emulated kernels are compiled with -ffp-contract=off, so
-// kernels that must match the CPU bit for bit spell their roundings with __fmul_rn/__fadd_rn/__fmaf_rn.
+// nvcc contracts a*b+c into an FMA by default; the emulated kernels are compiled with -ffp-contract=off (unless
+// BERTLUA_CUDA_EMU_CONTRACT), so kernels that must match the CPU bit for bit spell their roundings with
+// __fmul_rn/__fadd_rn/__fmaf_rn.
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 // (macros: glibc declares functions of these names)
@@ -240,13 +241,17 @@ static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __frcp_rn(float x) { return 1.0f / x; }
 static inline float __fsqrt_rn(float x) { return sqrtf(x); }
 static inline float __saturatef(float x) { return x != x ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
+// nvcc never fuses the _rn intrinsics into an FMA; the empty asm (the value must be in a register, rounded) keeps a
+// contracting build of the emulated kernels (BERTLUA_CUDA_EMU_CONTRACT) from fusing them after inlining.
+static inline float emu_rounded(float x) { __asm__("" : "+x"(x)); return x; }
+static inline double emu_rounded(double x) { __asm__("" : "+x"(x)); return x; }
+static inline float __fmul_rn(float a, float b) { return emu_rounded(a * b); }
+static inline float __fadd_rn(float a, float b) { return emu_rounded(a + b); }
+static inline float __fsub_rn(float a, float b) { return emu_rounded(a - b); }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
-static inline double __dmul_rn(double a, double b) { return a * b; }
-static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dmul_rn(double a, double b) { return emu_rounded(a * b); }
+static inline double __dadd_rn(double a, double b) { return emu_rounded(a + b); }
 static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 // sin and cos of pi*x with an exact argument reduction (quadrant n, |f| <= 1/4), as accurate as the GPU's.
 static inline void sincospi(double x, double *s, double *c) {

@@ -1,7 +1,11 @@
-// Self-test of kernels/ptx.cuh on the emulated device (its emu_ptx.h twin): an m16n8k16 tile product loaded the
-// way tensor-core kernels load it (ldmatrix .x4 for A, .x2.trans for B) against a CPU reference in double, for
-// bf16 and f16; ldmatrix .x1/.x2/.x4 with and without .trans against the documented element placement; cp.async
-// destinations NaN until their wait_group, then the source bytes, one group at a time.
+// Self-test of kernels/ptx.cuh, lane by lane against a host reference. On the emulated device (CI) it checks the
+// emu_ptx.h twins; in a real CUDA build (target test_ptx, scripts/gpu_check.sh stage 1) the inline PTX itself, so a
+// wrapper whose operands or fragment layout are wrong is pinpointed: the wrapper, the lane, the register and the
+// matrix element it should hold. Checks: mma m16n8k16 (bf16, f16) with fragments loaded directly from the documented
+// layout (no ldmatrix), the same tile loaded the way tensor-core kernels load it (ldmatrix .x4 for A, .x2.trans
+// for B), ldmatrix .x1/.x2/.x4 with and without .trans against the documented element placement, and cp.async
+// destinations NaN until their wait_group (emulated device: the real one leaves them undefined), then the source
+// bytes, one group at a time. Exits 77 without a CUDA device.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -35,6 +39,26 @@ __global__ void mma_tile(const uint16_t *a, const uint16_t *b, const float *c, f
   ptx::frag_c fc, fd;
   ptx::ldmatrix_x4<false>(fa.x, &as[lane % 16][(lane / 16) * 8]);
   ptx::ldmatrix_x2<true>(fb.x, &bs[lane % 16][0]);
+  for (int i = 0; i < 4; i++) fc.x[i] = c[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)];
+  if (BF) ptx::mma_m16n8k16_bf16(fd, fa, fb, fc);
+  else ptx::mma_m16n8k16_f16(fd, fa, fb, fc);
+  for (int i = 0; i < 4; i++) d[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] = fd.x[i];
+}
+
+// The same product with every fragment register loaded from the documented layout (ptx.cuh's header), so that a
+// wrong mma operand order is told apart from a wrong ldmatrix.
+template <bool BF>
+__global__ void mma_direct(const uint16_t *a, const uint16_t *b, const float *c, float *d) {
+  int lane = threadIdx.x, g = lane / 4, q = lane % 4;
+  auto pair = [](const uint16_t *m, int lo, int hi) { return (uint32_t)m[lo] | (uint32_t)m[hi] << 16; };
+  ptx::frag_a fa;
+  ptx::frag_b fb;
+  ptx::frag_c fc, fd;
+  for (int i = 0; i < 4; i++) {   // a0..a7: rows g, g+8 (i & 1), columns 2q.. and 2q+8.. (i >> 1)
+    int r = g + 8 * (i & 1), col = 2 * q + 8 * (i >> 1);
+    fa.x[i] = pair(a, r * 16 + col, r * 16 + col + 1);
+  }
+  for (int i = 0; i < 2; i++) fb.x[i] = pair(b, (2 * q + 8 * i) * 8 + g, (2 * q + 8 * i + 1) * 8 + g);
   for (int i = 0; i < 4; i++) fc.x[i] = c[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)];
   if (BF) ptx::mma_m16n8k16_bf16(fd, fa, fb, fc);
   else ptx::mma_m16n8k16_f16(fd, fa, fb, fc);
@@ -78,6 +102,13 @@ __global__ void cp_async_groups(const float *src, float *out) {
   for (int i = 0; i < 8; i++) out[24 * t + 16 + i] = s[t][i];
 }
 
+// A destination not yet waited for reads as NaN on the emulated device; on the hardware it is undefined.
+#if defined(__CUDACC__)
+static const bool kEmulated = false;
+#else
+static const bool kEmulated = true;
+#endif
+
 template <typename T> static T *dev(const T *h, size_t n) {
   T *d = nullptr;
   cudaMalloc((void **)&d, n * sizeof(T));
@@ -87,31 +118,38 @@ template <typename T> static T *dev(const T *h, size_t n) {
 
 template <bool BF> static void test_mma() {
   cudaDataType_t t = BF ? CUDA_R_16BF : CUDA_R_16F;
+  const char *ty = BF ? "bf16" : "f16";
   uint16_t a[256], b[128];
   float c[128], d[128];
   for (int i = 0; i < 256; i++) emu_store_f(a, t, i, (float)urand());
   for (int i = 0; i < 128; i++) { emu_store_f(b, t, i, (float)urand()); c[i] = (float)urand(); }
   uint16_t *da = dev(a, 256), *db = dev(b, 128);
   float *dc = dev(c, 128), *dd = dev<float>(nullptr, 128);
-  mma_tile<BF><<<1, 32>>>(da, db, dc, dd);
-  CHECK(cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost) == cudaSuccess, "mma launch: %s",
-        cudaGetErrorString(cudaGetLastError()));
-  // f32 accumulation of 16 exact products and C: |err| <= 17 u (sum |a b| + |c|), u = 2^-24
-  int bad = 0;
-  double worst = 0;
-  for (int m = 0; m < 16; m++)
-    for (int n = 0; n < 8; n++) {
-      double ref = c[m * 8 + n], mag = fabs(ref);
-      for (int k = 0; k < 16; k++) {
-        double p = (double)emu_load_f(a, t, m * 16 + k) * emu_load_f(b, t, k * 8 + n);
-        ref += p;
-        mag += fabs(p);
+  for (int via_ldmatrix = 0; via_ldmatrix < 2; via_ldmatrix++) {
+    const char *how = via_ldmatrix ? "loaded by ldmatrix .x4 / .x2.trans" : "fragments loaded directly";
+    if (via_ldmatrix) mma_tile<BF><<<1, 32>>>(da, db, dc, dd);
+    else mma_direct<BF><<<1, 32>>>(da, db, dc, dd);
+    CHECK(cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost) == cudaSuccess, "mma %s launch: %s", ty,
+          cudaGetErrorString(cudaGetLastError()));
+    // f32 accumulation of 16 exact products and C: |err| <= 17 u (sum |a b| + |c|), u = 2^-24
+    int bad = 0;
+    double worst = 0;
+    for (int m = 0; m < 16; m++)
+      for (int n = 0; n < 8; n++) {
+        double ref = c[m * 8 + n], mag = fabs(ref);
+        for (int k = 0; k < 16; k++) {
+          double p = (double)emu_load_f(a, t, m * 16 + k) * emu_load_f(b, t, k * 8 + n);
+          ref += p;
+          mag += fabs(p);
+        }
+        double err = fabs(d[m * 8 + n] - ref), tol = 17 * ldexp(1, -24) * mag;
+        if (!(err <= tol) && bad++ < 4)   // the lane and register of D that hold (m, n)
+          printf("  mma %s (%s): D[%d][%d] = %g, want %g: lane %d register d%d\n", ty, how, m, n, d[m * 8 + n], ref,
+                 (m % 8) * 4 + n / 2, (m / 8) * 2 + n % 2);
+        worst = fmax(worst, err / tol);
       }
-      double err = fabs(d[m * 8 + n] - ref), tol = 17 * ldexp(1, -24) * mag;
-      if (!(err <= tol)) bad++;
-      worst = fmax(worst, err / tol);
-    }
-  CHECK(bad == 0, "%s mma m16n8k16: %d of 128 outside the bound (worst %.2f x)", BF ? "bf16" : "f16", bad, worst);
+    CHECK(bad == 0, "%s mma m16n8k16 (%s): %d of 128 outside the bound (worst %.2f x)", ty, how, bad, worst);
+  }
   cudaFree(da); cudaFree(db); cudaFree(dc); cudaFree(dd);
 }
 
@@ -131,7 +169,14 @@ static void test_ldmatrix() {
     const uint32_t *o = out + 14 * l;
     const uint32_t want[14] = {reg(0, 0), reg(0, 0), reg(1, 0), reg(0, 0), reg(1, 0), reg(2, 0), reg(3, 0),
                                reg(0, 1), reg(0, 1), reg(1, 1), reg(0, 1), reg(1, 1), reg(2, 1), reg(3, 1)};
-    for (int i = 0; i < 14; i++) bad += o[i] != want[i];
+    static const char *what[14] = {"x1 r0", "x2 r0", "x2 r1", "x4 r0", "x4 r1", "x4 r2", "x4 r3", "x1.trans r0",
+                                   "x2.trans r0", "x2.trans r1", "x4.trans r0", "x4.trans r1", "x4.trans r2",
+                                   "x4.trans r3"};
+    for (int i = 0; i < 14; i++)
+      if (o[i] != want[i] && bad++ < 6)   // elements are 64 matrix + 8 row + col: decode what arrived
+        printf("  ldmatrix .%s lane %d: got elements %u, %u (matrix %u row %u col %u), want %u, %u\n", what[i], l,
+               o[i] & 0xffff, o[i] >> 16, (o[i] & 0xffff) / 64, (o[i] & 0xffff) / 8 % 8, (o[i] & 0xffff) % 8,
+               want[i] & 0xffff, want[i] >> 16);
   }
   CHECK(bad == 0, "ldmatrix: %d of %d registers misplaced", bad, 32 * 14);
   cudaFree(d);
@@ -147,8 +192,8 @@ static void test_cp_async() {
   for (int t = 0; t < 32; t++) {
     const float *o = out + 24 * t;
     for (int i = 0; i < 8; i++) {
-      early += !isnan(o[i]);
-      first += i < 4 ? o[8 + i] != src[8 * t + i] : !isnan(o[8 + i]);
+      early += kEmulated && !isnan(o[i]);
+      first += i < 4 ? o[8 + i] != src[8 * t + i] : kEmulated && !isnan(o[8 + i]);
       all += o[16 + i] != src[8 * t + i];
     }
   }
@@ -159,6 +204,11 @@ static void test_cp_async() {
 }
 
 int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    printf("test_ptx: skipped, no CUDA device\n");
+    return 77;
+  }
   test_mma<true>();
   test_mma<false>();
   test_ldmatrix();

@@ -58,6 +58,54 @@ T.test("model arithmetic: roofline per launch, launch gaps, classes, and a launc
   T.raises(function() stepmodel.evaluate(list, p) end, "before them): k (x.cu:3)")
 end)
 
+T.test("model scenarios: named figures with sources, ordered ranges, exact per-launch charges", function()
+  for name, prof in pairs(stepmodel.profiles) do
+    T.truthy(prof.source and prof.tc16 and prof.hbm, name .. ": datasheet peaks and their source")
+    for _, n in ipairs({ "gemm_large", "gemm_medium", "gemm_small", "mem_eff", "pcie" }) do
+      local v = prof[n]
+      T.truthy(type(v[4]) == "string" and #v[4] > 0, name .. "." .. n .. " states a source or 'assumed'")
+      T.truthy(v[1] <= v[2] and v[2] <= v[3], name .. "." .. n .. ": slow <= expected <= fast efficiency")
+      if n ~= "pcie" then T.truthy(v[3] <= 1, name .. "." .. n .. " is a fraction of the peak") end
+    end
+    for _, n in ipairs({ "attn_fwd", "attn_bwd", "launch_us", "graph_us", "min_us" }) do
+      local v = prof[n]
+      T.truthy(type(v[4]) == "string" and #v[4] > 0, name .. "." .. n .. " states a source or 'assumed'")
+      T.truthy(v[1] >= v[2] and v[2] >= v[3], name .. "." .. n .. ": slow >= expected >= fast overhead")
+    end
+  end
+  local h = stepmodel.profiles.h100
+  local e = stepmodel.scenario(h, 2)
+  local list = {
+    { name = "g", cls = "gemm", engine = "tc16", flops = 4e10, bytes = 1e8 },         -- large
+    { name = "m", cls = "gemm", engine = "tc16", flops = 2e9, bytes = 1e6 },          -- medium
+    { name = "attn_tc_bwd", cls = "attention", engine = "tc16", flops = 1e10, bytes = 1e8 },
+    { name = "ln", cls = "layernorm", engine = "mem", flops = 0, bytes = 3e8 },
+    { name = "tiny", cls = "memset", engine = "mem", flops = 0, bytes = 4, in_graph = true },
+  }
+  local want = {
+    4e10 / (e.tc16 * e.gemm_large), 2e9 / (e.tc16 * e.gemm_medium),
+    math.max(1e10 / e.tc16, 1e8 / (e.hbm * e.mem_eff)) * e.attn_bwd,
+    3e8 / (e.hbm * e.mem_eff), e.min_us * 1e-6,
+  }
+  local total = want[1] + want[2] + want[3] + want[4] + want[5] + 4 * e.launch_us * 1e-6 + e.graph_us * 1e-6
+  local _, t = stepmodel.evaluate(list, h)
+  T.near(t.step_s, total, 1e-12, 0, "expected scenario: each launch at its named efficiency, slowdown, minimum, gap")
+  local r = stepmodel.range(list, h)
+  T.truthy(r[1] > r[2] and r[2] > r[3], ("slow > expected > fast step time: %g %g %g"):format(r[1], r[2], r[3]))
+  -- A100 vs H100: between the bandwidth ratio (1.64) for a memory-bound step and the bf16 peak ratio (3.2)
+  local a = stepmodel.profiles.a100
+  for k = 1, 3 do
+    local mem_only = { list[4] }
+    local q = stepmodel.range(list, a)[k] / r[k]
+    local qm = stepmodel.range(mem_only, a)[k] / stepmodel.range(mem_only, h)[k]
+    T.truthy(q > 1.5 and q < 3.2, ("A100 / H100 step time %.2f (scenario %d)"):format(q, k))
+    local gap = h.launch_us[k] * 1e-6   -- the same in both profiles
+    T.near(qm, (3e8 / (a.hbm * a.mem_eff[k]) + gap) / (3e8 / (h.hbm * h.mem_eff[k]) + gap), 1e-9, 0,
+      "memory-bound: the bandwidth ratio")
+    T.truthy(qm > 1.55 and qm < 1.7, ("memory-bound A100 / H100 %.3f"):format(qm))
+  end
+end)
+
 T.test("split arithmetic: micro-batch and optimizer-step parts from the marks, the bound at an accumulation", function()
   local p = { name = "test", tc16 = 1e12, tf32 = 5e11, fp32 = 1e11, hbm = 1e9, pcie = 1e8, launch_us = 0 }
   local function l(cls, bytes) return { name = cls, cls = cls, engine = "mem", flops = 0, bytes = bytes } end
@@ -140,6 +188,23 @@ local function bf16_model(seed)
   m:train()
   return m, batch()
 end
+
+T.test("timed recording: every launch of a timed recording has a measured time, an untimed one none", function()
+  need_gpu()
+  local x = bl.randn({ 256, 512 }, { seed = 3 }):to("cuda:0")
+  local function work() for _ = 1, 3 do x = x * 2 + x end end
+  local list = stepmodel.record(0, work, true)
+  T.truthy(#list >= 6, "launches recorded: " .. #list)
+  local measured = 0
+  for _, l in ipairs(list) do
+    T.truthy(l.measured_s and l.measured_s >= 0, l.name .. " has a measured time")
+    measured = measured + (l.measured_s or 0)
+  end
+  T.truthy(measured > 0, "some time was measured")
+  local text = stepmodel.report(list, 0, stepmodel.profiles.h100, 1, "ops")
+  T.truthy(text:find("measured ms", 1, true), text)
+  for _, l in ipairs(stepmodel.record(0, work)) do T.eq(l.measured_s, nil, l.name .. " untimed") end
+end)
 
 T.test("a bf16 training step's log: all launches costed, GEMM FLOPs = BERT's matmul count", function()
   need_gpu()
