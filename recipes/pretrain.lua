@@ -429,9 +429,6 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
 end
 
 local ok, err = xpcall(function()
-  if opt.phase ~= "1" and opt.phase ~= "2" and opt.phase ~= "both" then
-    error("pretrain: --phase must be 1, 2 or both, got " .. tostring(opt.phase), 0)
-  end
   local phases = opt.phase == "both" and { 1, 2 } or { tonumber(opt.phase) }
   local init = opt.init
   if init and opt.init_random then error("pretrain: --init and --init-random exclude each other", 0) end

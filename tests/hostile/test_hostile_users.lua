@@ -77,10 +77,6 @@ case { class = "model limits", name = "pretrain.lua: --phase=2 without a phase-1
   end,
   check = function(d) return not io.open(d .. "/o/phase2/model.safetensors"), "a phase-2 model was written" end }
 
-case { class = "bad option", name = "pretrain.lua: --phase=3",
-  expect = { "pretrain: --phase must be 1, 2 or both, got 3" },
-  setup = function(d) return fx.PT .. " --phase=3 --output=" .. d .. "/o" end }
-
 case { class = "bad option", name = "convert.lua: a bert_config.json given as --config",
   expect = { "is a model configuration, but --config takes a file of option values: pass it as --bert-config=" },
   setup = function(d)

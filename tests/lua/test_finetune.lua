@@ -258,7 +258,7 @@ T.test("bad input: batch and micro-batch, too little data, input checks", functi
   pretrained.save_pretrained(m, tmp .. "/m", {})
   os.remove(tmp .. "/m/vocab.txt")
   T.raises(function() ft.model_dir("x", tmp .. "/m") end, "has no vocab.txt")
-  local f = io.open(tmp .. "/v.txt", "w"); f:write("[PAD]\n"); f:close()
+  local f = io.open(tmp .. "/v.txt", "w"); f:write("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"); f:close()
   T.eq(ft.model_dir("x", tmp .. "/m", tmp .. "/v.txt"), tmp .. "/v.txt")
 end)
 
