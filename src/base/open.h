@@ -11,5 +11,7 @@
 #include <stdint.h>
 
 int bl_open_regular(const char *path, const char *what, int64_t *size);
+/* "a directory", "a FIFO", ... for a st_mode that is not a regular file's (messages) */
+const char *bl_file_kind(unsigned mode);
 
 #endif

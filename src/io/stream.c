@@ -23,15 +23,6 @@ struct bl_writer {
   char buf[WBUF];
 };
 
-static const char *kind_of(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
-
 int bl_check_regular(const char *path, const char *what, int must_exist) {
   if (!path || !*path) return bl_set_error(BL_EINVAL, "%s: empty path", what ? what : "file");
   struct stat st;
@@ -40,33 +31,8 @@ int bl_check_regular(const char *path, const char *what, int must_exist) {
     return bl_set_error(BL_EIO, "%s %s: %s", what ? what : "file", path, strerror(errno));
   }
   if (!S_ISREG(st.st_mode))
-    return bl_set_error(BL_EIO, "%s %s is %s, not a regular file", what ? what : "file", path, kind_of(st.st_mode));
+    return bl_set_error(BL_EIO, "%s %s is %s, not a regular file", what ? what : "file", path, bl_file_kind(st.st_mode));
   return 0;
-}
-
-int bl_open_regular(const char *path, const char *what, int64_t *size) {
-  if (!what) what = "file";
-  if (!path || !*path) return bl_set_error(BL_EINVAL, "%s: empty path", what), -1;
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return bl_set_error(BL_EIO, "%s: cannot open %s: %s", what, path, strerror(errno)), -1;
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return bl_set_error(BL_EIO, "%s: cannot stat %s: %s", what, path, strerror(e)), -1;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return bl_set_error(BL_EIO, "%s: %s is %s, not a regular file", what, path, kind_of(st.st_mode)), -1;
-  }
-  int fl = fcntl(fd, F_GETFL);
-  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-    int e = errno;
-    close(fd);
-    return bl_set_error(BL_EIO, "%s: cannot clear O_NONBLOCK on %s: %s", what, path, strerror(e)), -1;
-  }
-  if (size) *size = (int64_t)st.st_size;
-  return fd;
 }
 
 int bl_writer_open(const char *path, bl_writer **res) {

@@ -9,7 +9,7 @@
  * else a small built-in one written to a temp file.
  * Build and run:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Isrc tests/fuzz/fuzz_tokenizer.c \
- *     src/text/tokenizer.c src/text/vocab.c -DBL_FUZZ_STANDALONE -lutf8proc -o /tmp/fuzz_tokenizer
+ *     src/text/tokenizer.c src/text/vocab.c src/base/open.c -DBL_FUZZ_STANDALONE -lutf8proc -o /tmp/fuzz_tokenizer
  *   BL_FUZZ_VOCAB=../shared/data/vocab/bert-base-uncased-vocab.txt \
  *     /tmp/fuzz_tokenizer -max_total_time=60 -max_len=65536 -timeout=5
  */
