@@ -34,7 +34,7 @@ DEB_PKGS="libluajit2-5.1-dev libluajit2-5.1-2 lua-cjson-dev lua-cjson
   libutf8proc-dev libutf8proc2 libedit-dev libedit2 libbsd0 libmd0 libbz2-dev
   libopenmpi-dev libopenmpi3 openmpi-common libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
   libpmix2 libfabric1 libucx0 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libpsm2-2
-  libpsm-infinipath1 libnuma1 libmunge2 libpciaccess0"
+  libpsm-infinipath1 libnuma1 libmunge2 libpciaccess0 pkgconf pkgconf-bin libpkgconf3"
 
 MODE=full FAKE="${BL_GPU_CHECK_FAKE:-0}" BUDGET_ONLY=0 ONLY=""
 while [ $# -gt 0 ]; do
@@ -116,6 +116,8 @@ export BL_PYTHON="${BL_PYTHON:-$(command -v python3 || echo /usr/bin/python3)}"
 MODEL=large DIV=1
 [ "$FAKE" = 1 ] && MODEL="${BL_GPU_CHECK_FAKE_MODEL:-tiny}" DIV=32
 T0=$SECONDS
+# the whole run ends 30 s inside its mode's limit whatever the boxes left over, so the report is always written
+DEADLINE=$((T0 + FULL_LIMIT - 30)); [ "$MODE" = quick ] && DEADLINE=$((T0 + QUICK_LIMIT - 30))
 ROWS=() NOTES=() HEAD=() ENV_LINES=()
 LAST_OUT="" STAGE=0 STAGE_END=0
 PASSED=0 SKIPPED=0 FAILED=0   # tests, over every stage
@@ -133,6 +135,7 @@ stage() {
 step() {
   local name="$1" max="$2"; shift 2
   local lim=$((STAGE_END - SECONDS))
+  [ $((DEADLINE - SECONDS)) -lt "$lim" ] && lim=$((DEADLINE - SECONDS))
   [ "$lim" -gt "$max" ] && lim=$max
   if [ "$lim" -lt 5 ]; then ROWS+=("| $STAGE | $name | not run (stage box spent) | - | - |"); LAST_OUT=""; return 99; fi
   echo "----- $name (limit ${lim}s): $*" >> "$LOG"
@@ -210,6 +213,7 @@ deps() {
       export CPATH="$P/usr/include${CPATH:+:$CPATH}"
       export LIBRARY_PATH="$L:$L/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}"
       export LD_LIBRARY_PATH="$L:$L/openblas-pthread:$L/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      command -v pkg-config >/dev/null || export PATH="$PATH:$P/usr/bin"   # an image without pkg-config
       export OPAL_PREFIX="$P/usr"
       # Debian's alternatives links (libmpi.so, openblas.pc in /usr/lib) are not in
       # the .debs: point at the real files (openblas-pthread/, openmpi/lib)
@@ -218,7 +222,7 @@ deps() {
       export BL_MPI_ARGS="set"
       CMAKE_EXTRA+=("-DMPI_SKIP_COMPILER_WRAPPER=ON" "-DMPI_C_HEADER_DIR=$mpiinc" "-DMPI_C_LIB_NAMES=mpi"
         "-DMPI_mpi_LIBRARY=$mpilib"
-        "-DCJSON_LIB=$L/liblua5.1-cjson.a" "-DBZIP2_INCLUDE_DIR=$P/usr/include" "-DBZIP2_LIBRARIES=$L/libbz2.so")
+        "-DCJSON_LIB=$L/liblua5.1-cjson.a" "-DBZIP2_INCLUDE_DIR=$P/usr/include" "-DBZIP2_LIBRARY_RELEASE=$L/libbz2.so")
       [ -e "$L/libbz2.so" ] || ln -sf /lib/x86_64-linux-gnu/libbz2.so.1.0 "$L/libbz2.so" 2>/dev/null
       NOTES+=("Build dependencies unpacked from $(ls "$debs"/*.deb | wc -l) carried .deb files into $P.")
     fi
@@ -251,6 +255,8 @@ if stage 0; then
     ENV_LINES+=("compute capability: $ARCH (the build's CUDA architecture)")
     ROWS+=("| 0 | nvidia-smi -q | ok (nvidia-smi.txt) | - | - |")
     deps || exit 1
+    # an image with ninja but no make
+    if ! command -v make >/dev/null && command -v ninja >/dev/null && [ ! -f "$BUILD/CMakeCache.txt" ]; then CMAKE_EXTRA+=(-G Ninja); fi
     step "configure (CUDA arch $ARCH)" 60 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
       "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "${CMAKE_EXTRA[@]}" || exit 1
     grep -q "CUDA backend ON" <<< "$LAST_OUT" || { NOTES+=("CMake did not enable the CUDA backend:"$'\n```\n'"$(tail -20 <<< "$LAST_OUT")"$'\n```'); exit 1; }
