@@ -29,6 +29,7 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include "common.cuh"

@@ -63,7 +63,10 @@ T.test("trainer.predict: the direct path's logits, no upload from pageable memor
     for i = first, math.min(first + BATCH - 1, N) do idx[#idx + 1] = i end
     want[#want + 1] = model:forward(device.batch_to(make_batch(idx), 0)).logits:to("cpu"):totable()
   end
-  T.truthy(pageable() - p0 >= 3 * #want, "the direct path's uploads from pageable memory (3 fields a batch)")
+  -- the counter is the emulated runtime's (-1 on a real GPU, where only the zero checks below still say something)
+  if p0 >= 0 then
+    T.truthy(pageable() - p0 >= 3 * #want, "the direct path's uploads from pageable memory (3 fields a batch)")
+  end
   made = {}
   local got, p1 = {}, pageable()
   local stats = trainer.predict{ model = model, n = N, batch = BATCH, device = 0, make_batch = make_batch,

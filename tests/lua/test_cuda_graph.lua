@@ -21,8 +21,10 @@ T.test("a captured graph replays its kernels; arguments change through the updat
   T.eq(s.instantiations, 1, "instantiated once")
   T.eq(s.updates, 2, "later captures update it")
   T.eq(k1.graph_launches - k0.graph_launches, 3, "counted by the runtime")
-  T.truthy(k1.graph_kernels - k0.graph_kernels >= 9, "the kernels ran from the graph launches")
-  T.eq(k1.launches - k0.launches, k1.graph_kernels - k0.graph_kernels, "no kernel launched outside the graph")
+  if k0.graph_kernels >= 0 then   -- counted by the emulated runtime only (-1 on a real GPU)
+    T.truthy(k1.graph_kernels - k0.graph_kernels >= 9, "the kernels ran from the graph launches")
+    T.eq(k1.launches - k0.launches, k1.graph_kernels - k0.graph_kernels, "no kernel launched outside the graph")
+  end
   local got = x:totable()
   for j = 1, #got, 97 do
     local e = x0[j]
