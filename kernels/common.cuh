@@ -24,6 +24,9 @@ extern "C" {
 // ---------------------------------------------------------------- errors
 int cu_err(const char *op, int dev, cudaError_t e);
 int cu_launched(const char *op, int dev);   // check the last launch
+// a host wait for dev made outside runtime.cu (a d2h cudaMemcpy, a stream synchronisation): counted in
+// bl_cuda_counters' syncs on a real GPU as the emulator counts it
+void cu_count_sync(int dev);
 cudaStream_t cu_stream(int dev);             // never NULL after cu_device() succeeded
 bool cu_capturing(int dev);                  // dev's stream is being captured into a CUDA graph (runtime.cu)
 // All non-NULL tensors on the same cuda device (>= 0) and that device usable.

@@ -555,6 +555,7 @@ int cu_copy_to_contig(const char *op, void *dst, int dst_dtype, const bl_tensor 
 int cu_read_i64(const char *op, int dev, const int64_t *dptr, int64_t *host, int n) {
   cu_cost_call(dev, "host copy", "cudaMemcpyAsync d2h", BL_ENGINE_PCIE, 0, (double)n * sizeof(int64_t));
   CU_TRY(op, dev, cudaMemcpyAsync(host, dptr, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost, cu_stream(dev)));
+  cu_count_sync(dev);
   CU_TRY(op, dev, cudaStreamSynchronize(cu_stream(dev)));
   return 0;
 }

@@ -116,6 +116,7 @@ int plan_segments(const char *op, int dev, const bl_optim_segments *seg, opt_cac
     CU_TRY(op, dev, cudaMemcpyAsync(c->chunks.mem.p, ch.data(), ch.size() * sizeof(chunk), cudaMemcpyHostToDevice, s));
   CU_TRY(op, dev, cudaMemcpyAsync(c->seg_first_d.mem.p, c->seg_first.data(), c->seg_first.size() * sizeof(int64_t),
                                   cudaMemcpyHostToDevice, s));
+  cu_count_sync(dev);
   CU_TRY(op, dev, cudaStreamSynchronize(s));   // pageable sources: complete before the vectors change
   c->off.assign(seg->offset, seg->offset + n);
   c->len.assign(seg->length, seg->length + n);
@@ -477,6 +478,7 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
   if (x->computed) {
     // cudaMemcpy on the legacy stream is ordered after our blocking stream: the one synchronisation.
     cu_cost_call(x->dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof st);
+    cu_count_sync(x->dev);
     CU_TRY(x->op, x->dev, cudaMemcpy(&st, x->c->state.mem.p, sizeof st, cudaMemcpyDeviceToHost));
   } else {
     st.norm = x->grad_norm;
@@ -667,6 +669,7 @@ extern "C" int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, in
   BL_CHECK(cu_launched(op, dev));
   step_state h;
   cu_cost_call(dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof h);
+  cu_count_sync(dev);
   CU_TRY(op, dev, cudaMemcpy(&h, st, sizeof h, cudaMemcpyDeviceToHost));
   *norm = h.norm;
   if (nonfinite) *nonfinite = h.skip;
@@ -693,6 +696,7 @@ extern "C" int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *fou
   }
   int h = 0;
   cu_cost_call(dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof h);
+  cu_count_sync(dev);
   CU_TRY(op, dev, cudaMemcpy(&h, c->flag.mem.p, sizeof h, cudaMemcpyDeviceToHost));
   if (found_inf) *found_inf = h;
   return 0;

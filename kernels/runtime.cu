@@ -295,6 +295,14 @@ int cu_err(const char *op, int dev, cudaError_t e) {
   return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, dev, cudaGetErrorString(e));
 }
 
+void cu_count_sync(int dev) {
+#ifndef BL_CUDA_EMU
+  count_call(dev, &counts::syncs);
+#else
+  (void)dev;   // the emulator counts every wait itself
+#endif
+}
+
 int cu_launched(const char *op, int dev) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel launch failed: %s", op, dev, cudaGetErrorString(e));

@@ -51,3 +51,30 @@ for _, dtype in ipairs { "bf16", "f16", "f32" } do
     report("gelu y", gy, y, U[dtype], scale)
   end
 end
+
+-- Which rounding does the bias epilogue apply? For every element, the device's result against two models built on
+-- the CPU from the f32 product P = x W^T: A = round(P + b) (bias added to the f32 sum), B = round(round(P) + b)
+-- (the product rounded to the output dtype first). The count of exact matches says which one the library follows.
+print("bias epilogue rounding: exact matches of model A round(P + b) and model B round(round(P) + b)")
+for _, dtype in ipairs { "bf16", "f16" } do
+  for _, s in ipairs(SHAPES) do
+    local M, K, N = s[1], s[2], s[3]
+    local x = rand({ 3, M / 3, K }, 31, -1.5, 1.5, dtype)
+    local w, b = rand({ N, K }, 32, -0.4, 0.4, dtype), rand({ N }, 33, -1, 1, dtype)
+    local dev = function(t) return t:to{ device = "cuda:0", dtype = dtype } end
+    local P = ops.linear(x, w)
+    local A = flat((P + b):to(dtype))
+    local Bm = flat((P:to(dtype):to("f32") + b):to(dtype))
+    for _, which in ipairs { "linear+bias", "gelu pre (AUX)" } do
+      local g
+      if which == "linear+bias" then g = flat(ops.linear(dev(x), dev(w), dev(b)))
+      else local _, pre = ops.linear_gelu_tanh(dev(x), dev(w), dev(b)); g = flat(pre) end
+      local na, nb = 0, 0
+      for i = 1, #g do
+        if g[i] == A[i] then na = na + 1 end
+        if g[i] == Bm[i] then nb = nb + 1 end
+      end
+      print(("  %s M=%d K=%d N=%d %-15s A %d, B %d of %d"):format(dtype, M, K, N, which, na, nb, #g))
+    end
+  end
+end
