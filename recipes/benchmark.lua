@@ -33,7 +33,7 @@
 -- fused SDPA attention; its update is still plain SGD, a few percent of a step).
 -- On the CPU the update is a plain SGD loop over the flat buffer, as in the
 -- CPU peer (tools/peers/bert_reference.py bench).
--- --model-time=h100 (a100, or h100,a100) also prints the step-time MODEL
+-- --model-time=h100 (h200, a100, or a list such as h100,a100) also prints the step-time MODEL
 -- (lua/bertlua/stepmodel.lua): a slow / expected / fast range of the step time
 -- at that GPU's figures and named assumptions, summed over the launches one
 -- training step really makes. On the emulated device the step is
@@ -110,8 +110,8 @@ local opt = options.parse(arg, {
     .. "(--infer): ONNX Runtime's fused BERT graph; 'openvino' (--infer): OpenVINO (tools/peers/)" },
   { "rounds", 1, "timed blocks of --steps steps; with a CPU --compare, ours and the peer's alternate block by block "
     .. "(one peer process) and the median ratio is printed", int = true, min = 1 },
-  { "model_time", "", "also print the step-time model of one training step at these figures (h100, a100 or "
-    .. "h100,a100)" },
+  { "model_time", "", "also print the step-time model of one training step at these figures (h100, h200, a100 "
+    .. "or a list: h100,a100)" },
   { "model_items", false, "with --model-time: list every non-GEMM launch class with its bytes (the breakdown)" },
   { "class_times", false, "with --model-time: time every launch of the recorded step with CUDA events and print the "
     .. "measured time per class beside the model's (not with --cuda-graph: captured launches are not timed)" },
@@ -163,7 +163,7 @@ if opt.model_time ~= "" then
   for name in opt.model_time:gmatch("[^,]+") do
     profiles[#profiles + 1] = stepmodel.profiles[name]
     if not profiles[#profiles] then
-      error("benchmark: --model-time takes h100, a100 or both (h100,a100), got " .. opt.model_time, 0)
+      error("benchmark: --model-time takes h100, h200, a100 or a list (h100,a100), got " .. opt.model_time, 0)
     end
   end
   if not on_gpu or opt.infer then error("benchmark: --model-time needs --device=cuda and a training step", 0) end

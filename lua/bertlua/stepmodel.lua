@@ -19,6 +19,8 @@ local M = {}
 -- part of the step, their occupancy is not (the backward runs at 2 CTAs/SM, 241-255 registers: ptxas_check.sh).
 local DS_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 989.4 TFLOP/s dense bf16, 494.7 tf32, "
   .. "66.9 f32, 3.35 TB/s HBM3)"
+local DS_H200 = "NVIDIA H200 Tensor Core GPU datasheet (SXM: the H100's 989.4 TFLOP/s dense bf16, 494.7 tf32, "
+  .. "66.9 f32; 4.8 TB/s HBM3e)"
 local DS_A100 = "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM4: 312 TFLOP/s dense bf16, 156 tf32, 19.5 f32, "
   .. "2.039 TB/s HBM2e)"
 local common = {
@@ -56,6 +58,13 @@ M.profiles = {
                   [512] = "210 seq/s (PyTorch), 264 (PaddlePaddle)" },
   },
 }
+-- the H200: the H100's chip (its peaks, GEMM efficiencies, PCIe) with HBM3e
+do
+  local h = {}
+  for k, v in pairs(M.profiles.h100) do h[k] = v end
+  h.name, h.source, h.hbm = "H200 SXM", DS_H200, 4.8e12
+  M.profiles.h200 = h
+end
 M.SCENARIOS = { "slow", "expected", "fast" }
 local NAMED = { "gemm_large", "gemm_medium", "gemm_small", "mem_eff", "attn_fwd", "attn_bwd", "launch_us",
                 "graph_us", "min_us", "pcie" }

@@ -6,7 +6,7 @@ local T = require "testing"
 local bl = require "bertlua"
 
 if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
-if not T.sh("command -v mpirun"):find("/", 1, true) then T.skip_all("mpirun not installed") end
+T.mpi_ranks_on_gpus(2, true)
 local mpirun = "timeout 120 mpirun -np 2 --oversubscribe --allow-run-as-root "
 
 local run = require("mpi_script")(T, mpirun, [[

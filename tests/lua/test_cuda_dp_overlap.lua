@@ -38,7 +38,7 @@ local function weights_diff(da, db)
 end
 
 T.test("2 ranks x accumulation 2, bf16: overlapped, the same bits as reduced after backward", function()
-  if not T.sh("command -v mpirun"):find("/", 1, true) then T.skip("mpirun not installed") end
+  T.mpi_ranks_on_gpus(2)
   local args = "--batch1=32 --micro-batch=8 --steps1=3 --device=cuda --precision=bf16 --checkpoint-interval=0 " ..
     "--eval-batches=1"
   local mpirun = "mpirun -np 2 --oversubscribe --allow-run-as-root "

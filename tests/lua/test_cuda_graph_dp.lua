@@ -11,7 +11,7 @@ local T = require "testing"
 local bl = require "bertlua"
 
 if bl.cuda_device_count() == 0 then T.skip_all("no CUDA device (the emulated build provides one)") end
-if not T.sh("command -v mpirun"):find("/", 1, true) then T.skip_all("mpirun not installed") end
+T.mpi_ranks_on_gpus(2, true)
 local mpirun = "timeout 500 mpirun -np 2 --oversubscribe --allow-run-as-root "
 
 -- body runs on both ranks after a reducer over 5,000 random values (5 buckets) exists and a graph g was made

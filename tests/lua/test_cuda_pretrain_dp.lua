@@ -36,7 +36,7 @@ end
 -- The 2-rank runs reduce in buckets of 0.02 MB (5,242 floats: ~25 buckets for this model), most launched
 -- by the encoder layers' backward on the communication stream while backward goes on.
 T.test("2 ranks on cuda (NCCL, bucketed, overlapped) equal 1 rank with accumulation 2", function()
-  if not T.sh("command -v mpirun"):find("/", 1, true) then T.skip("mpirun not installed") end
+  T.mpi_ranks_on_gpus(2)
   local args = "--batch1=16 --micro-batch=8 --steps1=4 --device=cuda --bucket-mb=0.02"
   local mpirun = "mpirun -np 2 --oversubscribe --allow-run-as-root "
   run("acc2", args)
@@ -56,7 +56,7 @@ end)
 -- fp16 training, its loss-scaled gradients summed in fp16 (NVIDIA's allreduce_post_accumulation_fp16): the
 -- step-1 loss equal to the fp32 reduction's, the later ones close (fp16 keeps 3 more bits than bf16)
 T.test("--allreduce-dtype=fp16 with --precision=fp16 on cuda stays close to the fp32 reduction", function()
-  if not T.sh("command -v mpirun"):find("/", 1, true) then T.skip("mpirun not installed") end
+  T.mpi_ranks_on_gpus(2)
   local args = "--batch1=16 --micro-batch=8 --steps1=4 --device=cuda --bucket-mb=0.02 --precision=fp16"
   local mpirun = "mpirun -np 2 --oversubscribe --allow-run-as-root "
   run("two_fp16", args, mpirun)

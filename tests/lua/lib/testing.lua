@@ -10,6 +10,14 @@ local SKIP = {}
 function M.test(name, fn) tests[#tests + 1] = { name = name, fn = fn } end
 
 function M.skip(why) error(setmetatable({ why = why }, SKIP), 0) end
+-- mpi_ranks_on_gpus(n[, all]): skips (the case, or with all the whole file) without mpirun or without a CUDA device
+-- per rank: ranks take cuda:(local rank % devices), and NCCL refuses two ranks on one GPU (the emulated build has 2)
+function M.mpi_ranks_on_gpus(n, all)
+  local skip = all and M.skip_all or M.skip
+  if not M.sh("command -v mpirun"):find("/", 1, true) then skip("mpirun not installed") end
+  local have = require("bertlua").cuda_device_count()
+  if have < n then skip(("%d ranks need %d CUDA devices (NCCL takes one GPU per rank); %d here"):format(n, n, have)) end
+end
 
 function M.skip_all(why)
   io.write("skipped: ", why, "\n")
