@@ -28,7 +28,7 @@ local shards = require "bertlua.data.shards"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
 local graph = require "bertlua.device.graph"
-local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local tstep = require "bertlua.train.step"
 local safetensors = require "bertlua.io.safetensors"
 
 local SPEC = {
@@ -145,13 +145,6 @@ if opt.vocab then Tok.load(opt.vocab):check_model(model_config().vocab_size, "pr
 dist.agree("pretrain", fingerprint.entries{ options = opt, config = model_config(),
   files = { { "--vocab", opt.vocab }, { "--init", opt.init } },
   data = { { "--data-phase1", opt.data_phase1 }, { "--data-phase2", opt.data_phase2 } } })
-
--- Dropout stream of one micro-batch: a function of (seed, step, global micro-batch
--- index) only, so a run resumes exactly and N ranks x A accumulation steps see the
--- same masks as 1 rank x N*A steps.
-local function dropout_seed(step, micro)
-  return ((opt.seed * 1000003 + step) * 8191 + micro) % 9007199254740881
-end
 
 -- the run directory belongs to this run while it lasts (a second run into it is refused)
 if rank == 0 then require("bertlua.util.fs").lock_dir(opt.output, "pretrain") end
@@ -332,11 +325,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
       { keep = opt.keep_checkpoints })
   end
 
-  -- the step (bertlua.train.pretrain_step, also what recipes/benchmark.lua times); its device memory is made
-  -- here, before the first step
-  local skipped_logged = mp:state_dict().skipped_steps or 0
-  local pstep = PretrainStep{ model = model, optimizer = optimizer, amp = mp, reducer = reducer, dev = dev,
-    accum = accum, world = world, rank = rank, dropout_seed = dropout_seed }
+  -- the step (bertlua.train.step, also what recipes/benchmark.lua times); its device memory is made here, before
+  -- the first step. Dropout streams from --seed: a resumed run sees the same masks.
+  local pstep = tstep.Step{ model = model, optimizer = optimizer, amp = mp, loss = tstep.pretraining_loss(),
+    reducer = reducer, dev = dev, accum = accum, world = world, rank = rank, seed = opt.seed }
   if use_graph then pstep:use_graph() end  -- captured once a step allocates nothing (from the 2nd or 3rd step)
   -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
   -- clocks and the signals of all ranks are combined (one small all-reduce per step)
@@ -358,36 +350,16 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   end
   local captures_said = 0
   local function train_step(step, next_batch)
-    local t0 = logm.clock()
     -- skip or update decided on the model's device: no wait here
-    local seqs = pstep:run(step, next_batch, lr_at(optimizer.step_count + 1))
+    pstep:run(step, next_batch, lr_at(optimizer.step_count + 1))
     if use_graph and (pstep.captures or 0) > captures_said then   -- a capture after the first: say why
       captures_said = pstep.captures
       if captures_said > 1 then say(("pretrain: step %d captured again: %s"):format(step, pstep.capture_reason)) end
     end
     if step % opt.log_every ~= 0 and step ~= ph.steps then return nil end
-    -- the one wait of a logged step: this step's sums, the scaler state and the deferred index checks
-    local v = pstep:read()
-    local r = mp:read(v.amp)
-    local s = dist.sum_numbers({ v.losses[1], v.losses[2], v.counts[1], v.counts[2], v.counts[3], v.counts[4],
-      seqs })
-    local dt = logm.clock() - t0
-    local lr = optimizer.last_lr
-    local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
-      mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
-      seq_per_s = s[7] / dt, step_time = dt, loss_scale = r.loss_scale, grad_norm = r.grad_norm,
-      skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil,  -- steps since the last line
-      overlapped_buckets = world > 1 and reducer.overlapped or nil }  -- launched during backward
-    skipped_logged = r.skipped
-    if dev >= 0 then  -- totals since the start: allocations and host waits of the device
-      local k = bl.cuda_counters(dev)
-      rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
-      if use_graph then
-        local g = pstep:graph_stats()
-        rec.cuda_graph_launches, rec.cuda_graph_replays = k.graph_launches, g.replays
-        rec.cuda_graph_instantiations, rec.cuda_graph_updates = g.instantiations, g.updates
-      end
-    end
+    -- the one wait of a logged step: its sums, the scaler state and the deferred index checks
+    local rec = pstep:record(step)
+    rec.phase, rec.overlapped_buckets = ph.phase, world > 1 and reducer.overlapped or nil  -- launched during backward
     return rec
   end
   local function log_step(rec, step)  -- rec: nil on a step that is not logged
