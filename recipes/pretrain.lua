@@ -19,7 +19,6 @@ local schedule = require "bertlua.train.schedule"
 local amp = require "bertlua.train.amp"
 local dist = require "bertlua.train.dist"
 local fingerprint = require "bertlua.train.fingerprint"
-local ckpt = require "bertlua.train.checkpoint"
 local fs = require "bertlua.util.fs"
 local logm = require "bertlua.util.log"
 local Tok = require "bertlua.data.tokenizer"
@@ -122,14 +121,6 @@ if use_graph and graph.unavailable(dev) then
   use_graph = false
 end
 
-local function phase_settings(p)
-  return {
-    phase = p, seq = opt["seq" .. p], pred = opt["pred" .. p], batch = opt["batch" .. p], lr = opt["lr" .. p],
-    warmup = opt["warmup" .. p], steps = opt["steps" .. p], data = opt["data_phase" .. p],
-    warmup_steps = opt["warmup_steps" .. p] >= 0 and opt["warmup_steps" .. p] or nil,
-  }
-end
-
 -- The model: a preset or a config.json, BERT initialisation from the seed.
 local function model_config()
   local cfg = bert.config.is_preset(opt.model) and bert.config.preset(opt.model) or bert.config.load(opt.model)
@@ -145,7 +136,7 @@ dist.agree("pretrain", fingerprint.entries{ options = opt, config = model_config
   data = { { "--data-phase1", opt.data_phase1 }, { "--data-phase2", opt.data_phase2 } } })
 
 -- the run directory belongs to this run while it lasts (a second run into it is refused)
-if rank == 0 then require("bertlua.util.fs").lock_dir(opt.output, "pretrain") end
+if rank == 0 then fs.lock_dir(opt.output, "pretrain") end
 local log = logm.open{ path = logm.path_for(opt.output, "log", opt.log_format), rank = rank, append = opt.resume,
   config = { options = opt, world_size = world }, format = opt.log_format }
 local done = { steps = 0, sequences = 0, train_time = 0 }   -- this run's work, for the summary line
@@ -196,19 +187,15 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   -- the step (bertlua.train.step, also what recipes/benchmark.lua times); its device memory is made here, before
   -- the first step. Dropout streams from --seed: a resumed run sees the same masks.
   local pstep = tstep.Step{ model = model, optimizer = optimizer, amp = mp, loss = tstep.pretraining_loss(),
-    reducer = reducer, dev = dev, accum = accum, world = world, rank = rank, seed = opt.seed }
+    reducer = reducer, dev = dev, accum = accum, world = world, rank = rank, seed = opt.seed, name = "pretrain",
+    say = say }
   if use_graph then pstep:use_graph() end  -- captured once a step allocates nothing (from the 2nd or 3rd step)
   -- every rank stops at the same step (max steps, max time, a signal on any rank)
   local stop = phase.stop_votes{ max_steps = opt.max_steps, max_time = opt.max_time, t_start = t_start,
     reducer = reducer }
-  local captures_said = 0
   local function train_step(step, next_batch)
     -- skip or update decided on the model's device: no wait here
     pstep:run(step, next_batch, lr_at(optimizer.step_count + 1))
-    if use_graph and (pstep.captures or 0) > captures_said then   -- a capture after the first: say why
-      captures_said = pstep.captures
-      if captures_said > 1 then say(("pretrain: step %d captured again: %s"):format(step, pstep.capture_reason)) end
-    end
     if step % opt.log_every ~= 0 and step ~= ph.steps then return nil end
     -- the one wait of a logged step: its sums, the scaler state and the deferred index checks
     local rec = pstep:record(step)
@@ -254,20 +241,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
 end
 
 local ok, err = xpcall(function()
-  local phases = opt.phase == "both" and { 1, 2 } or { tonumber(opt.phase) }
-  local init = opt.init
-  if init and opt.init_random then error("pretrain: --init and --init-random exclude each other", 0) end
-  local prev_state
-  for _, p in ipairs(phases) do
-    if p == 2 and not init then
-      local dir = opt.output .. "/phase1"
-      if fs.readable(dir .. "/model.safetensors") then init = dir
-      elseif not opt.init_random and not (opt.resume and ckpt.latest(opt.output .. "/checkpoints/phase2")) then
-        error(("pretrain: --phase=2 starts from phase 1's model: pass --init=DIR (or run phase 1 into --output=%s "
-          .. "first); --init-random trains phase 2 from random weights"):format(opt.output), 0)
-      end
-    end
-    local finished, final_dir, state = run_phase(phase_settings(p), init, prev_state)
+  local init, prev_state = opt.init, nil
+  for _, p in ipairs(opt.phase == "both" and { 1, 2 } or { tonumber(opt.phase) }) do
+    init = phase.init_dir(opt, p, init)
+    local finished, final_dir, state = run_phase(phase.settings(opt, p), init, prev_state)
     if not finished then break end
     init, prev_state = final_dir, state
   end

@@ -25,6 +25,30 @@ local dist = require "bertlua.train.dist"
 
 local M = {}
 
+-- settings(opt, p) -> phase p's settings from the recipe's --seqP, --predP, --batchP, --lrP, --warmupP,
+-- --warmup-stepsP (-1: the proportion), --stepsP and --data-phaseP
+function M.settings(opt, p)
+  return {
+    phase = p, seq = opt["seq" .. p], pred = opt["pred" .. p], batch = opt["batch" .. p], lr = opt["lr" .. p],
+    warmup = opt["warmup" .. p], steps = opt["steps" .. p], data = opt["data_phase" .. p],
+    warmup_steps = opt["warmup_steps" .. p] >= 0 and opt["warmup_steps" .. p] or nil,
+  }
+end
+
+-- init_dir(opt, p, init) -> the model directory phase p starts from (nil: random weights): --init, or for phase 2
+-- phase 1's model in --output; phase 2 from random weights only with --init-random (or a phase-2 checkpoint to
+-- resume)
+function M.init_dir(opt, p, init)
+  if opt.init and opt.init_random then error("pretrain: --init and --init-random exclude each other", 0) end
+  if p ~= 2 or init then return init end
+  local dir = opt.output .. "/phase1"
+  if fs.readable(dir .. "/model.safetensors") then return dir end
+  if not opt.init_random and not (opt.resume and ckpt.latest(opt.output .. "/checkpoints/phase2")) then
+    error(("pretrain: --phase=2 starts from phase 1's model: pass --init=DIR (or run phase 1 into --output=%s "
+      .. "first); --init-random trains phase 2 from random weights"):format(opt.output), 0)
+  end
+end
+
 -- accumulation(ph, micro_batch, world) -> micro-batches per rank and step; the phase's data option is required
 function M.accumulation(ph, micro_batch, world)
   if not ph.data then error(("pretrain: --data-phase%d is required for phase %d"):format(ph.phase, ph.phase), 0) end

@@ -21,7 +21,8 @@
 --                  (the model's own loss, model_loss(); fine-tuning on the CPU); otherwise the losses, the loss
 --                  scale and the skip stay on the model's device and record() reads them, once per log line
 --   exact_tables   (default true) accumulated embedding-table gradients summed as an all-reduce sums ranks (below)
---   :use_graph()   GPU pre-training: the step captured once as a CUDA graph and replayed
+--   :use_graph()   GPU pre-training: the step captured once as a CUDA graph and replayed (say(line), optional:
+--                  told why a step was captured again; name: the recipe that says it)
 -- A loss (pretraining_loss, head_loss, model_loss) is a table: stats(dev, accum) -> device.StepStats (the sums it
 -- adds on the device), forward(model, batch, stats, a, seed) -> the micro-batch's loss on the host (synchronous) or
 -- nil, backward(model, seed), sums(values, accum) -> the numbers summed over ranks for a log line, fields(sums,
@@ -221,7 +222,7 @@ function M.Step(o)
   if not o.synchronous and o.loss.host then error("Step: a host loss (model_loss) needs synchronous = true", 2) end
   local self = setmetatable({ model = o.model, optimizer = o.optimizer, amp = o.amp, dev = o.dev, loss = o.loss,
     accum = o.accum or 1, world = o.world or 1, rank = o.rank or 0, reducer = o.reducer, seed = o.seed or 0,
-    synchronous = o.synchronous, name = o.name or "train", on_device = {}, skipped_logged = 0, seqs = 0,
+    synchronous = o.synchronous, name = o.name or "train", say = o.say, on_device = {}, skipped_logged = 0, seqs = 0,
     steps = 0, since = logm.clock() }, Step)
   -- device memory the step needs, made before its first run (a captured step may not allocate)
   if not self.synchronous then
@@ -431,6 +432,9 @@ function Step:run(n, next_batch, lr)
     local ok, err = pcall(self.graph.run, self.graph, queue, self, n, get, lr)
     if ok then
       self.captures = self.captures + 1
+      if self.captures > 1 and self.say then   -- a capture after the first: say why
+        self.say(("%s: step %d captured again: %s"):format(self.name, n, self.capture_reason))
+      end
       return seqs
     end
     -- an allocation refused in the capture (work outside the step, an evaluation, took cached blocks; a new batch
