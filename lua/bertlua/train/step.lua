@@ -6,7 +6,7 @@
 --   local s = tstep.Step{ model = m, optimizer = lamb, amp = mp, dev = dev, loss = tstep.pretraining_loss(),
 --     accum = 2, seed = 12439, reducer = r, world = 1, rank = 0 }
 --   local seqs = s:run(n, next_batch, lr)   -- step n, next_batch(a) = micro-batch a; queued, no host wait
---   local rec = s:record(n)                  -- the one wait: the log line of the steps since the last one
+--   local rec = s:record(n)                  -- the one wait: step n's log line (throughput since the last one)
 --
 -- A step: zero the gradients once; for each of `accum` micro-batches pick its dropout stream, forward, the loss
 -- (the loss object), backward, which adds its gradients into the flat buffer; the mean over ranks (the reducer,
