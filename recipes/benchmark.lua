@@ -21,7 +21,7 @@
 -- OMP_WAIT_POLICY=active is as fast alone but collapses when the cores are
 -- shared (BENCHMARKS.md). The policy in effect is printed.
 -- On a GPU (--device=cuda[:N]) the step is recipes/pretrain.lua's own
--- (bertlua.train.pretrain_step): --accum micro-batches of --batch sequences,
+-- (bertlua.train.step): --accum micro-batches of --batch sequences,
 -- losses and accuracy summed on the device, NVLAMB on the device with the
 -- skip/update decision there, so a timed block of --steps steps waits for the
 -- device once, at its end. --precision picks fp32, tf32 (f32 GEMMs on TF32
@@ -61,7 +61,7 @@ local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
-local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local tstep = require "bertlua.train.step"
 local config = require "bertlua.bert.config"
 local options = require "bertlua.util.options"
 local log = require "bertlua.util.log"
@@ -294,8 +294,8 @@ if on_gpu and not opt.infer then
   -- keeps its f32 master weights in flat_params and a bf16 compute copy (model:to above): no loss scaling, so the
   -- step's amp object is the fp32 one (the device-side skip of non-finite steps stays).
   local lamb = optim.LAMB{ model = model, lr = opt.lr, weight_decay = 0.01, max_grad_norm = 1.0 }
-  pstep = PretrainStep{ model = model, optimizer = lamb, amp = amp.MixedPrecision{ model = model }, dev = dev,
-    accum = opt.accum, dropout_seed = function(step, micro) return step * 8191 + micro end }
+  pstep = tstep.Step{ model = model, optimizer = lamb, amp = amp.MixedPrecision{ model = model }, dev = dev,
+    loss = tstep.pretraining_loss(), accum = opt.accum }
   if opt.cuda_graph then pstep:use_graph() end
 elseif on_gpu then
   for _, k in ipairs({ "input_ids", "attention_mask", "token_type_ids" }) do batch[k] = batch[k]:to(opt.device) end

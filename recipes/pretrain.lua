@@ -19,17 +19,14 @@ local schedule = require "bertlua.train.schedule"
 local amp = require "bertlua.train.amp"
 local dist = require "bertlua.train.dist"
 local fingerprint = require "bertlua.train.fingerprint"
-local ckpt = require "bertlua.train.checkpoint"
 local fs = require "bertlua.util.fs"
 local logm = require "bertlua.util.log"
-local data = require "bertlua.data.loader"
 local Tok = require "bertlua.data.tokenizer"
-local shards = require "bertlua.data.shards"
 local device = require "bertlua.train.device"
 local loop = require "bertlua.train.loop"
 local graph = require "bertlua.device.graph"
-local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
-local safetensors = require "bertlua.io.safetensors"
+local tstep = require "bertlua.train.step"
+local phase = require "bertlua.train.phase"
 
 local SPEC = {
   { "model", "large", "preset (tiny mini small medium base large) or a config.json" },
@@ -124,14 +121,6 @@ if use_graph and graph.unavailable(dev) then
   use_graph = false
 end
 
-local function phase_settings(p)
-  return {
-    phase = p, seq = opt["seq" .. p], pred = opt["pred" .. p], batch = opt["batch" .. p], lr = opt["lr" .. p],
-    warmup = opt["warmup" .. p], steps = opt["steps" .. p], data = opt["data_phase" .. p],
-    warmup_steps = opt["warmup_steps" .. p] >= 0 and opt["warmup_steps" .. p] or nil,
-  }
-end
-
 -- The model: a preset or a config.json, BERT initialisation from the seed.
 local function model_config()
   local cfg = bert.config.is_preset(opt.model) and bert.config.preset(opt.model) or bert.config.load(opt.model)
@@ -146,84 +135,16 @@ dist.agree("pretrain", fingerprint.entries{ options = opt, config = model_config
   files = { { "--vocab", opt.vocab }, { "--init", opt.init } },
   data = { { "--data-phase1", opt.data_phase1 }, { "--data-phase2", opt.data_phase2 } } })
 
--- Dropout stream of one micro-batch: a function of (seed, step, global micro-batch
--- index) only, so a run resumes exactly and N ranks x A accumulation steps see the
--- same masks as 1 rank x N*A steps.
-local function dropout_seed(step, micro)
-  return ((opt.seed * 1000003 + step) * 8191 + micro) % 9007199254740881
-end
-
 -- the run directory belongs to this run while it lasts (a second run into it is refused)
-if rank == 0 then require("bertlua.util.fs").lock_dir(opt.output, "pretrain") end
+if rank == 0 then fs.lock_dir(opt.output, "pretrain") end
 local log = logm.open{ path = logm.path_for(opt.output, "log", opt.log_format), rank = rank, append = opt.resume,
   config = { options = opt, world_size = world }, format = opt.log_format }
 local done = { steps = 0, sequences = 0, train_time = 0 }   -- this run's work, for the summary line
 
--- open_loader(ph, args): a data.Loader; its errors name the phase's data option (and --seqN when too short)
-local function open_loader(ph, args, flag)
-  local ok, loader = pcall(data.Loader, args)
-  if ok then return loader end
-  local msg = tostring(loader)
-  if msg:find("tokens, more than the %d+ asked for") then msg = msg .. (" (--seq%d=%d)"):format(ph.phase, ph.seq) end
-  error(("pretrain: %s=%s: %s"):format(flag, args.dir, msg), 0)
-end
-
--- eval_loader(ph) -> the held-out shards' loader, or nil (said once) when there are none or too few for a
--- batch; held-out shards that do not fit the phase are an error
-local no_eval_said = {}
-local function eval_loader(ph)
-  local dir = opt.eval_data or ph.data
-  local function none(why)
-    if not no_eval_said[dir] then say("pretrain: no held-out shards for evaluation (" .. why .. ")") end
-    no_eval_said[dir] = true
-  end
-  if #shards.list_shards(dir, "test") == 0 then
-    return none(("no test_*.blshard in %s; shard.lua --test-fraction makes them"):format(dir))
-  end
-  local ok, loader = pcall(open_loader, ph, { dir = dir, split = "test", batch_size = opt.micro_batch, rank = rank,
-    world_size = world, seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
-    shuffle = false }, opt.eval_data and "--eval-data" or "--data-phase" .. ph.phase)
-  if ok then return loader end
-  local few = tostring(loader):match("(%d+ instances are not enough for .*)$")
-  if not few then error(loader, 0) end
-  return none(("test_*.blshard in %s: %s"):format(dir, few))
-end
-
-local function evaluate(model, ph, step)
-  local loader = eval_loader(ph)
-  if not loader then return nil end
-  model:eval()
-  local loss, correct, count, batches = 0, 0, 0, 0
-  for _ = 1, opt.eval_batches do
-    local batch = loader:next()
-    if not batch then break end
-    local out = model:forward(device.batch_to(batch, dev))
-    loss = loss + (out.mlm_loss or 0) * (out.mlm_count or 0)
-    correct = correct + (out.mlm_accuracy or 0) * (out.mlm_count or 0)
-    count = count + (out.mlm_count or 0)
-    batches = batches + 1
-  end
-  loader:close()
-  model:train()
-  local s = dist.sum_numbers({ loss, correct, count })
-  if s[3] == 0 then return nil end
-  local r = { step = step, phase = ph.phase, eval_mlm_loss = s[1] / s[3], eval_mlm_acc = s[2] / s[3] }
-  log:event("eval", r)
-  say(("  eval phase %d step %d: MLM loss %.4f, MLM accuracy %.4f (%d predictions)"):format(ph.phase, step,
-    r.eval_mlm_loss, r.eval_mlm_acc, s[3]))
-  return r
-end
-
 local t_start = logm.clock()
 
 local function run_phase(ph, init_model_dir, prev_opt_state)
-  if not ph.data then error(("pretrain: --data-phase%d is required for phase %d"):format(ph.phase, ph.phase), 0) end
-  local per_step = opt.micro_batch * world
-  if ph.batch % per_step ~= 0 then
-    error(("pretrain: phase %d global batch %d is not a multiple of micro-batch %d x %d ranks"):format(
-      ph.phase, ph.batch, opt.micro_batch, world), 0)
-  end
-  local accum = math.floor(ph.batch / per_step)
+  local accum = phase.accumulation(ph, opt.micro_batch, world)
   say(("phase %d: S=%d, %d predictions, global batch %d = %d ranks x %d micro-batch x %d accumulation, %d steps, lr %g")
     :format(ph.phase, ph.seq, ph.pred, ph.batch, world, opt.micro_batch, accum, ph.steps, ph.lr))
 
@@ -257,137 +178,28 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
   reducer:on_final(function(lo, hi) mp:round_grads(lo, hi) end)
   if world > 1 then reducer:attach(model) end
 
-  -- Micro-batch j of a global batch (j = rank*accum + a) comes from virtual
-  -- rank j of world*accum: the data a step sees does not depend on how it is
-  -- split over ranks and accumulation (bounded to keep the loader count sane).
-  local virt = accum <= 16
-  local loaders = {}
-  local flag = "--data-phase" .. ph.phase
-  local function loader_args(vrank, nvirt)
-    return { dir = ph.data, split = "train", batch_size = opt.micro_batch, rank = vrank, world_size = nvirt,
-      seed = opt.seed, max_seq_length = ph.seq, max_predictions = ph.pred, vocab = opt.vocab,
-        bin_lengths = opt.bin_lengths }
-  end
-  if virt then
-    for a = 1, accum do loaders[a] = open_loader(ph, loader_args(rank * accum + a - 1, world * accum), flag) end
-  else
-    loaders[1] = open_loader(ph, loader_args(rank, world), flag)
-  end
-  do  -- the held-out shards are checked now, not after the phase's training
-    local l = eval_loader(ph)
-    if l then l:close() end
-  end
-  if dev >= 0 then  -- to the GPU through pinned buffers on a copy stream, the next batch copied during this step
-    for a, l in ipairs(loaders) do loaders[a] = data.DeviceLoader(l, dev) end
-  end
+  -- the data (virtual-rank slices of the global batch, held-out evaluation) and the checkpoints (resume, save)
+  local d = phase.Data{ ph = ph, opt = opt, accum = accum, rank = rank, world = world, dev = dev, say = say }
+  local ck = phase.Checkpoints{ ph = ph, opt = opt, cfg = cfg, data = d, model = model, optimizer = optimizer,
+    amp = mp, reducer = reducer, rank = rank, world = world, say = say }
+  local start = ck:resume()
 
-  local ckdir = ("%s/checkpoints/phase%d"):format(opt.output, ph.phase)
-  -- A checkpoint is tied to how the global batch is cut into data slices
-  -- (world x accumulation virtual ranks), not to the world size: resuming on
-  -- a different number of ranks with the same global and micro batch (so
-  -- accumulation makes up the difference) continues exactly.
-  local identity = { model_config = cfg, optimizer = opt.optimizer, data_slices = virt and world * accum or world,
-    global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase,
-    run = { lr = ph.lr, warmup = ph.warmup, steps = ph.steps, seed = opt.seed,
-      data = require("bertlua.data.shards").fingerprint(ph.data) } }
-  if rank == 0 then ckpt.claim(ckdir, identity, opt.resume, "pretrain") end
-  local start = 0  -- steps already done (a resumed run starts after them)
-  if opt.resume then
-    -- a checkpoint whose state does not restore (e.g. a loader position past the data) falls back to the previous
-    local function restore(c)
-      local sd = { optimizer = optimizer.kind, step = c.state.optimizer_step, lr = c.state.lr }
-      for k, t in pairs(c.tensors) do
-        local name = k:match("^optimizer%.(.+)$")
-        if name then sd[name] = t end
-      end
-      for _, l in ipairs(loaders) do l:set_state(c.state.loader) end
-      optimizer:load_state_dict(sd)
-      mp:load_state_dict(c.state.scaler, c.state.optimizer_step)
-    end
-    local c = ckpt.load_latest(ckdir, { model = model, identity = identity, restore = restore })
-    if not c then
-      say(("  --resume: nothing to resume in %s (no complete checkpoint); phase %d starts at step 0")
-        :format(ckdir, ph.phase))
-    else
-      start = c.step
-      say(("  resumed from %s at step %d"):format(c.path, start))
-    end
-  end
-  if start >= ph.steps then say("  phase already complete") end
-  if opt.dump_batches then
-    if dev >= 0 then error("pretrain: --dump-batches works on the CPU only (--device=cpu)", 0) end
-    if not virt then error("pretrain: --dump-batches needs at most 16 micro-batches per rank and step", 0) end
-    require("bertlua.util.fs").mkdir_p(("%s/phase%d"):format(opt.dump_batches, ph.phase))
-  end
-
-  local function save_checkpoint(at)  -- at: the step just done
-    reducer:wait()   -- the reads below wait for the device: under the watchdog (a step's finish did not wait)
-    if rank ~= 0 then return end
-    local tensors = {}
-    for k, v in pairs(optimizer:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
-    ckpt.save(ckdir, { step = at, model = model, tensors = tensors, identity = identity,
-      -- every rank's (virtual) loaders step in lockstep: one position describes them all
-      state = { phase = ph.phase, optimizer_step = optimizer.step_count, lr = optimizer.last_lr,
-        scaler = mp:state_dict(), loader = loaders[1]:state(), world_size = world, accumulation = accum } },
-      { keep = opt.keep_checkpoints })
-  end
-
-  -- the step (bertlua.train.pretrain_step, also what recipes/benchmark.lua times); its device memory is made
-  -- here, before the first step
-  local skipped_logged = mp:state_dict().skipped_steps or 0
-  local pstep = PretrainStep{ model = model, optimizer = optimizer, amp = mp, reducer = reducer, dev = dev,
-    accum = accum, world = world, rank = rank, dropout_seed = dropout_seed }
+  -- the step (bertlua.train.step, also what recipes/benchmark.lua times); its device memory is made here, before
+  -- the first step. Dropout streams from --seed: a resumed run sees the same masks.
+  local pstep = tstep.Step{ model = model, optimizer = optimizer, amp = mp, loss = tstep.pretraining_loss(),
+    reducer = reducer, dev = dev, accum = accum, world = world, rank = rank, seed = opt.seed, name = "pretrain",
+    say = say }
   if use_graph then pstep:use_graph() end  -- captured once a step allocates nothing (from the 2nd or 3rd step)
-  -- every rank must take the same decision, or the others wait in the next all-reduce forever: the
-  -- clocks and the signals of all ranks are combined (one small all-reduce per step)
-  local function stop(_, ran)
-    if opt.max_steps > 0 and ran >= opt.max_steps then return "max-steps" end
-    local late = opt.max_time > 0 and logm.clock() - t_start >= opt.max_time
-    local sig = bl.stop_signal()
-    local votes = dist.sum_numbers({ late and 1 or 0, sig }, reducer)   -- watching the last step's GPU sums
-    if votes[1] > 0 then return "max-time" end
-    if votes[2] > 0 then return "signal" end
-  end
-  local dump_dir = opt.dump_batches and ("%s/phase%d"):format(opt.dump_batches, ph.phase)
-  local function next_micro(step, a)
-    local b = (virt and loaders[a] or loaders[1]):next()
-    if dump_dir then
-      safetensors.save(("%s/%06d_%03d.safetensors"):format(dump_dir, step, (virt and rank * accum or 0) + a), b)
-    end
-    return b
-  end
-  local captures_said = 0
+  -- every rank stops at the same step (max steps, max time, a signal on any rank)
+  local stop = phase.stop_votes{ max_steps = opt.max_steps, max_time = opt.max_time, t_start = t_start,
+    reducer = reducer }
   local function train_step(step, next_batch)
-    local t0 = logm.clock()
     -- skip or update decided on the model's device: no wait here
-    local seqs = pstep:run(step, next_batch, lr_at(optimizer.step_count + 1))
-    if use_graph and (pstep.captures or 0) > captures_said then   -- a capture after the first: say why
-      captures_said = pstep.captures
-      if captures_said > 1 then say(("pretrain: step %d captured again: %s"):format(step, pstep.capture_reason)) end
-    end
+    pstep:run(step, next_batch, lr_at(optimizer.step_count + 1))
     if step % opt.log_every ~= 0 and step ~= ph.steps then return nil end
-    -- the one wait of a logged step: this step's sums, the scaler state and the deferred index checks
-    local v = pstep:read()
-    local r = mp:read(v.amp)
-    local s = dist.sum_numbers({ v.losses[1], v.losses[2], v.counts[1], v.counts[2], v.counts[3], v.counts[4],
-      seqs })
-    local dt = logm.clock() - t0
-    local lr = optimizer.last_lr
-    local rec = { step = step, phase = ph.phase, loss = s[1] / (accum * world), mlm_loss = s[2] / (accum * world),
-      mlm_acc = s[4] > 0 and s[3] / s[4] or 0, nsp_acc = s[6] > 0 and s[5] / s[6] or 0, lr = lr,
-      seq_per_s = s[7] / dt, step_time = dt, loss_scale = r.loss_scale, grad_norm = r.grad_norm,
-      skipped = r.skipped > skipped_logged and r.skipped - skipped_logged or nil,  -- steps since the last line
-      overlapped_buckets = world > 1 and reducer.overlapped or nil }  -- launched during backward
-    skipped_logged = r.skipped
-    if dev >= 0 then  -- totals since the start: allocations and host waits of the device
-      local k = bl.cuda_counters(dev)
-      rec.cuda_mallocs, rec.cuda_syncs = k.mallocs, k.syncs
-      if use_graph then
-        local g = pstep:graph_stats()
-        rec.cuda_graph_launches, rec.cuda_graph_replays = k.graph_launches, g.replays
-        rec.cuda_graph_instantiations, rec.cuda_graph_updates = g.instantiations, g.updates
-      end
-    end
+    -- the one wait of a logged step: its sums, the scaler state and the deferred index checks
+    local rec = pstep:record(step)
+    rec.phase, rec.overlapped_buckets = ph.phase, world > 1 and reducer.overlapped or nil  -- launched during backward
     return rec
   end
   local function log_step(rec, step)  -- rec: nil on a step that is not logged
@@ -395,30 +207,30 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
     log:step(rec)
     if rec.loss ~= rec.loss then
       error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
-        :format(step, opt.precision, ckdir), 0)
+        :format(step, opt.precision, ck.dir), 0)
     end
   end
   local t_loop = logm.clock()
   local step, stop_reason = loop.run{ name = "pretrain", start = start, total = ph.steps, stop = stop,
-    batch = next_micro, step = train_step, log = log_step,
+    batch = function(s, a) return d:next(s, a) end, step = train_step, log = log_step,
     checkpoint = function(s)
-      if opt.checkpoint_interval > 0 and s % opt.checkpoint_interval == 0 then save_checkpoint(s) end
+      if opt.checkpoint_interval > 0 and s % opt.checkpoint_interval == 0 then ck:save(s) end
     end,
     evaluate = function(s)
-      if opt.eval_interval > 0 and s % opt.eval_interval == 0 then evaluate(model, ph, s) end
+      if opt.eval_interval > 0 and s % opt.eval_interval == 0 then d:evaluate(model, s, log) end
     end }
   done.steps, done.sequences = done.steps + step - start, done.sequences + (step - start) * ph.batch
   done.train_time = done.train_time + logm.clock() - t_loop
   if stop_reason then
-    save_checkpoint(step)
+    ck:save(step)
     say(("phase %d: stopped at step %d (%s); --resume continues from here"):format(ph.phase, step, stop_reason))
   end
-  for _, l in ipairs(loaders) do l:close() end
+  d:close()
   local finished = step >= ph.steps
   local final_dir = ("%s/phase%d"):format(opt.output, ph.phase)
   if finished then
-    save_checkpoint(step)
-    evaluate(model, ph, step)
+    ck:save(step)
+    d:evaluate(model, step, log)
     if rank == 0 then
       pretrained.save_pretrained(model, final_dir, { vocab = opt.vocab })
       say(("phase %d: done, model saved to %s"):format(ph.phase, final_dir))
@@ -429,20 +241,10 @@ local function run_phase(ph, init_model_dir, prev_opt_state)
 end
 
 local ok, err = xpcall(function()
-  local phases = opt.phase == "both" and { 1, 2 } or { tonumber(opt.phase) }
-  local init = opt.init
-  if init and opt.init_random then error("pretrain: --init and --init-random exclude each other", 0) end
-  local prev_state
-  for _, p in ipairs(phases) do
-    if p == 2 and not init then
-      local dir = opt.output .. "/phase1"
-      if fs.readable(dir .. "/model.safetensors") then init = dir
-      elseif not opt.init_random and not (opt.resume and ckpt.latest(opt.output .. "/checkpoints/phase2")) then
-        error(("pretrain: --phase=2 starts from phase 1's model: pass --init=DIR (or run phase 1 into --output=%s "
-          .. "first); --init-random trains phase 2 from random weights"):format(opt.output), 0)
-      end
-    end
-    local finished, final_dir, state = run_phase(phase_settings(p), init, prev_state)
+  local init, prev_state = opt.init, nil
+  for _, p in ipairs(opt.phase == "both" and { 1, 2 } or { tonumber(opt.phase) }) do
+    init = phase.init_dir(opt, p, init)
+    local finished, final_dir, state = run_phase(phase.settings(opt, p), init, prev_state)
     if not finished then break end
     init, prev_state = final_dir, state
   end

@@ -1,4 +1,4 @@
--- Pre-training's bf16 step (bertlua.train.pretrain_step, LAMB) on the emulated device in its two set-ups:
+-- Pre-training's bf16 step (bertlua.train.step, LAMB) on the emulated device in its two set-ups:
 --   emulation: the f32 model with MixedPrecision's rounding passes (what the recipes ran on cuda before
 --              the compute copy, and what the CPU still runs)
 --   copy:      the half compute copy (amp.model_to: half activations, tensor-core GEMMs, f32 master weights)
@@ -12,16 +12,16 @@ local amp = require "bertlua.train.amp"
 local optim = require "bertlua.train.optim"
 local stepmodel = require "bertlua.stepmodel"
 local clock = require("bertlua.util.log").clock
-local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local tstep = require "bertlua.train.step"
 
 -- a model in the set-up and its step; run(i) queues step i on the fixed batch
 local function setup(cfg, mode, batch)
   local model = bert.BertForPreTraining(cfg, { seed = 1 })
   if mode == "copy" then amp.model_to(model, 0, "bf16") else model:to{ device = 0 } end
   model:train()
-  local s = PretrainStep{ model = model, amp = amp.MixedPrecision{ model = model, precision = "bf16" }, dev = 0,
-    optimizer = optim.LAMB{ model = model, lr = 1e-4, weight_decay = 0.01, max_grad_norm = 1.0 },
-    dropout_seed = function(step, micro) return step * 8191 + micro end }
+  local s = tstep.Step{ model = model, amp = amp.MixedPrecision{ model = model, precision = "bf16" }, dev = 0,
+    loss = tstep.pretraining_loss(),
+    optimizer = optim.LAMB{ model = model, lr = 1e-4, weight_decay = 0.01, max_grad_norm = 1.0 } }
   return function(i) s:run(i, function() return batch end, 1e-4) end, s
 end
 

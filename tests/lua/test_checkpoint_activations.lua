@@ -1,7 +1,7 @@
 -- Activation checkpointing (BertEncoder.checkpoint, --checkpoint-activations): each layer's forward is run again
 -- in the backward from its input with the same dropout counter, so everything must be bit-identical to the plain
 -- step, dropout on:
---  * pre-training with LAMB (PretrainStep, accumulation 2), fp32 and the CPU's bf16 emulation, padded and unpadded
+--  * pre-training with LAMB (bertlua.train.step, accum 2), fp32 and the CPU's bf16 emulation, padded and unpadded
 --    (unpad_training): the loss of every step, the gradients of the last step and the weights after the steps;
 --  * the layers share one set of internal buffers (the memory saving): after a step, and after an evaluation between
 --    steps (which gives the plain model's loss), only one layer holds them;
@@ -13,7 +13,7 @@ local bert = require "bertlua.bert"
 local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
 local fx = require "fixtures"
-local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local tstep = require "bertlua.train.step"
 
 local CFG = fx.tiny_config()
 CFG.num_hidden_layers = 4
@@ -52,8 +52,8 @@ local function train(ckpt, unpad, precision)
   model.bert.encoder.checkpoint = ckpt
   local lamb = optim.LAMB{ model = model, lr = LR, weight_decay = 0.01, max_grad_norm = 1.0 }
   local mp = amp.MixedPrecision{ model = model, precision = precision }
-  local s = PretrainStep{ model = model, optimizer = lamb, amp = mp, dev = -1, accum = 2,
-    dropout_seed = function(step, micro) return step * 8191 + micro end }
+  local s = tstep.Step{ model = model, optimizer = lamb, amp = mp, dev = -1, loss = tstep.pretraining_loss(),
+    accum = 2 }
   local batches = { fx.pretrain_batch(CFG.vocab_size, B, S, P), fx.pretrain_batch(CFG.vocab_size, B + 1, S, P) }
   local losses, packed, eval = {}, 0, nil
   for step = 1, STEPS do

@@ -1,4 +1,4 @@
--- Gradient accumulation of pre-training's step (bertlua.train.pretrain_step) against an independent reference: the
+-- Gradient accumulation of pre-training's step (bertlua.train.step) against an independent reference: the
 -- algorithm it replaced, each micro-batch's gradient computed in the zeroed buffer and added to a separate sum in
 -- micro-batch order. The step now zeroes the buffer once and lets each backward add into it (the embedding tables
 -- keep a separate sum: their gradients are chained row sums), so the weights after 6 optimizer steps of accumulation
@@ -12,7 +12,7 @@ local bert = require "bertlua.bert"
 local config = require "bertlua.bert.config"
 local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
-local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local tstep = require "bertlua.train.step"
 local device = require "bertlua.train.device"
 
 local CFG = config.new{ vocab_size = 104, hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 2,
@@ -35,7 +35,9 @@ local function batch(shift)
     masked_lm_labels = bl.from(lab, { dtype = "i32" }), next_sentence_labels = bl.from(nsp, { dtype = "i32" }) }
 end
 
-local function seed_of(step, micro) return 100 * step + micro end
+local SEED = 5
+-- the step's dropout stream of micro-batch j (0-based) of a step
+local function seed_of(step, j) return tstep.dropout_seed(SEED, step, j) end
 
 local function setup(devname, precision)
   local m = bert.BertForPreTraining(CFG, { seed = 7 })
@@ -50,7 +52,8 @@ end
 
 local function with_step(devname, precision)
   local m, lamb, mp, dev = setup(devname, precision)
-  local ps = PretrainStep{ model = m, optimizer = lamb, amp = mp, dev = dev, accum = ACCUM, dropout_seed = seed_of }
+  local ps = tstep.Step{ model = m, optimizer = lamb, amp = mp, dev = dev, loss = tstep.pretraining_loss(),
+    accum = ACCUM, seed = SEED }
   for step = 1, STEPS do
     ps:run(step, function(a) return batch(step * 10 + a) end, LR)
     ps:read()

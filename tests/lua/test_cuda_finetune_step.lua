@@ -1,8 +1,8 @@
--- trainer.fit on a GPU with the device-resident step (bertlua.train.device_step) against the synchronous step
--- (fit{synchronous = true}: the heads' own losses, read back every micro-batch) on the same device, tiny QA,
--- classification and regression (STS-B: one f32 score, MSE) models, 6 steps of 2 accumulated micro-batches with
--- random inputs and targets (some QA positions outside the window and one ignored label, so clamping and ignoring
--- are exercised):
+-- trainer.fit on a GPU with the device-resident step (bertlua.train.step with the heads' device losses) against the
+-- synchronous step (fit{synchronous = true}: the heads' own losses, read back every micro-batch) on the same device,
+-- tiny QA, classification and regression (STS-B: one f32 score, MSE) models, 6 steps of 2 accumulated micro-batches
+-- with random inputs and targets (some QA positions outside the window and one ignored label, so clamping and
+-- ignoring are exercised):
 --   * fp32 and bf16: every logged loss and the final weights bit for bit those of the synchronous step (the same
 --     kernels in the same order; only where the loss is read differs);
 --   * fp16: the loss scaler decides on the device; the synchronous scaler's norm sums the whole flat buffer in

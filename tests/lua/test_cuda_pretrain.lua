@@ -124,13 +124,13 @@ T.test("bf16, SIGKILL on cuda, --resume: the same losses bit for bit; the checkp
   end
 end)
 
--- The fast path, not the emulation: pretrain.lua's set-up (amp.model_to, MixedPrecision, PretrainStep) on cuda in
+-- The fast path, not the emulation: pretrain.lua's set-up (amp.model_to, MixedPrecision, bertlua.train.step) on cuda in
 -- bf16 and fp16 records a step whose GEMMs all run on the half tensor-core engine, with no rounding pass (cast) and
 -- no master-weight copy (d2d); the emulation (the f32 model) makes only f32 GEMMs, 4 casts and 2 copies per step.
 T.test("bf16/fp16 on cuda train on the half compute copy: tensor-core GEMMs, no rounding passes", function()
   local bert, optim = require "bertlua.bert", require "bertlua.train.optim"
   local stepmodel = require "bertlua.stepmodel"
-  local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+  local tstep = require "bertlua.train.step"
   local loader = require("bertlua.data.loader").Loader{ dir = tmp .. "/data", split = "train", batch_size = 4,
     max_seq_length = 32, max_predictions = 5, shuffle = false }
   local batch = loader:next()
@@ -140,8 +140,8 @@ T.test("bf16/fp16 on cuda train on the half compute copy: tensor-core GEMMs, no 
     if emulate then model:to{ device = 0 } else amp.model_to(model, 0, p) end
     local mp = amp.MixedPrecision{ model = model, precision = p }
     T.eq(mp.compute, not emulate, p .. ": MixedPrecision's mode")
-    local s = PretrainStep{ model = model, optimizer = optim.LAMB{ model = model, lr = 1e-3 }, amp = mp, dev = 0,
-      dropout_seed = function(step, micro) return step * 8191 + micro end }
+    local s = tstep.Step{ model = model, optimizer = optim.LAMB{ model = model, lr = 1e-3 }, amp = mp, dev = 0,
+      loss = tstep.pretraining_loss() }
     s:run(1, function() return batch end, 1e-3)
     s:read()
     local n = { gemm = 0, tc16 = 0, cast = 0, d2d = 0 }
@@ -164,8 +164,8 @@ T.test("bf16/fp16 on cuda train on the half compute copy: tensor-core GEMMs, no 
   local model = bert.BertForPreTraining(bert.config.load(tmp .. "/cfg.json"), { seed = 1 })
   amp.model_to(model, 0, "fp16")
   local mp = amp.MixedPrecision{ model = model, precision = "fp16", scaler = { init_scale = 2 ^ 24 } }
-  local s = PretrainStep{ model = model, optimizer = optim.LAMB{ model = model, lr = 1e-3 }, amp = mp, dev = 0,
-    dropout_seed = function(step, micro) return step * 8191 + micro end }
+  local s = tstep.Step{ model = model, optimizer = optim.LAMB{ model = model, lr = 1e-3 }, amp = mp, dev = 0,
+    loss = tstep.pretraining_loss() }
   local w0, h0 = model.flat_params:to("cpu"), model.flat_compute:to("cpu")
   s:run(1, function() return batch end, 1e-3)
   local r = mp:read(s:read().amp)

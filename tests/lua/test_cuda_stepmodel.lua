@@ -19,7 +19,7 @@ local core = require "bertlua.core"
 local stepmodel = require "bertlua.stepmodel"
 local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
-local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local tstep = require "bertlua.train.step"
 local device = require "bertlua.train.device"
 local C, check, ffi = core.C, core.check, core.ffi
 
@@ -439,8 +439,8 @@ local function recorded_accum_step()
   m:train()
   local dev = bl.device_of("cuda:0", "test")
   local lamb = optim.LAMB{ model = m, lr = 1e-3, weight_decay = 0.01, max_grad_norm = 1.0 }
-  local ps = PretrainStep{ model = m, optimizer = lamb, amp = amp.MixedPrecision{ model = m }, dev = dev, accum = 2,
-    dropout_seed = function(step, micro) return 100 * step + micro end }
+  local ps = tstep.Step{ model = m, optimizer = lamb, amp = amp.MixedPrecision{ model = m }, dev = dev,
+    loss = tstep.pretraining_loss(), accum = 2 }
   local bt = batch(1)
   ps:run(1, function() return bt end, 1e-3)
   ps:read()
@@ -474,7 +474,7 @@ T.test("pre-training's step with accumulation: no full-gradient-buffer pass per 
     T.eq(zeroings, 1, "zeroings of the gradient buffer per optimizer step")
   end)
 
--- A step's loss seed 1/accum (a number: bf16, no loss scaling) is known before the forward: PretrainStep hands it
+-- A step's loss seed 1/accum (a number: bf16, no loss scaling) is known before the forward: the step hands it
 -- over as stats.grad_scale and the cross-entropy writes the logits' gradients times it, so backward(1/accum) makes no
 -- pass over the [masked rows, vocab] gradient. 0.5 is a power of two: the product's bits are those of scaling the
 -- rounded gradient afterwards, so every gradient must be the same bit for bit.
@@ -535,8 +535,8 @@ T.test("a step captured while it was recorded replays after the recording", func
   m:train()
   local dev = bl.device_of("cuda:0", "test")
   local lamb = optim.LAMB{ model = m, lr = 1e-3, weight_decay = 0.01, max_grad_norm = 1.0 }
-  local ps = PretrainStep{ model = m, optimizer = lamb, amp = amp.MixedPrecision{ model = m }, dev = dev, accum = 2,
-    dropout_seed = function(step, micro) return 100 * step + micro end }:use_graph()
+  local ps = tstep.Step{ model = m, optimizer = lamb, amp = amp.MixedPrecision{ model = m }, dev = dev,
+    loss = tstep.pretraining_loss(), accum = 2 }:use_graph()
   local bt = batch(1)
   local function run(step) ps:run(step, function() return bt end, 1e-3) end
   for step = 1, 3 do run(step) end

@@ -2,7 +2,7 @@
 -- into [1, T, H] for every GEMM, LayerNorm, GELU and dropout, attention forward and backward per row
 -- (bl_attention_forward_packed_train / bl_attention_backward_packed), against the padded step on the same model,
 -- batches and dropout streams:
---  * pre-training with LAMB (the recipe's PretrainStep, accumulation 2), fp32 and the CPU's bf16 emulation, on
+--  * pre-training with LAMB (the recipe's step, accumulation 2), fp32 and the CPU's bf16 emulation, on
 --    every CPU path this machine has: per-step losses, gradient norm and the weights after the steps;
 --  * the packed attention backward against central differences of its forward, with dropout;
 --  * the packed attention's dropout against the padded op's at the real positions (the same Philox entries);
@@ -32,7 +32,7 @@ local bert = require "bertlua.bert"
 local ops = require "bertlua.nn.ops"
 local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
-local PretrainStep = require("bertlua.train.pretrain_step").PretrainStep
+local tstep = require "bertlua.train.step"
 
 local CFG = require("fixtures").tiny_config()
 local S, LR, STEPS = 37, 1e-3, 4
@@ -73,8 +73,8 @@ local function train(unpad, precision)
   model.bert.unpad_training = unpad
   local lamb = optim.LAMB{ model = model, lr = LR, weight_decay = 0.01, max_grad_norm = 1.0 }
   local mp = amp.MixedPrecision{ model = model, precision = precision }
-  local s = PretrainStep{ model = model, optimizer = lamb, amp = mp, dev = -1, accum = 2,
-    dropout_seed = function(step, micro) return step * 8191 + micro end }
+  local s = tstep.Step{ model = model, optimizer = lamb, amp = mp, dev = -1, loss = tstep.pretraining_loss(),
+    accum = 2 }
   local batches = { make_batch(LENS[1], 5), make_batch(LENS[2], 6) }
   local losses, norms, packed = {}, {}, 0
   local fwd = model.bert.forward

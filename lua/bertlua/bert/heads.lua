@@ -171,7 +171,7 @@ end
 -- mlm_rows(batch[, into]) -> pos, lab (i32 CPU tensors [m]: flat row b*S + p of each masked position, its label;
 -- padded with position 0 and ignore_index), n (the counted ones), or nil without MLM targets; into(m) -> the two
 -- tensors to fill. A caller that puts them on the device itself passes them back as batch.mlm_rows = {pos, lab}
--- (bertlua.train.pretrain_step with a CUDA graph: they travel with the step's inputs).
+-- (bertlua.train.step with a CUDA graph: they travel with the step's inputs).
 function BertForPreTraining:mlm_rows(batch, into)
   local ids = batch.input_ids
   return mlm_rows(self, batch, ids:size(1), ids:size(2), into)

@@ -12,7 +12,7 @@
 -- kernels in the same order only updates its parameters (cudaGraphExecUpdate). replay() launches the last graph
 -- again without running fn: the kernels must then read whatever changes from step to step from device memory
 -- that the host updates before the launch (set_inputs in bl_base.h; dropout seed slots, BL_SEED_SLOT in
--- bl_ops.h; the optimizer's bl_amp_config.lr_from), which is how bertlua.train.pretrain_step captures its step
+-- bl_ops.h; the optimizer's bl_amp_config.lr_from), which is how bertlua.train.step captures its step
 -- once. replayable() says whether a replay is valid (no device block handed out since the capture). What the step
 -- must not do while captured: wait for the device, read its memory, or allocate (after warm-up the caching
 -- allocator serves every block); each of those is an error naming the op, raised from run(). Uploads from host

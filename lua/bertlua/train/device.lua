@@ -86,7 +86,7 @@ local HOST_FIELDS = { masked_lm_positions = true, masked_lm_labels = true, next_
 -- there per field and reused while shape and dtype stay the same: no device allocation per step, and the
 -- upload is queued on the device's stream without a host wait (bl_dev_memcpy). The next call overwrites them.
 -- With fixed, a batch already on the device is copied into the kept buffers too (a captured CUDA graph reads its
--- batch from the same addresses every step; bertlua.train.pretrain_step).
+-- batch from the same addresses every step; bertlua.train.step).
 function M.batch_to(batch, dev, keep, fixed)
   local out = {}
   for k, v in pairs(batch) do

@@ -222,7 +222,7 @@ function Reducer:finish(opts)
 end
 
 -- cancel(): forget the step's launched buckets and final ranges, whose queued work was dropped (a CUDA graph
--- capture that failed: bertlua.train.pretrain_step runs the step again uncaptured)
+-- capture that failed: bertlua.train.step runs the step again uncaptured)
 function Reducer:cancel()
   check(C.bl_reducer_cancel(self.r))
   self.launched, self.final, self.armed = {}, {}, true

@@ -42,13 +42,15 @@
 -- accumulation N. predict shards the batches over the ranks (round robin)
 -- and hands every output to consume on rank 0 only, in order.
 --
--- On a GPU (device >= 0) the QA, classification and regression (STS-B) heads train with
--- bertlua.train.device_step: no host wait inside a step (losses, accuracy and the fp16 loss scaler stay on the
--- device and are read once per log line, every log_every steps), no device allocation after the first step while
--- the batch shape stays the same; the logged losses are those of the synchronous step. With fp16 the
--- learning-rate schedule advances on a skipped step too (as in pre-training). On a GPU the training micro-batches,
--- targets included, go through pinned memory on the copy stream (bertlua.device.prefetch), the next one copied
--- while the current one trains, on the device step and the synchronous one alike.
+-- The step is bertlua.train.step's. On the CPU it is synchronous: the head's own loss (model_loss) read back after
+-- every micro-batch, fp16's skip decided on the host, the learning-rate schedule advancing on applied steps. On a
+-- GPU (device >= 0) the QA, classification and regression (STS-B) heads train with their device losses (head_loss):
+-- no host wait inside a step (losses, accuracy and the fp16 loss scaler stay on the device and are read once per
+-- log line, every log_every steps), no device allocation after the first step while the batch shape stays the
+-- same; the logged losses are those of the synchronous step. With fp16 the learning-rate schedule advances on a
+-- skipped step too (as in pre-training). On a GPU the training micro-batches, targets included, go through pinned
+-- memory on the copy stream (bertlua.device.prefetch), the next one copied while the current one trains, on the
+-- device step and the synchronous one alike.
 local bl = require "bertlua.tensor"
 local optim = require "bertlua.train.optim"
 local schedule = require "bertlua.train.schedule"
@@ -57,16 +59,11 @@ local rng = require "bertlua.util.rng"
 local amp = require "bertlua.train.amp"
 local slice = require("bertlua.util.list").slice
 local device = require "bertlua.train.device"
-local device_step = require "bertlua.train.device_step"
+local tstep = require "bertlua.train.step"
 local dist = require "bertlua.train.dist"
 local prefetch = require "bertlua.device.prefetch"
 
 local M = {}
-
--- the dropout stream of micro-batch j of a step: a function of (seed, step, j) only
-local function dropout_seed(seed, step, j)
-  return ((seed * 1000003 + step) * 8191 + j) % 9007199254740881
-end
 
 function M.run(h)
   local step, ran, name = h.start or 0, 0, h.name or "train"
@@ -109,8 +106,8 @@ function M.fit(o)
   -- on a GPU bf16/fp16 train on the half compute copy, never on the emulation of the CPU (bertlua.train.amp)
   local known, half = pcall(amp.storage_dtype, precision)   -- an unknown one: MixedPrecision's error below
   if dev >= 0 and known and half and model.compute_dtype ~= half then amp.model_to(model, dev, precision) end
-  -- on a GPU the step stays on the device (bertlua.train.device_step) for the heads it knows
-  local make_device_step = dev >= 0 and not o.synchronous and device_step.for_model(model) or nil
+  -- on a GPU the step stays on the device for the heads whose loss it knows (bertlua.train.step.head_loss)
+  local head_loss = dev >= 0 and not o.synchronous and tstep.head_loss(model) or nil
   local adamw = optim.AdamW{ model = model, lr = o.lr, weight_decay = o.weight_decay or 0.01,
     max_grad_norm = o.max_grad_norm or 1.0 }
   local lr_at = o.schedule or schedule.linear_warmup{ lr = o.lr, total_steps = total, warmup_steps = o.warmup_steps,
@@ -130,7 +127,6 @@ function M.fit(o)
   local order = {}
   for i = 1, o.n do order[i] = i end
   model:train()
-  local last_loss, skipped = nil, 0
   -- the epoch's order is shuffled on its first step (the draws the old per-epoch loop made)
   -- micro-batch a of a step on the host; called in the order of the micro-batches
   local function host_batch(step, a)
@@ -141,48 +137,26 @@ function M.fit(o)
     local first = s * o.batch + (rank * accum + a - 1) * micro
     return o.make_batch(slice(order, first + 1, first + micro))
   end
-  local function set_rng(step, a)
-    model.rng = bl.Generator(dropout_seed(o.seed or 42, step, rank * accum + a - 1))
-    model:apply(function(m) m.rng = model.rng end)
-  end
-  local function train_step(step, next_batch)
-    local t0 = logm.clock()
-    model:zero_grad()
-    mp:begin_step()
-    local loss = 0
-    for a = 1, accum do
-      set_rng(step, a)
-      local out = model:forward(next_batch(a))
-      reducer:arm(a == accum)
-      model:backward(mp:scale() / accum)
-      loss = loss + out.loss / accum
+  -- exact_tables = false: the embedding tables' gradients accumulate in place (fine-tuning's bits as they were)
+  local ts = tstep.Step{ model = model, optimizer = adamw, amp = mp, dev = dev, accum = accum, world = world,
+    rank = rank, reducer = reducer, seed = o.seed or 42, loss = head_loss or tstep.model_loss(),
+    synchronous = not head_loss, exact_tables = false, name = "trainer" }
+  local log_every = o.log_every or 1
+  local function train_step(n, next_batch)
+    ts:run(n, next_batch, lr_at(adamw.step_count + 1))
+    if n % log_every ~= 0 and n ~= total then return nil end
+    local rec = ts:record(n)
+    if rec.loss ~= rec.loss then
+      error(("trainer: loss is NaN at step %d (precision %s)"):format(n, mp.precision), 0)
     end
-    mp:end_backward{ rounded = true }   -- the reducer rounds (on_final)
-    reducer:finish{ scale = 1 / world }  -- the mean over ranks; the optimizer runs after the sums
-    reducer:wait()
-    if world > 1 then loss = dist.sum_numbers({ loss })[1] / world end
-    if loss ~= loss then
-      error(("trainer: loss is NaN at step %d (precision %s)"):format(step, mp.precision), 0)
-    end
-    local lr = lr_at(adamw.step_count + 1)
-    local stepped, stats = mp:step(adamw, lr)
-    if not stepped then skipped = skipped + 1 end
-    last_loss = loss
-    return { step = step, loss = loss, lr = lr, grad_norm = stats and stats.grad_norm,
-      seq_per_s = o.batch / (logm.clock() - t0),
-      loss_scale = mp.dtype == "f16" and mp:scale() or nil, skipped = not stepped or nil }
-  end
-  local step_hook = train_step
-  if make_device_step then
-    step_hook = make_device_step{ model = model, dev = dev, accum = accum, world = world, mp = mp, optimizer = adamw,
-      reducer = reducer, lr_at = lr_at, total = total, log_every = o.log_every or 1, set_rng = set_rng }
+    return rec
   end
   local batch = function(step, a) return device.batch_to(host_batch(step, a), dev) end
   local stage = dev >= 0 and prefetch.Stager(dev) or nil
   if stage then
     -- on a GPU every micro-batch goes through pinned memory and the copy stream (bertlua.device.prefetch): got,
     -- then the next one put (copied while this one trains), then trained; the device step's targets with it
-    local prepare = make_device_step and step_hook.prepare or function(b) return b end
+    local prepare = ts.loss.prepare or function(b) return b end
     local function put(step, a)
       if a > accum then step, a = step + 1, 1 end
       if step <= total then stage:put(prepare(host_batch(step, a))) end
@@ -195,21 +169,17 @@ function M.fit(o)
     end
   end
   local t_train = logm.clock()
-  local step = M.run{ name = "trainer", total = total, batch = batch, step = step_hook,
-    log = function(rec, n)
-      if rec and (n % (o.log_every or 1) == 0 or n == total) then log:step(rec) end
-    end }
+  local steps = M.run{ name = "trainer", total = total, batch = batch, step = train_step,
+    log = function(rec) if rec then log:step(rec) end end }
   if stage then stage:close() end
-  if make_device_step then
-    local f = step_hook.finish()
-    last_loss, skipped = f.loss, f.skipped
-  end
-  log:summary{ steps = step, sequences = step * o.batch, train_time = logm.clock() - t_train }
+  local f = ts:finish()
+  log:summary{ steps = steps, sequences = steps * o.batch, train_time = logm.clock() - t_train }
   log:close()
-  if skipped > 0 and rank == 0 then
-    print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(skipped, step, mp:scale()))
+  if f.skipped > 0 and rank == 0 then
+    print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(f.skipped, steps,
+      mp:scale()))
   end
-  return { steps = step, loss = last_loss, skipped = skipped, loss_scale = mp:scale() }
+  return { steps = steps, loss = f.loss, skipped = f.skipped, loss_scale = mp:scale() }
 end
 
 local function percentile(sorted, p)
