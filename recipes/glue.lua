@@ -16,6 +16,7 @@ local glue = require "bertlua.tasks.glue"
 local metrics = require "bertlua.tasks.metrics"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
+local batched = require "bertlua.batched"
 local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local device = require "bertlua.train.device"
@@ -157,7 +158,7 @@ end
 local function batch_of(rows, idx, with_labels)
   local sel = {}
   for k, i in ipairs(idx) do sel[k] = rows[i] end
-  local b = trainer.pad_rows(sel, opt.max_seq_length)
+  local b = batched.pad_rows(sel, opt.max_seq_length)
   if with_labels then
     local lab = bl.empty({ #sel }, { dtype = regression and "f32" or "i32" })
     local p = lab:ptr()
@@ -192,7 +193,7 @@ end
 -- the other ranks compute their share of the batches and get an empty table)
 local function predict(rows)
   local preds = {}
-  local stats = trainer.predict{ model = model, n = #rows, batch = opt.eval_batch, name = "glue", device = dev,
+  local stats = batched.predict{ model = model, n = #rows, batch = opt.eval_batch, name = "glue", device = dev,
     precision = opt.precision, describe = function(i) return "row " .. rows[i].guid end,
     make_batch = function(idx) return batch_of(rows, idx, false) end,
     consume = function(idx, out)
@@ -209,7 +210,7 @@ local function predict(rows)
         end
       end
     end }
-  print("predict: " .. trainer.format_latency(stats))
+  print("predict: " .. batched.format_latency(stats))
   return preds
 end
 

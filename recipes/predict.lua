@@ -35,7 +35,7 @@ local fs = require "bertlua.util.fs"
 local bert = require "bertlua.bert"
 local pretrained = require "bertlua.pretrained"
 local Tok = require "bertlua.data.tokenizer"
-local trainer = require "bertlua.train.loop"
+local batched = require "bertlua.batched"
 local ft = require "bertlua.tasks.common"
 local infer = require "bertlua.bert.infer"
 local device = require "bertlua.train.device"
@@ -110,10 +110,10 @@ end
 local function run(n, make_batch, consume, describe)
   if opt.warmup_batches > 0 then
     local w = math.min(n, opt.warmup_batches * opt.batch)
-    trainer.predict{ model = model, n = w, batch = opt.batch, make_batch = make_batch, name = "predict",
+    batched.predict{ model = model, n = w, batch = opt.batch, make_batch = make_batch, name = "predict",
       precision = opt.precision, describe = describe, device = dev }
   end
-  return trainer.predict{ model = model, n = n, batch = opt.batch, make_batch = make_batch, consume = consume,
+  return batched.predict{ model = model, n = n, batch = opt.batch, make_batch = make_batch, consume = consume,
     name = "predict", precision = opt.precision, describe = describe, device = dev }
 end
 
@@ -123,13 +123,13 @@ local function encode_pair(a, b)
   return { ids = tok:convert_tokens_to_ids(toks), types = types }
 end
 
--- run() over such rows, each batch padded to its longest row (trainer.pad_rows)
+-- run() over such rows, each batch padded to its longest row (batched.pad_rows)
 local function run_rows(rows, consume, describe)
   return run(#rows,
     function(idx)
       local sel = {}
       for k, i in ipairs(idx) do sel[k] = rows[i] end
-      return (trainer.pad_rows(sel, opt.max_seq_length))
+      return (batched.pad_rows(sel, opt.max_seq_length))
     end,
     consume, describe)
 end
@@ -146,20 +146,9 @@ local function answer_questions(src, name)
   if #examples == 0 then error(("predict: no usable questions in %s"):format(name), 0) end
   local feats = squad.convert_examples_to_features(examples, tok, { max_seq_length = opt.max_seq_length,
     doc_stride = opt.doc_stride, max_query_length = opt.max_query_length, is_training = false })
-  -- a feature's row is its tokens up to the last unmasked one; run() pads the batch
-  local function feature_rows(idx)
-    local rows = {}
-    for k, i in ipairs(idx) do
-      local f = feats[i]
-      local n = 0
-      for j = 1, #f.input_mask do if f.input_mask[j] ~= 0 then n = j end end
-      rows[k] = { ids = slice(f.input_ids, 1, n), types = slice(f.segment_ids, 1, n) }
-    end
-    return (trainer.pad_rows(rows, opt.max_seq_length))
-  end
   local preds, nbest, odds, stats = squad.predict(examples, feats,
     function(n, consume)
-      return run(n, feature_rows, consume,
+      return run(n, function(idx) return (squad.feature_batch(feats, idx, opt.max_seq_length)) end, consume,
         function(i) return "question " .. tostring(examples[feats[i].example_index + 1].qas_id) end)
     end,
     { tokenizer = tok, n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
@@ -301,7 +290,7 @@ else
   write_output(table.concat(out_lines, "\n") .. "\n")
 end
 
-io.stderr:write(("predict: %d records (%d skipped); %s\n"):format(records, skipped, trainer.format_latency(stats)))
+io.stderr:write(("predict: %d records (%d skipped); %s\n"):format(records, skipped, batched.format_latency(stats)))
 if opt.stats then
   summary.task, summary.records, summary.skipped, summary.batch, summary.threads = task, records, skipped, opt.batch,
     bl.num_threads()

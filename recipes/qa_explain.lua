@@ -9,7 +9,7 @@ local options = require "bertlua.util.options"
 local bert = require "bertlua.bert"
 local pretrained = require "bertlua.pretrained"
 local Tok = require "bertlua.data.tokenizer"
-local trainer = require "bertlua.train.loop"
+local batched = require "bertlua.batched"
 local cjson = require "cjson"
 local slice = require("bertlua.util.list").slice
 
@@ -46,7 +46,7 @@ for line in require("bertlua.util.fs").lines(opt.input) do
     local rec = cjson.decode(line)
     local q, c = tok:tokenize(rec.question), tok:tokenize(rec.context)
     local toks, types = bert.pair(q, c, opt.max_seq_length)
-    local batch = trainer.pad_rows({ { ids = tok:convert_tokens_to_ids(toks), types = types } }, #toks)
+    local batch = batched.pad_rows({ { ids = tok:convert_tokens_to_ids(toks), types = types } }, #toks)
     local out = model:forward(batch)
     local n = #toks
     local st = softmax(slice(out.start_logits:totable(), 1, n))

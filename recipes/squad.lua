@@ -21,6 +21,7 @@ local bert = require "bertlua.bert"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
+local batched = require "bertlua.batched"
 local ft = require "bertlua.tasks.common"
 local amp = require "bertlua.train.amp"
 local cjson = require "cjson"
@@ -103,35 +104,6 @@ model.bert.encoder.checkpoint = opt.checkpoint_activations
 local feat_opts = { max_seq_length = opt.max_seq_length, doc_stride = opt.doc_stride,
   max_query_length = opt.max_query_length }
 
--- a batch of features as tensors, trimmed to the longest real sequence (multiple of 8)
-local function make_batch(feats, idx, first, count, with_labels)
-  local S = 8
-  for r = first, first + count - 1 do
-    local f = feats[idx[r]]
-    local n = 0
-    for i = 1, #f.input_mask do if f.input_mask[i] ~= 0 then n = i end end
-    if n > S then S = n end
-  end
-  S = math.min(math.ceil(S / 8) * 8, opt.max_seq_length)
-  local ids = bl.zeros({ count, S }, { dtype = "i32" })
-  local tt, am = bl.zeros({ count, S }, { dtype = "i32" }), bl.zeros({ count, S }, { dtype = "i32" })
-  local sp, ep = bl.zeros({ count }, { dtype = "i32" }), bl.zeros({ count }, { dtype = "i32" })
-  local pi, pt, pm = ids:ptr(), tt:ptr(), am:ptr()
-  for r = 0, count - 1 do
-    local f = feats[idx[first + r]]
-    for i = 1, S do
-      pi[r * S + i - 1], pt[r * S + i - 1], pm[r * S + i - 1] = f.input_ids[i], f.segment_ids[i], f.input_mask[i]
-    end
-    if with_labels then
-      sp:ptr()[r] = math.min(f.start_position, S - 1)
-      ep:ptr()[r] = math.min(f.end_position, S - 1)
-    end
-  end
-  local b = { input_ids = ids, token_type_ids = tt, attention_mask = am }
-  if with_labels then b.start_positions, b.end_positions = sp, ep end
-  return b, S
-end
-
 if opt.do_train then
   local examples, rep = squad.read_examples(opt.train_file, { is_training = true,
     version_2_with_negative = opt.version_2_with_negative })
@@ -154,7 +126,7 @@ if opt.do_train then
     precision = opt.precision, log_path = logm.path_for(opt.output, "train_log", opt.log_format),
     log_format = opt.log_format, config = { options = opt },
     bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
-    make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, true)) end }
+    make_batch = function(idx) return (squad.feature_batch(feats, idx, opt.max_seq_length, true)) end }
   if dist.is_main() then
     pretrained.save_pretrained(model, opt.output .. "/model", { vocab = vocab })
     print("train: model saved to " .. opt.output .. "/model")
@@ -177,10 +149,11 @@ if opt.do_predict then
   feat_opts.is_training = false
   local feats = squad.convert_examples_to_features(examples, tok, feat_opts)
   local function run(n, consume)
-    return trainer.predict{ model = model, n = n, batch = opt.predict_batch, name = "squad", device = dev,
+    return batched.predict{ model = model, n = n, batch = opt.predict_batch, name = "squad", device = dev,
       precision = opt.precision,
       describe = function(i) return "question " .. tostring(examples[feats[i].example_index + 1].qas_id) end,
-      make_batch = function(idx) return (make_batch(feats, idx, 1, #idx, false)) end, consume = consume }
+      make_batch = function(idx) return (squad.feature_batch(feats, idx, opt.max_seq_length)) end,
+      consume = consume }
   end
   if not dist.is_main() then  -- runs its share of the batches; rank 0 gathers them, writes and evaluates
     run(#feats)
@@ -189,7 +162,7 @@ if opt.do_predict then
   local _, _, _, stats = squad.predict(examples, feats, run, { tokenizer = tok, output_dir = opt.output,
     n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
     version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })
-  print("predict: " .. trainer.format_latency(stats))
+  print("predict: " .. batched.format_latency(stats))
   print("predict: wrote " .. opt.output .. "/predictions.json")
   if squad.has_answers(dataset) then
     local preds = cjson.decode(io.open(opt.output .. "/predictions.json"):read("*a"))

@@ -12,6 +12,7 @@ local LAYERS = {
   { "io", { "bertlua.io" } },
   { "data", { "bertlua.data" } },
   { "train", { "bertlua.train", "bertlua.stepmodel" } },
+  { "batched", { "bertlua.batched" } },                  -- batched inference over a model
   { "pretrained", { "bertlua.pretrained" } },            -- model directories in and out
   { "tasks", { "bertlua.tasks" } },
   { "api", { "bertlua" } },                              -- lua/bertlua/init.lua: the short names for scripts

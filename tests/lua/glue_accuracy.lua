@@ -19,7 +19,7 @@ local Tok = require "bertlua.data.tokenizer"
 local st = require "bertlua.io.safetensors"
 local bert = require "bertlua.bert"
 local pretrained = require "bertlua.pretrained"
-local trainer = require "bertlua.train.loop"
+local batched = require "bertlua.batched"
 local cjson = require "cjson"
 
 local opt = options.parse(arg, {
@@ -83,7 +83,7 @@ local function rows_of(file)
   return rows
 end
 local function dump(rows, path, labels)
-  local t = trainer.pad_rows(rows, opt.max_seq_length)
+  local t = batched.pad_rows(rows, opt.max_seq_length)
   if labels then
     t.labels = bl.zeros({ #rows }, { dtype = "i32" })
     for i, r in ipairs(rows) do t.labels:ptr()[i - 1] = r.label end

@@ -1,5 +1,5 @@
 -- Evaluation and prediction batches on a GPU go through pinned memory (bertlua.device.prefetch, bl_stager), as the
--- training batches do: trainer.predict (squad/glue evaluation, predict.lua) and bert.extract_features
+-- training batches do: infer.predict (squad/glue evaluation, predict.lua) and bert.extract_features
 -- (extract_features.lua) on a tiny model with random inputs, batches of changing length and a short last batch:
 --   * the outputs are bit for bit those of the direct path (each batch uploaded with device.batch_to, the same
 --     kernels on the same device);
@@ -13,7 +13,7 @@ local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local config = require "bertlua.bert.config"
-local trainer = require "bertlua.train.loop"
+local batched = require "bertlua.batched"
 local device = require "bertlua.train.device"
 local prefetch = require "bertlua.device.prefetch"
 local cjson = require "cjson"
@@ -45,7 +45,7 @@ local function make_batch(idx)
   made[#made + 1] = "make " .. idx[1]
   local rows = {}
   for k, i in ipairs(idx) do rows[k] = EX[i] end
-  return (trainer.pad_rows(rows, CFG.max_position_embeddings))
+  return (batched.pad_rows(rows, CFG.max_position_embeddings))
 end
 
 local model = bert.BertForSequenceClassification(CFG, { seed = 9 })
@@ -54,7 +54,7 @@ model:eval()
 
 local function pageable() return bl.cuda_counters(0).pageable_h2d end
 
-T.test("trainer.predict: the direct path's logits, no upload from pageable memory, the next batch in flight",
+T.test("infer.predict: the direct path's logits, no upload from pageable memory, the next batch in flight",
   function()
   -- the direct path: each batch uploaded from its (pageable) tensors
   local want, p0 = {}, pageable()
@@ -69,7 +69,7 @@ T.test("trainer.predict: the direct path's logits, no upload from pageable memor
   end
   made = {}
   local got, p1 = {}, pageable()
-  local stats = trainer.predict{ model = model, n = N, batch = BATCH, device = 0, make_batch = make_batch,
+  local stats = batched.predict{ model = model, n = N, batch = BATCH, device = 0, make_batch = make_batch,
     consume = function(idx, out)
       made[#made + 1] = "consume " .. idx[1]
       got[#got + 1] = out.logits:totable()

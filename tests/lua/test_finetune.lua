@@ -9,6 +9,7 @@ local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local pretrained = require "bertlua.pretrained"
 local trainer = require "bertlua.train.loop"
+local batched = require "bertlua.batched"
 local schedule = require "bertlua.train.schedule"
 local ft = require "bertlua.tasks.common"
 local cjson = require "cjson"
@@ -37,7 +38,7 @@ local rows = data(1, 24)
 local function batch_of(idx)
   local sel = {}
   for k, i in ipairs(idx) do sel[k] = rows[i] end
-  local b = trainer.pad_rows(sel, 64)
+  local b = batched.pad_rows(sel, 64)
   b.labels = bl.from((function() local l = {} for k, r in ipairs(sel) do l[k] = r.label end return l end)(),
     { dtype = "i32" })
   return b
@@ -188,7 +189,7 @@ T.test("precision: bf16 and fp16 (f32 master weights) track the fp32 loss curve;
 end)
 
 T.test("pad_rows: longest in batch, multiple of 8; padding does not change logits", function()
-  local b, S = trainer.pad_rows({ rows[1], rows[2], rows[3] }, 64)
+  local b, S = batched.pad_rows({ rows[1], rows[2], rows[3] }, 64)
   local longest = math.max(#rows[1].ids, #rows[2].ids, #rows[3].ids)
   T.eq(S, math.ceil(longest / 8) * 8)
   T.eq(b.input_ids:size(1), 3); T.eq(b.input_ids:size(2), S)
@@ -201,15 +202,15 @@ T.test("pad_rows: longest in batch, multiple of 8; padding does not change logit
       T.eq(types[(r - 1) * S + i], real and rows[r].types[i] or 0)
     end
   end
-  local _, S2 = trainer.pad_rows({ { ids = { 1, 2, 3 } } }, 64)
+  local _, S2 = batched.pad_rows({ { ids = { 1, 2, 3 } } }, 64)
   T.eq(S2, 8)
-  local _, S3 = trainer.pad_rows({ { ids = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 } } }, 9)
+  local _, S3 = batched.pad_rows({ { ids = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 } } }, 9)
   T.eq(S3, 9)
   local m = bert.BertForSequenceClassification(cfg, { seed = 3, num_labels = 2 })
   m:eval()
   local together = m:forward(b).logits:totable()
   for r = 1, 3 do
-    local alone = m:forward((trainer.pad_rows({ rows[r] }, #rows[r].ids))).logits:totable()
+    local alone = m:forward((batched.pad_rows({ rows[r] }, #rows[r].ids))).logits:totable()
     T.near({ together[2 * r - 1], together[2 * r] }, alone, 1e-4, 1e-6, "row " .. r)
   end
 end)
@@ -218,7 +219,7 @@ T.test("predict: eval mode, every sequence once, ordered percentiles", function(
   local m = bert.BertForSequenceClassification(cfg, { seed = 3, num_labels = 2 })
   m:train()
   local got = {}
-  local st = trainer.predict{ model = m, n = #rows, batch = 5, make_batch = batch_of,
+  local st = batched.predict{ model = m, n = #rows, batch = 5, make_batch = batch_of,
     consume = function(idx, out)
       T.eq(out.logits:size(1), #idx)
       for _, i in ipairs(idx) do got[#got + 1] = i end
@@ -227,7 +228,7 @@ T.test("predict: eval mode, every sequence once, ordered percentiles", function(
   for i = 1, #rows do T.eq(got[i], i) end
   T.eq(st.batches, 5); T.eq(st.sequences, 24)
   T.truthy(st.p50_ms > 0 and st.p50_ms <= st.p90_ms and st.p90_ms <= st.p99_ms and st.seq_per_s > 0, cjson.encode(st))
-  T.truthy(trainer.format_latency(st):find("p99", 1, true), "formatted")
+  T.truthy(batched.format_latency(st):find("p99", 1, true), "formatted")
   -- eval mode: no dropout even in a model configured with it, so runs repeat exactly
   local c2 = {}
   for k, v in pairs(cfg) do c2[k] = v end
@@ -236,7 +237,7 @@ T.test("predict: eval mode, every sequence once, ordered percentiles", function(
   local runs = {}
   for k = 1, 2 do
     runs[k] = {}
-    trainer.predict{ model = md, n = 8, batch = 8, make_batch = batch_of,
+    batched.predict{ model = md, n = 8, batch = 8, make_batch = batch_of,
       consume = function(_, out) runs[k] = out.logits:totable() end }
   end
   T.near(runs[2], runs[1], 0, 0)

@@ -18,6 +18,7 @@ local pretrained = require "bertlua.pretrained"
 local squad = require "bertlua.tasks.squad"
 local Tok = require "bertlua.data.tokenizer"
 local trainer = require "bertlua.train.loop"
+local batched = require "bertlua.batched"
 local st = require "bertlua.io.safetensors"
 local syn = require "bertlua.data.synthetic"
 local cjson = require "cjson"
@@ -47,7 +48,7 @@ local function f1_of(preds) return squad.evaluate(eval_data, preds).f1, preds en
 
 local function predict(model)
   return (squad.predict(eval_ex, eval_feats, function(n, consume)
-    return trainer.predict{ model = model, n = n, batch = 64, name = "squad", consume = consume,
+    return batched.predict{ model = model, n = n, batch = 64, name = "squad", consume = consume,
       make_batch = function(idx) return real.qa_batch(eval_feats, idx, false) end }
   end, { tokenizer = tok }))
 end

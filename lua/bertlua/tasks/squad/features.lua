@@ -1,7 +1,9 @@
 -- bertlua.tasks.squad.features: examples -> fixed-length features (doc stride
--- windows), as run_squad.py's convert_examples_to_features, and their packing into
--- int32 arrays for the model.
-local ffi = require "ffi"
+-- windows), as run_squad.py's convert_examples_to_features, and the one batch
+-- builder that makes a model batch of them (training, evaluation, predict.lua).
+local bl = require "bertlua.tensor"
+local batched = require "bertlua.batched"
+local slice = require("bertlua.util.list").slice
 
 local M = {}
 
@@ -155,37 +157,30 @@ function M.convert_examples_to_features(examples, tok, opts)
   return out
 end
 
--- pack_features(features[, first=1[, count=all]]) -> batch of FFI int32 arrays:
--- { n, seq_len, input_ids, input_mask, segment_ids (n*seq_len, row-major),
---   start_positions, end_positions (n; -1 when the feature has none), unique_ids (n, int64) }
-function M.pack_features(features, first, count)
-  first = first or 1
-  count = count or (#features - first + 1)
-  if count < 1 or first < 1 or first + count - 1 > #features then
-    error(("squad.pack_features: range %d..%d outside 1..%d"):format(first, first + count - 1, #features), 2)
+-- feature_batch(features, idx, max_len[, with_labels]) -> batch, S: features idx[1], idx[2], ... as a model batch
+-- (input_ids, token_type_ids, attention_mask: int32 tensors), each row cut after its last unmasked token and the
+-- batch padded to its longest row (a multiple of 8, at most max_len: bertlua.batched.pad_rows); with_labels adds
+-- start_positions and end_positions (capped at S - 1).
+function M.feature_batch(features, idx, max_len, with_labels)
+  local rows = {}
+  for k, i in ipairs(idx) do
+    local f = features[i]
+    if not f then error(("squad.feature_batch: no feature %s of %d"):format(tostring(i), #features), 2) end
+    local n = 0
+    for j = 1, #f.input_mask do if f.input_mask[j] ~= 0 then n = j end end
+    rows[k] = { ids = slice(f.input_ids, 1, n), types = slice(f.segment_ids, 1, n) }
   end
-  local L = #features[first].input_ids
-  local b = { n = count, seq_len = L,
-    input_ids = ffi.new("int32_t[?]", count * L), input_mask = ffi.new("int32_t[?]", count * L),
-    segment_ids = ffi.new("int32_t[?]", count * L), start_positions = ffi.new("int32_t[?]", count),
-    end_positions = ffi.new("int32_t[?]", count), unique_ids = ffi.new("int64_t[?]", count) }
-  for r = 0, count - 1 do
-    local f = features[first + r]
-    if #f.input_ids ~= L or #f.input_mask ~= L or #f.segment_ids ~= L then
-      error(("squad.pack_features: feature %d has length %d, expected %d"):format(first + r, #f.input_ids, L), 2)
+  local b, S = batched.pad_rows(rows, max_len)
+  if with_labels then
+    local sp, ep = bl.zeros({ #idx }, { dtype = "i32" }), bl.zeros({ #idx }, { dtype = "i32" })
+    local ps, pe = sp:ptr(), ep:ptr()
+    for k, i in ipairs(idx) do
+      ps[k - 1] = math.min(features[i].start_position, S - 1)
+      pe[k - 1] = math.min(features[i].end_position, S - 1)
     end
-    local base = r * L
-    local ids, mask, seg = f.input_ids, f.input_mask, f.segment_ids
-    for i = 1, L do
-      b.input_ids[base + i - 1] = ids[i]
-      b.input_mask[base + i - 1] = mask[i]
-      b.segment_ids[base + i - 1] = seg[i]
-    end
-    b.start_positions[r] = f.start_position or -1
-    b.end_positions[r] = f.end_position or -1
-    b.unique_ids[r] = f.unique_id or 0
+    b.start_positions, b.end_positions = sp, ep
   end
-  return b
+  return b, S
 end
 
 ------------------------------------------------------------------ predictions

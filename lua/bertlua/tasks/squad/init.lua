@@ -5,7 +5,7 @@
 --   local squad = require "bertlua.tasks.squad"
 --   local ex, rep = squad.read_examples("dev-v1.1.json", { is_training = false })
 --   local feats = squad.convert_examples_to_features(ex, tok, { is_training = false })
---   local batch = squad.pack_features(feats, 1, 32)         -- int32 FFI arrays
+--   local batch = squad.feature_batch(feats, { 1, 2, 3 }, 384, true)   -- tensors, labels too
 --   local out = squad.write_predictions(ex, feats, results, { tokenizer = tok,
 --                  output_dir = "out", version_2_with_negative = false })
 --   local scores = squad.evaluate(dataset_json, predictions)  -- official metrics
