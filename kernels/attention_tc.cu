@@ -146,7 +146,7 @@ __device__ __forceinline__ uint64_t drop_call(const tc_args &a, int64_t bh, int6
   return a.offset + ((uint64_t)bh * (uint64_t)a.S + (uint64_t)q) * (uint64_t)((a.S + 3) / 4) + (uint64_t)(k >> 2);
 }
 __device__ __forceinline__ float keep_z(uint32_t x, const tc_args &a) {
-  return (float)(x >> 8) * (1.0f / 16777216.0f) >= a.p ? a.dscale : 0.0f;
+  return bl_philox_u01(x) >= a.p ? a.dscale : 0.0f;
 }
 
 // The four dropout factors of this lane's elements of a 16 x 8 score tile (rows q, q+8; keys k, k+1, k = 2t

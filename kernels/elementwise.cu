@@ -12,6 +12,7 @@
 // 1-2 dims. Grid: one thread per output element (grid-stride loop, 256 threads).
 #include "common.cuh"
 #include "philox.cuh"
+#include "../src/base/rules/elementwise.h"
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -27,10 +28,6 @@ struct desc {
   int64_t stride[BL_MAX_DIMS];
 };
 
-const char *const binop_names[BL_NUM_BINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                               "eq", "ne", "lt", "le", "gt", "ge"};
-const char *const unop_names[BL_NUM_UNOPS] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-                                             "relu", "square", "reciprocal", "sign", "floor", "ceil", "erf"};
 const char *const redop_names[BL_NUM_REDOPS] = {"sum", "mean", "max", "min", "argmax", "argmin", "prod"};
 
 __device__ __forceinline__ double ld(int dtype, const char *p) {
@@ -54,9 +51,9 @@ __device__ __forceinline__ void st(int dtype, char *p, double v) {
     case BL_F64: *(double *)p = v; break;
     case BL_F16: *(unsigned short *)p = __half_as_ushort(__float2half_rn((float)v)); break;
     case BL_BF16: *(unsigned short *)p = __bfloat16_as_ushort(__float2bfloat16_rn((float)v)); break;
-    case BL_I32: *(int32_t *)p = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v; break;
-    case BL_I64: *(int64_t *)p = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN : (int64_t)v; break;
-    case BL_U8: *(uint8_t *)p = v != v ? 0 : v >= 255.0 ? 255 : v <= 0 ? 0 : (uint8_t)v; break;
+    case BL_I32: *(int32_t *)p = bl_d2i32(v); break;
+    case BL_I64: *(int64_t *)p = bl_d2i64(v); break;
+    case BL_U8: *(uint8_t *)p = bl_d2u8(v); break;
     default: *(uint8_t *)p = v != 0; break;
   }
 }
@@ -94,14 +91,6 @@ __device__ __forceinline__ void iter_offsets(const iter &it, int64_t i, int64_t 
   }
 }
 
-// Operand k broadcast to (ndim, shape): stride 0 on broadcast dims.
-void bcast_strides(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out) {
-  for (int d = 0; d < ndim; d++) {
-    int td = d - (ndim - t->ndim);
-    out[d] = (td < 0 || t->shape[td] == 1 || t->shape[td] != shape[d]) ? 0 : t->stride[td];
-  }
-}
-
 // Build and coalesce the iteration: ops[0] is the output (defines the shape).
 void make_iter(iter *it, int nops, const bl_tensor *const *ops) {
   const bl_tensor *o = ops[0];
@@ -109,7 +98,7 @@ void make_iter(iter *it, int nops, const bl_tensor *const *ops) {
   int64_t shape[BL_MAX_DIMS], str[4][BL_MAX_DIMS];
   memset(it, 0, sizeof *it);   // strides of unused operand slots are 0 (iter_offsets reads all 4)
   for (int d = 0; d < nd; d++) shape[d] = o->shape[d];
-  for (int k = 0; k < nops; k++) bcast_strides(ops[k], nd, shape, str[k]);
+  for (int k = 0; k < nops; k++) bl_broadcast_strides(ops[k], nd, o->shape, str[k]);
   it->nops = nops;
   it->n = o->numel;
   for (int k = 0; k < nops; k++) { it->data[k] = (char *)ops[k]->data; it->dtype[k] = ops[k]->dtype; }
@@ -135,44 +124,6 @@ void make_iter(iter *it, int nops, const bl_tensor *const *ops) {
 
 enum { EW_COPY = 0, EW_FILL, EW_BINARY, EW_SCALAR, EW_UNARY, EW_AFFINE, EW_WHERE };
 
-__device__ __forceinline__ double binop_d(int op, double x, double y) {
-  switch (op) {
-    case BL_ADD: return x + y;
-    case BL_SUB: return x - y;
-    case BL_MUL: return x * y;
-    case BL_DIV: return x / y;
-    case BL_POW: return pow(x, y);
-    case BL_MAXIMUM: return (x != x || x > y) ? x : y;
-    case BL_MINIMUM: return (x != x || x < y) ? x : y;
-    case BL_EQ: return x == y;
-    case BL_NE: return x != y;
-    case BL_LT: return x < y;
-    case BL_LE: return x <= y;
-    case BL_GT: return x > y;
-    default: return x >= y;
-  }
-}
-
-__device__ __forceinline__ double unop_d(int op, double x) {
-  switch (op) {
-    case BL_NEG: return -x;
-    case BL_ABS: return fabs(x);
-    case BL_EXP: return exp(x);
-    case BL_LOG: return log(x);
-    case BL_SQRT: return sqrt(x);
-    case BL_RSQRT: return 1.0 / sqrt(x);
-    case BL_TANH: return tanh(x);
-    case BL_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case BL_RELU: return x > 0 ? x : 0;
-    case BL_SQUARE: return x * x;
-    case BL_RECIPROCAL: return 1.0 / x;
-    case BL_SIGN: return (double)((x > 0) - (x < 0));
-    case BL_FLOOR: return floor(x);
-    case BL_CEIL: return ceil(x);
-    default: return erf(x);
-  }
-}
-
 // One generic elementwise kernel (runtime switch, no template explosion).
 // Operand 0 is the output; a..c are inputs as required by `kind`.
 __global__ void ew_kernel(iter it, int kind, int op, double s, double alpha, int scalar_first) {
@@ -197,15 +148,15 @@ __global__ void ew_kernel(iter it, int kind, int op, double s, double alpha, int
       case EW_FILL: st(it.dtype[0], o, s); break;
       case EW_BINARY: {
         const char *b = it.data[2] + off[2] * dsize(it.dtype[2]);
-        st(it.dtype[0], o, binop_d(op, ld(it.dtype[1], a), ld(it.dtype[2], b)));
+        st(it.dtype[0], o, bl_binop_eval(op, ld(it.dtype[1], a), ld(it.dtype[2], b)));
         break;
       }
       case EW_SCALAR: {
         double x = ld(it.dtype[1], a);
-        st(it.dtype[0], o, scalar_first ? binop_d(op, s, x) : binop_d(op, x, s));
+        st(it.dtype[0], o, scalar_first ? bl_binop_eval(op, s, x) : bl_binop_eval(op, x, s));
         break;
       }
-      case EW_UNARY: st(it.dtype[0], o, unop_d(op, ld(it.dtype[1], a))); break;
+      case EW_UNARY: st(it.dtype[0], o, bl_unop_eval(op, ld(it.dtype[1], a))); break;
       case EW_AFFINE:   // two roundings as on the CPU: _rn intrinsics keep nvcc from fusing them into an FMA
         if (it.dtype[0] == BL_F32 && it.dtype[1] == BL_F32)   // the CPU's f32 fast path computes in f32
           *(float *)o = __fadd_rn(__fmul_rn(*(const float *)a, (float)alpha), (float)s);
@@ -254,20 +205,6 @@ int check_out_shape(const char *op, const bl_tensor *out, int n, const int64_t *
     return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", op, BL_SHAPE(out, a), bl_shape_str(n, shape, b, sizeof b));
   }
   return 0;
-}
-
-// True when the output overlaps an input in a way a parallel kernel could race
-// on: only exact aliasing (same view) is allowed, as on the CPU where it is safe.
-int check_broadcast_to(const char *op, const bl_tensor *src, const bl_tensor *dst) {
-  if (src->ndim > dst->ndim) goto bad;
-  for (int d = 0; d < src->ndim; d++) {
-    int64_t a = src->shape[src->ndim - 1 - d], b = dst->shape[dst->ndim - 1 - d];
-    if (a != b && a != 1) goto bad;
-  }
-  return 0;
-bad:
-  char x[128], y[128];
-  return bl_set_error(BL_EINVAL, "%s: cannot broadcast %s to %s", op, BL_SHAPE(src, x), BL_SHAPE(dst, y));
 }
 
 // ---------------------------------------------------------------- reductions
@@ -344,17 +281,13 @@ __global__ void reduce_kernel(red_args a) {
 // ---------------------------------------------------------------- random fills (f32 contiguous scratch)
 // One Box-Muller pair from two 32-bit draws (24 bits each; u1 in (0, 1]).
 __device__ __forceinline__ void box_muller(uint32_t r1, uint32_t r2, double a, double b, float *z0, float *z1) {
-  double u1 = (double)(r1 >> 8) * (1.0 / 16777216.0) + 1.0 / 16777216.0;
-  double u2 = (double)(r2 >> 8) * (1.0 / 16777216.0);
+  double u1 = bl_philox_u01_pos(r1), u2 = bl_philox_u01(r2);
   // sincospi(2 u2) = (sin, cos)(2 pi u2): no large-argument reduction, whose
   // slow path keeps an array in local memory (cos/sin of a double argument).
   double rad = sqrt(-2.0 * log(u1)), sn, cs;
   sincospi(2.0 * u2, &sn, &cs);
   *z0 = (float)(a + b * rad * cs);
   *z1 = (float)(a + b * rad * sn);
-}
-__device__ __forceinline__ float uniform24(uint32_t r, double a, double b) {
-  return (float)(a + (b - a) * ((double)(r >> 8) * (1.0 / 16777216.0)));
 }
 
 // Four values per Philox block, named scalars rather than arrays so nothing
@@ -368,7 +301,10 @@ __global__ void rand_kernel(float *p, int64_t n, uint64_t seed, uint64_t offset,
       box_muller(r.x, r.y, a, b, &v0, &v1);
       box_muller(r.z, r.w, a, b, &v2, &v3);
     } else {
-      v0 = uniform24(r.x, a, b); v1 = uniform24(r.y, a, b); v2 = uniform24(r.z, a, b); v3 = uniform24(r.w, a, b);
+      v0 = bl_philox_uniform_ab(r.x, a, b);
+      v1 = bl_philox_uniform_ab(r.y, a, b);
+      v2 = bl_philox_uniform_ab(r.z, a, b);
+      v3 = bl_philox_uniform_ab(r.w, a, b);
     }
     int64_t i = blk * 4;   // < n
     p[i] = v0;
@@ -540,7 +476,7 @@ int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src
 }
 
 int cu_copy_header(const char *op, int dev, const bl_tensor *dst, const bl_tensor *src) {
-  BL_CHECK(check_broadcast_to(op, src, dst));
+  BL_CHECK(bl_check_broadcast_to(op, src, dst));
   return copy_between(op, dev, dst, src);
 }
 
@@ -595,7 +531,7 @@ extern "C" int bl_cuda_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
   int dev;
   const bl_tensor *ts[] = {dst, src};
   BL_CHECK(cu_device(op, 2, ts, &dev));
-  BL_CHECK(check_broadcast_to(op, src, dst));
+  BL_CHECK(bl_check_broadcast_to(op, src, dst));
   int rc = cast_native(op, dev, dst, src);
   return rc != BL_EUNSUPPORTED ? rc : copy_between(op, dev, dst, src);
 }
@@ -628,7 +564,7 @@ extern "C" int bl_cuda_tensor_fill(bl_tensor *t, double value) {
 
 extern "C" int bl_cuda_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
-  const char *name = binop_names[op];
+  const char *name = bl_binop_names[op];
   BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, a)); BL_CHECK(check_t(name, b));
   int dev;
   const bl_tensor *ts[] = {out, a, b};
@@ -645,7 +581,7 @@ extern "C" int bl_cuda_binary(int op, bl_tensor *out, const bl_tensor *a, const 
 
 extern "C" int bl_cuda_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int scalar_first) {
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
-  const char *name = binop_names[op];
+  const char *name = bl_binop_names[op];
   BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, a));
   int dev;
   const bl_tensor *ts[] = {out, a};
@@ -658,7 +594,7 @@ extern "C" int bl_cuda_binary_scalar(int op, bl_tensor *out, const bl_tensor *a,
 
 extern "C" int bl_cuda_unary(int op, bl_tensor *out, const bl_tensor *a) {
   if (op < 0 || op >= BL_NUM_UNOPS) return bl_set_error(BL_EINVAL, "unary: unknown operation %d", op);
-  const char *name = unop_names[op];
+  const char *name = bl_unop_names[op];
   BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, a));
   int dev;
   const bl_tensor *ts[] = {out, a};

@@ -22,6 +22,8 @@
 // steps (bias correction) are made by step_final in the caller's state tensor
 // (bl_optim.h, BL_AMP_*), which the host reads when it logs.
 #include "common.cuh"
+#include "../src/base/rules/amp.h"
+#include "../src/base/rules/optim.h"
 #include <math.h>
 #include <string.h>
 #include <vector>
@@ -138,36 +140,6 @@ __global__ void sq_partial(const float *g, const chunk *ch, double grad_scale, d
   if (threadIdx.x == 0) part[blockIdx.x] = acc * grad_scale * grad_scale;
 }
 
-// The loss-scaler decision of one step in the state tensor (the rules of bertlua.train.amp's DynamicLossScaler;
-// the CPU twin is opt_amp_decide in src/optim/amp.c). Returns whether the step is skipped.
-__device__ bool amp_decide(double *a, const bl_amp_config &c, double norm) {
-  const double scale = a[BL_AMP_SCALE];
-  a[BL_AMP_CALLS] += 1;
-  if (!isfinite(norm)) {
-    a[BL_AMP_SKIPPED] += 1;
-    a[BL_AMP_LAST_SKIPPED] = 1;
-    a[BL_AMP_GROWTH] = 0;
-    if (c.dynamic) {
-      if (scale <= c.min_scale) a[BL_AMP_FLOOR_SKIPS] += 1;
-      a[BL_AMP_SCALE] = fmax(scale * c.backoff_factor, c.min_scale);
-    }
-    return true;
-  }
-  a[BL_AMP_LAST_SKIPPED] = 0;
-  a[BL_AMP_FLOOR_SKIPS] = 0;
-  a[BL_AMP_STEP] += 1;
-  a[BL_AMP_NORM] = norm;
-  if (c.dynamic) {
-    double g = a[BL_AMP_GROWTH] + 1;
-    if (g >= (double)c.growth_interval) {
-      a[BL_AMP_SCALE] = fmin(scale * c.growth_factor, c.max_scale);
-      g = 0;
-    }
-    a[BL_AMP_GROWTH] = g;
-  }
-  return false;
-}
-
 // The step state from the partials (given < 0) or from the caller's norm. With amp (the partials are of the
 // raw gradients then) the norm is that of grad_scale / loss scale * g, and the state tensor decides the skip.
 __global__ void step_final(const double *part, int64_t n, final_args a, double *amp, step_state *st) {
@@ -180,15 +152,15 @@ __global__ void step_final(const double *part, int64_t n, final_args a, double *
   double nrm = a.given < 0 ? sqrt(acc) : a.given, gs = a.grad_scale;
   float ibc1 = a.ibc1, ibc2 = a.ibc2;
   bool skip = !isfinite(nrm);
-  if (amp) {
-    gs /= amp[BL_AMP_SCALE];
+  if (amp) {   // the decision of src/base/rules/amp.h, as the CPU's opt_amp_cpu makes it
+    gs = bl_amp_grad_mul(amp, gs);
     nrm *= gs;
-    skip = amp_decide(amp, a.amp, nrm);
+    skip = bl_amp_decide_rule(amp, &a.amp, nrm);
     const double step = amp[BL_AMP_STEP];
-    ibc1 = a.bias_correction ? (float)(1.0 / (1.0 - pow(a.beta1, step))) : 1.0f;
-    ibc2 = a.bias_correction ? (float)(1.0 / (1.0 - pow(a.beta2, step))) : 1.0f;
+    ibc1 = bl_opt_inv_bc(a.bias_correction, a.beta1, step);
+    ibc2 = bl_opt_inv_bc(a.bias_correction, a.beta2, step);
   }
-  double clip = (a.max_norm > 0.0 && nrm > a.max_norm) ? nrm / a.max_norm : 1.0;
+  double clip = bl_opt_clip(nrm, a.max_norm);
   st->lr = a.lr_from ? *a.lr_from : a.lr;
   st->norm = nrm;
   st->clip = clip;
@@ -218,16 +190,10 @@ __global__ void seg_ratio(const double *pw, const double *pu, const int64_t *seg
   sw = cu_block_sum_d(sw, sh);
   su = cu_block_sum_d(su, sh);
   if (threadIdx.x != 0) return;
-  if (a.lamb) {
-    double wn = sqrt(sw), un = sqrt(su);
-    if (a.max_weight_norm > 0 && wn > a.max_weight_norm) wn = a.max_weight_norm;
-    double t = (wn > 0 && un > 0) ? wn / un : 1.0;
-    if (a.max_trust_ratio > 0 && t > a.max_trust_ratio) t = a.max_trust_ratio;
-    ratio[s] = (float)(st->lr * t);
-  } else {
-    double coef = a.max_grad_norm / (sqrt(sw) + 1e-6);   // torch.nn.utils.clip_grad_norm_
-    ratio[s] = (float)(a.grad_scale * (coef < 1 ? coef : 1.0));
-  }
+  if (a.lamb)
+    ratio[s] = (float)(st->lr * bl_lamb_trust_ratio(sw, su, a.max_weight_norm, a.max_trust_ratio));
+  else
+    ratio[s] = bl_bertadam_mul(sw, a.max_grad_norm, a.grad_scale);
 }
 
 // The compute copy of bl_optim.h's `half` (none when p is null): written by the launch that writes the master
@@ -248,7 +214,7 @@ double half_bytes(const bl_tensor *half, int64_t n) { return half ? 2.0 * (doubl
 // Constants of the Adam family, as the CPU's lamb_k / adam_k (f32 element math).
 struct adam_k {
   float b1, b3, b2, b2c, eps, wd;
-  int adam_w, trust_all;
+  int adam_w, trust_all, wd_nonzero;
 };
 
 // Moments of element i from its multiplied gradient; returns sqrt(v^). The roundings are spelled out (no FMA
@@ -265,7 +231,9 @@ __device__ __forceinline__ float adam_moments(const adam_k &k, float w, float g,
   return sqrtf(vi * ibc2);
 }
 
-__device__ __forceinline__ bool lamb_trust(const adam_k &k, int decay) { return k.trust_all || (decay && k.wd != 0); }
+__device__ __forceinline__ bool lamb_trust(const adam_k &k, int decay) {
+  return bl_lamb_trusts(k.trust_all, decay, k.wd_nonzero);
+}
 
 // LAMB pass 1: moments; f64 ||w||^2, ||u||^2 per chunk for segments with a
 // trust ratio, the whole step for the others.
@@ -274,8 +242,9 @@ __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const
   __shared__ double sh[32];
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f, ibc1 = st->ibc1, ibc2 = st->ibc2;
-  const float wdw = k.adam_w ? wd : 0.0f, wdl = k.adam_w ? 0.0f : wd;
+  const float gm = st->gmul, ibc1 = st->ibc1, ibc2 = st->ibc2;
+  float wdw, wdl;
+  bl_opt_decay(c.decay, k.wd, k.adam_w, &wdw, &wdl);
   const bool trust = lamb_trust(k, c.decay);
   double aw = 0.0, au = 0.0;
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
@@ -306,7 +275,9 @@ __global__ void lamb_apply(float *w, const float *m, const float *v, const chunk
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
   if (!lamb_trust(k, c.decay)) return;
-  const float r = ratio[c.seg], wdw = k.adam_w && c.decay ? k.wd : 0.0f, ibc1 = st->ibc1, ibc2 = st->ibc2;
+  const float r = ratio[c.seg], ibc1 = st->ibc1, ibc2 = st->ibc2;
+  float wdw, wdl;
+  bl_opt_decay(c.decay, k.wd, k.adam_w, &wdw, &wdl);
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
     const float den = sqrtf(v[i] * ibc2);
@@ -321,8 +292,9 @@ __global__ void adamw_apply(float *w, const float *g, float *m, float *v, const 
                             const step_state *st, const float *segmul, half_out h) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gm = segmul ? segmul[c.seg] : st->gmul, wd = c.decay ? k.wd : 0.0f, ibc1 = st->ibc1;
-  const float wdw = k.adam_w ? wd : 0.0f, wdl = k.adam_w ? 0.0f : wd;
+  const float gm = segmul ? segmul[c.seg] : st->gmul, ibc1 = st->ibc1;
+  float wdw, wdl;
+  bl_opt_decay(c.decay, k.wd, k.adam_w, &wdw, &wdl);
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
     float mi = m[i], vi = v[i];
@@ -344,7 +316,7 @@ __global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch,
                           half_out h) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f;
+  const float gm = st->gmul, wd = bl_opt_seg_wd(c.decay, k.wd);
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
     float d = __fadd_rn(__fmul_rn(g[i], gm), __fmul_rn(wd, w[i]));   // uncontracted, as adam_moments
@@ -406,7 +378,6 @@ struct step_src {
   double lr;
 };
 
-float inv_bc(int on, double beta, int64_t step) { return on ? (float)(1.0 / (1.0 - pow(beta, (double)step))) : 1.0f; }
 
 // Device, chunk table, scratch for nparts partial slots per chunk, and the
 // step state with the global norm (computed on the device when grad_norm < 0).
@@ -451,8 +422,8 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
   a.max_norm = max_grad_norm;
   a.grad_scale = grad_scale;
   a.lr = src.lr;
-  a.ibc1 = amp ? 1.0f : inv_bc(src.bias_correction, src.beta1, src.step);
-  a.ibc2 = amp ? 1.0f : inv_bc(src.bias_correction, src.beta2, src.step);
+  a.ibc1 = amp ? 1.0f : bl_opt_inv_bc(src.bias_correction, src.beta1, (double)src.step);
+  a.ibc2 = amp ? 1.0f : bl_opt_inv_bc(src.bias_correction, src.beta2, (double)src.step);
   a.beta1 = src.beta1;
   a.beta2 = src.beta2;
   a.bias_correction = src.bias_correction;
@@ -482,7 +453,7 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
     CU_TRY(x->op, x->dev, cudaMemcpy(&st, x->c->state.mem.p, sizeof st, cudaMemcpyDeviceToHost));
   } else {
     st.norm = x->grad_norm;
-    st.clip = (max_grad_norm > 0 && st.norm > max_grad_norm) ? st.norm / max_grad_norm : 1.0;
+    st.clip = bl_opt_clip(st.norm, max_grad_norm);
     st.skip = !isfinite(st.norm);
     st.gmul = (float)(grad_scale / st.clip);
   }
@@ -509,6 +480,7 @@ adam_k adam_consts(double b1, double b2, double eps, double wd, int adam_w) {
   k.wd = (float)wd;
   k.adam_w = adam_w != 0;
   k.trust_all = 0;
+  k.wd_nonzero = wd != 0;
   return k;
 }
 

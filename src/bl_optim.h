@@ -188,6 +188,10 @@ int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, c
 int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
                       bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
                       const bl_amp_config *amp, bl_tensor *state);
+/* The decision alone, on a host array of BL_AMP_STATE_LEN doubles (a loss scaler that steps the optimizer itself,
+ * bertlua.train.amp's DynamicLossScaler:update): the rules above for one call given the norm of the unscaled
+ * gradients (NaN or inf: an overflow). *skipped (may be NULL) = 1 when the step is to be skipped. */
+int bl_amp_decide(const bl_amp_config *amp, double *state, double norm, int *skipped);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

@@ -23,7 +23,7 @@
  * GCC kept them in memory and the probe read less than half the peak). */
 #include "ops/gemm.h"
 #include "ops/gemm_lowp.h"
-#include "ops/vecmath.h"
+#include "base/vecmath.h"
 #include <dlfcn.h>
 #include <math.h>
 #include <omp.h>

@@ -8,7 +8,7 @@
  * be kept. */
 #include "ops_internal.h"
 #include "device/dispatch.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 

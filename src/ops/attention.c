@@ -21,7 +21,7 @@
 #include "bl_ops.h"
 #include "device/dispatch.h"
 #include "transpose.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 

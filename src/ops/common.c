@@ -4,7 +4,7 @@
  * drops (dropout.c, attention.c, layernorm.c). See ops_internal.h. */
 #include "ops_internal.h"
 #include "bl_ops.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
@@ -184,8 +184,8 @@ int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids) {
   return 0;
 }
 
-/* Whole counter blocks in one vectorisable loop (vm_philox is bl_philox4x32
- * inlined; test_ops_vecmath checks they agree), the ragged ends one block at
+/* Whole counter blocks in one vectorisable loop (vm_philox is bl_philox_block
+ * vectorised; test_ops_vecmath checks they agree), the ragged ends one block at
  * a time. Each block gives 4 consecutive keep bytes. */
 OPX_BODY keep_blocks_body(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr,
                           uint8_t *restrict keep) {
@@ -221,7 +221,7 @@ OPX_TARGET_AVX2 static inline __m256i keep_bits_avx2(__m256i o, __m256i t, int s
  * (o >> 8) > thr - 1: both sides are below 2^24, and thr = 0 keeps everything. */
 OPX_TARGET_AVX2 static inline void philox8_keep(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr,
                                                 uint8_t *restrict keep) {
-  const __m256i m0 = _mm256_set1_epi32((int)0xD2511F53u), m1 = _mm256_set1_epi32((int)0xCD9E8D57u);
+  const __m256i m0 = _mm256_set1_epi32((int)BL_PHILOX_M0), m1 = _mm256_set1_epi32((int)BL_PHILOX_M1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), t = _mm256_set1_epi32((int)thr - 1);
   int64_t l = 0;
   for (; l + 8 <= nblk; l += 8) {
@@ -241,7 +241,7 @@ OPX_TARGET_AVX2 static inline void philox8_keep(uint32_t k0, uint32_t k1, uint64
       c1 = _mm256_blend_epi32(e1, _mm256_slli_epi64(d1, 32), 0xAA);
       c3 = _mm256_blend_epi32(e0, _mm256_slli_epi64(d0, 32), 0xAA);
       c0 = n0; c2 = n2;
-      a += 0x9E3779B9u; b += 0xBB67AE85u;
+      a += BL_PHILOX_W0; b += BL_PHILOX_W1;
     }
     __m256i w = _mm256_or_si256(keep_bits_avx2(c0, t, 0), keep_bits_avx2(c1, t, 8));
     w = _mm256_or_si256(w, _mm256_or_si256(keep_bits_avx2(c2, t, 16), keep_bits_avx2(c3, t, 24)));

@@ -7,7 +7,7 @@
  * order (also more accurate than one running f32 sum over 30k classes). */
 #include "ops_internal.h"
 #include "device/dispatch.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 

@@ -4,7 +4,7 @@
  * prefer memory over recomputation, or want to inspect it. */
 #include "ops_internal.h"
 #include "device/dispatch.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <stdlib.h>
 
 #define DROP_BLOCK 4096  /* elements per parallel work item; multiple of 4 */

@@ -13,7 +13,7 @@
 #include "ops_internal.h"
 #include "bl_ops.h"
 #include "device/dispatch.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 

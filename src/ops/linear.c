@@ -11,7 +11,7 @@
 #include "device/dispatch.h"
 #include "gemm.h"
 #include "gemm_lowp.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <cblas.h>
 #include <stdatomic.h>
 #include <stdio.h>

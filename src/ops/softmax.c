@@ -3,7 +3,7 @@
  * size-1 dims), so BERT's [B,1,1,S] extended mask is never expanded. */
 #include "ops_internal.h"
 #include "device/dispatch.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 
 /* Row kernels: vectorised exp (vm_exp), sums in 16 lanes combined in a fixed

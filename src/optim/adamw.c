@@ -5,6 +5,7 @@
  * it is BERT's original BertAdam. Element math in f32. */
 #include "optim_internal.h"
 #include "device/dispatch.h"
+#include "base/rules/optim.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,16 +80,15 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, con
     for (int32_t s = 0; s < seg->count; s++) {
       double q = 0;
       for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) q += gsq[c];
-      double coef = cfg->max_grad_norm / (sqrt(q) + 1e-6);
-      segmul[s] = (float)(grad_scale * (coef < 1 ? coef : 1.0));
+      segmul[s] = bl_bertadam_mul(q, cfg->max_grad_norm, grad_scale);
     }
   }
 
   adam_k K;
   K.b1 = (float)cfg->beta1; K.b1c = (float)(1.0 - cfg->beta1);
   K.b2 = (float)cfg->beta2; K.b2c = (float)(1.0 - cfg->beta2);
-  K.ibc1 = cfg->bias_correction ? (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step))) : 1.0f;
-  K.ibc2 = cfg->bias_correction ? (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step))) : 1.0f;
+  K.ibc1 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta1, (double)step);
+  K.ibc2 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta2, (double)step);
   K.eps = (float)cfg->eps; K.lr = (float)lr;
   const int adam_w = cfg->adam_w_mode != 0;
 
@@ -96,8 +96,9 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, con
   for (int64_t c = 0; c < nc; c++) {
     int32_t s = p.chunk_seg[c];
     int64_t o = p.chunk_start[c];
-    float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
-    adamw_chunk(&K, W + o, G + o, M + o, V + o, p.chunk_len[c], segmul[s], adam_w ? wd : 0.0f, adam_w ? 0.0f : wd);
+    float wdw, wdl;
+    bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
+    adamw_chunk(&K, W + o, G + o, M + o, V + o, p.chunk_len[c], segmul[s], wdw, wdl);
     opt_store_half(half, W, o, p.chunk_len[c]);
   }
 

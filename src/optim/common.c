@@ -5,6 +5,7 @@
 #include "ops/ops_internal.h"
 #include "device/dispatch.h"
 #include "base/half.h"
+#include "base/rules/optim.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,8 +232,7 @@ int opt_prologue(const char *op, const opt_plan *p, const float *g, int64_t step
     grad_norm = sqrt(s);
     *have_part = 1;
   }
-  double clip = 1.0;
-  if (max_grad_norm > 0 && grad_norm > max_grad_norm) clip = grad_norm / max_grad_norm;
+  const double clip = bl_opt_clip(grad_norm, max_grad_norm);
   if (stats) {
     stats->grad_norm = grad_norm;
     stats->clip_coef = 1.0 / clip;

@@ -12,6 +12,7 @@
  * Element math is f32 like apex (MATH_T float); norms accumulate in f64. */
 #include "optim_internal.h"
 #include "device/dispatch.h"
+#include "base/rules/optim.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,24 +137,20 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
   K.b3 = cfg->grad_averaging ? (float)(1.0 - cfg->beta1) : 1.0f;
   K.b2 = (float)cfg->beta2;
   K.b2c = (float)(1.0 - cfg->beta2);
-  K.ibc1 = cfg->bias_correction ? (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step))) : 1.0f;
-  K.ibc2 = cfg->bias_correction ? (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step))) : 1.0f;
+  K.ibc1 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta1, (double)step);
+  K.ibc2 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta2, (double)step);
   K.eps = (float)cfg->eps;
   const int adam_w = cfg->adam_w_mode != 0;
-  /* apex applies the trust ratio where the group's weight decay is non-zero,
-   * or everywhere with use_nvlamb. */
-  for (int32_t s = 0; s < seg->count; s++) {
-    int decays = (!seg->decay || seg->decay[s]) && cfg->weight_decay != 0;
-    trust[s] = (uint8_t)(cfg->use_nvlamb || decays);
-  }
+  for (int32_t s = 0; s < seg->count; s++)
+    trust[s] = (uint8_t)bl_lamb_trusts(cfg->use_nvlamb, !seg->decay || seg->decay[s], cfg->weight_decay != 0);
   const float flr = (float)lr, gm = (float)gmul;
 
   #pragma omp parallel for schedule(static) if (nc > 1)
   for (int64_t c = 0; c < nc; c++) {
     int32_t s = p.chunk_seg[c];
     int64_t o = p.chunk_start[c], n = p.chunk_len[c];
-    float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
-    float wdw = adam_w ? wd : 0.0f, wdl = adam_w ? 0.0f : wd;
+    float wdw, wdl;
+    bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
     if (trust[s]) {
       lamb_chunk_norms(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, &wsq[c], &usq[c]);
     } else {
@@ -169,11 +166,7 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
     any_trust = 1;
     double sw = 0, su = 0;
     for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) { sw += wsq[c]; su += usq[c]; }
-    double wn = sqrt(sw), un = sqrt(su);
-    if (cfg->max_weight_norm > 0 && wn > cfg->max_weight_norm) wn = cfg->max_weight_norm;
-    double t = (wn > 0 && un > 0) ? wn / un : 1.0;
-    if (cfg->max_trust_ratio > 0 && t > cfg->max_trust_ratio) t = cfg->max_trust_ratio;
-    ratio[s] = lr * t;
+    ratio[s] = lr * bl_lamb_trust_ratio(sw, su, cfg->max_weight_norm, cfg->max_trust_ratio);
   }
 
   if (any_trust) {
@@ -182,8 +175,9 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
       int32_t s = p.chunk_seg[c];
       if (!trust[s]) continue;
       int64_t o = p.chunk_start[c];
-      float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
-      lamb_chunk_apply(&K, W + o, M + o, V + o, p.chunk_len[c], adam_w ? wd : 0.0f, (float)ratio[s]);
+      float wdw, wdl;
+      bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
+      lamb_chunk_apply(&K, W + o, M + o, V + o, p.chunk_len[c], wdw, (float)ratio[s]);
       opt_store_half(half, W, o, p.chunk_len[c]);
     }
   }

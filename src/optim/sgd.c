@@ -4,6 +4,7 @@
  * run must pass the true step count. */
 #include "optim_internal.h"
 #include "device/dispatch.h"
+#include "base/rules/optim.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,7 @@ int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const b
   for (int64_t c = 0; c < nc; c++) {
     int32_t s = p.chunk_seg[c];
     int64_t o = p.chunk_start[c], n = p.chunk_len[c];
-    float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
+    const float wd = bl_opt_seg_wd(!seg->decay || seg->decay[s], (float)cfg->weight_decay);
     float *wp = W + o;
     const float *gp = G + o;
     if (!mom) {

@@ -50,19 +50,6 @@ static int copy_cpu(bl_tensor *dst, const bl_tensor *src) {
   return 0;
 }
 
-static int check_broadcastable(const bl_tensor *dst, const bl_tensor *src, const char *op) {
-  char a[128], b[128];
-  if (src->ndim > dst->ndim) goto fail;
-  for (int i = 0; i < src->ndim; i++) {
-    int64_t s = src->shape[src->ndim - 1 - i], d = dst->shape[dst->ndim - 1 - i];
-    if (s != d && s != 1) goto fail;
-  }
-  return 0;
-fail:
-  return bl_set_error(BL_EINVAL, "%s: source of shape %s cannot be broadcast to %s", op, BL_SHAPE(src, a),
-                      BL_SHAPE(dst, b));
-}
-
 /* Same-device copy on either side of copy_across (CPU loop or CUDA twin). */
 static int copy_on(bl_tensor *dst, const bl_tensor *src) {
   if (dst->device < 0) return copy_cpu(dst, src);
@@ -121,7 +108,7 @@ static int overlaps(const bl_tensor *dst, const bl_tensor *src) {
 int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
   BL_CHECK(bl_tensor_check(dst, "copy"));
   BL_CHECK(bl_tensor_check(src, "copy"));
-  BL_CHECK(check_broadcastable(dst, src, "copy"));
+  BL_CHECK(bl_check_broadcast_to("copy", src, dst));
   if (overlaps(dst, src)) {  /* through a contiguous temporary */
     bl_tensor *c = NULL;
     BL_CHECK(bl_tensor_empty(src->ndim, src->shape, src->dtype, src->device, &c));

@@ -3,11 +3,12 @@
 #include <stdlib.h>
 #include "../base/internal.h"
 #include "../device/dispatch.h"
-#include "../ops/vecmath.h"
+#include "../base/rules/elementwise.h"
+#include "../base/vecmath.h"
 
 /* The unit-stride f32 loops below are compiled for AVX-512 / AVX2 / baseline
  * x86-64 and picked at first use (OPX_ISA_FN, capped by BL_CPU_ISA), like
- * the CPU ops' kernels (src/ops/vecmath.h). FMA contraction is switched off
+ * the CPU ops' kernels (src/base/vecmath.h). FMA contraction is switched off
  * for them, so a*alpha + beta rounds twice exactly as on the baseline path:
  * every variant gives bitwise the same results. */
 
@@ -62,11 +63,6 @@ OPX_ISA_FN(f32_affine_flat, (int64_t n, float *o, const float *a, float al, floa
 #pragma GCC pop_options
 #endif
 
-static const char *const binop_names[BL_NUM_BINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                                       "eq", "ne", "lt", "le", "gt", "ge"};
-static const char *const unop_names[BL_NUM_UNOPS] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-                                                     "relu", "square", "reciprocal", "sign", "floor", "ceil", "erf"};
-
 int bl_broadcast_shape(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout, int64_t *sout) {
   int n = na > nb ? na : nb;
   for (int i = 0; i < n; i++) {
@@ -80,46 +76,6 @@ int bl_broadcast_shape(int na, const int64_t *sa, int nb, const int64_t *sb, int
     sout[i] = x == 1 ? y : x;
   }
   *nout = n;
-  return 0;
-}
-
-static inline double binop_d(int op, double x, double y) {
-  switch (op) {
-    case BL_ADD: return x + y;
-    case BL_SUB: return x - y;
-    case BL_MUL: return x * y;
-    case BL_DIV: return x / y;
-    case BL_POW: return pow(x, y);
-    case BL_MAXIMUM: return (x != x || x > y) ? x : y;
-    case BL_MINIMUM: return (x != x || x < y) ? x : y;
-    case BL_EQ: return x == y;
-    case BL_NE: return x != y;
-    case BL_LT: return x < y;
-    case BL_LE: return x <= y;
-    case BL_GT: return x > y;
-    case BL_GE: return x >= y;
-  }
-  return 0;
-}
-
-static inline double unop_d(int op, double x) {
-  switch (op) {
-    case BL_NEG: return -x;
-    case BL_ABS: return fabs(x);
-    case BL_EXP: return exp(x);
-    case BL_LOG: return log(x);
-    case BL_SQRT: return sqrt(x);
-    case BL_RSQRT: return 1.0 / sqrt(x);
-    case BL_TANH: return tanh(x);
-    case BL_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case BL_RELU: return x > 0 ? x : 0;
-    case BL_SQUARE: return x * x;
-    case BL_RECIPROCAL: return 1.0 / x;
-    case BL_SIGN: return (x > 0) - (x < 0);
-    case BL_FLOOR: return floor(x);
-    case BL_CEIL: return ceil(x);
-    case BL_ERF: return erf(x);
-  }
   return 0;
 }
 
@@ -144,7 +100,7 @@ static void binary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
   }
   for (int64_t i = 0; i < n; i++)
     bl_store(c->dt[0], p[0] + i * s[0],
-             binop_d(c->op, bl_load(c->dt[1], p[1] + i * s[1]), bl_load(c->dt[2], p[2] + i * s[2])));
+             bl_binop_eval(c->op, bl_load(c->dt[1], p[1] + i * s[1]), bl_load(c->dt[2], p[2] + i * s[2])));
 }
 
 static void unary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
@@ -162,14 +118,14 @@ static void unary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     }
   }
   for (int64_t i = 0; i < n; i++)
-    bl_store(c->dt[0], p[0] + i * s[0], unop_d(c->op, bl_load(c->dt[1], p[1] + i * s[1])));
+    bl_store(c->dt[0], p[0] + i * s[0], bl_unop_eval(c->op, bl_load(c->dt[1], p[1] + i * s[1])));
 }
 
 static void scalar_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
   const ew_ctx *c = vctx;
   for (int64_t i = 0; i < n; i++) {
     double x = bl_load(c->dt[1], p[1] + i * s[1]);
-    bl_store(c->dt[0], p[0] + i * s[0], c->scalar_first ? binop_d(c->op, c->s, x) : binop_d(c->op, x, c->s));
+    bl_store(c->dt[0], p[0] + i * s[0], c->scalar_first ? bl_binop_eval(c->op, c->s, x) : bl_binop_eval(c->op, x, c->s));
   }
 }
 
@@ -246,7 +202,7 @@ static int check_common(const char *op, bl_tensor *out, const bl_tensor *a) {
 
 int bl_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
-  const char *name = binop_names[op];
+  const char *name = bl_binop_names[op];
   BL_CHECK(check_common(name, out, a));
   BL_CHECK(bl_tensor_check(b, name));
   BL_CHECK(bl_check_same_device(a, b, name));
@@ -266,7 +222,7 @@ int bl_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
 
 int bl_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int scalar_first) {
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
-  const char *name = binop_names[op];
+  const char *name = bl_binop_names[op];
   BL_CHECK(check_common(name, out, a));
   BL_CHECK(check_out(name, out, a->ndim, a->shape));
   if (out->device >= 0)
@@ -283,7 +239,7 @@ int bl_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int s
 
 int bl_unary(int op, bl_tensor *out, const bl_tensor *a) {
   if (op < 0 || op >= BL_NUM_UNOPS) return bl_set_error(BL_EINVAL, "unary: unknown operation %d", op);
-  const char *name = unop_names[op];
+  const char *name = bl_unop_names[op];
   BL_CHECK(check_common(name, out, a));
   BL_CHECK(check_out(name, out, a->ndim, a->shape));
   if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_unary(op, out, a));

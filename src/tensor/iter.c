@@ -3,13 +3,31 @@
  * become a single run and the inner callback sees long vectors. */
 #include "../base/internal.h"
 
-void bl_broadcast_strides_bytes(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out) {
+void bl_broadcast_strides(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out) {
   int lead = ndim - t->ndim;
-  int es = bl_dtype_size(t->dtype);
   for (int i = 0; i < ndim; i++) {
     if (i < lead) out[i] = 0;
-    else out[i] = (t->shape[i - lead] == 1 && shape[i] != 1) ? 0 : t->stride[i - lead] * es;
+    else out[i] = (t->shape[i - lead] == 1 && shape[i] != 1) ? 0 : t->stride[i - lead];
   }
+}
+
+void bl_broadcast_strides_bytes(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out) {
+  int64_t es = bl_dtype_size(t->dtype);
+  bl_broadcast_strides(t, ndim, shape, out);
+  for (int i = 0; i < ndim; i++) out[i] *= es;
+}
+
+int bl_check_broadcast_to(const char *op, const bl_tensor *src, const bl_tensor *dst) {
+  char a[128], b[128];
+  if (src->ndim > dst->ndim) goto fail;
+  for (int i = 0; i < src->ndim; i++) {
+    int64_t s = src->shape[src->ndim - 1 - i], d = dst->shape[dst->ndim - 1 - i];
+    if (s != d && s != 1) goto fail;
+  }
+  return 0;
+fail:
+  return bl_set_error(BL_EINVAL, "%s: source of shape %s cannot be broadcast to %s", op, BL_SHAPE(src, a),
+                      BL_SHAPE(dst, b));
 }
 
 void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim, const int64_t *shape,

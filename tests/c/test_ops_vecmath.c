@@ -1,4 +1,4 @@
-/* Accuracy of the vectorised f32 math used by the CPU ops (src/ops/vecmath.h)
+/* Accuracy of the vectorised f32 math used by the CPU ops (src/base/vecmath.h)
  * against double-precision libm over dense grids, the inline Philox against
  * bl_philox4x32 and the dropout masks of the ops against the documented
  * stream, and GELU / its derivative through the public ops against a
@@ -7,7 +7,7 @@
  * the library, and every check runs on each ISA path the CPU has (AVX-512,
  * AVX2, baseline), selected with bl_cpu_set_isa. */
 #include "bertlua.h"
-#include "ops/vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -27,16 +27,17 @@
  * has a relative condition number z^2, so rounding z^2 first would cost
  * tens of ulp in the tail. erf: |t| < 1 a degree-7 polynomial in t^2
  * (erf(t)/t on [0, 1], max rel error 1.4e-10), else 1 - erfc. */
-#ifndef BL_OPS_VECMATH_H
-#define BL_OPS_VECMATH_H
+#ifndef BL_BASE_VECMATH_H
+#define BL_BASE_VECMATH_H
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "rules/philox.h"
 
 /* Runtime dispatch: a kernel written once as an always_inline body
  * (OPX_BODY) is compiled three times by OPX_ISA_FN, for AVX-512
  * (x86-64-v4), AVX2+FMA (x86-64-v3) and baseline x86-64, and each call runs
- * the variant opx_isa() picked once at first use (src/ops/isa.c: the best the
+ * the variant opx_isa() picked once at first use (src/base/isa.c: the best the
  * CPU has, capped by BL_CPU_ISA), so the library needs no -march, runs on any
  * x86-64, and an AVX-512 machine can test the AVX2 code. Vector-extension
  * code that depends on the width writes one body per width instead. */
@@ -51,6 +52,10 @@
 #endif
 enum { OPX_ISA_BASE = 0, OPX_ISA_AVX2 = 1, OPX_ISA_AVX512 = 2 };
 int opx_isa(void);
+/* does this CPU (and build) run the bf16 GEMM / the VNNI int8 kernel (src/ops/gemm_lowp.h)? Both also need the
+ * AVX-512 path in use (BL_CPU_ISA not capped below it). */
+int opx_bf16_ok(void);
+int opx_vnni_ok(void);
 
 #define OPX_BODY static inline __attribute__((always_inline)) void
 /* name(params) runs body(args) compiled for the ISA in use */
@@ -235,8 +240,8 @@ VM_INLINE float vm_row_max(int64_t n, const float *x) {
   return m;
 }
 
-/* Philox4x32-10, identical to bl_philox4x32 (src/tensor/random.c) but inline
- * so that a loop over counters vectorises. The 32-bit state lives in 64-bit
+/* Philox4x32-10, identical to bl_philox_block (src/base/rules/philox.h) but
+ * written so that a loop over counters vectorises. The 32-bit state lives in 64-bit
  * lanes (high halves kept zero), which lets the 32x32->64 products and their
  * high/low halves stay in one lane: about twice as fast as 32-bit lanes
  * with widening conversions. */
@@ -245,11 +250,11 @@ VM_INLINE void vm_philox(uint32_t key0, uint32_t key1, uint64_t counter, uint32_
   const uint64_t M32 = 0xffffffffu;
   uint64_t c0 = counter & M32, c1 = counter >> 32, c2 = 0, c3 = 0, k0 = key0, k1 = key1;
   for (int r = 0; r < 10; r++) {
-    uint64_t p0 = (c0 & M32) * 0xD2511F53u, p1 = (c2 & M32) * 0xCD9E8D57u;
+    uint64_t p0 = (c0 & M32) * BL_PHILOX_M0, p1 = (c2 & M32) * BL_PHILOX_M1;
     uint64_t n0 = (p1 >> 32) ^ c1 ^ k0, n2 = (p0 >> 32) ^ c3 ^ k1;
     c1 = p1 & M32; c3 = p0 & M32; c0 = n0; c2 = n2;
-    k0 = (k0 + 0x9E3779B9u) & M32;
-    k1 = (k1 + 0xBB67AE85u) & M32;
+    k0 = (k0 + BL_PHILOX_W0) & M32;
+    k1 = (k1 + BL_PHILOX_W1) & M32;
   }
   *o0 = (uint32_t)c0; *o1 = (uint32_t)c1; *o2 = (uint32_t)c2; *o3 = (uint32_t)c3;
 }

@@ -2,8 +2,7 @@
  * dispatches on it): the best one the CPU has, capped by the environment
  * variable BL_CPU_ISA (avx512, avx2 or baseline) so that an AVX-512 machine
  * also runs and tests the AVX2 and baseline kernels, or by bl_cpu_set_isa. */
-#include "ops_internal.h"
-#include "gemm_lowp.h"
+#include "bl_base.h"
 #include "vecmath.h"
 #include <stdatomic.h>
 #include <stdio.h>
