@@ -3,7 +3,7 @@
 #define BL_INTERNAL_H
 #include <math.h>
 #include <string.h>
-#include "bertlua.h"
+#include "bl_tensor.h"
 #include "rules/convert.h"
 
 /* "[2,3]" into buf; returns buf. */
