@@ -197,16 +197,6 @@ int check_t(const char *op, const bl_tensor *t) {
   return bl_tensor_check(t, op);
 }
 
-int check_out_shape(const char *op, const bl_tensor *out, int n, const int64_t *shape) {
-  bool same = out->ndim == n;
-  for (int i = 0; same && i < n; i++) same = out->shape[i] == shape[i];
-  if (!same) {
-    char a[128], b[128];
-    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", op, BL_SHAPE(out, a), bl_shape_str(n, shape, b, sizeof b));
-  }
-  return 0;
-}
-
 // ---------------------------------------------------------------- reductions
 struct red_args {
   int op, dtype, odtype;
@@ -575,7 +565,7 @@ extern "C" int bl_cuda_binary(int op, bl_tensor *out, const bl_tensor *a, const 
     char sa[128], sb[128];
     return bl_set_error(BL_EINVAL, "%s: shapes %s and %s are not compatible", name, BL_SHAPE(a, sa), BL_SHAPE(b, sb));
   }
-  BL_CHECK(check_out_shape(name, out, n, shape));
+  BL_CHECK(bl_check_out_shape(name, out, n, shape));
   return launch_ew(name, dev, 3, ts, EW_BINARY, op, 0, 0, 0);
 }
 
@@ -586,7 +576,7 @@ extern "C" int bl_cuda_binary_scalar(int op, bl_tensor *out, const bl_tensor *a,
   int dev;
   const bl_tensor *ts[] = {out, a};
   BL_CHECK(cu_device(name, 2, ts, &dev));
-  BL_CHECK(check_out_shape(name, out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   if (!scalar_first && (op == BL_ADD || op == BL_SUB || op == BL_MUL))   // as bl_binary_scalar: exact as affine
     return launch_ew(name, dev, 2, ts, EW_AFFINE, 0, op == BL_ADD ? s : op == BL_SUB ? -s : 0.0, op == BL_MUL ? s : 1.0, 0);
   return launch_ew(name, dev, 2, ts, EW_SCALAR, op, s, 0, scalar_first);
@@ -599,7 +589,7 @@ extern "C" int bl_cuda_unary(int op, bl_tensor *out, const bl_tensor *a) {
   int dev;
   const bl_tensor *ts[] = {out, a};
   BL_CHECK(cu_device(name, 2, ts, &dev));
-  BL_CHECK(check_out_shape(name, out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   return launch_ew(name, dev, 2, ts, EW_UNARY, op, 0, 0, 0);
 }
 
@@ -609,7 +599,7 @@ extern "C" int bl_cuda_affine(bl_tensor *out, const bl_tensor *a, double alpha, 
   int dev;
   const bl_tensor *ts[] = {out, a};
   BL_CHECK(cu_device(name, 2, ts, &dev));
-  BL_CHECK(check_out_shape(name, out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   return launch_ew(name, dev, 2, ts, EW_AFFINE, 0, beta, alpha, 0);
 }
 
@@ -623,7 +613,7 @@ extern "C" int bl_cuda_where(bl_tensor *out, const bl_tensor *cond, const bl_ten
   int64_t s1[BL_MAX_DIMS], s2[BL_MAX_DIMS];
   BL_CHECK(bl_broadcast_shape(a->ndim, a->shape, b->ndim, b->shape, &n1, s1));
   BL_CHECK(bl_broadcast_shape(n1, s1, cond->ndim, cond->shape, &n2, s2));
-  BL_CHECK(check_out_shape(name, out, n2, s2));
+  BL_CHECK(bl_check_out_shape(name, out, n2, s2));
   return launch_ew(name, dev, 4, ts, EW_WHERE, 0, 0, 0, 0);
 }
 
@@ -649,7 +639,7 @@ extern "C" int bl_cuda_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32
       r.oshape[r.nout] = a->shape[i]; r.ostride[r.nout++] = a->stride[i]; kshape[nk++] = a->shape[i];
     }
   }
-  BL_CHECK(check_out_shape(name, out, nk, kshape));
+  BL_CHECK(bl_check_out_shape(name, out, nk, kshape));
   if (r.count == 0 && (op == BL_MAX || op == BL_MIN || op == BL_ARGMAX || op == BL_ARGMIN))
     return bl_set_error(BL_EINVAL, "%s: cannot reduce over an empty dimension", name);
   for (int i = 0, k = 0; i < out->ndim; i++) {

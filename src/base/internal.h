@@ -47,6 +47,8 @@ void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim,
  * CUDA kernels' iteration (kernels/elementwise.cu). */
 void bl_broadcast_strides(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out);
 void bl_broadcast_strides_bytes(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out);
+/* 0 when out has shape (n, shape), else an error naming op. */
+int bl_check_out_shape(const char *op, const bl_tensor *out, int n, const int64_t *shape);
 /* 0 when src's shape broadcasts to dst's (trailing dims equal or 1 in src), else an error naming op. */
 int bl_check_broadcast_to(const char *op, const bl_tensor *src, const bl_tensor *dst);
 

@@ -182,17 +182,6 @@ static void run(int nin, bl_tensor *out, const bl_tensor **in, bl_inner_fn fn, v
   bl_foreach(nin + 1, base, st, out->ndim, out->shape, fn, ctx);
 }
 
-static int check_out(const char *op, const bl_tensor *out, int n, const int64_t *shape) {
-  int same = out->ndim == n;
-  for (int i = 0; same && i < n; i++) same = out->shape[i] == shape[i];
-  if (!same) {
-    char a[128], b[128];
-    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", op, BL_SHAPE(out, a),
-                        bl_shape_str(n, shape, b, sizeof b));
-  }
-  return 0;
-}
-
 static int check_common(const char *op, bl_tensor *out, const bl_tensor *a) {
   BL_CHECK(bl_tensor_check(out, op));
   BL_CHECK(bl_tensor_check(a, op));
@@ -212,7 +201,7 @@ int bl_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
     char sa[128], sb[128];
     return bl_set_error(BL_EINVAL, "%s: shapes %s and %s are not compatible", name, BL_SHAPE(a, sa), BL_SHAPE(b, sb));
   }
-  BL_CHECK(check_out(name, out, n, shape));
+  BL_CHECK(bl_check_out_shape(name, out, n, shape));
   if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_binary(op, out, a, b));
   ew_ctx c = {op, {out->dtype, a->dtype, b->dtype}, 0, 0};
   const bl_tensor *in[2] = {a, b};
@@ -224,7 +213,7 @@ int bl_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int s
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
   const char *name = bl_binop_names[op];
   BL_CHECK(check_common(name, out, a));
-  BL_CHECK(check_out(name, out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   if (out->device >= 0)
     return BL_ON_CUDA(name, out->device,
                       bl_cuda_binary_scalar(op, out, a, s, scalar_first));
@@ -241,7 +230,7 @@ int bl_unary(int op, bl_tensor *out, const bl_tensor *a) {
   if (op < 0 || op >= BL_NUM_UNOPS) return bl_set_error(BL_EINVAL, "unary: unknown operation %d", op);
   const char *name = bl_unop_names[op];
   BL_CHECK(check_common(name, out, a));
-  BL_CHECK(check_out(name, out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_unary(op, out, a));
   ew_ctx c = {op, {out->dtype, a->dtype, 0}, 0, 0};
   const bl_tensor *in[1] = {a};
@@ -251,7 +240,7 @@ int bl_unary(int op, bl_tensor *out, const bl_tensor *a) {
 
 int bl_affine(bl_tensor *out, const bl_tensor *a, double alpha, double beta) {
   BL_CHECK(check_common("affine", out, a));
-  BL_CHECK(check_out("affine", out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape("affine", out, a->ndim, a->shape));
   if (out->device >= 0)
     return BL_ON_CUDA("affine", out->device,
                       bl_cuda_affine(out, a, alpha, beta));
@@ -280,7 +269,7 @@ int bl_where(bl_tensor *out, const bl_tensor *cond, const bl_tensor *a, const bl
   int64_t s1[BL_MAX_DIMS], s2[BL_MAX_DIMS];
   BL_CHECK(bl_broadcast_shape(a->ndim, a->shape, b->ndim, b->shape, &n1, s1));
   BL_CHECK(bl_broadcast_shape(n1, s1, cond->ndim, cond->shape, &n2, s2));
-  BL_CHECK(check_out("where", out, n2, s2));
+  BL_CHECK(bl_check_out_shape("where", out, n2, s2));
   if (out->device >= 0) return BL_ON_CUDA("where", out->device, bl_cuda_where(out, cond, a, b));
   int dt[4] = {out->dtype, cond->dtype, a->dtype, b->dtype};
   const bl_tensor *in[3] = {cond, a, b};

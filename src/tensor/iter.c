@@ -17,6 +17,17 @@ void bl_broadcast_strides_bytes(const bl_tensor *t, int ndim, const int64_t *sha
   for (int i = 0; i < ndim; i++) out[i] *= es;
 }
 
+int bl_check_out_shape(const char *op, const bl_tensor *out, int n, const int64_t *shape) {
+  int same = out->ndim == n;
+  for (int i = 0; same && i < n; i++) same = out->shape[i] == shape[i];
+  if (!same) {
+    char a[128], b[128];
+    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", op, BL_SHAPE(out, a),
+                        bl_shape_str(n, shape, b, sizeof b));
+  }
+  return 0;
+}
+
 int bl_check_broadcast_to(const char *op, const bl_tensor *src, const bl_tensor *dst) {
   char a[128], b[128];
   if (src->ndim > dst->ndim) goto fail;
