@@ -40,19 +40,19 @@ struct chunk {
 };
 
 struct step_state {
-  double lr;          // the caller's, or read from bl_amp_config.lr_from when the step runs
-  double norm;        // ||grad_scale * g||
-  double clip;        // global clipping divisor (1 = none)
-  float gmul;         // grad_scale / clip
-  float ibc1, ibc2;   // Adam bias corrections 1/(1 - beta^step) of this step (1 = off)
-  int skip;           // non-finite gradients: nothing is written
+  double lr;        // the caller's, or read from bl_amp_config.lr_from when the step runs
+  double norm;      // ||grad_scale * g||
+  double clip;      // global clipping divisor (1 = none)
+  float gmul;       // grad_scale / clip
+  float ibc1, ibc2; // Adam bias corrections 1/(1 - beta^step) of this step (1 = off)
+  int skip;         // non-finite gradients: nothing is written
 };
 
 // What step_final needs besides the partials. amp: see bl_amp_config; ibc1/ibc2 are the host's bias corrections,
 // used when there is no amp state (with one, the step count is the state's and they are computed here).
 struct final_args {
   double given, max_norm, grad_scale, lr;
-  const double *lr_from;   // device copy of the learning rate, or null: lr
+  const double *lr_from; // device copy of the learning rate, or null: lr
   float ibc1, ibc2;
   double beta1, beta2;
   int bias_correction;
@@ -75,7 +75,7 @@ struct opt_cache {
   std::vector<uint8_t> dec;
   bool valid = false;
   int64_t nchunk = 0;
-  std::vector<int64_t> seg_first;   // host copy: first chunk of each segment, [count] = nchunk
+  std::vector<int64_t> seg_first; // host copy: first chunk of each segment, [count] = nchunk
   grow_mem chunks, seg_first_d, state, part, ratio, flag;
 };
 
@@ -104,7 +104,7 @@ int plan_segments(const char *op, int dev, const bl_optim_segments *seg, opt_cac
   for (int32_t s = 0; s < n; s++) {
     c->seg_first[s] = (int64_t)ch.size();
     for (int64_t o = 0; o < seg->length[s]; o += kChunk)
-      ch.push_back(chunk{seg->offset[s] + o, seg->length[s] - o < kChunk ? seg->length[s] - o : kChunk, s, dec[s]});
+      ch.push_back(chunk{ seg->offset[s] + o, seg->length[s] - o < kChunk ? seg->length[s] - o : kChunk, s, dec[s] });
   }
   c->seg_first[n] = (int64_t)ch.size();
   if ((int64_t)ch.size() > INT32_MAX) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: buffer too large", op, dev);
@@ -116,10 +116,11 @@ int plan_segments(const char *op, int dev, const bl_optim_segments *seg, opt_cac
                (double)(ch.size() * sizeof(chunk) + c->seg_first.size() * sizeof(int64_t)));
   if (!ch.empty())
     CU_TRY(op, dev, cudaMemcpyAsync(c->chunks.mem.p, ch.data(), ch.size() * sizeof(chunk), cudaMemcpyHostToDevice, s));
-  CU_TRY(op, dev, cudaMemcpyAsync(c->seg_first_d.mem.p, c->seg_first.data(), c->seg_first.size() * sizeof(int64_t),
-                                  cudaMemcpyHostToDevice, s));
+  CU_TRY(op, dev,
+         cudaMemcpyAsync(c->seg_first_d.mem.p, c->seg_first.data(), c->seg_first.size() * sizeof(int64_t),
+                         cudaMemcpyHostToDevice, s));
   cu_count_sync(dev);
-  CU_TRY(op, dev, cudaStreamSynchronize(s));   // pageable sources: complete before the vectors change
+  CU_TRY(op, dev, cudaStreamSynchronize(s)); // pageable sources: complete before the vectors change
   c->off.assign(seg->offset, seg->offset + n);
   c->len.assign(seg->length, seg->length + n);
   c->dec = dec;
@@ -146,13 +147,13 @@ __global__ void step_final(const double *part, int64_t n, final_args a, double *
   __shared__ double sh[32];
   double acc = 0.0;
   if (a.given < 0)
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];   // fixed partition
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i]; // fixed partition
   acc = cu_block_sum_d(acc, sh);
   if (threadIdx.x != 0) return;
   double nrm = a.given < 0 ? sqrt(acc) : a.given, gs = a.grad_scale;
   float ibc1 = a.ibc1, ibc2 = a.ibc2;
   bool skip = !isfinite(nrm);
-  if (amp) {   // the decision of src/base/rules/amp.h, as the CPU's opt_amp_cpu makes it
+  if (amp) { // the decision of src/base/rules/amp.h, as the CPU's opt_amp_cpu makes it
     gs = bl_amp_grad_mul(amp, gs);
     nrm *= gs;
     skip = bl_amp_decide_rule(amp, &a.amp, nrm);
@@ -180,7 +181,7 @@ struct ratio_args {
 __global__ void seg_ratio(const double *pw, const double *pu, const int64_t *seg_first, ratio_args a,
                           const step_state *st, float *ratio) {
   __shared__ double sh[32];
-  if (st->skip) return;   // uniform
+  if (st->skip) return; // uniform
   const int s = blockIdx.x;
   double sw = 0.0, su = 0.0;
   for (int64_t c = seg_first[s] + threadIdx.x; c < seg_first[s + 1]; c += blockDim.x) {
@@ -203,12 +204,14 @@ struct half_out {
   int bf16;
   __device__ __forceinline__ void store(int64_t i, float w) const {
     if (!p) return;
-    if (bf16) from_f(w, (__nv_bfloat16 *)p + i);
-    else from_f(w, (__half *)p + i);
+    if (bf16)
+      from_f(w, (__nv_bfloat16 *)p + i);
+    else
+      from_f(w, (__half *)p + i);
   }
 };
 
-half_out half_of(bl_tensor *half) { return half_out{half ? half->data : nullptr, half && half->dtype == BL_BF16}; }
+half_out half_of(bl_tensor *half) { return half_out{ half ? half->data : nullptr, half && half->dtype == BL_BF16 }; }
 double half_bytes(const bl_tensor *half, int64_t n) { return half ? 2.0 * (double)n : 0.0; }
 
 // Constants of the Adam family, as the CPU's lamb_k / adam_k (f32 element math).
@@ -263,10 +266,13 @@ __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const
       h.store(i, wi);
     }
   }
-  if (!trust) return;   // uniform over the block
+  if (!trust) return; // uniform over the block
   aw = cu_block_sum_d(aw, sh);
   au = cu_block_sum_d(au, sh);
-  if (threadIdx.x == 0) { pw[blockIdx.x] = aw; pu[blockIdx.x] = au; }
+  if (threadIdx.x == 0) {
+    pw[blockIdx.x] = aw;
+    pu[blockIdx.x] = au;
+  }
 }
 
 // LAMB pass 2: u again from the stored moments and the old w, times lr * trust.
@@ -319,7 +325,7 @@ __global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch,
   const float gm = st->gmul, wd = bl_opt_seg_wd(c.decay, k.wd);
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
-    float d = __fadd_rn(__fmul_rn(g[i], gm), __fmul_rn(wd, w[i]));   // uncontracted, as adam_moments
+    float d = __fadd_rn(__fmul_rn(g[i], gm), __fmul_rn(wd, w[i])); // uncontracted, as adam_moments
     if (k.mom) {
       float b = k.first ? d : __fadd_rn(__fmul_rn(k.mu, buf[i]), __fmul_rn(k.damp, d));
       buf[i] = b;
@@ -357,7 +363,7 @@ struct step_ctx {
   int dev;
   cudaStream_t s;
   opt_cache *c;
-  bool computed;   // the norm is computed here and no amp state decides: the host reads the state back
+  bool computed; // the norm is computed here and no amp state decides: the host reads the state back
   double grad_norm;
 };
 
@@ -377,7 +383,6 @@ struct step_src {
   bl_tensor *amp_state;
   double lr;
 };
-
 
 // Device, chunk table, scratch for nparts partial slots per chunk, and the
 // step state with the global norm (computed on the device when grad_norm < 0).
@@ -414,7 +419,7 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
     cu_cost_kernel(x->dev, "optimizer", "sq_partial", 4.0 * ts[1]->numel + 8.0 * nc);
     // with amp the loss scale is known on the device only: step_final applies grad_scale / scale to the norm
     sq_partial<<<(unsigned)nc, kThreads, 0, x->s>>>((const float *)ts[1]->data, c->chunks.mem.as<chunk>(),
-                                                     amp ? 1.0 : grad_scale, part);
+                                                    amp ? 1.0 : grad_scale, part);
     BL_CHECK(cu_launched(op, x->dev));
   }
   final_args a = {};
@@ -435,7 +440,7 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
     a.lr_from = (const double *)lt->data;
   }
   cu_cost_kernel(x->dev, "optimizer", "step_final",
-                 8.0 * nc + sizeof(step_state) + (amp ? 16.0 * BL_AMP_STATE_LEN : 0));   // amp: state read, written
+                 8.0 * nc + sizeof(step_state) + (amp ? 16.0 * BL_AMP_STATE_LEN : 0)); // amp: state read, written
   step_final<<<1, kThreads, 0, x->s>>>(part, nc, a, amp, c->state.mem.as<step_state>());
   return cu_launched(op, x->dev);
 }
@@ -463,8 +468,10 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
     stats->nonfinite = st.skip;
   }
   if (st.skip)
-    return bl_set_error(BL_EINVAL, "%s: non-finite gradient (global norm %g): step not applied, weights unchanged "
-                        "(with fp16 use the dynamic loss scaler, which skips such steps)", x->op, st.norm);
+    return bl_set_error(BL_EINVAL,
+                        "%s: non-finite gradient (global norm %g): step not applied, weights unchanged "
+                        "(with fp16 use the dynamic loss scaler, which skips such steps)",
+                        x->op, st.norm);
   return 0;
 }
 
@@ -484,11 +491,11 @@ adam_k adam_consts(double b1, double b2, double eps, double wd, int adam_w) {
   return k;
 }
 
-int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-              bl_tensor *v, const bl_optim_segments *seg, double grad_scale, double grad_norm,
-              bl_optim_stats *stats, const step_src &src) {
+int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+              const bl_optim_segments *seg, double grad_scale, double grad_norm, bl_optim_stats *stats,
+              const step_src &src) {
   step_ctx x;
-  const bl_tensor *ts[] = {w, g, m, v};
+  const bl_tensor *ts[] = { w, g, m, v };
   BL_CHECK(begin_step(&x, "lamb_step", ts, 4, seg, grad_scale, grad_norm, cfg->max_grad_norm, 2, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
@@ -502,26 +509,26 @@ int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl
     // w, g, m, v in; m, v out (and w with its half copy where no trust ratio applies: at most)
     cu_cost_kernel(x.dev, "optimizer", "lamb_moments", 24.0 * w->numel + 16.0 * nc);
     lamb_moments<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
-                                                      (float *)v->data, ch, k, st, pw, pu, half_of(half));
+                                                     (float *)v->data, ch, k, st, pw, pu, half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
-    ratio_args ra = {cfg->max_weight_norm, cfg->max_trust_ratio, 0, 0, 1};
+    ratio_args ra = { cfg->max_weight_norm, cfg->max_trust_ratio, 0, 0, 1 };
     cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 16.0 * nc + 4.0 * seg->count);
     seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(pw, pu, x.c->seg_first_d.mem.as<int64_t>(), ra, st, ratio);
     BL_CHECK(cu_launched(x.op, x.dev));
     // w, m, v in; w (and its half copy) out
     cu_cost_kernel(x.dev, "optimizer", "lamb_apply", 16.0 * w->numel + half_bytes(half, w->numel) + 4.0 * seg->count);
     lamb_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)m->data, (const float *)v->data, ch,
-                                                    k, st, ratio, half_of(half));
+                                                   k, st, ratio, half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, cfg->max_grad_norm, stats, src.amp_state != nullptr);
 }
 
 int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-               bl_tensor *v, const bl_optim_segments *seg, double grad_scale, double grad_norm,
-               bl_optim_stats *stats, const step_src &src) {
+               bl_tensor *v, const bl_optim_segments *seg, double grad_scale, double grad_norm, bl_optim_stats *stats,
+               const step_src &src) {
   step_ctx x;
-  const bl_tensor *ts[] = {w, g, m, v};
+  const bl_tensor *ts[] = { w, g, m, v };
   const bool per_seg = cfg->per_segment_clip && cfg->max_grad_norm > 0;
   const double global_max = per_seg ? 0.0 : cfg->max_grad_norm;
   BL_CHECK(begin_step(&x, "adamw_step", ts, 4, seg, grad_scale, grad_norm, global_max, 1, per_seg, src));
@@ -534,23 +541,23 @@ int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const 
       if (src.amp_state)
         return bl_set_error(BL_EUNSUPPORTED, "%s: per-segment clipping (BertAdam) with an amp state", x.op);
       segmul = x.c->ratio.mem.as<float>();
-      ratio_args ra = {0, 0, cfg->max_grad_norm, grad_scale, 0};
+      ratio_args ra = { 0, 0, cfg->max_grad_norm, grad_scale, 0 };
       cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 8.0 * nc + 4.0 * seg->count);
       seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(x.c->part.mem.as<double>(), nullptr,
-                                                             x.c->seg_first_d.mem.as<int64_t>(), ra, st, segmul);
+                                                            x.c->seg_first_d.mem.as<int64_t>(), ra, st, segmul);
       BL_CHECK(cu_launched(x.op, x.dev));
     }
     // w, g, m, v in; w, m, v (and w's half copy) out
     cu_cost_kernel(x.dev, "optimizer", "adamw_apply", 28.0 * w->numel + half_bytes(half, w->numel));
     adamw_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
-                                                     (float *)v->data, x.c->chunks.mem.as<chunk>(), k, st, segmul,
-                                                     half_of(half));
+                                                    (float *)v->data, x.c->chunks.mem.as<chunk>(), k, st, segmul,
+                                                    half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, global_max, stats, src.amp_state != nullptr);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
   const char *op = "optim_prepare";
@@ -559,35 +566,35 @@ extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
   BL_CHECK(cache_for(op, device, &c));
   BL_CHECK(plan_segments(op, device, seg, c));
   BL_CHECK(c->state.need(op, device, sizeof(step_state)));
-  BL_CHECK(c->part.need(op, device, (size_t)(2 * c->nchunk + 1) * sizeof(double)));   // LAMB's two partials
+  BL_CHECK(c->part.need(op, device, (size_t)(2 * c->nchunk + 1) * sizeof(double))); // LAMB's two partials
   return c->ratio.need(op, device, (size_t)(seg->count + 1) * sizeof(float));
 }
 
 extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                  bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
                                  double grad_scale, double grad_norm, bl_optim_stats *stats) {
-  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr};
+  step_src src = { step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr };
   return lamb_step(cfg, w, half, g, m, v, seg, grad_scale, grad_norm, stats, src);
 }
 
 extern "C" int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                      bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
                                      double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
-  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr};
+  step_src src = { 0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr };
   return lamb_step(cfg, w, half, g, m, v, seg, grad_scale, -1.0, nullptr, src);
 }
 
 extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                   bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
                                   double grad_scale, double grad_norm, bl_optim_stats *stats) {
-  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr};
+  step_src src = { step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr };
   return adamw_step(cfg, w, half, g, m, v, seg, grad_scale, grad_norm, stats, src);
 }
 
 extern "C" int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                       bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
                                       double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
-  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr};
+  step_src src = { 0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr };
   return adamw_step(cfg, w, half, g, m, v, seg, grad_scale, -1.0, nullptr, src);
 }
 
@@ -596,18 +603,18 @@ extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tenso
                                 double grad_scale, double grad_norm, bl_optim_stats *stats) {
   step_ctx x;
   const bool mom = cfg->momentum > 0;
-  const bl_tensor *ts[] = {w, g, mom ? buf : nullptr};
-  step_src src = {step, 0, 0, 0, nullptr, nullptr, lr};
+  const bl_tensor *ts[] = { w, g, mom ? buf : nullptr };
+  step_src src = { step, 0, 0, 0, nullptr, nullptr, lr };
   BL_CHECK(begin_step(&x, "sgd_step", ts, 3, seg, grad_scale, grad_norm, cfg->max_grad_norm, 1, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    sgd_k k = {(float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom,
-               step == 1, cfg->nesterov != 0};
+    sgd_k k = { (float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom, step == 1,
+                cfg->nesterov != 0 };
     // w, g (, buf) in; w (, buf, w's half copy) out
     cu_cost_kernel(x.dev, "optimizer", "sgd_apply", (mom ? 20.0 : 12.0) * w->numel + half_bytes(half, w->numel));
     sgd_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data,
-                                                   mom ? (float *)buf->data : nullptr, x.c->chunks.mem.as<chunk>(), k,
-                                                   x.c->state.mem.as<step_state>(), half_of(half));
+                                                  mom ? (float *)buf->data : nullptr, x.c->chunks.mem.as<chunk>(), k,
+                                                  x.c->state.mem.as<step_state>(), half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, cfg->max_grad_norm, stats, false);
@@ -617,7 +624,7 @@ extern "C" int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, in
   const char *op = "grad_global_norm";
   int dev;
   opt_cache *c;
-  const bl_tensor *ts[] = {grads};
+  const bl_tensor *ts[] = { grads };
   BL_CHECK(cu_device(op, 1, ts, &dev));
   BL_CHECK(flat_ptr(op, grads, "grads", grads->numel));
   BL_CHECK(cache_for(op, dev, &c));
@@ -652,7 +659,7 @@ extern "C" int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *fou
   const char *op = "unscale_check";
   int dev;
   opt_cache *c;
-  const bl_tensor *ts[] = {grad};
+  const bl_tensor *ts[] = { grad };
   BL_CHECK(cu_device(op, 1, ts, &dev));
   BL_CHECK(flat_ptr(op, grad, "grads", grad->numel));
   BL_CHECK(cache_for(op, dev, &c));
@@ -662,8 +669,8 @@ extern "C" int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *fou
   CU_TRY(op, dev, cudaMemsetAsync(c->flag.mem.p, 0, sizeof(int), s));
   if (grad->numel > 0) {
     cu_cost_kernel(dev, "optimizer", "unscale_kernel", 8.0 * grad->numel);
-    unscale_kernel<<<cu_blocks(grad->numel, 256, 4096), 256, 0, s>>>((float *)grad->data, grad->numel,
-                                                                       (float)inv_scale, c->flag.mem.as<int>());
+    unscale_kernel<<<cu_blocks(grad->numel, 256, 4096), 256, 0, s>>>((float *)grad->data, grad->numel, (float)inv_scale,
+                                                                     c->flag.mem.as<int>());
     BL_CHECK(cu_launched(op, dev));
   }
   int h = 0;

@@ -46,7 +46,7 @@ __device__ __forceinline__ void bl_dropout_keep_v(uint64_t seed, uint64_t offset
 #pragma unroll
   for (int q = 0; q < V; q += 4) {
     const uint4 r = bl_philox4x32_dev(seed, offset + ((i + q) >> 2));
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+    const uint32_t w[4] = { r.x, r.y, r.z, r.w };
 #pragma unroll
     for (int l = 0; l < 4 && q + l < V; l++) k[q + l] = bl_philox_u01(w[l]) >= p;
   }

@@ -41,8 +41,8 @@ static inline void bl_store(int dtype, void *p, double v) {
 /* Strided n-d loop: calls fn(n, ptrs, inner_strides_bytes, ctx) for each run of the
  * innermost (coalesced) dimension. strides are in BYTES, one row of BL_MAX_DIMS per operand. */
 typedef void (*bl_inner_fn)(int64_t n, char **ptrs, const int64_t *inner_strides, void *ctx);
-void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim, const int64_t *shape,
-                bl_inner_fn fn, void *ctx);
+void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim, const int64_t *shape, bl_inner_fn fn,
+                void *ctx);
 /* Strides of t broadcast to (ndim, shape), in elements or in bytes (0 on broadcast dims): the CPU loops and the
  * CUDA kernels' iteration (kernels/elementwise.cu). */
 void bl_broadcast_strides(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out);

@@ -78,7 +78,7 @@ int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, b
   memcpy(saved, a, sizeof saved);
   if (bl_amp_decide_rule(a, amp, norm)) return 0;
   int rc = fn(cfg, w, half, g, m, v, seg, (int64_t)a[BL_AMP_STEP], lr, s, norm);
-  if (rc) memcpy(a, saved, sizeof saved);  /* nothing was applied */
+  if (rc) memcpy(a, saved, sizeof saved); /* nothing was applied */
   return rc;
 }
 

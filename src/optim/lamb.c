@@ -33,7 +33,8 @@ static inline void lamb_moments(const lamb_k *k, float *w, const float *g, float
     float gi = g[i] * gm + wdl * w[i];
     float mi = b1 * m[i] + b3 * gi;
     float vi = b2 * v[i] + b2c * gi * gi;
-    m[i] = mi; v[i] = vi;
+    m[i] = mi;
+    v[i] = vi;
     den[i] = vi * ibc2;
   }
   opt_sqrt_inplace(den, nb);
@@ -50,15 +51,17 @@ static void lamb_chunk_norms(const lamb_k *k, float *wp, const float *gp, float 
     float *w = wp + b0, *m = mp + b0;
     lamb_moments(k, w, gp + b0, m, vp + b0, nb, gm, wdl, den);
     double bw = 0, bu = 0;
-    #pragma omp simd reduction(+:bw, bu)
+#pragma omp simd reduction(+ : bw, bu)
     for (int i = 0; i < nb; i++) {
       float u = (m[i] * ibc1) / (den[i] + eps) + wdw * w[i];
       bw += (double)w[i] * w[i];
       bu += (double)u * u;
     }
-    sw += bw; su += bu;
+    sw += bw;
+    su += bu;
   }
-  *sw_out = sw; *su_out = su;
+  *sw_out = sw;
+  *su_out = su;
 }
 
 /* pass 1 for a segment without a trust ratio: the whole Adam step */
@@ -119,7 +122,10 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
   double *ratio = malloc(sizeof(double) * (size_t)(seg->count + 1));
   uint8_t *trust = malloc((size_t)seg->count + 1);
   if (!part || !ratio || !trust) {
-    free(part); free(ratio); free(trust); opt_plan_free(&p);
+    free(part);
+    free(ratio);
+    free(trust);
+    opt_plan_free(&p);
     return bl_set_error(BL_ENOMEM, "%s: out of memory for %lld chunk partials", op, (long long)nc);
   }
   double *gsq = part, *wsq = part + nc, *usq = part + 2 * nc;
@@ -128,8 +134,7 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
 
   int have_part = 0;
   double gmul = 1;
-  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, cfg->max_grad_norm, gsq, &have_part, &gmul,
-                        stats);
+  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, cfg->max_grad_norm, gsq, &have_part, &gmul, stats);
   if (rc) goto done;
 
   lamb_k K;
@@ -145,7 +150,7 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
     trust[s] = (uint8_t)bl_lamb_trusts(cfg->use_nvlamb, !seg->decay || seg->decay[s], cfg->weight_decay != 0);
   const float flr = (float)lr, gm = (float)gmul;
 
-  #pragma omp parallel for schedule(static) if (nc > 1)
+#pragma omp parallel for schedule(static) if (nc > 1)
   for (int64_t c = 0; c < nc; c++) {
     int32_t s = p.chunk_seg[c];
     int64_t o = p.chunk_start[c], n = p.chunk_len[c];
@@ -155,7 +160,7 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
       lamb_chunk_norms(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, &wsq[c], &usq[c]);
     } else {
       lamb_chunk_plain(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, flr);
-      opt_store_half(half, W, o, n);   /* final here: its compute copy while the chunk is in cache */
+      opt_store_half(half, W, o, n); /* final here: its compute copy while the chunk is in cache */
     }
   }
 
@@ -165,12 +170,15 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
     if (!trust[s]) continue;
     any_trust = 1;
     double sw = 0, su = 0;
-    for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) { sw += wsq[c]; su += usq[c]; }
+    for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) {
+      sw += wsq[c];
+      su += usq[c];
+    }
     ratio[s] = lr * bl_lamb_trust_ratio(sw, su, cfg->max_weight_norm, cfg->max_trust_ratio);
   }
 
   if (any_trust) {
-    #pragma omp parallel for schedule(static) if (nc > 1)
+#pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
       int32_t s = p.chunk_seg[c];
       if (!trust[s]) continue;
@@ -183,7 +191,9 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
   }
 
 done:
-  free(part); free(ratio); free(trust);
+  free(part);
+  free(ratio);
+  free(trust);
   opt_plan_free(&p);
   return rc;
 }

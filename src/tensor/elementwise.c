@@ -23,18 +23,18 @@
  * waits on a false dependency (4K aliasing); AVX-512 add and mul lost 15-25 %
  * to it at output offsets of 64-128 bytes, with blocks they do not. */
 #define EW_BLOCK 64
-#define EW_LOOP(expr)                                                                 \
-  do {                                                                                \
-    int64_t i_ = 0;                                                                   \
-    for (; i_ + EW_BLOCK <= n; i_ += EW_BLOCK) {                                      \
-      float t[EW_BLOCK];                                                              \
-      _Pragma("GCC unroll 64") for (int j = 0; j < EW_BLOCK; j++) {                   \
-        int64_t i = i_ + j;                                                           \
-        t[j] = expr;                                                                  \
-      }                                                                               \
-      _Pragma("GCC unroll 64") for (int j = 0; j < EW_BLOCK; j++) o[i_ + j] = t[j];   \
-    }                                                                                 \
-    for (int64_t i = i_; i < n; i++) o[i] = expr;                                     \
+#define EW_LOOP(expr)                                                               \
+  do {                                                                              \
+    int64_t i_ = 0;                                                                 \
+    for (; i_ + EW_BLOCK <= n; i_ += EW_BLOCK) {                                    \
+      float t[EW_BLOCK];                                                            \
+      _Pragma("GCC unroll 64") for (int j = 0; j < EW_BLOCK; j++) {                 \
+        int64_t i = i_ + j;                                                         \
+        t[j] = expr;                                                                \
+      }                                                                             \
+      _Pragma("GCC unroll 64") for (int j = 0; j < EW_BLOCK; j++) o[i_ + j] = t[j]; \
+    }                                                                               \
+    for (int64_t i = i_; i < n; i++) o[i] = expr;                                   \
   } while (0)
 OPX_BODY f32_binary_flat_body(int op, int64_t n, float *o, const float *a, const float *b, int bs) {
   if (bs) {
@@ -79,7 +79,12 @@ int bl_broadcast_shape(int na, const int64_t *sa, int nb, const int64_t *sb, int
   return 0;
 }
 
-typedef struct { int op; int dt[3]; double s; int scalar_first; } ew_ctx;
+typedef struct {
+  int op;
+  int dt[3];
+  double s;
+  int scalar_first;
+} ew_ctx;
 
 static void binary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
   const ew_ctx *c = vctx;
@@ -87,15 +92,23 @@ static void binary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     float *o = (float *)p[0];
     const float *a = (const float *)p[1], *b = (const float *)p[2];
     int64_t so = s[0] / 4, sa = s[1] / 4, sb = s[2] / 4;
-    if (so == 1 && sa == 1 && (sb == 1 || sb == 0)) {  /* unit-stride rows: the common case */
+    if (so == 1 && sa == 1 && (sb == 1 || sb == 0)) { /* unit-stride rows: the common case */
       f32_binary_flat(c->op, n, o, a, b, (int)sb);
       return;
     }
     switch (c->op) {
-      case BL_ADD: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] + b[i * sb]; return;
-      case BL_SUB: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] - b[i * sb]; return;
-      case BL_MUL: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] * b[i * sb]; return;
-      case BL_DIV: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] / b[i * sb]; return;
+      case BL_ADD:
+        for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] + b[i * sb];
+        return;
+      case BL_SUB:
+        for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] - b[i * sb];
+        return;
+      case BL_MUL:
+        for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] * b[i * sb];
+        return;
+      case BL_DIV:
+        for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] / b[i * sb];
+        return;
     }
   }
   for (int64_t i = 0; i < n; i++)
@@ -110,10 +123,18 @@ static void unary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     const float *a = (const float *)p[1];
     int64_t so = s[0] / 4, sa = s[1] / 4;
     switch (c->op) {
-      case BL_NEG: for (int64_t i = 0; i < n; i++) o[i * so] = -a[i * sa]; return;
-      case BL_EXP: for (int64_t i = 0; i < n; i++) o[i * so] = expf(a[i * sa]); return;
-      case BL_TANH: for (int64_t i = 0; i < n; i++) o[i * so] = tanhf(a[i * sa]); return;
-      case BL_SQRT: for (int64_t i = 0; i < n; i++) o[i * so] = sqrtf(a[i * sa]); return;
+      case BL_NEG:
+        for (int64_t i = 0; i < n; i++) o[i * so] = -a[i * sa];
+        return;
+      case BL_EXP:
+        for (int64_t i = 0; i < n; i++) o[i * so] = expf(a[i * sa]);
+        return;
+      case BL_TANH:
+        for (int64_t i = 0; i < n; i++) o[i * so] = tanhf(a[i * sa]);
+        return;
+      case BL_SQRT:
+        for (int64_t i = 0; i < n; i++) o[i * so] = sqrtf(a[i * sa]);
+        return;
       default: break;
     }
   }
@@ -125,11 +146,15 @@ static void scalar_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
   const ew_ctx *c = vctx;
   for (int64_t i = 0; i < n; i++) {
     double x = bl_load(c->dt[1], p[1] + i * s[1]);
-    bl_store(c->dt[0], p[0] + i * s[0], c->scalar_first ? bl_binop_eval(c->op, c->s, x) : bl_binop_eval(c->op, x, c->s));
+    bl_store(c->dt[0], p[0] + i * s[0],
+             c->scalar_first ? bl_binop_eval(c->op, c->s, x) : bl_binop_eval(c->op, x, c->s));
   }
 }
 
-typedef struct { double alpha, beta; int dt[2]; } affine_ctx;
+typedef struct {
+  double alpha, beta;
+  int dt[2];
+} affine_ctx;
 static void affine_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
   const affine_ctx *c = vctx;
   if (c->dt[0] == BL_F32 && c->dt[1] == BL_F32) {
@@ -137,7 +162,7 @@ static void affine_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     const float *a = (const float *)p[1];
     int64_t so = s[0] / 4, sa = s[1] / 4;
     float al = (float)c->alpha, be = (float)c->beta;
-    if (so == 1 && sa == 1) {  /* unit stride: vectorisable, same operations */
+    if (so == 1 && sa == 1) { /* unit stride: vectorisable, same operations */
       f32_affine_flat(n, o, a, al, be);
       return;
     }
@@ -203,8 +228,8 @@ int bl_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
   }
   BL_CHECK(bl_check_out_shape(name, out, n, shape));
   if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_binary(op, out, a, b));
-  ew_ctx c = {op, {out->dtype, a->dtype, b->dtype}, 0, 0};
-  const bl_tensor *in[2] = {a, b};
+  ew_ctx c = { op, { out->dtype, a->dtype, b->dtype }, 0, 0 };
+  const bl_tensor *in[2] = { a, b };
   run(2, out, in, binary_inner, &c);
   return 0;
 }
@@ -214,14 +239,12 @@ int bl_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int s
   const char *name = bl_binop_names[op];
   BL_CHECK(check_common(name, out, a));
   BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
-  if (out->device >= 0)
-    return BL_ON_CUDA(name, out->device,
-                      bl_cuda_binary_scalar(op, out, a, s, scalar_first));
+  if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_binary_scalar(op, out, a, s, scalar_first));
   /* x+s, x-s and x*s are exact as alpha*x+beta; division is not (1/s rounds), so it takes the generic path. */
   if (!scalar_first && (op == BL_ADD || op == BL_SUB || op == BL_MUL))
     return bl_affine(out, a, op == BL_MUL ? s : 1.0, op == BL_ADD ? s : op == BL_SUB ? -s : 0.0);
-  ew_ctx c = {op, {out->dtype, a->dtype, 0}, s, scalar_first};
-  const bl_tensor *in[1] = {a};
+  ew_ctx c = { op, { out->dtype, a->dtype, 0 }, s, scalar_first };
+  const bl_tensor *in[1] = { a };
   run(1, out, in, scalar_inner, &c);
   return 0;
 }
@@ -232,8 +255,8 @@ int bl_unary(int op, bl_tensor *out, const bl_tensor *a) {
   BL_CHECK(check_common(name, out, a));
   BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_unary(op, out, a));
-  ew_ctx c = {op, {out->dtype, a->dtype, 0}, 0, 0};
-  const bl_tensor *in[1] = {a};
+  ew_ctx c = { op, { out->dtype, a->dtype, 0 }, 0, 0 };
+  const bl_tensor *in[1] = { a };
   run(1, out, in, unary_inner, &c);
   return 0;
 }
@@ -241,11 +264,9 @@ int bl_unary(int op, bl_tensor *out, const bl_tensor *a) {
 int bl_affine(bl_tensor *out, const bl_tensor *a, double alpha, double beta) {
   BL_CHECK(check_common("affine", out, a));
   BL_CHECK(bl_check_out_shape("affine", out, a->ndim, a->shape));
-  if (out->device >= 0)
-    return BL_ON_CUDA("affine", out->device,
-                      bl_cuda_affine(out, a, alpha, beta));
-  affine_ctx c = {alpha, beta, {out->dtype, a->dtype}};
-  const bl_tensor *in[1] = {a};
+  if (out->device >= 0) return BL_ON_CUDA("affine", out->device, bl_cuda_affine(out, a, alpha, beta));
+  affine_ctx c = { alpha, beta, { out->dtype, a->dtype } };
+  const bl_tensor *in[1] = { a };
   run(1, out, in, affine_inner, &c);
   return 0;
 }
@@ -271,8 +292,8 @@ int bl_where(bl_tensor *out, const bl_tensor *cond, const bl_tensor *a, const bl
   BL_CHECK(bl_broadcast_shape(n1, s1, cond->ndim, cond->shape, &n2, s2));
   BL_CHECK(bl_check_out_shape("where", out, n2, s2));
   if (out->device >= 0) return BL_ON_CUDA("where", out->device, bl_cuda_where(out, cond, a, b));
-  int dt[4] = {out->dtype, cond->dtype, a->dtype, b->dtype};
-  const bl_tensor *in[3] = {cond, a, b};
+  int dt[4] = { out->dtype, cond->dtype, a->dtype, b->dtype };
+  const bl_tensor *in[3] = { cond, a, b };
   run(3, out, in, where_inner, dt);
   return 0;
 }

@@ -6,8 +6,10 @@
 void bl_broadcast_strides(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out) {
   int lead = ndim - t->ndim;
   for (int i = 0; i < ndim; i++) {
-    if (i < lead) out[i] = 0;
-    else out[i] = (t->shape[i - lead] == 1 && shape[i] != 1) ? 0 : t->stride[i - lead];
+    if (i < lead)
+      out[i] = 0;
+    else
+      out[i] = (t->shape[i - lead] == 1 && shape[i] != 1) ? 0 : t->stride[i - lead];
   }
 }
 
@@ -41,18 +43,22 @@ fail:
                       BL_SHAPE(dst, b));
 }
 
-void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim, const int64_t *shape,
-                bl_inner_fn fn, void *ctx) {
+void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim, const int64_t *shape, bl_inner_fn fn,
+                void *ctx) {
   int64_t sh[BL_MAX_DIMS], st[4][BL_MAX_DIMS];
   int nd = 0;
-  for (int i = 0; i < ndim; i++) if (shape[i] == 0) return;
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] == 0) return;
   /* drop size-1 dims, then merge mergeable neighbours */
   for (int i = 0; i < ndim; i++) {
     if (shape[i] == 1) continue;
     if (nd > 0) {
       int ok = 1;
       for (int k = 0; k < nops; k++)
-        if (st[k][nd - 1] != strides[k][i] * shape[i]) { ok = 0; break; }
+        if (st[k][nd - 1] != strides[k][i] * shape[i]) {
+          ok = 0;
+          break;
+        }
       if (ok) {
         sh[nd - 1] *= shape[i];
         for (int k = 0; k < nops; k++) st[k][nd - 1] = strides[k][i];
@@ -65,13 +71,16 @@ void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim,
   }
   char *ptrs[4];
   int64_t inner[4];
-  if (nd == 0) {  /* a single element */
-    for (int k = 0; k < nops; k++) { ptrs[k] = base[k]; inner[k] = 0; }
+  if (nd == 0) { /* a single element */
+    for (int k = 0; k < nops; k++) {
+      ptrs[k] = base[k];
+      inner[k] = 0;
+    }
     fn(1, ptrs, inner, ctx);
     return;
   }
   for (int k = 0; k < nops; k++) inner[k] = st[k][nd - 1];
-  int64_t idx[BL_MAX_DIMS] = {0};
+  int64_t idx[BL_MAX_DIMS] = { 0 };
   int64_t outer = 1;
   for (int i = 0; i < nd - 1; i++) outer *= sh[i];
   for (int64_t o = 0; o < outer; o++) {

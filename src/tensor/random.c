@@ -7,15 +7,21 @@
 
 void bl_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) { bl_philox_block(seed, counter, out); }
 
-typedef struct { uint64_t seed, offset; double a, b; int normal; int dtype; } rng_ctx;
+typedef struct {
+  uint64_t seed, offset;
+  double a, b;
+  int normal;
+  int dtype;
+} rng_ctx;
 
 static int fill_random(bl_tensor *t, rng_ctx *c, const char *op) {
   BL_CHECK(bl_tensor_check(t, op));
   if (!bl_dtype_is_float(t->dtype))
     return bl_set_error(BL_EINVAL, "%s: floating-point output required, got %s", op, bl_dtype_name(t->dtype));
   if (t->device >= 0)
-    return BL_ON_CUDA(op, t->device, c->normal ? bl_cuda_rand_normal(t, c->seed, c->offset, c->a, c->b)
-                                               : bl_cuda_rand_uniform(t, c->seed, c->offset, c->a, c->b));
+    return BL_ON_CUDA(op, t->device,
+                      c->normal ? bl_cuda_rand_normal(t, c->seed, c->offset, c->a, c->b)
+                                : bl_cuda_rand_uniform(t, c->seed, c->offset, c->a, c->b));
   bl_tensor *tmp = NULL;
   bl_tensor *dst = t;
   if (!bl_tensor_is_contiguous(t) || t->dtype != BL_F32) {
@@ -43,17 +49,20 @@ static int fill_random(bl_tensor *t, rng_ctx *c, const char *op) {
     for (int l = 0; l < 4 && blk * 4 + l < n; l++) p[blk * 4 + l] = v[l];
   }
   int rc = 0;
-  if (tmp) { rc = bl_tensor_copy(t, tmp); bl_tensor_free(tmp); }
+  if (tmp) {
+    rc = bl_tensor_copy(t, tmp);
+    bl_tensor_free(tmp);
+  }
   return rc;
 }
 
 int bl_rand_uniform(bl_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
-  rng_ctx c = {seed, offset, low, high, 0, 0};
+  rng_ctx c = { seed, offset, low, high, 0, 0 };
   return fill_random(t, &c, "rand");
 }
 
 int bl_rand_normal(bl_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
   if (!(std >= 0)) return bl_set_error(BL_EINVAL, "randn: std must be >= 0, got %g", std);
-  rng_ctx c = {seed, offset, mean, std, 1, 0};
+  rng_ctx c = { seed, offset, mean, std, 1, 0 };
   return fill_random(t, &c, "randn");
 }

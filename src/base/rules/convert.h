@@ -10,10 +10,7 @@ BL_HD int32_t bl_d2i32(double v) {
   return v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
 }
 BL_HD int64_t bl_d2i64(double v) {
-  return v != v                        ? 0
-         : v >= 9.2233720368547758e18  ? INT64_MAX
-         : v <= -9.2233720368547758e18 ? INT64_MIN
-                                       : (int64_t)v;
+  return v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN : (int64_t)v;
 }
 BL_HD uint8_t bl_d2u8(double v) { return v != v ? 0 : v >= 255.0 ? 255 : v <= 0 ? 0 : (uint8_t)v; }
 #endif

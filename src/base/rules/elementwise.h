@@ -8,9 +8,9 @@
 
 static const char *const bl_binop_names[BL_NUM_BINOPS] = { "add", "sub", "mul", "div", "pow", "maximum", "minimum",
                                                            "eq",  "ne",  "lt",  "le",  "gt",  "ge" };
-static const char *const bl_unop_names[BL_NUM_UNOPS] = { "neg",  "abs",    "exp",        "log",  "sqrt",
-                                                         "rsqrt", "tanh",  "sigmoid",    "relu", "square",
-                                                         "reciprocal", "sign", "floor",  "ceil", "erf" };
+static const char *const bl_unop_names[BL_NUM_UNOPS] = { "neg",        "abs",  "exp",     "log",  "sqrt",
+                                                         "rsqrt",      "tanh", "sigmoid", "relu", "square",
+                                                         "reciprocal", "sign", "floor",   "ceil", "erf" };
 
 /* maximum/minimum propagate a NaN in either operand (the first one's when both are NaN), as torch does */
 BL_HD double bl_binop_eval(int op, double x, double y) {

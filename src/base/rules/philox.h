@@ -40,5 +40,7 @@ BL_HD float bl_philox_u01(uint32_t x) { return (float)(x >> 8) * (1.0f / 1677721
 /* the uniform in (0, 1] of one word: Box-Muller's u1 (its log stays finite) */
 BL_HD double bl_philox_u01_pos(uint32_t x) { return (double)bl_philox_u01(x) + 1.0 / 16777216.0; }
 /* a value of the uniform fill on [a, b): a + (b - a) u in f64, rounded to f32 */
-BL_HD float bl_philox_uniform_ab(uint32_t x, double a, double b) { return (float)(a + (b - a) * (double)bl_philox_u01(x)); }
+BL_HD float bl_philox_uniform_ab(uint32_t x, double a, double b) {
+  return (float)(a + (b - a) * (double)bl_philox_u01(x));
+}
 #endif
