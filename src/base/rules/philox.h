@@ -20,12 +20,18 @@ BL_HD void bl_philox_block(uint64_t seed, uint64_t counter, uint32_t out[4]) {
   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   BL_UNROLL
   for (int r = 0; r < 10; r++) {
+#ifdef __CUDA_ARCH__ /* separate low and high products: the 64-bit product costs attn_tc_bwd a spill */
+    const uint32_t lo0 = BL_PHILOX_M0 * c0, hi0 = __umulhi(BL_PHILOX_M0, c0);
+    const uint32_t lo1 = BL_PHILOX_M1 * c2, hi1 = __umulhi(BL_PHILOX_M1, c2);
+#else
     const uint64_t p0 = (uint64_t)BL_PHILOX_M0 * c0, p1 = (uint64_t)BL_PHILOX_M1 * c2;
-    const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    const uint32_t lo0 = (uint32_t)p0, hi0 = (uint32_t)(p0 >> 32), lo1 = (uint32_t)p1, hi1 = (uint32_t)(p1 >> 32);
+#endif
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
     c0 = n0;
-    c1 = (uint32_t)p1;
+    c1 = lo1;
     c2 = n2;
-    c3 = (uint32_t)p0;
+    c3 = lo0;
     k0 += BL_PHILOX_W0;
     k1 += BL_PHILOX_W1;
   }
