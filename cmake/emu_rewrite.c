@@ -18,7 +18,10 @@ static void put(const char *s, size_t n) {
   if (out_len + n + 1 > out_cap) {
     out_cap = (out_len + n + 1) * 2;
     out = realloc(out, out_cap);
-    if (!out) { fprintf(stderr, "emu_rewrite: out of memory\n"); exit(1); }
+    if (!out) {
+      fprintf(stderr, "emu_rewrite: out of memory\n");
+      exit(1);
+    }
   }
   memcpy(out + out_len, s, n);
   out_len += n;
@@ -27,7 +30,7 @@ static void put(const char *s, size_t n) {
 
 static void insert_at(size_t pos, const char *s) {
   size_t n = strlen(s), tail = out_len - pos;
-  put(s, n);   /* grow */
+  put(s, n); /* grow */
   memmove(out + pos + n, out + pos, tail);
   memcpy(out + pos, s, n);
 }
@@ -43,8 +46,10 @@ static size_t callee_start(size_t end) {
     int depth = 0;
     while (i > 0) {
       char c = out[--i];
-      if (c == '>') depth++;
-      else if (c == '<' && --depth == 0) break;
+      if (c == '>')
+        depth++;
+      else if (c == '<' && --depth == 0)
+        break;
     }
   }
   while (i > 0 && is_ident(out[i - 1])) i--;
@@ -59,9 +64,15 @@ static void fail(const char *path, const char *src, const char *at, const char *
 }
 
 int main(int argc, char **argv) {
-  if (argc != 3) { fprintf(stderr, "usage: emu_rewrite IN.cu OUT.cpp\n"); return 2; }
+  if (argc != 3) {
+    fprintf(stderr, "usage: emu_rewrite IN.cu OUT.cpp\n");
+    return 2;
+  }
   FILE *f = fopen(argv[1], "rb");
-  if (!f) { fprintf(stderr, "emu_rewrite: cannot open %s\n", argv[1]); return 1; }
+  if (!f) {
+    fprintf(stderr, "emu_rewrite: cannot open %s\n", argv[1]);
+    return 1;
+  }
   fseek(f, 0, SEEK_END);
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
@@ -78,19 +89,22 @@ int main(int argc, char **argv) {
   put(head, strlen(head));
   const char *p = src;
   while (*p) {
-    if (p[0] == '/' && p[1] == '/') {                 /* comments and literals are copied untouched */
+    if (p[0] == '/' && p[1] == '/') { /* comments and literals are copied untouched */
       const char *e = strchr(p, '\n');
       if (!e) e = p + strlen(p);
-      put(p, (size_t)(e - p)); p = e;
+      put(p, (size_t)(e - p));
+      p = e;
     } else if (p[0] == '/' && p[1] == '*') {
       const char *e = strstr(p + 2, "*/");
       if (!e) fail(argv[1], src, p, "unterminated comment");
-      put(p, (size_t)(e + 2 - p)); p = e + 2;
+      put(p, (size_t)(e + 2 - p));
+      p = e + 2;
     } else if (*p == '"' || *p == '\'') {
       const char *e = p + 1;
       while (*e && *e != *p) e += (*e == '\\' && e[1]) ? 2 : 1;
       if (!*e) fail(argv[1], src, p, "unterminated literal");
-      put(p, (size_t)(e + 1 - p)); p = e + 1;
+      put(p, (size_t)(e + 1 - p));
+      p = e + 1;
     } else if (strncmp(p, "<<<", 3) == 0) {
       size_t s = callee_start(out_len);
       if (s == out_len) fail(argv[1], src, p, "no kernel name before <<<");
@@ -98,7 +112,8 @@ int main(int argc, char **argv) {
       size_t nl = out_len - s < sizeof name - 1 ? out_len - s : sizeof name - 1;
       memcpy(name, out + s, nl);
       name[nl] = 0;
-      for (size_t i = 0; i < nl; i++) if (isspace((unsigned char)name[i]) || name[i] == '"') name[i] = ' ';
+      for (size_t i = 0; i < nl; i++)
+        if (isspace((unsigned char)name[i]) || name[i] == '"') name[i] = ' ';
       char pre[400];
       snprintf(pre, sizeof pre, "::emu::launcher(__FILE__, __LINE__, \"%s\", ", name);
       insert_at(s, pre);
@@ -111,7 +126,11 @@ int main(int argc, char **argv) {
     } else if (strncmp(p, "extern", 6) == 0 && (p == src || !is_ident(p[-1])) && !is_ident(p[6])) {
       const char *q = p + 6;
       while (isspace((unsigned char)*q)) q++;
-      if (strncmp(q, "__shared__", 10) != 0 || is_ident(q[10])) { put(p, 6); p += 6; continue; }
+      if (strncmp(q, "__shared__", 10) != 0 || is_ident(q[10])) {
+        put(p, 6);
+        p += 6;
+        continue;
+      }
       q += 10;
       const char *semi = strchr(q, ';');
       const char *br = semi ? memchr(q, '[', (size_t)(semi - q)) : NULL;
@@ -126,7 +145,8 @@ int main(int argc, char **argv) {
       put(decl, strlen(decl));
       p = semi + 1;
     } else {
-      put(p, 1); p++;
+      put(p, 1);
+      p++;
     }
   }
   FILE *o = fopen(argv[2], "wb");

@@ -23,7 +23,10 @@ __global__ void argmax_rows(const T *x, int64_t rows, int64_t c, int64_t *out) {
     int64_t bi = -1;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
       const float v = to_f(xr[j]);
-      if (bi < 0 || am_better(v, j, bv, bi)) { bv = v; bi = j; }
+      if (bi < 0 || am_better(v, j, bv, bi)) {
+        bv = v;
+        bi = j;
+      }
     }
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
@@ -51,7 +54,8 @@ __global__ void acc_count(const int64_t *pred, const int64_t *t, int64_t n, int6
   }
 }
 int argmax_into(const char *op, int dev, const bl_tensor *x, cu_mem *res, int64_t *rows_out) {
-  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
+  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
+    return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
   int64_t c = x->shape[x->ndim - 1], rows = x->numel / c;
   *rows_out = rows;
   BL_CHECK(res->alloc(op, dev, (size_t)rows * sizeof(int64_t)));
@@ -59,10 +63,12 @@ int argmax_into(const char *op, int dev, const bl_tensor *x, cu_mem *res, int64_
   const unsigned grid = cu_blocks(rows, 1, 1 << 20);
   cudaStream_t s = cu_stream(dev);
   int64_t *o = res->as<int64_t>();
-  if (cu_is_contig(x) && (x->dtype == BL_BF16 || x->dtype == BL_F16)) {   // read in their own dtype
+  if (cu_is_contig(x) && (x->dtype == BL_BF16 || x->dtype == BL_F16)) { // read in their own dtype
     cu_cost_kernel(dev, "loss", "argmax_rows", (double)bl_dtype_size(x->dtype) * rows * c + 8.0 * rows);
-    if (x->dtype == BL_BF16) argmax_rows<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)x->data, rows, c, o);
-    else argmax_rows<__half><<<grid, 256, 0, s>>>((const __half *)x->data, rows, c, o);
+    if (x->dtype == BL_BF16)
+      argmax_rows<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)x->data, rows, c, o);
+    else
+      argmax_rows<__half><<<grid, 256, 0, s>>>((const __half *)x->data, rows, c, o);
     return cu_launched(op, dev);
   }
   cu_buf bx;
@@ -72,12 +78,12 @@ int argmax_into(const char *op, int dev, const bl_tensor *x, cu_mem *res, int64_
   return cu_launched(op, dev);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_argmax(bl_tensor *out, const bl_tensor *x) {
   const char *op = "argmax";
   int dev;
-  const bl_tensor *ts[] = {out, x};
+  const bl_tensor *ts[] = { out, x };
   BL_CHECK(cu_device(op, 2, ts, &dev));
   if (out->dtype != BL_I32 && out->dtype != BL_I64) return bl_set_error(BL_EINVAL, "%s: output must be i32 or i64", op);
   cu_mem res;
@@ -88,12 +94,12 @@ extern "C" int bl_cuda_argmax(bl_tensor *out, const bl_tensor *x) {
   return cu_copy_from_contig(op, out, res.p, BL_I64);
 }
 
-extern "C" int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index, int64_t *correct,
-                                int64_t *count) {
+extern "C" int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
+                                int64_t *correct, int64_t *count) {
   const char *op = "accuracy";
   if (!correct || !count) return bl_set_error(BL_EINVAL, "%s: correct and count must not be NULL", op);
   int dev;
-  const bl_tensor *ts[] = {logits, targets};
+  const bl_tensor *ts[] = { logits, targets };
   BL_CHECK(cu_device(op, 2, ts, &dev));
   cu_mem pred, t, res;
   int64_t rows;
@@ -106,7 +112,7 @@ extern "C" int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *target
   if (rows > 0) {
     cu_cost_kernel(dev, "loss", "acc_count", 16.0 * rows);
     acc_count<<<cu_blocks(rows, 256), 256, 0, cu_stream(dev)>>>(pred.as<int64_t>(), t.as<int64_t>(), rows, ignore_index,
-                                                               res.as<unsigned long long>());
+                                                                res.as<unsigned long long>());
     BL_CHECK(cu_launched(op, dev));
   }
   int64_t h[2];
@@ -120,7 +126,7 @@ extern "C" int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, con
                                     int64_t ignore_index) {
   const char *op = "accuracy";
   int dev;
-  const bl_tensor *ts[] = {acc, logits, targets};
+  const bl_tensor *ts[] = { acc, logits, targets };
   BL_CHECK(cu_device(op, 3, ts, &dev));
   if (acc->dtype != BL_I64 || acc->numel != 2 || !cu_is_contig(acc))
     return bl_set_error(BL_EINVAL, "%s: the accumulator must be a contiguous i64 tensor of 2 elements", op);
@@ -133,6 +139,6 @@ extern "C" int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, con
   cu_cost_kernel(dev, "loss", "acc_count", 16.0 * rows);
   // acc_count adds with integer atomics: straight into the caller's {correct, count}
   acc_count<<<cu_blocks(rows, 256), 256, 0, cu_stream(dev)>>>(pred.as<int64_t>(), t.as<int64_t>(), rows, ignore_index,
-                                                             (unsigned long long *)acc->data);
+                                                              (unsigned long long *)acc->data);
   return cu_launched(op, dev);
 }

@@ -12,7 +12,7 @@
 
 namespace {
 
-#define INV_SQRT2 0.70710678118654752440f
+#define INV_SQRT2    0.70710678118654752440f
 #define INV_SQRT_2PI 0.39894228040143267794f
 
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * INV_SQRT2)); }
@@ -42,7 +42,7 @@ __device__ __forceinline__ float act_apply(int kind, float x, float g) {
     case K_TANH: return tanhf(x);
     case K_GELU_TANH: return x * gelu_tanh_s(x);
     case K_GELU_TANH_BWD: return g * gelu_tanh_grad(x);
-    default: return g * (1.0f - x * x);   // K_TANH_BWD: x is the saved output y
+    default: return g * (1.0f - x * x); // K_TANH_BWD: x is the saved output y
   }
 }
 
@@ -55,13 +55,13 @@ __global__ void act_kernel(int kind, float *out, const float *a, const float *b,
   }
 }
 
-const int kDbRows = 64;   // rows per bias-gradient partial (fixed: db does not depend on the launch)
+const int kDbRows = 64; // rows per bias-gradient partial (fixed: db does not depend on the launch)
 
 // Block (32, 8) over 32 column vectors of V = 16 / sizeof(T) elements and the kDbRows rows of chunk blockIdx.y; a
 // thread takes rows ty, ty + 8, ... of the chunk. part (bias gradient wanted): [chunks, h] f32 column sums.
 template <class T, class TB>
-__global__ void __launch_bounds__(256) act_native(int kind, T *out, const T *a, const TB *b, const T *g, float *part,
-                                                  int64_t rows, int64_t h) {
+__global__ void __launch_bounds__(256)
+    act_native(int kind, T *out, const T *a, const TB *b, const T *g, float *part, int64_t rows, int64_t h) {
   constexpr int V = 16 / sizeof(T);
   __shared__ float sh[8][32][V];
   const int64_t j0 = (blockIdx.x * 32LL + threadIdx.x) * V;
@@ -75,7 +75,10 @@ __global__ void __launch_bounds__(256) act_native(int kind, T *out, const T *a, 
     for (int e = 0; e < V; e++) bias[e] = b ? to_f(b[j0 + e]) : 0.0f;
     for (int64_t r = blockIdx.y * (int64_t)kDbRows + threadIdx.y; r < r1; r += 8) {
       const int64_t i = r * h + j0;
-      union { uint4 u; T t[V]; } va, vg, vo;
+      union {
+        uint4 u;
+        T t[V];
+      } va, vg, vo;
       va.u = *(const uint4 *)(a + i);
       if (g) vg.u = *(const uint4 *)(g + i);
 #pragma unroll
@@ -87,7 +90,7 @@ __global__ void __launch_bounds__(256) act_native(int kind, T *out, const T *a, 
       *(uint4 *)(out + i) = vo.u;
     }
   }
-  if (!part) return;   // uniform: no barrier is skipped by some threads only
+  if (!part) return; // uniform: no barrier is skipped by some threads only
 #pragma unroll
   for (int e = 0; e < V; e++) sh[threadIdx.y][threadIdx.x][e] = acc[e];
   __syncthreads();
@@ -117,11 +120,12 @@ int launch_native(const char *op, int dev, int kind, bl_tensor *out, bl_tensor *
   cu_mem part;
   if (db) BL_CHECK(part.alloc(op, dev, (size_t)(nchunk * h) * sizeof(float)));
   double n = (double)rows * h;
-  cu_cost_kernel(dev, "activation", "act_native", sizeof(T) * n * (g ? 3 : 2) + (b ? (double)h * sizeof(TB) : 0.0) +
-                 (db ? 4.0 * nchunk * h : 0.0));
+  cu_cost_kernel(dev, "activation", "act_native",
+                 sizeof(T) * n * (g ? 3 : 2) + (b ? (double)h * sizeof(TB) : 0.0) + (db ? 4.0 * nchunk * h : 0.0));
   dim3 grid((unsigned)((vecs + 31) / 32), (unsigned)nchunk);
-  act_native<T, TB><<<grid, dim3(32, 8), 0, cu_stream(dev)>>>(kind, (T *)out->data, (const T *)a->data,
-      b ? (const TB *)b->data : nullptr, g ? (const T *)g->data : nullptr, part.as<float>(), rows, h);
+  act_native<T, TB><<<grid, dim3(32, 8), 0, cu_stream(dev)>>>(
+      kind, (T *)out->data, (const T *)a->data, b ? (const TB *)b->data : nullptr, g ? (const T *)g->data : nullptr,
+      part.as<float>(), rows, h);
   BL_CHECK(cu_launched(op, dev));
   if (!db) return 0;
   cu_buf bdb;
@@ -137,10 +141,10 @@ int run_act_native(const char *op, int dev, int kind, bl_tensor *out, bl_tensor 
                    const bl_tensor *a, const bl_tensor *b, int64_t n, int64_t h) {
   const int dt = a->dtype;
   if (dt != BL_BF16 && dt != BL_F16) return BL_EUNSUPPORTED;
-  if (!b) h = a->shape[a->ndim - 1];   // any row length will do without a bias
-  const int64_t v = 8, rows = n / h;   // elements per 16 bytes
+  if (!b) h = a->shape[a->ndim - 1]; // any row length will do without a bias
+  const int64_t v = 8, rows = n / h; // elements per 16 bytes
   if (h % v || (rows + kDbRows - 1) / kDbRows > 65535 || (h / v + 31) / 32 > 65535) return BL_EUNSUPPORTED;
-  for (const bl_tensor *t : {(const bl_tensor *)out, g, a}) {
+  for (const bl_tensor *t : { (const bl_tensor *)out, g, a }) {
     if (!t) continue;
     if (t->dtype != dt || !cu_is_contig(t) || (uintptr_t)t->data % 16) return BL_EUNSUPPORTED;
   }
@@ -156,15 +160,19 @@ int run_act_native(const char *op, int dev, int kind, bl_tensor *out, bl_tensor 
 int run_act(const char *op, int kind, bl_tensor *out, bl_tensor *db, const bl_tensor *g, const bl_tensor *a,
             const bl_tensor *b) {
   int dev;
-  const bl_tensor *ts[] = {out, db, g, a, b};
+  const bl_tensor *ts[] = { out, db, g, a, b };
   BL_CHECK(cu_device(op, 5, ts, &dev));
   BL_CHECK(cu_same_numel(op, out, a));
   BL_CHECK(cu_same_numel(op, g, a));
   int64_t n = a->numel, h = 1;
   if (b) {
     h = a->ndim ? a->shape[a->ndim - 1] : 1;
-    if (b->numel != h || h < 1) return bl_set_error(BL_EINVAL, "%s: bias has %lld elements, input's last dim is %lld", op, (long long)b->numel, (long long)h);
-    if (db && db->numel != h) return bl_set_error(BL_EINVAL, "%s: grad_bias has %lld elements, expected %lld", op, (long long)db->numel, (long long)h);
+    if (b->numel != h || h < 1)
+      return bl_set_error(BL_EINVAL, "%s: bias has %lld elements, input's last dim is %lld", op, (long long)b->numel,
+                          (long long)h);
+    if (db && db->numel != h)
+      return bl_set_error(BL_EINVAL, "%s: grad_bias has %lld elements, expected %lld", op, (long long)db->numel,
+                          (long long)h);
   }
   if (n == 0) return 0;
   int rc = run_act_native(op, dev, kind, out, db, g, a, b, n, h);
@@ -175,7 +183,8 @@ int run_act(const char *op, int kind, bl_tensor *out, bl_tensor *db, const bl_te
   if (g) BL_CHECK(cu_load(op, g, &bg));
   BL_CHECK(cu_out(op, out, &bo, 0));
   cu_cost_kernel(dev, "activation", "act_kernel", 4.0 * ((g ? 3 : 2) * (double)n + (b ? h : 0)));
-  act_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(kind, bo.p, ba.p, b ? bb.p : nullptr, g ? bg.p : nullptr, n, h);
+  act_kernel<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(kind, bo.p, ba.p, b ? bb.p : nullptr, g ? bg.p : nullptr, n,
+                                                            h);
   BL_CHECK(cu_launched(op, dev));
   if (db) {
     cu_buf bdb;
@@ -186,9 +195,11 @@ int run_act(const char *op, int kind, bl_tensor *out, bl_tensor *db, const bl_te
   return cu_store(op, out, &bo);
 }
 
-}  // namespace
+} // namespace
 
-extern "C" int bl_cuda_gelu_forward(bl_tensor *y, const bl_tensor *x) { return run_act("gelu", K_GELU, y, nullptr, nullptr, x, nullptr); }
+extern "C" int bl_cuda_gelu_forward(bl_tensor *y, const bl_tensor *x) {
+  return run_act("gelu", K_GELU, y, nullptr, nullptr, x, nullptr);
+}
 extern "C" int bl_cuda_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x) {
   return run_act("gelu_backward", K_GELU_BWD, dx, nullptr, dy, x, nullptr);
 }
@@ -209,7 +220,9 @@ extern "C" int bl_cuda_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl
   if (db && !b) return bl_set_error(BL_EINVAL, "gelu_tanh_backward: grad_bias given without a bias");
   return run_act("gelu_tanh_backward", K_GELU_TANH_BWD, dx, db, dy, x, b);
 }
-extern "C" int bl_cuda_tanh_forward(bl_tensor *y, const bl_tensor *x) { return run_act("tanh", K_TANH, y, nullptr, nullptr, x, nullptr); }
+extern "C" int bl_cuda_tanh_forward(bl_tensor *y, const bl_tensor *x) {
+  return run_act("tanh", K_TANH, y, nullptr, nullptr, x, nullptr);
+}
 extern "C" int bl_cuda_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y) {
   return run_act("tanh_backward", K_TANH_BWD, dx, nullptr, dy, y, nullptr);
 }

@@ -40,19 +40,19 @@ namespace {
 
 const int BQ = 32, BK = 32, NT = 128, DMAX = 128, DT = DMAX / 4;
 
-struct bsh {        // [B, S, H] operand, element (b, s, c) at p[b*sb + s*ss + c]
+struct bsh { // [B, S, H] operand, element (b, s, c) at p[b*sb + s*ss + c]
   float *p;
   int64_t sb, ss;
 };
 
 struct attn_args {
-  bsh q, k, v, o, dout;     // o = ctx
+  bsh q, k, v, o, dout; // o = ctx
   bsh dq, dk, dv;
-  const float *madd;        // [B, S] additive key mask or NULL
-  const int *klive;         // [B] keys the tensor-core kernels visit per row (mask_rows), with madd
-  int *cost_slot;           // the step-time model's count of those keys (recording only) or NULL
-  float *lse;               // [B*heads, S]
-  float *dsum;              // [B*heads, S] (backward)
+  const float *madd; // [B, S] additive key mask or NULL
+  const int *klive;  // [B] keys the tensor-core kernels visit per row (mask_rows), with madd
+  int *cost_slot;    // the step-time model's count of those keys (recording only) or NULL
+  float *lse;        // [B*heads, S]
+  float *dsum;       // [B*heads, S] (backward)
   int64_t S, heads, d;
   float scale, p, dscale;
   uint64_t seed, offset;
@@ -84,7 +84,7 @@ __device__ __forceinline__ float dot_sh(const float *x, const float *y, int64_t 
 }
 
 __global__ void __launch_bounds__(NT) attn_fwd(attn_args a) {
-  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
+  a.seed = bl_seed_resolve(a.seed); // a device seed slot (bl_ops.h) read once
   extern __shared__ float smem[];
   const int d = (int)a.d, dp = d + 1, ps = BK + 1;
   float *Qs = smem, *Ks = Qs + BQ * dp, *Vs = Ks + BK * dp, *Ps = Vs + BK * dp;
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(NT) attn_fwd(attn_args a) {
   for (int t = 0; t < DT; t++) acc[t] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (int64_t k0 = 0; k0 < S; k0 += BK) {
-    __syncthreads();   // Q loaded (first tile) / previous tile's Ks, Vs, Ps no longer read
+    __syncthreads(); // Q loaded (first tile) / previous tile's Ks, Vs, Ps no longer read
     load_tile(Ks, dp, a.k, b, h, k0, BK, S, d);
     load_tile(Vs, dp, a.v, b, h, k0, BK, S, d);
     __syncthreads();
@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(NT) attn_fwd(attn_args a) {
     }
     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-    const float mnew = fmaxf(m, tmax);      // finite: key k0 < S is valid in every tile
-    const float alpha = expf(m - mnew);     // 0 on the first tile (m = -inf)
+    const float mnew = fmaxf(m, tmax);  // finite: key k0 < S is valid in every tile
+    const float alpha = expf(m - mnew); // 0 on the first tile (m = -inf)
     float psum = 0.0f;
 #pragma unroll
     for (int u = 0; u < BK / 4; u++) {
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(NT) attn_fwd(attn_args a) {
     psum += __shfl_xor_sync(0xffffffffu, psum, 2);
     l = l * alpha + psum;
     m = mnew;
-    __syncthreads();   // Ps of all rows written (each row's 4 threads wrote disjoint keys)
+    __syncthreads(); // Ps of all rows written (each row's 4 threads wrote disjoint keys)
 #pragma unroll
     for (int t = 0; t < DT; t++) {
       const int c = g + 4 * t;
@@ -159,7 +159,8 @@ __global__ void __launch_bounds__(NT) attn_fwd(attn_args a) {
 // D[bh, q] = sum_c dctx[b, q, h*d + c] * ctx[b, q, h*d + c]; one warp per (bh, q).
 __global__ void attn_bwd_dot(attn_args a, int64_t rows) {
   const int lane = threadIdx.x & 31;
-  for (int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; w < rows; w += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+  for (int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; w < rows;
+       w += ((int64_t)gridDim.x * blockDim.x) >> 5) {
     const int64_t bh = w / a.S, qi = w % a.S, b = bh / a.heads, h = bh % a.heads;
     const float *o = a.o.p + b * a.o.sb + qi * a.o.ss + h * a.d;
     const float *g = a.dout.p + b * a.dout.sb + qi * a.dout.ss + h * a.d;
@@ -171,11 +172,15 @@ __global__ void attn_bwd_dot(attn_args a, int64_t rows) {
 }
 
 // dS and P*Z for query row i (tile-local row index, global qi) and key kj.
-__device__ __forceinline__ void ds_entry(const attn_args &a, int64_t bh, int64_t b, int64_t qi, int64_t kj, const float *qrow,
-                                         const float *krow, const float *dorow, const float *vrow, float lse, float dsum,
-                                         float *pz, float *ds) {
+__device__ __forceinline__ void ds_entry(const attn_args &a, int64_t bh, int64_t b, int64_t qi, int64_t kj,
+                                         const float *qrow, const float *krow, const float *dorow, const float *vrow,
+                                         float lse, float dsum, float *pz, float *ds) {
   const int64_t S = a.S;
-  if (qi >= S || kj >= S) { *pz = 0.0f; *ds = 0.0f; return; }
+  if (qi >= S || kj >= S) {
+    *pz = 0.0f;
+    *ds = 0.0f;
+    return;
+  }
   float s = dot_sh(qrow, krow, a.d) * a.scale;
   if (a.madd) s += a.madd[b * S + kj];
   const float p = expf(s - lse);
@@ -186,21 +191,24 @@ __device__ __forceinline__ void ds_entry(const attn_args &a, int64_t bh, int64_t
 }
 
 __global__ void __launch_bounds__(NT) attn_bwd_kv(attn_args a) {
-  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
+  a.seed = bl_seed_resolve(a.seed); // a device seed slot (bl_ops.h) read once
   extern __shared__ float smem[];
   const int d = (int)a.d, dp = d + 1, ps = BK + 1;
   float *Ks = smem, *Vs = Ks + BK * dp, *Qs = Vs + BK * dp, *Os = Qs + BQ * dp;
   float *PZ = Os + BQ * dp, *DS = PZ + BQ * ps, *Ls = DS + BQ * ps, *Dl = Ls + BQ;
-  const int r = threadIdx.x >> 2, g = threadIdx.x & 3;   // r: key row of this thread
+  const int r = threadIdx.x >> 2, g = threadIdx.x & 3; // r: key row of this thread
   const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, S = a.S;
   const int64_t k0 = (int64_t)blockIdx.x * BK, kj = k0 + r;
   load_tile(Ks, dp, a.k, b, h, k0, BK, S, d);
   load_tile(Vs, dp, a.v, b, h, k0, BK, S, d);
   float ak[DT], av[DT];
 #pragma unroll
-  for (int t = 0; t < DT; t++) { ak[t] = 0.0f; av[t] = 0.0f; }
+  for (int t = 0; t < DT; t++) {
+    ak[t] = 0.0f;
+    av[t] = 0.0f;
+  }
   for (int64_t q0 = 0; q0 < S; q0 += BQ) {
-    __syncthreads();   // K/V loaded (first tile) / previous Qs, Os, PZ, DS no longer read
+    __syncthreads(); // K/V loaded (first tile) / previous Qs, Os, PZ, DS no longer read
     load_tile(Qs, dp, a.q, b, h, q0, BQ, S, d);
     load_tile(Os, dp, a.dout, b, h, q0, BQ, S, d);
     if (threadIdx.x < BQ) {
@@ -238,17 +246,20 @@ __global__ void __launch_bounds__(NT) attn_bwd_kv(attn_args a) {
 #pragma unroll
     for (int t = 0; t < DT; t++) {
       const int c = g + 4 * t;
-      if (c < d) { dk[c] = ak[t]; dv[c] = av[t]; }
+      if (c < d) {
+        dk[c] = ak[t];
+        dv[c] = av[t];
+      }
     }
   }
 }
 
 __global__ void __launch_bounds__(NT) attn_bwd_q(attn_args a) {
-  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
+  a.seed = bl_seed_resolve(a.seed); // a device seed slot (bl_ops.h) read once
   extern __shared__ float smem[];
   const int d = (int)a.d, dp = d + 1, ps = BK + 1;
   float *Qs = smem, *Os = Qs + BQ * dp, *Ks = Os + BQ * dp, *Vs = Ks + BK * dp, *DS = Vs + BK * dp;
-  const int r = threadIdx.x >> 2, g = threadIdx.x & 3;   // r: query row of this thread
+  const int r = threadIdx.x >> 2, g = threadIdx.x & 3; // r: query row of this thread
   const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, S = a.S;
   const int64_t q0 = (int64_t)blockIdx.x * BQ, qi = q0 + r;
   load_tile(Qs, dp, a.q, b, h, q0, BQ, S, d);
@@ -322,15 +333,29 @@ struct operand {
 };
 bool in_place(const bl_tensor *t) { return t->dtype == BL_F32 && (t->shape[2] == 1 || t->stride[2] == 1); }
 int op_load(const char *op, const bl_tensor *t, operand *o) {
-  if (in_place(t)) { o->v.p = (float *)t->data; o->v.sb = t->stride[0]; o->v.ss = t->stride[1]; return 0; }
+  if (in_place(t)) {
+    o->v.p = (float *)t->data;
+    o->v.sb = t->stride[0];
+    o->v.ss = t->stride[1];
+    return 0;
+  }
   BL_CHECK(cu_load(op, t, &o->buf));
-  o->v.p = o->buf.p; o->v.ss = t->shape[2]; o->v.sb = t->shape[1] * t->shape[2];
+  o->v.p = o->buf.p;
+  o->v.ss = t->shape[2];
+  o->v.sb = t->shape[1] * t->shape[2];
   return 0;
 }
 int op_out(const char *op, bl_tensor *t, operand *o) {
-  if (in_place(t)) { o->v.p = (float *)t->data; o->v.sb = t->stride[0]; o->v.ss = t->stride[1]; return 0; }
+  if (in_place(t)) {
+    o->v.p = (float *)t->data;
+    o->v.sb = t->stride[0];
+    o->v.ss = t->stride[1];
+    return 0;
+  }
   BL_CHECK(cu_out(op, t, &o->buf, 0));
-  o->v.p = o->buf.p; o->v.ss = t->shape[2]; o->v.sb = t->shape[1] * t->shape[2];
+  o->v.p = o->buf.p;
+  o->v.ss = t->shape[2];
+  o->v.sb = t->shape[1] * t->shape[2];
   return 0;
 }
 
@@ -339,30 +364,37 @@ int check_bsh(const char *op, const bl_tensor *t, const char *name, const bl_ten
   BL_CHECK(bl_tensor_check(t, op));
   if (!bl_dtype_is_float(t->dtype)) return bl_set_error(BL_EINVAL, "%s: %s must be a float tensor", op, name);
   char s1[128], s2[128];
-  if (t->ndim != 3) return bl_set_error(BL_EINVAL, "%s: %s must be [batch, seq, hidden], got %s", op, name, BL_SHAPE(t, s1));
+  if (t->ndim != 3)
+    return bl_set_error(BL_EINVAL, "%s: %s must be [batch, seq, hidden], got %s", op, name, BL_SHAPE(t, s1));
   if (q && (t->shape[0] != q->shape[0] || t->shape[1] != q->shape[1] || t->shape[2] != q->shape[2]))
     return bl_set_error(BL_EINVAL, "%s: %s %s does not match query %s", op, name, BL_SHAPE(t, s1), BL_SHAPE(q, s2));
   return 0;
 }
 
-int check_common(const char *op, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *lse, int heads,
-                 double p, attn_args *a, double scale) {
+int check_common(const char *op, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *lse,
+                 int heads, double p, attn_args *a, double scale) {
   BL_CHECK(check_bsh(op, q, "query", nullptr));
   BL_CHECK(check_bsh(op, k, "key", q));
   BL_CHECK(check_bsh(op, v, "value", q));
   if (heads < 1 || q->shape[2] % heads != 0)
-    return bl_set_error(BL_EINVAL, "%s: hidden size %lld is not divisible by %d heads", op, (long long)q->shape[2], heads);
+    return bl_set_error(BL_EINVAL, "%s: hidden size %lld is not divisible by %d heads", op, (long long)q->shape[2],
+                        heads);
   int64_t B = q->shape[0], S = q->shape[1], d = q->shape[2] / heads;
-  if (d > DMAX) return bl_set_error(BL_EUNSUPPORTED, "%s: head size %lld > %d is not supported by the CUDA kernel", op, (long long)d, DMAX);
+  if (d > DMAX)
+    return bl_set_error(BL_EUNSUPPORTED, "%s: head size %lld > %d is not supported by the CUDA kernel", op,
+                        (long long)d, DMAX);
   if (!lse) return bl_set_error(BL_EINVAL, "%s: lse is NULL", op);
   char s1[128];
   if (lse->dtype != BL_F32 || lse->numel != B * heads * S || !cu_is_contig(lse))
-    return bl_set_error(BL_EINVAL, "%s: lse must be a contiguous f32 [%lld,%d,%lld] tensor, got %s %s", op, (long long)B, heads,
-                        (long long)S, bl_dtype_name(lse->dtype), BL_SHAPE(lse, s1));
+    return bl_set_error(BL_EINVAL, "%s: lse must be a contiguous f32 [%lld,%d,%lld] tensor, got %s %s", op,
+                        (long long)B, heads, (long long)S, bl_dtype_name(lse->dtype), BL_SHAPE(lse, s1));
   if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
-  if (B * heads > 65535) return bl_set_error(BL_EUNSUPPORTED, "%s: batch*heads = %lld exceeds 65535", op, (long long)(B * heads));
+  if (B * heads > 65535)
+    return bl_set_error(BL_EUNSUPPORTED, "%s: batch*heads = %lld exceeds 65535", op, (long long)(B * heads));
   memset(a, 0, sizeof *a);
-  a->S = S; a->heads = heads; a->d = d;
+  a->S = S;
+  a->heads = heads;
+  a->d = d;
   a->scale = (float)(scale > 0 ? scale : 1.0 / sqrt((double)d));
   a->p = (float)p;
   a->dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
@@ -403,28 +435,40 @@ void attn_cost(int dev, const char *name, const attn_args &a, int64_t B, int mac
 tc_args tc_common(const attn_args &a, const bl_tensor *q) {
   tc_args t;
   memset(&t, 0, sizeof t);
-  t.madd = a.madd; t.klive = a.klive; t.cost_slot = a.cost_slot; t.lse = a.lse; t.dsum = a.dsum;
-  t.S = a.S; t.heads = a.heads; t.d = (int)a.d; t.dtype = q->dtype;
-  t.scale = a.scale; t.p = a.p; t.dscale = a.dscale; t.seed = a.seed; t.offset = a.offset;
+  t.madd = a.madd;
+  t.klive = a.klive;
+  t.cost_slot = a.cost_slot;
+  t.lse = a.lse;
+  t.dsum = a.dsum;
+  t.S = a.S;
+  t.heads = a.heads;
+  t.d = (int)a.d;
+  t.dtype = q->dtype;
+  t.scale = a.scale;
+  t.p = a.p;
+  t.dscale = a.dscale;
+  t.seed = a.seed;
+  t.offset = a.offset;
   return t;
 }
-tc_view tc_at(const bl_tensor *t) { return tc_view{t->data, t->stride[0], t->stride[1]}; }
+tc_view tc_at(const bl_tensor *t) { return tc_view{ t->data, t->stride[0], t->stride[1] }; }
 
 template <class K>
 int launch(const char *op, int dev, K kernel, dim3 grid, size_t smem, const attn_args &a) {
-  if (smem > 48 * 1024) CU_TRY(op, dev, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  if (smem > 48 * 1024)
+    CU_TRY(op, dev, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   kernel<<<grid, NT, smem, cu_stream(dev)>>>(a);
   return cu_launched(op, dev);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const bl_tensor *q, const bl_tensor *k,
-                                         const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
-                                         uint64_t seed, uint64_t offset) {
+                                         const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
+                                         double p, uint64_t seed, uint64_t offset) {
   const char *op = "attention";
   int dev;
-  const bl_tensor *ts[] = {ctx, lse, q, k, v, key_mask};
+  const bl_tensor *ts[] = { ctx, lse, q, k, v, key_mask };
   BL_CHECK(cu_device(op, 6, ts, &dev));
   attn_args a;
   BL_CHECK(check_common(op, q, k, v, lse, heads, p, &a, scale));
@@ -432,14 +476,18 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
   int64_t B = q->shape[0], S = q->shape[1];
   BL_CHECK(check_mask(op, key_mask, B, S));
   if (B == 0 || S == 0 || a.d == 0) return 0;
-  a.seed = seed; a.offset = offset;
+  a.seed = seed;
+  a.offset = offset;
   cu_buf bm;
   cu_mem madd;
-  const bl_tensor *tcs[] = {q, k, v, ctx};
+  const bl_tensor *tcs[] = { q, k, v, ctx };
   if (attn_tc_eligible(dev, a.d, 4, tcs)) {
     if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B, S, &bm, &madd, &a));
     tc_args t = tc_common(a, q);
-    t.q = tc_at(q); t.k = tc_at(k); t.v = tc_at(v); t.o = tc_at(ctx);
+    t.q = tc_at(q);
+    t.k = tc_at(k);
+    t.v = tc_at(v);
+    t.o = tc_at(ctx);
     return attn_tc_forward(op, dev, t, B);
   }
   operand oq, ok, ov, oc;
@@ -447,23 +495,26 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
   BL_CHECK(op_load(op, k, &ok));
   BL_CHECK(op_load(op, v, &ov));
   BL_CHECK(op_out(op, ctx, &oc));
-  a.q = oq.v; a.k = ok.v; a.v = ov.v; a.o = oc.v;
+  a.q = oq.v;
+  a.k = ok.v;
+  a.v = ov.v;
+  a.o = oc.v;
   if (key_mask) BL_CHECK(load_mask(op, dev, key_mask, B, S, &bm, &madd, &a));
   const int dp = (int)a.d + 1;
   size_t smem = (size_t)(BQ * dp + 2 * BK * dp + BQ * (BK + 1)) * sizeof(float);
   dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)(B * heads));
-  attn_cost(dev, "attn_fwd", a, B, 2, 3, 1, 1);   // S = QK^T, O = PV; q,k,v in, o and lse out
+  attn_cost(dev, "attn_fwd", a, B, 2, 3, 1, 1); // S = QK^T, O = PV; q,k,v in, o and lse out
   BL_CHECK(launch(op, dev, attn_fwd, grid, smem, a));
   return cu_store(op, ctx, &oc.buf);
 }
 
 extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                                          const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx,
-                                          const bl_tensor *lse, const bl_tensor *key_mask, int heads, double scale,
-                                          double p, uint64_t seed, uint64_t offset) {
+                                          const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                                          const bl_tensor *ctx, const bl_tensor *lse, const bl_tensor *key_mask,
+                                          int heads, double scale, double p, uint64_t seed, uint64_t offset) {
   const char *op = "attention_backward";
   int dev;
-  const bl_tensor *ts[] = {dq, dk, dv, dctx, q, k, v, ctx, lse, key_mask};
+  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, ctx, lse, key_mask };
   BL_CHECK(cu_device(op, 10, ts, &dev));
   attn_args a;
   BL_CHECK(check_common(op, q, k, v, lse, heads, p, &a, scale));
@@ -474,7 +525,8 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
   BL_CHECK(check_bsh(op, dv, "grad_value", q));
   int64_t B = q->shape[0], S = q->shape[1];
   if (B == 0 || S == 0 || a.d == 0) return 0;
-  a.seed = seed; a.offset = offset;
+  a.seed = seed;
+  a.offset = offset;
   BL_CHECK(check_mask(op, key_mask, B, S));
   // P = exp(s + mask - lse) is recomputed tile by tile, so the backward needs
   // the same key mask as the forward (the CPU op has it baked into probs).
@@ -485,12 +537,18 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
   int64_t rows = B * heads * S;
   BL_CHECK(dsum.alloc(op, dev, (size_t)rows * sizeof(float)));
   a.dsum = dsum.as<float>();
-  const bl_tensor *tcs[] = {q, k, v, ctx, dctx, dq, dk, dv};
+  const bl_tensor *tcs[] = { q, k, v, ctx, dctx, dq, dk, dv };
   if (attn_tc_eligible(dev, a.d, 8, tcs)) {
     tc_args t = tc_common(a, q);
-    t.q = tc_at(q); t.k = tc_at(k); t.v = tc_at(v); t.o = tc_at(ctx); t.dout = tc_at(dctx);
-    t.dq = tc_at(dq); t.dk = tc_at(dk); t.dv = tc_at(dv);
-    cu_mem dqacc;   // dQ's f32 accumulator across key tiles (per split)
+    t.q = tc_at(q);
+    t.k = tc_at(k);
+    t.v = tc_at(v);
+    t.o = tc_at(ctx);
+    t.dout = tc_at(dctx);
+    t.dq = tc_at(dq);
+    t.dk = tc_at(dk);
+    t.dv = tc_at(dv);
+    cu_mem dqacc; // dQ's f32 accumulator across key tiles (per split)
     const int64_t nacc = attn_tc_scratch_dq(dev, B * heads, S, (int)a.d);
     if (nacc) BL_CHECK(dqacc.alloc(op, dev, (size_t)nacc * sizeof(float)));
     t.dqacc = dqacc.as<float>();
@@ -505,7 +563,14 @@ extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tenso
   BL_CHECK(op_out(op, dq, &odq));
   BL_CHECK(op_out(op, dk, &odk));
   BL_CHECK(op_out(op, dv, &odv));
-  a.q = oq.v; a.k = ok.v; a.v = ov.v; a.o = oo.v; a.dout = og.v; a.dq = odq.v; a.dk = odk.v; a.dv = odv.v;
+  a.q = oq.v;
+  a.k = ok.v;
+  a.v = ov.v;
+  a.o = oo.v;
+  a.dout = og.v;
+  a.dq = odq.v;
+  a.dk = odk.v;
+  a.dv = odv.v;
   cu_cost_kernel(dev, "attention", "attn_bwd_dot", 8.0 * (double)rows * a.d + 4.0 * rows);
   attn_bwd_dot<<<cu_blocks(rows * 32, 256), 256, 0, cu_stream(dev)>>>(a, rows);
   BL_CHECK(cu_launched(op, dev));

@@ -35,14 +35,15 @@
 
 namespace {
 
-const int NW = 4, NT = 32 * NW;   // warps, threads per CTA
-const int BM = 64;                // query rows per forward CTA (16 per warp)
-const int BN = kTcKeyTile;        // keys per tile (16 per warp in the backward)
-const int PAD = 8;                // elements of padding per shared row: 16-byte rows, conflict-free ldmatrix
-const int kDsumLocal = 1024;      // longest S whose D = rowsum(dO o O) the backward keeps in shared memory (4 KB)
+const int NW = 4, NT = 32 * NW; // warps, threads per CTA
+const int BM = 64;              // query rows per forward CTA (16 per warp)
+const int BN = kTcKeyTile;      // keys per tile (16 per warp in the backward)
+const int PAD = 8;              // elements of padding per shared row: 16-byte rows, conflict-free ldmatrix
+const int kDsumLocal = 1024;    // longest S whose D = rowsum(dO o O) the backward keeps in shared memory (4 KB)
 const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
-template <class T> struct tag {};
+template <class T>
+struct tag {};
 __device__ __forceinline__ void mma(tag<__nv_bfloat16>, ptx::frag_c &c, const ptx::frag_a &a, const ptx::frag_b &b) {
   ptx::frag_c r;
   ptx::mma_m16n8k16_bf16(r, a, b, c);
@@ -90,13 +91,15 @@ __device__ __forceinline__ const T *lm_addr(const T *sh, int r0, int c0, bool ro
 }
 
 // A fragment of rows [r0, r0+16), columns [c0, c0+16) of a row-major tile.
-template <int LD, class T> __device__ __forceinline__ ptx::frag_a ld_a(const T *sh, int r0, int c0) {
+template <int LD, class T>
+__device__ __forceinline__ ptx::frag_a ld_a(const T *sh, int r0, int c0) {
   ptx::frag_a a;
   ptx::ldmatrix_x4<false>(a.x, lm_addr<LD>(sh, r0, c0, false));
   return a;
 }
 // A fragment of the transpose: rows [c0, c0+16) of the result are columns of the stored tile.
-template <int LD, class T> __device__ __forceinline__ ptx::frag_a ld_a_trans(const T *sh, int r0, int c0) {
+template <int LD, class T>
+__device__ __forceinline__ ptx::frag_a ld_a_trans(const T *sh, int r0, int c0) {
   ptx::frag_a a;
   ptx::ldmatrix_x4<true>(a.x, lm_addr<LD>(sh, r0, c0, true));
   return a;
@@ -108,7 +111,7 @@ template <bool KN, int LD, class T>
 __device__ __forceinline__ void mma_b(ptx::frag_c *c, const ptx::frag_a &a, const T *sh, int r0, int c0) {
   uint32_t r[4];
   ptx::ldmatrix_x4<KN>(r, lm_addr<LD>(sh, r0, c0, !KN));
-  const ptx::frag_b b0 = {{r[0], r[1]}}, b1 = {{r[2], r[3]}};
+  const ptx::frag_b b0 = { { r[0], r[1] } }, b1 = { { r[2], r[3] } };
   mma(tag<T>(), c[0], a, b0);
   mma(tag<T>(), c[1], a, b1);
 }
@@ -116,16 +119,19 @@ __device__ __forceinline__ void mma_b(ptx::frag_c *c, const ptx::frag_a &a, cons
 // Rows [r0, r0+n) of a head's D columns (g = its first element) into a shared tile by cp.async; rows >= S zeroed.
 template <int D, class T>
 __device__ __forceinline__ void load_rows(T *sh, const T *g, int64_t ss, int64_t r0, int n, int64_t S) {
-  const int CH = D / 8;   // 16-byte chunks per row
+  const int CH = D / 8; // 16-byte chunks per row
   for (int i = threadIdx.x; i < n * CH; i += NT) {
     const int r = i / CH, c = (i % CH) * 8;
     T *dst = sh + r * (D + PAD) + c;
-    if (r0 + r < S) ptx::cp_async_16(dst, g + (r0 + r) * ss + c);
-    else *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + r < S)
+      ptx::cp_async_16(dst, g + (r0 + r) * ss + c);
+    else
+      *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
-template <class T> __device__ __forceinline__ T *head(const tc_view &v, int64_t b, int64_t h, int d) {
+template <class T>
+__device__ __forceinline__ T *head(const tc_view &v, int64_t b, int64_t h, int d) {
   return (T *)v.p + b * v.sb + h * d;
 }
 
@@ -146,7 +152,7 @@ __device__ __forceinline__ uint64_t drop_call(const tc_args &a, int64_t bh, int6
   return a.offset + ((uint64_t)bh * (uint64_t)a.S + (uint64_t)q) * (uint64_t)((a.S + 3) / 4) + (uint64_t)(k >> 2);
 }
 __device__ __forceinline__ float keep_z(uint32_t x, const tc_args &a) {
-  return (float)(x >> 8) * (1.0f / 16777216.0f) >= a.p ? a.dscale : 0.0f;
+  return bl_philox_u01(x) >= a.p ? a.dscale : 0.0f;
 }
 
 // The four dropout factors of this lane's elements of a 16 x 8 score tile (rows q, q+8; keys k, k+1, k = 2t
@@ -170,7 +176,7 @@ __device__ __forceinline__ void drop4(const tc_args &a, int64_t bh, int64_t q, i
 __device__ __forceinline__ void drop4_t(const tc_args &a, uint64_t call0, int rc, int q, int kb, float z[4]) {
   const int j = (threadIdx.x >> 2) & 3;
   const uint4 r = bl_philox4x32_dev(a.seed, call0 + (uint32_t)((q + (j & 1)) * rc + ((kb + 8 * (j >> 1)) >> 2)));
-  uint4 got;   // got.<i>: output j of call j^i, sent by lane j^i (lane bits 2-3)
+  uint4 got; // got.<i>: output j of call j^i, sent by lane j^i (lane bits 2-3)
   got.x = bl_philox_lane(r, j);
   got.y = __shfl_xor_sync(0xffffffffu, bl_philox_lane(r, j ^ 1), 4);
   got.z = __shfl_xor_sync(0xffffffffu, bl_philox_lane(r, j ^ 2), 8);
@@ -179,18 +185,19 @@ __device__ __forceinline__ void drop4_t(const tc_args &a, uint64_t call0, int rc
   for (int e = 0; e < 4; e++) z[e] = keep_z(bl_philox_lane(got, j ^ e), a);
 }
 
-template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(tc_args a) {
-  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
+template <int D, class T>
+__global__ void __launch_bounds__(NT, 2) attn_tc_fwd(tc_args a) {
+  a.seed = bl_seed_resolve(a.seed); // a device seed slot (bl_ops.h) read once
   const int LD = D + PAD;
   extern __shared__ uint4 smem_fwd[];
-  T *Qs = (T *)smem_fwd, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD;   // K, V: two buffers each
+  T *Qs = (T *)smem_fwd, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD; // K, V: two buffers each
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, S = a.S;
-  const int64_t q0 = (int64_t)blockIdx.x * BM, qa = q0 + warp * 16 + g;   // this lane's rows: qa, qa + 8
+  const int64_t q0 = (int64_t)blockIdx.x * BM, qa = q0 + warp * 16 + g; // this lane's rows: qa, qa + 8
   const T *qg = head<T>(a.q, b, h, D), *kg = head<T>(a.k, b, h, D), *vg = head<T>(a.v, b, h, D);
   const float *madd = a.madd ? a.madd + b * S : nullptr;
   const float sl2 = a.scale * LOG2E;
-  const int nk = (int)(((madd ? a.klive[b] : S) + BN - 1) / BN);   // the key tiles to visit
+  const int nk = (int)(((madd ? a.klive[b] : S) + BN - 1) / BN); // the key tiles to visit
 
   load_rows<D>(Qs, qg, a.q.ss, q0, BM, S);
   load_rows<D>(Ks, kg, a.k.ss, 0, BN, S);
@@ -201,7 +208,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
   ptx::frag_c o[D / 8];
 #pragma unroll
   for (int i = 0; i < D / 8; i++) zero(o[i]);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};   // row max (log2 units) and this lane's partial sum
+  float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }; // row max (log2 units) and this lane's partial sum
 
   for (int j = 0; j < nk; j++) {
     const T *Kb = Ks + (j & 1) * BN * LD, *Vb = Vs + (j & 1) * BN * LD;
@@ -213,7 +220,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
     } else {
       ptx::cp_async_wait<0>();
     }
-    __syncthreads();   // tile j (and Q) visible to every warp
+    __syncthreads(); // tile j (and Q) visible to every warp
     if (j == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk++) qf[kk] = ld_a<LD>(Qs, warp * 16, kk * 16);
@@ -227,7 +234,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
       for (int np = 0; np < BN / 16; np++) mma_b<false, LD>(&s[2 * np], qf[kk], Kb, np * 16, kk * 16);
     // scores in log2 units, keys past S at -inf; the tile's first key is < S, so every row max is finite
     const int64_t k0 = (int64_t)j * BN;
-    float mx[2] = {-INFINITY, -INFINITY};
+    float mx[2] = { -INFINITY, -INFINITY };
 #pragma unroll
     for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
@@ -244,23 +251,25 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float mnew = fmaxf(m[r], mx[r]);
-      alpha[r] = exp2f(m[r] - mnew);   // 0 on the first tile
+      alpha[r] = exp2f(m[r] - mnew); // 0 on the first tile
       m[r] = mnew;
       l[r] *= alpha[r];
     }
 #pragma unroll
     for (int i = 0; i < D / 8; i++) {
-      o[i].x[0] *= alpha[0]; o[i].x[1] *= alpha[0];
-      o[i].x[2] *= alpha[1]; o[i].x[3] *= alpha[1];
+      o[i].x[0] *= alpha[0];
+      o[i].x[1] *= alpha[0];
+      o[i].x[2] *= alpha[1];
+      o[i].x[3] *= alpha[1];
     }
 #pragma unroll
     for (int nt = 0; nt < BN / 8; nt++) {
-      float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      float z[4] = { 1.0f, 1.0f, 1.0f, 1.0f };
       if (a.p > 0.0f) drop4(a, bh, qa, k0 + nt * 8 + 2 * t, z);
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const float pe = exp2f(s[nt].x[e] - m[e >> 1]);
-        l[e >> 1] += pe;   // the softmax denominator counts dropped entries too
+        l[e >> 1] += pe; // the softmax denominator counts dropped entries too
         s[nt].x[e] = pe * z[e];
       }
     }
@@ -270,7 +279,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
 #pragma unroll
       for (int dp = 0; dp < D / 16; dp++) mma_b<true, LD>(&o[2 * dp], pa, Vb, kk * 16, dp * 16);
     }
-    __syncthreads();   // every warp is done with buffer j&1 before tile j+2 is loaded into it
+    __syncthreads(); // every warp is done with buffer j&1 before tile j+2 is loaded into it
   }
 
   T *og = head<T>(a.o, b, h, D);
@@ -289,7 +298,8 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_fwd(t
 }
 
 // D[bh, q] = sum_c dctx[b, q, h*d + c] * ctx[b, q, h*d + c] in f32; one warp per (bh, q).
-template <class T> __global__ void attn_tc_dsum(tc_args a, int64_t rows) {
+template <class T>
+__global__ void attn_tc_dsum(tc_args a, int64_t rows) {
   const int lane = threadIdx.x & 31;
   const int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
   for (int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; w < rows; w += nw) {
@@ -303,20 +313,22 @@ template <class T> __global__ void attn_tc_dsum(tc_args a, int64_t rows) {
 }
 
 // Query rows per backward step: fewer at larger d keeps the dK, dV accumulators and two score tiles in registers.
-template <int D> struct bwd_cfg {
+template <int D>
+struct bwd_cfg {
   static const int BQ = D == 32 ? 64 : D == 64 ? 32 : 16;
-  static const int MT = BQ / 16;        // 16-row query tiles in a step
-  static const int DW = D * MT / NW;    // dQ columns per warp: NW warps cover MT row tiles x D columns
+  static const int MT = BQ / 16;     // 16-row query tiles in a step
+  static const int DW = D * MT / NW; // dQ columns per warp: NW warps cover MT row tiles x D columns
 };
 
-template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(tc_args a) {
-  a.seed = bl_seed_resolve(a.seed);   // a device seed slot (bl_ops.h) read once
+template <int D, class T>
+__global__ void __launch_bounds__(NT, 2) attn_tc_bwd(tc_args a) {
+  a.seed = bl_seed_resolve(a.seed); // a device seed slot (bl_ops.h) read once
   const int LD = D + PAD, BQ = bwd_cfg<D>::BQ, MT = bwd_cfg<D>::MT, DW = bwd_cfg<D>::DW, LDS = BQ + PAD;
   extern __shared__ uint4 smem_bwd[];
   T *Ks = (T *)smem_bwd, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *Os = Qs + 2 * BQ * LD, *dSs = Os + 2 * BQ * LD;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
-  const int S = (int)a.S, rc = (S + 3) / 4;   // rc: Philox calls per dropout row
+  const int S = (int)a.S, rc = (S + 3) / 4; // rc: Philox calls per dropout row
   const uint64_t call0 = a.offset + (uint64_t)bh * S * rc;
   const T *qg = head<T>(a.q, b, h, D), *kg = head<T>(a.k, b, h, D), *vg = head<T>(a.v, b, h, D);
   const T *dog = head<T>(a.dout, b, h, D);
@@ -345,10 +357,10 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
   float *dqacc = a.dqacc ? a.dqacc + ((int64_t)blockIdx.x * gridDim.y + bh) * S * D : nullptr;
   const int64_t kend = (int64_t)kt1 * BN < S ? (int64_t)kt1 * BN : S;
   zero_keys<D>(dkg, a.dk.ss, dvg, a.dv.ss, (int64_t)ktv * BN, kend);
-  if (steps == 0 && !direct)   // a split with no tile to visit adds zeros to dQ
+  if (steps == 0 && !direct) // a split with no tile to visit adds zeros to dQ
     for (int64_t i = threadIdx.x; i < (int64_t)S * D; i += NT) dqacc[i] = 0.0f;
   const float sl2 = a.scale * LOG2E;
-  const int mt = warp % MT, c0 = (warp / MT) * DW;   // this warp's dQ block: rows 16*mt of the step, DW columns
+  const int mt = warp % MT, c0 = (warp / MT) * DW; // this warp's dQ block: rows 16*mt of the step, DW columns
 
   if (steps == 0) return;
   load_rows<D>(Qs, qg, a.q.ss, 0, BQ, S);
@@ -358,13 +370,16 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
   ptx::frag_c dk[D / 8], dv[D / 8];
   for (int step = 0; step < steps; step++) {
     const int kt = kt0 + step / nq, qt = step % nq, buf = step & 1;
-    const int k0 = kt * BN, qs0 = qt * BQ, kw = k0 + warp * 16 + g;   // this lane's keys: kw, kw + 8
-    if (qt == 0) {   // a new key tile: the previous step ended with a barrier, K and V are free
+    const int k0 = kt * BN, qs0 = qt * BQ, kw = k0 + warp * 16 + g; // this lane's keys: kw, kw + 8
+    if (qt == 0) { // a new key tile: the previous step ended with a barrier, K and V are free
       load_rows<D>(Ks, kg, a.k.ss, k0, BN, S);
       load_rows<D>(Vs, vg, a.v.ss, k0, BN, S);
       ptx::cp_async_commit();
 #pragma unroll
-      for (int i = 0; i < D / 8; i++) { zero(dk[i]); zero(dv[i]); }
+      for (int i = 0; i < D / 8; i++) {
+        zero(dk[i]);
+        zero(dv[i]);
+      }
     }
     if (step + 1 < steps) {
       const int qn = ((step + 1) % nq) * BQ;
@@ -375,13 +390,16 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
     } else {
       ptx::cp_async_wait<0>();
     }
-    __syncthreads();   // K, V and this step's Q, dO visible
+    __syncthreads(); // K, V and this step's Q, dO visible
     const T *Qb = Qs + buf * BQ * LD, *Ob = Os + buf * BQ * LD;
 
     // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys
     ptx::frag_c s[BQ / 8], dp[BQ / 8];
 #pragma unroll
-    for (int i = 0; i < BQ / 8; i++) { zero(s[i]); zero(dp[i]); }
+    for (int i = 0; i < BQ / 8; i++) {
+      zero(s[i]);
+      zero(dp[i]);
+    }
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
       const ptx::frag_a ka = ld_a<LD>(Ks, warp * 16, kk * 16), va = ld_a<LD>(Vs, warp * 16, kk * 16);
@@ -392,11 +410,11 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
       }
     }
     // P^T = exp(s scale + mask - lse), zero outside S; s <- P Z (for dV), dp <- dS^T
-    const float ma[2] = {madd && kw < S ? __ldg(madd + kw) * LOG2E : 0.0f,
-                         madd && kw + 8 < S ? __ldg(madd + kw + 8) * LOG2E : 0.0f};
+    const float ma[2] = { madd && kw < S ? __ldg(madd + kw) * LOG2E : 0.0f,
+                          madd && kw + 8 < S ? __ldg(madd + kw + 8) * LOG2E : 0.0f };
 #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
-      float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      float z[4] = { 1.0f, 1.0f, 1.0f, 1.0f };
       if (a.p > 0.0f) drop4_t(a, call0, rc, qs0 + nt * 8 + 2 * t, k0 + warp * 16 + 4 * (g >> 2), z);
 #pragma unroll
       for (int e = 0; e < 4; e++) {
@@ -427,7 +445,7 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
       *(uint32_t *)(dSs + kr * LDS + qc) = pack2(tag<T>(), dp[nt].x[0], dp[nt].x[1]);
       *(uint32_t *)(dSs + (kr + 8) * LDS + qc) = pack2(tag<T>(), dp[nt].x[2], dp[nt].x[3]);
     }
-    __syncthreads();   // dS of all four warps' keys written
+    __syncthreads(); // dS of all four warps' keys written
     ptx::frag_c dq[DW / 8];
 #pragma unroll
     for (int i = 0; i < DW / 8; i++) zero(dq[i]);
@@ -448,12 +466,19 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
         const int c = c0 + i * 8 + 2 * t;
         float x0 = dq[i].x[2 * r], x1 = dq[i].x[2 * r + 1];
         float *acc = dqacc + q * D + c;
-        if (!first) { x0 += acc[0]; x1 += acc[1]; }
-        if (last && direct) *(uint32_t *)(dqg + (int64_t)q * a.dq.ss + c) = pack2(tag<T>(), x0, x1);
-        else { acc[0] = x0; acc[1] = x1; }
+        if (!first) {
+          x0 += acc[0];
+          x1 += acc[1];
+        }
+        if (last && direct)
+          *(uint32_t *)(dqg + (int64_t)q * a.dq.ss + c) = pack2(tag<T>(), x0, x1);
+        else {
+          acc[0] = x0;
+          acc[1] = x1;
+        }
       }
     }
-    if (qt == nq - 1) {   // this key tile is complete: dK, dV of the warp's 16 keys
+    if (qt == nq - 1) { // this key tile is complete: dK, dV of the warp's 16 keys
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         const int key = kw + 8 * r;
@@ -466,12 +491,13 @@ template <int D, class T> __global__ void __launch_bounds__(NT, 2) attn_tc_bwd(t
         }
       }
     }
-    __syncthreads();   // dS, this step's Q/dO buffer (and K, V at a tile's end) are free to be overwritten
+    __syncthreads(); // dS, this step's Q/dO buffer (and K, V at a tile's end) are free to be overwritten
   }
 }
 
 // dq = the sum of the splits' partial dQ slices, added in split order (deterministic); a thread takes 2 columns.
-template <class T> __global__ void attn_tc_dq_sum(tc_args a, int64_t B, int nsplit) {
+template <class T>
+__global__ void attn_tc_dq_sum(tc_args a, int64_t B, int nsplit) {
   const int64_t bhs = B * a.heads * a.S, pairs = bhs * a.d / 2;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < pairs; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t row = i / (a.d / 2), c = 2 * (i % (a.d / 2)), bh = row / a.S, q = row % a.S;
@@ -487,12 +513,14 @@ template <class T> __global__ void attn_tc_dq_sum(tc_args a, int64_t B, int nspl
 }
 
 size_t fwd_smem(int d) { return (size_t)(BM + 4 * BN) * (d + PAD) * 2; }
-template <int D> size_t bwd_smem() {
+template <int D>
+size_t bwd_smem() {
   const int BQ = bwd_cfg<D>::BQ;
   return ((size_t)(2 * BN + 4 * BQ) * (D + PAD) + (size_t)BN * (BQ + PAD)) * 2;
 }
 
-template <class K> int launch(const char *op, int dev, K kernel, dim3 grid, size_t smem, const tc_args &a) {
+template <class K>
+int launch(const char *op, int dev, K kernel, dim3 grid, size_t smem, const tc_args &a) {
   if (smem > 48 * 1024)
     CU_TRY(op, dev, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   kernel<<<grid, NT, smem, cu_stream(dev)>>>(a);
@@ -515,9 +543,10 @@ void tc_cost(int dev, const char *name, const tc_args &a, int64_t B, int macs, i
     cu_cost_kernel(dev, "attention", name, bytes + key_bytes * B * a.S, key_flops * B * a.S, engine);
 }
 
-template <class T> int forward_t(const char *op, int dev, const tc_args &a, int64_t B) {
+template <class T>
+int forward_t(const char *op, int dev, const tc_args &a, int64_t B) {
   const dim3 grid((unsigned)((a.S + BM - 1) / BM), (unsigned)(B * a.heads));
-  tc_cost(dev, "attn_tc_fwd", a, B, 2, 2, 2, 1);   // S = Q K^T, O = P V; q, (k, v) in, o and lse out
+  tc_cost(dev, "attn_tc_fwd", a, B, 2, 2, 2, 1); // S = Q K^T, O = P V; q, (k, v) in, o and lse out
   switch (a.d) {
     case 32: return launch(op, dev, attn_tc_fwd<32, T>, grid, fwd_smem(32), a);
     case 64: return launch(op, dev, attn_tc_fwd<64, T>, grid, fwd_smem(64), a);
@@ -525,7 +554,8 @@ template <class T> int forward_t(const char *op, int dev, const tc_args &a, int6
   }
 }
 
-template <class T> int backward_t(const char *op, int dev, tc_args a, int64_t B) {
+template <class T>
+int backward_t(const char *op, int dev, tc_args a, int64_t B) {
   const int64_t rows = B * a.heads * a.S;
   // D in the backward's shared memory up to kDsumLocal rows (BERT's 512), else one more pass
   a.dsum_local = a.S <= kDsumLocal;
@@ -539,7 +569,7 @@ template <class T> int backward_t(const char *op, int dev, tc_args a, int64_t B)
   // a CTA stay in its L2 working set and are not counted, the partial slices of a split are (written once)
   const int ns = attn_tc_kv_split(dev, B * a.heads, a.S);
   const double slices = ns > 1 ? 4.0 * ns * rows * a.d : 0.0;
-  tc_cost(dev, "attn_tc_bwd", a, B, 5, 5 - (ns > 1) + a.dsum_local, 2, 2 - a.dsum_local, slices);   // + ctx, - D
+  tc_cost(dev, "attn_tc_bwd", a, B, 5, 5 - (ns > 1) + a.dsum_local, 2, 2 - a.dsum_local, slices); // + ctx, - D
   const dim3 grid((unsigned)ns, (unsigned)(B * a.heads));
   int rc;
   switch (a.d) {
@@ -554,7 +584,7 @@ template <class T> int backward_t(const char *op, int dev, tc_args a, int64_t B)
 }
 
 int sm_major(int dev) {
-  static int major[64];   // 0 = not asked yet
+  static int major[64]; // 0 = not asked yet
   if (dev < 0 || dev >= 64) return 0;
   if (!major[dev]) {
     cudaDeviceProp prop;
@@ -569,12 +599,12 @@ bool view_ok(const bl_tensor *t, int dtype) {
   return (uintptr_t)t->data % 16 == 0 && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0;
 }
 
-}  // namespace
+} // namespace
 
 bool attn_tc_eligible(int dev, int64_t d, int n, const bl_tensor *const *ts) {
   if (d != 32 && d != 64 && d != 128) return false;
-  if (ts[0]->shape[1] > 16384) return false;   // in-head indices (q * ceil(S/4), q * d) are 32-bit
-  if (getenv("BL_ATTENTION_F32")) return false;   // the f32 reference kernels, for comparisons on a real GPU
+  if (ts[0]->shape[1] > 16384) return false;    // in-head indices (q * ceil(S/4), q * d) are 32-bit
+  if (getenv("BL_ATTENTION_F32")) return false; // the f32 reference kernels, for comparisons on a real GPU
   if (sm_major(dev) < 8) return false;
   const int dtype = ts[0]->dtype;
   if (dtype != BL_BF16 && dtype != BL_F16) return false;
@@ -584,7 +614,7 @@ bool attn_tc_eligible(int dev, int64_t d, int n, const bl_tensor *const *ts) {
 }
 
 static int sm_count(int dev) {
-  static int count[64];   // 0 = not asked yet
+  static int count[64]; // 0 = not asked yet
   if (dev < 0 || dev >= 64) return 1;
   if (!count[dev]) {
     cudaDeviceProp prop;
@@ -596,11 +626,13 @@ static int sm_count(int dev) {
 int attn_tc_kv_split(int dev, int64_t bh, int64_t S) {
   const int nk = (int)((S + BN - 1) / BN);
   int want = 1;
-  if (const char *e = getenv("BL_ATTENTION_KV_SPLIT")) want = atoi(e);   // tests: a fixed split
-  else if (bh < 2 * sm_count(dev)) want = (int)((2 * sm_count(dev) + bh - 1) / bh);   // 2 CTAs per SM
+  if (const char *e = getenv("BL_ATTENTION_KV_SPLIT"))
+    want = atoi(e); // tests: a fixed split
+  else if (bh < 2 * sm_count(dev))
+    want = (int)((2 * sm_count(dev) + bh - 1) / bh); // 2 CTAs per SM
   want = std::max(1, std::min(want, nk));
   const int per = (nk + want - 1) / want;
-  return (nk + per - 1) / per;   // no split without key tiles
+  return (nk + per - 1) / per; // no split without key tiles
 }
 
 int64_t attn_tc_scratch_dq(int dev, int64_t bh, int64_t S, int d) {

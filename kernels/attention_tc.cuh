@@ -13,17 +13,17 @@ struct tc_view {
 const int kTcKeyTile = 64;
 
 struct tc_args {
-  tc_view q, k, v, o, dout, dq, dk, dv;   // o = ctx
-  const float *madd;                      // [B, S] additive key mask, natural units, or NULL
-  const int *klive;                       // with madd: [B] keys to visit per row, whole tiles (or S); the tiles past
-                                          // them are masked out (mask_rows in attention.cu) and skipped
-  int *cost_slot;                         // the step-time model's count of the visited keys, or NULL
-  float *lse;                             // [B*heads, S]
-  float *dsum;                            // [B*heads, S] scratch (backward)
-  int dsum_local;                         // backward: D computed in the kernel (set by attn_tc_backward)
-  float *dqacc;                           // [splits or 1, B*heads, S, d] f32 scratch (backward)
+  tc_view q, k, v, o, dout, dq, dk, dv; // o = ctx
+  const float *madd;                    // [B, S] additive key mask, natural units, or NULL
+  const int *klive;                     // with madd: [B] keys to visit per row, whole tiles (or S); the tiles past
+                                        // them are masked out (mask_rows in attention.cu) and skipped
+  int *cost_slot;                       // the step-time model's count of the visited keys, or NULL
+  float *lse;                           // [B*heads, S]
+  float *dsum;                          // [B*heads, S] scratch (backward)
+  int dsum_local;                       // backward: D computed in the kernel (set by attn_tc_backward)
+  float *dqacc;                         // [splits or 1, B*heads, S, d] f32 scratch (backward)
   int64_t S, heads;
-  int d, dtype;                           // dtype: BL_BF16 or BL_F16
+  int d, dtype; // dtype: BL_BF16 or BL_F16
   float scale, p, dscale;
   uint64_t seed, offset;
 };

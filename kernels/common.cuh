@@ -23,12 +23,12 @@ extern "C" {
 
 // ---------------------------------------------------------------- errors
 int cu_err(const char *op, int dev, cudaError_t e);
-int cu_launched(const char *op, int dev);   // check the last launch
+int cu_launched(const char *op, int dev); // check the last launch
 // a host wait for dev made outside runtime.cu (a d2h cudaMemcpy, a stream synchronisation): counted in
 // bl_cuda_counters' syncs on a real GPU as the emulator counts it
 void cu_count_sync(int dev);
-cudaStream_t cu_stream(int dev);             // never NULL after cu_device() succeeded
-bool cu_capturing(int dev);                  // dev's stream is being captured into a CUDA graph (runtime.cu)
+cudaStream_t cu_stream(int dev); // never NULL after cu_device() succeeded
+bool cu_capturing(int dev);      // dev's stream is being captured into a CUDA graph (runtime.cu)
 // All non-NULL tensors on the same cuda device (>= 0) and that device usable.
 // Sets *dev. Also makes it current.
 int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
@@ -50,12 +50,17 @@ void cu_cost_kernel_per(int dev, const char *cls, const char *name, double bytes
 int *cu_cost_slot(int dev);
 static inline double cu_bytes(const bl_tensor *t) { return t ? (double)t->numel * bl_dtype_size(t->dtype) : 0.0; }
 
-#define CU_TRY(op, dev, expr) do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) return cu_err(op, dev, e_); } while (0)
+#define CU_TRY(op, dev, expr)                          \
+  do {                                                 \
+    cudaError_t e_ = (expr);                           \
+    if (e_ != cudaSuccess) return cu_err(op, dev, e_); \
+  } while (0)
 
 // Operands of an elementwise op have the same number of elements (NULL operands are skipped).
 static inline int cu_same_numel(const char *op, const bl_tensor *a, const bl_tensor *b) {
   if (a && b && a->numel != b->numel)
-    return bl_set_error(BL_EINVAL, "%s: operands have %lld and %lld elements", op, (long long)a->numel, (long long)b->numel);
+    return bl_set_error(BL_EINVAL, "%s: operands have %lld and %lld elements", op, (long long)a->numel,
+                        (long long)b->numel);
   return 0;
 }
 
@@ -78,22 +83,27 @@ struct cu_mem {
   cu_mem() = default;
   cu_mem(const cu_mem &) = delete;
   cu_mem &operator=(const cu_mem &) = delete;
-  ~cu_mem() { if (p) bl_dev_free(dev, p); }
-  int alloc(const char *op, int device, size_t bytes);   // bytes may be 0 (allocates a minimum block)
-  template <class T> T *as() const { return (T *)p; }
+  ~cu_mem() {
+    if (p) bl_dev_free(dev, p);
+  }
+  int alloc(const char *op, int device, size_t bytes); // bytes may be 0 (allocates a minimum block)
+  template <class T>
+  T *as() const {
+    return (T *)p;
+  }
 };
 
 // ---------------------------------------------------------------- f32 operand images
 struct cu_buf {
   float *p = nullptr;
   int64_t n = 0;
-  cu_mem mem;          // owns the scratch when the tensor could not be used in place
+  cu_mem mem; // owns the scratch when the tensor could not be used in place
   bool owned() const { return mem.p != nullptr; }
 };
 int cu_is_contig(const bl_tensor *t);
-int cu_load(const char *op, const bl_tensor *t, cu_buf *b);              // read view
-int cu_out(const char *op, bl_tensor *t, cu_buf *b, int keep);           // writable view (keep: load current values)
-int cu_store(const char *op, bl_tensor *t, cu_buf *b);                   // write back a scratch (no-op in place)
+int cu_load(const char *op, const bl_tensor *t, cu_buf *b);    // read view
+int cu_out(const char *op, bl_tensor *t, cu_buf *b, int keep); // writable view (keep: load current values)
+int cu_store(const char *op, bl_tensor *t, cu_buf *b);         // write back a scratch (no-op in place)
 // Index tensor (i32/i64, any strides) as a contiguous int64 device array.
 int cu_load_ids(const char *op, const bl_tensor *t, cu_mem *ids);
 // out[j] += sum_r x[r*cols + j] (f32, contiguous x), deterministic two-stage column sum.
@@ -184,7 +194,7 @@ __device__ __forceinline__ float cu_warp_max(float v) {
 template <typename T>
 __device__ __forceinline__ T cu_block_gather(T v, T *sh, T fill) {
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  __syncthreads();                 // sh may still be read by a previous call
+  __syncthreads(); // sh may still be read by a previous call
   if (lane == 0) sh[w] = v;
   __syncthreads();
   return lane < nw ? sh[lane] : fill;

@@ -23,12 +23,17 @@ namespace {
 __global__ void ce_check(const int64_t *t, int64_t n, int64_t c, int64_t ignore, unsigned long long *res) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     if (t[i] == ignore) continue;
-    if (t[i] < 0 || t[i] >= c) atomicMin(&res[0], (unsigned long long)i);
-    else atomicAdd(&res[1], 1ull);
+    if (t[i] < 0 || t[i] >= c)
+      atomicMin(&res[0], (unsigned long long)i);
+    else
+      atomicAdd(&res[1], 1ull);
   }
 }
 
-__global__ void init2(unsigned long long *res) { res[0] = ~0ull; res[1] = 0; }
+__global__ void init2(unsigned long long *res) {
+  res[0] = ~0ull;
+  res[1] = 0;
+}
 
 // *cnt += the targets not equal to ignore (integer atomics: exact in any order)
 __global__ void ce_count(const int64_t *t, int64_t n, int64_t ignore, unsigned long long *cnt) {
@@ -39,7 +44,7 @@ __global__ void ce_count(const int64_t *t, int64_t n, int64_t ignore, unsigned l
 // (m, s) <- the pair for the union of (m, s) and (m2, s2), s a sum of exp(x - m); an empty side has m = -inf.
 __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2) {
   const float mm = fmaxf(m, m2);
-  if (mm == -INFINITY) return;   // both empty
+  if (mm == -INFINITY) return; // both empty
   s = (m == -INFINITY ? 0.0f : s * expf(m - mm)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mm));
   m = mm;
 }
@@ -47,15 +52,20 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
 // Block-wide (max, sum) in a fixed order; sm, ss have 32 floats. Uniform control flow only.
 __device__ __forceinline__ void lse_block(float &m, float &s, float *sm, float *ss) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  for (int o = 16; o > 0; o >>= 1)
+    lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  __syncthreads();   // sm/ss may still be read by the previous row
-  if (lane == 0) { sm[w] = m; ss[w] = s; }
+  __syncthreads(); // sm/ss may still be read by the previous row
+  if (lane == 0) {
+    sm[w] = m;
+    ss[w] = s;
+  }
   __syncthreads();
   m = lane < nw ? sm[lane] : -INFINITY;
   s = lane < nw ? ss[lane] : 0.0f;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  for (int o = 16; o > 0; o >>= 1)
+    lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
 // The gradient's multiplier grad_scale / count: the host's, or made from a count the device keeps (cnt).
@@ -80,9 +90,10 @@ __global__ void ce_rows(const T *x, const int64_t *t, T *dlogits, double *rl, in
     const T *xr = x + i * c;
     T *dr = dlogits ? dlogits + i * c : nullptr;
     const int64_t ti = t[i];
-    if (ti == ignore) {   // uniform per block
+    if (ti == ignore) { // uniform per block
       if (threadIdx.x == 0) rl[i] = 0.0;
-      if (dr) for (int64_t j = threadIdx.x; j < c; j += blockDim.x) from_f(0.0f, &dr[j]);
+      if (dr)
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) from_f(0.0f, &dr[j]);
       continue;
     }
     float mx = -INFINITY, sum = 0.0f;
@@ -92,8 +103,11 @@ __global__ void ce_rows(const T *x, const int64_t *t, T *dlogits, double *rl, in
 #pragma unroll
       for (int e = 0; e < V; e++) {
         const float xe = to_f(v.t[e]);
-        if (xe > mx) { sum = (mx == -INFINITY ? 0.0f : sum * expf(mx - xe)) + 1.0f; mx = xe; }
-        else sum += expf(xe - mx);
+        if (xe > mx) {
+          sum = (mx == -INFINITY ? 0.0f : sum * expf(mx - xe)) + 1.0f;
+          mx = xe;
+        } else
+          sum += expf(xe - mx);
       }
     }
     lse_block(mx, sum, sm, ss);
@@ -162,7 +176,7 @@ int write_scalar(const char *op, bl_tensor *loss, const double *dv) {
   return cu_copy_from_contig(op, loss, dv, BL_F64);
 }
 
-}  // namespace
+} // namespace
 
 namespace {
 
@@ -178,7 +192,7 @@ int check_targets(const char *op, int dev, cu_mem *t, int64_t n, int64_t c, int6
   if (n > 0) {
     cu_cost_kernel(dev, "index check", "ce_check", 8.0 * n);
     ce_check<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(t->as<int64_t>(), n, c, ignore_index,
-                                                             res.as<unsigned long long>());
+                                                            res.as<unsigned long long>());
     BL_CHECK(cu_launched(op, dev));
   }
   int64_t h[2];
@@ -186,8 +200,8 @@ int check_targets(const char *op, int dev, cu_mem *t, int64_t n, int64_t c, int6
   if (h[0] != -1) {
     int64_t v = 0;
     BL_CHECK(cu_read_i64(op, dev, t->as<int64_t>() + h[0], &v, 1));
-    return bl_set_error(BL_EINVAL, "%s: target %lld at row %lld is out of range for %lld classes (ignore_index %lld)", op,
-                        (long long)v, (long long)h[0], (long long)c, (long long)ignore_index);
+    return bl_set_error(BL_EINVAL, "%s: target %lld at row %lld is out of range for %lld classes (ignore_index %lld)",
+                        op, (long long)v, (long long)h[0], (long long)c, (long long)ignore_index);
   }
   if (given >= 0 && h[1] != given)
     return bl_set_error(BL_EINVAL, "%s: %lld targets are counted (not ignore_index %lld), the caller said %lld", op,
@@ -202,7 +216,7 @@ int ce_run(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const b
            double grad_scale, int64_t given, int64_t *count) {
   const char *op = "cross_entropy";
   int dev;
-  const bl_tensor *ts[] = {loss, dlogits, logits, targets};
+  const bl_tensor *ts[] = { loss, dlogits, logits, targets };
   BL_CHECK(cu_device(op, 4, ts, &dev));
   if (logits->ndim < 1 || logits->shape[logits->ndim - 1] < 1)
     return bl_set_error(BL_EINVAL, "%s: logits need a non-empty class dim", op);
@@ -218,7 +232,7 @@ int ce_run(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const b
     BL_CHECK(cu_defer_ids(op, dev, t.as<int64_t>(), n, c, 1, ignore_index, ignore_index, "target", "classes"));
   else
     BL_CHECK(check_targets(op, dev, &t, n, c, ignore_index, given, &cnt));
-  ce_mul g = {cnt ? (float)(grad_scale / (double)cnt) : 0.0f, nullptr, grad_scale};
+  ce_mul g = { cnt ? (float)(grad_scale / (double)cnt) : 0.0f, nullptr, grad_scale };
   if (count_here) {
     BL_CHECK(dcnt.alloc(op, dev, 2 * sizeof(unsigned long long)));
     unsigned long long *res = dcnt.as<unsigned long long>();
@@ -231,14 +245,15 @@ int ce_run(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const b
       BL_CHECK(cu_launched(op, dev));
     }
     g.cnt = res + 1;
-    cnt = 1;   // a placeholder: the kernels read the count
+    cnt = 1; // a placeholder: the kernels read the count
   }
   BL_CHECK(rl.alloc(op, dev, (size_t)n * sizeof(double)));
   BL_CHECK(tot.alloc(op, dev, sizeof(double)));
   cu_buf bx, bd;
   if (n > 0) {
     const bool native = (logits->dtype == BL_F32 || logits->dtype == BL_BF16 || logits->dtype == BL_F16) &&
-                        cu_is_contig(logits) && (!dlogits || (dlogits->dtype == logits->dtype && cu_is_contig(dlogits)));
+                        cu_is_contig(logits) &&
+                        (!dlogits || (dlogits->dtype == logits->dtype && cu_is_contig(dlogits)));
     // the row read once for the loss and once more for dlogits, dlogits written once
     const double es = (double)bl_dtype_size(native ? logits->dtype : BL_F32);
     const double bytes = es * (double)n * c * (dlogits ? 3 : 1) + 16.0 * n;
@@ -269,10 +284,11 @@ int ce_run(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const b
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
-                                     const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t *count) {
+                                     const bl_tensor *targets, int64_t ignore_index, double grad_scale,
+                                     int64_t *count) {
   return ce_run(loss, dlogits, logits, targets, ignore_index, grad_scale, -1, count);
 }
 
@@ -286,7 +302,7 @@ extern "C" int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tens
                                 double grad_scale) {
   const char *op = "mse_loss";
   int dev;
-  const bl_tensor *ts[] = {loss, dpred, pred, target};
+  const bl_tensor *ts[] = { loss, dpred, pred, target };
   BL_CHECK(cu_device(op, 4, ts, &dev));
   int64_t n = pred->numel;
   if (target->numel != n || loss->numel != 1 || (dpred && dpred->numel != n))
@@ -301,12 +317,11 @@ extern "C" int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tens
     if (dpred) BL_CHECK(cu_out(op, dpred, &bd, 0));
     cu_cost_kernel(dev, "loss", "mse_rows", 4.0 * n * (dpred ? 3 : 2) + 8.0 * n);
     mse_rows<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(bp.p, bt.p, dpred ? bd.p : nullptr, e2.as<double>(), n,
-                                                           (float)(2.0 * grad_scale / (double)n));
+                                                            (float)(2.0 * grad_scale / (double)n));
     BL_CHECK(cu_launched(op, dev));
   }
   cu_cost_kernel(dev, "loss", "sum_rows", 8.0 * n + 8);
-  sum_rows<<<1, 256, 0, cu_stream(dev)>>>(e2.as<double>(), n, n ? 1.0 / (double)n : 0.0, nullptr,
-                                          tot.as<double>());
+  sum_rows<<<1, 256, 0, cu_stream(dev)>>>(e2.as<double>(), n, n ? 1.0 / (double)n : 0.0, nullptr, tot.as<double>());
   BL_CHECK(cu_launched(op, dev));
   BL_CHECK(write_scalar(op, loss, tot.as<double>()));
   if (dpred && n > 0) BL_CHECK(cu_store(op, dpred, &bd));

@@ -15,7 +15,7 @@
 namespace {
 
 struct defer_rec {
-  unsigned long long cand;   // smallest bad position of the current check (~0: none)
+  unsigned long long cand; // smallest bad position of the current check (~0: none)
   long long set, code, pos, value, limit;
 };
 
@@ -27,15 +27,14 @@ const int kMaxDevices = 64;
 std::mutex mu;
 bool on[kMaxDevices];
 defer_rec *rec[kMaxDevices];
-std::vector<defer_site> sites;   // record.code indexes this
+std::vector<defer_site> sites; // record.code indexes this
 
 __device__ __forceinline__ bool bad_id(long long v, long long limit, int has_ignore, long long ignore) {
   return !(has_ignore && v == ignore) && (v < 0 || v >= limit);
 }
 
-__global__ void defer_find(const int64_t *ids, int64_t n, int64_t limit, int has_ignore, int64_t ignore,
-                           defer_rec *r) {
-  if (r->set) return;   // an earlier op's error is kept
+__global__ void defer_find(const int64_t *ids, int64_t n, int64_t limit, int has_ignore, int64_t ignore, defer_rec *r) {
+  if (r->set) return; // an earlier op's error is kept
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     if (bad_id(ids[i], limit, has_ignore, ignore)) atomicMin(&r->cand, (unsigned long long)i);
 }
@@ -61,7 +60,7 @@ int site_code(const char *op, const char *what, const char *limit_what) {
   std::lock_guard<std::mutex> g(mu);
   for (size_t i = 0; i < sites.size(); i++)
     if (sites[i].op == op && sites[i].what == what && sites[i].limit_what == limit_what) return (int)i;
-  sites.push_back(defer_site{op, what, limit_what});
+  sites.push_back(defer_site{ op, what, limit_what });
   return (int)sites.size() - 1;
 }
 
@@ -71,7 +70,7 @@ int record_of(const char *op, int dev, defer_rec **out) {
   if (!rec[dev]) {
     void *p = nullptr;
     BL_CHECK(bl_dev_malloc(dev, sizeof(defer_rec), &p));
-    defer_rec init = {~0ull, 0, 0, 0, 0, 0};
+    defer_rec init = { ~0ull, 0, 0, 0, 0, 0 };
     CU_TRY(op, dev, cudaMemcpyAsync(p, &init, sizeof init, cudaMemcpyHostToDevice, cu_stream(dev)));
     rec[dev] = (defer_rec *)p;
   }
@@ -79,7 +78,7 @@ int record_of(const char *op, int dev, defer_rec **out) {
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 bool cu_checks_deferred(int dev) {
   std::lock_guard<std::mutex> g(mu);
@@ -105,8 +104,8 @@ int cu_defer_ids(const char *op, int dev, int64_t *ids, int64_t n, int64_t limit
 
 extern "C" int bl_cuda_defer_checks(int device, int enable) {
   BL_CHECK(bl_dev_check(device, "defer_checks"));
-  if (device >= kMaxDevices) return bl_set_error(BL_EUNSUPPORTED, "defer_checks: cuda:%d: at most %d devices", device,
-                                                 kMaxDevices);
+  if (device >= kMaxDevices)
+    return bl_set_error(BL_EUNSUPPORTED, "defer_checks: cuda:%d: at most %d devices", device, kMaxDevices);
   std::lock_guard<std::mutex> g(mu);
   on[device] = enable != 0;
   return 0;
@@ -114,7 +113,7 @@ extern "C" int bl_cuda_defer_checks(int device, int enable) {
 
 namespace {
 __global__ void pending_into(const defer_rec *r, double *flag) { *flag = r->set ? 1.0 : 0.0; }
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_deferred_pending(int device, bl_tensor *flag) {
   const char *op = "deferred_pending";
@@ -134,20 +133,21 @@ extern "C" int bl_cuda_check_deferred(int device) {
   defer_rec *r;
   {
     std::lock_guard<std::mutex> g(mu);
-    if (device >= kMaxDevices || !rec[device]) return 0;   // nothing was ever checked late
+    if (device >= kMaxDevices || !rec[device]) return 0; // nothing was ever checked late
     r = rec[device];
   }
   defer_rec h;
-  BL_CHECK(bl_dev_memcpy(-1, &h, device, r, sizeof h));   // the one wait
+  BL_CHECK(bl_dev_memcpy(-1, &h, device, r, sizeof h)); // the one wait
   if (!h.set) return 0;
-  defer_rec clear = {~0ull, 0, 0, 0, 0, 0};
+  defer_rec clear = { ~0ull, 0, 0, 0, 0, 0 };
   BL_CHECK(bl_dev_memcpy(device, r, -1, &clear, sizeof clear));
   defer_site site;
   {
     std::lock_guard<std::mutex> g(mu);
     site = sites[(size_t)h.code];
   }
-  return bl_set_error(BL_EINVAL, "%s: %s %lld at position %lld is out of range for %s %lld (found on cuda:%d by a "
-                      "deferred check: results computed since then are not valid)", site.op, site.what, h.value, h.pos,
-                      site.limit_what, h.limit, device);
+  return bl_set_error(BL_EINVAL,
+                      "%s: %s %lld at position %lld is out of range for %s %lld (found on cuda:%d by a "
+                      "deferred check: results computed since then are not valid)",
+                      site.op, site.what, h.value, h.pos, site.limit_what, h.limit, device);
 }

@@ -14,7 +14,7 @@ namespace {
 template <class T>
 __global__ void dropout_kernel(T *y, const T *x, const uint8_t *mask_in, uint8_t *mask_out, int64_t n, float p,
                                float scale, uint64_t seed, uint64_t offset) {
-  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
+  seed = bl_seed_resolve(seed); // a device seed slot (bl_ops.h) read once
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     bool keep = mask_in ? mask_in[i] != 0 : bl_dropout_keep(seed, offset, (uint64_t)i, p);
     from_f(keep ? to_f(x[i]) * scale : 0.0f, &y[i]);
@@ -22,10 +22,10 @@ __global__ void dropout_kernel(T *y, const T *x, const uint8_t *mask_in, uint8_t
   }
 }
 
-int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tensor *mask_in, const bl_tensor *x, double p,
-                uint64_t seed, uint64_t offset) {
+int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tensor *mask_in, const bl_tensor *x,
+                double p, uint64_t seed, uint64_t offset) {
   int dev;
-  const bl_tensor *ts[] = {y, mask_out, mask_in, x};
+  const bl_tensor *ts[] = { y, mask_out, mask_in, x };
   BL_CHECK(cu_device(op, 4, ts, &dev));
   BL_CHECK(cu_same_numel(op, y, x));
   BL_CHECK(cu_same_numel(op, mask_out, x));
@@ -35,13 +35,13 @@ int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tens
   if (n == 0) return 0;
   cu_buf bx, by;
   cu_mem min, mout;
-  const bool native = x->dtype == y->dtype && (x->dtype == BL_BF16 || x->dtype == BL_F16) && cu_is_contig(x) &&
-                      cu_is_contig(y);
+  const bool native =
+      x->dtype == y->dtype && (x->dtype == BL_BF16 || x->dtype == BL_F16) && cu_is_contig(x) && cu_is_contig(y);
   if (!native) {
     BL_CHECK(cu_load(op, x, &bx));
     BL_CHECK(cu_out(op, y, &by, 0));
   }
-  if (mask_in) {   // any dtype/strides -> contiguous u8 (nonzero = keep)
+  if (mask_in) { // any dtype/strides -> contiguous u8 (nonzero = keep)
     BL_CHECK(min.alloc(op, dev, (size_t)n));
     BL_CHECK(cu_copy_to_contig(op, min.p, BL_BOOL, mask_in));
   }
@@ -58,14 +58,14 @@ int run_dropout(const char *op, bl_tensor *y, bl_tensor *mask_out, const bl_tens
     dropout_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>((__nv_bfloat16 *)y->data, (const __nv_bfloat16 *)x->data, mi, mo,
                                                        n, (float)p, sc, seed, offset);
   else
-    dropout_kernel<__half><<<grid, 256, 0, s>>>((__half *)y->data, (const __half *)x->data, mi, mo, n, (float)p, sc, seed,
-                                                offset);
+    dropout_kernel<__half>
+        <<<grid, 256, 0, s>>>((__half *)y->data, (const __half *)x->data, mi, mo, n, (float)p, sc, seed, offset);
   BL_CHECK(cu_launched(op, dev));
   if (mask_out) BL_CHECK(cu_copy_from_contig(op, mask_out, mout.p, BL_U8));
   return native ? 0 : cu_store(op, y, &by);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p, uint64_t seed,
                                        uint64_t offset) {

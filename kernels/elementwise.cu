@@ -12,6 +12,7 @@
 // 1-2 dims. Grid: one thread per output element (grid-stride loop, 256 threads).
 #include "common.cuh"
 #include "philox.cuh"
+#include "../src/base/rules/elementwise.h"
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -27,11 +28,7 @@ struct desc {
   int64_t stride[BL_MAX_DIMS];
 };
 
-const char *const binop_names[BL_NUM_BINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                               "eq", "ne", "lt", "le", "gt", "ge"};
-const char *const unop_names[BL_NUM_UNOPS] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-                                             "relu", "square", "reciprocal", "sign", "floor", "ceil", "erf"};
-const char *const redop_names[BL_NUM_REDOPS] = {"sum", "mean", "max", "min", "argmax", "argmin", "prod"};
+const char *const redop_names[BL_NUM_REDOPS] = { "sum", "mean", "max", "min", "argmax", "argmin", "prod" };
 
 __device__ __forceinline__ double ld(int dtype, const char *p) {
   switch (dtype) {
@@ -54,15 +51,18 @@ __device__ __forceinline__ void st(int dtype, char *p, double v) {
     case BL_F64: *(double *)p = v; break;
     case BL_F16: *(unsigned short *)p = __half_as_ushort(__float2half_rn((float)v)); break;
     case BL_BF16: *(unsigned short *)p = __bfloat16_as_ushort(__float2bfloat16_rn((float)v)); break;
-    case BL_I32: *(int32_t *)p = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v; break;
-    case BL_I64: *(int64_t *)p = v != v ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN : (int64_t)v; break;
-    case BL_U8: *(uint8_t *)p = v != v ? 0 : v >= 255.0 ? 255 : v <= 0 ? 0 : (uint8_t)v; break;
+    case BL_I32: *(int32_t *)p = bl_d2i32(v); break;
+    case BL_I64: *(int64_t *)p = bl_d2i64(v); break;
+    case BL_U8: *(uint8_t *)p = bl_d2u8(v); break;
     default: *(uint8_t *)p = v != 0; break;
   }
 }
 
 __host__ __device__ __forceinline__ int dsize(int dtype) {
-  return dtype == BL_F64 || dtype == BL_I64 ? 8 : dtype == BL_F32 || dtype == BL_I32 ? 4 : dtype == BL_F16 || dtype == BL_BF16 ? 2 : 1;
+  return dtype == BL_F64 || dtype == BL_I64    ? 8
+         : dtype == BL_F32 || dtype == BL_I32  ? 4
+         : dtype == BL_F16 || dtype == BL_BF16 ? 2
+                                               : 1;
 }
 
 // Up to 4 operands sharing one (coalesced) iteration shape.
@@ -70,7 +70,7 @@ struct iter {
   int nops, ndim;
   int64_t n;
   int64_t shape[BL_MAX_DIMS];
-  int64_t stride[4][BL_MAX_DIMS];   // elements
+  int64_t stride[4][BL_MAX_DIMS]; // elements
   char *data[4];
   int dtype[4];
 };
@@ -79,7 +79,7 @@ struct iter {
 // has a constant trip count so off[] stays in registers (a runtime count
 // would put it in local memory); unused slots have stride 0.
 __device__ __forceinline__ void iter_offsets(const iter &it, int64_t i, int64_t off[4]) {
-  if (it.ndim == 1) {   // the usual case once coalesced (contiguous or one strided dim): no 64-bit div/mod
+  if (it.ndim == 1) { // the usual case once coalesced (contiguous or one strided dim): no 64-bit div/mod
 #pragma unroll
     for (int k = 0; k < 4; k++) off[k] = i * it.stride[k][0];
     return;
@@ -94,32 +94,31 @@ __device__ __forceinline__ void iter_offsets(const iter &it, int64_t i, int64_t 
   }
 }
 
-// Operand k broadcast to (ndim, shape): stride 0 on broadcast dims.
-void bcast_strides(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out) {
-  for (int d = 0; d < ndim; d++) {
-    int td = d - (ndim - t->ndim);
-    out[d] = (td < 0 || t->shape[td] == 1 || t->shape[td] != shape[d]) ? 0 : t->stride[td];
-  }
-}
-
 // Build and coalesce the iteration: ops[0] is the output (defines the shape).
 void make_iter(iter *it, int nops, const bl_tensor *const *ops) {
   const bl_tensor *o = ops[0];
   int nd = o->ndim;
   int64_t shape[BL_MAX_DIMS], str[4][BL_MAX_DIMS];
-  memset(it, 0, sizeof *it);   // strides of unused operand slots are 0 (iter_offsets reads all 4)
+  memset(it, 0, sizeof *it); // strides of unused operand slots are 0 (iter_offsets reads all 4)
   for (int d = 0; d < nd; d++) shape[d] = o->shape[d];
-  for (int k = 0; k < nops; k++) bcast_strides(ops[k], nd, shape, str[k]);
+  for (int k = 0; k < nops; k++) bl_broadcast_strides(ops[k], nd, o->shape, str[k]);
   it->nops = nops;
   it->n = o->numel;
-  for (int k = 0; k < nops; k++) { it->data[k] = (char *)ops[k]->data; it->dtype[k] = ops[k]->dtype; }
+  for (int k = 0; k < nops; k++) {
+    it->data[k] = (char *)ops[k]->data;
+    it->dtype[k] = ops[k]->dtype;
+  }
   // drop size-1 dims, then merge d into the previous kept dim when contiguous for every operand
   int m = 0;
   for (int d = 0; d < nd; d++) {
     if (shape[d] == 1) continue;
     if (m > 0) {
       bool merge = true;
-      for (int k = 0; k < nops; k++) if (it->stride[k][m - 1] != str[k][d] * shape[d]) { merge = false; break; }
+      for (int k = 0; k < nops; k++)
+        if (it->stride[k][m - 1] != str[k][d] * shape[d]) {
+          merge = false;
+          break;
+        }
       if (merge) {
         it->shape[m - 1] *= shape[d];
         for (int k = 0; k < nops; k++) it->stride[k][m - 1] = str[k][d];
@@ -135,44 +134,6 @@ void make_iter(iter *it, int nops, const bl_tensor *const *ops) {
 
 enum { EW_COPY = 0, EW_FILL, EW_BINARY, EW_SCALAR, EW_UNARY, EW_AFFINE, EW_WHERE };
 
-__device__ __forceinline__ double binop_d(int op, double x, double y) {
-  switch (op) {
-    case BL_ADD: return x + y;
-    case BL_SUB: return x - y;
-    case BL_MUL: return x * y;
-    case BL_DIV: return x / y;
-    case BL_POW: return pow(x, y);
-    case BL_MAXIMUM: return (x != x || x > y) ? x : y;
-    case BL_MINIMUM: return (x != x || x < y) ? x : y;
-    case BL_EQ: return x == y;
-    case BL_NE: return x != y;
-    case BL_LT: return x < y;
-    case BL_LE: return x <= y;
-    case BL_GT: return x > y;
-    default: return x >= y;
-  }
-}
-
-__device__ __forceinline__ double unop_d(int op, double x) {
-  switch (op) {
-    case BL_NEG: return -x;
-    case BL_ABS: return fabs(x);
-    case BL_EXP: return exp(x);
-    case BL_LOG: return log(x);
-    case BL_SQRT: return sqrt(x);
-    case BL_RSQRT: return 1.0 / sqrt(x);
-    case BL_TANH: return tanh(x);
-    case BL_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case BL_RELU: return x > 0 ? x : 0;
-    case BL_SQUARE: return x * x;
-    case BL_RECIPROCAL: return 1.0 / x;
-    case BL_SIGN: return (double)((x > 0) - (x < 0));
-    case BL_FLOOR: return floor(x);
-    case BL_CEIL: return ceil(x);
-    default: return erf(x);
-  }
-}
-
 // One generic elementwise kernel (runtime switch, no template explosion).
 // Operand 0 is the output; a..c are inputs as required by `kind`.
 __global__ void ew_kernel(iter it, int kind, int op, double s, double alpha, int scalar_first) {
@@ -184,7 +145,7 @@ __global__ void ew_kernel(iter it, int kind, int op, double s, double alpha, int
     switch (kind) {
       case EW_COPY:
         if (it.dtype[0] == it.dtype[1]) {
-          switch (dsize(it.dtype[0])) {   // raw copy keeps i64 exact and NaN payloads
+          switch (dsize(it.dtype[0])) { // raw copy keeps i64 exact and NaN payloads
             case 8: *(uint64_t *)o = *(const uint64_t *)a; break;
             case 4: *(uint32_t *)o = *(const uint32_t *)a; break;
             case 2: *(uint16_t *)o = *(const uint16_t *)a; break;
@@ -197,22 +158,22 @@ __global__ void ew_kernel(iter it, int kind, int op, double s, double alpha, int
       case EW_FILL: st(it.dtype[0], o, s); break;
       case EW_BINARY: {
         const char *b = it.data[2] + off[2] * dsize(it.dtype[2]);
-        st(it.dtype[0], o, binop_d(op, ld(it.dtype[1], a), ld(it.dtype[2], b)));
+        st(it.dtype[0], o, bl_binop_eval(op, ld(it.dtype[1], a), ld(it.dtype[2], b)));
         break;
       }
       case EW_SCALAR: {
         double x = ld(it.dtype[1], a);
-        st(it.dtype[0], o, scalar_first ? binop_d(op, s, x) : binop_d(op, x, s));
+        st(it.dtype[0], o, scalar_first ? bl_binop_eval(op, s, x) : bl_binop_eval(op, x, s));
         break;
       }
-      case EW_UNARY: st(it.dtype[0], o, unop_d(op, ld(it.dtype[1], a))); break;
-      case EW_AFFINE:   // two roundings as on the CPU: _rn intrinsics keep nvcc from fusing them into an FMA
-        if (it.dtype[0] == BL_F32 && it.dtype[1] == BL_F32)   // the CPU's f32 fast path computes in f32
+      case EW_UNARY: st(it.dtype[0], o, bl_unop_eval(op, ld(it.dtype[1], a))); break;
+      case EW_AFFINE: // two roundings as on the CPU: _rn intrinsics keep nvcc from fusing them into an FMA
+        if (it.dtype[0] == BL_F32 && it.dtype[1] == BL_F32) // the CPU's f32 fast path computes in f32
           *(float *)o = __fadd_rn(__fmul_rn(*(const float *)a, (float)alpha), (float)s);
         else
           st(it.dtype[0], o, __dadd_rn(__dmul_rn(ld(it.dtype[1], a), alpha), s));
         break;
-      default: {  // EW_WHERE: operands out, cond, a, b
+      default: { // EW_WHERE: operands out, cond, a, b
         bool take = ld(it.dtype[1], a) != 0;
         const char *x = take ? it.data[2] + off[2] * dsize(it.dtype[2]) : it.data[3] + off[3] * dsize(it.dtype[3]);
         st(it.dtype[0], o, ld(take ? it.dtype[2] : it.dtype[3], x));
@@ -246,37 +207,13 @@ int check_t(const char *op, const bl_tensor *t) {
   return bl_tensor_check(t, op);
 }
 
-int check_out_shape(const char *op, const bl_tensor *out, int n, const int64_t *shape) {
-  bool same = out->ndim == n;
-  for (int i = 0; same && i < n; i++) same = out->shape[i] == shape[i];
-  if (!same) {
-    char a[128], b[128];
-    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", op, BL_SHAPE(out, a), bl_shape_str(n, shape, b, sizeof b));
-  }
-  return 0;
-}
-
-// True when the output overlaps an input in a way a parallel kernel could race
-// on: only exact aliasing (same view) is allowed, as on the CPU where it is safe.
-int check_broadcast_to(const char *op, const bl_tensor *src, const bl_tensor *dst) {
-  if (src->ndim > dst->ndim) goto bad;
-  for (int d = 0; d < src->ndim; d++) {
-    int64_t a = src->shape[src->ndim - 1 - d], b = dst->shape[dst->ndim - 1 - d];
-    if (a != b && a != 1) goto bad;
-  }
-  return 0;
-bad:
-  char x[128], y[128];
-  return bl_set_error(BL_EINVAL, "%s: cannot broadcast %s to %s", op, BL_SHAPE(src, x), BL_SHAPE(dst, y));
-}
-
 // ---------------------------------------------------------------- reductions
 struct red_args {
   int op, dtype, odtype;
   int nin, nout;
-  int64_t ishape[BL_MAX_DIMS], istride[BL_MAX_DIMS];   // reduced dims (elements)
-  int64_t oshape[BL_MAX_DIMS], ostride[BL_MAX_DIMS];   // kept dims: input strides
-  int64_t outstr[BL_MAX_DIMS];                         // kept dims: output strides
+  int64_t ishape[BL_MAX_DIMS], istride[BL_MAX_DIMS]; // reduced dims (elements)
+  int64_t oshape[BL_MAX_DIMS], ostride[BL_MAX_DIMS]; // kept dims: input strides
+  int64_t outstr[BL_MAX_DIMS];                       // kept dims: output strides
   int64_t count, total;
   const char *in;
   char *out;
@@ -311,11 +248,20 @@ __global__ void reduce_kernel(red_args a) {
     int64_t best = -1;
     for (int64_t f = threadIdx.x; f < a.count; f += blockDim.x) {
       int64_t r = f, off = ioff;
-      for (int d = a.nin - 1; d >= 0; d--) { off += (r % a.ishape[d]) * a.istride[d]; r /= a.ishape[d]; }
+      for (int d = a.nin - 1; d >= 0; d--) {
+        off += (r % a.ishape[d]) * a.istride[d];
+        r /= a.ishape[d];
+      }
       double v = ld(a.dtype, a.in + off * es);
-      if (ext) { if (best < 0 || red_better(a.op, v, f, acc, best)) { acc = v; best = f; } }
-      else if (a.op == BL_PROD) acc *= v;
-      else acc += v;
+      if (ext) {
+        if (best < 0 || red_better(a.op, v, f, acc, best)) {
+          acc = v;
+          best = f;
+        }
+      } else if (a.op == BL_PROD)
+        acc *= v;
+      else
+        acc += v;
     }
     sv[threadIdx.x] = acc;
     si[threadIdx.x] = best;
@@ -324,9 +270,15 @@ __global__ void reduce_kernel(red_args a) {
       if ((int)threadIdx.x < w) {
         double v = sv[threadIdx.x], u = sv[threadIdx.x + w];
         int64_t i = si[threadIdx.x], j = si[threadIdx.x + w];
-        if (ext) { if (j >= 0 && (i < 0 || red_better(a.op, u, j, v, i))) { sv[threadIdx.x] = u; si[threadIdx.x] = j; } }
-        else if (a.op == BL_PROD) sv[threadIdx.x] = v * u;
-        else sv[threadIdx.x] = v + u;
+        if (ext) {
+          if (j >= 0 && (i < 0 || red_better(a.op, u, j, v, i))) {
+            sv[threadIdx.x] = u;
+            si[threadIdx.x] = j;
+          }
+        } else if (a.op == BL_PROD)
+          sv[threadIdx.x] = v * u;
+        else
+          sv[threadIdx.x] = v + u;
       }
       __syncthreads();
     }
@@ -337,15 +289,14 @@ __global__ void reduce_kernel(red_args a) {
       if (a.count == 0 && a.op != BL_PROD) r = a.op == BL_MEAN ? NAN : 0.0;
       st(a.odtype, a.out + ooff * eo, r);
     }
-    __syncthreads();   // sv/si reused by the next output of this block
+    __syncthreads(); // sv/si reused by the next output of this block
   }
 }
 
 // ---------------------------------------------------------------- random fills (f32 contiguous scratch)
 // One Box-Muller pair from two 32-bit draws (24 bits each; u1 in (0, 1]).
 __device__ __forceinline__ void box_muller(uint32_t r1, uint32_t r2, double a, double b, float *z0, float *z1) {
-  double u1 = (double)(r1 >> 8) * (1.0 / 16777216.0) + 1.0 / 16777216.0;
-  double u2 = (double)(r2 >> 8) * (1.0 / 16777216.0);
+  double u1 = bl_philox_u01_pos(r1), u2 = bl_philox_u01(r2);
   // sincospi(2 u2) = (sin, cos)(2 pi u2): no large-argument reduction, whose
   // slow path keeps an array in local memory (cos/sin of a double argument).
   double rad = sqrt(-2.0 * log(u1)), sn, cs;
@@ -353,24 +304,25 @@ __device__ __forceinline__ void box_muller(uint32_t r1, uint32_t r2, double a, d
   *z0 = (float)(a + b * rad * cs);
   *z1 = (float)(a + b * rad * sn);
 }
-__device__ __forceinline__ float uniform24(uint32_t r, double a, double b) {
-  return (float)(a + (b - a) * ((double)(r >> 8) * (1.0 / 16777216.0)));
-}
 
 // Four values per Philox block, named scalars rather than arrays so nothing
 // is kept in local memory.
 __global__ void rand_kernel(float *p, int64_t n, uint64_t seed, uint64_t offset, double a, double b, int normal) {
   int64_t nblk = (n + 3) / 4;
-  for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk; blk += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t blk = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; blk < nblk;
+       blk += (int64_t)gridDim.x * blockDim.x) {
     uint4 r = bl_philox4x32_dev(seed, offset + (uint64_t)blk);
     float v0, v1, v2, v3;
     if (normal) {
       box_muller(r.x, r.y, a, b, &v0, &v1);
       box_muller(r.z, r.w, a, b, &v2, &v3);
     } else {
-      v0 = uniform24(r.x, a, b); v1 = uniform24(r.y, a, b); v2 = uniform24(r.z, a, b); v3 = uniform24(r.w, a, b);
+      v0 = bl_philox_uniform_ab(r.x, a, b);
+      v1 = bl_philox_uniform_ab(r.y, a, b);
+      v2 = bl_philox_uniform_ab(r.z, a, b);
+      v3 = bl_philox_uniform_ab(r.w, a, b);
     }
-    int64_t i = blk * 4;   // < n
+    int64_t i = blk * 4; // < n
     p[i] = v0;
     if (i + 1 < n) p[i + 1] = v1;
     if (i + 2 < n) p[i + 2] = v2;
@@ -408,7 +360,7 @@ __global__ void colsum_final(const float *part, int64_t nchunk, int64_t cols, fl
 }
 
 // ---------------------------------------------------------------- native casts of contiguous buffers
-const int kCastV = 8;   // elements per thread: 16 bytes of a half type, 32 of f32
+const int kCastV = 8; // elements per thread: 16 bytes of a half type, 32 of f32
 
 // out[i] = in[i] converted (one rounding, through f32 registers: exact for every source of these types).
 template <class TO, class TI>
@@ -437,9 +389,12 @@ template <class TO>
 int launch_cast_to(const char *op, int dev, void *out, const void *in, int in_dtype, int64_t n) {
   const unsigned grid = cu_blocks(n / kCastV + 1, 256);
   cudaStream_t s = cu_stream(dev);
-  if (in_dtype == BL_BF16) cast_kernel<TO, __nv_bfloat16><<<grid, 256, 0, s>>>((TO *)out, (const __nv_bfloat16 *)in, n);
-  else if (in_dtype == BL_F16) cast_kernel<TO, __half><<<grid, 256, 0, s>>>((TO *)out, (const __half *)in, n);
-  else cast_kernel<TO, float><<<grid, 256, 0, s>>>((TO *)out, (const float *)in, n);
+  if (in_dtype == BL_BF16)
+    cast_kernel<TO, __nv_bfloat16><<<grid, 256, 0, s>>>((TO *)out, (const __nv_bfloat16 *)in, n);
+  else if (in_dtype == BL_F16)
+    cast_kernel<TO, __half><<<grid, 256, 0, s>>>((TO *)out, (const __half *)in, n);
+  else
+    cast_kernel<TO, float><<<grid, 256, 0, s>>>((TO *)out, (const float *)in, n);
   return cu_launched(op, dev);
 }
 
@@ -459,7 +414,7 @@ int cast_native(const char *op, int dev, const bl_tensor *dst, const bl_tensor *
   return launch_cast_to<float>(op, dev, dst->data, src->data, src->dtype, n);
 }
 
-}  // namespace
+} // namespace
 
 // ================================================================ common.cuh plumbing
 int cu_is_contig(const bl_tensor *t) {
@@ -473,7 +428,7 @@ int cu_is_contig(const bl_tensor *t) {
 
 // Contiguous image <-> tensor conversions through the generic copy kernel.
 static int copy_between(const char *op, int dev, const bl_tensor *dst, const bl_tensor *src) {
-  const bl_tensor *ops[2] = {dst, src};
+  const bl_tensor *ops[2] = { dst, src };
   return launch_ew(op, dev, 2, ops, EW_COPY, 0, 0, 0, 0);
 }
 
@@ -485,12 +440,19 @@ static void contig_header(bl_tensor *h, const bl_tensor *like, void *data, int d
   h->dtype = dtype;
   h->device = like->device;
   int64_t s = 1;
-  for (int d = like->ndim - 1; d >= 0; d--) { h->shape[d] = like->shape[d]; h->stride[d] = s; s *= like->shape[d]; }
+  for (int d = like->ndim - 1; d >= 0; d--) {
+    h->shape[d] = like->shape[d];
+    h->stride[d] = s;
+    s *= like->shape[d];
+  }
 }
 
 int cu_load(const char *op, const bl_tensor *t, cu_buf *b) {
   b->n = t->numel;
-  if (t->dtype == BL_F32 && cu_is_contig(t)) { b->p = (float *)t->data; return 0; }
+  if (t->dtype == BL_F32 && cu_is_contig(t)) {
+    b->p = (float *)t->data;
+    return 0;
+  }
   BL_CHECK(b->mem.alloc(op, t->device, (size_t)t->numel * sizeof(float)));
   b->p = b->mem.as<float>();
   bl_tensor h;
@@ -500,7 +462,10 @@ int cu_load(const char *op, const bl_tensor *t, cu_buf *b) {
 
 int cu_out(const char *op, bl_tensor *t, cu_buf *b, int keep) {
   b->n = t->numel;
-  if (t->dtype == BL_F32 && cu_is_contig(t)) { b->p = (float *)t->data; return 0; }
+  if (t->dtype == BL_F32 && cu_is_contig(t)) {
+    b->p = (float *)t->data;
+    return 0;
+  }
   BL_CHECK(b->mem.alloc(op, t->device, (size_t)t->numel * sizeof(float)));
   b->p = b->mem.as<float>();
   if (!keep) return 0;
@@ -519,13 +484,15 @@ int cu_store(const char *op, bl_tensor *t, cu_buf *b) {
 int cu_load_ids(const char *op, const bl_tensor *t, cu_mem *ids) {
   BL_CHECK(ids->alloc(op, t->device, (size_t)t->numel * sizeof(int64_t)));
   const int64_t n = t->numel;
-  if (cu_is_contig(t) && (t->dtype == BL_I32 || t->dtype == BL_I64)) {   // the usual case: no generic copy
+  if (cu_is_contig(t) && (t->dtype == BL_I32 || t->dtype == BL_I64)) { // the usual case: no generic copy
     if (n == 0) return 0;
     cu_cost_kernel(t->device, "index check", "widen_ids", (double)n * (8 + bl_dtype_size(t->dtype)));
     const unsigned grid = cu_blocks(n, 256);
     cudaStream_t s = cu_stream(t->device);
-    if (t->dtype == BL_I32) widen_ids<int32_t><<<grid, 256, 0, s>>>(ids->as<int64_t>(), (const int32_t *)t->data, n);
-    else widen_ids<int64_t><<<grid, 256, 0, s>>>(ids->as<int64_t>(), (const int64_t *)t->data, n);
+    if (t->dtype == BL_I32)
+      widen_ids<int32_t><<<grid, 256, 0, s>>>(ids->as<int64_t>(), (const int32_t *)t->data, n);
+    else
+      widen_ids<int64_t><<<grid, 256, 0, s>>>(ids->as<int64_t>(), (const int64_t *)t->data, n);
     return cu_launched(op, t->device);
   }
   bl_tensor h;
@@ -540,7 +507,7 @@ int cu_copy_from_contig(const char *op, bl_tensor *dst, const void *src, int src
 }
 
 int cu_copy_header(const char *op, int dev, const bl_tensor *dst, const bl_tensor *src) {
-  BL_CHECK(check_broadcast_to(op, src, dst));
+  BL_CHECK(bl_check_broadcast_to(op, src, dst));
   return copy_between(op, dev, dst, src);
 }
 
@@ -564,7 +531,9 @@ template <class T>
 int colsum_acc(const char *op, int dev, const T *x, int64_t rows, int64_t cols, float *out) {
   if (rows == 0 || cols == 0) return 0;
   int64_t nchunk = (rows + CS_ROWS - 1) / CS_ROWS;
-  if (nchunk > 65535) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many for the column sum", op, dev, (long long)rows);
+  if (nchunk > 65535)
+    return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: %lld rows is too many for the column sum", op, dev,
+                        (long long)rows);
   cu_mem part;
   BL_CHECK(part.alloc(op, dev, (size_t)(nchunk * cols) * sizeof(float)));
   dim3 grid((unsigned)((cols + 31) / 32), (unsigned)nchunk);
@@ -593,9 +562,9 @@ extern "C" int bl_cuda_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
   BL_CHECK(check_t(op, dst));
   BL_CHECK(check_t(op, src));
   int dev;
-  const bl_tensor *ts[] = {dst, src};
+  const bl_tensor *ts[] = { dst, src };
   BL_CHECK(cu_device(op, 2, ts, &dev));
-  BL_CHECK(check_broadcast_to(op, src, dst));
+  BL_CHECK(bl_check_broadcast_to(op, src, dst));
   int rc = cast_native(op, dev, dst, src);
   return rc != BL_EUNSUPPORTED ? rc : copy_between(op, dev, dst, src);
 }
@@ -606,13 +575,14 @@ extern "C" int bl_cuda_cast(bl_tensor *dst, const bl_tensor *src) {
   BL_CHECK(check_t(op, src));
   if (dst->numel != src->numel || !cu_is_contig(dst) || !cu_is_contig(src)) {
     char a[128], b[128];
-    return bl_set_error(BL_EINVAL, "%s: dst %s and src %s must be contiguous with equal numel", op, BL_SHAPE(dst, a), BL_SHAPE(src, b));
+    return bl_set_error(BL_EINVAL, "%s: dst %s and src %s must be contiguous with equal numel", op, BL_SHAPE(dst, a),
+                        BL_SHAPE(src, b));
   }
   int dev;
-  const bl_tensor *ts[] = {dst, src};
+  const bl_tensor *ts[] = { dst, src };
   BL_CHECK(cu_device(op, 2, ts, &dev));
   bl_tensor h;
-  contig_header(&h, dst, src->data, src->dtype);   // src viewed with dst's shape
+  contig_header(&h, dst, src->data, src->dtype); // src viewed with dst's shape
   int rc = cast_native(op, dev, dst, &h);
   return rc != BL_EUNSUPPORTED ? rc : copy_between(op, dev, dst, &h);
 }
@@ -621,17 +591,19 @@ extern "C" int bl_cuda_tensor_fill(bl_tensor *t, double value) {
   const char *op = "fill";
   BL_CHECK(check_t(op, t));
   int dev;
-  const bl_tensor *ts[] = {t};
+  const bl_tensor *ts[] = { t };
   BL_CHECK(cu_device(op, 1, ts, &dev));
   return launch_ew(op, dev, 1, ts, EW_FILL, 0, value, 0, 0);
 }
 
 extern "C" int bl_cuda_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
-  const char *name = binop_names[op];
-  BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, a)); BL_CHECK(check_t(name, b));
+  const char *name = bl_binop_names[op];
+  BL_CHECK(check_t(name, out));
+  BL_CHECK(check_t(name, a));
+  BL_CHECK(check_t(name, b));
   int dev;
-  const bl_tensor *ts[] = {out, a, b};
+  const bl_tensor *ts[] = { out, a, b };
   BL_CHECK(cu_device(name, 3, ts, &dev));
   int n;
   int64_t shape[BL_MAX_DIMS];
@@ -639,81 +611,101 @@ extern "C" int bl_cuda_binary(int op, bl_tensor *out, const bl_tensor *a, const 
     char sa[128], sb[128];
     return bl_set_error(BL_EINVAL, "%s: shapes %s and %s are not compatible", name, BL_SHAPE(a, sa), BL_SHAPE(b, sb));
   }
-  BL_CHECK(check_out_shape(name, out, n, shape));
+  BL_CHECK(bl_check_out_shape(name, out, n, shape));
   return launch_ew(name, dev, 3, ts, EW_BINARY, op, 0, 0, 0);
 }
 
 extern "C" int bl_cuda_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int scalar_first) {
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
-  const char *name = binop_names[op];
-  BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, a));
+  const char *name = bl_binop_names[op];
+  BL_CHECK(check_t(name, out));
+  BL_CHECK(check_t(name, a));
   int dev;
-  const bl_tensor *ts[] = {out, a};
+  const bl_tensor *ts[] = { out, a };
   BL_CHECK(cu_device(name, 2, ts, &dev));
-  BL_CHECK(check_out_shape(name, out, a->ndim, a->shape));
-  if (!scalar_first && (op == BL_ADD || op == BL_SUB || op == BL_MUL))   // as bl_binary_scalar: exact as affine
-    return launch_ew(name, dev, 2, ts, EW_AFFINE, 0, op == BL_ADD ? s : op == BL_SUB ? -s : 0.0, op == BL_MUL ? s : 1.0, 0);
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
+  if (!scalar_first && (op == BL_ADD || op == BL_SUB || op == BL_MUL)) // as bl_binary_scalar: exact as affine
+    return launch_ew(name, dev, 2, ts, EW_AFFINE, 0,
+                     op == BL_ADD   ? s
+                     : op == BL_SUB ? -s
+                                    : 0.0,
+                     op == BL_MUL ? s : 1.0, 0);
   return launch_ew(name, dev, 2, ts, EW_SCALAR, op, s, 0, scalar_first);
 }
 
 extern "C" int bl_cuda_unary(int op, bl_tensor *out, const bl_tensor *a) {
   if (op < 0 || op >= BL_NUM_UNOPS) return bl_set_error(BL_EINVAL, "unary: unknown operation %d", op);
-  const char *name = unop_names[op];
-  BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, a));
+  const char *name = bl_unop_names[op];
+  BL_CHECK(check_t(name, out));
+  BL_CHECK(check_t(name, a));
   int dev;
-  const bl_tensor *ts[] = {out, a};
+  const bl_tensor *ts[] = { out, a };
   BL_CHECK(cu_device(name, 2, ts, &dev));
-  BL_CHECK(check_out_shape(name, out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   return launch_ew(name, dev, 2, ts, EW_UNARY, op, 0, 0, 0);
 }
 
 extern "C" int bl_cuda_affine(bl_tensor *out, const bl_tensor *a, double alpha, double beta) {
   const char *name = "affine";
-  BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, a));
+  BL_CHECK(check_t(name, out));
+  BL_CHECK(check_t(name, a));
   int dev;
-  const bl_tensor *ts[] = {out, a};
+  const bl_tensor *ts[] = { out, a };
   BL_CHECK(cu_device(name, 2, ts, &dev));
-  BL_CHECK(check_out_shape(name, out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   return launch_ew(name, dev, 2, ts, EW_AFFINE, 0, beta, alpha, 0);
 }
 
 extern "C" int bl_cuda_where(bl_tensor *out, const bl_tensor *cond, const bl_tensor *a, const bl_tensor *b) {
   const char *name = "where";
-  BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, cond)); BL_CHECK(check_t(name, a)); BL_CHECK(check_t(name, b));
+  BL_CHECK(check_t(name, out));
+  BL_CHECK(check_t(name, cond));
+  BL_CHECK(check_t(name, a));
+  BL_CHECK(check_t(name, b));
   int dev;
-  const bl_tensor *ts[] = {out, cond, a, b};
+  const bl_tensor *ts[] = { out, cond, a, b };
   BL_CHECK(cu_device(name, 4, ts, &dev));
   int n1, n2;
   int64_t s1[BL_MAX_DIMS], s2[BL_MAX_DIMS];
   BL_CHECK(bl_broadcast_shape(a->ndim, a->shape, b->ndim, b->shape, &n1, s1));
   BL_CHECK(bl_broadcast_shape(n1, s1, cond->ndim, cond->shape, &n2, s2));
-  BL_CHECK(check_out_shape(name, out, n2, s2));
+  BL_CHECK(bl_check_out_shape(name, out, n2, s2));
   return launch_ew(name, dev, 4, ts, EW_WHERE, 0, 0, 0, 0);
 }
 
 extern "C" int bl_cuda_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32_t dim_mask, int keepdim) {
   if (op < 0 || op >= BL_NUM_REDOPS) return bl_set_error(BL_EINVAL, "reduce: unknown operation %d", op);
   const char *name = redop_names[op];
-  BL_CHECK(check_t(name, out)); BL_CHECK(check_t(name, a));
+  BL_CHECK(check_t(name, out));
+  BL_CHECK(check_t(name, a));
   int dev;
-  const bl_tensor *ts[] = {out, a};
+  const bl_tensor *ts[] = { out, a };
   BL_CHECK(cu_device(name, 2, ts, &dev));
   if (a->ndim < 32 && (dim_mask >> a->ndim))
     return bl_set_error(BL_EINVAL, "%s: dimension out of range for a tensor with %d dims", name, a->ndim);
   red_args r;
   memset(&r, 0, sizeof r);
-  r.op = op; r.dtype = a->dtype; r.odtype = out->dtype; r.count = 1; r.in = (const char *)a->data; r.out = (char *)out->data;
+  r.op = op;
+  r.dtype = a->dtype;
+  r.odtype = out->dtype;
+  r.count = 1;
+  r.in = (const char *)a->data;
+  r.out = (char *)out->data;
   int64_t kshape[BL_MAX_DIMS];
   int nk = 0;
   for (int i = 0; i < a->ndim; i++) {
     if (dim_mask & (1u << i)) {
-      r.ishape[r.nin] = a->shape[i]; r.istride[r.nin++] = a->stride[i]; r.count *= a->shape[i];
+      r.ishape[r.nin] = a->shape[i];
+      r.istride[r.nin++] = a->stride[i];
+      r.count *= a->shape[i];
       if (keepdim) kshape[nk++] = 1;
     } else {
-      r.oshape[r.nout] = a->shape[i]; r.ostride[r.nout++] = a->stride[i]; kshape[nk++] = a->shape[i];
+      r.oshape[r.nout] = a->shape[i];
+      r.ostride[r.nout++] = a->stride[i];
+      kshape[nk++] = a->shape[i];
     }
   }
-  BL_CHECK(check_out_shape(name, out, nk, kshape));
+  BL_CHECK(bl_check_out_shape(name, out, nk, kshape));
   if (r.count == 0 && (op == BL_MAX || op == BL_MIN || op == BL_ARGMAX || op == BL_ARGMIN))
     return bl_set_error(BL_EINVAL, "%s: cannot reduce over an empty dimension", name);
   for (int i = 0, k = 0; i < out->ndim; i++) {
@@ -733,7 +725,7 @@ extern "C" int bl_cuda_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32
 static int rand_fill(const char *op, bl_tensor *t, uint64_t seed, uint64_t offset, double a, double b, int normal) {
   BL_CHECK(check_t(op, t));
   int dev;
-  const bl_tensor *ts[] = {t};
+  const bl_tensor *ts[] = { t };
   BL_CHECK(cu_device(op, 1, ts, &dev));
   if (!bl_dtype_is_float(t->dtype))
     return bl_set_error(BL_EINVAL, "%s: floating-point output required, got %s", op, bl_dtype_name(t->dtype));
@@ -741,7 +733,8 @@ static int rand_fill(const char *op, bl_tensor *t, uint64_t seed, uint64_t offse
   cu_buf o;
   BL_CHECK(cu_out(op, t, &o, 0));
   cu_cost_kernel(dev, "random", "rand_kernel", 4.0 * t->numel);
-  rand_kernel<<<cu_blocks((t->numel + 3) / 4, 256), 256, 0, cu_stream(dev)>>>(o.p, t->numel, seed, offset, a, b, normal);
+  rand_kernel<<<cu_blocks((t->numel + 3) / 4, 256), 256, 0, cu_stream(dev)>>>(o.p, t->numel, seed, offset, a, b,
+                                                                              normal);
   BL_CHECK(cu_launched(op, dev));
   return cu_store(op, t, &o);
 }

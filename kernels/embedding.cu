@@ -39,7 +39,8 @@ __global__ void check_range(const int64_t *ids, int64_t n, int64_t limit, unsign
 }
 
 __global__ void fill_u64(unsigned long long *p, int64_t n, unsigned long long v) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) p[i] = v;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = v;
 }
 
 // out[i, :] (+)= src[ids[i], :]; a thread moves V columns, h % V == 0.
@@ -51,7 +52,7 @@ __global__ void gather_rows(T *out, const T *src, const int64_t *ids, int64_t n,
     for (int64_t c = threadIdx.x * (int64_t)V; c < h; c += blockDim.x * (int64_t)V) {
       cu_vec<T, V> a, b;
       a.load(s + c);
-      if (accumulate) {   // f32 sum, one rounding: as the CPU's f32 image of the output
+      if (accumulate) { // f32 sum, one rounding: as the CPU's f32 image of the output
         b.load(o + c);
 #pragma unroll
         for (int e = 0; e < V; e++) from_f(to_f(b.t[e]) + to_f(a.t[e]), &a.t[e]);
@@ -103,7 +104,11 @@ __global__ void __launch_bounds__(kSortThreads) sort_scan(int32_t *counts, int64
   int sum = 0;
   for (int64_t i = b; i < e; i++) sum += counts[i];
   int run = block_excl_scan(sum, sh);
-  for (int64_t i = b; i < e; i++) { int c = counts[i]; counts[i] = run; run += c; }
+  for (int64_t i = b; i < e; i++) {
+    int c = counts[i];
+    counts[i] = run;
+    run += c;
+  }
 }
 
 // Stable scatter of one tile: thread t owns items t*kSortItems.. of the tile, in order. Its slot for digit d is the
@@ -111,7 +116,7 @@ __global__ void __launch_bounds__(kSortThreads) sort_scan(int32_t *counts, int64
 __global__ void __launch_bounds__(kSortThreads)
     sort_scatter(const int32_t *keys, const int32_t *vals, int32_t *keys_out, int32_t *vals_out, int64_t n, int shift,
                  const int32_t *offs) {
-  __shared__ int cnt[kDigits * kSortThreads];   // digit-major: [d][thread]
+  __shared__ int cnt[kDigits * kSortThreads]; // digit-major: [d][thread]
   __shared__ int sh[kSortThreads];
   const int64_t first = blockIdx.x * (int64_t)kTile + threadIdx.x * kSortItems;
   int mine[kDigits];
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(kSortThreads)
     if (first + k < n) {
       const int d = (keys[first + k] >> shift) & (kDigits - 1);
 #pragma unroll
-      for (int q = 0; q < kDigits; q++) mine[q] += q == d;   // constant indices keep mine in registers
+      for (int q = 0; q < kDigits; q++) mine[q] += q == d; // constant indices keep mine in registers
     }
 #pragma unroll
   for (int d = 0; d < kDigits; d++) cnt[d * kSortThreads + threadIdx.x] = mine[d];
@@ -131,7 +136,11 @@ __global__ void __launch_bounds__(kSortThreads)
   int sum = 0;
   for (int k = 0; k < kDigits; k++) sum += run[k];
   int acc = block_excl_scan(sum, sh);
-  for (int k = 0; k < kDigits; k++) { int c = run[k]; run[k] = acc; acc += c; }
+  for (int k = 0; k < kDigits; k++) {
+    int c = run[k];
+    run[k] = acc;
+    acc += c;
+  }
   __syncthreads();
   int slot[kDigits];
 #pragma unroll
@@ -143,7 +152,8 @@ __global__ void __launch_bounds__(kSortThreads)
     const int d = (key >> shift) & (kDigits - 1);
     int at = 0;
 #pragma unroll
-    for (int q = 0; q < kDigits; q++) if (q == d) at = slot[q]++;   // constant indices keep slot in registers
+    for (int q = 0; q < kDigits; q++)
+      if (q == d) at = slot[q]++; // constant indices keep slot in registers
     keys_out[at] = key;
     vals_out[at] = vals[first + k];
   }
@@ -153,19 +163,21 @@ __global__ void __launch_bounds__(kSortThreads)
 // grid = (n, column chunks of kSegThreads V); dst f32 or src's dtype. The additions form one chain per column (the
 // CPU's order); the loads do not: the segment's end comes from a binary search, and kSegBatch rows are loaded
 // before they are added, so a long segment (token types: ~n/2 rows each) waits on memory once per batch.
-const int kSegBatch = 8, kSegThreads = 64;   // small blocks: more of them share a long segment's columns
+const int kSegBatch = 8, kSegThreads = 64; // small blocks: more of them share a long segment's columns
 template <class TD, class TS, int V>
 __global__ void segment_sum(TD *dst, const TS *src, const int32_t *keys, const int32_t *pos, int64_t n, int64_t h) {
   const int64_t k = blockIdx.x;
   const int32_t key = keys[k];
-  if (k > 0 && keys[k - 1] == key) return;   // uniform per block: not a segment start
+  if (k > 0 && keys[k - 1] == key) return; // uniform per block: not a segment start
   const int64_t c = (blockIdx.y * (int64_t)blockDim.x + threadIdx.x) * V;
   if (c >= h) return;
-  int64_t lo = k + 1, hi = n;   // end: the first sorted element after k with another key
+  int64_t lo = k + 1, hi = n; // end: the first sorted element after k with another key
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
-    if (keys[mid] == key) lo = mid + 1;
-    else hi = mid;
+    if (keys[mid] == key)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   const int64_t end = lo;
   cu_vec<TD, V> d;
@@ -199,12 +211,14 @@ __global__ void segment_sum(TD *dst, const TS *src, const int32_t *keys, const i
 // s = word + position + token type (f32, in that order, as the CPU's composition) is gathered again in each pass
 // (mean, variance, output; backward: two) rather than stored: the three rows stay in L1/L2, nothing of [rows, H]
 // is written besides y, and rounding s to T would change the result.
-template <class T> struct emb_src {
+template <class T>
+struct emb_src {
   const T *word, *pos, *type;
   const int64_t *ids, *pids, *tids;
 };
 
-template <class T, int V> __device__ __forceinline__ void emb_load(const T *p, float (&v)[V]) {
+template <class T, int V>
+__device__ __forceinline__ void emb_load(const T *p, float (&v)[V]) {
   cu_vec<T, V> a;
   a.load(p);
 #pragma unroll
@@ -236,7 +250,7 @@ __device__ __forceinline__ void emb_dy(const T *dy, int64_t i, float p, float sc
 template <class T, class G, int V>
 __global__ void emb_ln_fwd(emb_src<T> e, const G *gamma, const G *beta, T *y, float *mean, float *rstd, int64_t rows,
                            int64_t h, float eps, float p, float scale, uint64_t seed, uint64_t offset) {
-  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
+  seed = bl_seed_resolve(seed); // a device seed slot (bl_ops.h) read once
   __shared__ float sh[32];
   const int64_t step = blockDim.x * (int64_t)V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -273,7 +287,10 @@ __global__ void emb_ln_fwd(emb_src<T> e, const G *gamma, const G *beta, T *y, fl
       }
       o.store(y + r * h + j);
     }
-    if (threadIdx.x == 0) { mean[r] = m; rstd[r] = rs; }
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
   }
 }
 
@@ -281,7 +298,7 @@ __global__ void emb_ln_fwd(emb_src<T> e, const G *gamma, const G *beta, T *y, fl
 template <class T, class G, int V>
 __global__ void emb_ln_bwd(emb_src<T> e, const T *dy, const G *gamma, const float *mean, const float *rstd, T *ds,
                            int64_t rows, int64_t h, float p, float scale, uint64_t seed, uint64_t offset) {
-  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
+  seed = bl_seed_resolve(seed); // a device seed slot (bl_ops.h) read once
   __shared__ float sh[32];
   const int64_t step = blockDim.x * (int64_t)V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -322,8 +339,8 @@ template <class T, int V>
 __global__ void emb_param_partial(emb_src<T> e, const T *dy, const T *ds, const float *mean, const float *rstd,
                                   float *pg, float *pb, float *pt, int ntype, int64_t rows, int64_t h, float p,
                                   float scale, uint64_t seed, uint64_t offset) {
-  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
-  __shared__ float red[8][32][V + (V == 1)];   // V == 1: padded against bank conflicts
+  seed = bl_seed_resolve(seed);              // a device seed slot (bl_ops.h) read once
+  __shared__ float red[8][32][V + (V == 1)]; // V == 1: padded against bank conflicts
   const int64_t j = (blockIdx.x * 32LL + threadIdx.x) * V, nchunk = gridDim.y;
   const int64_t r0 = blockIdx.y * (int64_t)kChunk, r1 = min(r0 + kChunk, rows);
   float ag[V], ab[V], at[kTypes][V];
@@ -348,7 +365,7 @@ __global__ void emb_param_partial(emb_src<T> e, const T *dy, const T *ds, const 
       emb_load<T, V>(ds + r * h + j, q);
       const int64_t ty = e.tids[r];
 #pragma unroll
-      for (int t = 0; t < kTypes; t++)   // constant indices keep `at` in registers
+      for (int t = 0; t < kTypes; t++) // constant indices keep `at` in registers
 #pragma unroll
         for (int k = 0; k < V; k++) at[t][k] += t == ty ? q[k] : 0.0f;
     }
@@ -375,11 +392,14 @@ __global__ void emb_param_partial(emb_src<T> e, const T *dy, const T *ds, const 
 }
 
 // The chunks added in order into the parameter gradients (+=); any of the three may be NULL.
-__global__ void emb_param_final(const float *pg, const float *pb, const float *pt, int ntype, int64_t nchunk,
-                                int64_t h, float *dgamma, float *dbeta, float *dtype) {
+__global__ void emb_param_final(const float *pg, const float *pb, const float *pt, int ntype, int64_t nchunk, int64_t h,
+                                float *dgamma, float *dbeta, float *dtype) {
   for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < h; j += (int64_t)gridDim.x * blockDim.x) {
     float g = 0.0f, b = 0.0f;
-    for (int64_t c = 0; c < nchunk; c++) { g += pg[c * h + j]; b += pb[c * h + j]; }
+    for (int64_t c = 0; c < nchunk; c++) {
+      g += pg[c * h + j];
+      b += pb[c * h + j];
+    }
     if (dgamma) dgamma[j] += g;
     if (dbeta) dbeta[j] += b;
     if (!dtype) continue;
@@ -397,7 +417,7 @@ int load_checked(const char *op, int dev, const bl_tensor *t, int64_t limit, cu_
   BL_CHECK(cu_load_ids(op, t, ids));
   int64_t n = t->numel;
   if (n == 0) return 0;
-  if (limit > 0 && cu_checks_deferred(dev))   // bad ids become row 0; the error comes with the next check
+  if (limit > 0 && cu_checks_deferred(dev)) // bad ids become row 0; the error comes with the next check
     return cu_defer_ids(op, dev, ids->as<int64_t>(), n, limit, 0, 0, 0, what, limit_what);
   cu_mem flag;
   BL_CHECK(flag.alloc(op, dev, sizeof(unsigned long long)));
@@ -405,11 +425,12 @@ int load_checked(const char *op, int dev, const bl_tensor *t, int64_t limit, cu_
   fill_u64<<<1, 32, 0, cu_stream(dev)>>>(flag.as<unsigned long long>(), 1, ~0ull);
   BL_CHECK(cu_launched(op, dev));
   cu_cost_kernel(dev, "index check", "check_range", 8.0 * n);
-  check_range<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(ids->as<int64_t>(), n, limit, flag.as<unsigned long long>());
+  check_range<<<cu_blocks(n, 256), 256, 0, cu_stream(dev)>>>(ids->as<int64_t>(), n, limit,
+                                                             flag.as<unsigned long long>());
   BL_CHECK(cu_launched(op, dev));
   int64_t bad;
   BL_CHECK(cu_read_i64(op, dev, flag.as<int64_t>(), &bad, 1));
-  if (bad != -1) {   // ~0ull read as int64
+  if (bad != -1) { // ~0ull read as int64
     int64_t v = 0;
     BL_CHECK(cu_read_i64(op, dev, ids->as<int64_t>() + bad, &v, 1));
     return bl_set_error(BL_EINVAL, "%s: %s %lld at position %lld is out of range for %s %lld", op, what, (long long)v,
@@ -442,13 +463,14 @@ int launch_gather(const char *op, int dev, void *out, const void *src, const int
 int lookup(const char *op, bl_tensor *out, const bl_tensor *src, const bl_tensor *ids, int accumulate, const char *what,
            const char *limit_what) {
   int dev;
-  const bl_tensor *ts[] = {out, src, ids};
+  const bl_tensor *ts[] = { out, src, ids };
   BL_CHECK(cu_device(op, 3, ts, &dev));
   if (src->ndim < 1 || out->ndim < 1) return bl_set_error(BL_EINVAL, "%s: tensors need at least one dim", op);
   int64_t h = src->shape[src->ndim - 1], rows = 1, n = ids->numel;
   for (int d = 0; d + 1 < src->ndim; d++) rows *= src->shape[d];
   if (out->shape[out->ndim - 1] != h || out->numel != n * h)
-    return bl_set_error(BL_EINVAL, "%s: output has %lld elements, expected %lld x %lld", op, (long long)out->numel, (long long)n, (long long)h);
+    return bl_set_error(BL_EINVAL, "%s: output has %lld elements, expected %lld x %lld", op, (long long)out->numel,
+                        (long long)n, (long long)h);
   cu_mem id;
   BL_CHECK(load_checked(op, dev, ids, rows, &id, what, limit_what));
   if (n == 0 || h == 0) return 0;
@@ -476,8 +498,10 @@ int sort_positions(const char *op, int dev, const int64_t *ids, int64_t n, int64
   const size_t b4 = (size_t)n * sizeof(int32_t);
   const int64_t ntiles = (n + kTile - 1) / kTile;
   cu_mem counts;
-  BL_CHECK(ka->alloc(op, dev, b4)); BL_CHECK(va->alloc(op, dev, b4));
-  BL_CHECK(kb->alloc(op, dev, b4)); BL_CHECK(vb->alloc(op, dev, b4));
+  BL_CHECK(ka->alloc(op, dev, b4));
+  BL_CHECK(va->alloc(op, dev, b4));
+  BL_CHECK(kb->alloc(op, dev, b4));
+  BL_CHECK(vb->alloc(op, dev, b4));
   BL_CHECK(counts.alloc(op, dev, (size_t)(kDigits * ntiles) * sizeof(int32_t)));
   cudaStream_t s = cu_stream(dev);
   int32_t *k0 = ka->as<int32_t>(), *v0 = va->as<int32_t>(), *k1 = kb->as<int32_t>(), *v1 = vb->as<int32_t>();
@@ -545,14 +569,15 @@ int scatter_loaded(const char *op, int dev, bl_tensor *dst, const bl_tensor *src
 int scatter(const char *op, bl_tensor *dst, const bl_tensor *src, const bl_tensor *ids, const char *what,
             const char *limit_what) {
   int dev;
-  const bl_tensor *ts[] = {dst, src, ids};
+  const bl_tensor *ts[] = { dst, src, ids };
   BL_CHECK(cu_device(op, 3, ts, &dev));
   if (dst->ndim < 1 || src->ndim < 1) return bl_set_error(BL_EINVAL, "%s: tensors need at least one dim", op);
   int64_t h = dst->shape[dst->ndim - 1], n = ids->numel;
   int64_t rows = 1;
   for (int d = 0; d + 1 < dst->ndim; d++) rows *= dst->shape[d];
   if (src->shape[src->ndim - 1] != h || src->numel != n * h)
-    return bl_set_error(BL_EINVAL, "%s: grad_output has %lld elements, expected %lld x %lld", op, (long long)src->numel, (long long)n, (long long)h);
+    return bl_set_error(BL_EINVAL, "%s: grad_output has %lld elements, expected %lld x %lld", op, (long long)src->numel,
+                        (long long)n, (long long)h);
   cu_mem id;
   BL_CHECK(load_checked(op, dev, ids, rows, &id, what, limit_what));
   return scatter_loaded(op, dev, dst, src, id.as<int64_t>(), n, rows);
@@ -607,7 +632,8 @@ bool emb_native(std::initializer_list<const bl_tensor *> acts, std::initializer_
 }
 
 // 16-byte vectors of T when rows of h are whole vectors at 16-byte aligned bases, else 1.
-template <class T> int emb_vec(int64_t h, std::initializer_list<const void *> ps) {
+template <class T>
+int emb_vec(int64_t h, std::initializer_list<const void *> ps) {
   bool ok = h % (16 / sizeof(T)) == 0;
   for (const void *q : ps) ok = ok && (uintptr_t)q % 16 == 0;
   return ok ? 16 / sizeof(T) : 1;
@@ -620,15 +646,17 @@ int emb_threads(int64_t vectors) {
 }
 
 // f(T(), G()) for the activation dtype dt and the LayerNorm parameters' gdt.
-template <class F> int emb_types(int dt, int gdt, F f) {
+template <class F>
+int emb_types(int dt, int gdt, F f) {
   if (dt == BL_F32) return f(float(), float());
   if (dt == BL_BF16) return gdt == BL_F32 ? f(__nv_bfloat16(), float()) : f(__nv_bfloat16(), __nv_bfloat16());
   return gdt == BL_F32 ? f(__half(), float()) : f(__half(), __half());
 }
 
-template <class T> emb_src<T> emb_source(const bl_tensor *const *tables, const emb_ids &m) {
-  return {(const T *)tables[0]->data, (const T *)tables[1]->data, (const T *)tables[2]->data,
-          m.ids.as<int64_t>(), m.pids.as<int64_t>(), m.tids.as<int64_t>()};
+template <class T>
+emb_src<T> emb_source(const bl_tensor *const *tables, const emb_ids &m) {
+  return { (const T *)tables[0]->data, (const T *)tables[1]->data, (const T *)tables[2]->data,
+           m.ids.as<int64_t>(),        m.pids.as<int64_t>(),       m.tids.as<int64_t>() };
 }
 
 // Minimum traffic of reading the rows once: every word row, the small position/type tables at most once.
@@ -642,9 +670,9 @@ int emb_ln_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tens
                    uint64_t seed, uint64_t offset) {
   const char *op = "embedding_layernorm";
   int dev;
-  const bl_tensor *ts[] = {y, mean, rstd, tables[0], tables[1], tables[2], idx[0], idx[1], idx[2], gamma, beta};
+  const bl_tensor *ts[] = { y, mean, rstd, tables[0], tables[1], tables[2], idx[0], idx[1], idx[2], gamma, beta };
   BL_CHECK(cu_device(op, 11, ts, &dev));
-  if (!emb_native({tables[0], tables[1], tables[2], y}, {gamma, beta}) || (beta && beta->dtype != gamma->dtype) ||
+  if (!emb_native({ tables[0], tables[1], tables[2], y }, { gamma, beta }) || (beta && beta->dtype != gamma->dtype) ||
       mean->dtype != BL_F32 || rstd->dtype != BL_F32 || !cu_is_contig(mean) || !cu_is_contig(rstd))
     return BL_EUNSUPPORTED;
   emb_ids m;
@@ -657,9 +685,9 @@ int emb_ln_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tens
     using G = decltype(g);
     const emb_src<T> e = emb_source<T>(tables, m);
     const G *gp = (const G *)gamma->data, *bp = beta ? (const G *)beta->data : nullptr;
-    const int v = emb_vec<T>(h, {tables[0]->data, tables[1]->data, tables[2]->data, y->data, gp, bp});
-    cu_cost_kernel(dev, "embedding", "emb_ln_fwd", emb_rows_bytes(tables, rows, h) + sizeof(T) * (double)rows * h +
-                   2.0 * sizeof(G) * h + 32.0 * rows);
+    const int v = emb_vec<T>(h, { tables[0]->data, tables[1]->data, tables[2]->data, y->data, gp, bp });
+    cu_cost_kernel(dev, "embedding", "emb_ln_fwd",
+                   emb_rows_bytes(tables, rows, h) + sizeof(T) * (double)rows * h + 2.0 * sizeof(G) * h + 32.0 * rows);
     const unsigned grid = cu_blocks(rows, 1, 1 << 20);
     float *mp = (float *)mean->data, *rp = (float *)rstd->data;
     if (v > 1)
@@ -682,8 +710,8 @@ int emb_params(const char *op, int dev, const emb_src<T> &e, const T *dy, const 
   BL_CHECK(part.alloc(op, dev, (size_t)((2 + nt) * nchunk * h) * sizeof(float)));
   float *pg = part.as<float>(), *pb = pg + nchunk * h, *pt = nt ? pb + nchunk * h : nullptr;
   const double n = (double)rows * h;
-  cu_cost_kernel(dev, "embedding", "emb_param_partial", sizeof(T) * n * (nt ? 3 : 2) + 32.0 * rows +
-                 4.0 * (2 + nt) * nchunk * h);
+  cu_cost_kernel(dev, "embedding", "emb_param_partial",
+                 sizeof(T) * n * (nt ? 3 : 2) + 32.0 * rows + 4.0 * (2 + nt) * nchunk * h);
   emb_param_partial<T, V><<<dim3((unsigned)((h / V + 31) / 32), (unsigned)nchunk), dim3(32, 8), 0, cu_stream(dev)>>>(
       e, dy, ds, mean, rstd, pg, pb, pt, ntype, rows, h, p, scale, seed, offset);
   BL_CHECK(cu_launched(op, dev));
@@ -692,9 +720,8 @@ int emb_params(const char *op, int dev, const emb_src<T> &e, const T *dy, const 
   if (dbeta) BL_CHECK(cu_out(op, dbeta, &bb, 1));
   if (dtype) BL_CHECK(cu_out(op, dtype, &bt, 1));
   cu_cost_kernel(dev, "embedding", "emb_param_final", 4.0 * (2 + nt) * (nchunk + 2) * h);
-  emb_param_final<<<cu_blocks(h, 256), 256, 0, cu_stream(dev)>>>(pg, pb, pt, ntype, nchunk, h,
-                                                                  dgamma ? bg.p : nullptr, dbeta ? bb.p : nullptr,
-                                                                  dtype ? bt.p : nullptr);
+  emb_param_final<<<cu_blocks(h, 256), 256, 0, cu_stream(dev)>>>(pg, pb, pt, ntype, nchunk, h, dgamma ? bg.p : nullptr,
+                                                                 dbeta ? bb.p : nullptr, dtype ? bt.p : nullptr);
   BL_CHECK(cu_launched(op, dev));
   if (dgamma) BL_CHECK(cu_store(op, dgamma, &bg));
   if (dbeta) BL_CHECK(cu_store(op, dbeta, &bb));
@@ -707,11 +734,11 @@ int emb_ln_backward(bl_tensor *const *grads, bl_tensor *dgamma, bl_tensor *dbeta
                     const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
   const char *op = "embedding_layernorm_backward";
   int dev;
-  const bl_tensor *ts[] = {grads[0], grads[1], grads[2], dgamma, dbeta, dy, tables[0], tables[1], tables[2],
-                           idx[0], idx[1], idx[2], gamma, mean, rstd};
+  const bl_tensor *ts[] = { grads[0],  grads[1], grads[2], dgamma, dbeta, dy,   tables[0], tables[1],
+                            tables[2], idx[0],   idx[1],   idx[2], gamma, mean, rstd };
   BL_CHECK(cu_device(op, 15, ts, &dev));
   const int64_t h = tables[0]->shape[1], rows = idx[0]->numel, ntype = tables[2]->shape[0];
-  if (!emb_native({tables[0], tables[1], tables[2], dy}, {gamma}) || ntype > kTypes || mean->dtype != BL_F32 ||
+  if (!emb_native({ tables[0], tables[1], tables[2], dy }, { gamma }) || ntype > kTypes || mean->dtype != BL_F32 ||
       rstd->dtype != BL_F32 || !cu_is_contig(mean) || !cu_is_contig(rstd) || (rows + kChunk - 1) / kChunk > 65535)
     return BL_EUNSUPPORTED;
   emb_ids m;
@@ -727,29 +754,29 @@ int emb_ln_backward(bl_tensor *const *grads, bl_tensor *dgamma, bl_tensor *dbeta
     const G *gp = (const G *)gamma->data;
     const T *dyp = (const T *)dy->data;
     T *ds = dsm.as<T>();
-    const int v = emb_vec<T>(h, {tables[0]->data, tables[1]->data, tables[2]->data, dyp, gp});
+    const int v = emb_vec<T>(h, { tables[0]->data, tables[1]->data, tables[2]->data, dyp, gp });
     const float *mp = (const float *)mean->data, *rp = (const float *)rstd->data;
-    cu_cost_kernel(dev, "embedding", "emb_ln_bwd", emb_rows_bytes(tables, rows, h) + 2.0 * sizeof(T) * rows * h +
-                   sizeof(G) * (double)h + 32.0 * rows);
+    cu_cost_kernel(dev, "embedding", "emb_ln_bwd",
+                   emb_rows_bytes(tables, rows, h) + 2.0 * sizeof(T) * rows * h + sizeof(G) * (double)h + 32.0 * rows);
     const unsigned grid = cu_blocks(rows, 1, 1 << 20);
     const float fp = (float)p;
     if (v > 1) {
       constexpr int V = 16 / sizeof(T);
-      emb_ln_bwd<T, G, V><<<grid, emb_threads(h / V), 0, cu_stream(dev)>>>(e, dyp, gp, mp, rp, ds, rows, h, fp,
-                                                                           scale, seed, offset);
+      emb_ln_bwd<T, G, V>
+          <<<grid, emb_threads(h / V), 0, cu_stream(dev)>>>(e, dyp, gp, mp, rp, ds, rows, h, fp, scale, seed, offset);
       BL_CHECK(cu_launched(op, dev));
       return emb_params<T, V>(op, dev, e, dyp, ds, mp, rp, dgamma, dbeta, grads[2], (int)ntype, rows, h, fp, scale,
                               seed, offset);
     }
-    emb_ln_bwd<T, G, 1><<<grid, emb_threads(h), 0, cu_stream(dev)>>>(e, dyp, gp, mp, rp, ds, rows, h, fp, scale,
-                                                                     seed, offset);
+    emb_ln_bwd<T, G, 1>
+        <<<grid, emb_threads(h), 0, cu_stream(dev)>>>(e, dyp, gp, mp, rp, ds, rows, h, fp, scale, seed, offset);
     BL_CHECK(cu_launched(op, dev));
-    return emb_params<T, 1>(op, dev, e, dyp, ds, mp, rp, dgamma, dbeta, grads[2], (int)ntype, rows, h, fp, scale,
-                            seed, offset);
+    return emb_params<T, 1>(op, dev, e, dyp, ds, mp, rp, dgamma, dbeta, grads[2], (int)ntype, rows, h, fp, scale, seed,
+                            offset);
   }));
   if (!grads[0] && !grads[1]) return 0;
   // the word and position tables by the sorted, deterministic scatter over ds
-  const int64_t shape[2] = {rows, h};
+  const int64_t shape[2] = { rows, h };
   bl_tensor *dst = nullptr;
   BL_CHECK(bl_tensor_wrap(dsm.p, 2, shape, nullptr, dy->dtype, dev, &dst));
   int rc = 0;
@@ -759,7 +786,7 @@ int emb_ln_backward(bl_tensor *const *grads, bl_tensor *dgamma, bl_tensor *dbeta
   return rc;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_tensor *ids, int accumulate) {
   if (table->ndim != 2) return bl_set_error(BL_EINVAL, "embedding: table must be [vocab, hidden]");
@@ -783,9 +810,9 @@ extern "C" int bl_cuda_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean
                                                    const bl_tensor *word, const bl_tensor *position,
                                                    const bl_tensor *token_type, const bl_tensor *ids,
                                                    const bl_tensor *pos_ids, const bl_tensor *type_ids,
-                                                   const bl_tensor *gamma, const bl_tensor *beta, double eps,
-                                                   double p, uint64_t seed, uint64_t offset) {
-  const bl_tensor *tables[] = {word, position, token_type}, *idx[] = {ids, pos_ids, type_ids};
+                                                   const bl_tensor *gamma, const bl_tensor *beta, double eps, double p,
+                                                   uint64_t seed, uint64_t offset) {
+  const bl_tensor *tables[] = { word, position, token_type }, *idx[] = { ids, pos_ids, type_ids };
   return emb_ln_forward(y, mean, rstd, tables, idx, gamma, beta, eps, p, seed, offset);
 }
 
@@ -795,9 +822,8 @@ extern "C" int bl_cuda_embedding_layernorm_backward(bl_tensor *dword, bl_tensor 
                                                     const bl_tensor *token_type, const bl_tensor *ids,
                                                     const bl_tensor *pos_ids, const bl_tensor *type_ids,
                                                     const bl_tensor *gamma, const bl_tensor *mean,
-                                                    const bl_tensor *rstd, double p, uint64_t seed,
-                                                    uint64_t offset) {
-  bl_tensor *grads[] = {dword, dposition, dtoken_type};
-  const bl_tensor *tables[] = {word, position, token_type}, *idx[] = {ids, pos_ids, type_ids};
+                                                    const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
+  bl_tensor *grads[] = { dword, dposition, dtoken_type };
+  const bl_tensor *tables[] = { word, position, token_type }, *idx[] = { ids, pos_ids, type_ids };
   return emb_ln_backward(grads, dgamma, dbeta, dy, tables, idx, gamma, mean, rstd, p, seed, offset);
 }

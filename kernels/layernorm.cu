@@ -44,7 +44,7 @@ const int kRows = 8;
 // activation element, written once and read once by ln_bwd_final: 0.5 at BERT-large's h = 1024 (G = 3).
 const int kGroups = 4, kGroupThreads = 512;
 // Column partials of a backward block in shared memory up to this many bytes, else (G = 1) in global memory.
-const size_t kSmemAcc = 40u << 10;   // under the 48 KiB a launch gets without opting in
+const size_t kSmemAcc = 40u << 10; // under the 48 KiB a launch gets without opting in
 
 template <class T>
 __device__ __forceinline__ float ln_s(const T *x, const T *res, int64_t i, float p, float scale, uint64_t seed,
@@ -99,7 +99,7 @@ __device__ __forceinline__ void ln_s_v(const T *x, const T *res, int64_t i, floa
 template <class T, class G, int V>
 __global__ void ln_fwd(const T *x, const T *res, const G *gamma, const G *beta, T *y, float *mean, float *rstd,
                        int64_t rows, int64_t h, float eps, float p, float scale, uint64_t seed, uint64_t offset) {
-  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
+  seed = bl_seed_resolve(seed); // a device seed slot (bl_ops.h) read once
   constexpr bool keep = std::is_same<T, float>::value;
   __shared__ float sh[32];
   const int64_t step = blockDim.x * (int64_t)V;
@@ -109,21 +109,26 @@ __global__ void ln_fwd(const T *x, const T *res, const G *gamma, const G *beta, 
     for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
       float s[V];
       ln_s_v<T, V>(x, res, base + j, p, scale, seed, offset, s);
-      if (keep && res) store_f<T, V>(&y[base + j], s);   // kept for the passes below (same thread, same columns)
+      if (keep && res) store_f<T, V>(&y[base + j], s); // kept for the passes below (same thread, same columns)
 #pragma unroll
       for (int e = 0; e < V; e++) sum += s[e];
     }
     const float m = cu_block_sum(sum, sh) / (float)h;
     auto s_at = [&](int64_t i, float(&s)[V]) {
-      if (keep && res) load_f<T, V>(&y[i], s);
-      else ln_s_v<T, V>(x, res, i, p, scale, seed, offset, s);
+      if (keep && res)
+        load_f<T, V>(&y[i], s);
+      else
+        ln_s_v<T, V>(x, res, i, p, scale, seed, offset, s);
     };
     float var = 0.0f;
     for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
       float s[V];
       s_at(base + j, s);
 #pragma unroll
-      for (int e = 0; e < V; e++) { float d = s[e] - m; var += d * d; }
+      for (int e = 0; e < V; e++) {
+        float d = s[e] - m;
+        var += d * d;
+      }
     }
     const float rs = 1.0f / sqrtf(cu_block_sum(var, sh) / (float)h + eps);
     for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step) {
@@ -138,7 +143,10 @@ __global__ void ln_fwd(const T *x, const T *res, const G *gamma, const G *beta, 
       }
       store_f<T, V>(&y[base + j], s);
     }
-    if (threadIdx.x == 0) { mean[r] = m; rstd[r] = rs; }
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
   }
 }
 
@@ -148,11 +156,17 @@ __device__ __forceinline__ float2 group_sum2(float a, float b, float *sh) {
   const int nw = blockDim.x >> 5, w0 = threadIdx.y * nw;
   a = cu_warp_sum(a);
   b = cu_warp_sum(b);
-  __syncthreads();   // sh may still be read by a previous call
-  if ((threadIdx.x & 31) == 0) { sh[2 * (w0 + (threadIdx.x >> 5))] = a; sh[2 * (w0 + (threadIdx.x >> 5)) + 1] = b; }
+  __syncthreads(); // sh may still be read by a previous call
+  if ((threadIdx.x & 31) == 0) {
+    sh[2 * (w0 + (threadIdx.x >> 5))] = a;
+    sh[2 * (w0 + (threadIdx.x >> 5)) + 1] = b;
+  }
   __syncthreads();
   float2 t = make_float2(0.0f, 0.0f);
-  for (int w = 0; w < nw; w++) { t.x += sh[2 * (w0 + w)]; t.y += sh[2 * (w0 + w) + 1]; }
+  for (int w = 0; w < nw; w++) {
+    t.x += sh[2 * (w0 + w)];
+    t.y += sh[2 * (w0 + w) + 1];
+  }
   return t;
 }
 
@@ -173,12 +187,15 @@ __device__ __forceinline__ bool ln_col_safe(float g, float b) {
 // are drawn only when `flags` is set.
 template <class T, int V>
 __device__ __forceinline__ void ln_xh_k(const T *y, const T *x, const T *res, int64_t i, const float (&g)[V],
-                                        const float (&b)[V], float m, float rs, float p, float scale,
-                                        uint64_t seed, uint64_t offset, bool flags, float (&xh)[V], bool (&k)[V]) {
+                                        const float (&b)[V], float m, float rs, float p, float scale, uint64_t seed,
+                                        uint64_t offset, bool flags, float (&xh)[V], bool (&k)[V]) {
   if (y) {
     load_f<T, V>(y + i, xh);
 #pragma unroll
-    for (int e = 0; e < V; e++) { xh[e] = (xh[e] - b[e]) / g[e]; k[e] = true; }
+    for (int e = 0; e < V; e++) {
+      xh[e] = (xh[e] - b[e]) / g[e];
+      k[e] = true;
+    }
     if (flags && res && p > 0.0f) bl_dropout_keep_v<V>(seed, offset, (uint64_t)i, p, k);
     return;
   }
@@ -189,10 +206,9 @@ __device__ __forceinline__ void ln_xh_k(const T *y, const T *x, const T *res, in
 
 template <class T, class G, int V>
 __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const T *y, const G *gamma, const G *beta,
-                            const float *mean, const float *rstd, T *dx, T *dres, float *part, bool smem,
-                            int64_t rows, int64_t h, float p, float scale, uint64_t seed, uint64_t offset,
-                            int *fell_back) {
-  seed = bl_seed_resolve(seed);   // a device seed slot (bl_ops.h) read once
+                            const float *mean, const float *rstd, T *dx, T *dres, float *part, bool smem, int64_t rows,
+                            int64_t h, float p, float scale, uint64_t seed, uint64_t offset, int *fell_back) {
+  seed = bl_seed_resolve(seed); // a device seed slot (bl_ops.h) read once
   extern __shared__ float sacc[];
   __shared__ float sh[64];
   const int64_t step = blockDim.x * (int64_t)V, ng = blockDim.y;
@@ -201,7 +217,7 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const T *y, c
     for (int64_t j = threadIdx.x * (int64_t)V; j < h; j += step)
 #pragma unroll
       for (int e = 0; e < V; e++) acc[j + e] = acc[h + j + e] = acc[2 * h + j + e] = 0.0f;
-  if (y) {   // y is usable when every column is: the same answer in every block (y is a kernel argument)
+  if (y) { // y is usable when every column is: the same answer in every block (y is a kernel argument)
     bool ok = true;
     for (int64_t j = (threadIdx.y * blockDim.x + threadIdx.x) * (int64_t)V; j < h; j += step * ng) {
       float g[V], b[V] = {};
@@ -217,7 +233,7 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const T *y, c
     }
   }
   const int64_t r0 = blockIdx.x * ng * kRows + threadIdx.y;
-  for (int k = 0; k < kRows; k++) {   // the same trip count in every group: group_sum2 holds barriers
+  for (int k = 0; k < kRows; k++) { // the same trip count in every group: group_sum2 holds barriers
     const int64_t r = r0 + k * ng, base = r * h;
     const bool live = r < rows;
     const float m = live ? mean[r] : 0.0f, rs = live ? rstd[r] : 0.0f;
@@ -250,7 +266,10 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const T *y, c
 #pragma unroll
       for (int e = 0; e < V; e++) {
         o[e] = rs * (d[e] * g[e] - a - xh[e] * b);
-        if (acc) { acc[j + e] += d[e] * xh[e]; acc[h + j + e] += d[e]; }
+        if (acc) {
+          acc[j + e] += d[e] * xh[e];
+          acc[h + j + e] += d[e];
+        }
       }
       if (dres) store_f<T, V>(dres + i, o);
       if (res && p > 0.0f) {
@@ -265,7 +284,7 @@ __global__ void ln_bwd_rows(const T *dy, const T *x, const T *res, const T *y, c
     }
   }
   if (!acc || !smem) return;
-  __syncthreads();   // every group's partials are complete
+  __syncthreads(); // every group's partials are complete
   // the block's partial: the groups added in order, each thread of the block taking whole columns of 3h
   const int64_t nt = blockDim.x * ng;
   for (int64_t c = threadIdx.y * blockDim.x + threadIdx.x; c < 3 * h; c += nt) {
@@ -296,7 +315,7 @@ const int kVec = 8;
 // Rows of h elements are whole kVec vectors at 16-byte aligned bases (f32 rows keep the scalar kernels).
 template <class T>
 bool vec_rows(int64_t h, std::initializer_list<const void *> ps) {
-  bool ok = sizeof(T) == 2 && h % kVec == 0;   // no early return: nvcc warns of an unreachable loop for f32
+  bool ok = sizeof(T) == 2 && h % kVec == 0; // no early return: nvcc warns of an unreachable loop for f32
   for (const void *q : ps) ok = ok && (uintptr_t)q % 16 == 0;
   return ok;
 }
@@ -317,13 +336,15 @@ int ln_bwd_groups(int tpr, int64_t h) {
 
 int check_numel(const char *op, const bl_tensor *t, int64_t n, const char *name) {
   if (t && t->numel != n)
-    return bl_set_error(BL_EINVAL, "%s: %s has %lld elements, expected %lld", op, name, (long long)t->numel, (long long)n);
+    return bl_set_error(BL_EINVAL, "%s: %s has %lld elements, expected %lld", op, name, (long long)t->numel,
+                        (long long)n);
   return 0;
 }
 
 // h = the (non-empty) last dim of x, rows = the rows of h values it holds.
 int ln_dims(const char *op, const bl_tensor *x, int64_t *h, int64_t *rows) {
-  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
+  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
+    return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
   *h = x->shape[x->ndim - 1];
   *rows = x->numel / *h;
   return 0;
@@ -340,21 +361,28 @@ int native_dtype(std::initializer_list<const bl_tensor *> acts, std::initializer
                  std::initializer_list<const bl_tensor *> stats, int *gdt) {
   int dt = (*acts.begin())->dtype;
   if (dt != BL_BF16 && dt != BL_F16) return -1;
-  for (const bl_tensor *t : acts) if (t && (t->dtype != dt || !cu_is_contig(t))) return -1;
+  for (const bl_tensor *t : acts)
+    if (t && (t->dtype != dt || !cu_is_contig(t))) return -1;
   *gdt = (*params.begin())->dtype;
   if (*gdt != dt && *gdt != BL_F32) return -1;
-  for (const bl_tensor *t : params) if (t && (t->dtype != *gdt || !cu_is_contig(t))) return -1;
-  for (const bl_tensor *t : stats) if (t && (t->dtype != BL_F32 || !cu_is_contig(t))) return -1;
+  for (const bl_tensor *t : params)
+    if (t && (t->dtype != *gdt || !cu_is_contig(t))) return -1;
+  for (const bl_tensor *t : stats)
+    if (t && (t->dtype != BL_F32 || !cu_is_contig(t))) return -1;
   return dt;
 }
 
 // Calls f(T(), G()) with the storage types of a native run (see native_dtype).
 template <class F>
 void with_types(int dt, int gdt, F f) {
-  if (dt == BL_BF16 && gdt == BL_F32) f(__nv_bfloat16(), 0.0f);
-  else if (dt == BL_BF16) f(__nv_bfloat16(), __nv_bfloat16());
-  else if (gdt == BL_F32) f(__half(), 0.0f);
-  else f(__half(), __half());
+  if (dt == BL_BF16 && gdt == BL_F32)
+    f(__nv_bfloat16(), 0.0f);
+  else if (dt == BL_BF16)
+    f(__nv_bfloat16(), __nv_bfloat16());
+  else if (gdt == BL_F32)
+    f(__half(), 0.0f);
+  else
+    f(__half(), __half());
 }
 
 template <class T, class G>
@@ -365,21 +393,21 @@ int ln_fwd_run(const char *op, int dev, const T *x, const T *res, const G *gamma
   cu_cost_kernel(dev, "layernorm", "ln_fwd", sizeof(T) * n * (res ? 3 : 2) + 2.0 * sizeof(G) * h + 8.0 * rows);
   const unsigned grid = cu_blocks(rows, 1, 1 << 20);
   if constexpr (sizeof(T) == 2) {
-    if (vec_rows<T>(h, {x, res, y, gamma, beta})) {
+    if (vec_rows<T>(h, { x, res, y, gamma, beta })) {
       ln_fwd<T, G, kVec><<<grid, threads_for(h / kVec), 0, cu_stream(dev)>>>(
           x, res, gamma, beta, y, mean, rstd, rows, h, (float)eps, (float)p, scale, seed, offset);
       return cu_launched(op, dev);
     }
   }
-  ln_fwd<T, G, 1><<<grid, threads_for(h), 0, cu_stream(dev)>>>(x, res, gamma, beta, y, mean, rstd, rows, h,
-                                                                (float)eps, (float)p, scale, seed, offset);
+  ln_fwd<T, G, 1><<<grid, threads_for(h), 0, cu_stream(dev)>>>(x, res, gamma, beta, y, mean, rstd, rows, h, (float)eps,
+                                                               (float)p, scale, seed, offset);
   return cu_launched(op, dev);
 }
 
 int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x, const bl_tensor *res,
                const bl_tensor *gamma, const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset) {
   int dev;
-  const bl_tensor *ts[] = {y, mean, rstd, x, res, gamma, beta};
+  const bl_tensor *ts[] = { y, mean, rstd, x, res, gamma, beta };
   BL_CHECK(cu_device(op, 7, ts, &dev));
   int64_t h = 0, rows = 0;
   BL_CHECK(ln_dims(op, x, &h, &rows));
@@ -391,15 +419,15 @@ int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, c
   BL_CHECK(check_numel(op, rstd, rows, "rstd"));
   BL_CHECK(check_dropout(op, p));
   if (rows == 0) return 0;
-  int gdt, dt = native_dtype({x, res, y}, {gamma, beta}, {mean, rstd}, &gdt);
+  int gdt, dt = native_dtype({ x, res, y }, { gamma, beta }, { mean, rstd }, &gdt);
   if (dt >= 0) {
     int rc = 0;
     with_types(dt, gdt, [&](auto t, auto g) {
       using T = decltype(t);
       using G = decltype(g);
-      rc = ln_fwd_run<T, G>(op, dev, (const T *)x->data, res ? (const T *)res->data : nullptr,
-                            (const G *)gamma->data, beta ? (const G *)beta->data : nullptr, (T *)y->data,
-                            (float *)mean->data, (float *)rstd->data, rows, h, eps, p, seed, offset);
+      rc = ln_fwd_run<T, G>(op, dev, (const T *)x->data, res ? (const T *)res->data : nullptr, (const G *)gamma->data,
+                            beta ? (const G *)beta->data : nullptr, (T *)y->data, (float *)mean->data,
+                            (float *)rstd->data, rows, h, eps, p, seed, offset);
     });
     return rc;
   }
@@ -411,8 +439,8 @@ int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, c
   BL_CHECK(cu_out(op, y, &by, 0));
   BL_CHECK(cu_out(op, mean, &bm, 0));
   BL_CHECK(cu_out(op, rstd, &bs, 0));
-  BL_CHECK((ln_fwd_run<float, float>(op, dev, bx.p, res ? br.p : nullptr, bg.p, beta ? bb.p : nullptr, by.p, bm.p,
-                                     bs.p, rows, h, eps, p, seed, offset)));
+  BL_CHECK((ln_fwd_run<float, float>(op, dev, bx.p, res ? br.p : nullptr, bg.p, beta ? bb.p : nullptr, by.p, bm.p, bs.p,
+                                     rows, h, eps, p, seed, offset)));
   BL_CHECK(cu_store(op, y, &by));
   BL_CHECK(cu_store(op, mean, &bm));
   return cu_store(op, rstd, &bs);
@@ -422,12 +450,11 @@ int ln_forward(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, c
 // same pass, then their ordered sum (+=) in ln_bwd_final. y (with beta, may be NULL): xhat from the output.
 template <class T, class G>
 int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, const T *y, const G *gamma,
-               const G *beta, const float *mean, const float *rstd, T *dx, T *dres, bl_tensor *dgamma,
-               bl_tensor *dbeta, bl_tensor *dbias, int64_t rows, int64_t h, double p, uint64_t seed,
-               uint64_t offset) {
+               const G *beta, const float *mean, const float *rstd, T *dx, T *dres, bl_tensor *dgamma, bl_tensor *dbeta,
+               bl_tensor *dbias, int64_t rows, int64_t h, double p, uint64_t seed, uint64_t offset) {
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
   const double n = (double)rows * h;
-  const bool vec = vec_rows<T>(h, {dy, x, res, y, gamma, beta, dx, dres});
+  const bool vec = vec_rows<T>(h, { dy, x, res, y, gamma, beta, dx, dres });
   const int tpr = threads_for(vec ? h / kVec : h), groups = ln_bwd_groups(tpr, h);
   const int64_t nblk = (rows + groups * kRows - 1) / (groups * kRows);
   const bool want = dgamma || dbeta || dbias, smem = 3 * h * sizeof(float) <= kSmemAcc;
@@ -448,11 +475,13 @@ int ln_bwd_run(const char *op, int dev, const T *dy, const T *x, const T *res, c
   if constexpr (sizeof(T) == 2) {
     if (vec)
       ln_bwd_rows<T, G, kVec><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(dy, x, res, y, gamma, beta, mean, rstd,
-          dx, dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset, fell_back);
+                                                                              dx, dres, part.as<float>(), smem, rows, h,
+                                                                              (float)p, scale, seed, offset, fell_back);
   }
   if (!vec)
     ln_bwd_rows<T, G, 1><<<(unsigned)nblk, block, shm, cu_stream(dev)>>>(dy, x, res, y, gamma, beta, mean, rstd, dx,
-        dres, part.as<float>(), smem, rows, h, (float)p, scale, seed, offset, fell_back);
+                                                                         dres, part.as<float>(), smem, rows, h,
+                                                                         (float)p, scale, seed, offset, fell_back);
   BL_CHECK(cu_launched(op, dev));
   if (!want) return 0;
   cu_buf bdg, bdb, bdc;
@@ -475,7 +504,7 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
                 const bl_tensor *gamma, const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd, double p,
                 uint64_t seed, uint64_t offset) {
   int dev;
-  const bl_tensor *ts[] = {dx, dres, dgamma, dbeta, dbias, dy, y, x, res, gamma, beta, mean, rstd};
+  const bl_tensor *ts[] = { dx, dres, dgamma, dbeta, dbias, dy, y, x, res, gamma, beta, mean, rstd };
   BL_CHECK(cu_device(op, 13, ts, &dev));
   int64_t h = 0, rows = 0;
   BL_CHECK(ln_dims(op, x, &h, &rows));
@@ -493,7 +522,7 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
   BL_CHECK(check_numel(op, rstd, rows, "rstd"));
   BL_CHECK(check_dropout(op, p));
   if (rows == 0) return 0;
-  int gdt, dt = native_dtype({x, dy, dx, res, dres, y}, {gamma, beta}, {mean, rstd}, &gdt);
+  int gdt, dt = native_dtype({ x, dy, dx, res, dres, y }, { gamma, beta }, { mean, rstd }, &gdt);
   if (dt >= 0) {
     int rc = 0;
     with_types(dt, gdt, [&](auto t, auto g) {
@@ -502,8 +531,8 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
       rc = ln_bwd_run<T, G>(op, dev, (const T *)dy->data, (const T *)x->data, res ? (const T *)res->data : nullptr,
                             y ? (const T *)y->data : nullptr, (const G *)gamma->data,
                             beta ? (const G *)beta->data : nullptr, (const float *)mean->data,
-                            (const float *)rstd->data, (T *)dx->data, dres ? (T *)dres->data : nullptr, dgamma,
-                            dbeta, dbias, rows, h, p, seed, offset);
+                            (const float *)rstd->data, (T *)dx->data, dres ? (T *)dres->data : nullptr, dgamma, dbeta,
+                            dbias, rows, h, p, seed, offset);
     });
     return rc;
   }
@@ -526,7 +555,7 @@ int ln_backward(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamm
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                                          const bl_tensor *gamma, const bl_tensor *beta, double eps) {
@@ -551,20 +580,17 @@ extern "C" int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean,
 extern "C" int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
                                                    bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
                                                    const bl_tensor *x, const bl_tensor *residual,
-                                                   const bl_tensor *gamma, const bl_tensor *mean,
-                                                   const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
+                                                   const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd,
+                                                   double p, uint64_t seed, uint64_t offset) {
   if (!residual) return bl_set_error(BL_EINVAL, "residual_layernorm_backward: residual is NULL");
   return ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, nullptr, x, residual,
                      gamma, nullptr, mean, rstd, p, seed, offset);
 }
 
-extern "C" int bl_cuda_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                                       bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
-                                                       const bl_tensor *y, const bl_tensor *x,
-                                                       const bl_tensor *residual, const bl_tensor *gamma,
-                                                       const bl_tensor *beta, const bl_tensor *mean,
-                                                       const bl_tensor *rstd, double p, uint64_t seed,
-                                                       uint64_t offset) {
+extern "C" int bl_cuda_residual_layernorm_backward_out(
+    bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
+    const bl_tensor *y, const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+    const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
   const char *op = "residual_layernorm_backward_out";
   if (!residual || !y) return bl_set_error(BL_EINVAL, "%s: %s is NULL", op, residual ? "output" : "residual");
   return ln_backward(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p, seed,

@@ -22,6 +22,8 @@
 // steps (bias correction) are made by step_final in the caller's state tensor
 // (bl_optim.h, BL_AMP_*), which the host reads when it logs.
 #include "common.cuh"
+#include "../src/base/rules/amp.h"
+#include "../src/base/rules/optim.h"
 #include <math.h>
 #include <string.h>
 #include <vector>
@@ -38,19 +40,19 @@ struct chunk {
 };
 
 struct step_state {
-  double lr;          // the caller's, or read from bl_amp_config.lr_from when the step runs
-  double norm;        // ||grad_scale * g||
-  double clip;        // global clipping divisor (1 = none)
-  float gmul;         // grad_scale / clip
-  float ibc1, ibc2;   // Adam bias corrections 1/(1 - beta^step) of this step (1 = off)
-  int skip;           // non-finite gradients: nothing is written
+  double lr;        // the caller's, or read from bl_amp_config.lr_from when the step runs
+  double norm;      // ||grad_scale * g||
+  double clip;      // global clipping divisor (1 = none)
+  float gmul;       // grad_scale / clip
+  float ibc1, ibc2; // Adam bias corrections 1/(1 - beta^step) of this step (1 = off)
+  int skip;         // non-finite gradients: nothing is written
 };
 
 // What step_final needs besides the partials. amp: see bl_amp_config; ibc1/ibc2 are the host's bias corrections,
 // used when there is no amp state (with one, the step count is the state's and they are computed here).
 struct final_args {
   double given, max_norm, grad_scale, lr;
-  const double *lr_from;   // device copy of the learning rate, or null: lr
+  const double *lr_from; // device copy of the learning rate, or null: lr
   float ibc1, ibc2;
   double beta1, beta2;
   int bias_correction;
@@ -73,7 +75,7 @@ struct opt_cache {
   std::vector<uint8_t> dec;
   bool valid = false;
   int64_t nchunk = 0;
-  std::vector<int64_t> seg_first;   // host copy: first chunk of each segment, [count] = nchunk
+  std::vector<int64_t> seg_first; // host copy: first chunk of each segment, [count] = nchunk
   grow_mem chunks, seg_first_d, state, part, ratio, flag;
 };
 
@@ -102,7 +104,7 @@ int plan_segments(const char *op, int dev, const bl_optim_segments *seg, opt_cac
   for (int32_t s = 0; s < n; s++) {
     c->seg_first[s] = (int64_t)ch.size();
     for (int64_t o = 0; o < seg->length[s]; o += kChunk)
-      ch.push_back(chunk{seg->offset[s] + o, seg->length[s] - o < kChunk ? seg->length[s] - o : kChunk, s, dec[s]});
+      ch.push_back(chunk{ seg->offset[s] + o, seg->length[s] - o < kChunk ? seg->length[s] - o : kChunk, s, dec[s] });
   }
   c->seg_first[n] = (int64_t)ch.size();
   if ((int64_t)ch.size() > INT32_MAX) return bl_set_error(BL_EUNSUPPORTED, "%s: cuda:%d: buffer too large", op, dev);
@@ -114,10 +116,11 @@ int plan_segments(const char *op, int dev, const bl_optim_segments *seg, opt_cac
                (double)(ch.size() * sizeof(chunk) + c->seg_first.size() * sizeof(int64_t)));
   if (!ch.empty())
     CU_TRY(op, dev, cudaMemcpyAsync(c->chunks.mem.p, ch.data(), ch.size() * sizeof(chunk), cudaMemcpyHostToDevice, s));
-  CU_TRY(op, dev, cudaMemcpyAsync(c->seg_first_d.mem.p, c->seg_first.data(), c->seg_first.size() * sizeof(int64_t),
-                                  cudaMemcpyHostToDevice, s));
+  CU_TRY(op, dev,
+         cudaMemcpyAsync(c->seg_first_d.mem.p, c->seg_first.data(), c->seg_first.size() * sizeof(int64_t),
+                         cudaMemcpyHostToDevice, s));
   cu_count_sync(dev);
-  CU_TRY(op, dev, cudaStreamSynchronize(s));   // pageable sources: complete before the vectors change
+  CU_TRY(op, dev, cudaStreamSynchronize(s)); // pageable sources: complete before the vectors change
   c->off.assign(seg->offset, seg->offset + n);
   c->len.assign(seg->length, seg->length + n);
   c->dec = dec;
@@ -138,57 +141,27 @@ __global__ void sq_partial(const float *g, const chunk *ch, double grad_scale, d
   if (threadIdx.x == 0) part[blockIdx.x] = acc * grad_scale * grad_scale;
 }
 
-// The loss-scaler decision of one step in the state tensor (the rules of bertlua.train.amp's DynamicLossScaler;
-// the CPU twin is opt_amp_decide in src/optim/amp.c). Returns whether the step is skipped.
-__device__ bool amp_decide(double *a, const bl_amp_config &c, double norm) {
-  const double scale = a[BL_AMP_SCALE];
-  a[BL_AMP_CALLS] += 1;
-  if (!isfinite(norm)) {
-    a[BL_AMP_SKIPPED] += 1;
-    a[BL_AMP_LAST_SKIPPED] = 1;
-    a[BL_AMP_GROWTH] = 0;
-    if (c.dynamic) {
-      if (scale <= c.min_scale) a[BL_AMP_FLOOR_SKIPS] += 1;
-      a[BL_AMP_SCALE] = fmax(scale * c.backoff_factor, c.min_scale);
-    }
-    return true;
-  }
-  a[BL_AMP_LAST_SKIPPED] = 0;
-  a[BL_AMP_FLOOR_SKIPS] = 0;
-  a[BL_AMP_STEP] += 1;
-  a[BL_AMP_NORM] = norm;
-  if (c.dynamic) {
-    double g = a[BL_AMP_GROWTH] + 1;
-    if (g >= (double)c.growth_interval) {
-      a[BL_AMP_SCALE] = fmin(scale * c.growth_factor, c.max_scale);
-      g = 0;
-    }
-    a[BL_AMP_GROWTH] = g;
-  }
-  return false;
-}
-
 // The step state from the partials (given < 0) or from the caller's norm. With amp (the partials are of the
 // raw gradients then) the norm is that of grad_scale / loss scale * g, and the state tensor decides the skip.
 __global__ void step_final(const double *part, int64_t n, final_args a, double *amp, step_state *st) {
   __shared__ double sh[32];
   double acc = 0.0;
   if (a.given < 0)
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];   // fixed partition
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i]; // fixed partition
   acc = cu_block_sum_d(acc, sh);
   if (threadIdx.x != 0) return;
   double nrm = a.given < 0 ? sqrt(acc) : a.given, gs = a.grad_scale;
   float ibc1 = a.ibc1, ibc2 = a.ibc2;
   bool skip = !isfinite(nrm);
-  if (amp) {
-    gs /= amp[BL_AMP_SCALE];
+  if (amp) { // the decision of src/base/rules/amp.h, as the CPU's opt_amp_cpu makes it
+    gs = bl_amp_grad_mul(amp, gs);
     nrm *= gs;
-    skip = amp_decide(amp, a.amp, nrm);
+    skip = bl_amp_decide_rule(amp, &a.amp, nrm);
     const double step = amp[BL_AMP_STEP];
-    ibc1 = a.bias_correction ? (float)(1.0 / (1.0 - pow(a.beta1, step))) : 1.0f;
-    ibc2 = a.bias_correction ? (float)(1.0 / (1.0 - pow(a.beta2, step))) : 1.0f;
+    ibc1 = bl_opt_inv_bc(a.bias_correction, a.beta1, step);
+    ibc2 = bl_opt_inv_bc(a.bias_correction, a.beta2, step);
   }
-  double clip = (a.max_norm > 0.0 && nrm > a.max_norm) ? nrm / a.max_norm : 1.0;
+  double clip = bl_opt_clip(nrm, a.max_norm);
   st->lr = a.lr_from ? *a.lr_from : a.lr;
   st->norm = nrm;
   st->clip = clip;
@@ -208,7 +181,7 @@ struct ratio_args {
 __global__ void seg_ratio(const double *pw, const double *pu, const int64_t *seg_first, ratio_args a,
                           const step_state *st, float *ratio) {
   __shared__ double sh[32];
-  if (st->skip) return;   // uniform
+  if (st->skip) return; // uniform
   const int s = blockIdx.x;
   double sw = 0.0, su = 0.0;
   for (int64_t c = seg_first[s] + threadIdx.x; c < seg_first[s + 1]; c += blockDim.x) {
@@ -218,16 +191,10 @@ __global__ void seg_ratio(const double *pw, const double *pu, const int64_t *seg
   sw = cu_block_sum_d(sw, sh);
   su = cu_block_sum_d(su, sh);
   if (threadIdx.x != 0) return;
-  if (a.lamb) {
-    double wn = sqrt(sw), un = sqrt(su);
-    if (a.max_weight_norm > 0 && wn > a.max_weight_norm) wn = a.max_weight_norm;
-    double t = (wn > 0 && un > 0) ? wn / un : 1.0;
-    if (a.max_trust_ratio > 0 && t > a.max_trust_ratio) t = a.max_trust_ratio;
-    ratio[s] = (float)(st->lr * t);
-  } else {
-    double coef = a.max_grad_norm / (sqrt(sw) + 1e-6);   // torch.nn.utils.clip_grad_norm_
-    ratio[s] = (float)(a.grad_scale * (coef < 1 ? coef : 1.0));
-  }
+  if (a.lamb)
+    ratio[s] = (float)(st->lr * bl_lamb_trust_ratio(sw, su, a.max_weight_norm, a.max_trust_ratio));
+  else
+    ratio[s] = bl_bertadam_mul(sw, a.max_grad_norm, a.grad_scale);
 }
 
 // The compute copy of bl_optim.h's `half` (none when p is null): written by the launch that writes the master
@@ -237,18 +204,20 @@ struct half_out {
   int bf16;
   __device__ __forceinline__ void store(int64_t i, float w) const {
     if (!p) return;
-    if (bf16) from_f(w, (__nv_bfloat16 *)p + i);
-    else from_f(w, (__half *)p + i);
+    if (bf16)
+      from_f(w, (__nv_bfloat16 *)p + i);
+    else
+      from_f(w, (__half *)p + i);
   }
 };
 
-half_out half_of(bl_tensor *half) { return half_out{half ? half->data : nullptr, half && half->dtype == BL_BF16}; }
+half_out half_of(bl_tensor *half) { return half_out{ half ? half->data : nullptr, half && half->dtype == BL_BF16 }; }
 double half_bytes(const bl_tensor *half, int64_t n) { return half ? 2.0 * (double)n : 0.0; }
 
 // Constants of the Adam family, as the CPU's lamb_k / adam_k (f32 element math).
 struct adam_k {
   float b1, b3, b2, b2c, eps, wd;
-  int adam_w, trust_all;
+  int adam_w, trust_all, wd_nonzero;
 };
 
 // Moments of element i from its multiplied gradient; returns sqrt(v^). The roundings are spelled out (no FMA
@@ -265,7 +234,9 @@ __device__ __forceinline__ float adam_moments(const adam_k &k, float w, float g,
   return sqrtf(vi * ibc2);
 }
 
-__device__ __forceinline__ bool lamb_trust(const adam_k &k, int decay) { return k.trust_all || (decay && k.wd != 0); }
+__device__ __forceinline__ bool lamb_trust(const adam_k &k, int decay) {
+  return bl_lamb_trusts(k.trust_all, decay, k.wd_nonzero);
+}
 
 // LAMB pass 1: moments; f64 ||w||^2, ||u||^2 per chunk for segments with a
 // trust ratio, the whole step for the others.
@@ -274,8 +245,9 @@ __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const
   __shared__ double sh[32];
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f, ibc1 = st->ibc1, ibc2 = st->ibc2;
-  const float wdw = k.adam_w ? wd : 0.0f, wdl = k.adam_w ? 0.0f : wd;
+  const float gm = st->gmul, ibc1 = st->ibc1, ibc2 = st->ibc2;
+  float wdw, wdl;
+  bl_opt_decay(c.decay, k.wd, k.adam_w, &wdw, &wdl);
   const bool trust = lamb_trust(k, c.decay);
   double aw = 0.0, au = 0.0;
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
@@ -294,10 +266,13 @@ __global__ void lamb_moments(float *w, const float *g, float *m, float *v, const
       h.store(i, wi);
     }
   }
-  if (!trust) return;   // uniform over the block
+  if (!trust) return; // uniform over the block
   aw = cu_block_sum_d(aw, sh);
   au = cu_block_sum_d(au, sh);
-  if (threadIdx.x == 0) { pw[blockIdx.x] = aw; pu[blockIdx.x] = au; }
+  if (threadIdx.x == 0) {
+    pw[blockIdx.x] = aw;
+    pu[blockIdx.x] = au;
+  }
 }
 
 // LAMB pass 2: u again from the stored moments and the old w, times lr * trust.
@@ -306,7 +281,9 @@ __global__ void lamb_apply(float *w, const float *m, const float *v, const chunk
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
   if (!lamb_trust(k, c.decay)) return;
-  const float r = ratio[c.seg], wdw = k.adam_w && c.decay ? k.wd : 0.0f, ibc1 = st->ibc1, ibc2 = st->ibc2;
+  const float r = ratio[c.seg], ibc1 = st->ibc1, ibc2 = st->ibc2;
+  float wdw, wdl;
+  bl_opt_decay(c.decay, k.wd, k.adam_w, &wdw, &wdl);
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
     const float den = sqrtf(v[i] * ibc2);
@@ -321,8 +298,9 @@ __global__ void adamw_apply(float *w, const float *g, float *m, float *v, const 
                             const step_state *st, const float *segmul, half_out h) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gm = segmul ? segmul[c.seg] : st->gmul, wd = c.decay ? k.wd : 0.0f, ibc1 = st->ibc1;
-  const float wdw = k.adam_w ? wd : 0.0f, wdl = k.adam_w ? 0.0f : wd;
+  const float gm = segmul ? segmul[c.seg] : st->gmul, ibc1 = st->ibc1;
+  float wdw, wdl;
+  bl_opt_decay(c.decay, k.wd, k.adam_w, &wdw, &wdl);
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
     float mi = m[i], vi = v[i];
@@ -344,10 +322,10 @@ __global__ void sgd_apply(float *w, const float *g, float *buf, const chunk *ch,
                           half_out h) {
   if (st->skip) return;
   const chunk c = ch[blockIdx.x];
-  const float gm = st->gmul, wd = c.decay ? k.wd : 0.0f;
+  const float gm = st->gmul, wd = bl_opt_seg_wd(c.decay, k.wd);
   for (int64_t j = threadIdx.x; j < c.len; j += blockDim.x) {
     const int64_t i = c.start + j;
-    float d = __fadd_rn(__fmul_rn(g[i], gm), __fmul_rn(wd, w[i]));   // uncontracted, as adam_moments
+    float d = __fadd_rn(__fmul_rn(g[i], gm), __fmul_rn(wd, w[i])); // uncontracted, as adam_moments
     if (k.mom) {
       float b = k.first ? d : __fadd_rn(__fmul_rn(k.mu, buf[i]), __fmul_rn(k.damp, d));
       buf[i] = b;
@@ -385,7 +363,7 @@ struct step_ctx {
   int dev;
   cudaStream_t s;
   opt_cache *c;
-  bool computed;   // the norm is computed here and no amp state decides: the host reads the state back
+  bool computed; // the norm is computed here and no amp state decides: the host reads the state back
   double grad_norm;
 };
 
@@ -405,8 +383,6 @@ struct step_src {
   bl_tensor *amp_state;
   double lr;
 };
-
-float inv_bc(int on, double beta, int64_t step) { return on ? (float)(1.0 / (1.0 - pow(beta, (double)step))) : 1.0f; }
 
 // Device, chunk table, scratch for nparts partial slots per chunk, and the
 // step state with the global norm (computed on the device when grad_norm < 0).
@@ -443,7 +419,7 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
     cu_cost_kernel(x->dev, "optimizer", "sq_partial", 4.0 * ts[1]->numel + 8.0 * nc);
     // with amp the loss scale is known on the device only: step_final applies grad_scale / scale to the norm
     sq_partial<<<(unsigned)nc, kThreads, 0, x->s>>>((const float *)ts[1]->data, c->chunks.mem.as<chunk>(),
-                                                     amp ? 1.0 : grad_scale, part);
+                                                    amp ? 1.0 : grad_scale, part);
     BL_CHECK(cu_launched(op, x->dev));
   }
   final_args a = {};
@@ -451,8 +427,8 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
   a.max_norm = max_grad_norm;
   a.grad_scale = grad_scale;
   a.lr = src.lr;
-  a.ibc1 = amp ? 1.0f : inv_bc(src.bias_correction, src.beta1, src.step);
-  a.ibc2 = amp ? 1.0f : inv_bc(src.bias_correction, src.beta2, src.step);
+  a.ibc1 = amp ? 1.0f : bl_opt_inv_bc(src.bias_correction, src.beta1, (double)src.step);
+  a.ibc2 = amp ? 1.0f : bl_opt_inv_bc(src.bias_correction, src.beta2, (double)src.step);
   a.beta1 = src.beta1;
   a.beta2 = src.beta2;
   a.bias_correction = src.bias_correction;
@@ -464,7 +440,7 @@ int begin_step(step_ctx *x, const char *op, const bl_tensor *const *ts, int nts,
     a.lr_from = (const double *)lt->data;
   }
   cu_cost_kernel(x->dev, "optimizer", "step_final",
-                 8.0 * nc + sizeof(step_state) + (amp ? 16.0 * BL_AMP_STATE_LEN : 0));   // amp: state read, written
+                 8.0 * nc + sizeof(step_state) + (amp ? 16.0 * BL_AMP_STATE_LEN : 0)); // amp: state read, written
   step_final<<<1, kThreads, 0, x->s>>>(part, nc, a, amp, c->state.mem.as<step_state>());
   return cu_launched(op, x->dev);
 }
@@ -482,7 +458,7 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
     CU_TRY(x->op, x->dev, cudaMemcpy(&st, x->c->state.mem.p, sizeof st, cudaMemcpyDeviceToHost));
   } else {
     st.norm = x->grad_norm;
-    st.clip = (max_grad_norm > 0 && st.norm > max_grad_norm) ? st.norm / max_grad_norm : 1.0;
+    st.clip = bl_opt_clip(st.norm, max_grad_norm);
     st.skip = !isfinite(st.norm);
     st.gmul = (float)(grad_scale / st.clip);
   }
@@ -492,8 +468,10 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
     stats->nonfinite = st.skip;
   }
   if (st.skip)
-    return bl_set_error(BL_EINVAL, "%s: non-finite gradient (global norm %g): step not applied, weights unchanged "
-                        "(with fp16 use the dynamic loss scaler, which skips such steps)", x->op, st.norm);
+    return bl_set_error(BL_EINVAL,
+                        "%s: non-finite gradient (global norm %g): step not applied, weights unchanged "
+                        "(with fp16 use the dynamic loss scaler, which skips such steps)",
+                        x->op, st.norm);
   return 0;
 }
 
@@ -509,14 +487,15 @@ adam_k adam_consts(double b1, double b2, double eps, double wd, int adam_w) {
   k.wd = (float)wd;
   k.adam_w = adam_w != 0;
   k.trust_all = 0;
+  k.wd_nonzero = wd != 0;
   return k;
 }
 
-int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-              bl_tensor *v, const bl_optim_segments *seg, double grad_scale, double grad_norm,
-              bl_optim_stats *stats, const step_src &src) {
+int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
+              const bl_optim_segments *seg, double grad_scale, double grad_norm, bl_optim_stats *stats,
+              const step_src &src) {
   step_ctx x;
-  const bl_tensor *ts[] = {w, g, m, v};
+  const bl_tensor *ts[] = { w, g, m, v };
   BL_CHECK(begin_step(&x, "lamb_step", ts, 4, seg, grad_scale, grad_norm, cfg->max_grad_norm, 2, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
@@ -530,26 +509,26 @@ int lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl
     // w, g, m, v in; m, v out (and w with its half copy where no trust ratio applies: at most)
     cu_cost_kernel(x.dev, "optimizer", "lamb_moments", 24.0 * w->numel + 16.0 * nc);
     lamb_moments<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
-                                                      (float *)v->data, ch, k, st, pw, pu, half_of(half));
+                                                     (float *)v->data, ch, k, st, pw, pu, half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
-    ratio_args ra = {cfg->max_weight_norm, cfg->max_trust_ratio, 0, 0, 1};
+    ratio_args ra = { cfg->max_weight_norm, cfg->max_trust_ratio, 0, 0, 1 };
     cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 16.0 * nc + 4.0 * seg->count);
     seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(pw, pu, x.c->seg_first_d.mem.as<int64_t>(), ra, st, ratio);
     BL_CHECK(cu_launched(x.op, x.dev));
     // w, m, v in; w (and its half copy) out
     cu_cost_kernel(x.dev, "optimizer", "lamb_apply", 16.0 * w->numel + half_bytes(half, w->numel) + 4.0 * seg->count);
     lamb_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)m->data, (const float *)v->data, ch,
-                                                    k, st, ratio, half_of(half));
+                                                   k, st, ratio, half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, cfg->max_grad_norm, stats, src.amp_state != nullptr);
 }
 
 int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-               bl_tensor *v, const bl_optim_segments *seg, double grad_scale, double grad_norm,
-               bl_optim_stats *stats, const step_src &src) {
+               bl_tensor *v, const bl_optim_segments *seg, double grad_scale, double grad_norm, bl_optim_stats *stats,
+               const step_src &src) {
   step_ctx x;
-  const bl_tensor *ts[] = {w, g, m, v};
+  const bl_tensor *ts[] = { w, g, m, v };
   const bool per_seg = cfg->per_segment_clip && cfg->max_grad_norm > 0;
   const double global_max = per_seg ? 0.0 : cfg->max_grad_norm;
   BL_CHECK(begin_step(&x, "adamw_step", ts, 4, seg, grad_scale, grad_norm, global_max, 1, per_seg, src));
@@ -562,23 +541,23 @@ int adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const 
       if (src.amp_state)
         return bl_set_error(BL_EUNSUPPORTED, "%s: per-segment clipping (BertAdam) with an amp state", x.op);
       segmul = x.c->ratio.mem.as<float>();
-      ratio_args ra = {0, 0, cfg->max_grad_norm, grad_scale, 0};
+      ratio_args ra = { 0, 0, cfg->max_grad_norm, grad_scale, 0 };
       cu_cost_kernel(x.dev, "optimizer", "seg_ratio", 8.0 * nc + 4.0 * seg->count);
       seg_ratio<<<(unsigned)seg->count, kThreads, 0, x.s>>>(x.c->part.mem.as<double>(), nullptr,
-                                                             x.c->seg_first_d.mem.as<int64_t>(), ra, st, segmul);
+                                                            x.c->seg_first_d.mem.as<int64_t>(), ra, st, segmul);
       BL_CHECK(cu_launched(x.op, x.dev));
     }
     // w, g, m, v in; w, m, v (and w's half copy) out
     cu_cost_kernel(x.dev, "optimizer", "adamw_apply", 28.0 * w->numel + half_bytes(half, w->numel));
     adamw_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data, (float *)m->data,
-                                                     (float *)v->data, x.c->chunks.mem.as<chunk>(), k, st, segmul,
-                                                     half_of(half));
+                                                    (float *)v->data, x.c->chunks.mem.as<chunk>(), k, st, segmul,
+                                                    half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, global_max, stats, src.amp_state != nullptr);
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
   const char *op = "optim_prepare";
@@ -587,35 +566,35 @@ extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
   BL_CHECK(cache_for(op, device, &c));
   BL_CHECK(plan_segments(op, device, seg, c));
   BL_CHECK(c->state.need(op, device, sizeof(step_state)));
-  BL_CHECK(c->part.need(op, device, (size_t)(2 * c->nchunk + 1) * sizeof(double)));   // LAMB's two partials
+  BL_CHECK(c->part.need(op, device, (size_t)(2 * c->nchunk + 1) * sizeof(double))); // LAMB's two partials
   return c->ratio.need(op, device, (size_t)(seg->count + 1) * sizeof(float));
 }
 
 extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                  bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
                                  double grad_scale, double grad_norm, bl_optim_stats *stats) {
-  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr};
+  step_src src = { step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr };
   return lamb_step(cfg, w, half, g, m, v, seg, grad_scale, grad_norm, stats, src);
 }
 
 extern "C" int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                      bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
                                      double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
-  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr};
+  step_src src = { 0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr };
   return lamb_step(cfg, w, half, g, m, v, seg, grad_scale, -1.0, nullptr, src);
 }
 
 extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                   bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
                                   double grad_scale, double grad_norm, bl_optim_stats *stats) {
-  step_src src = {step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr};
+  step_src src = { step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr };
   return adamw_step(cfg, w, half, g, m, v, seg, grad_scale, grad_norm, stats, src);
 }
 
 extern "C" int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
                                       bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
                                       double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
-  step_src src = {0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr};
+  step_src src = { 0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr };
   return adamw_step(cfg, w, half, g, m, v, seg, grad_scale, -1.0, nullptr, src);
 }
 
@@ -624,18 +603,18 @@ extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tenso
                                 double grad_scale, double grad_norm, bl_optim_stats *stats) {
   step_ctx x;
   const bool mom = cfg->momentum > 0;
-  const bl_tensor *ts[] = {w, g, mom ? buf : nullptr};
-  step_src src = {step, 0, 0, 0, nullptr, nullptr, lr};
+  const bl_tensor *ts[] = { w, g, mom ? buf : nullptr };
+  step_src src = { step, 0, 0, 0, nullptr, nullptr, lr };
   BL_CHECK(begin_step(&x, "sgd_step", ts, 3, seg, grad_scale, grad_norm, cfg->max_grad_norm, 1, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
-    sgd_k k = {(float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom,
-               step == 1, cfg->nesterov != 0};
+    sgd_k k = { (float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom, step == 1,
+                cfg->nesterov != 0 };
     // w, g (, buf) in; w (, buf, w's half copy) out
     cu_cost_kernel(x.dev, "optimizer", "sgd_apply", (mom ? 20.0 : 12.0) * w->numel + half_bytes(half, w->numel));
     sgd_apply<<<(unsigned)nc, kThreads, 0, x.s>>>((float *)w->data, (const float *)g->data,
-                                                   mom ? (float *)buf->data : nullptr, x.c->chunks.mem.as<chunk>(), k,
-                                                   x.c->state.mem.as<step_state>(), half_of(half));
+                                                  mom ? (float *)buf->data : nullptr, x.c->chunks.mem.as<chunk>(), k,
+                                                  x.c->state.mem.as<step_state>(), half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
   return end_step(&x, grad_scale, cfg->max_grad_norm, stats, false);
@@ -645,7 +624,7 @@ extern "C" int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, in
   const char *op = "grad_global_norm";
   int dev;
   opt_cache *c;
-  const bl_tensor *ts[] = {grads};
+  const bl_tensor *ts[] = { grads };
   BL_CHECK(cu_device(op, 1, ts, &dev));
   BL_CHECK(flat_ptr(op, grads, "grads", grads->numel));
   BL_CHECK(cache_for(op, dev, &c));
@@ -680,7 +659,7 @@ extern "C" int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *fou
   const char *op = "unscale_check";
   int dev;
   opt_cache *c;
-  const bl_tensor *ts[] = {grad};
+  const bl_tensor *ts[] = { grad };
   BL_CHECK(cu_device(op, 1, ts, &dev));
   BL_CHECK(flat_ptr(op, grad, "grads", grad->numel));
   BL_CHECK(cache_for(op, dev, &c));
@@ -690,8 +669,8 @@ extern "C" int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *fou
   CU_TRY(op, dev, cudaMemsetAsync(c->flag.mem.p, 0, sizeof(int), s));
   if (grad->numel > 0) {
     cu_cost_kernel(dev, "optimizer", "unscale_kernel", 8.0 * grad->numel);
-    unscale_kernel<<<cu_blocks(grad->numel, 256, 4096), 256, 0, s>>>((float *)grad->data, grad->numel,
-                                                                       (float)inv_scale, c->flag.mem.as<int>());
+    unscale_kernel<<<cu_blocks(grad->numel, 256, 4096), 256, 0, s>>>((float *)grad->data, grad->numel, (float)inv_scale,
+                                                                     c->flag.mem.as<int>());
     BL_CHECK(cu_launched(op, dev));
   }
   int h = 0;

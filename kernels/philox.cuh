@@ -1,11 +1,11 @@
-// Philox4x32-10 on the device, bit-identical to bl_philox4x32 in
-// src/tensor/random.c (so a dropout mask or a random init is the same on the
-// CPU and the GPU for one (seed, offset)). Stream convention: element i of a
-// call uses block (offset + i/4) and lane i%4; u = (x >> 8) * 2^-24 has 24
-// random bits (exact in f32); dropout keeps an element when u >= p.
+// Philox4x32-10 on the device: the block function and stream convention of src/base/rules/philox.h, which
+// src/tensor/random.c's bl_philox4x32 also runs (so a dropout mask or a random init is the same on the CPU and
+// the GPU for one (seed, offset)): element i of a call uses block (offset + i/4) and lane i%4, u = (x >> 8) *
+// 2^-24, and dropout keeps an element when u >= p.
 #pragma once
 #include <stdint.h>
 #include "../src/bl_ops.h"
+#include "../src/base/rules/philox.h"
 
 // The seed a kernel uses: a device seed slot (BL_SEED_SLOT | address, bl_ops.h) is read from device memory, so a
 // replayed CUDA graph takes the seed the host last copied there; any other value is the seed itself. Kernels call
@@ -16,18 +16,9 @@ __device__ __forceinline__ uint64_t bl_seed_resolve(uint64_t seed) {
 }
 
 __device__ __forceinline__ uint4 bl_philox4x32_dev(uint64_t seed, uint64_t counter) {
-  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-#pragma unroll
-  for (int r = 0; r < 10; r++) {
-    uint32_t lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
-    uint32_t lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
-    uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return make_uint4(c0, c1, c2, c3);
+  uint32_t r[4];
+  bl_philox_block(seed, counter, r);
+  return make_uint4(r[0], r[1], r[2], r[3]);
 }
 
 __device__ __forceinline__ uint32_t bl_philox_lane(uint4 r, int lane) {
@@ -37,7 +28,7 @@ __device__ __forceinline__ uint32_t bl_philox_lane(uint4 r, int lane) {
 // u in [0, 1) for element i of the stream (seed, offset).
 __device__ __forceinline__ float bl_philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
   uint4 r = bl_philox4x32_dev(seed, offset + (i >> 2));
-  return (float)(bl_philox_lane(r, (int)(i & 3)) >> 8) * (1.0f / 16777216.0f);
+  return bl_philox_u01(bl_philox_lane(r, (int)(i & 3)));
 }
 
 // Dropout keep decision for element i (p is the f32 drop probability, as on the CPU).
@@ -55,8 +46,8 @@ __device__ __forceinline__ void bl_dropout_keep_v(uint64_t seed, uint64_t offset
 #pragma unroll
   for (int q = 0; q < V; q += 4) {
     const uint4 r = bl_philox4x32_dev(seed, offset + ((i + q) >> 2));
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+    const uint32_t w[4] = { r.x, r.y, r.z, r.w };
 #pragma unroll
-    for (int l = 0; l < 4 && q + l < V; l++) k[q + l] = (float)(w[l] >> 8) * (1.0f / 16777216.0f) >= p;
+    for (int l = 0; l < 4 && q + l < V; l++) k[q + l] = bl_philox_u01(w[l]) >= p;
   }
 }

@@ -23,20 +23,27 @@
 #include <stdint.h>
 
 namespace ptx {
-struct frag_a { uint32_t x[4]; };
-struct frag_b { uint32_t x[2]; };
-struct frag_c { float x[4]; };
-}  // namespace ptx
+struct frag_a {
+  uint32_t x[4];
+};
+struct frag_b {
+  uint32_t x[2];
+};
+struct frag_c {
+  float x[4];
+};
+} // namespace ptx
 
 #if defined(__CUDACC__)
 namespace ptx {
 
 // mma.sync.aligned.m16n8k16.row.col.f32.<ty>.<ty>.f32 (ty: "bf16" or "f16")
-#define BL_PTX_MMA_M16N8K16(ty, d, a, b, c)                                                                      \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ty "." ty ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
-               "{%10,%11,%12,%13};\n"                                                                           \
-               : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])                                        \
-               : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]), "f"(c.x[0]),    \
+#define BL_PTX_MMA_M16N8K16(ty, d, a, b, c)                                                                 \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ty "." ty                                           \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "                                               \
+               "{%10,%11,%12,%13};\n"                                                                       \
+               : "=f"(d.x[0]), "=f"(d.x[1]), "=f"(d.x[2]), "=f"(d.x[3])                                     \
+               : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]), "f"(c.x[0]), \
                  "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]))
 __device__ __forceinline__ void mma_m16n8k16_bf16(frag_c &d, const frag_a &a, const frag_b &b, const frag_c &c) {
   BL_PTX_MMA_M16N8K16("bf16", d, a, b, c);
@@ -48,27 +55,34 @@ __device__ __forceinline__ void mma_m16n8k16_f16(frag_c &d, const frag_a &a, con
 
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-template <bool Trans> __device__ __forceinline__ void ldmatrix_x1(uint32_t (&r)[1], const void *row) {
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x1(uint32_t (&r)[1], const void *row) {
   if (Trans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(smem_addr(row)));
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(smem_addr(row)));
 }
-template <bool Trans> __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void *row) {
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void *row) {
   if (Trans)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1])
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
                  : "r"(smem_addr(row)));
   else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1])
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
                  : "r"(smem_addr(row)));
 }
-template <bool Trans> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
   if (Trans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
 }
 
 // 16 bytes global -> shared, asynchronous (both 16-byte aligned); visible after a wait_group covering its group.
@@ -77,11 +91,12 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still pending.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-}  // namespace ptx
+} // namespace ptx
 #else
 #include "emu_ptx.h"
 #endif

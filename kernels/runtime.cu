@@ -37,15 +37,17 @@
 namespace {
 // The step-time model's record of a copy: over PCIe to or from the host, in device memory otherwise.
 void copy_cost(int dev, int dst_device, int src_device, size_t n) {
-  if (dst_device < 0 || src_device < 0) cu_cost_call(dev, "host copy", "cudaMemcpy", BL_ENGINE_PCIE, 0, (double)n);
-  else cu_cost_call(dev, "copy", "cudaMemcpy d2d", BL_ENGINE_MEM, 0, 2.0 * n);
+  if (dst_device < 0 || src_device < 0)
+    cu_cost_call(dev, "host copy", "cudaMemcpy", BL_ENGINE_PCIE, 0, (double)n);
+  else
+    cu_cost_call(dev, "copy", "cudaMemcpy d2d", BL_ENGINE_MEM, 0, 2.0 * n);
 }
 
 const size_t kLarge = 64u << 20;
 
 struct dev_pool {
-  std::unordered_map<size_t, std::vector<void *>> free;   // size class -> free blocks
-  std::list<void *> large_lru;                             // free blocks above kLarge, least recently freed first
+  std::unordered_map<size_t, std::vector<void *>> free; // size class -> free blocks
+  std::list<void *> large_lru;                          // free blocks above kLarge, least recently freed first
   size_t large_bytes = 0;
 };
 std::mutex pool_mu;
@@ -71,7 +73,9 @@ size_t large_cache_limit() {
 }
 
 // Calls of this device layer, for bl_cuda_counters in a real-GPU build (the emulator counts every call itself).
-struct counts { std::atomic<int64_t> syncs{0}, mallocs{0}, frees{0}, graph_launches{0}, blocks{0}; };
+struct counts {
+  std::atomic<int64_t> syncs{ 0 }, mallocs{ 0 }, frees{ 0 }, graph_launches{ 0 }, blocks{ 0 };
+};
 counts call_counts[64];
 void count_call(int dev, std::atomic<int64_t> counts::*which) {
   if (dev >= 0 && dev < 64) (call_counts[dev].*which)++;
@@ -85,7 +89,7 @@ int cuda_error(cudaError_t e, const char *op, int device) {
 std::atomic<bl_cuda_graph *> capture_of[64];
 bl_cuda_graph *capturing(int dev) { return dev >= 0 && dev < 64 ? capture_of[dev].load() : nullptr; }
 int stage_upload(bl_cuda_graph *g, const void **src, size_t n);
-}  // namespace
+} // namespace
 bool cu_capturing(int dev) { return capturing(dev) != nullptr; }
 
 int64_t cu_grid_cap() {
@@ -98,7 +102,8 @@ int64_t cu_grid_cap() {
 }
 namespace {
 int capture_error(const char *op, int dev, const char *what) {
-  return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s while the step is captured into a CUDA graph (--cuda-graph): a "
+  return bl_set_error(BL_EDEVICE,
+                      "%s: cuda:%d: %s while the step is captured into a CUDA graph (--cuda-graph): a "
                       "captured step must not wait for the device, read its memory or allocate after warm-up",
                       op, dev, what);
 }
@@ -125,12 +130,15 @@ void trim_large(int device, dev_pool &dp) {
     size_t c = block_size[p];
     std::vector<void *> &v = dp.free[c];
     for (size_t i = 0; i < v.size(); i++)
-      if (v[i] == p) { v.erase(v.begin() + (long)i); break; }
+      if (v[i] == p) {
+        v.erase(v.begin() + (long)i);
+        break;
+      }
     unlist_large(dp, p, c);
     release_block(device, p);
   }
 }
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_compiled(void) { return 1; }
 extern "C" int bl_nccl_compiled(void) {
@@ -143,7 +151,10 @@ extern "C" int bl_nccl_compiled(void) {
 
 extern "C" int bl_cuda_device_count(void) {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
   return n;
 }
 
@@ -159,7 +170,8 @@ extern "C" int bl_cuda_device_name(int device, char *buf, int buflen) {
 extern "C" int bl_dev_check(int device, const char *op) {
   int n = bl_cuda_device_count();
   if (n == 0) return bl_set_error(BL_EDEVICE, "%s: cuda:%d requested, but no CUDA device is available", op, device);
-  if (device >= n) return bl_set_error(BL_EDEVICE, "%s: cuda:%d requested, but only %d CUDA device(s) exist", op, device, n);
+  if (device >= n)
+    return bl_set_error(BL_EDEVICE, "%s: cuda:%d requested, but only %d CUDA device(s) exist", op, device, n);
   return 0;
 }
 
@@ -199,7 +211,10 @@ extern "C" int bl_dev_malloc(int device, size_t n, void **p) {
     count_call(device, &counts::mallocs);
     e = cudaMalloc(p, c);
   }
-  if (e != cudaSuccess) { *p = nullptr; return bl_set_error(BL_ENOMEM, "malloc: cuda:%d: cannot allocate %zu bytes: %s", device, n, cudaGetErrorString(e)); }
+  if (e != cudaSuccess) {
+    *p = nullptr;
+    return bl_set_error(BL_ENOMEM, "malloc: cuda:%d: cannot allocate %zu bytes: %s", device, n, cudaGetErrorString(e));
+  }
   std::lock_guard<std::mutex> g(pool_mu);
   block_size[*p] = c;
   count_call(device, &counts::blocks);
@@ -231,15 +246,21 @@ static int peer_copy(const char *op, int dst_device, void *dst, int src_device, 
   cudaError_t e;
   cudaSetDevice(src_device);
   if ((e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming)) != cudaSuccess ||
-      (e = cudaEventRecord(ready, ss)) != cudaSuccess) { rc = cu_err(op, src_device, e); goto out; }
+      (e = cudaEventRecord(ready, ss)) != cudaSuccess) {
+    rc = cu_err(op, src_device, e);
+    goto out;
+  }
   cudaSetDevice(dst_device);
   if ((e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) != cudaSuccess ||
       (e = cudaStreamWaitEvent(ds, ready, 0)) != cudaSuccess ||
       (e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, ds)) != cudaSuccess ||
-      (e = cudaEventRecord(done, ds)) != cudaSuccess) { rc = cu_err(op, dst_device, e); goto out; }
+      (e = cudaEventRecord(done, ds)) != cudaSuccess) {
+    rc = cu_err(op, dst_device, e);
+    goto out;
+  }
   cudaSetDevice(src_device);
   if ((e = cudaStreamWaitEvent(ss, done, 0)) != cudaSuccess) rc = cu_err(op, src_device, e);
-out:   // destroying a recorded event is safe: its resources go once it completes
+out: // destroying a recorded event is safe: its resources go once it completes
   if (ready) cudaEventDestroy(ready);
   if (done) cudaEventDestroy(done);
   return rc;
@@ -247,10 +268,15 @@ out:   // destroying a recorded event is safe: its resources go once it complete
 
 extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const void *src, size_t n) {
   if (n == 0) return 0;
-  if (dst_device < 0 && src_device < 0) { memcpy(dst, src, n); return 0; }
+  if (dst_device < 0 && src_device < 0) {
+    memcpy(dst, src, n);
+    return 0;
+  }
   if (dst_device >= 0 && src_device >= 0 && dst_device != src_device)
     return peer_copy("copy", dst_device, dst, src_device, src, n);
-  cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+  cudaMemcpyKind kind = dst_device < 0   ? cudaMemcpyDeviceToHost
+                        : src_device < 0 ? cudaMemcpyHostToDevice
+                                         : cudaMemcpyDeviceToDevice;
   int dev = dst_device >= 0 ? dst_device : src_device;
   if (src_device < 0 && capturing(dev)) BL_CHECK(stage_upload(capturing(dev), &src, n));
   if (dst_device >= 0) {
@@ -274,7 +300,10 @@ extern "C" int bl_dev_memcpy(int dst_device, void *dst, int src_device, const vo
 }
 
 extern "C" int bl_dev_memset(int device, void *p, int value, size_t n) {
-  if (device < 0) { memset(p, value, n); return 0; }
+  if (device < 0) {
+    memset(p, value, n);
+    return 0;
+  }
   // on the compute stream, not the legacy one: the same order (the compute stream is a blocking stream), and
   // capturable (legacy-stream work while a blocking stream captures is an error)
   void *s = bl_cuda_stream(device);
@@ -289,7 +318,7 @@ extern "C" int bl_dev_memset(int device, void *p, int value, size_t n) {
 namespace {
 std::mutex stream_mu;
 std::unordered_map<int, cudaStream_t> streams;
-}
+} // namespace
 
 int cu_err(const char *op, int dev, cudaError_t e) {
   return bl_set_error(BL_EDEVICE, "%s: cuda:%d: %s", op, dev, cudaGetErrorString(e));
@@ -299,17 +328,19 @@ void cu_count_sync(int dev) {
 #ifndef BL_CUDA_EMU
   count_call(dev, &counts::syncs);
 #else
-  (void)dev;   // the emulator counts every wait itself
+  (void)dev; // the emulator counts every wait itself
 #endif
 }
 
 int cu_launched(const char *op, int dev) {
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel launch failed: %s", op, dev, cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel launch failed: %s", op, dev, cudaGetErrorString(e));
 #ifndef NDEBUG
-  if (capturing(dev)) return 0;   // a captured kernel runs later, with its graph
+  if (capturing(dev)) return 0; // a captured kernel runs later, with its graph
   e = cudaStreamSynchronize(cu_stream(dev));
-  if (e != cudaSuccess) return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel failed: %s", op, dev, cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    return bl_set_error(BL_EDEVICE, "%s: cuda:%d: kernel failed: %s", op, dev, cudaGetErrorString(e));
 #endif
   return 0;
 }
@@ -320,7 +351,10 @@ static std::atomic<cudaStream_t> stream_cache[64];
 cudaStream_t cu_stream(int dev) {
   if (dev >= 0 && dev < 64) {
     cudaStream_t s = stream_cache[dev].load(std::memory_order_acquire);
-    if (s) { cudaSetDevice(dev); return s; }
+    if (s) {
+      cudaSetDevice(dev);
+      return s;
+    }
   }
   cudaStream_t s = (cudaStream_t)bl_cuda_stream(dev);
   if (s && dev >= 0 && dev < 64) stream_cache[dev].store(s, std::memory_order_release);
@@ -330,7 +364,10 @@ cudaStream_t cu_stream(int dev) {
 extern "C" void *bl_cuda_stream(int device) {
   if (bl_dev_check(device, "stream")) return nullptr;
   cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) { cu_err("stream", device, e); return nullptr; }
+  if (e != cudaSuccess) {
+    cu_err("stream", device, e);
+    return nullptr;
+  }
   std::lock_guard<std::mutex> g(stream_mu);
   auto it = streams.find(device);
   if (it != streams.end()) return (void *)it->second;
@@ -338,7 +375,10 @@ extern "C" void *bl_cuda_stream(int device) {
   // Blocking (not cudaStreamNonBlocking): legacy default stream work, e.g.
   // cudaMemcpy/cudaMemset in bl_dev_memcpy/bl_dev_memset, is ordered with it.
   e = cudaStreamCreateWithFlags(&s, cudaStreamDefault);
-  if (e != cudaSuccess) { cu_err("stream", device, e); return nullptr; }
+  if (e != cudaSuccess) {
+    cu_err("stream", device, e);
+    return nullptr;
+  }
   streams[device] = s;
   return (void *)s;
 }
@@ -357,7 +397,8 @@ int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev) {
   int d = -2;
   for (int i = 0; i < n; i++) {
     if (!ts[i]) continue;
-    if (d == -2) d = ts[i]->device;
+    if (d == -2)
+      d = ts[i]->device;
     else if (ts[i]->device != d)
       return bl_set_error(BL_EINVAL, "%s: tensors are on different devices (%d and %d)", op, d, ts[i]->device);
   }
@@ -369,11 +410,20 @@ int cu_device(const char *op, int n, const bl_tensor *const *ts, int *dev) {
 }
 
 int cu_mem::alloc(const char *op, int device, size_t bytes) {
-  if (p) { bl_dev_free(dev, p); p = nullptr; }
+  if (p) {
+    bl_dev_free(dev, p);
+    p = nullptr;
+  }
   dev = device;
   int rc = bl_dev_malloc(device, bytes ? bytes : 16, &p);
-  if (rc && capturing(device)) { p = nullptr; return capture_error(op, device, "a new device allocation (scratch)"); }
-  if (rc) { p = nullptr; return bl_set_error(rc, "%s: cuda:%d: cannot allocate %zu bytes of scratch", op, device, bytes); }
+  if (rc && capturing(device)) {
+    p = nullptr;
+    return capture_error(op, device, "a new device allocation (scratch)");
+  }
+  if (rc) {
+    p = nullptr;
+    return bl_set_error(rc, "%s: cuda:%d: cannot allocate %zu bytes of scratch", op, device, bytes);
+  }
   return 0;
 }
 
@@ -381,7 +431,11 @@ int cu_mem::alloc(const char *op, int device, size_t bytes) {
 extern "C" int bl_cuda_host_alloc(size_t n, void **p) {
   *p = nullptr;
   cudaError_t e = cudaHostAlloc(p, n ? n : 1, cudaHostAllocPortable);
-  if (e != cudaSuccess) { *p = nullptr; cudaGetLastError(); return bl_set_error(BL_ENOMEM, "host_alloc: cannot pin %zu bytes: %s", n, cudaGetErrorString(e)); }
+  if (e != cudaSuccess) {
+    *p = nullptr;
+    cudaGetLastError();
+    return bl_set_error(BL_ENOMEM, "host_alloc: cannot pin %zu bytes: %s", n, cudaGetErrorString(e));
+  }
   return 0;
 }
 
@@ -391,11 +445,16 @@ extern "C" void bl_cuda_host_free(void *p) {
 
 extern "C" int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, const void *src, size_t n) {
   if (n == 0) return 0;
-  if (dst_device < 0 && src_device < 0) { memcpy(dst, src, n); return 0; }
+  if (dst_device < 0 && src_device < 0) {
+    memcpy(dst, src, n);
+    return 0;
+  }
   int dev = dst_device >= 0 ? dst_device : src_device;
   void *s = bl_cuda_stream(dev);
   if (!s) return BL_EDEVICE;
-  cudaMemcpyKind kind = dst_device < 0 ? cudaMemcpyDeviceToHost : src_device < 0 ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+  cudaMemcpyKind kind = dst_device < 0   ? cudaMemcpyDeviceToHost
+                        : src_device < 0 ? cudaMemcpyHostToDevice
+                                         : cudaMemcpyDeviceToDevice;
   if (src_device < 0 && capturing(dev)) BL_CHECK(stage_upload(capturing(dev), &src, n));
   copy_cost(dev, dst_device, src_device, n);
   if (dst_device >= 0 && src_device >= 0 && dst_device != src_device)
@@ -408,17 +467,20 @@ extern "C" int bl_cuda_memcpy_async(int dst_device, void *dst, int src_device, c
 // A second stream per device for host-to-device batch copies (src/data/feeder.c). Non-blocking: it is ordered
 // against the compute stream by events only, so the next batch's copy runs while the current step computes.
 namespace {
-std::unordered_map<int, cudaStream_t> copy_streams;   // under stream_mu
+std::unordered_map<int, cudaStream_t> copy_streams; // under stream_mu
 }
 
 extern "C" void *bl_cuda_copy_stream(int device) {
-  if (!bl_cuda_stream(device)) return nullptr;   // checks the device, makes it current
+  if (!bl_cuda_stream(device)) return nullptr; // checks the device, makes it current
   std::lock_guard<std::mutex> g(stream_mu);
   auto it = copy_streams.find(device);
   if (it != copy_streams.end()) return (void *)it->second;
   cudaStream_t s = nullptr;
   cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (e != cudaSuccess) { cu_err("copy_stream", device, e); return nullptr; }
+  if (e != cudaSuccess) {
+    cu_err("copy_stream", device, e);
+    return nullptr;
+  }
   copy_streams[device] = s;
   return (void *)s;
 }
@@ -474,13 +536,14 @@ extern "C" int bl_cuda_counters(int device, bl_cuda_count *out) {
 #ifdef BL_CUDA_EMU
   emu_counters c;
   if (emu_get_counters(device, &c) != 0) return bl_set_error(BL_EDEVICE, "counters: cuda:%d: no such device", device);
-  *out = bl_cuda_count{c.syncs, c.mallocs, c.frees, c.launches, cu_conversions(device), c.graph_launches,
-                       c.graph_kernels, c.pageable_h2d};
+  *out = bl_cuda_count{ c.syncs,          c.mallocs,       c.frees,       c.launches, cu_conversions(device),
+                        c.graph_launches, c.graph_kernels, c.pageable_h2d };
 #else
   if (device >= 64) return bl_set_error(BL_EINVAL, "counters: cuda:%d: only devices 0..63 are counted", device);
   const counts &k = call_counts[device];
-  *out = bl_cuda_count{k.syncs.load(), k.mallocs.load(), k.frees.load(), -1, cu_conversions(device),
-                       k.graph_launches.load(), -1, -1};
+  *out = bl_cuda_count{
+    k.syncs.load(), k.mallocs.load(), k.frees.load(), -1, cu_conversions(device), k.graph_launches.load(), -1, -1
+  };
 #endif
   return 0;
 }
@@ -491,26 +554,26 @@ extern "C" int bl_cuda_counters(int device, bl_cuda_count *out) {
 // overwrite set k % 2 only after the launch of capture k - 2 has run, which an event tells (normally long since).
 struct bl_cuda_graph {
   struct staging {
-    std::vector<std::pair<char *, size_t>> chunks;   // pinned, kept for the graph's life
-    size_t chunk = 0, off = 0;                        // where the next upload goes
-    cudaEvent_t done = nullptr;                       // recorded after the launch that reads this set
+    std::vector<std::pair<char *, size_t>> chunks; // pinned, kept for the graph's life
+    size_t chunk = 0, off = 0;                     // where the next upload goes
+    cudaEvent_t done = nullptr;                    // recorded after the launch that reads this set
     bool launched = false;
   };
   int dev;
   cudaGraphExec_t exec = nullptr;
-  bool captured = false;   // a capture ended and was not launched yet
-  bool launched = false;   // exec ran since its capture: it may be replayed
-  int64_t blocks_at = -1;  // the device's count of handed-out blocks when the capture ended
+  bool captured = false;  // a capture ended and was not launched yet
+  bool launched = false;  // exec ran since its capture: it may be replayed
+  int64_t blocks_at = -1; // the device's count of handed-out blocks when the capture ended
   staging st[2];
   int cur = 0;
-  struct input_buf {   // pinned source of bl_cuda_graph_set_inputs' copy, and the event after that copy
+  struct input_buf { // pinned source of bl_cuda_graph_set_inputs' copy, and the event after that copy
     void *p = nullptr;
     size_t cap = 0;
     cudaEvent_t read = nullptr;
     bool pending = false;
   } in[2];
   int in_cur = 0;
-  bl_cuda_graph_stats stats = {0, 0, 0, 0, 0};
+  bl_cuda_graph_stats stats = { 0, 0, 0, 0, 0 };
 };
 
 namespace {
@@ -524,7 +587,10 @@ int graph_err(const bl_cuda_graph *g, const char *what, cudaError_t e) {
 int stage_upload(bl_cuda_graph *g, const void **src, size_t n) {
   bl_cuda_graph::staging &s = g->st[g->cur];
   size_t need = (n + 255) & ~(size_t)255;
-  while (s.chunk < s.chunks.size() && s.off + need > s.chunks[s.chunk].second) { s.chunk++; s.off = 0; }
+  while (s.chunk < s.chunks.size() && s.off + need > s.chunks[s.chunk].second) {
+    s.chunk++;
+    s.off = 0;
+  }
   if (s.chunk == s.chunks.size()) {
     // a pinned allocation is not stream work: allowed while capturing once the thread's mode is relaxed
     size_t size = need > kStageChunk ? need : kStageChunk;
@@ -534,7 +600,7 @@ int stage_upload(bl_cuda_graph *g, const void **src, size_t n) {
     cudaError_t e = cudaHostAlloc(&p, size, cudaHostAllocPortable);
     cudaThreadExchangeStreamCaptureMode(&mode);
     if (e != cudaSuccess) return graph_err(g, "pinned staging for an upload", e);
-    s.chunks.push_back({(char *)p, size});
+    s.chunks.push_back({ (char *)p, size });
     s.off = 0;
   }
   char *dst = s.chunks[s.chunk].first + s.off;
@@ -543,7 +609,7 @@ int stage_upload(bl_cuda_graph *g, const void **src, size_t n) {
   *src = dst;
   return 0;
 }
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_graph_new(int device, bl_cuda_graph **out) {
   *out = nullptr;
@@ -570,7 +636,7 @@ extern "C" void bl_cuda_graph_free(bl_cuda_graph *g) {
   if (g->exec) cudaGraphExecDestroy(g->exec);
   for (auto &s : g->st) {
     if (s.done) cudaEventDestroy(s.done);
-    for (auto &c : s.chunks) cudaFreeHost(c.first);   // waits for the work that may still read it
+    for (auto &c : s.chunks) cudaFreeHost(c.first); // waits for the work that may still read it
   }
   for (auto &b : g->in) {
     if (b.read) cudaEventDestroy(b.read);
@@ -587,7 +653,7 @@ extern "C" int bl_cuda_graph_begin(bl_cuda_graph *g) {
   if (!s) return BL_EDEVICE;
   g->cur ^= 1;
   bl_cuda_graph::staging &st = g->st[g->cur];
-  if (st.launched) BL_CHECK(bl_cuda_event_wait_host(g->dev, st.done));   // the launch before last read it
+  if (st.launched) BL_CHECK(bl_cuda_event_wait_host(g->dev, st.done)); // the launch before last read it
   st.launched = false;
   st.chunk = st.off = 0;
   cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
@@ -620,7 +686,7 @@ extern "C" int bl_cuda_graph_end(bl_cuda_graph *g) {
     cudaGraphExecUpdateResultInfo info;
     if (cudaGraphExecUpdate(g->exec, graph, &info) == cudaSuccess) {
       g->stats.updates++;
-    } else {   // other work than last time: a new graph
+    } else { // other work than last time: a new graph
       cudaGetLastError();
       cudaGraphExecDestroy(g->exec);
       g->exec = nullptr;
@@ -655,7 +721,7 @@ int launch_exec(bl_cuda_graph *g) {
   count_call(g->dev, &counts::graph_launches);
   return 0;
 }
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
   if (!g->captured) return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: nothing captured to launch", g->dev);
@@ -665,8 +731,8 @@ extern "C" int bl_cuda_graph_launch(bl_cuda_graph *g) {
 }
 
 extern "C" int bl_cuda_graph_replayable(const bl_cuda_graph *g, int *ok) {
-  *ok = g->exec && g->launched && !g->captured && !capturing(g->dev) &&
-        call_counts[g->dev].blocks.load() == g->blocks_at;
+  *ok =
+      g->exec && g->launched && !g->captured && !capturing(g->dev) && call_counts[g->dev].blocks.load() == g->blocks_at;
   return 0;
 }
 
@@ -674,8 +740,10 @@ extern "C" int bl_cuda_graph_replay(bl_cuda_graph *g) {
   int ok = 0;
   bl_cuda_graph_replayable(g, &ok);
   if (!ok)
-    return bl_set_error(BL_EINVAL, "cuda_graph: cuda:%d: no graph to replay (none launched since its capture, or a "
-                        "device block was handed out since: capture again)", g->dev);
+    return bl_set_error(BL_EINVAL,
+                        "cuda_graph: cuda:%d: no graph to replay (none launched since its capture, or a "
+                        "device block was handed out since: capture again)",
+                        g->dev);
   BL_CHECK(launch_exec(g));
   g->stats.replays++;
   return 0;
@@ -686,12 +754,14 @@ extern "C" int bl_cuda_graph_set_inputs(bl_cuda_graph *g, bl_tensor *dst, const 
   if (capturing(g->dev)) return capture_error(op, g->dev, "an input upload (it belongs before the capture)");
   if (!dst || dst->device != g->dev || !bl_tensor_is_contiguous(dst) ||
       (size_t)dst->numel * bl_dtype_size(dst->dtype) < n)
-    return bl_set_error(BL_EINVAL, "%s: cuda:%d: the destination must be a contiguous tensor of at least %zu bytes "
-                        "on the graph's device", op, g->dev, n);
+    return bl_set_error(BL_EINVAL,
+                        "%s: cuda:%d: the destination must be a contiguous tensor of at least %zu bytes "
+                        "on the graph's device",
+                        op, g->dev, n);
   if (n == 0) return 0;
   g->in_cur ^= 1;
   bl_cuda_graph::input_buf &b = g->in[g->in_cur];
-  if (b.pending) BL_CHECK(bl_cuda_event_wait_host(g->dev, b.read));   // the copy two calls ago read it
+  if (b.pending) BL_CHECK(bl_cuda_event_wait_host(g->dev, b.read)); // the copy two calls ago read it
   b.pending = false;
   if (b.cap < n) {
     if (b.p) cudaFreeHost(b.p);

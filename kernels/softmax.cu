@@ -10,8 +10,8 @@ namespace {
 
 struct mask_map {
   int nd;
-  int64_t shape[BL_MAX_DIMS];   // input shape
-  int64_t st[BL_MAX_DIMS];      // mask strides (elements of the contiguous mask image) aligned to input dims
+  int64_t shape[BL_MAX_DIMS]; // input shape
+  int64_t st[BL_MAX_DIMS];    // mask strides (elements of the contiguous mask image) aligned to input dims
 };
 
 __global__ void softmax_fwd(float *y, const float *x, const float *mask, mask_map mm, int64_t rows, int64_t n) {
@@ -23,7 +23,10 @@ __global__ void softmax_fwd(float *y, const float *x, const float *mask, mask_ma
     int64_t ms = 0;
     if (mask) {
       int64_t moff = 0, rem = r;
-      for (int d = mm.nd - 2; d >= 0; d--) { moff += (rem % mm.shape[d]) * mm.st[d]; rem /= mm.shape[d]; }
+      for (int d = mm.nd - 2; d >= 0; d--) {
+        moff += (rem % mm.shape[d]) * mm.st[d];
+        rem /= mm.shape[d];
+      }
       mr = mask + moff;
       ms = mm.st[mm.nd - 1];
     }
@@ -35,7 +38,11 @@ __global__ void softmax_fwd(float *y, const float *x, const float *mask, mask_ma
     }
     mx = cu_block_max(mx, sh);
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) { float e = expf(yr[j] - mx); yr[j] = e; sum += e; }
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      float e = expf(yr[j] - mx);
+      yr[j] = e;
+      sum += e;
+    }
     const float inv = 1.0f / cu_block_sum(sum, sh);
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] *= inv;
   }
@@ -58,28 +65,35 @@ int threads_for(int64_t n) {
   return t;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int bl_cuda_softmax_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *mask) {
   const char *op = "softmax";
   int dev;
-  const bl_tensor *ts[] = {y, x, mask};
+  const bl_tensor *ts[] = { y, x, mask };
   BL_CHECK(cu_device(op, 3, ts, &dev));
-  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1) return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
+  if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
+    return bl_set_error(BL_EINVAL, "%s: input needs a non-empty last dim", op);
   if (y->numel != x->numel) return bl_set_error(BL_EINVAL, "%s: output does not match input", op);
   mask_map mm;
   memset(&mm, 0, sizeof mm);
   mm.nd = x->ndim;
   for (int d = 0; d < x->ndim; d++) mm.shape[d] = x->shape[d];
-  if (mask) {   // same rule as the CPU's mask_strides
+  if (mask) { // same rule as the CPU's mask_strides
     if (mask->ndim > x->ndim) return bl_set_error(BL_EINVAL, "%s: mask has more dims than input", op);
     int64_t s = 1;
     for (int d = x->ndim - 1; d >= 0; d--) {
       int md = d - (x->ndim - mask->ndim);
-      if (md < 0) { mm.st[d] = 0; continue; }
-      if (mask->shape[md] == x->shape[d]) mm.st[d] = mask->shape[md] == 1 ? 0 : s;
-      else if (mask->shape[md] == 1) mm.st[d] = 0;
-      else return bl_set_error(BL_EINVAL, "%s: mask cannot be broadcast to the input", op);
+      if (md < 0) {
+        mm.st[d] = 0;
+        continue;
+      }
+      if (mask->shape[md] == x->shape[d])
+        mm.st[d] = mask->shape[md] == 1 ? 0 : s;
+      else if (mask->shape[md] == 1)
+        mm.st[d] = 0;
+      else
+        return bl_set_error(BL_EINVAL, "%s: mask cannot be broadcast to the input", op);
       s *= mask->shape[md];
     }
   }
@@ -90,7 +104,8 @@ extern "C" int bl_cuda_softmax_forward(bl_tensor *y, const bl_tensor *x, const b
   if (mask) BL_CHECK(cu_load(op, mask, &bm));
   BL_CHECK(cu_out(op, y, &by, 0));
   cu_cost_kernel(dev, "softmax", "softmax_fwd", 8.0 * x->numel + (mask ? 4.0 * mask->numel : 0));
-  softmax_fwd<<<cu_blocks(rows, 1, 1 << 20), threads_for(n), 0, cu_stream(dev)>>>(by.p, bx.p, mask ? bm.p : nullptr, mm, rows, n);
+  softmax_fwd<<<cu_blocks(rows, 1, 1 << 20), threads_for(n), 0, cu_stream(dev)>>>(by.p, bx.p, mask ? bm.p : nullptr, mm,
+                                                                                  rows, n);
   BL_CHECK(cu_launched(op, dev));
   return cu_store(op, y, &by);
 }
@@ -98,7 +113,7 @@ extern "C" int bl_cuda_softmax_forward(bl_tensor *y, const bl_tensor *x, const b
 extern "C" int bl_cuda_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y) {
   const char *op = "softmax_backward";
   int dev;
-  const bl_tensor *ts[] = {dx, dy, y};
+  const bl_tensor *ts[] = { dx, dy, y };
   BL_CHECK(cu_device(op, 3, ts, &dev));
   if (y->ndim < 1 || dy->numel != y->numel || dx->numel != y->numel)
     return bl_set_error(BL_EINVAL, "%s: gradients do not match the output", op);

@@ -16,9 +16,9 @@
 
 namespace {
 std::mutex mu;
-std::atomic<int> rec_dev{-1};            // device being recorded, -1 when off
+std::atomic<int> rec_dev{ -1 }; // device being recorded, -1 when off
 std::vector<bl_cuda_launch_rec> launches;
-std::set<std::string> names;             // storage of the launches' names (a name may be the caller's op)
+std::set<std::string> names; // storage of the launches' names (a name may be the caller's op)
 
 // Cost slots (cu_cost_slot) and the launches that depend on them: record `at` gets *slot times the per-unit costs.
 const int kSlots = 4096;
@@ -27,7 +27,11 @@ const int kSlots = 4096;
 int *slots = nullptr;
 int slots_dev = -1;
 int slots_used = 0;
-struct per_unit { size_t at; const int *slot; double bytes, flops; };
+struct per_unit {
+  size_t at;
+  const int *slot;
+  double bytes, flops;
+};
 std::vector<per_unit> deferred;
 
 // Launch timing: events[i] was recorded before launch marks[i]; a pool of events reused across recordings.
@@ -41,7 +45,7 @@ void time_mark(int dev, size_t at) {
   if (!timing || cu_capturing(dev)) return;
   if (events_used == events.size()) {
     cudaEvent_t e;
-    if (cudaEventCreate(&e) != cudaSuccess) return;   // untimed, not an error of the step
+    if (cudaEventCreate(&e) != cudaSuccess) return; // untimed, not an error of the step
     events.push_back(e);
   }
   if (cudaEventRecord(events[events_used], cu_stream(dev)) != cudaSuccess) return;
@@ -51,26 +55,26 @@ void time_mark(int dev, size_t at) {
 }
 
 #ifdef BL_CUDA_EMU
-bool dry = false;                        // bl_cuda_dry_run
-bool have_pending = false;               // a kernel cost waiting for the emulator to see its launch
+bool dry = false;          // bl_cuda_dry_run
+bool have_pending = false; // a kernel cost waiting for the emulator to see its launch
 bl_cuda_launch_rec pending;
-per_unit pending_unit{0, nullptr, 0, 0};
+per_unit pending_unit{ 0, nullptr, 0, 0 };
 
 void on_launch(int dev, const char *name, const char *file, int line) {
   std::lock_guard<std::mutex> g(mu);
   if (dev != rec_dev.load()) return;
   if (have_pending) {
-    if (pending_unit.slot) deferred.push_back(per_unit{launches.size(), pending_unit.slot, pending_unit.bytes,
-                                                       pending_unit.flops});
+    if (pending_unit.slot)
+      deferred.push_back(per_unit{ launches.size(), pending_unit.slot, pending_unit.bytes, pending_unit.flops });
     launches.push_back(pending);
     have_pending = false;
     return;
   }
   const char *at = names.insert(std::string(name) + " (" + file + ":" + std::to_string(line) + ")").first->c_str();
-  launches.push_back(bl_cuda_launch_rec{at, "unannotated", BL_ENGINE_MEM, 0, 0, cu_capturing(dev), -1});
+  launches.push_back(bl_cuda_launch_rec{ at, "unannotated", BL_ENGINE_MEM, 0, 0, cu_capturing(dev), -1 });
 }
 #endif
-}  // namespace
+} // namespace
 
 void cu_cost_kernel_per(int dev, const char *cls, const char *name, double bytes, double flops, int engine,
                         const int *slot, double bytes_per, double flops_per) {
@@ -80,12 +84,12 @@ void cu_cost_kernel_per(int dev, const char *cls, const char *name, double bytes
   time_mark(dev, launches.size());
 #ifdef BL_CUDA_EMU
   // A cost still pending here belonged to a launch the emulator refused (the op fails with that error).
-  pending = bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev), -1};
-  pending_unit = per_unit{0, slot, bytes_per, flops_per};
+  pending = bl_cuda_launch_rec{ name, cls, engine, flops, bytes, cu_capturing(dev), -1 };
+  pending_unit = per_unit{ 0, slot, bytes_per, flops_per };
   have_pending = true;
 #else
-  if (slot) deferred.push_back(per_unit{launches.size(), slot, bytes_per, flops_per});
-  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev), -1});
+  if (slot) deferred.push_back(per_unit{ launches.size(), slot, bytes_per, flops_per });
+  launches.push_back(bl_cuda_launch_rec{ name, cls, engine, flops, bytes, cu_capturing(dev), -1 });
 #endif
 }
 
@@ -104,7 +108,7 @@ void cu_cost_call(int dev, const char *cls, const char *name, int engine, double
   std::lock_guard<std::mutex> g(mu);
   name = names.insert(name).first->c_str();
   time_mark(dev, launches.size());
-  launches.push_back(bl_cuda_launch_rec{name, cls, engine, flops, bytes, cu_capturing(dev), -1});
+  launches.push_back(bl_cuda_launch_rec{ name, cls, engine, flops, bytes, cu_capturing(dev), -1 });
 }
 
 extern "C" int bl_cuda_dry_run(int device, int on) {
@@ -132,7 +136,7 @@ extern "C" int bl_cuda_record_begin(int device) {
   slots_used = 0;
   events_used = 0;
   marks.clear();
-  if (slots && slots_dev != device) {   // only the last recorded device keeps an arena
+  if (slots && slots_dev != device) { // only the last recorded device keeps an arena
     cudaFree(slots);
     slots = nullptr;
   }
@@ -155,7 +159,7 @@ extern "C" int bl_cuda_record_end(int device, int64_t *count) {
   if (rec_dev.load() != device) return bl_set_error(BL_EINVAL, "record: cuda:%d is not being recorded", device);
   {
     std::lock_guard<std::mutex> g(mu);
-    time_mark(device, launches.size());   // the end of the last timed launch
+    time_mark(device, launches.size()); // the end of the last timed launch
   }
   const int sync = bl_cuda_synchronize(device);
   std::lock_guard<std::mutex> g(mu);

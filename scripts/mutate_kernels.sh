@@ -50,13 +50,13 @@ $SRC/kernels/attention.cu	1	if (qi < S) {	if (qi <= S) {
 $SRC/kernels/attention.cu	2	if (kj < S) {	if (kj + 1 < S) {
 $SRC/kernels/attention.cu	1	idx < total;	idx <= total;
 $SRC/kernels/attention.cu	1	k0 < S; k0 += BK	k0 + 1 < S; k0 += BK
-$SRC/kernels/layernorm.cu	1	j < h; j += blockDim.x	j < h - 1; j += blockDim.x
+$SRC/kernels/layernorm.cu	1	j < h; j += step	j < h - 1; j += step
 $SRC/kernels/softmax.cu	1	j < n; j += blockDim.x	j <= n; j += blockDim.x
 $SRC/kernels/attention_tc.cu	1	if (key < S) x =	if (key <= S) x =
-$SRC/kernels/attention_tc.cu	1	b0 = {{r[0], r[1]}}	b0 = {{r[1], r[0]}}
+$SRC/kernels/attention_tc.cu	1	b0 = { { r[0], r[1] } }	b0 = { { r[1], r[0] } }
 $SRC/kernels/attention_tc.cu	1	z[2] = keep_z(odd ? r.z : o0, a);	z[2] = keep_z(odd ? r.z : o1, a);
 $SRC/kernels/attention_tc.cu	1	c < a.d; c += 32	c < a.d - 1; c += 32
-$SRC/kernels/attention_tc.cu	1	x0 += acc[0]; x1 += acc[1];	x0 += acc[0];
+$SRC/kernels/attention_tc.cu	1	x1 += acc[1];	;
 $SRC/kernels/attention_tc.cu	1	(r0 + r < S)	(r0 + r < S - 1)
 $SRC/kernels/attention_tc.cu	1	bl_philox_lane(r, j ^ 2), 8)	bl_philox_lane(r, j ^ 1), 8)
 $SRC/kernels/dropout.cu	1	i < n; i += (int64_t)gridDim.x * blockDim.x	i < n; i = n

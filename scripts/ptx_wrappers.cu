@@ -27,13 +27,13 @@ __global__ void ptx_wrappers(const uint16_t *g, float *out) {
 // SASS probes for ptxas_check.sh's operand check: fragments of distinct constants and results stored in register
 // order, so the SASS shows which register feeds each HMMA operand and which LDSM result lands where. A wrapper whose
 // asm lists two operands in the wrong order (a swapped a.x[1], a.x[2]) assembles fine and fails that check.
-#define BL_MMA_PROBE(name, fn)                                                       \
-  extern "C" __global__ void name(float *out) {                                      \
-    ptx::frag_a a{{0x11111111u, 0x22222222u, 0x33333333u, 0x44444444u}};             \
-    ptx::frag_b b{{0x55555555u, 0x66666666u}};                                       \
-    ptx::frag_c c{{1.0f, 2.0f, 3.0f, 4.0f}}, d;                                      \
-    ptx::fn(d, a, b, c);                                                             \
-    for (int i = 0; i < 4; i++) out[4 * threadIdx.x + i] = d.x[i];                   \
+#define BL_MMA_PROBE(name, fn)                                               \
+  extern "C" __global__ void name(float *out) {                              \
+    ptx::frag_a a{ { 0x11111111u, 0x22222222u, 0x33333333u, 0x44444444u } }; \
+    ptx::frag_b b{ { 0x55555555u, 0x66666666u } };                           \
+    ptx::frag_c c{ { 1.0f, 2.0f, 3.0f, 4.0f } }, d;                          \
+    ptx::fn(d, a, b, c);                                                     \
+    for (int i = 0; i < 4; i++) out[4 * threadIdx.x + i] = d.x[i];           \
   }
 BL_MMA_PROBE(mma_probe_bf16, mma_m16n8k16_bf16)
 BL_MMA_PROBE(mma_probe_f16, mma_m16n8k16_f16)

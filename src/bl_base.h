@@ -21,17 +21,23 @@ extern "C" {
 /* BL_CDEF_BEGIN */
 enum {
   BL_OK = 0,
-  BL_EINVAL = -1,   /* bad argument: shape, dtype, device, range */
-  BL_ENOMEM = -2,   /* allocation failed */
-  BL_EIO = -3,      /* file or stream problem */
-  BL_EFORMAT = -4,  /* corrupt or unsupported file content */
-  BL_EDEVICE = -5,  /* device missing or device runtime error */
+  BL_EINVAL = -1,      /* bad argument: shape, dtype, device, range */
+  BL_ENOMEM = -2,      /* allocation failed */
+  BL_EIO = -3,         /* file or stream problem */
+  BL_EFORMAT = -4,     /* corrupt or unsupported file content */
+  BL_EDEVICE = -5,     /* device missing or device runtime error */
   BL_EUNSUPPORTED = -6 /* valid request this build/backend cannot do */
 };
 
 typedef enum bl_dtype {
-  BL_F32 = 0, BL_F64 = 1, BL_F16 = 2, BL_BF16 = 3,
-  BL_I32 = 4, BL_I64 = 5, BL_U8 = 6, BL_BOOL = 7,
+  BL_F32 = 0,
+  BL_F64 = 1,
+  BL_F16 = 2,
+  BL_BF16 = 3,
+  BL_I32 = 4,
+  BL_I64 = 5,
+  BL_U8 = 6,
+  BL_BOOL = 7,
   BL_NUM_DTYPES = 8
 } bl_dtype;
 
@@ -63,9 +69,9 @@ int bl_cpu_set_isa(const char *name);
  * is at least that), "avx512_bf16", "avx512_vnni" (the CPU has it and the
  * AVX-512 path is in use: the bf16 and VNNI int8 inference GEMMs) */
 int bl_cpu_has(const char *feature);
-int bl_cuda_compiled(void);      /* 1 when built with the CUDA backend */
+int bl_cuda_compiled(void); /* 1 when built with the CUDA backend */
 int bl_nccl_compiled(void);
-int bl_cuda_device_count(void);  /* 0 when no driver/GPU or CPU-only build */
+int bl_cuda_device_count(void); /* 0 when no driver/GPU or CPU-only build */
 int bl_cuda_device_name(int device, char *buf, int buflen);
 /* Waits for the work queued on cuda:N (kernels run asynchronously; timings
  * and host reads of device memory wait here). Error in a CPU-only build. */
@@ -132,7 +138,9 @@ int bl_cuda_dry_run(int device, int on);
  * alternate captures), and a host wait, a read of device memory or a device allocation is an error naming the op
  * (the capture is then void: bl_cuda_graph_abort ends it). Errors in a CPU-only build. */
 typedef struct bl_cuda_graph bl_cuda_graph;
-typedef struct bl_cuda_graph_stats { int64_t nodes, instantiations, updates, launches, replays; } bl_cuda_graph_stats;
+typedef struct bl_cuda_graph_stats {
+  int64_t nodes, instantiations, updates, launches, replays;
+} bl_cuda_graph_stats;
 int bl_cuda_graph_new(int device, bl_cuda_graph **out);
 void bl_cuda_graph_free(bl_cuda_graph *g);
 int bl_cuda_graph_begin(bl_cuda_graph *g);
@@ -169,7 +177,11 @@ int bl_stop_signal(void);
 
 /* Internal helpers (not part of the FFI surface). */
 #define BL_MAX_DIMS 8
-#define BL_CHECK(expr) do { int bl_rc_ = (expr); if (bl_rc_ != 0) return bl_rc_; } while (0)
+#define BL_CHECK(expr)              \
+  do {                              \
+    int bl_rc_ = (expr);            \
+    if (bl_rc_ != 0) return bl_rc_; \
+  } while (0)
 #define BL_ERR(fmt, ...) bl_set_error(BL_EINVAL, fmt, ##__VA_ARGS__)
 
 #ifdef __cplusplus

@@ -59,27 +59,27 @@ typedef struct bl_wiki_options {
 typedef struct bl_wiki_doc {
   const char *title;
   size_t title_len;
-  const char *text;       /* cleaned plain text, may be empty */
+  const char *text; /* cleaned plain text, may be empty */
   size_t text_len;
   int64_t page_id;
-  int64_t article_index;  /* 0-based index among ns-0 non-redirect pages (bad ones included) */
-  uint64_t xml_offset;    /* byte offset of <page> in the decompressed XML */
+  int64_t article_index; /* 0-based index among ns-0 non-redirect pages (bad ones included) */
+  uint64_t xml_offset;   /* byte offset of <page> in the decompressed XML */
 } bl_wiki_doc;
 
 typedef struct bl_wiki_stats {
-  int64_t pages;          /* <page> elements seen */
-  int64_t articles;       /* ns 0, not a redirect */
+  int64_t pages;    /* <page> elements seen */
+  int64_t articles; /* ns 0, not a redirect */
   int64_t redirects;
-  int64_t other_ns;       /* pages in a namespace other than 0 (not redirects) */
-  int64_t docs;           /* articles returned by bl_wiki_next */
-  int64_t skipped_large;  /* pages over max_page_bytes */
-  int64_t skipped_bad;    /* malformed XML or invalid UTF-8 */
-  int64_t skipped_seek;   /* articles skipped by bl_wiki_seek_article */
+  int64_t other_ns;      /* pages in a namespace other than 0 (not redirects) */
+  int64_t docs;          /* articles returned by bl_wiki_next */
+  int64_t skipped_large; /* pages over max_page_bytes */
+  int64_t skipped_bad;   /* malformed XML or invalid UTF-8 */
+  int64_t skipped_seek;  /* articles skipped by bl_wiki_seek_article */
   int64_t warnings;
-  uint64_t bytes_in;      /* bytes read from the file (compressed size for .bz2) */
-  uint64_t bytes_xml;     /* decompressed XML bytes scanned */
-  int32_t bz2;            /* 1 when the input is bzip2 */
-  int32_t bz2_streams;    /* bz2 streams decoded (multi-stream dumps have many) */
+  uint64_t bytes_in;   /* bytes read from the file (compressed size for .bz2) */
+  uint64_t bytes_xml;  /* decompressed XML bytes scanned */
+  int32_t bz2;         /* 1 when the input is bzip2 */
+  int32_t bz2_streams; /* bz2 streams decoded (multi-stream dumps have many) */
 } bl_wiki_stats;
 
 int bl_wiki_open(const char *path, const bl_wiki_options *opts, bl_wiki_reader **out);
@@ -107,8 +107,8 @@ void bl_corpus_free(void *p);
 
 /* Process helpers for progress lines (file-system helpers: bl_io.h). */
 int bl_corpus_stderr_isatty(void);
-int64_t bl_corpus_peak_rss_kb(void);           /* VmHWM from /proc/self/status, -1 if unknown */
-double bl_corpus_now(void);                    /* monotonic wall clock, seconds */
+int64_t bl_corpus_peak_rss_kb(void); /* VmHWM from /proc/self/status, -1 if unknown */
+double bl_corpus_now(void);          /* monotonic wall clock, seconds */
 /* Deterministic uniform number in [0, 1) (53 bits) from (seed, index, stream):
  * splitmix64 mixing, so shuffles and splits do not depend on Lua's RNG. */
 double bl_corpus_hash_unit(uint64_t seed, uint64_t index, uint32_t stream);

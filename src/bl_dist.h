@@ -13,7 +13,7 @@ extern "C" {
 #endif
 /* BL_CDEF_BEGIN */
 int bl_dist_init(int *argc, char ***argv);
-int bl_dist_initialized(void);    /* 1 when MPI is active */
+int bl_dist_initialized(void); /* 1 when MPI is active */
 int bl_dist_rank(void);
 int bl_dist_size(void);
 int bl_dist_local_rank(void);
@@ -57,16 +57,16 @@ void bl_dist_finalize(void);
 typedef struct bl_reducer bl_reducer;
 int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_reducer **res);
 int bl_reducer_buckets(const bl_reducer *r);
-int bl_reducer_launch(bl_reducer *r, int bucket);  /* 0-based; launching one twice is an error */
-int bl_reducer_finish(bl_reducer *r);              /* launches what is left; ready for the next step */
+int bl_reducer_launch(bl_reducer *r, int bucket); /* 0-based; launching one twice is an error */
+int bl_reducer_finish(bl_reducer *r);             /* launches what is left; ready for the next step */
 /* Forgets the buckets launched since the last finish, whose work was dropped: they were captured into a CUDA graph
  * whose capture failed (--cuda-graph; the step then runs again uncaptured and launches them anew). */
 int bl_reducer_cancel(bl_reducer *r);
-int bl_reducer_wait(bl_reducer *r);                /* the watched wait (cuda), see above */
+int bl_reducer_wait(bl_reducer *r); /* the watched wait (cuda), see above */
 /* No wait: an error when the sums of the last finish() failed or are late past BL_NCCL_TIMEOUT (communicator
  * aborted then); 0 while they run or once they are done. */
 int bl_reducer_poll(bl_reducer *r);
-int bl_reducer_replayed(bl_reducer *r);            /* a CUDA graph holding the step's collectives was replayed */
+int bl_reducer_replayed(bl_reducer *r); /* a CUDA graph holding the step's collectives was replayed */
 /* bl_dist_allreduce_sum of a CPU tensor that polls r between MPI tests: a loop's per-step vote cannot hang on a
  * rank stuck before the GPU sums that finish() no longer waits for. */
 int bl_dist_allreduce_sum_watched(bl_tensor *t, bl_reducer *r);

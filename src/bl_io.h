@@ -34,7 +34,7 @@ enum { BL_FS_FILES = 1, BL_FS_DIRS = 2, BL_FS_HIDDEN = 4 };
 int bl_fs_list_dir(const char *dir, int what, char **out, size_t *out_len);
 void bl_fs_free(void *p);
 int bl_fs_mkdir_p(const char *path);
-int bl_fs_is_dir(const char *path);       /* 1 dir, 0 not (or missing) */
+int bl_fs_is_dir(const char *path);        /* 1 dir, 0 not (or missing) */
 int64_t bl_fs_file_size(const char *path); /* -1 when missing */
 /* BL_CDEF_END */
 

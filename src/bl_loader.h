@@ -84,10 +84,20 @@ extern "C" {
 
 /* BL_CDEF_BEGIN */
 typedef struct bl_shard_header {
-  char magic[8]; uint32_t version; uint32_t header_bytes; uint64_t vocab_hash;
-  uint32_t vocab_size; uint32_t max_seq_length; uint32_t max_predictions; uint32_t flags;
-  float masked_lm_prob; uint32_t token_bytes; uint64_t seed; uint64_t num_instances;
-  uint64_t data_bytes; uint64_t checksum;
+  char magic[8];
+  uint32_t version;
+  uint32_t header_bytes;
+  uint64_t vocab_hash;
+  uint32_t vocab_size;
+  uint32_t max_seq_length;
+  uint32_t max_predictions;
+  uint32_t flags;
+  float masked_lm_prob;
+  uint32_t token_bytes;
+  uint64_t seed;
+  uint64_t num_instances;
+  uint64_t data_bytes;
+  uint64_t checksum;
 } bl_shard_header;
 
 enum { BL_SHARD_DYNAMIC_MASKING = 1, BL_SHARD_WHOLE_WORD = 2 };
@@ -97,7 +107,7 @@ typedef struct bl_shard bl_shard;
 /* What the caller expects of a shard; zero fields are not checked. */
 typedef struct bl_shard_expect {
   uint64_t vocab_hash;
-  const char *vocab_name;   /* named when the hash differs */
+  const char *vocab_name; /* named when the hash differs */
   int32_t max_seq_length;
   int32_t pad_;
 } bl_shard_expect;
@@ -105,15 +115,15 @@ typedef struct bl_shard_expect {
 /* One record; pointers into the mapping, valid until bl_shard_close. */
 typedef struct bl_shard_record {
   int32_t length, len_a, num_masked, next_sentence_label;
-  const void *tokens;       /* length ids, token_bytes each */
-  const uint16_t *positions;/* num_masked */
-  const void *labels;       /* num_masked ids, token_bytes each */
+  const void *tokens;        /* length ids, token_bytes each */
+  const uint16_t *positions; /* num_masked */
+  const void *labels;        /* num_masked ids, token_bytes each */
 } bl_shard_record;
 
 int bl_shard_open(const char *path, const bl_shard_expect *expect, bl_shard **out);
 const bl_shard_header *bl_shard_get_header(const bl_shard *s);
 int64_t bl_shard_count(const bl_shard *s);
-int bl_shard_get_record(const bl_shard *s, int64_t k, bl_shard_record *rec);  /* k 0-based */
+int bl_shard_get_record(const bl_shard *s, int64_t k, bl_shard_record *rec); /* k 0-based */
 void bl_shard_close(bl_shard *s);
 
 /* bl_shard_writer: builds a BLSHARD1 file in memory and publishes it through
@@ -139,46 +149,46 @@ typedef struct bl_loader bl_loader;
 typedef struct bl_loader_options {
   int64_t batch_size;
   int32_t rank, world_size;
-  double seed;              /* a number, as Lua has it: seeds are derived in double */
-  int32_t shuffle;          /* 0: every epoch in file order */
-  int32_t max_seq_length;   /* shards holding longer sequences are refused; 0: no check */
-  int32_t max_predictions;  /* masked slots per sequence (at least the shards') */
-  int32_t prefetch;         /* batches prepared ahead on a thread; 0: no thread */
-  int32_t bin_window;       /* length binning over this many steps; 0: off */
+  double seed;             /* a number, as Lua has it: seeds are derived in double */
+  int32_t shuffle;         /* 0: every epoch in file order */
+  int32_t max_seq_length;  /* shards holding longer sequences are refused; 0: no check */
+  int32_t max_predictions; /* masked slots per sequence (at least the shards') */
+  int32_t prefetch;        /* batches prepared ahead on a thread; 0: no thread */
+  int32_t bin_window;      /* length binning over this many steps; 0: off */
   int32_t pad_;
-  uint64_t vocab_hash;      /* 0: not checked */
+  uint64_t vocab_hash; /* 0: not checked */
   const char *vocab_name;
   /* dynamic masking (needed only when a shard has BL_SHARD_DYNAMIC_MASKING) */
-  int32_t cls_id, sep_id, mask_id, vocab_size;   /* mask_id < 0: no vocabulary given */
-  const uint8_t *is_continuation;  /* [vocab_size] 1 for "##" pieces, or NULL; copied */
+  int32_t cls_id, sep_id, mask_id, vocab_size; /* mask_id < 0: no vocabulary given */
+  const uint8_t *is_continuation;              /* [vocab_size] 1 for "##" pieces, or NULL; copied */
 } bl_loader_options;
 
 typedef struct bl_loader_info {
-  int64_t total;            /* instances in all shards */
-  int64_t per_rank;         /* floor(total / world_size) */
+  int64_t total;    /* instances in all shards */
+  int64_t per_rank; /* floor(total / world_size) */
   int64_t steps_per_epoch;
-  int32_t max_predictions;  /* P */
-  int32_t max_length;       /* longest sequence in the shards */
-  int32_t dynamic;          /* 1 when masks are drawn by the loader */
-  int32_t whole_word;       /* 1 when dynamic masks cover whole words */
+  int32_t max_predictions; /* P */
+  int32_t max_length;      /* longest sequence in the shards */
+  int32_t dynamic;         /* 1 when masks are drawn by the loader */
+  int32_t whole_word;      /* 1 when dynamic masks cover whole words */
   int32_t num_shards;
   int32_t prefetch;
   double masked_lm_prob;
 } bl_loader_info;
 
 typedef struct bl_loader_batch {
-  bl_tensor *input_ids, *token_type_ids, *attention_mask;      /* int32 [B, S] */
-  bl_tensor *masked_lm_positions, *masked_lm_labels;           /* int32 [B, P] */
-  bl_tensor *next_sentence_labels;                             /* int32 [B] */
-  int64_t epoch, pos;       /* where this batch is in the epoch order (pos 0-based) */
-  int64_t tokens;           /* real (unpadded) tokens in the batch */
+  bl_tensor *input_ids, *token_type_ids, *attention_mask; /* int32 [B, S] */
+  bl_tensor *masked_lm_positions, *masked_lm_labels;      /* int32 [B, P] */
+  bl_tensor *next_sentence_labels;                        /* int32 [B] */
+  int64_t epoch, pos;                                     /* where this batch is in the epoch order (pos 0-based) */
+  int64_t tokens;                                         /* real (unpadded) tokens in the batch */
 } bl_loader_batch;
 
 typedef struct bl_loader_stats {
-  int64_t batches;          /* returned by bl_loader_next */
-  int64_t waits;            /* times bl_loader_next found no batch ready */
-  double wait_seconds;      /* time spent waiting for the prefetch thread */
-  int64_t tokens, padded;   /* real tokens and B*S summed over returned batches */
+  int64_t batches;        /* returned by bl_loader_next */
+  int64_t waits;          /* times bl_loader_next found no batch ready */
+  double wait_seconds;    /* time spent waiting for the prefetch thread */
+  int64_t tokens, padded; /* real tokens and B*S summed over returned batches */
 } bl_loader_stats;
 
 int bl_loader_open(const char **paths, int32_t num_paths, const bl_loader_options *opts, bl_loader **out);
@@ -201,7 +211,7 @@ int bl_loader_get_stats(const bl_loader *l, bl_loader_stats *st);
 /* Instance index (into the concatenated shards) of row b of step pos of epoch
  * epoch for this loader's rank: the order, for tests and tools. */
 int bl_loader_instance_at(bl_loader *l, int64_t epoch, int64_t pos, int64_t b, int64_t *index);
-void bl_loader_close(bl_loader *l);   /* joins the thread, unmaps the shards; NULL is fine */
+void bl_loader_close(bl_loader *l); /* joins the thread, unmaps the shards; NULL is fine */
 
 /* Input pipeline to a GPU (src/data/feeder.c). Two slots, each with pinned
  * host buffers and device buffers for the largest batch ([B, max_seq] rounded
@@ -218,8 +228,7 @@ void bl_loader_close(bl_loader *l);   /* joins the thread, unmaps the shards; NU
  * it). put needs a free slot (at most 2 batches in flight); get one in
  * flight. drop forgets what is in flight (after the loader's position moves). */
 typedef struct bl_feeder bl_feeder;
-int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions,
-                  bl_feeder **res);
+int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions, bl_feeder **res);
 int bl_feeder_put(bl_feeder *f, const bl_loader_batch *b);
 /* put with the loader's next batch built straight into the free slot's pinned buffers (bl_loader_next_into):
  * host receives its positions, labels and NSP labels as CPU tensors (the caller's); only those small fields are

@@ -41,7 +41,7 @@
 /* bit 63 of a dropout seed: the seed is read on the device from the address in bits 0..62 (see above) */
 #define BL_SEED_SLOT 0x8000000000000000ull
 /* how bl_embedding_layernorm_* name an out-of-range position / token type id and its table (both devices) */
-#define BL_EMB_POSITION_NAMES "position id", "the position table's max_position_embeddings"
+#define BL_EMB_POSITION_NAMES   "position id", "the position table's max_position_embeddings"
 #define BL_EMB_TOKEN_TYPE_NAMES "token type id", "the token type table's type_vocab_size"
 
 #ifdef __cplusplus
@@ -57,8 +57,8 @@ extern "C" {
  * Backward: dx = dy W (overwritten, or += when accumulate != 0; dx may be NULL),
  * dW += dy^T x (NULL to skip), db += sum_rows dy (NULL to skip). */
 int bl_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b);
-int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
-                       const bl_tensor *x, const bl_tensor *w, int accumulate);
+int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                       const bl_tensor *w, int accumulate);
 
 /* ---- packed linear weights (CPU inference): bl_linear_pack copies W [out, in]
  * (f32/f16/bf16/f64, any 2-D layout) once into the layout of our own GEMM's
@@ -108,22 +108,21 @@ int bl_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rst
                                    const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
                                    const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
                                    const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset);
-int bl_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type,
-                                    bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
-                                    const bl_tensor *word, const bl_tensor *position,
-                                    const bl_tensor *token_type, const bl_tensor *ids, const bl_tensor *pos_ids,
-                                    const bl_tensor *type_ids, const bl_tensor *gamma, const bl_tensor *mean,
-                                    const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset);
+int bl_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type, bl_tensor *dgamma,
+                                    bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *word,
+                                    const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
+                                    const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
+                                    const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
+                                    uint64_t offset);
 
 /* ---- layernorm over the last dim: y = (x - mean) * rstd * gamma + beta,
  * x/y [..., H], gamma/beta [H], mean/rstd [rows] f32 (rows = numel/H) saved
  * for backward (plus x itself). rstd = 1/sqrt(var + eps), biased variance.
  * Backward: dx overwritten, dgamma += , dbeta += (either may be NULL). */
-int bl_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                         const bl_tensor *gamma, const bl_tensor *beta, double eps);
-int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
-                          const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
-                          const bl_tensor *rstd);
+int bl_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x, const bl_tensor *gamma,
+                         const bl_tensor *beta, double eps);
+int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
+                          const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd);
 
 /* ---- fused dropout + residual + layernorm (BERT's SelfOutput/Output tail):
  * y = LN(dropout_p(x) + residual). x, residual, y [..., H]; mean/rstd [rows]
@@ -134,15 +133,13 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
  * dbias += the column sums of dx (may be NULL): the bias gradient of the linear
  * layer whose output x is, in the same pass.
  * Backward takes x and residual again to recompute the normalised sum. */
-int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
-                                  const bl_tensor *x, const bl_tensor *residual,
-                                  const bl_tensor *gamma, const bl_tensor *beta, double eps,
+int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                                  const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta, double eps,
                                   double p, uint64_t seed, uint64_t offset);
-int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                   const bl_tensor *residual, const bl_tensor *gamma,
-                                   const bl_tensor *mean, const bl_tensor *rstd,
-                                   double p, uint64_t seed, uint64_t offset);
+int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                   bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *residual,
+                                   const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
+                                   uint64_t seed, uint64_t offset);
 /* The same backward from the forward's output y (and beta, NULL = 0): the normalised sum is recovered as
  * xhat = (y - beta) / gamma instead of recomputed from x and residual, one [rows, H] read fewer (what makes y is
  * kept anyway: it is the next sublayer's input). Used only when every column j has |gamma_j| >= 2^-60 and
@@ -163,13 +160,13 @@ int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_t
  * run drops at the real positions. */
 int bl_residual_layernorm_forward_packed(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                                          const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                         double eps, double p, uint64_t seed, uint64_t offset,
-                                         const bl_tensor *offsets, int64_t seq);
-int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                          bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
-                                          const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
-                                          const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                          uint64_t offset, const bl_tensor *offsets, int64_t seq);
+                                         double eps, double p, uint64_t seed, uint64_t offset, const bl_tensor *offsets,
+                                         int64_t seq);
+int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                          bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
+                                          const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
+                                          const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset,
+                                          const bl_tensor *offsets, int64_t seq);
 
 /* ---- GELU (exact erf form): y = 0.5 x (1 + erf(x / sqrt 2)).
  * bias_gelu: y = gelu(x + b), b [H] over the last dim; backward recomputes the
@@ -177,15 +174,13 @@ int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, b
 int bl_gelu_forward(bl_tensor *y, const bl_tensor *x);
 int bl_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x);
 int bl_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
-int bl_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
-                          const bl_tensor *b);
+int bl_bias_gelu_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *b);
 
 /* ---- tanh-approximated GELU (HF "gelu_new" / "gelu_pytorch_tanh"), one fused op:
  * y = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), v = x + b (b [H] over the last dim, may be NULL);
  * backward recomputes v from x and b, dx overwritten, db += (may be NULL; needs b). */
 int bl_gelu_tanh_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
-int bl_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
-                          const bl_tensor *b);
+int bl_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *b);
 
 /* ---- linear + bias + tanh GELU (gelu_new) with the pre-activation kept, and the backward of FC2(gelu(FC1 x))
  * through it. On CUDA each is one cuBLASLt GEMM (GELU_AUX_BIAS; DGELU_BGRAD) where cuBLASLt has the epilogue,
@@ -206,10 +201,9 @@ int bl_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
  * Philox stream at (seed, offset) (see above). mask: optional u8 output of
  * x's shape (1 = kept). Backward: dx = dy * keep / (1-p) with keep read from
  * mask when non-NULL, else regenerated from (seed, offset). */
-int bl_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p,
-                       uint64_t seed, uint64_t offset);
-int bl_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mask, double p,
-                        uint64_t seed, uint64_t offset);
+int bl_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p, uint64_t seed, uint64_t offset);
+int bl_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mask, double p, uint64_t seed,
+                        uint64_t offset);
 
 /* ---- softmax over the last dim: y = softmax(x + mask), mask optional (NULL)
  * and additive, broadcast to x's shape (e.g. BERT's extended mask [B,1,1,S]
@@ -233,13 +227,11 @@ int bl_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
  * on the CPU instead of logsumexp + recompute, which would cost a second
  * Q K^T GEMM in backward. The dropout mask is regenerated.
  * Backward: dq, dk, dv [B, S, H] overwritten. */
-int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
-                         const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
-                         double p, uint64_t seed, uint64_t offset);
-int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                          const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                          const bl_tensor *probs, int heads, double scale, double p,
-                          uint64_t seed, uint64_t offset);
+int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                         const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed, uint64_t offset);
+int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
+                          const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs, int heads, double scale,
+                          double p, uint64_t seed, uint64_t offset);
 
 /* ---- the same attention for inference over packed sequences (no padding, no
  * dropout, nothing saved): q, k, v (strided as above) and ctx [1, T, H] hold
@@ -261,8 +253,8 @@ int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_ten
 int bl_attention_forward_packed_train(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
                                       const bl_tensor *v, const bl_tensor *offsets, int heads, double scale,
                                       int64_t seq, double p, uint64_t seed, uint64_t offset);
-int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                                 const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
+int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
+                                 const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
                                  const bl_tensor *offsets, int heads, double scale, int64_t seq, double p,
                                  uint64_t seed, uint64_t offset);
 
@@ -283,12 +275,12 @@ int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, co
  * Dropout mask, scale, p, seed, offset: as above, identical on both devices. */
 int bl_attention_saved_shape(int device, int64_t batch, int64_t seq, int heads, int64_t *shape);
 int bl_attention_forward_saved(bl_tensor *ctx, bl_tensor *saved, const bl_tensor *q, const bl_tensor *k,
-                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
-                               double p, uint64_t seed, uint64_t offset);
-int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                                const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                                const bl_tensor *ctx, const bl_tensor *saved, const bl_tensor *key_mask,
-                                int heads, double scale, double p, uint64_t seed, uint64_t offset);
+                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
+                               uint64_t seed, uint64_t offset);
+int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
+                                const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx, const bl_tensor *saved,
+                                const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed,
+                                uint64_t offset);
 
 /* ---- gather rows at flat positions: out[j, :] = x[pos[j], :], x viewed as
  * [rows, H] (e.g. [B, S, H] with pos = b*S + s of each masked token), pos [M]
@@ -305,28 +297,26 @@ int bl_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *po
  * (0 when none counts). dlogits (optional, overwritten, logits' shape) =
  * (softmax - onehot) * grad_scale / count, zero rows for ignored targets.
  * count (optional) receives the number of counted targets. */
-int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
-                     const bl_tensor *targets, int64_t ignore_index, double grad_scale,
-                     int64_t *count);
+int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
+                     int64_t ignore_index, double grad_scale, int64_t *count);
 /* The same with the number of counted targets given by the caller (e.g. counted on the host where the batch was
  * made), so a GPU need not send it back: no host wait when deferred checks are on (bl_cuda_defer_checks; the
  * targets are then checked late too). Without them, and on the CPU, a different count is an error. count < 0: not
  * known to the caller; with deferred checks the GPU counts the targets itself and its kernels read that count
  * (nothing read back, and a replayed CUDA graph counts its new targets), otherwise as bl_cross_entropy. */
-int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
-                             const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count);
+int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
+                             int64_t ignore_index, double grad_scale, int64_t count);
 /* ---- mean squared error (STS-B regression): pred and target of equal numel
  * (pred [N] or [N,1]); loss = mean (pred - target)^2; dpred (optional,
  * overwritten) = 2 (pred - target) * grad_scale / N. */
-int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
-                double grad_scale);
+int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target, double grad_scale);
 
 /* ---- argmax over the last dim: x [..., C] float, out [...] i64 or i32 (first max wins).
  * accuracy: counts rows of logits [N, C] whose argmax equals targets [N]
  * (targets equal to ignore_index are not counted). */
 int bl_argmax(bl_tensor *out, const bl_tensor *x);
-int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
-                int64_t *correct, int64_t *count);
+int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index, int64_t *correct,
+                int64_t *count);
 /* acc (i64 [2], contiguous, on the logits' device) += {correct, count}: accuracy counted where the logits are,
  * read by the caller when it needs the numbers (no host wait per call on a GPU). */
 int bl_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index);

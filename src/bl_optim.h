@@ -20,15 +20,15 @@ extern "C" {
 typedef struct bl_optim_segments {
   int32_t count;
   int32_t pad_;
-  const int64_t *offset;   /* element offsets into the flat buffers */
-  const int64_t *length;   /* element counts */
-  const uint8_t *decay;    /* 1 = weight decay (and LAMB trust ratio) applies; NULL = all */
+  const int64_t *offset; /* element offsets into the flat buffers */
+  const int64_t *length; /* element counts */
+  const uint8_t *decay;  /* 1 = weight decay (and LAMB trust ratio) applies; NULL = all */
 } bl_optim_segments;
 
 typedef struct bl_optim_stats {
-  double grad_norm;        /* ||grad_scale * g|| over all segments, before clipping */
-  double clip_coef;        /* factor applied for global clipping (1 = none) */
-  int32_t nonfinite;       /* 1 when the gradients held inf/NaN (nothing was written) */
+  double grad_norm;  /* ||grad_scale * g|| over all segments, before clipping */
+  double clip_coef;  /* factor applied for global clipping (1 = none) */
+  int32_t nonfinite; /* 1 when the gradients held inf/NaN (nothing was written) */
   int32_t pad_;
 } bl_optim_stats;
 
@@ -69,14 +69,14 @@ typedef struct bl_lamb_config {
  * separately with torch.nn.utils.clip_grad_norm_'s rule (coef =
  * max/(norm+1e-6) when < 1), as BertAdam did, instead of globally. */
 typedef struct bl_adamw_config {
-  double beta1;            /* 0.9 */
-  double beta2;            /* 0.999 */
-  double eps;              /* 1e-6 (BERT); torch's default is 1e-8 */
-  double weight_decay;     /* 0.01 */
-  double max_grad_norm;    /* 0 = off */
-  int32_t bias_correction; /* 1 = AdamW; 0 = BertAdam */
-  int32_t adam_w_mode;     /* 1: decoupled decay; 0: L2 on the gradient (Adam) */
-  int32_t per_segment_clip;/* 1: clip each segment to max_grad_norm (BertAdam) */
+  double beta1;             /* 0.9 */
+  double beta2;             /* 0.999 */
+  double eps;               /* 1e-6 (BERT); torch's default is 1e-8 */
+  double weight_decay;      /* 0.01 */
+  double max_grad_norm;     /* 0 = off */
+  int32_t bias_correction;  /* 1 = AdamW; 0 = BertAdam */
+  int32_t adam_w_mode;      /* 1: decoupled decay; 0: L2 on the gradient (Adam) */
+  int32_t per_segment_clip; /* 1: clip each segment to max_grad_norm (BertAdam) */
   int32_t pad_;
 } bl_adamw_config;
 
@@ -85,11 +85,11 @@ typedef struct bl_adamw_config {
  *   buf = momentum*buf + (1-dampening)*d;  d = nesterov ? d + momentum*buf : buf
  *   w -= lr*d          (buf may be NULL when momentum == 0) */
 typedef struct bl_sgd_config {
-  double momentum;         /* 0 = plain SGD */
-  double dampening;        /* 0 */
-  double weight_decay;     /* 0 */
-  double max_grad_norm;    /* 0 = off */
-  int32_t nesterov;        /* 0 */
+  double momentum;      /* 0 = plain SGD */
+  double dampening;     /* 0 */
+  double weight_decay;  /* 0 */
+  double max_grad_norm; /* 0 = off */
+  int32_t nesterov;     /* 0 */
   int32_t pad_;
 } bl_sgd_config;
 
@@ -179,8 +179,15 @@ typedef struct bl_amp_config {
   const bl_tensor *lr_from;
 } bl_amp_config;
 enum {
-  BL_AMP_SCALE = 0, BL_AMP_GROWTH, BL_AMP_FLOOR_SKIPS, BL_AMP_SKIPPED, BL_AMP_STEP, BL_AMP_NORM,
-  BL_AMP_LAST_SKIPPED, BL_AMP_CALLS, BL_AMP_STATE_LEN
+  BL_AMP_SCALE = 0,
+  BL_AMP_GROWTH,
+  BL_AMP_FLOOR_SKIPS,
+  BL_AMP_SKIPPED,
+  BL_AMP_STEP,
+  BL_AMP_NORM,
+  BL_AMP_LAST_SKIPPED,
+  BL_AMP_CALLS,
+  BL_AMP_STATE_LEN
 };
 int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
                      bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
@@ -188,6 +195,10 @@ int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, c
 int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
                       bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
                       const bl_amp_config *amp, bl_tensor *state);
+/* The decision alone, on a host array of BL_AMP_STATE_LEN doubles (a loss scaler that steps the optimizer itself,
+ * bertlua.train.amp's DynamicLossScaler:update): the rules above for one call given the norm of the unscaled
+ * gradients (NaN or inf: an overflow). *skipped (may be NULL) = 1 when the step is to be skipped. */
+int bl_amp_decide(const bl_amp_config *amp, double *state, double norm, int *skipped);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

@@ -22,17 +22,17 @@ typedef struct bl_storage {
   size_t nbytes;
   int32_t refcount;
   int32_t device;
-  int32_t owned;        /* 1: freed with the storage; 0: memory wrapped from the caller */
+  int32_t owned; /* 1: freed with the storage; 0: memory wrapped from the caller */
   int32_t pad_;
 } bl_storage;
 
 typedef struct bl_tensor {
-  bl_storage *storage;  /* NULL once released with bl_tensor_release */
-  void *data;           /* first element of this view */
+  bl_storage *storage; /* NULL once released with bl_tensor_release */
+  void *data;          /* first element of this view */
   int64_t shape[8];
   int64_t stride[8];
   int64_t numel;
-  int64_t offset;       /* in elements from storage->data */
+  int64_t offset; /* in elements from storage->data */
   int32_t ndim;
   int32_t dtype;
   int32_t device;
@@ -42,51 +42,51 @@ typedef struct bl_tensor {
 /* --- lifetime --- */
 int bl_tensor_empty(int ndim, const int64_t *shape, int dtype, int device, bl_tensor **res);
 /* Wrap memory the caller owns (not freed by bertlua; caller keeps it alive). */
-int bl_tensor_wrap(void *data, int ndim, const int64_t *shape, const int64_t *stride,
-                   int dtype, int device, bl_tensor **res);
-void bl_tensor_free(bl_tensor *t);     /* drops the header and its storage reference */
-void bl_tensor_release(bl_tensor *t);  /* drops the storage now, keeps the header (storage=NULL) */
+int bl_tensor_wrap(void *data, int ndim, const int64_t *shape, const int64_t *stride, int dtype, int device,
+                   bl_tensor **res);
+void bl_tensor_free(bl_tensor *t);    /* drops the header and its storage reference */
+void bl_tensor_release(bl_tensor *t); /* drops the storage now, keeps the header (storage=NULL) */
 /* Frees only the header memory, keeping the storage reference with whoever copied the
  * header (the Lua side copies headers into GC-managed structs, then calls this). */
 void bl_tensor_free_header(bl_tensor *t);
-int bl_tensor_check(const bl_tensor *t, const char *op);  /* error if released */
+int bl_tensor_check(const bl_tensor *t, const char *op); /* error if released */
 int bl_tensor_is_contiguous(const bl_tensor *t);
 size_t bl_tensor_nbytes(const bl_tensor *t);
-int64_t bl_storage_bytes_in_use(void);  /* bytes of live CPU+GPU storages */
+int64_t bl_storage_bytes_in_use(void); /* bytes of live CPU+GPU storages */
 /* The CPU block cache (src/tensor/alloc.c): tensors of 256 KiB and more are mapped in size classes, and a
  * freed one is kept for the next tensor of its class, up to limit_bytes of free blocks (BL_CPU_CACHE_MB,
  * default a quarter of the memory up to 4 GiB). */
 typedef struct bl_cpu_cache_stats {
-  int64_t maps;          /* blocks mapped from the system so far */
-  int64_t unmaps;        /* blocks given back so far */
-  int64_t hits;          /* allocations served by a cached block */
-  int64_t cached_bytes;  /* free blocks held now */
-  int64_t mapped_bytes;  /* all blocks mapped now, in use or free */
-  int64_t limit_bytes;   /* bound on cached_bytes (0: nothing is cached) */
+  int64_t maps;         /* blocks mapped from the system so far */
+  int64_t unmaps;       /* blocks given back so far */
+  int64_t hits;         /* allocations served by a cached block */
+  int64_t cached_bytes; /* free blocks held now */
+  int64_t mapped_bytes; /* all blocks mapped now, in use or free */
+  int64_t limit_bytes;  /* bound on cached_bytes (0: nothing is cached) */
 } bl_cpu_cache_stats;
 void bl_cpu_cache_get_stats(bl_cpu_cache_stats *out);
-int64_t bl_cpu_cache_release(void);          /* unmaps every free block; returns the bytes given back */
-int bl_cpu_cache_set_limit(int64_t bytes);   /* also trims the cache to the new bound */
+int64_t bl_cpu_cache_release(void);        /* unmaps every free block; returns the bytes given back */
+int bl_cpu_cache_set_limit(int64_t bytes); /* also trims the cache to the new bound */
 
 /* --- views (share storage; new header in *res) --- */
 int bl_tensor_view(const bl_tensor *t, int ndim, const int64_t *shape,
                    bl_tensor **res); /* reshape without copy; error if strides forbid */
-int bl_tensor_as_strided(const bl_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
-                         int64_t offset, bl_tensor **res);
+int bl_tensor_as_strided(const bl_tensor *t, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset,
+                         bl_tensor **res);
 int bl_tensor_permute(const bl_tensor *t, const int *perm, bl_tensor **res);
 int bl_tensor_transpose(const bl_tensor *t, int d0, int d1, bl_tensor **res);
 int bl_tensor_narrow(const bl_tensor *t, int dim, int64_t start, int64_t length, bl_tensor **res);
-int bl_tensor_select(const bl_tensor *t, int dim, int64_t index, bl_tensor **res);   /* drops dim */
-int bl_tensor_expand(const bl_tensor *t, int ndim, const int64_t *shape, bl_tensor **res);  /* -1 keeps a dim */
+int bl_tensor_select(const bl_tensor *t, int dim, int64_t index, bl_tensor **res);         /* drops dim */
+int bl_tensor_expand(const bl_tensor *t, int ndim, const int64_t *shape, bl_tensor **res); /* -1 keeps a dim */
 int bl_tensor_unsqueeze(const bl_tensor *t, int dim, bl_tensor **res);
-int bl_tensor_squeeze(const bl_tensor *t, int dim, bl_tensor **res);   /* dim < 0 ... see docs: dim must have size 1 */
-int bl_tensor_alias(const bl_tensor *t, bl_tensor **res);              /* same view, new header */
+int bl_tensor_squeeze(const bl_tensor *t, int dim, bl_tensor **res); /* dim < 0 ... see docs: dim must have size 1 */
+int bl_tensor_alias(const bl_tensor *t, bl_tensor **res);            /* same view, new header */
 
 /* --- data movement --- */
 /* dst <- src, broadcasting src to dst's shape, converting dtype, across devices. */
 int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src);
 int bl_tensor_fill(bl_tensor *t, double value);
-int bl_tensor_arange(bl_tensor *t, double start, double step);   /* t must be 1-D */
+int bl_tensor_arange(bl_tensor *t, double start, double step); /* t must be 1-D */
 int bl_tensor_get(const bl_tensor *t, const int64_t *index, double *value);
 int bl_tensor_set(bl_tensor *t, const int64_t *index, double value);
 /* Bulk conversion between a tensor and a host double array (numel values, row-major order). */
@@ -99,12 +99,37 @@ float bl_bf16_to_f32(uint16_t h);
 
 /* --- elementwise (broadcasting; out has the broadcast shape) --- */
 typedef enum bl_binop {
-  BL_ADD = 0, BL_SUB, BL_MUL, BL_DIV, BL_POW, BL_MAXIMUM, BL_MINIMUM,
-  BL_EQ, BL_NE, BL_LT, BL_LE, BL_GT, BL_GE, BL_NUM_BINOPS
+  BL_ADD = 0,
+  BL_SUB,
+  BL_MUL,
+  BL_DIV,
+  BL_POW,
+  BL_MAXIMUM,
+  BL_MINIMUM,
+  BL_EQ,
+  BL_NE,
+  BL_LT,
+  BL_LE,
+  BL_GT,
+  BL_GE,
+  BL_NUM_BINOPS
 } bl_binop;
 typedef enum bl_unop {
-  BL_NEG = 0, BL_ABS, BL_EXP, BL_LOG, BL_SQRT, BL_RSQRT, BL_TANH, BL_SIGMOID,
-  BL_RELU, BL_SQUARE, BL_RECIPROCAL, BL_SIGN, BL_FLOOR, BL_CEIL, BL_ERF,
+  BL_NEG = 0,
+  BL_ABS,
+  BL_EXP,
+  BL_LOG,
+  BL_SQRT,
+  BL_RSQRT,
+  BL_TANH,
+  BL_SIGMOID,
+  BL_RELU,
+  BL_SQUARE,
+  BL_RECIPROCAL,
+  BL_SIGN,
+  BL_FLOOR,
+  BL_CEIL,
+  BL_ERF,
   BL_NUM_UNOPS
 } bl_unop;
 int bl_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b);

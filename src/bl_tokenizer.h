@@ -53,14 +53,14 @@ typedef struct bl_tokenizer bl_tokenizer;
  * total number of WordPiece tokens even when it exceeds cap (then only the
  * first cap entries were written: call again with a bigger buffer). */
 typedef struct bl_tok_result {
-  int32_t *ids;        /* WordPiece ids */
-  int32_t *word;       /* index (0-based) of the basic token each piece came from */
-  int64_t *start;      /* byte offset in the input where that basic token starts */
-  int64_t *end;        /* byte offset just past that basic token's last input byte */
+  int32_t *ids;   /* WordPiece ids */
+  int32_t *word;  /* index (0-based) of the basic token each piece came from */
+  int64_t *start; /* byte offset in the input where that basic token starts */
+  int64_t *end;   /* byte offset just past that basic token's last input byte */
   int cap;
-  int n;               /* out: WordPiece tokens */
-  int n_words;         /* out: basic tokens (special tokens count as one) */
-  int64_t invalid_utf8;/* out: invalid UTF-8 sequences that were replaced (and dropped) */
+  int n;                /* out: WordPiece tokens */
+  int n_words;          /* out: basic tokens (special tokens count as one) */
+  int64_t invalid_utf8; /* out: invalid UTF-8 sequences that were replaced (and dropped) */
 } bl_tok_result;
 
 /* Loads vocab.txt (one token per line, id = 0-based line index, LF, CRLF or CR
@@ -82,23 +82,20 @@ int bl_tokenizer_special_id(const bl_tokenizer *tok, int which);
 
 /* text -> WordPiece ids (no [CLS]/[SEP] added). *n = number of ids, which may
  * exceed cap (only cap written). len must be < 2^31. */
-int bl_tokenizer_encode(const bl_tokenizer *tok, const char *text, size_t len,
-                        int32_t *ids, int cap, int *n);
+int bl_tokenizer_encode(const bl_tokenizer *tok, const char *text, size_t len, int32_t *ids, int cap, int *n);
 /* the same with basic-token indices and byte offsets (see bl_tok_result) */
-int bl_tokenizer_encode_full(const bl_tokenizer *tok, const char *text, size_t len,
-                             bl_tok_result *res);
+int bl_tokenizer_encode_full(const bl_tokenizer *tok, const char *text, size_t len, bl_tok_result *res);
 /* WordPiece alone on one already-normalized word (no cleaning, no splitting):
  * its pieces' ids, or the [UNK] id. */
-int bl_tokenizer_wordpiece(const bl_tokenizer *tok, const char *word, size_t len,
-                           int32_t *ids, int cap, int *n);
+int bl_tokenizer_wordpiece(const bl_tokenizer *tok, const char *word, size_t len, int32_t *ids, int cap, int *n);
 
 /* Text output, one line per input line ('\n'-separated; a last line without
  * '\n' still gets one): mode 0 = WordPiece tokens, 1 = ids, 2 = basic tokens,
  * separated by single spaces, each line ended by '\n'. Writes at most cap
  * bytes to out; *need = bytes the whole output takes (if > cap, nothing
  * useful was written: grow and call again). invalid_utf8 may be NULL. */
-int bl_tokenizer_format(const bl_tokenizer *tok, const char *text, size_t len, int mode,
-                        char *out, size_t cap, size_t *need, int64_t *invalid_utf8);
+int bl_tokenizer_format(const bl_tokenizer *tok, const char *text, size_t len, int mode, char *out, size_t cap,
+                        size_t *need, int64_t *invalid_utf8);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

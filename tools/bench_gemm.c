@@ -23,7 +23,7 @@
  * GCC kept them in memory and the probe read less than half the peak). */
 #include "ops/gemm.h"
 #include "ops/gemm_lowp.h"
-#include "ops/vecmath.h"
+#include "base/vecmath.h"
 #include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
@@ -46,14 +46,13 @@ static double now(void) {
 }
 
 /* FLOP/s of n independent FMA chains per thread for `secs` seconds, `threads` threads */
-#define PEAK_LOOP(VT)                                                                        \
-  VT acc[12];                                                                               \
-  _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] = (VT){0} + (float)i;        \
-  VT m = (VT){0} + 0.999999f, a = (VT){0} + 1e-7f;                                          \
-  for (long it = 0; it < iters; it++)                                                       \
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] = acc[i] * m + a;          \
-  float s = 0;                                                                              \
-  _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) s += acc[i][0];                     \
+#define PEAK_LOOP(VT)                                                                                                \
+  VT acc[12];                                                                                                        \
+  _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] = (VT){ 0 } + (float)i;                               \
+  VT m = (VT){ 0 } + 0.999999f, a = (VT){ 0 } + 1e-7f;                                                               \
+  for (long it = 0; it < iters; it++) _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] = acc[i] * m + a; \
+  float s = 0;                                                                                                       \
+  _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) s += acc[i][0];                                              \
   return s;
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
@@ -66,10 +65,10 @@ static double peak(int isa512, int threads) {
   for (int r = 0; r < 3; r++) {
     double t0 = now();
     float sink = 0;
-    #pragma omp parallel num_threads(threads) reduction(+ : sink)
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
     sink += isa512 ? fma512(iters) : fma256(iters);
     double dt = now() - t0;
-    if (sink == 12345.0f) printf(" ");  /* keep the loops */
+    if (sink == 12345.0f) printf(" "); /* keep the loops */
     double f = (double)threads * iters * 12 * (isa512 ? 16 : 8) * 2 / dt;
     if (f > best) best = f;
   }
@@ -77,7 +76,12 @@ static double peak(int isa512, int threads) {
 }
 
 enum { PRE_F32 = 1, PRE_F32_BIAS, PRE_F32_GELU, PRE_BF16, PRE_INT8 };
-typedef struct { const char *name; cblas_sgemm_fn cblas; dnnl_sgemm_fn dnnl; int own_isa, pre; } lib;
+typedef struct {
+  const char *name;
+  cblas_sgemm_fn cblas;
+  dnnl_sgemm_fn dnnl;
+  int own_isa, pre;
+} lib;
 
 /* the current forward shape's weight packed once, for own-pre / own-bf16 / own-int8 */
 static opx_packed_b *prepacked;
@@ -94,11 +98,16 @@ static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *
   int lda = ta ? M : K, ldb = ldb_of(tb, K, N);
   if (l->pre && l->pre <= PRE_F32_GELU)
     opx_sgemm_packed(prepacked, ta, M, A, lda, C, N, l->pre == PRE_F32 ? NULL : bias, l->pre == PRE_F32_GELU);
-  else if (l->pre == PRE_BF16) opx_bf16_gemm(pre_bf16, ta, M, A, lda, C, N, NULL, 0);
-  else if (l->pre == PRE_INT8) opx_q8_gemm(pre_int8, ta, M, A, lda, C, N, NULL, 0);
-  else if (l->own_isa) opx_sgemm_isa(l->own_isa, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, N);
-  else if (l->cblas) l->cblas(ROW, ta ? TR : NT, tb ? TR : NT, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
-  else l->dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+  else if (l->pre == PRE_BF16)
+    opx_bf16_gemm(pre_bf16, ta, M, A, lda, C, N, NULL, 0);
+  else if (l->pre == PRE_INT8)
+    opx_q8_gemm(pre_int8, ta, M, A, lda, C, N, NULL, 0);
+  else if (l->own_isa)
+    opx_sgemm_isa(l->own_isa, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, N);
+  else if (l->cblas)
+    l->cblas(ROW, ta ? TR : NT, tb ? TR : NT, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+  else
+    l->dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
 }
 
 int main(int argc, char **argv) {
@@ -112,7 +121,7 @@ int main(int argc, char **argv) {
     char *(*cfg)(void) = (char *(*)(void))dlsym(h, "openblas_get_config");
     if (set) set(threads);
     printf("OpenBLAS: %s\n", cfg ? cfg() : "?");
-    libs[nl++] = (lib){"OpenBLAS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0, 0};
+    libs[nl++] = (lib){ "OpenBLAS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0, 0 };
   }
   h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
   if (h && dlsym(h, "cblas_sgemm")) {
@@ -121,29 +130,29 @@ int main(int argc, char **argv) {
     int (*qa)(void) = (int (*)(void))dlsym(h, "bli_arch_query_id");
     if (set) set(threads);
     printf("BLIS: sub-configuration %s\n", arch && qa ? arch(qa()) : "?");
-    libs[nl++] = (lib){"BLIS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0, 0};
+    libs[nl++] = (lib){ "BLIS", (cblas_sgemm_fn)dlsym(h, "cblas_sgemm"), NULL, 0, 0 };
   }
   h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (h && dlsym(h, "dnnl_sgemm")) libs[nl++] = (lib){"oneDNN", NULL, (dnnl_sgemm_fn)dlsym(h, "dnnl_sgemm"), 0, 0};
+  if (h && dlsym(h, "dnnl_sgemm")) libs[nl++] = (lib){ "oneDNN", NULL, (dnnl_sgemm_fn)dlsym(h, "dnnl_sgemm"), 0, 0 };
   omp_set_num_threads(threads);
   __builtin_cpu_init();
   int has512 = __builtin_cpu_supports("x86-64-v4"), has256 = __builtin_cpu_supports("x86-64-v3");
   const char *cap = getenv("BL_CPU_ISA");
   int own = has512 && !(cap && strcmp(cap, "avx2") == 0) ? OPX_ISA_AVX512 : has256 ? OPX_ISA_AVX2 : 0;
-  if (own) libs[nl++] = (lib){own == OPX_ISA_AVX512 ? "own-avx512" : "own-avx2", NULL, NULL, own, 0};
-  if (own) libs[nl++] = (lib){"own-pre", NULL, NULL, own, PRE_F32};
-  if (own) libs[nl++] = (lib){"+bias", NULL, NULL, own, PRE_F32_BIAS};
-  if (own) libs[nl++] = (lib){"+gelu", NULL, NULL, own, PRE_F32_GELU};
-  if (own == OPX_ISA_AVX512 && opx_bf16_ok()) libs[nl++] = (lib){"own-bf16", NULL, NULL, own, PRE_BF16};
+  if (own) libs[nl++] = (lib){ own == OPX_ISA_AVX512 ? "own-avx512" : "own-avx2", NULL, NULL, own, 0 };
+  if (own) libs[nl++] = (lib){ "own-pre", NULL, NULL, own, PRE_F32 };
+  if (own) libs[nl++] = (lib){ "+bias", NULL, NULL, own, PRE_F32_BIAS };
+  if (own) libs[nl++] = (lib){ "+gelu", NULL, NULL, own, PRE_F32_GELU };
+  if (own == OPX_ISA_AVX512 && opx_bf16_ok()) libs[nl++] = (lib){ "own-bf16", NULL, NULL, own, PRE_BF16 };
   int q8isa = own == OPX_ISA_AVX512 && opx_vnni_ok() ? OPX_ISA_AVX512 : own ? OPX_ISA_AVX2 : 0;
-  if (q8isa) libs[nl++] = (lib){q8isa == OPX_ISA_AVX512 ? "int8-vnni" : "int8-avx2", NULL, NULL, own, PRE_INT8};
+  if (q8isa) libs[nl++] = (lib){ q8isa == OPX_ISA_AVX512 ? "int8-vnni" : "int8-avx2", NULL, NULL, own, PRE_INT8 };
   printf("FMA peak, %d threads (GFLOP/s):", threads);
   if (has512) printf(" AVX-512 %.1f", peak(1, threads));
   if (has256) printf(" AVX2 %.1f", peak(0, threads));
   printf("\n");
 
-  const int shapes[][3] = {{768, 768}, {3072, 768}, {768, 3072}};  /* N, K of the layer */
-  const int Ms[] = {4096, 128};
+  const int shapes[][3] = { { 768, 768 }, { 3072, 768 }, { 768, 3072 } }; /* N, K of the layer */
+  const int Ms[] = { 4096, 128 };
   float *A = malloc(sizeof(float) * 4096 * 3072), *B = malloc(sizeof(float) * 3072 * 3072),
         *C = malloc(sizeof(float) * 4096 * 3072);
   bias = malloc(sizeof(float) * 3072);
@@ -159,10 +168,29 @@ int main(int argc, char **argv) {
       for (int kind = 0; kind < 3; kind++) {
         int M = Ms[mi], N = shapes[s][0], K = shapes[s][1], m, n, k, ta, tb;
         const char *what;
-        if (kind == 0) { m = M; n = N; k = K; ta = 0; tb = 1; what = "fwd  X W^T"; }
-        else if (kind == 1) { m = M; n = K; k = N; ta = 0; tb = 0; what = "dX = dY W"; }
-        else { m = N; n = K; k = M; ta = 1; tb = 0; what = "dW = dY^T X"; }
-        double best[9] = {0};
+        if (kind == 0) {
+          m = M;
+          n = N;
+          k = K;
+          ta = 0;
+          tb = 1;
+          what = "fwd  X W^T";
+        } else if (kind == 1) {
+          m = M;
+          n = K;
+          k = N;
+          ta = 0;
+          tb = 0;
+          what = "dX = dY W";
+        } else {
+          m = N;
+          n = K;
+          k = M;
+          ta = 1;
+          tb = 0;
+          what = "dW = dY^T X";
+        }
+        double best[9] = { 0 };
         prepacked = own && kind == 0 ? opx_pack_b(own, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
         pre_bf16 = kind == 0 ? opx_bf16_pack(1, k, n, B, ldb_of(tb, k, n)) : NULL;
         pre_int8 = q8isa && kind == 0 ? opx_q8_pack(q8isa, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
@@ -185,6 +213,9 @@ int main(int argc, char **argv) {
         opx_bf16_free(pre_bf16);
         opx_q8_free(pre_int8);
       }
-  free(A); free(B); free(C); free(bias);
+  free(A);
+  free(B);
+  free(C);
+  free(bias);
   return 0;
 }

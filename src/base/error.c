@@ -20,8 +20,8 @@ int bl_set_error(int status, const char *fmt, ...) {
   return status ? status : BL_EINVAL;
 }
 
-static const char *const dtype_names[BL_NUM_DTYPES] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool"};
-static const int dtype_sizes[BL_NUM_DTYPES] = {4, 8, 2, 2, 4, 8, 1, 1};
+static const char *const dtype_names[BL_NUM_DTYPES] = { "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool" };
+static const int dtype_sizes[BL_NUM_DTYPES] = { 4, 8, 2, 2, 4, 8, 1, 1 };
 
 const char *bl_dtype_name(int d) { return d >= 0 && d < BL_NUM_DTYPES ? dtype_names[d] : "invalid"; }
 int bl_dtype_size(int d) { return d >= 0 && d < BL_NUM_DTYPES ? dtype_sizes[d] : 0; }
@@ -37,8 +37,10 @@ char *bl_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
 }
 
 const char *bl_device_str(int device, char *buf, size_t n) {
-  if (device < 0) snprintf(buf, n, "cpu");
-  else snprintf(buf, n, "cuda:%d", device);
+  if (device < 0)
+    snprintf(buf, n, "cpu");
+  else
+    snprintf(buf, n, "cuda:%d", device);
   return buf;
 }
 
@@ -64,13 +66,13 @@ void bl_set_num_threads(int n) {
   omp_set_num_threads(n);
 #endif
   openblas_set_num_threads(n);
-  bl_stop_guard_threads();  /* a larger team's new workers */
+  bl_stop_guard_threads(); /* a larger team's new workers */
 }
 
 int bl_check_cpu(const bl_tensor *t, const char *op, const char *name) {
   if (t->device >= 0)
-    return bl_set_error(BL_EUNSUPPORTED, "%s: %s is on cuda:%d, this operation is only available on the cpu so far",
-                        op, name, t->device);
+    return bl_set_error(BL_EUNSUPPORTED, "%s: %s is on cuda:%d, this operation is only available on the cpu so far", op,
+                        name, t->device);
   return 0;
 }
 

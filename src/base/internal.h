@@ -3,7 +3,8 @@
 #define BL_INTERNAL_H
 #include <math.h>
 #include <string.h>
-#include "bertlua.h"
+#include "bl_tensor.h"
+#include "rules/convert.h"
 
 /* "[2,3]" into buf; returns buf. */
 char *bl_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
@@ -30,17 +31,9 @@ static inline void bl_store(int dtype, void *p, double v) {
     case BL_F64: *(double *)p = v; break;
     case BL_F16: *(uint16_t *)p = bl_f32_to_f16((float)v); break;
     case BL_BF16: *(uint16_t *)p = bl_f32_to_bf16((float)v); break;
-    /* Out-of-range and NaN conversions to integers are clamped instead of UB. */
-    case BL_I32:
-      *(int32_t *)p = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
-      break;
-    case BL_I64:
-      *(int64_t *)p = v != v                        ? 0
-                      : v >= 9.2233720368547758e18  ? INT64_MAX
-                      : v <= -9.2233720368547758e18 ? INT64_MIN
-                                                    : (int64_t)v;
-      break;
-    case BL_U8: *(uint8_t *)p = v != v ? 0 : v >= 255.0 ? 255 : v <= 0 ? 0 : (uint8_t)v; break;
+    case BL_I32: *(int32_t *)p = bl_d2i32(v); break; /* saturating (src/base/rules/convert.h) */
+    case BL_I64: *(int64_t *)p = bl_d2i64(v); break;
+    case BL_U8: *(uint8_t *)p = bl_d2u8(v); break;
     case BL_BOOL: *(uint8_t *)p = v != 0; break;
   }
 }
@@ -48,10 +41,16 @@ static inline void bl_store(int dtype, void *p, double v) {
 /* Strided n-d loop: calls fn(n, ptrs, inner_strides_bytes, ctx) for each run of the
  * innermost (coalesced) dimension. strides are in BYTES, one row of BL_MAX_DIMS per operand. */
 typedef void (*bl_inner_fn)(int64_t n, char **ptrs, const int64_t *inner_strides, void *ctx);
-void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim, const int64_t *shape,
-                bl_inner_fn fn, void *ctx);
-/* Strides of t broadcast to (ndim, shape), in bytes (0 on broadcast dims). */
+void bl_foreach(int nops, char **base, int64_t strides[][BL_MAX_DIMS], int ndim, const int64_t *shape, bl_inner_fn fn,
+                void *ctx);
+/* Strides of t broadcast to (ndim, shape), in elements or in bytes (0 on broadcast dims): the CPU loops and the
+ * CUDA kernels' iteration (kernels/elementwise.cu). */
+void bl_broadcast_strides(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out);
 void bl_broadcast_strides_bytes(const bl_tensor *t, int ndim, const int64_t *shape, int64_t *out);
+/* 0 when out has shape (n, shape), else an error naming op. */
+int bl_check_out_shape(const char *op, const bl_tensor *out, int n, const int64_t *shape);
+/* 0 when src's shape broadcasts to dst's (trailing dims equal or 1 in src), else an error naming op. */
+int bl_check_broadcast_to(const char *op, const bl_tensor *src, const bl_tensor *dst);
 
 int bl_check_cpu(const bl_tensor *t, const char *op, const char *name);
 /* After bl_stop_watch: OpenMP workers block SIGINT/SIGTERM (src/base/stop.c says why); call when the team may

@@ -7,7 +7,7 @@
  * go where rsp points: the main thread takes the signals on an alternate stack (SA_ONSTACK), and
  * the OpenMP workers, which run those kernels too, block them (bl_stop_guard_threads, again
  * whenever the team may grow). The loader's threads block every signal already. */
-#define _GNU_SOURCE  /* sigaltstack, SA_ONSTACK */
+#define _GNU_SOURCE /* sigaltstack, SA_ONSTACK */
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -23,7 +23,7 @@ static volatile sig_atomic_t pending = 0;
 static int watching = 0;
 
 static void on_signal(int sig) {
-  if (pending == sig) {  /* asked twice: stop now, the default way */
+  if (pending == sig) { /* asked twice: stop now, the default way */
     signal(sig, SIG_DFL);
     raise(sig);
     return;
@@ -44,7 +44,7 @@ void bl_stop_guard_threads(void) {
   stop_signals(&s);
   /* workers made during the region inherit the blocked mask; those that exist block it themselves */
   pthread_sigmask(SIG_BLOCK, &s, &old);
-  #pragma omp parallel
+#pragma omp parallel
   {
     if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &s, NULL);
   }
@@ -53,10 +53,10 @@ void bl_stop_guard_threads(void) {
 }
 
 int bl_stop_watch(void) {
-  if (!watching) {  /* the main thread's alternate signal stack, kept for the process's life */
+  if (!watching) { /* the main thread's alternate signal stack, kept for the process's life */
     size_t n = 1 << 16;
     if (n < (size_t)MINSIGSTKSZ * 4) n = (size_t)MINSIGSTKSZ * 4;
-    stack_t ss = {.ss_sp = malloc(n), .ss_size = n, .ss_flags = 0};
+    stack_t ss = { .ss_sp = malloc(n), .ss_size = n, .ss_flags = 0 };
     if (!ss.ss_sp) return bl_set_error(BL_ENOMEM, "stop: out of memory for the signal stack");
     if (sigaltstack(&ss, NULL) != 0) {
       free(ss.ss_sp);

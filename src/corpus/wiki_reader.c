@@ -9,7 +9,7 @@
  * the cleaner's buffers: flat whatever the dump size. No DOM.
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE  /* memmem */
+#define _GNU_SOURCE /* memmem */
 #endif
 #include <bzlib.h>
 #include <stdarg.h>
@@ -23,8 +23,8 @@
 #include "corpus_internal.h"
 #include "base/open.h"
 
-#define WIN_CAP (1u << 20)
-#define IN_CAP (1u << 16)
+#define WIN_CAP              (1u << 20)
+#define IN_CAP               (1u << 16)
 #define MAX_PRINTED_WARNINGS 20
 
 struct bl_wiki_reader {
@@ -34,11 +34,11 @@ struct bl_wiki_reader {
   int bz2, bz_active, eof_in, eof_out;
   int failed_rc;
   char failed_msg[1100];
-  bz_stream bz;             /* for plain XML only next_in/avail_in are used (peeked bytes) */
+  bz_stream bz; /* for plain XML only next_in/avail_in are used (peeked bytes) */
   char *inbuf;
-  char *win;                /* decompressed window [win_pos, win_len) unconsumed */
+  char *win; /* decompressed window [win_pos, win_len) unconsumed */
   size_t win_len, win_pos;
-  uint64_t win_off;         /* XML offset of win[0] */
+  uint64_t win_off; /* XML offset of win[0] */
   uint64_t file_read;
   bl_cbuf page, title, text;
   int in_page, page_over;
@@ -58,7 +58,8 @@ static void warn(bl_wiki_reader *r, const char *fmt, ...) {
   va_end(ap);
   r->st.warnings++;
   if (!r->quiet) {
-    if (r->st.warnings <= MAX_PRINTED_WARNINGS) fprintf(stderr, "warning: %s: %s\n", r->path, r->warn);
+    if (r->st.warnings <= MAX_PRINTED_WARNINGS)
+      fprintf(stderr, "warning: %s: %s\n", r->path, r->warn);
     else if (r->st.warnings == MAX_PRINTED_WARNINGS + 1)
       fprintf(stderr, "warning: %s: further warnings are counted but not printed\n", r->path);
   }
@@ -79,8 +80,7 @@ static int read_input(bl_wiki_reader *r) {
   if (r->eof_in) return 0;
   size_t k = fread(r->inbuf, 1, IN_CAP, r->f);
   if (k == 0) {
-    if (ferror(r->f))
-      return fail(r, BL_EIO, "read error at byte offset %llu", (unsigned long long)r->file_read);
+    if (ferror(r->f)) return fail(r, BL_EIO, "read error at byte offset %llu", (unsigned long long)r->file_read);
     r->eof_in = 1;
     return 0;
   }
@@ -104,10 +104,11 @@ static const char *bz_err_name(int ret) {
 /* Decompressed bytes into dst: >0 count, 0 end of input, <0 fatal status. */
 static long produce(bl_wiki_reader *r, char *dst, size_t cap) {
   if (!r->bz2) {
-    if (r->bz.avail_in) {  /* bytes peeked by open */
+    if (r->bz.avail_in) { /* bytes peeked by open */
       size_t k = r->bz.avail_in < cap ? r->bz.avail_in : cap;
       memcpy(dst, r->bz.next_in, k);
-      r->bz.next_in += k; r->bz.avail_in -= (unsigned)k;
+      r->bz.next_in += k;
+      r->bz.avail_in -= (unsigned)k;
       return (long)k;
     }
     if (r->eof_in) return 0;
@@ -126,11 +127,13 @@ static long produce(bl_wiki_reader *r, char *dst, size_t cap) {
       if (r->bz.avail_in == 0) {
         int k = read_input(r);
         if (k < 0) return k;
-        if (k == 0) return 0;  /* clean end: the last stream was complete */
+        if (k == 0) return 0; /* clean end: the last stream was complete */
       }
-      char *ni = r->bz.next_in; unsigned ai = r->bz.avail_in;
+      char *ni = r->bz.next_in;
+      unsigned ai = r->bz.avail_in;
       memset(&r->bz, 0, sizeof r->bz);
-      r->bz.next_in = ni; r->bz.avail_in = ai;
+      r->bz.next_in = ni;
+      r->bz.avail_in = ai;
       if (BZ2_bzDecompressInit(&r->bz, 0, 0) != BZ_OK) return fail(r, BL_ENOMEM, "cannot initialise bzip2");
       r->bz_active = 1;
       r->st.bz2_streams++;
@@ -153,9 +156,8 @@ static long produce(bl_wiki_reader *r, char *dst, size_t cap) {
         return fail(r, BL_EFORMAT, "data after bz2 stream %d at byte offset %llu is not a bzip2 stream",
                     r->st.bz2_streams - 1, off);
       return fail(r, ret == BZ_MEM_ERROR ? BL_ENOMEM : BL_EFORMAT,
-                  "bz2 stream %d: %s near compressed byte offset %llu (decompressed offset %llu)",
-                  r->st.bz2_streams, bz_err_name(ret), off,
-                  (unsigned long long)(r->win_off + r->win_len + got));
+                  "bz2 stream %d: %s near compressed byte offset %llu (decompressed offset %llu)", r->st.bz2_streams,
+                  bz_err_name(ret), off, (unsigned long long)(r->win_off + r->win_len + got));
     }
     if (got) return (long)got;
     if (r->bz.avail_in == 0) {
@@ -165,8 +167,7 @@ static long produce(bl_wiki_reader *r, char *dst, size_t cap) {
         return fail(r, BL_EFORMAT,
                     "truncated bz2: the file ends inside bz2 stream %d at byte offset %llu "
                     "(decompressed offset %llu); re-download it",
-                    r->st.bz2_streams, (unsigned long long)r->file_read,
-                    (unsigned long long)(r->win_off + r->win_len));
+                    r->st.bz2_streams, (unsigned long long)r->file_read, (unsigned long long)(r->win_off + r->win_len));
     }
   }
 }
@@ -180,7 +181,10 @@ static long fill(bl_wiki_reader *r) {
     r->win_pos = 0;
   }
   long got = produce(r, r->win + r->win_len, WIN_CAP - r->win_len);
-  if (got > 0) { r->win_len += (size_t)got; r->st.bytes_xml += (uint64_t)got; }
+  if (got > 0) {
+    r->win_len += (size_t)got;
+    r->st.bytes_xml += (uint64_t)got;
+  }
   return got;
 }
 
@@ -195,20 +199,39 @@ int bl_wiki_open(const char *path, const bl_wiki_options *opts, bl_wiki_reader *
   r->quiet = opts ? opts->quiet : 0;
   r->inbuf = (char *)malloc(IN_CAP);
   r->win = (char *)malloc(WIN_CAP);
-  if (!r->inbuf || !r->win) { bl_wiki_close(r); return bl_set_error(BL_ENOMEM, "wiki_open: out of memory"); }
-  if (!strcmp(path, "-")) r->f = stdin;
+  if (!r->inbuf || !r->win) {
+    bl_wiki_close(r);
+    return bl_set_error(BL_ENOMEM, "wiki_open: out of memory");
+  }
+  if (!strcmp(path, "-"))
+    r->f = stdin;
   else {
     int fd = bl_open_regular(path, "wiki_open: input", NULL);
-    if (fd < 0) { bl_wiki_close(r); return BL_EIO; }
+    if (fd < 0) {
+      bl_wiki_close(r);
+      return BL_EIO;
+    }
     r->f = fdopen(fd, "rb");
-    if (!r->f) { close(fd); bl_wiki_close(r); return bl_set_error(BL_EIO, "wiki_open: cannot open %s", path); }
+    if (!r->f) {
+      close(fd);
+      bl_wiki_close(r);
+      return bl_set_error(BL_EIO, "wiki_open: cannot open %s", path);
+    }
     r->own_f = 1;
   }
   int k = read_input(r);
-  if (k < 0) { int rc = r->failed_rc; bl_wiki_close(r); return rc; }
+  if (k < 0) {
+    int rc = r->failed_rc;
+    bl_wiki_close(r);
+    return rc;
+  }
   const unsigned char *b = (const unsigned char *)r->inbuf;
-  if (k == 0) { bl_wiki_close(r); return bl_set_error(BL_EFORMAT, "wiki_open: %s is empty", path); }
-  if (k >= 3 && b[0] == 'B' && b[1] == 'Z' && b[2] == 'h') r->bz2 = 1;
+  if (k == 0) {
+    bl_wiki_close(r);
+    return bl_set_error(BL_EFORMAT, "wiki_open: %s is empty", path);
+  }
+  if (k >= 3 && b[0] == 'B' && b[1] == 'Z' && b[2] == 'h')
+    r->bz2 = 1;
   else {
     int i = 0;
     if (k >= 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF) i = 3;
@@ -230,8 +253,11 @@ void bl_wiki_close(bl_wiki_reader *r) {
   if (!r) return;
   if (r->bz_active) BZ2_bzDecompressEnd(&r->bz);
   if (r->f && r->own_f) fclose(r->f);
-  free(r->inbuf); free(r->win);
-  bl_cbuf_free(&r->page); bl_cbuf_free(&r->title); bl_cbuf_free(&r->text);
+  free(r->inbuf);
+  free(r->win);
+  bl_cbuf_free(&r->page);
+  bl_cbuf_free(&r->title);
+  bl_cbuf_free(&r->text);
   bl_wikitext_cleaner_free(&r->cl);
   free(r);
 }
@@ -266,7 +292,8 @@ static int element(const char *s, size_t n, const char *open, const char *close,
   a += strlen(open);
   const char *e = (const char *)memmem(a, n - (size_t)(a - s), close, strlen(close));
   if (!e) return 0;
-  *v = a; *vl = (size_t)(e - a);
+  *v = a;
+  *vl = (size_t)(e - a);
   return 1;
 }
 
@@ -283,10 +310,14 @@ static int handle_page(bl_wiki_reader *r, bl_wiki_doc *doc) {
   const char *tt = NULL;
   for (const char *q = p; (q = (const char *)memmem(q, n - (size_t)(q - p), "<text", 5)) != NULL; q += 5) {
     char c = (size_t)(q - p) + 5 < n ? q[5] : 0;
-    if (c == '>' || c == ' ' || c == '/' || c == '\t' || c == '\n') { tt = q; break; }
+    if (c == '>' || c == ' ' || c == '/' || c == '\t' || c == '\n') {
+      tt = q;
+      break;
+    }
   }
   size_t hn = tt ? (size_t)(tt - p) : n;
-  const char *v; size_t vl;
+  const char *v;
+  size_t vl;
   r->title.n = 0;
   if (!element(p, hn, "<title>", "</title>", &v, &vl)) {
     r->st.skipped_bad++;
@@ -299,33 +330,56 @@ static int handle_page(bl_wiki_reader *r, bl_wiki_doc *doc) {
   const char *title = r->title.oom ? "?" : r->title.p;
   long ns = 0;
   if (element(p, hn, "<ns>", "</ns>", &v, &vl)) {
-    char tmp[24]; size_t k = vl < sizeof tmp - 1 ? vl : sizeof tmp - 1;
-    memcpy(tmp, v, k); tmp[k] = 0;
+    char tmp[24];
+    size_t k = vl < sizeof tmp - 1 ? vl : sizeof tmp - 1;
+    memcpy(tmp, v, k);
+    tmp[k] = 0;
     ns = strtol(tmp, NULL, 10);
   }
   int64_t page_id = -1;
   if (element(p, hn, "<id>", "</id>", &v, &vl)) {
-    char tmp[24]; size_t k = vl < sizeof tmp - 1 ? vl : sizeof tmp - 1;
-    memcpy(tmp, v, k); tmp[k] = 0;
+    char tmp[24];
+    size_t k = vl < sizeof tmp - 1 ? vl : sizeof tmp - 1;
+    memcpy(tmp, v, k);
+    tmp[k] = 0;
     page_id = strtoll(tmp, NULL, 10);
   }
   int redirect = memmem(p, hn, "<redirect", 9) != NULL;
-  const char *text = NULL; size_t tl = 0; int text_ok = 0;
+  const char *text = NULL;
+  size_t tl = 0;
+  int text_ok = 0;
   if (tt) {
     const char *gt = (const char *)memchr(tt, '>', n - (size_t)(tt - p));
-    if (gt && gt[-1] == '/') { text = gt; tl = 0; text_ok = 1; }
-    else if (gt) {
+    if (gt && gt[-1] == '/') {
+      text = gt;
+      tl = 0;
+      text_ok = 1;
+    } else if (gt) {
       const char *e = (const char *)memmem(gt + 1, n - (size_t)(gt + 1 - p), "</text>", 7);
-      if (e) { text = gt + 1; tl = (size_t)(e - text); text_ok = 1; }
+      if (e) {
+        text = gt + 1;
+        tl = (size_t)(e - text);
+        text_ok = 1;
+      }
     }
   }
   if (text_ok && !redirect) {
-    const char *q = text; size_t ql = tl;
-    while (ql && (*q == ' ' || *q == '\n' || *q == '\t' || *q == '\r')) { q++; ql--; }
+    const char *q = text;
+    size_t ql = tl;
+    while (ql && (*q == ' ' || *q == '\n' || *q == '\t' || *q == '\r')) {
+      q++;
+      ql--;
+    }
     if (ql >= 9 && !strncasecmp(q, "#REDIRECT", 9)) redirect = 1;
   }
-  if (redirect) { r->st.redirects++; return 0; }
-  if (ns != 0) { r->st.other_ns++; return 0; }
+  if (redirect) {
+    r->st.redirects++;
+    return 0;
+  }
+  if (ns != 0) {
+    r->st.other_ns++;
+    return 0;
+  }
   int64_t index = r->st.articles++;
   if (r->page_over) {
     r->st.skipped_large++;
@@ -337,19 +391,28 @@ static int handle_page(bl_wiki_reader *r, bl_wiki_doc *doc) {
     warn(r, "page '%s' (offset %llu) has no well-formed <text> element, skipped", title, off);
     return 0;
   }
-  if (index < r->seek) { r->st.skipped_seek++; return 0; }
+  if (index < r->seek) {
+    r->st.skipped_seek++;
+    return 0;
+  }
   r->text.n = 0;
   bl_corpus_decode_entities(text, tl, 0, &r->text);
-  if (r->text.oom) { r->text.oom = 0; return fail(r, BL_ENOMEM, "out of memory decoding page '%s'", title); }
+  if (r->text.oom) {
+    r->text.oom = 0;
+    return fail(r, BL_ENOMEM, "out of memory decoding page '%s'", title);
+  }
   size_t badt = bl_corpus_utf8_check(r->title.p, r->title.n);
   size_t bad = bl_corpus_utf8_check(r->text.p, r->text.n);
   if (badt != r->title.n || bad != r->text.n) {
     r->st.skipped_bad++;
-    if (badt != r->title.n) warn(r, "page at offset %llu has an invalid UTF-8 title, skipped", off);
-    else warn(r, "page '%s' (offset %llu) has invalid UTF-8 at text byte %zu, skipped", title, off, bad);
+    if (badt != r->title.n)
+      warn(r, "page at offset %llu has an invalid UTF-8 title, skipped", off);
+    else
+      warn(r, "page '%s' (offset %llu) has invalid UTF-8 at text byte %zu, skipped", title, off, bad);
     return 0;
   }
-  const char *clean; size_t cl;
+  const char *clean;
+  size_t cl;
   int rc = bl_wikitext_clean_into(&r->cl, r->text.p ? r->text.p : "", r->text.n, r->flags, &clean, &cl);
   if (rc) return fail(r, rc, "cleaning page '%s' (offset %llu): out of memory", title, off);
   doc->title = r->title.p;

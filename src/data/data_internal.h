@@ -9,14 +9,14 @@
 
 struct bl_shard {
   char *path;
-  const uint8_t *base;       /* the mapping */
+  const uint8_t *base; /* the mapping */
   size_t size;
   const bl_shard_header *h;
-  const uint64_t *offs;      /* N + 1 */
+  const uint64_t *offs; /* N + 1 */
   const uint8_t *data;
   int64_t n;
-  int32_t tb;                /* token bytes: 2 or 4 */
-  int32_t max_length;        /* longest record */
+  int32_t tb;         /* token bytes: 2 or 4 */
+  int32_t max_length; /* longest record */
 };
 
 /* Record k without checks (bl_shard_open validated every record). */
@@ -34,26 +34,32 @@ static inline void bl_shard_rec(const struct bl_shard *s, int64_t k, bl_shard_re
 }
 
 static inline uint32_t bl_shard_token(const void *p, int tb, int64_t i) {
-  if (tb == 2) { uint16_t v; memcpy(&v, (const uint8_t *)p + 2 * i, 2); return v; }
-  uint32_t v; memcpy(&v, (const uint8_t *)p + 4 * i, 4); return v;
+  if (tb == 2) {
+    uint16_t v;
+    memcpy(&v, (const uint8_t *)p + 2 * i, 2);
+    return v;
+  }
+  uint32_t v;
+  memcpy(&v, (const uint8_t *)p + 4 * i, 4);
+  return v;
 }
 
 /* The loader's generator, specified in bl_loader.h (bl_xrng). */
-typedef struct bl_xrng { uint64_t s; } bl_xrng;
+typedef struct bl_xrng {
+  uint64_t s;
+} bl_xrng;
 
-static inline void bl_xrng_seed(bl_xrng *r, uint64_t seed) {
-  r->s = 0x9E3779B97F4A7C15ULL + seed * 0x100000001B3ULL;
-}
+static inline void bl_xrng_seed(bl_xrng *r, uint64_t seed) { r->s = 0x9E3779B97F4A7C15ULL + seed * 0x100000001B3ULL; }
 static inline double bl_xrng_unit(bl_xrng *r) {
   uint64_t x = r->s;
-  x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
   r->s = x;
   return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
 }
 /* r(n) of the Lua rng: floor(u * n) + 1, in 1..n */
-static inline int64_t bl_xrng_int1(bl_xrng *r, int64_t n) {
-  return (int64_t)floor(bl_xrng_unit(r) * (double)n) + 1;
-}
+static inline int64_t bl_xrng_int1(bl_xrng *r, int64_t n) { return (int64_t)floor(bl_xrng_unit(r) * (double)n) + 1; }
 
 /* A Lua number used as a uint64 seed: LuaJIT converts through int64 below
  * 2^63 (so negative seeds wrap) and directly above. */
@@ -77,7 +83,7 @@ typedef struct bl_order_params {
   double seed;
   int shuffle;
   int32_t bin_window;
-  const uint16_t *lengths;   /* [total], for binning */
+  const uint16_t *lengths; /* [total], for binning */
 } bl_order_params;
 /* Scratch entries (uint64) bl_order_epoch needs: 0 without binning. */
 int64_t bl_order_scratch_size(const bl_order_params *p);
@@ -88,10 +94,10 @@ void bl_order_epoch(const bl_order_params *p, int64_t epoch, uint32_t *perm, uin
 typedef struct bl_mask_params {
   int32_t cls_id, sep_id, mask_id, vocab_size, max_predictions;
   double masked_lm_prob;
-  const uint8_t *is_continuation;  /* [vocab_size] or NULL: whole-word masking when set */
+  const uint8_t *is_continuation; /* [vocab_size] or NULL: whole-word masking when set */
 } bl_mask_params;
 typedef struct bl_mask_scratch {
-  int32_t *idx, *gstart, *gorder;   /* candidate positions, group starts, shuffled groups */
+  int32_t *idx, *gstart, *gorder; /* candidate positions, group starts, shuffled groups */
   uint8_t *covered;
   int64_t cap;
 } bl_mask_scratch;
@@ -99,6 +105,6 @@ int bl_mask_scratch_init(bl_mask_scratch *s, int64_t max_len);
 void bl_mask_scratch_free(bl_mask_scratch *s);
 /* tokens[L] -> out[L] (L <= the scratch's max_len); writes the first P masked
  * positions and their original tokens, by position; returns how many were masked. */
-int32_t bl_mask_sequence(const bl_mask_params *p, bl_mask_scratch *s, bl_xrng *r, const int32_t *tokens,
-                         int32_t L, int32_t *out, int32_t *pos, int32_t *lab, int32_t P);
+int32_t bl_mask_sequence(const bl_mask_params *p, bl_mask_scratch *s, bl_xrng *r, const int32_t *tokens, int32_t L,
+                         int32_t *out, int32_t *pos, int32_t *lab, int32_t P);
 #endif

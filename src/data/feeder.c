@@ -12,10 +12,10 @@
 enum { F_IDS, F_TYPES, F_MASK, F_MPOS, F_MLAB, F_NSP, F_COUNT, SLOTS = 2 };
 
 typedef struct {
-  int32_t *host[F_COUNT];   /* pinned */
-  bl_tensor *dev[F_COUNT];  /* 1-d int32 device buffers of the largest shape */
-  void *copied;             /* copy stream: this slot's copies are done */
-  void *consumed;           /* compute stream: the step that read this slot is done */
+  int32_t *host[F_COUNT];  /* pinned */
+  bl_tensor *dev[F_COUNT]; /* 1-d int32 device buffers of the largest shape */
+  void *copied;            /* copy stream: this slot's copies are done */
+  void *consumed;          /* compute stream: the step that read this slot is done */
   int consumed_recorded;
   int64_t S, epoch, pos, tokens;
 } fslot;
@@ -25,9 +25,9 @@ struct bl_feeder {
   int64_t B, S_max, P;
   void *copy_stream;
   fslot s[SLOTS];
-  int head, count;          /* oldest slot in flight, slots in flight */
-  int handed;               /* slot handed out by the last get, -1: none */
-  int64_t staged;           /* bytes copied from ordinary memory into the pinned buffers */
+  int head, count; /* oldest slot in flight, slots in flight */
+  int handed;      /* slot handed out by the last get, -1: none */
+  int64_t staged;  /* bytes copied from ordinary memory into the pinned buffers */
 };
 
 #ifdef BL_HAVE_CUDA
@@ -51,19 +51,18 @@ void bl_feeder_free(bl_feeder *f) {
   free(f);
 }
 
-int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions,
-                  bl_feeder **res) {
+int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions, bl_feeder **res) {
   const char *op = "feeder";
   *res = NULL;
   if (batch_size < 1 || max_seq_length < 1 || max_predictions < 0)
-    return bl_set_error(BL_EINVAL, "%s: batch %lld, max_seq_length %d, max_predictions %d (need >= 1, >= 1, >= 0)",
-                        op, (long long)batch_size, max_seq_length, max_predictions);
+    return bl_set_error(BL_EINVAL, "%s: batch %lld, max_seq_length %d, max_predictions %d (need >= 1, >= 1, >= 0)", op,
+                        (long long)batch_size, max_seq_length, max_predictions);
   BL_CHECK(bl_dev_check(device, op));
   bl_feeder *f = calloc(1, sizeof *f);
   if (!f) return bl_set_error(BL_ENOMEM, "%s: out of host memory", op);
   f->device = device;
   f->B = batch_size;
-  f->S_max = ((int64_t)(max_seq_length < 8 ? 8 : max_seq_length) + 7) / 8 * 8;   /* the loader's padding */
+  f->S_max = ((int64_t)(max_seq_length < 8 ? 8 : max_seq_length) + 7) / 8 * 8; /* the loader's padding */
   f->P = max_predictions;
   f->handed = -1;
   int st = (f->copy_stream = bl_cuda_copy_stream(device)) ? 0 : BL_EDEVICE;
@@ -86,13 +85,13 @@ int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_
 }
 
 static int check_field(const bl_feeder *f, const bl_tensor *t, int i, int64_t S) {
-  static const char *names[F_COUNT] = {"input_ids", "token_type_ids", "attention_mask", "masked_lm_positions",
-                                       "masked_lm_labels", "next_sentence_labels"};
+  static const char *names[F_COUNT] = { "input_ids",           "token_type_ids",   "attention_mask",
+                                        "masked_lm_positions", "masked_lm_labels", "next_sentence_labels" };
   int64_t cols = i == F_NSP ? 1 : i == F_MPOS || i == F_MLAB ? f->P : S;
   BL_CHECK(bl_tensor_check(t, "feeder"));
   if (t->device >= 0 || t->dtype != BL_I32 || !bl_tensor_is_contiguous(t) || t->numel != f->B * cols)
-    return bl_set_error(BL_EINVAL, "feeder: %s must be a contiguous CPU int32 tensor of %lld x %lld elements",
-                        names[i], (long long)f->B, (long long)cols);
+    return bl_set_error(BL_EINVAL, "feeder: %s must be a contiguous CPU int32 tensor of %lld x %lld elements", names[i],
+                        (long long)f->B, (long long)cols);
   return 0;
 }
 
@@ -111,8 +110,8 @@ static int queue_copies(bl_feeder *f, fslot *s, int64_t S, const bl_loader_batch
   if (s->consumed_recorded) BL_CHECK(bl_cuda_stream_wait_event(f->device, f->copy_stream, s->consumed));
   for (int i = 0; i < F_COUNT; i++) {
     int64_t n = i == F_NSP ? f->B : f->B * (i == F_MPOS || i == F_MLAB ? f->P : S);
-    BL_CHECK(bl_cuda_memcpy_h2d_on(f->device, f->copy_stream, s->dev[i]->data, s->host[i],
-                                   (size_t)n * sizeof(int32_t)));
+    BL_CHECK(
+        bl_cuda_memcpy_h2d_on(f->device, f->copy_stream, s->dev[i]->data, s->host[i], (size_t)n * sizeof(int32_t)));
   }
   BL_CHECK(bl_cuda_event_record(f->device, s->copied, f->copy_stream));
   s->S = S;
@@ -125,8 +124,8 @@ static int queue_copies(bl_feeder *f, fslot *s, int64_t S, const bl_loader_batch
 
 int bl_feeder_put(bl_feeder *f, const bl_loader_batch *b) {
   if (!f || !b) return bl_set_error(BL_EINVAL, "feeder: put on a NULL feeder or batch");
-  const bl_tensor *t[F_COUNT] = {b->input_ids, b->token_type_ids, b->attention_mask, b->masked_lm_positions,
-                                 b->masked_lm_labels, b->next_sentence_labels};
+  const bl_tensor *t[F_COUNT] = { b->input_ids,           b->token_type_ids,   b->attention_mask,
+                                  b->masked_lm_positions, b->masked_lm_labels, b->next_sentence_labels };
   int64_t S = t[F_IDS] && t[F_IDS]->ndim == 2 ? t[F_IDS]->shape[1] : 0;
   if (S < 1 || S > f->S_max)
     return bl_set_error(BL_EINVAL, "feeder: batch of sequence length %lld (this feeder holds 1..%lld)", (long long)S,
@@ -145,12 +144,13 @@ int bl_feeder_put_next(bl_feeder *f, bl_loader *l, bl_loader_batch *host) {
   if (!f || !l || !host) return bl_set_error(BL_EINVAL, "feeder: put_next on a NULL feeder, loader or batch");
   fslot *s = NULL;
   BL_CHECK(free_slot(f, &s));
-  int32_t *const dst[3] = {s->host[F_IDS], s->host[F_TYPES], s->host[F_MASK]};
+  int32_t *const dst[3] = { s->host[F_IDS], s->host[F_TYPES], s->host[F_MASK] };
   int64_t S = 0;
   BL_CHECK(bl_loader_next_into(l, dst, f->S_max, &S, host));
   /* the small host-side fields (the pre-training head reads them on the host) go to the device too */
-  const bl_tensor *t[F_COUNT] = {NULL, NULL, NULL, host->masked_lm_positions, host->masked_lm_labels,
-                                 host->next_sentence_labels};
+  const bl_tensor *t[F_COUNT] = {
+    NULL, NULL, NULL, host->masked_lm_positions, host->masked_lm_labels, host->next_sentence_labels
+  };
   int st = 0;
   for (int i = F_MPOS; i < F_COUNT && !st; i++) st = check_field(f, t[i], i, S);
   for (int i = F_MPOS; i < F_COUNT && !st; i++) {
@@ -158,7 +158,7 @@ int bl_feeder_put_next(bl_feeder *f, bl_loader *l, bl_loader_batch *host) {
     f->staged += t[i]->numel * (int64_t)sizeof(int32_t);
   }
   if (!st) st = queue_copies(f, s, S, host);
-  if (st) {   /* the batch is lost with its position moved on: the caller's error ends the run */
+  if (st) { /* the batch is lost with its position moved on: the caller's error ends the run */
     bl_tensor_free(host->masked_lm_positions);
     bl_tensor_free(host->masked_lm_labels);
     bl_tensor_free(host->next_sentence_labels);
@@ -177,12 +177,12 @@ int bl_feeder_get(bl_feeder *f, bl_loader_batch *out) {
   }
   fslot *s = &f->s[f->head];
   BL_CHECK(bl_cuda_stream_wait_event(f->device, NULL, s->copied));
-  bl_tensor **o[F_COUNT] = {&out->input_ids, &out->token_type_ids, &out->attention_mask, &out->masked_lm_positions,
-                            &out->masked_lm_labels, &out->next_sentence_labels};
+  bl_tensor **o[F_COUNT] = { &out->input_ids,           &out->token_type_ids,   &out->attention_mask,
+                             &out->masked_lm_positions, &out->masked_lm_labels, &out->next_sentence_labels };
   memset(out, 0, sizeof *out);
   for (int i = 0; i < F_COUNT; i++) {
     int64_t cols = i == F_MPOS || i == F_MLAB ? f->P : s->S;
-    int64_t shape[2] = {f->B, cols}, stride[2] = {i == F_NSP ? 1 : cols, 1};
+    int64_t shape[2] = { f->B, cols }, stride[2] = { i == F_NSP ? 1 : cols, 1 };
     int st = bl_tensor_as_strided(s->dev[i], i == F_NSP ? 1 : 2, shape, stride, 0, o[i]);
     if (st) {
       for (int j = 0; j < i; j++) bl_tensor_free(*o[j]);
@@ -201,10 +201,13 @@ int bl_feeder_get(bl_feeder *f, bl_loader_batch *out) {
 
 /* ---- bl_stager: any batch through pinned buffers (evaluation and prediction) */
 typedef struct {
-  void *host[BL_STAGER_FIELDS];        /* pinned, cap[i] bytes */
-  bl_tensor *dev[BL_STAGER_FIELDS];    /* 1-d device buffers of the field's dtype, cap[i] bytes */
+  void *host[BL_STAGER_FIELDS];     /* pinned, cap[i] bytes */
+  bl_tensor *dev[BL_STAGER_FIELDS]; /* 1-d device buffers of the field's dtype, cap[i] bytes */
   size_t cap[BL_STAGER_FIELDS];
-  struct { int ndim; int64_t shape[BL_MAX_DIMS]; } dims[BL_STAGER_FIELDS];   /* of the staged batch */
+  struct {
+    int ndim;
+    int64_t shape[BL_MAX_DIMS];
+  } dims[BL_STAGER_FIELDS]; /* of the staged batch */
   void *copied, *consumed;
   int consumed_recorded, n;
 } sslot;
@@ -279,9 +282,10 @@ int bl_stager_put(bl_stager *st, int n, bl_tensor *const *fields) {
     if (fields[i]->device >= 0 || !bl_tensor_is_contiguous(fields[i]))
       return bl_set_error(BL_EINVAL, "%s: field %d must be a contiguous CPU tensor", op, i + 1);
   }
-  if (st->count == SLOTS) return bl_set_error(BL_EINVAL, "%s: put with %d batches in flight (get one first)", op, SLOTS);
+  if (st->count == SLOTS)
+    return bl_set_error(BL_EINVAL, "%s: put with %d batches in flight (get one first)", op, SLOTS);
   sslot *s = &st->s[(st->head + st->count) % SLOTS];
-  BL_CHECK(bl_cuda_event_wait_host(st->device, s->copied));   /* its pinned buffers are no longer read */
+  BL_CHECK(bl_cuda_event_wait_host(st->device, s->copied)); /* its pinned buffers are no longer read */
   for (int i = 0; i < n; i++) BL_CHECK(stager_fit(st, s, i, fields[i]));
   if (s->consumed_recorded) BL_CHECK(bl_cuda_stream_wait_event(st->device, st->copy_stream, s->consumed));
   for (int i = 0; i < n; i++) {
@@ -303,7 +307,7 @@ int bl_stager_get(bl_stager *st, int n, bl_tensor **out) {
   if (st->count == 0) return bl_set_error(BL_EINVAL, "%s: get with no batch in flight (put one first)", op);
   sslot *s = &st->s[st->head];
   if (n != s->n) return bl_set_error(BL_EINVAL, "%s: get of %d fields, the batch has %d", op, n, s->n);
-  if (st->handed >= 0) {   /* the slot handed out last is read by the work queued so far */
+  if (st->handed >= 0) { /* the slot handed out last is read by the work queued so far */
     BL_CHECK(bl_cuda_event_record(st->device, st->s[st->handed].consumed, NULL));
     st->s[st->handed].consumed_recorded = 1;
   }
@@ -327,8 +331,7 @@ int bl_stager_get(bl_stager *st, int n, bl_tensor **out) {
 }
 #else
 void bl_feeder_free(bl_feeder *f) { (void)f; }
-int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions,
-                  bl_feeder **res) {
+int bl_feeder_new(int device, int64_t batch_size, int32_t max_seq_length, int32_t max_predictions, bl_feeder **res) {
   (void)batch_size, (void)max_seq_length, (void)max_predictions;
   *res = NULL;
   return bl_set_error(BL_EDEVICE, "feeder: cuda:%d requested, but this bertlua was built without CUDA", device);

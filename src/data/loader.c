@@ -2,7 +2,7 @@
  * one rank, padded batches, and a prefetch thread filling a ring of ready
  * batches in host memory (contract in bl_loader.h). The batches are bit-identical to the
  * Lua reference loader in tests/lua/lib/ref_loader.lua. */
-#define _POSIX_C_SOURCE 200809L  /* pthread_sigmask, clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* pthread_sigmask, clock_gettime */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,26 +18,26 @@ enum { T_IDS, T_TYPES, T_MASK, T_MPOS, T_MLAB, T_NSP, T_COUNT };
 typedef struct slot {
   bl_tensor *t[T_COUNT];
   int64_t S, epoch, pos, tokens;
-  int rc;                  /* nonzero: building failed (out of memory), err says why */
+  int rc; /* nonzero: building failed (out of memory), err says why */
   char err[256];
 } slot;
 
 /* What building a batch needs besides the read-only loader: owned by the
  * prefetch thread (or by the caller when there is none). */
 typedef struct worker {
-  uint32_t *perm;          /* [total] order of perm_epoch */
-  int64_t perm_epoch;      /* -1: none yet */
-  uint64_t *scratch;       /* binning */
+  uint32_t *perm;     /* [total] order of perm_epoch */
+  int64_t perm_epoch; /* -1: none yet */
+  uint64_t *scratch;  /* binning */
   bl_mask_scratch ms;
-  int32_t *tok;            /* one sequence as int32 */
+  int32_t *tok; /* one sequence as int32 */
 } worker;
 
 struct bl_loader {
   /* read-only after open */
   bl_shard **shards;
   int32_t nshards;
-  int64_t *starts;         /* [nshards] first instance index of each shard */
-  uint16_t *lengths;       /* [total] sequence lengths */
+  int64_t *starts;   /* [nshards] first instance index of each shard */
+  uint16_t *lengths; /* [total] sequence lengths */
   int64_t total, per_rank, steps, B;
   int32_t rank, world, P, max_length;
   double seed, masked_lm_prob;
@@ -47,12 +47,12 @@ struct bl_loader {
   uint8_t *is_continuation;
   /* the batch builder and the ring */
   worker prod;
-  worker query;            /* bl_loader_instance_at's own order, so it never races the thread */
-  int32_t K;               /* ring slots (prefetch depth); 0: no thread */
+  worker query; /* bl_loader_instance_at's own order, so it never races the thread */
+  int32_t K;    /* ring slots (prefetch depth); 0: no thread */
   slot *ring;
   int64_t head, count, gen;
-  int64_t pe, pp;          /* where the producer goes on (same meaning as a state) */
-  int64_t ce, cp;          /* the consumer's state */
+  int64_t pe, pp; /* where the producer goes on (same meaning as a state) */
+  int64_t ce, cp; /* the consumer's state */
   int has_thread, stop;
   pthread_t thread;
   pthread_mutex_t mu;
@@ -72,7 +72,10 @@ static const bl_shard *locate(const bl_loader *l, int64_t g, int64_t *k) {
   int32_t lo = 0, hi = l->nshards - 1;
   while (lo < hi) {
     int32_t mid = (lo + hi + 1) / 2;
-    if (l->starts[mid] <= g) lo = mid; else hi = mid - 1;
+    if (l->starts[mid] <= g)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   *k = g - l->starts[lo];
   return l->shards[lo];
@@ -85,15 +88,22 @@ static void ensure_order(const bl_loader *l, worker *w, int64_t epoch) {
 }
 
 static void slot_clear(slot *s) {
-  for (int i = 0; i < T_COUNT; i++) { bl_tensor_free(s->t[i]); s->t[i] = NULL; }
+  for (int i = 0; i < T_COUNT; i++) {
+    bl_tensor_free(s->t[i]);
+    s->t[i] = NULL;
+  }
 }
 
 static int alloc_tensors(const bl_loader *l, int64_t S, slot *s) {
-  const int64_t bs[2] = {l->B, S}, bp[2] = {l->B, l->P}, b1[1] = {l->B};
-  const int64_t *shape[T_COUNT] = {bs, bs, bs, bp, bp, b1};
+  const int64_t bs[2] = { l->B, S }, bp[2] = { l->B, l->P }, b1[1] = { l->B };
+  const int64_t *shape[T_COUNT] = { bs, bs, bs, bp, bp, b1 };
   for (int i = 0; i < T_COUNT; i++) {
     int rc = bl_tensor_empty(i == T_NSP ? 1 : 2, shape[i], BL_I32, -1, &s->t[i]);
-    if (rc != 0) { s->t[i] = NULL; slot_clear(s); return rc; }
+    if (rc != 0) {
+      s->t[i] = NULL;
+      slot_clear(s);
+      return rc;
+    }
   }
   return 0;
 }
@@ -176,22 +186,28 @@ static void *prefetch_main(void *arg) {
     while (!l->stop && l->count == l->K) pthread_cond_wait(&l->space, &l->mu);
     if (l->stop) break;
     int64_t gen = l->gen, e = l->pe, p = l->pp;
-    if (p >= l->steps) { e++; p = 0; }
+    if (p >= l->steps) {
+      e++;
+      p = 0;
+    }
     slot *s = &l->ring[(l->head + l->count) % l->K];
     pthread_mutex_unlock(&l->mu);
     /* the consumer never touches a slot that is not counted */
     int rc = build(l, &l->prod, e, p, s);
-    if (rc != 0) snprintf(s->err, sizeof s->err, "%s", bl_last_error());   /* the message is thread-local */
+    if (rc != 0) snprintf(s->err, sizeof s->err, "%s", bl_last_error()); /* the message is thread-local */
     s->rc = rc;
     pthread_mutex_lock(&l->mu);
     if (gen == l->gen) {
       l->count++;
-      if (rc == 0) { l->pe = e; l->pp = p + 1; }
+      if (rc == 0) {
+        l->pe = e;
+        l->pp = p + 1;
+      }
       pthread_cond_signal(&l->ready);
       /* after a failure the thread waits: the consumer reports it, and retries the same step */
       while (rc != 0 && !l->stop && l->count > 0 && gen == l->gen) pthread_cond_wait(&l->space, &l->mu);
     } else {
-      slot_clear(s);               /* set_state moved the position: drop it */
+      slot_clear(s); /* set_state moved the position: drop it */
       s->rc = 0;
     }
   }
@@ -284,7 +300,7 @@ static int open_shards(bl_loader *l, const char **paths, int32_t n, const bl_loa
     if (s->max_length > maxlen) maxlen = s->max_length;
     if (s->h->flags & BL_SHARD_DYNAMIC_MASKING) l->dynamic = 1;
     if (s->h->flags & BL_SHARD_WHOLE_WORD) ww = 1;
-    l->masked_lm_prob = s->h->masked_lm_prob;   /* the last shard's, as the reference */
+    l->masked_lm_prob = s->h->masked_lm_prob; /* the last shard's, as the reference */
   }
   if (total > (int64_t)UINT32_MAX)
     return bl_set_error(BL_EUNSUPPORTED, "data: %lld instances, more than the loader's limit of 2^32-1",
@@ -311,8 +327,12 @@ static int setup_masking(bl_loader *l, const bl_loader_options *o) {
   if (!l->dynamic) return 0;
   if (o->mask_id < 0 || o->vocab_size <= 0)
     return bl_set_error(BL_EINVAL, "data: dynamic-masking shards need vocab= (for [MASK]/[CLS]/[SEP] ids)");
-  l->mask = (bl_mask_params){ .cls_id = o->cls_id, .sep_id = o->sep_id, .mask_id = o->mask_id,
-    .vocab_size = o->vocab_size, .max_predictions = l->P, .masked_lm_prob = l->masked_lm_prob };
+  l->mask = (bl_mask_params){ .cls_id = o->cls_id,
+                              .sep_id = o->sep_id,
+                              .mask_id = o->mask_id,
+                              .vocab_size = o->vocab_size,
+                              .max_predictions = l->P,
+                              .masked_lm_prob = l->masked_lm_prob };
   if (l->whole_word) {
     if (!o->is_continuation)
       return bl_set_error(BL_EINVAL,
@@ -354,8 +374,14 @@ static int open_loader(bl_loader *l, const char **paths, int32_t num_paths, cons
     return bl_set_error(BL_EINVAL, "data: a length-binning window of %d steps x %lld x %d ranks is too large",
                         o->bin_window, (long long)l->B, l->world);
   BL_CHECK(setup_masking(l, o));
-  l->order = (bl_order_params){ .total = l->total, .batch = l->B, .world = l->world, .steps = l->steps,
-    .seed = l->seed, .shuffle = o->shuffle != 0, .bin_window = o->bin_window, .lengths = l->lengths };
+  l->order = (bl_order_params){ .total = l->total,
+                                .batch = l->B,
+                                .world = l->world,
+                                .steps = l->steps,
+                                .seed = l->seed,
+                                .shuffle = o->shuffle != 0,
+                                .bin_window = o->bin_window,
+                                .lengths = l->lengths };
   BL_CHECK(worker_init(l, &l->prod, l->dynamic));
   l->K = o->prefetch;
   if (l->K > 0) {
@@ -387,9 +413,16 @@ int bl_loader_open(const char **paths, int32_t num_paths, const bl_loader_option
 
 int bl_loader_get_info(const bl_loader *l, bl_loader_info *info) {
   if (!l || !info) return bl_set_error(BL_EINVAL, "data: loader is NULL (closed?)");
-  *info = (bl_loader_info){ .total = l->total, .per_rank = l->per_rank, .steps_per_epoch = l->steps,
-    .max_predictions = l->P, .max_length = l->max_length, .dynamic = l->dynamic, .whole_word = l->whole_word,
-    .num_shards = l->nshards, .prefetch = l->K, .masked_lm_prob = l->masked_lm_prob };
+  *info = (bl_loader_info){ .total = l->total,
+                            .per_rank = l->per_rank,
+                            .steps_per_epoch = l->steps,
+                            .max_predictions = l->P,
+                            .max_length = l->max_length,
+                            .dynamic = l->dynamic,
+                            .whole_word = l->whole_word,
+                            .num_shards = l->nshards,
+                            .prefetch = l->K,
+                            .masked_lm_prob = l->masked_lm_prob };
   return 0;
 }
 
@@ -415,7 +448,10 @@ int bl_loader_next(bl_loader *l, bl_loader_batch *out) {
   if (!l || !out) return bl_set_error(BL_EINVAL, "data: next on a NULL loader (closed?)");
   if (!l->has_thread) {
     int64_t e = l->ce, p = l->cp;
-    if (p >= l->steps) { e++; p = 0; }
+    if (p >= l->steps) {
+      e++;
+      p = 0;
+    }
     slot s;
     memset(&s, 0, sizeof s);
     BL_CHECK(build(l, &l->prod, e, p, &s));
@@ -464,19 +500,25 @@ int bl_loader_next_into(bl_loader *l, int32_t *const dst[3], int64_t max_S, int6
   if (!l || !dst || !S_out || !out) return bl_set_error(BL_EINVAL, "data: next_into on a NULL loader or buffer");
   if (l->has_thread) stop_thread(l);
   int64_t e = l->ce, p = l->cp, S, tokens;
-  if (p >= l->steps) { e++; p = 0; }
+  if (p >= l->steps) {
+    e++;
+    p = 0;
+  }
   batch_shape(l, &l->prod, e, p, &S, &tokens);
   if (S > max_S)
     return bl_set_error(BL_EINVAL, "data: next_into: a batch of sequence length %lld does not fit buffers of %lld",
                         (long long)S, (long long)max_S);
   slot s;
   memset(&s, 0, sizeof s);
-  const int64_t bp[2] = {l->B, l->P}, b1[1] = {l->B};
+  const int64_t bp[2] = { l->B, l->P }, b1[1] = { l->B };
   int rc = bl_tensor_empty(2, bp, BL_I32, -1, &s.t[T_MPOS]);
   if (!rc) rc = bl_tensor_empty(2, bp, BL_I32, -1, &s.t[T_MLAB]);
   if (!rc) rc = bl_tensor_empty(1, b1, BL_I32, -1, &s.t[T_NSP]);
-  if (rc) { slot_clear(&s); return rc; }
-  int32_t *ptr[T_COUNT] = {dst[0], dst[1], dst[2], s.t[T_MPOS]->data, s.t[T_MLAB]->data, s.t[T_NSP]->data};
+  if (rc) {
+    slot_clear(&s);
+    return rc;
+  }
+  int32_t *ptr[T_COUNT] = { dst[0], dst[1], dst[2], s.t[T_MPOS]->data, s.t[T_MLAB]->data, s.t[T_NSP]->data };
   fill(l, &l->prod, e, p, S, ptr);
   s.S = S;
   s.epoch = e;
@@ -500,8 +542,8 @@ int bl_loader_set_state(bl_loader *l, int64_t epoch, int64_t pos) {
     return bl_set_error(BL_EINVAL, "data: loader state epoch %lld pos %lld is out of range (%lld steps per epoch)",
                         (long long)epoch, (long long)pos, (long long)l->steps);
   pthread_mutex_lock(&l->mu);
-  l->gen++;          /* a batch being built now is dropped when it is done */
-  for (int64_t i = 0; i < l->count; i++) {   /* and what was prefetched is discarded */
+  l->gen++;                                /* a batch being built now is dropped when it is done */
+  for (int64_t i = 0; i < l->count; i++) { /* and what was prefetched is discarded */
     slot *s = &l->ring[(l->head + i) % l->K];
     slot_clear(s);
     s->rc = 0;
@@ -527,7 +569,10 @@ int bl_loader_instance_at(bl_loader *l, int64_t epoch, int64_t pos, int64_t b, i
                         (long long)pos, (long long)b);
   if (!l->query.perm) {
     int rc = worker_init(l, &l->query, 0);
-    if (rc != 0) { worker_free(&l->query); return rc; }
+    if (rc != 0) {
+      worker_free(&l->query);
+      return rc;
+    }
   }
   ensure_order(l, &l->query, epoch);
   *index = l->query.perm[(pos * l->B + b) * l->world + l->rank];

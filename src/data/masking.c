@@ -21,12 +21,15 @@ int bl_mask_scratch_init(bl_mask_scratch *s, int64_t max_len) {
 }
 
 void bl_mask_scratch_free(bl_mask_scratch *s) {
-  free(s->idx); free(s->gstart); free(s->gorder); free(s->covered);
+  free(s->idx);
+  free(s->gstart);
+  free(s->gorder);
+  free(s->covered);
   memset(s, 0, sizeof *s);
 }
 
-int32_t bl_mask_sequence(const bl_mask_params *p, bl_mask_scratch *s, bl_xrng *r, const int32_t *tokens,
-                         int32_t L, int32_t *out, int32_t *pos, int32_t *lab, int32_t P) {
+int32_t bl_mask_sequence(const bl_mask_params *p, bl_mask_scratch *s, bl_xrng *r, const int32_t *tokens, int32_t L,
+                         int32_t *out, int32_t *pos, int32_t *lab, int32_t P) {
   /* candidate groups: single tokens, or a word and its "##" pieces */
   int32_t nidx = 0, ng = 0;
   for (int32_t i = 0; i < L; i++) {
@@ -40,7 +43,9 @@ int32_t bl_mask_sequence(const bl_mask_params *p, bl_mask_scratch *s, bl_xrng *r
   for (int32_t g = 0; g < ng; g++) s->gorder[g] = g;
   for (int32_t i = ng - 1; i >= 1; i--) {
     int32_t j = (int32_t)bl_xrng_int1(r, i + 1) - 1;
-    int32_t t = s->gorder[i]; s->gorder[i] = s->gorder[j]; s->gorder[j] = t;
+    int32_t t = s->gorder[i];
+    s->gorder[i] = s->gorder[j];
+    s->gorder[j] = t;
   }
   memcpy(out, tokens, (size_t)L * sizeof *out);
   memset(s->covered, 0, (size_t)L);
@@ -59,9 +64,12 @@ int32_t bl_mask_sequence(const bl_mask_params *p, bl_mask_scratch *s, bl_xrng *r
       int32_t i = s->idx[t];
       s->covered[i] = 1;
       int32_t m;
-      if (bl_xrng_unit(r) < 0.8) m = p->mask_id;
-      else if (bl_xrng_unit(r) < 0.5) m = tokens[i];
-      else m = (int32_t)(bl_xrng_int1(r, p->vocab_size) - 1);
+      if (bl_xrng_unit(r) < 0.8)
+        m = p->mask_id;
+      else if (bl_xrng_unit(r) < 0.5)
+        m = tokens[i];
+      else
+        m = (int32_t)(bl_xrng_int1(r, p->vocab_size) - 1);
       out[i] = m;
       nlms++;
     }
@@ -70,7 +78,10 @@ int32_t bl_mask_sequence(const bl_mask_params *p, bl_mask_scratch *s, bl_xrng *r
   int32_t n = 0;
   for (int32_t i = 0; i < L; i++) {
     if (!s->covered[i]) continue;
-    if (n < P) { pos[n] = i; lab[n] = tokens[i]; }
+    if (n < P) {
+      pos[n] = i;
+      lab[n] = tokens[i];
+    }
     n++;
   }
   return n;

@@ -5,9 +5,7 @@
 
 #include "data_internal.h"
 
-static int64_t window_entries(const bl_order_params *p) {
-  return (int64_t)p->bin_window * p->batch * p->world;
-}
+static int64_t window_entries(const bl_order_params *p) { return (int64_t)p->bin_window * p->batch * p->world; }
 
 int64_t bl_order_scratch_size(const bl_order_params *p) {
   if (p->bin_window <= 0) return 0;
@@ -26,7 +24,7 @@ static int cmp_u64(const void *a, const void *b) {
  * window's steps, so that batches are homogeneous in length but long and
  * short batches still alternate through the epoch. */
 static void bin_lengths(const bl_order_params *p, int64_t epoch, uint32_t *perm, uint64_t *scratch) {
-  const int64_t step = p->batch * p->world;   /* entries of one step, all ranks */
+  const int64_t step = p->batch * p->world; /* entries of one step, all ranks */
   const int64_t used = p->steps * step;
   int64_t win = window_entries(p);
   if (win > used) win = used;
@@ -36,7 +34,7 @@ static void bin_lengths(const bl_order_params *p, int64_t epoch, uint32_t *perm,
   uint64_t base = bl_num_to_u64(bl_mul_add(p->seed, 1000003.0, (double)epoch));
   int64_t widx = 0;
   for (int64_t w0 = 0; w0 < used; w0 += win, widx++) {
-    int64_t wn = used - w0 < win ? used - w0 : win;   /* a multiple of step */
+    int64_t wn = used - w0 < win ? used - w0 : win; /* a multiple of step */
     /* length in the high bits, place in the window as the tie-break: a total order */
     for (int64_t i = 0; i < wn; i++) keys[i] = ((uint64_t)p->lengths[perm[w0 + i]] << 32) | (uint64_t)i;
     qsort(keys, (size_t)wn, sizeof *keys, cmp_u64);
@@ -47,7 +45,9 @@ static void bin_lengths(const bl_order_params *p, int64_t epoch, uint32_t *perm,
     bl_xrng_seed(&r, base * 0x9E3779B97F4A7C15ULL + (uint64_t)widx + 0x42494E53ULL);
     for (int64_t i = nb - 1; i >= 1; i--) {
       int64_t j = bl_xrng_int1(&r, i + 1) - 1;
-      uint64_t t = blocks[i]; blocks[i] = blocks[j]; blocks[j] = t;
+      uint64_t t = blocks[i];
+      blocks[i] = blocks[j];
+      blocks[j] = t;
     }
     for (int64_t b = 0; b < nb; b++)
       for (int64_t t = 0; t < step; t++) perm[w0 + b * step + t] = (uint32_t)ids[(int64_t)blocks[b] * step + t];
@@ -62,7 +62,9 @@ void bl_order_epoch(const bl_order_params *p, int64_t epoch, uint32_t *perm, uin
     bl_xrng_seed(&r, bl_num_to_u64(bl_mul_add(p->seed, 1000003.0, (double)epoch)));
     for (int64_t i = n - 1; i >= 1; i--) {
       int64_t j = bl_xrng_int1(&r, i + 1) - 1;
-      uint32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+      uint32_t t = perm[i];
+      perm[i] = perm[j];
+      perm[j] = t;
     }
   }
   if (p->bin_window > 0 && scratch) bin_lengths(p, epoch, perm, scratch);

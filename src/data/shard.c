@@ -1,7 +1,7 @@
 /* BLSHARD1 reader: memory-map a shard and validate all of it once, so that the
  * loader's hot path can read records without any check (see bl_loader.h for
  * the list of what is checked). Messages follow "shard PATH: what failed". */
-#define _POSIX_C_SOURCE 200809L  /* O_CLOEXEC, strdup */
+#define _POSIX_C_SOURCE 200809L /* O_CLOEXEC, strdup */
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include "base/open.h"
 
 #define HDR_BYTES 80
-#define FNV0 14695981039346656037ULL
+#define FNV0      14695981039346656037ULL
 
 _Static_assert(sizeof(bl_shard_header) == HDR_BYTES, "the shard header is 80 bytes");
 
@@ -86,7 +86,7 @@ static int validate(bl_shard *s, const bl_shard_expect *ex) {
     return bad(path, "truncated or corrupt: header promises %.0f bytes, the file has %zu", need, s->size);
   }
   if (h->token_bytes != 2 && h->token_bytes != 4) return bad(path, "token width %u is invalid", h->token_bytes);
-  if (!(h->masked_lm_prob >= 0 && h->masked_lm_prob <= 1))  /* NaN fails too */
+  if (!(h->masked_lm_prob >= 0 && h->masked_lm_prob <= 1)) /* NaN fails too */
     return bad(path, "masked_lm_prob %g is not in [0, 1]", (double)h->masked_lm_prob);
   if (bl_fnv1a64(s->base + HDR_BYTES, s->size - HDR_BYTES, FNV0) != h->checksum)
     return bad(path, "checksum mismatch: the file is corrupt");
@@ -134,7 +134,7 @@ int bl_shard_open(const char *path, const bl_shard_expect *expect, bl_shard **ou
     s->base = p;
     s->h = (const bl_shard_header *)p;
   }
-  close(fd);   /* the mapping keeps the file */
+  close(fd); /* the mapping keeps the file */
   int rc = validate(s, expect);
   if (rc != 0) {
     bl_shard_close(s);

@@ -78,8 +78,8 @@ int bl_cuda_get_tf32(void);
  * x, w: f32, or both f16 or both bf16 (f32 accumulate); mixed/f64 operands go
  * through an f32 scratch. y/dx may be f32 or the operands' dtype. */
 int bl_cuda_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b);
-int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
-                            const bl_tensor *x, const bl_tensor *w, int accumulate);
+int bl_cuda_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                            const bl_tensor *w, int accumulate);
 /* Linear + bias + GELU: pre = x W^T + b (saved for backward, same shape/dtype
  * rules as y), y = gelu(pre); backward: dpre = (dh @ w2) .* gelu'(pre),
  * db += column sums of dpre (may be NULL). Shapes: dh [M, N2], w2 [N2, N],
@@ -120,24 +120,22 @@ int bl_cuda_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor
                                         const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset);
 int bl_cuda_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type,
                                          bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
-                                         const bl_tensor *word, const bl_tensor *position,
-                                         const bl_tensor *token_type, const bl_tensor *ids, const bl_tensor *pos_ids,
-                                         const bl_tensor *type_ids, const bl_tensor *gamma, const bl_tensor *mean,
-                                         const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset);
+                                         const bl_tensor *word, const bl_tensor *position, const bl_tensor *token_type,
+                                         const bl_tensor *ids, const bl_tensor *pos_ids, const bl_tensor *type_ids,
+                                         const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
+                                         uint64_t seed, uint64_t offset);
 int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                               const bl_tensor *gamma, const bl_tensor *beta, double eps);
 int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
                                const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
                                const bl_tensor *rstd);
-int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
-                                       const bl_tensor *x, const bl_tensor *residual,
-                                       const bl_tensor *gamma, const bl_tensor *beta, double eps,
-                                       double p, uint64_t seed, uint64_t offset);
-int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                        bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                        const bl_tensor *residual, const bl_tensor *gamma,
-                                        const bl_tensor *mean, const bl_tensor *rstd,
-                                        double p, uint64_t seed, uint64_t offset);
+int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+                                       double eps, double p, uint64_t seed, uint64_t offset);
+int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                        bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
+                                        const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
+                                        const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset);
 int bl_cuda_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
                                             bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y,
                                             const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
@@ -153,22 +151,21 @@ int bl_cuda_gelu_tanh_backward(bl_tensor *dx, bl_tensor *db, const bl_tensor *dy
                                const bl_tensor *b);
 int bl_cuda_tanh_forward(bl_tensor *y, const bl_tensor *x);
 int bl_cuda_tanh_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
-int bl_cuda_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p,
-                            uint64_t seed, uint64_t offset);
-int bl_cuda_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mask, double p,
-                             uint64_t seed, uint64_t offset);
+int bl_cuda_dropout_forward(bl_tensor *y, bl_tensor *mask, const bl_tensor *x, double p, uint64_t seed,
+                            uint64_t offset);
+int bl_cuda_dropout_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *mask, double p, uint64_t seed,
+                             uint64_t offset);
 int bl_cuda_softmax_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *mask);
 int bl_cuda_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
 int bl_cuda_gather_forward(bl_tensor *out, const bl_tensor *x, const bl_tensor *pos);
 int bl_cuda_gather_backward(bl_tensor *dx, const bl_tensor *dout, const bl_tensor *pos);
-int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
-                          const bl_tensor *targets, int64_t ignore_index, double grad_scale,
-                          int64_t *count);
+int bl_cuda_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
+                          int64_t ignore_index, double grad_scale, int64_t *count);
 int bl_cuda_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
                      double grad_scale);
 int bl_cuda_argmax(bl_tensor *out, const bl_tensor *x);
-int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
-                     int64_t *correct, int64_t *count);
+int bl_cuda_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index, int64_t *correct,
+                     int64_t *count);
 /* Device outputs for a training loop that reads them when it logs: the count comes from the caller (checked
  * against the device's only when checks are not deferred); the accuracy counts are added on the device. */
 int bl_cuda_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
@@ -195,12 +192,12 @@ int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tenso
  * pass). BL_ATTENTION_F32=1 forces the reference. Both are deterministic
  * (no atomics); dq, dk, dv are overwritten. */
 int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const bl_tensor *q, const bl_tensor *k,
-                              const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
-                              double p, uint64_t seed, uint64_t offset);
-int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                               const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                               const bl_tensor *ctx, const bl_tensor *lse, const bl_tensor *key_mask,
-                               int heads, double scale, double p, uint64_t seed, uint64_t offset);
+                              const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
+                              uint64_t seed, uint64_t offset);
+int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
+                               const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx, const bl_tensor *lse,
+                               const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed,
+                               uint64_t offset);
 
 /* ---- optimizers over flat f32 buffers (kernels/optim.cu): the twins of
  * bl_lamb_step, bl_adamw_step, bl_sgd_step, bl_grad_global_norm and
@@ -225,11 +222,11 @@ int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, co
 /* bl_optim_prepare on cuda:device (segments checked). */
 int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg);
 /* The amp steps never synchronise: the decision is made on the device in the state tensor. */
-int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                          bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                          bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
                           const bl_amp_config *amp, bl_tensor *state);
-int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                           bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
+int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
+                           bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
                            const bl_amp_config *amp, bl_tensor *state);
 int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite);
 int bl_cuda_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);

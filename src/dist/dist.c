@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include "../base/internal.h"
-#include "bl_corpus.h"  /* bl_corpus_now: the monotonic clock */
+#include "bl_corpus.h" /* bl_corpus_now: the monotonic clock */
 #include "dist_internal.h"
 
 static int dist_on, dist_rank, dist_size = 1, local_rank, local_size = 1;
@@ -15,7 +15,8 @@ static int launched_by_mpi(void) {
   static const char *vars[] = {
     "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_SIZE", NULL
   };
-  for (int i = 0; vars[i]; i++) if (getenv(vars[i])) return 1;
+  for (int i = 0; vars[i]; i++)
+    if (getenv(vars[i])) return 1;
   return 0;
 }
 
@@ -73,10 +74,12 @@ int bl_dist_wait(MPI_Request *req, int n, const char *op, const char *what, bl_r
     /* the requests stay pending on an error: the job is expected to end (bl_dist_abort) */
     if (r) BL_CHECK(bl_reducer_poll(r));
     if (bl_corpus_now() > deadline)
-      return bl_set_error(BL_EIO, "%s: the MPI %s did not complete within %.0f s on rank %d: another rank died, "
+      return bl_set_error(BL_EIO,
+                          "%s: the MPI %s did not complete within %.0f s on rank %d: another rank died, "
                           "was stopped or is stuck, or the ranks run different steps (BL_DIST_TIMEOUT sets the "
-                          "limit)", op, what, bl_dist_timeout_s(), dist_rank);
-    struct timespec ts = {0, spins < 1000 ? 50000 : 1000000};  /* 50 us, after 50 ms 1 ms */
+                          "limit)",
+                          op, what, bl_dist_timeout_s(), dist_rank);
+    struct timespec ts = { 0, spins < 1000 ? 50000 : 1000000 }; /* 50 us, after 50 ms 1 ms */
     nanosleep(&ts, NULL);
   }
 }
@@ -101,7 +104,8 @@ static int mpi_type(const bl_tensor *t, MPI_Datatype *ty, const char *op) {
     case BL_F64: *ty = MPI_DOUBLE; return 0;
     case BL_I32: *ty = MPI_INT32_T; return 0;
     case BL_I64: *ty = MPI_INT64_T; return 0;
-    case BL_U8: case BL_BOOL: *ty = MPI_UINT8_T; return 0;
+    case BL_U8:
+    case BL_BOOL: *ty = MPI_UINT8_T; return 0;
   }
   return bl_set_error(BL_EINVAL, "%s: dtype %s is not supported for CPU collectives", op, bl_dtype_name(t->dtype));
 }
@@ -117,7 +121,7 @@ static int check_collective(const bl_tensor *t, const char *op) {
 
 int bl_dist_allreduce_sum(bl_tensor *t) {
 #ifdef BL_HAVE_NCCL
-  if (t && t->storage && t->device >= 0)  /* CUDA tensors: NCCL (nccl.c) */
+  if (t && t->storage && t->device >= 0) /* CUDA tensors: NCCL (nccl.c) */
     return !dist_on || dist_size == 1 ? 0 : bl_nccl_allreduce_sum(t, MPI_COMM_WORLD, dist_rank, dist_size);
 #endif
   BL_CHECK(check_collective(t, "allreduce"));
@@ -163,10 +167,10 @@ void bl_dist_abort(const char *message, int code) {
   fprintf(stderr, "[rank %d] %s\n", dist_rank, message ? message : "aborting");
   fflush(stderr);
 #ifdef BL_HAVE_NCCL
-  bl_nccl_shutdown(1);  /* frees this rank's GPU side at once; MPI_Abort ends the others */
+  bl_nccl_shutdown(1); /* frees this rank's GPU side at once; MPI_Abort ends the others */
 #endif
   if (dist_on) MPI_Abort(MPI_COMM_WORLD, code ? code : 1);
-  exit(code ? code : 1);  /* the host's fatal path, never called on library errors */
+  exit(code ? code : 1); /* the host's fatal path, never called on library errors */
 }
 
 void bl_dist_finalize(void) {

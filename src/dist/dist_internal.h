@@ -30,13 +30,12 @@ void bl_nccl_shutdown(int abort);
  * far; finish makes the compute stream wait for the communication stream and
  * waits on the host under the watchdog (BL_NCCL_TIMEOUT). */
 typedef struct bl_nccl_buckets bl_nccl_buckets;
-int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int rank, int size,
-                        bl_nccl_buckets **res);
+int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int rank, int size, bl_nccl_buckets **res);
 int bl_nccl_buckets_launch(bl_nccl_buckets *b, bl_tensor *part, int bucket);
-int bl_nccl_buckets_finish(bl_nccl_buckets *b);   /* the compute stream waits for the sums; no host wait */
-int bl_nccl_buckets_wait(bl_nccl_buckets *b);     /* host wait for the compute stream, under the watchdog */
-void bl_nccl_buckets_replayed(bl_nccl_buckets *b);   /* the graph with the sums was replayed */
-int bl_nccl_buckets_poll(bl_nccl_buckets *b);     /* no wait: the last finish's sums done, late or failed */
+int bl_nccl_buckets_finish(bl_nccl_buckets *b);    /* the compute stream waits for the sums; no host wait */
+int bl_nccl_buckets_wait(bl_nccl_buckets *b);      /* host wait for the compute stream, under the watchdog */
+void bl_nccl_buckets_replayed(bl_nccl_buckets *b); /* the graph with the sums was replayed */
+int bl_nccl_buckets_poll(bl_nccl_buckets *b);      /* no wait: the last finish's sums done, late or failed */
 void bl_nccl_buckets_free(bl_nccl_buckets *b);
 #endif
 /* MPI world of the process group (dist.c), for the reducer's CPU path. */

@@ -40,7 +40,7 @@ static double timeout_s(void) {
 }
 
 static void sleep_us(long us) {
-  struct timespec ts = {0, us * 1000};
+  struct timespec ts = { 0, us * 1000 };
   nanosleep(&ts, NULL);
 }
 
@@ -56,8 +56,10 @@ void bl_nccl_shutdown(int abort) {
     }
     abort = st != ncclSuccess;
   }
-  if (abort) ncclCommAbort(comm);
-  else ncclCommDestroy(comm);
+  if (abort)
+    ncclCommAbort(comm);
+  else
+    ncclCommDestroy(comm);
   comm = NULL;
   comm_device = -1;
 }
@@ -65,7 +67,7 @@ void bl_nccl_shutdown(int abort) {
 static int fail(const char *op, const char *what, ncclResult_t r) {
   char last[256] = "";
   const char *l = comm ? ncclGetLastError(comm) : NULL;
-  if (l && *l) snprintf(last, sizeof last, " - %s", l);   /* copied: the abort frees it */
+  if (l && *l) snprintf(last, sizeof last, " - %s", l); /* copied: the abort frees it */
   bl_nccl_shutdown(1);
   return bl_set_error(BL_EIO, "%s: NCCL %s failed: %s%s; communicator aborted", op, what, ncclGetErrorString(r), last);
 }
@@ -80,8 +82,10 @@ static int wait_comm(const char *op, const char *what, double deadline) {
     if (st != ncclInProgress) return fail(op, what, st);
     if (now_s() > deadline) {
       bl_nccl_shutdown(1);
-      return bl_set_error(BL_EIO, "%s: NCCL %s did not finish within %.0f s (a rank died or is stuck; "
-                          "BL_NCCL_TIMEOUT sets the limit); communicator aborted", op, what, timeout_s());
+      return bl_set_error(BL_EIO,
+                          "%s: NCCL %s did not finish within %.0f s (a rank died or is stuck; "
+                          "BL_NCCL_TIMEOUT sets the limit); communicator aborted",
+                          op, what, timeout_s());
     }
     sleep_us(50);
   }
@@ -94,17 +98,18 @@ static int wait_mpi(const char *op, const char *what, MPI_Request *req, double d
     if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
       return bl_set_error(BL_EIO, "%s: MPI %s failed", op, what);
     if (done) return 0;
-    if (now_s() > deadline)   /* the request is left pending: the job is expected to end (bl_dist_abort) */
-      return bl_set_error(BL_EIO, "%s: MPI %s did not complete within %.0f s (rank 0 failed, died or is stuck "
-                          "before creating the NCCL communicator; BL_NCCL_TIMEOUT sets the limit)", op, what,
-                          timeout_s());
+    if (now_s() > deadline) /* the request is left pending: the job is expected to end (bl_dist_abort) */
+      return bl_set_error(BL_EIO,
+                          "%s: MPI %s did not complete within %.0f s (rank 0 failed, died or is stuck "
+                          "before creating the NCCL communicator; BL_NCCL_TIMEOUT sets the limit)",
+                          op, what, timeout_s());
     sleep_us(100);
   }
 }
 
 /* The NCCL id exchange; `local` is this rank's status so far (0 = ready). */
 struct id_msg {
-  int32_t status;   /* rank 0's: 0 = the id below is valid */
+  int32_t status; /* rank 0's: 0 = the id below is valid */
   ncclUniqueId id;
 };
 
@@ -135,14 +140,16 @@ static int ensure_comm(const char *op, int local, int device, MPI_Comm world, in
   if (MPI_Ibcast(&msg, (int)sizeof msg, MPI_BYTE, 0, world, &req) != MPI_SUCCESS)
     return bl_set_error(BL_EIO, "%s: MPI broadcast of the NCCL id failed", op);
   BL_CHECK(wait_mpi(op, "broadcast of the NCCL id", &req, deadline));
-  int mine = local ? rank + 1 : size + 1, first_bad = 0;   /* min: the lowest failed rank + 1, size + 1 = none */
+  int mine = local ? rank + 1 : size + 1, first_bad = 0; /* min: the lowest failed rank + 1, size + 1 = none */
   if (MPI_Iallreduce(&mine, &first_bad, 1, MPI_INT, MPI_MIN, world, &req) != MPI_SUCCESS)
     return bl_set_error(BL_EIO, "%s: MPI agreement before NCCL init failed", op);
   BL_CHECK(wait_mpi(op, "agreement before NCCL init", &req, deadline));
   if (local) return bl_set_error(local, "%s", why);
   if (first_bad <= size)
-    return bl_set_error(BL_EIO, "%s: NCCL communicator not created: rank %d failed before the id exchange (see its "
-                        "error)", op, first_bad - 1);
+    return bl_set_error(BL_EIO,
+                        "%s: NCCL communicator not created: rank %d failed before the id exchange (see its "
+                        "error)",
+                        op, first_bad - 1);
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   ncclResult_t r = ncclCommInitRankConfig(&comm, size, msg.id, rank, &cfg);
@@ -162,7 +169,8 @@ static int nccl_type(const bl_tensor *t, ncclDataType_t *ty, const char *op) {
     case BL_BF16: *ty = ncclBfloat16; return 0;
     case BL_I32: *ty = ncclInt32; return 0;
     case BL_I64: *ty = ncclInt64; return 0;
-    case BL_U8: case BL_BOOL: *ty = ncclUint8; return 0;
+    case BL_U8:
+    case BL_BOOL: *ty = ncclUint8; return 0;
   }
   return bl_set_error(BL_EINVAL, "%s: dtype %s is not supported by NCCL", op, bl_dtype_name(t->dtype));
 }
@@ -184,8 +192,10 @@ static int wait_stream(const char *op, const char *what, cudaStream_t s, cudaEve
       return fail(op, what, st);
     if (now_s() > deadline) {
       bl_nccl_shutdown(1);
-      return bl_set_error(BL_EIO, "%s: NCCL %s did not complete within %.0f s (a rank died or is stuck; "
-                          "BL_NCCL_TIMEOUT sets the limit); communicator aborted", op, what, timeout_s());
+      return bl_set_error(BL_EIO,
+                          "%s: NCCL %s did not complete within %.0f s (a rank died or is stuck; "
+                          "BL_NCCL_TIMEOUT sets the limit); communicator aborted",
+                          op, what, timeout_s());
     }
     sleep_us(20);
   }
@@ -196,8 +206,8 @@ static int wait_stream(const char *op, const char *what, cudaStream_t s, cudaEve
 static int prepare(const char *op, bl_tensor *t, MPI_Comm world, int rank, int size, ncclDataType_t *ty,
                    cudaStream_t *s) {
   *ty = ncclFloat32;
-  int local = bl_tensor_is_contiguous(t) ? nccl_type(t, ty, op)
-                                         : bl_set_error(BL_EINVAL, "%s: tensor must be contiguous", op);
+  int local =
+      bl_tensor_is_contiguous(t) ? nccl_type(t, ty, op) : bl_set_error(BL_EINVAL, "%s: tensor must be contiguous", op);
   BL_CHECK(ensure_comm(op, local, t->device, world, rank, size));
   *s = (cudaStream_t)bl_cuda_stream(t->device);
   if (!*s) return BL_EDEVICE;
@@ -231,12 +241,12 @@ int bl_nccl_broadcast(bl_tensor *t, int root, MPI_Comm world, int rank, int size
 /* ---------------------------------------------------------------- buckets (bl_reducer) */
 struct bl_nccl_buckets {
   int device, n;
-  cudaStream_t comm_stream;   /* non-blocking: ordered by events only */
-  cudaEvent_t *ready;         /* per bucket, recorded on the compute stream at launch */
-  cudaEvent_t done;           /* recorded on comm_stream at finish */
-  cudaEvent_t queued;         /* recorded on the compute stream by wait(): everything queued before it */
-  double finished_at;         /* when finish() queued the last step's sums (0: none pending) */
-  int in_graph;               /* finish() was captured into a CUDA graph: its sums run when the graph does */
+  cudaStream_t comm_stream; /* non-blocking: ordered by events only */
+  cudaEvent_t *ready;       /* per bucket, recorded on the compute stream at launch */
+  cudaEvent_t done;         /* recorded on comm_stream at finish */
+  cudaEvent_t queued;       /* recorded on the compute stream by wait(): everything queued before it */
+  double finished_at;       /* when finish() queued the last step's sums (0: none pending) */
+  int in_graph;             /* finish() was captured into a CUDA graph: its sums run when the graph does */
 };
 
 static int cuda_fail(const char *op, int device, cudaError_t e) {
@@ -254,8 +264,7 @@ void bl_nccl_buckets_free(bl_nccl_buckets *b) {
   free(b);
 }
 
-int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int rank, int size,
-                        bl_nccl_buckets **res) {
+int bl_nccl_buckets_new(const bl_tensor *buf, int nbuckets, MPI_Comm world, int rank, int size, bl_nccl_buckets **res) {
   const char *op = "reducer";
   *res = NULL;
   ncclDataType_t ty = ncclFloat32;
@@ -308,7 +317,7 @@ int bl_nccl_buckets_finish(bl_nccl_buckets *b) {
   cudaStream_t compute = NULL;
   BL_CHECK(live_compute(b, &compute));
   cudaError_t e = cudaEventRecord(b->done, b->comm_stream);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(compute, b->done, 0);  /* the optimizer runs after the sums */
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(compute, b->done, 0); /* the optimizer runs after the sums */
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (e == cudaSuccess) e = cudaStreamIsCapturing(compute, &cs);
   if (e != cudaSuccess) return cuda_fail(op, b->device, e);
@@ -328,12 +337,12 @@ void bl_nccl_buckets_replayed(bl_nccl_buckets *b) { b->in_graph = 1; }
 
 int bl_nccl_buckets_poll(bl_nccl_buckets *b) {
   const char *op = "reducer";
-  if (b->in_graph) {   /* the graph holding the sums was launched since: a marker after it stands for them */
+  if (b->in_graph) { /* the graph holding the sums was launched since: a marker after it stands for them */
     cudaStream_t compute = NULL;
     BL_CHECK(live_compute(b, &compute));
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaError_t e = cudaStreamIsCapturing(compute, &cs);
-    if (e == cudaSuccess && cs == cudaStreamCaptureStatusActive) return 0;   /* not launched yet */
+    if (e == cudaSuccess && cs == cudaStreamCaptureStatusActive) return 0; /* not launched yet */
     if (e == cudaSuccess) e = cudaEventRecord(b->done, compute);
     if (e != cudaSuccess) return cuda_fail(op, b->device, e);
     b->in_graph = 0;
@@ -356,8 +365,10 @@ int bl_nccl_buckets_poll(bl_nccl_buckets *b) {
   }
   if (now_s() > b->finished_at + timeout_s()) {
     bl_nccl_shutdown(1);
-    return bl_set_error(BL_EIO, "%s: NCCL bucket all-reduce did not complete within %.0f s (a rank died or is stuck; "
-                        "BL_NCCL_TIMEOUT sets the limit); communicator aborted", op, timeout_s());
+    return bl_set_error(BL_EIO,
+                        "%s: NCCL bucket all-reduce did not complete within %.0f s (a rank died or is stuck; "
+                        "BL_NCCL_TIMEOUT sets the limit); communicator aborted",
+                        op, timeout_s());
   }
   return 0;
 }

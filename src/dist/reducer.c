@@ -9,15 +9,15 @@
 #include "dist_internal.h"
 
 struct bl_reducer {
-  bl_tensor *grads;         /* f32, the caller's buffer (own header, shared storage) */
-  bl_tensor *buf;           /* what is summed: grads itself, or its bf16/f16 copy */
-  bl_tensor **gpart, **bpart;  /* bucket views of grads and buf */
+  bl_tensor *grads;           /* f32, the caller's buffer (own header, shared storage) */
+  bl_tensor *buf;             /* what is summed: grads itself, or its bf16/f16 copy */
+  bl_tensor **gpart, **bpart; /* bucket views of grads and buf */
   int n;
   char *launched;
-  MPI_Request *req;         /* CPU path */
-  MPI_Op half_sum;          /* CPU path, bf16 or f16 */
+  MPI_Request *req; /* CPU path */
+  MPI_Op half_sum;  /* CPU path, bf16 or f16 */
 #ifdef BL_HAVE_NCCL
-  bl_nccl_buckets *dev;     /* CUDA path */
+  bl_nccl_buckets *dev; /* CUDA path */
 #endif
 };
 
@@ -61,8 +61,10 @@ static int make_parts(bl_reducer *r, int64_t bucket_elems) {
   for (int i = 0; i < r->n; i++) {
     int64_t start = (int64_t)i * bucket_elems, len = n - start < bucket_elems ? n - start : bucket_elems;
     BL_CHECK(bl_tensor_narrow(r->grads, 0, start, len, &r->gpart[i]));
-    if (r->buf == r->grads) r->bpart[i] = r->gpart[i];
-    else BL_CHECK(bl_tensor_narrow(r->buf, 0, start, len, &r->bpart[i]));
+    if (r->buf == r->grads)
+      r->bpart[i] = r->gpart[i];
+    else
+      BL_CHECK(bl_tensor_narrow(r->buf, 0, start, len, &r->bpart[i]));
     r->req[i] = MPI_REQUEST_NULL;
   }
   return 0;
@@ -89,7 +91,7 @@ int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_
   r->half_sum = MPI_OP_NULL;
   r->n = nb > 0 ? (int)nb : 1;
   int st = bl_tensor_alias(grads, &r->grads);
-  if (!st && reduce_dtype != BL_F32 && !world_of_one()) {  /* alone: nothing to sum, no copy */
+  if (!st && reduce_dtype != BL_F32 && !world_of_one()) { /* alone: nothing to sum, no copy */
     int64_t shape = grads->numel;
     st = bl_tensor_empty(1, &shape, reduce_dtype, grads->device, &r->buf);
   } else if (!st) {
@@ -113,8 +115,7 @@ int bl_reducer_new(bl_tensor *grads, int64_t bucket_elems, int reduce_dtype, bl_
   }
 #else
   if (!st && grads->device >= 0 && !world_of_one())
-    st = bl_set_error(BL_EUNSUPPORTED, "%s: gradients on cuda:%d need NCCL, which this build lacks", op,
-                      grads->device);
+    st = bl_set_error(BL_EUNSUPPORTED, "%s: gradients on cuda:%d need NCCL, which this build lacks", op, grads->device);
 #endif
   if (st) {
     bl_reducer_free(r);
@@ -129,13 +130,12 @@ int bl_reducer_buckets(const bl_reducer *r) { return r ? r->n : 0; }
 int bl_reducer_launch(bl_reducer *r, int bucket) {
   const char *op = "reducer";
   if (!r) return bl_set_error(BL_EINVAL, "%s: no reducer", op);
-  if (bucket < 0 || bucket >= r->n)
-    return bl_set_error(BL_EINVAL, "%s: bucket %d outside 0..%d", op, bucket, r->n - 1);
+  if (bucket < 0 || bucket >= r->n) return bl_set_error(BL_EINVAL, "%s: bucket %d outside 0..%d", op, bucket, r->n - 1);
   if (r->launched[bucket]) return bl_set_error(BL_EINVAL, "%s: bucket %d launched twice in one step", op, bucket);
   r->launched[bucket] = 1;
   if (world_of_one()) return 0;
   bl_tensor *g = r->gpart[bucket], *b = r->bpart[bucket];
-  if (b != g) BL_CHECK(bl_tensor_copy(b, g));  /* half copy; on a GPU queued on the compute stream */
+  if (b != g) BL_CHECK(bl_tensor_copy(b, g)); /* half copy; on a GPU queued on the compute stream */
 #ifdef BL_HAVE_NCCL
   if (r->dev) return bl_nccl_buckets_launch(r->dev, b, bucket);
 #endif
@@ -155,10 +155,11 @@ int bl_reducer_finish(bl_reducer *r) {
   BL_CHECK(st);
   if (world_of_one()) return 0;
 #ifdef BL_HAVE_NCCL
-  if (r->dev) st = bl_nccl_buckets_finish(r->dev);
+  if (r->dev)
+    st = bl_nccl_buckets_finish(r->dev);
   else
 #endif
-  st = bl_dist_wait(r->req, r->n, op, "all-reduce of the gradient buckets", NULL);
+    st = bl_dist_wait(r->req, r->n, op, "all-reduce of the gradient buckets", NULL);
   BL_CHECK(st);
   /* bf16/f16: the sums go back into the f32 buffer (on a GPU after the communication stream, see above) */
   return r->buf != r->grads ? bl_tensor_copy(r->grads, r->buf) : 0;

@@ -38,9 +38,12 @@ static int file_exists(const char *p) {
 
 /* The lua/ tree: next to an installed binary (../share/bertlua/lua), else the
  * source tree this binary was built from. BERTLUA_LUA_DIR overrides both. */
-static void find_lua_dir(char *out, size_t n) {  /* n >= PATH_MAX + 64 */
+static void find_lua_dir(char *out, size_t n) { /* n >= PATH_MAX + 64 */
   const char *env = getenv("BERTLUA_LUA_DIR");
-  if (env && *env) { snprintf(out, n, "%s", env); return; }
+  if (env && *env) {
+    snprintf(out, n, "%s", env);
+    return;
+  }
   char exe[PATH_MAX];
   ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (len > 0) {
@@ -51,7 +54,10 @@ static void find_lua_dir(char *out, size_t n) {  /* n >= PATH_MAX + 64 */
       char cand[PATH_MAX + 64], probe[PATH_MAX + 96];
       snprintf(cand, sizeof cand, "%s/%s", exe, BL_INSTALL_LUA_REL);
       snprintf(probe, sizeof probe, "%s/bertlua/init.lua", cand);
-      if (file_exists(probe)) { snprintf(out, n, "%s", cand); return; }
+      if (file_exists(probe)) {
+        snprintf(out, n, "%s", cand);
+        return;
+      }
     }
   }
   snprintf(out, n, "%s", BL_SOURCE_LUA_DIR);
@@ -90,8 +96,10 @@ static int traceback(lua_State *L) {
   if (!debug_mode && !has_position(L, msg)) {
     /* a user error: its one line says what to do; a traceback a caller appended is dropped too */
     const char *tb = strstr(msg, "\nstack traceback:");
-    if (tb) lua_pushlstring(L, msg, (size_t)(tb - msg));
-    else lua_pushstring(L, msg);
+    if (tb)
+      lua_pushlstring(L, msg, (size_t)(tb - msg));
+    else
+      lua_pushstring(L, msg);
     return 1;
   }
   luaL_traceback(L, L, msg, 1);
@@ -102,8 +110,10 @@ static void report(lua_State *L, int status) {
   if (status && !lua_isnil(L, -1)) {
     const char *msg = lua_tostring(L, -1);
     if (!msg) msg = "(error object is not a string)";
-    if (bl_dist_size() > 1) fprintf(stderr, "%s [rank %d]: %s\n", progname, bl_dist_rank(), msg);
-    else fprintf(stderr, "%s: %s\n", progname, msg);
+    if (bl_dist_size() > 1)
+      fprintf(stderr, "%s [rank %d]: %s\n", progname, bl_dist_rank(), msg);
+    else
+      fprintf(stderr, "%s: %s\n", progname, msg);
     fflush(stderr);
     lua_pop(L, 1);
   }
@@ -133,8 +143,8 @@ static int stdout_failed(int do_close) {
   }
   if (bad && !reported) {
     reported = 1;
-    fprintf(stderr, "%s: cannot write the standard output%s%s; the output is incomplete\n", progname,
-            e ? ": " : "", e ? strerror(e) : "");
+    fprintf(stderr, "%s: cannot write the standard output%s%s; the output is incomplete\n", progname, e ? ": " : "",
+            e ? strerror(e) : "");
     fflush(stderr);
   }
   return bad;
@@ -144,9 +154,12 @@ static int stdout_failed(int do_close) {
  * leaving the others waiting in a collective; a clean exit finalizes MPI. */
 static int host_exit(lua_State *L) {
   int code;
-  if (lua_isnoneornil(L, 1)) code = 0;
-  else if (lua_isboolean(L, 1)) code = lua_toboolean(L, 1) ? 0 : 1;
-  else code = (int)luaL_checkinteger(L, 1);
+  if (lua_isnoneornil(L, 1))
+    code = 0;
+  else if (lua_isboolean(L, 1))
+    code = lua_toboolean(L, 1) ? 0 : 1;
+  else
+    code = (int)luaL_checkinteger(L, 1);
   if (stdout_failed(0) && code == 0) code = 1;
   fflush(stderr);
   if (code != 0 && code != 77 && bl_dist_size() > 1) bl_dist_abort("exiting with an error", code);
@@ -191,7 +204,10 @@ static int run_chunk(lua_State *L, int status, int nargs_from_arg) {
       lua_getglobal(L, "arg");
       for (int i = 1;; i++) {
         lua_rawgeti(L, -1 - n, i);
-        if (lua_isnil(L, -1)) { lua_pop(L, 1); break; }
+        if (lua_isnil(L, -1)) {
+          lua_pop(L, 1);
+          break;
+        }
         n++;
       }
       lua_remove(L, -1 - n);
@@ -207,7 +223,10 @@ static int incomplete(lua_State *L, int status) {
   if (status == LUA_ERRSYNTAX) {
     size_t lmsg;
     const char *msg = lua_tolstring(L, -1, &lmsg);
-    if (lmsg >= 7 && strcmp(msg + lmsg - 7, "'<eof>'") == 0) { lua_pop(L, 1); return 1; }
+    if (lmsg >= 7 && strcmp(msg + lmsg - 7, "'<eof>'") == 0) {
+      lua_pop(L, 1);
+      return 1;
+    }
   }
   return 0;
 }
@@ -215,15 +234,24 @@ static int incomplete(lua_State *L, int status) {
 static void repl(lua_State *L) {
   char hist[PATH_MAX] = "";
   const char *home = getenv("HOME");
-  if (home) { snprintf(hist, sizeof hist, "%s/.bertlua_history", home); read_history(hist); }
+  if (home) {
+    snprintf(hist, sizeof hist, "%s/.bertlua_history", home);
+    read_history(hist);
+  }
   printf("bertlua %s — %s. Expressions print their value; Ctrl-D exits.\n", bl_version(), LUAJIT_VERSION);
   for (;;) {
     char *line = readline("> ");
     if (!line) break;
-    if (!*line) { free(line); continue; }
+    if (!*line) {
+      free(line);
+      continue;
+    }
     size_t cap = strlen(line) + 1;
     char *buf = malloc(cap);
-    if (!buf) { free(line); break; }
+    if (!buf) {
+      free(line);
+      break;
+    }
     memcpy(buf, line, cap);
     free(line);
     int status;
@@ -240,7 +268,10 @@ static void repl(lua_State *L) {
       if (!more) break;
       size_t need = strlen(buf) + strlen(more) + 2;
       char *nb = realloc(buf, need);
-      if (!nb) { free(more); break; }
+      if (!nb) {
+        free(more);
+        break;
+      }
       buf = nb;
       strcat(buf, "\n");
       strcat(buf, more);
@@ -289,13 +320,15 @@ static void print_version(void) {
 }
 
 static void usage(void) {
-  printf("usage: %s [options] [script.lua [args]]\n"
-         "  -e code     run code\n"
-         "  -i          enter the REPL after running the script\n"
-         "  -           run standard input\n"
-         "  -v, --version  versions of bertlua, LuaJIT, BLAS, MPI, CUDA/NCCL, the CPU's ISA path and GPUs\n"
-         "  -h, --help  this text\n"
-         "With no script, runs the REPL on a terminal or standard input otherwise.\n", progname);
+  printf(
+      "usage: %s [options] [script.lua [args]]\n"
+      "  -e code     run code\n"
+      "  -i          enter the REPL after running the script\n"
+      "  -           run standard input\n"
+      "  -v, --version  versions of bertlua, LuaJIT, BLAS, MPI, CUDA/NCCL, the CPU's ISA path and GPUs\n"
+      "  -h, --help  this text\n"
+      "With no script, runs the REPL on a terminal or standard input otherwise.\n",
+      progname);
 }
 
 /* Idle threads should sleep, not spin: OpenMP's workers (our ops) and
@@ -312,9 +345,9 @@ static void usage(void) {
  * BERTLUA_THREAD_ENV_SET lists what the host set, so a benchmark can start
  * its peer (PyTorch) without it (bl.peer_env_prefix). */
 static void prefer_sleeping_threads(char **argv) {
-  static const char *const vars[][2] = {
-    { "OMP_WAIT_POLICY", "passive" }, { "GOMP_SPINCOUNT", "10000" }, { "OPENBLAS_THREAD_TIMEOUT", "4" }
-  };
+  static const char *const vars[][2] = { { "OMP_WAIT_POLICY", "passive" },
+                                         { "GOMP_SPINCOUNT", "10000" },
+                                         { "OPENBLAS_THREAD_TIMEOUT", "4" } };
   if (getenv("BERTLUA_THREAD_ENV_SET")) return;
   /* a user's own wait policy (e.g. active) keeps libgomp's spin count for it */
   const int user_policy = getenv("OMP_WAIT_POLICY") != NULL;
@@ -342,9 +375,18 @@ int main(int argc, char **argv) {
   int i;
   for (i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) { print_version(); return 0; }
-    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { usage(); return 0; }
-    if (strcmp(a, "-i") == 0) { interactive = 1; continue; }
+    if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
+      print_version();
+      return 0;
+    }
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage();
+      return 0;
+    }
+    if (strcmp(a, "-i") == 0) {
+      interactive = 1;
+      continue;
+    }
     if (strcmp(a, "-e") == 0) {
       if (++i >= argc) {
         fprintf(stderr, "%s: -e needs an argument\n", progname);
@@ -352,8 +394,15 @@ int main(int argc, char **argv) {
       }
       continue;
     }
-    if (strcmp(a, "--") == 0) { i++; break; }
-    if (a[0] == '-' && a[1] != 0) { fprintf(stderr, "%s: unknown option %s\n", progname, a); usage(); return 1; }
+    if (strcmp(a, "--") == 0) {
+      i++;
+      break;
+    }
+    if (a[0] == '-' && a[1] != 0) {
+      fprintf(stderr, "%s: unknown option %s\n", progname, a);
+      usage();
+      return 1;
+    }
     break;
   }
   script = i < argc ? i : 0;
@@ -362,9 +411,15 @@ int main(int argc, char **argv) {
   for (int k = script ? script + 1 : argc; k < argc; k++)
     if (strcmp(argv[k], "--debug") == 0) debug_mode = 1;
 
-  if (bl_dist_init(&argc, &argv) != 0) { fprintf(stderr, "%s: %s\n", progname, bl_last_error()); return 1; }
+  if (bl_dist_init(&argc, &argv) != 0) {
+    fprintf(stderr, "%s: %s\n", progname, bl_last_error());
+    return 1;
+  }
   lua_State *L = luaL_newstate();
-  if (!L) { fprintf(stderr, "%s: cannot create the Lua state (out of memory)\n", progname); return 1; }
+  if (!L) {
+    fprintf(stderr, "%s: cannot create the Lua state (out of memory)\n", progname);
+    return 1;
+  }
   setup(L, argv, argc, script ? script : argc);
 
   int status = 0;
@@ -379,8 +434,10 @@ int main(int argc, char **argv) {
     const char *name = strcmp(argv[script], "-") == 0 ? NULL : argv[script];
     status = run_chunk(L, luaL_loadfile(L, name), 1);
   } else if (status == 0 && !ran_e && !interactive) {
-    if (isatty(0)) interactive = 1;
-    else status = run_chunk(L, luaL_loadfile(L, NULL), 1);
+    if (isatty(0))
+      interactive = 1;
+    else
+      status = run_chunk(L, luaL_loadfile(L, NULL), 1);
   }
   if (status == 0 && interactive) repl(L);
   if (stdout_failed(0)) status = 1;

@@ -21,13 +21,19 @@ bl_ckpt_item *bl_ckpt_add_(bl_ckpt *c, const char *name, size_t n) {
   if (c->n == c->cap) {
     int64_t cap = c->cap ? c->cap * 2 : 64;
     bl_ckpt_item *it = realloc(c->items, (size_t)cap * sizeof *it);
-    if (!it) { bl_set_error(BL_ENOMEM, "%s: %s: out of memory", c->what, c->path); return NULL; }
+    if (!it) {
+      bl_set_error(BL_ENOMEM, "%s: %s: out of memory", c->what, c->path);
+      return NULL;
+    }
     c->items = it;
     c->cap = cap;
   }
   bl_ckpt_item *it = &c->items[c->n];
   memset(it, 0, sizeof *it);
-  if (!(it->name = malloc(n + 1))) { bl_set_error(BL_ENOMEM, "%s: %s: out of memory", c->what, c->path); return NULL; }
+  if (!(it->name = malloc(n + 1))) {
+    bl_set_error(BL_ENOMEM, "%s: %s: out of memory", c->what, c->path);
+    return NULL;
+  }
   memcpy(it->name, name, n);
   it->name[n] = 0;
   c->n++;
@@ -94,7 +100,7 @@ static int is_dense(const bl_ckpt_item *it) {
 
 /* row-major copy of a strided view: esize-byte elements */
 static void gather(const bl_ckpt_item *it, const char *src, char *dst, int esize) {
-  int64_t idx[BL_MAX_DIMS] = {0};
+  int64_t idx[BL_MAX_DIMS] = { 0 };
   int64_t numel = bl_ckpt_numel_(it->ndim, it->shape);
   for (int64_t k = 0; k < numel; k++) {
     int64_t off = 0;
@@ -111,8 +117,8 @@ int bl_ckpt_read(bl_ckpt *c, int64_t i, void *dst, int64_t nbytes) {
   if (!c || i < 0 || i >= c->n) return bl_set_error(BL_EINVAL, "checkpoint: entry %lld out of range", (long long)i);
   const bl_ckpt_item *it = &c->items[i];
   if (it->dtype < 0)
-    return bl_set_error(BL_EUNSUPPORTED, "%s: %s: tensor '%s': dtype %s is not supported", c->what, c->path,
-                        it->name, it->src_dtype);
+    return bl_set_error(BL_EUNSUPPORTED, "%s: %s: tensor '%s': dtype %s is not supported", c->what, c->path, it->name,
+                        it->src_dtype);
   int esize = bl_dtype_size(it->dtype);
   int64_t want = bl_ckpt_numel_(it->ndim, it->shape) * esize;
   if (nbytes != want || (!dst && nbytes > 0))
@@ -120,8 +126,9 @@ int bl_ckpt_read(bl_ckpt *c, int64_t i, void *dst, int64_t nbytes) {
                         it->name, (long long)want, (long long)nbytes);
   int direct = it->elem_off == 0 && it->region_len == nbytes && is_dense(it);
   char *buf = direct ? dst : malloc(it->region_len ? (size_t)it->region_len : 1);
-  if (!buf) return bl_set_error(BL_ENOMEM, "%s: %s: tensor '%s': out of memory (%lld bytes)", c->what, c->path,
-                                it->name, (long long)it->region_len);
+  if (!buf)
+    return bl_set_error(BL_ENOMEM, "%s: %s: tensor '%s': out of memory (%lld bytes)", c->what, c->path, it->name,
+                        (long long)it->region_len);
   int rc = bl_file_read_at(c->files[it->file], it->region_off, buf, it->region_len);
   if (rc != 0) {
     char why[512];
@@ -131,10 +138,10 @@ int bl_ckpt_read(bl_ckpt *c, int64_t i, void *dst, int64_t nbytes) {
     uint32_t got = it->crc_kind == BL_CRC_32C ? bl_crc32c(0, buf, (size_t)it->region_len)
                                               : bl_crc32(0, buf, (size_t)it->region_len);
     if (got != it->crc)
-      rc = bl_set_error(BL_EFORMAT,
-                        "%s: %s: tensor '%s': %s mismatch (stored %08x, data has %08x): the file is corrupt",
-                        c->what, bl_file_path(c->files[it->file]), it->name,
-                        it->crc_kind == BL_CRC_32C ? "crc32c" : "zip CRC-32", it->crc, got);
+      rc =
+          bl_set_error(BL_EFORMAT, "%s: %s: tensor '%s': %s mismatch (stored %08x, data has %08x): the file is corrupt",
+                       c->what, bl_file_path(c->files[it->file]), it->name,
+                       it->crc_kind == BL_CRC_32C ? "crc32c" : "zip CRC-32", it->crc, got);
   }
   if (rc == 0 && !direct) gather(it, buf + it->elem_off * esize, dst, esize);
   if (!direct) free(buf);

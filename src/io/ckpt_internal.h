@@ -9,7 +9,7 @@ enum { BL_CRC_NONE = 0, BL_CRC_32C = 1, BL_CRC_ZIP = 2 };
 
 typedef struct {
   char *name;
-  int dtype;                      /* BL_* or -1 (not a bertlua dtype) */
+  int dtype; /* BL_* or -1 (not a bertlua dtype) */
   char src_dtype[48];
   int ndim;
   int64_t shape[BL_MAX_DIMS];
@@ -18,12 +18,12 @@ typedef struct {
   int64_t region_off, region_len; /* the bytes the checksum covers: TF: the tensor; torch: its storage */
   int64_t elem_off;               /* element 0's offset inside the region, in elements */
   int crc_kind;
-  uint32_t crc;                   /* unmasked */
+  uint32_t crc; /* unmasked */
 } bl_ckpt_item;
 
 struct bl_ckpt {
-  char *path;        /* as opened, for messages */
-  const char *what;  /* "tf checkpoint" / "torch checkpoint" */
+  char *path;       /* as opened, for messages */
+  const char *what; /* "tf checkpoint" / "torch checkpoint" */
   int nfiles;
   bl_file **files;
   bl_ckpt_item *items;

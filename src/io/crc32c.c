@@ -11,7 +11,7 @@
 #endif
 
 #define POLY_CRC32C 0x82f63b78u
-#define POLY_CRC32 0xedb88320u
+#define POLY_CRC32  0xedb88320u
 
 static uint32_t tab_c[8][256], tab_z[8][256];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
@@ -37,9 +37,9 @@ static uint32_t slice8(uint32_t t[8][256], uint32_t crc, const unsigned char *p,
     uint32_t lo, hi;
     memcpy(&lo, p, 4);
     memcpy(&hi, p + 4, 4);
-    lo ^= crc;  /* little-endian hosts only (x86-64, aarch64), as the rest of bertlua */
-    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
-          t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+    lo ^= crc; /* little-endian hosts only (x86-64, aarch64), as the rest of bertlua */
+    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][hi & 0xff] ^
+          t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
     p += 8;
     n -= 8;
   }

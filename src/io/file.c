@@ -13,7 +13,7 @@
 
 struct bl_file {
   int fd;
-  int64_t size;     /* read mode: size at open time */
+  int64_t size; /* read mode: size at open time */
   char *path;
 };
 
@@ -53,17 +53,17 @@ const char *bl_file_path(const bl_file *f) { return f ? f->path : ""; }
 int bl_file_read_at(bl_file *f, int64_t offset, void *dst, int64_t n) {
   if (!f || (!dst && n > 0)) return bl_set_error(BL_EINVAL, "file: NULL argument");
   if (offset < 0 || n < 0 || offset > f->size || n > f->size - offset)
-    return bl_set_error(BL_EFORMAT, "file: %s: range [%lld, %lld) is outside the file (%lld bytes)",
-                        f->path, (long long)offset, (long long)offset + (long long)n, (long long)f->size);
+    return bl_set_error(BL_EFORMAT, "file: %s: range [%lld, %lld) is outside the file (%lld bytes)", f->path,
+                        (long long)offset, (long long)offset + (long long)n, (long long)f->size);
   char *p = dst;
   while (n > 0) {
     ssize_t r = pread(f->fd, p, (size_t)(n > (1 << 30) ? (1 << 30) : n), (off_t)offset);
     if (r < 0) {
       if (errno == EINTR) continue;
-      return bl_set_error(BL_EIO, "file: read error in %s at offset %lld: %s", f->path,
-                          (long long)offset, strerror(errno));
+      return bl_set_error(BL_EIO, "file: read error in %s at offset %lld: %s", f->path, (long long)offset,
+                          strerror(errno));
     }
-    if (r == 0)  /* the file shrank under us */
+    if (r == 0) /* the file shrank under us */
       return bl_set_error(BL_EFORMAT, "file: %s ended early at offset %lld", f->path, (long long)offset);
     p += r;
     offset += r;

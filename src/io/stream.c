@@ -15,9 +15,9 @@
 
 struct bl_writer {
   int fd;
-  int err;          /* sticky status of the first failure, 0 while healthy */
-  char msg[512];    /* its message, repeated by later calls */
-  int64_t bytes;    /* accepted so far */
+  int err;       /* sticky status of the first failure, 0 while healthy */
+  char msg[512]; /* its message, repeated by later calls */
+  int64_t bytes; /* accepted so far */
   size_t used;
   char *path, *tmp;
   char buf[WBUF];
@@ -31,7 +31,8 @@ int bl_check_regular(const char *path, const char *what, int must_exist) {
     return bl_set_error(BL_EIO, "%s %s: %s", what ? what : "file", path, strerror(errno));
   }
   if (!S_ISREG(st.st_mode))
-    return bl_set_error(BL_EIO, "%s %s is %s, not a regular file", what ? what : "file", path, bl_file_kind(st.st_mode));
+    return bl_set_error(BL_EIO, "%s %s is %s, not a regular file", what ? what : "file", path,
+                        bl_file_kind(st.st_mode));
   return 0;
 }
 
@@ -50,20 +51,24 @@ int bl_writer_open(const char *path, bl_writer **res) {
   w->fd = mkostemp(w->tmp, O_CLOEXEC);
   if (w->fd < 0) {
     int e = errno;
-    free(w->tmp); free(w->path); free(w);
+    free(w->tmp);
+    free(w->path);
+    free(w);
     return bl_set_error(BL_EIO, "write %s: cannot create its temporary file: %s", path, strerror(e));
   }
   /* mkostemp makes 0600; outputs are ordinary files for the user's umask */
-  mode_t um = umask(0); umask(um);
-  if (fchmod(w->fd, 0666 & ~um) != 0) { /* harmless: the file is still the user's */ }
+  mode_t um = umask(0);
+  umask(um);
+  if (fchmod(w->fd, 0666 & ~um) != 0) { /* harmless: the file is still the user's */
+  }
   *res = w;
   return 0;
 }
 
 static int fail(bl_writer *w, int e, const char *step) {
   if (!w->err) {
-    w->err = bl_set_error(BL_EIO, "write %s: %s failed after %lld bytes: %s; the file was not written", w->path,
-                          step, (long long)w->bytes, strerror(e));
+    w->err = bl_set_error(BL_EIO, "write %s: %s failed after %lld bytes: %s; the file was not written", w->path, step,
+                          (long long)w->bytes, strerror(e));
     snprintf(w->msg, sizeof w->msg, "%s", bl_last_error());
   }
   return bl_set_error(w->err, "%s", w->msg);
@@ -106,7 +111,10 @@ static void fsync_dir_of(const char *path) {
   char *slash = strrchr(d, '/');
   const char *dir = slash == d ? "/" : slash ? (*slash = 0, d) : ".";
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) { (void)fsync(fd); close(fd); }  /* some filesystems refuse a directory fsync */
+  if (fd >= 0) {
+    (void)fsync(fd);
+    close(fd);
+  } /* some filesystems refuse a directory fsync */
   free(d);
 }
 
@@ -145,7 +153,7 @@ struct bl_lines {
   int fd, strip_cr, eof;
   int64_t lineno;
   char *path;
-  char *buf;          /* [start, end) unread bytes */
+  char *buf; /* [start, end) unread bytes */
   size_t start, end, cap;
 };
 
@@ -176,19 +184,20 @@ static int refill(bl_lines *r) {
     r->start = 0;
   }
   if (r->end == r->cap) {
-    if (r->cap > ((size_t)1 << 40)) return bl_set_error(BL_EFORMAT, "read %s: line %lld is over 1 TB",
-                                                        r->path, (long long)r->lineno + 1);
+    if (r->cap > ((size_t)1 << 40))
+      return bl_set_error(BL_EFORMAT, "read %s: line %lld is over 1 TB", r->path, (long long)r->lineno + 1);
     char *nb = realloc(r->buf, r->cap * 2);
-    if (!nb) return bl_set_error(BL_ENOMEM, "read %s: out of memory for line %lld (%zu bytes)", r->path,
-                                 (long long)r->lineno + 1, r->cap);
+    if (!nb)
+      return bl_set_error(BL_ENOMEM, "read %s: out of memory for line %lld (%zu bytes)", r->path,
+                          (long long)r->lineno + 1, r->cap);
     r->buf = nb;
     r->cap *= 2;
   }
   for (;;) {
     ssize_t k = read(r->fd, r->buf + r->end, r->cap - r->end);
     if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return bl_set_error(BL_EIO, "read %s: error after line %lld: %s", r->path, (long long)r->lineno,
-                                   strerror(errno));
+    if (k < 0)
+      return bl_set_error(BL_EIO, "read %s: error after line %lld: %s", r->path, (long long)r->lineno, strerror(errno));
     if (k == 0) r->eof = 1;
     r->end += (size_t)k;
     return 0;
@@ -197,7 +206,7 @@ static int refill(bl_lines *r) {
 
 int bl_lines_next(bl_lines *r, const char **line, int64_t *len, int64_t *lineno) {
   if (!r || !line || !len) return bl_set_error(BL_EINVAL, "read: NULL argument");
-  size_t scanned = 0;   /* bytes after start known to hold no "\n" */
+  size_t scanned = 0; /* bytes after start known to hold no "\n" */
   for (;;) {
     char *nl = memchr(r->buf + r->start + scanned, '\n', r->end - r->start - scanned);
     if (nl || (r->eof && r->end > r->start)) {

@@ -14,18 +14,18 @@
 #include <string.h>
 #include "ckpt_internal.h"
 
-#define WHAT "tf checkpoint"
-#define TABLE_MAGIC 0xdb4775248b80fb57ull
+#define WHAT            "tf checkpoint"
+#define TABLE_MAGIC     0xdb4775248b80fb57ull
 #define MAX_INDEX_BYTES (1ll << 30)
-#define MAX_SHARDS 100000
-#define MASK_DELTA 0xa282ead8u
+#define MAX_SHARDS      100000
+#define MASK_DELTA      0xa282ead8u
 
 typedef struct {
   bl_ckpt *c;
-  const char *ipath;  /* the .index path */
+  const char *ipath; /* the .index path */
   const uint8_t *buf;
   int64_t size;
-  int num_shards;     /* -1 until the header is seen */
+  int num_shards; /* -1 until the header is seen */
   char *prev_key;
   size_t prev_len;
   int have_prev;
@@ -46,7 +46,10 @@ static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
     if (*p >= end) return -1;
     uint8_t b = *(*p)++;
     r |= (uint64_t)(b & 0x7f) << shift;
-    if (!(b & 0x80)) { *v = r; return 0; }
+    if (!(b & 0x80)) {
+      *v = r;
+      return 0;
+    }
   }
   return -1;
 }
@@ -93,7 +96,7 @@ static int pb_next(const uint8_t **p, const uint8_t *end, pb_field *f) {
       f->data = *p;
       *p += f->len;
       return 1;
-    default: return -1;  /* groups are not used by these messages */
+    default: return -1; /* groups are not used by these messages */
   }
 }
 
@@ -102,8 +105,10 @@ static int parse_header(tf_reader *r, const uint8_t *p, const uint8_t *end) {
   int k, endian = 0;
   int64_t shards = 1;
   while ((k = pb_next(&p, end, &f)) == 1) {
-    if (f.num == 1 && f.wire == 0) shards = (int64_t)f.v;
-    else if (f.num == 2 && f.wire == 0) endian = (int)f.v;
+    if (f.num == 1 && f.wire == 0)
+      shards = (int64_t)f.v;
+    else if (f.num == 2 && f.wire == 0)
+      endian = (int)f.v;
   }
   if (k < 0) return ferr(r, "the bundle header (key \"\") is not a valid BundleHeaderProto");
   if (endian != 0) return ferr(r, "the tensors are stored big-endian (%d); only little-endian is read", endian);
@@ -113,12 +118,16 @@ static int parse_header(tf_reader *r, const uint8_t *p, const uint8_t *end) {
 }
 
 static void set_dtype(bl_ckpt_item *it, uint64_t dt) {
-  static const struct { int tf; int bl; const char *name; } map[] = {
-    {1, BL_F32, "DT_FLOAT"}, {2, BL_F64, "DT_DOUBLE"}, {3, BL_I32, "DT_INT32"}, {4, BL_U8, "DT_UINT8"},
-    {5, -1, "DT_INT16"}, {6, -1, "DT_INT8"}, {7, -1, "DT_STRING"}, {8, -1, "DT_COMPLEX64"},
-    {9, BL_I64, "DT_INT64"}, {10, BL_BOOL, "DT_BOOL"}, {14, BL_BF16, "DT_BFLOAT16"}, {17, -1, "DT_UINT16"},
-    {18, -1, "DT_COMPLEX128"}, {19, BL_F16, "DT_HALF"}, {20, -1, "DT_RESOURCE"}, {21, -1, "DT_VARIANT"},
-    {22, -1, "DT_UINT32"}, {23, -1, "DT_UINT64"},
+  static const struct {
+    int tf;
+    int bl;
+    const char *name;
+  } map[] = {
+    { 1, BL_F32, "DT_FLOAT" },   { 2, BL_F64, "DT_DOUBLE" }, { 3, BL_I32, "DT_INT32" },      { 4, BL_U8, "DT_UINT8" },
+    { 5, -1, "DT_INT16" },       { 6, -1, "DT_INT8" },       { 7, -1, "DT_STRING" },         { 8, -1, "DT_COMPLEX64" },
+    { 9, BL_I64, "DT_INT64" },   { 10, BL_BOOL, "DT_BOOL" }, { 14, BL_BF16, "DT_BFLOAT16" }, { 17, -1, "DT_UINT16" },
+    { 18, -1, "DT_COMPLEX128" }, { 19, BL_F16, "DT_HALF" },  { 20, -1, "DT_RESOURCE" },      { 21, -1, "DT_VARIANT" },
+    { 22, -1, "DT_UINT32" },     { 23, -1, "DT_UINT64" },
   };
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
     if ((uint64_t)map[i].tf == dt) {
@@ -153,26 +162,38 @@ static int parse_shape(tf_reader *r, bl_ckpt_item *it, const uint8_t *p, const u
   return k < 0 ? terr(r, it, "malformed shape") : 0;
 }
 
-typedef struct { uint64_t shard, offset, size; } tf_loc;
+typedef struct {
+  uint64_t shard, offset, size;
+} tf_loc;
 
 static int parse_entry(tf_reader *r, bl_ckpt_item *it, tf_loc *loc, const uint8_t *p, const uint8_t *end) {
   pb_field f;
   int k, have_crc = 0;
   set_dtype(it, 0);
   while ((k = pb_next(&p, end, &f)) == 1) {
-    if (f.num == 1 && f.wire == 0) set_dtype(it, f.v);
-    else if (f.num == 2 && f.wire == 2) BL_CHECK(parse_shape(r, it, f.data, f.data + f.len));
-    else if (f.num == 3 && f.wire == 0) loc->shard = f.v;
-    else if (f.num == 4 && f.wire == 0) loc->offset = f.v;
-    else if (f.num == 5 && f.wire == 0) loc->size = f.v;
-    else if (f.num == 6 && f.wire == 5) { it->crc = unmask((uint32_t)f.v); have_crc = 1; }
-    else if (f.num == 7 && f.wire == 2)
+    if (f.num == 1 && f.wire == 0)
+      set_dtype(it, f.v);
+    else if (f.num == 2 && f.wire == 2)
+      BL_CHECK(parse_shape(r, it, f.data, f.data + f.len));
+    else if (f.num == 3 && f.wire == 0)
+      loc->shard = f.v;
+    else if (f.num == 4 && f.wire == 0)
+      loc->offset = f.v;
+    else if (f.num == 5 && f.wire == 0)
+      loc->size = f.v;
+    else if (f.num == 6 && f.wire == 5) {
+      it->crc = unmask((uint32_t)f.v);
+      have_crc = 1;
+    } else if (f.num == 7 && f.wire == 2)
       return terr(r, it, "is a partitioned (sliced) variable; re-save the checkpoint without partitioning");
   }
   if (k < 0) return terr(r, it, "malformed BundleEntryProto");
   it->crc_kind = have_crc ? BL_CRC_32C : BL_CRC_NONE;
-  int64_t s = 1;  /* row-major strides */
-  for (int d = it->ndim - 1; d >= 0; d--) { it->stride[d] = s; s *= it->shape[d] ? it->shape[d] : 1; }
+  int64_t s = 1; /* row-major strides */
+  for (int d = it->ndim - 1; d >= 0; d--) {
+    it->stride[d] = s;
+    s *= it->shape[d] ? it->shape[d] : 1;
+  }
   return 0;
 }
 
@@ -185,11 +206,12 @@ static int read_block(tf_reader *r, uint64_t off, uint64_t size, const uint8_t *
   uint8_t type = b[size];
   uint32_t want = unmask(le32(b + size + 1));
   uint32_t got = bl_crc32c(bl_crc32c(0, b, size), &type, 1);
-#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  /* the fuzz targets skip it to reach the parser */
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION /* the fuzz targets skip it to reach the parser */
   if (got != want)
     return ferr(r, "block at offset %llu fails its crc32c check: the index is corrupt", (unsigned long long)off);
 #else
-  (void)got; (void)want;
+  (void)got;
+  (void)want;
 #endif
   if (type != 0)
     return ferr(r, "block at offset %llu is compressed; TensorFlow writes bundles uncompressed",
@@ -219,7 +241,10 @@ static int walk_block(tf_reader *r, const uint8_t *b, int64_t n, int64_t at, ent
       break;
     }
     char *nk = realloc(key, shared + nonshared + 1);
-    if (!nk) { rc = bl_set_error(BL_ENOMEM, WHAT ": %s: out of memory", r->ipath); break; }
+    if (!nk) {
+      rc = bl_set_error(BL_ENOMEM, WHAT ": %s: out of memory", r->ipath);
+      break;
+    }
     key = nk;
     memcpy(key + shared, p, nonshared);
     klen = shared + nonshared;
@@ -251,7 +276,7 @@ static int on_tensor(tf_reader *r, const uint8_t *key, size_t klen, const uint8_
   if (memchr(key, 0, klen)) return ferr(r, "a tensor name contains a NUL byte");
   bl_ckpt_item *it = bl_ckpt_add_(r->c, (const char *)key, klen);
   if (!it) return BL_ENOMEM;
-  tf_loc loc = {0, 0, 0};
+  tf_loc loc = { 0, 0, 0 };
   BL_CHECK(parse_entry(r, it, &loc, val, val + vlen));
   if (loc.shard >= (uint64_t)r->num_shards) return terr(r, it, "shard id is beyond the header's shard count");
   it->file = (int)loc.shard;
@@ -271,7 +296,8 @@ static int on_tensor(tf_reader *r, const uint8_t *key, size_t klen, const uint8_
 }
 
 static int on_index(tf_reader *r, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen) {
-  (void)key; (void)klen;
+  (void)key;
+  (void)klen;
   const uint8_t *p = val, *end = val + vlen;
   uint64_t off, size;
   if (varint(&p, end, &off) || varint(&p, end, &size)) return ferr(r, "malformed block handle in the index block");
@@ -293,8 +319,8 @@ static int check_shards(tf_reader *r, const char *prefix) {
     if (rc) {
       char why[600];
       snprintf(why, sizeof why, "%s", bl_last_error());
-      rc = bl_set_error(rc, WHAT ": %s: data shard %d of %d is missing or unreadable: %s", r->ipath, s,
-                        r->num_shards, why);
+      rc = bl_set_error(rc, WHAT ": %s: data shard %d of %d is missing or unreadable: %s", r->ipath, s, r->num_shards,
+                        why);
     }
   }
   free(path);
@@ -317,14 +343,17 @@ static int open_tf(bl_ckpt *c, const char *prefix, const char *ipath) {
   BL_CHECK(bl_file_open_read(ipath, &f));
   int64_t size = 0;
   bl_file_size(f, &size);
-  tf_reader r = {c, ipath, NULL, size, -1, NULL, 0, 0};
+  tf_reader r = { c, ipath, NULL, size, -1, NULL, 0, 0 };
   int rc = 0;
   uint8_t *buf = NULL;
   if (size < 48)
     rc = ferr(&r, "%lld bytes is too short for a table footer (48 bytes): truncated index?", (long long)size);
-  else if (size > MAX_INDEX_BYTES) rc = ferr(&r, "%lld bytes is too large for a checkpoint index", (long long)size);
-  else if (!(buf = malloc((size_t)size))) rc = bl_set_error(BL_ENOMEM, WHAT ": %s: out of memory", ipath);
-  else rc = bl_file_read_at(f, 0, buf, size);
+  else if (size > MAX_INDEX_BYTES)
+    rc = ferr(&r, "%lld bytes is too large for a checkpoint index", (long long)size);
+  else if (!(buf = malloc((size_t)size)))
+    rc = bl_set_error(BL_ENOMEM, WHAT ": %s: out of memory", ipath);
+  else
+    rc = bl_file_read_at(f, 0, buf, size);
   bl_file_close(f);
   r.buf = buf;
   if (rc == 0) {
@@ -355,14 +384,21 @@ int bl_ckpt_open_tf(const char *prefix, bl_ckpt **res) {
   *res = NULL;
   size_t n = strlen(prefix);
   char *pre = strdup(prefix), *ipath = malloc(n + 8);
-  if (!pre || !ipath) { free(pre); free(ipath); return bl_set_error(BL_ENOMEM, WHAT ": out of memory"); }
+  if (!pre || !ipath) {
+    free(pre);
+    free(ipath);
+    return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
+  }
   if (n > 6 && strcmp(pre + n - 6, ".index") == 0) pre[n - 6] = 0;
   snprintf(ipath, n + 8, "%s.index", pre);
   bl_ckpt *c = bl_ckpt_new_(ipath, WHAT);
   int rc = c ? open_tf(c, pre, ipath) : BL_ENOMEM;
   free(pre);
   free(ipath);
-  if (rc) { bl_ckpt_close(c); return rc; }
+  if (rc) {
+    bl_ckpt_close(c);
+    return rc;
+  }
   *res = c;
   return 0;
 }

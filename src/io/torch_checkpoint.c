@@ -11,12 +11,12 @@
 #include <string.h>
 #include "torch_zip.h"
 
-#define WHAT TZIP_WHAT
+#define WHAT             TZIP_WHAT
 #define MAX_PICKLE_BYTES (256ll << 20)
-#define MAX_VALUES (4 << 20)
-#define MAX_MEMO (4 << 20)
-#define MAX_NAME 1024
-#define MAX_DEPTH 200
+#define MAX_VALUES       (4 << 20)
+#define MAX_MEMO         (4 << 20)
+#define MAX_NAME         1024
+#define MAX_DEPTH        200
 
 /* ------------------------------------------------------------------ pickle values */
 enum { V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_BYTES, V_TUPLE, V_LIST, V_DICT, V_GLOBAL, V_STORAGE, V_TENSOR, V_MARK };
@@ -25,20 +25,20 @@ enum { G_ORDERED_DICT, G_REBUILD_V2, G_REBUILD, G_REBUILD_PARAM, G_STORAGE };
 typedef struct val val;
 struct val {
   int type;
-  int seen;            /* containers, while collecting tensors */
+  int seen; /* containers, while collecting tensors */
   val *next_alloc;
-  int64_t i;           /* int, bool; global id; storage: numel */
+  int64_t i; /* int, bool; global id; storage: numel */
   double f;
-  char *s;             /* str/bytes (NUL-terminated copy) */
+  char *s; /* str/bytes (NUL-terminated copy) */
   size_t slen;
-  val **items;         /* tuple/list items; dict keys and values interleaved */
+  val **items; /* tuple/list items; dict keys and values interleaved */
   size_t n, cap;
   /* global storage type / storage / tensor */
   int dtype, esize;
   const char *dtname;
-  int64_t data_off, data_len;  /* storage: its zip entry's bytes */
+  int64_t data_off, data_len; /* storage: its zip entry's bytes */
   uint32_t crc;
-  val *storage;        /* tensor */
+  val *storage; /* tensor */
   int64_t off;
   int ndim;
   int64_t shape[BL_MAX_DIMS], stride[BL_MAX_DIMS];
@@ -52,20 +52,20 @@ typedef struct {
   size_t *marks;
   size_t mn, mcap;
   val **memo;
-  size_t memo_cap;   /* slots allocated */
-  size_t memo_len;   /* entries stored: where MEMOIZE stores next, as Python's len(memo) */
+  size_t memo_cap; /* slots allocated */
+  size_t memo_len; /* entries stored: where MEMOIZE stores next, as Python's len(memo) */
   val *all;
   int64_t nvals;
-  char where[80];    /* "archive/data.pkl", or "pickle" in the legacy format */
+  char where[80]; /* "archive/data.pkl", or "pickle" in the legacy format */
   int legacy;
-  val **storages;    /* legacy: storages by first reference, bound to the file after the key list */
+  val **storages; /* legacy: storages by first reference, bound to the file after the key list */
   size_t ns, nscap;
   char name[MAX_NAME];
 } vm;
 
 static int perr(vm *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int perr(vm *m, const char *fmt, ...) {
-  char path[600];  /* the pickle and the position in it name the place */
+  char path[600]; /* the pickle and the position in it name the place */
   snprintf(path, sizeof path, "%s: %s at byte %lld", m->z->c->path, m->where, (long long)(m->p - m->start));
   va_list ap;
   va_start(ap, fmt);
@@ -75,9 +75,15 @@ static int perr(vm *m, const char *fmt, ...) {
 }
 
 static val *new_val(vm *m, int type) {
-  if (m->nvals >= MAX_VALUES) { perr(m, "more than %d objects: not a state dict", MAX_VALUES); return NULL; }
+  if (m->nvals >= MAX_VALUES) {
+    perr(m, "more than %d objects: not a state dict", MAX_VALUES);
+    return NULL;
+  }
   val *v = calloc(1, sizeof *v);
-  if (!v) { bl_set_error(BL_ENOMEM, WHAT ": out of memory"); return NULL; }
+  if (!v) {
+    bl_set_error(BL_ENOMEM, WHAT ": out of memory");
+    return NULL;
+  }
   v->type = type;
   v->next_alloc = m->all;
   m->all = v;
@@ -119,7 +125,10 @@ static int append(val *c, val *v) {
 
 /* items above the newest mark into a new container of type t; pops the mark */
 static val *pop_mark(vm *m, int t) {
-  if (m->mn == 0) { perr(m, "no MARK on the stack"); return NULL; }
+  if (m->mn == 0) {
+    perr(m, "no MARK on the stack");
+    return NULL;
+  }
   size_t from = m->marks[--m->mn];
   val *c = new_val(m, t);
   if (!c) return NULL;
@@ -140,7 +149,10 @@ static val *str_val(vm *m, int type, size_t n) {
   const uint8_t *b = NULL;
   if (take(m, n, &b)) return NULL;
   val *v = new_val(m, type);
-  if (!v || !(v->s = malloc(n + 1))) { if (v) bl_set_error(BL_ENOMEM, WHAT ": out of memory"); return NULL; }
+  if (!v || !(v->s = malloc(n + 1))) {
+    if (v) bl_set_error(BL_ENOMEM, WHAT ": out of memory");
+    return NULL;
+  }
   memcpy(v->s, b, n);
   v->s[n] = 0;
   v->slen = n;
@@ -153,11 +165,14 @@ static val *int_val(vm *m, int64_t x) {
   return v;
 }
 
-static const struct { const char *name; int dtype, esize; } STORAGES[] = {
-  {"FloatStorage", BL_F32, 4}, {"DoubleStorage", BL_F64, 8}, {"HalfStorage", BL_F16, 2},
-  {"BFloat16Storage", BL_BF16, 2}, {"LongStorage", BL_I64, 8}, {"IntStorage", BL_I32, 4},
-  {"ByteStorage", BL_U8, 1}, {"BoolStorage", BL_BOOL, 1}, {"ShortStorage", -1, 2}, {"CharStorage", -1, 1},
-  {"ComplexFloatStorage", -1, 8}, {"ComplexDoubleStorage", -1, 16},
+static const struct {
+  const char *name;
+  int dtype, esize;
+} STORAGES[] = {
+  { "FloatStorage", BL_F32, 4 },     { "DoubleStorage", BL_F64, 8 },   { "HalfStorage", BL_F16, 2 },
+  { "BFloat16Storage", BL_BF16, 2 }, { "LongStorage", BL_I64, 8 },     { "IntStorage", BL_I32, 4 },
+  { "ByteStorage", BL_U8, 1 },       { "BoolStorage", BL_BOOL, 1 },    { "ShortStorage", -1, 2 },
+  { "CharStorage", -1, 1 },          { "ComplexFloatStorage", -1, 8 }, { "ComplexDoubleStorage", -1, 16 },
 };
 
 /* The allowed globals; anything else is refused here, before it could be called. */
@@ -165,10 +180,14 @@ static val *global(vm *m, const char *mod, size_t ml, const char *name, size_t n
   val *g = new_val(m, V_GLOBAL);
   if (!g) return NULL;
 #define IS(a, b) (ml == strlen(a) && memcmp(mod, a, ml) == 0 && nl == strlen(b) && memcmp(name, b, nl) == 0)
-  if (IS("collections", "OrderedDict")) g->i = G_ORDERED_DICT;
-  else if (IS("torch._utils", "_rebuild_tensor_v2")) g->i = G_REBUILD_V2;
-  else if (IS("torch._utils", "_rebuild_tensor")) g->i = G_REBUILD;
-  else if (IS("torch._utils", "_rebuild_parameter")) g->i = G_REBUILD_PARAM;
+  if (IS("collections", "OrderedDict"))
+    g->i = G_ORDERED_DICT;
+  else if (IS("torch._utils", "_rebuild_tensor_v2"))
+    g->i = G_REBUILD_V2;
+  else if (IS("torch._utils", "_rebuild_tensor"))
+    g->i = G_REBUILD;
+  else if (IS("torch._utils", "_rebuild_parameter"))
+    g->i = G_REBUILD_PARAM;
   else {
     for (size_t k = 0; k < sizeof STORAGES / sizeof STORAGES[0]; k++)
       if (IS("torch", STORAGES[k].name)) {
@@ -178,9 +197,10 @@ static val *global(vm *m, const char *mod, size_t ml, const char *name, size_t n
         g->dtname = STORAGES[k].name;
         return g;
       }
-    perr(m, "refusing global %.*s.%.*s: a state dict needs only torch's tensor rebuild functions, storage types "
-            "and collections.OrderedDict (nothing was executed)", (int)(ml > 200 ? 200 : ml), mod,
-         (int)(nl > 200 ? 200 : nl), name);
+    perr(m,
+         "refusing global %.*s.%.*s: a state dict needs only torch's tensor rebuild functions, storage types "
+         "and collections.OrderedDict (nothing was executed)",
+         (int)(ml > 200 ? 200 : ml), mod, (int)(nl > 200 ? 200 : nl), name);
     return NULL;
   }
 #undef IS
@@ -207,7 +227,10 @@ static val *legacy_storage(vm *m, val *pid) {
     if (strcmp(m->storages[k]->s, pid->items[2]->s) == 0) return m->storages[k];
   val *g = pid->items[1], *s = new_val(m, V_STORAGE);
   if (!s || grow((void **)&m->storages, &m->nscap, m->ns + 1, sizeof *m->storages)) return NULL;
-  if (!(s->s = strdup(pid->items[2]->s))) { bl_set_error(BL_ENOMEM, WHAT ": out of memory"); return NULL; }
+  if (!(s->s = strdup(pid->items[2]->s))) {
+    bl_set_error(BL_ENOMEM, WHAT ": out of memory");
+    return NULL;
+  }
   s->dtype = g->dtype;
   s->esize = g->esize;
   s->dtname = g->dtname;
@@ -229,11 +252,17 @@ static val *persistent(vm *m, val *pid) {
   const char *key = pid->items[2]->s;
   int64_t numel = pid->items[4]->i;
   char rest[300];
-  if (strlen(key) > 200 || numel < 0) { perr(m, "bad storage key or size"); return NULL; }
+  if (strlen(key) > 200 || numel < 0) {
+    perr(m, "bad storage key or size");
+    return NULL;
+  }
   if (m->legacy) return legacy_storage(m, pid);
   snprintf(rest, sizeof rest, "data/%s", key);
   zip_entry *e = tzip_find(m->z, m->z->prefix, rest);
-  if (!e) { perr(m, "storage '%s' has no entry %s/%s in the archive", key, m->z->prefix, rest); return NULL; }
+  if (!e) {
+    perr(m, "storage '%s' has no entry %s/%s in the archive", key, m->z->prefix, rest);
+    return NULL;
+  }
   val *s = new_val(m, V_STORAGE);
   if (!s || tzip_data(m->z, e, &s->data_off)) return NULL;
   s->dtype = g->dtype;
@@ -275,15 +304,24 @@ static val *rebuild_tensor(vm *m, val *args) {
     perr(m, "tensor size/stride must be tuples of at most 8 non-negative ints of the same length");
     return NULL;
   }
-  if (t->off < 0) { perr(m, "negative storage offset"); return NULL; }
+  if (t->off < 0) {
+    perr(m, "negative storage offset");
+    return NULL;
+  }
   return t;
 }
 
 static val *reduce(vm *m, val *fn, val *args) {
-  if (fn->type != V_GLOBAL || args->type != V_TUPLE) { perr(m, "REDUCE of something not callable"); return NULL; }
+  if (fn->type != V_GLOBAL || args->type != V_TUPLE) {
+    perr(m, "REDUCE of something not callable");
+    return NULL;
+  }
   switch (fn->i) {
     case G_ORDERED_DICT:
-      if (args->n != 0) { perr(m, "OrderedDict with arguments"); return NULL; }
+      if (args->n != 0) {
+        perr(m, "OrderedDict with arguments");
+        return NULL;
+      }
       return new_val(m, V_DICT);
     case G_REBUILD_V2:
     case G_REBUILD: return rebuild_tensor(m, args);
@@ -330,9 +368,14 @@ static int run(vm *m, val **out) {
     if (m->p >= m->end) return perr(m, "pickle ends without STOP");
     uint8_t op = *m->p++;
     switch (op) {
-      case 0x80: BL_CHECK(take(m, 1, &b)); if (b[0] > 5) return perr(m, "pickle protocol %d", b[0]); break;
-      case 0x95: BL_CHECK(take(m, 8, &b)); break;  /* FRAME: a hint only */
-      case '.': if (!(*out = pop(m))) return BL_EFORMAT; return 0;
+      case 0x80:
+        BL_CHECK(take(m, 1, &b));
+        if (b[0] > 5) return perr(m, "pickle protocol %d", b[0]);
+        break;
+      case 0x95: BL_CHECK(take(m, 8, &b)); break; /* FRAME: a hint only */
+      case '.':
+        if (!(*out = pop(m))) return BL_EFORMAT;
+        return 0;
       case '(':
         BL_CHECK(grow((void **)&m->marks, &m->mcap, m->mn + 1, sizeof *m->marks));
         m->marks[m->mn++] = m->sn;
@@ -341,15 +384,25 @@ static int run(vm *m, val **out) {
       case ']': BL_CHECK(push(m, new_val(m, V_LIST))); break;
       case ')': BL_CHECK(push(m, new_val(m, V_TUPLE))); break;
       case 'N': BL_CHECK(push(m, new_val(m, V_NONE))); break;
-      case 0x88: case 0x89:
+      case 0x88:
+      case 0x89:
         if (!(a = new_val(m, V_BOOL))) return BL_EFORMAT;
         a->i = op == 0x88;
         BL_CHECK(push(m, a));
         break;
-      case 'J': BL_CHECK(take(m, 4, &b)); BL_CHECK(push(m, int_val(m, (int32_t)le32(b)))); break;
-      case 'K': BL_CHECK(take(m, 1, &b)); BL_CHECK(push(m, int_val(m, b[0]))); break;
-      case 'M': BL_CHECK(take(m, 2, &b)); BL_CHECK(push(m, int_val(m, le16(b)))); break;
-      case 0x8a: {  /* LONG1: little-endian two's complement */
+      case 'J':
+        BL_CHECK(take(m, 4, &b));
+        BL_CHECK(push(m, int_val(m, (int32_t)le32(b))));
+        break;
+      case 'K':
+        BL_CHECK(take(m, 1, &b));
+        BL_CHECK(push(m, int_val(m, b[0])));
+        break;
+      case 'M':
+        BL_CHECK(take(m, 2, &b));
+        BL_CHECK(push(m, int_val(m, le16(b))));
+        break;
+      case 0x8a: { /* LONG1: little-endian two's complement */
         BL_CHECK(take(m, 1, &b));
         int n = b[0];
         if (n > 8) return perr(m, "integer of %d bytes does not fit in 64 bits", n);
@@ -369,15 +422,20 @@ static int run(vm *m, val **out) {
         BL_CHECK(push(m, a));
         break;
       }
-      case 'X': case 'T': case 'B':
+      case 'X':
+      case 'T':
+      case 'B':
         BL_CHECK(take(m, 4, &b));
         BL_CHECK(push(m, str_val(m, op == 'B' ? V_BYTES : V_STR, le32(b))));
         break;
-      case 0x8c: case 'U': case 'C':
+      case 0x8c:
+      case 'U':
+      case 'C':
         BL_CHECK(take(m, 1, &b));
         BL_CHECK(push(m, str_val(m, op == 'C' ? V_BYTES : V_STR, b[0])));
         break;
-      case 0x8d: case 0x8e:
+      case 0x8d:
+      case 0x8e:
         BL_CHECK(take(m, 8, &b));
         if (le64(b) > (uint64_t)(m->end - m->p)) return perr(m, "truncated pickle");
         BL_CHECK(push(m, str_val(m, op == 0x8e ? V_BYTES : V_STR, (size_t)le64(b))));
@@ -390,7 +448,9 @@ static int run(vm *m, val **out) {
         BL_CHECK(push(m, a));
         break;
       }
-      case 0x85: case 0x86: case 0x87: {
+      case 0x85:
+      case 0x86:
+      case 0x87: {
         int n = op - 0x84;
         if (!(a = new_val(m, V_TUPLE))) return BL_EFORMAT;
         BL_CHECK(grow((void **)&a->items, &a->cap, (size_t)n, sizeof *a->items));
@@ -406,7 +466,8 @@ static int run(vm *m, val **out) {
         BL_CHECK(append(a, v));
         BL_CHECK(push(m, a));
         break;
-      case 'e': case 'u': {
+      case 'e':
+      case 'u': {
         if (!(v = pop_mark(m, V_TUPLE)) || !(a = pop(m))) return BL_EFORMAT;
         if (op == 'e') {
           if (a->type != V_LIST) return perr(m, "APPENDS to something that is not a list");
@@ -425,11 +486,23 @@ static int run(vm *m, val **out) {
         BL_CHECK(push(m, a));
         break;
       }
-      case 'q': BL_CHECK(take(m, 1, &b)); BL_CHECK(memo_put(m, b[0])); break;
-      case 'r': BL_CHECK(take(m, 4, &b)); BL_CHECK(memo_put(m, le32(b))); break;
+      case 'q':
+        BL_CHECK(take(m, 1, &b));
+        BL_CHECK(memo_put(m, b[0]));
+        break;
+      case 'r':
+        BL_CHECK(take(m, 4, &b));
+        BL_CHECK(memo_put(m, le32(b)));
+        break;
       case 0x94: BL_CHECK(memo_put(m, m->memo_len)); break;
-      case 'h': BL_CHECK(take(m, 1, &b)); BL_CHECK(memo_get(m, b[0])); break;
-      case 'j': BL_CHECK(take(m, 4, &b)); BL_CHECK(memo_get(m, le32(b))); break;
+      case 'h':
+        BL_CHECK(take(m, 1, &b));
+        BL_CHECK(memo_get(m, b[0]));
+        break;
+      case 'j':
+        BL_CHECK(take(m, 4, &b));
+        BL_CHECK(memo_get(m, le32(b)));
+        break;
       case 'c': {
         const char *mod = NULL, *name = NULL;
         size_t ml = 0, nl = 0;
@@ -443,12 +516,13 @@ static int run(vm *m, val **out) {
         if (v->type != V_STR || k->type != V_STR) return perr(m, "STACK_GLOBAL needs two strings");
         BL_CHECK(push(m, global(m, k->s, k->slen, v->s, v->slen)));
         break;
-      case 'R': case 0x81:  /* REDUCE, NEWOBJ: only the allowed globals can be on the stack */
+      case 'R':
+      case 0x81: /* REDUCE, NEWOBJ: only the allowed globals can be on the stack */
         if (!(a = pop(m)) || !(k = pop(m))) return BL_EFORMAT;
         if (op == 0x81 && (k->type != V_GLOBAL || k->i != G_ORDERED_DICT)) return perr(m, "NEWOBJ of a non-dict");
         BL_CHECK(push(m, reduce(m, k, a)));
         break;
-      case 'b':  /* BUILD: a state dict's _metadata or a tensor's python state; neither matters here */
+      case 'b': /* BUILD: a state dict's _metadata or a tensor's python state; neither matters here */
         if (!(v = pop(m)) || m->sn == 0) return BL_EFORMAT;
         a = m->stack[m->sn - 1];
         if (a->type != V_DICT && a->type != V_TENSOR) return perr(m, "BUILD on an object that is not a dict or tensor");
@@ -457,7 +531,9 @@ static int run(vm *m, val **out) {
         if (!(a = pop(m))) return BL_EFORMAT;
         BL_CHECK(push(m, persistent(m, a)));
         break;
-      case '0': if (!pop(m)) return BL_EFORMAT; break;
+      case '0':
+        if (!pop(m)) return BL_EFORMAT;
+        break;
       case '1':
         if (m->mn == 0) return perr(m, "POP_MARK without a MARK");
         m->sn = m->marks[--m->mn];
@@ -467,9 +543,7 @@ static int run(vm *m, val **out) {
         BL_CHECK(push(m, a));
         BL_CHECK(push(m, a));
         break;
-      default:
-        m->p--;
-        return perr(m, "pickle opcode 0x%02x is not one a state dict uses", op);
+      default: m->p--; return perr(m, "pickle opcode 0x%02x is not one a state dict uses", op);
     }
   }
 }
@@ -500,7 +574,7 @@ static int add_tensor(vm *m, val *t) {
   it->region_off = s->data_off;
   it->region_len = s->data_len;
   it->elem_off = t->off;
-  it->crc_kind = m->legacy ? BL_CRC_NONE : BL_CRC_ZIP;  /* the legacy format has no checksums */
+  it->crc_kind = m->legacy ? BL_CRC_NONE : BL_CRC_ZIP; /* the legacy format has no checksums */
   it->crc = s->crc;
   return 0;
 }
@@ -516,10 +590,14 @@ static int collect(vm *m, val *v, size_t len, int depth) {
   for (size_t i = 0; i < v->n; i += dict ? 2 : 1) {
     char part[64];
     const char *key = part;
-    if (!dict) snprintf(part, sizeof part, "%zu", i);
-    else if (v->items[i]->type == V_STR) key = v->items[i]->s;
-    else if (v->items[i]->type == V_INT) snprintf(part, sizeof part, "%lld", (long long)v->items[i]->i);
-    else snprintf(part, sizeof part, "<key %zu>", i / 2);
+    if (!dict)
+      snprintf(part, sizeof part, "%zu", i);
+    else if (v->items[i]->type == V_STR)
+      key = v->items[i]->s;
+    else if (v->items[i]->type == V_INT)
+      snprintf(part, sizeof part, "%lld", (long long)v->items[i]->i);
+    else
+      snprintf(part, sizeof part, "<key %zu>", i / 2);
     size_t kl = strlen(key);
     if (len + kl + 2 > MAX_NAME) return perr(m, "a tensor name is longer than %d bytes", MAX_NAME);
     size_t nl = len;
@@ -547,8 +625,8 @@ static void vm_free(vm *m) {
 /* ------------------------------------------------------------------ the legacy (pre-1.6) format */
 /* pickles of: the magic number, the protocol version (1001), sys_info, the object, the sorted storage
  * keys; then per key an int64 element count and the raw bytes */
-static const uint8_t LEGACY_MAGIC[15] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
-                                         0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, 0x2e};
+static const uint8_t LEGACY_MAGIC[15] = { 0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                          0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, 0x2e };
 
 /* the next pickle of the stream: fresh stack and memo */
 static int run_next(vm *m, val **out) {
@@ -578,11 +656,12 @@ static int legacy_bind(vm *m, val *keys, int64_t off) {
       return tzip_err(z, "storage '%s': the file ends at %lld, before its data: truncated?", key->s,
                       (long long)z->fsize);
     int64_t numel = (int64_t)le64(h), nb;
-    if (numel != s->i) return tzip_err(z, "storage '%s': the file says %lld elements, the pickle %lld", key->s,
-                                   (long long)numel, (long long)s->i);
+    if (numel != s->i)
+      return tzip_err(z, "storage '%s': the file says %lld elements, the pickle %lld", key->s, (long long)numel,
+                      (long long)s->i);
     if (__builtin_mul_overflow(numel, (int64_t)s->esize, &nb) || nb > z->fsize - off - 8)
       return tzip_err(z, "storage '%s' (%lld x %d bytes at %lld) runs past the end of the file: truncated?", key->s,
-                  (long long)numel, s->esize, (long long)off + 8);
+                      (long long)numel, s->esize, (long long)off + 8);
     s->data_off = off + 8;
     s->data_len = nb;
     off += 8 + nb;
@@ -597,7 +676,7 @@ static int open_legacy(bl_ckpt *c, zip_reader *z) {
   uint8_t *buf = malloc((size_t)n);
   if (!buf) return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
   int rc = bl_file_read_at(z->f, 0, buf, n);
-  vm m = {.z = z, .p = buf + sizeof LEGACY_MAGIC, .end = buf + n, .start = buf, .legacy = 1};
+  vm m = { .z = z, .p = buf + sizeof LEGACY_MAGIC, .end = buf + n, .start = buf, .legacy = 1 };
   snprintf(m.where, sizeof m.where, "the legacy torch.save pickle");
   val *ver = NULL, *info = NULL, *root = NULL, *keys = NULL, *le;
   if (rc == 0) rc = run_next(&m, &ver);
@@ -619,7 +698,7 @@ static int open_legacy(bl_ckpt *c, zip_reader *z) {
 static int open_torch(bl_ckpt *c, zip_reader *z) {
   BL_CHECK(bl_ckpt_add_file_(c, c->path));
   z->f = c->files[0];
-  uint8_t magic[sizeof LEGACY_MAGIC] = {0};
+  uint8_t magic[sizeof LEGACY_MAGIC] = { 0 };
   BL_CHECK(bl_file_size(z->f, &z->fsize));
   if (z->fsize >= (int64_t)sizeof magic) BL_CHECK(bl_file_read_at(z->f, 0, magic, sizeof magic));
   if (memcmp(magic, LEGACY_MAGIC, sizeof magic) == 0) return open_legacy(c, z);
@@ -635,7 +714,7 @@ static int open_torch(bl_ckpt *c, zip_reader *z) {
   if (!(z->prefix = strndup(pk->name, pl))) return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
   zip_entry *bo = tzip_find(z, z->prefix, "byteorder");
   if (bo) {
-    char buf[8] = {0};
+    char buf[8] = { 0 };
     int64_t off;
     BL_CHECK(tzip_data(z, bo, &off));
     if (bo->usize > 7 || bl_file_read_at(z->f, off, buf, (int64_t)bo->usize) || strcmp(buf, "little"))
@@ -643,16 +722,16 @@ static int open_torch(bl_ckpt *c, zip_reader *z) {
   }
   int64_t off;
   BL_CHECK(tzip_data(z, pk, &off));
-  if (pk->usize > MAX_PICKLE_BYTES) return tzip_err(z, "data.pkl is %llu bytes: too large for a state dict",
-                                                (unsigned long long)pk->usize);
+  if (pk->usize > MAX_PICKLE_BYTES)
+    return tzip_err(z, "data.pkl is %llu bytes: too large for a state dict", (unsigned long long)pk->usize);
   uint8_t *pkl = malloc(pk->usize ? pk->usize : 1);
   if (!pkl) return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
   int rc = bl_file_read_at(z->f, off, pkl, (int64_t)pk->usize);
-#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  /* the fuzz targets skip it to reach the pickle VM */
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION /* the fuzz targets skip it to reach the pickle VM */
   if (rc == 0 && bl_crc32(0, pkl, pk->usize) != pk->crc)
     rc = tzip_err(z, "%s fails its zip CRC-32 check: corrupt file", pk->name);
 #endif
-  vm m = {.z = z, .p = pkl, .end = pkl + pk->usize, .start = pkl};
+  vm m = { .z = z, .p = pkl, .end = pkl + pk->usize, .start = pkl };
   snprintf(m.where, sizeof m.where, "%s/data.pkl", z->prefix);
   val *root = NULL;
   if (rc == 0) rc = run(&m, &root);
@@ -668,10 +747,13 @@ int bl_ckpt_open_torch(const char *path, bl_ckpt **res) {
   *res = NULL;
   bl_ckpt *c = bl_ckpt_new_(path, WHAT);
   if (!c) return BL_ENOMEM;
-  zip_reader z = {.c = c};
+  zip_reader z = { .c = c };
   int rc = open_torch(c, &z);
   tzip_free(&z);
-  if (rc) { bl_ckpt_close(c); return rc; }
+  if (rc) {
+    bl_ckpt_close(c);
+    return rc;
+  }
   *res = c;
   return 0;
 }

@@ -5,7 +5,7 @@
 #include <string.h>
 #include "torch_zip.h"
 
-#define WHAT TZIP_WHAT
+#define WHAT         TZIP_WHAT
 #define MAX_CD_BYTES (256ll << 20)
 
 int tzip_err(zip_reader *z, const char *fmt, ...) {
@@ -23,9 +23,20 @@ static int zip64_extra(const uint8_t *x, size_t xlen, zip_entry *e, int need_u, 
     if ((size_t)n > xlen - 4) return -1;
     if (id == 1) {
       const uint8_t *p = x + 4, *end = p + n;
-      if (need_u) { if (end - p < 8) return -1; e->usize = le64(p); p += 8; }
-      if (need_c) { if (end - p < 8) return -1; e->csize = le64(p); p += 8; }
-      if (need_o) { if (end - p < 8) return -1; e->lho = le64(p); }
+      if (need_u) {
+        if (end - p < 8) return -1;
+        e->usize = le64(p);
+        p += 8;
+      }
+      if (need_c) {
+        if (end - p < 8) return -1;
+        e->csize = le64(p);
+        p += 8;
+      }
+      if (need_o) {
+        if (end - p < 8) return -1;
+        e->lho = le64(p);
+      }
       return 0;
     }
     x += 4 + n;
@@ -37,12 +48,16 @@ static int zip64_extra(const uint8_t *x, size_t xlen, zip_entry *e, int need_u, 
 static int zip_central(zip_reader *z, uint64_t cd_off, uint64_t cd_size, uint64_t count) {
   if (cd_off > (uint64_t)z->fsize || cd_size > (uint64_t)z->fsize - cd_off || cd_size > MAX_CD_BYTES)
     return tzip_err(z, "the zip central directory (offset %llu, %llu bytes) is outside the file: truncated?",
-                (unsigned long long)cd_off, (unsigned long long)cd_size);
-  if (count > cd_size / 46) return tzip_err(z, "the zip directory claims %llu entries in %llu bytes",
-                                        (unsigned long long)count, (unsigned long long)cd_size);
+                    (unsigned long long)cd_off, (unsigned long long)cd_size);
+  if (count > cd_size / 46)
+    return tzip_err(z, "the zip directory claims %llu entries in %llu bytes", (unsigned long long)count,
+                    (unsigned long long)cd_size);
   uint8_t *cd = malloc(cd_size ? cd_size : 1);
   z->ents = calloc(count ? count : 1, sizeof *z->ents);
-  if (!cd || !z->ents) { free(cd); return bl_set_error(BL_ENOMEM, WHAT ": %s: out of memory", z->c->path); }
+  if (!cd || !z->ents) {
+    free(cd);
+    return bl_set_error(BL_ENOMEM, WHAT ": %s: out of memory", z->c->path);
+  }
   int rc = bl_file_read_at(z->f, (int64_t)cd_off, cd, (int64_t)cd_size);
   const uint8_t *p = cd, *end = cd + cd_size;
   for (uint64_t i = 0; i < count && rc == 0; i++) {
@@ -62,7 +77,10 @@ static int zip_central(zip_reader *z, uint64_t cd_off, uint64_t cd_size, uint64_
       rc = tzip_err(z, "zip directory entry %llu is truncated", (unsigned long long)i);
       break;
     }
-    if (!(e->name = malloc(nlen + 1))) { rc = bl_set_error(BL_ENOMEM, WHAT ": out of memory"); break; }
+    if (!(e->name = malloc(nlen + 1))) {
+      rc = bl_set_error(BL_ENOMEM, WHAT ": out of memory");
+      break;
+    }
     memcpy(e->name, p + 46, nlen);
     e->name[nlen] = 0;
     z->nents = (int64_t)i + 1;
@@ -76,14 +94,17 @@ static int zip_central(zip_reader *z, uint64_t cd_off, uint64_t cd_size, uint64_
 
 int tzip_open(zip_reader *z) {
   BL_CHECK(bl_file_size(z->f, &z->fsize));
-  int64_t tail = z->fsize < 65557 ? z->fsize : 65557;  /* EOCD (22) + the longest comment */
+  int64_t tail = z->fsize < 65557 ? z->fsize : 65557; /* EOCD (22) + the longest comment */
   if (tail < 22) return tzip_err(z, "%lld bytes is too short for a zip archive: truncated?", (long long)z->fsize);
   uint8_t *t = malloc((size_t)tail);
   if (!t) return bl_set_error(BL_ENOMEM, WHAT ": out of memory");
   int rc = bl_file_read_at(z->f, z->fsize - tail, t, tail);
   int64_t at = -1;
   for (int64_t i = tail - 22; rc == 0 && i >= 0; i--)
-    if (le32(t + i) == 0x06054b50) { at = i; break; }
+    if (le32(t + i) == 0x06054b50) {
+      at = i;
+      break;
+    }
   uint64_t count = 0, cd_size = 0, cd_off = 0;
   if (rc == 0 && at < 0) rc = tzip_err(z, "no zip end-of-directory record: truncated, or not a torch.save zip file");
   if (rc == 0) {
@@ -129,7 +150,7 @@ int tzip_data(zip_reader *z, const zip_entry *e, int64_t *off) {
   if (e->lho > (uint64_t)z->fsize - 30 || z->fsize < 30 || bl_file_read_at(z->f, (int64_t)e->lho, h, 30) ||
       le32(h) != 0x04034b50)
     return tzip_err(z, "zip entry '%s': no local header at offset %llu: truncated or corrupt archive", e->name,
-                (unsigned long long)e->lho);
+                    (unsigned long long)e->lho);
   uint64_t d = e->lho + 30 + le16(h + 26) + le16(h + 28);
   if (d > (uint64_t)z->fsize || e->usize > (uint64_t)z->fsize - d)
     return tzip_err(z,
@@ -144,4 +165,3 @@ void tzip_free(zip_reader *z) {
   free(z->ents);
   free(z->prefix);
 }
-

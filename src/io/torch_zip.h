@@ -22,7 +22,7 @@ typedef struct {
   int64_t fsize;
   zip_entry *ents;
   int64_t nents;
-  char *prefix;  /* "archive" for archive/data.pkl */
+  char *prefix; /* "archive" for archive/data.pkl */
 } zip_reader;
 
 static inline uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 static void argmax_rows(const float *x, int64_t rows, int64_t c, int64_t *out) {
-  #pragma omp parallel for schedule(static) if (rows * c > 65536)
+#pragma omp parallel for schedule(static) if (rows * c > 65536)
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * c;
     int64_t best = 0;
@@ -27,32 +27,38 @@ int bl_argmax(bl_tensor *out, const bl_tensor *x) {
   if (out->numel != opx_rows(x))
     return BL_ERR("%s: output %s does not match input %s without its last dim", op, OPX_SHAPE(out), OPX_SHAPE(x));
   int dev;
-  const bl_tensor *ts[] = {out, x};
+  const bl_tensor *ts[] = { out, x };
   BL_CHECK(opx_device(op, 2, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_argmax(out, x));
   int64_t rows = opx_rows(x), c = opx_cols(x);
-  opx_buf bx = {0};
+  opx_buf bx = { 0 };
   int64_t *res = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
   if (!res) return bl_set_error(BL_ENOMEM, "%s: out of memory", op);
   int rc = opx_load(op, x, &bx);
   if (!rc) {
     argmax_rows(bx.p, rows, c, res);
     int nd = out->ndim;
-    int64_t idx[BL_MAX_DIMS] = {0};
+    int64_t idx[BL_MAX_DIMS] = { 0 };
     for (int64_t i = 0; i < rows; i++) {
       int64_t off = 0;
       for (int k = 0; k < nd; k++) off += idx[k] * out->stride[k];
-      if (out->dtype == BL_I64) ((int64_t *)out->data)[off] = res[i];
-      else ((int32_t *)out->data)[off] = (int32_t)res[i];
-      for (int k = nd - 1; k >= 0; k--) { if (++idx[k] < out->shape[k]) break; idx[k] = 0; }
+      if (out->dtype == BL_I64)
+        ((int64_t *)out->data)[off] = res[i];
+      else
+        ((int32_t *)out->data)[off] = (int32_t)res[i];
+      for (int k = nd - 1; k >= 0; k--) {
+        if (++idx[k] < out->shape[k]) break;
+        idx[k] = 0;
+      }
     }
   }
-  free(res); opx_free(&bx);
+  free(res);
+  opx_free(&bx);
   return rc;
 }
 
-int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index,
-                int64_t *correct, int64_t *count) {
+int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index, int64_t *correct,
+                int64_t *count) {
   const char *op = "accuracy";
   BL_CHECK(opx_check_float(op, logits, "logits"));
   BL_CHECK(opx_check_index(op, targets, "targets"));
@@ -62,12 +68,12 @@ int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignor
   if (targets->numel != opx_rows(logits))
     return BL_ERR("%s: logits %s and targets %s are not compatible", op, OPX_SHAPE(logits), OPX_SHAPE(targets));
   int dev;
-  const bl_tensor *ts[] = {logits, targets};
+  const bl_tensor *ts[] = { logits, targets };
   BL_CHECK(opx_device(op, 2, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_accuracy(logits, targets, ignore_index, correct, count));
   int64_t rows = opx_rows(logits), c = opx_cols(logits), *t = NULL, ok = 0, cnt = 0;
   int64_t *res = malloc((size_t)(rows ? rows : 1) * sizeof(int64_t));
-  opx_buf bx = {0};
+  opx_buf bx = { 0 };
   if (!res) return bl_set_error(BL_ENOMEM, "%s: out of memory", op);
   int rc = opx_load_ids(op, targets, &t);
   if (!rc) rc = opx_load(op, logits, &bx);
@@ -78,9 +84,12 @@ int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignor
       cnt++;
       ok += res[i] == t[i];
     }
-    *correct = ok; *count = cnt;
+    *correct = ok;
+    *count = cnt;
   }
-  free(res); free(t); opx_free(&bx);
+  free(res);
+  free(t);
+  opx_free(&bx);
   return rc;
 }
 

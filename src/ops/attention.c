@@ -21,7 +21,7 @@
 #include "bl_ops.h"
 #include "device/dispatch.h"
 #include "transpose.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -35,18 +35,34 @@ typedef struct bsh {
 static int bsh_in_place(const bl_tensor *t) { return t->dtype == BL_F32 && (t->shape[2] == 1 || t->stride[2] == 1); }
 
 static int bsh_load(const char *op, const bl_tensor *t, bsh *m) {
-  m->buf.owned = 0; m->buf.p = NULL;
-  if (bsh_in_place(t)) { m->p = (float *)t->data; m->sb = t->stride[0]; m->ss = t->stride[1]; return 0; }
+  m->buf.owned = 0;
+  m->buf.p = NULL;
+  if (bsh_in_place(t)) {
+    m->p = (float *)t->data;
+    m->sb = t->stride[0];
+    m->ss = t->stride[1];
+    return 0;
+  }
   BL_CHECK(opx_load(op, t, &m->buf));
-  m->p = m->buf.p; m->ss = t->shape[2]; m->sb = t->shape[1] * t->shape[2];
+  m->p = m->buf.p;
+  m->ss = t->shape[2];
+  m->sb = t->shape[1] * t->shape[2];
   return 0;
 }
 
 static int bsh_out(const char *op, bl_tensor *t, bsh *m) {
-  m->buf.owned = 0; m->buf.p = NULL;
-  if (bsh_in_place(t)) { m->p = (float *)t->data; m->sb = t->stride[0]; m->ss = t->stride[1]; return 0; }
+  m->buf.owned = 0;
+  m->buf.p = NULL;
+  if (bsh_in_place(t)) {
+    m->p = (float *)t->data;
+    m->sb = t->stride[0];
+    m->ss = t->stride[1];
+    return 0;
+  }
   BL_CHECK(opx_out(op, t, &m->buf, 0));
-  m->p = m->buf.p; m->ss = t->shape[2]; m->sb = t->shape[1] * t->shape[2];
+  m->p = m->buf.p;
+  m->ss = t->shape[2];
+  m->sb = t->shape[1] * t->shape[2];
   return 0;
 }
 
@@ -64,14 +80,14 @@ static int check_common(const char *op, const bl_tensor *q, const bl_tensor *k, 
   BL_CHECK(check_bsh(op, k, "key", q));
   BL_CHECK(check_bsh(op, v, "value", q));
   if (heads < 1 || q->shape[2] % heads != 0)
-    return BL_ERR("%s: hidden size %lld of query %s is not divisible by %d heads", op,
-                  (long long)q->shape[2], OPX_SHAPE(q), heads);
+    return BL_ERR("%s: hidden size %lld of query %s is not divisible by %d heads", op, (long long)q->shape[2],
+                  OPX_SHAPE(q), heads);
   BL_CHECK(opx_check(op, probs, "probs"));
   int64_t b = q->shape[0], s = q->shape[1];
   if (probs->dtype != BL_F32 || probs->ndim != 4 || probs->shape[0] != b || probs->shape[1] != heads ||
       probs->shape[2] != s || probs->shape[3] != s || !bl_tensor_is_contiguous(probs))
-    return BL_ERR("%s: probs must be a contiguous f32 [%lld,%d,%lld,%lld] tensor, got %s %s", op, (long long)b,
-                  heads, (long long)s, (long long)s, bl_dtype_name(probs->dtype), OPX_SHAPE(probs));
+    return BL_ERR("%s: probs must be a contiguous f32 [%lld,%d,%lld,%lld] tensor, got %s %s", op, (long long)b, heads,
+                  (long long)s, (long long)s, bl_dtype_name(probs->dtype), OPX_SHAPE(probs));
   BL_CHECK(opx_check_p(op, p));
   return 0;
 }
@@ -102,23 +118,23 @@ static int load_key_mask(const char *op, const bl_tensor *m, int64_t b, int64_t 
   return 0;
 }
 
-#define AG_NAME gemm_v16
+#define AG_NAME  gemm_v16
 #define AG_LANES 16
-#define AG_MR 4
+#define AG_MR    4
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
 #undef AG_MR
-#define AG_NAME gemm_v8
+#define AG_NAME  gemm_v8
 #define AG_LANES 8
-#define AG_MR 6
+#define AG_MR    6
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
 #undef AG_MR
-#define AG_NAME gemm_v4
+#define AG_NAME  gemm_v4
 #define AG_LANES 4
-#define AG_MR 4
+#define AG_MR    4
 #include "attention_gemm.h"
 #undef AG_NAME
 #undef AG_LANES
@@ -126,10 +142,11 @@ static int load_key_mask(const char *op, const bl_tensor *m, int64_t b, int64_t 
 
 /* gemm_nn: A as stored; gemm_tn: A transposed in place. Each ISA gets the
  * width it has: 16 lanes on AVX-512, 8 on AVX2, 4 on SSE. */
-#define GEMM_PARAMS (int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t lda, \
-                     const float *restrict B, int64_t ldb, float *restrict C, int64_t ldc, int acc)
+#define GEMM_PARAMS                                                                                             \
+  (int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb, \
+   float *restrict C, int64_t ldc, int acc)
 #define GEMM_ARGS (M, N, K, A, lda, B, ldb, C, ldc, acc)
-#define GEMM_WIDTH(w) \
+#define GEMM_WIDTH(w)                                                                       \
   OPX_BODY gemm_nn_v##w GEMM_PARAMS { gemm_v##w(0, M, N, K, A, lda, B, ldb, C, ldc, acc); } \
   OPX_BODY gemm_tn_v##w GEMM_PARAMS { gemm_v##w(1, M, N, K, A, lda, B, ldb, C, ldc, acc); }
 GEMM_WIDTH(16)
@@ -144,11 +161,11 @@ OPX_ISA_DISPATCH(gemm_tn, GEMM_PARAMS, GEMM_ARGS, gemm_tn_v16, gemm_tn_v8, gemm_
 /* out = keep ? p * dscale : 0 over n elements */
 OPX_BODY drop_rows_body(int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale,
                         float *restrict out) {
-  #pragma omp simd
+#pragma omp simd
   for (int64_t i = 0; i < n; i++) out[i] = keep[i] ? p[i] * dscale : 0.0f;
 }
-OPX_ISA_FN(drop_rows, (int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale,
-                       float *restrict out),
+OPX_ISA_FN(drop_rows,
+           (int64_t n, const float *restrict p, const uint8_t *restrict keep, float dscale, float *restrict out),
            (n, p, keep, dscale, out))
 
 /* One score row -> probabilities in place: softmax(row * scale + madd); pd
@@ -156,31 +173,40 @@ OPX_ISA_FN(drop_rows, (int64_t n, const float *restrict p, const uint8_t *restri
 OPX_BODY softmax_row_body(int64_t S, float *restrict row, const float *restrict madd, float scale,
                           const uint8_t *restrict keep, float dscale, float *restrict pd) {
   if (madd) {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t j = 0; j < S; j++) row[j] = row[j] * scale + madd[j];
   } else {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t j = 0; j < S; j++) row[j] *= scale;
   }
   float mx = vm_row_max(S, row);
-  float acc[16] = {0}, sum = 0.0f;
+  float acc[16] = { 0 }, sum = 0.0f;
   int64_t j = 0;
   for (; j + 16 <= S; j += 16) {
-    #pragma omp simd
-    for (int l = 0; l < 16; l++) { float e = vm_exp(row[j + l] - mx); row[j + l] = e; acc[l] += e; }
+#pragma omp simd
+    for (int l = 0; l < 16; l++) {
+      float e = vm_exp(row[j + l] - mx);
+      row[j + l] = e;
+      acc[l] += e;
+    }
   }
-  for (; j < S; j++) { float e = vm_exp(row[j] - mx); row[j] = e; sum += e; }
+  for (; j < S; j++) {
+    float e = vm_exp(row[j] - mx);
+    row[j] = e;
+    sum += e;
+  }
   for (int l = 0; l < 16; l++) sum += acc[l];
   float inv = 1.0f / sum;
-  #pragma omp simd
+#pragma omp simd
   for (int64_t k = 0; k < S; k++) row[k] *= inv;
   if (keep) {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t k = 0; k < S; k++) pd[k] = keep[k] ? row[k] * dscale : 0.0f;
   }
 }
-OPX_ISA_FN(softmax_row, (int64_t S, float *restrict row, const float *restrict madd, float scale,
-                         const uint8_t *restrict keep, float dscale, float *restrict pd),
+OPX_ISA_FN(softmax_row,
+           (int64_t S, float *restrict row, const float *restrict madd, float scale, const uint8_t *restrict keep,
+            float dscale, float *restrict pd),
            (S, row, madd, scale, keep, dscale, pd))
 
 /* Inference's row (no mask, no dropout), in place: row = exp(row * scale - max), unnormalised, and *inv =
@@ -189,13 +215,21 @@ OPX_ISA_FN(softmax_row, (int64_t S, float *restrict row, const float *restrict m
  * monotonic), so only the exp argument's rounding (possibly one FMA) and where 1/sum is applied differ. */
 OPX_BODY softmax_exp_row_body(int64_t S, float *restrict row, float scale, float *inv) {
   float mx = vm_row_max(S, row) * scale;
-  float acc[16] = {0}, sum = 0.0f;
+  float acc[16] = { 0 }, sum = 0.0f;
   int64_t j = 0;
   for (; j + 16 <= S; j += 16) {
-    #pragma omp simd
-    for (int l = 0; l < 16; l++) { float e = vm_exp(row[j + l] * scale - mx); row[j + l] = e; acc[l] += e; }
+#pragma omp simd
+    for (int l = 0; l < 16; l++) {
+      float e = vm_exp(row[j + l] * scale - mx);
+      row[j + l] = e;
+      acc[l] += e;
+    }
   }
-  for (; j < S; j++) { float e = vm_exp(row[j] * scale - mx); row[j] = e; sum += e; }
+  for (; j < S; j++) {
+    float e = vm_exp(row[j] * scale - mx);
+    row[j] = e;
+    sum += e;
+  }
   for (int l = 0; l < 16; l++) sum += acc[l];
   *inv = 1.0f / sum;
 }
@@ -203,25 +237,26 @@ OPX_ISA_FN(softmax_exp_row, (int64_t S, float *restrict row, float scale, float 
 
 /* Backward of one row, in place: ds holds dPdrop = dctx V^T on entry; the
  * dropout mask is applied (dP), then ds = P (dP - sum(dP P)) * scale. */
-OPX_BODY softmax_bwd_row_body(int64_t S, float *restrict ds, const float *restrict pr,
-                              const uint8_t *restrict keep, float dscale, float scale) {
+OPX_BODY softmax_bwd_row_body(int64_t S, float *restrict ds, const float *restrict pr, const uint8_t *restrict keep,
+                              float dscale, float scale) {
   if (keep) {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t j = 0; j < S; j++) ds[j] = keep[j] ? ds[j] * dscale : 0.0f;
   }
-  float acc[16] = {0}, dot = 0.0f;
+  float acc[16] = { 0 }, dot = 0.0f;
   int64_t j = 0;
   for (; j + 16 <= S; j += 16) {
-    #pragma omp simd
+#pragma omp simd
     for (int l = 0; l < 16; l++) acc[l] += ds[j + l] * pr[j + l];
   }
   for (; j < S; j++) dot += ds[j] * pr[j];
   for (int l = 0; l < 16; l++) dot += acc[l];
-  #pragma omp simd
+#pragma omp simd
   for (int64_t k = 0; k < S; k++) ds[k] = pr[k] * (ds[k] - dot) * scale;
 }
-OPX_ISA_FN(softmax_bwd_row, (int64_t S, float *restrict ds, const float *restrict pr, const uint8_t *restrict keep,
-                             float dscale, float scale),
+OPX_ISA_FN(softmax_bwd_row,
+           (int64_t S, float *restrict ds, const float *restrict pr, const uint8_t *restrict keep, float dscale,
+            float scale),
            (S, ds, pr, keep, dscale, scale))
 
 /* The dropout mask of head bh over a batch of padded length S: row q starts Philox call (bh*S + q)*ceil(S/4), so
@@ -301,7 +336,11 @@ static inline float *seq_at(const bsh *m, const packed_seqs *ps, int64_t b) {
   return m->p + (ps->off ? ps->off[b] * m->ss : b * m->sb);
 }
 
-static void packed_free(packed_seqs *ps) { free(ps->off); free(ps->poff); ps->off = ps->poff = NULL; }
+static void packed_free(packed_seqs *ps) {
+  free(ps->off);
+  free(ps->poff);
+  ps->off = ps->poff = NULL;
+}
 
 /* Checks q, k, v and the offsets of a packed call (q [1, T, H], CPU) and, when seq > 0 (training: the padded
  * length that lays out the dropout stream), that no sequence is longer than seq. */
@@ -325,7 +364,10 @@ static int packed_load(const char *op, const bl_tensor *q, const bl_tensor *k, c
                   (long long)seq);
   }
   ps->poff = malloc((size_t)(ps->nb + 1) * sizeof(int64_t));
-  if (!ps->poff) { packed_free(ps); return bl_set_error(BL_ENOMEM, "%s: out of memory for the offsets", op); }
+  if (!ps->poff) {
+    packed_free(ps);
+    return bl_set_error(BL_ENOMEM, "%s: out of memory for the offsets", op);
+  }
   ps->poff[0] = 0;
   for (int64_t b = 0; b < ps->nb; b++) {
     int64_t n = ps->off[b + 1] - ps->off[b];
@@ -338,9 +380,10 @@ static int packed_load(const char *op, const bl_tensor *q, const bl_tensor *k, c
 static int check_packed_probs(const char *op, const bl_tensor *probs, const packed_seqs *ps) {
   BL_CHECK(opx_check(op, probs, "probs"));
   if (probs->dtype != BL_F32 || !bl_tensor_is_contiguous(probs) || probs->numel != ps->poff[ps->nb])
-    return BL_ERR("%s: probs must be a contiguous f32 tensor of %lld elements (heads x the sum of the squared "
-                  "sequence lengths), got %s %s", op, (long long)ps->poff[ps->nb], bl_dtype_name(probs->dtype),
-                  OPX_SHAPE(probs));
+    return BL_ERR(
+        "%s: probs must be a contiguous f32 tensor of %lld elements (heads x the sum of the squared "
+        "sequence lengths), got %s %s",
+        op, (long long)ps->poff[ps->nb], bl_dtype_name(probs->dtype), OPX_SHAPE(probs));
   return 0;
 }
 
@@ -359,10 +402,10 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
       (rc = bsh_out(op, ctx, &mc)))
     goto done;
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
+#pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
     size_t ss = (size_t)(S * S > 0 ? S * S : 1);
-    const int infer = ps->off && !probs && p <= 0;   /* packed inference: head_forward's inv, INFER_ROWS score rows */
+    const int infer = ps->off && !probs && p <= 0; /* packed inference: head_forward's inv, INFER_ROWS score rows */
     float *kt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
     size_t np = infer ? (size_t)INFER_ROWS * (size_t)(S > 0 ? S : 1) : ss;
     float *pr = probs ? NULL : malloc(np * sizeof(float));
@@ -371,10 +414,10 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
     uint8_t *keep = p > 0 ? malloc(ss) : NULL;
     int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (!infer || inv);
     if (!ok) {
-      #pragma omp atomic write
+#pragma omp atomic write
       oom = 1;
     }
-    #pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < nb * heads; bh++) {
       int64_t b = bh / heads, h = bh % heads, n = seq_len(ps, b), c = h * d;
       if (!ok || n == 0) continue;
@@ -383,12 +426,22 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
       head_forward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
                    seq_at(&mc, ps, b) + c, mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale, kt, pd, inv);
     }
-    free(kt); free(pr); free(pd); free(inv); free(keep);
+    free(kt);
+    free(pr);
+    free(pd);
+    free(inv);
+    free(keep);
   }
-  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
+  if (oom) {
+    rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op);
+    goto done;
+  }
   opx_store(ctx, &mc.buf);
 done:
-  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mc.buf);
+  opx_free(&mq.buf);
+  opx_free(&mk.buf);
+  opx_free(&mv.buf);
+  opx_free(&mc.buf);
   return rc;
 }
 
@@ -406,7 +459,7 @@ int bl_attention_forward_packed_train(bl_tensor *ctx, bl_tensor *probs, const bl
                                       int64_t seq, double p, uint64_t seed, uint64_t offset) {
   const char *op = probs ? "attention_packed_train" : "attention_packed";
   int dev;
-  const bl_tensor *ts[] = {ctx, probs, q, k, v, offsets};
+  const bl_tensor *ts[] = { ctx, probs, q, k, v, offsets };
   BL_CHECK(opx_device(op, 6, ts, &dev));
   if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
   BL_CHECK(opx_check_p(op, p));
@@ -437,7 +490,7 @@ static int seqs_bwd_cpu(const char *op, bl_tensor *dq, bl_tensor *dk, bl_tensor 
       (rc = bsh_out(op, dv, &mdv)))
     goto done;
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
+#pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
     size_t ss = (size_t)(S * S > 0 ? S * S : 1);
     float *vt = malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float));
@@ -445,36 +498,49 @@ static int seqs_bwd_cpu(const char *op, bl_tensor *dq, bl_tensor *dk, bl_tensor 
     uint8_t *keep = p > 0 ? malloc(ss) : NULL;
     int ok = vt && ds && (p <= 0 || (keep && pdrop));
     if (!ok) {
-      #pragma omp atomic write
+#pragma omp atomic write
       oom = 1;
     }
-    #pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < nb * heads; bh++) {
       int64_t b = bh / heads, h = bh % heads, n = seq_len(ps, b), c = h * d;
       if (!ok || n == 0) continue;
       if (keep) head_keep(seed, offset, bh, seq, n, p, keep);
       head_backward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
                     seq_at(&mo, ps, b) + c, mo.ss, (const float *)probs->data + seq_probs(ps, b, heads) + h * n * n,
-                    seq_at(&mdq, ps, b) + c, mdq.ss, seq_at(&mdk, ps, b) + c, mdk.ss, seq_at(&mdv, ps, b) + c,
-                    mdv.ss, sc, keep, dscale, vt, ds, pdrop);
+                    seq_at(&mdq, ps, b) + c, mdq.ss, seq_at(&mdk, ps, b) + c, mdk.ss, seq_at(&mdv, ps, b) + c, mdv.ss,
+                    sc, keep, dscale, vt, ds, pdrop);
     }
-    free(vt); free(ds); free(pdrop); free(keep);
+    free(vt);
+    free(ds);
+    free(pdrop);
+    free(keep);
   }
-  if (oom) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op); goto done; }
-  opx_store(dq, &mdq.buf); opx_store(dk, &mdk.buf); opx_store(dv, &mdv.buf);
+  if (oom) {
+    rc = bl_set_error(BL_ENOMEM, "%s: out of memory for per-head scratch", op);
+    goto done;
+  }
+  opx_store(dq, &mdq.buf);
+  opx_store(dk, &mdk.buf);
+  opx_store(dv, &mdv.buf);
 done:
-  opx_free(&mq.buf); opx_free(&mk.buf); opx_free(&mv.buf); opx_free(&mo.buf);
-  opx_free(&mdq.buf); opx_free(&mdk.buf); opx_free(&mdv.buf);
+  opx_free(&mq.buf);
+  opx_free(&mk.buf);
+  opx_free(&mv.buf);
+  opx_free(&mo.buf);
+  opx_free(&mdq.buf);
+  opx_free(&mdk.buf);
+  opx_free(&mdv.buf);
   return rc;
 }
 
-int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                                 const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
+int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
+                                 const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
                                  const bl_tensor *offsets, int heads, double scale, int64_t seq, double p,
                                  uint64_t seed, uint64_t offset) {
   const char *op = "attention_packed_backward";
   int dev;
-  const bl_tensor *ts[] = {dq, dk, dv, dctx, q, k, v, probs, offsets};
+  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, probs, offsets };
   BL_CHECK(opx_device(op, 9, ts, &dev));
   if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
   if (!probs) return BL_ERR("%s: probs (saved by attention_packed_train) is NULL", op);
@@ -499,7 +565,7 @@ static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *
                              uint64_t seed, uint64_t offset) {
   const char *op = "attention";
   const int64_t B = q->shape[0], S = q->shape[1];
-  const packed_seqs ps = {B, B * S, q->shape[2] / heads, S, NULL, NULL};
+  const packed_seqs ps = { B, B * S, q->shape[2] / heads, S, NULL, NULL };
   float *madd = NULL;
   if (key_mask) BL_CHECK(load_key_mask(op, key_mask, B, S, &madd));
   int rc = seqs_fwd_cpu(op, ctx, probs, q, k, v, &ps, madd, heads, scale, S, p, seed, offset);
@@ -511,12 +577,12 @@ static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *
 static int no_probs_on_cuda(const char *op, int dev) {
   return bl_set_error(BL_EUNSUPPORTED,
                       "%s: not implemented on cuda with saved probabilities (cuda:%d); use "
-                      "bl_attention_forward_saved / bl_attention_backward_saved (bl_ops.h)", op, dev);
+                      "bl_attention_forward_saved / bl_attention_backward_saved (bl_ops.h)",
+                      op, dev);
 }
 
-int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
-                         const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
-                         double p, uint64_t seed, uint64_t offset) {
+int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
+                         const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed, uint64_t offset) {
   const char *op = "attention";
   BL_CHECK(check_common(op, q, k, v, probs, heads, p));
   BL_CHECK(check_bsh(op, ctx, "context", q));
@@ -527,25 +593,24 @@ int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, c
   }
   if (scale <= 0) scale = 1.0 / sqrt((double)(q->shape[2] / heads));
   int dev;
-  const bl_tensor *ts[] = {ctx, probs, q, k, v, key_mask};
+  const bl_tensor *ts[] = { ctx, probs, q, k, v, key_mask };
   BL_CHECK(opx_device(op, 6, ts, &dev));
   if (dev >= 0) return no_probs_on_cuda(op, dev);
   return attention_fwd_cpu(ctx, probs, q, k, v, key_mask, heads, scale, p, seed, offset);
 }
 
 /* The padded op: B rows of S tokens, each item over all S keys (the masked ones have probability 0 in probs) */
-static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                             const bl_tensor *q, const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
-                             int heads, double scale, double p, uint64_t seed, uint64_t offset) {
+static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
+                             const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs, int heads, double scale,
+                             double p, uint64_t seed, uint64_t offset) {
   const int64_t S = q->shape[1];
-  const packed_seqs ps = {q->shape[0], q->shape[0] * S, q->shape[2] / heads, S, NULL, NULL};
+  const packed_seqs ps = { q->shape[0], q->shape[0] * S, q->shape[2] / heads, S, NULL, NULL };
   return seqs_bwd_cpu("attention_backward", dq, dk, dv, dctx, q, k, v, probs, &ps, heads, scale, S, p, seed, offset);
 }
 
-int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                          const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                          const bl_tensor *probs, int heads, double scale, double p,
-                          uint64_t seed, uint64_t offset) {
+int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
+                          const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs, int heads, double scale,
+                          double p, uint64_t seed, uint64_t offset) {
   const char *op = "attention_backward";
   BL_CHECK(check_common(op, q, k, v, probs, heads, p));
   BL_CHECK(check_bsh(op, dctx, "grad_context", q));
@@ -554,7 +619,7 @@ int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_
   BL_CHECK(check_bsh(op, dv, "grad_value", q));
   if (scale <= 0) scale = 1.0 / sqrt((double)(q->shape[2] / heads));
   int dev;
-  const bl_tensor *ts[] = {dq, dk, dv, dctx, q, k, v, probs};
+  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, probs };
   BL_CHECK(opx_device(op, 8, ts, &dev));
   if (dev >= 0) return no_probs_on_cuda(op, dev);
   return attention_bwd_cpu(dq, dk, dv, dctx, q, k, v, probs, heads, scale, p, seed, offset);
@@ -564,15 +629,18 @@ int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_
  * or the flash-style CUDA kernel with its row logsumexp. */
 int bl_attention_saved_shape(int device, int64_t batch, int64_t seq, int heads, int64_t *shape) {
   if (!shape) return BL_ERR("attention_saved_shape: shape is NULL");
-  shape[0] = batch; shape[1] = heads; shape[2] = seq; shape[3] = seq;
+  shape[0] = batch;
+  shape[1] = heads;
+  shape[2] = seq;
+  shape[3] = seq;
   return device >= 0 ? 3 : 4;
 }
 
 int bl_attention_forward_saved(bl_tensor *ctx, bl_tensor *saved, const bl_tensor *q, const bl_tensor *k,
-                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
-                               double p, uint64_t seed, uint64_t offset) {
+                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
+                               uint64_t seed, uint64_t offset) {
   int dev;
-  const bl_tensor *ts[] = {ctx, saved, q, k, v, key_mask};
+  const bl_tensor *ts[] = { ctx, saved, q, k, v, key_mask };
   BL_CHECK(opx_device("attention", 6, ts, &dev));
   if (dev >= 0)
     return BL_ON_CUDA("attention", dev,
@@ -580,16 +648,16 @@ int bl_attention_forward_saved(bl_tensor *ctx, bl_tensor *saved, const bl_tensor
   return bl_attention_forward(ctx, saved, q, k, v, key_mask, heads, scale, p, seed, offset);
 }
 
-int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                                const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                                const bl_tensor *ctx, const bl_tensor *saved, const bl_tensor *key_mask,
-                                int heads, double scale, double p, uint64_t seed, uint64_t offset) {
+int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
+                                const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx, const bl_tensor *saved,
+                                const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed,
+                                uint64_t offset) {
   int dev;
-  const bl_tensor *ts[] = {dq, dk, dv, dctx, q, k, v, ctx, saved, key_mask};
+  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, ctx, saved, key_mask };
   BL_CHECK(opx_device("attention_backward", 10, ts, &dev));
   if (dev >= 0)
-    return BL_ON_CUDA("attention_backward", dev,
-                      bl_cuda_attention_backward(dq, dk, dv, dctx, q, k, v, ctx, saved, key_mask, heads, scale, p,
-                                                 seed, offset));
+    return BL_ON_CUDA(
+        "attention_backward", dev,
+        bl_cuda_attention_backward(dq, dk, dv, dctx, q, k, v, ctx, saved, key_mask, heads, scale, p, seed, offset));
   return bl_attention_backward(dq, dk, dv, dctx, q, k, v, saved, heads, scale, p, seed, offset);
 }

@@ -14,39 +14,49 @@
  * up to FMA contraction. AVX2 takes 6 rows (12 of its 16 registers): each
  * B row it loads serves 6 rows of A instead of 4, and attention_fwd at
  * S=384 ran 8-10 % faster; AVX-512 keeps 4 (6 and 8 ran 5-25 % slower). */
-#define AG_V AG_CAT(ag_vec, AG_LANES)
-#define AG_CAT(a, b) AG_CAT_(a, b)
+#define AG_V          AG_CAT(ag_vec, AG_LANES)
+#define AG_CAT(a, b)  AG_CAT_(a, b)
 #define AG_CAT_(a, b) a##b
 typedef float AG_V __attribute__((vector_size(AG_LANES * 4)));
 
 /* rows [i, i + R) of C (R <= 8, a constant after inlining: the accumulator arrays stay in registers) */
-static inline __attribute__((always_inline)) void AG_CAT(AG_NAME, _rows)(int R, int ta, int64_t i, int64_t N,
-                                                                         int64_t K, const float *restrict A,
-                                                                         int64_t lda, const float *restrict B,
-                                                                         int64_t ldb, float *restrict C,
-                                                                         int64_t ldc, int acc) {
+static inline __attribute__((always_inline)) void AG_CAT(AG_NAME, _rows)(int R, int ta, int64_t i, int64_t N, int64_t K,
+                                                                         const float *restrict A, int64_t lda,
+                                                                         const float *restrict B, int64_t ldb,
+                                                                         float *restrict C, int64_t ldc, int acc) {
   /* unaligned loads and stores (memcpy: the vectors need no alignment) */
 #define AG_LD(v, p) memcpy(&(v), (p), sizeof(AG_V))
 #define AG_ST(p, v) memcpy((p), &(v), sizeof(AG_V))
 /* C tile row out: stored, or added to C's current values when acc */
-#define AG_OUT(p, v) do { AG_V o_ = (v); if (acc) { AG_V t_; AG_LD(t_, p); o_ += t_; } AG_ST(p, o_); } while (0)
+#define AG_OUT(p, v) \
+  do {               \
+    AG_V o_ = (v);   \
+    if (acc) {       \
+      AG_V t_;       \
+      AG_LD(t_, p);  \
+      o_ += t_;      \
+    }                \
+    AG_ST(p, o_);    \
+  } while (0)
 /* s in every lane (s - 0 is s for every s, -0 included, so no add is emitted) */
-#define AG_SPLAT(s) ((s) - (AG_V){0})
-  const int64_t L = AG_LANES, si = ta ? 1 : lda, sk = ta ? lda : 1;  /* A(i, k) = A[i*si + k*sk] */
+#define AG_SPLAT(s) ((s) - (AG_V){ 0 })
+  const int64_t L = AG_LANES, si = ta ? 1 : lda, sk = ta ? lda : 1; /* A(i, k) = A[i*si + k*sk] */
   const float *ar[8];
   _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ar[r] = A + (i + r) * si;
   int64_t j = 0;
   for (; j + 2 * L <= N; j += 2 * L) {
     AG_V c0[8], c1[8];
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) c0[r] = c1[r] = (AG_V){0};
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) c0[r] = c1[r] = (AG_V){ 0 };
     const float *bp = B + j;
     for (int64_t k = 0; k < K; k++, bp += ldb) {
       AG_V b0, b1;
-      AG_LD(b0, bp); AG_LD(b1, bp + L);
+      AG_LD(b0, bp);
+      AG_LD(b1, bp + L);
       int64_t ko = k * sk;
       _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
         AG_V x = AG_SPLAT(ar[r][ko]);
-        c0[r] += x * b0; c1[r] += x * b1;
+        c0[r] += x * b0;
+        c1[r] += x * b1;
       }
     }
     float *cp = C + i * ldc + j;
@@ -57,7 +67,7 @@ static inline __attribute__((always_inline)) void AG_CAT(AG_NAME, _rows)(int R, 
   }
   for (; j + L <= N; j += L) {
     AG_V c0[8];
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) c0[r] = (AG_V){0};
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) c0[r] = (AG_V){ 0 };
     const float *bp = B + j;
     for (int64_t k = 0; k < K; k++, bp += ldb) {
       AG_V b0;
@@ -81,10 +91,9 @@ static inline __attribute__((always_inline)) void AG_CAT(AG_NAME, _rows)(int R, 
 }
 
 static inline __attribute__((always_inline)) void AG_NAME(int ta, int64_t M, int64_t N, int64_t K,
-                                                          const float *restrict A, int64_t lda,
-                                                          const float *restrict B, int64_t ldb,
-                                                          float *restrict C, int64_t ldc, int acc) {
-  const int64_t si = ta ? 1 : lda, sk = ta ? lda : 1;  /* A(i, k) = A[i*si + k*sk] */
+                                                          const float *restrict A, int64_t lda, const float *restrict B,
+                                                          int64_t ldb, float *restrict C, int64_t ldc, int acc) {
+  const int64_t si = ta ? 1 : lda, sk = ta ? lda : 1; /* A(i, k) = A[i*si + k*sk] */
   int64_t i = 0;
   for (; i + AG_MR <= M; i += AG_MR) AG_CAT(AG_NAME, _rows)(AG_MR, ta, i, N, K, A, lda, B, ldb, C, ldc, acc);
   for (; i + 4 <= M; i += 4) AG_CAT(AG_NAME, _rows)(4, ta, i, N, K, A, lda, B, ldb, C, ldc, acc);

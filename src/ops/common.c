@@ -4,7 +4,7 @@
  * drops (dropout.c, attention.c, layernorm.c). See ops_internal.h. */
 #include "ops_internal.h"
 #include "bl_ops.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
@@ -13,7 +13,10 @@
 #endif
 
 const char *opx_shape(const bl_tensor *t, char *buf, size_t n) {
-  if (!t) { snprintf(buf, n, "(null)"); return buf; }
+  if (!t) {
+    snprintf(buf, n, "(null)");
+    return buf;
+  }
   size_t k = 0;
   k += (size_t)snprintf(buf + k, n - k, "[");
   for (int d = 0; d < t->ndim && d < BL_MAX_DIMS && k < n; d++)
@@ -46,8 +49,10 @@ int opx_check_index(const char *op, const bl_tensor *t, const char *name) {
 }
 
 static const char *dev_name(int d, char *buf, size_t n) {
-  if (d < 0) snprintf(buf, n, "cpu");
-  else snprintf(buf, n, "cuda:%d", d);
+  if (d < 0)
+    snprintf(buf, n, "cpu");
+  else
+    snprintf(buf, n, "cuda:%d", d);
   return buf;
 }
 
@@ -55,7 +60,8 @@ int opx_device(const char *op, int n, const bl_tensor *const *ts, int *dev) {
   int d = -2;
   for (int i = 0; i < n; i++) {
     if (!ts[i]) continue;
-    if (d == -2) d = ts[i]->device;
+    if (d == -2)
+      d = ts[i]->device;
     else if (ts[i]->device != d) {
       char a[16], b[16];
       return BL_ERR("%s: tensors are on different devices (%s and %s)", op, dev_name(d, a, sizeof a),
@@ -74,7 +80,8 @@ int64_t opx_rows(const bl_tensor *t) {
 }
 int opx_same_shape(const bl_tensor *a, const bl_tensor *b) {
   if (a->ndim != b->ndim) return 0;
-  for (int d = 0; d < a->ndim; d++) if (a->shape[d] != b->shape[d]) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
   return 1;
 }
 
@@ -92,35 +99,51 @@ static int is_contig(const bl_tensor *t) {
  * per-element path: the dtype switch happens once per row. */
 static void to_f32_row(const bl_tensor *t, int64_t off, int64_t st, int64_t len, float *dst) {
   switch (t->dtype) {
-    case BL_F32: { const float *s = (const float *)t->data + off;
+    case BL_F32: {
+      const float *s = (const float *)t->data + off;
       for (int64_t i = 0; i < len; i++) dst[i] = s[i * st];
-      break; }
-    case BL_F64: { const double *s = (const double *)t->data + off;
+      break;
+    }
+    case BL_F64: {
+      const double *s = (const double *)t->data + off;
       for (int64_t i = 0; i < len; i++) dst[i] = (float)s[i * st];
-      break; }
-    case BL_F16: { const uint16_t *s = (const uint16_t *)t->data + off;
+      break;
+    }
+    case BL_F16: {
+      const uint16_t *s = (const uint16_t *)t->data + off;
       for (int64_t i = 0; i < len; i++) dst[i] = opx_h2f(s[i * st]);
-      break; }
-    case BL_BF16: { const uint16_t *s = (const uint16_t *)t->data + off;
+      break;
+    }
+    case BL_BF16: {
+      const uint16_t *s = (const uint16_t *)t->data + off;
       for (int64_t i = 0; i < len; i++) dst[i] = opx_bf2f(s[i * st]);
-      break; }
+      break;
+    }
     default: break;
   }
 }
 static void from_f32_row(bl_tensor *t, int64_t off, int64_t st, int64_t len, const float *src) {
   switch (t->dtype) {
-    case BL_F32: { float *s = (float *)t->data + off;
+    case BL_F32: {
+      float *s = (float *)t->data + off;
       for (int64_t i = 0; i < len; i++) s[i * st] = src[i];
-      break; }
-    case BL_F64: { double *s = (double *)t->data + off;
+      break;
+    }
+    case BL_F64: {
+      double *s = (double *)t->data + off;
       for (int64_t i = 0; i < len; i++) s[i * st] = src[i];
-      break; }
-    case BL_F16: { uint16_t *s = (uint16_t *)t->data + off;
+      break;
+    }
+    case BL_F16: {
+      uint16_t *s = (uint16_t *)t->data + off;
       for (int64_t i = 0; i < len; i++) s[i * st] = opx_f2h(src[i]);
-      break; }
-    case BL_BF16: { uint16_t *s = (uint16_t *)t->data + off;
+      break;
+    }
+    case BL_BF16: {
+      uint16_t *s = (uint16_t *)t->data + off;
       for (int64_t i = 0; i < len; i++) s[i * st] = opx_f2bf(src[i]);
-      break; }
+      break;
+    }
     default: break;
   }
 }
@@ -129,19 +152,29 @@ static void convert(bl_tensor *t, float *buf, int load) {
   if (t->numel == 0) return;
   int nd = t->ndim;
   int64_t len = nd ? t->shape[nd - 1] : 1, st = nd ? t->stride[nd - 1] : 1;
-  int64_t rows = t->numel / len, idx[BL_MAX_DIMS] = {0};
+  int64_t rows = t->numel / len, idx[BL_MAX_DIMS] = { 0 };
   for (int64_t r = 0; r < rows; r++) {
     int64_t off = 0;
     for (int d = 0; d + 1 < nd; d++) off += idx[d] * t->stride[d];
-    if (load) to_f32_row(t, off, st, len, buf + r * len);
-    else from_f32_row(t, off, st, len, buf + r * len);
-    for (int d = nd - 2; d >= 0; d--) { if (++idx[d] < t->shape[d]) break; idx[d] = 0; }
+    if (load)
+      to_f32_row(t, off, st, len, buf + r * len);
+    else
+      from_f32_row(t, off, st, len, buf + r * len);
+    for (int d = nd - 2; d >= 0; d--) {
+      if (++idx[d] < t->shape[d]) break;
+      idx[d] = 0;
+    }
   }
 }
 
 int opx_load(const char *op, const bl_tensor *t, opx_buf *b) {
-  b->n = t->numel; b->owned = 0; b->p = NULL;
-  if (t->dtype == BL_F32 && is_contig(t)) { b->p = (float *)t->data; return 0; }
+  b->n = t->numel;
+  b->owned = 0;
+  b->p = NULL;
+  if (t->dtype == BL_F32 && is_contig(t)) {
+    b->p = (float *)t->data;
+    return 0;
+  }
   b->p = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
   if (!b->p) return bl_set_error(BL_ENOMEM, "%s: out of memory for a %lld-element scratch", op, (long long)t->numel);
   b->owned = 1;
@@ -150,8 +183,13 @@ int opx_load(const char *op, const bl_tensor *t, opx_buf *b) {
 }
 
 int opx_out(const char *op, bl_tensor *t, opx_buf *b, int keep) {
-  b->n = t->numel; b->owned = 0; b->p = NULL;
-  if (t->dtype == BL_F32 && is_contig(t)) { b->p = (float *)t->data; return 0; }
+  b->n = t->numel;
+  b->owned = 0;
+  b->p = NULL;
+  if (t->dtype == BL_F32 && is_contig(t)) {
+    b->p = (float *)t->data;
+    return 0;
+  }
   b->p = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
   if (!b->p) return bl_set_error(BL_ENOMEM, "%s: out of memory for a %lld-element scratch", op, (long long)t->numel);
   b->owned = 1;
@@ -166,40 +204,43 @@ void opx_store(bl_tensor *t, opx_buf *b) {
 
 void opx_free(opx_buf *b) {
   if (b->owned) free(b->p);
-  b->p = NULL; b->owned = 0;
+  b->p = NULL;
+  b->owned = 0;
 }
 
 int opx_load_ids(const char *op, const bl_tensor *t, int64_t **ids) {
   int64_t n = t->numel;
   int64_t *o = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
   if (!o) return bl_set_error(BL_ENOMEM, "%s: out of memory for %lld indices", op, (long long)n);
-  int nd = t->ndim, idx[BL_MAX_DIMS] = {0};
+  int nd = t->ndim, idx[BL_MAX_DIMS] = { 0 };
   for (int64_t i = 0; i < n; i++) {
     int64_t off = 0;
     for (int d = 0; d < nd; d++) off += idx[d] * t->stride[d];
     o[i] = t->dtype == BL_I32 ? ((const int32_t *)t->data)[off] : ((const int64_t *)t->data)[off];
-    for (int d = nd - 1; d >= 0; d--) { if (++idx[d] < t->shape[d]) break; idx[d] = 0; }
+    for (int d = nd - 1; d >= 0; d--) {
+      if (++idx[d] < t->shape[d]) break;
+      idx[d] = 0;
+    }
   }
   *ids = o;
   return 0;
 }
 
-/* Whole counter blocks in one vectorisable loop (vm_philox is bl_philox4x32
- * inlined; test_ops_vecmath checks they agree), the ragged ends one block at
+/* Whole counter blocks in one vectorisable loop (vm_philox is bl_philox_block
+ * vectorised; test_ops_vecmath checks they agree), the ragged ends one block at
  * a time. Each block gives 4 consecutive keep bytes. */
-OPX_BODY keep_blocks_body(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr,
-                          uint8_t *restrict keep) {
-  #pragma omp simd
+OPX_BODY keep_blocks_body(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr, uint8_t *restrict keep) {
+#pragma omp simd
   for (int64_t l = 0; l < nblk; l++) {
     uint32_t o0, o1, o2, o3;
     vm_philox(k0, k1, ctr + (uint64_t)l, &o0, &o1, &o2, &o3);
     /* 4 bytes as one 32-bit store, in element order */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    uint32_t w = (uint32_t)((o3 >> 8) >= thr) | (uint32_t)((o2 >> 8) >= thr) << 8 |
-                 (uint32_t)((o1 >> 8) >= thr) << 16 | (uint32_t)((o0 >> 8) >= thr) << 24;
+    uint32_t w = (uint32_t)((o3 >> 8) >= thr) | (uint32_t)((o2 >> 8) >= thr) << 8 | (uint32_t)((o1 >> 8) >= thr) << 16 |
+                 (uint32_t)((o0 >> 8) >= thr) << 24;
 #else
-    uint32_t w = (uint32_t)((o0 >> 8) >= thr) | (uint32_t)((o1 >> 8) >= thr) << 8 |
-                 (uint32_t)((o2 >> 8) >= thr) << 16 | (uint32_t)((o3 >> 8) >= thr) << 24;
+    uint32_t w = (uint32_t)((o0 >> 8) >= thr) | (uint32_t)((o1 >> 8) >= thr) << 8 | (uint32_t)((o2 >> 8) >= thr) << 16 |
+                 (uint32_t)((o3 >> 8) >= thr) << 24;
 #endif
     memcpy(keep + 4 * l, &w, 4);
   }
@@ -221,7 +262,7 @@ OPX_TARGET_AVX2 static inline __m256i keep_bits_avx2(__m256i o, __m256i t, int s
  * (o >> 8) > thr - 1: both sides are below 2^24, and thr = 0 keeps everything. */
 OPX_TARGET_AVX2 static inline void philox8_keep(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr,
                                                 uint8_t *restrict keep) {
-  const __m256i m0 = _mm256_set1_epi32((int)0xD2511F53u), m1 = _mm256_set1_epi32((int)0xCD9E8D57u);
+  const __m256i m0 = _mm256_set1_epi32((int)BL_PHILOX_M0), m1 = _mm256_set1_epi32((int)BL_PHILOX_M1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), t = _mm256_set1_epi32((int)thr - 1);
   int64_t l = 0;
   for (; l + 8 <= nblk; l += 8) {
@@ -240,8 +281,10 @@ OPX_TARGET_AVX2 static inline void philox8_keep(uint32_t k0, uint32_t k1, uint64
       __m256i n0 = _mm256_xor_si256(hi1, c1), n2 = _mm256_xor_si256(hi0, c3);
       c1 = _mm256_blend_epi32(e1, _mm256_slli_epi64(d1, 32), 0xAA);
       c3 = _mm256_blend_epi32(e0, _mm256_slli_epi64(d0, 32), 0xAA);
-      c0 = n0; c2 = n2;
-      a += 0x9E3779B9u; b += 0xBB67AE85u;
+      c0 = n0;
+      c2 = n2;
+      a += BL_PHILOX_W0;
+      b += BL_PHILOX_W1;
     }
     __m256i w = _mm256_or_si256(keep_bits_avx2(c0, t, 0), keep_bits_avx2(c1, t, 8));
     w = _mm256_or_si256(w, _mm256_or_si256(keep_bits_avx2(c2, t, 16), keep_bits_avx2(c3, t, 24)));
@@ -259,13 +302,15 @@ OPX_ISA_DISPATCH(keep_blocks,
 
 int opx_seed_check(const char *op, double p, uint64_t seed) {
   if (p <= 0 || !(seed & BL_SEED_SLOT)) return 0;
-  return bl_set_error(BL_EINVAL, "%s: seed 0x%llx is a device seed slot (bit 63 set): only CUDA tensors read one; "
-                      "a CPU dropout seed must be below 2^63", op, (unsigned long long)seed);
+  return bl_set_error(BL_EINVAL,
+                      "%s: seed 0x%llx is a device seed slot (bit 63 set): only CUDA tensors read one; "
+                      "a CPU dropout seed must be below 2^63",
+                      op, (unsigned long long)seed);
 }
 
 /* x *= s over n elements, on the ISA in use */
 OPX_BODY scale_row_body(int64_t n, float *restrict x, float s) {
-  #pragma omp simd
+#pragma omp simd
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 OPX_ISA_FN(scale_row, (int64_t n, float *restrict x, float s), (n, x, s))
@@ -290,7 +335,7 @@ void opx_dropout_keep(uint64_t seed, uint64_t offset, int64_t start, int64_t n, 
     keep_blocks(k0, k1, offset + (uint64_t)((start + i) >> 2), nblk, thr, keep + i);
     i += 4 * nblk;
   }
-  if (i < n) {  /* tail: a partial block */
+  if (i < n) { /* tail: a partial block */
     bl_philox4x32(seed, offset + (uint64_t)((start + i) >> 2), r);
     for (int lane = 0; i < n; lane++, i++) keep[i] = (r[lane] >> 8) >= thr;
   }
@@ -335,7 +380,10 @@ int opx_packed_rows(const char *op, const bl_tensor *offsets, int64_t T, int64_t
                   (long long)seq);
   }
   int64_t *r = malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
-  if (!r) { free(off); return bl_set_error(BL_ENOMEM, "%s: out of memory for the packed rows", op); }
+  if (!r) {
+    free(off);
+    return bl_set_error(BL_ENOMEM, "%s: out of memory for the packed rows", op);
+  }
   for (int64_t b = 0; b + 1 < offsets->shape[0]; b++)
     for (int64_t t = off[b]; t < off[b + 1]; t++) r[t] = b * seq + (t - off[b]);
   free(off);

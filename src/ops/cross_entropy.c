@@ -7,7 +7,7 @@
  * order (also more accurate than one running f32 sum over 30k classes). */
 #include "ops_internal.h"
 #include "device/dispatch.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -28,26 +28,34 @@ static int check_loss(const char *op, const bl_tensor *loss) {
 }
 
 /* Row max and sum of exp(x - max); dr (when not NULL) receives exp(x - max). */
-OPX_BODY ce_row_body(int64_t c, const float *restrict x, float *restrict dr, float *mx_out,
-                     float *sum_out) {
+OPX_BODY ce_row_body(int64_t c, const float *restrict x, float *restrict dr, float *mx_out, float *sum_out) {
   float mx = vm_row_max(c, x);
-  float acc[16] = {0}, sum = 0.0f;
+  float acc[16] = { 0 }, sum = 0.0f;
   int64_t j = 0;
   if (dr) {
     for (; j + 16 <= c; j += 16) {
-      #pragma omp simd
-      for (int l = 0; l < 16; l++) { float e = vm_exp(x[j + l] - mx); dr[j + l] = e; acc[l] += e; }
+#pragma omp simd
+      for (int l = 0; l < 16; l++) {
+        float e = vm_exp(x[j + l] - mx);
+        dr[j + l] = e;
+        acc[l] += e;
+      }
     }
-    for (; j < c; j++) { float e = vm_exp(x[j] - mx); dr[j] = e; sum += e; }
+    for (; j < c; j++) {
+      float e = vm_exp(x[j] - mx);
+      dr[j] = e;
+      sum += e;
+    }
   } else {
     for (; j + 16 <= c; j += 16) {
-      #pragma omp simd
+#pragma omp simd
       for (int l = 0; l < 16; l++) acc[l] += vm_exp(x[j + l] - mx);
     }
     for (; j < c; j++) sum += vm_exp(x[j] - mx);
   }
   for (int l = 0; l < 16; l++) sum += acc[l];
-  *mx_out = mx; *sum_out = sum;
+  *mx_out = mx;
+  *sum_out = sum;
 }
 OPX_ISA_FN(ce_row, (int64_t c, const float *restrict x, float *restrict dr, float *mx_out, float *sum_out),
            (c, x, dr, mx_out, sum_out))
@@ -58,7 +66,7 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
   int64_t n = opx_rows(logits), c = opx_cols(logits), cnt = 0;
   int64_t *t = NULL;
   double *rl = NULL;
-  opx_buf bx = {0}, bd = {0};
+  opx_buf bx = { 0 }, bd = { 0 };
   int rc = opx_load_ids(op, targets, &t);
   if (rc) return rc;
   for (int64_t i = 0; i < n; i++) {
@@ -71,10 +79,13 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
     cnt++;
   }
   rl = malloc((size_t)(n ? n : 1) * sizeof(double));
-  if (!rl) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory", op); goto done; }
+  if (!rl) {
+    rc = bl_set_error(BL_ENOMEM, "%s: out of memory", op);
+    goto done;
+  }
   if ((rc = opx_load(op, logits, &bx)) || (dlogits && (rc = opx_out(op, dlogits, &bd, 0)))) goto done;
   const float g = cnt ? (float)(grad_scale / (double)cnt) : 0.0f;
-  #pragma omp parallel for schedule(static) if (n * c > 16384)
+#pragma omp parallel for schedule(static) if (n * c > 16384)
   for (int64_t i = 0; i < n; i++) {
     const float *x = bx.p + i * c;
     float *dr = bd.p ? bd.p + i * c : NULL;
@@ -97,7 +108,10 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
   if (dlogits) opx_store(dlogits, &bd);
   if (count) *count = cnt;
 done:
-  free(t); free(rl); opx_free(&bx); opx_free(&bd);
+  free(t);
+  free(rl);
+  opx_free(&bx);
+  opx_free(&bd);
   return rc;
 }
 
@@ -116,30 +130,28 @@ static int ce_args(const char *op, const bl_tensor *loss, const bl_tensor *dlogi
     if (!opx_same_shape(dlogits, logits))
       return BL_ERR("%s: grad_logits %s does not match logits %s", op, OPX_SHAPE(dlogits), OPX_SHAPE(logits));
   }
-  const bl_tensor *ts[] = {loss, dlogits, logits, targets};
+  const bl_tensor *ts[] = { loss, dlogits, logits, targets };
   return opx_device(op, 4, ts, dev);
 }
 
-int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
-                     const bl_tensor *targets, int64_t ignore_index, double grad_scale,
-                     int64_t *count) {
+int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
+                     int64_t ignore_index, double grad_scale, int64_t *count) {
+  const char *op = "cross_entropy";
+  int dev;
+  BL_CHECK(ce_args(op, loss, dlogits, logits, targets, &dev));
+  if (dev >= 0)
+    return BL_ON_CUDA(op, dev, bl_cuda_cross_entropy(loss, dlogits, logits, targets, ignore_index, grad_scale, count));
+  return ce_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count);
+}
+
+int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
+                             int64_t ignore_index, double grad_scale, int64_t count) {
   const char *op = "cross_entropy";
   int dev;
   BL_CHECK(ce_args(op, loss, dlogits, logits, targets, &dev));
   if (dev >= 0)
     return BL_ON_CUDA(op, dev,
-                      bl_cuda_cross_entropy(loss, dlogits, logits, targets, ignore_index, grad_scale, count));
-  return ce_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count);
-}
-
-int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits,
-                             const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count) {
-  const char *op = "cross_entropy";
-  int dev;
-  BL_CHECK(ce_args(op, loss, dlogits, logits, targets, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA(op, dev, bl_cuda_cross_entropy_counted(loss, dlogits, logits, targets, ignore_index, grad_scale,
-                                                             count));
+                      bl_cuda_cross_entropy_counted(loss, dlogits, logits, targets, ignore_index, grad_scale, count));
   int64_t n = 0;
   BL_CHECK(bl_cross_entropy(loss, dlogits, logits, targets, ignore_index, grad_scale, &n));
   if (count >= 0 && n != count)
@@ -151,7 +163,7 @@ int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tenso
 static int mse_cpu(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
                    double grad_scale) {
   const char *op = "mse_loss";
-  opx_buf bp = {0}, bt = {0}, bd = {0};
+  opx_buf bp = { 0 }, bt = { 0 }, bd = { 0 };
   int rc;
   if ((rc = opx_load(op, pred, &bp)) || (rc = opx_load(op, target, &bt)) ||
       (dpred && (rc = opx_out(op, dpred, &bd, 0))))
@@ -167,12 +179,13 @@ static int mse_cpu(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, con
   store_scalar(loss, n ? total / (double)n : 0.0);
   if (dpred) opx_store(dpred, &bd);
 done:
-  opx_free(&bp); opx_free(&bt); opx_free(&bd);
+  opx_free(&bp);
+  opx_free(&bt);
+  opx_free(&bd);
   return rc;
 }
 
-int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target,
-                double grad_scale) {
+int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const bl_tensor *target, double grad_scale) {
   const char *op = "mse_loss";
   BL_CHECK(check_loss(op, loss));
   BL_CHECK(opx_check_float(op, pred, "prediction"));
@@ -185,7 +198,7 @@ int bl_mse_loss(bl_tensor *loss, bl_tensor *dpred, const bl_tensor *pred, const 
       return BL_ERR("%s: grad_prediction %s does not match prediction %s", op, OPX_SHAPE(dpred), OPX_SHAPE(pred));
   }
   int dev;
-  const bl_tensor *ts[] = {loss, dpred, pred, target};
+  const bl_tensor *ts[] = { loss, dpred, pred, target };
   BL_CHECK(opx_device(op, 4, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_mse_loss(loss, dpred, pred, target, grad_scale));
   return mse_cpu(loss, dpred, pred, target, grad_scale);

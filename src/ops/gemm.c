@@ -17,7 +17,7 @@
  * as soon as its last K block is done, with no barrier between K blocks. */
 #include "gemm.h"
 #include "transpose.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>

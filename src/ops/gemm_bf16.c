@@ -13,7 +13,7 @@
  * tile by the f32 path's epilogue (opx_bias_act_rows). */
 #include "gemm.h"
 #include "gemm_lowp.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>

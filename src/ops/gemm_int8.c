@@ -18,7 +18,7 @@
  * Both kernels therefore give the same int32 sums and the same outputs. */
 #include "gemm.h"
 #include "gemm_lowp.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>

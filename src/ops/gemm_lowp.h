@@ -13,11 +13,6 @@
 #define BL_OPS_GEMM_LOWP_H
 #include <stdint.h>
 
-/* does this CPU (and build) run the bf16 GEMM / the VNNI int8 kernel? Both
- * also need the AVX-512 path in use (BL_CPU_ISA not capped below it). */
-int opx_bf16_ok(void);
-int opx_vnni_ok(void);
-
 typedef struct opx_bf16_b opx_bf16_b;
 opx_bf16_b *opx_bf16_pack(int tb, int64_t k, int64_t n, const float *b, int64_t ldb);
 void opx_bf16_free(opx_bf16_b *pb);

@@ -13,7 +13,7 @@
 #include "ops_internal.h"
 #include "bl_ops.h"
 #include "device/dispatch.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -26,8 +26,7 @@ static int check_ln(const char *op, const bl_tensor *x, const bl_tensor *gamma, 
   if (beta) BL_CHECK(opx_check_float(op, beta, "beta"));
   BL_CHECK(opx_check(op, mean, "mean"));
   BL_CHECK(opx_check(op, rstd, "rstd"));
-  if (x->ndim < 1 || opx_cols(x) < 1)
-    return BL_ERR("%s: input %s must have a non-empty last dim", op, OPX_SHAPE(x));
+  if (x->ndim < 1 || opx_cols(x) < 1) return BL_ERR("%s: input %s must have a non-empty last dim", op, OPX_SHAPE(x));
   int64_t h = opx_cols(x), rows = opx_rows(x);
   if (gamma->ndim != 1 || gamma->shape[0] != h)
     return BL_ERR("%s: gamma %s does not match input %s", op, OPX_SHAPE(gamma), OPX_SHAPE(x));
@@ -37,15 +36,14 @@ static int check_ln(const char *op, const bl_tensor *x, const bl_tensor *gamma, 
     return BL_ERR("%s: mean and rstd must be f32, got %s and %s", op, bl_dtype_name(mean->dtype),
                   bl_dtype_name(rstd->dtype));
   if (mean->numel != rows || rstd->numel != rows)
-    return BL_ERR("%s: mean %s and rstd %s must have %lld elements (rows of input %s)", op,
-                  OPX_SHAPE(mean), OPX_SHAPE(rstd), (long long)rows, OPX_SHAPE(x));
+    return BL_ERR("%s: mean %s and rstd %s must have %lld elements (rows of input %s)", op, OPX_SHAPE(mean),
+                  OPX_SHAPE(rstd), (long long)rows, OPX_SHAPE(x));
   return 0;
 }
 
 static int check_same(const char *op, const bl_tensor *t, const char *name, const bl_tensor *x) {
   BL_CHECK(opx_check_float(op, t, name));
-  if (!opx_same_shape(t, x))
-    return BL_ERR("%s: %s %s does not match input %s", op, name, OPX_SHAPE(t), OPX_SHAPE(x));
+  if (!opx_same_shape(t, x)) return BL_ERR("%s: %s %s does not match input %s", op, name, OPX_SHAPE(t), OPX_SHAPE(x));
   return 0;
 }
 
@@ -53,10 +51,10 @@ static int check_same(const char *op, const bl_tensor *t, const char *name, cons
 
 /* sum of v[0..n) in LANES interleaved partial sums, combined in a fixed order */
 static inline float lane_sum(int64_t n, const float *restrict v) {
-  float acc[LANES] = {0};
+  float acc[LANES] = { 0 };
   int64_t j = 0;
   for (; j + LANES <= n; j += LANES) {
-    #pragma omp simd
+#pragma omp simd
     for (int l = 0; l < LANES; l++) acc[l] += v[j + l];
   }
   float t = 0.0f;
@@ -69,122 +67,149 @@ static inline float lane_sum(int64_t n, const float *restrict v) {
  * always_inline: each OPX_ISA_FN variant gets its own copy compiled for its
  * instruction set, as the loops written out in place were. */
 static inline __attribute__((always_inline)) void ln_sum_row(int64_t h, const float *restrict x,
-                                                             const float *restrict res,
-                                                             const uint8_t *restrict keep, float scale,
-                                                             float *restrict out) {
+                                                             const float *restrict res, const uint8_t *restrict keep,
+                                                             float scale, float *restrict out) {
   if (keep) {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t j = 0; j < h; j++) out[j] = (keep[j] ? x[j] * scale : 0.0f) + res[j];
   } else {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t j = 0; j < h; j++) out[j] = x[j] + res[j];
   }
 }
 
 /* One forward row: s = dropout(x) + res (or x) into y, then y = LN(s).
  * keep == NULL: no dropout; res == NULL: plain LayerNorm. */
-OPX_BODY ln_fwd_row_body(int64_t h, const float *restrict x, const float *restrict res,
-                         const uint8_t *restrict keep, float scale, const float *restrict g,
-                         const float *restrict b, float eps, float *restrict y, float *m_out,
-                         float *rs_out) {
+OPX_BODY ln_fwd_row_body(int64_t h, const float *restrict x, const float *restrict res, const uint8_t *restrict keep,
+                         float scale, const float *restrict g, const float *restrict b, float eps, float *restrict y,
+                         float *m_out, float *rs_out) {
   const float *s = x;
   if (res) {
     ln_sum_row(h, x, res, keep, scale, y);
     s = y;
   }
   float m = lane_sum(h, s) / (float)h;
-  float acc[LANES] = {0}, var = 0.0f;
+  float acc[LANES] = { 0 }, var = 0.0f;
   int64_t j = 0;
   for (; j + LANES <= h; j += LANES) {
-    #pragma omp simd
-    for (int l = 0; l < LANES; l++) { float d = s[j + l] - m; acc[l] += d * d; }
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) {
+      float d = s[j + l] - m;
+      acc[l] += d * d;
+    }
   }
-  for (; j < h; j++) { float d = s[j] - m; var += d * d; }
+  for (; j < h; j++) {
+    float d = s[j] - m;
+    var += d * d;
+  }
   for (int l = 0; l < LANES; l++) var += acc[l];
   float rs = 1.0f / sqrtf(var / (float)h + eps);
   if (b) {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t k = 0; k < h; k++) y[k] = (s[k] - m) * rs * g[k] + b[k];
   } else {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t k = 0; k < h; k++) y[k] = (s[k] - m) * rs * g[k];
   }
-  *m_out = m; *rs_out = rs;
+  *m_out = m;
+  *rs_out = rs;
 }
-OPX_ISA_FN(ln_fwd_row, (int64_t h, const float *restrict x, const float *restrict res, const uint8_t *restrict keep,
-                        float scale, const float *restrict g, const float *restrict b, float eps, float *restrict y,
-                        float *m_out, float *rs_out),
+OPX_ISA_FN(ln_fwd_row,
+           (int64_t h, const float *restrict x, const float *restrict res, const uint8_t *restrict keep, float scale,
+            const float *restrict g, const float *restrict b, float eps, float *restrict y, float *m_out,
+            float *rs_out),
            (h, x, res, keep, scale, g, b, eps, y, m_out, rs_out))
 
 /* One backward row: xh = normalised input (recomputed, or (y - b) / g when y is given),
  * dx = rs (dy g - mean(dy g) - xh mean(dy g xh)),
  * dres = dx before the dropout mask, pg/pb/pc += dy xh / dy / dx (chunk partials of dgamma, dbeta and the
  * preceding linear's bias gradient; all NULL to skip). */
-OPX_BODY ln_bwd_row_body(int64_t h, const float *restrict x, const float *restrict res,
-                         const float *restrict y, const float *restrict b,
-                         const uint8_t *restrict keep, float scale, const float *restrict g,
-                         const float *restrict dy, float m, float rs, float *restrict dx,
-                         float *restrict dres, float *restrict pg, float *restrict pb, float *restrict pc) {
+OPX_BODY ln_bwd_row_body(int64_t h, const float *restrict x, const float *restrict res, const float *restrict y,
+                         const float *restrict b, const uint8_t *restrict keep, float scale, const float *restrict g,
+                         const float *restrict dy, float m, float rs, float *restrict dx, float *restrict dres,
+                         float *restrict pg, float *restrict pb, float *restrict pc) {
   /* one pass: xh into dx and the two row sums (the loop body is spelled out
    * per case so that every variant vectorises) */
-  float aa[LANES] = {0}, ab[LANES] = {0}, a = 0.0f, bsum = 0.0f;
+  float aa[LANES] = { 0 }, ab[LANES] = { 0 }, a = 0.0f, bsum = 0.0f;
   int64_t j0 = h - h % LANES;
-#define LN_PASS(XH)                                                               \
-  for (int64_t j = 0; j < j0; j += LANES) {                                      \
-    _Pragma("omp simd")                                                          \
-    for (int l = 0; l < LANES; l++) {                                            \
-      int64_t k = j + l;                                                         \
-      float xh = (XH), gj = dy[k] * g[k];                                        \
-      dx[k] = xh; aa[l] += gj; ab[l] += gj * xh;                                 \
-    }                                                                            \
-  }                                                                              \
-  for (int64_t k = j0; k < h; k++) {                                             \
-    float xh = (XH), gj = dy[k] * g[k];                                          \
-    dx[k] = xh; a += gj; bsum += gj * xh;                                        \
+#define LN_PASS(XH)                                       \
+  for (int64_t j = 0; j < j0; j += LANES) {               \
+    _Pragma("omp simd") for (int l = 0; l < LANES; l++) { \
+      int64_t k = j + l;                                  \
+      float xh = (XH), gj = dy[k] * g[k];                 \
+      dx[k] = xh;                                         \
+      aa[l] += gj;                                        \
+      ab[l] += gj * xh;                                   \
+    }                                                     \
+  }                                                       \
+  for (int64_t k = j0; k < h; k++) {                      \
+    float xh = (XH), gj = dy[k] * g[k];                   \
+    dx[k] = xh;                                           \
+    a += gj;                                              \
+    bsum += gj * xh;                                      \
   }
   if (y && b) {
     LN_PASS((y[k] - b[k]) / g[k])
   } else if (y) {
     LN_PASS(y[k] / g[k])
-  } else if (res) {  /* the sum s = dropout(x) + res first, into dx (a plain loop that vectorises) */
+  } else if (res) { /* the sum s = dropout(x) + res first, into dx (a plain loop that vectorises) */
     ln_sum_row(h, x, res, keep, scale, dx);
     LN_PASS((dx[k] - m) * rs)
   } else {
     LN_PASS((x[k] - m) * rs)
   }
 #undef LN_PASS
-  for (int l = 0; l < LANES; l++) { a += aa[l]; bsum += ab[l]; }
-  if (pg) {
-    #pragma omp simd
-    for (int64_t k = 0; k < h; k++) { pg[k] += dy[k] * dx[k]; pb[k] += dy[k]; }
+  for (int l = 0; l < LANES; l++) {
+    a += aa[l];
+    bsum += ab[l];
   }
-  a /= (float)h; bsum /= (float)h;
+  if (pg) {
+#pragma omp simd
+    for (int64_t k = 0; k < h; k++) {
+      pg[k] += dy[k] * dx[k];
+      pb[k] += dy[k];
+    }
+  }
+  a /= (float)h;
+  bsum /= (float)h;
   /* dres = the gradient of the sum; dx = it through the dropout mask (one
    * loop per case: a conditional read of keep inside the loop would not vectorise) */
 #define LN_DX (rs * (dy[k] * g[k] - a - dx[k] * bsum))
   if (dres && keep) {
-    #pragma omp simd
-    for (int64_t k = 0; k < h; k++) { float v = LN_DX; dres[k] = v; dx[k] = keep[k] ? v * scale : 0.0f; }
+#pragma omp simd
+    for (int64_t k = 0; k < h; k++) {
+      float v = LN_DX;
+      dres[k] = v;
+      dx[k] = keep[k] ? v * scale : 0.0f;
+    }
   } else if (dres) {
-    #pragma omp simd
-    for (int64_t k = 0; k < h; k++) { float v = LN_DX; dres[k] = v; dx[k] = v; }
+#pragma omp simd
+    for (int64_t k = 0; k < h; k++) {
+      float v = LN_DX;
+      dres[k] = v;
+      dx[k] = v;
+    }
   } else if (keep) {
-    #pragma omp simd
-    for (int64_t k = 0; k < h; k++) { float v = LN_DX; dx[k] = keep[k] ? v * scale : 0.0f; }
+#pragma omp simd
+    for (int64_t k = 0; k < h; k++) {
+      float v = LN_DX;
+      dx[k] = keep[k] ? v * scale : 0.0f;
+    }
   } else {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t k = 0; k < h; k++) dx[k] = LN_DX;
   }
 #undef LN_DX
   if (pc) {
-    #pragma omp simd
+#pragma omp simd
     for (int64_t k = 0; k < h; k++) pc[k] += dx[k];
   }
 }
-OPX_ISA_FN(ln_bwd_row, (int64_t h, const float *restrict x, const float *restrict res, const float *restrict y,
-                        const float *restrict b, const uint8_t *restrict keep, float scale, const float *restrict g,
-                        const float *restrict dy, float m, float rs, float *restrict dx, float *restrict dres,
-                        float *restrict pg, float *restrict pb, float *restrict pc),
+OPX_ISA_FN(ln_bwd_row,
+           (int64_t h, const float *restrict x, const float *restrict res, const float *restrict y,
+            const float *restrict b, const uint8_t *restrict keep, float scale, const float *restrict g,
+            const float *restrict dy, float m, float rs, float *restrict dx, float *restrict dres, float *restrict pg,
+            float *restrict pb, float *restrict pc),
            (h, x, res, y, b, keep, scale, g, dy, m, rs, dx, dres, pg, pb, pc))
 
 /* Whether xhat can be taken back from y = xhat g + b in every column (bl_residual_layernorm_backward_out; the
@@ -202,7 +227,7 @@ static int ln_y_usable(int64_t h, const float *g, const float *b) {
 static uint8_t *ln_keep_row(double p, int64_t h, int *oom) {
   uint8_t *keep = p > 0 ? malloc((size_t)h) : NULL;
   if (p > 0 && !keep) {
-    #pragma omp atomic write
+#pragma omp atomic write
     *oom = 1;
   }
   return keep;
@@ -213,68 +238,79 @@ static int ln_oom_row(const char *op) {
 }
 
 static int ln_forward_cpu(const char *op, bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                          const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *beta, double eps,
-                          double p, uint64_t seed, uint64_t offset, const int64_t *rmap) {
-  opx_buf bx = {0}, br = {0}, bg = {0}, bb = {0}, by = {0}, bm = {0}, bs = {0};
+                          const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *beta, double eps, double p,
+                          uint64_t seed, uint64_t offset, const int64_t *rmap) {
+  opx_buf bx = { 0 }, br = { 0 }, bg = { 0 }, bb = { 0 }, by = { 0 }, bm = { 0 }, bs = { 0 };
   int64_t h = opx_cols(x), rows = opx_rows(x);
   int rc = opx_seed_check(op, p, seed), oom = 0;
   if (rc || (rc = opx_load(op, x, &bx)) || (res && (rc = opx_load(op, res, &br))) || (rc = opx_load(op, gamma, &bg)) ||
-      (beta && (rc = opx_load(op, beta, &bb))) || (rc = opx_out(op, y, &by, 0)) ||
-      (rc = opx_out(op, mean, &bm, 0)) || (rc = opx_out(op, rstd, &bs, 0)))
+      (beta && (rc = opx_load(op, beta, &bb))) || (rc = opx_out(op, y, &by, 0)) || (rc = opx_out(op, mean, &bm, 0)) ||
+      (rc = opx_out(op, rstd, &bs, 0)))
     goto done;
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f, feps = (float)eps;
-  /* the dropout mask is made one row at a time into a per-thread buffer
+/* the dropout mask is made one row at a time into a per-thread buffer
    * (still the documented stream: row r is elements r*h .. r*h+h-1; rmap: packed row r is stream row rmap[r]) */
-  #pragma omp parallel if (rows * h > 32768)
+#pragma omp parallel if (rows * h > 32768)
   {
     uint8_t *keep = ln_keep_row(p, h, &oom);
-    #pragma omp for schedule(static)
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       if (p > 0 && !keep) continue;
       if (keep) opx_dropout_keep(seed, offset, (rmap ? rmap[r] : r) * h, h, (float)p, keep);
-      ln_fwd_row(h, bx.p + r * h, res ? br.p + r * h : NULL, keep, scale, bg.p, bb.p, feps, by.p + r * h,
-                 &bm.p[r], &bs.p[r]);
+      ln_fwd_row(h, bx.p + r * h, res ? br.p + r * h : NULL, keep, scale, bg.p, bb.p, feps, by.p + r * h, &bm.p[r],
+                 &bs.p[r]);
     }
     free(keep);
   }
-  if (oom) { rc = ln_oom_row(op); goto done; }
-  opx_store(y, &by); opx_store(mean, &bm); opx_store(rstd, &bs);
+  if (oom) {
+    rc = ln_oom_row(op);
+    goto done;
+  }
+  opx_store(y, &by);
+  opx_store(mean, &bm);
+  opx_store(rstd, &bs);
 done:
-  opx_free(&bx); opx_free(&br); opx_free(&bg); opx_free(&bb); opx_free(&by); opx_free(&bm); opx_free(&bs);
+  opx_free(&bx);
+  opx_free(&br);
+  opx_free(&bg);
+  opx_free(&bb);
+  opx_free(&by);
+  opx_free(&bm);
+  opx_free(&bs);
   return rc;
 }
 
 /* y, beta: the forward's output and beta for xhat (y NULL: from x and res; also when ln_y_usable says no) */
 static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_tensor *dgamma, bl_tensor *dbeta,
                            bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
-                           const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *beta,
-                           const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset,
-                           const int64_t *rmap) {
-  opx_buf bdy = {0}, bx = {0}, br = {0}, by = {0}, bg = {0}, bb = {0}, bm = {0}, bs = {0}, bdx = {0}, bdr = {0},
-          bdg = {0}, bdb = {0}, bdc = {0};
+                           const bl_tensor *res, const bl_tensor *gamma, const bl_tensor *beta, const bl_tensor *mean,
+                           const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset, const int64_t *rmap) {
+  opx_buf bdy = { 0 }, bx = { 0 }, br = { 0 }, by = { 0 }, bg = { 0 }, bb = { 0 }, bm = { 0 }, bs = { 0 }, bdx = { 0 },
+          bdr = { 0 }, bdg = { 0 }, bdb = { 0 }, bdc = { 0 };
   float *part = NULL;
   int64_t h = opx_cols(x), rows = opx_rows(x), nchunk = (rows + LN_CHUNK - 1) / LN_CHUNK;
   int want_param = dgamma || dbeta || dbias;
   int rc = opx_seed_check(op, p, seed), oom = 0;
-  if (rc || (rc = opx_load(op, gamma, &bg)) || (y && beta && (rc = opx_load(op, beta, &bb))))
-    goto done;
+  if (rc || (rc = opx_load(op, gamma, &bg)) || (y && beta && (rc = opx_load(op, beta, &bb)))) goto done;
   if (y && !ln_y_usable(h, bg.p, beta ? bb.p : NULL)) y = NULL;
   if ((rc = opx_load(op, dy, &bdy)) || (y && (rc = opx_load(op, y, &by))) || (!y && (rc = opx_load(op, x, &bx))) ||
       (!y && res && (rc = opx_load(op, res, &br))) || (rc = opx_load(op, mean, &bm)) ||
-      (rc = opx_load(op, rstd, &bs)) ||
-      (rc = opx_out(op, dx, &bdx, 0)) || (dres && (rc = opx_out(op, dres, &bdr, 0))) ||
-      (dgamma && (rc = opx_out(op, dgamma, &bdg, 1))) || (dbeta && (rc = opx_out(op, dbeta, &bdb, 1))) ||
-      (dbias && (rc = opx_out(op, dbias, &bdc, 1))))
+      (rc = opx_load(op, rstd, &bs)) || (rc = opx_out(op, dx, &bdx, 0)) ||
+      (dres && (rc = opx_out(op, dres, &bdr, 0))) || (dgamma && (rc = opx_out(op, dgamma, &bdg, 1))) ||
+      (dbeta && (rc = opx_out(op, dbeta, &bdb, 1))) || (dbias && (rc = opx_out(op, dbias, &bdc, 1))))
     goto done;
   if (want_param && nchunk > 0) {
     part = calloc((size_t)(nchunk * 3 * h), sizeof(float));
-    if (!part) { rc = bl_set_error(BL_ENOMEM, "%s: out of memory for gamma/beta/bias partial sums", op); goto done; }
+    if (!part) {
+      rc = bl_set_error(BL_ENOMEM, "%s: out of memory for gamma/beta/bias partial sums", op);
+      goto done;
+    }
   }
   const float scale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
-  #pragma omp parallel if (rows * h > 32768)
+#pragma omp parallel if (rows * h > 32768)
   {
     uint8_t *keep = ln_keep_row(p, h, &oom);
-    #pragma omp for schedule(static)
+#pragma omp for schedule(static)
     for (int64_t c = 0; c < nchunk; c++) {
       if (p > 0 && !keep) continue;
       float *pg = part ? part + c * 3 * h : NULL, *pb = pg ? pg + h : NULL, *pc = pg ? pg + 2 * h : NULL;
@@ -288,13 +324,18 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
     }
     free(keep);
   }
-  if (oom) { rc = ln_oom_row(op); goto done; }
+  if (oom) {
+    rc = ln_oom_row(op);
+    goto done;
+  }
   if (part) {
-    #pragma omp parallel for schedule(static) if (nchunk * h > 65536)
+#pragma omp parallel for schedule(static) if (nchunk * h > 65536)
     for (int64_t j = 0; j < h; j++) {
       float sg = 0.0f, sb = 0.0f, sc = 0.0f;
       for (int64_t c = 0; c < nchunk; c++) {
-        sg += part[c * 3 * h + j]; sb += part[c * 3 * h + h + j]; sc += part[c * 3 * h + 2 * h + j];
+        sg += part[c * 3 * h + j];
+        sb += part[c * 3 * h + h + j];
+        sc += part[c * 3 * h + 2 * h + j];
       }
       if (bdg.p) bdg.p[j] += sg;
       if (bdb.p) bdb.p[j] += sb;
@@ -307,8 +348,19 @@ static int ln_backward_cpu(const char *op, bl_tensor *dx, bl_tensor *dres, bl_te
   if (dbeta) opx_store(dbeta, &bdb);
   if (dbias) opx_store(dbias, &bdc);
 done:
-  opx_free(&bdy); opx_free(&bx); opx_free(&br); opx_free(&by); opx_free(&bg); opx_free(&bb); opx_free(&bm);
-  opx_free(&bs); opx_free(&bdx); opx_free(&bdr); opx_free(&bdg); opx_free(&bdb); opx_free(&bdc);
+  opx_free(&bdy);
+  opx_free(&bx);
+  opx_free(&br);
+  opx_free(&by);
+  opx_free(&bg);
+  opx_free(&bb);
+  opx_free(&bm);
+  opx_free(&bs);
+  opx_free(&bdx);
+  opx_free(&bdr);
+  opx_free(&bdg);
+  opx_free(&bdb);
+  opx_free(&bdc);
   free(part);
   return rc;
 }
@@ -318,22 +370,21 @@ static int check_eps(const char *op, double eps) {
   return 0;
 }
 
-int bl_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                         const bl_tensor *gamma, const bl_tensor *beta, double eps) {
+int bl_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x, const bl_tensor *gamma,
+                         const bl_tensor *beta, double eps) {
   const char *op = "layernorm";
   BL_CHECK(check_ln(op, x, gamma, beta, mean, rstd));
   BL_CHECK(check_same(op, y, "output", x));
   BL_CHECK(check_eps(op, eps));
   int dev;
-  const bl_tensor *ts[] = {y, mean, rstd, x, gamma, beta};
+  const bl_tensor *ts[] = { y, mean, rstd, x, gamma, beta };
   BL_CHECK(opx_device(op, 6, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_layernorm_forward(y, mean, rstd, x, gamma, beta, eps));
   return ln_forward_cpu(op, y, mean, rstd, x, NULL, gamma, beta, eps, 0.0, 0, 0, NULL);
 }
 
-int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
-                          const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
-                          const bl_tensor *rstd) {
+int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *x,
+                          const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd) {
   const char *op = "layernorm_backward";
   BL_CHECK(check_ln(op, x, gamma, NULL, mean, rstd));
   BL_CHECK(check_same(op, dy, "grad_output", x));
@@ -341,12 +392,11 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
   if (dgamma) BL_CHECK(check_same(op, dgamma, "grad_gamma", gamma));
   if (dbeta) BL_CHECK(check_same(op, dbeta, "grad_beta", gamma));
   int dev;
-  const bl_tensor *ts[] = {dx, dgamma, dbeta, dy, x, gamma, mean, rstd};
+  const bl_tensor *ts[] = { dx, dgamma, dbeta, dy, x, gamma, mean, rstd };
   BL_CHECK(opx_device(op, 8, ts, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA(op, dev,
-                      bl_cuda_layernorm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd));
-  return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, NULL, dy, NULL, x, NULL, gamma, NULL, mean, rstd, 0.0, 0, 0, NULL);
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_layernorm_backward(dx, dgamma, dbeta, dy, x, gamma, mean, rstd));
+  return ln_backward_cpu(op, dx, NULL, dgamma, dbeta, NULL, dy, NULL, x, NULL, gamma, NULL, mean, rstd, 0.0, 0, 0,
+                         NULL);
 }
 
 /* The argument checks of the residual op's forward and backward (padded and packed alike). */
@@ -364,8 +414,8 @@ static int check_res_fwd(const char *op, const bl_tensor *y, const bl_tensor *me
 /* The checks of the residual backward entries (y, beta: the forward's output and beta, or NULL) */
 static int check_res_bwd(const char *op, const bl_tensor *dx, const bl_tensor *dresidual, const bl_tensor *dgamma,
                          const bl_tensor *dbeta, const bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y,
-                         const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
-                         const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd, double p) {
+                         const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
+                         const bl_tensor *mean, const bl_tensor *rstd, double p) {
   BL_CHECK(check_ln(op, x, gamma, beta, mean, rstd));
   BL_CHECK(check_same(op, residual, "residual", x));
   if (y) BL_CHECK(check_same(op, y, "output", x));
@@ -379,14 +429,13 @@ static int check_res_bwd(const char *op, const bl_tensor *dx, const bl_tensor *d
   return 0;
 }
 
-int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
-                                  const bl_tensor *x, const bl_tensor *residual,
-                                  const bl_tensor *gamma, const bl_tensor *beta, double eps,
+int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
+                                  const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta, double eps,
                                   double p, uint64_t seed, uint64_t offset) {
   const char *op = "residual_layernorm";
   BL_CHECK(check_res_fwd(op, y, mean, rstd, x, residual, gamma, beta, eps, p));
   int dev;
-  const bl_tensor *ts[] = {y, mean, rstd, x, residual, gamma, beta};
+  const bl_tensor *ts[] = { y, mean, rstd, x, residual, gamma, beta };
   BL_CHECK(opx_device(op, 7, ts, &dev));
   if (dev >= 0)
     return BL_ON_CUDA(
@@ -402,7 +451,7 @@ static int residual_ln_backward(const char *op, bl_tensor *dx, bl_tensor *dresid
                                 uint64_t seed, uint64_t offset) {
   BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p));
   int dev;
-  const bl_tensor *ts[] = {dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd};
+  const bl_tensor *ts[] = { dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd };
   BL_CHECK(opx_device(op, 13, ts, &dev));
   if (dev >= 0 && y)
     return BL_ON_CUDA(op, dev,
@@ -412,17 +461,16 @@ static int residual_ln_backward(const char *op, bl_tensor *dx, bl_tensor *dresid
     return BL_ON_CUDA(op, dev,
                       bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma,
                                                           mean, rstd, p, seed, offset));
-  return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p,
-                         seed, offset, NULL);
+  return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p, seed,
+                         offset, NULL);
 }
 
-int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                   bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                   const bl_tensor *residual, const bl_tensor *gamma,
-                                   const bl_tensor *mean, const bl_tensor *rstd,
-                                   double p, uint64_t seed, uint64_t offset) {
-  return residual_ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x,
-                              residual, gamma, NULL, mean, rstd, p, seed, offset);
+int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                   bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *residual,
+                                   const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
+                                   uint64_t seed, uint64_t offset) {
+  return residual_ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual,
+                              gamma, NULL, mean, rstd, p, seed, offset);
 }
 
 int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
@@ -439,7 +487,7 @@ int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_t
  * the padded batch (opx_packed_rows). */
 static int ln_rows(const char *op, const bl_tensor *x, const bl_tensor *offsets, int64_t seq, int64_t **rmap) {
   int dev;
-  const bl_tensor *ts[] = {x, offsets};
+  const bl_tensor *ts[] = { x, offsets };
   BL_CHECK(opx_device(op, 2, ts, &dev));
   if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
   return opx_packed_rows(op, offsets, opx_rows(x), seq, rmap);
@@ -447,8 +495,8 @@ static int ln_rows(const char *op, const bl_tensor *x, const bl_tensor *offsets,
 
 int bl_residual_layernorm_forward_packed(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                                          const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                         double eps, double p, uint64_t seed, uint64_t offset,
-                                         const bl_tensor *offsets, int64_t seq) {
+                                         double eps, double p, uint64_t seed, uint64_t offset, const bl_tensor *offsets,
+                                         int64_t seq) {
   const char *op = "residual_layernorm_packed";
   BL_CHECK(check_res_fwd(op, y, mean, rstd, x, residual, gamma, beta, eps, p));
   int64_t *rmap;
@@ -458,18 +506,17 @@ int bl_residual_layernorm_forward_packed(bl_tensor *y, bl_tensor *mean, bl_tenso
   return rc;
 }
 
-int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                          bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
-                                          const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
-                                          const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                          uint64_t offset, const bl_tensor *offsets, int64_t seq) {
+int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                          bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
+                                          const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
+                                          const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset,
+                                          const bl_tensor *offsets, int64_t seq) {
   const char *op = "residual_layernorm_packed_backward";
-  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd,
-                         p));
+  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd, p));
   int64_t *rmap;
   BL_CHECK(ln_rows(op, x, offsets, seq, &rmap));
-  int rc = ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd,
-                           p, seed, offset, rmap);
+  int rc = ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd, p,
+                           seed, offset, rmap);
   free(rmap);
   return rc;
 }

@@ -11,7 +11,7 @@
 #include "device/dispatch.h"
 #include "gemm.h"
 #include "gemm_lowp.h"
-#include "vecmath.h"
+#include "base/vecmath.h"
 #include <cblas.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -44,10 +44,13 @@ static int gemm_choice(void) {
   if (r >= 0) return r;
   const char *e = getenv("BL_GEMM");
   r = BL_HAVE_DNNL ? GEMM_ONEDNN : GEMM_OPENBLAS;
-  if (e && strcmp(e, "own") == 0) r = GEMM_OWN;
-  else if (e && strcmp(e, "openblas") == 0) r = GEMM_OPENBLAS;
+  if (e && strcmp(e, "own") == 0)
+    r = GEMM_OWN;
+  else if (e && strcmp(e, "openblas") == 0)
+    r = GEMM_OPENBLAS;
 #if BL_HAVE_DNNL
-  else if (e && strcmp(e, "onednn") == 0) r = GEMM_ONEDNN;
+  else if (e && strcmp(e, "onednn") == 0)
+    r = GEMM_ONEDNN;
 #endif
   else if (e && *e)
     fprintf(stderr, "bertlua: BL_GEMM=%s ignored (use openblas, own%s)\n", e, DNNL_NAME);
@@ -81,7 +84,7 @@ typedef struct mat {
   float *p;
   int64_t rows, cols, ld;
   int trans;
-  opx_buf buf;  /* scratch when the tensor could not be used in place */
+  opx_buf buf; /* scratch when the tensor could not be used in place */
 } mat;
 
 /* Can t (f32) be read as a rows x cols matrix without copying? Leading dims
@@ -91,30 +94,56 @@ static int in_place(const bl_tensor *t, int64_t *ld, int *trans) {
   int nd = t->ndim;
   int64_t cols = nd ? t->shape[nd - 1] : 1, cst = nd ? t->stride[nd - 1] : 1;
   int64_t rows = t->numel / (cols ? cols : 1);
-  if (t->numel == 0) { *ld = cols > 0 ? cols : 1; *trans = 0; return 1; }
+  if (t->numel == 0) {
+    *ld = cols > 0 ? cols : 1;
+    *trans = 0;
+    return 1;
+  }
   /* collapse dims 0..nd-2 into one stride (size-1 dims are free) */
   int64_t rst = 0, expect = -1;
   for (int d = nd - 2; d >= 0; d--) {
     if (t->shape[d] == 1) continue;
-    if (expect < 0) { rst = t->stride[d]; expect = t->stride[d] * t->shape[d]; }
-    else if (t->stride[d] != expect) return 0;
-    else expect = t->stride[d] * t->shape[d];
+    if (expect < 0) {
+      rst = t->stride[d];
+      expect = t->stride[d] * t->shape[d];
+    } else if (t->stride[d] != expect)
+      return 0;
+    else
+      expect = t->stride[d] * t->shape[d];
   }
   if (rows == 1) rst = cols;
   if (cols == 1) cst = 1;
-  if (cst == 1 && rst >= cols) { *ld = rst; *trans = 0; return 1; }
-  if (rst == 1 && cst >= rows && nd == 2) { *ld = cst; *trans = 1; return 1; }
-  if (rows == 1 && cst >= 1) { *ld = cst; *trans = 1; return 1; }  /* a strided vector */
+  if (cst == 1 && rst >= cols) {
+    *ld = rst;
+    *trans = 0;
+    return 1;
+  }
+  if (rst == 1 && cst >= rows && nd == 2) {
+    *ld = cst;
+    *trans = 1;
+    return 1;
+  }
+  if (rows == 1 && cst >= 1) {
+    *ld = cst;
+    *trans = 1;
+    return 1;
+  } /* a strided vector */
   return 0;
 }
 
 static int mat_load(const char *op, const bl_tensor *t, mat *m) {
   m->cols = t->ndim ? t->shape[t->ndim - 1] : 1;
   m->rows = m->cols ? t->numel / m->cols : opx_rows(t);
-  m->buf.owned = 0; m->buf.p = NULL;
-  if (in_place(t, &m->ld, &m->trans)) { m->p = (float *)t->data; return 0; }
+  m->buf.owned = 0;
+  m->buf.p = NULL;
+  if (in_place(t, &m->ld, &m->trans)) {
+    m->p = (float *)t->data;
+    return 0;
+  }
   BL_CHECK(opx_load(op, t, &m->buf));
-  m->p = m->buf.p; m->ld = m->cols > 0 ? m->cols : 1; m->trans = 0;
+  m->p = m->buf.p;
+  m->ld = m->cols > 0 ? m->cols : 1;
+  m->trans = 0;
   return 0;
 }
 
@@ -122,10 +151,16 @@ static int mat_load(const char *op, const bl_tensor *t, mat *m) {
 static int mat_out(const char *op, bl_tensor *t, mat *m, int keep) {
   m->cols = t->ndim ? t->shape[t->ndim - 1] : 1;
   m->rows = m->cols ? t->numel / m->cols : opx_rows(t);
-  m->buf.owned = 0; m->buf.p = NULL;
-  if (in_place(t, &m->ld, &m->trans) && !m->trans) { m->p = (float *)t->data; return 0; }
+  m->buf.owned = 0;
+  m->buf.p = NULL;
+  if (in_place(t, &m->ld, &m->trans) && !m->trans) {
+    m->p = (float *)t->data;
+    return 0;
+  }
   BL_CHECK(opx_out(op, t, &m->buf, keep));
-  m->p = m->buf.p; m->ld = m->cols > 0 ? m->cols : 1; m->trans = 0;
+  m->p = m->buf.p;
+  m->ld = m->cols > 0 ? m->cols : 1;
+  m->trans = 0;
   return 0;
 }
 
@@ -134,14 +169,15 @@ static int mat_out(const char *op, bl_tensor *t, mat *m, int keep) {
 static void gemm(const mat *a, int ta, const mat *b, int tb, mat *c, float beta) {
   int64_t m = ta ? a->cols : a->rows, k = ta ? a->rows : a->cols, n = tb ? b->rows : b->cols;
   if (m == 0 || n == 0) return;
-  if (k == 0) {  /* sgemm with k = 0 is fine in OpenBLAS, but be explicit */
-    for (int64_t i = 0; i < m; i++) for (int64_t j = 0; j < n; j++) c->p[i * c->ld + j] *= beta;
+  if (k == 0) { /* sgemm with k = 0 is fine in OpenBLAS, but be explicit */
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) c->p[i * c->ld + j] *= beta;
     return;
   }
   CBLAS_TRANSPOSE fa = (ta ^ a->trans) ? CblasTrans : CblasNoTrans;
   CBLAS_TRANSPOSE fb = (tb ^ b->trans) ? CblasTrans : CblasNoTrans;
-  if (gemm_choice() == GEMM_OWN && opx_sgemm_isa(opx_isa(), ta ^ a->trans, tb ^ b->trans, m, n, k, a->p, a->ld, b->p,
-                                                 b->ld, beta, c->p, c->ld))
+  if (gemm_choice() == GEMM_OWN &&
+      opx_sgemm_isa(opx_isa(), ta ^ a->trans, tb ^ b->trans, m, n, k, a->p, a->ld, b->p, b->ld, beta, c->p, c->ld))
     return;
 #if BL_HAVE_DNNL
   /* row-major like ours; a call it rejects (malformed arguments only) goes to OpenBLAS instead */
@@ -149,8 +185,8 @@ static void gemm(const mat *a, int ta, const mat *b, int tb, mat *c, float beta)
                                                  1.0f, a->p, a->ld, b->p, b->ld, beta, c->p, c->ld) == dnnl_success)
     return;
 #endif
-  cblas_sgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0f, a->p, (int)a->ld, b->p,
-              (int)b->ld, beta, c->p, (int)c->ld);
+  cblas_sgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0f, a->p, (int)a->ld, b->p, (int)b->ld, beta, c->p,
+              (int)c->ld);
 }
 
 static int check_args(const char *op, const bl_tensor *x, const bl_tensor *w, const bl_tensor *b) {
@@ -165,11 +201,10 @@ static int check_args(const char *op, const bl_tensor *x, const bl_tensor *w, co
 }
 
 /* y must be x's rows by out (same leading dims, or already flattened). */
-static int check_rows_out(const char *op, const char *name, const bl_tensor *y, const bl_tensor *x,
-                          int64_t out) {
+static int check_rows_out(const char *op, const char *name, const bl_tensor *y, const bl_tensor *x, int64_t out) {
   if (y->ndim < 1 || opx_cols(y) != out || opx_rows(y) != opx_rows(x))
-    return BL_ERR("%s: %s %s does not match input %s and %lld output features", op, name,
-                  OPX_SHAPE(y), OPX_SHAPE(x), (long long)out);
+    return BL_ERR("%s: %s %s does not match input %s and %lld output features", op, name, OPX_SHAPE(y), OPX_SHAPE(x),
+                  (long long)out);
   return 0;
 }
 
@@ -201,7 +236,7 @@ static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor 
                               const bl_tensor *b, int gelu) {
   const char *op = pw ? "linear_packed" : "linear";
   mat mx, mw, my;
-  opx_buf bb = {0};
+  opx_buf bb = { 0 };
   int rc = 0;
   mx.buf.owned = mw.buf.owned = my.buf.owned = 0;
   mw.buf.p = NULL;
@@ -224,13 +259,16 @@ static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor 
     if (b || gelu) {
       int64_t n = my.cols;
       int isa = opx_isa();
-      #pragma omp parallel for schedule(static) if (my.rows * n > 65536)
+#pragma omp parallel for schedule(static) if (my.rows * n > 65536)
       for (int64_t r = 0; r < my.rows; r++) opx_bias_act_rows(isa, 1, n, my.p + r * my.ld, my.ld, bb.p, gelu);
     }
   }
   opx_store(y, &my.buf);
 done:
-  opx_free(&mx.buf); opx_free(&mw.buf); opx_free(&my.buf); opx_free(&bb);
+  opx_free(&mx.buf);
+  opx_free(&mw.buf);
+  opx_free(&my.buf);
+  opx_free(&bb);
   return rc;
 }
 
@@ -240,13 +278,13 @@ int bl_linear_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, cons
   BL_CHECK(opx_check_float(op, y, "output"));
   BL_CHECK(check_rows_out(op, "output", y, x, w->shape[0]));
   int dev;
-  const bl_tensor *ts[] = {y, x, w, b};
+  const bl_tensor *ts[] = { y, x, w, b };
   BL_CHECK(opx_device(op, 4, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_forward(y, x, w, b));
   return linear_forward_cpu(y, x, w, NULL, b, 0);
 }
 
-static const char *const isa_names[] = {"baseline", "avx2", "avx512"};
+static const char *const isa_names[] = { "baseline", "avx2", "avx512" };
 
 /* The bf16 / int8 pack of W (mw: W loaded as a matrix), or an error naming
  * what the CPU lacks */
@@ -257,8 +295,9 @@ static int pack_lowp(const char *op, bl_packed_weight *pw, const mat *mw, int pr
       return bl_set_error(BL_EUNSUPPORTED, "%s: bf16 needs AVX512-BF16 on the avx512 path (CPU path %s; %s)", op,
                           isa_names[isa], bl_cpu_info());
     pw->bf = opx_bf16_pack(!mw->trans, pw->in, pw->out, mw->p, mw->ld);
-    return pw->bf ? 0 : bl_set_error(BL_ENOMEM, "%s: out of memory packing a [%lld,%lld] weight as bf16", op,
-                                     (long long)pw->out, (long long)pw->in);
+    return pw->bf ? 0
+                  : bl_set_error(BL_ENOMEM, "%s: out of memory packing a [%lld,%lld] weight as bf16", op,
+                                 (long long)pw->out, (long long)pw->in);
   }
   if (isa < OPX_ISA_AVX2)
     return bl_set_error(BL_EUNSUPPORTED, "%s: int8 needs at least the avx2 path (CPU path %s)", op, isa_names[isa]);
@@ -266,8 +305,9 @@ static int pack_lowp(const char *op, bl_packed_weight *pw, const mat *mw, int pr
     return BL_ERR("%s: int8 weight [%lld,%lld]: more than 65536 input features", op, (long long)pw->out,
                   (long long)pw->in);
   pw->q8 = opx_q8_pack(opx_vnni_ok() ? OPX_ISA_AVX512 : OPX_ISA_AVX2, !mw->trans, pw->in, pw->out, mw->p, mw->ld);
-  return pw->q8 ? 0 : bl_set_error(BL_ENOMEM, "%s: out of memory packing a [%lld,%lld] weight as int8", op,
-                                   (long long)pw->out, (long long)pw->in);
+  return pw->q8 ? 0
+                : bl_set_error(BL_ENOMEM, "%s: out of memory packing a [%lld,%lld] weight as int8", op,
+                               (long long)pw->out, (long long)pw->in);
 }
 
 int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w) { return bl_linear_pack_as(out, w, BL_PACK_F32); }
@@ -288,13 +328,20 @@ int bl_linear_pack_as(bl_packed_weight **out, const bl_tensor *w, int precision)
   if ((isa > OPX_ISA_BASE || precision != BL_PACK_F32) && pw->out > 0 && pw->in > 0) {
     mat mw;
     int rc = mat_load(op, w, &mw);
-    if (rc) { free(pw); return rc; }
+    if (rc) {
+      free(pw);
+      return rc;
+    }
     /* op(B) = W^T: stored [out, in] (tb = 1), or already transposed in memory */
-    if (precision != BL_PACK_F32) rc = pack_lowp(op, pw, &mw, precision);
+    if (precision != BL_PACK_F32)
+      rc = pack_lowp(op, pw, &mw, precision);
     else if (!(pw->pb = opx_pack_b(isa, !mw.trans, pw->in, pw->out, mw.p, mw.ld)))
       rc = bl_set_error(BL_ENOMEM, "%s: out of memory packing weight %s", op, OPX_SHAPE(w));
     opx_free(&mw.buf);
-    if (rc) { free(pw); return rc; }
+    if (rc) {
+      free(pw);
+      return rc;
+    }
     pw->isa = isa;
   }
   *out = pw;
@@ -325,7 +372,7 @@ int bl_linear_forward_packed(bl_tensor *y, const bl_tensor *x, const bl_tensor *
     return BL_ERR("%s: weight %s was packed for the %s path but the CPU path is now %s: pack it again", op,
                   OPX_SHAPE(w), isa_names[packed_isa], isa_names[opx_isa()]);
   int dev;
-  const bl_tensor *ts[] = {y, x, w, b};
+  const bl_tensor *ts[] = { y, x, w, b };
   BL_CHECK(opx_device(op, 4, ts, &dev));
   if (dev >= 0) return BL_ERR("%s: packed weights are for the CPU, tensors are on cuda:%d", op, dev);
   return linear_forward_cpu(y, x, w, pw, b, act == BL_LINEAR_GELU);
@@ -336,10 +383,10 @@ int bl_linear_forward_packed(bl_tensor *y, const bl_tensor *x, const bl_tensor *
 static void bias_grad(float *db, const mat *dy) {
   int64_t n = dy->cols, rows = dy->rows;
   int64_t nblk = (n + 63) / 64;
-  #pragma omp parallel for schedule(static) if (rows * n > 65536)
+#pragma omp parallel for schedule(static) if (rows * n > 65536)
   for (int64_t blk = 0; blk < nblk; blk++) {
     int64_t j0 = blk * 64, j1 = j0 + 64 < n ? j0 + 64 : n;
-    float acc[64] = {0};
+    float acc[64] = { 0 };
     if (!dy->trans) {
       for (int64_t r = 0; r < rows; r++) {
         const float *row = dy->p + r * dy->ld;
@@ -353,11 +400,11 @@ static void bias_grad(float *db, const mat *dy) {
   }
 }
 
-static int linear_backward_cpu(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
-                               const bl_tensor *x, const bl_tensor *w, int accumulate) {
+static int linear_backward_cpu(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                               const bl_tensor *w, int accumulate) {
   const char *op = "linear_backward";
   mat mdy, mx, mw, mdx, mdw;
-  opx_buf bdb = {0};
+  opx_buf bdb = { 0 };
   int rc = 0;
   mdy.buf.owned = mx.buf.owned = mw.buf.owned = mdx.buf.owned = mdw.buf.owned = 0;
   mdx.buf.p = mdw.buf.p = NULL;
@@ -378,13 +425,17 @@ static int linear_backward_cpu(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, cons
     opx_store(db, &bdb);
   }
 done:
-  opx_free(&mdy.buf); opx_free(&mx.buf); opx_free(&mw.buf); opx_free(&mdx.buf); opx_free(&mdw.buf);
+  opx_free(&mdy.buf);
+  opx_free(&mx.buf);
+  opx_free(&mw.buf);
+  opx_free(&mdx.buf);
+  opx_free(&mdw.buf);
   opx_free(&bdb);
   return rc;
 }
 
-int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy,
-                       const bl_tensor *x, const bl_tensor *w, int accumulate) {
+int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_tensor *dy, const bl_tensor *x,
+                       const bl_tensor *w, int accumulate) {
   const char *op = "linear_backward";
   BL_CHECK(check_args(op, x, w, NULL));
   BL_CHECK(opx_check_float(op, dy, "grad_output"));
@@ -401,7 +452,7 @@ int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_ten
   }
   BL_CHECK(check_grad_bias(op, db, w->shape[0], "weight", w));
   int dev;
-  const bl_tensor *ts[] = {dx, dw, db, dy, x, w};
+  const bl_tensor *ts[] = { dx, dw, db, dy, x, w };
   BL_CHECK(opx_device(op, 6, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_backward(dx, dw, db, dy, x, w, accumulate));
   return linear_backward_cpu(dx, dw, db, dy, x, w, accumulate);
@@ -422,7 +473,7 @@ int bl_linear_gelu_tanh_forward(bl_tensor *y, bl_tensor *pre, const bl_tensor *x
     return BL_ERR("%s: pre-activation %s %s must match output %s %s", op, OPX_SHAPE(pre), bl_dtype_name(pre->dtype),
                   OPX_SHAPE(y), bl_dtype_name(y->dtype));
   int dev;
-  const bl_tensor *ts[] = {y, pre, x, w, b};
+  const bl_tensor *ts[] = { y, pre, x, w, b };
   BL_CHECK(opx_device(op, 5, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_gelu_forward(y, pre, x, w, b, 1));
   BL_CHECK(linear_forward_cpu(pre, x, w, NULL, b, 0));
@@ -445,17 +496,17 @@ int bl_linear_dgelu_tanh_backward(bl_tensor *dpre, bl_tensor *db, const bl_tenso
     return BL_ERR("%s: grad_pre %s does not match pre-activation %s", op, OPX_SHAPE(dpre), OPX_SHAPE(pre));
   BL_CHECK(check_grad_bias(op, db, w2->shape[1], "FC2 weight", w2));
   int dev;
-  const bl_tensor *ts[] = {dpre, db, dy2, w2, pre};
+  const bl_tensor *ts[] = { dpre, db, dy2, w2, pre };
   BL_CHECK(opx_device(op, 5, ts, &dev));
   if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_linear_dgelu_backward(dpre, db, dy2, w2, pre, 1));
-  bl_tensor *dh = NULL;   /* dy2 W2 in f32, then through the activation's derivative (not in place: restrict) */
+  bl_tensor *dh = NULL; /* dy2 W2 in f32, then through the activation's derivative (not in place: restrict) */
   BL_CHECK(bl_tensor_empty(pre->ndim, pre->shape, BL_F32, -1, &dh));
-  int rc = linear_backward_cpu(dh, NULL, NULL, dy2, pre, w2, 0);   /* pre only stands for x: not read */
+  int rc = linear_backward_cpu(dh, NULL, NULL, dy2, pre, w2, 0); /* pre only stands for x: not read */
   if (!rc) rc = bl_gelu_tanh_backward(dpre, NULL, dh, pre, NULL);
   bl_tensor_free(dh);
   if (rc || !db) return rc;
   mat md;
-  opx_buf bdb = {0};
+  opx_buf bdb = { 0 };
   if (!(rc = mat_load(op, dpre, &md)) && !(rc = opx_out(op, db, &bdb, 1))) {
     bias_grad(bdb.p, &md);
     opx_store(db, &bdb);

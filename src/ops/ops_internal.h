@@ -23,7 +23,7 @@ typedef struct opx_buf {
 
 /* "[4,7]" into buf (n >= 96 is always enough). Returns buf. */
 const char *opx_shape(const bl_tensor *t, char *buf, size_t n);
-#define OPX_SHAPE(t) opx_shape((t), (char[96]){0}, 96)
+#define OPX_SHAPE(t) opx_shape((t), (char[96]){ 0 }, 96)
 
 /* Tensor present and not released. `name` names the argument in messages. */
 int opx_check(const char *op, const bl_tensor *t, const char *name);

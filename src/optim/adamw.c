@@ -5,11 +5,14 @@
  * it is BERT's original BertAdam. Element math in f32. */
 #include "optim_internal.h"
 #include "device/dispatch.h"
+#include "base/rules/optim.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct adam_k { float b1, b1c, b2, b2c, ibc1, ibc2, eps, lr; } adam_k;
+typedef struct adam_k {
+  float b1, b1c, b2, b2c, ibc1, ibc2, eps, lr;
+} adam_k;
 
 static void adamw_chunk(const adam_k *k, float *wp, const float *gp, float *mp, float *vp, int64_t n, float gm,
                         float wdw, float wdl) {
@@ -24,7 +27,8 @@ static void adamw_chunk(const adam_k *k, float *wp, const float *gp, float *mp, 
       float gi = g[i] * gm + wdl * w[i];
       float mi = b1 * m[i] + b1c * gi;
       float vi = b2 * v[i] + b2c * gi * gi;
-      m[i] = mi; v[i] = vi;
+      m[i] = mi;
+      v[i] = vi;
       den[i] = vi * ibc2;
     }
     opt_sqrt_inplace(den, nb);
@@ -57,7 +61,9 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, con
   double *gsq = malloc(sizeof(double) * (size_t)(nc + 1));
   float *segmul = malloc(sizeof(float) * (size_t)(seg->count + 1));
   if (!gsq || !segmul) {
-    free(gsq); free(segmul); opt_plan_free(&p);
+    free(gsq);
+    free(segmul);
+    opt_plan_free(&p);
     return bl_set_error(BL_ENOMEM, "%s: out of memory for %lld chunk partials", op, (long long)nc);
   }
   float *W = w->data, *M = m->data, *V = v->data;
@@ -65,8 +71,8 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, con
   int per_seg = cfg->per_segment_clip && cfg->max_grad_norm > 0;
   int have_part = 0;
   double gmul = 1;
-  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, per_seg ? 0.0 : cfg->max_grad_norm, gsq,
-                        &have_part, &gmul, stats);
+  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, per_seg ? 0.0 : cfg->max_grad_norm, gsq, &have_part,
+                        &gmul, stats);
   if (rc) goto done;
   if (!(cfg->max_grad_norm >= 0) || isinf(cfg->max_grad_norm)) {
     rc = BL_ERR("%s: max_grad_norm must be finite and >= 0, got %g", op, cfg->max_grad_norm);
@@ -79,30 +85,34 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, con
     for (int32_t s = 0; s < seg->count; s++) {
       double q = 0;
       for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) q += gsq[c];
-      double coef = cfg->max_grad_norm / (sqrt(q) + 1e-6);
-      segmul[s] = (float)(grad_scale * (coef < 1 ? coef : 1.0));
+      segmul[s] = bl_bertadam_mul(q, cfg->max_grad_norm, grad_scale);
     }
   }
 
   adam_k K;
-  K.b1 = (float)cfg->beta1; K.b1c = (float)(1.0 - cfg->beta1);
-  K.b2 = (float)cfg->beta2; K.b2c = (float)(1.0 - cfg->beta2);
-  K.ibc1 = cfg->bias_correction ? (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step))) : 1.0f;
-  K.ibc2 = cfg->bias_correction ? (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step))) : 1.0f;
-  K.eps = (float)cfg->eps; K.lr = (float)lr;
+  K.b1 = (float)cfg->beta1;
+  K.b1c = (float)(1.0 - cfg->beta1);
+  K.b2 = (float)cfg->beta2;
+  K.b2c = (float)(1.0 - cfg->beta2);
+  K.ibc1 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta1, (double)step);
+  K.ibc2 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta2, (double)step);
+  K.eps = (float)cfg->eps;
+  K.lr = (float)lr;
   const int adam_w = cfg->adam_w_mode != 0;
 
-  #pragma omp parallel for schedule(static) if (nc > 1)
+#pragma omp parallel for schedule(static) if (nc > 1)
   for (int64_t c = 0; c < nc; c++) {
     int32_t s = p.chunk_seg[c];
     int64_t o = p.chunk_start[c];
-    float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
-    adamw_chunk(&K, W + o, G + o, M + o, V + o, p.chunk_len[c], segmul[s], adam_w ? wd : 0.0f, adam_w ? 0.0f : wd);
+    float wdw, wdl;
+    bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
+    adamw_chunk(&K, W + o, G + o, M + o, V + o, p.chunk_len[c], segmul[s], wdw, wdl);
     opt_store_half(half, W, o, p.chunk_len[c]);
   }
 
 done:
-  free(gsq); free(segmul);
+  free(gsq);
+  free(segmul);
   opt_plan_free(&p);
   return rc;
 }

@@ -5,26 +5,47 @@
 #include "ops/ops_internal.h"
 #include "device/dispatch.h"
 #include "base/half.h"
+#include "base/rules/optim.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 void bl_lamb_config_default(bl_lamb_config *c) {
   if (!c) return;
-  c->beta1 = 0.9; c->beta2 = 0.999; c->eps = 1e-6; c->weight_decay = 0.01;
-  c->max_grad_norm = 1.0; c->max_weight_norm = 0; c->max_trust_ratio = 0;
-  c->bias_correction = 1; c->use_nvlamb = 0; c->adam_w_mode = 1; c->grad_averaging = 1;
+  c->beta1 = 0.9;
+  c->beta2 = 0.999;
+  c->eps = 1e-6;
+  c->weight_decay = 0.01;
+  c->max_grad_norm = 1.0;
+  c->max_weight_norm = 0;
+  c->max_trust_ratio = 0;
+  c->bias_correction = 1;
+  c->use_nvlamb = 0;
+  c->adam_w_mode = 1;
+  c->grad_averaging = 1;
 }
 
 void bl_adamw_config_default(bl_adamw_config *c) {
   if (!c) return;
-  c->beta1 = 0.9; c->beta2 = 0.999; c->eps = 1e-6; c->weight_decay = 0.01;
-  c->max_grad_norm = 0; c->bias_correction = 1; c->adam_w_mode = 1; c->per_segment_clip = 0; c->pad_ = 0;
+  c->beta1 = 0.9;
+  c->beta2 = 0.999;
+  c->eps = 1e-6;
+  c->weight_decay = 0.01;
+  c->max_grad_norm = 0;
+  c->bias_correction = 1;
+  c->adam_w_mode = 1;
+  c->per_segment_clip = 0;
+  c->pad_ = 0;
 }
 
 void bl_sgd_config_default(bl_sgd_config *c) {
   if (!c) return;
-  c->momentum = 0; c->dampening = 0; c->weight_decay = 0; c->max_grad_norm = 0; c->nesterov = 0; c->pad_ = 0;
+  c->momentum = 0;
+  c->dampening = 0;
+  c->weight_decay = 0;
+  c->max_grad_norm = 0;
+  c->nesterov = 0;
+  c->pad_ = 0;
 }
 
 static int live(const char *op, const bl_tensor *t, const char *name) {
@@ -37,8 +58,7 @@ static int live(const char *op, const bl_tensor *t, const char *name) {
 
 int opt_check_flat(const char *op, const bl_tensor *t, const char *name) {
   BL_CHECK(live(op, t, name));
-  if (t->dtype != BL_F32)
-    return BL_ERR("%s: %s must be a flat f32 buffer, got %s", op, name, bl_dtype_name(t->dtype));
+  if (t->dtype != BL_F32) return BL_ERR("%s: %s must be a flat f32 buffer, got %s", op, name, bl_dtype_name(t->dtype));
   if (!bl_tensor_is_contiguous(t)) return BL_ERR("%s: %s must be contiguous (a flat buffer)", op, name);
   return 0;
 }
@@ -46,8 +66,7 @@ int opt_check_flat(const char *op, const bl_tensor *t, const char *name) {
 int opt_check_same(const char *op, const bl_tensor *w, const bl_tensor *t, const char *name) {
   BL_CHECK(opt_check_flat(op, t, name));
   if (t->numel != w->numel)
-    return BL_ERR("%s: %s has %lld elements but params has %lld", op, name, (long long)t->numel,
-                  (long long)w->numel);
+    return BL_ERR("%s: %s has %lld elements but params has %lld", op, name, (long long)t->numel, (long long)w->numel);
   return 0;
 }
 
@@ -106,7 +125,10 @@ void opt_store_half(bl_tensor *half, const float *w, int64_t off, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = bl_half_f32_to_f16(w[i]);
 }
 
-typedef struct seg_key { int64_t off; int32_t k; } seg_key;
+typedef struct seg_key {
+  int64_t off;
+  int32_t k;
+} seg_key;
 static int cmp_key(const void *a, const void *b) {
   const seg_key *x = a, *y = b;
   return x->off < y->off ? -1 : x->off > y->off ? 1 : (x->k > y->k) - (x->k < y->k);
@@ -120,12 +142,15 @@ int opt_check_segments(const char *op, const bl_optim_segments *seg, int64_t num
   for (int32_t k = 0; k < seg->count; k++) {
     int64_t o = seg->offset[k], n = seg->length[k];
     if (o < 0 || n < 0 || o > numel || n > numel - o)
-      return BL_ERR("%s: segment %d [%lld, %lld) is outside the flat buffer of %lld elements", op, k,
-                    (long long)o, (long long)o + (long long)n, (long long)numel);
+      return BL_ERR("%s: segment %d [%lld, %lld) is outside the flat buffer of %lld elements", op, k, (long long)o,
+                    (long long)o + (long long)n, (long long)numel);
   }
   seg_key *key = malloc(sizeof(seg_key) * (size_t)seg->count);
   if (!key) return bl_set_error(BL_ENOMEM, "%s: out of memory checking %d segments", op, seg->count);
-  for (int32_t k = 0; k < seg->count; k++) { key[k].off = seg->offset[k]; key[k].k = k; }
+  for (int32_t k = 0; k < seg->count; k++) {
+    key[k].off = seg->offset[k];
+    key[k].k = k;
+  }
   qsort(key, (size_t)seg->count, sizeof(seg_key), cmp_key);
   int rc = 0;
   for (int32_t i = 1; i < seg->count; i++) {
@@ -142,13 +167,19 @@ int opt_check_segments(const char *op, const bl_optim_segments *seg, int64_t num
 }
 
 void opt_plan_free(opt_plan *p) {
-  free(p->chunk_seg); free(p->chunk_start); free(p->chunk_len); free(p->seg_first);
-  p->chunk_seg = NULL; p->chunk_start = p->chunk_len = p->seg_first = NULL; p->nchunks = 0;
+  free(p->chunk_seg);
+  free(p->chunk_start);
+  free(p->chunk_len);
+  free(p->seg_first);
+  p->chunk_seg = NULL;
+  p->chunk_start = p->chunk_len = p->seg_first = NULL;
+  p->nchunks = 0;
 }
 
 int opt_plan_make(const char *op, const bl_optim_segments *seg, opt_plan *p) {
   p->nchunks = 0;
-  p->chunk_seg = NULL; p->chunk_start = p->chunk_len = NULL;
+  p->chunk_seg = NULL;
+  p->chunk_start = p->chunk_len = NULL;
   p->seg_first = malloc(sizeof(int64_t) * ((size_t)seg->count + 1));
   if (!p->seg_first) return bl_set_error(BL_ENOMEM, "%s: out of memory planning %d segments", op, seg->count);
   int64_t nc = 0;
@@ -178,9 +209,9 @@ int opt_plan_make(const char *op, const bl_optim_segments *seg, opt_plan *p) {
 
 double opt_sumsq(const float *x, int64_t len, double scale) {
   double s = 0;
-  /* simd reduction: the lane split is fixed at compile time, so the result
+/* simd reduction: the lane split is fixed at compile time, so the result
    * depends only on len and the data. */
-  #pragma omp simd reduction(+:s)
+#pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < len; i++) {
     double d = (double)x[i];
     s += d * d;
@@ -189,7 +220,7 @@ double opt_sumsq(const float *x, int64_t len, double scale) {
 }
 
 void opt_chunk_sumsq(const opt_plan *p, const float *g, double grad_scale, double *part) {
-  #pragma omp parallel for schedule(static) if (p->nchunks > 4)
+#pragma omp parallel for schedule(static) if (p->nchunks > 4)
   for (int64_t c = 0; c < p->nchunks; c++) part[c] = opt_sumsq(g + p->chunk_start[c], p->chunk_len[c], grad_scale);
 }
 
@@ -224,23 +255,24 @@ int opt_prologue(const char *op, const opt_plan *p, const float *g, int64_t step
                  bl_optim_stats *stats) {
   BL_CHECK(opt_check_step(op, step, lr, grad_scale, max_grad_norm));
   *have_part = 0;
-  if (grad_norm < 0) {  /* NaN is not < 0: a NaN norm from the caller fails below */
+  if (grad_norm < 0) { /* NaN is not < 0: a NaN norm from the caller fails below */
     opt_chunk_sumsq(p, g, grad_scale, part);
     double s = 0;
     for (int64_t c = 0; c < p->nchunks; c++) s += part[c];
     grad_norm = sqrt(s);
     *have_part = 1;
   }
-  double clip = 1.0;
-  if (max_grad_norm > 0 && grad_norm > max_grad_norm) clip = grad_norm / max_grad_norm;
+  const double clip = bl_opt_clip(grad_norm, max_grad_norm);
   if (stats) {
     stats->grad_norm = grad_norm;
     stats->clip_coef = 1.0 / clip;
     stats->nonfinite = !isfinite(grad_norm);
   }
   if (!isfinite(grad_norm))
-    return BL_ERR("%s: non-finite gradient (global norm %g): step not applied, weights unchanged "
-                  "(with fp16 use the dynamic loss scaler, which skips such steps)", op, grad_norm);
+    return BL_ERR(
+        "%s: non-finite gradient (global norm %g): step not applied, weights unchanged "
+        "(with fp16 use the dynamic loss scaler, which skips such steps)",
+        op, grad_norm);
   *gmul = grad_scale / clip;
   return 0;
 }
@@ -254,7 +286,7 @@ int bl_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite) {
   int64_t n = grads->numel, nch = (n + OPT_CHUNK - 1) / OPT_CHUNK;
   double *part = malloc(sizeof(double) * (size_t)(nch > 0 ? nch : 1));
   if (!part) return bl_set_error(BL_ENOMEM, "%s: out of memory", op);
-  #pragma omp parallel for schedule(static) if (nch > 4)
+#pragma omp parallel for schedule(static) if (nch > 4)
   for (int64_t c = 0; c < nch; c++) {
     int64_t s = c * OPT_CHUNK, len = n - s < OPT_CHUNK ? n - s : OPT_CHUNK;
     part[c] = opt_sumsq(g + s, len, 1.0);
@@ -281,18 +313,18 @@ int bl_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf) {
   const float s = (float)inv_scale;
   int64_t n = grads->numel, nch = (n + OPT_CHUNK - 1) / OPT_CHUNK;
   int bad = 0;
-  #pragma omp parallel for schedule(static) reduction(|:bad) if (nch > 4)
+#pragma omp parallel for schedule(static) reduction(| : bad) if (nch > 4)
   for (int64_t c = 0; c < nch; c++) {
     int64_t st = c * OPT_CHUNK, len = n - st < OPT_CHUNK ? n - st : OPT_CHUNK;
     float *x = g + st;
     float acc = 0;
-    #pragma omp simd reduction(+:acc)
+#pragma omp simd reduction(+ : acc)
     for (int64_t i = 0; i < len; i++) {
       float y = x[i] * s;
       x[i] = y;
       acc += y * 0.0f;
     }
-    if (acc != 0.0f) bad = 1;  /* NaN != 0 */
+    if (acc != 0.0f) bad = 1; /* NaN != 0 */
   }
   if (found_inf) *found_inf = bad;
   return 0;
@@ -311,27 +343,38 @@ int bl_unscale_to_f32(bl_tensor *out, const bl_tensor *grads, double inv_scale, 
     return BL_NO_CUDA_TWIN(op, out->device >= 0 ? out->device : grads->device);
   if (!bl_tensor_is_contiguous(grads)) return BL_ERR("%s: grads must be contiguous", op);
   if (grads->numel != out->numel)
-    return BL_ERR("%s: grads has %lld elements but out has %lld", op, (long long)grads->numel,
-                  (long long)out->numel);
+    return BL_ERR("%s: grads has %lld elements but out has %lld", op, (long long)grads->numel, (long long)out->numel);
   if (!isfinite(inv_scale) || inv_scale <= 0)
     return BL_ERR("%s: inv_scale must be finite and > 0, got %g", op, inv_scale);
   float *o = out->data;
   const float s = (float)inv_scale;
   int64_t n = out->numel, nch = (n + OPT_CHUNK - 1) / OPT_CHUNK;
   int dt = grads->dtype, bad = 0;
-  #pragma omp parallel for schedule(static) reduction(|:bad) if (nch > 4)
+#pragma omp parallel for schedule(static) reduction(| : bad) if (nch > 4)
   for (int64_t c = 0; c < nch; c++) {
     int64_t st = c * OPT_CHUNK, len = n - st < OPT_CHUNK ? n - st : OPT_CHUNK;
     float acc = 0;
     if (dt == BL_F32) {
       const float *x = (const float *)grads->data + st;
-      for (int64_t i = 0; i < len; i++) { float y = x[i] * s; o[st + i] = y; acc += y * 0.0f; }
+      for (int64_t i = 0; i < len; i++) {
+        float y = x[i] * s;
+        o[st + i] = y;
+        acc += y * 0.0f;
+      }
     } else {
       const uint16_t *x = (const uint16_t *)grads->data + st;
       if (dt == BL_F16)
-        for (int64_t i = 0; i < len; i++) { float y = h2f(x[i]) * s; o[st + i] = y; acc += y * 0.0f; }
+        for (int64_t i = 0; i < len; i++) {
+          float y = h2f(x[i]) * s;
+          o[st + i] = y;
+          acc += y * 0.0f;
+        }
       else
-        for (int64_t i = 0; i < len; i++) { float y = b2f(x[i]) * s; o[st + i] = y; acc += y * 0.0f; }
+        for (int64_t i = 0; i < len; i++) {
+          float y = b2f(x[i]) * s;
+          o[st + i] = y;
+          acc += y * 0.0f;
+        }
     }
     if (acc != 0.0f) bad = 1;
   }

@@ -12,6 +12,7 @@
  * Element math is f32 like apex (MATH_T float); norms accumulate in f64. */
 #include "optim_internal.h"
 #include "device/dispatch.h"
+#include "base/rules/optim.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,8 @@ static inline void lamb_moments(const lamb_k *k, float *w, const float *g, float
     float gi = g[i] * gm + wdl * w[i];
     float mi = b1 * m[i] + b3 * gi;
     float vi = b2 * v[i] + b2c * gi * gi;
-    m[i] = mi; v[i] = vi;
+    m[i] = mi;
+    v[i] = vi;
     den[i] = vi * ibc2;
   }
   opt_sqrt_inplace(den, nb);
@@ -49,15 +51,17 @@ static void lamb_chunk_norms(const lamb_k *k, float *wp, const float *gp, float 
     float *w = wp + b0, *m = mp + b0;
     lamb_moments(k, w, gp + b0, m, vp + b0, nb, gm, wdl, den);
     double bw = 0, bu = 0;
-    #pragma omp simd reduction(+:bw, bu)
+#pragma omp simd reduction(+ : bw, bu)
     for (int i = 0; i < nb; i++) {
       float u = (m[i] * ibc1) / (den[i] + eps) + wdw * w[i];
       bw += (double)w[i] * w[i];
       bu += (double)u * u;
     }
-    sw += bw; su += bu;
+    sw += bw;
+    su += bu;
   }
-  *sw_out = sw; *su_out = su;
+  *sw_out = sw;
+  *su_out = su;
 }
 
 /* pass 1 for a segment without a trust ratio: the whole Adam step */
@@ -118,7 +122,10 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
   double *ratio = malloc(sizeof(double) * (size_t)(seg->count + 1));
   uint8_t *trust = malloc((size_t)seg->count + 1);
   if (!part || !ratio || !trust) {
-    free(part); free(ratio); free(trust); opt_plan_free(&p);
+    free(part);
+    free(ratio);
+    free(trust);
+    opt_plan_free(&p);
     return bl_set_error(BL_ENOMEM, "%s: out of memory for %lld chunk partials", op, (long long)nc);
   }
   double *gsq = part, *wsq = part + nc, *usq = part + 2 * nc;
@@ -127,8 +134,7 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
 
   int have_part = 0;
   double gmul = 1;
-  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, cfg->max_grad_norm, gsq, &have_part, &gmul,
-                        stats);
+  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, cfg->max_grad_norm, gsq, &have_part, &gmul, stats);
   if (rc) goto done;
 
   lamb_k K;
@@ -136,29 +142,25 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
   K.b3 = cfg->grad_averaging ? (float)(1.0 - cfg->beta1) : 1.0f;
   K.b2 = (float)cfg->beta2;
   K.b2c = (float)(1.0 - cfg->beta2);
-  K.ibc1 = cfg->bias_correction ? (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step))) : 1.0f;
-  K.ibc2 = cfg->bias_correction ? (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step))) : 1.0f;
+  K.ibc1 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta1, (double)step);
+  K.ibc2 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta2, (double)step);
   K.eps = (float)cfg->eps;
   const int adam_w = cfg->adam_w_mode != 0;
-  /* apex applies the trust ratio where the group's weight decay is non-zero,
-   * or everywhere with use_nvlamb. */
-  for (int32_t s = 0; s < seg->count; s++) {
-    int decays = (!seg->decay || seg->decay[s]) && cfg->weight_decay != 0;
-    trust[s] = (uint8_t)(cfg->use_nvlamb || decays);
-  }
+  for (int32_t s = 0; s < seg->count; s++)
+    trust[s] = (uint8_t)bl_lamb_trusts(cfg->use_nvlamb, !seg->decay || seg->decay[s], cfg->weight_decay != 0);
   const float flr = (float)lr, gm = (float)gmul;
 
-  #pragma omp parallel for schedule(static) if (nc > 1)
+#pragma omp parallel for schedule(static) if (nc > 1)
   for (int64_t c = 0; c < nc; c++) {
     int32_t s = p.chunk_seg[c];
     int64_t o = p.chunk_start[c], n = p.chunk_len[c];
-    float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
-    float wdw = adam_w ? wd : 0.0f, wdl = adam_w ? 0.0f : wd;
+    float wdw, wdl;
+    bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
     if (trust[s]) {
       lamb_chunk_norms(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, &wsq[c], &usq[c]);
     } else {
       lamb_chunk_plain(&K, W + o, G + o, M + o, V + o, n, gm, wdw, wdl, flr);
-      opt_store_half(half, W, o, n);   /* final here: its compute copy while the chunk is in cache */
+      opt_store_half(half, W, o, n); /* final here: its compute copy while the chunk is in cache */
     }
   }
 
@@ -168,28 +170,30 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
     if (!trust[s]) continue;
     any_trust = 1;
     double sw = 0, su = 0;
-    for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) { sw += wsq[c]; su += usq[c]; }
-    double wn = sqrt(sw), un = sqrt(su);
-    if (cfg->max_weight_norm > 0 && wn > cfg->max_weight_norm) wn = cfg->max_weight_norm;
-    double t = (wn > 0 && un > 0) ? wn / un : 1.0;
-    if (cfg->max_trust_ratio > 0 && t > cfg->max_trust_ratio) t = cfg->max_trust_ratio;
-    ratio[s] = lr * t;
+    for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) {
+      sw += wsq[c];
+      su += usq[c];
+    }
+    ratio[s] = lr * bl_lamb_trust_ratio(sw, su, cfg->max_weight_norm, cfg->max_trust_ratio);
   }
 
   if (any_trust) {
-    #pragma omp parallel for schedule(static) if (nc > 1)
+#pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
       int32_t s = p.chunk_seg[c];
       if (!trust[s]) continue;
       int64_t o = p.chunk_start[c];
-      float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
-      lamb_chunk_apply(&K, W + o, M + o, V + o, p.chunk_len[c], adam_w ? wd : 0.0f, (float)ratio[s]);
+      float wdw, wdl;
+      bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
+      lamb_chunk_apply(&K, W + o, M + o, V + o, p.chunk_len[c], wdw, (float)ratio[s]);
       opt_store_half(half, W, o, p.chunk_len[c]);
     }
   }
 
 done:
-  free(part); free(ratio); free(trust);
+  free(part);
+  free(ratio);
+  free(trust);
   opt_plan_free(&p);
   return rc;
 }

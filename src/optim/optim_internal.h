@@ -53,10 +53,10 @@ static inline void opt_sqrt_inplace(float *x, int n) {
 
 typedef struct opt_plan {
   int64_t nchunks;
-  int32_t *chunk_seg;     /* segment of each chunk */
-  int64_t *chunk_start;   /* first element of each chunk (absolute offset) */
+  int32_t *chunk_seg;   /* segment of each chunk */
+  int64_t *chunk_start; /* first element of each chunk (absolute offset) */
   int64_t *chunk_len;
-  int64_t *seg_first;     /* first chunk of each segment; seg_first[count] = nchunks */
+  int64_t *seg_first; /* first chunk of each segment; seg_first[count] = nchunks */
 } opt_plan;
 
 /* f32, contiguous, live (any device). */

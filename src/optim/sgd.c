@@ -4,6 +4,7 @@
  * run must pass the true step count. */
 #include "optim_internal.h"
 #include "device/dispatch.h"
+#include "base/rules/optim.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,31 +49,33 @@ int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const b
   BL_CHECK(opt_plan_make(op, seg, &p));
   int64_t nc = p.nchunks;
   double *gsq = malloc(sizeof(double) * (size_t)(nc + 1));
-  if (!gsq) { opt_plan_free(&p); return bl_set_error(BL_ENOMEM, "%s: out of memory", op); }
+  if (!gsq) {
+    opt_plan_free(&p);
+    return bl_set_error(BL_ENOMEM, "%s: out of memory", op);
+  }
   float *W = w->data, *B = mom ? buf->data : NULL;
   const float *G = g->data;
   int have_part = 0;
   double gmul = 1;
-  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, cfg->max_grad_norm, gsq, &have_part, &gmul,
-                        stats);
+  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, cfg->max_grad_norm, gsq, &have_part, &gmul, stats);
   if (rc) goto done;
 
   const float gm = (float)gmul, flr = (float)lr, mu = (float)cfg->momentum;
   const float damp = (float)(1.0 - cfg->dampening);
   const int first = step == 1, nest = cfg->nesterov != 0;
-  #pragma omp parallel for schedule(static) if (nc > 1)
+#pragma omp parallel for schedule(static) if (nc > 1)
   for (int64_t c = 0; c < nc; c++) {
     int32_t s = p.chunk_seg[c];
     int64_t o = p.chunk_start[c], n = p.chunk_len[c];
-    float wd = (!seg->decay || seg->decay[s]) ? (float)cfg->weight_decay : 0.0f;
+    const float wd = bl_opt_seg_wd(!seg->decay || seg->decay[s], (float)cfg->weight_decay);
     float *wp = W + o;
     const float *gp = G + o;
     if (!mom) {
-      #pragma omp simd
+#pragma omp simd
       for (int64_t i = 0; i < n; i++) wp[i] -= flr * (gp[i] * gm + wd * wp[i]);
     } else {
       float *bp = B + o;
-      #pragma omp simd
+#pragma omp simd
       for (int64_t i = 0; i < n; i++) {
         float d = gp[i] * gm + wd * wp[i];
         float b = first ? d : mu * bp[i] + damp * d;

@@ -5,12 +5,15 @@
 #include "../device/dispatch.h"
 
 static void copy_inner(int64_t n, char **p, const int64_t *s, void *ctx) {
-  const int *dt = ctx;  /* dt[0] = dst dtype, dt[1] = src dtype */
+  const int *dt = ctx; /* dt[0] = dst dtype, dt[1] = src dtype */
   char *d = p[0];
   const char *x = p[1];
   if (dt[0] == dt[1]) {
     int es = bl_dtype_size(dt[0]);
-    if (s[0] == es && s[1] == es) { memcpy(d, x, (size_t)(n * es)); return; }
+    if (s[0] == es && s[1] == es) {
+      memcpy(d, x, (size_t)(n * es));
+      return;
+    }
     if (dt[0] == BL_F32 || dt[0] == BL_I32) {
       for (int64_t i = 0; i < n; i++) *(uint32_t *)(d + i * s[0]) = *(const uint32_t *)(x + i * s[1]);
       return;
@@ -44,23 +47,10 @@ static int copy_cpu(bl_tensor *dst, const bl_tensor *src) {
   int64_t st[2][BL_MAX_DIMS];
   for (int i = 0; i < dst->ndim; i++) st[0][i] = dst->stride[i] * bl_dtype_size(dst->dtype);
   bl_broadcast_strides_bytes(src, dst->ndim, dst->shape, st[1]);
-  char *base[2] = {dst->data, src->data};
-  int dt[2] = {dst->dtype, src->dtype};
+  char *base[2] = { dst->data, src->data };
+  int dt[2] = { dst->dtype, src->dtype };
   bl_foreach(2, base, st, dst->ndim, dst->shape, copy_inner, dt);
   return 0;
-}
-
-static int check_broadcastable(const bl_tensor *dst, const bl_tensor *src, const char *op) {
-  char a[128], b[128];
-  if (src->ndim > dst->ndim) goto fail;
-  for (int i = 0; i < src->ndim; i++) {
-    int64_t s = src->shape[src->ndim - 1 - i], d = dst->shape[dst->ndim - 1 - i];
-    if (s != d && s != 1) goto fail;
-  }
-  return 0;
-fail:
-  return bl_set_error(BL_EINVAL, "%s: source of shape %s cannot be broadcast to %s", op, BL_SHAPE(src, a),
-                      BL_SHAPE(dst, b));
 }
 
 /* Same-device copy on either side of copy_across (CPU loop or CUDA twin). */
@@ -95,7 +85,10 @@ static void byte_span(const bl_tensor *t, uintptr_t *lo, uintptr_t *hi) {
   int64_t es = bl_dtype_size(t->dtype), a = 0, b = 0;
   for (int i = 0; i < t->ndim; i++) {
     int64_t e = (t->shape[i] - 1) * t->stride[i];
-    if (e < 0) a += e; else b += e;
+    if (e < 0)
+      a += e;
+    else
+      b += e;
   }
   *lo = (uintptr_t)t->data + (uintptr_t)(a * es);
   *hi = (uintptr_t)t->data + (uintptr_t)((b + 1) * es);
@@ -121,8 +114,8 @@ static int overlaps(const bl_tensor *dst, const bl_tensor *src) {
 int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
   BL_CHECK(bl_tensor_check(dst, "copy"));
   BL_CHECK(bl_tensor_check(src, "copy"));
-  BL_CHECK(check_broadcastable(dst, src, "copy"));
-  if (overlaps(dst, src)) {  /* through a contiguous temporary */
+  BL_CHECK(bl_check_broadcast_to("copy", src, dst));
+  if (overlaps(dst, src)) { /* through a contiguous temporary */
     bl_tensor *c = NULL;
     BL_CHECK(bl_tensor_empty(src->ndim, src->shape, src->dtype, src->device, &c));
     int rc = copy_on(c, src);
@@ -137,8 +130,7 @@ int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
                     bl_tensor_is_contiguous(src);
   for (int i = 0; same_layout && i < dst->ndim; i++)
     if (i >= src->ndim || src->ndim != dst->ndim || src->shape[i] != dst->shape[i]) same_layout = 0;
-  if (same_layout)
-    return bl_dev_memcpy(dst->device, dst->data, src->device, src->data, bl_tensor_nbytes(dst));
+  if (same_layout) return bl_dev_memcpy(dst->device, dst->data, src->device, src->data, bl_tensor_nbytes(dst));
   if (dst->device >= 0 && dst->device == src->device)
     return BL_ON_CUDA("copy", dst->device, bl_cuda_tensor_copy(dst, src));
   return copy_across(dst, src);
@@ -147,19 +139,31 @@ int bl_tensor_copy(bl_tensor *dst, const bl_tensor *src) {
 /* A value given for an integer tensor must fit it: the conversion clamps (and NaN becomes 0), a user's value is
  * refused instead. at < 0: no element index to name. */
 static int check_fits(const bl_tensor *t, double v, const char *op, int64_t at) {
-  double lo, hi;  /* [lo, hi) */
+  double lo, hi; /* [lo, hi) */
   const char *range;
   switch (t->dtype) {
-    case BL_I32: lo = -2147483648.0; hi = 2147483648.0; range = "-2^31 to 2^31-1"; break;
-    case BL_I64: lo = -9223372036854775808.0; hi = 9223372036854775808.0; range = "-2^63 to 2^63-1"; break;
-    case BL_U8: lo = 0; hi = 256; range = "0 to 255"; break;
+    case BL_I32:
+      lo = -2147483648.0;
+      hi = 2147483648.0;
+      range = "-2^31 to 2^31-1";
+      break;
+    case BL_I64:
+      lo = -9223372036854775808.0;
+      hi = 9223372036854775808.0;
+      range = "-2^63 to 2^63-1";
+      break;
+    case BL_U8:
+      lo = 0;
+      hi = 256;
+      range = "0 to 255";
+      break;
     default: return 0;
   }
   if (v >= lo && v < hi) return 0;
   char where[48] = "";
   if (at >= 0) snprintf(where, sizeof where, " (element %lld)", (long long)at);
-  return bl_set_error(BL_EINVAL, "%s: value %.17g%s does not fit dtype %s (%s)", op, v, where,
-                      bl_dtype_name(t->dtype), range);
+  return bl_set_error(BL_EINVAL, "%s: value %.17g%s does not fit dtype %s (%s)", op, v, where, bl_dtype_name(t->dtype),
+                      range);
 }
 
 int bl_tensor_fill(bl_tensor *t, double value) {
@@ -176,7 +180,7 @@ int bl_tensor_fill(bl_tensor *t, double value) {
 
 int bl_tensor_arange(bl_tensor *t, double start, double step) {
   BL_CHECK(bl_tensor_check(t, "arange"));
-  if (t->device >= 0) {  /* made on the host (a few values), then copied */
+  if (t->device >= 0) { /* made on the host (a few values), then copied */
     bl_tensor *h = NULL;
     BL_CHECK(bl_tensor_empty(t->ndim, t->shape, t->dtype, -1, &h));
     int rc = bl_tensor_arange(h, start, step);
@@ -209,7 +213,7 @@ static int element_ptr(const bl_tensor *t, const int64_t *index, const char *op,
 int bl_tensor_get(const bl_tensor *t, const int64_t *index, double *value) {
   char *p;
   BL_CHECK(element_ptr(t, index, "get", &p));
-  if (t->device >= 0) {  /* one element through the host; p is a device address */
+  if (t->device >= 0) { /* one element through the host; p is a device address */
     char one[8];
     BL_CHECK(bl_dev_memcpy(-1, one, t->device, p, (size_t)bl_dtype_size(t->dtype)));
     *value = bl_load(t->dtype, one);

@@ -3,11 +3,12 @@
 #include <stdlib.h>
 #include "../base/internal.h"
 #include "../device/dispatch.h"
-#include "../ops/vecmath.h"
+#include "../base/rules/elementwise.h"
+#include "../base/vecmath.h"
 
 /* The unit-stride f32 loops below are compiled for AVX-512 / AVX2 / baseline
  * x86-64 and picked at first use (OPX_ISA_FN, capped by BL_CPU_ISA), like
- * the CPU ops' kernels (src/ops/vecmath.h). FMA contraction is switched off
+ * the CPU ops' kernels (src/base/vecmath.h). FMA contraction is switched off
  * for them, so a*alpha + beta rounds twice exactly as on the baseline path:
  * every variant gives bitwise the same results. */
 
@@ -22,18 +23,18 @@
  * waits on a false dependency (4K aliasing); AVX-512 add and mul lost 15-25 %
  * to it at output offsets of 64-128 bytes, with blocks they do not. */
 #define EW_BLOCK 64
-#define EW_LOOP(expr)                                                                 \
-  do {                                                                                \
-    int64_t i_ = 0;                                                                   \
-    for (; i_ + EW_BLOCK <= n; i_ += EW_BLOCK) {                                      \
-      float t[EW_BLOCK];                                                              \
-      _Pragma("GCC unroll 64") for (int j = 0; j < EW_BLOCK; j++) {                   \
-        int64_t i = i_ + j;                                                           \
-        t[j] = expr;                                                                  \
-      }                                                                               \
-      _Pragma("GCC unroll 64") for (int j = 0; j < EW_BLOCK; j++) o[i_ + j] = t[j];   \
-    }                                                                                 \
-    for (int64_t i = i_; i < n; i++) o[i] = expr;                                     \
+#define EW_LOOP(expr)                                                               \
+  do {                                                                              \
+    int64_t i_ = 0;                                                                 \
+    for (; i_ + EW_BLOCK <= n; i_ += EW_BLOCK) {                                    \
+      float t[EW_BLOCK];                                                            \
+      _Pragma("GCC unroll 64") for (int j = 0; j < EW_BLOCK; j++) {                 \
+        int64_t i = i_ + j;                                                         \
+        t[j] = expr;                                                                \
+      }                                                                             \
+      _Pragma("GCC unroll 64") for (int j = 0; j < EW_BLOCK; j++) o[i_ + j] = t[j]; \
+    }                                                                               \
+    for (int64_t i = i_; i < n; i++) o[i] = expr;                                   \
   } while (0)
 OPX_BODY f32_binary_flat_body(int op, int64_t n, float *o, const float *a, const float *b, int bs) {
   if (bs) {
@@ -62,11 +63,6 @@ OPX_ISA_FN(f32_affine_flat, (int64_t n, float *o, const float *a, float al, floa
 #pragma GCC pop_options
 #endif
 
-static const char *const binop_names[BL_NUM_BINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                                       "eq", "ne", "lt", "le", "gt", "ge"};
-static const char *const unop_names[BL_NUM_UNOPS] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-                                                     "relu", "square", "reciprocal", "sign", "floor", "ceil", "erf"};
-
 int bl_broadcast_shape(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout, int64_t *sout) {
   int n = na > nb ? na : nb;
   for (int i = 0; i < n; i++) {
@@ -83,47 +79,12 @@ int bl_broadcast_shape(int na, const int64_t *sa, int nb, const int64_t *sb, int
   return 0;
 }
 
-static inline double binop_d(int op, double x, double y) {
-  switch (op) {
-    case BL_ADD: return x + y;
-    case BL_SUB: return x - y;
-    case BL_MUL: return x * y;
-    case BL_DIV: return x / y;
-    case BL_POW: return pow(x, y);
-    case BL_MAXIMUM: return (x != x || x > y) ? x : y;
-    case BL_MINIMUM: return (x != x || x < y) ? x : y;
-    case BL_EQ: return x == y;
-    case BL_NE: return x != y;
-    case BL_LT: return x < y;
-    case BL_LE: return x <= y;
-    case BL_GT: return x > y;
-    case BL_GE: return x >= y;
-  }
-  return 0;
-}
-
-static inline double unop_d(int op, double x) {
-  switch (op) {
-    case BL_NEG: return -x;
-    case BL_ABS: return fabs(x);
-    case BL_EXP: return exp(x);
-    case BL_LOG: return log(x);
-    case BL_SQRT: return sqrt(x);
-    case BL_RSQRT: return 1.0 / sqrt(x);
-    case BL_TANH: return tanh(x);
-    case BL_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case BL_RELU: return x > 0 ? x : 0;
-    case BL_SQUARE: return x * x;
-    case BL_RECIPROCAL: return 1.0 / x;
-    case BL_SIGN: return (x > 0) - (x < 0);
-    case BL_FLOOR: return floor(x);
-    case BL_CEIL: return ceil(x);
-    case BL_ERF: return erf(x);
-  }
-  return 0;
-}
-
-typedef struct { int op; int dt[3]; double s; int scalar_first; } ew_ctx;
+typedef struct {
+  int op;
+  int dt[3];
+  double s;
+  int scalar_first;
+} ew_ctx;
 
 static void binary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
   const ew_ctx *c = vctx;
@@ -131,20 +92,28 @@ static void binary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     float *o = (float *)p[0];
     const float *a = (const float *)p[1], *b = (const float *)p[2];
     int64_t so = s[0] / 4, sa = s[1] / 4, sb = s[2] / 4;
-    if (so == 1 && sa == 1 && (sb == 1 || sb == 0)) {  /* unit-stride rows: the common case */
+    if (so == 1 && sa == 1 && (sb == 1 || sb == 0)) { /* unit-stride rows: the common case */
       f32_binary_flat(c->op, n, o, a, b, (int)sb);
       return;
     }
     switch (c->op) {
-      case BL_ADD: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] + b[i * sb]; return;
-      case BL_SUB: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] - b[i * sb]; return;
-      case BL_MUL: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] * b[i * sb]; return;
-      case BL_DIV: for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] / b[i * sb]; return;
+      case BL_ADD:
+        for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] + b[i * sb];
+        return;
+      case BL_SUB:
+        for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] - b[i * sb];
+        return;
+      case BL_MUL:
+        for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] * b[i * sb];
+        return;
+      case BL_DIV:
+        for (int64_t i = 0; i < n; i++) o[i * so] = a[i * sa] / b[i * sb];
+        return;
     }
   }
   for (int64_t i = 0; i < n; i++)
     bl_store(c->dt[0], p[0] + i * s[0],
-             binop_d(c->op, bl_load(c->dt[1], p[1] + i * s[1]), bl_load(c->dt[2], p[2] + i * s[2])));
+             bl_binop_eval(c->op, bl_load(c->dt[1], p[1] + i * s[1]), bl_load(c->dt[2], p[2] + i * s[2])));
 }
 
 static void unary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
@@ -154,26 +123,38 @@ static void unary_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     const float *a = (const float *)p[1];
     int64_t so = s[0] / 4, sa = s[1] / 4;
     switch (c->op) {
-      case BL_NEG: for (int64_t i = 0; i < n; i++) o[i * so] = -a[i * sa]; return;
-      case BL_EXP: for (int64_t i = 0; i < n; i++) o[i * so] = expf(a[i * sa]); return;
-      case BL_TANH: for (int64_t i = 0; i < n; i++) o[i * so] = tanhf(a[i * sa]); return;
-      case BL_SQRT: for (int64_t i = 0; i < n; i++) o[i * so] = sqrtf(a[i * sa]); return;
+      case BL_NEG:
+        for (int64_t i = 0; i < n; i++) o[i * so] = -a[i * sa];
+        return;
+      case BL_EXP:
+        for (int64_t i = 0; i < n; i++) o[i * so] = expf(a[i * sa]);
+        return;
+      case BL_TANH:
+        for (int64_t i = 0; i < n; i++) o[i * so] = tanhf(a[i * sa]);
+        return;
+      case BL_SQRT:
+        for (int64_t i = 0; i < n; i++) o[i * so] = sqrtf(a[i * sa]);
+        return;
       default: break;
     }
   }
   for (int64_t i = 0; i < n; i++)
-    bl_store(c->dt[0], p[0] + i * s[0], unop_d(c->op, bl_load(c->dt[1], p[1] + i * s[1])));
+    bl_store(c->dt[0], p[0] + i * s[0], bl_unop_eval(c->op, bl_load(c->dt[1], p[1] + i * s[1])));
 }
 
 static void scalar_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
   const ew_ctx *c = vctx;
   for (int64_t i = 0; i < n; i++) {
     double x = bl_load(c->dt[1], p[1] + i * s[1]);
-    bl_store(c->dt[0], p[0] + i * s[0], c->scalar_first ? binop_d(c->op, c->s, x) : binop_d(c->op, x, c->s));
+    bl_store(c->dt[0], p[0] + i * s[0],
+             c->scalar_first ? bl_binop_eval(c->op, c->s, x) : bl_binop_eval(c->op, x, c->s));
   }
 }
 
-typedef struct { double alpha, beta; int dt[2]; } affine_ctx;
+typedef struct {
+  double alpha, beta;
+  int dt[2];
+} affine_ctx;
 static void affine_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
   const affine_ctx *c = vctx;
   if (c->dt[0] == BL_F32 && c->dt[1] == BL_F32) {
@@ -181,7 +162,7 @@ static void affine_inner(int64_t n, char **p, const int64_t *s, void *vctx) {
     const float *a = (const float *)p[1];
     int64_t so = s[0] / 4, sa = s[1] / 4;
     float al = (float)c->alpha, be = (float)c->beta;
-    if (so == 1 && sa == 1) {  /* unit stride: vectorisable, same operations */
+    if (so == 1 && sa == 1) { /* unit stride: vectorisable, same operations */
       f32_affine_flat(n, o, a, al, be);
       return;
     }
@@ -226,17 +207,6 @@ static void run(int nin, bl_tensor *out, const bl_tensor **in, bl_inner_fn fn, v
   bl_foreach(nin + 1, base, st, out->ndim, out->shape, fn, ctx);
 }
 
-static int check_out(const char *op, const bl_tensor *out, int n, const int64_t *shape) {
-  int same = out->ndim == n;
-  for (int i = 0; same && i < n; i++) same = out->shape[i] == shape[i];
-  if (!same) {
-    char a[128], b[128];
-    return bl_set_error(BL_EINVAL, "%s: output has shape %s, expected %s", op, BL_SHAPE(out, a),
-                        bl_shape_str(n, shape, b, sizeof b));
-  }
-  return 0;
-}
-
 static int check_common(const char *op, bl_tensor *out, const bl_tensor *a) {
   BL_CHECK(bl_tensor_check(out, op));
   BL_CHECK(bl_tensor_check(a, op));
@@ -246,7 +216,7 @@ static int check_common(const char *op, bl_tensor *out, const bl_tensor *a) {
 
 int bl_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
-  const char *name = binop_names[op];
+  const char *name = bl_binop_names[op];
   BL_CHECK(check_common(name, out, a));
   BL_CHECK(bl_tensor_check(b, name));
   BL_CHECK(bl_check_same_device(a, b, name));
@@ -256,51 +226,47 @@ int bl_binary(int op, bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
     char sa[128], sb[128];
     return bl_set_error(BL_EINVAL, "%s: shapes %s and %s are not compatible", name, BL_SHAPE(a, sa), BL_SHAPE(b, sb));
   }
-  BL_CHECK(check_out(name, out, n, shape));
+  BL_CHECK(bl_check_out_shape(name, out, n, shape));
   if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_binary(op, out, a, b));
-  ew_ctx c = {op, {out->dtype, a->dtype, b->dtype}, 0, 0};
-  const bl_tensor *in[2] = {a, b};
+  ew_ctx c = { op, { out->dtype, a->dtype, b->dtype }, 0, 0 };
+  const bl_tensor *in[2] = { a, b };
   run(2, out, in, binary_inner, &c);
   return 0;
 }
 
 int bl_binary_scalar(int op, bl_tensor *out, const bl_tensor *a, double s, int scalar_first) {
   if (op < 0 || op >= BL_NUM_BINOPS) return bl_set_error(BL_EINVAL, "binary: unknown operation %d", op);
-  const char *name = binop_names[op];
+  const char *name = bl_binop_names[op];
   BL_CHECK(check_common(name, out, a));
-  BL_CHECK(check_out(name, out, a->ndim, a->shape));
-  if (out->device >= 0)
-    return BL_ON_CUDA(name, out->device,
-                      bl_cuda_binary_scalar(op, out, a, s, scalar_first));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
+  if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_binary_scalar(op, out, a, s, scalar_first));
   /* x+s, x-s and x*s are exact as alpha*x+beta; division is not (1/s rounds), so it takes the generic path. */
   if (!scalar_first && (op == BL_ADD || op == BL_SUB || op == BL_MUL))
     return bl_affine(out, a, op == BL_MUL ? s : 1.0, op == BL_ADD ? s : op == BL_SUB ? -s : 0.0);
-  ew_ctx c = {op, {out->dtype, a->dtype, 0}, s, scalar_first};
-  const bl_tensor *in[1] = {a};
+  ew_ctx c = { op, { out->dtype, a->dtype, 0 }, s, scalar_first };
+  const bl_tensor *in[1] = { a };
   run(1, out, in, scalar_inner, &c);
   return 0;
 }
 
 int bl_unary(int op, bl_tensor *out, const bl_tensor *a) {
   if (op < 0 || op >= BL_NUM_UNOPS) return bl_set_error(BL_EINVAL, "unary: unknown operation %d", op);
-  const char *name = unop_names[op];
+  const char *name = bl_unop_names[op];
   BL_CHECK(check_common(name, out, a));
-  BL_CHECK(check_out(name, out, a->ndim, a->shape));
+  BL_CHECK(bl_check_out_shape(name, out, a->ndim, a->shape));
   if (out->device >= 0) return BL_ON_CUDA(name, out->device, bl_cuda_unary(op, out, a));
-  ew_ctx c = {op, {out->dtype, a->dtype, 0}, 0, 0};
-  const bl_tensor *in[1] = {a};
+  ew_ctx c = { op, { out->dtype, a->dtype, 0 }, 0, 0 };
+  const bl_tensor *in[1] = { a };
   run(1, out, in, unary_inner, &c);
   return 0;
 }
 
 int bl_affine(bl_tensor *out, const bl_tensor *a, double alpha, double beta) {
   BL_CHECK(check_common("affine", out, a));
-  BL_CHECK(check_out("affine", out, a->ndim, a->shape));
-  if (out->device >= 0)
-    return BL_ON_CUDA("affine", out->device,
-                      bl_cuda_affine(out, a, alpha, beta));
-  affine_ctx c = {alpha, beta, {out->dtype, a->dtype}};
-  const bl_tensor *in[1] = {a};
+  BL_CHECK(bl_check_out_shape("affine", out, a->ndim, a->shape));
+  if (out->device >= 0) return BL_ON_CUDA("affine", out->device, bl_cuda_affine(out, a, alpha, beta));
+  affine_ctx c = { alpha, beta, { out->dtype, a->dtype } };
+  const bl_tensor *in[1] = { a };
   run(1, out, in, affine_inner, &c);
   return 0;
 }
@@ -324,10 +290,10 @@ int bl_where(bl_tensor *out, const bl_tensor *cond, const bl_tensor *a, const bl
   int64_t s1[BL_MAX_DIMS], s2[BL_MAX_DIMS];
   BL_CHECK(bl_broadcast_shape(a->ndim, a->shape, b->ndim, b->shape, &n1, s1));
   BL_CHECK(bl_broadcast_shape(n1, s1, cond->ndim, cond->shape, &n2, s2));
-  BL_CHECK(check_out("where", out, n2, s2));
+  BL_CHECK(bl_check_out_shape("where", out, n2, s2));
   if (out->device >= 0) return BL_ON_CUDA("where", out->device, bl_cuda_where(out, cond, a, b));
-  int dt[4] = {out->dtype, cond->dtype, a->dtype, b->dtype};
-  const bl_tensor *in[3] = {cond, a, b};
+  int dt[4] = { out->dtype, cond->dtype, a->dtype, b->dtype };
+  const bl_tensor *in[3] = { cond, a, b };
   run(3, out, in, where_inner, dt);
   return 0;
 }

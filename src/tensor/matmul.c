@@ -28,10 +28,17 @@ static int make_operand(const bl_tensor *t, int dtype, bl_tensor **tmp, const bl
   CBLAS_TRANSPOSE tr;
   int64_t ld;
   *tmp = NULL;
-  if (t->dtype == dtype && blas_layout(t, &tr, &ld)) { *use = t; return 0; }
+  if (t->dtype == dtype && blas_layout(t, &tr, &ld)) {
+    *use = t;
+    return 0;
+  }
   BL_CHECK(bl_tensor_empty(t->ndim, t->shape, dtype, -1, tmp));
   int rc = bl_tensor_copy(*tmp, t);
-  if (rc) { bl_tensor_free(*tmp); *tmp = NULL; return rc; }
+  if (rc) {
+    bl_tensor_free(*tmp);
+    *tmp = NULL;
+    return rc;
+  }
   *use = *tmp;
   return 0;
 }
@@ -76,7 +83,10 @@ int bl_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
     uc = tc;
   }
   if (rc) goto done;
-  if (k == 0) { rc = bl_tensor_fill(out, 0); goto done; }
+  if (k == 0) {
+    rc = bl_tensor_fill(out, 0);
+    goto done;
+  }
   CBLAS_TRANSPOSE tra, trb;
   int64_t lda, ldb;
   blas_layout(ua, &tra, &lda);
@@ -100,8 +110,8 @@ int bl_matmul(bl_tensor *out, const bl_tensor *a, const bl_tensor *b) {
       cblas_dgemm(CblasRowMajor, tra, trb, (int)m, (int)n, (int)k, 1.0, (const double *)pa, (int)lda,
                   (const double *)pb, (int)ldb, 0.0, (double *)pc, (int)n);
     else
-      cblas_sgemm(CblasRowMajor, tra, trb, (int)m, (int)n, (int)k, 1.0f, (const float *)pa, (int)lda,
-                  (const float *)pb, (int)ldb, 0.0f, (float *)pc, (int)n);
+      cblas_sgemm(CblasRowMajor, tra, trb, (int)m, (int)n, (int)k, 1.0f, (const float *)pa, (int)lda, (const float *)pb,
+                  (int)ldb, 0.0f, (float *)pc, (int)n);
   }
   if (tc) rc = bl_tensor_copy(out, tc);
 done:

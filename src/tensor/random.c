@@ -1,43 +1,27 @@
-/* Counter-based random numbers: Philox4x32-10 (Salmon et al., SC'11), the
- * generator cuRAND and PyTorch use. Element i of a call with (seed, offset)
- * uses block (offset + i/4), lane i%4, so any element can be generated
- * independently — the same stream on the CPU and in CUDA kernels. */
+/* Counter-based random numbers: Philox4x32-10, the stream of src/base/rules/philox.h (element i of a call with
+ * (seed, offset) uses block offset + i/4, lane i%4), so any element can be generated independently — the same
+ * stream on the CPU and in CUDA kernels. */
 #include "../base/internal.h"
 #include "../device/dispatch.h"
+#include "../base/rules/philox.h"
 
-static inline uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t *hi) {
-  uint64_t p = (uint64_t)a * b;
-  *hi = (uint32_t)(p >> 32);
-  return (uint32_t)p;
-}
+void bl_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) { bl_philox_block(seed, counter, out); }
 
-void bl_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
-  uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-  for (int r = 0; r < 10; r++) {
-    uint32_t hi0, hi1;
-    uint32_t lo0 = mulhilo(0xD2511F53u, c0, &hi0);
-    uint32_t lo1 = mulhilo(0xCD9E8D57u, c2, &hi1);
-    uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
-}
-
-/* u in [0, 1) with 24 random bits (exact in f32). */
-static inline double u01(uint32_t x) { return (double)(x >> 8) * (1.0 / 16777216.0); }
-
-typedef struct { uint64_t seed, offset; double a, b; int normal; int dtype; } rng_ctx;
+typedef struct {
+  uint64_t seed, offset;
+  double a, b;
+  int normal;
+  int dtype;
+} rng_ctx;
 
 static int fill_random(bl_tensor *t, rng_ctx *c, const char *op) {
   BL_CHECK(bl_tensor_check(t, op));
   if (!bl_dtype_is_float(t->dtype))
     return bl_set_error(BL_EINVAL, "%s: floating-point output required, got %s", op, bl_dtype_name(t->dtype));
   if (t->device >= 0)
-    return BL_ON_CUDA(op, t->device, c->normal ? bl_cuda_rand_normal(t, c->seed, c->offset, c->a, c->b)
-                                               : bl_cuda_rand_uniform(t, c->seed, c->offset, c->a, c->b));
+    return BL_ON_CUDA(op, t->device,
+                      c->normal ? bl_cuda_rand_normal(t, c->seed, c->offset, c->a, c->b)
+                                : bl_cuda_rand_uniform(t, c->seed, c->offset, c->a, c->b));
   bl_tensor *tmp = NULL;
   bl_tensor *dst = t;
   if (!bl_tensor_is_contiguous(t) || t->dtype != BL_F32) {
@@ -54,28 +38,31 @@ static int fill_random(bl_tensor *t, rng_ctx *c, const char *op) {
     if (c->normal) {
       /* Box–Muller on lanes (0,1) and (2,3); u1 in (0,1] keeps log finite. */
       for (int h = 0; h < 2; h++) {
-        double u1 = u01(r[2 * h]) + 1.0 / 16777216.0, u2 = u01(r[2 * h + 1]);
+        double u1 = bl_philox_u01_pos(r[2 * h]), u2 = bl_philox_u01(r[2 * h + 1]);
         double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
         v[2 * h] = (float)(c->a + c->b * rad * cos(th));
         v[2 * h + 1] = (float)(c->a + c->b * rad * sin(th));
       }
     } else {
-      for (int l = 0; l < 4; l++) v[l] = (float)(c->a + (c->b - c->a) * u01(r[l]));
+      for (int l = 0; l < 4; l++) v[l] = bl_philox_uniform_ab(r[l], c->a, c->b);
     }
     for (int l = 0; l < 4 && blk * 4 + l < n; l++) p[blk * 4 + l] = v[l];
   }
   int rc = 0;
-  if (tmp) { rc = bl_tensor_copy(t, tmp); bl_tensor_free(tmp); }
+  if (tmp) {
+    rc = bl_tensor_copy(t, tmp);
+    bl_tensor_free(tmp);
+  }
   return rc;
 }
 
 int bl_rand_uniform(bl_tensor *t, uint64_t seed, uint64_t offset, double low, double high) {
-  rng_ctx c = {seed, offset, low, high, 0, 0};
+  rng_ctx c = { seed, offset, low, high, 0, 0 };
   return fill_random(t, &c, "rand");
 }
 
 int bl_rand_normal(bl_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
   if (!(std >= 0)) return bl_set_error(BL_EINVAL, "randn: std must be >= 0, got %g", std);
-  rng_ctx c = {seed, offset, mean, std, 1, 0};
+  rng_ctx c = { seed, offset, mean, std, 1, 0 };
   return fill_random(t, &c, "randn");
 }

@@ -6,18 +6,18 @@
 #include "../base/internal.h"
 #include "../device/dispatch.h"
 
-static const char *const redop_names[BL_NUM_REDOPS] = {"sum", "mean", "max", "min", "argmax", "argmin", "prod"};
+static const char *const redop_names[BL_NUM_REDOPS] = { "sum", "mean", "max", "min", "argmax", "argmin", "prod" };
 
 typedef struct {
   int op, dtype;
-  int nin;                 /* reduced dims */
-  int64_t ishape[BL_MAX_DIMS], istride[BL_MAX_DIMS];  /* bytes */
+  int nin;                                           /* reduced dims */
+  int64_t ishape[BL_MAX_DIMS], istride[BL_MAX_DIMS]; /* bytes */
   int64_t count;
 } red_ctx;
 
 /* Reduce the inner (reduced) space starting at p. */
 static double reduce_at(const red_ctx *c, const char *p) {
-  int64_t idx[BL_MAX_DIMS] = {0};
+  int64_t idx[BL_MAX_DIMS] = { 0 };
   double acc = c->op == BL_PROD ? 1.0 : (c->op == BL_SUM || c->op == BL_MEAN) ? 0.0 : NAN;
   int64_t best_i = 0;
   int64_t inner = c->nin ? c->ishape[c->nin - 1] : 1;
@@ -35,13 +35,22 @@ static double reduce_at(const red_ctx *c, const char *p) {
       for (int64_t j = 0; j < inner; j++, flat++) {
         double v = bl_load(c->dtype, q + j * is);
         switch (c->op) {
-          case BL_SUM: case BL_MEAN: acc += v; break;
+          case BL_SUM:
+          case BL_MEAN: acc += v; break;
           case BL_PROD: acc *= v; break;
-          case BL_MAX: case BL_ARGMAX:
-            if (flat == 0 || v > acc || (v != v && acc == acc)) { acc = v; best_i = flat; }
+          case BL_MAX:
+          case BL_ARGMAX:
+            if (flat == 0 || v > acc || (v != v && acc == acc)) {
+              acc = v;
+              best_i = flat;
+            }
             break;
-          case BL_MIN: case BL_ARGMIN:
-            if (flat == 0 || v < acc || (v != v && acc == acc)) { acc = v; best_i = flat; }
+          case BL_MIN:
+          case BL_ARGMIN:
+            if (flat == 0 || v < acc || (v != v && acc == acc)) {
+              acc = v;
+              best_i = flat;
+            }
             break;
         }
       }
@@ -64,7 +73,7 @@ int bl_reduce(int op, bl_tensor *out, const bl_tensor *a, uint32_t dim_mask, int
   BL_CHECK(bl_check_same_device(out, a, name));
   if (a->ndim < 32 && (dim_mask >> a->ndim))
     return bl_set_error(BL_EINVAL, "%s: dimension out of range for a tensor with %d dims", name, a->ndim);
-  red_ctx c = {.op = op, .dtype = a->dtype, .count = 1};
+  red_ctx c = { .op = op, .dtype = a->dtype, .count = 1 };
   int64_t oshape[BL_MAX_DIMS], ostride[BL_MAX_DIMS];
   int no = 0, es = bl_dtype_size(a->dtype);
   int64_t kshape[BL_MAX_DIMS];
@@ -122,8 +131,10 @@ int bl_reduce_all(int op, const bl_tensor *a, double *result) {
   BL_CHECK(bl_tensor_empty(0, NULL, BL_F64, a->device, &o));
   uint32_t mask = a->ndim ? ((a->ndim >= 32 ? 0xffffffffu : (1u << a->ndim) - 1)) : 0;
   int rc = bl_reduce(op, o, a, mask, 0);
-  if (!rc && a->device >= 0) rc = bl_dev_memcpy(-1, result, a->device, o->data, sizeof(double));
-  else if (!rc) *result = *(double *)o->data;
+  if (!rc && a->device >= 0)
+    rc = bl_dev_memcpy(-1, result, a->device, o->data, sizeof(double));
+  else if (!rc)
+    *result = *(double *)o->data;
   bl_tensor_free(o);
   return rc;
 }

@@ -17,8 +17,7 @@ static int check_shape(const char *op, int ndim, const int64_t *shape, int64_t *
       char buf[128];
       return bl_set_error(BL_EINVAL, "%s: negative size in shape %s", op, bl_shape_str(ndim, shape, buf, sizeof buf));
     }
-    if (shape[i] && n > INT64_MAX / 16 / shape[i])
-      return bl_set_error(BL_EINVAL, "%s: shape is too large", op);
+    if (shape[i] && n > INT64_MAX / 16 / shape[i]) return bl_set_error(BL_EINVAL, "%s: shape is too large", op);
     n *= shape[i];
   }
   *numel = n;
@@ -27,7 +26,10 @@ static int check_shape(const char *op, int ndim, const int64_t *shape, int64_t *
 
 static void set_contiguous_strides(bl_tensor *t) {
   int64_t s = 1;
-  for (int i = t->ndim - 1; i >= 0; i--) { t->stride[i] = s; s *= t->shape[i] ? t->shape[i] : 1; }
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    t->stride[i] = s;
+    s *= t->shape[i] ? t->shape[i] : 1;
+  }
 }
 
 static bl_tensor *new_header(void) { return calloc(1, sizeof(bl_tensor)); }
@@ -41,19 +43,28 @@ int bl_tensor_empty(int ndim, const int64_t *shape, int dtype, int device, bl_te
   size_t nbytes = (size_t)numel * (size_t)bl_dtype_size(dtype);
   bl_storage *s = calloc(1, sizeof *s);
   bl_tensor *t = new_header();
-  if (!s || !t) { free(s); free(t); return bl_set_error(BL_ENOMEM, "empty: out of memory for the tensor header"); }
+  if (!s || !t) {
+    free(s);
+    free(t);
+    return bl_set_error(BL_ENOMEM, "empty: out of memory for the tensor header");
+  }
   size_t alloc = nbytes ? nbytes : 1;
   if (device < 0) {
     s->data = bl_cpu_alloc(alloc);
     if (!s->data) {
-      free(s); free(t);
+      free(s);
+      free(t);
       char buf[128];
       return bl_set_error(BL_ENOMEM, "empty: cannot allocate %zu bytes for a %s tensor of shape %s", nbytes,
                           bl_dtype_name(dtype), bl_shape_str(ndim, shape, buf, sizeof buf));
     }
   } else {
     int rc = bl_dev_malloc(device, alloc, &s->data);
-    if (rc) { free(s); free(t); return rc; }
+    if (rc) {
+      free(s);
+      free(t);
+      return rc;
+    }
   }
   s->nbytes = nbytes;
   s->owned = 1;
@@ -81,16 +92,27 @@ int bl_tensor_wrap(void *data, int ndim, const int64_t *shape, const int64_t *st
   if (!data && numel) return bl_set_error(BL_EINVAL, "wrap: NULL data for a non-empty tensor");
   bl_storage *s = calloc(1, sizeof *s);
   bl_tensor *t = new_header();
-  if (!s || !t) { free(s); free(t); return bl_set_error(BL_ENOMEM, "wrap: out of memory"); }
+  if (!s || !t) {
+    free(s);
+    free(t);
+    return bl_set_error(BL_ENOMEM, "wrap: out of memory");
+  }
   s->data = data;
   s->nbytes = (size_t)numel * (size_t)bl_dtype_size(dtype);
-  s->owned = 0;       /* the caller keeps the memory */
+  s->owned = 0; /* the caller keeps the memory */
   s->refcount = 1;
   s->device = device;
-  t->storage = s; t->data = data; t->ndim = ndim; t->dtype = dtype; t->device = device; t->numel = numel;
+  t->storage = s;
+  t->data = data;
+  t->ndim = ndim;
+  t->dtype = dtype;
+  t->device = device;
+  t->numel = numel;
   for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-  if (stride) for (int i = 0; i < ndim; i++) t->stride[i] = stride[i];
-  else set_contiguous_strides(t);
+  if (stride)
+    for (int i = 0; i < ndim; i++) t->stride[i] = stride[i];
+  else
+    set_contiguous_strides(t);
   *res = t;
   return 0;
 }
@@ -99,8 +121,10 @@ static void storage_unref(bl_storage *s) {
   if (!s) return;
   if (--s->refcount > 0) return;
   if (s->owned) {
-    if (s->device < 0) bl_cpu_free(s->data, s->nbytes ? s->nbytes : 1);
-    else bl_dev_free(s->device, s->data);
+    if (s->device < 0)
+      bl_cpu_free(s->data, s->nbytes ? s->nbytes : 1);
+    else
+      bl_dev_free(s->device, s->data);
     atomic_fetch_sub(&bytes_in_use, (int64_t)s->nbytes);
   }
   free(s);
@@ -173,7 +197,10 @@ int bl_tensor_view(const bl_tensor *t, int ndim, const int64_t *shape, bl_tensor
   int64_t nstride[BL_MAX_DIMS];
   if (numel == 0 || bl_tensor_is_contiguous(t)) {
     int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; i--) { nstride[i] = s; s *= shape[i] ? shape[i] : 1; }
+    for (int i = ndim - 1; i >= 0; i--) {
+      nstride[i] = s;
+      s *= shape[i] ? shape[i] : 1;
+    }
   } else {
     /* PyTorch's rule: split the old dims into chunks that are contiguous among
      * themselves; each chunk must be covered exactly by a run of new dims. */
@@ -188,14 +215,21 @@ int bl_tensor_view(const bl_tensor *t, int ndim, const int64_t *shape, bl_tensor
           view_d--;
         }
         if (view_numel != tensor_numel) goto fail;
-        if (d > 0) { chunk_base = t->stride[d - 1]; tensor_numel = 1; view_numel = 1; }
+        if (d > 0) {
+          chunk_base = t->stride[d - 1];
+          tensor_numel = 1;
+          view_numel = 1;
+        }
       }
     }
     if (view_d != -1) goto fail;
   }
   BL_CHECK(share(t, res));
   (*res)->ndim = ndim;
-  for (int i = 0; i < ndim; i++) { (*res)->shape[i] = shape[i]; (*res)->stride[i] = nstride[i]; }
+  for (int i = 0; i < ndim; i++) {
+    (*res)->shape[i] = shape[i];
+    (*res)->stride[i] = nstride[i];
+  }
   recompute(*res);
   return 0;
 fail:
@@ -212,8 +246,15 @@ int bl_tensor_as_strided(const bl_tensor *t, int ndim, const int64_t *shape, con
   /* bounds: the largest reachable element must lie within the storage (when it owns its bytes) */
   int64_t lo = offset, hi = offset;
   for (int i = 0; i < ndim; i++) {
-    if (shape[i] == 0) { lo = hi = offset; numel = 0; break; }
-    if (stride[i] >= 0) hi += stride[i] * (shape[i] - 1); else lo += stride[i] * (shape[i] - 1);
+    if (shape[i] == 0) {
+      lo = hi = offset;
+      numel = 0;
+      break;
+    }
+    if (stride[i] >= 0)
+      hi += stride[i] * (shape[i] - 1);
+    else
+      lo += stride[i] * (shape[i] - 1);
   }
   size_t cap = t->storage->nbytes / (size_t)bl_dtype_size(t->dtype);
   if (numel && (lo < 0 || (size_t)hi >= cap))
@@ -223,7 +264,10 @@ int bl_tensor_as_strided(const bl_tensor *t, int ndim, const int64_t *shape, con
   bl_tensor *v = *res;
   v->ndim = ndim;
   v->offset = offset;
-  for (int i = 0; i < ndim; i++) { v->shape[i] = shape[i]; v->stride[i] = stride[i]; }
+  for (int i = 0; i < ndim; i++) {
+    v->shape[i] = shape[i];
+    v->stride[i] = stride[i];
+  }
   recompute(v);
   return 0;
 }
@@ -231,21 +275,23 @@ int bl_tensor_as_strided(const bl_tensor *t, int ndim, const int64_t *shape, con
 static int norm_dim(const bl_tensor *t, int *d, const char *op, int extra) {
   int n = t->ndim + extra;
   if (*d < 0) *d += n;
-  if (*d < 0 || *d >= n)
-    return bl_set_error(BL_EINVAL, "%s: dimension out of range (tensor has %d dims)", op, t->ndim);
+  if (*d < 0 || *d >= n) return bl_set_error(BL_EINVAL, "%s: dimension out of range (tensor has %d dims)", op, t->ndim);
   return 0;
 }
 
 int bl_tensor_permute(const bl_tensor *t, const int *perm, bl_tensor **res) {
   BL_CHECK(bl_tensor_check(t, "permute"));
-  int seen[BL_MAX_DIMS] = {0};
+  int seen[BL_MAX_DIMS] = { 0 };
   for (int i = 0; i < t->ndim; i++) {
     if (perm[i] < 0 || perm[i] >= t->ndim || seen[perm[i]])
       return bl_set_error(BL_EINVAL, "permute: invalid permutation for a %d-dim tensor", t->ndim);
     seen[perm[i]] = 1;
   }
   BL_CHECK(share(t, res));
-  for (int i = 0; i < t->ndim; i++) { (*res)->shape[i] = t->shape[perm[i]]; (*res)->stride[i] = t->stride[perm[i]]; }
+  for (int i = 0; i < t->ndim; i++) {
+    (*res)->shape[i] = t->shape[perm[i]];
+    (*res)->stride[i] = t->stride[perm[i]];
+  }
   return 0;
 }
 
@@ -255,7 +301,8 @@ int bl_tensor_transpose(const bl_tensor *t, int d0, int d1, bl_tensor **res) {
   BL_CHECK(norm_dim(t, &d1, "transpose", 0));
   int perm[BL_MAX_DIMS];
   for (int i = 0; i < t->ndim; i++) perm[i] = i;
-  perm[d0] = d1; perm[d1] = d0;
+  perm[d0] = d1;
+  perm[d1] = d0;
   return bl_tensor_permute(t, perm, res);
 }
 
@@ -263,8 +310,8 @@ int bl_tensor_narrow(const bl_tensor *t, int dim, int64_t start, int64_t length,
   BL_CHECK(bl_tensor_check(t, "narrow"));
   BL_CHECK(norm_dim(t, &dim, "narrow", 0));
   if (start < 0 || length < 0 || start + length > t->shape[dim])
-    return bl_set_error(BL_EINVAL, "narrow: range [%lld, %lld) is outside dimension %d of size %lld",
-                        (long long)start, (long long)(start + length), dim, (long long)t->shape[dim]);
+    return bl_set_error(BL_EINVAL, "narrow: range [%lld, %lld) is outside dimension %d of size %lld", (long long)start,
+                        (long long)(start + length), dim, (long long)t->shape[dim]);
   BL_CHECK(share(t, res));
   (*res)->shape[dim] = length;
   (*res)->offset += start * t->stride[dim];
@@ -276,12 +323,15 @@ int bl_tensor_select(const bl_tensor *t, int dim, int64_t index, bl_tensor **res
   BL_CHECK(bl_tensor_check(t, "select"));
   BL_CHECK(norm_dim(t, &dim, "select", 0));
   if (index < 0 || index >= t->shape[dim])
-    return bl_set_error(BL_EINVAL, "select: index %lld is out of range for dimension %d of size %lld",
-                        (long long)index, dim, (long long)t->shape[dim]);
+    return bl_set_error(BL_EINVAL, "select: index %lld is out of range for dimension %d of size %lld", (long long)index,
+                        dim, (long long)t->shape[dim]);
   BL_CHECK(share(t, res));
   bl_tensor *v = *res;
   v->offset += index * t->stride[dim];
-  for (int i = dim; i < t->ndim - 1; i++) { v->shape[i] = t->shape[i + 1]; v->stride[i] = t->stride[i + 1]; }
+  for (int i = dim; i < t->ndim - 1; i++) {
+    v->shape[i] = t->shape[i + 1];
+    v->stride[i] = t->stride[i + 1];
+  }
   v->ndim--;
   recompute(v);
   return 0;
@@ -298,17 +348,26 @@ int bl_tensor_expand(const bl_tensor *t, int ndim, const int64_t *shape, bl_tens
     int64_t want = shape[i];
     if (i < lead) {
       if (want < 0) goto fail;
-      nshape[i] = want; nstride[i] = 0;
+      nshape[i] = want;
+      nstride[i] = 0;
     } else {
       int64_t have = t->shape[i - lead];
-      if (want == -1 || want == have) { nshape[i] = have; nstride[i] = t->stride[i - lead]; }
-      else if (have == 1 && want >= 0) { nshape[i] = want; nstride[i] = 0; }
-      else goto fail;
+      if (want == -1 || want == have) {
+        nshape[i] = have;
+        nstride[i] = t->stride[i - lead];
+      } else if (have == 1 && want >= 0) {
+        nshape[i] = want;
+        nstride[i] = 0;
+      } else
+        goto fail;
     }
   }
   BL_CHECK(share(t, res));
   (*res)->ndim = ndim;
-  for (int i = 0; i < ndim; i++) { (*res)->shape[i] = nshape[i]; (*res)->stride[i] = nstride[i]; }
+  for (int i = 0; i < ndim; i++) {
+    (*res)->shape[i] = nshape[i];
+    (*res)->stride[i] = nstride[i];
+  }
   recompute(*res);
   return 0;
 fail:
@@ -322,7 +381,10 @@ int bl_tensor_unsqueeze(const bl_tensor *t, int dim, bl_tensor **res) {
   if (t->ndim >= BL_MAX_DIMS) return bl_set_error(BL_EINVAL, "unsqueeze: tensor already has %d dims", BL_MAX_DIMS);
   BL_CHECK(share(t, res));
   bl_tensor *v = *res;
-  for (int i = t->ndim; i > dim; i--) { v->shape[i] = t->shape[i - 1]; v->stride[i] = t->stride[i - 1]; }
+  for (int i = t->ndim; i > dim; i--) {
+    v->shape[i] = t->shape[i - 1];
+    v->stride[i] = t->stride[i - 1];
+  }
   v->shape[dim] = 1;
   v->stride[dim] = dim + 1 < v->ndim + 1 && dim < t->ndim ? t->stride[dim] * t->shape[dim] : 1;
   v->ndim++;
@@ -336,7 +398,10 @@ int bl_tensor_squeeze(const bl_tensor *t, int dim, bl_tensor **res) {
     return bl_set_error(BL_EINVAL, "squeeze: dimension %d has size %lld, not 1", dim, (long long)t->shape[dim]);
   BL_CHECK(share(t, res));
   bl_tensor *v = *res;
-  for (int i = dim; i < t->ndim - 1; i++) { v->shape[i] = t->shape[i + 1]; v->stride[i] = t->stride[i + 1]; }
+  for (int i = dim; i < t->ndim - 1; i++) {
+    v->shape[i] = t->shape[i + 1];
+    v->stride[i] = t->stride[i + 1];
+  }
   v->ndim--;
   return 0;
 }

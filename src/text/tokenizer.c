@@ -33,8 +33,10 @@ static void init_tables(void) {
   if (__atomic_load_n(&tables_ready, __ATOMIC_ACQUIRE)) return;
   for (int c = 0; c < 128; c++) {
     unsigned char k = A_WORD;
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') k = A_WS;
-    else if (c < 32 || c == 127) k = A_CTRL;
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r')
+      k = A_WS;
+    else if (c < 32 || c == 127)
+      k = A_CTRL;
     else if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126))
       k = A_PUNCT;
     ascii_class[c] = k;
@@ -44,9 +46,8 @@ static void init_tables(void) {
 }
 
 static inline int is_chinese(int32_t cp) {
-  return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) ||
-         (cp >= 0x20000 && cp <= 0x2A6DF) || (cp >= 0x2A700 && cp <= 0x2B73F) ||
-         (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B820 && cp <= 0x2CEAF) ||
+  return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x20000 && cp <= 0x2A6DF) ||
+         (cp >= 0x2A700 && cp <= 0x2B73F) || (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B820 && cp <= 0x2CEAF) ||
          (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
 }
 
@@ -58,11 +59,11 @@ static inline int is_punct(int32_t cp) {
 
 /* may this code point start a normalization segment? (see the file comment) */
 static int is_boundary(int32_t cp) {
-  if (cp < 0x300) return 1;  /* nothing below U+0300 combines with what precedes it */
-  if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return 0;  /* Hangul V, T */
+  if (cp < 0x300) return 1; /* nothing below U+0300 combines with what precedes it */
+  if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return 0; /* Hangul V, T */
   const utf8proc_property_t *p = utf8proc_get_property(cp);
   if (p->combining_class != 0) return 0;
-  if (p->comb_index != UINT16_MAX && (p->comb_index & 0x8000)) return 0;  /* second of a pair */
+  if (p->comb_index != UINT16_MAX && (p->comb_index & 0x8000)) return 0; /* second of a pair */
   if (p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0) {
     int32_t d[8];
     utf8proc_ssize_t k = utf8proc_decompose_char(cp, d, 8, UTF8PROC_DECOMPOSE, NULL);
@@ -75,15 +76,36 @@ static int is_boundary(int32_t cp) {
  * sets *adv to the length of its maximal subpart (Python's "replace" unit) */
 static inline int32_t decode(const unsigned char *s, size_t n, size_t *adv) {
   unsigned c = s[0];
-  size_t k; unsigned lo = 0x80, hi = 0xBF; int32_t cp;
-  if (c >= 0xC2 && c <= 0xDF) { k = 1; cp = c & 0x1F; }
-  else if (c >= 0xE0 && c <= 0xEF) { k = 2; cp = c & 0x0F; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-  else if (c >= 0xF0 && c <= 0xF4) { k = 3; cp = c & 0x07; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-  else { *adv = 1; return -1; }
+  size_t k;
+  unsigned lo = 0x80, hi = 0xBF;
+  int32_t cp;
+  if (c >= 0xC2 && c <= 0xDF) {
+    k = 1;
+    cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    k = 2;
+    cp = c & 0x0F;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    k = 3;
+    cp = c & 0x07;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    *adv = 1;
+    return -1;
+  }
   for (size_t j = 1; j <= k; j++) {
-    if (j >= n) { *adv = j; return -1; }
+    if (j >= n) {
+      *adv = j;
+      return -1;
+    }
     unsigned b = s[j];
-    if (j == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) { *adv = j; return -1; }
+    if (j == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) {
+      *adv = j;
+      return -1;
+    }
     cp = (cp << 6) | (int32_t)(b & 0x3F);
   }
   *adv = k + 1;
@@ -91,14 +113,25 @@ static inline int32_t decode(const unsigned char *s, size_t n, size_t *adv) {
 }
 
 static inline int encode_utf8(int32_t cp, char *o) {
-  if (cp < 0x80) { o[0] = (char)cp; return 1; }
-  if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+  if (cp < 0x80) {
+    o[0] = (char)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    o[0] = (char)(0xC0 | (cp >> 6));
+    o[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+  }
   if (cp < 0x10000) {
-    o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[2] = (char)(0x80 | (cp & 0x3F));
+    o[0] = (char)(0xE0 | (cp >> 12));
+    o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    o[2] = (char)(0x80 | (cp & 0x3F));
     return 3;
   }
-  o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-  o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
+  o[0] = (char)(0xF0 | (cp >> 18));
+  o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+  o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+  o[3] = (char)(0x80 | (cp & 0x3F));
   return 4;
 }
 
@@ -107,13 +140,17 @@ enum { SINK_RESULT = -1, SINK_TOKENS = 0, SINK_IDS = 1, SINK_BASIC = 2 };
 
 typedef struct sink {
   int mode;
-  bl_tok_result *res;    /* SINK_RESULT */
+  bl_tok_result *res; /* SINK_RESULT */
   int n, n_words;
-  char *out; size_t cap, len;  /* text modes */
+  char *out;
+  size_t cap, len; /* text modes */
   int line_has_tok;
 } sink;
 
-typedef struct sink_mark { int n, n_words, line_has_tok; size_t len; } sink_mark;
+typedef struct sink_mark {
+  int n, n_words, line_has_tok;
+  size_t len;
+} sink_mark;
 
 static inline void put_bytes(sink *sk, const char *s, size_t k) {
   if (sk->len + k <= sk->cap) memcpy(sk->out + sk->len, s, k);
@@ -125,9 +162,9 @@ static inline void put_sep(sink *sk) {
 }
 
 /* ------------------------------------------------------------ engine */
-#define SEG_STACK 64
+#define SEG_STACK  64
 #define NORM_STACK 256
-#define TB_CAP (BL_TOK_MAX_WORD_CHARS * 4 + 8)
+#define TB_CAP     (BL_TOK_MAX_WORD_CHARS * 4 + 8)
 
 typedef struct eng {
   const bl_tokenizer *tok;
@@ -145,35 +182,49 @@ typedef struct eng {
   char wb[16];
   sink_mark wmark;
   /* pending normalization segment */
-  int32_t *seg; int seglen, segcap;
+  int32_t *seg;
+  int seglen, segcap;
   int64_t segstart, segend;
   int32_t segstack[SEG_STACK];
-  int32_t *norm; int normcap;
+  int32_t *norm;
+  int normcap;
   int32_t normstack[NORM_STACK];
   int64_t invalid;
 } eng;
 
 static void eng_init(eng *e, const bl_tokenizer *tok, sink *sk) {
-  e->tok = tok; e->sk = sk; e->lower = tok->lower; e->status = 0;
-  e->tactive = 0; e->wactive = 0;
-  e->seg = e->segstack; e->seglen = 0; e->segcap = SEG_STACK;
-  e->norm = e->normstack; e->normcap = NORM_STACK;
+  e->tok = tok;
+  e->sk = sk;
+  e->lower = tok->lower;
+  e->status = 0;
+  e->tactive = 0;
+  e->wactive = 0;
+  e->seg = e->segstack;
+  e->seglen = 0;
+  e->segcap = SEG_STACK;
+  e->norm = e->normstack;
+  e->normcap = NORM_STACK;
   e->invalid = 0;
 }
 
 static void eng_release(eng *e) {
   if (e->seg != e->segstack) free(e->seg);
   if (e->norm != e->normstack) free(e->norm);
-  e->seg = e->segstack; e->segcap = SEG_STACK;
-  e->norm = e->normstack; e->normcap = NORM_STACK;
+  e->seg = e->segstack;
+  e->segcap = SEG_STACK;
+  e->norm = e->normstack;
+  e->normcap = NORM_STACK;
 }
 
 static inline sink_mark sink_get_mark(const sink *sk) {
-  sink_mark m = {sk->n, sk->n_words, sk->line_has_tok, sk->len};
+  sink_mark m = { sk->n, sk->n_words, sk->line_has_tok, sk->len };
   return m;
 }
 static inline void sink_rollback(sink *sk, sink_mark m) {
-  sk->n = m.n; sk->n_words = m.n_words; sk->line_has_tok = m.line_has_tok; sk->len = m.len;
+  sk->n = m.n;
+  sk->n_words = m.n_words;
+  sk->line_has_tok = m.line_has_tok;
+  sk->len = m.len;
 }
 
 /* one WordPiece token of the current basic token */
@@ -203,7 +254,10 @@ static inline void emit_piece(eng *e, int id, int word, int64_t s, int64_t t) {
 static void wordpiece(eng *e, const char *tb, const int *cpos, int nchars, int over, int word, int64_t s, int64_t t) {
   const bl_tokenizer *tok = e->tok;
   int unk = tok->special[1];
-  if (over || nchars > BL_TOK_MAX_WORD_CHARS) { emit_piece(e, unk, word, s, t); return; }
+  if (over || nchars > BL_TOK_MAX_WORD_CHARS) {
+    emit_piece(e, unk, word, s, t);
+    return;
+  }
   sink_mark m = sink_get_mark(e->sk);
   int start = 0;
   while (start < nchars) {
@@ -226,7 +280,10 @@ static void wordpiece(eng *e, const char *tb, const int *cpos, int nchars, int o
 }
 
 static inline void tok_begin(eng *e, int64_t s) {
-  e->tactive = 1; e->tchars = 0; e->tlen = 0; e->tstart = s;
+  e->tactive = 1;
+  e->tchars = 0;
+  e->tlen = 0;
+  e->tstart = s;
   e->cpos[0] = 0;
   if (e->sk->mode == SINK_BASIC) put_sep(e->sk);
 }
@@ -250,15 +307,17 @@ static void tok_end(eng *e) {
   if (!e->tactive) return;
   e->tactive = 0;
   int word = e->sk->n_words++;
-  if (e->sk->mode == SINK_BASIC) return;  /* already streamed out */
+  if (e->sk->mode == SINK_BASIC) return; /* already streamed out */
   wordpiece(e, e->tb, e->cpos, e->tchars, e->tchars > BL_TOK_MAX_WORD_CHARS, word, e->tstart, e->tend);
 }
 
 /* a normalized code point of the current word, with its segment's span */
 static inline void feed(eng *e, int32_t cp, int64_t s, int64_t t) {
-  if (e->wlen >= 0) {  /* cased: remember the word's first bytes (specials are <= 6) */
-    if (e->wlen <= 8) e->wlen += encode_utf8(cp, e->wb + e->wlen);
-    else e->wlen = -1;
+  if (e->wlen >= 0) { /* cased: remember the word's first bytes (specials are <= 6) */
+    if (e->wlen <= 8)
+      e->wlen += encode_utf8(cp, e->wb + e->wlen);
+    else
+      e->wlen = -1;
   }
   e->wend = t;
   if (is_punct(cp)) {
@@ -274,8 +333,9 @@ static inline void feed(eng *e, int32_t cp, int64_t s, int64_t t) {
 
 static inline void word_begin(eng *e, int64_t s) {
   e->wactive = 1;
-  e->wstart = s; e->wend = s;
-  e->wlen = e->lower ? -1 : 0;  /* uncased: the slow tokenizer lowercases before its never_split test */
+  e->wstart = s;
+  e->wend = s;
+  e->wlen = e->lower ? -1 : 0; /* uncased: the slow tokenizer lowercases before its never_split test */
   e->wmark = sink_get_mark(e->sk);
 }
 
@@ -283,7 +343,10 @@ static int grow(eng *e, int32_t **buf, int *cap, int32_t *stack, int need) {
   if (need <= *cap) return 0;
   int nc = *cap;
   while (nc < need) {
-    if (nc > INT_MAX / 2) { e->status = bl_set_error(BL_ENOMEM, "tokenizer: normalization run too long"); return -1; }
+    if (nc > INT_MAX / 2) {
+      e->status = bl_set_error(BL_ENOMEM, "tokenizer: normalization run too long");
+      return -1;
+    }
     nc *= 2;
   }
   int32_t *nb = *buf == stack ? malloc(sizeof(int32_t) * (size_t)nc) : realloc(*buf, sizeof(int32_t) * (size_t)nc);
@@ -292,14 +355,18 @@ static int grow(eng *e, int32_t **buf, int *cap, int32_t *stack, int need) {
     return -1;
   }
   if (*buf == stack) memcpy(nb, stack, sizeof(int32_t) * (size_t)*cap);
-  *buf = nb; *cap = nc;
+  *buf = nb;
+  *cap = nc;
   return 0;
 }
 
 /* canonical ordering: stable sort of each run of non-starters by combining class */
 static void reorder(int32_t *b, int n) {
   for (int i = 0; i < n;) {
-    if (utf8proc_get_property(b[i])->combining_class == 0) { i++; continue; }
+    if (utf8proc_get_property(b[i])->combining_class == 0) {
+      i++;
+      continue;
+    }
     int j = i;
     while (j < n && utf8proc_get_property(b[j])->combining_class != 0) j++;
     /* insertion sort: runs are short in real text; a long adversarial run is
@@ -309,7 +376,10 @@ static void reorder(int32_t *b, int n) {
         int32_t x = b[a];
         int cx = utf8proc_get_property(x)->combining_class;
         int k = a - 1;
-        while (k >= i && utf8proc_get_property(b[k])->combining_class > cx) { b[k + 1] = b[k]; k--; }
+        while (k >= i && utf8proc_get_property(b[k])->combining_class > cx) {
+          b[k + 1] = b[k];
+          k--;
+        }
         b[k + 1] = x;
       }
     } else {
@@ -318,7 +388,7 @@ static void reorder(int32_t *b, int n) {
       int32_t *tmp = malloc(sizeof(int32_t) * (size_t)m + (size_t)m);
       if (tmp) {
         unsigned char *cls = (unsigned char *)(tmp + m);
-        int count[257] = {0};
+        int count[257] = { 0 };
         for (int a = 0; a < m; a++) {
           cls[a] = (unsigned char)utf8proc_get_property(b[i + a])->combining_class;
           count[cls[a] + 1]++;
@@ -340,18 +410,27 @@ static void seg_flush(eng *e) {
   e->seglen = 0;
   int64_t s = e->segstart, t = e->segend;
   int32_t c0 = e->seg[0];
-  if (k == 1 && c0 < 128) { feed(e, e->lower ? ascii_lower[c0] : c0, s, t); return; }
-  if (!e->lower) {  /* cased: no normalization, as Google's tokenization.py and HF tokenizers */
+  if (k == 1 && c0 < 128) {
+    feed(e, e->lower ? ascii_lower[c0] : c0, s, t);
+    return;
+  }
+  if (!e->lower) { /* cased: no normalization, as Google's tokenization.py and HF tokenizers */
     for (int i = 0; i < k; i++) feed(e, e->seg[i], s, t);
     return;
   }
   /* uncased: lowercase, decompose, drop the accents */
   int n = 0;
   for (int i = 0; i < k; i++) {
-    int32_t low[2]; int nl = 1;
+    int32_t low[2];
+    int nl = 1;
     low[0] = e->seg[i];
-    if (low[0] == 0x130) { low[0] = 'i'; low[1] = 0x307; nl = 2; }  /* Python's full lowercase of U+0130 */
-    else low[0] = utf8proc_tolower(low[0]);
+    if (low[0] == 0x130) {
+      low[0] = 'i';
+      low[1] = 0x307;
+      nl = 2;
+    } /* Python's full lowercase of U+0130 */
+    else
+      low[0] = utf8proc_tolower(low[0]);
     for (int j = 0; j < nl; j++) {
       if (grow(e, &e->norm, &e->normcap, e->normstack, n + 8)) return;
       utf8proc_ssize_t d = utf8proc_decompose_char(low[j], e->norm + n, e->normcap - n, UTF8PROC_DECOMPOSE, NULL);
@@ -359,7 +438,10 @@ static void seg_flush(eng *e) {
         if (grow(e, &e->norm, &e->normcap, e->normstack, n + (int)d)) return;
         d = utf8proc_decompose_char(low[j], e->norm + n, e->normcap - n, UTF8PROC_DECOMPOSE, NULL);
       }
-      if (d < 0) { e->norm[n] = low[j]; d = 1; }
+      if (d < 0) {
+        e->norm[n] = low[j];
+        d = 1;
+      }
       n += (int)d;
     }
   }
@@ -369,8 +451,10 @@ static void seg_flush(eng *e) {
 }
 
 static inline void seg_push(eng *e, int32_t cp, int64_t s, int64_t t) {
-  if (e->seglen == 0) e->segstart = s;
-  else if (e->seglen == e->segcap && grow(e, &e->seg, &e->segcap, e->segstack, e->seglen + 1)) return;
+  if (e->seglen == 0)
+    e->segstart = s;
+  else if (e->seglen == e->segcap && grow(e, &e->seg, &e->segcap, e->segstack, e->seglen + 1))
+    return;
   e->seg[e->seglen++] = cp;
   e->segend = t;
 }
@@ -391,7 +475,7 @@ static void word_end(eng *e) {
   tok_end(e);
   if (!e->wactive) return;
   e->wactive = 0;
-  if (e->wlen >= 5) {  /* cased: a word that is a special token after cleaning stays whole */
+  if (e->wlen >= 5) { /* cased: a word that is a special token after cleaning stays whole */
     for (int k = 0; k < BL_TOK_NUM_SPECIAL; k++) {
       const char *sp = bl_tok_special_names[k];
       if ((int)strlen(sp) == e->wlen && memcmp(sp, e->wb, (size_t)e->wlen) == 0) {
@@ -421,8 +505,15 @@ static int run(eng *e, const char *text, size_t len, int64_t base) {
     unsigned c = u[i];
     if (c < 0x80) {
       int k = ascii_class[c];
-      if (k == A_WS) { word_end(e); i++; continue; }
-      if (k == A_CTRL) { i++; continue; }
+      if (k == A_WS) {
+        word_end(e);
+        i++;
+        continue;
+      }
+      if (k == A_CTRL) {
+        i++;
+        continue;
+      }
       if (c == '[') {
         int sp = special_at(text + i, len - i);
         if (sp >= 0) {
@@ -448,11 +539,17 @@ static int run(eng *e, const char *text, size_t len, int64_t base) {
     int32_t cp = decode(u + i, len - i, &adv);
     int64_t s = base + (int64_t)i, t = base + (int64_t)(i + adv);
     i += adv;
-    if (cp < 0) { e->invalid++; continue; }     /* U+FFFD, then cleaned away */
+    if (cp < 0) {
+      e->invalid++;
+      continue;
+    } /* U+FFFD, then cleaned away */
     if (cp == 0xFFFD) continue;
     int cat = utf8proc_category(cp);
-    if (cat == UTF8PROC_CATEGORY_ZS || cp == 0x2028 || cp == 0x2029) { word_end(e); continue; }
-    if (cat == UTF8PROC_CATEGORY_CN || cat >= UTF8PROC_CATEGORY_CC) continue;  /* Cc Cf Cs Co Cn */
+    if (cat == UTF8PROC_CATEGORY_ZS || cp == 0x2028 || cp == 0x2029) {
+      word_end(e);
+      continue;
+    }
+    if (cat == UTF8PROC_CATEGORY_CN || cat >= UTF8PROC_CATEGORY_CC) continue; /* Cc Cf Cs Co Cn */
     if (is_chinese(cp)) {
       word_end(e);
       word_begin(e, s);
@@ -481,19 +578,23 @@ int bl_tokenizer_encode_full(const bl_tokenizer *tok, const char *text, size_t l
   BL_CHECK(check_args(tok, text, len, "tokenizer_encode"));
   if (!res) return bl_set_error(BL_EINVAL, "tokenizer_encode: result is NULL");
   if (res->cap < 0) return bl_set_error(BL_EINVAL, "tokenizer_encode: negative capacity %d", res->cap);
-  sink sk = {0};
-  sk.mode = SINK_RESULT; sk.res = res;
+  sink sk = { 0 };
+  sk.mode = SINK_RESULT;
+  sk.res = res;
   eng e;
   eng_init(&e, tok, &sk);
   int rc = run(&e, text, len, 0);
   eng_release(&e);
-  res->n = sk.n; res->n_words = sk.n_words; res->invalid_utf8 = e.invalid;
+  res->n = sk.n;
+  res->n_words = sk.n_words;
+  res->invalid_utf8 = e.invalid;
   return rc;
 }
 
 int bl_tokenizer_encode(const bl_tokenizer *tok, const char *text, size_t len, int32_t *ids, int cap, int *n) {
-  bl_tok_result r = {0};
-  r.ids = ids; r.cap = ids ? cap : 0;
+  bl_tok_result r = { 0 };
+  r.ids = ids;
+  r.cap = ids ? cap : 0;
   int rc = bl_tokenizer_encode_full(tok, text, len, &r);
   if (n) *n = r.n;
   return rc;
@@ -502,10 +603,12 @@ int bl_tokenizer_encode(const bl_tokenizer *tok, const char *text, size_t len, i
 int bl_tokenizer_wordpiece(const bl_tokenizer *tok, const char *word, size_t len, int32_t *ids, int cap, int *n) {
   BL_CHECK(check_args(tok, word, len, "tokenizer_wordpiece"));
   if (cap < 0) return bl_set_error(BL_EINVAL, "tokenizer_wordpiece: negative capacity %d", cap);
-  bl_tok_result r = {0};
-  r.ids = ids; r.cap = ids ? cap : 0;
-  sink sk = {0};
-  sk.mode = SINK_RESULT; sk.res = &r;
+  bl_tok_result r = { 0 };
+  r.ids = ids;
+  r.cap = ids ? cap : 0;
+  sink sk = { 0 };
+  sk.mode = SINK_RESULT;
+  sk.res = &r;
   eng e;
   eng_init(&e, tok, &sk);
   /* like the reference WordpieceTokenizer: split on whitespace, then pieces;
@@ -540,16 +643,18 @@ int bl_tokenizer_wordpiece(const bl_tokenizer *tok, const char *word, size_t len
   return 0;
 }
 
-int bl_tokenizer_format(const bl_tokenizer *tok, const char *text, size_t len, int mode,
-                        char *out, size_t cap, size_t *need, int64_t *invalid_utf8) {
+int bl_tokenizer_format(const bl_tokenizer *tok, const char *text, size_t len, int mode, char *out, size_t cap,
+                        size_t *need, int64_t *invalid_utf8) {
   if (!tok) return bl_set_error(BL_EINVAL, "tokenizer_format: tokenizer is NULL");
   if (!text && len) return bl_set_error(BL_EINVAL, "tokenizer_format: text is NULL with length %zu", len);
   if (mode < 0 || mode > 2)
     return bl_set_error(BL_EINVAL, "tokenizer_format: mode must be 0 (tokens), 1 (ids) or 2 (basic), got %d", mode);
   if (!out) cap = 0;
   init_tables();
-  sink sk = {0};
-  sk.mode = mode; sk.out = out; sk.cap = cap;
+  sink sk = { 0 };
+  sk.mode = mode;
+  sk.out = out;
+  sk.cap = cap;
   eng e;
   eng_init(&e, tok, &sk);
   int rc = 0;

@@ -16,7 +16,7 @@
 #include "text_internal.h"
 #include "base/open.h"
 
-const char *const bl_tok_special_names[BL_TOK_NUM_SPECIAL] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+const char *const bl_tok_special_names[BL_TOK_NUM_SPECIAL] = { "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]" };
 
 /* strict UTF-8 validation (Unicode table 3-7): returns the offset of the first
  * invalid byte or n */
@@ -24,12 +24,24 @@ static size_t utf8_valid_prefix(const unsigned char *s, size_t n) {
   size_t i = 0;
   while (i < n) {
     unsigned c = s[i];
-    if (c < 0x80) { i++; continue; }
-    size_t k; unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) k = 1;
-    else if (c >= 0xE0 && c <= 0xEF) { k = 2; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { k = 3; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return i;
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    size_t k;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+      k = 1;
+    else if (c >= 0xE0 && c <= 0xEF) {
+      k = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      k = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else
+      return i;
     if (i + k >= n) return i;
     if (s[i + 1] < lo || s[i + 1] > hi) return i;
     for (size_t j = 2; j <= k; j++)
@@ -52,15 +64,22 @@ static int table_build(bl_tokenizer *t, bl_tok_table *tab, int skip, int count) 
     size_t n = t->len[id];
     if (skip) {
       if (n < 2 || s[0] != '#' || s[1] != '#') continue;
-      s += 2; n -= 2;
+      s += 2;
+      n -= 2;
     }
     uint32_t h = bl_tok_hash(s, n);
     uint32_t i = h & tab->mask;
     for (;; i = (i + 1) & tab->mask) {
       bl_tok_slot *sl = &tab->slots[i];
-      if (sl->id < 0) { sl->hash = h; sl->id = id; break; }
-      if (sl->hash == h && t->len[sl->id] - (uint32_t)skip == n &&
-          memcmp(t->blob + t->off[sl->id] + skip, s, n) == 0) { sl->id = id; break; }  /* last wins */
+      if (sl->id < 0) {
+        sl->hash = h;
+        sl->id = id;
+        break;
+      }
+      if (sl->hash == h && t->len[sl->id] - (uint32_t)skip == n && memcmp(t->blob + t->off[sl->id] + skip, s, n) == 0) {
+        sl->id = id;
+        break;
+      } /* last wins */
     }
     if ((int)n > tab->max_len) tab->max_len = (int)n;
   }
@@ -69,8 +88,11 @@ static int table_build(bl_tokenizer *t, bl_tok_table *tab, int skip, int count) 
 
 void bl_tokenizer_free(bl_tokenizer *t) {
   if (!t) return;
-  free(t->blob); free(t->off); free(t->len);
-  free(t->full.slots); free(t->cont.slots);
+  free(t->blob);
+  free(t->off);
+  free(t->len);
+  free(t->full.slots);
+  free(t->cont.slots);
   free(t);
 }
 
@@ -86,14 +108,20 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
     return bl_set_error(BL_EIO, "tokenizer_load: cannot open vocab file %s: %s", path, strerror(errno));
   }
   bl_tokenizer *t = calloc(1, sizeof *t);
-  if (!t) { fclose(f); return bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory (%s)", path); }
+  if (!t) {
+    fclose(f);
+    return bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory (%s)", path);
+  }
   snprintf(t->path, sizeof t->path, "%s", path);
   t->lower = lower_case ? 1 : 0;
   /* read all: vocabularies are a few hundred KB */
   size_t cap = 1 << 16, n = 0;
   char *buf = malloc(cap + 1);
   int rc = 0;
-  if (!buf) { rc = bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory reading %s", path); goto fail; }
+  if (!buf) {
+    rc = bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory reading %s", path);
+    goto fail;
+  }
   for (;;) {
     if (n == cap) {
       if (cap > ((size_t)1 << 31)) {
@@ -101,20 +129,31 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
         goto fail;
       }
       char *nb = realloc(buf, cap * 2 + 1);
-      if (!nb) { rc = bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory reading %s", path); goto fail; }
-      buf = nb; cap *= 2;
+      if (!nb) {
+        rc = bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory reading %s", path);
+        goto fail;
+      }
+      buf = nb;
+      cap *= 2;
     }
     size_t r = fread(buf + n, 1, cap - n, f);
     n += r;
     if (r == 0) {
-      if (ferror(f)) { rc = bl_set_error(BL_EIO, "tokenizer_load: read error on vocab file %s", path); goto fail; }
+      if (ferror(f)) {
+        rc = bl_set_error(BL_EIO, "tokenizer_load: read error on vocab file %s", path);
+        goto fail;
+      }
       break;
     }
   }
-  fclose(f); f = NULL;
+  fclose(f);
+  f = NULL;
   /* a UTF-8 byte order mark (an editor's) is not part of the first token, which would lose its name */
   if (n >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0) memmove(buf, buf + 3, n -= 3);
-  if (n == 0) { rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s is empty", path); goto fail; }
+  if (n == 0) {
+    rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s is empty", path);
+    goto fail;
+  }
   size_t bad = utf8_valid_prefix((const unsigned char *)buf, n);
   if (bad != n) {
     size_t line = 1;
@@ -130,8 +169,12 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
   /* count lines: a terminator ends a line; text after the last one is a line too */
   size_t lines = 0;
   for (size_t i = 0; i < n; i++) {
-    if (buf[i] == '\n') lines++;
-    else if (buf[i] == '\r') { lines++; if (i + 1 < n && buf[i + 1] == '\n') i++; }
+    if (buf[i] == '\n')
+      lines++;
+    else if (buf[i] == '\r') {
+      lines++;
+      if (i + 1 < n && buf[i + 1] == '\n') i++;
+    }
   }
   if (buf[n - 1] != '\n' && buf[n - 1] != '\r') lines++;
   if (lines > (size_t)INT32_MAX - 1) {
@@ -141,16 +184,25 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
   t->size = (int)lines;
   t->off = malloc(sizeof(uint32_t) * lines);
   t->len = malloc(sizeof(uint32_t) * lines);
-  if (!t->off || !t->len) { rc = bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory (%s)", path); goto fail; }
+  if (!t->off || !t->len) {
+    rc = bl_set_error(BL_ENOMEM, "tokenizer_load: out of memory (%s)", path);
+    goto fail;
+  }
   /* turn terminators into NULs in place: the buffer becomes the blob */
   size_t id = 0, start = 0;
   for (size_t i = 0; i <= n; i++) {
     if (i == n) {
-      if (start < n) { t->off[id] = (uint32_t)start; t->len[id] = (uint32_t)(n - start); id++; }
+      if (start < n) {
+        t->off[id] = (uint32_t)start;
+        t->len[id] = (uint32_t)(n - start);
+        id++;
+      }
       break;
     }
     if (buf[i] == '\n' || buf[i] == '\r') {
-      t->off[id] = (uint32_t)start; t->len[id] = (uint32_t)(i - start); id++;
+      t->off[id] = (uint32_t)start;
+      t->len[id] = (uint32_t)(i - start);
+      id++;
       int crlf = buf[i] == '\r' && i + 1 < n && buf[i + 1] == '\n';
       buf[i] = 0;
       if (crlf) i++;
@@ -158,18 +210,22 @@ int bl_tokenizer_load(const char *path, int lower_case, bl_tokenizer **out) {
     }
   }
   buf[n] = 0;
-  t->blob = buf; buf = NULL;
+  t->blob = buf;
+  buf = NULL;
   if ((rc = table_build(t, &t->full, 0, t->size)) != 0) goto fail;
   if ((rc = table_build(t, &t->cont, 2, t->size)) != 0) goto fail;
   char missing[64] = "";
   for (int k = 0; k < BL_TOK_NUM_SPECIAL; k++) {
     const char *s = bl_tok_special_names[k];
     t->special[k] = bl_tok_lookup(t, &t->full, 0, s, strlen(s));
-    if (t->special[k] < 0) { strcat(missing, " "); strcat(missing, s); }
+    if (t->special[k] < 0) {
+      strcat(missing, " ");
+      strcat(missing, s);
+    }
   }
   if (missing[0]) {
-    rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s lacks the special token(s)%s (%d lines read)",
-                      path, missing, t->size);
+    rc = bl_set_error(BL_EFORMAT, "tokenizer_load: vocab file %s lacks the special token(s)%s (%d lines read)", path,
+                      missing, t->size);
     goto fail;
   }
   *out = t;

@@ -30,12 +30,16 @@
 #include "check.h"
 
 static const int DEV = 0;
-#define SH(...) (const int64_t[]){__VA_ARGS__}
+#define SH(...) \
+  (const int64_t[]) { __VA_ARGS__ }
 
 static bl_tensor *mk(int dev, int dtype, int nd, const int64_t *shape) {
   bl_tensor *t = NULL;
-  if (bl_tensor_empty(nd, shape, dtype, dev, &t)) { printf("FAIL alloc: %s\n", bl_last_error()); exit(1); }
-  if (dev >= 0 && t->numel > 0) OK(bl_tensor_fill(t, NAN));   /* an element never written fails */
+  if (bl_tensor_empty(nd, shape, dtype, dev, &t)) {
+    printf("FAIL alloc: %s\n", bl_last_error());
+    exit(1);
+  }
+  if (dev >= 0 && t->numel > 0) OK(bl_tensor_fill(t, NAN)); /* an element never written fails */
   return t;
 }
 static bl_tensor *slice(const bl_tensor *t, int64_t start, int64_t len) {
@@ -68,14 +72,19 @@ static bl_tensor *random_pair(int nd, const int64_t *shape, int dtype, uint64_t 
 
 typedef struct {
   const char *what;
-  double worst;    /* largest |err| / bound seen */
-  int64_t bad;     /* first element over its bound, -1 if none */
+  double worst; /* largest |err| / bound seen */
+  int64_t bad;  /* first element over its bound, -1 if none */
   double got, ref, lim;
 } tally;
 static void see(tally *t, int64_t i, double got, double ref, double lim) {
   double e = fabs(got - ref);
   if (!(e <= lim)) {
-    if (t->bad < 0) { t->bad = i; t->got = got; t->ref = ref; t->lim = lim; }
+    if (t->bad < 0) {
+      t->bad = i;
+      t->got = got;
+      t->ref = ref;
+      t->lim = lim;
+    }
     if (e != e) e = INFINITY;
   }
   if (e / lim > t->worst) t->worst = e / lim;
@@ -97,11 +106,11 @@ static void make_mask(float *m, int kind, int64_t B, int64_t S, uint64_t seed) {
   uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
 #define NEXT() (x = x * 6364136223846793005ull + 1442695040888963407ull, (x >> 33) % 1000003)
   for (int64_t b = 0; b < B; b++) {
-    int64_t len = S;   /* MASK_LENGTHS: row 0 all S, row 1 a single key, others random in [1, S] */
+    int64_t len = S; /* MASK_LENGTHS: row 0 all S, row 1 a single key, others random in [1, S] */
     if (kind == MASK_LENGTHS) len = b == 0 ? S : b == 1 ? 1 : 1 + (int64_t)(NEXT() % (uint64_t)S);
     for (int64_t s = 0; s < S; s++) {
       float v = 1.0f;
-      if (kind == MASK_THIRDS) v = s == 0 || s < S - b * (S / 3) ? 1.0f : 0.0f;   /* the first S - b*S/3 keys */
+      if (kind == MASK_THIRDS) v = s == 0 || s < S - b * (S / 3) ? 1.0f : 0.0f; /* the first S - b*S/3 keys */
       if (kind == MASK_LENGTHS) v = s < len ? 1.0f : 0.0f;
       if (kind == MASK_SCATTER) v = b == B - 1 && B > 1 ? 0.0f : NEXT() % 3 == 0 ? 0.0f : 1.0f;
       m[b * S + s] = v;
@@ -156,9 +165,9 @@ static void run_case_mask(int dtype, int64_t B, int64_t S, int heads, int64_t d,
   double *GQ = host(gq), *GK = host(gk), *GV = host(gv);
   double *ctx_bound = malloc(sizeof(double) * (size_t)(B * S * H)), *eS = malloc(sizeof(double) * (size_t)(S * S));
   double *dS = malloc(sizeof(double) * (size_t)(S * S));
-  tally tc = {"ctx", 0, -1, 0, 0, 0}, tq = {"dq", 0, -1, 0, 0, 0}, tk = {"dk", 0, -1, 0, 0, 0};
-  tally tv = {"dv", 0, -1, 0, 0, 0};
-#define AT(X, b, s, c) X[((b) * S + (s)) * H + (c)]
+  tally tc = { "ctx", 0, -1, 0, 0, 0 }, tq = { "dq", 0, -1, 0, 0, 0 }, tk = { "dk", 0, -1, 0, 0, 0 };
+  tally tv = { "dv", 0, -1, 0, 0, 0 };
+#define AT(X, b, s, c) X[((b)*S + (s)) * H + (c)]
   for (int64_t b = 0; b < B; b++)
     for (int h = 0; h < heads; h++) {
       const int64_t bh = b * heads + h, o = h * d;
@@ -175,7 +184,7 @@ static void run_case_mask(int dtype, int64_t B, int64_t S, int heads, int64_t d,
           AT(ctx_bound, b, i, o + c) = lim;
           see(&tc, (b * S + i) * H + o + c, AT(Cg, b, i, o + c), ref, lim + frel * (A + fabs(ref)) + 1e-7);
         }
-      for (int64_t i = 0; i < S; i++) {   /* dS and its error bound e_S */
+      for (int64_t i = 0; i < S; i++) { /* dS and its error bound e_S */
         double D = 0, eD = 0, fD = 0;
         for (int64_t c = 0; c < d; c++) {
           D += AT(G, b, i, o + c) * AT(Cr, b, i, o + c);
@@ -194,7 +203,7 @@ static void run_case_mask(int dtype, int64_t B, int64_t S, int heads, int64_t d,
         }
       }
       for (int64_t c = 0; c < d; c++) {
-        for (int64_t j = 0; j < S; j++) {   /* dK, dV of key j */
+        for (int64_t j = 0; j < S; j++) { /* dK, dV of key j */
           double Ak = 0, Fk = 0, Av = 0, Aav = 0, rk = AT(GKr, b, j, o + c), rv = AT(GVr, b, j, o + c);
           for (int64_t i = 0; i < S; i++) {
             Ak += eS[i * S + j] * fabs(AT(Q, b, i, o + c));
@@ -207,7 +216,7 @@ static void run_case_mask(int dtype, int64_t B, int64_t S, int heads, int64_t d,
           see(&tv, (b * S + j) * H + o + c, AT(GV, b, j, o + c), rv,
               u * (Av + fabs(rv)) + ua * (Aav + 1) + frel * (Av + fabs(rv)) + 1e-7);
         }
-        for (int64_t i = 0; i < S; i++) {   /* dQ of query i */
+        for (int64_t i = 0; i < S; i++) { /* dQ of query i */
           double Aq = 0, Fq = 0, rq = AT(GQr, b, i, o + c);
           for (int64_t j = 0; j < S; j++) {
             Aq += eS[i * S + j] * fabs(AT(K, b, j, o + c));
@@ -232,10 +241,27 @@ static void run_case_mask(int dtype, int64_t B, int64_t S, int heads, int64_t d,
   double *a1 = host(gqkv), *a2 = host(gqkv2);
   CHECK(!memcmp(a1, a2, sizeof(double) * (size_t)gqkv->numel), "%s: a second backward differs", name);
 
-  free(z); free(Q); free(K); free(V); free(G); free(P); free(Cr); free(Cg); free(GQr); free(GKr); free(GVr);
-  free(GQ); free(GK); free(GV); free(ctx_bound); free(eS); free(dS); free(a1); free(a2);
-  bl_tensor *ts[] = {qkv_c, qkv, go_c, go, q_c, k_c, v_c, q, k, v, km_c, km, ctx_c, probs, gq_c, gk_c, gv_c,
-                     ctx, lse, gqkv, gq, gk, gv, gqkv2, gq2, gk2, gv2};
+  free(z);
+  free(Q);
+  free(K);
+  free(V);
+  free(G);
+  free(P);
+  free(Cr);
+  free(Cg);
+  free(GQr);
+  free(GKr);
+  free(GVr);
+  free(GQ);
+  free(GK);
+  free(GV);
+  free(ctx_bound);
+  free(eS);
+  free(dS);
+  free(a1);
+  free(a2);
+  bl_tensor *ts[] = { qkv_c, qkv,  go_c, go,  q_c, k_c,  v_c, q,  k,  v,     km_c, km,  ctx_c, probs,
+                      gq_c,  gk_c, gv_c, ctx, lse, gqkv, gq,  gk, gv, gqkv2, gq2,  gk2, gv2 };
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
 }
 
@@ -258,16 +284,18 @@ static void check_skip(int dtype, int64_t S, int64_t len, int64_t d) {
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < S; s++) ((float *)km_c->data)[b * S + s] = s < len ? 1.0f : 0.0f;
   OK(bl_tensor_copy(km, km_c));
-  bl_tensor *out[2][2];   /* [finite, poisoned][ctx, gqkv] */
+  bl_tensor *out[2][2]; /* [finite, poisoned][ctx, gqkv] */
   for (int poison = 0; poison < 2; poison++) {
-    if (poison) {   /* NaN into K and V of the keys in the skipped tiles */
+    if (poison) { /* NaN into K and V of the keys in the skipped tiles */
       bl_tensor *h = mk(-1, dtype, 3, SH(B, S, 3 * H));
       OK(bl_tensor_copy(h, qkv));
       bl_tensor *kv = slice(h, H, 2 * H), *pad = NULL;
       OK(bl_tensor_narrow(kv, 1, live, S - live, &pad));
       OK(bl_tensor_fill(pad, NAN));
       OK(bl_tensor_copy(qkv, h));
-      bl_tensor_free(pad); bl_tensor_free(kv); bl_tensor_free(h);
+      bl_tensor_free(pad);
+      bl_tensor_free(kv);
+      bl_tensor_free(h);
     }
     bl_tensor *q = slice(qkv, 0, H), *k = slice(qkv, H, H), *v = slice(qkv, 2 * H, H);
     bl_tensor *ctx = mk(DEV, dtype, 3, SH(B, S, H)), *lse = mk(DEV, BL_F32, 3, SH(B, heads, S));
@@ -275,8 +303,9 @@ static void check_skip(int dtype, int64_t S, int64_t len, int64_t d) {
     bl_tensor *gq = slice(g, 0, H), *gk = slice(g, H, H), *gv = slice(g, 2 * H, H);
     OK(bl_attention_forward_saved(ctx, lse, q, k, v, km, heads, 0, 0.1, 3, 9));
     OK(bl_attention_backward_saved(gq, gk, gv, go, q, k, v, ctx, lse, km, heads, 0, 0.1, 3, 9));
-    out[poison][0] = ctx; out[poison][1] = g;
-    bl_tensor *ts[] = {q, k, v, lse, gq, gk, gv};
+    out[poison][0] = ctx;
+    out[poison][1] = g;
+    bl_tensor *ts[] = { q, k, v, lse, gq, gk, gv };
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
   }
   for (int w = 0; w < 2; w++) {
@@ -291,9 +320,10 @@ static void check_skip(int dtype, int64_t S, int64_t len, int64_t d) {
           break;
         }
       }
-    free(a); free(b);
+    free(a);
+    free(b);
   }
-  bl_tensor *ts[] = {qkv_c, qkv, go_c, go, km_c, km, out[0][0], out[0][1], out[1][0], out[1][1]};
+  bl_tensor *ts[] = { qkv_c, qkv, go_c, go, km_c, km, out[0][0], out[0][1], out[1][0], out[1][1] };
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
 }
 

@@ -36,12 +36,16 @@ int main(void) {
 static int checks = 0;
 static const int DEV = 0;
 
-#define SH(...) (const int64_t[]){__VA_ARGS__}
+#define SH(...) \
+  (const int64_t[]) { __VA_ARGS__ }
 
 static bl_tensor *mk(int dev, int dtype, int nd, const int64_t *shape) {
   bl_tensor *t = NULL;
-  if (bl_tensor_empty(nd, shape, dtype, dev, &t)) { printf("FAIL alloc: %s\n", bl_last_error()); exit(1); }
-  if (dev >= 0 && t->numel > 0 && bl_dtype_is_float(dtype)) bl_cuda_tensor_fill(t, NAN);   /* poison */
+  if (bl_tensor_empty(nd, shape, dtype, dev, &t)) {
+    printf("FAIL alloc: %s\n", bl_last_error());
+    exit(1);
+  }
+  if (dev >= 0 && t->numel > 0 && bl_dtype_is_float(dtype)) bl_cuda_tensor_fill(t, NAN); /* poison */
   return t;
 }
 /* Random values in [lo, hi) rounded to dtype, on the CPU. */
@@ -78,7 +82,8 @@ static void close_(const char *name, const bl_tensor *ref, const bl_tensor *got,
     printf("FAIL %s: element %lld cpu %.9g gpu %.9g (max abs err %.3g)\n", name, (long long)bad, a[bad], b[bad], worst);
     failures++;
   }
-  free(a); free(b);
+  free(a);
+  free(b);
 }
 static void F(bl_tensor *t) { bl_tensor_free(t); }
 static int64_t conversions(void) {
@@ -89,7 +94,10 @@ static int64_t conversions(void) {
 static void no_conversion(const char *what, int64_t before) {
   checks++;
   int64_t d = conversions() - before;
-  if (d) { printf("FAIL %s: %lld generic conversions (expected a native path)\n", what, (long long)d); failures++; }
+  if (d) {
+    printf("FAIL %s: %lld generic conversions (expected a native path)\n", what, (long long)d);
+    failures++;
+  }
 }
 
 /* ids in [0, rows): every 5th the padding id 0, the others from a few values (repeats) or anywhere. */
@@ -99,24 +107,29 @@ static bl_tensor *make_ids(int dtype, int64_t n, int64_t rows, int few, uint64_t
   for (int64_t i = 0; i < n; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     int64_t v = (int64_t)((s >> 33) % (uint64_t)(few ? (rows < 9 ? rows : 9) : rows));
-    if (few && rows > 9) v = v * (rows / 9);   /* few distinct ids spread over a large vocabulary */
+    if (few && rows > 9) v = v * (rows / 9); /* few distinct ids spread over a large vocabulary */
     if (i % 5 == 0) v = 0;
-    if (dtype == BL_I32) ((int32_t *)t->data)[i] = (int32_t)v;
-    else ((int64_t *)t->data)[i] = v;
+    if (dtype == BL_I32)
+      ((int32_t *)t->data)[i] = (int32_t)v;
+    else
+      ((int64_t *)t->data)[i] = v;
   }
   return t;
 }
 
 /* ---------------------------------------------------------------- embedding, gather */
 static void test_lookups(void) {
-  const struct { int dt; int64_t rows, h, n; int few, gdt_f32; } cases[] = {
-    {BL_BF16, 30522, 64, 200, 1, 1},   /* BERT's vocabulary, few ids, f32 gradient table (the flat buffer) */
-    {BL_F16, 37, 40, 300, 0, 1},
-    {BL_BF16, 37, 40, 300, 0, 0},      /* gradient in the activations' dtype */
-    {BL_F32, 30522, 33, 150, 0, 1},    /* odd row: scalar path */
-    {BL_BF16, 2, 24, 9000, 0, 1},      /* token types: two long segments, three sort tiles */
-    {BL_BF16, 512, 8, 4100, 1, 0},     /* positions: one vector per row, a tile and a few more */
-    {BL_F16, 7, 13, 77, 0, 0},         /* odd row in a half type: scalar path */
+  const struct {
+    int dt;
+    int64_t rows, h, n;
+    int few, gdt_f32;
+  } cases[] = {
+    { BL_BF16, 30522, 64, 200, 1, 1 }, /* BERT's vocabulary, few ids, f32 gradient table (the flat buffer) */
+    { BL_F16, 37, 40, 300, 0, 1 },     { BL_BF16, 37, 40, 300, 0, 0 }, /* gradient in the activations' dtype */
+    { BL_F32, 30522, 33, 150, 0, 1 },                                  /* odd row: scalar path */
+    { BL_BF16, 2, 24, 9000, 0, 1 },  /* token types: two long segments, three sort tiles */
+    { BL_BF16, 512, 8, 4100, 1, 0 }, /* positions: one vector per row, a tile and a few more */
+    { BL_F16, 7, 13, 77, 0, 0 },     /* odd row in a half type: scalar path */
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int dt = cases[k].dt, gdt = cases[k].gdt_f32 ? BL_F32 : dt;
@@ -127,7 +140,7 @@ static void test_lookups(void) {
     bl_tensor *out = rnd(dt, 2, SH(N, H), 20 + k, -1, 1);
     bl_tensor *d_tab = up(tab), *d_ids = up(ids), *d_out = up(out);
     int64_t c0 = conversions();
-    for (int acc = 0; acc <= 1; acc++) {   /* accumulate: onto the previous result */
+    for (int acc = 0; acc <= 1; acc++) { /* accumulate: onto the previous result */
       OK(bl_embedding_forward(out, tab, ids, acc));
       OK(bl_cuda_embedding_forward(d_out, d_tab, d_ids, acc));
       snprintf(name, sizeof name, "embedding %s [%lld x %lld] n=%lld accumulate=%d", bl_dtype_name(dt), (long long)R,
@@ -144,7 +157,17 @@ static void test_lookups(void) {
     close_(name, gt, d_gt, 0, 0);
     close_("embedding backward rerun (bitwise)", d_gt, d_gt2, 0, 0);
     no_conversion(name, c0);
-    F(tab); F(ids); F(out); F(d_tab); F(d_ids); F(d_out); F(gt); F(g); F(d_gt); F(d_gt2); F(d_g);
+    F(tab);
+    F(ids);
+    F(out);
+    F(d_tab);
+    F(d_ids);
+    F(d_out);
+    F(gt);
+    F(g);
+    F(d_gt);
+    F(d_gt2);
+    F(d_g);
   }
   /* gather of rows of a [B*S, H] activation and its backward into a zeroed gradient of the activations' dtype */
   const int64_t B = 3, S = 45, H = 48, P = 20;
@@ -153,15 +176,26 @@ static void test_lookups(void) {
     bl_tensor *x = rnd(t, 2, SH(B * S, H), 50 + dt, -1, 1), *pos = make_ids(BL_I32, P, B * S, 0, 60 + dt);
     bl_tensor *y = mk(-1, t, 2, SH(P, H)), *d_x = up(x), *d_pos = up(pos), *d_y = mk(DEV, t, 2, SH(P, H));
     int64_t c0 = conversions();
-    OK(bl_gather_forward(y, x, pos)); OK(bl_cuda_gather_forward(d_y, d_x, d_pos));
+    OK(bl_gather_forward(y, x, pos));
+    OK(bl_cuda_gather_forward(d_y, d_x, d_pos));
     close_(dt ? "gather f16" : "gather bf16", y, d_y, 0, 0);
     bl_tensor *dy = rnd(t, 2, SH(P, H), 70 + dt, -1, 1), *dx = mk(-1, t, 2, SH(B * S, H));
     OK(bl_tensor_fill(dx, 0));
     bl_tensor *d_dy = up(dy), *d_dx = up(dx);
-    OK(bl_gather_backward(dx, dy, pos)); OK(bl_cuda_gather_backward(d_dx, d_dy, d_pos));
+    OK(bl_gather_backward(dx, dy, pos));
+    OK(bl_cuda_gather_backward(d_dx, d_dy, d_pos));
     close_(dt ? "gather backward f16" : "gather backward bf16", dx, d_dx, 0, 0);
     no_conversion("gather", c0);
-    F(x); F(pos); F(y); F(d_x); F(d_pos); F(d_y); F(dy); F(dx); F(d_dy); F(d_dx);
+    F(x);
+    F(pos);
+    F(y);
+    F(d_x);
+    F(d_pos);
+    F(d_y);
+    F(dy);
+    F(dx);
+    F(d_dy);
+    F(d_dx);
   }
 }
 
@@ -240,16 +274,23 @@ static double *table_round_spread(int dtype, const bl_tensor *ds, const double *
     }
   double *tl = round_to(dtype, lo), *th = round_to(dtype, hi), *tm = round_to(dtype, ds);
   for (int64_t e = 0; e < n * H; e++) tl[e] = fmax(th[e] - tm[e], tm[e] - tl[e]);
-  free(th); free(tm); F(lo); F(hi);
+  free(th);
+  free(tm);
+  F(lo);
+  F(hi);
   return tl;
 }
 
 static void test_embedding_layernorm(void) {
-  const struct { int dt, gdt; int64_t B, S, H, vocab, npos, ntype; double p; } cases[] = {
-    {BL_BF16, BL_F32, 3, 7, 40, 50, 9, 2, 0.1},    /* 16-byte vectors, f32 LayerNorm parameters */
-    {BL_F16, BL_F16, 2, 5, 37, 30, 6, 3, 0.1},     /* odd rows: scalar path */
-    {BL_F32, BL_F32, 4, 9, 64, 100, 12, 2, 0.0},   /* f32 vectors of 4, no dropout */
-    {BL_BF16, BL_BF16, 4, 150, 24, 7, 300, 4, 0.2},  /* 600 rows: three chunks of the column sums, 4 types */
+  const struct {
+    int dt, gdt;
+    int64_t B, S, H, vocab, npos, ntype;
+    double p;
+  } cases[] = {
+    { BL_BF16, BL_F32, 3, 7, 40, 50, 9, 2, 0.1 },     /* 16-byte vectors, f32 LayerNorm parameters */
+    { BL_F16, BL_F16, 2, 5, 37, 30, 6, 3, 0.1 },      /* odd rows: scalar path */
+    { BL_F32, BL_F32, 4, 9, 64, 100, 12, 2, 0.0 },    /* f32 vectors of 4, no dropout */
+    { BL_BF16, BL_BF16, 4, 150, 24, 7, 300, 4, 0.2 }, /* 600 rows: three chunks of the column sums, 4 types */
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int dt = cases[k].dt, gdt = cases[k].gdt;
@@ -257,19 +298,22 @@ static void test_embedding_layernorm(void) {
     const double p = cases[k].p, u = dt == BL_BF16 ? 1.0 / 256 : dt == BL_F16 ? 1.0 / 2048 : 0, u32 = 0x1p-24;
     const uint64_t seed = 5 + k, off = 1000 * k;
     char name[160];
-    bl_tensor *tab[3] = {rnd(dt, 2, SH(cases[k].vocab, H), 200 + k, -1, 1),
-                         rnd(dt, 2, SH(cases[k].npos, H), 210 + k, -1, 1), rnd(dt, 2, SH(ntype, H), 220 + k, -1, 1)};
-    bl_tensor *idx[3] = {make_ids(BL_I32, n, cases[k].vocab, 0, 230 + k),
-                         make_ids(BL_I64, n, cases[k].npos, 0, 240 + k), make_ids(BL_I32, n, ntype, 0, 250 + k)};
+    bl_tensor *tab[3] = { rnd(dt, 2, SH(cases[k].vocab, H), 200 + k, -1, 1),
+                          rnd(dt, 2, SH(cases[k].npos, H), 210 + k, -1, 1), rnd(dt, 2, SH(ntype, H), 220 + k, -1, 1) };
+    bl_tensor *idx[3] = { make_ids(BL_I32, n, cases[k].vocab, 0, 230 + k),
+                          make_ids(BL_I64, n, cases[k].npos, 0, 240 + k), make_ids(BL_I32, n, ntype, 0, 250 + k) };
     bl_tensor *gam = rnd(gdt, 1, SH(H), 260 + k, 0.5, 1.5), *bet = rnd(gdt, 1, SH(H), 270 + k, -0.5, 0.5);
     bl_tensor *y = mk(-1, dt, 3, SH(B, S, H)), *mean = mk(-1, BL_F32, 1, SH(n)), *rstd = mk(-1, BL_F32, 1, SH(n));
     bl_tensor *d_tab[3], *d_idx[3];
-    for (int q = 0; q < 3; q++) { d_tab[q] = up(tab[q]); d_idx[q] = up(idx[q]); }
+    for (int q = 0; q < 3; q++) {
+      d_tab[q] = up(tab[q]);
+      d_idx[q] = up(idx[q]);
+    }
     bl_tensor *d_gam = up(gam), *d_bet = up(bet), *d_y = mk(DEV, dt, 3, SH(B, S, H));
     bl_tensor *d_mean = mk(DEV, BL_F32, 1, SH(n)), *d_rstd = mk(DEV, BL_F32, 1, SH(n));
     const int64_t c0 = conversions();
-    OK(bl_embedding_layernorm_forward(y, mean, rstd, tab[0], tab[1], tab[2], idx[0], idx[1], idx[2], gam, bet, 1e-12,
-                                      p, seed, off));
+    OK(bl_embedding_layernorm_forward(y, mean, rstd, tab[0], tab[1], tab[2], idx[0], idx[1], idx[2], gam, bet, 1e-12, p,
+                                      seed, off));
     OK(bl_cuda_embedding_layernorm_forward(d_y, d_mean, d_rstd, d_tab[0], d_tab[1], d_tab[2], d_idx[0], d_idx[1],
                                            d_idx[2], d_gam, d_bet, 1e-12, p, seed, off));
     snprintf(name, sizeof name, "embedding_layernorm %s/%s n=%lld H=%lld p=%g", bl_dtype_name(dt), bl_dtype_name(gdt),
@@ -280,13 +324,16 @@ static void test_embedding_layernorm(void) {
 
     /* backward onto random non-zero gradients (they accumulate), rerun for determinism */
     bl_tensor *dy = rnd(dt, 3, SH(B, S, H), 280 + k, -1, 1), *d_dy = up(dy);
-    bl_tensor *gr[5] = {rnd(BL_F32, 2, SH(cases[k].vocab, H), 290 + k, -1, 1),
-                        rnd(BL_F32, 2, SH(cases[k].npos, H), 300 + k, -1, 1),
-                        rnd(BL_F32, 2, SH(ntype, H), 310 + k, -1, 1), rnd(BL_F32, 1, SH(H), 320 + k, -1, 1),
-                        rnd(BL_F32, 1, SH(H), 330 + k, -1, 1)};
+    bl_tensor *gr[5] = { rnd(BL_F32, 2, SH(cases[k].vocab, H), 290 + k, -1, 1),
+                         rnd(BL_F32, 2, SH(cases[k].npos, H), 300 + k, -1, 1),
+                         rnd(BL_F32, 2, SH(ntype, H), 310 + k, -1, 1), rnd(BL_F32, 1, SH(H), 320 + k, -1, 1),
+                         rnd(BL_F32, 1, SH(H), 330 + k, -1, 1) };
     bl_tensor *d_gr[5], *d_gr2[5];
-    for (int q = 0; q < 5; q++) { d_gr[q] = up(gr[q]); d_gr2[q] = up(gr[q]); }
-    double *g0[3] = {host(gr[0]), host(gr[1]), host(gr[2])};   /* the tables' gradients before the backward */
+    for (int q = 0; q < 5; q++) {
+      d_gr[q] = up(gr[q]);
+      d_gr2[q] = up(gr[q]);
+    }
+    double *g0[3] = { host(gr[0]), host(gr[1]), host(gr[2]) }; /* the tables' gradients before the backward */
     OK(bl_embedding_layernorm_backward(gr[0], gr[1], gr[2], gr[3], gr[4], dy, tab[0], tab[1], tab[2], idx[0], idx[1],
                                        idx[2], gam, mean, rstd, p, seed, off));
     for (int r = 0; r < 2; r++) {
@@ -306,7 +353,7 @@ static void test_embedding_layernorm(void) {
     OK(bl_layernorm_backward(ds, NULL, NULL, dyd, s, gam, mean, rstd));
     double *sv = f32_of(s), *gv = f32_of(dyd), *dv = f32_of(ds), *mv = f32_of(mean), *rv = f32_of(rstd);
     double *gmv = f32_of(gam), *row_err = calloc((size_t)n, sizeof(double));
-#define xh_abs(i, c) fabs((sv[(i) * H + (c)] - mv[i]) * rv[i])
+#define xh_abs(i, c) fabs((sv[(i)*H + (c)] - mv[i]) * rv[i])
     /* the row sums a, b of ds = rs (dy' g - a - xhat b) differ by up to 1e-5 of sum |dy' g| (1 + |xhat|) / H */
     for (int64_t i = 0; i < n; i++) {
       for (int64_t c = 0; c < H; c++) row_err[i] += fabs(gv[i * H + c] * gmv[c]) * (1 + xh_abs(i, c));
@@ -318,8 +365,11 @@ static void test_embedding_layernorm(void) {
       double *ref = malloc(sizeof(double) * rows * H), *mag = malloc(sizeof(double) * rows * H);
       double *bound = calloc((size_t)(rows * H), sizeof(double)), *iv = f32_of(idx[q]);
       int64_t *cnt = calloc((size_t)rows, sizeof(int64_t));
-      const int chain = q < 2;   /* word, position: the device's order is the CPU's */
-      for (int64_t e = 0; e < rows * H; e++) { ref[e] = g0[q][e]; mag[e] = fabs(g0[q][e]); }
+      const int chain = q < 2; /* word, position: the device's order is the CPU's */
+      for (int64_t e = 0; e < rows * H; e++) {
+        ref[e] = g0[q][e];
+        mag[e] = fabs(g0[q][e]);
+      }
       for (int64_t i = 0; i < n; i++) {
         const int64_t t = (int64_t)iv[i];
         cnt[t]++;
@@ -332,12 +382,18 @@ static void test_embedding_layernorm(void) {
       }
       for (int64_t e = 0; e < rows * H; e++)
         if (!chain || bound[e] > 0) bound[e] += cnt[e / H] * (chain ? 2 * u32 : u32 + 0x1p-53) * mag[e];
-      const char *tn[3] = {"word", "position", "token type"};
+      const char *tn[3] = { "word", "position", "token type" };
       snprintf(name, sizeof name, "embedding_layernorm backward %s table %s", tn[q], bl_dtype_name(dt));
       check_bound_ref(name, ref, d_gr[q], bound);
-      free(ref); free(mag); free(bound); free(cnt); free(iv); free(g0[q]);
+      free(ref);
+      free(mag);
+      free(bound);
+      free(cnt);
+      free(iv);
+      free(g0[q]);
     }
-    free(w); free(tv);
+    free(w);
+    free(tv);
     double *bg = calloc((size_t)H, sizeof(double)), *bb = calloc((size_t)H, sizeof(double));
     for (int64_t i = 0; i < n; i++)
       for (int64_t c = 0; c < H; c++) {
@@ -345,16 +401,49 @@ static void test_embedding_layernorm(void) {
         bg[c] += (1e-5 + n * u32) * g * (xh_abs(i, c) + 1);
         bb[c] += (1e-5 + n * u32) * g;
       }
-    for (int64_t c = 0; c < H; c++) { bg[c] += 1e-6; bb[c] += 1e-6; }
+    for (int64_t c = 0; c < H; c++) {
+      bg[c] += 1e-6;
+      bb[c] += 1e-6;
+    }
     check_bound("embedding_layernorm backward gamma", gr[3], d_gr[3], bg);
     check_bound("embedding_layernorm backward beta", gr[4], d_gr[4], bb);
     for (int q = 0; q < 5; q++) close_("embedding_layernorm backward rerun (bitwise)", d_gr[q], d_gr2[q], 0, 0);
 #undef xh_abs
-    free(sv); free(gv); free(dv); free(mv); free(rv); free(bg); free(bb); free(gmv); free(row_err);
-    F(s); F(dyd); F(ds); F(dy); F(d_dy);
-    for (int q = 0; q < 5; q++) { F(gr[q]); F(d_gr[q]); F(d_gr2[q]); }
-    for (int q = 0; q < 3; q++) { F(tab[q]); F(idx[q]); F(d_tab[q]); F(d_idx[q]); }
-    F(gam); F(bet); F(y); F(mean); F(rstd); F(d_gam); F(d_bet); F(d_y); F(d_mean); F(d_rstd);
+    free(sv);
+    free(gv);
+    free(dv);
+    free(mv);
+    free(rv);
+    free(bg);
+    free(bb);
+    free(gmv);
+    free(row_err);
+    F(s);
+    F(dyd);
+    F(ds);
+    F(dy);
+    F(d_dy);
+    for (int q = 0; q < 5; q++) {
+      F(gr[q]);
+      F(d_gr[q]);
+      F(d_gr2[q]);
+    }
+    for (int q = 0; q < 3; q++) {
+      F(tab[q]);
+      F(idx[q]);
+      F(d_tab[q]);
+      F(d_idx[q]);
+    }
+    F(gam);
+    F(bet);
+    F(y);
+    F(mean);
+    F(rstd);
+    F(d_gam);
+    F(d_bet);
+    F(d_y);
+    F(d_mean);
+    F(d_rstd);
   }
   /* a bad token type id: an error naming it, nothing written */
   bl_tensor *h_tab = rnd(BL_BF16, 2, SH(5, 16), 340, -1, 1), *h_ty = rnd(BL_BF16, 2, SH(2, 16), 341, -1, 1);
@@ -362,7 +451,7 @@ static void test_embedding_layernorm(void) {
   bl_tensor *ids = mk(-1, BL_I32, 1, SH(3));
   for (int i = 0; i < 3; i++) ((int32_t *)ids->data)[i] = i;
   bl_tensor *tids = mk(-1, BL_I32, 1, SH(3));
-  for (int i = 0; i < 3; i++) ((int32_t *)tids->data)[i] = i;   /* 2 is out of range for 2 types */
+  for (int i = 0; i < 3; i++) ((int32_t *)tids->data)[i] = i; /* 2 is out of range for 2 types */
   bl_tensor *d_ids = up(ids), *d_tids = up(tids), *d_y = mk(DEV, BL_BF16, 2, SH(3, 16));
   bl_tensor *d_m = mk(DEV, BL_F32, 1, SH(3)), *d_r = mk(DEV, BL_F32, 1, SH(3));
   int rc = bl_embedding_layernorm_forward(d_y, d_m, d_r, tab, tab, ty, d_ids, d_ids, d_tids, gam, NULL, 1e-12, 0, 0, 0);
@@ -374,13 +463,25 @@ static void test_embedding_layernorm(void) {
     printf("FAIL embedding_layernorm bad type id: rc %d, error '%s'\n", rc, bl_last_error());
     failures++;
   }
-  F(h_tab); F(h_ty); F(h_gam); F(tab); F(ty); F(ids); F(gam); F(tids); F(d_ids); F(d_tids); F(d_y); F(d_m); F(d_r);
+  F(h_tab);
+  F(h_ty);
+  F(h_gam);
+  F(tab);
+  F(ty);
+  F(ids);
+  F(gam);
+  F(tids);
+  F(d_ids);
+  F(d_tids);
+  F(d_y);
+  F(d_m);
+  F(d_r);
 }
 
 /* ---------------------------------------------------------------- casts */
 static void test_casts(void) {
-  const int types[3] = {BL_F32, BL_BF16, BL_F16};
-  const int64_t n = 1003;   /* 125 vectors of 8 and a tail of 3 */
+  const int types[3] = { BL_F32, BL_BF16, BL_F16 };
+  const int64_t n = 1003; /* 125 vectors of 8 and a tail of 3 */
   for (int a = 0; a < 3; a++)
     for (int b = 0; b < 3; b++) {
       if (a == b) continue;
@@ -395,18 +496,23 @@ static void test_casts(void) {
       close_(name, y, d_y, 0, 0);
       close_(name, y, d_z, 0, 0);
       no_conversion(name, c0);
-      F(x); F(y); F(d_x); F(d_y); F(d_z);
+      F(x);
+      F(y);
+      F(d_x);
+      F(d_y);
+      F(d_z);
     }
 }
 
 /* ---------------------------------------------------------------- cross-entropy, accuracy, dropout */
 static void test_losses(void) {
-  const struct { int dt; int64_t m, c; } cases[] = {
-    {BL_BF16, 37, 30522},   /* MLM rows over BERT's vocabulary: not whole 16-byte vectors, scalar path */
-    {BL_BF16, 20, 1000},    /* whole vectors */
-    {BL_F16, 9, 1000},
-    {BL_F16, 5, 77},
-    {BL_F32, 7, 300},
+  const struct {
+    int dt;
+    int64_t m, c;
+  } cases[] = {
+    { BL_BF16, 37, 30522 }, /* MLM rows over BERT's vocabulary: not whole 16-byte vectors, scalar path */
+    { BL_BF16, 20, 1000 },  /* whole vectors */
+    { BL_F16, 9, 1000 },    { BL_F16, 5, 77 }, { BL_F32, 7, 300 },
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int dt = cases[k].dt;
@@ -423,10 +529,14 @@ static void test_losses(void) {
     snprintf(name, sizeof name, "cross_entropy loss %s [%lld x %lld]", bl_dtype_name(dt), (long long)M, (long long)Cn);
     close_(name, loss, d_loss, 1e-5, 1e-6);
     /* dlogits ~ g/c: one unit in the last place of the value plus 1e-5 relative, with a floor at 1e-5 of g */
-    snprintf(name, sizeof name, "cross_entropy dlogits %s [%lld x %lld]", bl_dtype_name(dt), (long long)M, (long long)Cn);
+    snprintf(name, sizeof name, "cross_entropy dlogits %s [%lld x %lld]", bl_dtype_name(dt), (long long)M,
+             (long long)Cn);
     close_(name, gl, d_gl, u + 1e-5, 1e-5 * 1.5 / (double)c1);
     checks++;
-    if (c1 != c2) { printf("FAIL cross_entropy count %lld vs %lld\n", (long long)c1, (long long)c2); failures++; }
+    if (c1 != c2) {
+      printf("FAIL cross_entropy count %lld vs %lld\n", (long long)c1, (long long)c2);
+      failures++;
+    }
     int64_t a1 = 0, n1 = 0, a2 = 0, n2 = 0;
     OK(bl_accuracy(lg, tg, -1, &a1, &n1));
     OK(bl_accuracy(d_lg, d_tg, -1, &a2, &n2));
@@ -436,23 +546,40 @@ static void test_losses(void) {
       failures++;
     }
     bl_tensor *am = mk(-1, BL_I64, 1, SH(M)), *d_am = mk(DEV, BL_I64, 1, SH(M));
-    OK(bl_argmax(am, lg)); OK(bl_cuda_argmax(d_am, d_lg));
+    OK(bl_argmax(am, lg));
+    OK(bl_cuda_argmax(d_am, d_lg));
     close_("argmax", am, d_am, 0, 0);
     if (dt != BL_F32) no_conversion(name, c0);
-    F(lg); F(tg); F(loss); F(gl); F(d_lg); F(d_tg); F(d_loss); F(d_gl); F(am); F(d_am);
+    F(lg);
+    F(tg);
+    F(loss);
+    F(gl);
+    F(d_lg);
+    F(d_tg);
+    F(d_loss);
+    F(d_gl);
+    F(am);
+    F(d_am);
   }
-  for (int k = 0; k < 2; k++) {   /* dropout: the same Philox mask, one rounding of x * scale on both sides */
+  for (int k = 0; k < 2; k++) { /* dropout: the same Philox mask, one rounding of x * scale on both sides */
     const int dt = k ? BL_F16 : BL_BF16;
     bl_tensor *x = rnd(dt, 2, SH(13, 77), 95 + k, -2, 2), *y = mk(-1, dt, 2, SH(13, 77));
     bl_tensor *gx = mk(-1, dt, 2, SH(13, 77)), *d_x = up(x), *d_y = mk(DEV, dt, 2, SH(13, 77));
     bl_tensor *d_gx = mk(DEV, dt, 2, SH(13, 77));
     int64_t c0 = conversions();
-    OK(bl_dropout_forward(y, NULL, x, 0.1, 7, 11)); OK(bl_cuda_dropout_forward(d_y, NULL, d_x, 0.1, 7, 11));
+    OK(bl_dropout_forward(y, NULL, x, 0.1, 7, 11));
+    OK(bl_cuda_dropout_forward(d_y, NULL, d_x, 0.1, 7, 11));
     close_(k ? "dropout f16" : "dropout bf16", y, d_y, 0, 0);
-    OK(bl_dropout_backward(gx, x, NULL, 0.1, 7, 11)); OK(bl_cuda_dropout_backward(d_gx, d_x, NULL, 0.1, 7, 11));
+    OK(bl_dropout_backward(gx, x, NULL, 0.1, 7, 11));
+    OK(bl_cuda_dropout_backward(d_gx, d_x, NULL, 0.1, 7, 11));
     close_(k ? "dropout backward f16" : "dropout backward bf16", gx, d_gx, 0, 0);
     no_conversion("dropout", c0);
-    F(x); F(y); F(gx); F(d_x); F(d_y); F(d_gx);
+    F(x);
+    F(y);
+    F(gx);
+    F(d_x);
+    F(d_y);
+    F(d_gx);
   }
 }
 

@@ -391,7 +391,7 @@ static void test_fused_half(void) {
         CHECK(same_bits(x.w, y.w) && same_bits(hx, hy), "%s %s on %s: master weights %s, compute copy %s", kinds[kind],
               bl_dtype_name(dt), dev < 0 ? "cpu" : "cuda:0", same_bits(x.w, y.w) ? "equal" : "differ",
               same_bits(hx, hy) ? "equal" : "differ");
-        if (dev >= 0 && launches() >= 0)   /* the emulator counts launches; a real GPU reports -1 */
+        if (dev >= 0 && launches() >= 0) /* the emulator counts launches; a real GPU reports -1 */
           CHECK(cast_launches > 0 && fused_launches == old_launches - cast_launches,
                 "%s %s: 2 steps + casts launched %lld kernels (%lld casts), the fused steps %lld", kinds[kind],
                 bl_dtype_name(dt), (long long)old_launches, (long long)cast_launches, (long long)fused_launches);

@@ -11,7 +11,7 @@
  * That worst case is what is checked, per entry. */
 #include "bertlua.h"
 #include "ops/gemm.h"
-#include "ops/vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>

@@ -22,7 +22,7 @@
  * (k + 4) u (sum|x w| + the bound) and, with GELU, 1.13 times that. */
 #include "bertlua.h"
 #include "ops/gemm_lowp.h"
-#include "ops/vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

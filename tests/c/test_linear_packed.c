@@ -13,7 +13,7 @@
  * <= 3.5 2^-23 |v| < 5e-7 |v| of gelu(v) (vecmath.h), so act(v) is within
  * 1.13 e + (5e-7 + u) |v| of gelu(exact v). */
 #include "bertlua.h"
-#include "ops/vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

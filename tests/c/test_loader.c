@@ -4,7 +4,7 @@
  * the synchronous one under random next/set_state interleavings; open/close
  * races with the thread. Run under the ASan build for memory errors and leaks
  * (ASAN_OPTIONS=detect_leaks=1 ./test_loader). */
-#define _POSIX_C_SOURCE 200809L  /* mkdtemp, nanosleep */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, nanosleep */
 #include <math.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -16,24 +16,33 @@
 #include "bertlua.h"
 
 static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-  printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      failures++;                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
 
 static void sleep_us(long us) {
-  struct timespec ts = {0, us * 1000};
+  struct timespec ts = { 0, us * 1000 };
   nanosleep(&ts, NULL);
 }
 
 static uint64_t rs = 88172645463325252ull;
 static uint32_t rnd(uint32_t n) {
-  rs ^= rs >> 12; rs ^= rs << 25; rs ^= rs >> 27;
+  rs ^= rs >> 12;
+  rs ^= rs << 25;
+  rs ^= rs >> 27;
   return (uint32_t)((rs * 0x2545F4914F6CDD1DULL) >> 33) % n;
 }
 
 #define VOCAB 1000
-#define CLS 101
-#define SEP 102
-#define MASK 103
+#define CLS   101
+#define SEP   102
+#define MASK  103
 
 /* a valid shard of n records, 2-byte ids, into a malloc'd buffer */
 static uint8_t *make_shard(int n, int dynamic, size_t *size) {
@@ -46,25 +55,42 @@ static uint8_t *make_shard(int n, int dynamic, size_t *size) {
     offs[k] = d;
     uint16_t L = (uint16_t)(4 + rnd(60)), la = (uint16_t)(2 + rnd(L - 3)),
              M = dynamic ? 0 : (uint16_t)(1 + rnd(L - 2 < 10 ? L - 2 : 10));
-    uint16_t hdr[3] = {L, la, M};
+    uint16_t hdr[3] = { L, la, M };
     memcpy(data + d, hdr, 6);
     data[d + 6] = (uint8_t)rnd(2);
     data[d + 7] = 0;
     d += 8;
     for (int i = 0; i < L; i++) {
       uint16_t id = i == 0 ? CLS : (i == la - 1 || i == L - 1) ? SEP : (uint16_t)(200 + rnd(VOCAB - 200));
-      memcpy(data + d, &id, 2); d += 2;
+      memcpy(data + d, &id, 2);
+      d += 2;
     }
-    for (int j = 0; j < M; j++) { uint16_t p = (uint16_t)(1 + rnd(L - 2)); memcpy(data + d, &p, 2); d += 2; }
-    for (int j = 0; j < M; j++) { uint16_t t = (uint16_t)rnd(VOCAB); memcpy(data + d, &t, 2); d += 2; }
+    for (int j = 0; j < M; j++) {
+      uint16_t p = (uint16_t)(1 + rnd(L - 2));
+      memcpy(data + d, &p, 2);
+      d += 2;
+    }
+    for (int j = 0; j < M; j++) {
+      uint16_t t = (uint16_t)rnd(VOCAB);
+      memcpy(data + d, &t, 2);
+      d += 2;
+    }
   }
   offs[n] = d;
   bl_shard_header h;
   memset(&h, 0, sizeof h);
   memcpy(h.magic, "BLSHARD1", 8);
-  h.version = 1; h.header_bytes = 80; h.vocab_hash = 42; h.vocab_size = VOCAB; h.max_seq_length = 64;
-  h.max_predictions = 10; h.flags = dynamic ? 1 : 0; h.masked_lm_prob = 0.15f; h.token_bytes = 2;
-  h.num_instances = (uint64_t)n; h.data_bytes = d;
+  h.version = 1;
+  h.header_bytes = 80;
+  h.vocab_hash = 42;
+  h.vocab_size = VOCAB;
+  h.max_seq_length = 64;
+  h.max_predictions = 10;
+  h.flags = dynamic ? 1 : 0;
+  h.masked_lm_prob = 0.15f;
+  h.token_bytes = 2;
+  h.num_instances = (uint64_t)n;
+  h.data_bytes = d;
   memcpy(buf, &h, 80);
   *size = 80 + 8 * (size_t)(n + 1) + d;
   return buf;
@@ -77,7 +103,10 @@ static void fix_checksum(uint8_t *buf, size_t size) {
 
 static void write_file(const char *path, const uint8_t *buf, size_t size) {
   FILE *f = fopen(path, "wb");
-  if (!f || fwrite(buf, 1, size, f) != size) { printf("cannot write %s\n", path); exit(1); }
+  if (!f || fwrite(buf, 1, size, f) != size) {
+    printf("cannot write %s\n", path);
+    exit(1);
+  }
   fclose(f);
 }
 
@@ -125,9 +154,12 @@ static void test_corruption(const char *dir) {
       memcpy(b, good, size);
       b[i] = v ? (uint8_t)(b[i] ^ 0x5a) : 0xff;
       if (b[i] == good[i]) continue;
-      if (i < 72 || i >= 80) fix_checksum(b, size);   /* reach the checks behind the checksum */
+      if (i < 72 || i >= 80) fix_checksum(b, size); /* reach the checks behind the checksum */
       write_file(path, b, size);
-      if (open_checked(path, size)) opened++; else refused++;
+      if (open_checked(path, size))
+        opened++;
+      else
+        refused++;
     }
   }
   for (size_t n = 0; n < size; n += 1 + n / 16) {
@@ -143,7 +175,7 @@ static void test_corruption(const char *dir) {
 
 static void expect_refused(const char *path, const char *what) {
   bl_shard *s = NULL;
-  alarm(10);  /* a FIFO that blocks the open fails the test instead of hanging it */
+  alarm(10); /* a FIFO that blocks the open fails the test instead of hanging it */
   int rc = bl_shard_open(path, NULL, &s);
   alarm(0);
   CHECK(rc != 0 && s == NULL, "%s is refused", path);
@@ -169,14 +201,14 @@ static void test_hostile_files(const char *dir) {
   uint64_t off3;
   memcpy(&off3, buf + 80 + 8 * 3, 8);
   uint8_t *rec3 = buf + 80 + 8 * 6 + off3;
-  rec3[6] = 2;   /* next-sentence label */
+  rec3[6] = 2; /* next-sentence label */
   fix_checksum(buf, size);
   write_file(path, buf, size);
   expect_refused(path, "next-sentence label 2");
   rec3[6] = 1;
   bl_shard_header h;
   memcpy(&h, buf, 80);
-  h.max_predictions = 0;   /* every record masks at least one position */
+  h.max_predictions = 0; /* every record masks at least one position */
   memcpy(buf, &h, 80);
   fix_checksum(buf, size);
   write_file(path, buf, size);
@@ -192,18 +224,23 @@ static void test_hostile_files(const char *dir) {
 }
 
 static int same_batch(const bl_loader_batch *a, const bl_loader_batch *b) {
-  const bl_tensor *x[6] = {a->input_ids, a->token_type_ids, a->attention_mask, a->masked_lm_positions,
-                           a->masked_lm_labels, a->next_sentence_labels};
-  const bl_tensor *y[6] = {b->input_ids, b->token_type_ids, b->attention_mask, b->masked_lm_positions,
-                           b->masked_lm_labels, b->next_sentence_labels};
+  const bl_tensor *x[6] = { a->input_ids,           a->token_type_ids,   a->attention_mask,
+                            a->masked_lm_positions, a->masked_lm_labels, a->next_sentence_labels };
+  const bl_tensor *y[6] = { b->input_ids,           b->token_type_ids,   b->attention_mask,
+                            b->masked_lm_positions, b->masked_lm_labels, b->next_sentence_labels };
   for (int i = 0; i < 6; i++)
     if (x[i]->numel != y[i]->numel || x[i]->shape[0] != y[i]->shape[0] ||
-        memcmp(x[i]->data, y[i]->data, (size_t)x[i]->numel * 4) != 0) return 0;
+        memcmp(x[i]->data, y[i]->data, (size_t)x[i]->numel * 4) != 0)
+      return 0;
   return a->epoch == b->epoch && a->pos == b->pos;
 }
 static void free_batch(bl_loader_batch *b) {
-  bl_tensor_free(b->input_ids); bl_tensor_free(b->token_type_ids); bl_tensor_free(b->attention_mask);
-  bl_tensor_free(b->masked_lm_positions); bl_tensor_free(b->masked_lm_labels); bl_tensor_free(b->next_sentence_labels);
+  bl_tensor_free(b->input_ids);
+  bl_tensor_free(b->token_type_ids);
+  bl_tensor_free(b->attention_mask);
+  bl_tensor_free(b->masked_lm_positions);
+  bl_tensor_free(b->masked_lm_labels);
+  bl_tensor_free(b->next_sentence_labels);
 }
 
 static void test_prefetch(const char *dir) {
@@ -220,11 +257,19 @@ static void test_prefetch(const char *dir) {
     fix_checksum(buf, size);
     write_file(p1, buf, size);
     free(buf);
-    const char *paths[2] = {p0, p1};
+    const char *paths[2] = { p0, p1 };
     bl_loader_options o;
     memset(&o, 0, sizeof o);
-    o.batch_size = 3; o.rank = 1; o.world_size = 2; o.seed = 77; o.shuffle = 1; o.max_predictions = 10;
-    o.cls_id = CLS; o.sep_id = SEP; o.mask_id = MASK; o.vocab_size = VOCAB;
+    o.batch_size = 3;
+    o.rank = 1;
+    o.world_size = 2;
+    o.seed = 77;
+    o.shuffle = 1;
+    o.max_predictions = 10;
+    o.cls_id = CLS;
+    o.sep_id = SEP;
+    o.mask_id = MASK;
+    o.vocab_size = VOCAB;
     o.bin_window = dyn ? 0 : 4;
     bl_loader *sync = NULL, *pre = NULL;
     o.prefetch = 0;
@@ -241,12 +286,13 @@ static void test_prefetch(const char *dir) {
       if (rnd(10) == 0) {
         int64_t e = rnd(4), p = rnd((uint32_t)info.steps_per_epoch + 1);
         CHECK(bl_loader_set_state(pre, e, p) == 0 && bl_loader_set_state(sync, e, p) == 0, "set_state");
-        if (rnd(3) == 0) sleep_us(200);   /* let the thread be anywhere: waiting, building, full */
+        if (rnd(3) == 0) sleep_us(200); /* let the thread be anywhere: waiting, building, full */
       } else {
         bl_loader_batch a, b;
         CHECK(bl_loader_next(pre, &a) == 0 && bl_loader_next(sync, &b) == 0, "next: %s", bl_last_error());
         if (!same_batch(&a, &b)) mismatches++;
-        free_batch(&a); free_batch(&b);
+        free_batch(&a);
+        free_batch(&b);
       }
       int64_t e1, p1_, e2, p2;
       bl_loader_get_state(pre, &e1, &p1_);
@@ -265,7 +311,11 @@ static void test_prefetch(const char *dir) {
       o.prefetch = 1 + i % 4;
       bl_loader *l = NULL;
       CHECK(bl_loader_open(paths, 2, &o, &l) == 0, "open: %s", bl_last_error());
-      if (i % 3 == 1) { bl_loader_batch a; bl_loader_next(l, &a); free_batch(&a); }
+      if (i % 3 == 1) {
+        bl_loader_batch a;
+        bl_loader_next(l, &a);
+        free_batch(&a);
+      }
       if (i % 3 == 2) sleep_us(100);
       bl_loader_close(l);
     }
@@ -273,13 +323,18 @@ static void test_prefetch(const char *dir) {
   /* dynamic shards without a vocabulary; a batch too big for the data */
   bl_loader_options o;
   memset(&o, 0, sizeof o);
-  o.batch_size = 2; o.world_size = 1; o.mask_id = -1;
-  const char *paths[1] = {p0};
+  o.batch_size = 2;
+  o.world_size = 1;
+  o.mask_id = -1;
+  const char *paths[1] = { p0 };
   bl_loader *l = NULL;
   CHECK(bl_loader_open(paths, 1, &o, &l) != 0 && strstr(bl_last_error(), "need vocab"), "%s", bl_last_error());
-  o.batch_size = 1000; o.mask_id = MASK; o.vocab_size = VOCAB;
+  o.batch_size = 1000;
+  o.mask_id = MASK;
+  o.vocab_size = VOCAB;
   CHECK(bl_loader_open(paths, 1, &o, &l) != 0 && strstr(bl_last_error(), "not enough"), "%s", bl_last_error());
-  o.batch_size = 2; o.rank = 2;
+  o.batch_size = 2;
+  o.rank = 2;
   CHECK(bl_loader_open(paths, 1, &o, &l) != 0 && strstr(bl_last_error(), "rank 2"), "%s", bl_last_error());
   CHECK(l == NULL, "no loader on failure");
   bl_loader_close(NULL);
@@ -289,12 +344,18 @@ static void test_prefetch(const char *dir) {
 
 int main(void) {
   char dir[] = "/tmp/bl_test_loader_XXXXXX";
-  if (!mkdtemp(dir)) { printf("mkdtemp failed\n"); return 1; }
+  if (!mkdtemp(dir)) {
+    printf("mkdtemp failed\n");
+    return 1;
+  }
   test_corruption(dir);
   test_hostile_files(dir);
   test_prefetch(dir);
   rmdir(dir);
-  if (failures) { printf("%d failures\n", failures); return 1; }
+  if (failures) {
+    printf("%d failures\n", failures);
+    return 1;
+  }
   printf("all loader checks passed\n");
   return 0;
 }

@@ -24,32 +24,61 @@
 
 /* ---------------------------------------------------------------- helpers */
 static uint64_t rng_state = 0x1234567ULL;
-static double urand(void) {  /* xorshift64*, in [0,1) */
-  rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
+static double urand(void) { /* xorshift64*, in [0,1) */
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
   return (double)((rng_state * 2685821657736338717ULL) >> 11) * (1.0 / 9007199254740992.0);
 }
 /* non-zero values in +-[0.2, 1.2] */
-static float nzrand(void) { double u = urand(), v = urand(); return (float)((u < 0.5 ? -1 : 1) * (0.2 + v)); }
+static float nzrand(void) {
+  double u = urand(), v = urand();
+  return (float)((u < 0.5 ? -1 : 1) * (0.2 + v));
+}
 
 static bl_tensor *tens(int ndim, const int64_t *shape, int dtype) {
   bl_tensor *t = NULL;
-  if (bl_tensor_empty(ndim, shape, dtype, -1, &t)) { printf("alloc failed: %s\n", bl_last_error()); exit(1); }
+  if (bl_tensor_empty(ndim, shape, dtype, -1, &t)) {
+    printf("alloc failed: %s\n", bl_last_error());
+    exit(1);
+  }
   return t;
 }
-static bl_tensor *t1(int64_t a) { int64_t s[] = {a}; return tens(1, s, BL_F32); }
-static bl_tensor *t2(int64_t a, int64_t b) { int64_t s[] = {a, b}; return tens(2, s, BL_F32); }
-static bl_tensor *t3(int64_t a, int64_t b, int64_t c) { int64_t s[] = {a, b, c}; return tens(3, s, BL_F32); }
+static bl_tensor *t1(int64_t a) {
+  int64_t s[] = { a };
+  return tens(1, s, BL_F32);
+}
+static bl_tensor *t2(int64_t a, int64_t b) {
+  int64_t s[] = { a, b };
+  return tens(2, s, BL_F32);
+}
+static bl_tensor *t3(int64_t a, int64_t b, int64_t c) {
+  int64_t s[] = { a, b, c };
+  return tens(3, s, BL_F32);
+}
 static bl_tensor *t4(int64_t a, int64_t b, int64_t c, int64_t d) {
   int64_t s[] = { a, b, c, d };
   return tens(4, s, BL_F32);
 }
 static bl_tensor *like(const bl_tensor *t) { return tens(t->ndim, t->shape, BL_F32); }
 static float *F(const bl_tensor *t) { return (float *)t->data; }
-static void fill_rand(bl_tensor *t) { for (int64_t i = 0; i < t->numel; i++) F(t)[i] = nzrand(); }
+static void fill_rand(bl_tensor *t) {
+  for (int64_t i = 0; i < t->numel; i++) F(t)[i] = nzrand();
+}
 static void fill_zero(bl_tensor *t) { memset(t->data, 0, (size_t)t->numel * 4); }
-static bl_tensor *rnd(bl_tensor *t) { fill_rand(t); return t; }
-static bl_tensor *zero(bl_tensor *t) { fill_zero(t); return t; }
-static bl_tensor *clone(const bl_tensor *t) { bl_tensor *c = like(t); OK(bl_tensor_copy(c, t)); return c; }
+static bl_tensor *rnd(bl_tensor *t) {
+  fill_rand(t);
+  return t;
+}
+static bl_tensor *zero(bl_tensor *t) {
+  fill_zero(t);
+  return t;
+}
+static bl_tensor *clone(const bl_tensor *t) {
+  bl_tensor *c = like(t);
+  OK(bl_tensor_copy(c, t));
+  return c;
+}
 
 /* max |a-b| / (1 + |b|) over contiguous f32 tensors of equal numel */
 static double maxrel(const bl_tensor *a, const bl_tensor *b) {
@@ -59,7 +88,8 @@ static double maxrel(const bl_tensor *a, const bl_tensor *b) {
     double d = fabs((double)F(ca)[i] - F(cb)[i]) / (1.0 + fabs(F(cb)[i]));
     if (d > m || d != d) m = d != d ? INFINITY : d;
   }
-  bl_tensor_free(ca); bl_tensor_free(cb);
+  bl_tensor_free(ca);
+  bl_tensor_free(cb);
   return m;
 }
 
@@ -79,27 +109,33 @@ static void gradcheck(const char *name, bl_tensor *p, const bl_tensor *ana, loss
   int64_t bad = -1;
   for (int64_t i = 0; i < p->numel; i++) {
     float x0 = F(p)[i], xp = x0 + h, xm = x0 - h;
-    F(p)[i] = xp; double lp = loss(ctx);
-    F(p)[i] = xm; double lm = loss(ctx);
+    F(p)[i] = xp;
+    double lp = loss(ctx);
+    F(p)[i] = xm;
+    double lm = loss(ctx);
     F(p)[i] = x0;
     double num = (lp - lm) / ((double)xp - (double)xm), a = F(ana)[i];
     double err = fabs(num - a) - (5e-4 + 2e-3 * fabs(a));
-    if (err > worst) { worst = err; bad = i; }
-    if (err > 0 && bad == i)
-      printf("  %s[%lld]: numeric %.6g analytic %.6g\n", name, (long long)i, num, a);
+    if (err > worst) {
+      worst = err;
+      bad = i;
+    }
+    if (err > 0 && bad == i) printf("  %s[%lld]: numeric %.6g analytic %.6g\n", name, (long long)i, num, a);
   }
   CHECK(bad < 0, "gradcheck %s failed (worst excess %.3g at %lld)", name, worst, (long long)bad);
 }
 
 /* ---------------------------------------------------------------- linear */
-typedef struct { bl_tensor *x, *w, *b, *y, *wy; } lin_ctx;
+typedef struct {
+  bl_tensor *x, *w, *b, *y, *wy;
+} lin_ctx;
 static double lin_loss(void *c) {
   lin_ctx *k = c;
   OK(bl_linear_forward(k->y, k->x, k->w, k->b));
   return wdot(k->y, k->wy);
 }
 static void test_linear(void) {
-  lin_ctx k = {rnd(t3(3, 7, 10)), rnd(t2(6, 10)), rnd(t1(6)), t3(3, 7, 6), rnd(t3(3, 7, 6))};
+  lin_ctx k = { rnd(t3(3, 7, 10)), rnd(t2(6, 10)), rnd(t1(6)), t3(3, 7, 6), rnd(t3(3, 7, 6)) };
   bl_tensor *dx = like(k.x), *dw = zero(like(k.w)), *db = zero(like(k.b));
   OK(bl_linear_forward(k.y, k.x, k.w, k.b));
   /* forward against a naive loop */
@@ -130,8 +166,9 @@ static void test_linear(void) {
    * y written into a narrowed slice; CLS-style row slice x[:,0,:] */
   bl_tensor *big = rnd(t2(21, 14)), *xs = NULL, *wt = clone(k.w), *wtt = t2(10, 6), *wv = NULL;
   OK(bl_tensor_narrow(big, 1, 2, 10, &xs));
-  for (int o = 0; o < 6; o++) for (int i = 0; i < 10; i++) F(wtt)[i * 6 + o] = F(k.w)[o * 10 + i];
-  OK(bl_tensor_transpose(wtt, 0, 1, &wv));  /* [6,10] view, strides [1,6] */
+  for (int o = 0; o < 6; o++)
+    for (int i = 0; i < 10; i++) F(wtt)[i * 6 + o] = F(k.w)[o * 10 + i];
+  OK(bl_tensor_transpose(wtt, 0, 1, &wv)); /* [6,10] view, strides [1,6] */
   bl_tensor *xc = clone(xs), *yc = t2(21, 6), *ybig = zero(t2(21, 9)), *ys = NULL;
   OK(bl_tensor_narrow(ybig, 1, 3, 6, &ys));
   OK(bl_linear_forward(yc, xc, wt, k.b));
@@ -147,35 +184,39 @@ static void test_linear(void) {
   CHECK(maxrel(dwb, dwa) < 1e-6, "linear strided dW differs");
   (void)dxb;
   /* bf16 storage: same as f32 within bf16 rounding of the inputs */
-  int64_t sx[] = {21, 10};
-  bl_tensor *xb = tens(2, sx, BL_BF16), *yb = tens(2, (int64_t[]){21, 6}, BL_BF16), *ybf = t2(21, 6);
+  int64_t sx[] = { 21, 10 };
+  bl_tensor *xb = tens(2, sx, BL_BF16), *yb = tens(2, (int64_t[]){ 21, 6 }, BL_BF16), *ybf = t2(21, 6);
   OK(bl_tensor_copy(xb, xc));
   OK(bl_linear_forward(yb, xb, wt, k.b));
   OK(bl_tensor_copy(ybf, yb));
   CHECK(maxrel(ybf, yc) < 3e-2, "linear bf16 storage: %g", maxrel(ybf, yc));
-  bl_tensor *pieces[] = {k.x, k.w, k.b, k.y, k.wy, dx, dw, db, dw1, db1, dx1, y2, big, xs, wt, wtt, wv, xc, yc,
-                         ybig, ys, gy, dxa, dxb, dwa, dwb, dbig, dxs, xb, yb, ybf};
+  bl_tensor *pieces[] = { k.x, k.w, k.b, k.y,  k.wy, dx, dw,  db,  dw1, db1, dx1,  y2,  big, xs, wt, wtt,
+                          wv,  xc,  yc,  ybig, ys,   gy, dxa, dxb, dwa, dwb, dbig, dxs, xb,  yb, ybf };
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) bl_tensor_free(pieces[i]);
 }
 
 /* ---------------------------------------------------------------- embedding + gather */
-typedef struct { bl_tensor *out, *table, *ids, *w; } emb_ctx;
+typedef struct {
+  bl_tensor *out, *table, *ids, *w;
+} emb_ctx;
 static double emb_loss(void *c) {
   emb_ctx *k = c;
   OK(bl_embedding_forward(k->out, k->table, k->ids, 0));
   return wdot(k->out, k->w);
 }
-typedef struct { bl_tensor *out, *x, *pos, *w; } gat_ctx;
+typedef struct {
+  bl_tensor *out, *x, *pos, *w;
+} gat_ctx;
 static double gat_loss(void *c) {
   gat_ctx *k = c;
   OK(bl_gather_forward(k->out, k->x, k->pos));
   return wdot(k->out, k->w);
 }
 static void test_embedding_gather(void) {
-  int64_t is[] = {3, 7};
+  int64_t is[] = { 3, 7 };
   bl_tensor *ids = tens(2, is, BL_I64);
-  for (int i = 0; i < 21; i++) ((int64_t *)ids->data)[i] = (i * 7) % 11;  /* repeats */
-  emb_ctx k = {t3(3, 7, 10), rnd(t2(11, 10)), ids, rnd(t3(3, 7, 10))};
+  for (int i = 0; i < 21; i++) ((int64_t *)ids->data)[i] = (i * 7) % 11; /* repeats */
+  emb_ctx k = { t3(3, 7, 10), rnd(t2(11, 10)), ids, rnd(t3(3, 7, 10)) };
   OK(bl_embedding_forward(k.out, k.table, ids, 0));
   CHECK(F(k.out)[5 * 10 + 3] == F(k.table)[((5 * 7) % 11) * 10 + 3], "embedding lookup");
   bl_tensor *dt = zero(like(k.table));
@@ -197,33 +238,39 @@ static void test_embedding_gather(void) {
   CHECK(bl_embedding_backward(dt, k.w, ids32) == BL_EINVAL, "embedding backward negative id");
 
   /* gather */
-  int64_t ps[] = {5};
+  int64_t ps[] = { 5 };
   bl_tensor *pos = tens(1, ps, BL_I32);
-  int32_t pv[] = {20, 3, 3, 0, 14};
+  int32_t pv[] = { 20, 3, 3, 0, 14 };
   memcpy(pos->data, pv, sizeof pv);
-  gat_ctx g = {t2(5, 10), rnd(t3(3, 7, 10)), pos, rnd(t2(5, 10))};
+  gat_ctx g = { t2(5, 10), rnd(t3(3, 7, 10)), pos, rnd(t2(5, 10)) };
   OK(bl_gather_forward(g.out, g.x, pos));
   CHECK(F(g.out)[10 * 0 + 4] == F(g.x)[20 * 10 + 4] && F(g.out)[4 * 10] == F(g.x)[14 * 10], "gather values");
   bl_tensor *gx = zero(like(g.x));
   OK(bl_gather_backward(gx, g.w, pos));
   gradcheck("gather dx", g.x, gx, gat_loss, &g);
-  pv[2] = 21; memcpy(pos->data, pv, sizeof pv);
+  pv[2] = 21;
+  memcpy(pos->data, pv, sizeof pv);
   rc = bl_gather_forward(g.out, g.x, pos);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "position 21"), "gather bad position: %s", bl_last_error());
-  bl_tensor *pieces[] = {ids, k.out, k.table, k.w, dt, ids32, o2, pos, g.out, g.x, g.w, gx};
+  bl_tensor *pieces[] = { ids, k.out, k.table, k.w, dt, ids32, o2, pos, g.out, g.x, g.w, gx };
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) bl_tensor_free(pieces[i]);
 }
 
 /* ---------------------------------------------------------------- layernorm */
-typedef struct { bl_tensor *y, *mean, *rstd, *x, *res, *g, *b, *w; double p; } ln_ctx;
+typedef struct {
+  bl_tensor *y, *mean, *rstd, *x, *res, *g, *b, *w;
+  double p;
+} ln_ctx;
 static double ln_loss(void *c) {
   ln_ctx *k = c;
-  if (k->res) OK(bl_residual_layernorm_forward(k->y, k->mean, k->rstd, k->x, k->res, k->g, k->b, 1e-12, k->p, 7, 3));
-  else OK(bl_layernorm_forward(k->y, k->mean, k->rstd, k->x, k->g, k->b, 1e-12));
+  if (k->res)
+    OK(bl_residual_layernorm_forward(k->y, k->mean, k->rstd, k->x, k->res, k->g, k->b, 1e-12, k->p, 7, 3));
+  else
+    OK(bl_layernorm_forward(k->y, k->mean, k->rstd, k->x, k->g, k->b, 1e-12));
   return wdot(k->y, k->w);
 }
 static void test_layernorm(void) {
-  ln_ctx k = {t3(3, 7, 10), t1(21), t1(21), rnd(t3(3, 7, 10)), NULL, rnd(t1(10)), rnd(t1(10)), rnd(t3(3, 7, 10)), 0};
+  ln_ctx k = { t3(3, 7, 10), t1(21), t1(21), rnd(t3(3, 7, 10)), NULL, rnd(t1(10)), rnd(t1(10)), rnd(t3(3, 7, 10)), 0 };
   ln_loss(&k);
   /* naive forward */
   double worst = 0;
@@ -245,10 +292,12 @@ static void test_layernorm(void) {
   gradcheck("layernorm dbeta", k.b, db, ln_loss, &k);
 
   /* fused dropout + residual + layernorm, p = 0.3 */
-  k.res = rnd(like(k.x)); k.p = 0.3;
+  k.res = rnd(like(k.x));
+  k.p = 0.3;
   ln_loss(&k);
   bl_tensor *dr = like(k.x);
-  fill_zero(dg); fill_zero(db);
+  fill_zero(dg);
+  fill_zero(db);
   OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.3, 7, 3));
   gradcheck("residual_layernorm dx", k.x, dx, ln_loss, &k);
   gradcheck("residual_layernorm dresidual", k.res, dr, ln_loss, &k);
@@ -292,13 +341,16 @@ static void test_layernorm(void) {
         bl_last_error());
   rc = bl_layernorm_forward(k.y, k.mean, k.rstd, k.x, k.g, k.b, 0.0);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "eps"), "%s", bl_last_error());
-  bl_tensor *pieces[] = {k.y, k.mean, k.rstd, k.x, k.res, k.g, k.b, k.w, dx, dg, db, dr, sum, y0, m0, r0, xt, xv, xc,
-                         ya, yb, dxa, dxb, dga, dgb, xl, yl, ml, rl, gl, bl, wl, dxl, dg1, dg2, g9};
+  bl_tensor *pieces[] = { k.y, k.mean, k.rstd, k.x, k.res, k.g, k.b, k.w, dx, dg, db, dr, sum, y0, m0,  r0,  xt,  xv,
+                          xc,  ya,     yb,     dxa, dxb,   dga, dgb, xl,  yl, ml, rl, gl, bl,  wl, dxl, dg1, dg2, g9 };
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) bl_tensor_free(pieces[i]);
 }
 
 /* ---------------------------------------------------------------- gelu, tanh, softmax, dropout */
-typedef struct { int kind; bl_tensor *y, *x, *b, *m, *w; } ew_ctx;
+typedef struct {
+  int kind;
+  bl_tensor *y, *x, *b, *m, *w;
+} ew_ctx;
 static double ew_loss(void *c) {
   ew_ctx *k = c;
   switch (k->kind) {
@@ -311,9 +363,9 @@ static double ew_loss(void *c) {
   return wdot(k->y, k->w);
 }
 static void test_elementwise(void) {
-  ew_ctx k = {0, t3(3, 7, 10), rnd(t3(3, 7, 10)), rnd(t1(10)), NULL, rnd(t3(3, 7, 10))};
+  ew_ctx k = { 0, t3(3, 7, 10), rnd(t3(3, 7, 10)), rnd(t1(10)), NULL, rnd(t3(3, 7, 10)) };
   bl_tensor *dx = like(k.x), *db = zero(t1(10));
-  for (int64_t i = 0; i < k.x->numel; i++) F(k.x)[i] *= 2.5f;  /* cover GELU's curved region and tails */
+  for (int64_t i = 0; i < k.x->numel; i++) F(k.x)[i] *= 2.5f; /* cover GELU's curved region and tails */
   ew_loss(&k);
   double worst = 0;
   for (int64_t i = 0; i < k.x->numel; i++)
@@ -334,8 +386,9 @@ static void test_elementwise(void) {
   k.m = t3(3, 1, 10);
   for (int64_t i = 0; i < 30; i++) F(k.m)[i] = (i % 4 == 1) ? -10000.0f : 0.0f;
   ew_loss(&k);
-  CHECK(F(k.y)[1] < 1e-20f && fabsf(F(k.y)[0] + F(k.y)[2] + F(k.y)[3] + F(k.y)[4] + F(k.y)[5] + F(k.y)[6] +
-                                    F(k.y)[7] + F(k.y)[8] + F(k.y)[9] - 1.0f) < 1e-5f, "softmax mask/normalisation");
+  CHECK(F(k.y)[1] < 1e-20f && fabsf(F(k.y)[0] + F(k.y)[2] + F(k.y)[3] + F(k.y)[4] + F(k.y)[5] + F(k.y)[6] + F(k.y)[7] +
+                                    F(k.y)[8] + F(k.y)[9] - 1.0f) < 1e-5f,
+        "softmax mask/normalisation");
   OK(bl_softmax_backward(dx, k.w, k.y));
   gradcheck("softmax dx", k.x, dx, ew_loss, &k);
   /* softmax on a transposed input equals the contiguous result */
@@ -354,14 +407,14 @@ static void test_elementwise(void) {
   ew_loss(&k);
   OK(bl_dropout_backward(dx, k.w, NULL, 0.4, 11, 5));
   gradcheck("dropout dx", k.x, dx, ew_loss, &k);
-  bl_tensor *pieces[] = {k.y, k.x, k.b, k.m, k.w, dx, db, xt, xv, xc, ya, yb, badm};
+  bl_tensor *pieces[] = { k.y, k.x, k.b, k.m, k.w, dx, db, xt, xv, xc, ya, yb, badm };
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) bl_tensor_free(pieces[i]);
 }
 
 static void test_dropout_stream(void) {
   const int64_t n = 200003;
   bl_tensor *x = rnd(t1(n)), *y = t1(n), *y2 = t1(n), *dx = t1(n);
-  int64_t s[] = {n};
+  int64_t s[] = { n };
   bl_tensor *mask = tens(1, s, BL_U8);
   const double p = 0.1;
   OK(bl_dropout_forward(y, mask, x, p, 42, 1000));
@@ -400,11 +453,19 @@ static void test_dropout_stream(void) {
   CHECK(memcmp(y->data, y2->data, (size_t)n * 4) == 0, "dropout depends on the thread count");
   int rc = bl_dropout_forward(y, NULL, x, 1.0, 1, 1);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "dropout: dropout probability 1"), "%s", bl_last_error());
-  bl_tensor_free(x); bl_tensor_free(y); bl_tensor_free(y2); bl_tensor_free(dx); bl_tensor_free(mask);
+  bl_tensor_free(x);
+  bl_tensor_free(y);
+  bl_tensor_free(y2);
+  bl_tensor_free(dx);
+  bl_tensor_free(mask);
 }
 
 /* ---------------------------------------------------------------- attention */
-typedef struct { bl_tensor *ctx, *probs, *q, *k, *v, *mask, *w; int heads; double p; } att_ctx;
+typedef struct {
+  bl_tensor *ctx, *probs, *q, *k, *v, *mask, *w;
+  int heads;
+  double p;
+} att_ctx;
 static double att_loss(void *c) {
   att_ctx *a = c;
   OK(bl_attention_forward(a->ctx, a->probs, a->q, a->k, a->v, a->mask, a->heads, 0, a->p, 99, 17));
@@ -412,28 +473,36 @@ static double att_loss(void *c) {
 }
 static void test_attention(void) {
   const int B = 3, S = 7, H = 10, NH = 2, d = 5;
-  att_ctx a = {t3(B, S, H), t4(B, NH, S, S), rnd(t3(B, S, H)), rnd(t3(B, S, H)), rnd(t3(B, S, H)), t2(B, S),
-               rnd(t3(B, S, H)), NH, 0.0};
-  for (int b = 0; b < B; b++) for (int s = 0; s < S; s++) F(a.mask)[b * S + s] = s < S - b ? 1.0f : 0.0f;
+  att_ctx a = {
+    t3(B, S, H), t4(B, NH, S, S), rnd(t3(B, S, H)), rnd(t3(B, S, H)), rnd(t3(B, S, H)), t2(B, S), rnd(t3(B, S, H)), NH,
+    0.0
+  };
+  for (int b = 0; b < B; b++)
+    for (int s = 0; s < S; s++) F(a.mask)[b * S + s] = s < S - b ? 1.0f : 0.0f;
   att_loss(&a);
   /* naive reference, p = 0 */
   double worst = 0;
-  for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int i = 0; i < S; i++) {
-    double sc[7], mx = -1e300, sum = 0;
-    for (int j = 0; j < S; j++) {
-      double s = 0;
-      for (int c = 0; c < d; c++)
-        s += (double)F(a.q)[(b * S + i) * H + h * d + c] * F(a.k)[(b * S + j) * H + h * d + c];
-      sc[j] = s / sqrt((double)d) + (1.0 - F(a.mask)[b * S + j]) * -10000.0;
-      mx = fmax(mx, sc[j]);
-    }
-    for (int j = 0; j < S; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
-    for (int c = 0; c < d; c++) {
-      double o = 0;
-      for (int j = 0; j < S; j++) o += sc[j] / sum * F(a.v)[(b * S + j) * H + h * d + c];
-      worst = fmax(worst, fabs(o - F(a.ctx)[(b * S + i) * H + h * d + c]));
-    }
-  }
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < S; i++) {
+        double sc[7], mx = -1e300, sum = 0;
+        for (int j = 0; j < S; j++) {
+          double s = 0;
+          for (int c = 0; c < d; c++)
+            s += (double)F(a.q)[(b * S + i) * H + h * d + c] * F(a.k)[(b * S + j) * H + h * d + c];
+          sc[j] = s / sqrt((double)d) + (1.0 - F(a.mask)[b * S + j]) * -10000.0;
+          mx = fmax(mx, sc[j]);
+        }
+        for (int j = 0; j < S; j++) {
+          sc[j] = exp(sc[j] - mx);
+          sum += sc[j];
+        }
+        for (int c = 0; c < d; c++) {
+          double o = 0;
+          for (int j = 0; j < S; j++) o += sc[j] / sum * F(a.v)[(b * S + j) * H + h * d + c];
+          worst = fmax(worst, fabs(o - F(a.ctx)[(b * S + i) * H + h * d + c]));
+        }
+      }
   CHECK(worst < 1e-5, "attention forward vs naive %g", worst);
   bl_tensor *dq = like(a.q), *dk = like(a.q), *dv = like(a.q);
   for (int pass = 0; pass < 2; pass++) {
@@ -461,7 +530,7 @@ static void test_attention(void) {
   OK(bl_attention_backward(dqs, dks, dvs, a.w, qs, ks, vs, p2, NH, 0, 0.1, 5, 6));
   CHECK(maxrel(dq, dqs) == 0 && maxrel(dk, dks) == 0 && maxrel(dv, dvs) == 0, "attention backward on slices differs");
   /* u8 mask gives the same as an f32 mask; thread count does not matter */
-  int64_t ms[] = {B, S};
+  int64_t ms[] = { B, S };
   bl_tensor *m8 = tens(2, ms, BL_U8), *c3 = like(qc);
   for (int i = 0; i < B * S; i++) ((uint8_t *)m8->data)[i] = F(a.mask)[i] != 0;
   omp_set_num_threads(1);
@@ -499,7 +568,10 @@ static void att_ref(const att_ctx *a, int64_t S, int64_t H, int64_t d, int b, in
       P[i * S + j] = x * sc + (1.0 - m[b * S + j]) * -10000.0;
       mx = fmax(mx, P[i * S + j]);
     }
-    for (int64_t j = 0; j < S; j++) { P[i * S + j] = exp(P[i * S + j] - mx); sum += P[i * S + j]; }
+    for (int64_t j = 0; j < S; j++) {
+      P[i * S + j] = exp(P[i * S + j] - mx);
+      sum += P[i * S + j];
+    }
     for (int64_t j = 0; j < S; j++) P[i * S + j] /= sum;
     double dot = 0;
     for (int64_t j = 0; j < S; j++) {
@@ -519,16 +591,23 @@ static void att_ref(const att_ctx *a, int64_t S, int64_t H, int64_t d, int b, in
         gk += dS[j * S + i] * AT(q, j, c);
         gv += P[j * S + i] * AT(w, j, c);
       }
-      AT(ctx, i, c) = o; AT(dq, i, c) = gq; AT(dk, i, c) = gk; AT(dv, i, c) = gv;
+      AT(ctx, i, c) = o;
+      AT(dq, i, c) = gq;
+      AT(dk, i, c) = gk;
+      AT(dv, i, c) = gv;
     }
 #undef AT
-  free(P); free(dS);
+  free(P);
+  free(dS);
 }
 
 /* max |got - ref| / max |ref| */
 static double err_vs(const bl_tensor *got, const double *ref) {
   double e = 0, mag = 0;
-  for (int64_t i = 0; i < got->numel; i++) { e = fmax(e, fabs(F(got)[i] - ref[i])); mag = fmax(mag, fabs(ref[i])); }
+  for (int64_t i = 0; i < got->numel; i++) {
+    e = fmax(e, fabs(F(got)[i] - ref[i]));
+    mag = fmax(mag, fabs(ref[i]));
+  }
   return e / mag;
 }
 
@@ -540,56 +619,77 @@ static double err_vs(const bl_tensor *got, const double *ref) {
  * the terms; 1e-4 of max |ref| leaves room for the cancellation in dS = P (dP - rowsum). With dropout
  * (p = 0.2, same masks on every path) the paths must agree with each other within the same bound. */
 static void test_attention_isa_paths(void) {
-  const int64_t shapes[2][3] = {{37, 24, 2}, {64, 64, 3}};  /* S, d, heads */
-  const char *isas[] = {"avx512", "avx2", "baseline"}, *start = bl_cpu_isa();
+  const int64_t shapes[2][3] = { { 37, 24, 2 }, { 64, 64, 3 } }; /* S, d, heads */
+  const char *isas[] = { "avx512", "avx2", "baseline" }, *start = bl_cpu_isa();
   for (int sh = 0; sh < 2; sh++) {
     const int64_t S = shapes[sh][0], d = shapes[sh][1], NH = shapes[sh][2], B = 2, H = d * NH;
-    att_ctx a = {t3(B, S, H), t4(B, NH, S, S), rnd(t3(B, S, H)), rnd(t3(B, S, H)), rnd(t3(B, S, H)), t2(B, S),
-                 rnd(t3(B, S, H)), (int)NH, 0.0};
-    for (int64_t b = 0; b < B; b++) for (int64_t s = 0; s < S; s++) F(a.mask)[b * S + s] = s < S - 5 * b;
+    att_ctx a = { t3(B, S, H),      t4(B, NH, S, S),  rnd(t3(B, S, H)),
+                  rnd(t3(B, S, H)), rnd(t3(B, S, H)), t2(B, S),
+                  rnd(t3(B, S, H)), (int)NH,          0.0 };
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t s = 0; s < S; s++) F(a.mask)[b * S + s] = s < S - 5 * b;
     size_t n = (size_t)(B * S * H);
     double *rc = malloc(n * sizeof(double)), *rq = malloc(n * sizeof(double)), *rk = malloc(n * sizeof(double)),
            *rv = malloc(n * sizeof(double));
-    for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) att_ref(&a, S, H, d, b, h, rc, rq, rk, rv);
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < NH; h++) att_ref(&a, S, H, d, b, h, rc, rq, rk, rv);
     bl_tensor *dq = like(a.q), *dk = like(a.q), *dv = like(a.q), *c0 = NULL, *q0 = NULL, *k0 = NULL, *v0 = NULL;
     for (int i = 0; i < 3; i++) {
-      if (bl_cpu_set_isa(isas[i]) != 0) { printf("attention on %s: skipped, %s\n", isas[i], bl_last_error()); continue; }
+      if (bl_cpu_set_isa(isas[i]) != 0) {
+        printf("attention on %s: skipped, %s\n", isas[i], bl_last_error());
+        continue;
+      }
       OK(bl_attention_forward(a.ctx, a.probs, a.q, a.k, a.v, a.mask, (int)NH, 0, 0.0, 0, 0));
       OK(bl_attention_backward(dq, dk, dv, a.w, a.q, a.k, a.v, a.probs, (int)NH, 0, 0.0, 0, 0));
-      double e[4] = {err_vs(a.ctx, rc), err_vs(dq, rq), err_vs(dk, rk), err_vs(dv, rv)};
+      double e[4] = { err_vs(a.ctx, rc), err_vs(dq, rq), err_vs(dk, rk), err_vs(dv, rv) };
       printf("attention S=%lld d=%lld on %s: error vs double ctx %.2g dq %.2g dk %.2g dv %.2g\n", (long long)S,
              (long long)d, isas[i], e[0], e[1], e[2], e[3]);
       CHECK(e[0] < 1e-4 && e[1] < 1e-4 && e[2] < 1e-4 && e[3] < 1e-4, "attention on %s (S=%lld d=%lld) vs double",
             isas[i], (long long)S, (long long)d);
       OK(bl_attention_forward(a.ctx, a.probs, a.q, a.k, a.v, a.mask, (int)NH, 0, 0.2, 7, 3));
       OK(bl_attention_backward(dq, dk, dv, a.w, a.q, a.k, a.v, a.probs, (int)NH, 0, 0.2, 7, 3));
-      if (!c0) { c0 = clone(a.ctx); q0 = clone(dq); k0 = clone(dk); v0 = clone(dv); continue; }
+      if (!c0) {
+        c0 = clone(a.ctx);
+        q0 = clone(dq);
+        k0 = clone(dk);
+        v0 = clone(dv);
+        continue;
+      }
       double r = fmax(fmax(maxrel(a.ctx, c0), maxrel(dq, q0)), fmax(maxrel(dk, k0), maxrel(dv, v0)));
       CHECK(r < 1e-4, "attention with dropout on %s differs from the first path by %g", isas[i], r);
     }
     OK(bl_cpu_set_isa(start));
-    bl_tensor *pieces[] = {a.ctx, a.probs, a.q, a.k, a.v, a.mask, a.w, dq, dk, dv, c0, q0, k0, v0};
-    for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) if (pieces[i]) bl_tensor_free(pieces[i]);
-    free(rc); free(rq); free(rk); free(rv);
+    bl_tensor *pieces[] = { a.ctx, a.probs, a.q, a.k, a.v, a.mask, a.w, dq, dk, dv, c0, q0, k0, v0 };
+    for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++)
+      if (pieces[i]) bl_tensor_free(pieces[i]);
+    free(rc);
+    free(rq);
+    free(rk);
+    free(rv);
   }
-  CHECK(bl_cpu_set_isa("avx1024") == BL_EINVAL && strstr(bl_last_error(), "unknown instruction set 'avx1024'"),
-        "%s", bl_last_error());
+  CHECK(bl_cpu_set_isa("avx1024") == BL_EINVAL && strstr(bl_last_error(), "unknown instruction set 'avx1024'"), "%s",
+        bl_last_error());
 }
 
 /* ---------------------------------------------------------------- losses, argmax, accuracy */
-typedef struct { bl_tensor *loss, *logits, *t; int mse; } ce_ctx;
+typedef struct {
+  bl_tensor *loss, *logits, *t;
+  int mse;
+} ce_ctx;
 static double ce_loss(void *c) {
   ce_ctx *k = c;
-  if (k->mse) OK(bl_mse_loss(k->loss, NULL, k->logits, k->t, 1.0));
-  else OK(bl_cross_entropy(k->loss, NULL, k->logits, k->t, -100, 1.0, NULL));
+  if (k->mse)
+    OK(bl_mse_loss(k->loss, NULL, k->logits, k->t, 1.0));
+  else
+    OK(bl_cross_entropy(k->loss, NULL, k->logits, k->t, -100, 1.0, NULL));
   return F(k->loss)[0];
 }
 static void test_losses(void) {
-  int64_t ts[] = {21};
+  int64_t ts[] = { 21 };
   bl_tensor *tg = tens(1, ts, BL_I64);
   int64_t *tv = tg->data;
   for (int i = 0; i < 21; i++) tv[i] = i % 5 == 2 ? -100 : (i * 3) % 10;
-  ce_ctx k = {t1(1), rnd(t3(3, 7, 10)), tg, 0};
+  ce_ctx k = { t1(1), rnd(t3(3, 7, 10)), tg, 0 };
   for (int64_t i = 0; i < k.logits->numel; i++) F(k.logits)[i] *= 3;
   bl_tensor *dl = like(k.logits);
   int64_t count = 0;
@@ -617,7 +717,8 @@ static void test_losses(void) {
   int rc = bl_cross_entropy(k.loss, dl2, k.logits, tg, -100, 1.0, NULL);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "target 10 at row 4 is out of range for 10 classes"), "%s",
         bl_last_error());
-  for (int i = 0; i < 21; i++) if (tv[i] == -100) tv[i] = -1;  /* NVIDIA-style ignore value */
+  for (int i = 0; i < 21; i++)
+    if (tv[i] == -100) tv[i] = -1; /* NVIDIA-style ignore value */
   tv[4] = -1;
   rc = bl_cross_entropy(k.loss, dl2, k.logits, tg, -1, 1.0, NULL);
   OK(rc);
@@ -625,26 +726,30 @@ static void test_losses(void) {
   rc = bl_cross_entropy(k.loss, NULL, k.logits, fl, -1, 1.0, NULL);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "targets must be i32 or i64, got f32"), "%s", bl_last_error());
   /* argmax / accuracy */
-  int64_t as[] = {3, 7};
+  int64_t as[] = { 3, 7 };
   bl_tensor *am = tens(2, as, BL_I64);
   OK(bl_argmax(am, k.logits));
   int64_t correct = 0, cnt = 0, ref_ok = 0, ref_cnt = 0;
   for (int i = 0; i < 21; i++) {
     int best = 0;
-    for (int j = 1; j < 10; j++) if (F(k.logits)[i * 10 + j] > F(k.logits)[i * 10 + best]) best = j;
+    for (int j = 1; j < 10; j++)
+      if (F(k.logits)[i * 10 + j] > F(k.logits)[i * 10 + best]) best = j;
     CHECK(((int64_t *)am->data)[i] == best, "argmax row %d", i);
     tv[i] = i % 3 == 0 ? best : (i % 7 == 0 ? -1 : (best + 1) % 10);
-    if (tv[i] != -1) { ref_cnt++; ref_ok += tv[i] == best; }
+    if (tv[i] != -1) {
+      ref_cnt++;
+      ref_ok += tv[i] == best;
+    }
   }
   OK(bl_accuracy(k.logits, tg, -1, &correct, &cnt));
   CHECK(correct == ref_ok && cnt == ref_cnt && correct > 0 && correct < cnt, "accuracy %lld/%lld vs %lld/%lld",
         (long long)correct, (long long)cnt, (long long)ref_ok, (long long)ref_cnt);
   /* MSE */
-  ce_ctx m = {t1(1), rnd(t2(9, 1)), rnd(t1(9)), 1};
+  ce_ctx m = { t1(1), rnd(t2(9, 1)), rnd(t1(9)), 1 };
   bl_tensor *dp = like(m.logits);
   OK(bl_mse_loss(m.loss, dp, m.logits, m.t, 1.0));
   gradcheck("mse dpred", m.logits, dp, ce_loss, &m);
-  bl_tensor *pieces[] = {tg, k.loss, k.logits, dl, dl2, fl, am, m.loss, m.logits, m.t, dp};
+  bl_tensor *pieces[] = { tg, k.loss, k.logits, dl, dl2, fl, am, m.loss, m.logits, m.t, dp };
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) bl_tensor_free(pieces[i]);
 }
 
@@ -659,7 +764,7 @@ static void test_errors(void) {
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "bias [3]"), "%s", bl_last_error());
   rc = bl_linear_forward(y6, x, w2, NULL);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "output [4,6]"), "%s", bl_last_error());
-  int64_t s[] = {4, 7};
+  int64_t s[] = { 4, 7 };
   bl_tensor *xi = tens(2, s, BL_I32);
   rc = bl_linear_forward(y, xi, w2, NULL);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "linear: input must be f32/f64/f16/bf16, got i32"), "%s",
@@ -676,8 +781,10 @@ static void test_errors(void) {
    * so that half only runs without one. */
   bl_tensor fake = *x;
   fake.device = 0;
-  bl_tensor fy = *y; fy.device = 0;
-  bl_tensor fw = *w2; fw.device = 0;
+  bl_tensor fy = *y;
+  fy.device = 0;
+  bl_tensor fw = *w2;
+  fw.device = 0;
   rc = bl_linear_forward(y, &fake, w2, NULL);
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "linear: tensors are on different devices (cpu and cuda:0)"), "%s",
         bl_last_error());
@@ -687,7 +794,7 @@ static void test_errors(void) {
     rc = bl_tanh_forward(&fake, &fake);
     CHECK(rc == BL_EDEVICE && strstr(bl_last_error(), "tanh: cuda:0"), "%s", bl_last_error());
   }
-  bl_tensor *pieces[] = {x, w, y, w2, b3, y6, xi};
+  bl_tensor *pieces[] = { x, w, y, w2, b3, y6, xi };
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) bl_tensor_free(pieces[i]);
 }
 
@@ -702,7 +809,10 @@ int main(void) {
   test_attention_isa_paths();
   test_losses();
   test_errors();
-  if (failures) { printf("%d failure(s)\n", failures); return 1; }
+  if (failures) {
+    printf("%d failure(s)\n", failures);
+    return 1;
+  }
   printf("all op tests passed\n");
   return 0;
 }

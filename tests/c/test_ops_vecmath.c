@@ -1,4 +1,4 @@
-/* Accuracy of the vectorised f32 math used by the CPU ops (src/ops/vecmath.h)
+/* Accuracy of the vectorised f32 math used by the CPU ops (src/base/vecmath.h)
  * against double-precision libm over dense grids, the inline Philox against
  * bl_philox4x32 and the dropout masks of the ops against the documented
  * stream, and GELU / its derivative through the public ops against a
@@ -7,7 +7,7 @@
  * the library, and every check runs on each ISA path the CPU has (AVX-512,
  * AVX2, baseline), selected with bl_cpu_set_isa. */
 #include "bertlua.h"
-#include "ops/vecmath.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,27 +24,27 @@ static double ulps(float got, double ref) {
 }
 
 OPX_BODY run_exp_body(int n, const float *restrict x, float *restrict y) {
-  #pragma omp simd
+#pragma omp simd
   for (int i = 0; i < n; i++) y[i] = vm_exp(x[i]);
 }
 OPX_ISA_FN(run_exp, (int n, const float *restrict x, float *restrict y), (n, x, y))
 OPX_BODY run_erf_body(int n, const float *restrict x, float *restrict y) {
-  #pragma omp simd
+#pragma omp simd
   for (int i = 0; i < n; i++) y[i] = vm_erf(x[i]);
 }
 OPX_ISA_FN(run_erf, (int n, const float *restrict x, float *restrict y), (n, x, y))
 OPX_BODY run_phi_body(int n, const float *restrict x, float *restrict y, float *restrict d) {
-  #pragma omp simd
+#pragma omp simd
   for (int i = 0; i < n; i++) y[i] = vm_phi(x[i], &d[i]);
 }
 OPX_ISA_FN(run_phi, (int n, const float *restrict x, float *restrict y, float *restrict d), (n, x, y, d))
 OPX_BODY run_gelu_fast_body(int n, const float *restrict x, float *restrict y) {
-  #pragma omp simd
+#pragma omp simd
   for (int i = 0; i < n; i++) y[i] = vm_gelu_fast(x[i]);
 }
 OPX_ISA_FN(run_gelu_fast, (int n, const float *restrict x, float *restrict y), (n, x, y))
 OPX_BODY run_philox_body(int n, uint64_t seed, uint64_t off, uint32_t *restrict o) {
-  #pragma omp simd
+#pragma omp simd
   for (int i = 0; i < n; i++)
     vm_philox((uint32_t)seed, (uint32_t)(seed >> 32), off + (uint64_t)i, &o[4 * i], &o[4 * i + 1], &o[4 * i + 2],
               &o[4 * i + 3]);
@@ -58,7 +58,10 @@ static double erf_worst(int n, const float *x, const float *y, double *at) {
   for (int i = 0; i < n; i++) {
     double r = erf((double)x[i]);
     double e = r == 0 ? fabs(y[i]) : fabs(y[i] - r) / fabs(r);
-    if (e > worst) { worst = e; *at = x[i]; }
+    if (e > worst) {
+      worst = e;
+      *at = x[i];
+    }
   }
   return worst;
 }
@@ -67,18 +70,23 @@ static double erf_worst(int n, const float *x, const float *y, double *at) {
 
 /* every check, on the ISA path in use */
 static int check_path(float *x, float *y, float *d) {
-
   /* exp over [-103.9, 88.6], normal results within 2 ulp, subnormals within 2 ulp of 2^-149 steps */
   double worst = 0, at = 0;
   for (int i = 0; i < N; i++) x[i] = -103.9f + (88.6f + 103.9f) * (float)i / (N - 1);
   run_exp(N, x, y);
   for (int i = 0; i < N; i++) {
     double e = ulps(y[i], exp((double)x[i]));
-    if (e > worst) { worst = e; at = x[i]; }
+    if (e > worst) {
+      worst = e;
+      at = x[i];
+    }
   }
   printf("vm_exp: max %.2f ulp (at %.6g)\n", worst, at);
   CHECK(worst <= 2.0, "vm_exp error %.2f ulp at %g", worst, at);
-  x[0] = -200.0f; x[1] = NAN; x[2] = 0.0f; x[3] = -0.0f;
+  x[0] = -200.0f;
+  x[1] = NAN;
+  x[2] = 0.0f;
+  x[3] = -0.0f;
   run_exp(4, x, y);
   CHECK(y[0] == 0.0f && isnan(y[1]) && y[2] == 1.0f && y[3] == 1.0f, "vm_exp specials: %g %g %g %g", y[0], y[1], y[2],
         y[3]);
@@ -99,14 +107,27 @@ static int check_path(float *x, float *y, float *d) {
   CHECK(wrel <= 2e-7, "vm_erf rel error %g at %g", wrel, at);
 
   /* Phi and phi over [-16, 16]: relative error <= 5e-7 where Phi >= 1e-37 */
-  wrel = 0; at = 0;
+  wrel = 0;
+  at = 0;
   double wpdf = 0, atp = 0;
   for (int i = 0; i < N; i++) x[i] = -16.0f + 32.0f * (float)i / (N - 1);
   run_phi(N, x, y, d);
   for (int i = 0; i < N; i++) {
     double xd = x[i], r = 0.5 * erfc(-xd / sqrt(2.0)), pr = exp(-0.5 * xd * xd) / sqrt(2.0 * M_PI);
-    if (r >= 1e-37) { double e = fabs(y[i] - r) / r; if (e > wrel) { wrel = e; at = xd; } }
-    if (pr >= 1e-37) { double e = fabs(d[i] - pr) / pr; if (e > wpdf) { wpdf = e; atp = xd; } }
+    if (r >= 1e-37) {
+      double e = fabs(y[i] - r) / r;
+      if (e > wrel) {
+        wrel = e;
+        at = xd;
+      }
+    }
+    if (pr >= 1e-37) {
+      double e = fabs(d[i] - pr) / pr;
+      if (e > wpdf) {
+        wpdf = e;
+        atp = xd;
+      }
+    }
   }
   printf("vm_phi: max rel error %.3g (at %.6g), pdf %.3g (at %.6g)\n", wrel, at, wpdf, atp);
   CHECK(wrel <= 5e-7, "vm_phi rel error %g at %g", wrel, at);
@@ -114,27 +135,32 @@ static int check_path(float *x, float *y, float *d) {
 
   /* inference's GELU: |error| <= 3.5 ulp(|x|) (3.3 is the exhaustive maximum over all f32 x, vecmath.h) on a grid
    * over [-16, 16], a dense one around the clamp at |x| = 5.6, and the worst inputs of the exhaustive scan */
-  worst = 0; at = 0;
+  worst = 0;
+  at = 0;
   for (int i = 0; i < N; i++) {
     float t = (float)i / (N - 1);
     x[i] = i % 2 ? -16.0f + 32.0f * t : (i % 4 ? -1.0f : 1.0f) * (5.5f + 0.2f * t);
   }
-  float hard[] = {3.68264318f, -3.61216807f, 3.67527437f, -3.63478184f, 1e30f, -1e30f, 1e-30f, -1e-30f};
+  float hard[] = { 3.68264318f, -3.61216807f, 3.67527437f, -3.63478184f, 1e30f, -1e30f, 1e-30f, -1e-30f };
   memcpy(x, hard, sizeof hard);
   run_gelu_fast(N, x, y);
   for (int i = 0; i < N; i++) {
     double xd = x[i], e = fabs(y[i] - xd * 0.5 * erfc(-xd / sqrt(2.0))) / ldexp(1.0, ilogb(xd) - 23);
-    if (e > worst) { worst = e; at = xd; }
+    if (e > worst) {
+      worst = e;
+      at = xd;
+    }
   }
   printf("vm_gelu_fast: max %.2f ulp(|x|) (at %.9g)\n", worst, at);
   CHECK(worst <= 3.5, "vm_gelu_fast error %.2f ulp(|x|) at %.9g", worst, at);
-  x[0] = NAN; x[1] = 0.0f;
+  x[0] = NAN;
+  x[1] = 0.0f;
   run_gelu_fast(2, x, y);
   CHECK(isnan(y[0]) && y[1] == 0.0f, "vm_gelu_fast specials: %g %g", y[0], y[1]);
 
   /* Philox: identical to the library's generator */
   uint32_t *o = (uint32_t *)y;
-  uint64_t seeds[] = {0, 42, 0xFFFFFFFFFFFFFFFFull}, offs[] = {0, 123456789, 0xFFFFFFF0ull + 3};
+  uint64_t seeds[] = { 0, 42, 0xFFFFFFFFFFFFFFFFull }, offs[] = { 0, 123456789, 0xFFFFFFF0ull + 3 };
   for (int s = 0; s < 3; s++) {
     run_philox(1000, seeds[s], offs[s], o);
     int bad = 0;
@@ -148,12 +174,16 @@ static int check_path(float *x, float *y, float *d) {
 
   /* GELU and its derivative through the public ops, against double precision */
   {
-    int64_t n = 400001, shape[] = {n};
+    int64_t n = 400001, shape[] = { n };
     bl_tensor *tx = NULL, *ty = NULL, *tdy = NULL, *tdx = NULL;
     if (bl_tensor_empty(1, shape, BL_F32, -1, &tx) || bl_tensor_empty(1, shape, BL_F32, -1, &ty) ||
-        bl_tensor_empty(1, shape, BL_F32, -1, &tdy) || bl_tensor_empty(1, shape, BL_F32, -1, &tdx)) return 1;
+        bl_tensor_empty(1, shape, BL_F32, -1, &tdy) || bl_tensor_empty(1, shape, BL_F32, -1, &tdx))
+      return 1;
     float *px = tx->data, *pdy = tdy->data;
-    for (int64_t i = 0; i < n; i++) { px[i] = -12.0f + 24.0f * (float)i / (float)(n - 1); pdy[i] = 1.0f; }
+    for (int64_t i = 0; i < n; i++) {
+      px[i] = -12.0f + 24.0f * (float)i / (float)(n - 1);
+      pdy[i] = 1.0f;
+    }
     CHECK(bl_gelu_forward(ty, tx) == 0, "gelu: %s", bl_last_error());
     CHECK(bl_gelu_backward(tdx, tdy, tx) == 0, "gelu_backward: %s", bl_last_error());
     double wy = 0, wd = 0, aty = 0, atd = 0;
@@ -163,8 +193,14 @@ static int check_path(float *x, float *y, float *d) {
       /* relative where the value is representable, absolute 1e-30 below */
       double ey = fabs(((float *)ty->data)[i] - g) / fmax(fabs(g), 1e-30);
       double ed = fabs(((float *)tdx->data)[i] - gd) / fmax(fabs(gd), 1e-30);
-      if (ey > wy) { wy = ey; aty = xd; }
-      if (ed > wd) { wd = ed; atd = xd; }
+      if (ey > wy) {
+        wy = ey;
+        aty = xd;
+      }
+      if (ed > wd) {
+        wd = ed;
+        atd = xd;
+      }
     }
     printf("gelu: max rel error %.3g (at %.6g); gelu': %.3g (at %.6g)\n", wy, aty, wd, atd);
     CHECK(wy <= 1e-6, "gelu rel error %g at %g", wy, aty);
@@ -178,7 +214,10 @@ static int check_path(float *x, float *y, float *d) {
     }
     printf("gelu': max error relative to |Phi| + |x phi|: %.3g\n", wd2);
     CHECK(wd2 <= 1e-6, "gelu' error %g", wd2);
-    bl_tensor_free(tx); bl_tensor_free(ty); bl_tensor_free(tdy); bl_tensor_free(tdx);
+    bl_tensor_free(tx);
+    bl_tensor_free(ty);
+    bl_tensor_free(tdy);
+    bl_tensor_free(tdx);
   }
   /* Dropout masks: every element of bl_dropout_forward's mask follows the
    * documented stream (block offset + i/4, lane i%4, keep = (x>>8) 2^-24 >= p),
@@ -186,25 +225,30 @@ static int check_path(float *x, float *y, float *d) {
    * exactly the same elements. */
   {
     const int64_t rows = 77, h = 13, n = rows * h;
-    int64_t s2[] = {rows, h};
+    int64_t s2[] = { rows, h };
     bl_tensor *tx = NULL, *ty = NULL, *tm = NULL, *tr = NULL, *tg = NULL, *tb = NULL, *mean = NULL, *rstd = NULL;
     bl_tensor *tdy = NULL, *tdx = NULL, *tdr = NULL;
-    int64_t sh[] = {h}, sr[] = {rows};
+    int64_t sh[] = { h }, sr[] = { rows };
     if (bl_tensor_empty(2, s2, BL_F32, -1, &tx) || bl_tensor_empty(2, s2, BL_F32, -1, &ty) ||
         bl_tensor_empty(2, s2, BL_U8, -1, &tm) || bl_tensor_empty(2, s2, BL_F32, -1, &tr) ||
         bl_tensor_empty(1, sh, BL_F32, -1, &tg) || bl_tensor_empty(1, sh, BL_F32, -1, &tb) ||
         bl_tensor_empty(1, sr, BL_F32, -1, &mean) || bl_tensor_empty(1, sr, BL_F32, -1, &rstd) ||
         bl_tensor_empty(2, s2, BL_F32, -1, &tdy) || bl_tensor_empty(2, s2, BL_F32, -1, &tdx) ||
-        bl_tensor_empty(2, s2, BL_F32, -1, &tdr)) return 1;
+        bl_tensor_empty(2, s2, BL_F32, -1, &tdr))
+      return 1;
     for (int64_t i = 0; i < n; i++) {
-      ((float *)tx->data)[i] = 0.5f + (float)(i % 7); ((float *)tr->data)[i] = (float)(i % 5) - 2.0f;
+      ((float *)tx->data)[i] = 0.5f + (float)(i % 7);
+      ((float *)tr->data)[i] = (float)(i % 5) - 2.0f;
       ((float *)tdy->data)[i] = 1.0f + (float)(i % 3);
     }
-    for (int64_t j = 0; j < h; j++) { ((float *)tg->data)[j] = 1.0f + 0.1f * j; ((float *)tb->data)[j] = 0.0f; }
-    double ps[] = {0.1, 0.5, 0.9, 1.0 / 3.0, 0.25, 0.75};
+    for (int64_t j = 0; j < h; j++) {
+      ((float *)tg->data)[j] = 1.0f + 0.1f * j;
+      ((float *)tb->data)[j] = 0.0f;
+    }
+    double ps[] = { 0.1, 0.5, 0.9, 1.0 / 3.0, 0.25, 0.75 };
     /* the fifth stream starts 21 blocks before the counter's low word wraps (the vector paths hand
      * that stretch to the scalar loop), the sixth above 2^32 blocks (a nonzero high word in every lane) */
-    uint64_t offs[] = {99, 102, 105, 108, 0xFFFFFFFFull - 20, 0x100000005ull};
+    uint64_t offs[] = { 99, 102, 105, 108, 0xFFFFFFFFull - 20, 0x100000005ull };
     for (int k = 0; k < 6; k++) {
       uint64_t seed = 1234567u + k, off = offs[k];
       CHECK(bl_dropout_forward(ty, tm, tx, ps[k], seed, off) == 0, "dropout: %s", bl_last_error());
@@ -218,15 +262,23 @@ static int check_path(float *x, float *y, float *d) {
       CHECK(bad == 0, "dropout p=%g: %d mask elements off the documented stream", ps[k], bad);
       CHECK(bl_residual_layernorm_forward(ty, mean, rstd, tx, tr, tg, tb, 1e-5, ps[k], seed, off) == 0, "%s",
             bl_last_error());
-      CHECK(bl_residual_layernorm_backward(tdx, tdr, NULL, NULL, NULL, tdy, tx, tr, tg, mean, rstd, ps[k], seed,
-                                           off) == 0,
+      CHECK(bl_residual_layernorm_backward(tdx, tdr, NULL, NULL, NULL, tdy, tx, tr, tg, mean, rstd, ps[k], seed, off) ==
+                0,
             "%s", bl_last_error());
       for (int64_t i = 0; i < n; i++)
         if ((((float *)tdx->data)[i] != 0.0f) != ((uint8_t *)tm->data)[i] && ((float *)tdr->data)[i] != 0.0f) bad_ln++;
       CHECK(bad_ln == 0, "residual_layernorm p=%g: %d elements masked differently from dropout", ps[k], bad_ln);
     }
-    bl_tensor_free(tx); bl_tensor_free(ty); bl_tensor_free(tm); bl_tensor_free(tr); bl_tensor_free(tg);
-    bl_tensor_free(tb); bl_tensor_free(mean); bl_tensor_free(rstd); bl_tensor_free(tdy); bl_tensor_free(tdx);
+    bl_tensor_free(tx);
+    bl_tensor_free(ty);
+    bl_tensor_free(tm);
+    bl_tensor_free(tr);
+    bl_tensor_free(tg);
+    bl_tensor_free(tb);
+    bl_tensor_free(mean);
+    bl_tensor_free(rstd);
+    bl_tensor_free(tdy);
+    bl_tensor_free(tdx);
     bl_tensor_free(tdr);
   }
   return 0;
@@ -236,14 +288,22 @@ static int check_path(float *x, float *y, float *d) {
 int main(void) {
   float *x = malloc(N * 4), *y = malloc(N * 4), *d = malloc(N * 4);
   if (!x || !y || !d) return 1;
-  const char *isas[] = {"avx512", "avx2", "baseline"};
+  const char *isas[] = { "avx512", "avx2", "baseline" };
   for (int i = 0; i < 3; i++) {
-    if (bl_cpu_set_isa(isas[i]) != 0) { printf("-- %s: not on this CPU (%s)\n", isas[i], bl_last_error()); continue; }
+    if (bl_cpu_set_isa(isas[i]) != 0) {
+      printf("-- %s: not on this CPU (%s)\n", isas[i], bl_last_error());
+      continue;
+    }
     printf("-- %s\n", bl_cpu_isa());
     if (check_path(x, y, d)) return 1;
   }
-  free(x); free(y); free(d);
-  if (failures) { printf("%d failure(s)\n", failures); return 1; }
+  free(x);
+  free(y);
+  free(d);
+  if (failures) {
+    printf("%d failure(s)\n", failures);
+    return 1;
+  }
   printf("all vecmath checks passed\n");
   return 0;
 }

@@ -14,20 +14,25 @@
 #include "check.h"
 
 static uint64_t rng_state = 88172645463325252ull;
-static double urand(void) {  /* xorshift64*, uniform in [-1, 1) */
-  rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
+static double urand(void) { /* xorshift64*, uniform in [-1, 1) */
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
   return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
 }
 
 static bl_tensor *flat(int64_t n) {
   bl_tensor *t = NULL;
-  if (bl_tensor_empty(1, &n, BL_F32, -1, &t)) { printf("alloc failed: %s\n", bl_last_error()); exit(1); }
+  if (bl_tensor_empty(1, &n, BL_F32, -1, &t)) {
+    printf("alloc failed: %s\n", bl_last_error());
+    exit(1);
+  }
   return t;
 }
 static float *F(bl_tensor *t) { return (float *)t->data; }
 
 /* ---------------------------------------------------------------- layout */
-#define N 70000
+#define N    70000
 #define NSEG 5
 static const int64_t seg_off[NSEG] = { 0, 40016, 40400, 60500, 66000 };
 static const int64_t seg_len[NSEG] = { 40000, 300, 20000, 5000, 3000 };
@@ -35,7 +40,8 @@ static const int64_t seg_len[NSEG] = { 40000, 300, 20000, 5000, 3000 };
  * 3: decayed, gradient zero, 4: no decay, gradient zero */
 static const uint8_t seg_decay[NSEG] = { 1, 0, 1, 1, 0 };
 static int in_seg(int64_t i) {
-  for (int k = 0; k < NSEG; k++) if (i >= seg_off[k] && i < seg_off[k] + seg_len[k]) return k;
+  for (int k = 0; k < NSEG; k++)
+    if (i >= seg_off[k] && i < seg_off[k] + seg_len[k]) return k;
   return -1;
 }
 static bl_optim_segments SEGS = { NSEG, 0, seg_off, seg_len, seg_decay };
@@ -54,17 +60,24 @@ static void fill_grad(double *g, double gscale) {
     g[i] = (k == 3 || k == 4) ? 0.0 : gscale * urand();
   }
 }
-static void to_f32(bl_tensor *t, const double *x) { for (int64_t i = 0; i < N; i++) F(t)[i] = (float)x[i]; }
+static void to_f32(bl_tensor *t, const double *x) {
+  for (int64_t i = 0; i < N; i++) F(t)[i] = (float)x[i];
+}
 /* the reference starts from the f32-rounded values the C code sees */
-static void round_f32(double *x) { for (int64_t i = 0; i < N; i++) x[i] = (double)(float)x[i]; }
+static void round_f32(double *x) {
+  for (int64_t i = 0; i < N; i++) x[i] = (double)(float)x[i];
+}
 
 static double max_err(const float *a, const double *b, double rtol, double atol, int64_t *where) {
   double worst = 0;
   for (int64_t i = 0; i < N; i++) {
     double e = fabs((double)a[i] - b[i]) / (atol + rtol * fabs(b[i]));
-    if (!(e <= worst)) { worst = e; *where = i; }
+    if (!(e <= worst)) {
+      worst = e;
+      *where = i;
+    }
   }
-  return worst;  /* <= 1 means within tolerance */
+  return worst; /* <= 1 means within tolerance */
 }
 
 static void expect_close(const char *what, bl_tensor *t, const double *ref, double rtol, double atol) {
@@ -82,8 +95,8 @@ static double ref_global_norm(const double *g, double gs) {
   return sqrt(s);
 }
 
-static void ref_lamb(const bl_lamb_config *c, double *w, const double *g, double *m, double *v, int64_t step,
-                     double lr, double gs) {
+static void ref_lamb(const bl_lamb_config *c, double *w, const double *g, double *m, double *v, int64_t step, double lr,
+                     double gs) {
   double norm = ref_global_norm(g, gs);
   double clip = (c->max_grad_norm > 0 && norm > c->max_grad_norm) ? norm / c->max_grad_norm : 1.0;
   double bc1 = c->bias_correction ? 1 - pow(c->beta1, step) : 1, bc2 = c->bias_correction ? 1 - pow(c->beta2, step) : 1;
@@ -97,9 +110,11 @@ static void ref_lamb(const bl_lamb_config *c, double *w, const double *g, double
       m[i] = c->beta1 * m[i] + (c->grad_averaging ? 1 - c->beta1 : 1.0) * gi;
       v[i] = c->beta2 * v[i] + (1 - c->beta2) * gi * gi;
       u[i] = (m[i] / bc1) / (sqrt(v[i] / bc2) + c->eps) + (c->adam_w_mode ? wd * w[i] : 0);
-      wn += w[i] * w[i]; un += u[i] * u[i];
+      wn += w[i] * w[i];
+      un += u[i] * u[i];
     }
-    wn = sqrt(wn); un = sqrt(un);
+    wn = sqrt(wn);
+    un = sqrt(un);
     if (c->max_weight_norm > 0) wn = fmin(wn, c->max_weight_norm);
     double trust = 1;
     if (c->use_nvlamb || (seg_decay[k] && c->weight_decay != 0)) {
@@ -122,7 +137,8 @@ static void ref_adamw(const bl_adamw_config *c, double *w, const double *g, doub
         for (int64_t i = seg_off[k]; i < seg_off[k] + seg_len[k]; i++) q += gs * g[i] * gs * g[i];
         double coef = c->max_grad_norm / (sqrt(q) + 1e-6);
         if (coef < 1) mul *= coef;
-      } else if (norm > c->max_grad_norm) mul /= norm / c->max_grad_norm;
+      } else if (norm > c->max_grad_norm)
+        mul /= norm / c->max_grad_norm;
     }
     double wd = seg_decay[k] ? c->weight_decay : 0;
     for (int64_t i = seg_off[k]; i < seg_off[k] + seg_len[k]; i++) {
@@ -158,9 +174,13 @@ static void run_lamb(const char *name, const bl_lamb_config *cfg, double gscale,
                      int expect_clip) {
   bl_tensor *w = flat(N), *g = flat(N), *m = flat(N), *v = flat(N);
   fill_state(W, M, V, wscale);
-  round_f32(W); round_f32(M); round_f32(V);
+  round_f32(W);
+  round_f32(M);
+  round_f32(V);
   memcpy(W0, W, sizeof W);
-  to_f32(w, W); to_f32(m, M); to_f32(v, V);
+  to_f32(w, W);
+  to_f32(m, M);
+  to_f32(v, V);
   double lr = 0.02;
   int clipped = 0;
   for (int64_t step = 1; step <= 5; step++) {
@@ -178,9 +198,12 @@ static void run_lamb(const char *name, const bl_lamb_config *cfg, double gscale,
   }
   CHECK(clipped == expect_clip, "%s: clipping active=%d, expected %d", name, clipped, expect_clip);
   char what[128];
-  snprintf(what, sizeof what, "%s weights", name); expect_close(what, w, W, 1e-5, 1e-6);
-  snprintf(what, sizeof what, "%s exp_avg", name); expect_close(what, m, M, 1e-5, 1e-7);
-  snprintf(what, sizeof what, "%s exp_avg_sq", name); expect_close(what, v, V, 1e-5, 1e-12);
+  snprintf(what, sizeof what, "%s weights", name);
+  expect_close(what, w, W, 1e-5, 1e-6);
+  snprintf(what, sizeof what, "%s exp_avg", name);
+  expect_close(what, m, M, 1e-5, 1e-7);
+  snprintf(what, sizeof what, "%s exp_avg_sq", name);
+  expect_close(what, v, V, 1e-5, 1e-12);
   /* the padding between segments is neither read nor written */
   for (int64_t i = 0; i < N; i++)
     if (in_seg(i) < 0 && F(w)[i] != (float)W0[i]) {
@@ -188,14 +211,17 @@ static void run_lamb(const char *name, const bl_lamb_config *cfg, double gscale,
       break;
     }
   CHECK(F(w)[10] != (float)W0[10], "%s: weights did not change", name);
-  bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(m); bl_tensor_free(v);
+  bl_tensor_free(w);
+  bl_tensor_free(g);
+  bl_tensor_free(m);
+  bl_tensor_free(v);
 }
 
 static void test_lamb(void) {
   bl_lamb_config c;
   bl_lamb_config_default(&c);
   CHECK(c.beta1 == 0.9 && c.beta2 == 0.999 && c.eps == 1e-6 && c.weight_decay == 0.01 && c.max_grad_norm == 1.0 &&
-        c.bias_correction == 1 && c.use_nvlamb == 0 && c.adam_w_mode == 1 && c.grad_averaging == 1,
+            c.bias_correction == 1 && c.use_nvlamb == 0 && c.adam_w_mode == 1 && c.grad_averaging == 1,
         "lamb defaults");
   run_lamb("lamb default (clipping active)", &c, 1.0, 1.0, 0.1, 1);
   /* gradients scaled by 1024 and grad_scale 1/1024: unscale fused; norm small: no clipping */
@@ -206,16 +232,20 @@ static void test_lamb(void) {
   c.use_nvlamb = 1;
   run_lamb("lamb use_nvlamb", &c, 1.0, 1.0, 0.1, 1);
   bl_lamb_config_default(&c);
-  c.bias_correction = 0; c.grad_averaging = 0; c.adam_w_mode = 0;
+  c.bias_correction = 0;
+  c.grad_averaging = 0;
+  c.adam_w_mode = 0;
   run_lamb("lamb no bias correction, L2 mode, no grad averaging", &c, 1.0, 1.0, 0.1, 1);
   bl_lamb_config_default(&c);
-  c.use_nvlamb = 1; c.max_weight_norm = 10; c.max_grad_norm = 0;   /* paper variant: phi = min(||w||, 10) */
+  c.use_nvlamb = 1;
+  c.max_weight_norm = 10;
+  c.max_grad_norm = 0; /* paper variant: phi = min(||w||, 10) */
   run_lamb("lamb paper phi clamp (binds: ||w|| ~ 115)", &c, 1.0, 1.0, 1.0, 0);
   bl_lamb_config_default(&c);
   c.max_trust_ratio = 0.5;
   run_lamb("lamb trust ratio clamp", &c, 1.0, 1.0, 0.1, 1);
   bl_lamb_config_default(&c);
-  c.weight_decay = 0;   /* apex: no decay anywhere -> no trust ratio anywhere (plain Adam) */
+  c.weight_decay = 0; /* apex: no decay anywhere -> no trust ratio anywhere (plain Adam) */
   run_lamb("lamb weight_decay 0", &c, 1.0, 1.0, 0.1, 1);
 }
 
@@ -240,22 +270,40 @@ static void test_lamb_trust_cases(void) {
   /* i = 0: g = -0.5, m^ = g, sqrt(v^) = |g| -> u = -0.5/(0.5+eps), w = -lr*u */
   CHECK(fabs(F(w)[0] - 0.1 * 0.5 / (0.5 + 1e-6)) < 1e-7, "w=0 trust 1: got %.9g", F(w)[0]);
   /* g = 0, w != 0, decay 0.01: u = wd*w -> trust = ||w||/||wd w|| = 100 -> w *= (1 - lr*100*0.01) */
-  for (int64_t i = 0; i < n; i++) { F(w)[i] = 0.5f + (float)i / n; F(g)[i] = 0; F(m)[i] = 0; F(v)[i] = 0; }
+  for (int64_t i = 0; i < n; i++) {
+    F(w)[i] = 0.5f + (float)i / n;
+    F(g)[i] = 0;
+    F(m)[i] = 0;
+    F(v)[i] = 0;
+  }
   CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "g=0: %s", bl_last_error());
   CHECK(fabs(F(w)[7] - (0.5f + 7.0f / n) * (1 - 0.1)) < 1e-6, "g=0 decayed: got %.9g", F(w)[7]);
   /* g = 0, no decay, nvlamb: u = 0 -> trust 1 and w unchanged */
-  dec = 0; c.use_nvlamb = 1;
-  for (int64_t i = 0; i < n; i++) { F(w)[i] = 0.5f; F(g)[i] = 0; F(m)[i] = 0; F(v)[i] = 0; }
+  dec = 0;
+  c.use_nvlamb = 1;
+  for (int64_t i = 0; i < n; i++) {
+    F(w)[i] = 0.5f;
+    F(g)[i] = 0;
+    F(m)[i] = 0;
+    F(v)[i] = 0;
+  }
   CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "u=0: %s", bl_last_error());
   CHECK(F(w)[3] == 0.5f, "u=0: w changed to %.9g", F(w)[3]);
-  bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(m); bl_tensor_free(v);
+  bl_tensor_free(w);
+  bl_tensor_free(g);
+  bl_tensor_free(m);
+  bl_tensor_free(v);
 }
 
 static void run_adamw(const char *name, const bl_adamw_config *cfg, double gscale) {
   bl_tensor *w = flat(N), *g = flat(N), *m = flat(N), *v = flat(N);
   fill_state(W, M, V, 0.1);
-  round_f32(W); round_f32(M); round_f32(V);
-  to_f32(w, W); to_f32(m, M); to_f32(v, V);
+  round_f32(W);
+  round_f32(M);
+  round_f32(V);
+  to_f32(w, W);
+  to_f32(m, M);
+  to_f32(v, V);
   double lr = 1e-3;
   for (int64_t step = 1; step <= 5; step++) {
     fill_grad(G, gscale);
@@ -266,10 +314,16 @@ static void run_adamw(const char *name, const bl_adamw_config *cfg, double gscal
     ref_adamw(cfg, W, G, M, V, step, lr, 0.5);
   }
   char what[128];
-  snprintf(what, sizeof what, "%s weights", name); expect_close(what, w, W, 1e-5, 1e-6);
-  snprintf(what, sizeof what, "%s exp_avg", name); expect_close(what, m, M, 1e-5, 1e-7);
-  snprintf(what, sizeof what, "%s exp_avg_sq", name); expect_close(what, v, V, 1e-5, 1e-12);
-  bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(m); bl_tensor_free(v);
+  snprintf(what, sizeof what, "%s weights", name);
+  expect_close(what, w, W, 1e-5, 1e-6);
+  snprintf(what, sizeof what, "%s exp_avg", name);
+  expect_close(what, m, M, 1e-5, 1e-7);
+  snprintf(what, sizeof what, "%s exp_avg_sq", name);
+  expect_close(what, v, V, 1e-5, 1e-12);
+  bl_tensor_free(w);
+  bl_tensor_free(g);
+  bl_tensor_free(m);
+  bl_tensor_free(v);
 }
 
 static void test_adamw(void) {
@@ -278,10 +332,12 @@ static void test_adamw(void) {
   run_adamw("adamw", &c, 1.0);
   c.max_grad_norm = 1.0;
   run_adamw("adamw global clip", &c, 1.0);
-  c.bias_correction = 0; c.per_segment_clip = 1;
+  c.bias_correction = 0;
+  c.per_segment_clip = 1;
   run_adamw("bertadam (no bias correction, per-segment clip)", &c, 1.0);
   bl_adamw_config_default(&c);
-  c.adam_w_mode = 0; c.weight_decay = 0.1;
+  c.adam_w_mode = 0;
+  c.weight_decay = 0.1;
   run_adamw("adam L2 mode", &c, 1.0);
 }
 
@@ -290,7 +346,7 @@ static void run_sgd(const char *name, const bl_sgd_config *cfg) {
   fill_state(W, M, V, 0.1);
   round_f32(W);
   to_f32(w, W);
-  for (int64_t i = 0; i < N; i++) F(b)[i] = 123.0f;  /* must be ignored at step 1 */
+  for (int64_t i = 0; i < N; i++) F(b)[i] = 123.0f; /* must be ignored at step 1 */
   double lr = 0.05;
   for (int64_t step = 1; step <= 4; step++) {
     fill_grad(G, 1.0);
@@ -301,18 +357,23 @@ static void run_sgd(const char *name, const bl_sgd_config *cfg) {
     ref_sgd(cfg, W, G, M, step, lr, 1.0);
   }
   expect_close(name, w, W, 1e-5, 1e-6);
-  bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(b);
+  bl_tensor_free(w);
+  bl_tensor_free(g);
+  bl_tensor_free(b);
 }
 
 static void test_sgd(void) {
   bl_sgd_config c;
   bl_sgd_config_default(&c);
   run_sgd("sgd plain", &c);
-  c.momentum = 0.9; c.weight_decay = 1e-2;
+  c.momentum = 0.9;
+  c.weight_decay = 1e-2;
   run_sgd("sgd momentum + decay", &c);
   c.dampening = 0.1;
   run_sgd("sgd dampening", &c);
-  c.dampening = 0; c.nesterov = 1; c.max_grad_norm = 5;
+  c.dampening = 0;
+  c.nesterov = 1;
+  c.max_grad_norm = 5;
   run_sgd("sgd nesterov + clip", &c);
 }
 
@@ -320,7 +381,10 @@ static void test_norm_and_unscale(void) {
   int64_t n = 100003;
   bl_tensor *g = flat(n), *h = NULL, *o = flat(n);
   double ref = 0;
-  for (int64_t i = 0; i < n; i++) { F(g)[i] = (float)(3.0 * urand()); ref += (double)F(g)[i] * F(g)[i]; }
+  for (int64_t i = 0; i < n; i++) {
+    F(g)[i] = (float)(3.0 * urand());
+    ref += (double)F(g)[i] * F(g)[i];
+  }
   ref = sqrt(ref);
   double nrm = 0, nrm1 = 0;
   int bad = -1;
@@ -345,9 +409,10 @@ static void test_norm_and_unscale(void) {
   CHECK(F(g)[12345] == keep * (float)(1.0 / 65536), "unscale value %.9g vs %.9g", F(g)[12345], keep / 65536);
   F(g)[n - 1] = INFINITY;
   CHECK(bl_unscale_check(g, 0.5, &bad) == 0 && bad == 1, "unscale did not flag inf in the last element");
-  F(g)[n - 1] = 0; F(g)[0] = NAN;
+  F(g)[n - 1] = 0;
+  F(g)[0] = NAN;
   CHECK(bl_unscale_check(g, 0.5, &bad) == 0 && bad == 1, "unscale did not flag NaN in the first element");
-  F(g)[0] = 3e38f;  /* finite before, overflows after x4 */
+  F(g)[0] = 3e38f; /* finite before, overflows after x4 */
   CHECK(bl_unscale_check(g, 4.0, &bad) == 0 && bad == 1, "unscale did not flag overflow after the multiply");
   F(g)[0] = 1;
   CHECK(bl_unscale_check(g, 0.0, &bad) == BL_EINVAL, "unscale accepted inv_scale 0");
@@ -365,11 +430,12 @@ static void test_norm_and_unscale(void) {
     CHECK(bl_unscale_to_f32(o, h, 1.0 / 1024, &bad) == 0 && bad == 0, "unscale_to_f32: %s", bl_last_error());
     float back = dts[d] == BL_F16 ? bl_f16_to_f32(hp[999]) : bl_bf16_to_f32(hp[999]);
     CHECK(F(o)[999] == back * (float)(1.0 / 1024), "unscale_to_f32 value %.9g vs %.9g", F(o)[999], back / 1024);
-    hp[5] = dts[d] == BL_F16 ? 0x7c00 : 0x7f80;  /* +inf */
+    hp[5] = dts[d] == BL_F16 ? 0x7c00 : 0x7f80; /* +inf */
     CHECK(bl_unscale_to_f32(o, h, 1.0 / 1024, &bad) == 0 && bad == 1, "unscale_to_f32 missed inf");
     bl_tensor_free(h);
   }
-  bl_tensor_free(g); bl_tensor_free(o);
+  bl_tensor_free(g);
+  bl_tensor_free(o);
 }
 
 /* LAMB results do not depend on the thread count (fixed chunk reductions). */
@@ -380,8 +446,12 @@ static void test_determinism(void) {
   to_f32(g, G);
   int nt = bl_num_threads();
   for (int r = 0; r < 2; r++) {
-    w[r] = flat(N); m[r] = flat(N); v[r] = flat(N);
-    to_f32(w[r], W); to_f32(m[r], M); to_f32(v[r], V);
+    w[r] = flat(N);
+    m[r] = flat(N);
+    v[r] = flat(N);
+    to_f32(w[r], W);
+    to_f32(m[r], M);
+    to_f32(v[r], V);
     bl_set_num_threads(r == 0 ? 1 : (nt > 1 ? nt : 3));
     bl_lamb_config c;
     bl_lamb_config_default(&c);
@@ -389,7 +459,11 @@ static void test_determinism(void) {
   }
   bl_set_num_threads(nt);
   CHECK(memcmp(w[0]->data, w[1]->data, N * 4) == 0, "lamb weights differ between 1 and %d threads", nt);
-  for (int r = 0; r < 2; r++) { bl_tensor_free(w[r]); bl_tensor_free(m[r]); bl_tensor_free(v[r]); }
+  for (int r = 0; r < 2; r++) {
+    bl_tensor_free(w[r]);
+    bl_tensor_free(m[r]);
+    bl_tensor_free(v[r]);
+  }
   bl_tensor_free(g);
 }
 
@@ -407,36 +481,53 @@ static void test_compute_copy(void) {
       const int64_t n = N;
       bl_tensor *x[4], *y[4], *hx = NULL, *hy = NULL;
       fill_state(w, m, v, 0.5);
-      for (int i = 0; i < 4; i++) { x[i] = flat(N); y[i] = flat(N); }
-      to_f32(x[0], w); to_f32(x[2], m); to_f32(x[3], v);
+      for (int i = 0; i < 4; i++) {
+        x[i] = flat(N);
+        y[i] = flat(N);
+      }
+      to_f32(x[0], w);
+      to_f32(x[2], m);
+      to_f32(x[3], v);
       for (int i = 0; i < 4; i += i == 0 ? 2 : 1) memcpy(F(y[i]), F(x[i]), sizeof(float) * N);
       bl_tensor_empty(1, &n, dt, -1, &hx);
       bl_tensor_empty(1, &n, dt, -1, &hy);
       bl_tensor_copy(hx, x[0]);
       bl_tensor_copy(hy, y[0]);
-      bl_lamb_config lc; bl_adamw_config ac; bl_sgd_config sc;
-      bl_lamb_config_default(&lc); bl_adamw_config_default(&ac); bl_sgd_config_default(&sc);
-      sc.momentum = 0.9; sc.weight_decay = 0.01;
+      bl_lamb_config lc;
+      bl_adamw_config ac;
+      bl_sgd_config sc;
+      bl_lamb_config_default(&lc);
+      bl_adamw_config_default(&ac);
+      bl_sgd_config_default(&sc);
+      sc.momentum = 0.9;
+      sc.weight_decay = 0.01;
       int rc = 0;
       for (int64_t step = 1; step <= 3; step++) {
         fill_grad(g, 0.1);
-        to_f32(x[1], g); to_f32(y[1], g);
+        to_f32(x[1], g);
+        to_f32(y[1], g);
         for (int k = 0; k < 2; k++) {
           bl_tensor **b = k ? y : x, *half = k ? hy : NULL;
           if (kind == 0) rc |= bl_lamb_step(&lc, b[0], half, b[1], b[2], b[3], &SEGS, step, 0.01, 0.5, -1, NULL);
           if (kind == 1) rc |= bl_adamw_step(&ac, b[0], half, b[1], b[2], b[3], &SEGS, step, 0.01, 0.5, -1, NULL);
           if (kind == 2) rc |= bl_sgd_step(&sc, b[0], half, b[1], b[2], &SEGS, step, 0.01, 0.5, -1, NULL);
         }
-        rc |= bl_tensor_copy(hx, x[0]);   /* the refresh cast */
+        rc |= bl_tensor_copy(hx, x[0]); /* the refresh cast */
       }
       CHECK(rc == 0, "%s %s: %s", names[kind], bl_dtype_name(dt), bl_last_error());
       CHECK(!memcmp(F(x[0]), F(y[0]), sizeof(float) * N) && !memcmp(hx->data, hy->data, 2 * (size_t)N),
             "%s %s: the step writing the compute copy differs from step + cast", names[kind], bl_dtype_name(dt));
-      for (int i = 0; i < 4; i++) { bl_tensor_free(x[i]); bl_tensor_free(y[i]); }
+      for (int i = 0; i < 4; i++) {
+        bl_tensor_free(x[i]);
+        bl_tensor_free(y[i]);
+      }
       bl_tensor_free(hx);
       bl_tensor_free(hy);
     }
-  free(w); free(g); free(m); free(v);
+  free(w);
+  free(g);
+  free(m);
+  free(v);
 }
 
 static void expect_err(int rc, int status, const char *needle, const char *what) {
@@ -448,8 +539,12 @@ static void test_bad_input(void) {
   bl_tensor *w = flat(N), *g = flat(N), *m = flat(N), *v = flat(N), *small = flat(N - 1), *d64 = NULL;
   int64_t n = N;
   bl_tensor_empty(1, &n, BL_F64, -1, &d64);
-  fill_state(W, M, V, 0.1); fill_grad(G, 1.0);
-  to_f32(w, W); to_f32(g, G); to_f32(m, M); to_f32(v, V);
+  fill_state(W, M, V, 0.1);
+  fill_grad(G, 1.0);
+  to_f32(w, W);
+  to_f32(g, G);
+  to_f32(m, M);
+  to_f32(v, V);
   bl_lamb_config c;
   bl_lamb_config_default(&c);
   expect_err(bl_lamb_step(&c, w, NULL, small, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "grads has 69999 elements",
@@ -460,12 +555,12 @@ static void test_bad_input(void) {
   fake.device = 0;
   expect_err(bl_lamb_step(&c, w, NULL, g, m, &fake, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL,
              "different devices (cpu and cuda:0)", "mixed devices");
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, m, &SEGS, 1, 0.1, 1, -1, NULL),
-             BL_EINVAL, "share memory", "aliased moments");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, m, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "share memory",
+             "aliased moments");
   int64_t ov_off[2] = { 0, 100 }, ov_len[2] = { 200, 50 };
   bl_optim_segments ov = { 2, 0, ov_off, ov_len, NULL };
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &ov, 1, 0.1, 1, -1, NULL),
-             BL_EINVAL, "overlap", "overlapping segments");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &ov, 1, 0.1, 1, -1, NULL), BL_EINVAL, "overlap",
+             "overlapping segments");
   int64_t oob_off[1] = { N - 10 }, oob_len[1] = { 11 };
   bl_optim_segments oob = { 1, 0, oob_off, oob_len, NULL };
   expect_err(bl_adamw_step(NULL, w, NULL, g, m, v, &oob, 1, 0.1, 1, -1, NULL), BL_EINVAL, "config is NULL", "null cfg");
@@ -479,15 +574,15 @@ static void test_bad_input(void) {
   expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 0, 0.1, 1, -1, NULL), BL_EINVAL, "step must be >= 1", "step 0");
   expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, NAN, 1, -1, NULL), BL_EINVAL, "learning rate", "lr NaN");
   c.beta2 = 1.0;
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL),
-             BL_EINVAL, "beta2 must be in [0, 1)", "beta2");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "beta2 must be in [0, 1)",
+             "beta2");
   bl_lamb_config_default(&c);
   /* non-finite gradient: error, and nothing written */
   F(g)[500] = NAN;
   float w0 = F(w)[3], m0 = F(m)[3];
   bl_optim_stats st;
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, &st),
-             BL_EINVAL, "non-finite gradient", "NaN grad");
+  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, &st), BL_EINVAL, "non-finite gradient",
+             "NaN grad");
   CHECK(st.nonfinite == 1, "stats.nonfinite not set");
   CHECK(F(w)[3] == w0 && F(m)[3] == m0, "NaN gradient modified the state");
   expect_err(bl_adamw_step(&ac, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "non-finite", "adamw NaN");
@@ -497,41 +592,62 @@ static void test_bad_input(void) {
   bl_sgd_config sc;
   bl_sgd_config_default(&sc);
   sc.momentum = 0.9;
-  expect_err(bl_sgd_step(&sc, w, NULL, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL),
-             BL_EINVAL, "momentum buffer", "sgd no buffer");
-  sc.momentum = 0; sc.nesterov = 1;
-  expect_err(bl_sgd_step(&sc, w, NULL, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL),
-             BL_EINVAL, "nesterov", "nesterov no momentum");
+  expect_err(bl_sgd_step(&sc, w, NULL, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "momentum buffer",
+             "sgd no buffer");
+  sc.momentum = 0;
+  sc.nesterov = 1;
+  expect_err(bl_sgd_step(&sc, w, NULL, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "nesterov",
+             "nesterov no momentum");
   int bad;
   expect_err(bl_unscale_check(d64, 0.5, &bad), BL_EINVAL, "must be a flat f32", "unscale f64");
   double nrm;
-  if (!bl_cuda_compiled())   /* with CUDA the twin runs (test_cuda_optim) */
+  if (!bl_cuda_compiled()) /* with CUDA the twin runs (test_cuda_optim) */
     expect_err(bl_grad_global_norm(&fake, &nrm, NULL), BL_EDEVICE, "built without CUDA", "norm on cuda");
   /* a caller-given norm is used as is: with norm 2 and max 1 the gradients are halved */
   bl_lamb_config_default(&c);
-  CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, 2.0, &st) == 0
-        && st.clip_coef == 0.5 && st.grad_norm == 2.0,
-        "given norm: rc/clip %g", st.clip_coef);
-  bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(m); bl_tensor_free(v); bl_tensor_free(small);
+  CHECK(
+      bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, 2.0, &st) == 0 && st.clip_coef == 0.5 && st.grad_norm == 2.0,
+      "given norm: rc/clip %g", st.clip_coef);
+  bl_tensor_free(w);
+  bl_tensor_free(g);
+  bl_tensor_free(m);
+  bl_tensor_free(v);
+  bl_tensor_free(small);
   bl_tensor_free(d64);
 }
 
 /* BL_OPTIM_BENCH=<numel> test_optim: throughput instead of tests, on a
  * BERT-like layout (100 large decayed segments, 100 1024-element no-decay). */
 #include <time.h>
-static double now_s(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
 static int bench(int64_t n) {
   bl_tensor *w = flat(n), *g = flat(n), *m = flat(n), *v = flat(n);
-  bl_rand_uniform(w, 1, 0, -0.1, 0.1); bl_rand_uniform(g, 2, 0, -1, 1);
-  bl_tensor_fill(m, 0); bl_tensor_fill(v, 0);
+  bl_rand_uniform(w, 1, 0, -0.1, 0.1);
+  bl_rand_uniform(g, 2, 0, -1, 1);
+  bl_tensor_fill(m, 0);
+  bl_tensor_fill(v, 0);
   enum { NS = 200 };
   int64_t off[NS], len[NS], big = (n - 100 * 1024) / 100, o = 0;
   uint8_t dec[NS];
-  if (big < 1) { printf("bench: numel too small\n"); return 1; }
-  for (int k = 0; k < NS; k++) { off[k] = o; len[k] = k % 2 ? 1024 : big; dec[k] = !(k % 2); o += len[k]; }
+  if (big < 1) {
+    printf("bench: numel too small\n");
+    return 1;
+  }
+  for (int k = 0; k < NS; k++) {
+    off[k] = o;
+    len[k] = k % 2 ? 1024 : big;
+    dec[k] = !(k % 2);
+    o += len[k];
+  }
   bl_optim_segments s = { NS, 0, off, len, dec };
-  bl_lamb_config lc; bl_lamb_config_default(&lc);
-  bl_adamw_config ac; bl_adamw_config_default(&ac);
+  bl_lamb_config lc;
+  bl_lamb_config_default(&lc);
+  bl_adamw_config ac;
+  bl_adamw_config_default(&ac);
   const int reps = 5;
   double t0, t, nrm;
   int bad;
@@ -553,7 +669,10 @@ static int bench(int64_t n) {
   for (int r = 0; r < reps; r++) bl_unscale_check(g, 1.0, &bad);
   t = (now_s() - t0) / reps;
   printf("unscale      %8.1f ms  %.1f GB/s read+write\n", 1e3 * t, 8.0 * n / t / 1e9);
-  bl_tensor_free(w); bl_tensor_free(g); bl_tensor_free(m); bl_tensor_free(v);
+  bl_tensor_free(w);
+  bl_tensor_free(g);
+  bl_tensor_free(m);
+  bl_tensor_free(v);
   return 0;
 }
 
@@ -568,7 +687,10 @@ int main(void) {
   test_determinism();
   test_compute_copy();
   test_bad_input();
-  if (failures) { printf("%d failure(s)\n", failures); return 1; }
+  if (failures) {
+    printf("%d failure(s)\n", failures);
+    return 1;
+  }
   printf("test_optim: all passed\n");
   return 0;
 }

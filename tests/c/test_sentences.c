@@ -12,14 +12,27 @@
 static int failures = 0;
 
 static void sent_case(const char *in, const char *want) {
-  char *out = NULL; size_t n = 0, cnt = 0;
+  char *out = NULL;
+  size_t n = 0, cnt = 0;
   int rc = bl_sent_split(in, strlen(in), &out, &n, &cnt);
-  if (rc) { failures++; printf("FAIL rc %d for [%s]: %s\n", rc, in, bl_last_error()); return; }
+  if (rc) {
+    failures++;
+    printf("FAIL rc %d for [%s]: %s\n", rc, in, bl_last_error());
+    return;
+  }
   /* join lines with " | " */
-  char got[4096]; size_t g = 0; size_t lines = 0;
+  char got[4096];
+  size_t g = 0;
+  size_t lines = 0;
   for (size_t i = 0; i < n && g + 4 < sizeof got; i++) {
-    if (out[i] == '\n') { lines++; if (i + 1 < n) { memcpy(got + g, " | ", 3); g += 3; } }
-    else got[g++] = out[i];
+    if (out[i] == '\n') {
+      lines++;
+      if (i + 1 < n) {
+        memcpy(got + g, " | ", 3);
+        g += 3;
+      }
+    } else
+      got[g++] = out[i];
   }
   got[g] = 0;
   if (strcmp(got, want) || lines != cnt || (n && out[n - 1] != '\n')) {
@@ -67,19 +80,35 @@ int main(void) {
 
   /* determinism: same input, same bytes */
   const char *t = "A. B. C. Dr. X said \"Hi.\" Then? Yes! 3.5 is it... Go.";
-  char *o1, *o2; size_t n1, n2, c1, c2;
-  if (bl_sent_split(t, strlen(t), &o1, &n1, &c1) || bl_sent_split(t, strlen(t), &o2, &n2, &c2) ||
-      n1 != n2 || c1 != c2 || memcmp(o1, o2, n1)) { failures++; printf("FAIL determinism\n"); }
-  else { bl_corpus_free(o1); bl_corpus_free(o2); }
+  char *o1, *o2;
+  size_t n1, n2, c1, c2;
+  if (bl_sent_split(t, strlen(t), &o1, &n1, &c1) || bl_sent_split(t, strlen(t), &o2, &n2, &c2) || n1 != n2 ||
+      c1 != c2 || memcmp(o1, o2, n1)) {
+    failures++;
+    printf("FAIL determinism\n");
+  } else {
+    bl_corpus_free(o1);
+    bl_corpus_free(o2);
+  }
 
   /* invalid UTF-8 must not crash and must keep every non-space byte */
   const char bad[] = "Bad \xff\xfe bytes. Next \xc3 one.";
-  char *o; size_t n, c;
-  if (bl_sent_split(bad, sizeof bad - 1, &o, &n, &c) || c != 2) { failures++; printf("FAIL invalid utf8 (%zu)\n", c); }
-  else bl_corpus_free(o);
+  char *o;
+  size_t n, c;
+  if (bl_sent_split(bad, sizeof bad - 1, &o, &n, &c) || c != 2) {
+    failures++;
+    printf("FAIL invalid utf8 (%zu)\n", c);
+  } else
+    bl_corpus_free(o);
 
-  if (bl_sent_split(NULL, 4, &o, &n, &c) != BL_EINVAL) { failures++; printf("FAIL NULL text accepted\n"); }
-  if (failures) { printf("%d failures\n", failures); return 1; }
+  if (bl_sent_split(NULL, 4, &o, &n, &c) != BL_EINVAL) {
+    failures++;
+    printf("FAIL NULL text accepted\n");
+  }
+  if (failures) {
+    printf("%d failures\n", failures);
+    return 1;
+  }
   printf("all sentence tests passed\n");
   return 0;
 }

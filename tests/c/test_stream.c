@@ -4,7 +4,7 @@
  * no temporary behind, and an error naming the file; lines with NUL bytes,
  * CRLF, no final newline and lines longer than the buffer split exactly like
  * an independent memchr split; FIFOs and directories are refused, not waited on. */
-#define _GNU_SOURCE  /* mkdtemp */
+#define _GNU_SOURCE /* mkdtemp */
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,12 +19,21 @@
 #include <fcntl.h>
 
 static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-  printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      failures++;                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
 
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(uint32_t n) {
-  rs ^= rs >> 12; rs ^= rs << 25; rs ^= rs >> 27;
+  rs ^= rs >> 12;
+  rs ^= rs << 25;
+  rs ^= rs >> 27;
   return (uint32_t)((rs * 0x2545F4914F6CDD1DULL) >> 33) % n;
 }
 
@@ -52,10 +61,13 @@ static int write_all(const char *path, const char *data, size_t n) {
   bl_writer *w = NULL;
   BL_CHECK(bl_writer_open(path, &w));
   for (size_t i = 0; i < n;) {
-    size_t k = 1 + rnd(rnd(4) ? 100 : 200000);   /* pieces across the buffer size */
+    size_t k = 1 + rnd(rnd(4) ? 100 : 200000); /* pieces across the buffer size */
     if (k > n - i) k = n - i;
     int rc = bl_writer_write(w, data + i, (int64_t)k);
-    if (rc) { bl_writer_abort(w); return rc; }
+    if (rc) {
+      bl_writer_abort(w);
+      return rc;
+    }
     i += k;
   }
   CHECK(bl_writer_bytes(w) == (int64_t)n, "bytes counted");
@@ -127,7 +139,10 @@ static void check_lines(const char *path, const char *data, size_t n, int strip_
     const char *line;
     int64_t len, no;
     int rc = bl_lines_next(r, &line, &len, &no);
-    if (pos == n) { CHECK(rc == 0, "end of file after line %lld", (long long)want_no); break; }
+    if (pos == n) {
+      CHECK(rc == 0, "end of file after line %lld", (long long)want_no);
+      break;
+    }
     CHECK(rc == 1, "line %lld: rc %d", (long long)want_no + 1, rc);
     if (rc != 1) break;
     const char *nl = memchr(data + pos, '\n', n - pos);
@@ -145,11 +160,11 @@ static void check_lines(const char *path, const char *data, size_t n, int strip_
 static void test_lines(const char *dir) {
   char path[512];
   snprintf(path, sizeof path, "%s/in.txt", dir);
-  const char alphabet[] = {'a', 'b', '\0', '\r', '\n', '\n', ' ', '\xff'};
+  const char alphabet[] = { 'a', 'b', '\0', '\r', '\n', '\n', ' ', '\xff' };
   for (int trial = 0; trial < 40; trial++) {
     size_t n = trial == 0 ? 0 : trial < 4 ? (size_t)trial : rnd(trial < 30 ? 3000 : 400000);
     char *data = malloc(n + 1);
-    int long_lines = trial >= 30;   /* lines longer than the 64 KB buffer */
+    int long_lines = trial >= 30; /* lines longer than the 64 KB buffer */
     for (size_t i = 0; i < n; i++) data[i] = long_lines && rnd(200000) ? 'x' : alphabet[rnd(sizeof alphabet)];
     CHECK(write_all(path, data, n) == 0, "write: %s", bl_last_error());
     check_lines(path, data, n, 0);
@@ -202,12 +217,18 @@ static void test_open_regular(const char *dir) {
 
 int main(void) {
   char dir[] = "/tmp/bl_test_stream_XXXXXX";
-  if (!mkdtemp(dir)) { printf("mkdtemp failed\n"); return 1; }
+  if (!mkdtemp(dir)) {
+    printf("mkdtemp failed\n");
+    return 1;
+  }
   test_writer(dir);
   test_lines(dir);
   test_open_regular(dir);
   rmdir(dir);
-  if (failures) { printf("%d failures\n", failures); return 1; }
+  if (failures) {
+    printf("%d failures\n", failures);
+    return 1;
+  }
   printf("all stream checks passed\n");
   return 0;
 }

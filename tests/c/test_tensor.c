@@ -20,7 +20,10 @@ static int failures, checks;
 
 static bl_tensor *mk(int ndim, const int64_t *shape, int dtype) {
   bl_tensor *t = NULL;
-  if (bl_tensor_empty(ndim, shape, dtype, -1, &t)) { printf("alloc failed: %s\n", bl_last_error()); exit(1); }
+  if (bl_tensor_empty(ndim, shape, dtype, -1, &t)) {
+    printf("alloc failed: %s\n", bl_last_error());
+    exit(1);
+  }
   return t;
 }
 
@@ -76,7 +79,9 @@ static void test_philox(void) {
   bl_tensor *c = mk(1, &n, BL_F32);
   bl_rand_uniform(c, 8, 0, 0, 1);
   CHECK(((float *)c->data)[0] != pa[0], "different seeds differ");
-  bl_tensor_free(a); bl_tensor_free(b); bl_tensor_free(c);
+  bl_tensor_free(a);
+  bl_tensor_free(b);
+  bl_tensor_free(c);
   /* normal moments */
   int64_t big = 200000;
   bl_tensor *z = mk(1, &big, BL_F32);
@@ -84,14 +89,17 @@ static void test_philox(void) {
   double m = 0, v = 0;
   for (int64_t i = 0; i < big; i++) m += ((float *)z->data)[i];
   m /= big;
-  for (int64_t i = 0; i < big; i++) { double d = ((float *)z->data)[i] - m; v += d * d; }
+  for (int64_t i = 0; i < big; i++) {
+    double d = ((float *)z->data)[i] - m;
+    v += d * d;
+  }
   v /= big;
   CHECK(fabs(m) < 0.01 && fabs(v - 1) < 0.02, "randn mean %g var %g", m, v);
   bl_tensor_free(z);
 }
 
 static void test_views(void) {
-  int64_t s[2] = {3, 4};
+  int64_t s[2] = { 3, 4 };
   bl_tensor *t = mk(2, s, BL_F32);
   for (int i = 0; i < 12; i++) ((float *)t->data)[i] = (float)i;
   bl_tensor *tr = NULL, *nar = NULL, *v = NULL, *tc = NULL;
@@ -103,48 +111,51 @@ static void test_views(void) {
         "view of transpose fails: %s", bl_last_error());
   CHECK(bl_tensor_narrow(t, 1, 1, 2, &nar) == 0, "narrow");
   double x;
-  int64_t ix[2] = {2, 1};
+  int64_t ix[2] = { 2, 1 };
   bl_tensor_get(nar, ix, &x);
   CHECK(x == 10, "narrow aliases: got %g", x);
   bl_tensor_set(nar, ix, -5);
   CHECK(((float *)t->data)[10] == -5, "write through a view reaches the storage");
   CHECK(t->storage->refcount == 3, "refcount %d", t->storage->refcount);
-  bl_tensor_free(t);  /* views keep the storage alive */
+  bl_tensor_free(t); /* views keep the storage alive */
   bl_tensor_get(tr, ix, &x);
   CHECK(x == 6, "storage alive after freeing the base: %g", x);
   tc = mk(2, tr->shape, BL_F32);
   bl_tensor_copy(tc, tr);
   CHECK(((float *)tc->data)[1] == 4 && ((float *)tc->data)[3] == 1, "contiguous copy of transpose");
-  int64_t s3[3] = {2, 2, 3};
+  int64_t s3[3] = { 2, 2, 3 };
   bl_tensor *v3 = NULL;
-  int64_t s2[2] = {4, 3};
+  int64_t s2[2] = { 4, 3 };
   bl_tensor *split = NULL;
   CHECK(bl_tensor_view(tc, 3, s3, &v3) == 0, "view contiguous 4x3 as 2x2x3");
   CHECK(bl_tensor_view(v3, 2, s2, &split) == 0, "and back");
-  bl_tensor_free(v3); bl_tensor_free(split);
+  bl_tensor_free(v3);
+  bl_tensor_free(split);
   /* errors */
   bl_tensor *bad = NULL;
   CHECK(bl_tensor_narrow(tc, 0, 3, 2, &bad) != 0 && strstr(bl_last_error(), "narrow"), "narrow out of range: %s",
         bl_last_error());
   CHECK(bl_tensor_select(tc, 5, 0, &bad) != 0 && strstr(bl_last_error(), "dimension out of range"), "select bad dim");
-  int64_t neg[1] = {-2};
+  int64_t neg[1] = { -2 };
   CHECK(bl_tensor_empty(1, neg, BL_F32, -1, &bad) != 0 && strstr(bl_last_error(), "negative"), "negative shape");
   CHECK(bl_tensor_empty(1, s, 99, -1, &bad) != 0 && strstr(bl_last_error(), "dtype"), "bad dtype");
   if (bl_cuda_device_count() == 0) {
     CHECK(bl_tensor_empty(1, s, BL_F32, 0, &bad) != 0 && strstr(bl_last_error(), "cuda:0"), "cuda without device: %s",
           bl_last_error());
-  } else {   /* a real or emulated GPU: a device tensor is made and freed like any other */
+  } else { /* a real or emulated GPU: a device tensor is made and freed like any other */
     CHECK(bl_tensor_empty(1, s, BL_F32, 0, &bad) == 0 && bad->device == 0, "cuda tensor: %s", bl_last_error());
     bl_tensor_free(bad);
   }
   bl_tensor_release(tc);
   CHECK(bl_tensor_copy(tc, tr) != 0 && strstr(bl_last_error(), "freed"), "use after release is an error");
-  bl_tensor_free(tc); bl_tensor_free(tr); bl_tensor_free(nar);
+  bl_tensor_free(tc);
+  bl_tensor_free(tr);
+  bl_tensor_free(nar);
   CHECK(bl_storage_bytes_in_use() == 0, "all storage released: %lld bytes left", (long long)bl_storage_bytes_in_use());
 }
 
 static void test_math(void) {
-  int64_t sa[2] = {2, 3}, sb[1] = {3}, sm[2] = {3, 2}, so[2] = {2, 2};
+  int64_t sa[2] = { 2, 3 }, sb[1] = { 3 }, sm[2] = { 3, 2 }, so[2] = { 2, 2 };
   bl_tensor *a = mk(2, sa, BL_F32), *b = mk(1, sb, BL_F64), *o = mk(2, sa, BL_F32);
   for (int i = 0; i < 6; i++) ((float *)a->data)[i] = (float)(i + 1);
   for (int i = 0; i < 3; i++) ((double *)b->data)[i] = 10.0 * (i + 1);
@@ -165,7 +176,7 @@ static void test_math(void) {
     }
   CHECK(bl_matmul(mo, a, a) != 0 && strstr(bl_last_error(), "matmul: shapes [2,3] and [2,3] are not compatible"),
         "matmul shape error: %s", bl_last_error());
-  int64_t s1[1] = {2};
+  int64_t s1[1] = { 2 };
   bl_tensor *rs = mk(1, s1, BL_F32);
   CHECK(bl_reduce(BL_MAX, rs, a, 2u, 0) == 0 && ((float *)rs->data)[1] == 6, "max over dim 1");
   bl_tensor *am = mk(1, s1, BL_I64);
@@ -189,9 +200,9 @@ static void test_math(void) {
  * few floats away from the inputs (the alignments and 4 KB offsets the
  * loops' blocking is for). */
 static void test_flat_paths(void) {
-  static const char *const isas[] = {"avx512", "avx2", "baseline"};
-  static const int64_t lens[] = {1, 63, 64, 1000, 3 * 16384 + 16384 + 77};
-  int64_t big = 3 * 16384 + 16384 + 77 + 64, sh[1] = {big};
+  static const char *const isas[] = { "avx512", "avx2", "baseline" };
+  static const int64_t lens[] = { 1, 63, 64, 1000, 3 * 16384 + 16384 + 77 };
+  int64_t big = 3 * 16384 + 16384 + 77 + 64, sh[1] = { big };
   bl_tensor *A = mk(1, sh, BL_F32), *B = mk(1, sh, BL_F32), *O = mk(1, sh, BL_F32);
   float *a = A->data, *b = B->data;
   char start[32];

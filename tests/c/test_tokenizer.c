@@ -11,8 +11,15 @@
 #include "bertlua.h"
 
 static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-  fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      failures++;                                          \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fprintf(stderr, "\n");                               \
+    }                                                      \
+  } while (0)
 
 static char tmpdir[256];
 
@@ -20,7 +27,10 @@ static const char *write_file(const char *name, const char *content, size_t n) {
   static char path[512];
   snprintf(path, sizeof path, "%s/%s", tmpdir, name);
   FILE *f = fopen(path, "wb");
-  if (!f) { perror(path); exit(1); }
+  if (!f) {
+    perror(path);
+    exit(1);
+  }
   fwrite(content, 1, n, f);
   fclose(f);
   return path;
@@ -30,7 +40,10 @@ static const char *write_file(const char *name, const char *content, size_t n) {
 static char *fmt(const bl_tokenizer *t, const char *text, int mode) {
   size_t need = 0;
   int rc = bl_tokenizer_format(t, text, strlen(text), mode, NULL, 0, &need, NULL);
-  if (rc) { fprintf(stderr, "format: %s\n", bl_last_error()); return strdup("<error>"); }
+  if (rc) {
+    fprintf(stderr, "format: %s\n", bl_last_error());
+    return strdup("<error>");
+  }
   char *o = malloc(need + 1);
   bl_tokenizer_format(t, text, strlen(text), mode, o, need, &need, NULL);
   if (need && o[need - 1] == '\n') need--;
@@ -45,8 +58,8 @@ static void expect(const bl_tokenizer *t, const char *text, int mode, const char
 }
 
 static const char small_vocab[] =
-  "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nun\n##aff\n##able\nhello\n,\nworld\n!\nnaive\n.\n"
-  "a\n##b\n##c\nab\n中\n文\ncafe\ncafé\n[\n]\n##s\ncl\nσ\n##\xcc\x81\n";
+    "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nun\n##aff\n##able\nhello\n,\nworld\n!\nnaive\n.\n"
+    "a\n##b\n##c\nab\n中\n文\ncafe\ncafé\n[\n]\n##s\ncl\nσ\n##\xcc\x81\n";
 
 static void test_small(void) {
   bl_tokenizer *lo = NULL, *ca = NULL;
@@ -68,26 +81,30 @@ static void test_small(void) {
   expect(ca, "café", 0, "café");
   /* cased text is not normalized (Google's tokenization.py, HF tokenizers): e + U+0301 stays two */
   expect(ca, "cafe\xcc\x81", 0, "cafe ##\xcc\x81");
-  expect(lo, "abc abx", 0, "ab ##c [UNK]");         /* greedy longest first; "##x" fails -> whole word [UNK] */
+  expect(lo, "abc abx", 0, "ab ##c [UNK]"); /* greedy longest first; "##x" fails -> whole word [UNK] */
   expect(lo, "中文", 0, "中 文");
-  expect(lo, "a\xe4\xb8\xad" "b", 0, "a 中 [UNK]");  /* "b" alone is not a whole-word token */
+  expect(lo,
+         "a\xe4\xb8\xad"
+         "b",
+         0, "a 中 [UNK]"); /* "b" alone is not a whole-word token */
   expect(lo, "[CLS] hello [SEP]", 0, "[CLS] hello [SEP]");
   expect(lo, "hello[MASK]world", 0, "hello [MASK] world");
-  expect(lo, "[cls]", 0, "[ cl ##s ]");             /* specials are case-sensitive */
-  expect(ca, "[CL\x01S]", 0, "[CLS]");               /* cased: a word that is a special after cleaning */
+  expect(lo, "[cls]", 0, "[ cl ##s ]"); /* specials are case-sensitive */
+  expect(ca, "[CL\x01S]", 0, "[CLS]");  /* cased: a word that is a special after cleaning */
   expect(lo, "", 0, "");
   expect(lo, " \t \r ", 0, "");
-  expect(lo, "\xce\xa3", 0, "σ");                   /* Σ lowercases per character: never final ς */
-  expect(lo, "hello\xe2\x80\xa8world", 0, "hello world");  /* U+2028 separates words */
-  expect(lo, "hello\xc2\xa0world", 0, "hello world");      /* NBSP (Zs) */
-  expect(lo, "hel\xe2\x80\x8blo", 0, "hello");             /* ZWSP (Cf) is dropped, does not split */
+  expect(lo, "\xce\xa3", 0, "σ");                         /* Σ lowercases per character: never final ς */
+  expect(lo, "hello\xe2\x80\xa8world", 0, "hello world"); /* U+2028 separates words */
+  expect(lo, "hello\xc2\xa0world", 0, "hello world");     /* NBSP (Zs) */
+  expect(lo, "hel\xe2\x80\x8blo", 0, "hello");            /* ZWSP (Cf) is dropped, does not split */
   expect(lo, "Hello\n\nworld\n", 0, "hello\n\nworld");
   expect(lo, "Hello, world", 1, "8 9 10");
   expect(lo, "Héllo,wörld!", 2, "hello , world !");
   expect(ca, "Héllo,wörld!", 2, "Héllo , wörld !");
 
   /* wordpiece alone */
-  int32_t ids[8]; int n = 0;
+  int32_t ids[8];
+  int n = 0;
   CHECK(bl_tokenizer_wordpiece(lo, "unaffable", 9, ids, 8, &n) == 0 && n == 3 && ids[0] == 5 && ids[1] == 6 &&
             ids[2] == 7,
         "wordpiece unaffable n=%d", n);
@@ -95,8 +112,9 @@ static void test_small(void) {
 
   /* offsets: basic tokens UNaff | , | café; byte spans in the original text */
   const char *text = "  UNaff, café";
-  int32_t wid[16], word[16]; int64_t st[16], en[16];
-  bl_tok_result r = {wid, word, st, en, 16, 0, 0, 0};
+  int32_t wid[16], word[16];
+  int64_t st[16], en[16];
+  bl_tok_result r = { wid, word, st, en, 16, 0, 0, 0 };
   CHECK(bl_tokenizer_encode_full(lo, text, strlen(text), &r) == 0, "encode_full");
   CHECK(r.n == 4 && r.n_words == 3, "n=%d words=%d", r.n, r.n_words);
   if (r.n == 4) {
@@ -108,7 +126,7 @@ static void test_small(void) {
     CHECK(st[3] == 9 && en[3] == 14, "span of café (5 bytes): %lld..%lld", (long long)st[3], (long long)en[3]);
   }
   /* capacity smaller than the result: n is the full count, nothing past cap written */
-  int32_t small[2] = {-7, -7};
+  int32_t small[2] = { -7, -7 };
   CHECK(bl_tokenizer_encode(lo, "hello , world !", 15, small, 1, &n) == 0 && n == 4 && small[0] == 8 && small[1] == -7,
         "cap 1: n=%d", n);
   bl_tokenizer_free(lo);
@@ -148,11 +166,14 @@ static void test_vocab_errors(void) {
 
 static void test_bad_input(const char *vocab) {
   bl_tokenizer *t = NULL;
-  if (bl_tokenizer_load(vocab, 1, &t)) { CHECK(0, "load %s: %s", vocab, bl_last_error()); return; }
+  if (bl_tokenizer_load(vocab, 1, &t)) {
+    CHECK(0, "load %s: %s", vocab, bl_last_error());
+    return;
+  }
   /* invalid UTF-8 is dropped (joins its neighbours) and counted per maximal subpart */
   const char bad[] = "hel\xfflo w\xe4\xb8or\xed\xa0\x80ld \xc0\xaf!";
   int32_t ids[64];
-  bl_tok_result r = {ids, NULL, NULL, NULL, 64, 0, 0, 0};
+  bl_tok_result r = { ids, NULL, NULL, NULL, 64, 0, 0, 0 };
   CHECK(bl_tokenizer_encode_full(t, bad, sizeof bad - 1, &r) == 0, "invalid utf8");
   /* \xff | \xe4\xb8 | \xed | \xa0 | \x80 | \xc0 | \xaf  = 7 replacements, like Python */
   CHECK(r.invalid_utf8 == 7, "invalid count %lld", (long long)r.invalid_utf8);
@@ -168,14 +189,19 @@ static void test_bad_input(const char *vocab) {
   for (size_t i = 0; i < big; i++) w[i] = (char)('a' + i % 26);
   CHECK(bl_tokenizer_encode(t, w, big, ids, 64, &n) == 0 && n == 1 && ids[0] == 100, "1 MB word: n=%d", n);
   /* 1 MB of "a." -> 2^20 tokens: needs a big buffer, and n reports it even when cap is small */
-  for (size_t i = 0; i < big; i += 2) { w[i] = 'a'; w[i + 1] = '.'; }
+  for (size_t i = 0; i < big; i += 2) {
+    w[i] = 'a';
+    w[i + 1] = '.';
+  }
   CHECK(bl_tokenizer_encode(t, w, big, ids, 64, &n) == 0 && n == (int)big, "a. x 512K: n=%d", n);
   /* 1 MB of combining marks after one letter, alternating classes (worst
    * case for canonical reordering): stripped in uncased mode */
   for (size_t i = 0; i + 1 < big; i += 2) {
-    w[i] = (char)0xCC; w[i + 1] = (char)((i / 2) % 2 ? 0x81 : 0x96);  /* U+0301 (230), U+0316 (220) */
+    w[i] = (char)0xCC;
+    w[i + 1] = (char)((i / 2) % 2 ? 0x81 : 0x96); /* U+0301 (230), U+0316 (220) */
   }
-  w[0] = 'a'; w[1] = ' ';
+  w[0] = 'a';
+  w[1] = ' ';
   memcpy(w, "hello ", 6);
   CHECK(bl_tokenizer_encode(t, w, big, ids, 64, &n) == 0 && n == 1 && ids[0] == 7592, "combining run: n=%d", n);
   bl_tokenizer_free(t);
@@ -189,7 +215,14 @@ static void test_bad_input(const char *vocab) {
   CHECK(bl_tokenizer_encode(NULL, "x", 1, ids, 4, &n) == BL_EINVAL, "NULL tokenizer");
 }
 
-typedef struct { const bl_tokenizer *t; const char *text; size_t len; int32_t *ids; int n; int rc; } job;
+typedef struct {
+  const bl_tokenizer *t;
+  const char *text;
+  size_t len;
+  int32_t *ids;
+  int n;
+  int rc;
+} job;
 
 static void *worker(void *arg) {
   job *j = arg;
@@ -202,7 +235,10 @@ static void test_threads(const char *vocab, const char *text_path) {
   bl_tokenizer *t = NULL;
   if (bl_tokenizer_load(vocab, 1, &t)) return;
   FILE *f = fopen(text_path, "rb");
-  if (!f) { bl_tokenizer_free(t); return; }
+  if (!f) {
+    bl_tokenizer_free(t);
+    return;
+  }
   size_t cap = 300000;
   char *text = malloc(cap);
   size_t len = fread(text, 1, cap, f);
@@ -215,7 +251,7 @@ static void test_threads(const char *vocab, const char *text_path) {
   job jobs[NT];
   pthread_t th[NT];
   for (int k = 0; k < NT; k++) {
-    jobs[k] = (job){t, text, len, malloc(sizeof(int32_t) * (len + 1)), 0, 0};
+    jobs[k] = (job){ t, text, len, malloc(sizeof(int32_t) * (len + 1)), 0, 0 };
     pthread_create(&th[k], NULL, worker, &jobs[k]);
   }
   for (int k = 0; k < NT; k++) {
@@ -224,13 +260,17 @@ static void test_threads(const char *vocab, const char *text_path) {
           "thread %d differs", k);
     free(jobs[k].ids);
   }
-  free(want); free(text);
+  free(want);
+  free(text);
   bl_tokenizer_free(t);
 }
 
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/bl_test_tokenizer_XXXXXX");
-  if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
+  if (!mkdtemp(tmpdir)) {
+    perror("mkdtemp");
+    return 1;
+  }
   test_small();
   test_vocab_errors();
   const char *base = getenv("BL_SHARED_DATA");
@@ -250,7 +290,10 @@ int main(void) {
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
-  if (failures) { printf("%d failures\n", failures); return 1; }
+  if (failures) {
+    printf("%d failures\n", failures);
+    return 1;
+  }
   printf("ok\n");
   return 0;
 }

@@ -14,7 +14,8 @@
 #include "check.h"
 
 static void clean_case(const char *in, const char *want, int flags) {
-  char *out = NULL; size_t n = 0;
+  char *out = NULL;
+  size_t n = 0;
   int rc = bl_wikitext_clean(in, strlen(in), flags, &out, &n);
   CHECK(rc == 0, "clean rc %d: %s", rc, bl_last_error());
   if (rc) return;
@@ -32,8 +33,8 @@ static void test_clean(void) {
   clean_case("[[File:Foo.jpg|thumb|A caption with [[link]] and [[x|y]].]]Text here.", "Text here.", 0);
   clean_case("[[Category:Anarchism]]\n[[de:Anarchismus]]\nBody text.", "Body text.", 0);
   clean_case("See [http://example.com the site] and [https://x.org].", "See the site and.", 0);
-  clean_case("== History ==\nFirst para.\n\n=== Sub ===\n* item one\n# item two\n: indented",
-             "First para.\nindented", 0);
+  clean_case("== History ==\nFirst para.\n\n=== Sub ===\n* item one\n# item two\n: indented", "First para.\nindented",
+             0);
   clean_case("Intro.\n* item one\n#item two\n; term\n:: indented\n*: under an item", "Intro.\nindented", 0);
   clean_case("Intro.\n* item one\n# item two\n: indented", "Intro.\nitem one\nitem two\nindented", BL_WIKI_KEEP_LISTS);
   clean_case("== History ==\nText.", "History\nText.", BL_WIKI_KEEP_HEADINGS);
@@ -50,16 +51,21 @@ static void test_clean(void) {
   clean_case("{{{{a}}}} b {{{param|def}}} c", "b c", 0);
   clean_case("[[:Category:Foo]] is shown", "Category:Foo is shown", 0);
   clean_case("Pipe trick [[Paris (France)|]] ok", "Pipe trick Paris ok", 0);
-  clean_case("a\x01" "b\tc\x7f" "d", "a b c d", 0);
+  clean_case(
+      "a\x01"
+      "b\tc\x7f"
+      "d",
+      "a b c d", 0);
   clean_case("", "", 0);
   clean_case("{{only template}}", "", 0);
-  char *o = NULL; size_t n = 0;
+  char *o = NULL;
+  size_t n = 0;
   CHECK(bl_wikitext_clean(NULL, 3, 0, &o, &n) == BL_EINVAL, "NULL src must be EINVAL");
 }
 
 static const char *PAGE_FMT =
-  "  <page>\n    <title>%s</title>\n    <ns>%d</ns>\n    <id>%d</id>\n%s"
-  "    <revision>\n      <id>1</id>\n      <text xml:space=\"preserve\">%s</text>\n    </revision>\n  </page>\n";
+    "  <page>\n    <title>%s</title>\n    <ns>%d</ns>\n    <id>%d</id>\n%s"
+    "    <revision>\n      <id>1</id>\n      <text xml:space=\"preserve\">%s</text>\n    </revision>\n  </page>\n";
 
 static char *make_xml(int npages, size_t *len) {
   size_t cap = 1 << 20, n = 0;
@@ -86,21 +92,27 @@ static char *bz(const char *s, size_t n, unsigned *outn) {
   unsigned cap = (unsigned)(n + n / 100 + 1024);
   char *o = malloc(cap);
   int rc = BZ2_bzBuffToBuffCompress(o, &cap, (char *)s, (unsigned)n, 9, 0, 0);
-  if (rc != BZ_OK) { printf("bz2 compress failed\n"); exit(1); }
+  if (rc != BZ_OK) {
+    printf("bz2 compress failed\n");
+    exit(1);
+  }
   *outn = cap;
   return o;
 }
 
 static void write_file(const char *path, const void *p, size_t n) {
   FILE *f = fopen(path, "wb");
-  if (!f || fwrite(p, 1, n, f) != n) { printf("cannot write %s\n", path); exit(1); }
+  if (!f || fwrite(p, 1, n, f) != n) {
+    printf("cannot write %s\n", path);
+    exit(1);
+  }
   fclose(f);
 }
 
 /* Read all docs; returns count or the negative status. */
 static int read_all(const char *path, int *articles, bl_wiki_stats *st, int quiet, char *first_text, size_t ftcap) {
   bl_wiki_reader *r = NULL;
-  bl_wiki_options o = {0, 0, quiet};
+  bl_wiki_options o = { 0, 0, quiet };
   int rc = bl_wiki_open(path, &o, &r);
   if (rc) return rc;
   bl_wiki_doc d;
@@ -150,7 +162,8 @@ static void test_reader(const char *dir) {
   unsigned b1n, b2n;
   char *b1 = bz(xml, half, &b1n), *b2 = bz(xml + half, xn - half, &b2n);
   char *cat = malloc(b1n + b2n);
-  memcpy(cat, b1, b1n); memcpy(cat + b1n, b2, b2n);
+  memcpy(cat, b1, b1n);
+  memcpy(cat + b1n, b2, b2n);
   write_file(p_bz2s, cat, b1n + b2n);
   n = read_all(p_bz2s, &arts, &st, 0, NULL, 0);
   CHECK(n == want_docs && st.bz2_streams == 2, "two-stream bz2: %d docs (want %d), %d streams", n, want_docs,
@@ -158,7 +171,8 @@ static void test_reader(const char *dir) {
 
   /* garbage after the last stream is an error naming the offset */
   char *g = malloc(bn + 16);
-  memcpy(g, b, bn); memcpy(g + bn, "GARBAGE-GARBAGE!", 16);
+  memcpy(g, b, bn);
+  memcpy(g + bn, "GARBAGE-GARBAGE!", 16);
   write_file(p_garb, g, bn + 16);
   n = read_all(p_garb, &arts, &st, 1, NULL, 0);
   CHECK(n == BL_EFORMAT && strstr(bl_last_error(), "offset") && strstr(bl_last_error(), "garb.xml.bz2"),
@@ -175,11 +189,11 @@ static void test_reader(const char *dir) {
   /* malformed XML: a page without </page>, a page without <title>, a page
    * with an unterminated <text>, then a good page; and input ending inside a page */
   const char *bad =
-    "<mediawiki><page><title>Broken</title><ns>0</ns><revision><text>abc</text></revision>\n"
-    "<page><ns>0</ns><revision><text>no title</text></revision></page>\n"
-    "<page><title>NoEnd</title><ns>0</ns><revision><text>never closed</revision></page>\n"
-    "<page><title>Good</title><ns>0</ns><revision><text>Good ''text''.</text></revision></page>\n"
-    "<page><title>Cut</title><ns>0</ns><revision><text>cut off";
+      "<mediawiki><page><title>Broken</title><ns>0</ns><revision><text>abc</text></revision>\n"
+      "<page><ns>0</ns><revision><text>no title</text></revision></page>\n"
+      "<page><title>NoEnd</title><ns>0</ns><revision><text>never closed</revision></page>\n"
+      "<page><title>Good</title><ns>0</ns><revision><text>Good ''text''.</text></revision></page>\n"
+      "<page><title>Cut</title><ns>0</ns><revision><text>cut off";
   write_file(p_bad, bad, strlen(bad));
   n = read_all(p_bad, &arts, &st, 1, first, sizeof first);
   CHECK(n == 1 && !strcmp(first, "Good|Good text."), "malformed: %d docs, first [%s]", n, first);
@@ -187,11 +201,11 @@ static void test_reader(const char *dir) {
 
   /* invalid UTF-8 in one page: that page is skipped with a warning naming it */
   const char *utf =
-    "<mediawiki><page><title>Bad bytes</title><ns>0</ns><revision><text>a\xff\xfe b</text></revision></page>"
-    "<page><title>Fine</title><ns>0</ns><revision><text>caf\xc3\xa9.</text></revision></page></mediawiki>";
+      "<mediawiki><page><title>Bad bytes</title><ns>0</ns><revision><text>a\xff\xfe b</text></revision></page>"
+      "<page><title>Fine</title><ns>0</ns><revision><text>caf\xc3\xa9.</text></revision></page></mediawiki>";
   write_file(p_utf, utf, strlen(utf));
   bl_wiki_reader *r = NULL;
-  bl_wiki_options qo = {0, 0, 1};
+  bl_wiki_options qo = { 0, 0, 1 };
   CHECK(bl_wiki_open(p_utf, &qo, &r) == 0, "open utf");
   bl_wiki_doc d;
   int rc = bl_wiki_next(r, &d);
@@ -202,7 +216,7 @@ static void test_reader(const char *dir) {
   bl_wiki_close(r);
 
   /* page cap: pages over max_page_bytes are skipped and counted */
-  bl_wiki_options small = {200, 0, 1};
+  bl_wiki_options small = { 200, 0, 1 };
   CHECK(bl_wiki_open(p_xml, &small, &r) == 0, "open small");
   int got = 0;
   while ((rc = bl_wiki_next(r, &d)) == 1) got++;
@@ -226,7 +240,12 @@ static void test_reader(const char *dir) {
   write_file(p_bad, "", 0);
   CHECK(bl_wiki_open(p_bad, NULL, &r) == BL_EFORMAT, "empty file");
   CHECK(bl_wiki_next(NULL, &d) == BL_EINVAL, "NULL reader");
-  free(xml); free(b); free(b1); free(b2); free(cat); free(g);
+  free(xml);
+  free(b);
+  free(b1);
+  free(b2);
+  free(cat);
+  free(g);
 }
 
 static void test_real_dump(void) {
@@ -234,7 +253,10 @@ static void test_real_dump(void) {
   char path[1024];
   snprintf(path, sizeof path, "%s/wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
            base ? base : "../shared/data");
-  if (access(path, R_OK)) { printf("note: %s absent, real-dump checks skipped\n", path); return; }
+  if (access(path, R_OK)) {
+    printf("note: %s absent, real-dump checks skipped\n", path);
+    return;
+  }
   bl_wiki_reader *r = NULL;
   CHECK(bl_wiki_open(path, NULL, &r) == 0, "open real dump: %s", bl_last_error());
   if (!r) return;
@@ -245,7 +267,8 @@ static void test_real_dump(void) {
     if (d.title_len == 9 && !memcmp(d.title, "Anarchism", 9)) {
       found = 1;
       char *t = malloc(d.text_len + 1);
-      memcpy(t, d.text, d.text_len); t[d.text_len] = 0;
+      memcpy(t, d.text, d.text_len);
+      t[d.text_len] = 0;
       CHECK(!strstr(t, "{{") && !strstr(t, "[[") && !strstr(t, "|}") && !strstr(t, "<ref") && !strstr(t, "]]"),
             "Anarchism still has markup");
       CHECK(!strncmp(t, "Anarchism is a political philosophy that advocates self-governed societies", 74),
@@ -266,14 +289,20 @@ static void test_real_dump(void) {
 
 int main(void) {
   char dir[] = "/tmp/bl_test_wiki_XXXXXX";
-  if (!mkdtemp(dir)) { printf("mkdtemp failed\n"); return 1; }
+  if (!mkdtemp(dir)) {
+    printf("mkdtemp failed\n");
+    return 1;
+  }
   test_clean();
   test_reader(dir);
   test_real_dump();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd)) {}
-  if (failures) { printf("%d failures\n", failures); return 1; }
+  if (failures) {
+    printf("%d failures\n", failures);
+    return 1;
+  }
   printf("all wiki tests passed\n");
   return 0;
 }

@@ -22,12 +22,17 @@ int bl_set_error(int status, const char *fmt, ...) {
 }
 const char *bl_last_error(void) { return fuzz_err; }
 int bl_dtype_size(int d) {
-  static const int sizes[BL_NUM_DTYPES] = {4, 8, 2, 2, 4, 8, 1, 1};
+  static const int sizes[BL_NUM_DTYPES] = { 4, 8, 2, 2, 4, 8, 1, 1 };
   return d >= 0 && d < BL_NUM_DTYPES ? sizes[d] : 0;
 }
 #endif
 
-#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); abort(); } while (0)
+#define DIE(...)                  \
+  do {                            \
+    fprintf(stderr, __VA_ARGS__); \
+    fprintf(stderr, "\n");        \
+    abort();                      \
+  } while (0)
 
 static void write_file(const char *path, const uint8_t *p, size_t n) {
   FILE *f = fopen(path, "wb");
@@ -51,14 +56,17 @@ static void check_ckpt(int rc, bl_ckpt *c, const char *named) {
     int64_t numel = 1;
     for (int d = 0; d < ndim; d++) {
       if (shape[d] < 0) DIE("negative dim");
-      if (shape[d] && numel > (1 << 24) / shape[d]) { numel = -1; break; }
+      if (shape[d] && numel > (1 << 24) / shape[d]) {
+        numel = -1;
+        break;
+      }
       numel *= shape[d];
     }
-    if (dtype < 0 || numel < 0) continue;  /* too big to bother reading */
+    if (dtype < 0 || numel < 0) continue; /* too big to bother reading */
     int64_t nb = numel * bl_dtype_size(dtype);
     void *buf = malloc(nb ? (size_t)nb : 1);
-    if (bl_ckpt_read(c, i, buf, nb) != 0 && !strstr(bl_last_error(), name)) DIE("read error does not name '%s': %s",
-                                                                              name, bl_last_error());
+    if (bl_ckpt_read(c, i, buf, nb) != 0 && !strstr(bl_last_error(), name))
+      DIE("read error does not name '%s': %s", name, bl_last_error());
     free(buf);
   }
   bl_ckpt_close(c);

@@ -20,6 +20,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   write_file(shard, data + 4 + n, size - 4 - n);
   bl_ckpt *c = NULL;
   int rc = bl_ckpt_open_tf(prefix, &c);
-  check_ckpt(rc, c, prefix);  /* the index or the shard */
+  check_ckpt(rc, c, prefix); /* the index or the shard */
   return 0;
 }

@@ -36,32 +36,52 @@ int bl_set_error(int status, const char *fmt, ...) {
 
 static bl_tokenizer *toks[2];
 
-#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); abort(); } while (0)
+#define DIE(...)                  \
+  do {                            \
+    fprintf(stderr, __VA_ARGS__); \
+    fprintf(stderr, "\n");        \
+    abort();                      \
+  } while (0)
 
 static size_t utf8_valid(const unsigned char *s, size_t n) {
   size_t i = 0;
   while (i < n) {
     unsigned c = s[i];
-    if (c < 0x80) { i++; continue; }
-    size_t k; unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) k = 1;
-    else if (c >= 0xE0 && c <= 0xEF) { k = 2; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { k = 3; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return i;
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    size_t k;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+      k = 1;
+    else if (c >= 0xE0 && c <= 0xEF) {
+      k = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      k = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else
+      return i;
     if (i + k >= n || s[i + 1] < lo || s[i + 1] > hi) return i;
-    for (size_t j = 2; j <= k; j++) if (s[i + j] < 0x80 || s[i + j] > 0xBF) return i;
+    for (size_t j = 2; j <= k; j++)
+      if (s[i + j] < 0x80 || s[i + j] > 0xBF) return i;
     i += k + 1;
   }
   return n;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc; (void)argv;
+  (void)argc;
+  (void)argv;
   const char *path = getenv("BL_FUZZ_VOCAB");
   char tmp[] = "/tmp/bl_fuzz_vocab_XXXXXX";
   if (!path) {
-    static const char v[] = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\nab\n##a\n##b\n##ab\n.\n,\n\xc3\xa9\n##\xc3\xa9\n"
-                            "\xe4\xb8\xad\nhello\n##llo\nhe\n[\n]\ncls\n##s\n\xcf\x83\n\xea\xb0\x80\n";
+    static const char v[] =
+        "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\nab\n##a\n##b\n##ab\n.\n,\n\xc3\xa9\n##\xc3\xa9\n"
+        "\xe4\xb8\xad\nhello\n##llo\nhe\n[\n]\ncls\n##s\n\xcf\x83\n\xea\xb0\x80\n";
     int fd = mkstemp(tmp);
     if (fd < 0) DIE("mkstemp");
     FILE *f = fdopen(fd, "wb");
@@ -87,7 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int c = 0; c < 2; c++) {
     const bl_tokenizer *t = toks[c];
     int vs = bl_tokenizer_vocab_size(t);
-    bl_tok_result r = {ids, word, st, en, (int)cap, 0, 0, 0};
+    bl_tok_result r = { ids, word, st, en, (int)cap, 0, 0, 0 };
     if (bl_tokenizer_encode_full(t, in, size, &r) != 0) DIE("encode failed");
     if (r.n < 0 || (size_t)r.n > size) DIE("%d tokens from %zu bytes", r.n, size);
     if (r.invalid_utf8 < 0 || (size_t)r.invalid_utf8 > size) DIE("invalid count %lld", (long long)r.invalid_utf8);
@@ -119,14 +139,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int nw = 0;
     if (bl_tokenizer_wordpiece(t, in, size, ids2, (int)cap, &nw) != 0 || nw < 0 || (size_t)nw > size) DIE("wordpiece");
-    for (int i = 0; i < nw && i < (int)cap; i++) if (ids2[i] < 0 || ids2[i] >= vs) DIE("wordpiece id");
+    for (int i = 0; i < nw && i < (int)cap; i++)
+      if (ids2[i] < 0 || ids2[i] >= vs) DIE("wordpiece id");
     if (size < 64) {
       char tokstr[64];
-      memcpy(tokstr, in, size); tokstr[size] = 0;
+      memcpy(tokstr, in, size);
+      tokstr[size] = 0;
       int id = bl_tokenizer_id(t, tokstr);
       if (id >= vs) DIE("lookup id");
     }
   }
-  free(ids); free(word); free(st); free(en); free(ids2);
+  free(ids);
+  free(word);
+  free(st);
+  free(en);
+  free(ids2);
   return 0;
 }

@@ -95,30 +95,36 @@ function Scaler:check(grads)
   return bad[0] ~= 0, n[0] / self.loss_scale
 end
 
--- update(found_inf) -> true when the optimizer should step.
-function Scaler:update(found_inf)
-  local c = self.cfg
-  self.steps = self.steps + 1
-  if found_inf then
-    self.skipped_steps = self.skipped_steps + 1
-    self.growth_tracker = 0
-    if self.loss_scale <= c.min_scale then
-      self.floor_skips = self.floor_skips + 1
-      if self.floor_skips >= c.max_consecutive_skips then
-        error(("loss scaler: %d consecutive non-finite gradients at scale %g — stopping; "
-          .. "last good checkpoint is kept"):format(self.floor_skips, self.loss_scale), 2)
-      end
-    end
-    self.loss_scale = math.max(self.loss_scale * c.backoff_factor, c.min_scale)
-    return false
+local AMP_LEN = C.BL_AMP_STATE_LEN
+local AMP_FIELDS = { -- state slot -> scaler field
+  { C.BL_AMP_SCALE, "loss_scale" }, { C.BL_AMP_GROWTH, "growth_tracker" }, { C.BL_AMP_FLOOR_SKIPS, "floor_skips" },
+  { C.BL_AMP_SKIPPED, "skipped_steps" }, { C.BL_AMP_CALLS, "steps" }, { C.BL_AMP_STEP, "applied_steps" },
+}
+local OWN_FIELDS = 5 -- update() writes back the first five (applied_steps is MixedPrecision's)
+local statebox = ffi.typeof("double[?]")
+
+-- the scaler's options as C's bl_amp_config (dynamic: a DynamicLossScaler)
+local function amp_config(sc)
+  local c = sc.cfg or { growth_factor = 2, backoff_factor = 0.5, min_scale = 1, max_scale = 1, growth_interval = 1 }
+  return ffi.new("bl_amp_config", { growth_factor = c.growth_factor, backoff_factor = c.backoff_factor,
+    min_scale = c.min_scale, max_scale = c.max_scale, growth_interval = c.growth_interval,
+    dynamic = sc.enabled and 1 or 0 })
+end
+
+-- update(found_inf[, norm]) -> true when the optimizer should step. The decision is C's (bl_amp_decide, the
+-- rule the optimizers' amp steps apply on either device), made on the scaler's fields.
+function Scaler:update(found_inf, norm)
+  self._amp_cfg = self._amp_cfg or amp_config(self)
+  local a = statebox(AMP_LEN)
+  for _, f in ipairs(AMP_FIELDS) do a[f[1]] = self[f[2]] or 0 end
+  local skipped = intbox()
+  check(C.bl_amp_decide(self._amp_cfg, a, found_inf and 0 / 0 or norm or 0, skipped))
+  for i = 1, OWN_FIELDS do self[AMP_FIELDS[i][2]] = a[AMP_FIELDS[i][1]] end
+  if self.floor_skips >= self.cfg.max_consecutive_skips then
+    error(("loss scaler: %d consecutive non-finite gradients at scale %g — stopping; "
+      .. "last good checkpoint is kept"):format(self.floor_skips, self.loss_scale), 2)
   end
-  self.floor_skips = 0
-  self.growth_tracker = self.growth_tracker + 1
-  if self.growth_tracker >= c.growth_interval then
-    self.loss_scale = math.min(self.loss_scale * c.growth_factor, c.max_scale)
-    self.growth_tracker = 0
-  end
-  return true
+  return skipped[0] == 0
 end
 
 -- step(opt, lr[, opts]) -> stepped (boolean), stats (from opt:step or nil).
@@ -130,7 +136,7 @@ function Scaler:step(opt, lr, opts)
   local extra = opts and opts.grad_scale or 1.0
   local found_inf, norm = self:check(opt.grads)
   local s = self.loss_scale
-  if not self:update(found_inf) then return false, nil end
+  if not self:update(found_inf, norm) then return false, nil end
   return true, opt:step(lr, { grad_scale = extra / s, grad_norm = norm * extra })
 end
 
@@ -367,12 +373,6 @@ function MP:scale()
   return self.scaler:scale()
 end
 
-local AMP_LEN = C.BL_AMP_STATE_LEN
-local AMP_FIELDS = { -- state slot -> scaler field
-  { C.BL_AMP_SCALE, "loss_scale" }, { C.BL_AMP_GROWTH, "growth_tracker" }, { C.BL_AMP_FLOOR_SKIPS, "floor_skips" },
-  { C.BL_AMP_SKIPPED, "skipped_steps" }, { C.BL_AMP_CALLS, "steps" }, { C.BL_AMP_STEP, "applied_steps" },
-}
-
 -- the state tensor on the parameters' device, filled from the scaler's fields
 function MP:_amp_state()
   if self.state then return self.state end
@@ -382,10 +382,7 @@ function MP:_amp_state()
   for _, f in ipairs(AMP_FIELDS) do p[f[1]] = sc[f[2]] or 0 end
   local fp = self.model.flat_params
   self.state = h:to{ device = fp:device() }
-  local c = sc.cfg or { growth_factor = 2, backoff_factor = 0.5, min_scale = 1, max_scale = 1, growth_interval = 1 }
-  self.amp_cfg = ffi.new("bl_amp_config", { growth_factor = c.growth_factor, backoff_factor = c.backoff_factor,
-    min_scale = c.min_scale, max_scale = c.max_scale, growth_interval = c.growth_interval,
-    dynamic = sc.enabled and 1 or 0 })
+  self.amp_cfg = amp_config(sc)
   return self.state
 end
 

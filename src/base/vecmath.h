@@ -27,23 +27,24 @@
  * has a relative condition number z^2, so rounding z^2 first would cost
  * tens of ulp in the tail. erf: |t| < 1 a degree-7 polynomial in t^2
  * (erf(t)/t on [0, 1], max rel error 1.4e-10), else 1 - erfc. */
-#ifndef BL_OPS_VECMATH_H
-#define BL_OPS_VECMATH_H
+#ifndef BL_BASE_VECMATH_H
+#define BL_BASE_VECMATH_H
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "rules/philox.h"
 
 /* Runtime dispatch: a kernel written once as an always_inline body
  * (OPX_BODY) is compiled three times by OPX_ISA_FN, for AVX-512
  * (x86-64-v4), AVX2+FMA (x86-64-v3) and baseline x86-64, and each call runs
- * the variant opx_isa() picked once at first use (src/ops/isa.c: the best the
+ * the variant opx_isa() picked once at first use (src/base/isa.c: the best the
  * CPU has, capped by BL_CPU_ISA), so the library needs no -march, runs on any
  * x86-64, and an AVX-512 machine can test the AVX2 code. Vector-extension
  * code that depends on the width writes one body per width instead. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define OPX_MULTI_ISA 1
+#define OPX_MULTI_ISA     1
 #define OPX_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
-#define OPX_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
+#define OPX_TARGET_AVX2   __attribute__((target("arch=x86-64-v3")))
 #else
 #define OPX_MULTI_ISA 0
 #define OPX_TARGET_AVX512
@@ -51,18 +52,25 @@
 #endif
 enum { OPX_ISA_BASE = 0, OPX_ISA_AVX2 = 1, OPX_ISA_AVX512 = 2 };
 int opx_isa(void);
+/* does this CPU (and build) run the bf16 GEMM / the VNNI int8 kernel (src/ops/gemm_lowp.h)? Both also need the
+ * AVX-512 path in use (BL_CPU_ISA not capped below it). */
+int opx_bf16_ok(void);
+int opx_vnni_ok(void);
 
 #define OPX_BODY static inline __attribute__((always_inline)) void
 /* name(params) runs body(args) compiled for the ISA in use */
-#define OPX_ISA_DISPATCH(name, params, args, body512, body2, body0) \
+#define OPX_ISA_DISPATCH(name, params, args, body512, body2, body0)    \
   OPX_TARGET_AVX512 static void name##_avx512 params { body512 args; } \
-  OPX_TARGET_AVX2 static void name##_avx2 params { body2 args; } \
-  static void name##_base params { body0 args; } \
-  static void name params { \
-    int isa_ = OPX_MULTI_ISA ? opx_isa() : OPX_ISA_BASE; \
-    if (isa_ == OPX_ISA_AVX512) name##_avx512 args; \
-    else if (isa_ == OPX_ISA_AVX2) name##_avx2 args; \
-    else name##_base args; \
+  OPX_TARGET_AVX2 static void name##_avx2 params { body2 args; }       \
+  static void name##_base params { body0 args; }                       \
+  static void name params {                                            \
+    int isa_ = OPX_MULTI_ISA ? opx_isa() : OPX_ISA_BASE;               \
+    if (isa_ == OPX_ISA_AVX512)                                        \
+      name##_avx512 args;                                              \
+    else if (isa_ == OPX_ISA_AVX2)                                     \
+      name##_avx2 args;                                                \
+    else                                                               \
+      name##_base args;                                                \
   }
 #define OPX_ISA_FN(name, params, args) OPX_ISA_DISPATCH(name, params, args, name##_body, name##_body, name##_body)
 
@@ -70,8 +78,16 @@ int opx_isa(void);
  * compiled for another -march, and a call there would stop the loop vectorising */
 #define VM_INLINE static inline __attribute__((always_inline))
 
-VM_INLINE float vm_asf(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
-VM_INLINE int32_t vm_asi(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+VM_INLINE float vm_asf(int32_t i) {
+  float f;
+  memcpy(&f, &i, 4);
+  return f;
+}
+VM_INLINE int32_t vm_asi(float f) {
+  int32_t i;
+  memcpy(&i, &f, 4);
+  return i;
+}
 /* 2^(e-127) from a biased exponent; the shift is done unsigned because a NaN
  * input reaches here with a huge e (the result is then discarded). */
 VM_INLINE float vm_pow2_biased(int32_t e) { return vm_asf((int32_t)((uint32_t)e << 23)); }
@@ -79,7 +95,7 @@ VM_INLINE float vm_pow2_biased(int32_t e) { return vm_asf((int32_t)((uint32_t)e 
 /* exp(x): x = n ln2 + r, |r| <= ln2/2, Cephes' degree-7 polynomial for e^r;
  * vm_exp applies 2^n in two halves so that subnormal results come out right. */
 VM_INLINE float vm_exp_reduced(float x, int32_t *n) {
-  float kb = x * 1.44269504088896341f + 12582912.0f;  /* round(x/ln2) in the low mantissa bits */
+  float kb = x * 1.44269504088896341f + 12582912.0f; /* round(x/ln2) in the low mantissa bits */
   *n = vm_asi(kb) - 0x4B400000;
   float kf = kb - 12582912.0f;
   float r = x - kf * 0.693359375f;
@@ -90,7 +106,7 @@ VM_INLINE float vm_exp_reduced(float x, int32_t *n) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  return p * (r * r) + r + 1.0f;  /* e^r; e^x = e^r 2^n */
+  return p * (r * r) + r + 1.0f; /* e^r; e^x = e^r 2^n */
 }
 
 VM_INLINE float vm_exp(float x) {
@@ -128,9 +144,9 @@ VM_INLINE float vm_erfc_pos(float z, float sq, float lo, float *expmz2) {
    * 9.5, the caller's x carries it): one vpminsd, and the compiler cannot
    * turn the clamp into a masked copy of the whole polynomial. Beyond 9.5,
    * exp(-z^2) is flushed to 0 anyway. */
-  int32_t zi = vm_asi(z), ci = 0x41180000;  /* 9.5f */
+  int32_t zi = vm_asi(z), ci = 0x41180000; /* 9.5f */
   z = vm_asf(zi < ci ? zi : ci);
-  float d = 1.0f / (z + 3.0f), u = z * d;  /* u in [0, 0.76] */
+  float d = 1.0f / (z + 3.0f), u = z * d; /* u in [0, 0.76] */
   float w = (u - 0.38f) * 2.631579f;
   float q = -9.331353174e-06f;
   q = q * w + 8.191013163e-06f;
@@ -142,7 +158,7 @@ VM_INLINE float vm_erfc_pos(float z, float sq, float lo, float *expmz2) {
   q = q * w + 1.653223625e-01f;
   q = q * w + -3.109406244e-01f;
   q = q * w + 4.415760591e-01f;
-  float e = vm_exp_ftz(-sq) * (1.0f - lo);  /* exp(-lo) = 1 - lo to f32 precision: |lo| <= 2^-24 sq */
+  float e = vm_exp_ftz(-sq) * (1.0f - lo); /* exp(-lo) = 1 - lo to f32 precision: |lo| <= 2^-24 sq */
   *expmz2 = e;
   return e * q * (3.0f * d);
 }
@@ -227,7 +243,7 @@ VM_INLINE float vm_row_max(int64_t n, const float *x) {
   for (int l = 0; l < 16; l++) acc[l] = -INFINITY;
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
-    #pragma omp simd
+#pragma omp simd
     for (int l = 0; l < 16; l++) acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];
   }
   for (; j < n; j++) m = x[j] > m ? x[j] : m;
@@ -235,23 +251,29 @@ VM_INLINE float vm_row_max(int64_t n, const float *x) {
   return m;
 }
 
-/* Philox4x32-10, identical to bl_philox4x32 (src/tensor/random.c) but inline
- * so that a loop over counters vectorises. The 32-bit state lives in 64-bit
+/* Philox4x32-10, identical to bl_philox_block (src/base/rules/philox.h) but
+ * written so that a loop over counters vectorises. The 32-bit state lives in 64-bit
  * lanes (high halves kept zero), which lets the 32x32->64 products and their
  * high/low halves stay in one lane: about twice as fast as 32-bit lanes
  * with widening conversions. */
-VM_INLINE void vm_philox(uint32_t key0, uint32_t key1, uint64_t counter, uint32_t *o0, uint32_t *o1,
-                             uint32_t *o2, uint32_t *o3) {
+VM_INLINE void vm_philox(uint32_t key0, uint32_t key1, uint64_t counter, uint32_t *o0, uint32_t *o1, uint32_t *o2,
+                         uint32_t *o3) {
   const uint64_t M32 = 0xffffffffu;
   uint64_t c0 = counter & M32, c1 = counter >> 32, c2 = 0, c3 = 0, k0 = key0, k1 = key1;
   for (int r = 0; r < 10; r++) {
-    uint64_t p0 = (c0 & M32) * 0xD2511F53u, p1 = (c2 & M32) * 0xCD9E8D57u;
+    uint64_t p0 = (c0 & M32) * BL_PHILOX_M0, p1 = (c2 & M32) * BL_PHILOX_M1;
     uint64_t n0 = (p1 >> 32) ^ c1 ^ k0, n2 = (p0 >> 32) ^ c3 ^ k1;
-    c1 = p1 & M32; c3 = p0 & M32; c0 = n0; c2 = n2;
-    k0 = (k0 + 0x9E3779B9u) & M32;
-    k1 = (k1 + 0xBB67AE85u) & M32;
+    c1 = p1 & M32;
+    c3 = p0 & M32;
+    c0 = n0;
+    c2 = n2;
+    k0 = (k0 + BL_PHILOX_W0) & M32;
+    k1 = (k1 + BL_PHILOX_W1) & M32;
   }
-  *o0 = (uint32_t)c0; *o1 = (uint32_t)c1; *o2 = (uint32_t)c2; *o3 = (uint32_t)c3;
+  *o0 = (uint32_t)c0;
+  *o1 = (uint32_t)c1;
+  *o2 = (uint32_t)c2;
+  *o3 = (uint32_t)c3;
 }
 
 #endif

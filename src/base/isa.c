@@ -2,8 +2,7 @@
  * dispatches on it): the best one the CPU has, capped by the environment
  * variable BL_CPU_ISA (avx512, avx2 or baseline) so that an AVX-512 machine
  * also runs and tests the AVX2 and baseline kernels, or by bl_cpu_set_isa. */
-#include "ops_internal.h"
-#include "gemm_lowp.h"
+#include "bl_base.h"
 #include "vecmath.h"
 #include <stdatomic.h>
 #include <stdio.h>
@@ -13,7 +12,7 @@
 #include <cpuid.h>
 #endif
 
-static const char *const isa_names[] = {"baseline", "avx2", "avx512"};
+static const char *const isa_names[] = { "baseline", "avx2", "avx512" };
 
 /* what the hardware offers: AVX-512 means x86-64-v4 (F, BW, DQ, VL, CD),
  * AVX2 means x86-64-v3 (AVX2, FMA, BMI2, F16C, ...), the targets the kernels
@@ -67,8 +66,10 @@ int bl_cpu_set_isa(const char *name) {
                         name ? name : "(null)");
   int hw = hw_isa();
   if (want > hw && !OPX_MULTI_ISA)
-    return bl_set_error(BL_EUNSUPPORTED, "cpu_set_isa: this build has only the baseline path (sanitizer or "
-                        "non-GCC build), no %s", name);
+    return bl_set_error(BL_EUNSUPPORTED,
+                        "cpu_set_isa: this build has only the baseline path (sanitizer or "
+                        "non-GCC build), no %s",
+                        name);
   if (want > hw)
     return bl_set_error(BL_EUNSUPPORTED, "cpu_set_isa: this CPU has no %s (best: %s)", name, isa_names[hw]);
   atomic_store(&isa_now, want);
