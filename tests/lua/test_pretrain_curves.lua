@@ -3,6 +3,7 @@
 -- and the phase ends by the reference's; the two evaluators give the same numbers on the same models.
 local T = require "testing"
 local shell = require "bertlua.util.shell"
+local fs = require "bertlua.util.fs"
 local cjson = require "cjson"
 
 local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
@@ -27,7 +28,18 @@ local function curves(extra)
 end
 
 T.test("both sides' curves, scored by the same evaluators, which agree", function()
-  local out, ok = curves()
+  -- the batches written without training are the ones pretrain.lua trains on (its run compares them)
+  local out, ok = curves({ "--batches-only" })
+  T.truthy(ok, out)
+  local b2 = tmp .. "/out/seed2/batches/phase1/"
+  T.truthy(fs.is_dir(b2), out)
+  -- one of seed 2's batches changed: its run finds it
+  T.write_file(b2 .. "000003_001.safetensors", T.slurp(b2 .. "000004_001.safetensors"))
+  out, ok = curves()
+  T.truthy(not ok and out:find("pretrain_curves: seed 2: batch phase1/000003_001.safetensors written by "
+    .. "--batches-only differs from pretrain.lua's", 1, true), out)
+  fs.remove_tree(tmp .. "/out/seed2/batches.pre")
+  out, ok = curves()
   T.truthy(ok, out)
   local rows = {}
   for line in T.slurp(tmp .. "/out/curves.csv"):gmatch("[^\n]+") do
