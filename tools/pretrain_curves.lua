@@ -154,14 +154,25 @@ local function snapshots(s, side)
   for p = 1, 2 do
     local steps, every = run["steps" .. p], opt["eval_every" .. p]
     add(p, 0, p == 1 and sd .. "/init" or ("%s/%s/phase1"):format(sd, side), "end")
-    for k = every, steps - 1, every do
-      if side == "bertlua" then
-        add(p, k, ("%s/bertlua/checkpoints/phase%d/ckpt-%08d"):format(sd, p, k), "mid")
-      else
-        add(p, k, ("%s/reference/phase%d/step_%06d"):format(sd, p, k), "mid")
-      end
+    local function mid(k)
+      return side == "bertlua" and ("%s/bertlua/checkpoints/phase%d/ckpt-%08d"):format(sd, p, k)
+        or ("%s/reference/phase%d/step_%06d"):format(sd, p, k)
     end
-    add(p, steps, ("%s/%s/phase%d"):format(sd, side, p), "end")
+    for k = every, steps - 1, every do add(p, k, mid(k), "mid") end
+    local final = ("%s/%s/phase%d"):format(sd, side, p)
+    if not fs.exists(final .. "/model.safetensors") then
+      -- a phase not finished (a run in progress or stopped): its newest snapshot too
+      local dir = mid(0):match("^(.*)/[^/]*$")
+      local newest = 0
+      for _, name in ipairs(fs.is_dir(dir) and fs.list_dir(dir, nil, "dirs") or {}) do
+        local k = tonumber(name:match("^ckpt%-(%d+)$") or name:match("^step_(%d+)$"))
+        if k and k > newest and k % every ~= 0 and fs.exists(dir .. "/" .. name .. "/model.safetensors") then
+          newest = k
+        end
+      end
+      if newest > 0 then add(p, newest, mid(newest), "mid") end
+    end
+    add(p, steps, final, "end")
   end
   return r
 end
@@ -329,10 +340,11 @@ local function eval_reference(s, side)
   for _, e in ipairs(read_jsonl(path)) do have[key(e)] = true end
   for p = 1, 2 do
     local todo, dirs, last = {}, {}, nil
-    for _, snap in ipairs(snapshots(s, side)) do
+    local snaps = snapshots(s, side)
+    for _, snap in ipairs(snaps) do
       if snap.phase == p and fs.exists(snap.dir .. "/model.safetensors") then last = snap end
     end
-    for _, snap in ipairs(snapshots(s, side)) do
+    for _, snap in ipairs(snaps) do
       local e = { evaluator = "reference", side = side, seed = s, phase = snap.phase, step = snap.step }
       -- the newest snapshot of a phase not finished (a run stopped or in progress) counts as its end
       if snap.phase == p and not have[key(e)] and (opt.cross_eval == "all" or snap.kind == "end" or snap == last)
