@@ -5,6 +5,7 @@ usage:
   /usr/bin/python3 tools/peers/nvidia_pretrain_reference.py --init=MODEL_DIR --batches=DIR --output=OUT
       [--steps1=N --lr1=6e-3 --warmup1=0.2843 --total1=N] [--steps2=N --lr2=4e-3 --warmup2=0.128 --total2=N]
       [--dropout=0] [--max-grad-norm=1.0] [--weight-decay=0.01] [--power=0.5] [--threads=1]
+      [--seed=12439] [--save-every=N] [--device=cpu|cuda]
 
   MODEL_DIR  config.json + model.safetensors as bertlua's pretrained.save_pretrained writes them (the
              initial weights of phase 1)
@@ -12,7 +13,8 @@ usage:
              `bertlua recipes/pretrain.lua --dump-batches=DIR ...` (so both sides see the same batches in the
              same order; the instances themselves can be read with tools/peers/blshard.py)
   OUT        OUT/log.jsonl (per step: phase, step, loss, mlm_loss, nsp_loss, grad_norm, lr) and
-             OUT/phaseP/model.safetensors after each phase
+             OUT/phaseP/{model.safetensors,config.json} after each phase (with --save-every=N also
+             OUT/phaseP/step_NNNNNN/ every N steps)
 
 What it reproduces (the parts of NVIDIA's recipe that decide the numbers):
   - transformers' BertForPreTraining (its word embedding without padding_idx, as NVIDIA's): the MLM head applied to the masked positions only (NVIDIA gathers
@@ -35,6 +37,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import sys
 
 try:
@@ -56,8 +59,9 @@ def fail(msg):
     sys.exit(f"nvidia_pretrain_reference: {msg}")
 
 
-def load_model(init_dir, dropout):
-    with open(os.path.join(init_dir, "config.json")) as f:
+def load_model(init_dir, dropout, config=None):
+    """BertForPreTraining from init_dir's model.safetensors and config.json (or the file config)."""
+    with open(config or os.path.join(init_dir, "config.json")) as f:
         cfg = BertConfig(**json.load(f))
     if dropout is not None:
         cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = dropout
@@ -116,18 +120,31 @@ class NVLAMB:
         return gn
 
 
+def use_device(name):
+    """torch.device(name); on a GPU fp32 stays fp32 (no TF32 matrix products)."""
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            fail(f"--device={name}: torch sees no GPU")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return dev
+
+
 def poly_warmup_lr(base, step, total, warmup, power):
     p = step / total
     return base * p / warmup if p < warmup else base * max(1.0 - p, 0.0) ** power
 
 
 def micro_loss(model, b):
+    dev = next(model.parameters()).device
+    b = {k: v.to(dev) for k, v in b.items()}
     out = model.bert(input_ids=b["input_ids"].long(), token_type_ids=b["token_type_ids"].long(),
                      attention_mask=b["attention_mask"].long())
     seq, pooled = out[0], out[1]
     pos, lab = b["masked_lm_positions"].long(), b["masked_lm_labels"].long()
     keep = lab != -1
-    rows = torch.arange(pos.shape[0]).unsqueeze(1).expand_as(pos)[keep]
+    rows = torch.arange(pos.shape[0], device=pos.device).unsqueeze(1).expand_as(pos)[keep]
     scores = model.cls.predictions(seq[rows, pos[keep]])  # the head on the masked positions only
     mlm = F.cross_entropy(scores.float(), lab[keep]) if keep.any() else scores.sum() * 0
     nsp = F.cross_entropy(model.cls.seq_relationship(pooled).float(), b["next_sentence_labels"].long())
@@ -160,13 +177,20 @@ def run_phase(model, phase, a, log):
         log.write(json.dumps({"phase": phase, "step": step, "loss": tot / k, "mlm_loss": mlm_tot / k,
                               "nsp_loss": nsp_tot / k, "grad_norm": gn, "lr": rate}) + "\n")
         log.flush()
-    out = os.path.join(a.output, f"phase{phase}")
+        if a.save_every and step % a.save_every == 0 and step < steps:
+            save(model, os.path.join(a.output, f"phase{phase}", f"step_{step:06d}"), a.init)
+    save(model, os.path.join(a.output, f"phase{phase}"), a.init)
+
+
+def save(model, out, init):
+    """out/model.safetensors (HF names, the tied decoder left out as bertlua writes it) and init's config.json."""
     os.makedirs(out, exist_ok=True)
     sd = {k: v for k, v in model.state_dict().items()
           if k not in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
           and not k.endswith("position_ids")}
     st_save(os.path.join(out, "model.safetensors.tmp"), sd)
     os.replace(os.path.join(out, "model.safetensors.tmp"), os.path.join(out, "model.safetensors"))
+    shutil.copyfile(os.path.join(init, "config.json"), os.path.join(out, "config.json"))
 
 
 def main():
@@ -184,14 +208,18 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--power", type=float, default=0.5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (fp32: TF32 off)")
     ap.add_argument("--seed", type=int, default=12439, help="dropout stream")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="also save the weights every N steps of a phase to OUT/phaseP/step_NNNNNN/ "
+                    "(0: only at the end)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     for f in ("config.json", "model.safetensors"):
         if not os.path.isfile(os.path.join(a.init, f)):
             fail(f"--init={a.init}: no {f} (a directory written by bertlua's pretrained.save_pretrained)")
-    model = load_model(a.init, a.dropout)
+    model = load_model(a.init, a.dropout).to(use_device(a.device))
     os.makedirs(a.output, exist_ok=True)
     with open(os.path.join(a.output, "log.jsonl"), "w") as log:
         for phase in (1, 2):

@@ -1,0 +1,80 @@
+-- tools/pretrain_curves.lua at a tiny scale: data from ../shared/data, the tiny model for 4 + 2 steps on both sides
+-- (bertlua and the PyTorch reference of NVIDIA's run_pretraining.py), every snapshot scored by bertlua's evaluator
+-- and the phase ends by the reference's; the two evaluators give the same numbers on the same models.
+local T = require "testing"
+local shell = require "bertlua.util.shell"
+local fs = require "bertlua.util.fs"
+local cjson = require "cjson"
+
+local PY = os.getenv("BL_PYTHON") or "/usr/bin/python3"
+local _, has_torch = shell.read({ PY, "-c", "import torch, transformers" }, { stderr = "/dev/null" })
+if not has_torch then T.skip_all(PY .. " cannot import torch and transformers (scripts/requirements-test.txt)") end
+local shared = T.shared_data()
+if not (shared and T.shared_data("books") and T.shared_data("wikipedia") and
+  T.shared_data("vocab/bert-base-uncased-vocab.txt")) then
+  T.skip_all("needs ../shared/data (wikipedia/*.bz2, books/, vocab/bert-base-uncased-vocab.txt) or $BL_SHARED_DATA")
+end
+
+local tmp = T.tmpdir()
+local cfg = tmp .. "/tiny.lua"
+T.write_file(cfg, [[return { model = "tiny", seq1 = 64, pred1 = 10, batch1 = 2, lr1 = 3e-3, warmup1 = 0.2843,
+  steps1 = 4, seq2 = 128, pred2 = 20, batch2 = 2, lr2 = 2e-3, warmup2 = 0.128, steps2 = 2, micro_batch = 1 }]])
+
+local function curves(extra)
+  return shell.read({ T.exe(), "tools/pretrain_curves.lua", "--pretrain-config=" .. cfg, "--shared-data=" .. shared,
+    "--output=" .. tmp .. "/out", "--seeds=1,2", "--ref-seeds=1", "--dupe1=1", "--dupe2=1", "--eval-every1=2",
+    "--eval-every2=1", "--eval-instances1=16", "--eval-instances2=8", "--python=" .. PY, extra or {} },
+    { stderr = "stdout" })
+end
+
+T.test("both sides' curves, scored by the same evaluators, which agree", function()
+  -- the batches written without training are the ones pretrain.lua trains on (its run compares them)
+  local out, ok = curves({ "--batches-only" })
+  T.truthy(ok, out)
+  local b2 = tmp .. "/out/seed2/batches/phase1/"
+  T.truthy(fs.is_dir(b2), out)
+  -- one of seed 2's batches changed: its run finds it
+  T.write_file(b2 .. "000003_001.safetensors", T.slurp(b2 .. "000004_001.safetensors"))
+  out, ok = curves()
+  T.truthy(not ok and out:find("pretrain_curves: seed 2: batch phase1/000003_001.safetensors written by "
+    .. "--batches-only differs from pretrain.lua's", 1, true), out)
+  fs.remove_tree(tmp .. "/out/seed2/batches.pre")
+  out, ok = curves()
+  T.truthy(ok, out)
+  local rows = {}
+  for line in T.slurp(tmp .. "/out/curves.csv"):gmatch("[^\n]+") do
+    local ev, side, seed, phase, step = line:match("^(%a+),(%a+),(%d+),(%d+),(%d+),")
+    if ev then rows[#rows + 1] = { ev, side, tonumber(seed), tonumber(phase), tonumber(step) } end
+  end
+  local count = {}
+  for _, r in ipairs(rows) do
+    local k = r[1] .. "/" .. r[2]
+    count[k] = (count[k] or 0) + 1
+  end
+  -- bertlua's evaluator: steps 0, 2, 4 of phase 1 and 0, 1, 2 of phase 2, of 2 bertlua seeds and 1 reference seed
+  T.eq(count["bertlua/bertlua"], 12)
+  T.eq(count["bertlua/reference"], 6)
+  -- the reference's evaluator: the phase ends (and both phases' step 0)
+  T.eq(count["reference/bertlua"], 8)
+  T.eq(count["reference/reference"], 4)
+  local s = cjson.decode(T.slurp(tmp .. "/out/summary.json"))
+  local a = s.evaluators_agree
+  T.eq(a.snapshots, 12)
+  T.truthy(a.count_mismatch == nil, tostring(a.count_mismatch))
+  T.truthy(a.mlm_acc <= 1e-9 and a.nsp_acc <= 1e-9 and a.mlm_loss < 1e-4 and a.nsp_loss < 1e-4, cjson.encode(a))
+  T.truthy(T.slurp(tmp .. "/out/summary.md"):find("| 2 | mlm_acc |", 1, true))
+  -- a second invocation trains nothing again and scores nothing again
+  out, ok = curves({ "--report-only" })
+  T.truthy(ok and not out:find("bertlua seed", 1, true) and not out:find("evaluator,", 1, true), out)
+end)
+
+T.test("a run the reference cannot reproduce is refused in one line", function()
+  local bad = tmp .. "/bf16.lua"
+  T.write_file(bad, T.slurp(cfg):gsub("micro_batch = 1", "micro_batch = 1, precision = \"bf16\""))
+  local out, ok = shell.read({ T.exe(), "tools/pretrain_curves.lua", "--pretrain-config=" .. bad,
+    "--output=" .. tmp .. "/bad" }, { stderr = "stdout" })
+  T.truthy(not ok, out)
+  T.truthy(out:find("pretrain_curves: " .. bad .. ": the reference runs fp32 only", 1, true), out)
+end)
+
+T.run()
