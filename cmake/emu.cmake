@@ -73,11 +73,17 @@ function(bl_emu_tests)
     target_link_libraries(${name} PRIVATE bertlua)
     add_test(NAME emu_${name} COMMAND ${name})
     set_tests_properties(emu_${name} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+    if(name STREQUAL "test_emu_block_race")   # two blocks in flight at once
+      set_tests_properties(emu_${name} PROPERTIES ENVIRONMENT BL_EMU_BLOCKS=2)
+    endif()
     if(BERTLUA_CUDA_EMU_TSAN)
       target_compile_definitions(${name} PRIVATE BL_EMU_TSAN=1)
       if(name STREQUAL "test_emu_race")
         set_tests_properties(emu_${name} PROPERTIES
           PASS_REGULAR_EXPRESSION "ThreadSanitizer: data race.*reverse_without_barrier.*test_emu_race.cu:10")
+      elseif(name STREQUAL "test_emu_block_race")
+        set_tests_properties(emu_${name} PROPERTIES
+          PASS_REGULAR_EXPRESSION "ThreadSanitizer: data race.*sum_without_atomic.*test_emu_block_race.cu:9")
       endif()
     endif()
   endforeach()

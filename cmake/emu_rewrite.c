@@ -3,6 +3,8 @@
  *   callee<<<grid, block[, smem[, stream]]>>>(args)
  *     -> ::emu::launcher(__FILE__, __LINE__, "callee", callee, grid, block[, ...])(args)
  *   extern __shared__ T name[];  ->  T *name = (T *)::emu::dyn_smem();
+ *   __shared__ T a[4], b;  ->  one copy per block slot (EMU_SHARED_0 T a__emu0[4], b__emu0; ... _3)
+ *     and  auto &a = *::emu::shared_slot(&a__emu0, ..., &a__emu3); auto &b = ...;  (emu_device.h)
  * Line breaks are kept and a #line directive names the original file, so
  * compiler messages and emulator errors point at the .cu file.
  * usage: emu_rewrite IN.cu OUT.cpp */
@@ -63,6 +65,87 @@ static void fail(const char *path, const char *src, const char *at, const char *
   exit(1);
 }
 
+enum { kSlots = 4 }; /* emu::kSlots in tests/emu/emu_device.h: blocks that may be in flight at once */
+
+/* One name of a __shared__ declaration: name[0..name_len) and its array bounds dims[0..dims_len). */
+struct declarator {
+  const char *name, *dims;
+  size_t name_len, dims_len;
+};
+
+/* Rewrites the static __shared__ declaration whose text after the keyword is d[0..n) (up to its ';'). Each
+ * block slot gets its own copy (interleaved blocks must not share one); the name becomes a reference to the
+ * copy of the slot running now. Returns 0, or -1 when the text is not `T name[dims]..., name[dims]...`. */
+static int rewrite_shared(const char *d, size_t n) {
+  struct declarator v[16];
+  int nv = 0;
+  size_t i = 0, type_end = 0;
+  for (;;) { /* the declarators, split at depth-0 commas; the first one's name ends the type */
+    size_t start = i;
+    int depth = 0;
+    while (i < n && !(depth == 0 && (d[i] == ',' || d[i] == '['))) {
+      if (d[i] == '(')
+        depth++;
+      else if (d[i] == ')')
+        depth--;
+      else if (depth == 0 && (d[i] == '=' || d[i] == '{'))
+        return -1; /* __shared__ takes no initialiser */
+      i++;
+    }
+    size_t ne = i;
+    while (ne > start && isspace((unsigned char)d[ne - 1])) ne--;
+    size_t nb = ne;
+    while (nb > start && is_ident(d[nb - 1]) && d[nb - 1] != ':') nb--;
+    if (nb == ne || nv == 16) return -1;
+    if (nv == 0)
+      type_end = nb;
+    else {
+      for (size_t k = start; k < nb; k++)
+        if (!isspace((unsigned char)d[k])) return -1; /* `, *p` and the like */
+    }
+    size_t ds = i;
+    depth = 0;
+    while (i < n && !(depth == 0 && d[i] == ',')) {
+      if (d[i] == '(' || d[i] == '[')
+        depth++;
+      else if (d[i] == ')' || d[i] == ']')
+        depth--;
+      else if (depth == 0 && (d[i] == '=' || d[i] == '{'))
+        return -1;
+      i++;
+    }
+    v[nv++] = (struct declarator){ d + nb, d + ds, ne - nb, i - ds };
+    if (i == n) break;
+    i++; /* the comma */
+  }
+  if (type_end == 0) return -1; /* no type */
+  char buf[1024];
+  for (int s = 0; s < kSlots; s++) {
+    snprintf(buf, sizeof buf, "EMU_SHARED_%d ", s);
+    put(buf, strlen(buf));
+    for (size_t k = 0; k < type_end; k++) put(d[k] == '\n' ? " " : d + k, 1);
+    for (int j = 0; j < nv; j++) {
+      snprintf(buf, sizeof buf, "%s%.*s__emu%d", j ? ", " : "", (int)v[j].name_len, v[j].name, s);
+      put(buf, strlen(buf));
+      for (size_t k = 0; k < v[j].dims_len; k++) put(v[j].dims[k] == '\n' ? " " : v[j].dims + k, 1);
+    }
+    put("; ", 2);
+  }
+  for (int j = 0; j < nv; j++) {
+    int l = (int)v[j].name_len;
+    snprintf(buf, sizeof buf, "auto &%.*s = *::emu::shared_slot(", l, v[j].name);
+    put(buf, strlen(buf));
+    for (int s = 0; s < kSlots; s++) {
+      snprintf(buf, sizeof buf, "%s&%.*s__emu%d", s ? ", " : "", l, v[j].name, s);
+      put(buf, strlen(buf));
+    }
+    put("); ", 3);
+  }
+  for (size_t k = 0; k < n; k++)
+    if (d[k] == '\n') put("\n", 1); /* the original line count */
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: emu_rewrite IN.cu OUT.cpp\n");
@@ -88,6 +171,7 @@ int main(int argc, char **argv) {
   snprintf(head, sizeof head, "#line 1 \"%s\"\n", argv[1]);
   put(head, strlen(head));
   const char *p = src;
+  int braces = 0; /* depth of { } outside comments and literals */
   while (*p) {
     if (p[0] == '/' && p[1] == '/') { /* comments and literals are copied untouched */
       const char *e = strchr(p, '\n');
@@ -144,7 +228,14 @@ int main(int argc, char **argv) {
                (int)(nb - q), q);
       put(decl, strlen(decl));
       p = semi + 1;
+    } else if (strncmp(p, "__shared__", 10) == 0 && (p == src || !is_ident(p[-1])) && !is_ident(p[10])) {
+      const char *q = p + 10, *semi = strchr(q, ';');
+      if (braces == 0) fail(argv[1], src, p, "__shared__ outside a function (one copy per block slot needs a scope)");
+      if (!semi || rewrite_shared(q, (size_t)(semi - q)) != 0)
+        fail(argv[1], src, p, "__shared__ declaration is not `T name[dims], ...;`");
+      p = semi + 1;
     } else {
+      braces += (*p == '{') - (*p == '}');
       put(p, 1);
       p++;
     }

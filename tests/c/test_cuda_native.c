@@ -512,7 +512,8 @@ static void test_losses(void) {
   } cases[] = {
     { BL_BF16, 37, 30522 }, /* MLM rows over BERT's vocabulary: not whole 16-byte vectors, scalar path */
     { BL_BF16, 20, 1000 },  /* whole vectors */
-    { BL_F16, 9, 1000 },    { BL_F16, 5, 77 }, { BL_F32, 7, 300 },
+    { BL_F16, 9, 1000 },    { BL_F16, 5, 77 },
+    { BL_F32, 7, 300 },     { BL_F32, 600, 12 }, /* rows over several blocks, whose counts meet in the same atomics */
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int dt = cases[k].dt;

@@ -9,6 +9,8 @@
 void emu_run_grid(const emu::launch_cfg &c, const std::function<void()> &body, uint64_t launch_no);
 // The seed of the thread-order randomisation (BL_EMU_SEED, default 1).
 uint64_t emu_seed();
+// Blocks of a launch in flight at once (BL_EMU_BLOCKS, 1 to emu::kSlots, default 1).
+int emu_blocks_in_flight();
 // Where a fault was found: the kernel or operation running now, for messages ("" outside any).
 const char *emu_running_what();
 // Bounds of the GPU-thread stacks, to recognise a stack overflow in the SIGSEGV handler.

@@ -21,10 +21,15 @@
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __constant__ static
-// Static __shared__ variables live in one section the scheduler refills with NaN bytes (0xff) at each block start;
-// blocks run one at a time, so one copy serves every block.
-#define __shared__ static __attribute__((section("emu_shared")))
-
+// Static __shared__ variables: cmake/emu_rewrite.c gives each declaration one copy per block slot (up to
+// emu::kSlots blocks of a launch are in flight at once, BL_EMU_BLOCKS), in the section of its slot, which the
+// scheduler refills with NaN bytes (0xff) at each block start; the declared name is a reference to the copy of the
+// running block's slot. Only rewritten files (.cu) may declare one.
+#define EMU_SHARED_0 static __attribute__((section("emu_shared0")))
+#define EMU_SHARED_1 static __attribute__((section("emu_shared1")))
+#define EMU_SHARED_2 static __attribute__((section("emu_shared2")))
+#define EMU_SHARED_3 static __attribute__((section("emu_shared3")))
+#define __shared__ static_assert(false, "__shared__ outside a .cu file: emu_rewrite.c gives it a copy per block slot");
 // ---------------------------------------------------------------- vector types
 struct uint3 { unsigned x, y, z; };
 struct dim3 {
@@ -46,19 +51,45 @@ static inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; 
 static inline int2 make_int2(int x, int y) { return {x, y}; }
 
 namespace emu {
-// The GPU thread running now (one host thread runs the fibers of one block at a time).
+// The GPU thread running now and its block (one host thread runs the fibers of up to kSlots blocks, interleaved).
 struct thread_pos { uint3 tid; };
 struct block_pos { uint3 idx; dim3 dim, grid; };
 extern thread_pos *cur;
 extern block_pos blk;
-// The emu_shared section of each loaded module (library, test program) registers itself for the NaN refill.
-void register_shared(char *begin, char *end);
+// Blocks that may be in flight at once (BL_EMU_BLOCKS); `slot` is the slot of the running block.
+constexpr int kSlots = 4;
+extern int slot;
+template <class T>
+static inline T *shared_slot(T *s0, T *s1, T *s2, T *s3) {
+  static_assert(kSlots == 4, "emu_rewrite.c writes kSlots copies of each __shared__ variable");
+  return slot == 0 ? s0 : slot == 1 ? s1 : slot == 2 ? s2 : s3;
+}
+// The emu_sharedN sections of each loaded module (library, test program) register themselves for the NaN refill.
+void register_shared(int slot, char *begin, char *end);
+// With several blocks in flight: the calling GPU thread lets the scheduler run another thread (of any block) first.
+// Called at global atomics and fences, where blocks meet.
+extern bool interleave;
+void yield();
+static inline void interleave_point() {
+  if (interleave) yield();
+}
 }  // namespace emu
-extern "C" char __start_emu_shared[] __attribute__((weak, visibility("hidden")));
-extern "C" char __stop_emu_shared[] __attribute__((weak, visibility("hidden")));
+#define EMU_SECTION_BOUNDS_(i)                                                          \
+  extern "C" char __start_emu_shared##i[] __attribute__((weak, visibility("hidden"))); \
+  extern "C" char __stop_emu_shared##i[] __attribute__((weak, visibility("hidden")));
+EMU_SECTION_BOUNDS_(0)
+EMU_SECTION_BOUNDS_(1)
+EMU_SECTION_BOUNDS_(2)
+EMU_SECTION_BOUNDS_(3)
+#undef EMU_SECTION_BOUNDS_
 namespace {
 struct emu_shared_registration {
-  emu_shared_registration() { ::emu::register_shared(__start_emu_shared, __stop_emu_shared); }
+  emu_shared_registration() {
+    ::emu::register_shared(0, __start_emu_shared0, __stop_emu_shared0);
+    ::emu::register_shared(1, __start_emu_shared1, __stop_emu_shared1);
+    ::emu::register_shared(2, __start_emu_shared2, __stop_emu_shared2);
+    ::emu::register_shared(3, __start_emu_shared3, __stop_emu_shared3);
+  }
 };
 [[maybe_unused]] emu_shared_registration emu_shared_registration_;
 }  // namespace
@@ -125,28 +156,34 @@ namespace emu { static inline int width_arg(int w = 32) { return w; } }
 #define __any_sync(m, p) (::emu::ballot("__any_sync", __FILE__, __LINE__, (m), (p)) != 0u)
 #define __all_sync(m, p) (::emu::ballot("__all_sync", __FILE__, __LINE__, (m), (p)) == (unsigned)(m))
 #define __trap() ::emu::trap("__trap()", __FILE__, __LINE__)
-#define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define __threadfence() (::emu::interleave_point(), __atomic_thread_fence(__ATOMIC_SEQ_CST))
 #define __threadfence_block() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 
 // ---------------------------------------------------------------- atomics
-// Fibers of one block run on one host thread, but the operations are real atomics so that ThreadSanitizer sees
-// them as such (relaxed: atomics order nothing else, as on the GPU).
+// Fibers run on one host thread, but the operations are real atomics so that ThreadSanitizer sees them as such
+// (relaxed: atomics order nothing else, as on the GPU). With several blocks in flight each one is a point where
+// another thread, maybe of another block, may go first.
 #define EMU_ATOMIC_RMW_(name, builtin, T) \
-  static inline T name(T *p, T v) { return builtin(p, v, __ATOMIC_RELAXED); }
+  static inline T name(T *p, T v) { ::emu::interleave_point(); return builtin(p, v, __ATOMIC_RELAXED); }
 #define EMU_ATOMIC_INT_(T)                              \
   EMU_ATOMIC_RMW_(atomicAdd, __atomic_fetch_add, T)     \
   EMU_ATOMIC_RMW_(atomicSub, __atomic_fetch_sub, T)     \
   EMU_ATOMIC_RMW_(atomicAnd, __atomic_fetch_and, T)     \
   EMU_ATOMIC_RMW_(atomicOr, __atomic_fetch_or, T)       \
   EMU_ATOMIC_RMW_(atomicXor, __atomic_fetch_xor, T)     \
-  static inline T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); } \
+  static inline T atomicExch(T *p, T v) {               \
+    ::emu::interleave_point();                          \
+    return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); } \
   static inline T atomicCAS(T *p, T cmp, T v) {          \
+    ::emu::interleave_point();                           \
     __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp; } \
   static inline T atomicMin(T *p, T v) {                 \
+    ::emu::interleave_point();                           \
     T o = __atomic_load_n(p, __ATOMIC_RELAXED);          \
     while (v < o && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {} \
     return o; }                                          \
   static inline T atomicMax(T *p, T v) {                 \
+    ::emu::interleave_point();                           \
     T o = __atomic_load_n(p, __ATOMIC_RELAXED);          \
     while (v > o && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {} \
     return o; }
@@ -159,6 +196,7 @@ EMU_ATOMIC_INT_(long long)
 template <class F, class U>
 static inline F emu_atomic_float_op_(F *p, F v, F (*op)(F, F)) {
   static_assert(sizeof(F) == sizeof(U), "float/bits size");
+  ::emu::interleave_point();
   U o = __atomic_load_n((U *)p, __ATOMIC_RELAXED), n;
   F of, nf;
   do {

@@ -8,15 +8,24 @@
 // completes when every lane of its mask has arrived at the same call site. A
 // barrier that cannot open is an error naming the kernel and the call sites.
 //
+// Blocks of a launch run one at a time in a random order, or with
+// BL_EMU_BLOCKS=N up to N (<= emu::kSlots) at once, each in a slot with its
+// own threads and shared memory: the scheduler then picks the next thread among
+// all of them, and a global atomic or fence also lets another thread go first.
+//
 // The fibers switch with a small hand-written x86-64 context switch (swapcontext
 // would make a sigprocmask system call per switch). In the ThreadSanitizer build
 // (BL_EMU_TSAN) every GPU thread is a TSan fiber; switches carry no ordering and
 // barriers are release/acquire pairs, so TSan reports the races a GPU could have
-// inside a block. This file itself is not instrumented.
+// inside a block. Blocks of one slot are ordered (a block starts after the
+// slot's previous one ended, as on an SM), blocks of different slots are not:
+// with BL_EMU_BLOCKS >= 2, TSan also reports races between blocks of a launch.
+// This file itself is not instrumented.
 #include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <string>
 #include <vector>
 #include "emu_core.h"
@@ -67,13 +76,15 @@ extern "C" void emu_ctx_switch(void **save, void *to) __asm__("emu_ctx_switch");
 namespace emu {
 thread_pos *cur;
 block_pos blk;
+int slot;
+bool interleave;
 }
 
 
 namespace {
 const size_t kStack = 256 << 10, kGuard = 4096;
 
-enum state { NEW, READY, BAR, WARP, DONE };
+enum state { NEW, READY, YIELD, BAR, WARP, DONE };
 struct gthread : emu::thread_pos {
   void *sp = nullptr;
   char *stack = nullptr;
@@ -101,9 +112,12 @@ struct warp_op {
 #endif
 };
 
-struct grid_run {
-  const emu::launch_cfg *cfg = nullptr;
-  const std::function<void()> *body = nullptr;
+// A block in flight: its threads, warps and dynamic shared memory (static __shared__ variables have a copy per
+// slot, emu_device.h).
+struct slot_run {
+  int index = 0;
+  bool active = false;
+  uint3 idx = {0, 0, 0};
   std::vector<gthread> th;
   std::vector<warp_op> warps;
   // Runnable threads by warp. The scheduler mostly stays with the warp it ran last, so that one warp often
@@ -112,30 +126,43 @@ struct grid_run {
   std::vector<int> live_warps;   // warps whose queue may be nonempty (stale entries are dropped when met)
   int nrun = 0, last_warp = -1;
   std::vector<char> dsmem;
-  int n = 0, done = 0, at_bar = 0, gen = 0;
+  int done = 0, at_bar = 0, gen = 0;
+  uint64_t blocks = 0;           // blocks this slot has started
+#ifdef BL_EMU_TSAN
+  // bar_sync: barrier release/acquire objects by generation parity; end_sync: what a block's threads release when
+  // they exit, acquired by the threads of the slot's next block (by block parity, so that a late thread of a block
+  // is not ordered after its own block's exited ones).
+  char bar_sync[2] = {0, 0}, end_sync[2] = {0, 0};
+#endif
+};
+
+struct grid_run {
+  const emu::launch_cfg *cfg = nullptr;
+  const std::function<void()> *body = nullptr;
+  std::vector<slot_run> slots;
+  int n = 0;                     // threads per block
   bool failed = false;
   uint64_t rng = 0;
 #ifdef BL_EMU_TSAN
-  char bar_sync[2] = {0, 0}, block_start = 0, block_end = 0;
+  char grid_start = 0, grid_end = 0;
 #endif
 };
 
 grid_run *G;          // the grid being run (one at a time: the runtime holds its lock)
+slot_run *S;          // the slot of the GPU thread running now (or that ran last)
 gthread *T;           // the GPU thread running now, or null on the host context
 void *host_sp;
 std::vector<char *> stack_pool;
 std::vector<std::pair<char *, char *>> stack_ranges;
-// (a function-local static: modules register from their static constructors, in any order)
-std::vector<std::pair<char *, char *>> &shared_sections() {
-  static std::vector<std::pair<char *, char *>> v;
-  return v;
+// The emu_sharedN sections of the loaded modules, by slot (a function-local static: modules register from their
+// static constructors, in any order).
+std::vector<std::pair<char *, char *>> &shared_sections(int slot) {
+  static std::vector<std::pair<char *, char *>> v[emu::kSlots];
+  return v[slot];
 }
 #ifdef BL_EMU_TSAN
 void *host_fiber;
 #endif
-
-void push_run(int i);
-int pop_run();
 
 uint64_t next_rand() {   // splitmix64
   uint64_t z = (G->rng += 0x9E3779B97F4A7C15ull);
@@ -144,32 +171,32 @@ uint64_t next_rand() {   // splitmix64
   return z ^ (z >> 31);
 }
 
-void push_run(int i) {
-  std::vector<int> &q = G->wq[(size_t)(i >> 5)];
-  if (q.empty()) G->live_warps.push_back(i >> 5);
+void push_run(slot_run &s, int i) {
+  std::vector<int> &q = s.wq[(size_t)(i >> 5)];
+  if (q.empty()) s.live_warps.push_back(i >> 5);
   q.push_back(i);
-  G->nrun++;
+  s.nrun++;
 }
 
-// A random runnable thread: of the warp that ran last with probability 3/4, else of a random warp.
-int pop_run() {
-  int w = G->last_warp;
-  if (w < 0 || G->wq[(size_t)w].empty() || next_rand() % 4 == 0) {
+// A random runnable thread of the slot: of the warp that ran last with probability 3/4, else of a random warp.
+int pop_run(slot_run &s) {
+  int w = s.last_warp;
+  if (w < 0 || s.wq[(size_t)w].empty() || next_rand() % 4 == 0) {
     for (;;) {
-      size_t k = (size_t)(next_rand() % G->live_warps.size());
-      w = G->live_warps[k];
-      if (!G->wq[(size_t)w].empty()) break;
-      G->live_warps[k] = G->live_warps.back();
-      G->live_warps.pop_back();
+      size_t k = (size_t)(next_rand() % s.live_warps.size());
+      w = s.live_warps[k];
+      if (!s.wq[(size_t)w].empty()) break;
+      s.live_warps[k] = s.live_warps.back();
+      s.live_warps.pop_back();
     }
   }
-  std::vector<int> &q = G->wq[(size_t)w];
+  std::vector<int> &q = s.wq[(size_t)w];
   size_t k = (size_t)(next_rand() % q.size());
   int i = q[k];
   q[k] = q.back();
   q.pop_back();
-  G->nrun--;
-  G->last_warp = w;
+  s.nrun--;
+  s.last_warp = w;
   return i;
 }
 
@@ -189,10 +216,15 @@ void quiet_copy(void *dst, const void *src, size_t n) {
   asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
 }
 
+// The scheduler's refill of shared memory, for the same reason.
+void quiet_fill(void *dst, unsigned char byte, size_t n) {
+  asm volatile("rep stosb" : "+D"(dst), "+c"(n) : "a"(byte) : "memory");
+}
+
 #ifdef BL_EMU_TSAN
-// Under TSan each thread slot keeps its own stack: a stack passed from one fiber to an unordered other would look
-// like a race on its frames.
-std::vector<char *> slot_stacks;
+// Under TSan each thread of each slot keeps its own stack: a stack passed from one fiber to an unordered other would
+// look like a race on its frames.
+std::vector<char *> slot_stacks[emu::kSlots];
 #endif
 
 [[noreturn]] void to_host() {
@@ -216,22 +248,28 @@ void wait_here() {
 
 void fiber_main() {
 #ifdef BL_EMU_TSAN
-  __tsan_acquire(&G->block_start);
+  slot_run *s = S;
+  const int parity = (int)(s->blocks & 1);
+  __tsan_acquire(&G->grid_start);              // what the host did before the launch
+  __tsan_acquire(&s->end_sync[parity ^ 1]);    // the slot's previous block
 #endif
   (*G->body)();
 #ifdef BL_EMU_TSAN
-  __tsan_release(&G->block_end);
+  __tsan_release(&s->end_sync[parity]);
+  __tsan_release(&G->grid_end);
 #endif
   T->st = DONE;
   to_host();
 }
 
-void start(gthread *t) {
+void start(slot_run &s, gthread *t) {
 #ifdef BL_EMU_TSAN
-  size_t slot = (size_t)(t - G->th.data());
-  while (slot_stacks.size() <= slot) slot_stacks.push_back(get_stack());
-  t->stack = slot_stacks[slot];
+  size_t i = (size_t)(t - s.th.data());
+  std::vector<char *> &stacks = slot_stacks[s.index];
+  while (stacks.size() <= i) stacks.push_back(get_stack());
+  t->stack = stacks[i];
 #else
+  (void)s;
   t->stack = get_stack();
 #endif
   uintptr_t top = ((uintptr_t)t->stack + kStack) & ~(uintptr_t)15;
@@ -249,12 +287,12 @@ std::string where(const gthread &t) {
   return b;
 }
 
-void fail(const std::string &msg) {
+void fail(const slot_run &s, const std::string &msg) {
   if (G->failed) return;
   G->failed = true;
   const emu::launch_cfg &c = *G->cfg;
-  emu_fault("kernel %s (launched at %s:%d), block (%u,%u,%u): %s", c.name, c.file, c.line, emu::blk.idx.x,
-            emu::blk.idx.y, emu::blk.idx.z, msg.c_str());
+  emu_fault("kernel %s (launched at %s:%d), block (%u,%u,%u): %s", c.name, c.file, c.line, s.idx.x, s.idx.y, s.idx.z,
+            msg.c_str());
 }
 
 unsigned warp_lanes(int w) {
@@ -264,34 +302,34 @@ unsigned warp_lanes(int w) {
 
 // A warp collective that names a lane which has exited can never complete. Checked both when a lane
 // arrives and when a lane exits, so the report does not depend on the order the scheduler ran them in.
-bool fail_if_lane_exited(int warp) {
-  const warp_op &op = G->warps[(size_t)warp];
+bool fail_if_lane_exited(slot_run &s, int warp) {
+  const warp_op &op = s.warps[(size_t)warp];
   if (op.arrived == 0) return false;
-  const gthread *w0 = &G->th[(size_t)warp * 32];
+  const gthread *w0 = &s.th[(size_t)warp * 32];
   for (int j = 0; j < 32; j++)
     if (((op.mask >> j) & 1u) && w0[j].st == DONE) {
       char b[512];
       snprintf(b, sizeof b, "%s at %s:%d with mask 0x%08x: lane %d has exited", op.what, op.file, op.line, op.mask, j);
-      fail(b);
+      fail(s, b);
       return true;
     }
   return false;
 }
 
 // A lane arrived at a warp collective (host context).
-void warp_arrive(gthread *t) {
-  warp_op &op = G->warps[t->warp];
-  gthread *w0 = &G->th[(size_t)t->warp * 32];
+void warp_arrive(slot_run &s, gthread *t) {
+  warp_op &op = s.warps[(size_t)t->warp];
+  gthread *w0 = &s.th[(size_t)t->warp * 32];
   char b[512];
   if (!((t->mask >> t->lane) & 1u)) {
     snprintf(b, sizeof b, "%s at %s:%d: calling lane %d is not in its mask 0x%08x", t->what, t->file, t->line,
              t->lane, t->mask);
-    return fail(b);
+    return fail(s, b);
   }
   if (t->mask & ~warp_lanes(t->warp)) {
     snprintf(b, sizeof b, "%s at %s:%d: mask 0x%08x names lanes that do not exist (warp %d has lanes 0x%08x)",
              t->what, t->file, t->line, t->mask, t->warp, warp_lanes(t->warp));
-    return fail(b);
+    return fail(s, b);
   }
   if (op.arrived == 0) {
     op.mask = t->mask; op.what = t->what; op.file = t->file; op.line = t->line; op.bytes = t->bytes;
@@ -299,10 +337,10 @@ void warp_arrive(gthread *t) {
     snprintf(b, sizeof b, "divergent warp collective in warp %d: lane %d at %s %s:%d (mask 0x%08x), lane %d at %s "
              "%s:%d (mask 0x%08x)", t->warp, __builtin_ctz(op.arrived), op.what, op.file, op.line, op.mask, t->lane,
              t->what, t->file, t->line, t->mask);
-    return fail(b);
+    return fail(s, b);
   }
   op.arrived |= 1u << t->lane;
-  if (fail_if_lane_exited(t->warp)) return;
+  if (fail_if_lane_exited(s, t->warp)) return;
   if (op.arrived != op.mask) return;
   for (int i = 0; i < 32; i++) {
     if (!((op.mask >> i) & 1u)) continue;
@@ -311,36 +349,36 @@ void warp_arrive(gthread *t) {
       for (int j = 0; j < 32; j++)
         if ((op.mask >> j) & 1u) quiet_copy((char *)ti.all + (size_t)j * op.bytes, w0[j].mine, op.bytes);
     ti.st = READY;
-    push_run((int)(&ti - G->th.data()));
+    push_run(s, (int)(&ti - s.th.data()));
   }
   op.arrived = 0;
 }
 
-void open_barrier() {
+void open_barrier(slot_run &s) {
   const gthread *first = nullptr;
   int count = 0;
-  for (gthread &t : G->th) {
+  for (gthread &t : s.th) {
     if (t.st != BAR) continue;
     if (!first) first = &t;
     else if (t.file != first->file || t.line != first->line)
-      return fail("divergent __syncthreads: " + where(*first) + ", " + where(t));
+      return fail(s, "divergent __syncthreads: " + where(*first) + ", " + where(t));
     count += t.pred;
   }
-  for (gthread &t : G->th)
-    if (t.st == BAR) { t.st = READY; t.count = count; push_run((int)(&t - G->th.data())); }
-  G->at_bar = 0;
-  G->gen++;
+  for (gthread &t : s.th)
+    if (t.st == BAR) { t.st = READY; t.count = count; push_run(s, (int)(&t - s.th.data())); }
+  s.at_bar = 0;
+  s.gen++;
 }
 
-void deadlock() {
+void deadlock(slot_run &s) {
   std::string msg = "a rendezvous can never complete:";
   int shown = 0;
-  for (gthread &t : G->th)
+  for (gthread &t : s.th)
     if (t.st == WARP || t.st == BAR || (t.st == DONE && shown < 4)) {
       if (++shown > 8) { msg += " ..."; break; }
       msg += " " + where(t) + ";";
     }
-  fail(msg);
+  fail(s, msg);
 }
 
 void release_stack(gthread *t) {
@@ -350,48 +388,50 @@ void release_stack(gthread *t) {
   t->stack = nullptr;
 }
 
-void run_block() {
-  for (auto &r : shared_sections()) memset(r.first, 0xff, (size_t)(r.second - r.first));
-  if (!G->dsmem.empty()) memset(G->dsmem.data(), 0xff, G->dsmem.size());
-  G->wq.assign(G->warps.size(), {});
-  G->live_warps.clear();
-  G->nrun = 0;
-  G->last_warp = -1;
-  for (gthread &t : G->th) { t.st = NEW; push_run((int)(&t - G->th.data())); }
-  for (warp_op &w : G->warps) w.arrived = 0;
-  G->done = G->at_bar = 0;
-#ifdef BL_EMU_TSAN
-  __tsan_release(&G->block_start);
-#endif
-  for (;;) {
-    while (G->nrun > 0) {
-      gthread *t = &G->th[(size_t)pop_run()];
-      if (t->st == NEW) start(t);
-      t->st = READY;
-      emu::cur = T = t;
-#ifdef BL_EMU_TSAN
-      __tsan_switch_to_fiber(t->fiber, kTsanNoSync);
-#endif
-      emu_ctx_switch(&host_sp, t->sp);
-      T = nullptr;
-      if (G->failed) break;
-      if (t->st == DONE) { G->done++; release_stack(t); fail_if_lane_exited(t->warp); }
-      else if (t->st == BAR) G->at_bar++;
-      else if (t->st == WARP) warp_arrive(t);
-      if (G->failed) break;
-    }
-    if (G->failed) break;
-    if (G->done == G->n) break;
-    if (G->at_bar > 0 && G->at_bar + G->done == G->n) open_barrier();
-    else deadlock();
-    if (G->failed) break;
-  }
-#ifdef BL_EMU_TSAN
-  __tsan_acquire(&G->block_end);
-#endif
-  if (G->failed)   // abandoned fibers: their stacks go back to the pool
-    for (gthread &t : G->th) release_stack(&t);
+// Block b (linear index) starts in slot s: fresh shared memory (NaN bytes) and every thread runnable.
+void start_block(slot_run &s, uint64_t b) {
+  const emu::launch_cfg &c = *G->cfg;
+  s.idx = {(unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y),
+           (unsigned)(b / ((uint64_t)c.grid.x * c.grid.y))};
+  for (auto &r : shared_sections(s.index)) quiet_fill(r.first, 0xff, (size_t)(r.second - r.first));
+  if (!s.dsmem.empty()) quiet_fill(s.dsmem.data(), 0xff, s.dsmem.size());
+  s.wq.assign(s.warps.size(), {});
+  s.live_warps.clear();
+  s.nrun = 0;
+  s.last_warp = -1;
+  for (gthread &t : s.th) { t.st = NEW; push_run(s, (int)(&t - s.th.data())); }
+  for (warp_op &w : s.warps) w.arrived = 0;
+  s.done = s.at_bar = 0;
+  s.blocks++;
+  s.active = true;
 }
+
+// Runs one thread of slot s until it yields, waits at a rendezvous or exits; then, when none of the slot's threads
+// can run, opens its barrier or ends its block.
+void step(slot_run &s) {
+  gthread *t = &s.th[(size_t)pop_run(s)];
+  if (t->st == NEW) start(s, t);
+  t->st = READY;
+  S = &s;
+  emu::slot = s.index;
+  emu::blk.idx = s.idx;
+  emu::cur = T = t;
+#ifdef BL_EMU_TSAN
+  __tsan_switch_to_fiber(t->fiber, kTsanNoSync);
+#endif
+  emu_ctx_switch(&host_sp, t->sp);
+  T = nullptr;
+  if (G->failed) return;
+  if (t->st == DONE) { s.done++; release_stack(t); fail_if_lane_exited(s, t->warp); }
+  else if (t->st == BAR) s.at_bar++;
+  else if (t->st == WARP) warp_arrive(s, t);
+  else if (t->st == YIELD) push_run(s, (int)(t - s.th.data()));
+  if (G->failed || s.nrun > 0) return;
+  if (s.done == G->n) s.active = false;
+  else if (s.at_bar > 0 && s.at_bar + s.done == G->n) open_barrier(s);
+  else deadlock(s);
+}
+
 }  // namespace
 
 uint64_t emu_seed() {
@@ -400,6 +440,22 @@ uint64_t emu_seed() {
     return s && *s ? strtoull(s, nullptr, 0) : 1ull;
   }();
   return seed;
+}
+
+int emu_blocks_in_flight() {
+  static int n = [] {
+    const char *e = getenv("BL_EMU_BLOCKS");
+    if (!e || !*e) return 1;
+    char *end = nullptr;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 1 || v > emu::kSlots) {
+      fprintf(stderr, "bertlua emulated CUDA: BL_EMU_BLOCKS=%s: expected a number of blocks from 1 to %d\n", e,
+              emu::kSlots);
+      exit(2);
+    }
+    return (int)v;
+  }();
+  return n;
 }
 
 bool emu_in_gpu_thread() { return T != nullptr; }
@@ -420,40 +476,67 @@ void emu_run_grid(const emu::launch_cfg &c, const std::function<void()> &body, u
   g.cfg = &c;
   g.body = &body;
   g.n = (int)(c.block.x * c.block.y * c.block.z);
-  g.th.resize((size_t)g.n);
-  g.warps.resize((size_t)(g.n + 31) / 32);
-  g.dsmem.resize(c.smem);
   g.rng = emu_seed() * 0x2545F4914F6CDD1Dull + launch_no;
-  for (int i = 0; i < g.n; i++) {
-    gthread &t = g.th[(size_t)i];
-    t.tid = {(unsigned)i % c.block.x, (unsigned)(i / c.block.x) % c.block.y, (unsigned)(i / (c.block.x * c.block.y))};
-    t.lane = i & 31;
-    t.warp = i >> 5;
-  }
-  grid_run *saved = G;   // not nested in practice; kept correct anyway
-  G = &g;
+  const uint64_t nb = (uint64_t)c.grid.x * c.grid.y * c.grid.z;
+  g.slots.resize((size_t)std::min<uint64_t>(nb, (uint64_t)emu_blocks_in_flight()));
 #ifdef BL_EMU_TSAN
   if (!host_fiber) host_fiber = __tsan_get_current_fiber();
-  static std::vector<void *> fibers;   // TSan fibers are reused across grids (creating one is costly)
-  while (fibers.size() < g.th.size()) fibers.push_back(__tsan_create_fiber(kTsanNoSync));
-  for (size_t i = 0; i < g.th.size(); i++) g.th[i].fiber = fibers[i];
+  static std::vector<void *> fibers[emu::kSlots];   // TSan fibers are reused across grids (creating one is costly)
 #endif
+  for (size_t k = 0; k < g.slots.size(); k++) {
+    slot_run &s = g.slots[k];
+    s.index = (int)k;
+    s.th.resize((size_t)g.n);
+    s.warps.resize((size_t)(g.n + 31) / 32);
+    s.dsmem.resize(c.smem);
+    for (int i = 0; i < g.n; i++) {
+      gthread &t = s.th[(size_t)i];
+      t.tid = {(unsigned)i % c.block.x, (unsigned)(i / c.block.x) % c.block.y,
+               (unsigned)(i / (c.block.x * c.block.y))};
+      t.lane = i & 31;
+      t.warp = i >> 5;
+#ifdef BL_EMU_TSAN
+      while (fibers[k].size() <= (size_t)i) fibers[k].push_back(__tsan_create_fiber(kTsanNoSync));
+      t.fiber = fibers[k][(size_t)i];
+#endif
+    }
+  }
+  grid_run *saved = G;   // not nested in practice; kept correct anyway
+  slot_run *saved_s = S;
+  G = &g;
   emu::blk.dim = c.block;
   emu::blk.grid = c.grid;
-  uint64_t nb = (uint64_t)c.grid.x * c.grid.y * c.grid.z;
   std::vector<uint32_t> order;
   if (nb <= (1u << 22)) {   // blocks in a random order too (they are independent on a GPU)
     order.resize(nb);
     for (uint64_t i = 0; i < nb; i++) order[i] = (uint32_t)i;
     for (uint64_t i = nb; i > 1; i--) std::swap(order[i - 1], order[next_rand() % i]);
   }
-  for (uint64_t k = 0; k < nb && !g.failed; k++) {
-    uint64_t b = order.empty() ? k : order[k];
-    emu::blk.idx = {(unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y),
-                    (unsigned)(b / ((uint64_t)c.grid.x * c.grid.y))};
-    run_block();
+  emu::interleave = g.slots.size() > 1;
+#ifdef BL_EMU_TSAN
+  __tsan_release(&g.grid_start);
+#endif
+  uint64_t next = 0;
+  std::vector<slot_run *> runnable;
+  while (!g.failed) {
+    runnable.clear();
+    for (slot_run &s : g.slots) {
+      if (!s.active && next < nb) { start_block(s, order.empty() ? next : order[next]); next++; }
+      if (s.active) runnable.push_back(&s);
+    }
+    if (runnable.empty()) break;
+    step(runnable.size() == 1 ? *runnable[0] : *runnable[(size_t)(next_rand() % runnable.size())]);
   }
+  emu::interleave = false;
+#ifdef BL_EMU_TSAN
+  __tsan_acquire(&g.grid_end);
+#endif
+  if (g.failed)   // abandoned fibers: their stacks go back to the pool
+    for (slot_run &s : g.slots)
+      for (gthread &t : s.th) release_stack(&t);
+  emu::slot = 0;
   G = saved;
+  S = saved_s;
 }
 
 // ---------------------------------------------------------------- device-side entry points (emu_device.h)
@@ -465,7 +548,7 @@ int syncthreads_count(const char *file, int line, int pred) {
   gthread *t = T;
   t->st = BAR; t->what = "__syncthreads"; t->file = file; t->line = line; t->pred = pred != 0;
 #ifdef BL_EMU_TSAN
-  char *obj = &G->bar_sync[G->gen & 1];
+  char *obj = &S->bar_sync[S->gen & 1];
   __tsan_release(obj);
   wait_here();
   __tsan_acquire(obj);
@@ -491,7 +574,7 @@ void warp_gather(unsigned mask, const void *mine, void *all, size_t bytes, const
 
 void syncwarp(unsigned mask, const char *file, int line) {
 #ifdef BL_EMU_TSAN
-  warp_op &op = G->warps[(size_t)T->warp];
+  warp_op &op = S->warps[(size_t)T->warp];
   char *obj = &op.sync[op.gen & 1];
   __tsan_release(obj);
   warp_wait(mask, nullptr, nullptr, 0, "__syncwarp", file, line);
@@ -504,14 +587,20 @@ void syncwarp(unsigned mask, const char *file, int line) {
 
 int lane() { return T ? T->lane : 0; }
 
-void register_shared(char *begin, char *end) {
+void register_shared(int slot, char *begin, char *end) {
   if (begin == end) return;
-  for (auto &r : shared_sections())
+  for (auto &r : shared_sections(slot))
     if (r.first == begin) return;
-  shared_sections().push_back({begin, end});
+  shared_sections(slot).push_back({begin, end});
 }
 
-void *dyn_smem() { return G ? G->dsmem.data() : nullptr; }
+void *dyn_smem() { return T ? S->dsmem.data() : nullptr; }
+
+void yield() {
+  if (!T) return;
+  T->st = YIELD;
+  wait_here();
+}
 
 [[noreturn]] void trap(const char *what, const char *file, int line) {
   emu_fault("%s at %s:%d", what, file, line);

@@ -434,8 +434,10 @@ void emu_fault(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(b, sizeof b, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "bertlua emulated CUDA: cuda:%d: %s [BL_EMU_SEED=%llu]\n", cur_dev, b,
-          (unsigned long long)emu_seed());
+  char blocks[40] = "";
+  if (emu_blocks_in_flight() > 1) snprintf(blocks, sizeof blocks, " BL_EMU_BLOCKS=%d", emu_blocks_in_flight());
+  fprintf(stderr, "bertlua emulated CUDA: cuda:%d: %s [BL_EMU_SEED=%llu%s]\n", cur_dev, b,
+          (unsigned long long)emu_seed(), blocks);
   if (valid_dev(cur_dev)) devs[(size_t)cur_dev].sticky = cudaErrorLaunchFailure;
   if (emu_in_gpu_thread()) emu_abandon_thread();
 }
