@@ -6,7 +6,7 @@ package.path = root .. "tests/lua/lib/?.lua;" .. package.path
 local T = require "testing"
 local fx = require("pretrain_fixture").make(T, { need_cuda = true })
 local variants = os.getenv("BL_DIAG_QUICK") and { { "bf16", 8, "cuda" } } or {
-  { "bf16", 512, "cuda" }, { "bf16", 8, "cuda" }, { "f32", 512, "cuda" }, { "f32", 64, "cuda" },
+  { "bf16", 512, "cuda" }, { "bf16", 8, "cuda" }, { "fp32", 512, "cuda" }, { "fp32", 64, "cuda" },
   { "bf16", 512, "cuda", "--threads=4" }, { "bf16", 64, "cpu" },
 }
 local bad = 0
