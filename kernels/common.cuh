@@ -27,6 +27,9 @@ int cu_launched(const char *op, int dev); // check the last launch
 // a host wait for dev made outside runtime.cu (a d2h cudaMemcpy, a stream synchronisation): counted in
 // bl_cuda_counters' syncs on a real GPU as the emulator counts it
 void cu_count_sync(int dev);
+// n bytes of device memory at dptr into host memory by cudaMemcpy (ordered after dev's stream): the host waits,
+// charged to the step-time model and counted as above
+int cu_read_back(const char *op, int dev, void *host, const void *dptr, size_t n);
 cudaStream_t cu_stream(int dev); // never NULL after cu_device() succeeded
 bool cu_capturing(int dev);      // dev's stream is being captured into a CUDA graph (runtime.cu)
 // All non-NULL tensors on the same cuda device (>= 0) and that device usable.

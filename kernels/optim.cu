@@ -453,9 +453,7 @@ int end_step(step_ctx *x, double grad_scale, double max_grad_norm, bl_optim_stat
   step_state st;
   if (x->computed) {
     // cudaMemcpy on the legacy stream is ordered after our blocking stream: the one synchronisation.
-    cu_cost_call(x->dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof st);
-    cu_count_sync(x->dev);
-    CU_TRY(x->op, x->dev, cudaMemcpy(&st, x->c->state.mem.p, sizeof st, cudaMemcpyDeviceToHost));
+    BL_CHECK(cu_read_back(x->op, x->dev, &st, x->c->state.mem.p, sizeof st));
   } else {
     st.norm = x->grad_norm;
     st.clip = bl_opt_clip(st.norm, max_grad_norm);
@@ -647,9 +645,7 @@ extern "C" int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, in
   step_final<<<1, kThreads, 0, s>>>(part, nb, a, nullptr, st);
   BL_CHECK(cu_launched(op, dev));
   step_state h;
-  cu_cost_call(dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof h);
-  cu_count_sync(dev);
-  CU_TRY(op, dev, cudaMemcpy(&h, st, sizeof h, cudaMemcpyDeviceToHost));
+  BL_CHECK(cu_read_back(op, dev, &h, st, sizeof h));
   *norm = h.norm;
   if (nonfinite) *nonfinite = h.skip;
   return 0;
@@ -674,9 +670,7 @@ extern "C" int bl_cuda_unscale_check(bl_tensor *grad, double inv_scale, int *fou
     BL_CHECK(cu_launched(op, dev));
   }
   int h = 0;
-  cu_cost_call(dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, sizeof h);
-  cu_count_sync(dev);
-  CU_TRY(op, dev, cudaMemcpy(&h, c->flag.mem.p, sizeof h, cudaMemcpyDeviceToHost));
+  BL_CHECK(cu_read_back(op, dev, &h, c->flag.mem.p, sizeof h));
   if (found_inf) *found_inf = h;
   return 0;
 }

@@ -332,6 +332,13 @@ void cu_count_sync(int dev) {
 #endif
 }
 
+int cu_read_back(const char *op, int dev, void *host, const void *dptr, size_t n) {
+  cu_cost_call(dev, "host copy", "cudaMemcpy d2h", BL_ENGINE_PCIE, 0, (double)n);
+  cu_count_sync(dev);
+  CU_TRY(op, dev, cudaMemcpy(host, dptr, n, cudaMemcpyDeviceToHost));
+  return 0;
+}
+
 int cu_launched(const char *op, int dev) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
