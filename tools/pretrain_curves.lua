@@ -191,7 +191,7 @@ end
 -- step from virtual rank j-1 of the accumulation steps), without training
 local function dump_batches(s)
   local sd = seed_dir(s)
-  if fs.is_dir(sd .. "/batches/phase2") or fs.is_dir(sd .. "/batches.pre") then return end
+  if fs.is_dir(sd .. "/batches/phase2") then return end
   local st = require "bertlua.io.safetensors"
   for p = 1, 2 do
     local accum = run["batch" .. p] / run.micro_batch
@@ -209,6 +209,7 @@ local function dump_batches(s)
     end
     for _, l in ipairs(loaders) do l:close() end
   end
+  fs.write_atomic(sd .. "/batches.tmp/complete", "written by --batches-only\n")
   shell.run({ "mv", sd .. "/batches.tmp", sd .. "/batches" })
 end
 
@@ -216,12 +217,12 @@ end
 -- eval_everyP steps (its checkpoints), the batches dumped for the reference
 local function train_bertlua(s)
   local sd = seed_dir(s)
+  -- batches written earlier without training (--batches-only) stay where they are (a reference run may be
+  -- replaying them); the run dumps its own beside them (batches.check), and they are compared
+  local check = sd .. "/batches.check"
   if not done(sd .. "/bertlua/phase2/model.safetensors") then
     if not opt.train then return end
     make_init(s)
-    -- batches written earlier without training (--batches-only) are compared with the ones the run dumps
-    local pre = sd .. "/batches.pre"
-    if fs.is_dir(sd .. "/batches") and not fs.is_dir(pre) then shell.run({ "mv", sd .. "/batches", pre }) end
     local every = math.min(opt.eval_every1, opt.eval_every2)
     local keep = math.ceil(math.max(run.steps1, run.steps2) / every) + 1
     -- a run that stopped resumes from its newest checkpoint (the dumped batches of the steps after it are written
@@ -231,20 +232,21 @@ local function train_bertlua(s)
       "--data-phase1=" .. D .. "/p1", "--data-phase2=" .. D .. "/p2", "--output=" .. sd .. "/bertlua",
       "--steps1=" .. run.steps1, "--steps2=" .. run.steps2, "--seed=" .. s, "--threads=" .. opt.threads,
       "--checkpoint-interval=" .. every, "--keep-checkpoints=" .. keep, "--eval-batches=1", "--device=cpu",
-      "--dump-batches=" .. sd .. "/batches", "--resume", "--log-every=10", "--max-steps=" .. opt.max_steps },
-      sd .. "/bertlua.log")
+      "--dump-batches=" .. (fs.exists(sd .. "/batches/complete") and check or sd .. "/batches"), "--resume",
+      "--log-every=10", "--max-steps=" .. opt.max_steps }, sd .. "/bertlua.log")
     if not done(sd .. "/bertlua/phase2/model.safetensors") then return end  -- stopped by --max-steps
-    if fs.is_dir(pre) then
-      for p = 1, 2 do
-        for _, name in ipairs(fs.list_dir(("%s/phase%d"):format(pre, p))) do
-          local rel = ("phase%d/%s"):format(p, name)
-          if fs.read(pre .. "/" .. rel) ~= fs.read(sd .. "/batches/" .. rel) then
-            fail(("seed %d: batch %s written by --batches-only differs from pretrain.lua's"):format(s, rel))
-          end
+  end
+  if fs.is_dir(check) then
+    for p = 1, 2 do
+      for _, name in ipairs(fs.list_dir(("%s/phase%d"):format(check, p))) do
+        local rel = ("phase%d/%s"):format(p, name)
+        if fs.read(check .. "/" .. rel) ~= fs.read(sd .. "/batches/" .. rel) then
+          fail(("seed %d: batch %s written by --batches-only differs from pretrain.lua's (its own are in %s)")
+            :format(s, rel, check))
         end
       end
-      fs.remove_tree(pre)
     end
+    fs.remove_tree(check)
   end
   -- what the evaluation reads stays: the snapshots' weights (not the optimizer state, nor checkpoints between)
   local keep_dir = {}
@@ -262,9 +264,9 @@ end
 local function train_reference(s)
   local sd = seed_dir(s)
   if done(sd .. "/reference/phase2/model.safetensors") or not opt.train then return end
-  if not done(sd .. "/bertlua/phase2/model.safetensors") then
-    fail(("the reference's seed %d replays bertlua's batches of seed %d: run --sides=bertlua --seeds=%d first")
-      :format(s, s, s))
+  if not done(sd .. "/bertlua/phase2/model.safetensors") and not fs.exists(sd .. "/batches/complete") then
+    fail(("the reference's seed %d replays bertlua's batches of seed %d: run --sides=bertlua (or --batches-only) "
+      .. "--seeds=%d first"):format(s, s, s))
   end
   fs.remove_tree(sd .. "/reference")
   local argv = { opt.python, here .. "/peers/nvidia_pretrain_reference.py", "--init=" .. sd .. "/init",
