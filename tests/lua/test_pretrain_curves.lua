@@ -73,6 +73,22 @@ T.test("both sides' curves, scored by the same evaluators, which agree", functio
   T.truthy(ok and not out:find("bertlua seed", 1, true) and not out:find("evaluator,", 1, true), out)
 end)
 
+T.test("notebooks/pretraining_vs_reference.ipynb plots both sides and the table", function()
+  local _, has = shell.read({ "sh", "-c", "command -v jupyter" })
+  if not has then T.skip("jupyter (jupyter-nbconvert) not installed") end
+  T.truthy(fs.exists(tmp .. "/out/summary.json"), "the curves of the test above")
+  local out, ok = shell.read({ "env", "BL_CURVES=" .. tmp .. "/out", "BL_NB_OUT=" .. tmp .. "/nb", "jupyter",
+    "nbconvert", "--to", "notebook", "--execute", "notebooks/pretraining_vs_reference.ipynb",
+    "--output-dir=" .. tmp .. "/nb" }, { stderr = "stdout" })
+  T.truthy(ok, out)
+  T.truthy(fs.exists(tmp .. "/nb/pretraining_vs_reference.png"), "the figure")
+  local text = T.slurp(tmp .. "/nb/pretraining_vs_reference.ipynb")
+  T.truthy(text:find("bertlua seeds [1, 2], reference seeds [1]", 1, true), "the runs read")
+  -- phase 2's MLM accuracy row: both bertlua seeds, the reference's (one-seed) spread
+  T.truthy(text:find('2     MLM accuracy  %d%.%d+ %d%.%d+%s+%d%.%d+%.%.%d%.%d+'), "the phase-end table")
+  T.truthy(text:find("downstream.json is missing", 1, true), "no downstream table without its results")
+end)
+
 T.test("a run the reference cannot reproduce is refused in one line", function()
   local bad = tmp .. "/bf16.lua"
   T.write_file(bad, T.slurp(cfg):gsub("micro_batch = 1", "micro_batch = 1, precision = \"bf16\""))
