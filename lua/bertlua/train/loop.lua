@@ -85,13 +85,15 @@ function M.fit(o)
   local rank, world = dist.rank(), dist.size()
   local micro = (o.micro_batch and o.micro_batch > 0) and o.micro_batch or o.batch / world
   if o.batch % world ~= 0 or (o.batch / world) % micro ~= 0 then
-    error(("trainer: batch must be a multiple of micro_batch x ranks (batch %d, micro_batch %s, %d ranks)")
-      :format(o.batch, micro, world), 2)
+    error(("trainer: --batch must be a multiple of --micro-batch x ranks (batch %d, micro-batch %s, %d ranks)")
+      :format(o.batch, micro, world), 0)
   end
   local accum = o.batch / world / micro
   local steps_per_epoch = math.floor(o.n / o.batch)
-  if steps_per_epoch == 0 then error(("trainer: %d training examples are fewer than one batch of %d"):format(o.n,
-    o.batch), 2) end
+  if steps_per_epoch == 0 then
+    error(("trainer: %d training examples are fewer than one batch of %d: lower --batch or train on more data")
+      :format(o.n, o.batch), 0)
+  end
   local total = steps_per_epoch * o.epochs
   if o.max_steps and o.max_steps > 0 then total = math.min(total, o.max_steps) end
   if rank == 0 then
