@@ -73,6 +73,34 @@ T.test("both sides' curves, scored by the same evaluators, which agree", functio
   T.truthy(ok and not out:find("bertlua seed", 1, true) and not out:find("evaluator,", 1, true), out)
 end)
 
+T.test("downstream: every phase-2 model and the random one fine-tuned the same way", function()
+  local function downstream(extra)
+    return shell.read({ T.exe(), "tools/pretrain_downstream.lua", "--curves=" .. tmp .. "/out",
+      "--shared-data=" .. shared, "--sst2-train=40", "--squad-train-articles=1", "--squad-train-per=8",
+      "--squad-eval-articles=1", "--squad-eval-per=8", "--sst2-epochs=1", "--squad-epochs=1", "--batch=8",
+      extra or {} },
+      { stderr = "stdout" })
+  end
+  local out, ok = downstream({ "--tasks=sst2,glue" })
+  T.truthy(not ok and out:find("pretrain_downstream: --tasks: sst2 and/or squad, got 'glue'", 1, true), out)
+  out, ok = downstream()
+  T.truthy(ok, out)
+  local d = cjson.decode(T.slurp(tmp .. "/out/downstream.json"))
+  -- 2 bertlua seeds, 1 reference seed, the random models (each seed's: no --init-seed here); per task
+  T.eq(#d.rows, 10)
+  for _, task in ipairs { "sst2", "squad" } do
+    local s = d.summary[task]
+    T.eq(s.bertlua.n, 2); T.eq(s.reference.n, 1); T.eq(s["random init"].n, 2)
+    T.truthy(s.bertlua.min <= s.bertlua.mean and s.bertlua.mean <= s.bertlua.max, cjson.encode(s))
+    T.near(s.bertlua.over_random, s.bertlua.mean - s["random init"].mean, 1e-9)
+  end
+  T.eq(d.summary.sst2.split.train, 40)
+  T.eq(d.summary.squad.split.eval, 8)
+  -- a second call fine-tunes nothing again
+  out, ok = downstream()
+  T.truthy(ok and not out:find("glue.lua", 1, true), out)
+end)
+
 T.test("notebooks/pretraining_vs_reference.ipynb plots both sides and the table", function()
   local _, has = shell.read({ "sh", "-c", "command -v jupyter" })
   if not has then T.skip("jupyter (jupyter-nbconvert) not installed") end
@@ -86,7 +114,7 @@ T.test("notebooks/pretraining_vs_reference.ipynb plots both sides and the table"
   T.truthy(text:find("bertlua seeds [1, 2], reference seeds [1]", 1, true), "the runs read")
   -- phase 2's MLM accuracy row: both bertlua seeds, the reference's (one-seed) spread
   T.truthy(text:find('2     MLM accuracy  %d%.%d+ %d%.%d+%s+%d%.%d+%.%.%d%.%d+'), "the phase-end table")
-  T.truthy(text:find("downstream.json is missing", 1, true), "no downstream table without its results")
+  T.truthy(text:find("random init  mean +%d+%.%d%d  min%.%.max"), "the downstream table")
 end)
 
 T.test("a run the reference cannot reproduce is refused in one line", function()
