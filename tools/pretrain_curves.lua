@@ -33,6 +33,8 @@ local SPEC = {
   { "shared_data", "../shared/data", "holds wikipedia/*.bz2 (the dump samples), books/*.txt and vocab/" },
   { "vocab", nil, "vocab.txt (default: SHARED_DATA/vocab/bert-base-uncased-vocab.txt)" },
   { "output", "runs/pretrain_curves", "data/, seedS/, curves.csv, summary.json, summary.md" },
+  { "data", nil, "the prepared data to use (another run's OUTPUT/data, e.g. for a large-batch or optimizer variant "
+    .. "on the same text; default: OUTPUT/data, made when missing)" },
   { "seeds", "1,2,3", "seeds of bertlua's runs (initial weights, data order, dropout)" },
   { "ref_seeds", nil, "seeds of the reference's runs (default: --seeds; each needs bertlua's run of that seed)" },
   { "sides", "bertlua,reference", "which sides to train and evaluate in this invocation" },
@@ -42,6 +44,12 @@ local SPEC = {
   { "dupe2", 2, "phase-2 instances: passes over the text", int = true, min = 1 },
   { "steps1", 0, "phase 1 steps (0: the config's)", int = true, min = 0 },
   { "steps2", 0, "phase 2 steps (0: the config's)", int = true, min = 0 },
+  { "optimizer", nil, "lamb or adam instead of the config's (the reference runs LAMB only)",
+    choices = { "lamb", "adam" } },
+  { "lr1", 0, "phase 1 peak learning rate (0: the config's), before --scale-batch", min = 0, int = false },
+  { "lr2", 0, "phase 2 peak learning rate (0: the config's), before --scale-batch", min = 0, int = false },
+  { "scale_batch", 1, "K: both phases' batches x K, their steps / K, learning rates x sqrt(K) (the LAMB paper's "
+    .. "large-batch rule: the same epochs in 1/K of the steps)", int = true, min = 1 },
   { "eval_every1", 250, "phase 1 steps between snapshots", int = true, min = 1 },
   { "eval_every2", 50, "phase 2 steps between snapshots", int = true, min = 1 },
   { "eval_instances1", 256, "held-out S=128 instances scored (the first ones, in file order)", int = true, min = 1 },
@@ -96,10 +104,24 @@ for _, k in ipairs { "model", "seq1", "pred1", "batch1", "lr1", "warmup1", "step
 end
 if opt.steps1 > 0 then run.steps1 = opt.steps1 end
 if opt.steps2 > 0 then run.steps2 = opt.steps2 end
+if opt.optimizer then run.optimizer = opt.optimizer end
+for p = 1, 2 do
+  if opt["lr" .. p] > 0 then run["lr" .. p] = opt["lr" .. p] end
+  if opt.scale_batch > 1 then
+    local k = opt.scale_batch
+    if run["steps" .. p] % k ~= 0 then
+      fail(("--scale-batch=%d: phase %d's %d steps are not a multiple of it"):format(k, p, run["steps" .. p]))
+    end
+    run["batch" .. p], run["steps" .. p], run["lr" .. p] = run["batch" .. p] * k, run["steps" .. p] / k,
+      run["lr" .. p] * math.sqrt(k)
+  end
+end
 for _, k in ipairs { "warmup_steps1", "warmup_steps2", "keep_optimizer", "bin_lengths" } do
   if run[k] and run[k] ~= -1 then fail(("%s: %s is not reproduced by the reference"):format(opt.pretrain_config, k)) end
 end
-if run.optimizer and run.optimizer ~= "lamb" then fail(opt.pretrain_config .. ": the reference runs LAMB only") end
+if sides.reference and run.optimizer and run.optimizer ~= "lamb" then
+  fail(opt.pretrain_config .. ": the reference runs LAMB only (--sides=bertlua for another optimizer)")
+end
 if run.precision and run.precision ~= "fp32" then fail(opt.pretrain_config .. ": the reference runs fp32 only") end
 local vocab = opt.vocab or (opt.shared_data .. "/vocab/bert-base-uncased-vocab.txt")
 
@@ -114,9 +136,10 @@ end
 local function recipe(name) return root .. "/recipes/" .. name .. ".lua" end
 
 -- 1. data: the Wikipedia sample and the books, held-out documents, instances for both phases
-local D = out .. "/data"
+local D = opt.data or out .. "/data"
 local function prepare()
   if fs.exists(D .. "/p2/creation.json") then return end
+  if opt.data then fail("--data=" .. opt.data .. ": no prepared data there (p2/creation.json: an OUTPUT/data)") end
   local wiki = {}
   for _, f in ipairs(fs.list_dir(opt.shared_data .. "/wikipedia", "%.bz2$") or {}) do
     wiki[#wiki + 1] = opt.shared_data .. "/wikipedia/" .. f
@@ -230,7 +253,9 @@ local function train_bertlua(s)
     must("bertlua seed " .. s, { exe, recipe("pretrain"), "--config=" .. opt.pretrain_config,
       "--model=" .. sd .. "/init/config.json", "--init=" .. sd .. "/init", "--vocab=" .. vocab,
       "--data-phase1=" .. D .. "/p1", "--data-phase2=" .. D .. "/p2", "--output=" .. sd .. "/bertlua",
-      "--steps1=" .. run.steps1, "--steps2=" .. run.steps2, "--seed=" .. s, "--threads=" .. opt.threads,
+      "--steps1=" .. run.steps1, "--steps2=" .. run.steps2, "--batch1=" .. run.batch1, "--batch2=" .. run.batch2,
+      ("--lr1=%.17g"):format(run.lr1), ("--lr2=%.17g"):format(run.lr2), "--optimizer=" .. (run.optimizer or "lamb"),
+      "--seed=" .. s, "--threads=" .. opt.threads,
       "--checkpoint-interval=" .. every, "--keep-checkpoints=" .. keep, "--eval-batches=1", "--device=cpu",
       "--dump-batches=" .. (fs.exists(sd .. "/batches/complete") and check or sd .. "/batches"), "--resume",
       "--log-every=10", "--max-steps=" .. opt.max_steps }, sd .. "/bertlua.log")
@@ -275,7 +300,7 @@ local function train_reference(s)
     "--max-grad-norm=" .. (run.max_grad_norm or 1), "--weight-decay=" .. (run.weight_decay or 0.01),
     "--power=" .. (run.power or 0.5) }
   for p = 1, 2 do
-    for _, k in ipairs { "steps", "lr", "warmup" } do argv[#argv + 1] = ("--%s%d=%s"):format(k, p, run[k .. p]) end
+    for _, k in ipairs { "steps", "lr", "warmup" } do argv[#argv + 1] = ("--%s%d=%.17g"):format(k, p, run[k .. p]) end
   end
   say("reference seed " .. s .. ": " .. shell.command(argv))
   local ok, code = shell.run(argv, { stdout = sd .. "/reference.log", stderr = "stdout" })

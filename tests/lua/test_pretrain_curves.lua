@@ -117,6 +117,30 @@ T.test("notebooks/pretraining_vs_reference.ipynb plots both sides and the table"
   T.truthy(text:find("random init  mean +%d+%.%d%d  min%.%.max"), "the downstream table")
 end)
 
+T.test("a large-batch AdamW variant on the same data: batches, steps and rates scaled", function()
+  local function variant(extra)
+    return shell.read({ T.exe(), "tools/pretrain_curves.lua", "--pretrain-config=" .. cfg, "--output=" .. tmp
+      .. "/large", "--seeds=1", "--sides=bertlua", "--eval-every1=1", "--eval-every2=1", "--eval-instances1=16",
+      "--eval-instances2=8", extra }, { stderr = "stdout" })
+  end
+  local out, ok = variant({ "--data=" .. tmp .. "/nodata" })
+  T.truthy(not ok and out:find("--data=" .. tmp .. "/nodata: no prepared data there", 1, true), out)
+  out, ok = variant({ "--data=" .. tmp .. "/out/data", "--scale-batch=3" })
+  T.truthy(not ok and out:find("--scale-batch=3: phase 1's 4 steps are not a multiple of it", 1, true), out)
+  out, ok = variant({ "--data=" .. tmp .. "/out/data", "--optimizer=adam", "--sides=bertlua,reference" })
+  T.truthy(not ok and out:find("the reference runs LAMB only", 1, true), out)
+  out, ok = variant({ "--data=" .. tmp .. "/out/data", "--scale-batch=2", "--optimizer=adam", "--lr1=1e-3" })
+  T.truthy(ok, out)
+  T.truthy(not fs.exists(tmp .. "/large/data"), "the data is shared, not made again")
+  local s = cjson.decode(T.slurp(tmp .. "/large/summary.json"))
+  T.eq(s.config.batch1, 4); T.eq(s.config.steps1, 2); T.eq(s.config.steps2, 1); T.eq(s.config.optimizer, "adam")
+  T.near(s.config.lr1, 1e-3 * math.sqrt(2), 1e-12)  -- summary.json keeps 14 digits
+  -- what pretrain.lua ran with
+  local log = T.slurp(tmp .. "/large/seed1/bertlua.log")
+  T.truthy(log:find("global batch 4 = 1 ranks x 1 micro-batch x 4 accumulation, 2 steps", 1, true), log)
+  T.truthy(s.phases[1].mlm_acc.bertlua[1].v >= 0, cjson.encode(s.phases[1]))
+end)
+
 T.test("a run the reference cannot reproduce is refused in one line", function()
   local bad = tmp .. "/bf16.lua"
   T.write_file(bad, T.slurp(cfg):gsub("micro_batch = 1", "micro_batch = 1, precision = \"bf16\""))
