@@ -1,7 +1,7 @@
 -- bertlua.train.phase (recipes/pretrain.lua's phase plumbing) on the tiny pre-training corpus: the accumulation
--- and start checks, the virtual-rank data slices (a step's micro-batches do not depend on how it is split over
--- ranks and accumulation), a checkpoint that resumes the loaders, optimizer and scaler where they were and refuses
--- another cut of the batch, and the stop votes.
+-- and start checks, the inputs every rank agrees on, the virtual-rank data slices (a step's micro-batches do not
+-- depend on how it is split over ranks and accumulation), a checkpoint that resumes the loaders, optimizer and
+-- scaler where they were and refuses another cut of the batch, the log hook, the phase's end and the stop votes.
 local T = require "testing"
 local fx = require("pretrain_fixture").make(T)
 local ffi = require "ffi"
@@ -11,11 +11,13 @@ local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
 local dist = require "bertlua.train.dist"
 local phase = require "bertlua.train.phase"
+local ckpt = require "bertlua.train.checkpoint"
 
 local tmp = fx.tmp
 local function options(o)
   local opt = { seed = 7, micro_batch = 4, vocab = tmp .. "/vocab.txt", eval_batches = 2, output = tmp .. "/out",
     optimizer = "lamb", keep_checkpoints = 2, resume = false, bin_lengths = false, init_random = false,
+    precision = "fp32", model = tmp .. "/cfg.json",
     seq1 = 32, pred1 = 5, batch1 = 8, lr1 = 1e-3, warmup1 = 0.1, warmup_steps1 = -1, steps1 = 4, data_phase1 = fx.data }
   for k, v in pairs(o or {}) do opt[k] = v end
   return opt
@@ -23,8 +25,14 @@ end
 local said = {}
 local function say(line) said[#said + 1] = line end
 local function data(opt, accum, rank, world)
-  return phase.Data{ ph = phase.settings(opt, 1), opt = opt, accum = accum, rank = rank, world = world, dev = -1,
-    say = say }
+  return phase.Data{ ph = phase.settings(opt, 1), opt = opt, accum = accum,
+    run = { rank = rank, world = world, dev = -1, say = say } }
+end
+local function events()   -- a log that keeps what it is given
+  local l = { steps = {}, events = {} }
+  function l.step(_, rec) l.steps[#l.steps + 1] = rec end
+  function l.event(_, name, rec) rec.event = name; l.events[#l.events + 1] = rec end
+  return l
 end
 local function ids(b) return table.concat(b.input_ids:contiguous():totable(), " ") end   -- as one string
 
@@ -42,6 +50,10 @@ T.test("accumulation and the phase's start: the checks of the recipe", function(
   T.eq(phase.init_dir(options{ init_random = true }, 2, nil), nil)
   T.raises(function() phase.init_dir(options{ init = "x", init_random = true }, 1, "x") end,
     "--init and --init-random exclude each other")
+  local cfg = bert.config.load(tmp .. "/cfg.json")
+  phase.agree(opt, cfg)   -- one rank: agrees with itself
+  cfg.vocab_size = 10
+  T.raises(function() phase.agree(opt, cfg) end, "more than the model's vocab_size 10 (" .. opt.model .. ")")
 end)
 
 T.test("virtual ranks: micro-batch a of rank r is data slice r * accum + a of the global batch", function()
@@ -70,7 +82,7 @@ T.test("checkpoints: resume restores loaders, optimizer and scaler; another cut 
     local mp = amp.MixedPrecision{ model = model, precision = "fp16" }
     local r = dist.Reducer{ grads = model.flat_grads }
     local ck = phase.Checkpoints{ ph = phase.settings(opt, 1), opt = opt, cfg = model.config, data = d, model = model,
-      optimizer = o, amp = mp, reducer = r, rank = 0, world = 1, say = say }
+      optimizer = o, amp = mp, reducer = r, run = { rank = 0, world = 1, dev = -1, say = say } }
     return ck, d, o, mp, model
   end
   local ck, d, o, mp, model = setup(options(), 2)
@@ -93,6 +105,37 @@ T.test("checkpoints: resume restores loaders, optimizer and scaler; another cut 
   d2:close()
   -- micro-batch 8 on 1 rank: 1 data slice instead of 2
   T.raises(function() setup(options{ resume = true, micro_batch = 8 }, 1) end, "data_slices")
+end)
+
+T.test("the log hook and the phase's end: a stop's checkpoint, or the last one and the final evaluation", function()
+  local function setup(opt)
+    local model = bert.BertForPreTraining(bert.config.load(tmp .. "/cfg.json"), { seed = 1 })
+    local d = data(opt, 2, 0, 1)
+    local ck = phase.Checkpoints{ ph = phase.settings(opt, 1), opt = opt, cfg = model.config, data = d, model = model,
+      optimizer = optim.LAMB{ model = model, lr = 1e-3 }, amp = amp.MixedPrecision{ model = model, precision = "fp32" },
+      reducer = dist.Reducer{ grads = model.flat_grads }, run = { rank = 0, world = 1, dev = -1, say = say } }
+    return ck
+  end
+  local ck = setup(options{ output = tmp .. "/end" })
+  local log = events()
+  local hook = ck:logger(log)
+  hook(nil, 1)
+  hook({ step = 2, loss = 7 }, 2)
+  T.eq(#log.steps, 1, "a step that is not logged has no record")
+  T.raises(function() hook({ step = 3, loss = 0 / 0 }, 3) end, "pretrain: loss is NaN at step 3 (precision fp32); "
+    .. "the last checkpoint in " .. tmp .. "/end/checkpoints/phase1 is the last good state")
+  T.eq(#log.steps, 2, "the NaN record is logged first")
+  local n = #said
+  T.eq(ck:finish(2, "signal", log), false)
+  T.eq(said[n + 1], "phase 1: stopped at step 2 (signal); --resume continues from here")
+  local function last(dir) local l = ckpt.list(dir); return l[#l].step end
+  T.eq(last(ck.dir), 2, "the stop's checkpoint")
+  T.eq(#log.events, 0, "no evaluation")
+  ck = setup(options{ output = tmp .. "/end", resume = true })
+  T.eq(ck:resume(), 2)
+  T.eq(ck:finish(4, nil, log), true)
+  T.eq(last(ck.dir), 4, "the last step's checkpoint")
+  T.eq(#log.events, 1); T.eq(log.events[1].step, 4, "the final evaluation")
 end)
 
 T.test("stop votes: max steps, max time, a signal", function()
