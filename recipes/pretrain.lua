@@ -37,7 +37,7 @@ local SPEC = {
   { "data_phase1", nil, "directory of phase-1 shards (S=128)" },
   { "data_phase2", nil, "directory of phase-2 shards (S=512)" },
   { "eval_data", nil,
-    "held-out shard directory for MLM evaluation (default: test_* shards next to the training data)" },
+    "held-out shard directory for the MLM and NSP evaluation (default: test_* shards next to the training data)" },
   { "output", "runs/pretrain", "run directory: checkpoints/, log.jsonl, phase1/ and phase2/ final models" },
   -- the two phases: sequence length, masked predictions, global batch, peak learning rate, warmup, steps
   { "phase", "both", "1, 2 or both", choices = { "1", "2", "both" } },
@@ -79,7 +79,8 @@ local SPEC = {
   { "resume", false, "continue from the newest complete checkpoint in --output" },
   { "max_steps", 0, "stop each phase after this many steps of this run (0: all)", int = true, min = 0 },
   { "max_time", 0, "stop after this many seconds, with a checkpoint (0: no limit)", min = 0, int = false },
-  { "eval_interval", 0, "steps between held-out MLM evaluations (0: only at the end of a phase)", int = true, min = 0 },
+  { "eval_interval", 0, "steps between held-out evaluations, MLM and NSP (0: only at the end of a phase)", int = true,
+    min = 0 },
   { "eval_batches", 20, "micro-batches per evaluation", int = true, min = 1 },
   { "dump_batches", nil, "CPU: also write every training micro-batch to DIR/phaseP/STEP_J.safetensors (J: micro-batch "
     .. "of the step), the data tools/peers/nvidia_pretrain_reference.py replays" },

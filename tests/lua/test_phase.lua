@@ -1,7 +1,8 @@
 -- bertlua.train.phase (recipes/pretrain.lua's phase plumbing) on the tiny pre-training corpus: the accumulation
 -- and start checks, the inputs every rank agrees on, the virtual-rank data slices (a step's micro-batches do not
--- depend on how it is split over ranks and accumulation), a checkpoint that resumes the loaders, optimizer and
--- scaler where they were and refuses another cut of the batch, the log hook, the phase's end and the stop votes.
+-- depend on how it is split over ranks and accumulation), the held-out evaluation (bertlua.train.pretrain_eval's
+-- metrics), a checkpoint that resumes the loaders, optimizer and scaler where they were and refuses another cut of
+-- the batch, the log hook, the phase's end and the stop votes.
 local T = require "testing"
 local fx = require("pretrain_fixture").make(T)
 local ffi = require "ffi"
@@ -11,6 +12,8 @@ local optim = require "bertlua.train.optim"
 local amp = require "bertlua.train.amp"
 local dist = require "bertlua.train.dist"
 local phase = require "bertlua.train.phase"
+local pretrain_eval = require "bertlua.train.pretrain_eval"
+local loader = require "bertlua.data.loader"
 local ckpt = require "bertlua.train.checkpoint"
 
 local tmp = fx.tmp
@@ -68,10 +71,29 @@ T.test("virtual ranks: micro-batch a of rank r is data slice r * accum + a of th
     T.eq(b, ids(r1:next(step, 1)), "step " .. step .. ", slice 1")
   end
   T.truthy(#said == 0, table.concat(said, "\n"))   -- the fixture has held-out shards
-  local e = one:evaluate(bert.BertForPreTraining(bert.config.load(tmp .. "/cfg.json"), { seed = 1 }), 3,
-    { event = function() end })
-  T.truthy(e.eval_mlm_loss > 0 and e.eval_mlm_acc >= 0, "an evaluation")
   for _, d in ipairs({ one, r0, r1 }) do d:close() end
+end)
+
+T.test("evaluation: pretrain_eval's MLM and NSP metrics of the first --eval-batches held-out batches", function()
+  local opt = options()
+  local d = data(opt, 2, 0, 1)
+  local model = bert.BertForPreTraining(bert.config.load(tmp .. "/cfg.json"), { seed = 1 })
+  local log = events()
+  local n = #said
+  local e = d:evaluate(model, 3, log)
+  d:close()
+  T.eq(log.events[1], e); T.eq(e.event, "eval"); T.eq(e.step, 3); T.eq(e.phase, 1)
+  local held = loader.Loader{ dir = fx.data, split = "test", batch_size = 4, seed = 7, max_seq_length = 32,
+    max_predictions = 5, vocab = opt.vocab, shuffle = false }
+  local m = pretrain_eval.metrics(pretrain_eval.sums(model, held, { batches = 2 }))
+  held:close()
+  T.truthy(m.mlm_count > 0 and m.nsp_count == 8, "2 batches of 4 sequences")
+  for _, k in ipairs({ "mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc" }) do T.eq(e["eval_" .. k], m[k], k) end
+  T.truthy(e.eval_nsp_loss > 0 and e.eval_nsp_acc >= 0 and e.eval_nsp_acc <= 1, "NSP metrics")
+  T.truthy(said[n + 1]:find(("eval phase 1 step 3: MLM loss %.4f, MLM accuracy %.4f (%d predictions), NSP loss "
+    .. "%.4f, NSP accuracy %.4f (8 sequences)"):format(m.mlm_loss, m.mlm_acc, m.mlm_count, m.nsp_loss, m.nsp_acc),
+    1, true), said[n + 1])
+  T.eq(model.training, true, "the model is back in training mode")
 end)
 
 T.test("checkpoints: resume restores loaders, optimizer and scaler; another cut of the batch is refused", function()

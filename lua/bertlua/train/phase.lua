@@ -25,9 +25,9 @@ local runtime = require "bertlua.runtime"
 local logm = require "bertlua.util.log"
 local ckpt = require "bertlua.train.checkpoint"
 local Tok = require "bertlua.data.tokenizer"
-local device = require "bertlua.train.device"
 local dist = require "bertlua.train.dist"
 local fingerprint = require "bertlua.train.fingerprint"
+local pretrain_eval = require "bertlua.train.pretrain_eval"
 
 local M = {}
 
@@ -161,30 +161,25 @@ function Data:eval_loader()
   return none(("test_*.blshard in %s: %s"):format(dir, few))
 end
 
--- evaluate(model, step, log) -> {step, phase, eval_mlm_loss, eval_mlm_acc} over --eval-batches held-out
--- micro-batches (summed over ranks; logged and said), or nil without held-out data
+-- evaluate(model, step, log) -> {step, phase, eval_mlm_loss, eval_mlm_acc, eval_nsp_loss, eval_nsp_acc} over
+-- --eval-batches held-out micro-batches (bertlua.train.pretrain_eval, summed over ranks; logged and said), or nil
+-- without held-out data or MLM targets in it
 function Data:evaluate(model, step, log)
   local loader = self:eval_loader()
   if not loader then return nil end
-  model:eval()
-  local loss, correct, count = 0, 0, 0
-  for _ = 1, self.opt.eval_batches do
-    local batch = loader:next()
-    if not batch then break end
-    local out = model:forward(device.batch_to(batch, self.dev))
-    loss = loss + (out.mlm_loss or 0) * (out.mlm_count or 0)
-    correct = correct + (out.mlm_accuracy or 0) * (out.mlm_count or 0)
-    count = count + (out.mlm_count or 0)
-  end
+  local ok, sums = pcall(pretrain_eval.sums, model, loader, { batches = self.opt.eval_batches, dev = self.dev })
   loader:close()
-  model:train()
-  local s = dist.sum_numbers({ loss, correct, count })
-  if s[3] == 0 then return nil end
+  if not ok then error(sums, 0) end
+  local m = pretrain_eval.metrics(dist.sum_numbers(sums))
+  if not (m and m.mlm_count > 0) then return nil end
   local ph = self.ph
-  local r = { step = step, phase = ph.phase, eval_mlm_loss = s[1] / s[3], eval_mlm_acc = s[2] / s[3] }
+  local r = { step = step, phase = ph.phase, eval_mlm_loss = m.mlm_loss, eval_mlm_acc = m.mlm_acc,
+    eval_nsp_loss = m.nsp_loss, eval_nsp_acc = m.nsp_acc }
   log:event("eval", r)
-  self.say(("  eval phase %d step %d: MLM loss %.4f, MLM accuracy %.4f (%d predictions)"):format(ph.phase, step,
-    r.eval_mlm_loss, r.eval_mlm_acc, s[3]))
+  local nsp = m.nsp_count > 0 and (", NSP loss %.4f, NSP accuracy %.4f (%d sequences)"):format(m.nsp_loss, m.nsp_acc,
+    m.nsp_count) or ""
+  self.say(("  eval phase %d step %d: MLM loss %.4f, MLM accuracy %.4f (%d predictions)%s"):format(ph.phase, step,
+    r.eval_mlm_loss, r.eval_mlm_acc, m.mlm_count, nsp))
   return r
 end
 
