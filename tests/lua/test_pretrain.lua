@@ -1,7 +1,7 @@
 -- recipes/pretrain.lua end to end on a tiny generated corpus: the loss falls,
 -- the saved model reloads with the same outputs, 2 ranks x 1 micro-batch equal
 -- 1 rank x 2 micro-batches, a SIGKILLed run resumes with the same losses, fp16
--- and bf16 track fp32; the notebook plots the log.
+-- and bf16 track fp32, the held-out evaluation is logged; the notebook plots the log.
 local T = require "testing"
 local cjson = require "cjson"
 local fx = require("pretrain_fixture").make(T)
@@ -37,7 +37,15 @@ T.test("loss falls, the model is saved and reloads with the same outputs", funct
   local m2 = pretrained.from_pretrained(tmp .. "/run/phase1", { head = "pretraining" })
   m2:eval()
   T.eq(m2:forward(batch).mlm_loss, a)
-  T.truthy(out:find("eval phase 1 step 100", 1, true), out)
+  T.truthy(out:find("eval phase 1 step 100: MLM loss [%d.]+, MLM accuracy [%d.]+ %(%d+ predictions%), NSP loss "
+    .. "[%d.]+, NSP accuracy [%d.]+ %(%d+ sequences%)"), out)
+  local ev   -- the log's last held-out evaluation: MLM and NSP
+  for line in io.lines(tmp .. "/run/log.jsonl") do
+    local r = cjson.decode(line)
+    if r.event == "eval" then ev = r end
+  end
+  T.truthy(ev and ev.step == 100 and ev.phase == 1 and ev.eval_mlm_loss > 0 and ev.eval_mlm_acc > 0
+    and ev.eval_nsp_loss > 0 and ev.eval_nsp_acc >= 0 and ev.eval_nsp_acc <= 1, cjson.encode(ev))
   loader:close()
 end)
 

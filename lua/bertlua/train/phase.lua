@@ -1,17 +1,21 @@
 -- bertlua.train.phase: what a pre-training phase needs besides its model, optimizer and step (recipes/pretrain.lua):
--- its data cut into slices, held-out evaluation, checkpoints (identity, resume, save) and the ranks' stop votes.
+-- the run's inputs agreed on by every rank, its data cut into slices, held-out evaluation, checkpoints (identity,
+-- resume, save, the phase's end) and the ranks' stop votes.
 --
 --   local phase = require "bertlua.train.phase"
+--   phase.agree(opt, cfg)       -- the vocabulary fits the model; every rank has the same options, model and data
+--   local ph = phase.settings(opt, p); local init = phase.init_dir(opt, p, init)
 --   local accum = phase.accumulation(ph, opt.micro_batch, world)     -- micro-batches per rank and step, or an error
---   local d = phase.Data{ ph = ph, opt = opt, accum = accum, rank =, world =, dev =, say = }
+--   local d = phase.Data{ ph = ph, opt = opt, accum = accum, run = run }   -- run: {rank, world, dev, say}
 --   d:next(step, a)             -- micro-batch a of step n; d:evaluate(model, step, log) -> eval record or nil
---   local ck = phase.Checkpoints{ ph =, opt =, cfg =, data = d, model =, optimizer =, amp =, reducer =, rank =,
---     world =, say = }
+--   local ck = phase.Checkpoints{ ph =, opt =, cfg =, data = d, model =, optimizer =, amp =, reducer =, run = }
 --   local start = ck:resume()   -- --resume: the steps a checkpoint had done (0: none); ck:save(step)
+--   ck:logger(log)              -- loop.run's log hook: the record logged, a NaN loss an error
+--   ck:finish(step, reason, log)   -- the stop's or the last step's checkpoint, the final evaluation -> finished
 --   local stop = phase.stop_votes{ max_steps =, max_time =, t_start =, reducer = }   -- loop.run's stop hook
 -- ph: the phase's settings {phase, seq, pred, batch, lr, warmup, steps, data}; opt: the recipe's options (seed,
 -- vocab, micro_batch, bin_lengths, eval_data, eval_batches, dump_batches, output, optimizer, resume,
--- keep_checkpoints).
+-- keep_checkpoints, precision).
 local bl = require "bertlua.tensor"
 local fs = require "bertlua.util.fs"
 local data = require "bertlua.data.loader"
@@ -20,10 +24,21 @@ local safetensors = require "bertlua.io.safetensors"
 local runtime = require "bertlua.runtime"
 local logm = require "bertlua.util.log"
 local ckpt = require "bertlua.train.checkpoint"
-local device = require "bertlua.train.device"
+local Tok = require "bertlua.data.tokenizer"
 local dist = require "bertlua.train.dist"
+local fingerprint = require "bertlua.train.fingerprint"
+local pretrain_eval = require "bertlua.train.pretrain_eval"
 
 local M = {}
+
+-- agree(opt, cfg): --vocab fits the model config cfg; every rank runs one job: options, model, vocabulary and data
+-- compared before any work (bertlua.train.fingerprint)
+function M.agree(opt, cfg)
+  if opt.vocab then Tok.load(opt.vocab):check_model(cfg.vocab_size, "pretrain", opt.model) end
+  dist.agree("pretrain", fingerprint.entries{ options = opt, config = cfg,
+    files = { { "--vocab", opt.vocab }, { "--init", opt.init } },
+    data = { { "--data-phase1", opt.data_phase1 }, { "--data-phase2", opt.data_phase2 } } })
+end
 
 -- settings(opt, p) -> phase p's settings from the recipe's --seqP, --predP, --batchP, --lrP, --warmupP,
 -- --warmup-stepsP (-1: the proportion), --stepsP and --data-phaseP
@@ -73,15 +88,15 @@ Data.__index = Data
 
 local no_eval_said = {}   -- held-out directories said to be missing (once per run)
 
--- Data{ph, opt, accum, rank, world, dev, say}: the phase's training loaders. Micro-batch j of a global batch
--- (j = rank*accum + a - 1) comes from virtual rank j of world*accum: the data a step sees does not depend on how
--- it is split over ranks and accumulation (bounded to keep the loader count sane: self.virt). On a GPU the batches
--- go there through pinned buffers on a copy stream, the next one copied during this step. The held-out shards
--- are checked now, not after the phase's training.
+-- Data{ph, opt, accum, run}: the phase's training loaders (run: {rank, world, dev, say}). Micro-batch j of a
+-- global batch (j = rank*accum + a - 1) comes from virtual rank j of world*accum: the data a step sees does not
+-- depend on how it is split over ranks and accumulation (bounded to keep the loader count sane: self.virt). On a
+-- GPU the batches go there through pinned buffers on a copy stream, the next one copied during this step. The
+-- held-out shards are checked now, not after the phase's training.
 function M.Data(o)
-  local ph, opt, accum, rank, world = o.ph, o.opt, o.accum, o.rank, o.world
-  local self = setmetatable({ ph = ph, opt = opt, accum = accum, rank = rank, world = world, dev = o.dev,
-    say = o.say, virt = accum <= 16, loaders = {} }, Data)
+  local ph, opt, accum, rank, world, dev = o.ph, o.opt, o.accum, o.run.rank, o.run.world, o.run.dev
+  local self = setmetatable({ ph = ph, opt = opt, accum = accum, rank = rank, world = world, dev = dev,
+    say = o.run.say, virt = accum <= 16, loaders = {} }, Data)
   local flag = "--data-phase" .. ph.phase
   local function loader_args(vrank, nvirt)
     return { dir = ph.data, split = "train", batch_size = opt.micro_batch, rank = vrank, world_size = nvirt,
@@ -97,12 +112,12 @@ function M.Data(o)
   end
   local l = self:eval_loader()
   if l then l:close() end
-  if o.dev >= 0 then
-    for a, x in ipairs(self.loaders) do self.loaders[a] = data.DeviceLoader(x, o.dev) end
+  if dev >= 0 then
+    for a, x in ipairs(self.loaders) do self.loaders[a] = data.DeviceLoader(x, dev) end
   end
   self.slices = self.virt and world * accum or world   -- the data slices a checkpoint is tied to
   if opt.dump_batches then
-    if o.dev >= 0 then error("pretrain: --dump-batches works on the CPU only (--device=cpu)", 0) end
+    if dev >= 0 then error("pretrain: --dump-batches works on the CPU only (--device=cpu)", 0) end
     if not self.virt then error("pretrain: --dump-batches needs at most 16 micro-batches per rank and step", 0) end
     self.dump_dir = ("%s/phase%d"):format(opt.dump_batches, ph.phase)
     fs.mkdir_p(self.dump_dir)
@@ -146,49 +161,44 @@ function Data:eval_loader()
   return none(("test_*.blshard in %s: %s"):format(dir, few))
 end
 
--- evaluate(model, step, log) -> {step, phase, eval_mlm_loss, eval_mlm_acc} over --eval-batches held-out
--- micro-batches (summed over ranks; logged and said), or nil without held-out data
+-- evaluate(model, step, log) -> {step, phase, eval_mlm_loss, eval_mlm_acc, eval_nsp_loss, eval_nsp_acc} over
+-- --eval-batches held-out micro-batches (bertlua.train.pretrain_eval, summed over ranks; logged and said), or nil
+-- without held-out data or MLM targets in it
 function Data:evaluate(model, step, log)
   local loader = self:eval_loader()
   if not loader then return nil end
-  model:eval()
-  local loss, correct, count = 0, 0, 0
-  for _ = 1, self.opt.eval_batches do
-    local batch = loader:next()
-    if not batch then break end
-    local out = model:forward(device.batch_to(batch, self.dev))
-    loss = loss + (out.mlm_loss or 0) * (out.mlm_count or 0)
-    correct = correct + (out.mlm_accuracy or 0) * (out.mlm_count or 0)
-    count = count + (out.mlm_count or 0)
-  end
+  local ok, sums = pcall(pretrain_eval.sums, model, loader, { batches = self.opt.eval_batches, dev = self.dev })
   loader:close()
-  model:train()
-  local s = dist.sum_numbers({ loss, correct, count })
-  if s[3] == 0 then return nil end
+  if not ok then error(sums, 0) end
+  local m = pretrain_eval.metrics(dist.sum_numbers(sums))
+  if not (m and m.mlm_count > 0) then return nil end
   local ph = self.ph
-  local r = { step = step, phase = ph.phase, eval_mlm_loss = s[1] / s[3], eval_mlm_acc = s[2] / s[3] }
+  local r = { step = step, phase = ph.phase, eval_mlm_loss = m.mlm_loss, eval_mlm_acc = m.mlm_acc,
+    eval_nsp_loss = m.nsp_loss, eval_nsp_acc = m.nsp_acc }
   log:event("eval", r)
-  self.say(("  eval phase %d step %d: MLM loss %.4f, MLM accuracy %.4f (%d predictions)"):format(ph.phase, step,
-    r.eval_mlm_loss, r.eval_mlm_acc, s[3]))
+  local nsp = m.nsp_count > 0 and (", NSP loss %.4f, NSP accuracy %.4f (%d sequences)"):format(m.nsp_loss, m.nsp_acc,
+    m.nsp_count) or ""
+  self.say(("  eval phase %d step %d: MLM loss %.4f, MLM accuracy %.4f (%d predictions)%s"):format(ph.phase, step,
+    r.eval_mlm_loss, r.eval_mlm_acc, m.mlm_count, nsp))
   return r
 end
 
 local Checkpoints = {}
 Checkpoints.__index = Checkpoints
 
--- Checkpoints{ph, opt, cfg, data, model, optimizer, amp, reducer, rank, world, say}: the phase's checkpoints in
+-- Checkpoints{ph, opt, cfg, data, model, optimizer, amp, reducer, run}: the phase's checkpoints in
 -- OUTPUT/checkpoints/phaseP, claimed for this run by rank 0. A checkpoint is tied to how the global batch is cut
 -- into data slices (world x accumulation virtual ranks), not to the world size: resuming on a different number of
 -- ranks with the same global and micro batch (so accumulation makes up the difference) continues exactly.
 function M.Checkpoints(o)
   local ph, opt = o.ph, o.opt
   local self = setmetatable({ ph = ph, opt = opt, data = o.data, model = o.model, optimizer = o.optimizer,
-    amp = o.amp, reducer = o.reducer, rank = o.rank, world = o.world, say = o.say,
+    amp = o.amp, reducer = o.reducer, rank = o.run.rank, world = o.run.world, say = o.run.say,
     dir = ("%s/checkpoints/phase%d"):format(opt.output, ph.phase) }, Checkpoints)
   self.identity = { model_config = o.cfg, optimizer = opt.optimizer, data_slices = o.data.slices,
     global_batch = ph.batch, micro_batch = opt.micro_batch, phase = ph.phase,
     run = { lr = ph.lr, warmup = ph.warmup, steps = ph.steps, seed = opt.seed, data = shards.fingerprint(ph.data) } }
-  if o.rank == 0 then ckpt.claim(self.dir, self.identity, opt.resume, "pretrain") end
+  if self.rank == 0 then ckpt.claim(self.dir, self.identity, opt.resume, "pretrain") end
   return self
 end
 
@@ -232,6 +242,34 @@ function Checkpoints:save(at)
       scaler = self.amp:state_dict(), loader = self.data:state(), world_size = self.world,
       accumulation = self.data.accum } },
     { keep = self.opt.keep_checkpoints })
+end
+
+-- logger(log) -> loop.run's log hook: a step's record (nil: the step is not logged) to the log; a NaN loss stops
+-- the run, naming the last checkpoint
+function Checkpoints:logger(log)
+  return function(rec, step)
+    if not rec then return end
+    log:step(rec)
+    if rec.loss ~= rec.loss then
+      error(("pretrain: loss is NaN at step %d (precision %s); the last checkpoint in %s is the last good state")
+        :format(step, self.opt.precision, self.dir), 0)
+    end
+  end
+end
+
+-- finish(step, reason, log) -> whether the phase is complete. The training stopped after `step` steps, for
+-- `reason` (nil: it ran to the end): a stop saves a checkpoint --resume continues from; the data is closed; a
+-- complete phase saves its last checkpoint and is evaluated on the held-out data.
+function Checkpoints:finish(step, reason, log)
+  if reason then
+    self:save(step)
+    self.say(("phase %d: stopped at step %d (%s); --resume continues from here"):format(self.ph.phase, step, reason))
+  end
+  self.data:close()
+  if step < self.ph.steps then return false end
+  self:save(step)
+  self.data:evaluate(self.model, step, log)
+  return true
 end
 
 -- stop_votes{max_steps, max_time, t_start, reducer} -> loop.run's stop hook: "max-steps" after max_steps steps of

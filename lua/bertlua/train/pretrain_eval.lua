@@ -1,5 +1,6 @@
 -- bertlua.train.pretrain_eval: held-out pre-training metrics of a BertForPreTraining (MLM loss and accuracy over
--- the masked tokens, NSP loss and accuracy over the sequences), from the batches of a data.Loader.
+-- the masked tokens, NSP loss and accuracy over the sequences), from the batches of a data.Loader: the evaluation
+-- of recipes/pretrain.lua (bertlua.train.phase) and of tools/pretrain_curves.lua.
 --
 --   local pe = require "bertlua.train.pretrain_eval"
 --   local sums = pe.sums(model, loader, { batches = 20, dev = -1 })   -- the model is left in training mode

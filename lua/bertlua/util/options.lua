@@ -14,6 +14,7 @@
 -- Lua file returning a table or a JSON object; the command line wins over it.
 -- --help prints every option with its default and description, then exits 0.
 -- --debug is accepted by every recipe (the host then prints tracebacks for user errors too).
+-- options.concat(spec, group) joins a recipe's own options and a shared group (e.g. bertlua.train.setup's).
 --
 -- Numbers are checked when parsed: NaN and infinities are refused, and a spec
 -- entry may declare more (named fields beside the positional ones):
@@ -196,6 +197,20 @@ function M.parse(argv, spec, info)
     if given[n] == nil and type(opt[n]) == "number" then range(where, n, opt[n], o) end
   end
   return opt
+end
+
+-- concat(spec, ...) -> one spec of the given ones' entries, in order (a recipe's own options and a shared group);
+-- an option given twice is an error
+function M.concat(...)
+  local out, seen = {}, {}
+  for i = 1, select("#", ...) do
+    for _, o in ipairs(select(i, ...)) do
+      if seen[norm(o[1])] then error(("options.concat: option --%s is given twice"):format(o[1]:gsub("_", "-")), 2) end
+      seen[norm(o[1])] = true
+      out[#out + 1] = o
+    end
+  end
+  return out
 end
 
 -- show(opt[, fmt]): the options as one line per option, sorted (printed at start by recipes);
