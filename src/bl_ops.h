@@ -29,10 +29,8 @@
  *    below 2^63; the CPU ops refuse a slot.
  *  - Tensors on cuda:N run the CUDA twin (in kernels/, contracts in
  *    src/device/cuda_ops.h) behind the same entry point; all tensors of a
- *    call must be on one device (else an error naming both). Attention has a
- *    device-independent pair (bl_attention_*_saved) because the two devices
- *    save different state for backward. A CPU-only build reports cuda
- *    tensors as an error.
+ *    call must be on one device (else an error naming both). A CPU-only
+ *    build reports cuda tensors as an error.
  */
 #ifndef BL_OPS_H
 #define BL_OPS_H
@@ -154,7 +152,7 @@ int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_t
                                        uint64_t offset);
 
 /* ---- the same on packed tokens (CPU only, for unpadded training): x, residual, y [1, T, H] (or [T, H]) hold
- * the real tokens of B rows back to back, offsets [B+1] delimit them (as bl_attention_forward_packed), seq is the
+ * the real tokens of B rows back to back, offsets [B+1] delimit them (as bl_attention_args), seq is the
  * padded length they come from. Token t of row b (its position s = t - offsets[b]; each row's real tokens its
  * first ones) draws its dropout from row b*seq + s of the padded op's mask, so a packed run drops what the padded
  * run drops at the real positions. */
@@ -217,70 +215,49 @@ int bl_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
  * last dim has unit stride). Per batch b and head h:
  *   scores = Q_bh K_bh^T * scale + (1 - key_mask[b, :]) * -10000
  *   P = softmax(scores); ctx_bh = dropout_p(P) V_bh
- * key_mask [B, S] (1 = keep, 0 = padding; any dtype; NULL = all keep);
- * scale <= 0 means 1/sqrt(d). The dropout mask has shape [B, heads, S, S];
- * each row starts a Philox call: element (q, k) of head bh = b*heads + h is
- * element ((bh*S + q)*S4 + k) of the stream, S4 = 4*ceil(S/4), so a call's
- * four outputs are four adjacent keys of one row (B*heads*S*S4 elements drawn).
- * Saved for backward: probs [B, heads, S, S] f32 (softmax before dropout),
- * 4*B*heads*S^2 bytes: 24 MiB for B=8, 12 heads, S=256 — the trade-off made
- * on the CPU instead of logsumexp + recompute, which would cost a second
- * Q K^T GEMM in backward. The dropout mask is regenerated.
- * Backward: dq, dk, dv [B, S, H] overwritten. */
-int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                         const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed, uint64_t offset);
-int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                          const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs, int heads, double scale,
-                          double p, uint64_t seed, uint64_t offset);
-
-/* ---- the same attention for inference over packed sequences (no padding, no
- * dropout, nothing saved): q, k, v (strided as above) and ctx [1, T, H] hold
- * the real tokens of B sequences back to back; offsets [B+1] i32/i64 (0 first,
- * non-decreasing, T last) delimit them, and each token attends to the tokens
- * of its own sequence only. Equal to bl_attention_forward on the padded batch
- * at the real positions up to summation order (masked probabilities are 0
- * there). Sequences of length 0 are allowed (nothing written). CPU only. */
-int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                                const bl_tensor *offsets, int heads, double scale);
-/* ---- packed attention for training (CPU only): as bl_attention_forward_packed, with dropout and the
- * probabilities saved for backward. seq: the padded length S of the batch the tokens were packed from (no
- * sequence longer). Dropout draws what bl_attention_forward draws on that padded batch when each row's real
- * tokens are its first n_b: element (i, j) of sequence b, head h is element ((bh*S + i)*S4 + j) of the stream,
- * bh = b*heads + h, S4 = 4*ceil(S/4); so the packed run drops exactly the padded run's entries (call with the
- * padded op's seed and offset). probs: contiguous f32 of heads * sum_b n_b^2 elements, sequence b's heads back
- * to back ([heads, n_b, n_b], softmax before dropout). Sequences of length 0 write nothing.
- * Backward: dq, dk, dv [1, T, H] overwritten, the mask regenerated from (seed, offset). */
-int bl_attention_forward_packed_train(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
-                                      const bl_tensor *v, const bl_tensor *offsets, int heads, double scale,
-                                      int64_t seq, double p, uint64_t seed, uint64_t offset);
-int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                                 const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
-                                 const bl_tensor *offsets, int heads, double scale, int64_t seq, double p,
-                                 uint64_t seed, uint64_t offset);
-
-/* ---- the same attention on any device. What forward saves for backward
- * depends on the device: the CPU op above keeps the probabilities; the CUDA
+ * The dropout mask has shape [B, heads, S, S]; each row starts a Philox call:
+ * element (q, k) of head bh = b*heads + h is element ((bh*S + q)*S4 + k) of
+ * the stream, S4 = 4*ceil(S/4), so a call's four outputs are four adjacent
+ * keys of one row (B*heads*S*S4 elements drawn).
+ * One argument struct serves forward and backward (fill it once, pass it to
+ * both; fields left 0 / NULL take the default named beside them).
+ * What forward saves for backward depends on the device: the CPU keeps the
+ * probabilities [B, heads, S, S] f32 (softmax before dropout: 24 MiB for B=8,
+ * 12 heads, S=256, instead of a second Q K^T GEMM in backward); the CUDA
  * kernel (flash-style, S x S never in memory) keeps the row logsumexp
- * lse[b,h,q] = log sum_k exp(score[q,k]) (scaled and masked scores, before
- * dropout) and recomputes P in backward, for which it needs the forward
- * output ctx and the same key_mask again. These entry points carry both, so a
- * module's only device-dependent call is asking for the shape of `saved`:
- *  - bl_attention_saved_shape(device, B, S, heads, shape[4]) returns the ndim
- *    of `saved` and fills shape: 4 = [B, heads, S, S] on the CPU, 3 =
- *    [B, heads, S] on cuda:N. `saved` is a contiguous f32 tensor.
- *  - bl_attention_forward_saved: on the CPU exactly bl_attention_forward
- *    (saved = probs, bitwise the same results); on cuda the fused kernel.
- *  - bl_attention_backward_saved: ctx (the forward's output) and key_mask
- *    (the forward's, may be NULL) are read on cuda and ignored on the CPU.
- * Dropout mask, scale, p, seed, offset: as above, identical on both devices. */
+ * [B, heads, S] of the scaled, masked scores and recomputes P in backward
+ * from ctx and key_mask. bl_attention_saved_shape(device, B, S, heads,
+ * shape[4]) returns the ndim of `saved` (4 on the CPU, 3 on cuda:N) and fills
+ * shape; `saved` is a contiguous f32 tensor. The dropout mask is regenerated.
+ * Packed sequences (offsets != NULL, CPU only, for unpadded batches): q, k, v
+ * and ctx [1, T, H] hold the real tokens of B sequences back to back, offsets
+ * [B+1] i32/i64 (0 first, non-decreasing, T last) delimit them, and each
+ * token attends to its own sequence only (no key_mask): equal to the padded op
+ * at the real positions up to summation order. saved NULL is inference (p = 0,
+ * nothing saved); for training saved is a contiguous f32 tensor of heads *
+ * sum_b n_b^2 elements (sequence b's [heads, n_b, n_b] back to back) and seq
+ * is the padded length S the tokens come from: element (i, j) of sequence b,
+ * head h is element ((bh*S + i)*S4 + j) of the stream, so with each row's real
+ * tokens its first n_b the packed run drops exactly the padded run's entries.
+ * Sequences of length 0 write nothing.
+ * Backward: dq, dk, dv (shape of q) overwritten. */
+typedef struct bl_attention_args {
+  const bl_tensor *q, *k, *v; /* [B, S, H] (packed: [1, T, H]) */
+  const bl_tensor *key_mask;  /* [B, S], 1 = keep, 0 = padding, any dtype; NULL = all keep */
+  const bl_tensor *offsets;   /* NULL = the padded layout; else [B+1] packed sequences (see above) */
+  bl_tensor *ctx;             /* [B, S, H] written by forward; read by backward on cuda */
+  bl_tensor *saved;           /* written by forward, read by backward (see above) */
+  int64_t seq;                /* packed training: the padded length S */
+  int32_t heads;
+  int32_t pad_;
+  double scale; /* <= 0: 1/sqrt(d) */
+  double p;     /* dropout probability; 0 = none */
+  uint64_t seed, offset;
+} bl_attention_args;
 int bl_attention_saved_shape(int device, int64_t batch, int64_t seq, int heads, int64_t *shape);
-int bl_attention_forward_saved(bl_tensor *ctx, bl_tensor *saved, const bl_tensor *q, const bl_tensor *k,
-                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
-                               uint64_t seed, uint64_t offset);
-int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                                const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx, const bl_tensor *saved,
-                                const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed,
-                                uint64_t offset);
+int bl_attention_forward(const bl_attention_args *a);
+int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                          const bl_attention_args *a);
 
 /* ---- gather rows at flat positions: out[j, :] = x[pos[j], :], x viewed as
  * [rows, H] (e.g. [B, S, H] with pos = b*S + s of each masked token), pos [M]

@@ -173,10 +173,10 @@ int bl_cuda_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_
 int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index);
 
 /* ---- fused attention (kernels/attention.cu) — DIFFERENT saved state from the CPU op.
- * Same math and dropout element order as bl_attention_forward/backward
- * (bl_ops.h), flash-style: S x S scores are never written to global memory.
+ * Same arguments, math and dropout element order as bl_attention_forward/backward
+ * (bl_ops.h; padded layout only), flash-style: S x S scores are never written to global memory.
  * What is saved for backward is the row logsumexp, not the probabilities:
- *   lse: contiguous f32 [B, heads, S], lse[b,h,q] = log sum_k exp(score[q,k])
+ *   saved: contiguous f32 [B, heads, S], lse[b,h,q] = log sum_k exp(score[q,k])
  *        (scores scaled and masked, before dropout).
  * The backward additionally takes the forward OUTPUT ctx [B, S, H] (the
  * module keeps it anyway as the next linear's input) to form
@@ -191,13 +191,9 @@ int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tenso
  * with unit stride in place, others through f32 scratch; dq by a separate
  * pass). BL_ATTENTION_F32=1 forces the reference. Both are deterministic
  * (no atomics); dq, dk, dv are overwritten. */
-int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const bl_tensor *q, const bl_tensor *k,
-                              const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
-                              uint64_t seed, uint64_t offset);
-int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                               const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx, const bl_tensor *lse,
-                               const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed,
-                               uint64_t offset);
+int bl_cuda_attention_forward(const bl_attention_args *a);
+int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                               const bl_attention_args *a);
 
 /* ---- optimizers over flat f32 buffers (kernels/optim.cu): the twins of
  * bl_lamb_step, bl_adamw_step, bl_sgd_step, bl_grad_global_norm and

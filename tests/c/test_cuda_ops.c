@@ -1040,18 +1040,48 @@ static void test_attention_case(int64_t B, int64_t S, int heads, int64_t d, doub
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < S; s++) kp[b * S + s] = s < S - b * (S / 3) || s == 0 ? 1.0f : 0.0f; /* padding */
   bl_tensor *ctx = mk(-1, BL_F32, 3, q->shape), *probs = mk(-1, BL_F32, 4, SH(B, heads, S, S));
-  OK(bl_attention_forward(ctx, probs, q, k, v, km, heads, 0, p, 11, 3));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = q,
+                                                .k = k,
+                                                .v = v,
+                                                .key_mask = km,
+                                                .ctx = ctx,
+                                                .saved = probs,
+                                                .heads = heads,
+                                                .p = p,
+                                                .seed = 11,
+                                                .offset = 3 }));
   bl_tensor *dq_ = up(q, BL_F32), *dk_ = up(k, BL_F32), *dv_ = up(v, BL_F32), *dkm = up(km, BL_F32);
   bl_tensor *dctx = mk(DEV, BL_F32, 3, q->shape), *lse = mk(DEV, BL_F32, 3, SH(B, heads, S));
-  OK(bl_cuda_attention_forward(dctx, lse, dq_, dk_, dv_, dkm, heads, 0, p, 11, 3));
+  OK(bl_cuda_attention_forward(&(bl_attention_args){ .q = dq_,
+                                                     .k = dk_,
+                                                     .v = dv_,
+                                                     .key_mask = dkm,
+                                                     .ctx = dctx,
+                                                     .saved = lse,
+                                                     .heads = heads,
+                                                     .p = p,
+                                                     .seed = 11,
+                                                     .offset = 3 }));
   snprintf(name, sizeof name, "attention ctx S=%lld d=%lld p=%.1f", (long long)S, (long long)d, p);
   close_(name, ctx, dctx, 1e-4, 1e-5);
   bl_tensor *g = rnd(3, q->shape, 80 + S, -1, 1), *gq = mk(-1, BL_F32, 3, q->shape), *gk = mk(-1, BL_F32, 3, q->shape),
             *gv = mk(-1, BL_F32, 3, q->shape);
-  OK(bl_attention_backward(gq, gk, gv, g, q, k, v, probs, heads, 0, p, 11, 3));
+  OK(bl_attention_backward(
+      gq, gk, gv, g,
+      &(bl_attention_args){ .q = q, .k = k, .v = v, .saved = probs, .heads = heads, .p = p, .seed = 11, .offset = 3 }));
   bl_tensor *dg = up(g, BL_F32), *dgq = mk(DEV, BL_F32, 3, q->shape), *dgk = mk(DEV, BL_F32, 3, q->shape),
             *dgv = mk(DEV, BL_F32, 3, q->shape);
-  OK(bl_cuda_attention_backward(dgq, dgk, dgv, dg, dq_, dk_, dv_, dctx, lse, dkm, heads, 0, p, 11, 3));
+  OK(bl_cuda_attention_backward(dgq, dgk, dgv, dg,
+                                &(bl_attention_args){ .q = dq_,
+                                                      .k = dk_,
+                                                      .v = dv_,
+                                                      .key_mask = dkm,
+                                                      .ctx = dctx,
+                                                      .saved = lse,
+                                                      .heads = heads,
+                                                      .p = p,
+                                                      .seed = 11,
+                                                      .offset = 3 }));
   snprintf(name, sizeof name, "attention dq S=%lld", (long long)S);
   close_(name, gq, dgq, 1e-3, 1e-4);
   snprintf(name, sizeof name, "attention dk S=%lld", (long long)S);
@@ -1088,7 +1118,17 @@ static void test_attention_case(int64_t B, int64_t S, int heads, int64_t d, doub
   }
   /* determinism */
   bl_tensor *dgq2 = mk(DEV, BL_F32, 3, q->shape);
-  OK(bl_cuda_attention_backward(dgq2, dgk, dgv, dg, dq_, dk_, dv_, dctx, lse, dkm, heads, 0, p, 11, 3));
+  OK(bl_cuda_attention_backward(dgq2, dgk, dgv, dg,
+                                &(bl_attention_args){ .q = dq_,
+                                                      .k = dk_,
+                                                      .v = dv_,
+                                                      .key_mask = dkm,
+                                                      .ctx = dctx,
+                                                      .saved = lse,
+                                                      .heads = heads,
+                                                      .p = p,
+                                                      .seed = 11,
+                                                      .offset = 3 }));
   same_bits("attention dq rerun", dgq, dgq2);
   F(q);
   F(k);
@@ -1218,7 +1258,7 @@ static void test_dispatch(void) {
     printf("FAIL dispatch get/set: %g\n", v);
     fails++;
   }
-  /* attention: the probabilities signature has no CUDA twin; the _saved pair runs the kernel */
+  /* attention: one entry point per direction runs the CPU op or the kernel, each with its own saved state */
   bl_tensor *q = rnd(3, SH(2, 9, 32), 205, -1, 1), *dq = up(q, BL_F32);
   bl_tensor *ctx = mk(-1, BL_F32, 3, q->shape), *dctx = mk(DEV, BL_F32, 3, q->shape);
   int64_t sh[4];
@@ -1230,21 +1270,29 @@ static void test_dispatch(void) {
   bl_tensor *pr = mk(-1, BL_F32, 4, SH(2, 4, 9, 9)), *lse = mk(DEV, BL_F32, 3, SH(2, 4, 9)),
             *dpr = mk(DEV, BL_F32, 4, SH(2, 4, 9, 9));
   checks++;
-  if (bl_attention_forward(dctx, dpr, dq, dq, dq, NULL, 4, 0, 0, 0, 0) != BL_EUNSUPPORTED ||
-      !strstr(bl_last_error(), "not implemented on cuda")) {
-    printf("FAIL attention with probabilities on cuda: %s\n", bl_last_error());
+  if (bl_attention_forward(&(bl_attention_args){ .q = dq, .k = dq, .v = dq, .ctx = dctx, .saved = dpr, .heads = 4 }) !=
+          BL_EINVAL ||
+      !strstr(bl_last_error(), "row logsumexp) must be a contiguous f32 [2,4,9]")) {
+    printf("FAIL attention with the CPU's saved shape on cuda: %s\n", bl_last_error());
     fails++;
   }
-  OK(bl_attention_forward_saved(ctx, pr, q, q, q, NULL, 4, 0, 0.1, 5, 6));
-  OK(bl_attention_forward_saved(dctx, lse, dq, dq, dq, NULL, 4, 0, 0.1, 5, 6));
-  close_("dispatch attention_forward_saved", ctx, dctx, 1e-4, 1e-5);
+  OK(bl_attention_forward(&(bl_attention_args){
+      .q = q, .k = q, .v = q, .ctx = ctx, .saved = pr, .heads = 4, .p = 0.1, .seed = 5, .offset = 6 }));
+  OK(bl_attention_forward(&(bl_attention_args){
+      .q = dq, .k = dq, .v = dq, .ctx = dctx, .saved = lse, .heads = 4, .p = 0.1, .seed = 5, .offset = 6 }));
+  close_("dispatch attention_forward", ctx, dctx, 1e-4, 1e-5);
   bl_tensor *gq = mk(-1, BL_F32, 3, q->shape), *gk = mk(-1, BL_F32, 3, q->shape), *gv = mk(-1, BL_F32, 3, q->shape);
   bl_tensor *dgq = mk(DEV, BL_F32, 3, q->shape), *dgk = mk(DEV, BL_F32, 3, q->shape),
             *dgv = mk(DEV, BL_F32, 3, q->shape);
-  OK(bl_attention_backward_saved(gq, gk, gv, q, q, q, q, NULL, pr, NULL, 4, 0, 0.1, 5, 6));
-  OK(bl_attention_backward_saved(dgq, dgk, dgv, dq, dq, dq, dq, dctx, lse, NULL, 4, 0, 0.1, 5, 6));
-  close_("dispatch attention_backward_saved dq", gq, dgq, 1e-3, 1e-4);
-  close_("dispatch attention_backward_saved dv", gv, dgv, 1e-3, 1e-4);
+  OK(bl_attention_backward(
+      gq, gk, gv, q,
+      &(bl_attention_args){ .q = q, .k = q, .v = q, .saved = pr, .heads = 4, .p = 0.1, .seed = 5, .offset = 6 }));
+  OK(bl_attention_backward(
+      dgq, dgk, dgv, dq,
+      &(bl_attention_args){
+          .q = dq, .k = dq, .v = dq, .ctx = dctx, .saved = lse, .heads = 4, .p = 0.1, .seed = 5, .offset = 6 }));
+  close_("dispatch attention_backward dq", gq, dgq, 1e-3, 1e-4);
+  close_("dispatch attention_backward dv", gv, dgv, 1e-3, 1e-4);
   /* mixed devices: an error naming both, nothing run */
   checks++;
   if (bl_linear_forward(dy, x, dw, db) != BL_EINVAL || !strstr(bl_last_error(), "different devices (cuda:0 and cpu)")) {

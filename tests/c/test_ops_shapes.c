@@ -65,8 +65,20 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < S; s++) F(km)[b * S + s] = s < S - 3 * b ? 1.0f : 0.0f;
   const uint64_t seed = 77, off = 5;
-  OK(bl_attention_forward(ctx, probs, q, k, v, km, (int)NH, 0, p, seed, off));
-  OK(bl_attention_backward(dq, dk, dv, dctx, q, k, v, probs, (int)NH, 0, p, seed, off));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = q,
+                                                .k = k,
+                                                .v = v,
+                                                .key_mask = km,
+                                                .ctx = ctx,
+                                                .saved = probs,
+                                                .heads = (int)NH,
+                                                .p = p,
+                                                .seed = seed,
+                                                .offset = off }));
+  OK(bl_attention_backward(
+      dq, dk, dv, dctx,
+      &(bl_attention_args){
+          .q = q, .k = k, .v = v, .saved = probs, .heads = (int)NH, .p = p, .seed = seed, .offset = off }));
   /* the dropout keep mask: dropout of ones with the same stream, rows padded to S4 = 4*ceil(S/4) draws (bl_ops.h) */
   const int64_t S4 = (S + 3) / 4 * 4;
   bl_tensor *ones = T(4, B, NH, S, S4, BL_F32), *keep = T(4, B, NH, S, S4, BL_F32);
@@ -137,8 +149,20 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
   for (int th = 1; th <= 3; th += 2) {
     bl_tensor *c2 = clone(ctx), *p2 = clone(probs), *q2 = clone(dq), *k2 = clone(dk), *v2 = clone(dv);
     omp_set_num_threads(th);
-    OK(bl_attention_forward(c2, p2, q, k, v, km, (int)NH, 0, p, seed, off));
-    OK(bl_attention_backward(q2, k2, v2, dctx, q, k, v, p2, (int)NH, 0, p, seed, off));
+    OK(bl_attention_forward(&(bl_attention_args){ .q = q,
+                                                  .k = k,
+                                                  .v = v,
+                                                  .key_mask = km,
+                                                  .ctx = c2,
+                                                  .saved = p2,
+                                                  .heads = (int)NH,
+                                                  .p = p,
+                                                  .seed = seed,
+                                                  .offset = off }));
+    OK(bl_attention_backward(
+        q2, k2, v2, dctx,
+        &(bl_attention_args){
+            .q = q, .k = k, .v = v, .saved = p2, .heads = (int)NH, .p = p, .seed = seed, .offset = off }));
     omp_set_num_threads(2);
     CHECK(same(c2, ctx) && same(p2, probs) && same(q2, dq) && same(k2, dk) && same(v2, dv),
           "attention with %d threads differs from 2 threads", th);

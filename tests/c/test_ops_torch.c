@@ -175,8 +175,10 @@ int main(void) {
     }
     bl_tensor *ctx = Z(q), *probs = T(4, B, NH, S, S, BL_F32), *dctx = R(3, B, S, H, 0), *dq = Z(q), *dk = Z(q),
               *dv = Z(q);
-    OK(bl_attention_forward(ctx, probs, q, k, v, mask, NH, 0, 0.0, 0, 0));
-    OK(bl_attention_backward(dq, dk, dv, dctx, q, k, v, probs, NH, 0, 0.0, 0, 0));
+    OK(bl_attention_forward(
+        &(bl_attention_args){ .q = q, .k = k, .v = v, .key_mask = mask, .ctx = ctx, .saved = probs, .heads = NH }));
+    OK(bl_attention_backward(dq, dk, dv, dctx,
+                             &(bl_attention_args){ .q = q, .k = k, .v = v, .saved = probs, .heads = NH }));
     bl_tensor *heads = T(1, 1, 0, 0, 0, BL_F32);
     ((float *)heads->data)[0] = NH;
     put("attention", "heads", heads);

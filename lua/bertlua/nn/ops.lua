@@ -244,8 +244,9 @@ function M.softmax_backward(dy, y, dx) dx = dx or like(y); check(C.bl_softmax_ba
 -- [B, S] 1 = keep (or nil). opts: p, seed, offset, scale (default 1/sqrt(d)),
 -- out, probs (reusable buffers). Returns ctx [B, S, H] and what backward
 -- needs: on the CPU the probabilities [B, heads, S, S], on a GPU the row
--- logsumexp [B, heads, S] (bl_attention_forward_saved in bl_ops.h).
+-- logsumexp [B, heads, S] (bl_attention_forward in bl_ops.h).
 local i64x4 = ffi.typeof("int64_t[4]")
+local attn_args = ffi.typeof("bl_attention_args")
 -- shape of what attention saves for backward on `device` (-1 or nil = CPU, N = cuda:N) for [B, S] and heads
 function M.attention_saved_shape(device, B, S, heads)
   local sh = i64x4()
@@ -253,6 +254,12 @@ function M.attention_saved_shape(device, B, S, heads)
   local shape = {}
   for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
   return shape
+end
+-- the bl_attention_args of a call (ctx, saved: the forward's output and saved state)
+local function attention_args(q, k, v, key_mask, offsets, heads, ctx, saved, opts)
+  return attn_args({ q = q, k = k, v = v, key_mask = key_mask, offsets = offsets, ctx = ctx, saved = saved,
+    seq = opts.seq or 0, heads = heads, scale = opts.scale or 0, p = opts.p or 0, seed = opts.seed or 0,
+    offset = opts.offset or 0 })
 end
 function M.attention(q, k, v, key_mask, heads, opts)
   opts = opts or {}
@@ -262,31 +269,29 @@ function M.attention(q, k, v, key_mask, heads, opts)
     probs = bl.empty(M.attention_saved_shape(q.device_, q:size(1), q:size(2), heads), { dtype = "f32",
       device = q:device() })
   end
-  check(C.bl_attention_forward_saved(ctx, probs, q, k, v, key_mask, heads, opts.scale or 0, opts.p or 0,
-    opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_forward(attention_args(q, k, v, key_mask, nil, heads, ctx, probs, opts)))
   return ctx, probs
 end
+local NO_OPTS = {}
 -- Inference over packed sequences: q, k, v [1, T, H] hold B sequences back to back, offsets [B+1] (i32, 0 .. T)
--- delimit them; each attends to its own tokens (bl_attention_forward_packed). Returns ctx [1, T, H] (or out).
+-- delimit them; each attends to its own tokens (bl_attention_forward with offsets). Returns ctx [1, T, H] (or out).
 function M.attention_packed(q, k, v, offsets, heads, out)
   out = out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
-  check(C.bl_attention_forward_packed(out, q, k, v, offsets, heads, 0))
+  check(C.bl_attention_forward(attention_args(q, k, v, nil, offsets, heads, out, nil, NO_OPTS)))
   return out
 end
--- Training over packed sequences (bl_attention_forward_packed_train): opts.seq is the padded length the tokens
--- come from (it lays out the dropout stream as the padded op's), opts.probs the saved probabilities (heads * the
--- sum of the squared lengths, f32), opts.out, p, seed, offset as M.attention. Returns ctx, probs.
+-- Training over packed sequences: opts.seq is the padded length the tokens come from (it lays out the dropout
+-- stream as the padded op's), opts.probs the saved probabilities (heads * the sum of the squared lengths, f32),
+-- opts.out, p, seed, offset as M.attention. Returns ctx, probs.
 function M.attention_packed_train(q, k, v, offsets, heads, opts)
   local ctx = opts.out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
-  check(C.bl_attention_forward_packed_train(ctx, opts.probs, q, k, v, offsets, heads, opts.scale or 0, opts.seq,
-    opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_forward(attention_args(q, k, v, nil, offsets, heads, ctx, opts.probs, opts)))
   return ctx, opts.probs
 end
 -- Its backward: dq, dk, dv (or opts.dq/dk/dv) from dctx, the forward's operands and probabilities.
 function M.attention_packed_backward(dctx, q, k, v, probs, offsets, heads, opts)
   local dq, dk, dv = opts.dq or like(q), opts.dk or like(k), opts.dv or like(v)
-  check(C.bl_attention_backward_packed(dq, dk, dv, dctx, q, k, v, probs, offsets, heads, opts.scale or 0, opts.seq,
-    opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_backward(dq, dk, dv, dctx, attention_args(q, k, v, nil, offsets, heads, nil, probs, opts)))
   return dq, dk, dv
 end
 -- Returns dq, dk, dv (or writes opts.dq/dk/dv, e.g. slices of one dQKV buffer).
@@ -295,8 +300,8 @@ end
 function M.attention_backward(dctx, q, k, v, probs, heads, opts)
   opts = opts or {}
   local dq, dk, dv = opts.dq or like(q), opts.dk or like(k), opts.dv or like(v)
-  check(C.bl_attention_backward_saved(dq, dk, dv, dctx, q, k, v, opts.ctx, probs, opts.key_mask, heads,
-    opts.scale or 0, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_backward(dq, dk, dv, dctx,
+    attention_args(q, k, v, opts.key_mask, nil, heads, opts.ctx, probs, opts)))
   return dq, dk, dv
 end
 
