@@ -123,48 +123,43 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
                           const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd);
 
 /* ---- fused dropout + residual + layernorm (BERT's SelfOutput/Output tail):
- * y = LN(dropout_p(x) + residual). x, residual, y [..., H]; mean/rstd [rows]
- * f32 saved. The dropout mask (shape of x) is regenerated in backward from
- * (seed, offset), so nothing else is stored; p = 0 means no dropout.
+ * y = LN(dropout_p(x) + residual), one argument struct for forward and
+ * backward (fields left 0 / NULL take the default named beside them).
+ * The dropout mask (shape of x) is regenerated in backward from (seed,
+ * offset), so nothing but mean/rstd is stored.
  * Backward: dx overwritten (= dsum * mask / (1-p)), dresidual overwritten
- * (= dsum; may be NULL, and equals dx when p = 0), dgamma/dbeta += (may be NULL),
- * dbias += the column sums of dx (may be NULL): the bias gradient of the linear
- * layer whose output x is, in the same pass.
- * Backward takes x and residual again to recompute the normalised sum. */
-int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                  const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta, double eps,
-                                  double p, uint64_t seed, uint64_t offset);
+ * (= dsum; may be NULL, and equals dx when p = 0), dgamma/dbeta += (may be
+ * NULL), dbias += the column sums of dx (may be NULL): the bias gradient of
+ * the linear layer whose output x is, in the same pass. It recomputes the
+ * normalised sum from x and residual, or, when y is given, takes it back as
+ * xhat = (y - beta) / gamma, one [rows, H] read fewer (y is kept anyway: it is
+ * the next sublayer's input). That is done only when every column j has
+ * |gamma_j| >= 2^-60 and |beta_j| <= 4 |gamma_j| (else x and residual are
+ * read, so both stay required); the rounding of a stored y (unit roundoff u
+ * of its dtype: 2^-24 f32, 2^-8 bf16, 2^-11 f16) moves xhat by at most
+ * u (|xhat| + 4): dx, dresidual and dgamma may differ from the x path by that
+ * much relative to their xhat term.
+ * Packed tokens (offsets != NULL, CPU only, for unpadded training): x,
+ * residual, y [1, T, H] (or [T, H]) hold the real tokens of B rows back to
+ * back, offsets [B+1] delimit them (as bl_attention_args), seq is the padded
+ * length they come from. Token t of row b (its position s = t - offsets[b];
+ * each row's real tokens its first ones) draws its dropout from row b*seq + s
+ * of the padded op's mask, so a packed run drops what the padded run drops at
+ * the real positions. */
+typedef struct bl_residual_layernorm_args {
+  const bl_tensor *x, *residual; /* [..., H] */
+  const bl_tensor *gamma, *beta; /* [H]; beta NULL = 0 */
+  bl_tensor *y;                  /* [..., H]: forward's output; backward: NULL, or y to take xhat from */
+  bl_tensor *mean, *rstd;        /* [rows] f32: written by forward, read by backward */
+  const bl_tensor *offsets;      /* NULL = padded rows; else packed tokens (see above) */
+  int64_t seq;                   /* packed: the padded length */
+  double eps;                    /* forward: > 0 (BERT: 1e-12) */
+  double p;                      /* dropout probability; 0 = none */
+  uint64_t seed, offset;
+} bl_residual_layernorm_args;
+int bl_residual_layernorm_forward(const bl_residual_layernorm_args *a);
 int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                   bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *residual,
-                                   const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
-                                   uint64_t seed, uint64_t offset);
-/* The same backward from the forward's output y (and beta, NULL = 0): the normalised sum is recovered as
- * xhat = (y - beta) / gamma instead of recomputed from x and residual, one [rows, H] read fewer (what makes y is
- * kept anyway: it is the next sublayer's input). Used only when every column j has |gamma_j| >= 2^-60 and
- * |beta_j| <= 4 |gamma_j|; otherwise (a gamma near 0 cannot give xhat back) the op reads x and residual as above,
- * so both stay required. The rounding of a stored y (unit roundoff u of its dtype: 2^-24 f32, 2^-8 bf16, 2^-11
- * f16) moves xhat by at most u (|xhat| + 4): dx, dresidual and dgamma may differ from the x path by that much
- * relative to their xhat term. */
-int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                       bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
-                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                       const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                       uint64_t offset);
-
-/* ---- the same on packed tokens (CPU only, for unpadded training): x, residual, y [1, T, H] (or [T, H]) hold
- * the real tokens of B rows back to back, offsets [B+1] delimit them (as bl_attention_args), seq is the
- * padded length they come from. Token t of row b (its position s = t - offsets[b]; each row's real tokens its
- * first ones) draws its dropout from row b*seq + s of the padded op's mask, so a packed run drops what the padded
- * run drops at the real positions. */
-int bl_residual_layernorm_forward_packed(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                         const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                         double eps, double p, uint64_t seed, uint64_t offset, const bl_tensor *offsets,
-                                         int64_t seq);
-int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                          bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                          const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
-                                          const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset,
-                                          const bl_tensor *offsets, int64_t seq);
+                                   bl_tensor *dbias, const bl_tensor *dy, const bl_residual_layernorm_args *a);
 
 /* ---- GELU (exact erf form): y = 0.5 x (1 + erf(x / sqrt 2)).
  * bias_gelu: y = gelu(x + b), b [H] over the last dim; backward recomputes the

@@ -129,18 +129,9 @@ int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, co
 int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
                                const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
                                const bl_tensor *rstd);
-int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                       double eps, double p, uint64_t seed, uint64_t offset);
+int bl_cuda_residual_layernorm_forward(const bl_residual_layernorm_args *a);
 int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                        bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                        const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
-                                        const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset);
-int bl_cuda_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                            bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y,
-                                            const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
-                                            const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd,
-                                            double p, uint64_t seed, uint64_t offset);
+                                        bl_tensor *dbias, const bl_tensor *dy, const bl_residual_layernorm_args *a);
 int bl_cuda_gelu_forward(bl_tensor *y, const bl_tensor *x);
 int bl_cuda_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x);
 int bl_cuda_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);

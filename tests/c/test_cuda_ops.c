@@ -363,8 +363,28 @@ static void test_gemm(void) {
 static void ln_fwd(int cuda, bl_tensor *y, bl_tensor *m, bl_tensor *s, const bl_tensor *x, const bl_tensor *res,
                    const bl_tensor *g, const bl_tensor *b, double p) {
   if (res)
-    OK(cuda ? bl_cuda_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100)
-            : bl_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100));
+    OK(cuda ? bl_cuda_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = x,
+                                                                                .residual = res,
+                                                                                .gamma = g,
+                                                                                .beta = b,
+                                                                                .y = y,
+                                                                                .mean = m,
+                                                                                .rstd = s,
+                                                                                .eps = 1e-12,
+                                                                                .p = p,
+                                                                                .seed = 5,
+                                                                                .offset = 100 })
+            : bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = x,
+                                                                           .residual = res,
+                                                                           .gamma = g,
+                                                                           .beta = b,
+                                                                           .y = y,
+                                                                           .mean = m,
+                                                                           .rstd = s,
+                                                                           .eps = 1e-12,
+                                                                           .p = p,
+                                                                           .seed = 5,
+                                                                           .offset = 100 }));
   else
     OK(cuda ? bl_cuda_layernorm_forward(y, m, s, x, g, b, 1e-12) : bl_layernorm_forward(y, m, s, x, g, b, 1e-12));
 }
@@ -373,8 +393,14 @@ static void ln_bwd(int cuda, bl_tensor *gx, bl_tensor *gr, bl_tensor *gg, bl_ten
                    const bl_tensor *gy, const bl_tensor *x, const bl_tensor *res, const bl_tensor *g,
                    const bl_tensor *m, const bl_tensor *s, double p) {
   if (res)
-    OK(cuda ? bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gc, gy, x, res, g, m, s, p, 5, 100)
-            : bl_residual_layernorm_backward(gx, gr, gg, gb, gc, gy, x, res, g, m, s, p, 5, 100));
+    OK(cuda ? bl_cuda_residual_layernorm_backward(
+                  gx, gr, gg, gb, gc, gy,
+                  &(bl_residual_layernorm_args){
+                      .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s, .p = p, .seed = 5, .offset = 100 })
+            : bl_residual_layernorm_backward(
+                  gx, gr, gg, gb, gc, gy,
+                  &(bl_residual_layernorm_args){
+                      .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s, .p = p, .seed = 5, .offset = 100 }));
   else
     OK(cuda ? bl_cuda_layernorm_backward(gx, gg, gb, gy, x, g, m, s)
             : bl_layernorm_backward(gx, gg, gb, gy, x, g, m, s));
@@ -564,7 +590,7 @@ static void test_layernorm_half(void) {
   }
 }
 
-/* The residual LayerNorm backward from the output y (bl_residual_layernorm_backward_out): xhat = (y - beta) / gamma.
+/* The residual LayerNorm backward from the output y (bl_residual_layernorm_backward with y): xhat = (y - beta) / gamma.
  * (a) CUDA against the CPU twin, which takes xhat back from the same y the same way: the tolerances of the tests
  *     above (f32 summation order; a stored bf16/f16 dx, dresidual one unit in the last place apart at most).
  * (b) The CPU twin from y against the x path from x and residual (p = 0; this is the error the formulation adds):
@@ -665,11 +691,31 @@ static void test_layernorm_out(void) {
       OK(bl_tensor_fill(dg, 0));
       OK(bl_tensor_fill(db, 0));
       OK(bl_tensor_fill(dc, 0));
-      OK(bl_residual_layernorm_backward_out(dx, dr, dg, db, dc, gy, y, x, res, g, b, m, s_, p, 5, 100));
+      OK(bl_residual_layernorm_backward(dx, dr, dg, db, dc, gy,
+                                        &(bl_residual_layernorm_args){ .x = x,
+                                                                       .residual = res,
+                                                                       .gamma = g,
+                                                                       .beta = b,
+                                                                       .y = y,
+                                                                       .mean = m,
+                                                                       .rstd = s_,
+                                                                       .p = p,
+                                                                       .seed = 5,
+                                                                       .offset = 100 }));
       OK(bl_cuda_tensor_fill(gg, 0));
       OK(bl_cuda_tensor_fill(gb, 0));
       OK(bl_cuda_tensor_fill(gc, 0));
-      OK(bl_cuda_residual_layernorm_backward_out(gx, gr, gg, gb, gc, Dgy, Dy, Dx, Dr, Dg, Db, Dm, Ds, p, 5, 100));
+      OK(bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gc, Dgy,
+                                             &(bl_residual_layernorm_args){ .x = Dx,
+                                                                            .residual = Dr,
+                                                                            .gamma = Dg,
+                                                                            .beta = Db,
+                                                                            .y = Dy,
+                                                                            .mean = Dm,
+                                                                            .rstd = Ds,
+                                                                            .p = p,
+                                                                            .seed = 5,
+                                                                            .offset = 100 }));
       snprintf(name, sizeof name, "ln_out pass %d %s gamma %s H %lld", pass, bl_dtype_name(dt), bl_dtype_name(gdt),
                (long long)H);
       if (pass == 0) {
@@ -682,19 +728,27 @@ static void test_layernorm_out(void) {
       if (pass == 1) { /* the x path on the CPU as the reference */
         OK(bl_tensor_fill(eg, 0));
         OK(bl_tensor_fill(eb, 0));
-        OK(bl_residual_layernorm_backward(ex, er, eg, eb, NULL, gy, x, res, g, m, s_, 0.0, 0, 0));
+        OK(bl_residual_layernorm_backward(
+            ex, er, eg, eb, NULL, gy,
+            &(bl_residual_layernorm_args){ .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s_ }));
         check_ln_out_bound(name, x, res, g, gy, m, s_, ex, dx, eg, dg, uy, uy);
         close_(name, eb, db, 1e-6, 1e-6);
       }
       if (pass == 2) { /* the x path, bit for bit, on both devices */
         OK(bl_tensor_fill(eg, 0));
-        OK(bl_residual_layernorm_backward(ex, er, eg, NULL, NULL, gy, x, res, g, m, s_, p, 5, 100));
+        OK(bl_residual_layernorm_backward(
+            ex, er, eg, NULL, NULL, gy,
+            &(bl_residual_layernorm_args){
+                .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s_, .p = p, .seed = 5, .offset = 100 }));
         same_bits("ln_out fallback dx (cpu)", ex, dx);
         same_bits("ln_out fallback dres (cpu)", er, dr);
         same_bits("ln_out fallback dgamma (cpu)", eg, dg);
         bl_tensor *hx = mk(DEV, dt, 2, x->shape), *hr = mk(DEV, dt, 2, x->shape), *hg = mk(DEV, BL_F32, 1, SH(H));
         OK(bl_cuda_tensor_fill(hg, 0));
-        OK(bl_cuda_residual_layernorm_backward(hx, hr, hg, NULL, NULL, Dgy, Dx, Dr, Dg, Dm, Ds, p, 5, 100));
+        OK(bl_cuda_residual_layernorm_backward(
+            hx, hr, hg, NULL, NULL, Dgy,
+            &(bl_residual_layernorm_args){
+                .x = Dx, .residual = Dr, .gamma = Dg, .mean = Dm, .rstd = Ds, .p = p, .seed = 5, .offset = 100 }));
         same_bits("ln_out fallback dx (cuda)", hx, gx);
         same_bits("ln_out fallback dres (cuda)", hr, gr);
         same_bits("ln_out fallback dgamma (cuda)", hg, gg);

@@ -264,7 +264,17 @@ typedef struct {
 static double ln_loss(void *c) {
   ln_ctx *k = c;
   if (k->res)
-    OK(bl_residual_layernorm_forward(k->y, k->mean, k->rstd, k->x, k->res, k->g, k->b, 1e-12, k->p, 7, 3));
+    OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = k->x,
+                                                                    .residual = k->res,
+                                                                    .gamma = k->g,
+                                                                    .beta = k->b,
+                                                                    .y = k->y,
+                                                                    .mean = k->mean,
+                                                                    .rstd = k->rstd,
+                                                                    .eps = 1e-12,
+                                                                    .p = k->p,
+                                                                    .seed = 7,
+                                                                    .offset = 3 }));
   else
     OK(bl_layernorm_forward(k->y, k->mean, k->rstd, k->x, k->g, k->b, 1e-12));
   return wdot(k->y, k->w);
@@ -298,7 +308,15 @@ static void test_layernorm(void) {
   bl_tensor *dr = like(k.x);
   fill_zero(dg);
   fill_zero(db);
-  OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.3, 7, 3));
+  OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, k.w,
+                                    &(bl_residual_layernorm_args){ .x = k.x,
+                                                                   .residual = k.res,
+                                                                   .gamma = k.g,
+                                                                   .mean = k.mean,
+                                                                   .rstd = k.rstd,
+                                                                   .p = 0.3,
+                                                                   .seed = 7,
+                                                                   .offset = 3 }));
   gradcheck("residual_layernorm dx", k.x, dx, ln_loss, &k);
   gradcheck("residual_layernorm dresidual", k.res, dr, ln_loss, &k);
   gradcheck("residual_layernorm dgamma", k.g, dg, ln_loss, &k);
@@ -307,9 +325,18 @@ static void test_layernorm(void) {
   bl_tensor *sum = like(k.x), *y0 = like(k.x), *m0 = t1(21), *r0 = t1(21);
   for (int64_t i = 0; i < sum->numel; i++) F(sum)[i] = F(k.x)[i] + F(k.res)[i];
   OK(bl_layernorm_forward(y0, m0, r0, sum, k.g, k.b, 1e-12));
-  OK(bl_residual_layernorm_forward(k.y, k.mean, k.rstd, k.x, k.res, k.g, k.b, 1e-12, 0.0, 0, 0));
+  OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = k.x,
+                                                                  .residual = k.res,
+                                                                  .gamma = k.g,
+                                                                  .beta = k.b,
+                                                                  .y = k.y,
+                                                                  .mean = k.mean,
+                                                                  .rstd = k.rstd,
+                                                                  .eps = 1e-12 }));
   CHECK(maxrel(k.y, y0) < 1e-6, "residual_layernorm p=0 vs layernorm(x+r)");
-  OK(bl_residual_layernorm_backward(dx, dr, NULL, NULL, NULL, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.0, 0, 0));
+  OK(bl_residual_layernorm_backward(
+      dx, dr, NULL, NULL, NULL, k.w,
+      &(bl_residual_layernorm_args){ .x = k.x, .residual = k.res, .gamma = k.g, .mean = k.mean, .rstd = k.rstd }));
   CHECK(maxrel(dx, dr) == 0, "p=0: dx == dresidual");
 
   /* strided input: x as a transposed view of a [3,10,7] tensor */

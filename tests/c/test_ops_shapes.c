@@ -192,8 +192,21 @@ static void test_residual_layernorm(int64_t rows, int64_t h, double p) {
   bl_tensor *ones = T(2, rows, h, 0, 0, BL_F32);
   for (int64_t i = 0; i < ones->numel; i++) F(ones)[i] = 1.0f;
   const uint64_t seed = 3, off = 11;
-  OK(bl_residual_layernorm_forward(y, mean, rstd, x, r, g, be, 1e-12, p, seed, off));
-  OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, dy, x, r, g, mean, rstd, p, seed, off));
+  OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = x,
+                                                                  .residual = r,
+                                                                  .gamma = g,
+                                                                  .beta = be,
+                                                                  .y = y,
+                                                                  .mean = mean,
+                                                                  .rstd = rstd,
+                                                                  .eps = 1e-12,
+                                                                  .p = p,
+                                                                  .seed = seed,
+                                                                  .offset = off }));
+  OK(bl_residual_layernorm_backward(
+      dx, dr, dg, db, NULL, dy,
+      &(bl_residual_layernorm_args){
+          .x = x, .residual = r, .gamma = g, .mean = mean, .rstd = rstd, .p = p, .seed = seed, .offset = off }));
   OK(bl_dropout_forward(keep, NULL, ones, p, seed, off));
   double *ry = malloc((size_t)x->numel * 8), *rdx = malloc((size_t)x->numel * 8), *rdr = malloc((size_t)x->numel * 8);
   double *rdg = calloc((size_t)h, 8), *rdb = calloc((size_t)h, 8), *s = malloc((size_t)h * 8);
@@ -228,8 +241,21 @@ static void test_residual_layernorm(int64_t rows, int64_t h, double p) {
   for (int th = 1; th <= 3; th += 2) {
     bl_tensor *y2 = clone(y), *dx2 = clone(dx), *dg2 = T(1, h, 0, 0, 0, BL_F32), *db2 = T(1, h, 0, 0, 0, BL_F32);
     omp_set_num_threads(th);
-    OK(bl_residual_layernorm_forward(y2, mean, rstd, x, r, g, be, 1e-12, p, seed, off));
-    OK(bl_residual_layernorm_backward(dx2, NULL, dg2, db2, NULL, dy, x, r, g, mean, rstd, p, seed, off));
+    OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = x,
+                                                                    .residual = r,
+                                                                    .gamma = g,
+                                                                    .beta = be,
+                                                                    .y = y2,
+                                                                    .mean = mean,
+                                                                    .rstd = rstd,
+                                                                    .eps = 1e-12,
+                                                                    .p = p,
+                                                                    .seed = seed,
+                                                                    .offset = off }));
+    OK(bl_residual_layernorm_backward(
+        dx2, NULL, dg2, db2, NULL, dy,
+        &(bl_residual_layernorm_args){
+            .x = x, .residual = r, .gamma = g, .mean = mean, .rstd = rstd, .p = p, .seed = seed, .offset = off }));
     omp_set_num_threads(2);
     CHECK(same(y2, y) && same(dx2, dx) && same(dg2, dg) && same(db2, db), "residual layernorm with %d threads differs",
           th);

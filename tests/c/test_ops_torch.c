@@ -98,8 +98,11 @@ int main(void) {
                 *dy = R(3, B, S, H, 0);
       bl_tensor *dx = Z(x), *dr = Z(x), *dg = Z(g), *db = Z(b);
       if (fused) {
-        OK(bl_residual_layernorm_forward(y, m, rs, x, r, g, b, 1e-12, 0.0, 0, 0));
-        OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, dy, x, r, g, m, rs, 0.0, 0, 0));
+        OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){
+            .x = x, .residual = r, .gamma = g, .beta = b, .y = y, .mean = m, .rstd = rs, .eps = 1e-12 }));
+        OK(bl_residual_layernorm_backward(
+            dx, dr, dg, db, NULL, dy,
+            &(bl_residual_layernorm_args){ .x = x, .residual = r, .gamma = g, .mean = m, .rstd = rs }));
       } else {
         OK(bl_layernorm_forward(y, m, rs, x, g, b, 1e-12));
         OK(bl_layernorm_backward(dx, dg, db, dy, x, g, m, rs));

@@ -152,40 +152,31 @@ end
 
 -- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out, mean, rstd (buffers), packed (x holds
 -- packed tokens: a table with offsets [B+1] and S, the padded length, as BertModel's unpadded training plan).
+local rln_args = ffi.typeof("bl_residual_layernorm_args")
 function M.residual_layernorm(x, residual, gamma, beta, opts)
   opts = opts or {}
   local out = opts.out or like(x)
   local n = rows(x)
   local mean, rstd = opts.mean or bl.empty({ n }, { device = x:device() }),
     opts.rstd or bl.empty({ n }, { device = x:device() })
-  local pk = opts.packed
-  if pk then  -- packed tokens: dropout drawn from each token's row of the padded batch (pk.offsets, pk.S)
-    check(C.bl_residual_layernorm_forward_packed(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
-      opts.p or 0, opts.seed or 0, opts.offset or 0, pk.offsets, pk.S))
-  else
-    check(C.bl_residual_layernorm_forward(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
-      opts.p or 0, opts.seed or 0, opts.offset or 0))
-  end
+  local pk = opts.packed  -- packed tokens: dropout drawn from each token's row of the padded batch (pk.offsets, pk.S)
+  check(C.bl_residual_layernorm_forward(rln_args({ x = x, residual = residual, gamma = gamma, beta = beta, y = out,
+    mean = mean, rstd = rstd, offsets = pk and pk.offsets, seq = pk and pk.S or 0, eps = opts.eps or 1e-12,
+    p = opts.p or 0, seed = opts.seed or 0, offset = opts.offset or 0 })))
   return out, mean, rstd
 end
 -- Returns dx, dresidual. opts: dgamma, dbeta (+=), dbias (+= the column sums of dx: the bias gradient of the linear
 -- layer that produced x, in the same pass), p, seed, offset, packed (as in forward), dx, dres (buffers), y and beta
 -- (the forward's output and beta: the normalised sum is taken back from y, one read fewer, where gamma allows it;
--- see bl_residual_layernorm_backward_out; the packed op reads x and residual).
+-- see bl_residual_layernorm_backward; the packed op reads x and residual).
 function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
   opts = opts or {}
   local dx, dres = opts.dx or like(x), opts.dres or like(x)
   local pk = opts.packed
-  if pk then
-    check(C.bl_residual_layernorm_backward_packed(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual,
-      gamma, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0, pk.offsets, pk.S))
-  elseif opts.y then
-    check(C.bl_residual_layernorm_backward_out(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, opts.y, x, residual,
-      gamma, opts.beta, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
-  else
-    check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual, gamma,
-      mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
-  end
+  check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, rln_args({ x = x,
+    residual = residual, gamma = gamma, beta = not pk and opts.beta or nil, y = not pk and opts.y or nil, mean = mean,
+    rstd = rstd, offsets = pk and pk.offsets, seq = pk and pk.S or 0, p = opts.p or 0, seed = opts.seed or 0,
+    offset = opts.offset or 0 })))
   return dx, dres
 end
 
