@@ -95,23 +95,27 @@ int bl_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_ten
  * s[i, :] = word[ids[i], :] + position[pos_ids[i], :] + token_type[type_ids[i], :]
  * summed in f32 in that order (not rounded to y's dtype). ids, pos_ids, type_ids [...]
  * i32/i64 of n elements each (all checked as in bl_embedding_forward); the three
- * tables [*, H] of one float dtype; y [..., H] with n rows; gamma/beta [H];
- * mean/rstd [n] f32 saved. Dropout as bl_dropout_forward on y's shape at
- * (seed, offset); p = 0 means none. Same values as bl_embedding_forward x3 into
- * an f32 sum, bl_layernorm_forward, bl_dropout_forward.
+ * tables [*, H] of one float dtype; y [..., H] with n rows. Dropout as
+ * bl_dropout_forward on y's shape at (seed, offset). Same values as
+ * bl_embedding_forward x3 into an f32 sum, bl_layernorm_forward,
+ * bl_dropout_forward. One argument struct for forward and backward (fields
+ * left 0 / NULL take the default named beside them).
  * Backward recomputes s from the tables (nothing else saved) and accumulates
  * dword, dposition, dtoken_type (deterministic, as bl_embedding_backward),
  * dgamma, dbeta (+=; any of the five may be NULL). */
-int bl_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *word,
-                                   const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
-                                   const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
-                                   const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset);
+typedef struct bl_embedding_layernorm_args {
+  const bl_tensor *word, *position, *token_type; /* the tables [*, H] */
+  const bl_tensor *ids, *pos_ids, *type_ids;     /* [...] i32/i64, n elements each */
+  const bl_tensor *gamma, *beta;                 /* [H]; beta NULL = 0 */
+  bl_tensor *y;                                  /* [..., H]: forward's output (backward does not read it) */
+  bl_tensor *mean, *rstd;                        /* [n] f32: written by forward, read by backward */
+  double eps;                                    /* forward: > 0 (BERT: 1e-12) */
+  double p;                                      /* dropout probability; 0 = none */
+  uint64_t seed, offset;
+} bl_embedding_layernorm_args;
+int bl_embedding_layernorm_forward(const bl_embedding_layernorm_args *a);
 int bl_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type, bl_tensor *dgamma,
-                                    bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *word,
-                                    const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
-                                    const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
-                                    const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                    uint64_t offset);
+                                    bl_tensor *dbeta, const bl_tensor *dy, const bl_embedding_layernorm_args *a);
 
 /* ---- layernorm over the last dim: y = (x - mean) * rstd * gamma + beta,
  * x/y [..., H], gamma/beta [H], mean/rstd [rows] f32 (rows = numel/H) saved

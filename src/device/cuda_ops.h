@@ -114,16 +114,10 @@ int bl_cuda_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_t
 int bl_cuda_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_tensor *ids);
 /* Native for contiguous f32/bf16/f16 tables, y and dy of one dtype (gamma/beta that dtype or f32) and at most 4
  * token types; BL_EUNSUPPORTED with no error set otherwise (the caller composes the op from the ones above). */
-int bl_cuda_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *word,
-                                        const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
-                                        const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
-                                        const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset);
+int bl_cuda_embedding_layernorm_forward(const bl_embedding_layernorm_args *a);
 int bl_cuda_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type,
                                          bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
-                                         const bl_tensor *word, const bl_tensor *position, const bl_tensor *token_type,
-                                         const bl_tensor *ids, const bl_tensor *pos_ids, const bl_tensor *type_ids,
-                                         const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
-                                         uint64_t seed, uint64_t offset);
+                                         const bl_embedding_layernorm_args *a);
 int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                               const bl_tensor *gamma, const bl_tensor *beta, double eps);
 int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,

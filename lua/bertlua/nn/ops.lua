@@ -103,6 +103,7 @@ end
 -- BERT's embedding block in one op: y = dropout_p(LN(word[ids] + position[pos_ids] + token_type[type_ids])).
 -- t = {word, position, token_type} tables, ids = {ids, pos_ids, type_ids}; opts: eps (1e-12), p (0), seed, offset,
 -- out, mean, rstd (buffers). Returns y, mean, rstd.
+local eln_args = ffi.typeof("bl_embedding_layernorm_args")
 function M.embedding_layernorm(t, ids, gamma, beta, opts)
   opts = opts or {}
   local shape = ids[1]:shape()
@@ -111,16 +112,18 @@ function M.embedding_layernorm(t, ids, gamma, beta, opts)
   local n = ids[1]:numel()
   local mean, rstd = opts.mean or bl.empty({ n }, { device = out:device() }),
     opts.rstd or bl.empty({ n }, { device = out:device() })
-  check(C.bl_embedding_layernorm_forward(out, mean, rstd, t[1], t[2], t[3], ids[1], ids[2], ids[3], gamma, beta,
-    opts.eps or 1e-12, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_embedding_layernorm_forward(eln_args({ word = t[1], position = t[2], token_type = t[3], ids = ids[1],
+    pos_ids = ids[2], type_ids = ids[3], gamma = gamma, beta = beta, y = out, mean = mean, rstd = rstd,
+    eps = opts.eps or 1e-12, p = opts.p or 0, seed = opts.seed or 0, offset = opts.offset or 0 })))
   return out, mean, rstd
 end
 -- Accumulates the gradients in `grads` = {word, position, token_type, gamma, beta} (any may be nil);
 -- opts: p, seed, offset (as in forward).
 function M.embedding_layernorm_backward(dy, t, ids, gamma, mean, rstd, grads, opts)
   opts = opts or {}
-  check(C.bl_embedding_layernorm_backward(grads[1], grads[2], grads[3], grads[4], grads[5], dy, t[1], t[2], t[3],
-    ids[1], ids[2], ids[3], gamma, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_embedding_layernorm_backward(grads[1], grads[2], grads[3], grads[4], grads[5], dy,
+    eln_args({ word = t[1], position = t[2], token_type = t[3], ids = ids[1], pos_ids = ids[2], type_ids = ids[3],
+      gamma = gamma, mean = mean, rstd = rstd, p = opts.p or 0, seed = opts.seed or 0, offset = opts.offset or 0 })))
 end
 
 -- out[j, :] = x viewed as [rows, H] at flat row pos[j] (0-based, as stored in data files).
