@@ -182,33 +182,22 @@ int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, cons
 
 /* ---- optimizers over flat f32 buffers (kernels/optim.cu): the twins of
  * bl_lamb_step, bl_adamw_step, bl_sgd_step, bl_grad_global_norm and
- * bl_unscale_check with their signatures and contract (bl_optim.h), called by
- * those entry points after they checked the config, the segment table (in
- * bounds, disjoint), step, lr, grad_scale and that the buffers do not alias.
+ * bl_unscale_check with their arguments and contract (bl_optim.h; the
+ * steps' amp form included), called by those entry points after they checked
+ * the config, the segment table (in bounds, disjoint), step, lr, grad_scale,
+ * the amp state and that the buffers do not alias.
  * The segment table is uploaded when its layout changes, not every step, and
  * scratch is kept per device: after the first step no allocation.
  * Synchronisation: a step synchronises once when it computes the global norm
- * (grad_norm < 0), to return the non-finite error; with a norm from the
- * caller it returns as soon as its kernels are queued. bl_cuda_grad_global_norm
+ * (no has_grad_norm), to return the non-finite error; with a norm from the
+ * caller it returns as soon as its kernels are queued; an amp step never
+ * does (the decision is made on the device). bl_cuda_grad_global_norm
  * and bl_cuda_unscale_check return host values and synchronise once. */
-int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                      bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                      double grad_norm, bl_optim_stats *stats);
-int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                       bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                       double grad_norm, bl_optim_stats *stats);
-int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *buf,
-                     const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                     bl_optim_stats *stats);
+int bl_cuda_lamb_step(const bl_lamb_config *cfg, const bl_optim_args *a);
+int bl_cuda_adamw_step(const bl_adamw_config *cfg, const bl_optim_args *a);
+int bl_cuda_sgd_step(const bl_sgd_config *cfg, const bl_optim_args *a);
 /* bl_optim_prepare on cuda:device (segments checked). */
 int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg);
-/* The amp steps never synchronise: the decision is made on the device in the state tensor. */
-int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                          bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                          const bl_amp_config *amp, bl_tensor *state);
-int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                           bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                           const bl_amp_config *amp, bl_tensor *state);
 int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite);
 int bl_cuda_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
 /* Flat-buffer casts f32 <-> f16/bf16 (master weights -> half copies and back):
