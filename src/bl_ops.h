@@ -67,7 +67,8 @@ int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_ten
  * + b), act BL_LINEAR_NONE or BL_LINEAR_GELU (exact erf GELU, as
  * bl_bias_gelu_forward), bias and GELU applied in the GEMM's epilogue. The
  * pack is a snapshot: pack again after changing W. Forward only (no backward:
- * training runs the ordinary GEMM). Free with bl_linear_pack_free. */
+ * training runs the ordinary GEMM). Free with bl_linear_pack_free. A separate
+ * entry, not an option: it takes a different operand (the pack) and an epilogue. */
 typedef struct bl_packed_weight bl_packed_weight;
 enum { BL_LINEAR_NONE = 0, BL_LINEAR_GELU = 1 };
 int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w);

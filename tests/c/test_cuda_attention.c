@@ -1,6 +1,6 @@
 /* The tensor-core flash attention (kernels/attention_tc.cu, picked by bl_cuda_attention_forward/backward for
- * bf16/f16 operands with d in {32, 64, 128}; called here through the public bl_attention_forward/backward) vs the CPU twin
- * (src/ops/attention.c) on random inputs.
+ * bf16/f16 operands with d in {32, 64, 128}; called here through the public bl_attention_forward/backward) vs the
+ * CPU twin (src/ops/attention.c) on random inputs.
  *
  * Inputs: Q, K, V as column slices of one [B, S, 3H] tensor (the fused-QKV layout, strided), dctx, all random in
  * [-1, 1] and rounded to the activation dtype first, so both sides see the same values; the CPU op runs in f32 on
