@@ -383,10 +383,11 @@ int check_common(const char *op, const bl_tensor *q, const bl_tensor *k, const b
   if (d > DMAX)
     return bl_set_error(BL_EUNSUPPORTED, "%s: head size %lld > %d is not supported by the CUDA kernel", op,
                         (long long)d, DMAX);
-  if (!lse) return bl_set_error(BL_EINVAL, "%s: lse is NULL", op);
+  if (!lse) return bl_set_error(BL_EINVAL, "%s: saved (the row logsumexp) is NULL", op);
   char s1[128];
   if (lse->dtype != BL_F32 || lse->numel != B * heads * S || !cu_is_contig(lse))
-    return bl_set_error(BL_EINVAL, "%s: lse must be a contiguous f32 [%lld,%d,%lld] tensor, got %s %s", op,
+    return bl_set_error(BL_EINVAL,
+                        "%s: saved (the row logsumexp) must be a contiguous f32 [%lld,%d,%lld] tensor, got %s %s", op,
                         (long long)B, heads, (long long)S, bl_dtype_name(lse->dtype), BL_SHAPE(lse, s1));
   if (!(p >= 0.0 && p < 1.0)) return bl_set_error(BL_EINVAL, "%s: dropout probability %g must be in [0, 1)", op, p);
   if (B * heads > 65535)
@@ -463,10 +464,13 @@ int launch(const char *op, int dev, K kernel, dim3 grid, size_t smem, const attn
 
 } // namespace
 
-extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const bl_tensor *q, const bl_tensor *k,
-                                         const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale,
-                                         double p, uint64_t seed, uint64_t offset) {
+extern "C" int bl_cuda_attention_forward(const bl_attention_args *args) {
   const char *op = "attention";
+  bl_tensor *ctx = args->ctx, *lse = args->saved;
+  const bl_tensor *q = args->q, *k = args->k, *v = args->v, *key_mask = args->key_mask;
+  const int heads = args->heads;
+  const double scale = args->scale, p = args->p;
+  const uint64_t seed = args->seed, offset = args->offset;
   int dev;
   const bl_tensor *ts[] = { ctx, lse, q, k, v, key_mask };
   BL_CHECK(cu_device(op, 6, ts, &dev));
@@ -509,10 +513,13 @@ extern "C" int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const b
 }
 
 extern "C" int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
-                                          const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                                          const bl_tensor *ctx, const bl_tensor *lse, const bl_tensor *key_mask,
-                                          int heads, double scale, double p, uint64_t seed, uint64_t offset) {
+                                          const bl_attention_args *args) {
   const char *op = "attention_backward";
+  const bl_tensor *q = args->q, *k = args->k, *v = args->v, *ctx = args->ctx, *lse = args->saved;
+  const bl_tensor *key_mask = args->key_mask;
+  const int heads = args->heads;
+  const double scale = args->scale, p = args->p;
+  const uint64_t seed = args->seed, offset = args->offset;
   int dev;
   const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, ctx, lse, key_mask };
   BL_CHECK(cu_device(op, 10, ts, &dev));

@@ -806,24 +806,15 @@ extern "C" int bl_cuda_gather_backward(bl_tensor *dx, const bl_tensor *dout, con
   return scatter("gather_backward", dx, dout, pos, "position", "rows");
 }
 
-extern "C" int bl_cuda_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd,
-                                                   const bl_tensor *word, const bl_tensor *position,
-                                                   const bl_tensor *token_type, const bl_tensor *ids,
-                                                   const bl_tensor *pos_ids, const bl_tensor *type_ids,
-                                                   const bl_tensor *gamma, const bl_tensor *beta, double eps, double p,
-                                                   uint64_t seed, uint64_t offset) {
-  const bl_tensor *tables[] = { word, position, token_type }, *idx[] = { ids, pos_ids, type_ids };
-  return emb_ln_forward(y, mean, rstd, tables, idx, gamma, beta, eps, p, seed, offset);
+extern "C" int bl_cuda_embedding_layernorm_forward(const bl_embedding_layernorm_args *a) {
+  const bl_tensor *tables[] = { a->word, a->position, a->token_type }, *idx[] = { a->ids, a->pos_ids, a->type_ids };
+  return emb_ln_forward(a->y, a->mean, a->rstd, tables, idx, a->gamma, a->beta, a->eps, a->p, a->seed, a->offset);
 }
 
 extern "C" int bl_cuda_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type,
                                                     bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
-                                                    const bl_tensor *word, const bl_tensor *position,
-                                                    const bl_tensor *token_type, const bl_tensor *ids,
-                                                    const bl_tensor *pos_ids, const bl_tensor *type_ids,
-                                                    const bl_tensor *gamma, const bl_tensor *mean,
-                                                    const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
+                                                    const bl_embedding_layernorm_args *a) {
   bl_tensor *grads[] = { dword, dposition, dtoken_type };
-  const bl_tensor *tables[] = { word, position, token_type }, *idx[] = { ids, pos_ids, type_ids };
-  return emb_ln_backward(grads, dgamma, dbeta, dy, tables, idx, gamma, mean, rstd, p, seed, offset);
+  const bl_tensor *tables[] = { a->word, a->position, a->token_type }, *idx[] = { a->ids, a->pos_ids, a->type_ids };
+  return emb_ln_backward(grads, dgamma, dbeta, dy, tables, idx, a->gamma, a->mean, a->rstd, a->p, a->seed, a->offset);
 }

@@ -12,7 +12,7 @@
 // Backward: ln_bwd_rows, blocks of G row groups (blockDim.y, fixed by h and
 // the storage type) of kRows rows each, a group taking rows g, g + G, ... of
 // its block one at a time: recomputes xhat from x (+ dropout + residual),
-// mean, rstd, or (the _out entry, when every column passes ln_col_safe, a
+// mean, rstd, or (when the caller gives y and every column passes ln_col_safe, a
 // test each block makes on gamma/beta before its rows) from the saved output:
 // xhat = (y - beta) / gamma, one [rows, H] read fewer than x and residual:
 // dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)),
@@ -175,7 +175,7 @@ __device__ __forceinline__ float2 group_sum2(float a, float b, float *sh) {
 // gradient of x after the dropout mask), in shared memory when they fit (then summed over the groups in order into
 // the block's slice of part), else (G = 1) the block's own slice of part; every thread touches only its own columns
 // of its own group's partials, so they need no barrier. part == nullptr: no parameter gradient is wanted.
-// Whether column j's xhat can be recovered from y = xhat gamma + beta (bl_residual_layernorm_backward_out in
+// Whether column j's xhat can be recovered from y = xhat gamma + beta (bl_residual_layernorm_backward with y in
 // bl_ops.h; the CPU twin's ln_col_safe): |gamma| >= 2^-60 and |beta| <= 4 |gamma|, so the rounding of a stored y
 // moves xhat by at most u (|xhat| + 4), u the unit roundoff of y's dtype. NaN fails both tests.
 __device__ __forceinline__ bool ln_col_safe(float g, float b) {
@@ -569,30 +569,18 @@ extern "C" int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_t
                      mean, rstd, 0.0, 0, 0);
 }
 
-extern "C" int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                                  const bl_tensor *residual, const bl_tensor *gamma,
-                                                  const bl_tensor *beta, double eps, double p, uint64_t seed,
-                                                  uint64_t offset) {
-  if (!residual) return bl_set_error(BL_EINVAL, "residual_layernorm: residual is NULL");
-  return ln_forward("residual_layernorm", y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset);
+extern "C" int bl_cuda_residual_layernorm_forward(const bl_residual_layernorm_args *a) {
+  if (!a->residual) return bl_set_error(BL_EINVAL, "residual_layernorm: residual is NULL");
+  return ln_forward("residual_layernorm", a->y, a->mean, a->rstd, a->x, a->residual, a->gamma, a->beta, a->eps, a->p,
+                    a->seed, a->offset);
 }
 
+/* xhat from a->y (with beta) when the caller gives y, else from x and residual */
 extern "C" int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
                                                    bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
-                                                   const bl_tensor *x, const bl_tensor *residual,
-                                                   const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd,
-                                                   double p, uint64_t seed, uint64_t offset) {
-  if (!residual) return bl_set_error(BL_EINVAL, "residual_layernorm_backward: residual is NULL");
-  return ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, nullptr, x, residual,
-                     gamma, nullptr, mean, rstd, p, seed, offset);
-}
-
-extern "C" int bl_cuda_residual_layernorm_backward_out(
-    bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy,
-    const bl_tensor *y, const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-    const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset) {
-  const char *op = "residual_layernorm_backward_out";
-  if (!residual || !y) return bl_set_error(BL_EINVAL, "%s: %s is NULL", op, residual ? "output" : "residual");
-  return ln_backward(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p, seed,
-                     offset);
+                                                   const bl_residual_layernorm_args *a) {
+  const char *op = "residual_layernorm_backward";
+  if (!a->residual) return bl_set_error(BL_EINVAL, "%s: residual is NULL", op);
+  return ln_backward(op, dx, dresidual, dgamma, dbeta, dbias, dy, a->y, a->x, a->residual, a->gamma,
+                     a->y ? a->beta : nullptr, a->mean, a->rstd, a->p, a->seed, a->offset);
 }

@@ -568,42 +568,31 @@ extern "C" int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg) {
   return c->ratio.need(op, device, (size_t)(seg->count + 1) * sizeof(float));
 }
 
-extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                                 bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
-                                 double grad_scale, double grad_norm, bl_optim_stats *stats) {
-  step_src src = { step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr };
-  return lamb_step(cfg, w, half, g, m, v, seg, grad_scale, grad_norm, stats, src);
+// amp: the loss-scaled step, its count, norm and decision in a->amp_state (src/optim's opt_step checked both forms)
+extern "C" int bl_cuda_lamb_step(const bl_lamb_config *cfg, const bl_optim_args *a) {
+  step_src src = { a->amp ? 0 : a->step, cfg->beta1, cfg->beta2, cfg->bias_correction, a->amp, a->amp_state, a->lr };
+  return lamb_step(cfg, a->w, a->half, a->g, a->m, a->v, a->seg, a->grad_scale,
+                   a->amp ? -1.0 : bl_opt_given_norm(a->has_grad_norm, a->grad_norm), a->amp ? nullptr : a->stats, src);
 }
 
-extern "C" int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                                     bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
-                                     double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
-  step_src src = { 0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr };
-  return lamb_step(cfg, w, half, g, m, v, seg, grad_scale, -1.0, nullptr, src);
+extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, const bl_optim_args *a) {
+  step_src src = { a->amp ? 0 : a->step, cfg->beta1, cfg->beta2, cfg->bias_correction, a->amp, a->amp_state, a->lr };
+  return adamw_step(cfg, a->w, a->half, a->g, a->m, a->v, a->seg, a->grad_scale,
+                    a->amp ? -1.0 : bl_opt_given_norm(a->has_grad_norm, a->grad_norm), a->amp ? nullptr : a->stats,
+                    src);
 }
 
-extern "C" int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                                  bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr,
-                                  double grad_scale, double grad_norm, bl_optim_stats *stats) {
-  step_src src = { step, cfg->beta1, cfg->beta2, cfg->bias_correction, nullptr, nullptr, lr };
-  return adamw_step(cfg, w, half, g, m, v, seg, grad_scale, grad_norm, stats, src);
-}
-
-extern "C" int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                                      bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr,
-                                      double grad_scale, const bl_amp_config *amp, bl_tensor *state) {
-  step_src src = { 0, cfg->beta1, cfg->beta2, cfg->bias_correction, amp, state, lr };
-  return adamw_step(cfg, w, half, g, m, v, seg, grad_scale, -1.0, nullptr, src);
-}
-
-extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                                bl_tensor *buf, const bl_optim_segments *seg, int64_t step, double lr,
-                                double grad_scale, double grad_norm, bl_optim_stats *stats) {
+extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, const bl_optim_args *a) {
+  bl_tensor *w = a->w, *half = a->half, *buf = a->m;
+  const bl_tensor *g = a->g;
+  const int64_t step = a->step;
+  const double grad_scale = a->grad_scale;
   step_ctx x;
   const bool mom = cfg->momentum > 0;
   const bl_tensor *ts[] = { w, g, mom ? buf : nullptr };
-  step_src src = { step, 0, 0, 0, nullptr, nullptr, lr };
-  BL_CHECK(begin_step(&x, "sgd_step", ts, 3, seg, grad_scale, grad_norm, cfg->max_grad_norm, 1, false, src));
+  step_src src = { step, 0, 0, 0, nullptr, nullptr, a->lr };
+  BL_CHECK(begin_step(&x, "sgd_step", ts, 3, a->seg, grad_scale, bl_opt_given_norm(a->has_grad_norm, a->grad_norm),
+                      cfg->max_grad_norm, 1, false, src));
   const int64_t nc = x.c->nchunk;
   if (nc > 0) {
     sgd_k k = { (float)cfg->momentum, (float)(1.0 - cfg->dampening), (float)cfg->weight_decay, mom, step == 1,
@@ -615,7 +604,7 @@ extern "C" int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tenso
                                                   x.c->state.mem.as<step_state>(), half_of(half));
     BL_CHECK(cu_launched(x.op, x.dev));
   }
-  return end_step(&x, grad_scale, cfg->max_grad_norm, stats, false);
+  return end_step(&x, grad_scale, cfg->max_grad_norm, a->stats, false);
 }
 
 extern "C" int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite) {

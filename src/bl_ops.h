@@ -29,10 +29,8 @@
  *    below 2^63; the CPU ops refuse a slot.
  *  - Tensors on cuda:N run the CUDA twin (in kernels/, contracts in
  *    src/device/cuda_ops.h) behind the same entry point; all tensors of a
- *    call must be on one device (else an error naming both). Attention has a
- *    device-independent pair (bl_attention_*_saved) because the two devices
- *    save different state for backward. A CPU-only build reports cuda
- *    tensors as an error.
+ *    call must be on one device (else an error naming both). A CPU-only
+ *    build reports cuda tensors as an error.
  */
 #ifndef BL_OPS_H
 #define BL_OPS_H
@@ -69,7 +67,8 @@ int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_ten
  * + b), act BL_LINEAR_NONE or BL_LINEAR_GELU (exact erf GELU, as
  * bl_bias_gelu_forward), bias and GELU applied in the GEMM's epilogue. The
  * pack is a snapshot: pack again after changing W. Forward only (no backward:
- * training runs the ordinary GEMM). Free with bl_linear_pack_free. */
+ * training runs the ordinary GEMM). Free with bl_linear_pack_free. A separate
+ * entry, not an option: it takes a different operand (the pack) and an epilogue. */
 typedef struct bl_packed_weight bl_packed_weight;
 enum { BL_LINEAR_NONE = 0, BL_LINEAR_GELU = 1 };
 int bl_linear_pack(bl_packed_weight **out, const bl_tensor *w);
@@ -97,23 +96,27 @@ int bl_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_ten
  * s[i, :] = word[ids[i], :] + position[pos_ids[i], :] + token_type[type_ids[i], :]
  * summed in f32 in that order (not rounded to y's dtype). ids, pos_ids, type_ids [...]
  * i32/i64 of n elements each (all checked as in bl_embedding_forward); the three
- * tables [*, H] of one float dtype; y [..., H] with n rows; gamma/beta [H];
- * mean/rstd [n] f32 saved. Dropout as bl_dropout_forward on y's shape at
- * (seed, offset); p = 0 means none. Same values as bl_embedding_forward x3 into
- * an f32 sum, bl_layernorm_forward, bl_dropout_forward.
+ * tables [*, H] of one float dtype; y [..., H] with n rows. Dropout as
+ * bl_dropout_forward on y's shape at (seed, offset). Same values as
+ * bl_embedding_forward x3 into an f32 sum, bl_layernorm_forward,
+ * bl_dropout_forward. One argument struct for forward and backward (fields
+ * left 0 / NULL take the default named beside them).
  * Backward recomputes s from the tables (nothing else saved) and accumulates
  * dword, dposition, dtoken_type (deterministic, as bl_embedding_backward),
  * dgamma, dbeta (+=; any of the five may be NULL). */
-int bl_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *word,
-                                   const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
-                                   const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
-                                   const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset);
+typedef struct bl_embedding_layernorm_args {
+  const bl_tensor *word, *position, *token_type; /* the tables [*, H] */
+  const bl_tensor *ids, *pos_ids, *type_ids;     /* [...] i32/i64, n elements each */
+  const bl_tensor *gamma, *beta;                 /* [H]; beta NULL = 0 */
+  bl_tensor *y;                                  /* [..., H]: forward's output (backward does not read it) */
+  bl_tensor *mean, *rstd;                        /* [n] f32: written by forward, read by backward */
+  double eps;                                    /* forward: > 0 (BERT: 1e-12) */
+  double p;                                      /* dropout probability; 0 = none */
+  uint64_t seed, offset;
+} bl_embedding_layernorm_args;
+int bl_embedding_layernorm_forward(const bl_embedding_layernorm_args *a);
 int bl_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type, bl_tensor *dgamma,
-                                    bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *word,
-                                    const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
-                                    const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
-                                    const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                    uint64_t offset);
+                                    bl_tensor *dbeta, const bl_tensor *dy, const bl_embedding_layernorm_args *a);
 
 /* ---- layernorm over the last dim: y = (x - mean) * rstd * gamma + beta,
  * x/y [..., H], gamma/beta [H], mean/rstd [rows] f32 (rows = numel/H) saved
@@ -125,48 +128,43 @@ int bl_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, co
                           const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd);
 
 /* ---- fused dropout + residual + layernorm (BERT's SelfOutput/Output tail):
- * y = LN(dropout_p(x) + residual). x, residual, y [..., H]; mean/rstd [rows]
- * f32 saved. The dropout mask (shape of x) is regenerated in backward from
- * (seed, offset), so nothing else is stored; p = 0 means no dropout.
+ * y = LN(dropout_p(x) + residual), one argument struct for forward and
+ * backward (fields left 0 / NULL take the default named beside them).
+ * The dropout mask (shape of x) is regenerated in backward from (seed,
+ * offset), so nothing but mean/rstd is stored.
  * Backward: dx overwritten (= dsum * mask / (1-p)), dresidual overwritten
- * (= dsum; may be NULL, and equals dx when p = 0), dgamma/dbeta += (may be NULL),
- * dbias += the column sums of dx (may be NULL): the bias gradient of the linear
- * layer whose output x is, in the same pass.
- * Backward takes x and residual again to recompute the normalised sum. */
-int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                  const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta, double eps,
-                                  double p, uint64_t seed, uint64_t offset);
+ * (= dsum; may be NULL, and equals dx when p = 0), dgamma/dbeta += (may be
+ * NULL), dbias += the column sums of dx (may be NULL): the bias gradient of
+ * the linear layer whose output x is, in the same pass. It recomputes the
+ * normalised sum from x and residual, or, when y is given, takes it back as
+ * xhat = (y - beta) / gamma, one [rows, H] read fewer (y is kept anyway: it is
+ * the next sublayer's input). That is done only when every column j has
+ * |gamma_j| >= 2^-60 and |beta_j| <= 4 |gamma_j| (else x and residual are
+ * read, so both stay required); the rounding of a stored y (unit roundoff u
+ * of its dtype: 2^-24 f32, 2^-8 bf16, 2^-11 f16) moves xhat by at most
+ * u (|xhat| + 4): dx, dresidual and dgamma may differ from the x path by that
+ * much relative to their xhat term.
+ * Packed tokens (offsets != NULL, CPU only, for unpadded training): x,
+ * residual, y [1, T, H] (or [T, H]) hold the real tokens of B rows back to
+ * back, offsets [B+1] delimit them (as bl_attention_args), seq is the padded
+ * length they come from. Token t of row b (its position s = t - offsets[b];
+ * each row's real tokens its first ones) draws its dropout from row b*seq + s
+ * of the padded op's mask, so a packed run drops what the padded run drops at
+ * the real positions. */
+typedef struct bl_residual_layernorm_args {
+  const bl_tensor *x, *residual; /* [..., H] */
+  const bl_tensor *gamma, *beta; /* [H]; beta NULL = 0 */
+  bl_tensor *y;                  /* [..., H]: forward's output; backward: NULL, or y to take xhat from */
+  bl_tensor *mean, *rstd;        /* [rows] f32: written by forward, read by backward */
+  const bl_tensor *offsets;      /* NULL = padded rows; else packed tokens (see above) */
+  int64_t seq;                   /* packed: the padded length */
+  double eps;                    /* forward: > 0 (BERT: 1e-12) */
+  double p;                      /* dropout probability; 0 = none */
+  uint64_t seed, offset;
+} bl_residual_layernorm_args;
+int bl_residual_layernorm_forward(const bl_residual_layernorm_args *a);
 int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                   bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *residual,
-                                   const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
-                                   uint64_t seed, uint64_t offset);
-/* The same backward from the forward's output y (and beta, NULL = 0): the normalised sum is recovered as
- * xhat = (y - beta) / gamma instead of recomputed from x and residual, one [rows, H] read fewer (what makes y is
- * kept anyway: it is the next sublayer's input). Used only when every column j has |gamma_j| >= 2^-60 and
- * |beta_j| <= 4 |gamma_j|; otherwise (a gamma near 0 cannot give xhat back) the op reads x and residual as above,
- * so both stay required. The rounding of a stored y (unit roundoff u of its dtype: 2^-24 f32, 2^-8 bf16, 2^-11
- * f16) moves xhat by at most u (|xhat| + 4): dx, dresidual and dgamma may differ from the x path by that much
- * relative to their xhat term. */
-int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                       bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
-                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                       const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                       uint64_t offset);
-
-/* ---- the same on packed tokens (CPU only, for unpadded training): x, residual, y [1, T, H] (or [T, H]) hold
- * the real tokens of B rows back to back, offsets [B+1] delimit them (as bl_attention_forward_packed), seq is the
- * padded length they come from. Token t of row b (its position s = t - offsets[b]; each row's real tokens its
- * first ones) draws its dropout from row b*seq + s of the padded op's mask, so a packed run drops what the padded
- * run drops at the real positions. */
-int bl_residual_layernorm_forward_packed(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                         const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                         double eps, double p, uint64_t seed, uint64_t offset, const bl_tensor *offsets,
-                                         int64_t seq);
-int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                          bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                          const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
-                                          const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset,
-                                          const bl_tensor *offsets, int64_t seq);
+                                   bl_tensor *dbias, const bl_tensor *dy, const bl_residual_layernorm_args *a);
 
 /* ---- GELU (exact erf form): y = 0.5 x (1 + erf(x / sqrt 2)).
  * bias_gelu: y = gelu(x + b), b [H] over the last dim; backward recomputes the
@@ -217,70 +215,49 @@ int bl_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
  * last dim has unit stride). Per batch b and head h:
  *   scores = Q_bh K_bh^T * scale + (1 - key_mask[b, :]) * -10000
  *   P = softmax(scores); ctx_bh = dropout_p(P) V_bh
- * key_mask [B, S] (1 = keep, 0 = padding; any dtype; NULL = all keep);
- * scale <= 0 means 1/sqrt(d). The dropout mask has shape [B, heads, S, S];
- * each row starts a Philox call: element (q, k) of head bh = b*heads + h is
- * element ((bh*S + q)*S4 + k) of the stream, S4 = 4*ceil(S/4), so a call's
- * four outputs are four adjacent keys of one row (B*heads*S*S4 elements drawn).
- * Saved for backward: probs [B, heads, S, S] f32 (softmax before dropout),
- * 4*B*heads*S^2 bytes: 24 MiB for B=8, 12 heads, S=256 — the trade-off made
- * on the CPU instead of logsumexp + recompute, which would cost a second
- * Q K^T GEMM in backward. The dropout mask is regenerated.
- * Backward: dq, dk, dv [B, S, H] overwritten. */
-int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                         const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed, uint64_t offset);
-int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                          const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs, int heads, double scale,
-                          double p, uint64_t seed, uint64_t offset);
-
-/* ---- the same attention for inference over packed sequences (no padding, no
- * dropout, nothing saved): q, k, v (strided as above) and ctx [1, T, H] hold
- * the real tokens of B sequences back to back; offsets [B+1] i32/i64 (0 first,
- * non-decreasing, T last) delimit them, and each token attends to the tokens
- * of its own sequence only. Equal to bl_attention_forward on the padded batch
- * at the real positions up to summation order (masked probabilities are 0
- * there). Sequences of length 0 are allowed (nothing written). CPU only. */
-int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                                const bl_tensor *offsets, int heads, double scale);
-/* ---- packed attention for training (CPU only): as bl_attention_forward_packed, with dropout and the
- * probabilities saved for backward. seq: the padded length S of the batch the tokens were packed from (no
- * sequence longer). Dropout draws what bl_attention_forward draws on that padded batch when each row's real
- * tokens are its first n_b: element (i, j) of sequence b, head h is element ((bh*S + i)*S4 + j) of the stream,
- * bh = b*heads + h, S4 = 4*ceil(S/4); so the packed run drops exactly the padded run's entries (call with the
- * padded op's seed and offset). probs: contiguous f32 of heads * sum_b n_b^2 elements, sequence b's heads back
- * to back ([heads, n_b, n_b], softmax before dropout). Sequences of length 0 write nothing.
- * Backward: dq, dk, dv [1, T, H] overwritten, the mask regenerated from (seed, offset). */
-int bl_attention_forward_packed_train(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
-                                      const bl_tensor *v, const bl_tensor *offsets, int heads, double scale,
-                                      int64_t seq, double p, uint64_t seed, uint64_t offset);
-int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                                 const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
-                                 const bl_tensor *offsets, int heads, double scale, int64_t seq, double p,
-                                 uint64_t seed, uint64_t offset);
-
-/* ---- the same attention on any device. What forward saves for backward
- * depends on the device: the CPU op above keeps the probabilities; the CUDA
+ * The dropout mask has shape [B, heads, S, S]; each row starts a Philox call:
+ * element (q, k) of head bh = b*heads + h is element ((bh*S + q)*S4 + k) of
+ * the stream, S4 = 4*ceil(S/4), so a call's four outputs are four adjacent
+ * keys of one row (B*heads*S*S4 elements drawn).
+ * One argument struct serves forward and backward (fill it once, pass it to
+ * both; fields left 0 / NULL take the default named beside them).
+ * What forward saves for backward depends on the device: the CPU keeps the
+ * probabilities [B, heads, S, S] f32 (softmax before dropout: 24 MiB for B=8,
+ * 12 heads, S=256, instead of a second Q K^T GEMM in backward); the CUDA
  * kernel (flash-style, S x S never in memory) keeps the row logsumexp
- * lse[b,h,q] = log sum_k exp(score[q,k]) (scaled and masked scores, before
- * dropout) and recomputes P in backward, for which it needs the forward
- * output ctx and the same key_mask again. These entry points carry both, so a
- * module's only device-dependent call is asking for the shape of `saved`:
- *  - bl_attention_saved_shape(device, B, S, heads, shape[4]) returns the ndim
- *    of `saved` and fills shape: 4 = [B, heads, S, S] on the CPU, 3 =
- *    [B, heads, S] on cuda:N. `saved` is a contiguous f32 tensor.
- *  - bl_attention_forward_saved: on the CPU exactly bl_attention_forward
- *    (saved = probs, bitwise the same results); on cuda the fused kernel.
- *  - bl_attention_backward_saved: ctx (the forward's output) and key_mask
- *    (the forward's, may be NULL) are read on cuda and ignored on the CPU.
- * Dropout mask, scale, p, seed, offset: as above, identical on both devices. */
+ * [B, heads, S] of the scaled, masked scores and recomputes P in backward
+ * from ctx and key_mask. bl_attention_saved_shape(device, B, S, heads,
+ * shape[4]) returns the ndim of `saved` (4 on the CPU, 3 on cuda:N) and fills
+ * shape; `saved` is a contiguous f32 tensor. The dropout mask is regenerated.
+ * Packed sequences (offsets != NULL, CPU only, for unpadded batches): q, k, v
+ * and ctx [1, T, H] hold the real tokens of B sequences back to back, offsets
+ * [B+1] i32/i64 (0 first, non-decreasing, T last) delimit them, and each
+ * token attends to its own sequence only (no key_mask): equal to the padded op
+ * at the real positions up to summation order. saved NULL is inference (p = 0,
+ * nothing saved); for training saved is a contiguous f32 tensor of heads *
+ * sum_b n_b^2 elements (sequence b's [heads, n_b, n_b] back to back) and seq
+ * is the padded length S the tokens come from: element (i, j) of sequence b,
+ * head h is element ((bh*S + i)*S4 + j) of the stream, so with each row's real
+ * tokens its first n_b the packed run drops exactly the padded run's entries.
+ * Sequences of length 0 write nothing.
+ * Backward: dq, dk, dv (shape of q) overwritten. */
+typedef struct bl_attention_args {
+  const bl_tensor *q, *k, *v; /* [B, S, H] (packed: [1, T, H]) */
+  const bl_tensor *key_mask;  /* [B, S], 1 = keep, 0 = padding, any dtype; NULL = all keep */
+  const bl_tensor *offsets;   /* NULL = the padded layout; else [B+1] packed sequences (see above) */
+  bl_tensor *ctx;             /* [B, S, H] written by forward; read by backward on cuda */
+  bl_tensor *saved;           /* written by forward, read by backward (see above) */
+  int64_t seq;                /* packed training: the padded length S */
+  int32_t heads;
+  int32_t pad_;
+  double scale; /* <= 0: 1/sqrt(d) */
+  double p;     /* dropout probability; 0 = none */
+  uint64_t seed, offset;
+} bl_attention_args;
 int bl_attention_saved_shape(int device, int64_t batch, int64_t seq, int heads, int64_t *shape);
-int bl_attention_forward_saved(bl_tensor *ctx, bl_tensor *saved, const bl_tensor *q, const bl_tensor *k,
-                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
-                               uint64_t seed, uint64_t offset);
-int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                                const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx, const bl_tensor *saved,
-                                const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed,
-                                uint64_t offset);
+int bl_attention_forward(const bl_attention_args *a);
+int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                          const bl_attention_args *a);
 
 /* ---- gather rows at flat positions: out[j, :] = x[pos[j], :], x viewed as
  * [rows, H] (e.g. [B, S, H] with pos = b*S + s of each masked token), pos [M]

@@ -111,51 +111,70 @@ int bl_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
  * gradients into f32 master gradients in one pass. */
 int bl_unscale_to_f32(bl_tensor *out, const bl_tensor *grads, double inv_scale, int *found_inf);
 
-/* The three steps. Gradients: every step reads g_eff = grad_scale * g / clip, where grad_scale
- * is the caller's multiplier (e.g. 1/loss_scale, 1/accumulation_steps; 1.0
- * if the gradients are ready) and clip = max(1, ||grad_scale*g|| /
- * max_grad_norm) when max_grad_norm > 0 (NVIDIA/apex "global gradient norm
- * pre-normalisation"; exactly apex's rule: divide by norm/max_grad_norm, no
- * epsilon). The global norm is over all segments, accumulated in f64 over
- * fixed 16K-element chunks summed in order, so it is bitwise reproducible
- * whatever the thread count. Pass grad_norm >= 0 to supply the norm of
- * grad_scale*g yourself (e.g. from bl_grad_global_norm), or a negative
- * value to have it computed. The gradient buffer is never modified.
+/* The loss-scaling rules of a loss-scaled step (bl_optim_args.amp, below). */
+typedef struct bl_amp_config {
+  double growth_factor, backoff_factor, min_scale, max_scale;
+  int64_t growth_interval;
+  int32_t dynamic;
+  /* NULL, or a 1-element f64 tensor on the buffers' device holding the learning rate: the step reads it when it
+   * runs and ignores bl_optim_args.lr (a replayed CUDA graph takes the rate the host last copied there) */
+  const bl_tensor *lr_from;
+} bl_amp_config;
+
+/* The buffers and values of one step, shared by the three optimizers (fields left 0 / NULL take the default named
+ * beside them):
  *
- * Non-finite gradients. If the norm is inf/NaN the step returns BL_EINVAL
- * ("...: non-finite gradient ...") BEFORE writing anything: weights and
- * moments are untouched. With fp16 use the loss scaler (bertlua.train.amp), which
- * detects the overflow first and skips the step.
+ * Gradients: every step reads g_eff = grad_scale * g / clip, where grad_scale is the caller's multiplier (e.g.
+ * 1/loss_scale, 1/accumulation_steps; 1.0 if the gradients are ready) and clip = max(1, ||grad_scale*g|| /
+ * max_grad_norm) when max_grad_norm > 0 (NVIDIA/apex "global gradient norm pre-normalisation"; exactly apex's
+ * rule: divide by norm/max_grad_norm, no epsilon). The global norm is over all segments, accumulated in f64 over
+ * fixed 16K-element chunks summed in order, so it is bitwise reproducible whatever the thread count. Set
+ * has_grad_norm to supply the norm of grad_scale*g yourself (e.g. from bl_grad_global_norm); else it is computed.
+ * The gradient buffer is never modified.
  *
- * Weight decay is applied only to segments with decay[k] != 0 (decay NULL =
- * all). Decoupled (AdamW) decay is added to the update, u += wd*w; with
- * adam_w_mode = 0 it is classic L2 (g += wd*w before the moments).
+ * Non-finite gradients. If the norm is inf/NaN the step returns BL_EINVAL ("...: non-finite gradient ...") BEFORE
+ * writing anything: weights and moments are untouched. With fp16 use the loss-scaled step (amp below, or
+ * bertlua.train.amp), which detects the overflow first and skips the step.
  *
- * `step` is the 1-based count of this update (bias corrections 1-beta^step).
- * Devices: all buffers on the CPU, or all on one cuda:N (mixed is an error);
- * on cuda the same step runs as kernels (kernels/optim.cu), with the same
- * results up to f32 rounding of the element math and the order of f64 sums.
+ * Weight decay is applied only to segments with decay[k] != 0 (decay NULL = all). Decoupled (AdamW) decay is
+ * added to the update, u += wd*w; with adam_w_mode = 0 it is classic L2 (g += wd*w before the moments).
+ *
+ * Devices: all buffers on the CPU, or all on one cuda:N (mixed is an error); on cuda the same step runs as kernels
+ * (kernels/optim.cu), with the same results up to f32 rounding of the element math and the order of f64 sums.
  *
  * half: NULL, or the model's compute copy of w (bf16 or f16, contiguous, same numel and device, not sharing
  * memory with the other buffers): every element the step writes in w is written rounded to nearest even in half
  * by the same pass (on a GPU, the same launch), so no separate cast refreshes it after the step; the elements
  * outside every segment, and all of them on a failed or skipped step, are left as they are in both.
  *
- * stats may be NULL. */
-int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                 bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                 double grad_norm, bl_optim_stats *stats);
-int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                  double grad_norm, bl_optim_stats *stats);
-int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *buf,
-                const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                bl_optim_stats *stats);
+ * amp: NULL for a plain step; else the loss-scaled step of LAMB and AdamW described below, which takes its step
+ * count and norm from amp_state (step, has_grad_norm, grad_norm and stats are not used). */
+typedef struct bl_optim_args {
+  bl_tensor *w;                 /* params */
+  bl_tensor *half;              /* NULL, or w's bf16/f16 compute copy (above) */
+  const bl_tensor *g;           /* grads */
+  bl_tensor *m, *v;             /* LAMB, AdamW: exp_avg, exp_avg_sq; SGD: m the momentum buffer (NULL when
+                                   momentum == 0), v unused */
+  const bl_optim_segments *seg; /* the parameter tensors */
+  int64_t step;                 /* 1-based count of this update (bias corrections 1-beta^step) */
+  double lr;
+  double grad_scale; /* > 0 */
+  double grad_norm;  /* the norm of grad_scale*g, read when has_grad_norm != 0 */
+  int32_t has_grad_norm;
+  int32_t pad_;
+  bl_optim_stats *stats;    /* NULL, or filled by a plain step */
+  const bl_amp_config *amp; /* NULL = a plain step */
+  bl_tensor *amp_state;     /* with amp: the state tensor below */
+} bl_optim_args;
 
-/* Steps whose loss-scale decision, skip and step count live in a state tensor on the buffers' device, so a
- * training step on a GPU never waits for the host: the host reads the state when it logs.
- * state: contiguous f64 [BL_AMP_STATE_LEN], indexed by BL_AMP_*, initialised by the caller (scale = the
- * initial loss scale, the rest 0). One call:
+int bl_lamb_step(const bl_lamb_config *cfg, const bl_optim_args *a);
+int bl_adamw_step(const bl_adamw_config *cfg, const bl_optim_args *a);
+int bl_sgd_step(const bl_sgd_config *cfg, const bl_optim_args *a);
+
+/* The loss-scaled step (bl_optim_args.amp; LAMB and AdamW): its loss-scale decision, skip and step count live in
+ * a state tensor on the buffers' device, so a training step on a GPU never waits for the host: the host reads the
+ * state when it logs. amp_state: contiguous f64 [BL_AMP_STATE_LEN], indexed by BL_AMP_*, initialised by the
+ * caller (scale = the initial loss scale, the rest 0). One call:
  *   norm = ||g|| * grad_scale / scale      (the norm of the unscaled gradients, f64, fixed order)
  *   non-finite norm: nothing is written; skipped += 1, last_skipped = 1, growth = 0; when dynamic, floor_skips
  *     += 1 if scale <= min_scale, then scale = max(scale * backoff_factor, min_scale)
@@ -165,19 +184,6 @@ int bl_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const b
  *   calls += 1 either way.
  * These are the rules of torch.cuda.amp.GradScaler and bertlua.train.amp's DynamicLossScaler; with dynamic = 0
  * (bf16, fp32) the scale stays and a non-finite step is only counted (the caller raises its error). */
-/* Before the first step of a training loop on a GPU: uploads the segment table and sizes the step's scratch for
- * buffers of numel elements on cuda:device, so that the first step allocates nothing (its scratch would otherwise
- * take device blocks cached for the next step's activations). Checks the segments; nothing to do on the CPU. */
-int bl_optim_prepare(int device, const bl_optim_segments *seg, int64_t numel);
-
-typedef struct bl_amp_config {
-  double growth_factor, backoff_factor, min_scale, max_scale;
-  int64_t growth_interval;
-  int32_t dynamic;
-  /* NULL, or a 1-element f64 tensor on the buffers' device holding the learning rate: the step reads it when it
-   * runs and ignores its lr argument (a replayed CUDA graph takes the rate the host last copied there) */
-  const bl_tensor *lr_from;
-} bl_amp_config;
 enum {
   BL_AMP_SCALE = 0,
   BL_AMP_GROWTH,
@@ -189,16 +195,15 @@ enum {
   BL_AMP_CALLS,
   BL_AMP_STATE_LEN
 };
-int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                     bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
-                     bl_tensor *state);
-int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                      bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                      const bl_amp_config *amp, bl_tensor *state);
 /* The decision alone, on a host array of BL_AMP_STATE_LEN doubles (a loss scaler that steps the optimizer itself,
  * bertlua.train.amp's DynamicLossScaler:update): the rules above for one call given the norm of the unscaled
  * gradients (NaN or inf: an overflow). *skipped (may be NULL) = 1 when the step is to be skipped. */
 int bl_amp_decide(const bl_amp_config *amp, double *state, double norm, int *skipped);
+
+/* Before the first step of a training loop on a GPU: uploads the segment table and sizes the step's scratch for
+ * buffers of numel elements on cuda:device, so that the first step allocates nothing (its scratch would otherwise
+ * take device blocks cached for the next step's activations). Checks the segments; nothing to do on the CPU. */
+int bl_optim_prepare(int device, const bl_optim_segments *seg, int64_t numel);
 /* BL_CDEF_END */
 
 #ifdef __cplusplus

@@ -114,33 +114,18 @@ int bl_cuda_embedding_forward(bl_tensor *out, const bl_tensor *table, const bl_t
 int bl_cuda_embedding_backward(bl_tensor *dtable, const bl_tensor *dout, const bl_tensor *ids);
 /* Native for contiguous f32/bf16/f16 tables, y and dy of one dtype (gamma/beta that dtype or f32) and at most 4
  * token types; BL_EUNSUPPORTED with no error set otherwise (the caller composes the op from the ones above). */
-int bl_cuda_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *word,
-                                        const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
-                                        const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
-                                        const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset);
+int bl_cuda_embedding_layernorm_forward(const bl_embedding_layernorm_args *a);
 int bl_cuda_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type,
                                          bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
-                                         const bl_tensor *word, const bl_tensor *position, const bl_tensor *token_type,
-                                         const bl_tensor *ids, const bl_tensor *pos_ids, const bl_tensor *type_ids,
-                                         const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
-                                         uint64_t seed, uint64_t offset);
+                                         const bl_embedding_layernorm_args *a);
 int bl_cuda_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
                               const bl_tensor *gamma, const bl_tensor *beta, double eps);
 int bl_cuda_layernorm_backward(bl_tensor *dx, bl_tensor *dgamma, bl_tensor *dbeta, const bl_tensor *dy,
                                const bl_tensor *x, const bl_tensor *gamma, const bl_tensor *mean,
                                const bl_tensor *rstd);
-int bl_cuda_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                       double eps, double p, uint64_t seed, uint64_t offset);
+int bl_cuda_residual_layernorm_forward(const bl_residual_layernorm_args *a);
 int bl_cuda_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                        bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                        const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
-                                        const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset);
-int bl_cuda_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                            bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y,
-                                            const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
-                                            const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd,
-                                            double p, uint64_t seed, uint64_t offset);
+                                        bl_tensor *dbias, const bl_tensor *dy, const bl_residual_layernorm_args *a);
 int bl_cuda_gelu_forward(bl_tensor *y, const bl_tensor *x);
 int bl_cuda_gelu_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *x);
 int bl_cuda_bias_gelu_forward(bl_tensor *y, const bl_tensor *x, const bl_tensor *b);
@@ -173,10 +158,10 @@ int bl_cuda_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_
 int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index);
 
 /* ---- fused attention (kernels/attention.cu) — DIFFERENT saved state from the CPU op.
- * Same math and dropout element order as bl_attention_forward/backward
- * (bl_ops.h), flash-style: S x S scores are never written to global memory.
+ * Same arguments, math and dropout element order as bl_attention_forward/backward
+ * (bl_ops.h; padded layout only), flash-style: S x S scores are never written to global memory.
  * What is saved for backward is the row logsumexp, not the probabilities:
- *   lse: contiguous f32 [B, heads, S], lse[b,h,q] = log sum_k exp(score[q,k])
+ *   saved: contiguous f32 [B, heads, S], lse[b,h,q] = log sum_k exp(score[q,k])
  *        (scores scaled and masked, before dropout).
  * The backward additionally takes the forward OUTPUT ctx [B, S, H] (the
  * module keeps it anyway as the next linear's input) to form
@@ -191,43 +176,28 @@ int bl_cuda_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tenso
  * with unit stride in place, others through f32 scratch; dq by a separate
  * pass). BL_ATTENTION_F32=1 forces the reference. Both are deterministic
  * (no atomics); dq, dk, dv are overwritten. */
-int bl_cuda_attention_forward(bl_tensor *ctx, bl_tensor *lse, const bl_tensor *q, const bl_tensor *k,
-                              const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
-                              uint64_t seed, uint64_t offset);
-int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                               const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx, const bl_tensor *lse,
-                               const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed,
-                               uint64_t offset);
+int bl_cuda_attention_forward(const bl_attention_args *a);
+int bl_cuda_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                               const bl_attention_args *a);
 
 /* ---- optimizers over flat f32 buffers (kernels/optim.cu): the twins of
  * bl_lamb_step, bl_adamw_step, bl_sgd_step, bl_grad_global_norm and
- * bl_unscale_check with their signatures and contract (bl_optim.h), called by
- * those entry points after they checked the config, the segment table (in
- * bounds, disjoint), step, lr, grad_scale and that the buffers do not alias.
+ * bl_unscale_check with their arguments and contract (bl_optim.h; the
+ * steps' amp form included), called by those entry points after they checked
+ * the config, the segment table (in bounds, disjoint), step, lr, grad_scale,
+ * the amp state and that the buffers do not alias.
  * The segment table is uploaded when its layout changes, not every step, and
  * scratch is kept per device: after the first step no allocation.
  * Synchronisation: a step synchronises once when it computes the global norm
- * (grad_norm < 0), to return the non-finite error; with a norm from the
- * caller it returns as soon as its kernels are queued. bl_cuda_grad_global_norm
+ * (no has_grad_norm), to return the non-finite error; with a norm from the
+ * caller it returns as soon as its kernels are queued; an amp step never
+ * does (the decision is made on the device). bl_cuda_grad_global_norm
  * and bl_cuda_unscale_check return host values and synchronise once. */
-int bl_cuda_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                      bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                      double grad_norm, bl_optim_stats *stats);
-int bl_cuda_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                       bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                       double grad_norm, bl_optim_stats *stats);
-int bl_cuda_sgd_step(const bl_sgd_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *buf,
-                     const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm,
-                     bl_optim_stats *stats);
+int bl_cuda_lamb_step(const bl_lamb_config *cfg, const bl_optim_args *a);
+int bl_cuda_adamw_step(const bl_adamw_config *cfg, const bl_optim_args *a);
+int bl_cuda_sgd_step(const bl_sgd_config *cfg, const bl_optim_args *a);
 /* bl_optim_prepare on cuda:device (segments checked). */
 int bl_cuda_optim_prepare(int device, const bl_optim_segments *seg);
-/* The amp steps never synchronise: the decision is made on the device in the state tensor. */
-int bl_cuda_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                          bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                          const bl_amp_config *amp, bl_tensor *state);
-int bl_cuda_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                           bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                           const bl_amp_config *amp, bl_tensor *state);
 int bl_cuda_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite);
 int bl_cuda_unscale_check(bl_tensor *grads, double inv_scale, int *found_inf);
 /* Flat-buffer casts f32 <-> f16/bf16 (master weights -> half copies and back):

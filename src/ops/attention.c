@@ -445,32 +445,28 @@ done:
   return rc;
 }
 
-/* Inference attention over packed sequences: q, k, v, ctx [1, T, H] hold the real tokens of B sequences back to
- * back (sequence b is tokens off[b] .. off[b+1]-1); each attends to its own tokens only. This is the padded op
- * with its masked keys left out: there their probabilities underflow to 0, so only the summation order
- * differs, and that 1/sum scales the context rows (head_forward's inv) instead of the probabilities. */
-int bl_attention_forward_packed(bl_tensor *ctx, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                                const bl_tensor *offsets, int heads, double scale) {
-  return bl_attention_forward_packed_train(ctx, NULL, q, k, v, offsets, heads, scale, 0, 0.0, 0, 0);
-}
-
-int bl_attention_forward_packed_train(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k,
-                                      const bl_tensor *v, const bl_tensor *offsets, int heads, double scale,
-                                      int64_t seq, double p, uint64_t seed, uint64_t offset) {
+/* The packed forward (bl_ops.h): inference when a->saved is NULL, else training. Inference is the padded op with its
+ * masked keys left out: there their probabilities underflow to 0, so only the summation order differs, and that
+ * 1/sum scales the context rows (head_forward's inv) instead of the probabilities. */
+static int packed_forward(const bl_attention_args *a) {
+  bl_tensor *ctx = a->ctx, *probs = a->saved;
   const char *op = probs ? "attention_packed_train" : "attention_packed";
+  const double p = a->p;
+  const int64_t seq = probs ? a->seq : 0;
   int dev;
-  const bl_tensor *ts[] = { ctx, probs, q, k, v, offsets };
-  BL_CHECK(opx_device(op, 6, ts, &dev));
+  const bl_tensor *ts[] = { ctx, probs, a->q, a->k, a->v, a->offsets, a->key_mask };
+  BL_CHECK(opx_device(op, 7, ts, &dev));
   if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
+  if (a->key_mask) return BL_ERR("%s: key_mask must be NULL with offsets (they delimit the sequences)", op);
   BL_CHECK(opx_check_p(op, p));
-  if (p > 0 && !probs) return BL_ERR("%s: dropout needs probs (the training op)", op);
+  if (p > 0 && !probs) return BL_ERR("%s: dropout needs saved (the training op)", op);
   if (probs && seq < 1) return BL_ERR("%s: the padded length %lld must be positive", op, (long long)seq);
-  BL_CHECK(check_bsh(op, ctx, "context", q));
+  BL_CHECK(check_bsh(op, ctx, "context", a->q));
   packed_seqs ps;
-  BL_CHECK(packed_load(op, q, k, v, offsets, heads, probs ? seq : 0, &ps));
+  BL_CHECK(packed_load(op, a->q, a->k, a->v, a->offsets, a->heads, seq, &ps));
   int rc = probs ? check_packed_probs(op, probs, &ps) : 0;
-  if (scale <= 0) scale = 1.0 / sqrt((double)ps.d);
-  if (!rc) rc = seqs_fwd_cpu(op, ctx, probs, q, k, v, &ps, NULL, heads, scale, seq, p, seed, offset);
+  double scale = a->scale > 0 ? a->scale : 1.0 / sqrt((double)ps.d);
+  if (!rc) rc = seqs_fwd_cpu(op, ctx, probs, a->q, a->k, a->v, &ps, NULL, a->heads, scale, seq, p, a->seed, a->offset);
   packed_free(&ps);
   return rc;
 }
@@ -534,27 +530,29 @@ done:
   return rc;
 }
 
-int bl_attention_backward_packed(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                                 const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs,
-                                 const bl_tensor *offsets, int heads, double scale, int64_t seq, double p,
-                                 uint64_t seed, uint64_t offset) {
+static int packed_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                           const bl_attention_args *a) {
   const char *op = "attention_packed_backward";
+  const bl_tensor *q = a->q, *probs = a->saved;
   int dev;
-  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, probs, offsets };
-  BL_CHECK(opx_device(op, 9, ts, &dev));
+  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, a->k, a->v, probs, a->offsets, a->key_mask };
+  BL_CHECK(opx_device(op, 10, ts, &dev));
   if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
-  if (!probs) return BL_ERR("%s: probs (saved by attention_packed_train) is NULL", op);
-  BL_CHECK(opx_check_p(op, p));
-  if (seq < 1) return BL_ERR("%s: the padded length %lld must be positive", op, (long long)seq);
+  if (a->key_mask) return BL_ERR("%s: key_mask must be NULL with offsets (they delimit the sequences)", op);
+  if (!probs) return BL_ERR("%s: saved (the probabilities of the training forward) is NULL", op);
+  BL_CHECK(opx_check_p(op, a->p));
+  if (a->seq < 1) return BL_ERR("%s: the padded length %lld must be positive", op, (long long)a->seq);
   BL_CHECK(check_bsh(op, dctx, "grad_context", q));
   BL_CHECK(check_bsh(op, dq, "grad_query", q));
   BL_CHECK(check_bsh(op, dk, "grad_key", q));
   BL_CHECK(check_bsh(op, dv, "grad_value", q));
   packed_seqs ps;
-  BL_CHECK(packed_load(op, q, k, v, offsets, heads, seq, &ps));
+  BL_CHECK(packed_load(op, q, a->k, a->v, a->offsets, a->heads, a->seq, &ps));
   int rc = check_packed_probs(op, probs, &ps);
-  if (scale <= 0) scale = 1.0 / sqrt((double)ps.d);
-  if (!rc) rc = seqs_bwd_cpu(op, dq, dk, dv, dctx, q, k, v, probs, &ps, heads, scale, seq, p, seed, offset);
+  double scale = a->scale > 0 ? a->scale : 1.0 / sqrt((double)ps.d);
+  if (!rc)
+    rc = seqs_bwd_cpu(op, dq, dk, dv, dctx, q, a->k, a->v, probs, &ps, a->heads, scale, a->seq, a->p, a->seed,
+                      a->offset);
   packed_free(&ps);
   return rc;
 }
@@ -573,30 +571,29 @@ static int attention_fwd_cpu(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *
   return rc;
 }
 
-/* The CUDA kernel never forms the probabilities: this signature has no twin there. */
-static int no_probs_on_cuda(const char *op, int dev) {
-  return bl_set_error(BL_EUNSUPPORTED,
-                      "%s: not implemented on cuda with saved probabilities (cuda:%d); use "
-                      "bl_attention_forward_saved / bl_attention_backward_saved (bl_ops.h)",
-                      op, dev);
-}
-
-int bl_attention_forward(bl_tensor *ctx, bl_tensor *probs, const bl_tensor *q, const bl_tensor *k, const bl_tensor *v,
-                         const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed, uint64_t offset) {
+static int padded_forward(const bl_attention_args *a) {
   const char *op = "attention";
-  BL_CHECK(check_common(op, q, k, v, probs, heads, p));
+  bl_tensor *ctx = a->ctx, *probs = a->saved;
+  const bl_tensor *q = a->q, *k = a->k, *v = a->v, *key_mask = a->key_mask;
+  const int heads = a->heads;
+  int dev;
+  const bl_tensor *ts[] = { ctx, probs, q, k, v, key_mask };
+  BL_CHECK(opx_device(op, 6, ts, &dev));
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_attention_forward(a));
+  BL_CHECK(check_common(op, q, k, v, probs, heads, a->p));
   BL_CHECK(check_bsh(op, ctx, "context", q));
   if (key_mask) {
     BL_CHECK(opx_check(op, key_mask, "key_mask"));
     if (key_mask->ndim != 2 || key_mask->shape[0] != q->shape[0] || key_mask->shape[1] != q->shape[1])
       return BL_ERR("%s: key_mask %s must be [batch, seq] of query %s", op, OPX_SHAPE(key_mask), OPX_SHAPE(q));
   }
-  if (scale <= 0) scale = 1.0 / sqrt((double)(q->shape[2] / heads));
-  int dev;
-  const bl_tensor *ts[] = { ctx, probs, q, k, v, key_mask };
-  BL_CHECK(opx_device(op, 6, ts, &dev));
-  if (dev >= 0) return no_probs_on_cuda(op, dev);
-  return attention_fwd_cpu(ctx, probs, q, k, v, key_mask, heads, scale, p, seed, offset);
+  double scale = a->scale > 0 ? a->scale : 1.0 / sqrt((double)(q->shape[2] / heads));
+  return attention_fwd_cpu(ctx, probs, q, k, v, key_mask, heads, scale, a->p, a->seed, a->offset);
+}
+
+int bl_attention_forward(const bl_attention_args *a) {
+  if (!a) return BL_ERR("attention: args is NULL");
+  return a->offsets ? packed_forward(a) : padded_forward(a);
 }
 
 /* The padded op: B rows of S tokens, each item over all S keys (the masked ones have probability 0 in probs) */
@@ -608,25 +605,32 @@ static int attention_bwd_cpu(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const 
   return seqs_bwd_cpu("attention_backward", dq, dk, dv, dctx, q, k, v, probs, &ps, heads, scale, S, p, seed, offset);
 }
 
-int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                          const bl_tensor *k, const bl_tensor *v, const bl_tensor *probs, int heads, double scale,
-                          double p, uint64_t seed, uint64_t offset) {
+/* ctx and key_mask are read on cuda only (the CPU has the mask baked into the probabilities) */
+static int padded_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                           const bl_attention_args *a) {
   const char *op = "attention_backward";
-  BL_CHECK(check_common(op, q, k, v, probs, heads, p));
+  const bl_tensor *q = a->q, *k = a->k, *v = a->v, *probs = a->saved;
+  const int heads = a->heads;
+  int dev;
+  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, a->ctx, probs, a->key_mask };
+  BL_CHECK(opx_device(op, 10, ts, &dev));
+  if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_attention_backward(dq, dk, dv, dctx, a));
+  BL_CHECK(check_common(op, q, k, v, probs, heads, a->p));
   BL_CHECK(check_bsh(op, dctx, "grad_context", q));
   BL_CHECK(check_bsh(op, dq, "grad_query", q));
   BL_CHECK(check_bsh(op, dk, "grad_key", q));
   BL_CHECK(check_bsh(op, dv, "grad_value", q));
-  if (scale <= 0) scale = 1.0 / sqrt((double)(q->shape[2] / heads));
-  int dev;
-  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, probs };
-  BL_CHECK(opx_device(op, 8, ts, &dev));
-  if (dev >= 0) return no_probs_on_cuda(op, dev);
-  return attention_bwd_cpu(dq, dk, dv, dctx, q, k, v, probs, heads, scale, p, seed, offset);
+  double scale = a->scale > 0 ? a->scale : 1.0 / sqrt((double)(q->shape[2] / heads));
+  return attention_bwd_cpu(dq, dk, dv, dctx, q, k, v, probs, heads, scale, a->p, a->seed, a->offset);
 }
 
-/* Device-independent entry points (bl_ops.h): the CPU op with its probabilities,
- * or the flash-style CUDA kernel with its row logsumexp. */
+int bl_attention_backward(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx,
+                          const bl_attention_args *a) {
+  if (!a) return BL_ERR("attention_backward: args is NULL");
+  return a->offsets ? packed_backward(dq, dk, dv, dctx, a) : padded_backward(dq, dk, dv, dctx, a);
+}
+
+/* What forward saves: the CPU op's probabilities, or the flash-style CUDA kernel's row logsumexp. */
 int bl_attention_saved_shape(int device, int64_t batch, int64_t seq, int heads, int64_t *shape) {
   if (!shape) return BL_ERR("attention_saved_shape: shape is NULL");
   shape[0] = batch;
@@ -634,30 +638,4 @@ int bl_attention_saved_shape(int device, int64_t batch, int64_t seq, int heads, 
   shape[2] = seq;
   shape[3] = seq;
   return device >= 0 ? 3 : 4;
-}
-
-int bl_attention_forward_saved(bl_tensor *ctx, bl_tensor *saved, const bl_tensor *q, const bl_tensor *k,
-                               const bl_tensor *v, const bl_tensor *key_mask, int heads, double scale, double p,
-                               uint64_t seed, uint64_t offset) {
-  int dev;
-  const bl_tensor *ts[] = { ctx, saved, q, k, v, key_mask };
-  BL_CHECK(opx_device("attention", 6, ts, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA("attention", dev,
-                      bl_cuda_attention_forward(ctx, saved, q, k, v, key_mask, heads, scale, p, seed, offset));
-  return bl_attention_forward(ctx, saved, q, k, v, key_mask, heads, scale, p, seed, offset);
-}
-
-int bl_attention_backward_saved(bl_tensor *dq, bl_tensor *dk, bl_tensor *dv, const bl_tensor *dctx, const bl_tensor *q,
-                                const bl_tensor *k, const bl_tensor *v, const bl_tensor *ctx, const bl_tensor *saved,
-                                const bl_tensor *key_mask, int heads, double scale, double p, uint64_t seed,
-                                uint64_t offset) {
-  int dev;
-  const bl_tensor *ts[] = { dq, dk, dv, dctx, q, k, v, ctx, saved, key_mask };
-  BL_CHECK(opx_device("attention_backward", 10, ts, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA(
-        "attention_backward", dev,
-        bl_cuda_attention_backward(dq, dk, dv, dctx, q, k, v, ctx, saved, key_mask, heads, scale, p, seed, offset));
-  return bl_attention_backward(dq, dk, dv, dctx, q, k, v, saved, heads, scale, p, seed, offset);
 }

@@ -242,11 +242,14 @@ static int emb_ln_backward_composed(bl_tensor *dword, bl_tensor *dposition, bl_t
   return rc;
 }
 
-int bl_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *word,
-                                   const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
-                                   const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
-                                   const bl_tensor *beta, double eps, double p, uint64_t seed, uint64_t offset) {
+int bl_embedding_layernorm_forward(const bl_embedding_layernorm_args *a) {
   const char *op = "embedding_layernorm";
+  if (!a) return BL_ERR("%s: args is NULL", op);
+  bl_tensor *y = a->y, *mean = a->mean, *rstd = a->rstd;
+  const bl_tensor *word = a->word, *position = a->position, *token_type = a->token_type, *ids = a->ids,
+                  *pos_ids = a->pos_ids, *type_ids = a->type_ids, *gamma = a->gamma, *beta = a->beta;
+  const double eps = a->eps, p = a->p;
+  const uint64_t seed = a->seed, offset = a->offset;
   const emb_rows e = { word, position, token_type, ids, pos_ids, type_ids };
   BL_CHECK(opx_check_float(op, y, "y"));
   BL_CHECK(check_emb_rows(op, &e, y, "y"));
@@ -259,21 +262,20 @@ int bl_embedding_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rst
   const bl_tensor *ts[] = { y, mean, rstd, word, position, token_type, ids, pos_ids, type_ids, gamma, beta };
   BL_CHECK(opx_device(op, 11, ts, &dev));
   if (dev >= 0) {
-    int rc = BL_ON_CUDA(op, dev,
-                        bl_cuda_embedding_layernorm_forward(y, mean, rstd, word, position, token_type, ids, pos_ids,
-                                                            type_ids, gamma, beta, eps, p, seed, offset));
+    int rc = BL_ON_CUDA(op, dev, bl_cuda_embedding_layernorm_forward(a));
     if (rc != BL_EUNSUPPORTED) return rc;
   }
   return emb_ln_forward_composed(y, mean, rstd, &e, dev, gamma, beta, eps, p, seed, offset);
 }
 
 int bl_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_tensor *dtoken_type, bl_tensor *dgamma,
-                                    bl_tensor *dbeta, const bl_tensor *dy, const bl_tensor *word,
-                                    const bl_tensor *position, const bl_tensor *token_type, const bl_tensor *ids,
-                                    const bl_tensor *pos_ids, const bl_tensor *type_ids, const bl_tensor *gamma,
-                                    const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                    uint64_t offset) {
+                                    bl_tensor *dbeta, const bl_tensor *dy, const bl_embedding_layernorm_args *a) {
   const char *op = "embedding_layernorm_backward";
+  if (!a) return BL_ERR("%s: args is NULL", op);
+  const bl_tensor *word = a->word, *position = a->position, *token_type = a->token_type, *ids = a->ids,
+                  *pos_ids = a->pos_ids, *type_ids = a->type_ids, *gamma = a->gamma, *mean = a->mean, *rstd = a->rstd;
+  const double p = a->p;
+  const uint64_t seed = a->seed, offset = a->offset;
   const emb_rows e = { word, position, token_type, ids, pos_ids, type_ids };
   BL_CHECK(opx_check_float(op, dy, "grad_output"));
   BL_CHECK(check_emb_rows(op, &e, dy, "grad_output"));
@@ -296,10 +298,8 @@ int bl_embedding_layernorm_backward(bl_tensor *dword, bl_tensor *dposition, bl_t
                             token_type, ids,       pos_ids,     type_ids, gamma, mean, rstd };
   BL_CHECK(opx_device(op, 15, ts, &dev));
   if (dev >= 0) {
-    int rc = BL_ON_CUDA(
-        op, dev,
-        bl_cuda_embedding_layernorm_backward(dword, dposition, dtoken_type, dgamma, dbeta, dy, word, position,
-                                             token_type, ids, pos_ids, type_ids, gamma, mean, rstd, p, seed, offset));
+    int rc =
+        BL_ON_CUDA(op, dev, bl_cuda_embedding_layernorm_backward(dword, dposition, dtoken_type, dgamma, dbeta, dy, a));
     if (rc != BL_EUNSUPPORTED) return rc;
   }
   return emb_ln_backward_composed(dword, dposition, dtoken_type, dgamma, dbeta, dy, &e, dev, gamma, mean, rstd, p, seed,

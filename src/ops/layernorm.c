@@ -3,7 +3,7 @@
  * forms s = dropout(x) + residual into the output row (no extra buffer) and
  * normalises it in place; its backward recomputes s from x and residual
  * rather than storing it, since that is one cheap pass over memory already
- * being read, or (the _out entry) takes xhat back from the output y.
+ * being read, or takes xhat back from the output y when the caller gives it.
  * dgamma/dbeta (and the residual variant's dbias, the column
  * sums of dx) are summed per fixed 32-row chunk and the chunks
  * reduced in order, so results do not depend on the number of threads.
@@ -212,7 +212,7 @@ OPX_ISA_FN(ln_bwd_row,
             float *restrict pb, float *restrict pc),
            (h, x, res, y, b, keep, scale, g, dy, m, rs, dx, dres, pg, pb, pc))
 
-/* Whether xhat can be taken back from y = xhat g + b in every column (bl_residual_layernorm_backward_out; the
+/* Whether xhat can be taken back from y = xhat g + b in every column (bl_residual_layernorm_backward with y; the
  * CUDA twin tests the same per column): |g| >= 2^-60 and |b| <= 4 |g|; NaN fails. */
 static int ln_y_usable(int64_t h, const float *g, const float *b) {
   for (int64_t j = 0; j < h; j++) {
@@ -429,94 +429,54 @@ static int check_res_bwd(const char *op, const bl_tensor *dx, const bl_tensor *d
   return 0;
 }
 
-int bl_residual_layernorm_forward(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                  const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta, double eps,
-                                  double p, uint64_t seed, uint64_t offset) {
-  const char *op = "residual_layernorm";
-  BL_CHECK(check_res_fwd(op, y, mean, rstd, x, residual, gamma, beta, eps, p));
+/* Packed tokens: each row's dropout drawn from its row of the padded batch (opx_packed_rows); NULL when padded. */
+static int ln_rows(const char *op, const bl_residual_layernorm_args *a, int64_t **rmap) {
+  *rmap = NULL;
+  if (!a->offsets) return 0;
   int dev;
-  const bl_tensor *ts[] = { y, mean, rstd, x, residual, gamma, beta };
-  BL_CHECK(opx_device(op, 7, ts, &dev));
-  if (dev >= 0)
-    return BL_ON_CUDA(
-        op, dev, bl_cuda_residual_layernorm_forward(y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset));
-  return ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset, NULL);
-}
-
-/* Both residual backward entries: xhat from y (with beta) when y is given, else from x and residual. */
-static int residual_ln_backward(const char *op, bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma,
-                                bl_tensor *dbeta, bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y,
-                                const bl_tensor *x, const bl_tensor *residual, const bl_tensor *gamma,
-                                const bl_tensor *beta, const bl_tensor *mean, const bl_tensor *rstd, double p,
-                                uint64_t seed, uint64_t offset) {
-  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p));
-  int dev;
-  const bl_tensor *ts[] = { dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd };
-  BL_CHECK(opx_device(op, 13, ts, &dev));
-  if (dev >= 0 && y)
-    return BL_ON_CUDA(op, dev,
-                      bl_cuda_residual_layernorm_backward_out(dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual,
-                                                              gamma, beta, mean, rstd, p, seed, offset));
-  if (dev >= 0)
-    return BL_ON_CUDA(op, dev,
-                      bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, x, residual, gamma,
-                                                          mean, rstd, p, seed, offset));
-  return ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, x, residual, gamma, beta, mean, rstd, p, seed,
-                         offset, NULL);
-}
-
-int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                   bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x, const bl_tensor *residual,
-                                   const bl_tensor *gamma, const bl_tensor *mean, const bl_tensor *rstd, double p,
-                                   uint64_t seed, uint64_t offset) {
-  return residual_ln_backward("residual_layernorm_backward", dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual,
-                              gamma, NULL, mean, rstd, p, seed, offset);
-}
-
-int bl_residual_layernorm_backward_out(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                       bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *y, const bl_tensor *x,
-                                       const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                       const bl_tensor *mean, const bl_tensor *rstd, double p, uint64_t seed,
-                                       uint64_t offset) {
-  if (!y) return BL_ERR("residual_layernorm_backward_out: output is NULL");
-  return residual_ln_backward("residual_layernorm_backward_out", dx, dresidual, dgamma, dbeta, dbias, dy, y, x,
-                              residual, gamma, beta, mean, rstd, p, seed, offset);
-}
-
-/* The packed twins (bl_ops.h): the same op on [1, T, H] packed tokens, each row's dropout drawn from its row of
- * the padded batch (opx_packed_rows). */
-static int ln_rows(const char *op, const bl_tensor *x, const bl_tensor *offsets, int64_t seq, int64_t **rmap) {
-  int dev;
-  const bl_tensor *ts[] = { x, offsets };
+  const bl_tensor *ts[] = { a->x, a->offsets };
   BL_CHECK(opx_device(op, 2, ts, &dev));
   if (dev >= 0) return BL_ERR("%s: CPU only, got tensors on cuda:%d", op, dev);
-  return opx_packed_rows(op, offsets, opx_rows(x), seq, rmap);
+  return opx_packed_rows(op, a->offsets, opx_rows(a->x), a->seq, rmap);
 }
 
-int bl_residual_layernorm_forward_packed(bl_tensor *y, bl_tensor *mean, bl_tensor *rstd, const bl_tensor *x,
-                                         const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *beta,
-                                         double eps, double p, uint64_t seed, uint64_t offset, const bl_tensor *offsets,
-                                         int64_t seq) {
-  const char *op = "residual_layernorm_packed";
-  BL_CHECK(check_res_fwd(op, y, mean, rstd, x, residual, gamma, beta, eps, p));
+int bl_residual_layernorm_forward(const bl_residual_layernorm_args *a) {
+  if (!a) return BL_ERR("residual_layernorm: args is NULL");
+  const char *op = a->offsets ? "residual_layernorm_packed" : "residual_layernorm";
+  BL_CHECK(check_res_fwd(op, a->y, a->mean, a->rstd, a->x, a->residual, a->gamma, a->beta, a->eps, a->p));
   int64_t *rmap;
-  BL_CHECK(ln_rows(op, x, offsets, seq, &rmap));
-  int rc = ln_forward_cpu(op, y, mean, rstd, x, residual, gamma, beta, eps, p, seed, offset, rmap);
+  BL_CHECK(ln_rows(op, a, &rmap));
+  if (!rmap) {
+    int dev;
+    const bl_tensor *ts[] = { a->y, a->mean, a->rstd, a->x, a->residual, a->gamma, a->beta };
+    BL_CHECK(opx_device(op, 7, ts, &dev));
+    if (dev >= 0) return BL_ON_CUDA(op, dev, bl_cuda_residual_layernorm_forward(a));
+  }
+  int rc = ln_forward_cpu(op, a->y, a->mean, a->rstd, a->x, a->residual, a->gamma, a->beta, a->eps, a->p, a->seed,
+                          a->offset, rmap);
   free(rmap);
   return rc;
 }
 
-int bl_residual_layernorm_backward_packed(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
-                                          bl_tensor *dbias, const bl_tensor *dy, const bl_tensor *x,
-                                          const bl_tensor *residual, const bl_tensor *gamma, const bl_tensor *mean,
-                                          const bl_tensor *rstd, double p, uint64_t seed, uint64_t offset,
-                                          const bl_tensor *offsets, int64_t seq) {
-  const char *op = "residual_layernorm_packed_backward";
-  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd, p));
+int bl_residual_layernorm_backward(bl_tensor *dx, bl_tensor *dresidual, bl_tensor *dgamma, bl_tensor *dbeta,
+                                   bl_tensor *dbias, const bl_tensor *dy, const bl_residual_layernorm_args *a) {
+  if (!a) return BL_ERR("residual_layernorm_backward: args is NULL");
+  const char *op = a->offsets ? "residual_layernorm_packed_backward" : "residual_layernorm_backward";
+  const bl_tensor *y = a->y, *beta = y ? a->beta : NULL;
+  BL_CHECK(check_res_bwd(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, a->x, a->residual, a->gamma, beta, a->mean,
+                         a->rstd, a->p));
   int64_t *rmap;
-  BL_CHECK(ln_rows(op, x, offsets, seq, &rmap));
-  int rc = ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, NULL, x, residual, gamma, NULL, mean, rstd, p,
-                           seed, offset, rmap);
+  BL_CHECK(ln_rows(op, a, &rmap));
+  if (!rmap) {
+    int dev;
+    const bl_tensor *ts[] = { dx,   dresidual,   dgamma,   dbeta, dbias,   dy,     y,
+                              a->x, a->residual, a->gamma, beta,  a->mean, a->rstd };
+    BL_CHECK(opx_device(op, 13, ts, &dev));
+    if (dev >= 0)
+      return BL_ON_CUDA(op, dev, bl_cuda_residual_layernorm_backward(dx, dresidual, dgamma, dbeta, dbias, dy, a));
+  }
+  int rc = ln_backward_cpu(op, dx, dresidual, dgamma, dbeta, dbias, dy, y, a->x, a->residual, a->gamma, beta, a->mean,
+                           a->rstd, a->p, a->seed, a->offset, rmap);
   free(rmap);
   return rc;
 }

@@ -8,7 +8,6 @@
 #include "base/rules/optim.h"
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct adam_k {
   float b1, b1c, b2, b2c, ibc1, ibc2, eps, lr;
@@ -36,56 +35,38 @@ static void adamw_chunk(const adam_k *k, float *wp, const float *gp, float *mp, 
   }
 }
 
-static int check_cfg(const char *op, const bl_adamw_config *c) {
+static int adamw_check(const char *op, const void *cfg, const bl_optim_args *a) {
+  const bl_adamw_config *c = cfg;
   if (!c) return BL_ERR("%s: config is NULL (use bl_adamw_config_default)", op);
   BL_CHECK(opt_check_adam_hyper(op, c->beta1, c->beta2, c->eps, c->weight_decay));
-  return 0;
+  return opt_check_adam_buffers(op, a->w, a->half, a->g, a->m, a->v, a->seg);
 }
 
-int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                  bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                  double grad_norm, bl_optim_stats *stats) {
-  const char *op = "adamw_step";
-  BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_adam_buffers(op, w, half, g, m, v, seg));
-  if (stats) memset(stats, 0, sizeof *stats);
-  if (w->device >= 0) {
-    BL_CHECK(opt_check_step(op, step, lr, grad_scale, cfg->max_grad_norm));
-    return BL_ON_CUDA(op, w->device,
-                      bl_cuda_adamw_step(cfg, w, half, g, m, v, seg, step, lr, grad_scale, grad_norm, stats));
-  }
+/* BertAdam clips each segment itself (per_segment_clip), not globally */
+static double adamw_max_grad_norm(const void *cfg, int *global) {
+  const bl_adamw_config *c = cfg;
+  *global = !(c->per_segment_clip && c->max_grad_norm > 0);
+  return c->max_grad_norm;
+}
 
-  opt_plan p;
-  BL_CHECK(opt_plan_make(op, seg, &p));
-  int64_t nc = p.nchunks;
-  double *gsq = malloc(sizeof(double) * (size_t)(nc + 1));
+static int adamw_cpu(const void *cfg_, const bl_optim_args *a, const opt_grad *gr) {
+  const char *op = "adamw_step";
+  const bl_adamw_config *cfg = cfg_;
+  const bl_optim_segments *seg = a->seg;
+  const opt_plan *p = gr->p;
+  const int64_t nc = p->nchunks;
   float *segmul = malloc(sizeof(float) * (size_t)(seg->count + 1));
-  if (!gsq || !segmul) {
-    free(gsq);
-    free(segmul);
-    opt_plan_free(&p);
-    return bl_set_error(BL_ENOMEM, "%s: out of memory for %lld chunk partials", op, (long long)nc);
-  }
-  float *W = w->data, *M = m->data, *V = v->data;
-  const float *G = g->data;
-  int per_seg = cfg->per_segment_clip && cfg->max_grad_norm > 0;
-  int have_part = 0;
-  double gmul = 1;
-  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, per_seg ? 0.0 : cfg->max_grad_norm, gsq, &have_part,
-                        &gmul, stats);
-  if (rc) goto done;
-  if (!(cfg->max_grad_norm >= 0) || isinf(cfg->max_grad_norm)) {
-    rc = BL_ERR("%s: max_grad_norm must be finite and >= 0, got %g", op, cfg->max_grad_norm);
-    goto done;
-  }
-  for (int32_t s = 0; s < seg->count; s++) segmul[s] = (float)gmul;
-  if (per_seg) {
+  if (!segmul) return bl_set_error(BL_ENOMEM, "%s: out of memory for %d segments", op, seg->count);
+  float *W = a->w->data, *M = a->m->data, *V = a->v->data;
+  const float *G = a->g->data;
+  for (int32_t s = 0; s < seg->count; s++) segmul[s] = (float)gr->gmul;
+  if (cfg->per_segment_clip && cfg->max_grad_norm > 0) {
     /* BertAdam: torch.nn.utils.clip_grad_norm_(p, max) on each parameter. */
-    if (!have_part) opt_chunk_sumsq(&p, G, grad_scale, gsq);
+    if (!gr->have_part) opt_chunk_sumsq(p, G, a->grad_scale, gr->gsq);
     for (int32_t s = 0; s < seg->count; s++) {
       double q = 0;
-      for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) q += gsq[c];
-      segmul[s] = bl_bertadam_mul(q, cfg->max_grad_norm, grad_scale);
+      for (int64_t c = p->seg_first[s]; c < p->seg_first[s + 1]; c++) q += gr->gsq[c];
+      segmul[s] = bl_bertadam_mul(q, cfg->max_grad_norm, a->grad_scale);
     }
   }
 
@@ -94,42 +75,31 @@ int bl_adamw_step(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, con
   K.b1c = (float)(1.0 - cfg->beta1);
   K.b2 = (float)cfg->beta2;
   K.b2c = (float)(1.0 - cfg->beta2);
-  K.ibc1 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta1, (double)step);
-  K.ibc2 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta2, (double)step);
+  K.ibc1 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta1, (double)a->step);
+  K.ibc2 = bl_opt_inv_bc(cfg->bias_correction, cfg->beta2, (double)a->step);
   K.eps = (float)cfg->eps;
-  K.lr = (float)lr;
+  K.lr = (float)a->lr;
   const int adam_w = cfg->adam_w_mode != 0;
 
 #pragma omp parallel for schedule(static) if (nc > 1)
   for (int64_t c = 0; c < nc; c++) {
-    int32_t s = p.chunk_seg[c];
-    int64_t o = p.chunk_start[c];
+    int32_t s = p->chunk_seg[c];
+    int64_t o = p->chunk_start[c];
     float wdw, wdl;
     bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
-    adamw_chunk(&K, W + o, G + o, M + o, V + o, p.chunk_len[c], segmul[s], wdw, wdl);
-    opt_store_half(half, W, o, p.chunk_len[c]);
+    adamw_chunk(&K, W + o, G + o, M + o, V + o, p->chunk_len[c], segmul[s], wdw, wdl);
+    opt_store_half(a->half, W, o, p->chunk_len[c]);
   }
-
-done:
-  free(gsq);
   free(segmul);
-  opt_plan_free(&p);
-  return rc;
+  return 0;
 }
 
-static int adamw_fn(const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                    const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm) {
-  return bl_adamw_step(cfg, w, half, g, m, v, seg, step, lr, grad_scale, grad_norm, NULL);
+static int adamw_cuda(const char *op, int dev, const void *cfg, const bl_optim_args *a) {
+  (void)cfg;
+  (void)a;
+  return BL_ON_CUDA(op, dev, bl_cuda_adamw_step(cfg, a));
 }
 
-int bl_adamw_step_amp(const bl_adamw_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                      bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                      const bl_amp_config *amp, bl_tensor *state) {
-  const char *op = "adamw_step";
-  BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_adam_buffers(op, w, half, g, m, v, seg));
-  BL_CHECK(opt_amp_check(op, w, amp, state, lr, grad_scale));
-  if (w->device >= 0)
-    return BL_ON_CUDA(op, w->device, bl_cuda_adamw_step_amp(cfg, w, half, g, m, v, seg, lr, grad_scale, amp, state));
-  return opt_amp_cpu(op, adamw_fn, cfg, w, half, g, m, v, seg, lr, grad_scale, amp, state);
-}
+static const opt_kind ADAMW = { "adamw_step", adamw_check, adamw_max_grad_norm, adamw_cpu, adamw_cuda };
+
+int bl_adamw_step(const bl_adamw_config *cfg, const bl_optim_args *a) { return opt_step(&ADAMW, cfg, a); }

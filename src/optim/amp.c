@@ -56,10 +56,12 @@ int opt_amp_check(const char *op, const bl_tensor *w, const bl_amp_config *a, co
   return 0;
 }
 
-int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                const bl_amp_config *amp, bl_tensor *state) {
-  double *a = state->data, saved[BL_AMP_STATE_LEN];
+int opt_amp_cpu(const opt_kind *k, const void *cfg, const bl_optim_args *args) {
+  const char *op = k->op;
+  const bl_amp_config *amp = args->amp;
+  const bl_optim_segments *seg = args->seg;
+  const bl_tensor *g = args->g;
+  double *a = args->amp_state->data, saved[BL_AMP_STATE_LEN], lr = args->lr;
   if (amp->lr_from) lr = *(const double *)amp->lr_from->data;
   BL_CHECK(check_state(op, a));
   /* the norm over the segments' chunks in chunk order, as the optimizers (and the device's step_final) take it */
@@ -74,10 +76,19 @@ int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, b
   for (int64_t c = 0; c < p.nchunks; c++) sum += part[c];
   free(part);
   opt_plan_free(&p);
-  const double s = bl_amp_grad_mul(a, grad_scale), norm = sqrt(sum) * s;
+  const double s = bl_amp_grad_mul(a, args->grad_scale), norm = sqrt(sum) * s;
   memcpy(saved, a, sizeof saved);
   if (bl_amp_decide_rule(a, amp, norm)) return 0;
-  int rc = fn(cfg, w, half, g, m, v, seg, (int64_t)a[BL_AMP_STEP], lr, s, norm);
+  bl_optim_args plain = *args;
+  plain.amp = NULL;
+  plain.amp_state = NULL;
+  plain.stats = NULL;
+  plain.step = (int64_t)a[BL_AMP_STEP];
+  plain.lr = lr;
+  plain.grad_scale = s;
+  plain.grad_norm = norm;
+  plain.has_grad_norm = 1;
+  int rc = opt_step(k, cfg, &plain);
   if (rc) memcpy(a, saved, sizeof saved); /* nothing was applied */
   return rc;
 }

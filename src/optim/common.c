@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 void bl_lamb_config_default(bl_lamb_config *c) {
   if (!c) return;
@@ -275,6 +276,37 @@ int opt_prologue(const char *op, const opt_plan *p, const float *g, int64_t step
         op, grad_norm);
   *gmul = grad_scale / clip;
   return 0;
+}
+
+int opt_step(const opt_kind *k, const void *cfg, const bl_optim_args *a) {
+  const char *op = k->op;
+  if (!a) return BL_ERR("%s: args is NULL", op);
+  BL_CHECK(k->check(op, cfg, a));
+  if (a->amp) {
+    BL_CHECK(opt_amp_check(op, a->w, a->amp, a->amp_state, a->lr, a->grad_scale));
+    if (a->w->device >= 0) return k->cuda(op, a->w->device, cfg, a);
+    return opt_amp_cpu(k, cfg, a);
+  }
+  if (a->has_grad_norm && a->grad_norm < 0)
+    return BL_ERR("%s: grad_norm %g is negative (the norm of grad_scale * grads)", op, a->grad_norm);
+  if (a->stats) memset(a->stats, 0, sizeof *a->stats);
+  int global = 1;
+  const double max_grad_norm = k->max_grad_norm(cfg, &global);
+  BL_CHECK(opt_check_step(op, a->step, a->lr, a->grad_scale, max_grad_norm));
+  if (a->w->device >= 0) return k->cuda(op, a->w->device, cfg, a);
+
+  opt_plan p;
+  BL_CHECK(opt_plan_make(op, a->seg, &p));
+  opt_grad gr = { &p, 1.0, malloc(sizeof(double) * (size_t)(p.nchunks + 1)), 0 };
+  int rc = gr.gsq ? 0 : bl_set_error(BL_ENOMEM, "%s: out of memory for %lld chunk partials", op, (long long)p.nchunks);
+  if (!rc)
+    rc = opt_prologue(op, &p, a->g->data, a->step, a->lr, a->grad_scale,
+                      bl_opt_given_norm(a->has_grad_norm, a->grad_norm), global ? max_grad_norm : 0.0, gr.gsq,
+                      &gr.have_part, &gr.gmul, a->stats);
+  if (!rc) rc = k->cpu(cfg, a, &gr);
+  free(gr.gsq);
+  opt_plan_free(&p);
+  return rc;
 }
 
 int bl_grad_global_norm(const bl_tensor *grads, double *norm, int *nonfinite) {

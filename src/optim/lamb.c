@@ -15,7 +15,6 @@
 #include "base/rules/optim.h"
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct lamb_k {
   float b1, b3, b2, b2c, ibc1, ibc2, eps;
@@ -92,50 +91,43 @@ static void lamb_chunk_apply(const lamb_k *k, float *wp, const float *mp, const 
   }
 }
 
-static int check_cfg(const char *op, const bl_lamb_config *c) {
+static int lamb_check(const char *op, const void *cfg, const bl_optim_args *a) {
+  const bl_lamb_config *c = cfg;
   if (!c) return BL_ERR("%s: config is NULL (use bl_lamb_config_default)", op);
   BL_CHECK(opt_check_adam_hyper(op, c->beta1, c->beta2, c->eps, c->weight_decay));
   if (!(c->max_weight_norm >= 0) || isinf(c->max_weight_norm))
     return BL_ERR("%s: max_weight_norm must be finite and >= 0 (0 = off), got %g", op, c->max_weight_norm);
   if (!(c->max_trust_ratio >= 0) || isinf(c->max_trust_ratio))
     return BL_ERR("%s: max_trust_ratio must be finite and >= 0 (0 = off), got %g", op, c->max_trust_ratio);
-  return 0;
+  return opt_check_adam_buffers(op, a->w, a->half, a->g, a->m, a->v, a->seg);
 }
 
-int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                 bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                 double grad_norm, bl_optim_stats *stats) {
-  const char *op = "lamb_step";
-  BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_adam_buffers(op, w, half, g, m, v, seg));
-  if (stats) memset(stats, 0, sizeof *stats);
-  if (w->device >= 0) {
-    BL_CHECK(opt_check_step(op, step, lr, grad_scale, cfg->max_grad_norm));
-    return BL_ON_CUDA(op, w->device,
-                      bl_cuda_lamb_step(cfg, w, half, g, m, v, seg, step, lr, grad_scale, grad_norm, stats));
-  }
+static double lamb_max_grad_norm(const void *cfg, int *global) {
+  (void)global;
+  return ((const bl_lamb_config *)cfg)->max_grad_norm;
+}
 
-  opt_plan p;
-  BL_CHECK(opt_plan_make(op, seg, &p));
-  int64_t nc = p.nchunks;
-  double *part = malloc(sizeof(double) * (size_t)(3 * nc + 1));
+static int lamb_cpu(const void *cfg_, const bl_optim_args *a, const opt_grad *gr) {
+  const char *op = "lamb_step";
+  const bl_lamb_config *cfg = cfg_;
+  const bl_optim_segments *seg = a->seg;
+  const opt_plan *p = gr->p;
+  bl_tensor *half = a->half;
+  const int64_t nc = p->nchunks;
+  double *part = malloc(sizeof(double) * (size_t)(2 * nc + 1));
   double *ratio = malloc(sizeof(double) * (size_t)(seg->count + 1));
   uint8_t *trust = malloc((size_t)seg->count + 1);
   if (!part || !ratio || !trust) {
     free(part);
     free(ratio);
     free(trust);
-    opt_plan_free(&p);
     return bl_set_error(BL_ENOMEM, "%s: out of memory for %lld chunk partials", op, (long long)nc);
   }
-  double *gsq = part, *wsq = part + nc, *usq = part + 2 * nc;
-  float *W = w->data, *M = m->data, *V = v->data;
-  const float *G = g->data;
-
-  int have_part = 0;
-  double gmul = 1;
-  int rc = opt_prologue(op, &p, G, step, lr, grad_scale, grad_norm, cfg->max_grad_norm, gsq, &have_part, &gmul, stats);
-  if (rc) goto done;
+  double *wsq = part, *usq = part + nc;
+  float *W = a->w->data, *M = a->m->data, *V = a->v->data;
+  const float *G = a->g->data;
+  const double lr = a->lr;
+  const int64_t step = a->step;
 
   lamb_k K;
   K.b1 = (float)cfg->beta1;
@@ -148,12 +140,12 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
   const int adam_w = cfg->adam_w_mode != 0;
   for (int32_t s = 0; s < seg->count; s++)
     trust[s] = (uint8_t)bl_lamb_trusts(cfg->use_nvlamb, !seg->decay || seg->decay[s], cfg->weight_decay != 0);
-  const float flr = (float)lr, gm = (float)gmul;
+  const float flr = (float)lr, gm = (float)gr->gmul;
 
 #pragma omp parallel for schedule(static) if (nc > 1)
   for (int64_t c = 0; c < nc; c++) {
-    int32_t s = p.chunk_seg[c];
-    int64_t o = p.chunk_start[c], n = p.chunk_len[c];
+    int32_t s = p->chunk_seg[c];
+    int64_t o = p->chunk_start[c], n = p->chunk_len[c];
     float wdw, wdl;
     bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
     if (trust[s]) {
@@ -170,7 +162,7 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
     if (!trust[s]) continue;
     any_trust = 1;
     double sw = 0, su = 0;
-    for (int64_t c = p.seg_first[s]; c < p.seg_first[s + 1]; c++) {
+    for (int64_t c = p->seg_first[s]; c < p->seg_first[s + 1]; c++) {
       sw += wsq[c];
       su += usq[c];
     }
@@ -180,37 +172,27 @@ int bl_lamb_step(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const
   if (any_trust) {
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
-      int32_t s = p.chunk_seg[c];
+      int32_t s = p->chunk_seg[c];
       if (!trust[s]) continue;
-      int64_t o = p.chunk_start[c];
+      int64_t o = p->chunk_start[c];
       float wdw, wdl;
       bl_opt_decay(!seg->decay || seg->decay[s], (float)cfg->weight_decay, adam_w, &wdw, &wdl);
-      lamb_chunk_apply(&K, W + o, M + o, V + o, p.chunk_len[c], wdw, (float)ratio[s]);
-      opt_store_half(half, W, o, p.chunk_len[c]);
+      lamb_chunk_apply(&K, W + o, M + o, V + o, p->chunk_len[c], wdw, (float)ratio[s]);
+      opt_store_half(half, W, o, p->chunk_len[c]);
     }
   }
-
-done:
   free(part);
   free(ratio);
   free(trust);
-  opt_plan_free(&p);
-  return rc;
+  return 0;
 }
 
-static int lamb_fn(const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m, bl_tensor *v,
-                   const bl_optim_segments *seg, int64_t step, double lr, double grad_scale, double grad_norm) {
-  return bl_lamb_step(cfg, w, half, g, m, v, seg, step, lr, grad_scale, grad_norm, NULL);
+static int lamb_cuda(const char *op, int dev, const void *cfg, const bl_optim_args *a) {
+  (void)cfg;
+  (void)a;
+  return BL_ON_CUDA(op, dev, bl_cuda_lamb_step(cfg, a));
 }
 
-int bl_lamb_step_amp(const bl_lamb_config *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                     bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale, const bl_amp_config *amp,
-                     bl_tensor *state) {
-  const char *op = "lamb_step";
-  BL_CHECK(check_cfg(op, cfg));
-  BL_CHECK(opt_check_adam_buffers(op, w, half, g, m, v, seg));
-  BL_CHECK(opt_amp_check(op, w, amp, state, lr, grad_scale));
-  if (w->device >= 0)
-    return BL_ON_CUDA(op, w->device, bl_cuda_lamb_step_amp(cfg, w, half, g, m, v, seg, lr, grad_scale, amp, state));
-  return opt_amp_cpu(op, lamb_fn, cfg, w, half, g, m, v, seg, lr, grad_scale, amp, state);
-}
+static const opt_kind LAMB = { "lamb_step", lamb_check, lamb_max_grad_norm, lamb_cpu, lamb_cuda };
+
+int bl_lamb_step(const bl_lamb_config *cfg, const bl_optim_args *a) { return opt_step(&LAMB, cfg, a); }

@@ -93,15 +93,33 @@ int opt_check_step(const char *op, int64_t step, double lr, double grad_scale, d
 /* The one device of the non-NULL buffers (-1 = CPU); mixed devices are an error. */
 int opt_device(const char *op, int n, const bl_tensor *const *ts, int *dev);
 
-/* Loss-scaled steps (amp.c): the arguments both devices check, and the CPU step given an optimizer's step. */
-typedef int (*opt_step_fn)(const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g, bl_tensor *m,
-                           bl_tensor *v, const bl_optim_segments *seg, int64_t step, double lr, double grad_scale,
-                           double grad_norm);
+/* The gradient side of a CPU step after the prologue: the chunk plan, g_eff = g * gmul, and the per-chunk sums of
+ * squares of grad_scale*g in gsq[nchunks] when the prologue computed them (have_part). */
+typedef struct opt_grad {
+  const opt_plan *p;
+  double gmul;
+  double *gsq;
+  int have_part;
+} opt_grad;
+
+/* One optimizer for opt_step: its checks, its clipping and its two devices' update. */
+typedef struct opt_kind {
+  const char *op; /* "lamb_step" */
+  /* the config and the buffers (the amp and step values are opt_step's) */
+  int (*check)(const char *op, const void *cfg, const bl_optim_args *a);
+  /* the config's max_grad_norm; *global = 0 when the optimizer clips per segment itself (no global clipping) */
+  double (*max_grad_norm)(const void *cfg, int *global);
+  int (*cpu)(const void *cfg, const bl_optim_args *a, const opt_grad *gr);
+  int (*cuda)(const char *op, int dev, const void *cfg, const bl_optim_args *a); /* plain and amp steps */
+} opt_kind;
+/* The public step of every optimizer: checks, then the loss-scaled step (a->amp) or the plain one on a's device;
+ * on the CPU the prologue (norm, non-finite check, clipping) is done here before k->cpu runs. */
+int opt_step(const opt_kind *k, const void *cfg, const bl_optim_args *a);
+
+/* Loss-scaled steps (amp.c): the arguments both devices check, and the CPU step (a plain opt_step). */
 int opt_amp_check(const char *op, const bl_tensor *w, const bl_amp_config *a, const bl_tensor *state, double lr,
                   double grad_scale);
-int opt_amp_cpu(const char *op, opt_step_fn fn, const void *cfg, bl_tensor *w, bl_tensor *half, const bl_tensor *g,
-                bl_tensor *m, bl_tensor *v, const bl_optim_segments *seg, double lr, double grad_scale,
-                const bl_amp_config *amp, bl_tensor *state);
+int opt_amp_cpu(const opt_kind *k, const void *cfg, const bl_optim_args *a);
 /* The Adam-family hyper-parameters: betas in [0, 1), eps and weight_decay finite and >= 0. */
 int opt_check_adam_hyper(const char *op, double beta1, double beta2, double eps, double weight_decay);
 /* The four flat Adam-family buffers (params, grads, exp_avg, exp_avg_sq):

@@ -1,6 +1,6 @@
 /* The tensor-core flash attention (kernels/attention_tc.cu, picked by bl_cuda_attention_forward/backward for
- * bf16/f16 operands with d in {32, 64, 128}; called here through the public bl_attention_*_saved) vs the CPU twin
- * (src/ops/attention.c) on random inputs.
+ * bf16/f16 operands with d in {32, 64, 128}; called here through the public bl_attention_forward/backward) vs the
+ * CPU twin (src/ops/attention.c) on random inputs.
  *
  * Inputs: Q, K, V as column slices of one [B, S, 3H] tensor (the fused-QKV layout, strided), dctx, all random in
  * [-1, 1] and rounded to the activation dtype first, so both sides see the same values; the CPU op runs in f32 on
@@ -141,14 +141,45 @@ static void run_case_mask(int dtype, int64_t B, int64_t S, int heads, int64_t d,
   bl_tensor *ctx_c = mk(-1, BL_F32, 3, SH(B, S, H)), *probs = mk(-1, BL_F32, 4, SH(B, heads, S, S));
   bl_tensor *gq_c = mk(-1, BL_F32, 3, SH(B, S, H)), *gk_c = mk(-1, BL_F32, 3, SH(B, S, H));
   bl_tensor *gv_c = mk(-1, BL_F32, 3, SH(B, S, H));
-  OK(bl_attention_forward(ctx_c, probs, q_c, k_c, v_c, km_c, heads, 0, p, seed, offset));
-  OK(bl_attention_backward(gq_c, gk_c, gv_c, go_c, q_c, k_c, v_c, probs, heads, 0, p, seed, offset));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = q_c,
+                                                .k = k_c,
+                                                .v = v_c,
+                                                .key_mask = km_c,
+                                                .ctx = ctx_c,
+                                                .saved = probs,
+                                                .heads = heads,
+                                                .p = p,
+                                                .seed = seed,
+                                                .offset = offset }));
+  OK(bl_attention_backward(
+      gq_c, gk_c, gv_c, go_c,
+      &(bl_attention_args){
+          .q = q_c, .k = k_c, .v = v_c, .saved = probs, .heads = heads, .p = p, .seed = seed, .offset = offset }));
   /* the kernel: gradients into slices of one [B, S, 3H] tensor, as the model's fused QKV backward does */
   bl_tensor *ctx = mk(DEV, dtype, 3, SH(B, S, H)), *lse = mk(DEV, BL_F32, 3, SH(B, heads, S));
   bl_tensor *gqkv = mk(DEV, dtype, 3, SH(B, S, 3 * H));
   bl_tensor *gq = slice(gqkv, 0, H), *gk = slice(gqkv, H, H), *gv = slice(gqkv, 2 * H, H);
-  OK(bl_attention_forward_saved(ctx, lse, q, k, v, km, heads, 0, p, seed, offset));
-  OK(bl_attention_backward_saved(gq, gk, gv, go, q, k, v, ctx, lse, km, heads, 0, p, seed, offset));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = q,
+                                                .k = k,
+                                                .v = v,
+                                                .key_mask = km,
+                                                .ctx = ctx,
+                                                .saved = lse,
+                                                .heads = heads,
+                                                .p = p,
+                                                .seed = seed,
+                                                .offset = offset }));
+  OK(bl_attention_backward(gq, gk, gv, go,
+                           &(bl_attention_args){ .q = q,
+                                                 .k = k,
+                                                 .v = v,
+                                                 .key_mask = km,
+                                                 .ctx = ctx,
+                                                 .saved = lse,
+                                                 .heads = heads,
+                                                 .p = p,
+                                                 .seed = seed,
+                                                 .offset = offset }));
 
   /* the dropout factors z (0 or 1/(1-p)) by the documented element order, from the generic dropout op */
   double *z = NULL;
@@ -237,7 +268,17 @@ static void run_case_mask(int dtype, int64_t B, int64_t S, int heads, int64_t d,
   /* determinism: a second backward gives the same bits */
   bl_tensor *gqkv2 = mk(DEV, dtype, 3, SH(B, S, 3 * H));
   bl_tensor *gq2 = slice(gqkv2, 0, H), *gk2 = slice(gqkv2, H, H), *gv2 = slice(gqkv2, 2 * H, H);
-  OK(bl_attention_backward_saved(gq2, gk2, gv2, go, q, k, v, ctx, lse, km, heads, 0, p, seed, offset));
+  OK(bl_attention_backward(gq2, gk2, gv2, go,
+                           &(bl_attention_args){ .q = q,
+                                                 .k = k,
+                                                 .v = v,
+                                                 .key_mask = km,
+                                                 .ctx = ctx,
+                                                 .saved = lse,
+                                                 .heads = heads,
+                                                 .p = p,
+                                                 .seed = seed,
+                                                 .offset = offset }));
   double *a1 = host(gqkv), *a2 = host(gqkv2);
   CHECK(!memcmp(a1, a2, sizeof(double) * (size_t)gqkv->numel), "%s: a second backward differs", name);
 
@@ -301,8 +342,27 @@ static void check_skip(int dtype, int64_t S, int64_t len, int64_t d) {
     bl_tensor *ctx = mk(DEV, dtype, 3, SH(B, S, H)), *lse = mk(DEV, BL_F32, 3, SH(B, heads, S));
     bl_tensor *g = mk(DEV, dtype, 3, SH(B, S, 3 * H));
     bl_tensor *gq = slice(g, 0, H), *gk = slice(g, H, H), *gv = slice(g, 2 * H, H);
-    OK(bl_attention_forward_saved(ctx, lse, q, k, v, km, heads, 0, 0.1, 3, 9));
-    OK(bl_attention_backward_saved(gq, gk, gv, go, q, k, v, ctx, lse, km, heads, 0, 0.1, 3, 9));
+    OK(bl_attention_forward(&(bl_attention_args){ .q = q,
+                                                  .k = k,
+                                                  .v = v,
+                                                  .key_mask = km,
+                                                  .ctx = ctx,
+                                                  .saved = lse,
+                                                  .heads = heads,
+                                                  .p = 0.1,
+                                                  .seed = 3,
+                                                  .offset = 9 }));
+    OK(bl_attention_backward(gq, gk, gv, go,
+                             &(bl_attention_args){ .q = q,
+                                                   .k = k,
+                                                   .v = v,
+                                                   .key_mask = km,
+                                                   .ctx = ctx,
+                                                   .saved = lse,
+                                                   .heads = heads,
+                                                   .p = 0.1,
+                                                   .seed = 3,
+                                                   .offset = 9 }));
     out[poison][0] = ctx;
     out[poison][1] = g;
     bl_tensor *ts[] = { q, k, v, lse, gq, gk, gv };

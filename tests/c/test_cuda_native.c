@@ -312,10 +312,36 @@ static void test_embedding_layernorm(void) {
     bl_tensor *d_gam = up(gam), *d_bet = up(bet), *d_y = mk(DEV, dt, 3, SH(B, S, H));
     bl_tensor *d_mean = mk(DEV, BL_F32, 1, SH(n)), *d_rstd = mk(DEV, BL_F32, 1, SH(n));
     const int64_t c0 = conversions();
-    OK(bl_embedding_layernorm_forward(y, mean, rstd, tab[0], tab[1], tab[2], idx[0], idx[1], idx[2], gam, bet, 1e-12, p,
-                                      seed, off));
-    OK(bl_cuda_embedding_layernorm_forward(d_y, d_mean, d_rstd, d_tab[0], d_tab[1], d_tab[2], d_idx[0], d_idx[1],
-                                           d_idx[2], d_gam, d_bet, 1e-12, p, seed, off));
+    OK(bl_embedding_layernorm_forward(&(bl_embedding_layernorm_args){ .word = tab[0],
+                                                                      .position = tab[1],
+                                                                      .token_type = tab[2],
+                                                                      .ids = idx[0],
+                                                                      .pos_ids = idx[1],
+                                                                      .type_ids = idx[2],
+                                                                      .gamma = gam,
+                                                                      .beta = bet,
+                                                                      .y = y,
+                                                                      .mean = mean,
+                                                                      .rstd = rstd,
+                                                                      .eps = 1e-12,
+                                                                      .p = p,
+                                                                      .seed = seed,
+                                                                      .offset = off }));
+    OK(bl_cuda_embedding_layernorm_forward(&(bl_embedding_layernorm_args){ .word = d_tab[0],
+                                                                           .position = d_tab[1],
+                                                                           .token_type = d_tab[2],
+                                                                           .ids = d_idx[0],
+                                                                           .pos_ids = d_idx[1],
+                                                                           .type_ids = d_idx[2],
+                                                                           .gamma = d_gam,
+                                                                           .beta = d_bet,
+                                                                           .y = d_y,
+                                                                           .mean = d_mean,
+                                                                           .rstd = d_rstd,
+                                                                           .eps = 1e-12,
+                                                                           .p = p,
+                                                                           .seed = seed,
+                                                                           .offset = off }));
     snprintf(name, sizeof name, "embedding_layernorm %s/%s n=%lld H=%lld p=%g", bl_dtype_name(dt), bl_dtype_name(gdt),
              (long long)n, (long long)H, p);
     close_(name, y, d_y, 2 * u + 1e-5, 1e-6);
@@ -334,12 +360,34 @@ static void test_embedding_layernorm(void) {
       d_gr2[q] = up(gr[q]);
     }
     double *g0[3] = { host(gr[0]), host(gr[1]), host(gr[2]) }; /* the tables' gradients before the backward */
-    OK(bl_embedding_layernorm_backward(gr[0], gr[1], gr[2], gr[3], gr[4], dy, tab[0], tab[1], tab[2], idx[0], idx[1],
-                                       idx[2], gam, mean, rstd, p, seed, off));
+    OK(bl_embedding_layernorm_backward(gr[0], gr[1], gr[2], gr[3], gr[4], dy,
+                                       &(bl_embedding_layernorm_args){ .word = tab[0],
+                                                                       .position = tab[1],
+                                                                       .token_type = tab[2],
+                                                                       .ids = idx[0],
+                                                                       .pos_ids = idx[1],
+                                                                       .type_ids = idx[2],
+                                                                       .gamma = gam,
+                                                                       .mean = mean,
+                                                                       .rstd = rstd,
+                                                                       .p = p,
+                                                                       .seed = seed,
+                                                                       .offset = off }));
     for (int r = 0; r < 2; r++) {
       bl_tensor **g = r ? d_gr2 : d_gr;
-      OK(bl_cuda_embedding_layernorm_backward(g[0], g[1], g[2], g[3], g[4], d_dy, d_tab[0], d_tab[1], d_tab[2],
-                                              d_idx[0], d_idx[1], d_idx[2], d_gam, d_mean, d_rstd, p, seed, off));
+      OK(bl_cuda_embedding_layernorm_backward(g[0], g[1], g[2], g[3], g[4], d_dy,
+                                              &(bl_embedding_layernorm_args){ .word = d_tab[0],
+                                                                              .position = d_tab[1],
+                                                                              .token_type = d_tab[2],
+                                                                              .ids = d_idx[0],
+                                                                              .pos_ids = d_idx[1],
+                                                                              .type_ids = d_idx[2],
+                                                                              .gamma = d_gam,
+                                                                              .mean = d_mean,
+                                                                              .rstd = d_rstd,
+                                                                              .p = p,
+                                                                              .seed = seed,
+                                                                              .offset = off }));
     }
     if (dt != BL_F32) no_conversion(name, c0);
 
@@ -454,7 +502,17 @@ static void test_embedding_layernorm(void) {
   for (int i = 0; i < 3; i++) ((int32_t *)tids->data)[i] = i; /* 2 is out of range for 2 types */
   bl_tensor *d_ids = up(ids), *d_tids = up(tids), *d_y = mk(DEV, BL_BF16, 2, SH(3, 16));
   bl_tensor *d_m = mk(DEV, BL_F32, 1, SH(3)), *d_r = mk(DEV, BL_F32, 1, SH(3));
-  int rc = bl_embedding_layernorm_forward(d_y, d_m, d_r, tab, tab, ty, d_ids, d_ids, d_tids, gam, NULL, 1e-12, 0, 0, 0);
+  int rc = bl_embedding_layernorm_forward(&(bl_embedding_layernorm_args){ .word = tab,
+                                                                          .position = tab,
+                                                                          .token_type = ty,
+                                                                          .ids = d_ids,
+                                                                          .pos_ids = d_ids,
+                                                                          .type_ids = d_tids,
+                                                                          .gamma = gam,
+                                                                          .y = d_y,
+                                                                          .mean = d_m,
+                                                                          .rstd = d_r,
+                                                                          .eps = 1e-12 });
   checks++;
   /* the table named as on the CPU (BL_EMB_TOKEN_TYPE_NAMES), not the vocabulary */
   if (rc == 0 ||

@@ -363,8 +363,28 @@ static void test_gemm(void) {
 static void ln_fwd(int cuda, bl_tensor *y, bl_tensor *m, bl_tensor *s, const bl_tensor *x, const bl_tensor *res,
                    const bl_tensor *g, const bl_tensor *b, double p) {
   if (res)
-    OK(cuda ? bl_cuda_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100)
-            : bl_residual_layernorm_forward(y, m, s, x, res, g, b, 1e-12, p, 5, 100));
+    OK(cuda ? bl_cuda_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = x,
+                                                                                .residual = res,
+                                                                                .gamma = g,
+                                                                                .beta = b,
+                                                                                .y = y,
+                                                                                .mean = m,
+                                                                                .rstd = s,
+                                                                                .eps = 1e-12,
+                                                                                .p = p,
+                                                                                .seed = 5,
+                                                                                .offset = 100 })
+            : bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = x,
+                                                                           .residual = res,
+                                                                           .gamma = g,
+                                                                           .beta = b,
+                                                                           .y = y,
+                                                                           .mean = m,
+                                                                           .rstd = s,
+                                                                           .eps = 1e-12,
+                                                                           .p = p,
+                                                                           .seed = 5,
+                                                                           .offset = 100 }));
   else
     OK(cuda ? bl_cuda_layernorm_forward(y, m, s, x, g, b, 1e-12) : bl_layernorm_forward(y, m, s, x, g, b, 1e-12));
 }
@@ -373,8 +393,14 @@ static void ln_bwd(int cuda, bl_tensor *gx, bl_tensor *gr, bl_tensor *gg, bl_ten
                    const bl_tensor *gy, const bl_tensor *x, const bl_tensor *res, const bl_tensor *g,
                    const bl_tensor *m, const bl_tensor *s, double p) {
   if (res)
-    OK(cuda ? bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gc, gy, x, res, g, m, s, p, 5, 100)
-            : bl_residual_layernorm_backward(gx, gr, gg, gb, gc, gy, x, res, g, m, s, p, 5, 100));
+    OK(cuda ? bl_cuda_residual_layernorm_backward(
+                  gx, gr, gg, gb, gc, gy,
+                  &(bl_residual_layernorm_args){
+                      .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s, .p = p, .seed = 5, .offset = 100 })
+            : bl_residual_layernorm_backward(
+                  gx, gr, gg, gb, gc, gy,
+                  &(bl_residual_layernorm_args){
+                      .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s, .p = p, .seed = 5, .offset = 100 }));
   else
     OK(cuda ? bl_cuda_layernorm_backward(gx, gg, gb, gy, x, g, m, s)
             : bl_layernorm_backward(gx, gg, gb, gy, x, g, m, s));
@@ -564,7 +590,7 @@ static void test_layernorm_half(void) {
   }
 }
 
-/* The residual LayerNorm backward from the output y (bl_residual_layernorm_backward_out): xhat = (y - beta) / gamma.
+/* The residual LayerNorm backward from the output y (bl_residual_layernorm_backward with y): xhat = (y - beta) / gamma.
  * (a) CUDA against the CPU twin, which takes xhat back from the same y the same way: the tolerances of the tests
  *     above (f32 summation order; a stored bf16/f16 dx, dresidual one unit in the last place apart at most).
  * (b) The CPU twin from y against the x path from x and residual (p = 0; this is the error the formulation adds):
@@ -665,11 +691,31 @@ static void test_layernorm_out(void) {
       OK(bl_tensor_fill(dg, 0));
       OK(bl_tensor_fill(db, 0));
       OK(bl_tensor_fill(dc, 0));
-      OK(bl_residual_layernorm_backward_out(dx, dr, dg, db, dc, gy, y, x, res, g, b, m, s_, p, 5, 100));
+      OK(bl_residual_layernorm_backward(dx, dr, dg, db, dc, gy,
+                                        &(bl_residual_layernorm_args){ .x = x,
+                                                                       .residual = res,
+                                                                       .gamma = g,
+                                                                       .beta = b,
+                                                                       .y = y,
+                                                                       .mean = m,
+                                                                       .rstd = s_,
+                                                                       .p = p,
+                                                                       .seed = 5,
+                                                                       .offset = 100 }));
       OK(bl_cuda_tensor_fill(gg, 0));
       OK(bl_cuda_tensor_fill(gb, 0));
       OK(bl_cuda_tensor_fill(gc, 0));
-      OK(bl_cuda_residual_layernorm_backward_out(gx, gr, gg, gb, gc, Dgy, Dy, Dx, Dr, Dg, Db, Dm, Ds, p, 5, 100));
+      OK(bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gc, Dgy,
+                                             &(bl_residual_layernorm_args){ .x = Dx,
+                                                                            .residual = Dr,
+                                                                            .gamma = Dg,
+                                                                            .beta = Db,
+                                                                            .y = Dy,
+                                                                            .mean = Dm,
+                                                                            .rstd = Ds,
+                                                                            .p = p,
+                                                                            .seed = 5,
+                                                                            .offset = 100 }));
       snprintf(name, sizeof name, "ln_out pass %d %s gamma %s H %lld", pass, bl_dtype_name(dt), bl_dtype_name(gdt),
                (long long)H);
       if (pass == 0) {
@@ -682,19 +728,27 @@ static void test_layernorm_out(void) {
       if (pass == 1) { /* the x path on the CPU as the reference */
         OK(bl_tensor_fill(eg, 0));
         OK(bl_tensor_fill(eb, 0));
-        OK(bl_residual_layernorm_backward(ex, er, eg, eb, NULL, gy, x, res, g, m, s_, 0.0, 0, 0));
+        OK(bl_residual_layernorm_backward(
+            ex, er, eg, eb, NULL, gy,
+            &(bl_residual_layernorm_args){ .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s_ }));
         check_ln_out_bound(name, x, res, g, gy, m, s_, ex, dx, eg, dg, uy, uy);
         close_(name, eb, db, 1e-6, 1e-6);
       }
       if (pass == 2) { /* the x path, bit for bit, on both devices */
         OK(bl_tensor_fill(eg, 0));
-        OK(bl_residual_layernorm_backward(ex, er, eg, NULL, NULL, gy, x, res, g, m, s_, p, 5, 100));
+        OK(bl_residual_layernorm_backward(
+            ex, er, eg, NULL, NULL, gy,
+            &(bl_residual_layernorm_args){
+                .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s_, .p = p, .seed = 5, .offset = 100 }));
         same_bits("ln_out fallback dx (cpu)", ex, dx);
         same_bits("ln_out fallback dres (cpu)", er, dr);
         same_bits("ln_out fallback dgamma (cpu)", eg, dg);
         bl_tensor *hx = mk(DEV, dt, 2, x->shape), *hr = mk(DEV, dt, 2, x->shape), *hg = mk(DEV, BL_F32, 1, SH(H));
         OK(bl_cuda_tensor_fill(hg, 0));
-        OK(bl_cuda_residual_layernorm_backward(hx, hr, hg, NULL, NULL, Dgy, Dx, Dr, Dg, Dm, Ds, p, 5, 100));
+        OK(bl_cuda_residual_layernorm_backward(
+            hx, hr, hg, NULL, NULL, Dgy,
+            &(bl_residual_layernorm_args){
+                .x = Dx, .residual = Dr, .gamma = Dg, .mean = Dm, .rstd = Ds, .p = p, .seed = 5, .offset = 100 }));
         same_bits("ln_out fallback dx (cuda)", hx, gx);
         same_bits("ln_out fallback dres (cuda)", hr, gr);
         same_bits("ln_out fallback dgamma (cuda)", hg, gg);
@@ -1040,18 +1094,48 @@ static void test_attention_case(int64_t B, int64_t S, int heads, int64_t d, doub
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < S; s++) kp[b * S + s] = s < S - b * (S / 3) || s == 0 ? 1.0f : 0.0f; /* padding */
   bl_tensor *ctx = mk(-1, BL_F32, 3, q->shape), *probs = mk(-1, BL_F32, 4, SH(B, heads, S, S));
-  OK(bl_attention_forward(ctx, probs, q, k, v, km, heads, 0, p, 11, 3));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = q,
+                                                .k = k,
+                                                .v = v,
+                                                .key_mask = km,
+                                                .ctx = ctx,
+                                                .saved = probs,
+                                                .heads = heads,
+                                                .p = p,
+                                                .seed = 11,
+                                                .offset = 3 }));
   bl_tensor *dq_ = up(q, BL_F32), *dk_ = up(k, BL_F32), *dv_ = up(v, BL_F32), *dkm = up(km, BL_F32);
   bl_tensor *dctx = mk(DEV, BL_F32, 3, q->shape), *lse = mk(DEV, BL_F32, 3, SH(B, heads, S));
-  OK(bl_cuda_attention_forward(dctx, lse, dq_, dk_, dv_, dkm, heads, 0, p, 11, 3));
+  OK(bl_cuda_attention_forward(&(bl_attention_args){ .q = dq_,
+                                                     .k = dk_,
+                                                     .v = dv_,
+                                                     .key_mask = dkm,
+                                                     .ctx = dctx,
+                                                     .saved = lse,
+                                                     .heads = heads,
+                                                     .p = p,
+                                                     .seed = 11,
+                                                     .offset = 3 }));
   snprintf(name, sizeof name, "attention ctx S=%lld d=%lld p=%.1f", (long long)S, (long long)d, p);
   close_(name, ctx, dctx, 1e-4, 1e-5);
   bl_tensor *g = rnd(3, q->shape, 80 + S, -1, 1), *gq = mk(-1, BL_F32, 3, q->shape), *gk = mk(-1, BL_F32, 3, q->shape),
             *gv = mk(-1, BL_F32, 3, q->shape);
-  OK(bl_attention_backward(gq, gk, gv, g, q, k, v, probs, heads, 0, p, 11, 3));
+  OK(bl_attention_backward(
+      gq, gk, gv, g,
+      &(bl_attention_args){ .q = q, .k = k, .v = v, .saved = probs, .heads = heads, .p = p, .seed = 11, .offset = 3 }));
   bl_tensor *dg = up(g, BL_F32), *dgq = mk(DEV, BL_F32, 3, q->shape), *dgk = mk(DEV, BL_F32, 3, q->shape),
             *dgv = mk(DEV, BL_F32, 3, q->shape);
-  OK(bl_cuda_attention_backward(dgq, dgk, dgv, dg, dq_, dk_, dv_, dctx, lse, dkm, heads, 0, p, 11, 3));
+  OK(bl_cuda_attention_backward(dgq, dgk, dgv, dg,
+                                &(bl_attention_args){ .q = dq_,
+                                                      .k = dk_,
+                                                      .v = dv_,
+                                                      .key_mask = dkm,
+                                                      .ctx = dctx,
+                                                      .saved = lse,
+                                                      .heads = heads,
+                                                      .p = p,
+                                                      .seed = 11,
+                                                      .offset = 3 }));
   snprintf(name, sizeof name, "attention dq S=%lld", (long long)S);
   close_(name, gq, dgq, 1e-3, 1e-4);
   snprintf(name, sizeof name, "attention dk S=%lld", (long long)S);
@@ -1088,7 +1172,17 @@ static void test_attention_case(int64_t B, int64_t S, int heads, int64_t d, doub
   }
   /* determinism */
   bl_tensor *dgq2 = mk(DEV, BL_F32, 3, q->shape);
-  OK(bl_cuda_attention_backward(dgq2, dgk, dgv, dg, dq_, dk_, dv_, dctx, lse, dkm, heads, 0, p, 11, 3));
+  OK(bl_cuda_attention_backward(dgq2, dgk, dgv, dg,
+                                &(bl_attention_args){ .q = dq_,
+                                                      .k = dk_,
+                                                      .v = dv_,
+                                                      .key_mask = dkm,
+                                                      .ctx = dctx,
+                                                      .saved = lse,
+                                                      .heads = heads,
+                                                      .p = p,
+                                                      .seed = 11,
+                                                      .offset = 3 }));
   same_bits("attention dq rerun", dgq, dgq2);
   F(q);
   F(k);
@@ -1218,7 +1312,7 @@ static void test_dispatch(void) {
     printf("FAIL dispatch get/set: %g\n", v);
     fails++;
   }
-  /* attention: the probabilities signature has no CUDA twin; the _saved pair runs the kernel */
+  /* attention: one entry point per direction runs the CPU op or the kernel, each with its own saved state */
   bl_tensor *q = rnd(3, SH(2, 9, 32), 205, -1, 1), *dq = up(q, BL_F32);
   bl_tensor *ctx = mk(-1, BL_F32, 3, q->shape), *dctx = mk(DEV, BL_F32, 3, q->shape);
   int64_t sh[4];
@@ -1230,21 +1324,29 @@ static void test_dispatch(void) {
   bl_tensor *pr = mk(-1, BL_F32, 4, SH(2, 4, 9, 9)), *lse = mk(DEV, BL_F32, 3, SH(2, 4, 9)),
             *dpr = mk(DEV, BL_F32, 4, SH(2, 4, 9, 9));
   checks++;
-  if (bl_attention_forward(dctx, dpr, dq, dq, dq, NULL, 4, 0, 0, 0, 0) != BL_EUNSUPPORTED ||
-      !strstr(bl_last_error(), "not implemented on cuda")) {
-    printf("FAIL attention with probabilities on cuda: %s\n", bl_last_error());
+  if (bl_attention_forward(&(bl_attention_args){ .q = dq, .k = dq, .v = dq, .ctx = dctx, .saved = dpr, .heads = 4 }) !=
+          BL_EINVAL ||
+      !strstr(bl_last_error(), "row logsumexp) must be a contiguous f32 [2,4,9]")) {
+    printf("FAIL attention with the CPU's saved shape on cuda: %s\n", bl_last_error());
     fails++;
   }
-  OK(bl_attention_forward_saved(ctx, pr, q, q, q, NULL, 4, 0, 0.1, 5, 6));
-  OK(bl_attention_forward_saved(dctx, lse, dq, dq, dq, NULL, 4, 0, 0.1, 5, 6));
-  close_("dispatch attention_forward_saved", ctx, dctx, 1e-4, 1e-5);
+  OK(bl_attention_forward(&(bl_attention_args){
+      .q = q, .k = q, .v = q, .ctx = ctx, .saved = pr, .heads = 4, .p = 0.1, .seed = 5, .offset = 6 }));
+  OK(bl_attention_forward(&(bl_attention_args){
+      .q = dq, .k = dq, .v = dq, .ctx = dctx, .saved = lse, .heads = 4, .p = 0.1, .seed = 5, .offset = 6 }));
+  close_("dispatch attention_forward", ctx, dctx, 1e-4, 1e-5);
   bl_tensor *gq = mk(-1, BL_F32, 3, q->shape), *gk = mk(-1, BL_F32, 3, q->shape), *gv = mk(-1, BL_F32, 3, q->shape);
   bl_tensor *dgq = mk(DEV, BL_F32, 3, q->shape), *dgk = mk(DEV, BL_F32, 3, q->shape),
             *dgv = mk(DEV, BL_F32, 3, q->shape);
-  OK(bl_attention_backward_saved(gq, gk, gv, q, q, q, q, NULL, pr, NULL, 4, 0, 0.1, 5, 6));
-  OK(bl_attention_backward_saved(dgq, dgk, dgv, dq, dq, dq, dq, dctx, lse, NULL, 4, 0, 0.1, 5, 6));
-  close_("dispatch attention_backward_saved dq", gq, dgq, 1e-3, 1e-4);
-  close_("dispatch attention_backward_saved dv", gv, dgv, 1e-3, 1e-4);
+  OK(bl_attention_backward(
+      gq, gk, gv, q,
+      &(bl_attention_args){ .q = q, .k = q, .v = q, .saved = pr, .heads = 4, .p = 0.1, .seed = 5, .offset = 6 }));
+  OK(bl_attention_backward(
+      dgq, dgk, dgv, dq,
+      &(bl_attention_args){
+          .q = dq, .k = dq, .v = dq, .ctx = dctx, .saved = lse, .heads = 4, .p = 0.1, .seed = 5, .offset = 6 }));
+  close_("dispatch attention_backward dq", gq, dgq, 1e-3, 1e-4);
+  close_("dispatch attention_backward dv", gv, dgv, 1e-3, 1e-4);
   /* mixed devices: an error naming both, nothing run */
   checks++;
   if (bl_linear_forward(dy, x, dw, db) != BL_EINVAL || !strstr(bl_last_error(), "different devices (cuda:0 and cpu)")) {

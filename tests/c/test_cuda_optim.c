@@ -78,13 +78,42 @@ static const bl_optim_segments SEG = { 3, 0, OFF, LEN, DEC };
 
 typedef int (*step_fn)(const void *cfg, bufs *b, int64_t step, double grad_norm, bl_optim_stats *st);
 static int lamb(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
-  return bl_lamb_step(cfg, b->w, NULL, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, gn, st);
+  return bl_lamb_step(cfg, &(bl_optim_args){ .w = b->w,
+                                             .g = b->g,
+                                             .m = b->m,
+                                             .v = b->v,
+                                             .seg = &SEG,
+                                             .step = step,
+                                             .lr = 2e-3,
+                                             .grad_scale = 0.25,
+                                             .grad_norm = gn,
+                                             .has_grad_norm = gn >= 0,
+                                             .stats = st });
 }
 static int adamw(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
-  return bl_adamw_step(cfg, b->w, NULL, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, gn, st);
+  return bl_adamw_step(cfg, &(bl_optim_args){ .w = b->w,
+                                              .g = b->g,
+                                              .m = b->m,
+                                              .v = b->v,
+                                              .seg = &SEG,
+                                              .step = step,
+                                              .lr = 2e-3,
+                                              .grad_scale = 0.25,
+                                              .grad_norm = gn,
+                                              .has_grad_norm = gn >= 0,
+                                              .stats = st });
 }
 static int sgd(const void *cfg, bufs *b, int64_t step, double gn, bl_optim_stats *st) {
-  return bl_sgd_step(cfg, b->w, NULL, b->g, b->m, &SEG, step, 2e-3, 0.25, gn, st);
+  return bl_sgd_step(cfg, &(bl_optim_args){ .w = b->w,
+                                            .g = b->g,
+                                            .m = b->m,
+                                            .seg = &SEG,
+                                            .step = step,
+                                            .lr = 2e-3,
+                                            .grad_scale = 0.25,
+                                            .grad_norm = gn,
+                                            .has_grad_norm = gn >= 0,
+                                            .stats = st });
 }
 
 /* Three steps on both devices with the same fresh gradients; given_norm
@@ -276,9 +305,25 @@ static void test_amp(void) {
       ((float *)c.g->data)[17020] = -INFINITY;
       OK(bl_tensor_copy(d.g, c.g));
     }
-    OK(bl_lamb_step_amp(&l, c.w, NULL, c.g, c.m, c.v, &SEG, 2e-3, 0.5, &amp, sc));
+    OK(bl_lamb_step(&l, &(bl_optim_args){ .w = c.w,
+                                          .g = c.g,
+                                          .m = c.m,
+                                          .v = c.v,
+                                          .seg = &SEG,
+                                          .lr = 2e-3,
+                                          .grad_scale = 0.5,
+                                          .amp = &amp,
+                                          .amp_state = sc }));
     OK(bl_cuda_counters(0, &a));
-    OK(bl_lamb_step_amp(&l, d.w, NULL, d.g, d.m, d.v, &SEG, 2e-3, 0.5, &amp, sd));
+    OK(bl_lamb_step(&l, &(bl_optim_args){ .w = d.w,
+                                          .g = d.g,
+                                          .m = d.m,
+                                          .v = d.v,
+                                          .seg = &SEG,
+                                          .lr = 2e-3,
+                                          .grad_scale = 0.5,
+                                          .amp = &amp,
+                                          .amp_state = sd }));
     OK(bl_cuda_counters(0, &b));
     if (call > 1) {
       waits += b.syncs - a.syncs;
@@ -329,11 +374,57 @@ static int half_step(int kind, bufs *b, bl_tensor *half, int64_t step, bl_tensor
   static const bl_amp_config AMP = { 2.0, 0.5, 1.0, 16777216.0, 2, 1, NULL };
   switch (kind) {
     case 0:
-    case 1: return bl_lamb_step(&l, b->w, half, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, -1, NULL);
-    case 2: return bl_adamw_step(&a, b->w, half, b->g, b->m, b->v, &SEG, step, 2e-3, 0.25, -1, NULL);
-    case 3: return bl_sgd_step(&s, b->w, half, b->g, b->m, &SEG, step, 2e-3, 0.25, -1, NULL);
-    case 4: return bl_lamb_step_amp(&l, b->w, half, b->g, b->m, b->v, &SEG, 2e-3, 0.5, &AMP, amp);
-    default: return bl_adamw_step_amp(&a, b->w, half, b->g, b->m, b->v, &SEG, 2e-3, 0.5, &AMP, amp);
+    case 1:
+      return bl_lamb_step(&l, &(bl_optim_args){ .w = b->w,
+                                                .half = half,
+                                                .g = b->g,
+                                                .m = b->m,
+                                                .v = b->v,
+                                                .seg = &SEG,
+                                                .step = step,
+                                                .lr = 2e-3,
+                                                .grad_scale = 0.25 });
+    case 2:
+      return bl_adamw_step(&a, &(bl_optim_args){ .w = b->w,
+                                                 .half = half,
+                                                 .g = b->g,
+                                                 .m = b->m,
+                                                 .v = b->v,
+                                                 .seg = &SEG,
+                                                 .step = step,
+                                                 .lr = 2e-3,
+                                                 .grad_scale = 0.25 });
+    case 3:
+      return bl_sgd_step(&s, &(bl_optim_args){ .w = b->w,
+                                               .half = half,
+                                               .g = b->g,
+                                               .m = b->m,
+                                               .seg = &SEG,
+                                               .step = step,
+                                               .lr = 2e-3,
+                                               .grad_scale = 0.25 });
+    case 4:
+      return bl_lamb_step(&l, &(bl_optim_args){ .w = b->w,
+                                                .half = half,
+                                                .g = b->g,
+                                                .m = b->m,
+                                                .v = b->v,
+                                                .seg = &SEG,
+                                                .lr = 2e-3,
+                                                .grad_scale = 0.5,
+                                                .amp = &AMP,
+                                                .amp_state = amp });
+    default:
+      return bl_adamw_step(&a, &(bl_optim_args){ .w = b->w,
+                                                 .half = half,
+                                                 .g = b->g,
+                                                 .m = b->m,
+                                                 .v = b->v,
+                                                 .seg = &SEG,
+                                                 .lr = 2e-3,
+                                                 .grad_scale = 0.5,
+                                                 .amp = &AMP,
+                                                 .amp_state = amp });
   }
 }
 static bl_tensor *make_half(int dev, bl_dtype dt) {
@@ -409,13 +500,22 @@ static void test_fused_half(void) {
   OK(bl_tensor_empty(1, (const int64_t[]){ N - 1 }, BL_BF16, 0, &wrong));
   bl_lamb_config l;
   bl_lamb_config_default(&l);
-  int rc = bl_lamb_step(&l, d.w, f32, d.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  int rc = bl_lamb_step(
+      &l,
+      &(bl_optim_args){
+          .w = d.w, .half = f32, .g = d.g, .m = d.m, .v = d.v, .seg = &SEG, .step = 1, .lr = 1e-3, .grad_scale = 1 });
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "must be bf16 or f16"), "f32 compute copy: rc %d (%s)", rc,
         bl_last_error());
-  rc = bl_lamb_step(&l, d.w, wrong, d.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  rc = bl_lamb_step(
+      &l,
+      &(bl_optim_args){
+          .w = d.w, .half = wrong, .g = d.g, .m = d.m, .v = d.v, .seg = &SEG, .step = 1, .lr = 1e-3, .grad_scale = 1 });
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "has 20010 elements"), "short compute copy: rc %d (%s)", rc,
         bl_last_error());
-  rc = bl_lamb_step(&l, d.w, cpu, d.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  rc = bl_lamb_step(
+      &l,
+      &(bl_optim_args){
+          .w = d.w, .half = cpu, .g = d.g, .m = d.m, .v = d.v, .seg = &SEG, .step = 1, .lr = 1e-3, .grad_scale = 1 });
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "is on cpu"), "compute copy on the cpu: rc %d (%s)", rc,
         bl_last_error());
   bl_tensor *w0 = make(-1);
@@ -434,7 +534,9 @@ static void test_mixed(void) {
   setup(&c, &d, 500);
   bl_lamb_config l;
   bl_lamb_config_default(&l);
-  int rc = bl_lamb_step(&l, d.w, NULL, c.g, d.m, d.v, &SEG, 1, 1e-3, 1, -1, NULL);
+  int rc = bl_lamb_step(
+      &l,
+      &(bl_optim_args){ .w = d.w, .g = c.g, .m = d.m, .v = d.v, .seg = &SEG, .step = 1, .lr = 1e-3, .grad_scale = 1 });
   CHECK(rc != 0 && strstr(bl_last_error(), "different devices"), "mixed devices accepted (rc %d: %s)", rc,
         bl_last_error());
   rc = bl_unscale_to_f32(d.w, d.g, 1.0, NULL);
@@ -466,11 +568,43 @@ static void test_amp_lr_from(void) {
       for (int step = 0; step < 2; step++) {
         OK(bl_tensor_fill(lr, rates[step]));
         if (kind == 0) {
-          OK(bl_lamb_step_amp(&l, p[0].w, NULL, p[0].g, p[0].m, p[0].v, &SEG, rates[step], 1.0, &by_arg, s0));
-          OK(bl_lamb_step_amp(&l, p[1].w, NULL, p[1].g, p[1].m, p[1].v, &SEG, 7.0, 1.0, &by_tensor, s1));
+          OK(bl_lamb_step(&l, &(bl_optim_args){ .w = p[0].w,
+                                                .g = p[0].g,
+                                                .m = p[0].m,
+                                                .v = p[0].v,
+                                                .seg = &SEG,
+                                                .lr = rates[step],
+                                                .grad_scale = 1.0,
+                                                .amp = &by_arg,
+                                                .amp_state = s0 }));
+          OK(bl_lamb_step(&l, &(bl_optim_args){ .w = p[1].w,
+                                                .g = p[1].g,
+                                                .m = p[1].m,
+                                                .v = p[1].v,
+                                                .seg = &SEG,
+                                                .lr = 7.0,
+                                                .grad_scale = 1.0,
+                                                .amp = &by_tensor,
+                                                .amp_state = s1 }));
         } else {
-          OK(bl_adamw_step_amp(&a, p[0].w, NULL, p[0].g, p[0].m, p[0].v, &SEG, rates[step], 1.0, &by_arg, s0));
-          OK(bl_adamw_step_amp(&a, p[1].w, NULL, p[1].g, p[1].m, p[1].v, &SEG, 7.0, 1.0, &by_tensor, s1));
+          OK(bl_adamw_step(&a, &(bl_optim_args){ .w = p[0].w,
+                                                 .g = p[0].g,
+                                                 .m = p[0].m,
+                                                 .v = p[0].v,
+                                                 .seg = &SEG,
+                                                 .lr = rates[step],
+                                                 .grad_scale = 1.0,
+                                                 .amp = &by_arg,
+                                                 .amp_state = s0 }));
+          OK(bl_adamw_step(&a, &(bl_optim_args){ .w = p[1].w,
+                                                 .g = p[1].g,
+                                                 .m = p[1].m,
+                                                 .v = p[1].v,
+                                                 .seg = &SEG,
+                                                 .lr = 7.0,
+                                                 .grad_scale = 1.0,
+                                                 .amp = &by_tensor,
+                                                 .amp_state = s1 }));
         }
       }
       char what[80];
@@ -482,7 +616,15 @@ static void test_amp_lr_from(void) {
       bl_tensor *bad = NULL;
       OK(bl_tensor_empty(1, (const int64_t[]){ 2 }, BL_F64, dev, &bad));
       by_tensor.lr_from = bad;
-      CHECK(bl_lamb_step_amp(&l, p[1].w, NULL, p[1].g, p[1].m, p[1].v, &SEG, 1e-3, 1.0, &by_tensor, s1) != 0 &&
+      CHECK(bl_lamb_step(&l, &(bl_optim_args){ .w = p[1].w,
+                                               .g = p[1].g,
+                                               .m = p[1].m,
+                                               .v = p[1].v,
+                                               .seg = &SEG,
+                                               .lr = 1e-3,
+                                               .grad_scale = 1.0,
+                                               .amp = &by_tensor,
+                                               .amp_state = s1 }) != 0 &&
                 strstr(bl_last_error(), "lr_from") != NULL,
             "a 2-element lr_from is refused naming it: %s", bl_last_error());
       bl_tensor_free(bad);

@@ -264,7 +264,17 @@ typedef struct {
 static double ln_loss(void *c) {
   ln_ctx *k = c;
   if (k->res)
-    OK(bl_residual_layernorm_forward(k->y, k->mean, k->rstd, k->x, k->res, k->g, k->b, 1e-12, k->p, 7, 3));
+    OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = k->x,
+                                                                    .residual = k->res,
+                                                                    .gamma = k->g,
+                                                                    .beta = k->b,
+                                                                    .y = k->y,
+                                                                    .mean = k->mean,
+                                                                    .rstd = k->rstd,
+                                                                    .eps = 1e-12,
+                                                                    .p = k->p,
+                                                                    .seed = 7,
+                                                                    .offset = 3 }));
   else
     OK(bl_layernorm_forward(k->y, k->mean, k->rstd, k->x, k->g, k->b, 1e-12));
   return wdot(k->y, k->w);
@@ -298,7 +308,15 @@ static void test_layernorm(void) {
   bl_tensor *dr = like(k.x);
   fill_zero(dg);
   fill_zero(db);
-  OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.3, 7, 3));
+  OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, k.w,
+                                    &(bl_residual_layernorm_args){ .x = k.x,
+                                                                   .residual = k.res,
+                                                                   .gamma = k.g,
+                                                                   .mean = k.mean,
+                                                                   .rstd = k.rstd,
+                                                                   .p = 0.3,
+                                                                   .seed = 7,
+                                                                   .offset = 3 }));
   gradcheck("residual_layernorm dx", k.x, dx, ln_loss, &k);
   gradcheck("residual_layernorm dresidual", k.res, dr, ln_loss, &k);
   gradcheck("residual_layernorm dgamma", k.g, dg, ln_loss, &k);
@@ -307,9 +325,18 @@ static void test_layernorm(void) {
   bl_tensor *sum = like(k.x), *y0 = like(k.x), *m0 = t1(21), *r0 = t1(21);
   for (int64_t i = 0; i < sum->numel; i++) F(sum)[i] = F(k.x)[i] + F(k.res)[i];
   OK(bl_layernorm_forward(y0, m0, r0, sum, k.g, k.b, 1e-12));
-  OK(bl_residual_layernorm_forward(k.y, k.mean, k.rstd, k.x, k.res, k.g, k.b, 1e-12, 0.0, 0, 0));
+  OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = k.x,
+                                                                  .residual = k.res,
+                                                                  .gamma = k.g,
+                                                                  .beta = k.b,
+                                                                  .y = k.y,
+                                                                  .mean = k.mean,
+                                                                  .rstd = k.rstd,
+                                                                  .eps = 1e-12 }));
   CHECK(maxrel(k.y, y0) < 1e-6, "residual_layernorm p=0 vs layernorm(x+r)");
-  OK(bl_residual_layernorm_backward(dx, dr, NULL, NULL, NULL, k.w, k.x, k.res, k.g, k.mean, k.rstd, 0.0, 0, 0));
+  OK(bl_residual_layernorm_backward(
+      dx, dr, NULL, NULL, NULL, k.w,
+      &(bl_residual_layernorm_args){ .x = k.x, .residual = k.res, .gamma = k.g, .mean = k.mean, .rstd = k.rstd }));
   CHECK(maxrel(dx, dr) == 0, "p=0: dx == dresidual");
 
   /* strided input: x as a transposed view of a [3,10,7] tensor */
@@ -468,7 +495,16 @@ typedef struct {
 } att_ctx;
 static double att_loss(void *c) {
   att_ctx *a = c;
-  OK(bl_attention_forward(a->ctx, a->probs, a->q, a->k, a->v, a->mask, a->heads, 0, a->p, 99, 17));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = a->q,
+                                                .k = a->k,
+                                                .v = a->v,
+                                                .key_mask = a->mask,
+                                                .ctx = a->ctx,
+                                                .saved = a->probs,
+                                                .heads = a->heads,
+                                                .p = a->p,
+                                                .seed = 99,
+                                                .offset = 17 }));
   return wdot(a->ctx, a->w);
 }
 static void test_attention(void) {
@@ -508,7 +544,10 @@ static void test_attention(void) {
   for (int pass = 0; pass < 2; pass++) {
     a.p = pass ? 0.25 : 0.0;
     att_loss(&a);
-    OK(bl_attention_backward(dq, dk, dv, a.w, a.q, a.k, a.v, a.probs, NH, 0, a.p, 99, 17));
+    OK(bl_attention_backward(
+        dq, dk, dv, a.w,
+        &(bl_attention_args){
+            .q = a.q, .k = a.k, .v = a.v, .saved = a.probs, .heads = NH, .p = a.p, .seed = 99, .offset = 17 }));
     gradcheck(pass ? "attention(p=0.25) dq" : "attention dq", a.q, dq, att_loss, &a);
     gradcheck(pass ? "attention(p=0.25) dk" : "attention dk", a.k, dk, att_loss, &a);
     gradcheck(pass ? "attention(p=0.25) dv" : "attention dv", a.v, dv, att_loss, &a);
@@ -519,32 +558,67 @@ static void test_attention(void) {
   OK(bl_tensor_narrow(qkv, 2, H, H, &ks));
   OK(bl_tensor_narrow(qkv, 2, 2 * H, H, &vs));
   bl_tensor *qc = clone(qs), *kc = clone(ks), *vc = clone(vs), *c1 = like(qc), *c2 = like(qc), *p2 = t4(B, NH, S, S);
-  OK(bl_attention_forward(c1, a.probs, qc, kc, vc, a.mask, NH, 0, 0.1, 5, 6));
-  OK(bl_attention_forward(c2, p2, qs, ks, vs, a.mask, NH, 0, 0.1, 5, 6));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = qc,
+                                                .k = kc,
+                                                .v = vc,
+                                                .key_mask = a.mask,
+                                                .ctx = c1,
+                                                .saved = a.probs,
+                                                .heads = NH,
+                                                .p = 0.1,
+                                                .seed = 5,
+                                                .offset = 6 }));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = qs,
+                                                .k = ks,
+                                                .v = vs,
+                                                .key_mask = a.mask,
+                                                .ctx = c2,
+                                                .saved = p2,
+                                                .heads = NH,
+                                                .p = 0.1,
+                                                .seed = 5,
+                                                .offset = 6 }));
   CHECK(maxrel(c1, c2) == 0, "attention on fused-QKV slices differs");
   bl_tensor *dqkv = zero(t3(B, S, 3 * H)), *dqs = NULL, *dks = NULL, *dvs = NULL;
   OK(bl_tensor_narrow(dqkv, 2, 0, H, &dqs));
   OK(bl_tensor_narrow(dqkv, 2, H, H, &dks));
   OK(bl_tensor_narrow(dqkv, 2, 2 * H, H, &dvs));
-  OK(bl_attention_backward(dq, dk, dv, a.w, qc, kc, vc, a.probs, NH, 0, 0.1, 5, 6));
-  OK(bl_attention_backward(dqs, dks, dvs, a.w, qs, ks, vs, p2, NH, 0, 0.1, 5, 6));
+  OK(bl_attention_backward(
+      dq, dk, dv, a.w,
+      &(bl_attention_args){
+          .q = qc, .k = kc, .v = vc, .saved = a.probs, .heads = NH, .p = 0.1, .seed = 5, .offset = 6 }));
+  OK(bl_attention_backward(
+      dqs, dks, dvs, a.w,
+      &(bl_attention_args){ .q = qs, .k = ks, .v = vs, .saved = p2, .heads = NH, .p = 0.1, .seed = 5, .offset = 6 }));
   CHECK(maxrel(dq, dqs) == 0 && maxrel(dk, dks) == 0 && maxrel(dv, dvs) == 0, "attention backward on slices differs");
   /* u8 mask gives the same as an f32 mask; thread count does not matter */
   int64_t ms[] = { B, S };
   bl_tensor *m8 = tens(2, ms, BL_U8), *c3 = like(qc);
   for (int i = 0; i < B * S; i++) ((uint8_t *)m8->data)[i] = F(a.mask)[i] != 0;
   omp_set_num_threads(1);
-  OK(bl_attention_forward(c3, p2, qc, kc, vc, m8, NH, 0, 0.1, 5, 6));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = qc,
+                                                .k = kc,
+                                                .v = vc,
+                                                .key_mask = m8,
+                                                .ctx = c3,
+                                                .saved = p2,
+                                                .heads = NH,
+                                                .p = 0.1,
+                                                .seed = 5,
+                                                .offset = 6 }));
   omp_set_num_threads(2);
   CHECK(maxrel(c1, c3) == 0, "attention u8 mask / thread count changes the result");
   /* bad input */
-  int rc = bl_attention_forward(c1, a.probs, qc, kc, vc, a.mask, 3, 0, 0, 0, 0);
+  int rc = bl_attention_forward(
+      &(bl_attention_args){ .q = qc, .k = kc, .v = vc, .key_mask = a.mask, .ctx = c1, .saved = a.probs, .heads = 3 });
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "not divisible by 3 heads"), "%s", bl_last_error());
   bl_tensor *pbad = t4(B, NH, S, S - 1);
-  rc = bl_attention_forward(c1, pbad, qc, kc, vc, a.mask, NH, 0, 0, 0, 0);
+  rc = bl_attention_forward(
+      &(bl_attention_args){ .q = qc, .k = kc, .v = vc, .key_mask = a.mask, .ctx = c1, .saved = pbad, .heads = NH });
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "probs must be"), "%s", bl_last_error());
   bl_tensor *kbad = t3(B, S + 1, H);
-  rc = bl_attention_forward(c1, a.probs, qc, kbad, vc, a.mask, NH, 0, 0, 0, 0);
+  rc = bl_attention_forward(&(bl_attention_args){
+      .q = qc, .k = kbad, .v = vc, .key_mask = a.mask, .ctx = c1, .saved = a.probs, .heads = NH });
   CHECK(rc == BL_EINVAL && strstr(bl_last_error(), "attention: key [3,8,10] does not match query [3,7,10]"), "%s",
         bl_last_error());
   bl_tensor *pieces[] = { a.ctx, a.probs, a.q, a.k, a.v, a.mask, a.w,  dq,  dk,  dv,  qkv, qs, ks,   vs,
@@ -639,15 +713,29 @@ static void test_attention_isa_paths(void) {
         printf("attention on %s: skipped, %s\n", isas[i], bl_last_error());
         continue;
       }
-      OK(bl_attention_forward(a.ctx, a.probs, a.q, a.k, a.v, a.mask, (int)NH, 0, 0.0, 0, 0));
-      OK(bl_attention_backward(dq, dk, dv, a.w, a.q, a.k, a.v, a.probs, (int)NH, 0, 0.0, 0, 0));
+      OK(bl_attention_forward(&(bl_attention_args){
+          .q = a.q, .k = a.k, .v = a.v, .key_mask = a.mask, .ctx = a.ctx, .saved = a.probs, .heads = (int)NH }));
+      OK(bl_attention_backward(
+          dq, dk, dv, a.w, &(bl_attention_args){ .q = a.q, .k = a.k, .v = a.v, .saved = a.probs, .heads = (int)NH }));
       double e[4] = { err_vs(a.ctx, rc), err_vs(dq, rq), err_vs(dk, rk), err_vs(dv, rv) };
       printf("attention S=%lld d=%lld on %s: error vs double ctx %.2g dq %.2g dk %.2g dv %.2g\n", (long long)S,
              (long long)d, isas[i], e[0], e[1], e[2], e[3]);
       CHECK(e[0] < 1e-4 && e[1] < 1e-4 && e[2] < 1e-4 && e[3] < 1e-4, "attention on %s (S=%lld d=%lld) vs double",
             isas[i], (long long)S, (long long)d);
-      OK(bl_attention_forward(a.ctx, a.probs, a.q, a.k, a.v, a.mask, (int)NH, 0, 0.2, 7, 3));
-      OK(bl_attention_backward(dq, dk, dv, a.w, a.q, a.k, a.v, a.probs, (int)NH, 0, 0.2, 7, 3));
+      OK(bl_attention_forward(&(bl_attention_args){ .q = a.q,
+                                                    .k = a.k,
+                                                    .v = a.v,
+                                                    .key_mask = a.mask,
+                                                    .ctx = a.ctx,
+                                                    .saved = a.probs,
+                                                    .heads = (int)NH,
+                                                    .p = 0.2,
+                                                    .seed = 7,
+                                                    .offset = 3 }));
+      OK(bl_attention_backward(
+          dq, dk, dv, a.w,
+          &(bl_attention_args){
+              .q = a.q, .k = a.k, .v = a.v, .saved = a.probs, .heads = (int)NH, .p = 0.2, .seed = 7, .offset = 3 }));
       if (!c0) {
         c0 = clone(a.ctx);
         q0 = clone(dq);

@@ -65,8 +65,20 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < S; s++) F(km)[b * S + s] = s < S - 3 * b ? 1.0f : 0.0f;
   const uint64_t seed = 77, off = 5;
-  OK(bl_attention_forward(ctx, probs, q, k, v, km, (int)NH, 0, p, seed, off));
-  OK(bl_attention_backward(dq, dk, dv, dctx, q, k, v, probs, (int)NH, 0, p, seed, off));
+  OK(bl_attention_forward(&(bl_attention_args){ .q = q,
+                                                .k = k,
+                                                .v = v,
+                                                .key_mask = km,
+                                                .ctx = ctx,
+                                                .saved = probs,
+                                                .heads = (int)NH,
+                                                .p = p,
+                                                .seed = seed,
+                                                .offset = off }));
+  OK(bl_attention_backward(
+      dq, dk, dv, dctx,
+      &(bl_attention_args){
+          .q = q, .k = k, .v = v, .saved = probs, .heads = (int)NH, .p = p, .seed = seed, .offset = off }));
   /* the dropout keep mask: dropout of ones with the same stream, rows padded to S4 = 4*ceil(S/4) draws (bl_ops.h) */
   const int64_t S4 = (S + 3) / 4 * 4;
   bl_tensor *ones = T(4, B, NH, S, S4, BL_F32), *keep = T(4, B, NH, S, S4, BL_F32);
@@ -137,8 +149,20 @@ static void test_attention(int64_t B, int64_t S, int64_t NH, int64_t d, double p
   for (int th = 1; th <= 3; th += 2) {
     bl_tensor *c2 = clone(ctx), *p2 = clone(probs), *q2 = clone(dq), *k2 = clone(dk), *v2 = clone(dv);
     omp_set_num_threads(th);
-    OK(bl_attention_forward(c2, p2, q, k, v, km, (int)NH, 0, p, seed, off));
-    OK(bl_attention_backward(q2, k2, v2, dctx, q, k, v, p2, (int)NH, 0, p, seed, off));
+    OK(bl_attention_forward(&(bl_attention_args){ .q = q,
+                                                  .k = k,
+                                                  .v = v,
+                                                  .key_mask = km,
+                                                  .ctx = c2,
+                                                  .saved = p2,
+                                                  .heads = (int)NH,
+                                                  .p = p,
+                                                  .seed = seed,
+                                                  .offset = off }));
+    OK(bl_attention_backward(
+        q2, k2, v2, dctx,
+        &(bl_attention_args){
+            .q = q, .k = k, .v = v, .saved = p2, .heads = (int)NH, .p = p, .seed = seed, .offset = off }));
     omp_set_num_threads(2);
     CHECK(same(c2, ctx) && same(p2, probs) && same(q2, dq) && same(k2, dk) && same(v2, dv),
           "attention with %d threads differs from 2 threads", th);
@@ -168,8 +192,21 @@ static void test_residual_layernorm(int64_t rows, int64_t h, double p) {
   bl_tensor *ones = T(2, rows, h, 0, 0, BL_F32);
   for (int64_t i = 0; i < ones->numel; i++) F(ones)[i] = 1.0f;
   const uint64_t seed = 3, off = 11;
-  OK(bl_residual_layernorm_forward(y, mean, rstd, x, r, g, be, 1e-12, p, seed, off));
-  OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, dy, x, r, g, mean, rstd, p, seed, off));
+  OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = x,
+                                                                  .residual = r,
+                                                                  .gamma = g,
+                                                                  .beta = be,
+                                                                  .y = y,
+                                                                  .mean = mean,
+                                                                  .rstd = rstd,
+                                                                  .eps = 1e-12,
+                                                                  .p = p,
+                                                                  .seed = seed,
+                                                                  .offset = off }));
+  OK(bl_residual_layernorm_backward(
+      dx, dr, dg, db, NULL, dy,
+      &(bl_residual_layernorm_args){
+          .x = x, .residual = r, .gamma = g, .mean = mean, .rstd = rstd, .p = p, .seed = seed, .offset = off }));
   OK(bl_dropout_forward(keep, NULL, ones, p, seed, off));
   double *ry = malloc((size_t)x->numel * 8), *rdx = malloc((size_t)x->numel * 8), *rdr = malloc((size_t)x->numel * 8);
   double *rdg = calloc((size_t)h, 8), *rdb = calloc((size_t)h, 8), *s = malloc((size_t)h * 8);
@@ -204,8 +241,21 @@ static void test_residual_layernorm(int64_t rows, int64_t h, double p) {
   for (int th = 1; th <= 3; th += 2) {
     bl_tensor *y2 = clone(y), *dx2 = clone(dx), *dg2 = T(1, h, 0, 0, 0, BL_F32), *db2 = T(1, h, 0, 0, 0, BL_F32);
     omp_set_num_threads(th);
-    OK(bl_residual_layernorm_forward(y2, mean, rstd, x, r, g, be, 1e-12, p, seed, off));
-    OK(bl_residual_layernorm_backward(dx2, NULL, dg2, db2, NULL, dy, x, r, g, mean, rstd, p, seed, off));
+    OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = x,
+                                                                    .residual = r,
+                                                                    .gamma = g,
+                                                                    .beta = be,
+                                                                    .y = y2,
+                                                                    .mean = mean,
+                                                                    .rstd = rstd,
+                                                                    .eps = 1e-12,
+                                                                    .p = p,
+                                                                    .seed = seed,
+                                                                    .offset = off }));
+    OK(bl_residual_layernorm_backward(
+        dx2, NULL, dg2, db2, NULL, dy,
+        &(bl_residual_layernorm_args){
+            .x = x, .residual = r, .gamma = g, .mean = mean, .rstd = rstd, .p = p, .seed = seed, .offset = off }));
     omp_set_num_threads(2);
     CHECK(same(y2, y) && same(dx2, dx) && same(dg2, dg) && same(db2, db), "residual layernorm with %d threads differs",
           th);

@@ -98,8 +98,11 @@ int main(void) {
                 *dy = R(3, B, S, H, 0);
       bl_tensor *dx = Z(x), *dr = Z(x), *dg = Z(g), *db = Z(b);
       if (fused) {
-        OK(bl_residual_layernorm_forward(y, m, rs, x, r, g, b, 1e-12, 0.0, 0, 0));
-        OK(bl_residual_layernorm_backward(dx, dr, dg, db, NULL, dy, x, r, g, m, rs, 0.0, 0, 0));
+        OK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){
+            .x = x, .residual = r, .gamma = g, .beta = b, .y = y, .mean = m, .rstd = rs, .eps = 1e-12 }));
+        OK(bl_residual_layernorm_backward(
+            dx, dr, dg, db, NULL, dy,
+            &(bl_residual_layernorm_args){ .x = x, .residual = r, .gamma = g, .mean = m, .rstd = rs }));
       } else {
         OK(bl_layernorm_forward(y, m, rs, x, g, b, 1e-12));
         OK(bl_layernorm_backward(dx, dg, db, dy, x, g, m, rs));
@@ -175,8 +178,10 @@ int main(void) {
     }
     bl_tensor *ctx = Z(q), *probs = T(4, B, NH, S, S, BL_F32), *dctx = R(3, B, S, H, 0), *dq = Z(q), *dk = Z(q),
               *dv = Z(q);
-    OK(bl_attention_forward(ctx, probs, q, k, v, mask, NH, 0, 0.0, 0, 0));
-    OK(bl_attention_backward(dq, dk, dv, dctx, q, k, v, probs, NH, 0, 0.0, 0, 0));
+    OK(bl_attention_forward(
+        &(bl_attention_args){ .q = q, .k = k, .v = v, .key_mask = mask, .ctx = ctx, .saved = probs, .heads = NH }));
+    OK(bl_attention_backward(dq, dk, dv, dctx,
+                             &(bl_attention_args){ .q = q, .k = k, .v = v, .saved = probs, .heads = NH }));
     bl_tensor *heads = T(1, 1, 0, 0, 0, BL_F32);
     ((float *)heads->data)[0] = NH;
     put("attention", "heads", heads);

@@ -260,10 +260,27 @@ static int check_path(float *x, float *y, float *d) {
         if ((u >= (float)ps[k]) != ((uint8_t *)tm->data)[i]) bad++;
       }
       CHECK(bad == 0, "dropout p=%g: %d mask elements off the documented stream", ps[k], bad);
-      CHECK(bl_residual_layernorm_forward(ty, mean, rstd, tx, tr, tg, tb, 1e-5, ps[k], seed, off) == 0, "%s",
-            bl_last_error());
-      CHECK(bl_residual_layernorm_backward(tdx, tdr, NULL, NULL, NULL, tdy, tx, tr, tg, mean, rstd, ps[k], seed, off) ==
-                0,
+      CHECK(bl_residual_layernorm_forward(&(bl_residual_layernorm_args){ .x = tx,
+                                                                         .residual = tr,
+                                                                         .gamma = tg,
+                                                                         .beta = tb,
+                                                                         .y = ty,
+                                                                         .mean = mean,
+                                                                         .rstd = rstd,
+                                                                         .eps = 1e-5,
+                                                                         .p = ps[k],
+                                                                         .seed = seed,
+                                                                         .offset = off }) == 0,
+            "%s", bl_last_error());
+      CHECK(bl_residual_layernorm_backward(tdx, tdr, NULL, NULL, NULL, tdy,
+                                           &(bl_residual_layernorm_args){ .x = tx,
+                                                                          .residual = tr,
+                                                                          .gamma = tg,
+                                                                          .mean = mean,
+                                                                          .rstd = rstd,
+                                                                          .p = ps[k],
+                                                                          .seed = seed,
+                                                                          .offset = off }) == 0,
             "%s", bl_last_error());
       for (int64_t i = 0; i < n; i++)
         if ((((float *)tdx->data)[i] != 0.0f) != ((uint8_t *)tm->data)[i] && ((float *)tdr->data)[i] != 0.0f) bad_ln++;

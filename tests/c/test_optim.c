@@ -188,7 +188,15 @@ static void run_lamb(const char *name, const bl_lamb_config *cfg, double gscale,
     round_f32(G);
     to_f32(g, G);
     bl_optim_stats st;
-    int rc = bl_lamb_step(cfg, w, NULL, g, m, v, &SEGS, step, lr, grad_scale, -1.0, &st);
+    int rc = bl_lamb_step(cfg, &(bl_optim_args){ .w = w,
+                                                 .g = g,
+                                                 .m = m,
+                                                 .v = v,
+                                                 .seg = &SEGS,
+                                                 .step = step,
+                                                 .lr = lr,
+                                                 .grad_scale = grad_scale,
+                                                 .stats = &st });
     CHECK(rc == 0, "%s: lamb_step failed: %s", name, bl_last_error());
     double norm = ref_global_norm(G, grad_scale);
     CHECK(fabs(st.grad_norm - norm) <= 1e-9 * norm, "%s: grad_norm %.12g vs %.12g", name, st.grad_norm, norm);
@@ -266,7 +274,10 @@ static void test_lamb_trust_cases(void) {
     F(m)[i] = 0;
     F(v)[i] = 0;
   }
-  CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "w=0: %s", bl_last_error());
+  CHECK(bl_lamb_step(&c,
+                     &(bl_optim_args){
+                         .w = w, .g = g, .m = m, .v = v, .seg = &s, .step = 1, .lr = 0.1, .grad_scale = 1.0 }) == 0,
+        "w=0: %s", bl_last_error());
   /* i = 0: g = -0.5, m^ = g, sqrt(v^) = |g| -> u = -0.5/(0.5+eps), w = -lr*u */
   CHECK(fabs(F(w)[0] - 0.1 * 0.5 / (0.5 + 1e-6)) < 1e-7, "w=0 trust 1: got %.9g", F(w)[0]);
   /* g = 0, w != 0, decay 0.01: u = wd*w -> trust = ||w||/||wd w|| = 100 -> w *= (1 - lr*100*0.01) */
@@ -276,7 +287,10 @@ static void test_lamb_trust_cases(void) {
     F(m)[i] = 0;
     F(v)[i] = 0;
   }
-  CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "g=0: %s", bl_last_error());
+  CHECK(bl_lamb_step(&c,
+                     &(bl_optim_args){
+                         .w = w, .g = g, .m = m, .v = v, .seg = &s, .step = 1, .lr = 0.1, .grad_scale = 1.0 }) == 0,
+        "g=0: %s", bl_last_error());
   CHECK(fabs(F(w)[7] - (0.5f + 7.0f / n) * (1 - 0.1)) < 1e-6, "g=0 decayed: got %.9g", F(w)[7]);
   /* g = 0, no decay, nvlamb: u = 0 -> trust 1 and w unchanged */
   dec = 0;
@@ -287,7 +301,10 @@ static void test_lamb_trust_cases(void) {
     F(m)[i] = 0;
     F(v)[i] = 0;
   }
-  CHECK(bl_lamb_step(&c, w, NULL, g, m, v, &s, 1, 0.1, 1.0, -1, NULL) == 0, "u=0: %s", bl_last_error());
+  CHECK(bl_lamb_step(&c,
+                     &(bl_optim_args){
+                         .w = w, .g = g, .m = m, .v = v, .seg = &s, .step = 1, .lr = 0.1, .grad_scale = 1.0 }) == 0,
+        "u=0: %s", bl_last_error());
   CHECK(F(w)[3] == 0.5f, "u=0: w changed to %.9g", F(w)[3]);
   bl_tensor_free(w);
   bl_tensor_free(g);
@@ -309,7 +326,9 @@ static void run_adamw(const char *name, const bl_adamw_config *cfg, double gscal
     fill_grad(G, gscale);
     round_f32(G);
     to_f32(g, G);
-    int rc = bl_adamw_step(cfg, w, NULL, g, m, v, &SEGS, step, lr, 0.5, -1.0, NULL);
+    int rc = bl_adamw_step(
+        cfg,
+        &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &SEGS, .step = step, .lr = lr, .grad_scale = 0.5 });
     CHECK(rc == 0, "%s: adamw_step failed: %s", name, bl_last_error());
     ref_adamw(cfg, W, G, M, V, step, lr, 0.5);
   }
@@ -352,7 +371,13 @@ static void run_sgd(const char *name, const bl_sgd_config *cfg) {
     fill_grad(G, 1.0);
     round_f32(G);
     to_f32(g, G);
-    int rc = bl_sgd_step(cfg, w, NULL, g, cfg->momentum > 0 ? b : NULL, &SEGS, step, lr, 1.0, -1.0, NULL);
+    int rc = bl_sgd_step(cfg, &(bl_optim_args){ .w = w,
+                                                .g = g,
+                                                .m = cfg->momentum > 0 ? b : NULL,
+                                                .seg = &SEGS,
+                                                .step = step,
+                                                .lr = lr,
+                                                .grad_scale = 1.0 });
     CHECK(rc == 0, "%s: sgd_step failed: %s", name, bl_last_error());
     ref_sgd(cfg, W, G, M, step, lr, 1.0);
   }
@@ -455,7 +480,10 @@ static void test_determinism(void) {
     bl_set_num_threads(r == 0 ? 1 : (nt > 1 ? nt : 3));
     bl_lamb_config c;
     bl_lamb_config_default(&c);
-    for (int s = 1; s <= 3; s++) bl_lamb_step(&c, w[r], NULL, g, m[r], v[r], &SEGS, s, 0.01, 1.0, -1, NULL);
+    for (int s = 1; s <= 3; s++)
+      bl_lamb_step(
+          &c, &(bl_optim_args){
+                  .w = w[r], .g = g, .m = m[r], .v = v[r], .seg = &SEGS, .step = s, .lr = 0.01, .grad_scale = 1.0 });
   }
   bl_set_num_threads(nt);
   CHECK(memcmp(w[0]->data, w[1]->data, N * 4) == 0, "lamb weights differ between 1 and %d threads", nt);
@@ -508,9 +536,35 @@ static void test_compute_copy(void) {
         to_f32(y[1], g);
         for (int k = 0; k < 2; k++) {
           bl_tensor **b = k ? y : x, *half = k ? hy : NULL;
-          if (kind == 0) rc |= bl_lamb_step(&lc, b[0], half, b[1], b[2], b[3], &SEGS, step, 0.01, 0.5, -1, NULL);
-          if (kind == 1) rc |= bl_adamw_step(&ac, b[0], half, b[1], b[2], b[3], &SEGS, step, 0.01, 0.5, -1, NULL);
-          if (kind == 2) rc |= bl_sgd_step(&sc, b[0], half, b[1], b[2], &SEGS, step, 0.01, 0.5, -1, NULL);
+          if (kind == 0)
+            rc |= bl_lamb_step(&lc, &(bl_optim_args){ .w = b[0],
+                                                      .half = half,
+                                                      .g = b[1],
+                                                      .m = b[2],
+                                                      .v = b[3],
+                                                      .seg = &SEGS,
+                                                      .step = step,
+                                                      .lr = 0.01,
+                                                      .grad_scale = 0.5 });
+          if (kind == 1)
+            rc |= bl_adamw_step(&ac, &(bl_optim_args){ .w = b[0],
+                                                       .half = half,
+                                                       .g = b[1],
+                                                       .m = b[2],
+                                                       .v = b[3],
+                                                       .seg = &SEGS,
+                                                       .step = step,
+                                                       .lr = 0.01,
+                                                       .grad_scale = 0.5 });
+          if (kind == 2)
+            rc |= bl_sgd_step(&sc, &(bl_optim_args){ .w = b[0],
+                                                     .half = half,
+                                                     .g = b[1],
+                                                     .m = b[2],
+                                                     .seg = &SEGS,
+                                                     .step = step,
+                                                     .lr = 0.01,
+                                                     .grad_scale = 0.5 });
         }
         rc |= bl_tensor_copy(hx, x[0]); /* the refresh cast */
       }
@@ -547,57 +601,100 @@ static void test_bad_input(void) {
   to_f32(v, V);
   bl_lamb_config c;
   bl_lamb_config_default(&c);
-  expect_err(bl_lamb_step(&c, w, NULL, small, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "grads has 69999 elements",
-             "mismatched numel");
-  expect_err(bl_lamb_step(&c, w, NULL, g, d64, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "exp_avg must be a flat f32",
-             "f64 moment");
+  expect_err(
+      bl_lamb_step(
+          &c,
+          &(bl_optim_args){ .w = w, .g = small, .m = m, .v = v, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "grads has 69999 elements", "mismatched numel");
+  expect_err(bl_lamb_step(&c,
+                          &(bl_optim_args){
+                              .w = w, .g = g, .m = d64, .v = v, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+             BL_EINVAL, "exp_avg must be a flat f32", "f64 moment");
   bl_tensor fake = *v;
   fake.device = 0;
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, &fake, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL,
-             "different devices (cpu and cuda:0)", "mixed devices");
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, m, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "share memory",
-             "aliased moments");
+  expect_err(
+      bl_lamb_step(
+          &c,
+          &(bl_optim_args){ .w = w, .g = g, .m = m, .v = &fake, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "different devices (cpu and cuda:0)", "mixed devices");
+  expect_err(
+      bl_lamb_step(
+          &c, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = m, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "share memory", "aliased moments");
   int64_t ov_off[2] = { 0, 100 }, ov_len[2] = { 200, 50 };
   bl_optim_segments ov = { 2, 0, ov_off, ov_len, NULL };
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &ov, 1, 0.1, 1, -1, NULL), BL_EINVAL, "overlap",
-             "overlapping segments");
+  expect_err(
+      bl_lamb_step(
+          &c, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &ov, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "overlap", "overlapping segments");
   int64_t oob_off[1] = { N - 10 }, oob_len[1] = { 11 };
   bl_optim_segments oob = { 1, 0, oob_off, oob_len, NULL };
-  expect_err(bl_adamw_step(NULL, w, NULL, g, m, v, &oob, 1, 0.1, 1, -1, NULL), BL_EINVAL, "config is NULL", "null cfg");
+  expect_err(
+      bl_adamw_step(
+          NULL, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &oob, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "config is NULL", "null cfg");
   bl_adamw_config ac;
   bl_adamw_config_default(&ac);
-  expect_err(bl_adamw_step(&ac, w, NULL, g, m, v, &oob, 1, 0.1, 1, -1, NULL), BL_EINVAL, "outside the flat buffer",
-             "segment out of bounds");
+  expect_err(
+      bl_adamw_step(
+          &ac, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &oob, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "outside the flat buffer", "segment out of bounds");
   int64_t neg_off[1] = { -1 }, one[1] = { 1 };
   bl_optim_segments neg = { 1, 0, neg_off, one, NULL };
-  expect_err(bl_adamw_step(&ac, w, NULL, g, m, v, &neg, 1, 0.1, 1, -1, NULL), BL_EINVAL, "outside", "negative offset");
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 0, 0.1, 1, -1, NULL), BL_EINVAL, "step must be >= 1", "step 0");
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, NAN, 1, -1, NULL), BL_EINVAL, "learning rate", "lr NaN");
+  expect_err(
+      bl_adamw_step(
+          &ac, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &neg, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "outside", "negative offset");
+  expect_err(
+      bl_lamb_step(&c, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &SEGS, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "step must be >= 1", "step 0");
+  expect_err(
+      bl_lamb_step(
+          &c, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &SEGS, .step = 1, .lr = NAN, .grad_scale = 1 }),
+      BL_EINVAL, "learning rate", "lr NaN");
   c.beta2 = 1.0;
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "beta2 must be in [0, 1)",
-             "beta2");
+  expect_err(
+      bl_lamb_step(
+          &c, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "beta2 must be in [0, 1)", "beta2");
   bl_lamb_config_default(&c);
   /* non-finite gradient: error, and nothing written */
   F(g)[500] = NAN;
   float w0 = F(w)[3], m0 = F(m)[3];
   bl_optim_stats st;
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, &st), BL_EINVAL, "non-finite gradient",
-             "NaN grad");
+  expect_err(
+      bl_lamb_step(
+          &c,
+          &(bl_optim_args){
+              .w = w, .g = g, .m = m, .v = v, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1, .stats = &st }),
+      BL_EINVAL, "non-finite gradient", "NaN grad");
   CHECK(st.nonfinite == 1, "stats.nonfinite not set");
   CHECK(F(w)[3] == w0 && F(m)[3] == m0, "NaN gradient modified the state");
-  expect_err(bl_adamw_step(&ac, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "non-finite", "adamw NaN");
+  expect_err(
+      bl_adamw_step(
+          &ac, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+      BL_EINVAL, "non-finite", "adamw NaN");
   F(g)[500] = 0.25f;
-  expect_err(bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, INFINITY, NULL), BL_EINVAL, "non-finite",
-             "caller-given inf norm");
+  expect_err(bl_lamb_step(&c, &(bl_optim_args){ .w = w,
+                                                .g = g,
+                                                .m = m,
+                                                .v = v,
+                                                .seg = &SEGS,
+                                                .step = 1,
+                                                .lr = 0.1,
+                                                .grad_scale = 1,
+                                                .grad_norm = INFINITY,
+                                                .has_grad_norm = 1 }),
+             BL_EINVAL, "non-finite", "caller-given inf norm");
   bl_sgd_config sc;
   bl_sgd_config_default(&sc);
   sc.momentum = 0.9;
-  expect_err(bl_sgd_step(&sc, w, NULL, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "momentum buffer",
-             "sgd no buffer");
+  expect_err(bl_sgd_step(&sc, &(bl_optim_args){ .w = w, .g = g, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+             BL_EINVAL, "momentum buffer", "sgd no buffer");
   sc.momentum = 0;
   sc.nesterov = 1;
-  expect_err(bl_sgd_step(&sc, w, NULL, g, NULL, &SEGS, 1, 0.1, 1, -1, NULL), BL_EINVAL, "nesterov",
-             "nesterov no momentum");
+  expect_err(bl_sgd_step(&sc, &(bl_optim_args){ .w = w, .g = g, .seg = &SEGS, .step = 1, .lr = 0.1, .grad_scale = 1 }),
+             BL_EINVAL, "nesterov", "nesterov no momentum");
   int bad;
   expect_err(bl_unscale_check(d64, 0.5, &bad), BL_EINVAL, "must be a flat f32", "unscale f64");
   double nrm;
@@ -605,9 +702,19 @@ static void test_bad_input(void) {
     expect_err(bl_grad_global_norm(&fake, &nrm, NULL), BL_EDEVICE, "built without CUDA", "norm on cuda");
   /* a caller-given norm is used as is: with norm 2 and max 1 the gradients are halved */
   bl_lamb_config_default(&c);
-  CHECK(
-      bl_lamb_step(&c, w, NULL, g, m, v, &SEGS, 1, 0.1, 1, 2.0, &st) == 0 && st.clip_coef == 0.5 && st.grad_norm == 2.0,
-      "given norm: rc/clip %g", st.clip_coef);
+  CHECK(bl_lamb_step(&c, &(bl_optim_args){ .w = w,
+                                           .g = g,
+                                           .m = m,
+                                           .v = v,
+                                           .seg = &SEGS,
+                                           .step = 1,
+                                           .lr = 0.1,
+                                           .grad_scale = 1,
+                                           .grad_norm = 2.0,
+                                           .has_grad_norm = 1,
+                                           .stats = &st }) == 0 &&
+            st.clip_coef == 0.5 && st.grad_norm == 2.0,
+        "given norm: rc/clip %g", st.clip_coef);
   bl_tensor_free(w);
   bl_tensor_free(g);
   bl_tensor_free(m);
@@ -652,13 +759,18 @@ static int bench(int64_t n) {
   double t0, t, nrm;
   int bad;
   printf("%lld params, %d threads\n", (long long)n, bl_num_threads());
-  bl_lamb_step(&lc, w, NULL, g, m, v, &s, 1, 1e-3, 1, -1, NULL);
+  bl_lamb_step(&lc,
+               &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &s, .step = 1, .lr = 1e-3, .grad_scale = 1 });
   t0 = now_s();
-  for (int r = 0; r < reps; r++) bl_lamb_step(&lc, w, NULL, g, m, v, &s, 2 + r, 1e-3, 1, -1, NULL);
+  for (int r = 0; r < reps; r++)
+    bl_lamb_step(
+        &lc, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &s, .step = 2 + r, .lr = 1e-3, .grad_scale = 1 });
   t = (now_s() - t0) / reps;
   printf("lamb_step    %8.1f ms  %.3f Gparam/s\n", 1e3 * t, n / t / 1e9);
   t0 = now_s();
-  for (int r = 0; r < reps; r++) bl_adamw_step(&ac, w, NULL, g, m, v, &s, 2 + r, 1e-3, 1, -1, NULL);
+  for (int r = 0; r < reps; r++)
+    bl_adamw_step(
+        &ac, &(bl_optim_args){ .w = w, .g = g, .m = m, .v = v, .seg = &s, .step = 2 + r, .lr = 1e-3, .grad_scale = 1 });
   t = (now_s() - t0) / reps;
   printf("adamw_step   %8.1f ms  %.3f Gparam/s\n", 1e3 * t, n / t / 1e9);
   t0 = now_s();

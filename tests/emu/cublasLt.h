@@ -86,7 +86,9 @@ typedef struct emu_lt_pref *cublasLtMatmulPreference_t;
 
 // Opaque as in cuBLASLt; the emulation keeps a fingerprint of the problem
 // the heuristic was asked for, so an algo used for another problem is caught.
-typedef struct { uint64_t data[8]; } cublasLtMatmulAlgo_t;
+typedef struct {
+  uint64_t data[8];
+} cublasLtMatmulAlgo_t;
 
 typedef struct {
   cublasLtMatmulAlgo_t algo;

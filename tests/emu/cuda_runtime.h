@@ -80,17 +80,17 @@ typedef enum cudaFuncAttribute {
   cudaFuncAttributePreferredSharedMemoryCarveout = 9,
 } cudaFuncAttribute;
 
-#define cudaStreamDefault 0x00
-#define cudaStreamNonBlocking 0x01
-#define cudaEventDefault 0x00
-#define cudaEventBlockingSync 0x01
-#define cudaEventDisableTiming 0x02
-#define cudaHostAllocDefault 0x00
-#define cudaHostAllocPortable 0x01
-#define cudaHostAllocMapped 0x02
+#define cudaStreamDefault          0x00
+#define cudaStreamNonBlocking      0x01
+#define cudaEventDefault           0x00
+#define cudaEventBlockingSync      0x01
+#define cudaEventDisableTiming     0x02
+#define cudaHostAllocDefault       0x00
+#define cudaHostAllocPortable      0x01
+#define cudaHostAllocMapped        0x02
 #define cudaHostAllocWriteCombined 0x04
-#define cudaStreamLegacy ((cudaStream_t)0x1)
-#define cudaStreamPerThread ((cudaStream_t)0x2)
+#define cudaStreamLegacy           ((cudaStream_t)0x1)
+#define cudaStreamPerThread        ((cudaStream_t)0x2)
 
 // The fields bertlua and its users read; values of an H100 SXM (sm_90).
 typedef struct cudaDeviceProp {
@@ -188,13 +188,13 @@ cudaError_t emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int v
 
 // Per-device counters of the emulated runtime (read through bl_cuda_counters).
 typedef struct emu_counters {
-  int64_t syncs;     // host-blocking calls: stream/device/event synchronize, synchronous copies
-  int64_t mallocs;   // cudaMalloc
-  int64_t frees;     // cudaFree
-  int64_t launches;  // kernel launches (a graph launch counts the kernels it runs)
-  int64_t graph_launches;  // cudaGraphLaunch
-  int64_t graph_kernels;   // kernels run by graph launches (included in launches)
-  int64_t pageable_h2d;    // host-to-device copies from pageable (not page-locked) host memory
+  int64_t syncs;          // host-blocking calls: stream/device/event synchronize, synchronous copies
+  int64_t mallocs;        // cudaMalloc
+  int64_t frees;          // cudaFree
+  int64_t launches;       // kernel launches (a graph launch counts the kernels it runs)
+  int64_t graph_launches; // cudaGraphLaunch
+  int64_t graph_kernels;  // kernels run by graph launches (included in launches)
+  int64_t pageable_h2d;   // host-to-device copies from pageable (not page-locked) host memory
 } emu_counters;
 int emu_get_counters(int dev, emu_counters *out);
 // Launch recording for the step-time model (kernels/stepmodel.cu): the hook, when set, is called at every accepted
@@ -203,7 +203,7 @@ int emu_get_counters(int dev, emu_counters *out);
 // accepted but not executed, and new allocations are not filled: a large model's step can be recorded without its
 // compute or its memory; the small work still runs so that host-visible results (index checks) keep their meaning.
 #define EMU_DRY_MAX_THREADS 65536
-#define EMU_DRY_MAX_BYTES (1u << 20)
+#define EMU_DRY_MAX_BYTES   (1u << 20)
 typedef void (*emu_launch_hook)(int dev, const char *name, const char *file, int line);
 void emu_set_launch_hook(emu_launch_hook hook, int dry_run);
 

@@ -55,7 +55,9 @@
 #include "emu_internal.h"
 #include "emu_numeric.h"
 
-struct emu_lt_context { int dev; };
+struct emu_lt_context {
+  int dev;
+};
 struct emu_lt_desc {
   cublasComputeType_t compute;
   cudaDataType_t scale;
@@ -64,7 +66,7 @@ struct emu_lt_desc {
   uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   const void *bias = nullptr;
   int64_t bias_bstride = 0;
-  int32_t bias_type = -1;   // -1: D's type
+  int32_t bias_type = -1; // -1: D's type
   void *aux = nullptr;
   int64_t aux_ld = 0, aux_bstride = 0;
   int32_t aux_type = -1;
@@ -73,13 +75,13 @@ struct emu_lt_layout {
   cudaDataType_t type;
   uint64_t rows, cols;
   int64_t ld;
-  int32_t order = 0;   // CUBLASLT_ORDER_COL
+  int32_t order = 0; // CUBLASLT_ORDER_COL
   int32_t batch = 1;
   int64_t bstride = 0;
 };
 struct emu_lt_pref {
   uint64_t workspace = 0;
-  uint32_t align[4] = {256, 256, 256, 256};   // A, B, C, D
+  uint32_t align[4] = { 256, 256, 256, 256 }; // A, B, C, D
 };
 
 namespace {
@@ -97,9 +99,10 @@ cublasStatus_t fail(cublasStatus_t s, const char *fmt, ...) {
 }
 
 // Copies an attribute of exactly the documented size.
-template <typename T> cublasStatus_t set_attr(T *field, const void *buf, size_t size, const char *name) {
-  if (!buf || size != sizeof(T)) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %zu bytes given, %zu expected", name,
-                                             size, sizeof(T));
+template <typename T>
+cublasStatus_t set_attr(T *field, const void *buf, size_t size, const char *name) {
+  if (!buf || size != sizeof(T))
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %zu bytes given, %zu expected", name, size, sizeof(T));
   memcpy(field, buf, sizeof(T));
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -154,15 +157,20 @@ cublasStatus_t make_problem(const emu_lt_desc *d, const emu_lt_layout *a, const 
   if ((s = check_layout(a, "A")) || (s = check_layout(b, "B")) || (s = check_layout(c, "C")) ||
       (s = check_layout(dd, "D")))
     return s;
-  p->d = *d; p->la = *a; p->lb = *b; p->lc = *c; p->ld = *dd;
+  p->d = *d;
+  p->la = *a;
+  p->lb = *b;
+  p->lc = *c;
+  p->ld = *dd;
   if (d->scale != CUDA_R_32F) return fail(CUBLAS_STATUS_NOT_SUPPORTED, "scale type %d (only f32 emulated)", d->scale);
   if (d->pointer_mode != 0) return fail(CUBLAS_STATUS_NOT_SUPPORTED, "only host alpha/beta are emulated");
   if (d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_FAST_TF32)
     return fail(CUBLAS_STATUS_NOT_SUPPORTED, "compute type %d", d->compute);
-  for (int32_t t : {d->ta, d->tb})
+  for (int32_t t : { d->ta, d->tb })
     if (t != CUBLAS_OP_N && t != CUBLAS_OP_T && t != CUBLAS_OP_C)
       return fail(CUBLAS_STATUS_INVALID_VALUE, "transpose operation %d", t);
-  p->m = (int64_t)dd->rows; p->n = (int64_t)dd->cols;
+  p->m = (int64_t)dd->rows;
+  p->n = (int64_t)dd->cols;
   p->k = (int64_t)(d->ta == CUBLAS_OP_N ? a->cols : a->rows);
   uint64_t am = d->ta == CUBLAS_OP_N ? a->rows : a->cols;
   uint64_t bk = d->tb == CUBLAS_OP_N ? b->rows : b->cols, bn = d->tb == CUBLAS_OP_N ? b->cols : b->rows;
@@ -173,8 +181,8 @@ cublasStatus_t make_problem(const emu_lt_desc *d, const emu_lt_layout *a, const 
                 (unsigned long long)dd->cols);
   p->batch = dd->batch;
   if (a->batch != dd->batch || b->batch != dd->batch || c->batch != dd->batch)
-    return fail(CUBLAS_STATUS_INVALID_VALUE, "batch counts A %d, B %d, C %d, D %d differ", a->batch, b->batch,
-                c->batch, dd->batch);
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "batch counts A %d, B %d, C %d, D %d differ", a->batch, b->batch, c->batch,
+                dd->batch);
   bool float_ab = a->type == CUDA_R_32F || a->type == CUDA_R_16F || a->type == CUDA_R_16BF;
   if (a->type != b->type || !float_ab) return fail(CUBLAS_STATUS_NOT_SUPPORTED, "A/B types %d/%d", a->type, b->type);
   if (c->type != dd->type || (dd->type != CUDA_R_32F && dd->type != a->type))
@@ -224,8 +232,10 @@ size_t extent(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t bst
 cublasStatus_t check_range(int dev, const void *p, size_t bytes, const char *name) {
   if (bytes == 0) return CUBLAS_STATUS_SUCCESS;
   if (!p || !emu_is_device_range(dev, p, bytes))
-    return fail(CUBLAS_STATUS_EXECUTION_FAILED, "%s (%p, %zu bytes) is not inside one allocation of cuda:%d "
-                "(a GPU would fault)", name, p, bytes, dev);
+    return fail(CUBLAS_STATUS_EXECUTION_FAILED,
+                "%s (%p, %zu bytes) is not inside one allocation of cuda:%d "
+                "(a GPU would fault)",
+                name, p, bytes, dev);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -288,7 +298,7 @@ void run(const problem &p, float alpha, float beta, const void *A, const void *B
   }
 }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 
@@ -309,7 +319,7 @@ const char *cublasLtGetStatusString(cublasStatus_t s) {
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
   if (!h) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtCreate: handle pointer is NULL");
-  *h = new emu_lt_context{emu_current_device()};
+  *h = new emu_lt_context{ emu_current_device() };
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
@@ -325,7 +335,10 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
   (*d)->scale = scale;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete d;
+  return CUBLAS_STATUS_SUCCESS;
+}
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
                                               const void *buf, size_t size) {
@@ -354,10 +367,13 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
                                           int64_t ld) {
   if (!l) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutCreate: NULL layout pointer");
   if (emu_type_size(type) == 0) return fail(CUBLAS_STATUS_INVALID_VALUE, "layout type %d", type);
-  *l = new emu_lt_layout{type, rows, cols, ld};
+  *l = new emu_lt_layout{ type, rows, cols, ld };
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete l;
+  return CUBLAS_STATUS_SUCCESS;
+}
 
 cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
                                                 const void *buf, size_t size) {
@@ -379,14 +395,20 @@ cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
   *p = new emu_lt_pref;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
+}
 
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                     cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
                                                     size_t size) {
   if (!p) return fail(CUBLAS_STATUS_INVALID_VALUE, "matmul preference is NULL");
   switch (attr) {
-    case CUBLASLT_MATMUL_PREF_SEARCH_MODE: { uint32_t mode; return set_attr(&mode, buf, size, "SEARCH_MODE"); }
+    case CUBLASLT_MATMUL_PREF_SEARCH_MODE: {
+      uint32_t mode;
+      return set_attr(&mode, buf, size, "SEARCH_MODE");
+    }
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return set_attr(&p->workspace, buf, size, "MAX_WORKSPACE_BYTES");
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return set_attr(&p->align[0], buf, size, "MIN_ALIGNMENT_A");
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return set_attr(&p->align[1], buf, size, "MIN_ALIGNMENT_B");
@@ -410,7 +432,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   if (no_algo_for(p.d.epi))
     return fail(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for epilogue %u (BL_EMU_LT_NO_ALGO)", p.d.epi);
   int ab = emu_type_size(p.la.type), cd = emu_type_size(p.lc.type);
-  const int esize[4] = {ab, ab, cd, cd};
+  const int esize[4] = { ab, ab, cd, cd };
   for (int i = 0; i < 4; i++) {
     uint32_t al = pref->align[i];
     // No kernel works on operands less aligned than their elements.
@@ -443,32 +465,32 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   float fa, fb;
   memcpy(&fa, alpha, 4);
   memcpy(&fb, beta, 4);
-  uint64_t al[4] = {256, 256, 256, 256};   // a NULL algo: cuBLASLt picks one itself
+  uint64_t al[4] = { 256, 256, 256, 256 }; // a NULL algo: cuBLASLt picks one itself
   if (algo) {
     if (algo->data[0] != kAlgoMagic || algo->data[1] != fingerprint(p))
       return fail(CUBLAS_STATUS_INVALID_VALUE, "matmul: the algo comes from a heuristic for other types/epilogue");
     for (int i = 0; i < 4; i++) al[i] = algo->data[2 + i];
   }
   int ab = emu_type_size(p.la.type), cd = emu_type_size(p.lc.type);
-  const void *ptr[4] = {A, B, C, D};
-  const int esize[4] = {ab, ab, cd, cd};
+  const void *ptr[4] = { A, B, C, D };
+  const int esize[4] = { ab, ab, cd, cd };
   for (int i = 0; i < 4; i++) {
-    if (i == 2 && fb == 0.0f) continue;   // C is not read
+    if (i == 2 && fb == 0.0f) continue; // C is not read
     uint64_t need = algo ? al[i] : (uint64_t)esize[i];
     if (!aligned(ptr[i], need))
       return fail(CUBLAS_STATUS_INVALID_VALUE, "matmul: %c=%p is not %llu-byte aligned as the algorithm requires",
                   "ABCD"[i], ptr[i], (unsigned long long)need);
   }
   int dev = emu_current_device();
-  const emu_lt_layout *ls[4] = {&p.la, &p.lb, &p.lc, &p.ld};
-  const char *names[4] = {"A", "B", "C", "D"};
+  const emu_lt_layout *ls[4] = { &p.la, &p.lb, &p.lc, &p.ld };
+  const char *names[4] = { "A", "B", "C", "D" };
   for (int i = 0; i < 4; i++) {
     if (i == 2 && fb == 0.0f) continue;
     size_t bytes = extent((int64_t)ls[i]->rows, (int64_t)ls[i]->cols, ls[i]->ld, p.batch, ls[i]->bstride, esize[i]);
     if ((s = check_range(dev, ptr[i], bytes, names[i]))) return s;
   }
   if (epi_bias_in(p.d.epi) || epi_bgrad(p.d.epi) || epi_bgradb(p.d.epi)) {
-    int64_t len = epi_bgradb(p.d.epi) ? p.n : p.m;   // BGRADB: one per column of D
+    int64_t len = epi_bgradb(p.d.epi) ? p.n : p.m; // BGRADB: one per column of D
     size_t bytes = extent(len, 1, len, p.batch, p.d.bias_bstride, emu_type_size(p.bias_t));
     if ((s = check_range(dev, p.d.bias, bytes, "bias"))) return s;
   }
@@ -486,4 +508,4 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   return CUBLAS_STATUS_SUCCESS;
 }
 
-}  // extern "C"
+} // extern "C"

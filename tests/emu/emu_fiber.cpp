@@ -78,8 +78,7 @@ thread_pos *cur;
 block_pos blk;
 int slot;
 bool interleave;
-}
-
+} // namespace emu
 
 namespace {
 const size_t kStack = 256 << 10, kGuard = 4096;
@@ -90,13 +89,13 @@ struct gthread : emu::thread_pos {
   char *stack = nullptr;
   int lane = 0, warp = 0;
   state st = NEW;
-  const char *what = nullptr, *file = nullptr;   // the rendezvous it waits at
+  const char *what = nullptr, *file = nullptr; // the rendezvous it waits at
   int line = 0;
   unsigned mask = 0;
   const void *mine = nullptr;
   void *all = nullptr;
   size_t bytes = 0;
-  int pred = 0, count = 0;                       // __syncthreads_count
+  int pred = 0, count = 0; // __syncthreads_count
 #ifdef BL_EMU_TSAN
   void *fiber = nullptr;
 #endif
@@ -107,7 +106,7 @@ struct warp_op {
   int line = 0;
   size_t bytes = 0;
 #ifdef BL_EMU_TSAN
-  char sync[2] = {0, 0};   // syncwarp release/acquire objects, by generation parity
+  char sync[2] = { 0, 0 }; // syncwarp release/acquire objects, by generation parity
   int gen = 0;
 #endif
 };
@@ -117,22 +116,22 @@ struct warp_op {
 struct slot_run {
   int index = 0;
   bool active = false;
-  uint3 idx = {0, 0, 0};
+  uint3 idx = { 0, 0, 0 };
   std::vector<gthread> th;
   std::vector<warp_op> warps;
   // Runnable threads by warp. The scheduler mostly stays with the warp it ran last, so that one warp often
   // races ahead of the others (through its shuffles, say) and a missing block barrier shows.
   std::vector<std::vector<int>> wq;
-  std::vector<int> live_warps;   // warps whose queue may be nonempty (stale entries are dropped when met)
+  std::vector<int> live_warps; // warps whose queue may be nonempty (stale entries are dropped when met)
   int nrun = 0, last_warp = -1;
   std::vector<char> dsmem;
   int done = 0, at_bar = 0, gen = 0;
-  uint64_t blocks = 0;           // blocks this slot has started
+  uint64_t blocks = 0; // blocks this slot has started
 #ifdef BL_EMU_TSAN
   // bar_sync: barrier release/acquire objects by generation parity; end_sync: what a block's threads release when
   // they exit, acquired by the threads of the slot's next block (by block parity, so that a late thread of a block
   // is not ordered after its own block's exited ones).
-  char bar_sync[2] = {0, 0}, end_sync[2] = {0, 0};
+  char bar_sync[2] = { 0, 0 }, end_sync[2] = { 0, 0 };
 #endif
 };
 
@@ -140,7 +139,7 @@ struct grid_run {
   const emu::launch_cfg *cfg = nullptr;
   const std::function<void()> *body = nullptr;
   std::vector<slot_run> slots;
-  int n = 0;                     // threads per block
+  int n = 0; // threads per block
   bool failed = false;
   uint64_t rng = 0;
 #ifdef BL_EMU_TSAN
@@ -148,9 +147,9 @@ struct grid_run {
 #endif
 };
 
-grid_run *G;          // the grid being run (one at a time: the runtime holds its lock)
-slot_run *S;          // the slot of the GPU thread running now (or that ran last)
-gthread *T;           // the GPU thread running now, or null on the host context
+grid_run *G; // the grid being run (one at a time: the runtime holds its lock)
+slot_run *S; // the slot of the GPU thread running now (or that ran last)
+gthread *T;  // the GPU thread running now, or null on the host context
 void *host_sp;
 std::vector<char *> stack_pool;
 std::vector<std::pair<char *, char *>> stack_ranges;
@@ -164,7 +163,7 @@ std::vector<std::pair<char *, char *>> &shared_sections(int slot) {
 void *host_fiber;
 #endif
 
-uint64_t next_rand() {   // splitmix64
+uint64_t next_rand() { // splitmix64
   uint64_t z = (G->rng += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -201,12 +200,19 @@ int pop_run(slot_run &s) {
 }
 
 char *get_stack() {
-  if (!stack_pool.empty()) { char *s = stack_pool.back(); stack_pool.pop_back(); return s; }
+  if (!stack_pool.empty()) {
+    char *s = stack_pool.back();
+    stack_pool.pop_back();
+    return s;
+  }
   char *m = (char *)mmap(nullptr, kStack + kGuard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                          -1, 0);
-  if (m == MAP_FAILED) { fprintf(stderr, "bertlua emulated CUDA: cannot map a GPU-thread stack\n"); abort(); }
-  mprotect(m, kGuard, PROT_NONE);   // overflow faults instead of corrupting a neighbour
-  stack_ranges.push_back({m, m + kGuard});
+  if (m == MAP_FAILED) {
+    fprintf(stderr, "bertlua emulated CUDA: cannot map a GPU-thread stack\n");
+    abort();
+  }
+  mprotect(m, kGuard, PROT_NONE); // overflow faults instead of corrupting a neighbour
+  stack_ranges.push_back({ m, m + kGuard });
   return m + kGuard;
 }
 
@@ -250,8 +256,8 @@ void fiber_main() {
 #ifdef BL_EMU_TSAN
   slot_run *s = S;
   const int parity = (int)(s->blocks & 1);
-  __tsan_acquire(&G->grid_start);              // what the host did before the launch
-  __tsan_acquire(&s->end_sync[parity ^ 1]);    // the slot's previous block
+  __tsan_acquire(&G->grid_start);           // what the host did before the launch
+  __tsan_acquire(&s->end_sync[parity ^ 1]); // the slot's previous block
 #endif
   (*G->body)();
 #ifdef BL_EMU_TSAN
@@ -274,16 +280,18 @@ void start(slot_run &s, gthread *t) {
 #endif
   uintptr_t top = ((uintptr_t)t->stack + kStack) & ~(uintptr_t)15;
   void **sp = (void **)top;
-  *--sp = nullptr;                  // fake return address of fiber_main: keeps the ABI's stack alignment
-  *--sp = (void *)&fiber_main;      // where emu_ctx_switch's ret goes
-  for (int i = 0; i < 6; i++) *--sp = nullptr;   // rbp rbx r12..r15
+  *--sp = nullptr;                             // fake return address of fiber_main: keeps the ABI's stack alignment
+  *--sp = (void *)&fiber_main;                 // where emu_ctx_switch's ret goes
+  for (int i = 0; i < 6; i++) *--sp = nullptr; // rbp rbx r12..r15
   t->sp = sp;
 }
 
 std::string where(const gthread &t) {
   char b[400];
-  if (t.st == DONE) snprintf(b, sizeof b, "thread (%u,%u,%u) exited", t.tid.x, t.tid.y, t.tid.z);
-  else snprintf(b, sizeof b, "thread (%u,%u,%u) at %s %s:%d", t.tid.x, t.tid.y, t.tid.z, t.what, t.file, t.line);
+  if (t.st == DONE)
+    snprintf(b, sizeof b, "thread (%u,%u,%u) exited", t.tid.x, t.tid.y, t.tid.z);
+  else
+    snprintf(b, sizeof b, "thread (%u,%u,%u) at %s %s:%d", t.tid.x, t.tid.y, t.tid.z, t.what, t.file, t.line);
   return b;
 }
 
@@ -322,21 +330,27 @@ void warp_arrive(slot_run &s, gthread *t) {
   gthread *w0 = &s.th[(size_t)t->warp * 32];
   char b[512];
   if (!((t->mask >> t->lane) & 1u)) {
-    snprintf(b, sizeof b, "%s at %s:%d: calling lane %d is not in its mask 0x%08x", t->what, t->file, t->line,
-             t->lane, t->mask);
+    snprintf(b, sizeof b, "%s at %s:%d: calling lane %d is not in its mask 0x%08x", t->what, t->file, t->line, t->lane,
+             t->mask);
     return fail(s, b);
   }
   if (t->mask & ~warp_lanes(t->warp)) {
-    snprintf(b, sizeof b, "%s at %s:%d: mask 0x%08x names lanes that do not exist (warp %d has lanes 0x%08x)",
-             t->what, t->file, t->line, t->mask, t->warp, warp_lanes(t->warp));
+    snprintf(b, sizeof b, "%s at %s:%d: mask 0x%08x names lanes that do not exist (warp %d has lanes 0x%08x)", t->what,
+             t->file, t->line, t->mask, t->warp, warp_lanes(t->warp));
     return fail(s, b);
   }
   if (op.arrived == 0) {
-    op.mask = t->mask; op.what = t->what; op.file = t->file; op.line = t->line; op.bytes = t->bytes;
+    op.mask = t->mask;
+    op.what = t->what;
+    op.file = t->file;
+    op.line = t->line;
+    op.bytes = t->bytes;
   } else if (op.mask != t->mask || op.file != t->file || op.line != t->line || op.bytes != t->bytes) {
-    snprintf(b, sizeof b, "divergent warp collective in warp %d: lane %d at %s %s:%d (mask 0x%08x), lane %d at %s "
-             "%s:%d (mask 0x%08x)", t->warp, __builtin_ctz(op.arrived), op.what, op.file, op.line, op.mask, t->lane,
-             t->what, t->file, t->line, t->mask);
+    snprintf(b, sizeof b,
+             "divergent warp collective in warp %d: lane %d at %s %s:%d (mask 0x%08x), lane %d at %s "
+             "%s:%d (mask 0x%08x)",
+             t->warp, __builtin_ctz(op.arrived), op.what, op.file, op.line, op.mask, t->lane, t->what, t->file, t->line,
+             t->mask);
     return fail(s, b);
   }
   op.arrived |= 1u << t->lane;
@@ -359,13 +373,18 @@ void open_barrier(slot_run &s) {
   int count = 0;
   for (gthread &t : s.th) {
     if (t.st != BAR) continue;
-    if (!first) first = &t;
+    if (!first)
+      first = &t;
     else if (t.file != first->file || t.line != first->line)
       return fail(s, "divergent __syncthreads: " + where(*first) + ", " + where(t));
     count += t.pred;
   }
   for (gthread &t : s.th)
-    if (t.st == BAR) { t.st = READY; t.count = count; push_run(s, (int)(&t - s.th.data())); }
+    if (t.st == BAR) {
+      t.st = READY;
+      t.count = count;
+      push_run(s, (int)(&t - s.th.data()));
+    }
   s.at_bar = 0;
   s.gen++;
 }
@@ -375,7 +394,10 @@ void deadlock(slot_run &s) {
   int shown = 0;
   for (gthread &t : s.th)
     if (t.st == WARP || t.st == BAR || (t.st == DONE && shown < 4)) {
-      if (++shown > 8) { msg += " ..."; break; }
+      if (++shown > 8) {
+        msg += " ...";
+        break;
+      }
       msg += " " + where(t) + ";";
     }
   fail(s, msg);
@@ -391,15 +413,18 @@ void release_stack(gthread *t) {
 // Block b (linear index) starts in slot s: fresh shared memory (NaN bytes) and every thread runnable.
 void start_block(slot_run &s, uint64_t b) {
   const emu::launch_cfg &c = *G->cfg;
-  s.idx = {(unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y),
-           (unsigned)(b / ((uint64_t)c.grid.x * c.grid.y))};
+  s.idx = { (unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y),
+            (unsigned)(b / ((uint64_t)c.grid.x * c.grid.y)) };
   for (auto &r : shared_sections(s.index)) quiet_fill(r.first, 0xff, (size_t)(r.second - r.first));
   if (!s.dsmem.empty()) quiet_fill(s.dsmem.data(), 0xff, s.dsmem.size());
   s.wq.assign(s.warps.size(), {});
   s.live_warps.clear();
   s.nrun = 0;
   s.last_warp = -1;
-  for (gthread &t : s.th) { t.st = NEW; push_run(s, (int)(&t - s.th.data())); }
+  for (gthread &t : s.th) {
+    t.st = NEW;
+    push_run(s, (int)(&t - s.th.data()));
+  }
   for (warp_op &w : s.warps) w.arrived = 0;
   s.done = s.at_bar = 0;
   s.blocks++;
@@ -422,17 +447,26 @@ void step(slot_run &s) {
   emu_ctx_switch(&host_sp, t->sp);
   T = nullptr;
   if (G->failed) return;
-  if (t->st == DONE) { s.done++; release_stack(t); fail_if_lane_exited(s, t->warp); }
-  else if (t->st == BAR) s.at_bar++;
-  else if (t->st == WARP) warp_arrive(s, t);
-  else if (t->st == YIELD) push_run(s, (int)(t - s.th.data()));
+  if (t->st == DONE) {
+    s.done++;
+    release_stack(t);
+    fail_if_lane_exited(s, t->warp);
+  } else if (t->st == BAR)
+    s.at_bar++;
+  else if (t->st == WARP)
+    warp_arrive(s, t);
+  else if (t->st == YIELD)
+    push_run(s, (int)(t - s.th.data()));
   if (G->failed || s.nrun > 0) return;
-  if (s.done == G->n) s.active = false;
-  else if (s.at_bar > 0 && s.at_bar + s.done == G->n) open_barrier(s);
-  else deadlock(s);
+  if (s.done == G->n)
+    s.active = false;
+  else if (s.at_bar > 0 && s.at_bar + s.done == G->n)
+    open_barrier(s);
+  else
+    deadlock(s);
 }
 
-}  // namespace
+} // namespace
 
 uint64_t emu_seed() {
   static uint64_t seed = [] {
@@ -481,7 +515,7 @@ void emu_run_grid(const emu::launch_cfg &c, const std::function<void()> &body, u
   g.slots.resize((size_t)std::min<uint64_t>(nb, (uint64_t)emu_blocks_in_flight()));
 #ifdef BL_EMU_TSAN
   if (!host_fiber) host_fiber = __tsan_get_current_fiber();
-  static std::vector<void *> fibers[emu::kSlots];   // TSan fibers are reused across grids (creating one is costly)
+  static std::vector<void *> fibers[emu::kSlots]; // TSan fibers are reused across grids (creating one is costly)
 #endif
   for (size_t k = 0; k < g.slots.size(); k++) {
     slot_run &s = g.slots[k];
@@ -491,8 +525,8 @@ void emu_run_grid(const emu::launch_cfg &c, const std::function<void()> &body, u
     s.dsmem.resize(c.smem);
     for (int i = 0; i < g.n; i++) {
       gthread &t = s.th[(size_t)i];
-      t.tid = {(unsigned)i % c.block.x, (unsigned)(i / c.block.x) % c.block.y,
-               (unsigned)(i / (c.block.x * c.block.y))};
+      t.tid = { (unsigned)i % c.block.x, (unsigned)(i / c.block.x) % c.block.y,
+                (unsigned)(i / (c.block.x * c.block.y)) };
       t.lane = i & 31;
       t.warp = i >> 5;
 #ifdef BL_EMU_TSAN
@@ -501,13 +535,13 @@ void emu_run_grid(const emu::launch_cfg &c, const std::function<void()> &body, u
 #endif
     }
   }
-  grid_run *saved = G;   // not nested in practice; kept correct anyway
+  grid_run *saved = G; // not nested in practice; kept correct anyway
   slot_run *saved_s = S;
   G = &g;
   emu::blk.dim = c.block;
   emu::blk.grid = c.grid;
   std::vector<uint32_t> order;
-  if (nb <= (1u << 22)) {   // blocks in a random order too (they are independent on a GPU)
+  if (nb <= (1u << 22)) { // blocks in a random order too (they are independent on a GPU)
     order.resize(nb);
     for (uint64_t i = 0; i < nb; i++) order[i] = (uint32_t)i;
     for (uint64_t i = nb; i > 1; i--) std::swap(order[i - 1], order[next_rand() % i]);
@@ -521,7 +555,10 @@ void emu_run_grid(const emu::launch_cfg &c, const std::function<void()> &body, u
   while (!g.failed) {
     runnable.clear();
     for (slot_run &s : g.slots) {
-      if (!s.active && next < nb) { start_block(s, order.empty() ? next : order[next]); next++; }
+      if (!s.active && next < nb) {
+        start_block(s, order.empty() ? next : order[next]);
+        next++;
+      }
       if (s.active) runnable.push_back(&s);
     }
     if (runnable.empty()) break;
@@ -531,7 +568,7 @@ void emu_run_grid(const emu::launch_cfg &c, const std::function<void()> &body, u
 #ifdef BL_EMU_TSAN
   __tsan_acquire(&g.grid_end);
 #endif
-  if (g.failed)   // abandoned fibers: their stacks go back to the pool
+  if (g.failed) // abandoned fibers: their stacks go back to the pool
     for (slot_run &s : g.slots)
       for (gthread &t : s.th) release_stack(&t);
   emu::slot = 0;
@@ -546,7 +583,11 @@ void syncthreads(const char *file, int line) { syncthreads_count(file, line, 0);
 int syncthreads_count(const char *file, int line, int pred) {
   if (!T) trap("__syncthreads outside a kernel", file, line);
   gthread *t = T;
-  t->st = BAR; t->what = "__syncthreads"; t->file = file; t->line = line; t->pred = pred != 0;
+  t->st = BAR;
+  t->what = "__syncthreads";
+  t->file = file;
+  t->line = line;
+  t->pred = pred != 0;
 #ifdef BL_EMU_TSAN
   char *obj = &S->bar_sync[S->gen & 1];
   __tsan_release(obj);
@@ -562,14 +603,20 @@ static void warp_wait(unsigned mask, const void *mine, void *all, size_t bytes, 
                       int line) {
   if (!T) trap("warp collective outside a kernel", file, line);
   gthread *t = T;
-  t->st = WARP; t->what = what; t->file = file; t->line = line; t->mask = mask;
-  t->mine = mine; t->all = all; t->bytes = bytes;
+  t->st = WARP;
+  t->what = what;
+  t->file = file;
+  t->line = line;
+  t->mask = mask;
+  t->mine = mine;
+  t->all = all;
+  t->bytes = bytes;
   wait_here();
 }
 
 void warp_gather(unsigned mask, const void *mine, void *all, size_t bytes, const char *what, const char *file,
                  int line) {
-  warp_wait(mask, mine, all, bytes, what, file, line);   // shuffles and votes order no memory accesses
+  warp_wait(mask, mine, all, bytes, what, file, line); // shuffles and votes order no memory accesses
 }
 
 void syncwarp(unsigned mask, const char *file, int line) {
@@ -591,7 +638,7 @@ void register_shared(int slot, char *begin, char *end) {
   if (begin == end) return;
   for (auto &r : shared_sections(slot))
     if (r.first == begin) return;
-  shared_sections(slot).push_back({begin, end});
+  shared_sections(slot).push_back({ begin, end });
 }
 
 void *dyn_smem() { return T ? S->dsmem.data() : nullptr; }
@@ -605,9 +652,9 @@ void yield() {
 [[noreturn]] void trap(const char *what, const char *file, int line) {
   emu_fault("%s at %s:%d", what, file, line);
   if (T) emu_abandon_thread();
-  abort();   // a device entry point called from host code: nothing sensible to go on with
+  abort(); // a device entry point called from host code: nothing sensible to go on with
 }
-}  // namespace emu
+} // namespace emu
 
 void emu_warp_gather(const void *mine, void *all, size_t bytes, const char *where) {
   emu::warp_gather(0xffffffffu, mine, all, bytes, "emu_warp_gather", where, 0);

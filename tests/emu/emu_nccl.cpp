@@ -31,7 +31,7 @@
 // reduction ops, device-side (GPU-initiated) API.
 // System and C++ headers first: the emulated device's keyword macros (__noinline__, ...) must not reach them.
 // MPI's C API only: the C++ bindings would need libmpi_cxx.
-#define OMPI_SKIP_MPICXX 1
+#define OMPI_SKIP_MPICXX  1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <stdarg.h>
@@ -52,13 +52,13 @@ const char kMagic[16] = "bl-emu-nccl-id";
 
 struct comm_state {
   int rank = 0, nranks = 1, dev = 0;
-  MPI_Comm mpi = MPI_COMM_NULL;   // NCCL rank == rank in this communicator
+  MPI_Comm mpi = MPI_COMM_NULL; // NCCL rank == rank in this communicator
   ncclResult_t async = ncclSuccess;
   bool aborted = false;
   std::string last;
 };
 
-}  // namespace
+} // namespace
 
 struct emu_nccl_comm {
   std::shared_ptr<comm_state> st;
@@ -66,7 +66,7 @@ struct emu_nccl_comm {
 
 namespace {
 
-thread_local std::string g_last;   // errors without a communicator
+thread_local std::string g_last; // errors without a communicator
 thread_local int g_group_depth = 0;
 struct deferred {
   cudaStream_t stream;
@@ -120,24 +120,32 @@ bool wait_peer(comm_state *st, MPI_Request *req, std::vector<char> &buf, const c
            timeout_s(), st->rank, st->nranks);
       return false;
     }
-    struct timespec ts = {0, 50 * 1000};
+    struct timespec ts = { 0, 50 * 1000 };
     nanosleep(&ts, NULL);
   }
 }
 
 size_t type_size(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    case ncclInt8:
+    case ncclUint8: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
   }
   return 0;
 }
 
-template <typename T> T combine(T a, T b, ncclRedOp_t op) {
+template <typename T>
+T combine(T a, T b, ncclRedOp_t op) {
   switch (op) {
-    case ncclSum: case ncclAvg: return (T)(a + b);
+    case ncclSum:
+    case ncclAvg: return (T)(a + b);
     case ncclProd: return (T)(a * b);
     case ncclMax: return a > b ? a : b;
     case ncclMin: return a < b ? a : b;
@@ -146,7 +154,8 @@ template <typename T> T combine(T a, T b, ncclRedOp_t op) {
 }
 
 // out[i] = ranks' values combined in rank order (all: n blocks of count elements).
-template <typename T> void reduce_plain(const char *all, void *out, size_t count, int n, ncclRedOp_t op) {
+template <typename T>
+void reduce_plain(const char *all, void *out, size_t count, int n, ncclRedOp_t op) {
   const T *v = (const T *)all;
   T *o = (T *)out;
   for (size_t i = 0; i < count; i++) {
@@ -218,14 +227,16 @@ ncclResult_t check_call(ncclComm_t comm, const char *what, const void *send, siz
 }
 
 ncclResult_t submit(cudaStream_t stream, const char *what, std::function<void()> fn) {
-  if (g_group_depth > 0) g_group.push_back({stream, what, std::move(fn)});
-  else emu_stream_enqueue(stream, what, std::move(fn));
+  if (g_group_depth > 0)
+    g_group.push_back({ stream, what, std::move(fn) });
+  else
+    emu_stream_enqueue(stream, what, std::move(fn));
   return ncclSuccess;
 }
 
 bool usable(const comm_state *st) { return !st->aborted && st->async == ncclSuccess; }
 
-uint64_t id_hash(const ncclUniqueId &id) {   // FNV-1a
+uint64_t id_hash(const ncclUniqueId &id) { // FNV-1a
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) h = (h ^ (uint8_t)id.internal[i]) * 1099511628211ull;
   return h;
@@ -244,7 +255,9 @@ ncclResult_t init(ncclComm_t *out, int nranks, const ncclUniqueId &id, int rank)
   if (memcmp(id.internal, kMagic, sizeof kMagic))
     return fail(nullptr, ncclInvalidArgument, "ncclCommInitRank: the unique id was not made by ncclGetUniqueId");
   auto st = std::make_shared<comm_state>();
-  st->rank = rank; st->nranks = nranks; st->dev = emu_current_device();
+  st->rank = rank;
+  st->nranks = nranks;
+  st->dev = emu_current_device();
   if (nranks > 1) {
     int on = 0, off = 0;
     MPI_Initialized(&on);
@@ -259,7 +272,9 @@ ncclResult_t init(ncclComm_t *out, int nranks, const ncclUniqueId &id, int rank)
     int size = 0;
     MPI_Comm_size(sub, &size);
     member me;
-    me.id = id; me.nranks = nranks; me.rank = rank;
+    me.id = id;
+    me.nranks = nranks;
+    me.rank = rank;
     std::vector<member> all((size_t)size);
     MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all.data(), (int)sizeof me, MPI_BYTE, sub);
     bool same = size == nranks;
@@ -267,16 +282,18 @@ ncclResult_t init(ncclComm_t *out, int nranks, const ncclUniqueId &id, int rank)
       same = !memcmp(&all[(size_t)i].id, &id, sizeof id) && all[(size_t)i].nranks == nranks && all[(size_t)i].rank == i;
     if (!same) {
       MPI_Comm_free(&sub);
-      return fail(nullptr, ncclInvalidUsage, "ncclCommInitRank: the ranks disagree on the unique id, nranks or rank "
-                  "numbers (%d processes hold this rank's id, nranks %d, rank %d)", size, nranks, rank);
+      return fail(nullptr, ncclInvalidUsage,
+                  "ncclCommInitRank: the ranks disagree on the unique id, nranks or rank "
+                  "numbers (%d processes hold this rank's id, nranks %d, rank %d)",
+                  size, nranks, rank);
     }
     st->mpi = sub;
   }
-  *out = new emu_nccl_comm{st};
+  *out = new emu_nccl_comm{ st };
   return ncclSuccess;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 
@@ -311,7 +328,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
   return init(comm, nranks, id, rank);
 }
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t *) {
-  return init(comm, nranks, id, rank);   // completes at once, blocking or not
+  return init(comm, nranks, id, rank); // completes at once, blocking or not
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *e) {
@@ -427,4 +444,4 @@ ncclResult_t ncclGroupEnd(void) {
   return ncclSuccess;
 }
 
-}  // extern "C"
+} // extern "C"

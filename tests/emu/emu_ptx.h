@@ -24,7 +24,7 @@ inline const char *site(const char *file, int line) {
   static std::mutex mu;
   static std::map<std::pair<const char *, int>, std::string> sites;
   std::lock_guard<std::mutex> g(mu);
-  std::string &s = sites[{file, line}];
+  std::string &s = sites[{ file, line }];
   if (s.empty()) s = std::string(file) + ":" + std::to_string(line);
   return s.c_str();
 }
@@ -36,7 +36,11 @@ inline float half_at(uint32_t reg, int hi, cudaDataType_t t) {
 
 // D = A B + C over the warp's fragments, f32 accumulation (an fma chain over k, from C).
 inline void mma(cudaDataType_t t, frag_c &d, const frag_a &a, const frag_b &b, const frag_c &c, const char *where) {
-  struct lane_frags { frag_a a; frag_b b; frag_c c; } mine{a, b, c}, all[32];
+  struct lane_frags {
+    frag_a a;
+    frag_b b;
+    frag_c c;
+  } mine{ a, b, c }, all[32];
   emu_warp_gather(&mine, all, sizeof mine, where);
   float A[16][16], B[16][8], C[16][8];
   for (int l = 0; l < 32; l++) {
@@ -55,12 +59,13 @@ inline void mma(cudaDataType_t t, frag_c &d, const frag_a &a, const frag_b &b, c
   }
 }
 
-template <int N, bool Trans> inline void ldmatrix(uint32_t *r, const void *row, const char *where) {
+template <int N, bool Trans>
+inline void ldmatrix(uint32_t *r, const void *row, const char *where) {
   const void *rows[32];
   emu_warp_gather(&row, rows, sizeof row, where);
   for (int l = 0; l < 8 * N; l++)
-    if ((uintptr_t)rows[l] % 16) emu_fault("ldmatrix at %s: row address %p of lane %d is not 16-byte aligned", where,
-                                           rows[l], l);
+    if ((uintptr_t)rows[l] % 16)
+      emu_fault("ldmatrix at %s: row address %p of lane %d is not 16-byte aligned", where, rows[l], l);
   int lane = emu_lane_id(), g = lane >> 2, q = lane & 3;
   for (int i = 0; i < N; i++) {
     uint16_t h[2];
@@ -73,16 +78,26 @@ template <int N, bool Trans> inline void ldmatrix(uint32_t *r, const void *row, 
 }
 
 // cp.async state per GPU thread (block and thread index): the open group and the committed ones, oldest first.
-struct cp_copy { void *dst; unsigned char bytes[16]; };
-struct cp_groups { std::vector<cp_copy> open; std::vector<std::vector<cp_copy>> committed; };
+struct cp_copy {
+  void *dst;
+  unsigned char bytes[16];
+};
+struct cp_groups {
+  std::vector<cp_copy> open;
+  std::vector<std::vector<cp_copy>> committed;
+};
 typedef std::tuple<unsigned, unsigned, unsigned, unsigned, unsigned, unsigned> thread_key;
-inline std::mutex &cp_mu() { static std::mutex m; return m; }
-inline std::map<thread_key, cp_groups> &cp_state() { static std::map<thread_key, cp_groups> s; return s; }
-inline thread_key me() {
-  return thread_key(blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+inline std::mutex &cp_mu() {
+  static std::mutex m;
+  return m;
 }
+inline std::map<thread_key, cp_groups> &cp_state() {
+  static std::map<thread_key, cp_groups> s;
+  return s;
+}
+inline thread_key me() { return thread_key(blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z); }
 
-}  // namespace emu_twin
+} // namespace emu_twin
 
 inline void mma_m16n8k16_bf16(frag_c &d, const frag_a &a, const frag_b &b, const frag_c &c,
                               const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
@@ -115,7 +130,7 @@ inline void cp_async_16(void *smem, const void *gmem, const char *file = __built
   emu_twin::cp_copy c;
   c.dst = smem;
   memcpy(c.bytes, gmem, 16);
-  memset(smem, 0xff, 16);   // NaN until the wait that completes this copy
+  memset(smem, 0xff, 16); // NaN until the wait that completes this copy
   std::lock_guard<std::mutex> g(emu_twin::cp_mu());
   emu_twin::cp_state()[emu_twin::me()].open.push_back(c);
 }
@@ -125,7 +140,8 @@ inline void cp_async_commit() {
   s.committed.push_back(std::move(s.open));
   s.open.clear();
 }
-template <int N> inline void cp_async_wait() {
+template <int N>
+inline void cp_async_wait() {
   std::lock_guard<std::mutex> g(emu_twin::cp_mu());
   auto it = emu_twin::cp_state().find(emu_twin::me());
   if (it == emu_twin::cp_state().end()) return;
@@ -137,4 +153,4 @@ template <int N> inline void cp_async_wait() {
   if (s.committed.empty() && s.open.empty()) emu_twin::cp_state().erase(it);
 }
 
-}  // namespace ptx
+} // namespace ptx

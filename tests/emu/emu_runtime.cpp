@@ -42,19 +42,19 @@ struct emu_stream {
   int dev;
   unsigned flags;
   bool legacy;
-  uint64_t enq = 0, done = 0;   // ops enqueued / completed so far
+  uint64_t enq = 0, done = 0; // ops enqueued / completed so far
   struct op {
     std::string what;
     std::function<void()> fn;
-    std::vector<std::pair<emu_stream *, uint64_t>> waits;   // run (stream, up to seq) first
+    std::vector<std::pair<emu_stream *, uint64_t>> waits; // run (stream, up to seq) first
     bool kernel = false;
   };
   std::deque<op> q;
-  emu_graph *cap = nullptr;     // the graph this stream is capturing into, if any
-  bool cap_invalid = false;     // an illegal call during the capture: its end fails
-  bool cap_origin = false;      // the stream that began the capture (the others forked from it)
-  uint64_t cap_ops = 0;         // work this stream added to the capture
-  bool cap_joined = true;       // a forked stream's work so far is waited for by the capture's other streams
+  emu_graph *cap = nullptr; // the graph this stream is capturing into, if any
+  bool cap_invalid = false; // an illegal call during the capture: its end fails
+  bool cap_origin = false;  // the stream that began the capture (the others forked from it)
+  uint64_t cap_ops = 0;     // work this stream added to the capture
+  bool cap_joined = true;   // a forked stream's work so far is waited for by the capture's other streams
 };
 // A captured graph and an instantiated one: the recorded work of the capturing streams in the order it was
 // queued (every event wait inside the capture came after its record, so that order keeps the dependencies).
@@ -62,7 +62,7 @@ struct emu_graph {
   int dev;
   std::vector<emu_stream::op> ops;
   size_t kernels = 0;
-  uint64_t id = 0;              // the capture's number (events recorded in it name it)
+  uint64_t id = 0; // the capture's number (events recorded in it name it)
 };
 struct emu_graph_exec {
   int dev;
@@ -72,8 +72,8 @@ struct emu_graph_exec {
 struct emu_event {
   emu_stream *s = nullptr;
   uint64_t seq = 0;
-  uint64_t cap_id = 0;          // last recorded in that capture (0: outside any): a graph-internal dependency
-  uint64_t cap_seq = 0;         // the recording stream's cap_ops then
+  uint64_t cap_id = 0;  // last recorded in that capture (0: outside any): a graph-internal dependency
+  uint64_t cap_seq = 0; // the recording stream's cap_ops then
   // Host time when the recorded point completed. Shared with the queued record op: an event may be destroyed (or
   // recorded again) before that op runs, as the real runtime allows, and the op must not write into a freed event.
   std::shared_ptr<double> t;
@@ -83,26 +83,26 @@ struct emu_event {
 namespace {
 struct device {
   char *base = nullptr;
-  size_t cap = 0, high = 0;                // reserved bytes; end of the highest allocation
-  std::map<size_t, size_t> live, freel;    // offset -> size
+  size_t cap = 0, high = 0;             // reserved bytes; end of the highest allocation
+  std::map<size_t, size_t> live, freel; // offset -> size
   emu_stream *legacy = nullptr;
-  std::vector<emu_stream *> streams;       // blocking and non-blocking streams created by the user
+  std::vector<emu_stream *> streams; // blocking and non-blocking streams created by the user
   cudaError_t sticky = cudaSuccess;
-  emu_counters cnt = {0, 0, 0, 0, 0, 0, 0};
+  emu_counters cnt = { 0, 0, 0, 0, 0, 0, 0 };
 };
 
 std::recursive_mutex mu;
 std::vector<device> devs;
-std::map<char *, size_t> pinned;                  // page-locked host allocations
+std::map<char *, size_t> pinned; // page-locked host allocations
 // Destroyed streams, drained and kept: events recorded on them and other streams' waits may still name them.
 std::vector<emu_stream *> retired;
-std::unordered_map<const void *, int> dyn_smem_optin;   // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
+std::unordered_map<const void *, int> dyn_smem_optin; // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 thread_local int cur_dev = 0;
 thread_local cudaError_t last_err = cudaSuccess;
-int open_depth = 0;                               // > 0 while device memory is accessible
-const char *running = "";                         // the op running now, for messages
+int open_depth = 0;       // > 0 while device memory is accessible
+const char *running = ""; // the op running now, for messages
 uint64_t launches = 0;
-emu_launch_hook launch_hook = nullptr;            // emu_set_launch_hook
+emu_launch_hook launch_hook = nullptr; // emu_set_launch_hook
 bool dry_run = false;
 struct sigaction old_segv;
 
@@ -141,7 +141,7 @@ void init_locked() {
     d.base = (char *)m;
     d.cap = cap;
     d.freel[0] = cap;
-    d.legacy = new emu_stream{i, 0, true, 0, 0, {}};
+    d.legacy = new emu_stream{ i, 0, true, 0, 0, {} };
   }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -152,7 +152,7 @@ void init_locked() {
 }
 
 struct lock {
-  std::lock_guard<std::recursive_mutex> g{mu};
+  std::lock_guard<std::recursive_mutex> g{ mu };
   lock() { init_locked(); }
 };
 
@@ -171,8 +171,12 @@ void set_access(int prot) {
     }
 }
 struct access_window {
-  access_window() { if (open_depth++ == 0) set_access(PROT_READ | PROT_WRITE); }
-  ~access_window() { if (--open_depth == 0) set_access(PROT_NONE); }
+  access_window() {
+    if (open_depth++ == 0) set_access(PROT_READ | PROT_WRITE);
+  }
+  ~access_window() {
+    if (--open_depth == 0) set_access(PROT_NONE);
+  }
 };
 
 // The allocation of device d containing [p, p+n), or live.end().
@@ -213,7 +217,7 @@ emu_stream *resolve(cudaStream_t s) {
 
 void run_until(emu_stream *s, uint64_t seq) {
   if (s->done >= seq) return;
-  access_window a;   // opened once for the whole run (mprotect costs a system call per device)
+  access_window a; // opened once for the whole run (mprotect costs a system call per device)
   while (s->done < seq) {
     emu_stream::op o = std::move(s->q.front());
     s->q.pop_front();
@@ -255,7 +259,7 @@ cudaError_t capture_check(emu_stream *s) {
   return cudaSuccess;
 }
 
-uint64_t captures = 0;   // captures begun so far: their numbers
+uint64_t captures = 0; // captures begun so far: their numbers
 
 // The graph of capture `id` of device dev while it is being captured, or nullptr.
 emu_graph *capture_by_id(int dev, uint64_t id) {
@@ -268,7 +272,7 @@ emu_graph *capture_by_id(int dev, uint64_t id) {
 // dependency holds by the graph's order; waiting for everything a forked stream did joins that stream back.
 cudaError_t capture_wait(emu_stream *st, cudaEvent_t e) {
   emu_graph *g = capture_by_id(e->s->dev, e->cap_id);
-  if (!g) return ret(cudaErrorCapturedEvent);   // that capture has ended
+  if (!g) return ret(cudaErrorCapturedEvent); // that capture has ended
   if (st->cap && st->cap != g) return ret(refuse(st->dev, cudaErrorStreamCaptureIsolation));
   if (st->legacy || st->dev != e->s->dev) return ret(refuse(e->s->dev, cudaErrorStreamCaptureIsolation));
   if (!st->cap) {
@@ -294,7 +298,7 @@ void enqueue(emu_stream *s, const char *what, std::function<void()> fn, bool ker
   o.what = what;
   o.fn = std::move(fn);
   o.kernel = kernel;
-  if (s->cap) {   // captured: the graph's order keeps the dependencies (waits on outside events are refused)
+  if (s->cap) { // captured: the graph's order keeps the dependencies (waits on outside events are refused)
     s->cap->kernels += kernel;
     s->cap->ops.push_back(std::move(o));
     s->cap_ops++;
@@ -302,11 +306,11 @@ void enqueue(emu_stream *s, const char *what, std::function<void()> fn, bool ker
     return;
   }
   device &d = devs[(size_t)s->dev];
-  if (s->legacy) {   // the legacy default stream waits for the blocking streams of its device, and they for it
+  if (s->legacy) { // the legacy default stream waits for the blocking streams of its device, and they for it
     for (emu_stream *b : d.streams)
-      if (!(b->flags & cudaStreamNonBlocking) && b->done < b->enq) o.waits.push_back({b, b->enq});
+      if (!(b->flags & cudaStreamNonBlocking) && b->done < b->enq) o.waits.push_back({ b, b->enq });
   } else if (!(s->flags & cudaStreamNonBlocking) && d.legacy->done < d.legacy->enq) {
-    o.waits.push_back({d.legacy, d.legacy->enq});
+    o.waits.push_back({ d.legacy, d.legacy->enq });
   }
   s->q.push_back(std::move(o));
   s->enq++;
@@ -383,29 +387,37 @@ void segv_handler(int sig, siginfo_t *si, void *uctx) {
       if ((const char *)a < d.base || (const char *)a >= d.base + d.cap) continue;
       auto it = find_alloc(d, a, 1);
       if (open_depth > 0)
-        n = snprintf(msg, sizeof msg, "bertlua emulated CUDA: %s accessed cuda:%zu memory at %p outside every "
-                     "allocation [BL_EMU_SEED=%llu]\n", running, i, a, (unsigned long long)emu_seed());
+        n = snprintf(msg, sizeof msg,
+                     "bertlua emulated CUDA: %s accessed cuda:%zu memory at %p outside every "
+                     "allocation [BL_EMU_SEED=%llu]\n",
+                     running, i, a, (unsigned long long)emu_seed());
       else if (it != d.live.end())
-        n = snprintf(msg, sizeof msg, "bertlua emulated CUDA: host code dereferenced device memory at %p (cuda:%zu, "
+        n = snprintf(msg, sizeof msg,
+                     "bertlua emulated CUDA: host code dereferenced device memory at %p (cuda:%zu, "
                      "byte %zu of an allocation of %zu bytes at %p); device memory is only accessible to kernels, "
-                     "copies and memsets, as on a GPU\n", a, i, (size_t)((const char *)a - d.base) - it->first,
-                     it->second, (void *)(d.base + it->first));
+                     "copies and memsets, as on a GPU\n",
+                     a, i, (size_t)((const char *)a - d.base) - it->first, it->second, (void *)(d.base + it->first));
       else
-        n = snprintf(msg, sizeof msg, "bertlua emulated CUDA: host code dereferenced cuda:%zu address %p, which is in "
-                     "no live allocation (freed or never allocated)\n", i, a);
+        n = snprintf(msg, sizeof msg,
+                     "bertlua emulated CUDA: host code dereferenced cuda:%zu address %p, which is in "
+                     "no live allocation (freed or never allocated)\n",
+                     i, a);
     }
   }
   if (n > 0) {
     ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
     (void)w;
-    signal(SIGSEGV, SIG_DFL);   // returning re-executes the access, which now kills the process
+    signal(SIGSEGV, SIG_DFL); // returning re-executes the access, which now kills the process
     return;
   }
-  if (old_segv.sa_flags & SA_SIGINFO) old_segv.sa_sigaction(sig, si, uctx);
-  else if (old_segv.sa_handler != SIG_DFL && old_segv.sa_handler != SIG_IGN) old_segv.sa_handler(sig);
-  else signal(SIGSEGV, SIG_DFL);
+  if (old_segv.sa_flags & SA_SIGINFO)
+    old_segv.sa_sigaction(sig, si, uctx);
+  else if (old_segv.sa_handler != SIG_DFL && old_segv.sa_handler != SIG_IGN)
+    old_segv.sa_handler(sig);
+  else
+    signal(SIGSEGV, SIG_DFL);
 }
-}  // namespace
+} // namespace
 
 // ---------------------------------------------------------------- internal interface (emu_internal.h)
 void emu_stream_enqueue(cudaStream_t s, const char *what, std::function<void()> fn) {
@@ -458,9 +470,15 @@ int emu_get_counters(int dev, emu_counters *out) {
 // ---------------------------------------------------------------- launches (emu_device.h)
 void emu::launch(const launch_cfg &c, std::function<void()> body) {
   lock l;
-  if (!valid_dev(cur_dev)) { ret(cudaErrorInvalidDevice); return; }
+  if (!valid_dev(cur_dev)) {
+    ret(cudaErrorInvalidDevice);
+    return;
+  }
   device &d = devs[(size_t)cur_dev];
-  if (d.sticky) { ret(d.sticky); return; }
+  if (d.sticky) {
+    ret(d.sticky);
+    return;
+  }
   uint64_t threads = (uint64_t)c.block.x * c.block.y * c.block.z;
   if (threads == 0 || threads > 1024 || c.block.x > 1024 || c.block.y > 1024 || c.block.z > 64 || c.grid.x == 0 ||
       c.grid.y == 0 || c.grid.z == 0 || c.grid.x > 0x7fffffffu || c.grid.y > 65535 || c.grid.z > 65535) {
@@ -469,16 +487,23 @@ void emu::launch(const launch_cfg &c, std::function<void()> body) {
   }
   auto it = dyn_smem_optin.find(c.fn);
   size_t limit = it == dyn_smem_optin.end() ? kSmemDefault : (size_t)it->second;
-  if (c.smem > limit) { ret(cudaErrorInvalidValue); return; }
+  if (c.smem > limit) {
+    ret(cudaErrorInvalidValue);
+    return;
+  }
   emu_stream *st = resolve(c.stream);
-  if (cudaError_t e = capture_check(st)) { ret(e); return; }
-  if (!st->cap) d.cnt.launches++;   // a captured kernel is counted when a graph launch runs it
+  if (cudaError_t e = capture_check(st)) {
+    ret(e);
+    return;
+  }
+  if (!st->cap) d.cnt.launches++; // a captured kernel is counted when a graph launch runs it
   uint64_t no = ++launches;
   if (launch_hook) launch_hook(cur_dev, c.name, c.file, c.line);
   if (dry_run && threads * c.grid.x * c.grid.y * c.grid.z > EMU_DRY_MAX_THREADS) return;
   char what[300];
   snprintf(what, sizeof what, "kernel %s (launched at %s:%d)", c.name, c.file, c.line);
-  enqueue(st, what, [c, body, no] { emu_run_grid(c, body, no); }, true);
+  enqueue(
+      st, what, [c, body, no] { emu_run_grid(c, body, no); }, true);
 }
 
 extern "C" {
@@ -494,15 +519,32 @@ cudaError_t emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int v
 // ---------------------------------------------------------------- errors
 const char *cudaGetErrorName(cudaError_t e) {
   switch (e) {
-#define N_(x) case x: return #x;
-    N_(cudaSuccess) N_(cudaErrorInvalidValue) N_(cudaErrorMemoryAllocation) N_(cudaErrorInitializationError)
-    N_(cudaErrorInvalidConfiguration) N_(cudaErrorInvalidDevicePointer) N_(cudaErrorInvalidMemcpyDirection)
-    N_(cudaErrorInvalidResourceHandle) N_(cudaErrorNotReady) N_(cudaErrorIllegalAddress)
-    N_(cudaErrorLaunchOutOfResources) N_(cudaErrorLaunchFailure) N_(cudaErrorInvalidDevice) N_(cudaErrorNoDevice)
-    N_(cudaErrorPeerAccessAlreadyEnabled) N_(cudaErrorUnknown) N_(cudaErrorStreamCaptureUnsupported)
-    N_(cudaErrorStreamCaptureInvalidated) N_(cudaErrorStreamCaptureUnmatched) N_(cudaErrorStreamCaptureUnjoined)
-    N_(cudaErrorStreamCaptureIsolation)
-    N_(cudaErrorStreamCaptureImplicit) N_(cudaErrorCapturedEvent) N_(cudaErrorGraphExecUpdateFailure)
+#define N_(x) \
+  case x: return #x
+    N_(cudaSuccess);
+    N_(cudaErrorInvalidValue);
+    N_(cudaErrorMemoryAllocation);
+    N_(cudaErrorInitializationError);
+    N_(cudaErrorInvalidConfiguration);
+    N_(cudaErrorInvalidDevicePointer);
+    N_(cudaErrorInvalidMemcpyDirection);
+    N_(cudaErrorInvalidResourceHandle);
+    N_(cudaErrorNotReady);
+    N_(cudaErrorIllegalAddress);
+    N_(cudaErrorLaunchOutOfResources);
+    N_(cudaErrorLaunchFailure);
+    N_(cudaErrorInvalidDevice);
+    N_(cudaErrorNoDevice);
+    N_(cudaErrorPeerAccessAlreadyEnabled);
+    N_(cudaErrorUnknown);
+    N_(cudaErrorStreamCaptureUnsupported);
+    N_(cudaErrorStreamCaptureInvalidated);
+    N_(cudaErrorStreamCaptureUnmatched);
+    N_(cudaErrorStreamCaptureUnjoined);
+    N_(cudaErrorStreamCaptureIsolation);
+    N_(cudaErrorStreamCaptureImplicit);
+    N_(cudaErrorCapturedEvent);
+    N_(cudaErrorGraphExecUpdateFailure);
 #undef N_
   }
   return "cudaErrorUnknown";
@@ -530,11 +572,13 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
     case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
     case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing "
-                                                "blocking stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing "
+             "blocking stream";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
-    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included changes "
-                                                 "which violated constraints specific to instantiated graph update";
+    case cudaErrorGraphExecUpdateFailure:
+      return "the graph update was not performed because it included changes "
+             "which violated constraints specific to instantiated graph update";
     default: return "unknown error";
   }
 }
@@ -585,9 +629,14 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
   p->regsPerBlock = 65536;
   p->warpSize = 32;
   p->maxThreadsPerBlock = 1024;
-  p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
-  p->maxGridSize[0] = 0x7fffffff; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
-  p->major = 9; p->minor = 0;
+  p->maxThreadsDim[0] = 1024;
+  p->maxThreadsDim[1] = 1024;
+  p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 0x7fffffff;
+  p->maxGridSize[1] = 65535;
+  p->maxGridSize[2] = 65535;
+  p->major = 9;
+  p->minor = 0;
   p->multiProcessorCount = 132;
   p->maxThreadsPerMultiProcessor = 2048;
   p->clockRate = 1980000;
@@ -657,7 +706,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     if (off + want > d.high) d.high = off + want;
     *p = d.base + off;
     access_window a;
-    if (!dry_run) memset(*p, 0xff, want);   // uninitialised device memory reads as NaN
+    if (!dry_run) memset(*p, 0xff, want); // uninitialised device memory reads as NaN
     return cudaSuccess;
   }
   return ret(cudaErrorMemoryAllocation);
@@ -671,19 +720,25 @@ cudaError_t cudaFree(void *p) {
   device &d = devs[(size_t)dev];
   size_t off = (size_t)((char *)p - d.base);
   auto it = d.live.find(off);
-  if (it == d.live.end()) return ret(cudaErrorInvalidValue);   // not the start of an allocation
+  if (it == d.live.end()) return ret(cudaErrorInvalidValue); // not the start of an allocation
   if (capturing(dev)) return ret(refuse(dev, cudaErrorStreamCaptureUnsupported));
-  drain_device(dev);   // cudaFree synchronises: queued work may still use the block
+  drain_device(dev); // cudaFree synchronises: queued work may still use the block
   d.cnt.frees++;
   size_t size = it->second;
   d.live.erase(it);
   if (size >= (1u << 20)) madvise(d.base + off, size, MADV_DONTNEED);
   auto nx = d.freel.lower_bound(off);
-  if (nx != d.freel.end() && nx->first == off + size) { size += nx->second; d.freel.erase(nx); }
+  if (nx != d.freel.end() && nx->first == off + size) {
+    size += nx->second;
+    d.freel.erase(nx);
+  }
   auto pv = d.freel.lower_bound(off);
   if (pv != d.freel.begin()) {
     --pv;
-    if (pv->first + pv->second == off) { pv->second += size; return cudaSuccess; }
+    if (pv->first + pv->second == off) {
+      pv->second += size;
+      return cudaSuccess;
+    }
   }
   d.freel[off] = size;
   return cudaSuccess;
@@ -693,7 +748,10 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
   lock l;
   (void)flags;
   *p = nullptr;
-  if (posix_memalign(p, 4096, n ? n : 1) != 0) { *p = nullptr; return ret(cudaErrorMemoryAllocation); }
+  if (posix_memalign(p, 4096, n ? n : 1) != 0) {
+    *p = nullptr;
+    return ret(cudaErrorMemoryAllocation);
+  }
   pinned[(char *)*p] = n ? n : 1;
   return cudaSuccess;
 }
@@ -705,7 +763,7 @@ cudaError_t cudaFreeHost(void *p) {
   if (!p) return cudaSuccess;
   auto it = pinned.find((char *)p);
   if (it == pinned.end()) return ret(cudaErrorInvalidValue);
-  for (size_t i = 0; i < devs.size(); i++) drain_device((int)i);   // queued copies may still use it
+  for (size_t i = 0; i < devs.size(); i++) drain_device((int)i); // queued copies may still use it
   pinned.erase(it);
   free(p);
   return cudaSuccess;
@@ -719,7 +777,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
   bool sync = false;
   cudaError_t e = copy(dst, src, n, kind, st, &sync);
   if (e != cudaSuccess) return ret(e);
-  if (sync) {   // a pageable destination: the call returns after the copy, like a synchronisation
+  if (sync) { // a pageable destination: the call returns after the copy, like a synchronisation
     devs[(size_t)st->dev].cnt.syncs++;
     drain(st);
   }
@@ -781,7 +839,7 @@ cudaError_t cudaMemset(void *p, int value, size_t n) { return cudaMemsetAsync(p,
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
   lock l;
   if (!valid_dev(cur_dev)) return ret(cudaErrorInvalidDevice);
-  *s = new emu_stream{cur_dev, flags, false, 0, 0, {}};
+  *s = new emu_stream{ cur_dev, flags, false, 0, 0, {} };
   devs[(size_t)cur_dev].streams.push_back(*s);
   return cudaSuccess;
 }
@@ -792,10 +850,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   lock l;
   if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) return ret(cudaErrorInvalidResourceHandle);
   if (s->cap) return ret(refuse(s->dev, cudaErrorStreamCaptureUnsupported));
-  drain(s);   // work already queued completes, as on the real runtime
+  drain(s); // work already queued completes, as on the real runtime
   auto &v = devs[(size_t)s->dev].streams;
   for (size_t i = 0; i < v.size(); i++)
-    if (v[i] == s) { v.erase(v.begin() + (long)i); break; }
+    if (v[i] == s) {
+      v.erase(v.begin() + (long)i);
+      break;
+    }
   retired.push_back(s);
   return cudaSuccess;
 }
@@ -840,7 +901,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   emu_stream *st = resolve(s);
   e->t = std::make_shared<double>(0);
-  if (st->cap) {   // a point inside the capture: other streams fork from it or the capture joins them there
+  if (st->cap) { // a point inside the capture: other streams fork from it or the capture joins them there
     e->s = st;
     e->cap_id = st->cap->id;
     e->cap_seq = st->cap_ops;
@@ -890,12 +951,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   if (!e->recorded) return cudaSuccess;
   emu_stream *st = resolve(s);
   if (e->cap_id) return capture_wait(st, e);
-  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureIsolation));   // recorded outside the capture
+  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureIsolation)); // recorded outside the capture
   if (cudaError_t ce = capture_check(st)) return ret(ce);
   emu_stream *es = e->s;
   uint64_t seq = e->seq;
   enqueue(st, "cudaStreamWaitEvent", [] {});
-  st->q.back().waits.push_back({es, seq});
+  st->q.back().waits.push_back({ es, seq });
   return cudaSuccess;
 }
 
@@ -904,11 +965,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   lock l;
   emu_stream *st = resolve(s);
-  if (mode != cudaStreamCaptureModeGlobal) return ret(cudaErrorInvalidValue);   // only the default mode
-  if (st->legacy) return ret(cudaErrorStreamCaptureImplicit);                   // the legacy stream cannot capture
+  if (mode != cudaStreamCaptureModeGlobal) return ret(cudaErrorInvalidValue); // only the default mode
+  if (st->legacy) return ret(cudaErrorStreamCaptureImplicit);                 // the legacy stream cannot capture
   if (st->cap) return ret(cudaErrorStreamCaptureUnsupported);
   if (devs[(size_t)st->dev].sticky) return ret(devs[(size_t)st->dev].sticky);
-  st->cap = new emu_graph{st->dev, {}, 0, ++captures};
+  st->cap = new emu_graph{ st->dev, {}, 0, ++captures };
   st->cap_invalid = false;
   st->cap_origin = true;
   st->cap_ops = 0;
@@ -922,7 +983,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
   if (!st->cap || !st->cap_origin) return ret(cudaErrorStreamCaptureUnmatched);
   emu_graph *cg = st->cap;
   bool unjoined = false;
-  for (emu_stream *o : devs[(size_t)st->dev].streams)   // the forked streams leave the capture too
+  for (emu_stream *o : devs[(size_t)st->dev].streams) // the forked streams leave the capture too
     if (o != st && o->cap == cg) {
       unjoined = unjoined || !o->cap_joined;
       o->cap = nullptr;
@@ -940,8 +1001,9 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
   lock l;
   emu_stream *st = resolve(s);
-  *status = !st->cap ? cudaStreamCaptureStatusNone
-            : st->cap_invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  *status = !st->cap          ? cudaStreamCaptureStatusNone
+            : st->cap_invalid ? cudaStreamCaptureStatusInvalidated
+                              : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 
@@ -955,7 +1017,7 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode) {
 
 cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n) {
   if (!g) return ret(cudaErrorInvalidValue);
-  if (nodes) return ret(cudaErrorInvalidValue);   // only the count is emulated
+  if (nodes) return ret(cudaErrorInvalidValue); // only the count is emulated
   *n = g->ops.size();
   return cudaSuccess;
 }
@@ -964,7 +1026,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned lon
   lock l;
   *e = nullptr;
   if (!g || flags != 0) return ret(cudaErrorInvalidValue);
-  *e = new emu_graph_exec{g->dev, g->ops, g->kernels};
+  *e = new emu_graph_exec{ g->dev, g->ops, g->kernels };
   return cudaSuccess;
 }
 
@@ -975,9 +1037,11 @@ cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecU
   cudaGraphExecUpdateResult r = cudaGraphExecUpdateSuccess;
   if (g->dev != e->dev || g->ops.size() != e->ops.size()) r = cudaGraphExecUpdateErrorTopologyChanged;
   for (size_t i = 0; r == cudaGraphExecUpdateSuccess && i < g->ops.size(); i++)
-    if (g->ops[i].kernel != e->ops[i].kernel) r = cudaGraphExecUpdateErrorNodeTypeChanged;
-    else if (g->ops[i].what != e->ops[i].what) r = cudaGraphExecUpdateErrorFunctionChanged;
-  if (info) *info = cudaGraphExecUpdateResultInfo{r, nullptr, nullptr};
+    if (g->ops[i].kernel != e->ops[i].kernel)
+      r = cudaGraphExecUpdateErrorNodeTypeChanged;
+    else if (g->ops[i].what != e->ops[i].what)
+      r = cudaGraphExecUpdateErrorFunctionChanged;
+  if (info) *info = cudaGraphExecUpdateResultInfo{ r, nullptr, nullptr };
   if (r != cudaGraphExecUpdateSuccess) return ret(cudaErrorGraphExecUpdateFailure);
   e->ops = g->ops;
   return cudaSuccess;
@@ -990,7 +1054,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
   if (st->dev != e->dev) return ret(cudaErrorInvalidValue);
   device &d = devs[(size_t)st->dev];
   if (d.sticky) return ret(d.sticky);
-  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureUnsupported));   // graphs in graphs: not emulated
+  if (st->cap) return ret(refuse(st->dev, cudaErrorStreamCaptureUnsupported)); // graphs in graphs: not emulated
   if (cudaError_t ce = capture_check(st)) return ret(ce);
   for (const emu_stream::op &o : e->ops) enqueue(st, o.what.c_str(), o.fn, o.kernel);
   d.cnt.graph_launches++;
@@ -1010,4 +1074,4 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
   delete e;
   return cudaSuccess;
 }
-}  // extern "C"
+} // extern "C"

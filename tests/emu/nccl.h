@@ -10,7 +10,9 @@ extern "C" {
 #endif
 
 #define NCCL_UNIQUE_ID_BYTES 128
-typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
+typedef struct {
+  char internal[NCCL_UNIQUE_ID_BYTES];
+} ncclUniqueId;
 typedef struct emu_nccl_comm *ncclComm_t;
 
 typedef enum {
@@ -25,15 +27,20 @@ typedef enum {
 } ncclResult_t;
 
 typedef enum {
-  ncclInt8 = 0, ncclChar = 0,
+  ncclInt8 = 0,
+  ncclChar = 0,
   ncclUint8 = 1,
-  ncclInt32 = 2, ncclInt = 2,
+  ncclInt32 = 2,
+  ncclInt = 2,
   ncclUint32 = 3,
   ncclInt64 = 4,
   ncclUint64 = 5,
-  ncclFloat16 = 6, ncclHalf = 6,
-  ncclFloat32 = 7, ncclFloat = 7,
-  ncclFloat64 = 8, ncclDouble = 8,
+  ncclFloat16 = 6,
+  ncclHalf = 6,
+  ncclFloat32 = 7,
+  ncclFloat = 7,
+  ncclFloat64 = 8,
+  ncclDouble = 8,
   ncclBfloat16 = 9,
 } ncclDataType_t;
 
@@ -52,9 +59,11 @@ typedef struct {
   int splitShare;
 } ncclConfig_t;
 #define NCCL_CONFIG_UNDEF_INT (-2147483647 - 1)
-#define NCCL_CONFIG_INITIALIZER                                                                              \
-  { sizeof(ncclConfig_t), 0xcafebeef, 0, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
-    NCCL_CONFIG_UNDEF_INT, NULL, NCCL_CONFIG_UNDEF_INT }
+#define NCCL_CONFIG_INITIALIZER                                                                               \
+  {                                                                                                           \
+    sizeof(ncclConfig_t), 0xcafebeef, 0, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
+        NCCL_CONFIG_UNDEF_INT, NULL, NCCL_CONFIG_UNDEF_INT                                                    \
+  }
 
 const char *ncclGetErrorString(ncclResult_t result);
 const char *ncclGetLastError(ncclComm_t comm);

@@ -16,13 +16,29 @@ extern "C" {
 }
 
 static int fails = 0, checks = 0;
-#define CHECK(cond, ...) do { checks++; if (!(cond)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-  printf(__VA_ARGS__); printf("\n"); } } while (0)
-#define CU(expr) do { cudaError_t e_ = (expr); \
-  CHECK(e_ == cudaSuccess, "%s -> %s", #expr, cudaGetErrorString(e_)); } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    checks++;                                     \
+    if (!(cond)) {                                \
+      fails++;                                    \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
+#define CU(expr)                                                         \
+  do {                                                                   \
+    cudaError_t e_ = (expr);                                             \
+    CHECK(e_ == cudaSuccess, "%s -> %s", #expr, cudaGetErrorString(e_)); \
+  } while (0)
 
 static uint64_t rng = 88172645463325252ull;
-static uint32_t next_u32() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (uint32_t)rng; }
+static uint32_t next_u32() {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (uint32_t)rng;
+}
 
 // ---------------------------------------------------------------- kernels
 __global__ void shuffles(const int *in, int *out, int width) {
@@ -38,7 +54,7 @@ __global__ void shuffles(const int *in, int *out, int width) {
 __global__ void count_and_shared(const int *in, int *out) {
   __shared__ unsigned fresh[4];
   __shared__ int acc[256];
-  unsigned before = fresh[threadIdx.x & 3];   // never written: must read as the NaN fill
+  unsigned before = fresh[threadIdx.x & 3]; // never written: must read as the NaN fill
   acc[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
   int c = __syncthreads_count(acc[threadIdx.x] > 0);
   int sum = 0;
@@ -47,7 +63,7 @@ __global__ void count_and_shared(const int *in, int *out) {
   out[3 * (blockIdx.x * blockDim.x + threadIdx.x) + 0] = c;
   out[3 * (blockIdx.x * blockDim.x + threadIdx.x) + 1] = sum;
   out[3 * (blockIdx.x * blockDim.x + threadIdx.x) + 2] = (int)before;
-  if (threadIdx.x == 0) fresh[0] = 0;   // the next block must see the fill again
+  if (threadIdx.x == 0) fresh[0] = 0; // the next block must see the fill again
 }
 
 __global__ void dyn_fill(unsigned *out) {
@@ -59,7 +75,7 @@ __global__ void dyn_fill(unsigned *out) {
 
 __global__ void early_exit(int *out, int n) {
   __shared__ int s[64];
-  if ((int)threadIdx.x >= n) return;   // exited threads count as arrived at the barrier
+  if ((int)threadIdx.x >= n) return; // exited threads count as arrived at the barrier
   s[threadIdx.x] = (int)threadIdx.x;
   __syncthreads();
   out[threadIdx.x] = s[n - 1 - threadIdx.x];
@@ -74,8 +90,10 @@ __global__ void atomics(unsigned long long *mn, int *orv, float *sum, unsigned *
 }
 
 __global__ void divergent_barrier(int *out) {
-  if (threadIdx.x < 16) __syncthreads();
-  else __syncthreads();
+  if (threadIdx.x < 16)
+    __syncthreads();
+  else
+    __syncthreads();
   out[threadIdx.x] = 1;
 }
 
@@ -94,9 +112,13 @@ __global__ void big_block(int *out) { out[threadIdx.x] = 1; }
 
 // ---------------------------------------------------------------- helpers
 // Runs fn in a child; returns its stderr and sets *status to its wait status.
-template <class F> static std::string in_child(F fn, int *status) {
+template <class F>
+static std::string in_child(F fn, int *status) {
   int fd[2];
-  if (pipe(fd) != 0) { perror("pipe"); exit(1); }
+  if (pipe(fd) != 0) {
+    perror("pipe");
+    exit(1);
+  }
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
@@ -126,8 +148,8 @@ static int *dev_ints(const int *h, int n) {
 
 // ---------------------------------------------------------------- tests
 static void test_shuffles() {
-  const int n = 96;   // three warps
-  for (int width : {32, 16, 8}) {
+  const int n = 96; // three warps
+  for (int width : { 32, 16, 8 }) {
     int h[n], got[6 * n];
     for (int i = 0; i < n; i++) h[i] = (int)(next_u32() % 1000);
     h[40] = 12345;
@@ -167,7 +189,10 @@ static void test_barriers_and_shared() {
   CU(cudaMemcpy(got, o, sizeof got, cudaMemcpyDeviceToHost));
   for (int b = 0; b < nb; b++) {
     int c = 0, s = 0;
-    for (int t = 0; t < nt; t++) { c += h[b * nt + t] > 0; s += h[b * nt + t]; }
+    for (int t = 0; t < nt; t++) {
+      c += h[b * nt + t] > 0;
+      s += h[b * nt + t];
+    }
     for (int t = 0; t < nt; t++) {
       int i = b * nt + t;
       CHECK(got[3 * i] == c && got[3 * i + 1] == s, "block %d thread %d: count %d/%d sum %d/%d", b, t, got[3 * i], c,
@@ -196,18 +221,30 @@ static void test_atomics() {
   int *orv;
   float *sum;
   unsigned *mx;
-  CU(cudaMalloc((void **)&mn, 8)); CU(cudaMalloc((void **)&orv, 4));
-  CU(cudaMalloc((void **)&sum, 4)); CU(cudaMalloc((void **)&mx, 4));
+  CU(cudaMalloc((void **)&mn, 8));
+  CU(cudaMalloc((void **)&orv, 4));
+  CU(cudaMalloc((void **)&sum, 4));
+  CU(cudaMalloc((void **)&mx, 4));
   unsigned long long big = ~0ull;
   CU(cudaMemcpy(mn, &big, 8, cudaMemcpyHostToDevice));
-  CU(cudaMemset(orv, 0, 4)); CU(cudaMemset(sum, 0, 4)); CU(cudaMemset(mx, 0, 4));
+  CU(cudaMemset(orv, 0, 4));
+  CU(cudaMemset(sum, 0, 4));
+  CU(cudaMemset(mx, 0, 4));
   atomics<<<4, 250>>>(mn, orv, sum, mx);
-  unsigned long long hmn; int hor; float hs; unsigned hmx;
-  CU(cudaMemcpy(&hmn, mn, 8, cudaMemcpyDeviceToHost)); CU(cudaMemcpy(&hor, orv, 4, cudaMemcpyDeviceToHost));
-  CU(cudaMemcpy(&hs, sum, 4, cudaMemcpyDeviceToHost)); CU(cudaMemcpy(&hmx, mx, 4, cudaMemcpyDeviceToHost));
+  unsigned long long hmn;
+  int hor;
+  float hs;
+  unsigned hmx;
+  CU(cudaMemcpy(&hmn, mn, 8, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(&hor, orv, 4, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(&hs, sum, 4, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(&hmx, mx, 4, cudaMemcpyDeviceToHost));
   CHECK(hmn == 1 && hor == 0x7fffffff && hs == 500.0f && hmx == 999u * 3, "atomics: min %llu or 0x%x sum %g max %u",
         hmn, hor, hs, hmx);
-  cudaFree(mn); cudaFree(orv); cudaFree(sum); cudaFree(mx);
+  cudaFree(mn);
+  cudaFree(orv);
+  cudaFree(sum);
+  cudaFree(mx);
 }
 
 static void test_launch_limits() {
@@ -253,7 +290,7 @@ static void test_streams_and_counters() {
   CU(cudaStreamWaitEvent(b, ev, 0));
   CU(cudaMemcpyAsync(pin, d, n * sizeof(float), cudaMemcpyDeviceToHost, b));
   CHECK(pin[10] == 10.0f, "a pinned buffer read without synchronising still holds the old data (%g)", pin[10]);
-  CU(cudaStreamSynchronize(b));   // runs b, and a first because b waits for its event
+  CU(cudaStreamSynchronize(b)); // runs b, and a first because b waits for its event
   CHECK(pin[10] == 11.0f && pin[n - 1] == (float)n, "after the synchronisation: %g %g", pin[10], pin[n - 1]);
   CHECK(bl_cuda_counters(0, &c1) == 0, "counters");
   CHECK(c1.mallocs == c0.mallocs + 1 && c1.launches == c0.launches + 1 && c1.syncs == c0.syncs + 1,
@@ -288,7 +325,7 @@ static void test_streams_and_counters() {
   CU(cudaEventCreateWithFlags(&gone, cudaEventDisableTiming));
   CU(cudaEventRecord(gone, c));
   CU(cudaStreamDestroy(c));
-  for (int k = 0; k < 8; k++) probe[k] = (unsigned char *)calloc(1, 80 + 8 * (size_t)k);   // reuse its memory
+  for (int k = 0; k < 8; k++) probe[k] = (unsigned char *)calloc(1, 80 + 8 * (size_t)k); // reuse its memory
   CU(cudaStreamWaitEvent(b, gone, 0));
   CU(cudaStreamSynchronize(b));
   CU(cudaEventSynchronize(gone));
@@ -309,7 +346,7 @@ static void test_half_conversions() {
   for (int k = 0; k < 3000000; k++) {
     float f;
     uint32_t bits = next_u32();
-    if (k < 65536 * 3) {   // every half value, the midpoints to its neighbour, and one ulp either side of them
+    if (k < 65536 * 3) { // every half value, the midpoints to its neighbour, and one ulp either side of them
       uint16_t hb = (uint16_t)((k / 3) & 0x7fff), hb1 = (uint16_t)(hb + 1);
       _Float16 hv, hw;
       memcpy(&hv, &hb, 2);
@@ -328,24 +365,30 @@ static void test_half_conversions() {
     uint16_t rb;
     memcpy(&rb, &ref, 2);
     uint16_t got = __half_as_ushort(__float2half_rn(f));
-    if (f != f) { if (got != 0x7fffu) bad_h++; }
-    else if (got != rb) { if (bad_h++ < 3) printf("half(%a): 0x%04x, reference 0x%04x\n", f, got, rb); }
-    else if (!isnan(f) && __half2float(__ushort_as_half(got)) != (float)ref) bad_h++;
+    if (f != f) {
+      if (got != 0x7fffu) bad_h++;
+    } else if (got != rb) {
+      if (bad_h++ < 3) printf("half(%a): 0x%04x, reference 0x%04x\n", f, got, rb);
+    } else if (!isnan(f) && __half2float(__ushort_as_half(got)) != (float)ref)
+      bad_h++;
     uint32_t fb;
     memcpy(&fb, &f, 4);
-    if (f != f) { if (__bfloat16_as_ushort(__float2bfloat16_rn(f)) != 0x7fffu) bad_b++; continue; }
+    if (f != f) {
+      if (__bfloat16_as_ushort(__float2bfloat16_rn(f)) != 0x7fffu) bad_b++;
+      continue;
+    }
     uint32_t lo = fb & 0xffff0000u, hi = lo + 0x10000u;
     float flo, fhi;
     memcpy(&flo, &lo, 4);
     memcpy(&fhi, &hi, 4);
     // above the largest bf16, the next "value" is 2^128 (what rounding to infinity is measured against)
-    double dl = fabs((double)f - flo), dh = isinf(fhi) || isnan(fhi) ? fabs(copysign(ldexp(1.0, 128), f) - f)
-                                                                     : fabs((double)fhi - f);
+    double dl = fabs((double)f - flo),
+           dh = isinf(fhi) || isnan(fhi) ? fabs(copysign(ldexp(1.0, 128), f) - f) : fabs((double)fhi - f);
     uint32_t want = (dl < dh || (dl == dh && !((lo >> 16) & 1u))) ? lo : hi;
-    if ((lo & 0x7fffffffu) == 0x7f800000u) want = lo;   // infinity itself
+    if ((lo & 0x7fffffffu) == 0x7f800000u) want = lo; // infinity itself
     if ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f)) << 16 != want) {
-      if (bad_b++ < 3) printf("bf16(%a): 0x%04x, reference 0x%04x\n", f, __bfloat16_as_ushort(__float2bfloat16_rn(f)),
-                             want >> 16);
+      if (bad_b++ < 3)
+        printf("bf16(%a): 0x%04x, reference 0x%04x\n", f, __bfloat16_as_ushort(__float2bfloat16_rn(f)), want >> 16);
     }
   }
   CHECK(bad_h == 0, "%d float->half conversions differ from round-to-nearest-even", bad_h);
@@ -354,34 +397,41 @@ static void test_half_conversions() {
 
 static void test_faults() {
   int st = 0;
-  std::string out = in_child([] {
-    int *o = dev_ints(nullptr, 64);
-    divergent_barrier<<<1, 64>>>(o);
-    cudaError_t e = cudaDeviceSynchronize();
-    fprintf(stderr, "sync: %s\n", cudaGetErrorName(e));
-    fprintf(stderr, "later: %s\n", cudaGetErrorName(cudaMemset(o, 0, 4)));
-  }, &st);
+  std::string out = in_child(
+      [] {
+        int *o = dev_ints(nullptr, 64);
+        divergent_barrier<<<1, 64>>>(o);
+        cudaError_t e = cudaDeviceSynchronize();
+        fprintf(stderr, "sync: %s\n", cudaGetErrorName(e));
+        fprintf(stderr, "later: %s\n", cudaGetErrorName(cudaMemset(o, 0, 4)));
+      },
+      &st);
   CHECK(out.find("divergent __syncthreads") != std::string::npos &&
-        out.find("divergent_barrier") != std::string::npos &&
-        out.find("test_emu_device.cu:") != std::string::npos && out.find("BL_EMU_SEED=") != std::string::npos &&
-        out.find("sync: cudaErrorLaunchFailure") != std::string::npos &&
-        out.find("later: cudaErrorLaunchFailure") != std::string::npos,
+            out.find("divergent_barrier") != std::string::npos &&
+            out.find("test_emu_device.cu:") != std::string::npos && out.find("BL_EMU_SEED=") != std::string::npos &&
+            out.find("sync: cudaErrorLaunchFailure") != std::string::npos &&
+            out.find("later: cudaErrorLaunchFailure") != std::string::npos,
         "divergent barrier report (sticky error): %s", out.c_str());
-  out = in_child([] {
-    int *o = dev_ints(nullptr, 32);
-    missing_lane<<<1, 32>>>(o);
-    cudaDeviceSynchronize();
-  }, &st);
+  out = in_child(
+      [] {
+        int *o = dev_ints(nullptr, 32);
+        missing_lane<<<1, 32>>>(o);
+        cudaDeviceSynchronize();
+      },
+      &st);
   CHECK(out.find("__shfl_xor_sync") != std::string::npos && out.find("missing_lane") != std::string::npos &&
-        out.find("lane 7 has exited") != std::string::npos, "warp collective with a lane missing: %s", out.c_str());
-  out = in_child([] {
-    float *d = nullptr;
-    cudaMalloc((void **)&d, 4096);
-    fprintf(stderr, "value %g\n", d[100]);   // host code reading device memory
-  }, &st);
+            out.find("lane 7 has exited") != std::string::npos,
+        "warp collective with a lane missing: %s", out.c_str());
+  out = in_child(
+      [] {
+        float *d = nullptr;
+        cudaMalloc((void **)&d, 4096);
+        fprintf(stderr, "value %g\n", d[100]); // host code reading device memory
+      },
+      &st);
   CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV &&
-        out.find("host code dereferenced device memory") != std::string::npos &&
-        out.find("byte 400 of an allocation of 4096 bytes") != std::string::npos,
+            out.find("host code dereferenced device memory") != std::string::npos &&
+            out.find("byte 400 of an allocation of 4096 bytes") != std::string::npos,
         "host dereference of a device pointer: status 0x%x, %s", st, out.c_str());
 }
 

@@ -7,14 +7,14 @@
 __global__ void reverse_without_barrier(const float *in, float *out) {
   __shared__ float tile[64];
   tile[threadIdx.x] = in[threadIdx.x];
-  out[threadIdx.x] = tile[63 - threadIdx.x];   // needs a __syncthreads() before this read
+  out[threadIdx.x] = tile[63 - threadIdx.x]; // needs a __syncthreads() before this read
 }
 
 int main(void) {
 #ifndef BL_EMU_TSAN
   printf("skipped: only meaningful in the ThreadSanitizer build (-DBERTLUA_CUDA_EMU_TSAN=ON)\n");
   return 77;
-#else
+#endif
   float *in = nullptr, *out = nullptr;
   cudaMalloc((void **)&in, 64 * sizeof(float));
   cudaMalloc((void **)&out, 64 * sizeof(float));
@@ -23,5 +23,4 @@ int main(void) {
   cudaError_t e = cudaDeviceSynchronize();
   printf("kernel ran: %s\n", cudaGetErrorName(e));
   return 0;
-#endif
 }

@@ -15,12 +15,22 @@
 #include "emu_numeric.h"
 
 static int fails = 0, checks = 0;
-#define CHECK(cond, ...) do { checks++; if (!(cond)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-  printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    checks++;                                     \
+    if (!(cond)) {                                \
+      fails++;                                    \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
+  } while (0)
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
-static double urand() {   // [-1, 1), never 0
-  rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+static double urand() { // [-1, 1), never 0
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
   double u = (double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0;
   return u == 0.0 ? 0.25 : u;
 }
@@ -40,8 +50,10 @@ __global__ void mma_tile(const uint16_t *a, const uint16_t *b, const float *c, f
   ptx::ldmatrix_x4<false>(fa.x, &as[lane % 16][(lane / 16) * 8]);
   ptx::ldmatrix_x2<true>(fb.x, &bs[lane % 16][0]);
   for (int i = 0; i < 4; i++) fc.x[i] = c[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)];
-  if (BF) ptx::mma_m16n8k16_bf16(fd, fa, fb, fc);
-  else ptx::mma_m16n8k16_f16(fd, fa, fb, fc);
+  if (BF)
+    ptx::mma_m16n8k16_bf16(fd, fa, fb, fc);
+  else
+    ptx::mma_m16n8k16_f16(fd, fa, fb, fc);
   for (int i = 0; i < 4; i++) d[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] = fd.x[i];
 }
 
@@ -54,14 +66,16 @@ __global__ void mma_direct(const uint16_t *a, const uint16_t *b, const float *c,
   ptx::frag_a fa;
   ptx::frag_b fb;
   ptx::frag_c fc, fd;
-  for (int i = 0; i < 4; i++) {   // a0..a7: rows g, g+8 (i & 1), columns 2q.. and 2q+8.. (i >> 1)
+  for (int i = 0; i < 4; i++) { // a0..a7: rows g, g+8 (i & 1), columns 2q.. and 2q+8.. (i >> 1)
     int r = g + 8 * (i & 1), col = 2 * q + 8 * (i >> 1);
     fa.x[i] = pair(a, r * 16 + col, r * 16 + col + 1);
   }
   for (int i = 0; i < 2; i++) fb.x[i] = pair(b, (2 * q + 8 * i) * 8 + g, (2 * q + 8 * i + 1) * 8 + g);
   for (int i = 0; i < 4; i++) fc.x[i] = c[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)];
-  if (BF) ptx::mma_m16n8k16_bf16(fd, fa, fb, fc);
-  else ptx::mma_m16n8k16_f16(fd, fa, fb, fc);
+  if (BF)
+    ptx::mma_m16n8k16_bf16(fd, fa, fb, fc);
+  else
+    ptx::mma_m16n8k16_f16(fd, fa, fb, fc);
   for (int i = 0; i < 4; i++) d[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] = fd.x[i];
 }
 
@@ -80,9 +94,13 @@ __global__ void ldmatrix_all(uint32_t *out) {
   ptx::ldmatrix_x2<true>(t2, row);
   ptx::ldmatrix_x4<true>(t4, row);
   uint32_t *o = out + 14 * lane;
-  o[0] = r1[0]; o[1] = r2[0]; o[2] = r2[1];
+  o[0] = r1[0];
+  o[1] = r2[0];
+  o[2] = r2[1];
   for (int i = 0; i < 4; i++) o[3 + i] = r4[i];
-  o[7] = t1[0]; o[8] = t2[0]; o[9] = t2[1];
+  o[7] = t1[0];
+  o[8] = t2[0];
+  o[9] = t2[1];
   for (int i = 0; i < 4; i++) o[10 + i] = t4[i];
 }
 
@@ -109,26 +127,33 @@ static const bool kEmulated = false;
 static const bool kEmulated = true;
 #endif
 
-template <typename T> static T *dev(const T *h, size_t n) {
+template <typename T>
+static T *dev(const T *h, size_t n) {
   T *d = nullptr;
   cudaMalloc((void **)&d, n * sizeof(T));
   if (h) cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice);
   return d;
 }
 
-template <bool BF> static void test_mma() {
+template <bool BF>
+static void test_mma() {
   cudaDataType_t t = BF ? CUDA_R_16BF : CUDA_R_16F;
   const char *ty = BF ? "bf16" : "f16";
   uint16_t a[256], b[128];
   float c[128], d[128];
   for (int i = 0; i < 256; i++) emu_store_f(a, t, i, (float)urand());
-  for (int i = 0; i < 128; i++) { emu_store_f(b, t, i, (float)urand()); c[i] = (float)urand(); }
+  for (int i = 0; i < 128; i++) {
+    emu_store_f(b, t, i, (float)urand());
+    c[i] = (float)urand();
+  }
   uint16_t *da = dev(a, 256), *db = dev(b, 128);
   float *dc = dev(c, 128), *dd = dev<float>(nullptr, 128);
   for (int via_ldmatrix = 0; via_ldmatrix < 2; via_ldmatrix++) {
     const char *how = via_ldmatrix ? "loaded by ldmatrix .x4 / .x2.trans" : "fragments loaded directly";
-    if (via_ldmatrix) mma_tile<BF><<<1, 32>>>(da, db, dc, dd);
-    else mma_direct<BF><<<1, 32>>>(da, db, dc, dd);
+    if (via_ldmatrix)
+      mma_tile<BF><<<1, 32>>>(da, db, dc, dd);
+    else
+      mma_direct<BF><<<1, 32>>>(da, db, dc, dd);
     CHECK(cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost) == cudaSuccess, "mma %s launch: %s", ty,
           cudaGetErrorString(cudaGetLastError()));
     // f32 accumulation of 16 exact products and C: |err| <= 17 u (sum |a b| + |c|), u = 2^-24
@@ -143,14 +168,17 @@ template <bool BF> static void test_mma() {
           mag += fabs(p);
         }
         double err = fabs(d[m * 8 + n] - ref), tol = 17 * ldexp(1, -24) * mag;
-        if (!(err <= tol) && bad++ < 4)   // the lane and register of D that hold (m, n)
+        if (!(err <= tol) && bad++ < 4) // the lane and register of D that hold (m, n)
           printf("  mma %s (%s): D[%d][%d] = %g, want %g: lane %d register d%d\n", ty, how, m, n, d[m * 8 + n], ref,
                  (m % 8) * 4 + n / 2, (m / 8) * 2 + n % 2);
         worst = fmax(worst, err / tol);
       }
     CHECK(bad == 0, "%s mma m16n8k16 (%s): %d of 128 outside the bound (worst %.2f x)", ty, how, bad, worst);
   }
-  cudaFree(da); cudaFree(db); cudaFree(dc); cudaFree(dd);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  cudaFree(dd);
 }
 
 static void test_ldmatrix() {
@@ -161,19 +189,19 @@ static void test_ldmatrix() {
   int bad = 0;
   for (int l = 0; l < 32; l++) {
     int g = l / 4, q = l % 4;
-    auto reg = [&](int mat, bool trans) {   // the documented placement: row g, cols 2q, 2q+1 (trans: transposed)
+    auto reg = [&](int mat, bool trans) { // the documented placement: row g, cols 2q, 2q+1 (trans: transposed)
       uint32_t lo = trans ? 64 * mat + 8 * (2 * q) + g : 64 * mat + 8 * g + 2 * q;
       uint32_t hi = trans ? 64 * mat + 8 * (2 * q + 1) + g : 64 * mat + 8 * g + 2 * q + 1;
       return lo | hi << 16;
     };
     const uint32_t *o = out + 14 * l;
-    const uint32_t want[14] = {reg(0, 0), reg(0, 0), reg(1, 0), reg(0, 0), reg(1, 0), reg(2, 0), reg(3, 0),
-                               reg(0, 1), reg(0, 1), reg(1, 1), reg(0, 1), reg(1, 1), reg(2, 1), reg(3, 1)};
-    static const char *what[14] = {"x1 r0", "x2 r0", "x2 r1", "x4 r0", "x4 r1", "x4 r2", "x4 r3", "x1.trans r0",
-                                   "x2.trans r0", "x2.trans r1", "x4.trans r0", "x4.trans r1", "x4.trans r2",
-                                   "x4.trans r3"};
+    const uint32_t want[14] = { reg(0, 0), reg(0, 0), reg(1, 0), reg(0, 0), reg(1, 0), reg(2, 0), reg(3, 0),
+                                reg(0, 1), reg(0, 1), reg(1, 1), reg(0, 1), reg(1, 1), reg(2, 1), reg(3, 1) };
+    static const char *what[14] = { "x1 r0",       "x2 r0",       "x2 r1",       "x4 r0",       "x4 r1",
+                                    "x4 r2",       "x4 r3",       "x1.trans r0", "x2.trans r0", "x2.trans r1",
+                                    "x4.trans r0", "x4.trans r1", "x4.trans r2", "x4.trans r3" };
     for (int i = 0; i < 14; i++)
-      if (o[i] != want[i] && bad++ < 6)   // elements are 64 matrix + 8 row + col: decode what arrived
+      if (o[i] != want[i] && bad++ < 6) // elements are 64 matrix + 8 row + col: decode what arrived
         printf("  ldmatrix .%s lane %d: got elements %u, %u (matrix %u row %u col %u), want %u, %u\n", what[i], l,
                o[i] & 0xffff, o[i] >> 16, (o[i] & 0xffff) / 64, (o[i] & 0xffff) / 8 % 8, (o[i] & 0xffff) % 8,
                want[i] & 0xffff, want[i] >> 16);
@@ -200,7 +228,8 @@ static void test_cp_async() {
   CHECK(early == 0, "cp.async: %d destination values readable before any wait", early);
   CHECK(first == 0, "cp.async: wait_group 1 completed the wrong groups (%d values)", first);
   CHECK(all == 0, "cp.async: %d values wrong after wait_group 0", all);
-  cudaFree(ds); cudaFree(dout);
+  cudaFree(ds);
+  cudaFree(dout);
 }
 
 int main() {

@@ -1,4 +1,4 @@
--- The packed inference attention (ops.attention_packed, bl_attention_forward_packed) against an f64 reference on
+-- The packed inference attention (ops.attention_packed, bl_attention_forward with offsets) against an f64 reference on
 -- every CPU path: sequences of 1 to 77 tokens, so that items span several of its row blocks (24 query rows), short
 -- last blocks and the products' ragged tile edges; head sizes 64 (full vectors) and 40 (a ragged vector).
 --

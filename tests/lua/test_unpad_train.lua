@@ -1,6 +1,6 @@
 -- Unpadded CPU training (BertModel.unpad_training, pretrain/benchmark --unpad): the real tokens of a batch packed
 -- into [1, T, H] for every GEMM, LayerNorm, GELU and dropout, attention forward and backward per row
--- (bl_attention_forward_packed_train / bl_attention_backward_packed), against the padded step on the same model,
+-- (bl_attention_forward / bl_attention_backward with offsets), against the padded step on the same model,
 -- batches and dropout streams:
 --  * pre-training with LAMB (the recipe's step, accumulation 2), fp32 and the CPU's bf16 emulation, on
 --    every CPU path this machine has: per-step losses, gradient norm and the weights after the steps;

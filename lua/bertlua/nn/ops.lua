@@ -103,6 +103,7 @@ end
 -- BERT's embedding block in one op: y = dropout_p(LN(word[ids] + position[pos_ids] + token_type[type_ids])).
 -- t = {word, position, token_type} tables, ids = {ids, pos_ids, type_ids}; opts: eps (1e-12), p (0), seed, offset,
 -- out, mean, rstd (buffers). Returns y, mean, rstd.
+local eln_args = ffi.typeof("bl_embedding_layernorm_args")
 function M.embedding_layernorm(t, ids, gamma, beta, opts)
   opts = opts or {}
   local shape = ids[1]:shape()
@@ -111,16 +112,18 @@ function M.embedding_layernorm(t, ids, gamma, beta, opts)
   local n = ids[1]:numel()
   local mean, rstd = opts.mean or bl.empty({ n }, { device = out:device() }),
     opts.rstd or bl.empty({ n }, { device = out:device() })
-  check(C.bl_embedding_layernorm_forward(out, mean, rstd, t[1], t[2], t[3], ids[1], ids[2], ids[3], gamma, beta,
-    opts.eps or 1e-12, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_embedding_layernorm_forward(eln_args({ word = t[1], position = t[2], token_type = t[3], ids = ids[1],
+    pos_ids = ids[2], type_ids = ids[3], gamma = gamma, beta = beta, y = out, mean = mean, rstd = rstd,
+    eps = opts.eps or 1e-12, p = opts.p or 0, seed = opts.seed or 0, offset = opts.offset or 0 })))
   return out, mean, rstd
 end
 -- Accumulates the gradients in `grads` = {word, position, token_type, gamma, beta} (any may be nil);
 -- opts: p, seed, offset (as in forward).
 function M.embedding_layernorm_backward(dy, t, ids, gamma, mean, rstd, grads, opts)
   opts = opts or {}
-  check(C.bl_embedding_layernorm_backward(grads[1], grads[2], grads[3], grads[4], grads[5], dy, t[1], t[2], t[3],
-    ids[1], ids[2], ids[3], gamma, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_embedding_layernorm_backward(grads[1], grads[2], grads[3], grads[4], grads[5], dy,
+    eln_args({ word = t[1], position = t[2], token_type = t[3], ids = ids[1], pos_ids = ids[2], type_ids = ids[3],
+      gamma = gamma, mean = mean, rstd = rstd, p = opts.p or 0, seed = opts.seed or 0, offset = opts.offset or 0 })))
 end
 
 -- out[j, :] = x viewed as [rows, H] at flat row pos[j] (0-based, as stored in data files).
@@ -152,40 +155,31 @@ end
 
 -- y = LN(dropout_p(x) + residual); opts: eps (1e-12), p (0), seed, offset, out, mean, rstd (buffers), packed (x holds
 -- packed tokens: a table with offsets [B+1] and S, the padded length, as BertModel's unpadded training plan).
+local rln_args = ffi.typeof("bl_residual_layernorm_args")
 function M.residual_layernorm(x, residual, gamma, beta, opts)
   opts = opts or {}
   local out = opts.out or like(x)
   local n = rows(x)
   local mean, rstd = opts.mean or bl.empty({ n }, { device = x:device() }),
     opts.rstd or bl.empty({ n }, { device = x:device() })
-  local pk = opts.packed
-  if pk then  -- packed tokens: dropout drawn from each token's row of the padded batch (pk.offsets, pk.S)
-    check(C.bl_residual_layernorm_forward_packed(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
-      opts.p or 0, opts.seed or 0, opts.offset or 0, pk.offsets, pk.S))
-  else
-    check(C.bl_residual_layernorm_forward(out, mean, rstd, x, residual, gamma, beta, opts.eps or 1e-12,
-      opts.p or 0, opts.seed or 0, opts.offset or 0))
-  end
+  local pk = opts.packed  -- packed tokens: dropout drawn from each token's row of the padded batch (pk.offsets, pk.S)
+  check(C.bl_residual_layernorm_forward(rln_args({ x = x, residual = residual, gamma = gamma, beta = beta, y = out,
+    mean = mean, rstd = rstd, offsets = pk and pk.offsets, seq = pk and pk.S or 0, eps = opts.eps or 1e-12,
+    p = opts.p or 0, seed = opts.seed or 0, offset = opts.offset or 0 })))
   return out, mean, rstd
 end
 -- Returns dx, dresidual. opts: dgamma, dbeta (+=), dbias (+= the column sums of dx: the bias gradient of the linear
 -- layer that produced x, in the same pass), p, seed, offset, packed (as in forward), dx, dres (buffers), y and beta
 -- (the forward's output and beta: the normalised sum is taken back from y, one read fewer, where gamma allows it;
--- see bl_residual_layernorm_backward_out; the packed op reads x and residual).
+-- see bl_residual_layernorm_backward; the packed op reads x and residual).
 function M.residual_layernorm_backward(dy, x, residual, gamma, mean, rstd, opts)
   opts = opts or {}
   local dx, dres = opts.dx or like(x), opts.dres or like(x)
   local pk = opts.packed
-  if pk then
-    check(C.bl_residual_layernorm_backward_packed(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual,
-      gamma, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0, pk.offsets, pk.S))
-  elseif opts.y then
-    check(C.bl_residual_layernorm_backward_out(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, opts.y, x, residual,
-      gamma, opts.beta, mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
-  else
-    check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, x, residual, gamma,
-      mean, rstd, opts.p or 0, opts.seed or 0, opts.offset or 0))
-  end
+  check(C.bl_residual_layernorm_backward(dx, dres, opts.dgamma, opts.dbeta, opts.dbias, dy, rln_args({ x = x,
+    residual = residual, gamma = gamma, beta = not pk and opts.beta or nil, y = not pk and opts.y or nil, mean = mean,
+    rstd = rstd, offsets = pk and pk.offsets, seq = pk and pk.S or 0, p = opts.p or 0, seed = opts.seed or 0,
+    offset = opts.offset or 0 })))
   return dx, dres
 end
 
@@ -244,8 +238,9 @@ function M.softmax_backward(dy, y, dx) dx = dx or like(y); check(C.bl_softmax_ba
 -- [B, S] 1 = keep (or nil). opts: p, seed, offset, scale (default 1/sqrt(d)),
 -- out, probs (reusable buffers). Returns ctx [B, S, H] and what backward
 -- needs: on the CPU the probabilities [B, heads, S, S], on a GPU the row
--- logsumexp [B, heads, S] (bl_attention_forward_saved in bl_ops.h).
+-- logsumexp [B, heads, S] (bl_attention_forward in bl_ops.h).
 local i64x4 = ffi.typeof("int64_t[4]")
+local attn_args = ffi.typeof("bl_attention_args")
 -- shape of what attention saves for backward on `device` (-1 or nil = CPU, N = cuda:N) for [B, S] and heads
 function M.attention_saved_shape(device, B, S, heads)
   local sh = i64x4()
@@ -253,6 +248,12 @@ function M.attention_saved_shape(device, B, S, heads)
   local shape = {}
   for i = 1, nd do shape[i] = tonumber(sh[i - 1]) end
   return shape
+end
+-- the bl_attention_args of a call (ctx, saved: the forward's output and saved state)
+local function attention_args(q, k, v, key_mask, offsets, heads, ctx, saved, opts)
+  return attn_args({ q = q, k = k, v = v, key_mask = key_mask, offsets = offsets, ctx = ctx, saved = saved,
+    seq = opts.seq or 0, heads = heads, scale = opts.scale or 0, p = opts.p or 0, seed = opts.seed or 0,
+    offset = opts.offset or 0 })
 end
 function M.attention(q, k, v, key_mask, heads, opts)
   opts = opts or {}
@@ -262,31 +263,29 @@ function M.attention(q, k, v, key_mask, heads, opts)
     probs = bl.empty(M.attention_saved_shape(q.device_, q:size(1), q:size(2), heads), { dtype = "f32",
       device = q:device() })
   end
-  check(C.bl_attention_forward_saved(ctx, probs, q, k, v, key_mask, heads, opts.scale or 0, opts.p or 0,
-    opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_forward(attention_args(q, k, v, key_mask, nil, heads, ctx, probs, opts)))
   return ctx, probs
 end
+local NO_OPTS = {}
 -- Inference over packed sequences: q, k, v [1, T, H] hold B sequences back to back, offsets [B+1] (i32, 0 .. T)
--- delimit them; each attends to its own tokens (bl_attention_forward_packed). Returns ctx [1, T, H] (or out).
+-- delimit them; each attends to its own tokens (bl_attention_forward with offsets). Returns ctx [1, T, H] (or out).
 function M.attention_packed(q, k, v, offsets, heads, out)
   out = out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
-  check(C.bl_attention_forward_packed(out, q, k, v, offsets, heads, 0))
+  check(C.bl_attention_forward(attention_args(q, k, v, nil, offsets, heads, out, nil, NO_OPTS)))
   return out
 end
--- Training over packed sequences (bl_attention_forward_packed_train): opts.seq is the padded length the tokens
--- come from (it lays out the dropout stream as the padded op's), opts.probs the saved probabilities (heads * the
--- sum of the squared lengths, f32), opts.out, p, seed, offset as M.attention. Returns ctx, probs.
+-- Training over packed sequences: opts.seq is the padded length the tokens come from (it lays out the dropout
+-- stream as the padded op's), opts.probs the saved probabilities (heads * the sum of the squared lengths, f32),
+-- opts.out, p, seed, offset as M.attention. Returns ctx, probs.
 function M.attention_packed_train(q, k, v, offsets, heads, opts)
   local ctx = opts.out or bl.empty(q:shape(), { dtype = q:dtype(), device = q:device() })
-  check(C.bl_attention_forward_packed_train(ctx, opts.probs, q, k, v, offsets, heads, opts.scale or 0, opts.seq,
-    opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_forward(attention_args(q, k, v, nil, offsets, heads, ctx, opts.probs, opts)))
   return ctx, opts.probs
 end
 -- Its backward: dq, dk, dv (or opts.dq/dk/dv) from dctx, the forward's operands and probabilities.
 function M.attention_packed_backward(dctx, q, k, v, probs, offsets, heads, opts)
   local dq, dk, dv = opts.dq or like(q), opts.dk or like(k), opts.dv or like(v)
-  check(C.bl_attention_backward_packed(dq, dk, dv, dctx, q, k, v, probs, offsets, heads, opts.scale or 0, opts.seq,
-    opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_backward(dq, dk, dv, dctx, attention_args(q, k, v, nil, offsets, heads, nil, probs, opts)))
   return dq, dk, dv
 end
 -- Returns dq, dk, dv (or writes opts.dq/dk/dv, e.g. slices of one dQKV buffer).
@@ -295,8 +294,8 @@ end
 function M.attention_backward(dctx, q, k, v, probs, heads, opts)
   opts = opts or {}
   local dq, dk, dv = opts.dq or like(q), opts.dk or like(k), opts.dv or like(v)
-  check(C.bl_attention_backward_saved(dq, dk, dv, dctx, q, k, v, opts.ctx, probs, opts.key_mask, heads,
-    opts.scale or 0, opts.p or 0, opts.seed or 0, opts.offset or 0))
+  check(C.bl_attention_backward(dq, dk, dv, dctx,
+    attention_args(q, k, v, opts.key_mask, nil, heads, opts.ctx, probs, opts)))
   return dq, dk, dv
 end
 

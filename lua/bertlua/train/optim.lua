@@ -148,6 +148,7 @@ local function base(kind, opts, allowed)
   self.seg = M.segments(segs, params:numel(), op)
   self.segment_list = self.seg.list
   self._stats = ffi.new("bl_optim_stats")
+  self._args = ffi.new("bl_optim_args")
   return self
 end
 
@@ -175,19 +176,27 @@ function Optimizer:half()
   if m and m.flat_compute and rawequal(m.flat_params, self.params) then return m.flat_compute end
 end
 
--- the Adam family's state: config, the two moments (zeros like the parameters), the C step `fn` on them
--- amp_fn (optional): the loss-scaled step whose skip/scale decision runs on the model's device.
-local function adam_state(self, cfg, fn, amp_fn)
+-- the bl_optim_args of a step (amp, state: the loss-scaled step's, else nil); m, v the optimizer's moments
+local function step_args(s, m, v, lr, gs, gn, amp, state)
+  local a = s._args
+  a.w, a.half, a.g, a.m, a.v, a.seg = s.params, s:half(), s.grads, m, v, s.seg.c
+  a.step, a.lr, a.grad_scale, a.stats, a.amp, a.amp_state = s.step_count, lr, gs, s._stats, amp, state
+  a.has_grad_norm, a.grad_norm = gn and 1 or 0, gn or 0
+  return a
+end
+
+-- the Adam family's state: config, the two moments (zeros like the parameters), the C step `fn` on them;
+-- amp (optional): fn has a loss-scaled step whose skip/scale decision runs on the model's device.
+local function adam_state(self, cfg, fn, amp)
   self.cfg = cfg
   self.exp_avg = bl.zeros_like(self.params)
   self.exp_avg_sq = bl.zeros_like(self.params)
   self._call = function(s, lr, gs, gn)
-    return fn(s.cfg, s.params, s:half(), s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, s.step_count, lr, gs, gn,
-      s._stats)
+    return fn(s.cfg, step_args(s, s.exp_avg, s.exp_avg_sq, lr, gs, gn))
   end
-  if amp_fn then
-    self._amp_call = function(s, lr, gs, amp, state)
-      return amp_fn(s.cfg, s.params, s:half(), s.grads, s.exp_avg, s.exp_avg_sq, s.seg.c, lr, gs, amp, state)
+  if amp then
+    self._amp_call = function(s, lr, gs, amp_cfg, state)
+      return fn(s.cfg, step_args(s, s.exp_avg, s.exp_avg_sq, lr, gs, nil, amp_cfg, state))
     end
   end
   self._moments = { "exp_avg", "exp_avg_sq" }
@@ -217,7 +226,7 @@ function M.LAMB(opts)
   cfg.use_nvlamb = bool(opts.use_nvlamb, cfg.use_nvlamb)
   cfg.adam_w_mode = bool(opts.adam_w_mode, cfg.adam_w_mode)
   cfg.grad_averaging = bool(opts.grad_averaging, cfg.grad_averaging)
-  return adam_state(self, cfg, C.bl_lamb_step, C.bl_lamb_step_amp)
+  return adam_state(self, cfg, C.bl_lamb_step, true)
 end
 
 local function adamw(kind, opts, defaults)
@@ -232,7 +241,7 @@ local function adamw(kind, opts, defaults)
   cfg.bias_correction = bool(opts.bias_correction, cfg.bias_correction)
   cfg.adam_w_mode = bool(opts.adam_w_mode, cfg.adam_w_mode)
   cfg.per_segment_clip = bool(opts.per_segment_clip, cfg.per_segment_clip)
-  return adam_state(self, cfg, C.bl_adamw_step, cfg.per_segment_clip == 0 and C.bl_adamw_step_amp or nil)
+  return adam_state(self, cfg, C.bl_adamw_step, cfg.per_segment_clip == 0)
 end
 
 -- AdamW{...}: torch.optim.AdamW with bias correction (default), BERT eps 1e-6.
@@ -260,8 +269,7 @@ function M.SGD(opts)
     self._moments = { "momentum_buffer" }
   end
   self._call = function(s, lr, gs, gn)
-    return C.bl_sgd_step(s.cfg, s.params, s:half(), s.grads, s.momentum_buffer, s.seg.c, s.step_count, lr, gs, gn,
-      s._stats)
+    return C.bl_sgd_step(s.cfg, step_args(s, s.momentum_buffer, nil, lr, gs, gn))
   end
   return self
 end
@@ -273,7 +281,7 @@ function Optimizer:step(lr, opts)
     error("optim." .. self.kind .. ":step: no learning rate (pass step(lr) or lr= at construction)", 2)
   end
   opts = opts or {}
-  local gs, gn = opts.grad_scale or 1.0, opts.grad_norm or -1.0
+  local gs, gn = opts.grad_scale or 1.0, opts.grad_norm
   self.step_count = self.step_count + 1
   local rc = self._call(self, lr, gs, gn)
   if rc ~= 0 then

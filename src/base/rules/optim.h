@@ -6,6 +6,10 @@
 #include <math.h>
 #include "hd.h"
 
+/* The gradient norm a plain step is given (bl_optim_args.has_grad_norm, grad_norm): the caller's, or -1, which the
+ * step prologue reads as "compute it". */
+BL_HD double bl_opt_given_norm(int has_grad_norm, double grad_norm) { return has_grad_norm ? grad_norm : -1.0; }
+
 /* The global clipping divisor: norm / max_norm when max_norm > 0 and the norm exceeds it, else 1 (NaN: 1, the
  * step is skipped or fails anyway). The gradients are multiplied by grad_scale / clip. */
 BL_HD double bl_opt_clip(double norm, double max_norm) {

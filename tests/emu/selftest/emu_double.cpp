@@ -8,8 +8,8 @@
 
 namespace {
 std::mutex g_mu;
-std::map<const char *, size_t> g_blocks;   // start -> bytes
-}
+std::map<const char *, size_t> g_blocks; // start -> bytes
+} // namespace
 
 void emu_double_register(const void *p, size_t bytes) {
   std::lock_guard<std::mutex> g(g_mu);

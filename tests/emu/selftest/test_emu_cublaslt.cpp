@@ -17,20 +17,22 @@
 #include "emu_numeric.h"
 
 static int g_fail = 0, g_checks = 0;
-#define CHECK(cond, ...)                                                 \
-  do {                                                                   \
-    g_checks++;                                                          \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);               \
-      fprintf(stderr, __VA_ARGS__);                                      \
-      fputc('\n', stderr);                                               \
-      g_fail++;                                                          \
-    }                                                                    \
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    g_checks++;                                            \
+    if (!(cond)) {                                         \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fputc('\n', stderr);                                 \
+      g_fail++;                                            \
+    }                                                      \
   } while (0)
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static double urand() {   // uniform in [-1, 1), never exactly 0 after the nudge
-  g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+static double urand() { // uniform in [-1, 1), never exactly 0 after the nudge
+  g_rng ^= g_rng << 13;
+  g_rng ^= g_rng >> 7;
+  g_rng ^= g_rng << 17;
   double u = (double)(g_rng >> 11) / 9007199254740992.0 * 2.0 - 1.0;
   return u == 0.0 ? 0.5 : u;
 }
@@ -45,19 +47,22 @@ struct dmem {
     memset(p, 0xff, n);
     emu_double_register(p, n);
   }
-  ~dmem() { emu_double_unregister(p); free(p); }
+  ~dmem() {
+    emu_double_unregister(p);
+    free(p);
+  }
   dmem(const dmem &) = delete;
   dmem &operator=(const dmem &) = delete;
 };
 
 // ---------------------------------------------------------------- conversions
-static double bf16_ref(double x) {   // round to 8 significant bits, ties to even
+static double bf16_ref(double x) { // round to 8 significant bits, ties to even
   if (x == 0 || !isfinite(x)) return x;
   int e;
   frexp(x, &e);
   return ldexp(nearbyint(ldexp(x, 8 - e)), e - 8);
 }
-static float tf32_ref(float x) {     // 11 significant bits, ties away from zero
+static float tf32_ref(float x) { // 11 significant bits, ties away from zero
   if (x == 0 || !isfinite(x)) return x;
   int e;
   frexpf(x, &e);
@@ -66,7 +71,7 @@ static float tf32_ref(float x) {     // 11 significant bits, ties away from zero
 
 static void test_conversions() {
   int bad = 0;
-  for (uint32_t h = 0; h < 65536; h++) {   // every f16 pattern, both directions
+  for (uint32_t h = 0; h < 65536; h++) { // every f16 pattern, both directions
     _Float16 v;
     uint16_t hb = (uint16_t)h;
     memcpy(&v, &hb, 2);
@@ -74,7 +79,7 @@ static void test_conversions() {
     if (!(f == ref || (isnan(f) && isnan(ref)))) bad++;
     if (!isnan(ref) && emu_f32_to_f16(ref) != hb) bad++;
   }
-  for (int i = 0; i < 200000; i++) {       // random f32 over f16's range, incl. subnormals and overflow
+  for (int i = 0; i < 200000; i++) { // random f32 over f16's range, incl. subnormals and overflow
     float x = (float)(urand() * ldexp(1.0, (int)(urand() * 20)));
     _Float16 r = (_Float16)x;
     uint16_t rb;
@@ -98,10 +103,10 @@ struct gcase {
   cudaDataType_t tab, tcd;
   cublasLtEpilogue_t epi;
   int batch = 1;
-  bool bcast_b = false;   // B batch stride 0
+  bool bcast_b = false; // B batch stride 0
   float alpha = 1, beta = 0;
   bool tf32 = false;
-  int pad = 0;            // extra leading-dimension rows
+  int pad = 0; // extra leading-dimension rows
 };
 
 // Column-major storage of a rows x cols matrix (+ batch), values quantized to its type.
@@ -109,11 +114,11 @@ struct mat {
   int rows, cols, ld, batch;
   int64_t bstride;
   cudaDataType_t t;
-  std::vector<float> h;   // host image, padding 0
+  std::vector<float> h; // host image, padding 0
   dmem *d;
   mat(int r, int c, int pad, int b, bool bcast, cudaDataType_t type, bool fill)
       : rows(r), cols(c), ld(r + pad), batch(b), t(type) {
-    bstride = bcast ? 0 : (int64_t)ld * c + 8;   // gap between items: never read
+    bstride = bcast ? 0 : (int64_t)ld * c + 8; // gap between items: never read
     size_t n = (size_t)(bstride * (b - 1) + (int64_t)ld * c);
     h.assign(n, 0.0f);
     d = new dmem(n * emu_type_size(t));
@@ -130,7 +135,7 @@ struct mat {
   float at(int bi, int i, int j) const { return emu_load_f(d->p, t, bi * bstride + i + (int64_t)j * ld); }
 };
 
-static double out_ulp(cudaDataType_t t) {   // half an ulp, relative
+static double out_ulp(cudaDataType_t t) { // half an ulp, relative
   return t == CUDA_R_32F ? ldexp(1, -24) : t == CUDA_R_16BF ? ldexp(1, -8) : ldexp(1, -11);
 }
 
@@ -152,18 +157,18 @@ static void run_case(cublasLtHandle_t h, const gcase &c, const char *name) {
   bool aux = c.epi & 128, dgelu = c.epi & 64, gelu = (c.epi & 32) != 0, bias_in = (c.epi & 4) && !dgelu;
   bool bgrad = c.epi == CUBLASLT_EPILOGUE_DGELU_BGRAD;
   int auxld = (c.m + 7) / 8 * 8 + 8;
-  mat X(auxld, c.n, 0, c.batch, false, c.tcd, dgelu);   // aux: input of DGELU, output of GELU_AUX
+  mat X(auxld, c.n, 0, c.batch, false, c.tcd, dgelu); // aux: input of DGELU, output of GELU_AUX
   X.rows = c.m;
   mat bias(c.m, 1, 0, c.batch, false, c.tcd, bias_in);
   // the reference product: D^T = op(B)^T op(A)^T, row-major, on the same storage
   std::vector<float> ref(D.h.size(), 0.0f), Ah = A.h, Bh = B.h;
   if (c.tf32)
-    for (float *v : {Ah.data(), Bh.data()})
+    for (float *v : { Ah.data(), Bh.data() })
       for (size_t i = 0; i < (v == Ah.data() ? Ah.size() : Bh.size()); i++) v[i] = tf32_ref(v[i]);
   for (int bi = 0; bi < c.batch; bi++)
-    cblas_sgemm(CblasRowMajor, c.tb ? CblasTrans : CblasNoTrans, c.ta ? CblasTrans : CblasNoTrans, c.n, c.m, c.k,
-                1.0f, Bh.data() + bi * B.bstride, B.ld, Ah.data() + bi * A.bstride, A.ld, 0.0f,
-                ref.data() + bi * D.bstride, D.ld);
+    cblas_sgemm(CblasRowMajor, c.tb ? CblasTrans : CblasNoTrans, c.ta ? CblasTrans : CblasNoTrans, c.n, c.m, c.k, 1.0f,
+                Bh.data() + bi * B.bstride, B.ld, Ah.data() + bi * A.bstride, A.ld, 0.0f, ref.data() + bi * D.bstride,
+                D.ld);
 
   cublasLtMatmulDesc_t desc;
   cublasLtMatmulDescCreate(&desc, c.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -213,7 +218,10 @@ static void run_case(cublasLtHandle_t h, const gcase &c, const char *name) {
         int64_t di = bi * D.bstride + i + (int64_t)j * D.ld;
         double cv = C.at(bi, i, j), t = (double)c.alpha * ref[di] + (c.beta != 0 ? c.beta * cv : 0.0);
         double tol = 2 * c.k * u * mag * fabs(c.alpha) + 4 * u * (fabs(t) + fabs(c.beta * cv));
-        if (bias_in) { t += bias.at(bi, i, 0); tol += 2 * u * fabs(t); }
+        if (bias_in) {
+          t += bias.at(bi, i, 0);
+          tol += 2 * u * fabs(t);
+        }
         double want = t;
         if (dgelu) {
           double g = dgelu_t(X.at(bi, i, j));
@@ -243,7 +251,7 @@ static void run_case(cublasLtHandle_t h, const gcase &c, const char *name) {
   }
   CHECK(bad == 0, "%s: %d elements outside the error bound (worst %.2f x bound)", name, bad, worst);
   CHECK(big > c.m * c.n * c.batch / 2, "%s: only %d results clearly above their tolerance", name, big);
-  if (c.tf32) {   // the rounding must matter: the exact-f32 product differs somewhere
+  if (c.tf32) { // the rounding must matter: the exact-f32 product differs somewhere
     std::vector<float> exact(D.h.size(), 0.0f);
     cblas_sgemm(CblasRowMajor, c.tb ? CblasTrans : CblasNoTrans, c.ta ? CblasTrans : CblasNoTrans, c.n, c.m, c.k, 1.0f,
                 B.h.data(), B.ld, A.h.data(), A.ld, 0.0f, exact.data(), D.ld);
@@ -254,41 +262,46 @@ static void run_case(cublasLtHandle_t h, const gcase &c, const char *name) {
     CHECK(differ > 0, "%s: TF32 result equals the f32 product everywhere", name);
   }
   cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc); cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatrixLayoutDestroy(ld);
   cublasLtMatmulDescDestroy(desc);
 }
 
 static void test_matmul(cublasLtHandle_t h) {
   const cudaDataType_t F = CUDA_R_32F, H = CUDA_R_16F, BF = CUDA_R_16BF;
-  struct named { const char *name; gcase c; };
+  struct named {
+    const char *name;
+    gcase c;
+  };
   std::vector<named> cases;
-  auto add = [&](const char *name, gcase c) { cases.push_back({name, c}); };
-  add("f32 NN default", {7, 5, 3, 0, 0, F, F, CUBLASLT_EPILOGUE_DEFAULT});
-  add("f32 TN bias padded", {17, 13, 29, 1, 0, F, F, CUBLASLT_EPILOGUE_BIAS, 1, false, 1, 0, false, 3});
-  add("f32 NT gelu_aux_bias", {33, 9, 64, 0, 1, F, F, CUBLASLT_EPILOGUE_GELU_AUX_BIAS});
-  add("f32 TT dgelu", {5, 31, 17, 1, 1, F, F, CUBLASLT_EPILOGUE_DGELU, 1, false, 1, 0, false, 2});
-  add("f32 alpha beta C!=D", {19, 23, 41, 0, 1, F, F, CUBLASLT_EPILOGUE_DEFAULT, 1, false, 0.5f, 0.75f});
-  add("f32 gelu", {9, 12, 10, 0, 0, F, F, CUBLASLT_EPILOGUE_GELU});
-  add("f32 gelu_bias", {10, 3, 70, 1, 0, F, F, CUBLASLT_EPILOGUE_GELU_BIAS});
-  add("f32 gelu_aux", {11, 6, 5, 0, 0, F, F, CUBLASLT_EPILOGUE_GELU_AUX});
-  add("f32 dgelu_bgrad", {13, 21, 8, 0, 1, F, F, CUBLASLT_EPILOGUE_DGELU_BGRAD});
-  add("bf16->bf16 gelu_aux_bias", {24, 19, 45, 0, 1, BF, BF, CUBLASLT_EPILOGUE_GELU_AUX_BIAS});
-  add("bf16->f32 bias", {15, 7, 33, 1, 0, BF, F, CUBLASLT_EPILOGUE_BIAS, 1, false, 1, 0, false, 1});
-  add("bf16 dgelu beta", {8, 16, 24, 0, 0, BF, BF, CUBLASLT_EPILOGUE_DGELU, 1, false, 1, 1});
-  add("f16->f16 dgelu_bgrad", {12, 10, 19, 1, 1, H, H, CUBLASLT_EPILOGUE_DGELU_BGRAD});
-  add("f16->f32 gelu_bias", {21, 5, 37, 0, 0, H, F, CUBLASLT_EPILOGUE_GELU_BIAS});
-  add("f32 batched bcast B", {6, 11, 13, 0, 0, F, F, CUBLASLT_EPILOGUE_DEFAULT, 3, true});
-  add("bf16 batched gelu_aux_bias", {9, 7, 20, 1, 0, BF, BF, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 4, false});
-  add("f16 batched TT beta", {5, 6, 7, 1, 1, H, H, CUBLASLT_EPILOGUE_DEFAULT, 2, true, 2, -1});
-  add("f32 tf32", {16, 12, 96, 0, 1, F, F, CUBLASLT_EPILOGUE_DEFAULT, 1, false, 1, 0, true});
-  add("f32 tf32 batched bias", {7, 9, 50, 1, 0, F, F, CUBLASLT_EPILOGUE_BIAS, 2, false, 1, 0, true});
+  auto add = [&](const char *name, gcase c) { cases.push_back({ name, c }); };
+  add("f32 NN default", { 7, 5, 3, 0, 0, F, F, CUBLASLT_EPILOGUE_DEFAULT });
+  add("f32 TN bias padded", { 17, 13, 29, 1, 0, F, F, CUBLASLT_EPILOGUE_BIAS, 1, false, 1, 0, false, 3 });
+  add("f32 NT gelu_aux_bias", { 33, 9, 64, 0, 1, F, F, CUBLASLT_EPILOGUE_GELU_AUX_BIAS });
+  add("f32 TT dgelu", { 5, 31, 17, 1, 1, F, F, CUBLASLT_EPILOGUE_DGELU, 1, false, 1, 0, false, 2 });
+  add("f32 alpha beta C!=D", { 19, 23, 41, 0, 1, F, F, CUBLASLT_EPILOGUE_DEFAULT, 1, false, 0.5f, 0.75f });
+  add("f32 gelu", { 9, 12, 10, 0, 0, F, F, CUBLASLT_EPILOGUE_GELU });
+  add("f32 gelu_bias", { 10, 3, 70, 1, 0, F, F, CUBLASLT_EPILOGUE_GELU_BIAS });
+  add("f32 gelu_aux", { 11, 6, 5, 0, 0, F, F, CUBLASLT_EPILOGUE_GELU_AUX });
+  add("f32 dgelu_bgrad", { 13, 21, 8, 0, 1, F, F, CUBLASLT_EPILOGUE_DGELU_BGRAD });
+  add("bf16->bf16 gelu_aux_bias", { 24, 19, 45, 0, 1, BF, BF, CUBLASLT_EPILOGUE_GELU_AUX_BIAS });
+  add("bf16->f32 bias", { 15, 7, 33, 1, 0, BF, F, CUBLASLT_EPILOGUE_BIAS, 1, false, 1, 0, false, 1 });
+  add("bf16 dgelu beta", { 8, 16, 24, 0, 0, BF, BF, CUBLASLT_EPILOGUE_DGELU, 1, false, 1, 1 });
+  add("f16->f16 dgelu_bgrad", { 12, 10, 19, 1, 1, H, H, CUBLASLT_EPILOGUE_DGELU_BGRAD });
+  add("f16->f32 gelu_bias", { 21, 5, 37, 0, 0, H, F, CUBLASLT_EPILOGUE_GELU_BIAS });
+  add("f32 batched bcast B", { 6, 11, 13, 0, 0, F, F, CUBLASLT_EPILOGUE_DEFAULT, 3, true });
+  add("bf16 batched gelu_aux_bias", { 9, 7, 20, 1, 0, BF, BF, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 4, false });
+  add("f16 batched TT beta", { 5, 6, 7, 1, 1, H, H, CUBLASLT_EPILOGUE_DEFAULT, 2, true, 2, -1 });
+  add("f32 tf32", { 16, 12, 96, 0, 1, F, F, CUBLASLT_EPILOGUE_DEFAULT, 1, false, 1, 0, true });
+  add("f32 tf32 batched bias", { 7, 9, 50, 1, 0, F, F, CUBLASLT_EPILOGUE_BIAS, 2, false, 1, 0, true });
   for (auto &c : cases) run_case(h, c.c, c.name);
 }
 
 // ---------------------------------------------------------------- documented errors
 struct setup {
-  dmem a{4096}, b{4096}, c{4096}, aux{8192};
+  dmem a{ 4096 }, b{ 4096 }, c{ 4096 }, aux{ 8192 };
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
   cublasLtMatmulPreference_t pref;
@@ -301,7 +314,9 @@ struct setup {
   }
   ~setup() {
     cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulDescDestroy(desc);
   }
   cublasStatus_t heuristic(cublasLtHandle_t h, cublasLtMatmulHeuristicResult_t *r) {
@@ -317,12 +332,12 @@ struct setup {
 
 static void test_errors(cublasLtHandle_t h) {
   cublasLtMatmulHeuristicResult_t r;
-  {   // GELU aux leading dimension: a multiple of 8, >= rows
+  { // GELU aux leading dimension: a multiple of 8, >= rows
     setup s(20, 4, 6, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F);
     cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_GELU_AUX;
     cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
     cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &s.aux.p, sizeof(void *));
-    for (int64_t ld : {20, 12, 0}) {
+    for (int64_t ld : { 20, 12, 0 }) {
       cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
       CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_INVALID_VALUE, "aux ld %lld accepted by the heuristic", (long long)ld);
       CHECK(s.matmul(h, s.a.p, s.b.p, nullptr, s.c.p, nullptr) == CUBLAS_STATUS_INVALID_VALUE,
@@ -332,14 +347,14 @@ static void test_errors(cublasLtHandle_t h) {
     cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
     CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_SUCCESS, "aux ld 24 refused");
     int32_t bc = 2;
-    int64_t bs = 20 * 24 + 4;   // aux batch stride must be a multiple of 8 too
-    for (cublasLtMatrixLayout_t l : {s.la, s.lb, s.lc})
+    int64_t bs = 20 * 24 + 4; // aux batch stride must be a multiple of 8 too
+    for (cublasLtMatrixLayout_t l : { s.la, s.lb, s.lc })
       cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
     cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &bs, sizeof bs);
     CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_INVALID_VALUE, "aux batch stride %lld accepted", (long long)bs);
   }
-  {   // the heuristic reads the aux pointer's alignment (cublasLt.h, EPILOGUE_AUX_POINTER): a matmul with that
-      // algorithm and a less aligned aux fails; the bias vector has D's type (BIAS_DATA_TYPE: non-fp8 GEMMs)
+  { // the heuristic reads the aux pointer's alignment (cublasLt.h, EPILOGUE_AUX_POINTER): a matmul with that
+    // algorithm and a less aligned aux fails; the bias vector has D's type (BIAS_DATA_TYPE: non-fp8 GEMMs)
     setup s(8, 4, 6, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F);
     cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_GELU_AUX;
     int64_t ld = 8;
@@ -363,7 +378,7 @@ static void test_errors(cublasLtHandle_t h) {
     cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
     CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_INVALID_VALUE, "a bf16 bias with an f32 D accepted");
   }
-  {   // alignment the algorithm was chosen for; out-of-range operands; shape mismatch; unread C
+  { // alignment the algorithm was chosen for; out-of-range operands; shape mismatch; unread C
     setup s(4, 4, 4, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F);
     uint32_t al = 16;
     cublasLtMatmulPreferenceSetAttribute(s.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
@@ -375,33 +390,37 @@ static void test_errors(cublasLtHandle_t h) {
     al = 2;
     cublasLtMatmulPreferenceSetAttribute(s.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
     CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_NOT_SUPPORTED, "2-byte alignment of f32 A accepted");
-    float host[16] = {0};
+    float host[16] = { 0 };
     CHECK(s.matmul(h, host, s.b.p, nullptr, s.c.p, nullptr) == CUBLAS_STATUS_EXECUTION_FAILED, "host A accepted");
     CHECK(s.matmul(h, (char *)s.a.p + 4096 - 32, s.b.p, nullptr, s.c.p, nullptr) == CUBLAS_STATUS_EXECUTION_FAILED,
           "A past its allocation accepted");
     CHECK(s.matmul(h, s.a.p, s.b.p, host, s.c.p, nullptr, 1.0f) == CUBLAS_STATUS_EXECUTION_FAILED,
           "host C with beta accepted");
-    memset(s.a.p, 0, 64); memset(s.b.p, 0, 64);   // C full of NaN is not read when beta == 0
+    memset(s.a.p, 0, 64);
+    memset(s.b.p, 0, 64); // C full of NaN is not read when beta == 0
     CHECK(s.matmul(h, s.a.p, s.b.p, s.aux.p, s.c.p, nullptr) == CUBLAS_STATUS_SUCCESS, "beta = 0 matmul failed");
     CHECK(((float *)s.c.p)[5] == 0.0f, "C read although beta == 0");
     cublasLtMatrixLayout_t bad;
     cublasLtMatrixLayoutCreate(&bad, CUDA_R_32F, 5, 4, 5);
     float alpha = 1, beta = 0;
-    CHECK(cublasLtMatmul(h, s.desc, &alpha, s.a.p, bad, s.b.p, s.lb, &beta, s.c.p, s.lc, s.c.p, s.lc, nullptr,
-                         nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE, "5x4 A with 4x4 D accepted");
+    CHECK(cublasLtMatmul(h, s.desc, &alpha, s.a.p, bad, s.b.p, s.lb, &beta, s.c.p, s.lc, s.c.p, s.lc, nullptr, nullptr,
+                         0, nullptr) == CUBLAS_STATUS_INVALID_VALUE,
+          "5x4 A with 4x4 D accepted");
     cublasLtMatrixLayoutDestroy(bad);
     cublasLtMatrixLayoutCreate(&bad, CUDA_R_32F, 4, 4, 3);
-    CHECK(cublasLtMatmul(h, s.desc, &alpha, s.a.p, bad, s.b.p, s.lb, &beta, s.c.p, s.lc, s.c.p, s.lc, nullptr,
-                         nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE, "ld 3 < rows 4 accepted");
+    CHECK(cublasLtMatmul(h, s.desc, &alpha, s.a.p, bad, s.b.p, s.lb, &beta, s.c.p, s.lc, s.c.p, s.lc, nullptr, nullptr,
+                         0, nullptr) == CUBLAS_STATUS_INVALID_VALUE,
+          "ld 3 < rows 4 accepted");
     cublasLtMatrixLayoutDestroy(bad);
-    cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_BIAS;   // bias epilogue without a bias pointer
+    cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_BIAS; // bias epilogue without a bias pointer
     cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
     CHECK(s.matmul(h, s.a.p, s.b.p, nullptr, s.c.p, nullptr) == CUBLAS_STATUS_INVALID_VALUE, "BIAS without bias");
     int32_t wrong_size = 1;
     CHECK(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &wrong_size, 4) ==
-          CUBLAS_STATUS_INVALID_VALUE, "4-byte bias pointer attribute accepted");
+              CUBLAS_STATUS_INVALID_VALUE,
+          "4-byte bias pointer attribute accepted");
   }
-  {   // types
+  { // types
     setup s(4, 4, 4, CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F);
     CHECK(s.heuristic(h, &r) == CUBLAS_STATUS_NOT_SUPPORTED, "bf16 x f32 accepted");
     setup t(4, 4, 4, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F_FAST_TF32);
@@ -415,7 +434,10 @@ static void test_errors(cublasLtHandle_t h) {
 
 int main() {
   cublasLtHandle_t h;
-  if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "FAIL: cublasLtCreate\n"); return 1; }
+  if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "FAIL: cublasLtCreate\n");
+    return 1;
+  }
   test_conversions();
   test_matmul(h);
   fprintf(stderr, "(the errors printed below are expected)\n");

@@ -4,7 +4,7 @@
 // checked against a reference computed here), broadcast, all-gather, group
 // calls, buffers outside the device, and a peer that never joins (timeout ->
 // async error, abort).
-#define OMPI_SKIP_MPICXX 1
+#define OMPI_SKIP_MPICXX  1
 #define MPICH_SKIP_MPICXX 1
 #include <math.h>
 #include <mpi.h>
@@ -17,15 +17,15 @@
 #include "emu_numeric.h"
 
 static int g_fail = 0, g_checks = 0, g_rank = 0;
-#define CHECK(cond, ...)                                           \
-  do {                                                             \
-    g_checks++;                                                    \
-    if (!(cond)) {                                                 \
+#define CHECK(cond, ...)                                                   \
+  do {                                                                     \
+    g_checks++;                                                            \
+    if (!(cond)) {                                                         \
       fprintf(stderr, "FAIL rank %d %s:%d: ", g_rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                \
-      fputc('\n', stderr);                                         \
-      g_fail++;                                                    \
-    }                                                              \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fputc('\n', stderr);                                                 \
+      g_fail++;                                                            \
+    }                                                                      \
   } while (0)
 
 static void *dev_copy(const void *h, size_t bytes) {
@@ -34,7 +34,8 @@ static void *dev_copy(const void *h, size_t bytes) {
   cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
   return d;
 }
-template <typename T> static std::vector<T> host_copy(const void *d, size_t n) {
+template <typename T>
+static std::vector<T> host_copy(const void *d, size_t n) {
   std::vector<T> h(n);
   cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
   return h;
@@ -48,9 +49,12 @@ static void test_allreduce(ncclComm_t c, cudaStream_t s, int rank) {
     mine[i] = (float)((rank + 1) * 0.3 + i * 0.0137 - 0.2);
     other[i] = (float)((2 - rank) * 0.3 + i * 0.0137 - 0.2);
   }
-  for (cudaDataType_t t : {CUDA_R_16F, CUDA_R_16BF}) {
+  for (cudaDataType_t t : { CUDA_R_16F, CUDA_R_16BF }) {
     std::vector<uint16_t> h(n), o(n);
-    for (int i = 0; i < n; i++) { emu_store_f(h.data(), t, i, mine[i]); emu_store_f(o.data(), t, i, other[i]); }
+    for (int i = 0; i < n; i++) {
+      emu_store_f(h.data(), t, i, mine[i]);
+      emu_store_f(o.data(), t, i, other[i]);
+    }
     void *d = dev_copy(h.data(), n * 2);
     CHECK(ncclAllReduce(d, d, n, t == CUDA_R_16F ? ncclFloat16 : ncclBfloat16, ncclSum, c, s) == ncclSuccess, "half");
     cudaStreamSynchronize(s);
@@ -58,18 +62,23 @@ static void test_allreduce(ncclComm_t c, cudaStream_t s, int rank) {
     int bad = 0;
     for (int i = 0; i < n; i++) {
       float a = emu_load_f(h.data(), t, i), b = emu_load_f(o.data(), t, i);
-      float sum = rank == 0 ? a + b : b + a;   // rank 0's value first, as the emulation combines
+      float sum = rank == 0 ? a + b : b + a; // rank 0's value first, as the emulation combines
       uint16_t want = t == CUDA_R_16F ? emu_f32_to_f16(sum) : emu_f32_to_bf16(sum);
       bad += got[i] != want;
     }
     CHECK(bad == 0, "%s all-reduce: %d wrong", t == CUDA_R_16F ? "f16" : "bf16", bad);
     cudaFree(d);
   }
-  double hv[3] = {1.5 + rank, -2.0 * rank, 10.0};
+  double hv[3] = { 1.5 + rank, -2.0 * rank, 10.0 };
   double *dd = (double *)dev_copy(hv, sizeof hv);
-  struct { ncclRedOp_t op; double want[3]; } ops[] = {{ncclSum, {4, -2, 20}}, {ncclMax, {2.5, 0, 10}},
-                                                     {ncclMin, {1.5, -2, 10}}, {ncclProd, {3.75, -0.0, 100}},
-                                                     {ncclAvg, {2, -1, 10}}};
+  struct {
+    ncclRedOp_t op;
+    double want[3];
+  } ops[] = { { ncclSum, { 4, -2, 20 } },
+              { ncclMax, { 2.5, 0, 10 } },
+              { ncclMin, { 1.5, -2, 10 } },
+              { ncclProd, { 3.75, -0.0, 100 } },
+              { ncclAvg, { 2, -1, 10 } } };
   for (auto &o : ops) {
     cudaMemcpy(dd, hv, sizeof hv, cudaMemcpyHostToDevice);
     CHECK(ncclAllReduce(dd, dd, 3, ncclFloat64, o.op, c, s) == ncclSuccess, "f64 op %d", o.op);
@@ -79,11 +88,11 @@ static void test_allreduce(ncclComm_t c, cudaStream_t s, int rank) {
           got[2]);
   }
   cudaFree(dd);
-  int64_t hi[2] = {(int64_t)1 << 40, rank};
+  int64_t hi[2] = { (int64_t)1 << 40, rank };
   int64_t *di = (int64_t *)dev_copy(hi, sizeof hi);
   void *out = nullptr;
   cudaMalloc(&out, sizeof hi);
-  CHECK(ncclAllReduce(di, out, 2, ncclInt64, ncclSum, c, s) == ncclSuccess, "i64");   // out of place
+  CHECK(ncclAllReduce(di, out, 2, ncclInt64, ncclSum, c, s) == ncclSuccess, "i64"); // out of place
   cudaStreamSynchronize(s);
   std::vector<int64_t> gi = host_copy<int64_t>(out, 2);
   CHECK(gi[0] == (int64_t)1 << 41 && gi[1] == 1, "i64 sum %lld %lld", (long long)gi[0], (long long)gi[1]);
@@ -92,7 +101,7 @@ static void test_allreduce(ncclComm_t c, cudaStream_t s, int rank) {
 }
 
 static void test_group_gather_bcast(ncclComm_t c, cudaStream_t s, int rank) {
-  float a[4] = {1.0f + rank, 2, 3, 4}, b[3] = {rank ? 9.0f : -1.0f, 8, 7};
+  float a[4] = { 1.0f + rank, 2, 3, 4 }, b[3] = { rank ? 9.0f : -1.0f, 8, 7 };
   float *da = (float *)dev_copy(a, sizeof a), *db = (float *)dev_copy(b, sizeof b), *dg = nullptr;
   cudaMalloc((void **)&dg, sizeof a * 2);
   CHECK(ncclGroupStart() == ncclSuccess, "group start");
@@ -103,11 +112,13 @@ static void test_group_gather_bcast(ncclComm_t c, cudaStream_t s, int rank) {
   std::vector<float> g = host_copy<float>(dg, 8), bb = host_copy<float>(db, 3);
   CHECK(g[0] == 1 && g[4] == 2 && g[3] == 4 && g[7] == 4, "all-gather %g %g %g %g", g[0], g[4], g[3], g[7]);
   CHECK(bb[0] == 9 && bb[2] == 7, "broadcast %g %g", bb[0], bb[2]);
-  float host[4] = {0};
+  float host[4] = { 0 };
   CHECK(ncclAllReduce(host, host, 4, ncclFloat32, ncclSum, c, s) == ncclInvalidArgument, "host buffer accepted");
   CHECK(ncclAllReduce(da, da, 1000, ncclFloat32, ncclSum, c, s) == ncclInvalidArgument, "overrun accepted");
   CHECK(ncclGroupEnd() == ncclInvalidUsage, "unmatched group end accepted");
-  cudaFree(da); cudaFree(db); cudaFree(dg);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dg);
 }
 
 int main(int argc, char **argv) {
@@ -125,7 +136,7 @@ int main(int argc, char **argv) {
   cudaStream_t s;
   cudaStreamCreate(&s);
   ncclComm_t c = nullptr;
-  {   // each rank with its own id: not one communicator
+  { // each rank with its own id: not one communicator
     ncclUniqueId own;
     ncclGetUniqueId(&own);
     CHECK(ncclCommInitRank(&c, 2, own, g_rank) == ncclInvalidUsage && !c, "ranks with different ids accepted");
@@ -133,7 +144,7 @@ int main(int argc, char **argv) {
   ncclUniqueId id;
   if (g_rank == 0) ncclGetUniqueId(&id);
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-  {   // both claiming rank 0
+  { // both claiming rank 0
     CHECK(ncclCommInitRank(&c, 2, id, 0) == ncclInvalidUsage, "two ranks 0 accepted");
   }
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -146,9 +157,9 @@ int main(int argc, char **argv) {
   CHECK(count == 2 && urank == g_rank, "count %d rank %d", count, urank);
   test_allreduce(c, s, g_rank);
   test_group_gather_bcast(c, s, g_rank);
-  {   // rank 0 never joins: rank 1's collective times out into an async error
+  { // rank 0 never joins: rank 1's collective times out into an async error
     setenv("BL_EMU_NCCL_TIMEOUT", "1", 1);
-    float h[2] = {1, 2};
+    float h[2] = { 1, 2 };
     float *d = (float *)dev_copy(h, sizeof h);
     if (g_rank == 1) {
       CHECK(ncclAllReduce(d, d, 2, ncclFloat32, ncclSum, c, s) == ncclSuccess, "queueing failed");
@@ -161,7 +172,7 @@ int main(int argc, char **argv) {
       CHECK(got[0] == 1 && got[1] == 2, "data changed by a failed all-reduce");
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    if (g_rank == 0) {   // the late peer completes the abandoned exchange on its side
+    if (g_rank == 0) { // the late peer completes the abandoned exchange on its side
       CHECK(ncclAllReduce(d, d, 2, ncclFloat32, ncclSum, c, s) == ncclSuccess, "late all-reduce");
       cudaStreamSynchronize(s);
     }
