@@ -11,7 +11,7 @@
  * Also: the global norm against a direct f64 sum; non-finite gradients fail
  * with weights untouched; no allocation after the first step; one
  * synchronisation per step that computes its norm, none with a given norm;
- * the loss-scaled steps (bl_lamb_step_amp) decide like the CPU twin and never synchronise; a step given the
+ * the loss-scaled steps (bl_optim_args.amp) decide like the CPU twin and never synchronise; a step given the
  * bf16/f16 compute copy writes the same bits as the step without it followed by the refresh cast, on both devices,
  * in one launch fewer per cast launch (the emulated runtime counts them).
  * Without a CUDA device (or in a CPU-only build): "skipped: ...", exit 77. */
