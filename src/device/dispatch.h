@@ -19,7 +19,7 @@
 #include "bl_base.h"
 #ifdef BL_HAVE_CUDA
 #include "cuda_ops.h"
-#define BL_ON_CUDA(op, dev, call) (call)
+#define BL_ON_CUDA(op, dev, call) ((void)(op), (void)(dev), (call))
 #else
 #define BL_ON_CUDA(op, dev, call) \
   bl_set_error(BL_EDEVICE, "%s: cuda:%d requested, but this bertlua was built without CUDA", (op), (int)(dev))

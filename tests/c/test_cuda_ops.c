@@ -393,14 +393,24 @@ static void ln_bwd(int cuda, bl_tensor *gx, bl_tensor *gr, bl_tensor *gg, bl_ten
                    const bl_tensor *gy, const bl_tensor *x, const bl_tensor *res, const bl_tensor *g,
                    const bl_tensor *m, const bl_tensor *s, double p) {
   if (res)
-    OK(cuda ? bl_cuda_residual_layernorm_backward(
-                  gx, gr, gg, gb, gc, gy,
-                  &(bl_residual_layernorm_args){
-                      .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s, .p = p, .seed = 5, .offset = 100 })
-            : bl_residual_layernorm_backward(
-                  gx, gr, gg, gb, gc, gy,
-                  &(bl_residual_layernorm_args){
-                      .x = x, .residual = res, .gamma = g, .mean = m, .rstd = s, .p = p, .seed = 5, .offset = 100 }));
+    OK(cuda ? bl_cuda_residual_layernorm_backward(gx, gr, gg, gb, gc, gy,
+                                                  &(bl_residual_layernorm_args){ .x = x,
+                                                                                 .residual = res,
+                                                                                 .gamma = g,
+                                                                                 .mean = (bl_tensor *)m,
+                                                                                 .rstd = (bl_tensor *)s,
+                                                                                 .p = p,
+                                                                                 .seed = 5,
+                                                                                 .offset = 100 })
+            : bl_residual_layernorm_backward(gx, gr, gg, gb, gc, gy,
+                                             &(bl_residual_layernorm_args){ .x = x,
+                                                                            .residual = res,
+                                                                            .gamma = g,
+                                                                            .mean = (bl_tensor *)m,
+                                                                            .rstd = (bl_tensor *)s,
+                                                                            .p = p,
+                                                                            .seed = 5,
+                                                                            .offset = 100 }));
   else
     OK(cuda ? bl_cuda_layernorm_backward(gx, gg, gb, gy, x, g, m, s)
             : bl_layernorm_backward(gx, gg, gb, gy, x, g, m, s));
