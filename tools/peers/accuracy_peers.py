@@ -146,7 +146,9 @@ def main(argv):
     for (side, p), v in sorted(res.items(), key=lambda kv: (kv[0][0], PRECISIONS.index(kv[0][1]))):
         base = res.get((side, "fp32"))
         delta = "" if p == "fp32" or base is None else f", {v - base:+.2f} points from its fp32"
-        print(f"{what} {side} {p}: {v:.2f}{' %' if a.tsv else ''}{delta}, {count}")
+        # bertlua makes its own SQuAD windows: only the question count is shared
+        print(f"{what} {side} {p}: {v:.2f}{' %' if a.tsv else ''}{delta}, "
+              f"{count.split(',')[0] if side == 'bertlua' else count}")
     return 0
 
 
