@@ -56,7 +56,9 @@
 -- for the training step and --infer, --precision=bf16 under torch.autocast; --compare=openvino (--infer) OpenVINO's
 -- CPU plugin with INFERENCE_PRECISION_HINT f32 or bf16 as --precision says, int8 its own post-training quantization
 -- (NNCF); --compare=onnxruntime the venv's ONNX Runtime. Every peer gets the same rows (--lengths), threads and
--- rounds; each prints what it runs (version, precision).
+-- rounds; each prints what it runs (version, precision). A precision the peer lacks is refused; --peer-precision
+-- gives the peer another (bertlua's cpu training step is fp32 only: --peer-precision=bf16 times it against torch's
+-- bf16 autocast).
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local optim = require "bertlua.train.optim"
@@ -71,12 +73,14 @@ local fs = require "bertlua.util.fs"
 local PEERS = fs.recipe("../tools/peers/")
 -- today's peers (bash scripts/peers.sh) when made, else Debian's python (PyTorch 1.13, the pinned onnxruntime)
 local VENV_PY, OLD_PY = fs.recipe("../.venv-peers/bin/python"), os.getenv("BL_PYTHON") or "/usr/bin/python3"
--- the CPU peers: script (a path or a list of words), extra words; infer: inference only; today: the venv's only
+-- the CPU peers: script (a path or a list of words), extra words; infer: inference only; today: the venv's only;
+-- the precisions it has
 local CPU_PEERS = {
-  torch = { { PEERS .. "bert_reference.py", "bench" }, {} },
-  ["torch-compile"] = { { PEERS .. "bert_reference.py", "bench" }, { "--compile" }, today = true },
-  onnxruntime = { PEERS .. "bench_bert_onnxruntime.py", {}, infer = true },
-  openvino = { PEERS .. "bench_bert_openvino.py", {}, infer = true, today = true },
+  torch = { { PEERS .. "bert_reference.py", "bench" }, {}, precisions = "fp32 bf16" },
+  ["torch-compile"] = { { PEERS .. "bert_reference.py", "bench" }, { "--compile" }, today = true,
+    precisions = "fp32 bf16" },
+  onnxruntime = { PEERS .. "bench_bert_onnxruntime.py", {}, infer = true, precisions = "fp32 int8" },
+  openvino = { PEERS .. "bench_bert_openvino.py", {}, infer = true, today = true, precisions = "fp32 bf16 int8" },
 }
 
 local opt = options.parse(arg, {
@@ -108,6 +112,8 @@ local opt = options.parse(arg, {
   { "cuda_graph", false, "GPU training: run each step after the first as one CUDA graph (see pretrain)" },
   { "compare", "", "'torch' (eager) or 'torch-compile': the same benchmark in PyTorch, with the ratio; 'onnxruntime' "
     .. "(--infer): ONNX Runtime's fused BERT graph; 'openvino' (--infer): OpenVINO (tools/peers/)" },
+  { "peer_precision", "", "the cpu peer's precision when it differs from ours (default: --precision), e.g. our fp32 "
+    .. "training step against torch's bf16 autocast" },
   { "rounds", 1, "timed blocks of --steps steps; with a CPU --compare, ours and the peer's alternate block by block "
     .. "(one peer process) and the median ratio is printed", int = true, min = 1 },
   { "model_time", "", "also print the step-time model of one training step at these figures (h100, h200, a100 "
@@ -143,6 +149,15 @@ end
 if opt.precision ~= "fp32" and opt.precision ~= "tf32" and opt.precision ~= "bf16" and opt.precision ~= "int8" then
   error("benchmark: --precision must be fp32, tf32, bf16 or int8, got " .. tostring(opt.precision), 0)
 end
+local peer_precision = opt.peer_precision ~= "" and opt.peer_precision or opt.precision
+if opt.peer_precision ~= "" and not (peer_def and not on_gpu) then
+  error("benchmark: --peer-precision is for a cpu --compare", 0)
+end
+if peer_def and not on_gpu and not (" " .. peer_def.precisions .. " "):find(" " .. peer_precision .. " ", 1, true) then
+  error(("benchmark: --compare=%s has no %s on the cpu (it has %s)%s"):format(opt.compare, peer_precision,
+    peer_def.precisions:gsub(" ", ", "), opt.peer_precision == "" and "; --peer-precision picks another" or ""), 0)
+end
+if opt.peer_precision ~= "" then print(("peer precision: %s (bertlua: %s)"):format(peer_precision, opt.precision)) end
 if on_gpu then
   if not bl.cuda_compiled() then error("benchmark: --device=" .. opt.device
     .. " but this bertlua was built without CUDA", 0) end
@@ -152,7 +167,8 @@ if on_gpu then
   bl.cuda_set_tf32(opt.precision == "tf32")
 elseif opt.precision == "tf32" or (opt.precision ~= "fp32" and not (opt.infer and opt.pack)) then
   error("benchmark: --precision=" .. opt.precision .. " needs --device=cuda" .. (opt.precision == "tf32" and ""
-    or " (on the cpu: with --infer and --pack=true)"), 0)
+    or " (on the cpu: with --infer and --pack=true; a cpu training step is fp32, --peer-precision=bf16 times it "
+    .. "against a peer's bf16)"), 0)
 end
 if opt.precision == "int8" and on_gpu then error("benchmark: --precision=int8 is cpu inference only", 0) end
 local stepmodel, profiles
@@ -399,7 +415,7 @@ end
 -- the CPU peers' command line (the peer prints "<peer>: N seq/s (..., p50 M ms, ...)" per block)
 local cpu_peer
 if peer_def and not on_gpu then
-  cpu_peer = { opt.compare, peer_def[1], { peer_def[2], "--precision", opt.precision } }
+  cpu_peer = { opt.compare, peer_def[1], { peer_def[2], "--precision", peer_precision } }
 end
 -- the peer's words for bertlua.util.shell (script: a path or a list of words, extra: a list of words)
 local function peer_command(script, extra, rounds, vars)

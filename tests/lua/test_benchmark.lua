@@ -105,6 +105,15 @@ T.test("--rounds=1: one peer call after our block, ratio and p50 ratio", functio
   T.truthy(ratio and math.abs(ratio - ours[1][1] / 10) <= 0.011, out)
 end)
 
+T.test("--peer-precision: our fp32 training step against the peer's bf16", function()
+  local out, rc = run("--compare=torch --peer-precision=bf16 --python=" .. fake_peer("peer_bf16", { { 10, 100 } },
+    { rounds1 = true }))
+  T.eq(rc, 0, out)
+  T.truthy(out:find("peer precision: bf16 (bertlua: fp32)", 1, true), out)
+  T.truthy(out:find("--precision bf16", 1, true) and out:find(", cpu, fp32\n"), out)
+  T.truthy(out:find("ratio bertlua/torch: [%d%.]+x"), out)
+end)
+
 T.test("--rounds without a peer: blocks and their median", function()
   local out, rc = run("--rounds=3")
   T.eq(rc, 0, out)
@@ -129,6 +138,13 @@ T.test("bad options: one line each, before any work", function()
     { "--compare=tensorflow", "--compare must be torch, torch-compile, onnxruntime, openvino or empty" },
     { "--compare=onnxruntime", "--compare=onnxruntime times inference on the cpu" },
     { "--compare=openvino", "--compare=openvino times inference on the cpu" },
+    { "--infer --compare=torch --precision=int8", "--compare=torch has no int8 on the cpu (it has fp32, bf16); "
+      .. "--peer-precision picks another" },
+    { "--infer --compare=onnxruntime --precision=bf16", "--compare=onnxruntime has no bf16 on the cpu (it has "
+      .. "fp32, int8)" },
+    { "--compare=torch --peer-precision=int8", "--compare=torch has no int8 on the cpu (it has fp32, bf16)" },
+    { "--peer-precision=bf16", "--peer-precision is for a cpu --compare" },
+    { "--precision=bf16 --compare=torch", "a cpu training step is fp32, --peer-precision=bf16 times it" },
   }) do
     local out, rc = run(c[1])
     T.truthy(rc ~= 0 and out:find(c[2], 1, true), c[1] .. ": " .. out)

@@ -75,4 +75,41 @@ T.test("accuracy rows: bertlua and each peer at fp32, bf16 and int8 on one class
   for i = 2, 4 do T.eq(fp32[i], fp32[1], out) end
 end)
 
+T.test("accuracy rows: SQuAD F1 of bertlua and each peer at fp32, bf16 and int8 on one QA model", function()
+  local dir = T.tmpdir("acc_squad")
+  local words = { "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "dog", "sat", "on", "mat", "rug", "who",
+    "where", "what", "did", "ran", "to", "a", "park", "?", "." }
+  T.write_file(dir .. "/vocab.txt", table.concat(words, "\n") .. "\n")
+  T.tiny_model_dir(dir .. "/model", { vocab = dir .. "/vocab.txt", seed = 5, head = "qa",
+    config = { vocab_size = #words, max_position_embeddings = 192 } })
+  local function squad(n)
+    local qas, ctx = {}, "the cat sat on the mat . the dog ran to a park . the cat ran to the rug ."
+    for i = 1, n do
+      local q = ({ "where did the cat sit ?", "who ran to a park ?", "where did the dog run ?" })[1 + i % 3]
+      -- long answers: a random QA head's spans overlap them, so the F1s are not all 0
+      local a = ({ { "cat sat on the mat . the dog ran", 4 }, { "dog ran to a park . the cat ran", 29 },
+        { "the mat . the dog ran to a park", 15 } })[1 + i % 3]
+      qas[i] = { id = "q" .. i, question = q, answers = { { text = a[1], answer_start = a[2] } } }
+    end
+    return require("cjson").encode({ version = "1.1", data = { { title = "t", paragraphs = {
+      { context = ctx, qas = qas } } } } })
+  end
+  T.write_file(dir .. "/eval.json", squad(6))
+  T.write_file(dir .. "/train.json", squad(4))
+  local out, rc = T.sh(("BERTLUA=%s BL_PEER_PYTHON=%s bash tools/peers/accuracy_delta.sh %s/model %s/eval.json 0 1 "
+    .. "%s/train.json 2>&1"):format(exe, py, dir, dir, dir))
+  T.eq(rc, 0, out)
+  for _, side in ipairs({ "bertlua fp32", "bertlua bf16", "bertlua int8", "torch fp32", "torch bf16",
+    "onnxruntime fp32", "onnxruntime int8", "openvino fp32", "openvino bf16", "openvino int8" }) do
+    local p = side:match("fp32$") and ": [%d%.]+, 6 questions" or ": [%d%.]+, [-+][%d%.]+ points from its fp32, 6"
+    T.truthy(out:find("f1 " .. side .. p), side .. ": " .. out)
+  end
+  -- the peers compute the same model on the same windows (bertlua makes its own windows)
+  local fp32 = {}
+  for a in out:gmatch("f1 %a+ fp32: ([%d%.]+),") do fp32[#fp32 + 1] = a end
+  T.eq(#fp32, 4, out)
+  T.truthy(tonumber(fp32[2]) > 0, out)
+  for i = 3, 4 do T.eq(fp32[i], fp32[2], out) end
+end)
+
 T.run()

@@ -73,31 +73,39 @@ def train_features(tok, qs, a):
     return feats
 
 
+def best_spans(enc, qs, start, end, a):
+    """The best span per question over its windows (run_qa.py's postprocess_qa_predictions without null answers):
+    enc = encode(tok, qs, a), start and end the windows' logits (one row per window). Returns {id: answer text}."""
+    best = collections.OrderedDict((q[0], (None, "")) for q in qs)
+    for i, (sl, el) in enumerate(zip(start, end)):
+        q = qs[enc["overflow_to_sample_mapping"][i]]
+        seq, offsets = enc.sequence_ids(i), enc["offset_mapping"][i]
+        sl, el = list(map(float, sl)), list(map(float, el))
+        top_s = sorted(range(len(sl)), key=lambda k: -sl[k])[:a.n_best]
+        top_e = sorted(range(len(el)), key=lambda k: -el[k])[:a.n_best]
+        for s in top_s:
+            for e in top_e:
+                if seq[s] != 1 or seq[e] != 1 or e < s or e - s + 1 > a.max_answer_length:
+                    continue
+                score = sl[s] + el[e]
+                if best[q[0]][0] is None or score > best[q[0]][0]:
+                    best[q[0]] = (score, q[2][offsets[s][0]:offsets[e][1]])
+    return {k: v[1] for k, v in best.items()}
+
+
 def predict(model, tok, qs, a):
-    """Best span per question over its windows (run_qa.py's postprocess_qa_predictions without null answers)."""
+    """Best span per question over its windows (best_spans of the model's logits) and the number of windows."""
     enc = encode(tok, qs, a)
     ids = torch.tensor(enc["input_ids"])
     tt, am = torch.tensor(enc["token_type_ids"]), torch.tensor(enc["attention_mask"])
-    best = collections.OrderedDict((q[0], (None, "")) for q in qs)
+    start, end = [], []
     model.eval()
     with torch.no_grad():
         for b in range(0, ids.shape[0], 64):
             out = model(input_ids=ids[b:b + 64], token_type_ids=tt[b:b + 64], attention_mask=am[b:b + 64])
-            for r in range(out.start_logits.shape[0]):
-                i = b + r
-                q = qs[enc["overflow_to_sample_mapping"][i]]
-                seq, offsets = enc.sequence_ids(i), enc["offset_mapping"][i]
-                sl, el = out.start_logits[r].tolist(), out.end_logits[r].tolist()
-                top_s = sorted(range(len(sl)), key=lambda k: -sl[k])[:a.n_best]
-                top_e = sorted(range(len(el)), key=lambda k: -el[k])[:a.n_best]
-                for s in top_s:
-                    for e in top_e:
-                        if seq[s] != 1 or seq[e] != 1 or e < s or e - s + 1 > a.max_answer_length:
-                            continue
-                        score = sl[s] + el[e]
-                        if best[q[0]][0] is None or score > best[q[0]][0]:
-                            best[q[0]] = (score, q[2][offsets[s][0]:offsets[e][1]])
-    return {k: v[1] for k, v in best.items()}, ids.shape[0]
+            start += out.start_logits.tolist()
+            end += out.end_logits.tolist()
+    return best_spans(enc, qs, start, end, a), ids.shape[0]
 
 
 def main():
