@@ -567,45 +567,28 @@ static void test_amp_lr_from(void) {
       by_tensor.lr_from = lr;
       for (int step = 0; step < 2; step++) {
         OK(bl_tensor_fill(lr, rates[step]));
-        if (kind == 0) {
-          OK(bl_lamb_step(&l, &(bl_optim_args){ .w = p[0].w,
-                                                .g = p[0].g,
-                                                .m = p[0].m,
-                                                .v = p[0].v,
-                                                .seg = &SEG,
-                                                .lr = rates[step],
-                                                .grad_scale = 1.0,
-                                                .amp = &by_arg,
-                                                .amp_state = s0 }));
-          OK(bl_lamb_step(&l, &(bl_optim_args){ .w = p[1].w,
-                                                .g = p[1].g,
-                                                .m = p[1].m,
-                                                .v = p[1].v,
-                                                .seg = &SEG,
-                                                .lr = 7.0,
-                                                .grad_scale = 1.0,
-                                                .amp = &by_tensor,
-                                                .amp_state = s1 }));
-        } else {
-          OK(bl_adamw_step(&a, &(bl_optim_args){ .w = p[0].w,
-                                                 .g = p[0].g,
-                                                 .m = p[0].m,
-                                                 .v = p[0].v,
-                                                 .seg = &SEG,
-                                                 .lr = rates[step],
-                                                 .grad_scale = 1.0,
-                                                 .amp = &by_arg,
-                                                 .amp_state = s0 }));
-          OK(bl_adamw_step(&a, &(bl_optim_args){ .w = p[1].w,
-                                                 .g = p[1].g,
-                                                 .m = p[1].m,
-                                                 .v = p[1].v,
-                                                 .seg = &SEG,
-                                                 .lr = 7.0,
-                                                 .grad_scale = 1.0,
-                                                 .amp = &by_tensor,
-                                                 .amp_state = s1 }));
-        }
+        /* p[0] given the rate as an argument, p[1] reading it from lr (its argument would blow it up) */
+        const bl_optim_args by[2] = {
+          { .w = p[0].w,
+            .g = p[0].g,
+            .m = p[0].m,
+            .v = p[0].v,
+            .seg = &SEG,
+            .lr = rates[step],
+            .grad_scale = 1.0,
+            .amp = &by_arg,
+            .amp_state = s0 },
+          { .w = p[1].w,
+            .g = p[1].g,
+            .m = p[1].m,
+            .v = p[1].v,
+            .seg = &SEG,
+            .lr = 7.0,
+            .grad_scale = 1.0,
+            .amp = &by_tensor,
+            .amp_state = s1 },
+        };
+        for (int i = 0; i < 2; i++) OK(kind == 0 ? bl_lamb_step(&l, &by[i]) : bl_adamw_step(&a, &by[i]));
       }
       char what[80];
       snprintf(what, sizeof what, "%s weights with lr_from on %s", kind ? "adamw" : "lamb", dev < 0 ? "cpu" : "cuda");
