@@ -46,6 +46,8 @@ local SPEC = {
   { "steps2", 0, "phase 2 steps (0: the config's)", int = true, min = 0 },
   { "optimizer", nil, "lamb or adam instead of the config's (the reference runs LAMB only)",
     choices = { "lamb", "adam" } },
+  { "precision", nil, "fp32, bf16 or fp16 (dynamic loss scale) instead of the config's (the reference runs fp32 only: "
+    .. "--sides=bertlua for the others)", choices = { "fp32", "bf16", "fp16" } },
   { "lr1", 0, "phase 1 peak learning rate (0: the config's), before --scale-batch", min = 0, int = false },
   { "lr2", 0, "phase 2 peak learning rate (0: the config's), before --scale-batch", min = 0, int = false },
   { "scale_batch", 1, "K: both phases' batches x K, their steps / K, learning rates x sqrt(K) (the LAMB paper's "
@@ -105,6 +107,7 @@ end
 if opt.steps1 > 0 then run.steps1 = opt.steps1 end
 if opt.steps2 > 0 then run.steps2 = opt.steps2 end
 if opt.optimizer then run.optimizer = opt.optimizer end
+if opt.precision then run.precision = opt.precision end
 for p = 1, 2 do
   if opt["lr" .. p] > 0 then run["lr" .. p] = opt["lr" .. p] end
   if opt.scale_batch > 1 then
@@ -122,7 +125,9 @@ end
 if sides.reference and run.optimizer and run.optimizer ~= "lamb" then
   fail(opt.pretrain_config .. ": the reference runs LAMB only (--sides=bertlua for another optimizer)")
 end
-if run.precision and run.precision ~= "fp32" then fail(opt.pretrain_config .. ": the reference runs fp32 only") end
+if sides.reference and run.precision and run.precision ~= "fp32" then
+  fail(("precision %s: the reference runs fp32 only (--sides=bertlua for the other precisions)"):format(run.precision))
+end
 local vocab = opt.vocab or (opt.shared_data .. "/vocab/bert-base-uncased-vocab.txt")
 
 local function say(...) print(...); io.stdout:flush() end
@@ -255,7 +260,7 @@ local function train_bertlua(s)
       "--data-phase1=" .. D .. "/p1", "--data-phase2=" .. D .. "/p2", "--output=" .. sd .. "/bertlua",
       "--steps1=" .. run.steps1, "--steps2=" .. run.steps2, "--batch1=" .. run.batch1, "--batch2=" .. run.batch2,
       ("--lr1=%.17g"):format(run.lr1), ("--lr2=%.17g"):format(run.lr2), "--optimizer=" .. (run.optimizer or "lamb"),
-      "--seed=" .. s, "--threads=" .. opt.threads,
+      "--precision=" .. (run.precision or "fp32"), "--seed=" .. s, "--threads=" .. opt.threads,
       "--checkpoint-interval=" .. every, "--keep-checkpoints=" .. keep, "--eval-batches=1", "--device=cpu",
       "--dump-batches=" .. (fs.exists(sd .. "/batches/complete") and check or sd .. "/batches"), "--resume",
       "--log-every=10", "--max-steps=" .. opt.max_steps }, sd .. "/bertlua.log")
