@@ -57,6 +57,8 @@ local SPEC = {
   { "eval_instances1", 256, "held-out S=128 instances scored (the first ones, in file order)", int = true, min = 1 },
   { "eval_instances2", 64, "held-out S=512 instances scored", int = true, min = 1 },
   { "eval_batch", 8, "sequences per evaluation batch", int = true, min = 1 },
+  { "baseline", nil, "another run's OUTPUT (e.g. the fp32 runs of the same config and data) whose bertlua seeds' "
+    .. "phase ends give the spread this run's are held against (a precision or optimizer variant)" },
   { "cross_eval", "ends", "ends: the reference's evaluator on the initial weights and each phase's end; all: on "
     .. "every snapshot", choices = { "ends", "all" } },
   { "python", "/usr/bin/python3", "the Python with torch and transformers" },
@@ -107,7 +109,7 @@ end
 if opt.steps1 > 0 then run.steps1 = opt.steps1 end
 if opt.steps2 > 0 then run.steps2 = opt.steps2 end
 if opt.optimizer then run.optimizer = opt.optimizer end
-if opt.precision then run.precision = opt.precision end
+run.precision = opt.precision or run.precision or "fp32"
 for p = 1, 2 do
   if opt["lr" .. p] > 0 then run["lr" .. p] = opt["lr" .. p] end
   if opt.scale_batch > 1 then
@@ -412,10 +414,119 @@ local function eval_reference(s, side)
   end
 end
 
+local METRICS = { "mlm_acc", "mlm_loss", "nsp_acc" }
+local function mean_sd(v)
+  local m, q = 0, 0
+  for _, x in ipairs(v) do m = m + x / #v end
+  for _, x in ipairs(v) do q = q + (x - m) ^ 2 end
+  return m, #v > 1 and math.sqrt(q / (#v - 1)) or 0
+end
+
+-- this run's bertlua phase ends against --baseline's (its summary.json): per phase and metric both sides' seeds,
+-- means, the baseline's spread and how many of this run's seeds lie within it; into summary.baseline
+local function baseline_against(summary, every, by)
+  local path = opt.baseline .. "/summary.json"
+  if not fs.exists(path) then
+    fail("--baseline=" .. opt.baseline .. ": no summary.json there (a pretrain_curves OUTPUT)")
+  end
+  local ok, b = pcall(cjson.decode, fs.read_text(path, "pretrain_curves"))
+  if not ok or type(b) ~= "table" or type(b.phases) ~= "table" or type(b.config) ~= "table" then
+    fail(path .. ": not a pretrain_curves summary")
+  end
+  for _, k in ipairs { "model", "steps1", "steps2", "batch1", "batch2", "seq1", "seq2" } do
+    if b.config[k] ~= run[k] then
+      fail(("--baseline=%s: its %s is %s, this run's %s (not the same run)"):format(opt.baseline, k,
+        tostring(b.config[k]), tostring(run[k])))
+    end
+  end
+  local label = ("%s %s"):format(b.config.precision or "fp32", b.config.optimizer or "lamb")
+  local mine_label = ("%s %s"):format(run.precision or "fp32", run.optimizer or "lamb")
+  local md = { "", ("Against the baseline %s (%s, bertlua's seeds; phase ends, bertlua's evaluator):"):format(
+    opt.baseline, label), "",
+    ("| phase | metric | %s (per seed) | mean ± sd | baseline %s (per seed) | mean ± sd | within baseline |")
+      :format(mine_label, label), "| --- | --- | --- | --- | --- | --- | --- |" }
+  summary.baseline = { dir = opt.baseline, config = b.config, phases = {} }
+  for p = 1, 2 do
+    summary.baseline.phases[p] = {}
+    for _, k in ipairs(METRICS) do
+      local mine, theirs, lo, hi = {}, {}, math.huge, -math.huge
+      for _, s in ipairs(every) do
+        local a = by[("bertlua|bertlua|%d|%d|%d"):format(p, run["steps" .. p], s)]
+        if a then mine[#mine + 1] = { seed = s, v = a[k] } end
+      end
+      for _, e in ipairs(((b.phases[p] or {})[k] or {}).bertlua or {}) do
+        theirs[#theirs + 1] = e
+        lo, hi = math.min(lo, e.v), math.max(hi, e.v)
+      end
+      local n = 0
+      for _, m in ipairs(mine) do if m.v >= lo and m.v <= hi then n = n + 1 end end
+      local function vals(t)
+        local r = {}
+        for _, m in ipairs(t) do r[#r + 1] = m.v end
+        return r
+      end
+      local function fmt(t)
+        local r = {}
+        for _, m in ipairs(t) do r[#r + 1] = ("%d: %.4f"):format(m.seed, m.v) end
+        return #r > 0 and table.concat(r, ", ") or "-"
+      end
+      local function ms(t)
+        if #t == 0 then return "-" end
+        return ("%.4f ± %.4f"):format(mean_sd(vals(t)))
+      end
+      local within = #theirs >= 2 and #mine > 0 and ("%d of %d"):format(n, #mine) or "n/a"
+      summary.baseline.phases[p][k] = { mine = mine, baseline = theirs, within = within }
+      md[#md + 1] = ("| %d | %s | %s | %s | %s | %s | %s |"):format(p, k, fmt(mine), ms(mine), fmt(theirs), ms(theirs),
+        within)
+    end
+  end
+  return md
+end
+
+-- the dynamic loss scale's history (fp16) from each seed's run log: per phase its first, lowest, highest and last
+-- value, how often it changed and the steps skipped for overflow; nil when no run logged a changing scale
+local function scale_histories(every)
+  local json, md, any = {}, { "", "Loss scale (fp16's dynamic scale, from each run's log.jsonl; logged every 10 "
+    .. "steps):", "", "| seed | phase | first | lowest | highest | last | changes | skipped steps |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- |" }, false
+  for _, s in ipairs(every) do
+    local by_step = {}
+    for _, e in ipairs(read_jsonl(seed_dir(s) .. "/bertlua/log.jsonl")) do
+      if e.step and e.phase and e.loss_scale then by_step[e.phase * 1e7 + e.step] = e end  -- a resumed run's last
+    end
+    local keys = {}
+    for k in pairs(by_step) do keys[#keys + 1] = k end
+    table.sort(keys)
+    local ph = {}
+    for _, k in ipairs(keys) do
+      local e = by_step[k]
+      local h = ph[e.phase]
+      if not h then
+        h = { first = e.loss_scale, lowest = e.loss_scale, highest = e.loss_scale, changes = 0, skipped = 0,
+          history = {} }
+        ph[e.phase] = h
+      end
+      if h.last and e.loss_scale ~= h.last then h.changes = h.changes + 1 end
+      if not h.last or e.loss_scale ~= h.last then h.history[#h.history + 1] = { e.step, e.loss_scale } end
+      h.lowest, h.highest, h.last = math.min(h.lowest, e.loss_scale), math.max(h.highest, e.loss_scale), e.loss_scale
+      h.skipped = h.skipped + (e.skipped or 0)
+    end
+    for p = 1, 2 do
+      local h = ph[p]
+      if h and (h.changes > 0 or h.skipped > 0 or h.first ~= 1) then any = true end
+      if h then
+        md[#md + 1] = ("| %d | %d | %g | %g | %g | %g | %d | %d |"):format(s, p, h.first, h.lowest, h.highest, h.last,
+          h.changes, h.skipped)
+      end
+    end
+    json[#json + 1] = { seed = s, phases = ph }
+  end
+  return any and { json = json, md = md } or nil
+end
+
 -- 4. the report: every score in curves.csv; per phase end and seed the numbers of both sides under bertlua's
 -- evaluator, the reference's spread over its seeds and whether bertlua lies within it; the evaluators' largest
 -- difference on the snapshots both scored
-local METRICS = { "mlm_acc", "mlm_loss", "nsp_acc" }
 local function report()
   local rows, by, all = {}, {}, {}
   for _, s in ipairs(seeds) do all[s] = true end
@@ -555,6 +666,15 @@ local function report()
         math.floor(d.mlm_acc_at / 1e6), d.mlm_acc_at % 1e6, d.mlm_loss, math.floor(d.mlm_loss_at / 1e6),
         d.mlm_loss_at % 1e6, d.nsp_acc, math.floor(d.nsp_acc_at / 1e6), d.nsp_acc_at % 1e6)
     end
+  end
+  local base = opt.baseline and baseline_against(summary, every, by)
+  if base then
+    for _, line in ipairs(base) do md[#md + 1] = line end
+  end
+  local scales = scale_histories(every)
+  if scales then
+    summary.loss_scale = scales.json
+    for _, line in ipairs(scales.md) do md[#md + 1] = line end
   end
   md[#md + 1] = ""
   if agree.snapshots > 0 then

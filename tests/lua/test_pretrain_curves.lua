@@ -141,13 +141,47 @@ T.test("a large-batch AdamW variant on the same data: batches, steps and rates s
   T.truthy(s.phases[1].mlm_acc.bertlua[1].v >= 0, cjson.encode(s.phases[1]))
 end)
 
+T.test("a mixed-precision variant held against the fp32 runs' spread, with its loss-scale history", function()
+  local function variant(extra)
+    return shell.read({ T.exe(), "tools/pretrain_curves.lua", "--pretrain-config=" .. cfg, "--output=" .. tmp
+      .. "/fp16", "--data=" .. tmp .. "/out/data", "--seeds=1,2", "--sides=bertlua", "--eval-every1=2",
+      "--eval-every2=1", "--eval-instances1=16", "--eval-instances2=8", "--precision=fp16", extra },
+      { stderr = "stdout" })
+  end
+  local out, ok = variant({ "--sides=bertlua,reference" })
+  T.truthy(not ok and out:find("pretrain_curves: precision fp16: the reference runs fp32 only (--sides=bertlua for "
+    .. "the other precisions)", 1, true), out)
+  out, ok = variant({ "--baseline=" .. tmp .. "/none" })
+  T.truthy(not ok and out:find("--baseline=" .. tmp .. "/none: no summary.json there", 1, true), out)
+  out, ok = variant({ "--baseline=" .. tmp .. "/large" })  -- another run: batch 4, 2 steps
+  T.truthy(not ok and out:find("--baseline=" .. tmp .. "/large: its steps1 is 2, this run's 4 (not the same run)",
+    1, true), out)
+  out, ok = variant({ "--baseline=" .. tmp .. "/out" })
+  T.truthy(ok, out)
+  T.truthy(T.slurp(tmp .. "/fp16/seed1/bertlua.log"):find("precision fp16", 1, true), "pretrain.lua ran fp16")
+  local s = cjson.decode(T.slurp(tmp .. "/fp16/summary.json"))
+  T.eq(s.config.precision, "fp16")
+  T.eq(s.baseline.config.precision, "fp32")
+  for p = 1, 2 do
+    local m = s.baseline.phases[p].mlm_acc
+    T.eq(#m.mine, 2); T.eq(#m.baseline, 2)
+    T.truthy(m.within:match("^%d of 2$"), m.within)
+  end
+  -- the dynamic scale starts at 2^16; every logged step of both phases is in the history
+  local h = s.loss_scale[1].phases[1]
+  T.eq(h.first, 65536)
+  T.truthy(h.lowest <= h.last and h.last <= h.highest and h.skipped >= 0, cjson.encode(h))
+  T.truthy(T.slurp(tmp .. "/fp16/summary.md"):find("| seed | phase | first | lowest | highest | last | changes |", 1,
+    true))
+end)
+
 T.test("a run the reference cannot reproduce is refused in one line", function()
   local bad = tmp .. "/bf16.lua"
   T.write_file(bad, T.slurp(cfg):gsub("micro_batch = 1", "micro_batch = 1, precision = \"bf16\""))
   local out, ok = shell.read({ T.exe(), "tools/pretrain_curves.lua", "--pretrain-config=" .. bad,
     "--output=" .. tmp .. "/bad" }, { stderr = "stdout" })
   T.truthy(not ok, out)
-  T.truthy(out:find("pretrain_curves: " .. bad .. ": the reference runs fp32 only", 1, true), out)
+  T.truthy(out:find("pretrain_curves: precision bf16: the reference runs fp32 only", 1, true), out)
 end)
 
 T.run()
