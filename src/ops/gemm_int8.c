@@ -15,9 +15,16 @@
  *         32767; ORT's reduce_range and oneDNN avoid that by giving up a bit
  *         of the weight), so both operands are held as int16 instead and
  *         vpmaddwd sums the pairs into int32 exactly; NR = 16, MR = 6.
- * Both kernels therefore give the same int32 sums and the same outputs. */
+ *   AMX: tdpbusd does what vpdpbusd does (u8 A x s8 W quads into int32, no
+ *         saturation) on tiles: its B tile (16 k quads x 16 columns) is half
+ *         of 16 rows of the VNNI panel (row stride 128 bytes), so one pack
+ *         serves both (k quads zero-padded to whole tiles of 16); A is packed
+ *         per call as 32-row blocks of two [k/64][16 rows][64 bytes] panels
+ *         and each C block is 32 x 32 (amx.h).
+ * All kernels therefore give the same int32 sums and the same outputs. */
 #include "gemm.h"
 #include "gemm_lowp.h"
+#include "amx.h"
 #include "base/vecmath.h"
 #include <math.h>
 #include <omp.h>
@@ -28,17 +35,19 @@
 #define VNNI_TARGET __attribute__((target("arch=x86-64-v4,avx512vnni")))
 #endif
 
-/* group: k values per 32-bit slot (4 u8/s8 on VNNI, 2 int16 on AVX2) */
+/* group: k values per 32-bit slot (4 u8/s8 on VNNI and AMX, 2 int16 on AVX2); amx: the tile kernel, which
+ * runs over the padded slots kpad (the vector kernels over kq) */
 typedef void (*q8_kernel)(int64_t kq, const uint32_t *restrict ap, const uint32_t *restrict bp, int32_t *restrict c);
 typedef struct q8_cfg {
-  int mr, nr, group;
+  int mr, nr, group, amx;
   q8_kernel kernel;
 } q8_cfg;
 
 struct opx_q8_b {
   int isa;
   int64_t k, n, kq; /* kq = k / group, rounded up (zero-padded) */
-  uint32_t *p;      /* ceil(n / nr) panels of kq x nr slots */
+  int64_t kpad;     /* VNNI: kq rounded up to whole AMX tiles (16 slots), zero-padded; AVX2: kq */
+  uint32_t *p;      /* ceil(n / nr) panels of kpad x nr slots, A panels likewise (mr rows) */
   float *scale;     /* [n] sw_j */
   int32_t *colsum;  /* [n] sum_k Wq[j, k] */
 };
@@ -70,16 +79,42 @@ Q8_KERNEL(kernel_vnni, VNNI_TARGET, __m512i, 14, 32, 16, _mm512_setzero_si512, _
           VNNI_STEP, _mm512_storeu_si512)
 Q8_KERNEL(kernel_avx2, OPX_TARGET_AVX2, __m256i, 6, 16, 8, _mm256_setzero_si256, _mm256_load_si256, _mm256_set1_epi32,
           AVX2_STEP, _mm256_storeu_si256)
+
+/* c (32 x 32 int32, row stride 32) = one 32-row A block (two 16-row panels of kpad slots) x one B panel; the
+ * calling thread's tiles configured (amx_tiles_on) */
+AMX_TARGET static void kernel_amx(int64_t kpad, const uint32_t *restrict ap, const uint32_t *restrict bp,
+                                  int32_t *restrict c) {
+  const uint32_t *a1 = ap + kpad * 16;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t t = 0; t < kpad / 16; t++) {
+    _tile_loadd(6, bp + t * 16 * 32, 32 * 4);
+    _tile_loadd(4, ap + t * 256, 64);
+    _tile_dpbusd(0, 4, 6);
+    _tile_loadd(7, bp + t * 16 * 32 + 16, 32 * 4);
+    _tile_dpbusd(1, 4, 7);
+    _tile_loadd(5, a1 + t * 256, 64);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+  _tile_stored(0, c, 32 * 4);
+  _tile_stored(1, c + 16, 32 * 4);
+  _tile_stored(2, c + 16 * 32, 32 * 4);
+  _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
+}
 #endif
 
+/* the kernel for a weight packed for isa, on the path in use (AMX where it is on: same pack as VNNI) */
 static int cfg_for(int isa, q8_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512 && opx_vnni_ok()) {
-    *g = (q8_cfg){ 14, 32, 4, kernel_vnni };
+    *g = opx_amx_ok() ? (q8_cfg){ 32, 32, 4, 1, kernel_amx } : (q8_cfg){ 14, 32, 4, 0, kernel_vnni };
     return 1;
   }
   if (isa == OPX_ISA_AVX2 && opx_isa() >= OPX_ISA_AVX2) {
-    *g = (q8_cfg){ 6, 16, 2, kernel_avx2 };
+    *g = (q8_cfg){ 6, 16, 2, 0, kernel_avx2 };
     return 1;
   }
 #endif
@@ -110,12 +145,14 @@ opx_q8_b *opx_q8_pack(int isa, int tb, int64_t k, int64_t n, const float *b, int
   if (!cfg_for(isa, &g) || k <= 0 || n <= 0) return NULL;
   opx_q8_b *pb = calloc(1, sizeof *pb);
   if (!pb) return NULL;
-  int64_t kq = (k + g.group - 1) / g.group, panels = (n + g.nr - 1) / g.nr;
+  int64_t kq = (k + g.group - 1) / g.group, kpad = g.group == 4 ? (kq + 15) / 16 * 16 : kq;
+  int64_t panels = (n + g.nr - 1) / g.nr;
   *pb = (opx_q8_b){ isa,
                     k,
                     n,
                     kq,
-                    aligned_alloc(64, ((size_t)(panels * kq * g.nr) * 4 + 63) / 64 * 64),
+                    kpad,
+                    aligned_alloc(64, ((size_t)(panels * kpad * g.nr) * 4 + 63) / 64 * 64),
                     malloc((size_t)n * sizeof(float)),
                     malloc((size_t)n * sizeof(int32_t)) };
   int8_t *wq = malloc((size_t)(n * k));
@@ -145,13 +182,13 @@ opx_q8_b *opx_q8_pack(int isa, int tb, int64_t k, int64_t n, const float *b, int
   }
 #pragma omp parallel for schedule(static)
   for (int64_t jp = 0; jp < panels; jp++)
-    for (int64_t q = 0; q < kq; q++)
+    for (int64_t q = 0; q < kpad; q++)
       for (int64_t jj = 0; jj < g.nr; jj++) {
         int64_t j = jp * g.nr + jj;
         int32_t v[4] = { 0, 0, 0, 0 };
         for (int t = 0; t < g.group; t++)
           if (j < n && q * g.group + t < k) v[t] = wq[j * k + q * g.group + t];
-        pb->p[(jp * kq + q) * g.nr + jj] = slot(g.group, v);
+        pb->p[(jp * kpad + q) * g.nr + jj] = slot(g.group, v);
       }
   free(wq);
   return pb;
@@ -194,26 +231,31 @@ OPX_TARGET_AVX2 static arow quantize_row(const float *restrict x, int64_t k, uin
   return (arow){ s + nonfinite, (int32_t)z };
 }
 
-/* rows [i0, i0 + rows) of A into one MR-row panel of slots (rows past m zero): from f32 a (quantized
- * here, scales into par) or from uint8 a8 (the test entry); qa: a row's scratch */
-static void pack_a_panel(const q8_cfg *g, int ta, const float *a, const uint8_t *a8, int64_t lda, int64_t k, int64_t kq,
-                         int64_t i0, int64_t rows, uint32_t *dst, arow *par, uint8_t *qa) {
+/* rows [i0, i0 + rows) of A into one mr-row panel of kpad slots (rows and k past the end zero): from f32 a
+ * (quantized here, scales into par) or from uint8 a8 (the test entry); qa: a row's scratch (kpad * 20 bytes).
+ * Vector kernels: [kpad][mr] slots; AMX: two 16-row panels of [kpad / 16][16 rows][16 slots] */
+static void pack_a_panel(const q8_cfg *g, int ta, const float *a, const uint8_t *a8, int64_t lda, int64_t k,
+                         int64_t kpad, int64_t i0, int64_t rows, uint32_t *dst, arow *par, uint8_t *qa) {
+  int64_t bytes = kpad * g->group;
   for (int64_t i = 0; i < g->mr; i++) {
     if (i >= rows) {
-      for (int64_t q = 0; q < kq; q++) dst[q * g->mr + i] = 0;
-      continue;
-    }
-    if (a8) {
+      memset(qa, 0, (size_t)bytes);
+    } else if (a8) {
       memcpy(qa, a8 + (i0 + i) * lda, (size_t)k);
     } else if (ta) { /* a transposed view: gather the row first */
-      float *row = (float *)(qa + kq * 4);
+      float *row = (float *)(qa + kpad * 4);
       for (int64_t p = 0; p < k; p++) row[p] = AT(a, 1, lda, i0 + i, p);
       par[i] = quantize_row(row, k, qa);
     } else {
       par[i] = quantize_row(a + (i0 + i) * lda, k, qa);
     }
-    memset(qa + k, 0, (size_t)(kq * g->group - k));
-    for (int64_t q = 0; q < kq; q++) dst[q * g->mr + i] = slot_u8(g->group, qa + q * g->group);
+    if (i < rows) memset(qa + k, 0, (size_t)(bytes - k));
+    if (g->amx) {
+      uint32_t *d = dst + i / 16 * kpad * 16 + i % 16 * 16;
+      for (int64_t t = 0; t < kpad / 16; t++) memcpy(d + t * 256, qa + t * 64, 64);
+    } else {
+      for (int64_t q = 0; q < kpad; q++) dst[q * g->mr + i] = slot_u8(g->group, qa + q * g->group);
+    }
   }
 }
 
@@ -249,8 +291,8 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
   q8_cfg g;
   if (!pb || !cfg_for(pb->isa, &g)) return 0;
   if (m <= 0) return 1;
-  int64_t kq = pb->kq, n = pb->n, mpanels = (m + g.mr - 1) / g.mr, npanels = (n + g.nr - 1) / g.nr;
-  uint32_t *apack = reserve(&tl_a, (size_t)(mpanels * kq * g.mr) * 4);
+  int64_t kpad = pb->kpad, n = pb->n, mpanels = (m + g.mr - 1) / g.mr, npanels = (n + g.nr - 1) / g.nr;
+  uint32_t *apack = reserve(&tl_a, (size_t)(mpanels * kpad * g.mr) * 4);
   arow *par = reserve(&tl_rows, (size_t)(mpanels * g.mr) * sizeof(arow));
   if (!apack || !par) return 0;
   int nthreads = omp_get_max_threads();
@@ -262,7 +304,7 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
 #pragma omp parallel num_threads(nthreads)
   {
     /* one row as uint8 (padded to whole slots), then (transposed A only) as floats */
-    uint8_t *qa = reserve(&tl_row, (size_t)(kq * 4) * 5);
+    uint8_t *qa = reserve(&tl_row, (size_t)(kpad * 4) * 5);
     if (!qa) {
 #pragma omp atomic write
       failed = 1;
@@ -270,19 +312,22 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
 #pragma omp for schedule(static)
     for (int64_t ip = 0; ip < mpanels; ip++)
       if (qa)
-        pack_a_panel(&g, ta, a, a8, lda, pb->k, kq, ip * g.mr, m - ip * g.mr < g.mr ? m - ip * g.mr : g.mr,
-                     apack + ip * kq * g.mr, par + ip * g.mr, qa);
+        pack_a_panel(&g, ta, a, a8, lda, pb->k, kpad, ip * g.mr, m - ip * g.mr < g.mr ? m - ip * g.mr : g.mr,
+                     apack + ip * kpad * g.mr, par + ip * g.mr, qa);
+#if OPX_MULTI_ISA
+    if (g.amx) amx_tiles_on();
+#endif
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < nblk * nsplit; t++) {
       if (failed) continue;
       int64_t ip0 = t / nsplit * rowblk, ip1 = ip0 + rowblk < mpanels ? ip0 + rowblk : mpanels;
       int64_t jp0 = t % nsplit * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
-      int32_t acc[14 * 32];
+      int32_t acc[32 * 32];
       for (int64_t jp = jp0; jp < jp1; jp++) {
         int64_t j = jp * g.nr, cols = n - j < g.nr ? n - j : g.nr;
         for (int64_t ip = ip0; ip < ip1; ip++) {
           int64_t i = ip * g.mr, rows = m - i < g.mr ? m - i : g.mr;
-          g.kernel(kq, apack + ip * kq * g.mr, pb->p + jp * kq * g.nr, acc);
+          g.kernel(g.amx ? kpad : pb->kq, apack + ip * kpad * g.mr, pb->p + jp * kpad * g.nr, acc);
           for (int64_t r = 0; r < rows; r++) {
             const int32_t *ar = acc + r * g.nr;
             if (c32) {
@@ -295,6 +340,9 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
         }
       }
     }
+#if OPX_MULTI_ISA
+    if (g.amx) amx_tiles_off();
+#endif
   }
   return !failed;
 }
