@@ -15,8 +15,8 @@
  * AMX (opx_amx_ok): tdpbf16ps takes a B tile of 16 k pairs x 16 columns,
  * which is a half of 16 rows of the same panel (row stride 128 bytes), so the
  * weight's pack serves both kernels; its k pairs are zero-padded to a multiple
- * of 16 (whole tiles). A is packed per call as 16-row panels of [k/32][16
- * rows][16 pairs] (each A tile 1 KB contiguous), and each task runs 32 x 32 C
+ * of 16 (whole tiles). Each task packs its rows of A as 16-row panels of
+ * [k/32][16 rows][16 pairs] (each A tile 1 KB contiguous) and runs 32 x 32 C
  * blocks (amx.h) over the whole K. tdpbf16ps keeps two f32 sums per lane in a
  * 16-pair step (even and odd k), adds them, then adds them to C, each step
  * rounded to nearest even; bf16 subnormal inputs and f32 subnormal results
@@ -164,20 +164,29 @@ BF16_TARGET static void pack_a_amx(int ta, const float *a, int64_t lda, int64_t 
 /* C block (32 x 32, row stride ldc) = two A panels (rows 0-15, 16-31) x one B panel over kt tiles of k */
 AMX_TARGET static void amx_block(int64_t kt, const uint32_t *a0, const uint32_t *a1, const uint32_t *b, float *c,
                                  int64_t ldc) {
+  /* each load right after the last reader of its tile (a tile is not renamed: a load waits for them) */
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t t = 0; t < kt; t++) {
-    _tile_loadd(6, b + t * 16 * NR, NR * 4);
-    _tile_loadd(4, a0 + t * 256, 64);
+  _tile_loadd(4, a0, 64);
+  _tile_loadd(6, b, NR * 4);
+  _tile_loadd(7, b + 16, NR * 4);
+  _tile_loadd(5, a1, 64);
+  for (int64_t t = 1; t < kt; t++) {
     _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(7, b + t * 16 * NR + 16, NR * 4);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(5, a1 + t * 256, 64);
+    _tile_loadd(4, a0 + t * 256, 64);
     _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(6, b + t * 16 * NR, NR * 4);
     _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(5, a1 + t * 256, 64);
+    _tile_loadd(7, b + t * 16 * NR + 16, NR * 4);
   }
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
   _tile_stored(0, c, ldc * 4);
   _tile_stored(1, c + 16, ldc * 4);
   _tile_stored(2, c + 16 * ldc, ldc * 4);
@@ -203,35 +212,43 @@ static uint32_t *reserve_a(size_t words) {
 
 enum { AMX_ROWBLK = 4 /* 32-row blocks per task */ };
 
+/* each task packs its rows of A into its thread's buffer (in cache when the tiles read it) and runs
+ * them against its chunk of B panels */
 static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
                     const float *bias, int gelu) {
   int64_t kpad = pb->kpad, kt = kpad / 16, n = pb->n, mblk = (m + 31) / 32, npanels = (n + NR - 1) / NR;
-  uint32_t *apack = reserve_a((size_t)(2 * mblk * kpad * 16));
-  if (!apack) return 0;
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
   int64_t nblk = (mblk + AMX_ROWBLK - 1) / AMX_ROWBLK, nsplit = 1;
   while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
   int64_t per = (npanels + nsplit - 1) / nsplit;
+  int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
-#pragma omp for schedule(static)
-    for (int64_t ip = 0; ip < 2 * mblk; ip++) {
-      int64_t left = m - ip * 16;
-      pack_a_amx(ta, a, lda, pb->k, kpad, ip * 16, left < 0 ? 0 : left < 16 ? left : 16, apack + ip * kpad * 16);
+    uint32_t *apack = reserve_a((size_t)(AMX_ROWBLK * 32 * kpad));
+    if (!apack) {
+#pragma omp atomic write
+      failed = 1;
     }
+    int64_t packed = -1; /* the row block in apack */
     amx_tiles_on();
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < nblk * nsplit; t++) {
+      if (!apack) continue;
       int64_t ib0 = t / nsplit * AMX_ROWBLK, ib1 = ib0 + AMX_ROWBLK < mblk ? ib0 + AMX_ROWBLK : mblk;
       int64_t jp0 = t % nsplit * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
+      for (int64_t ip = 2 * ib0; packed != ib0 && ip < 2 * ib1; ip++) {
+        int64_t left = m - ip * 16;
+        pack_a_amx(ta, a, lda, pb->k, kpad, ip * 16, left < 16 ? left : 16, apack + (ip - 2 * ib0) * kpad * 16);
+      }
+      packed = ib0;
       for (int64_t jp = jp0; jp < jp1; jp++) {
         int64_t j = jp * NR, cols = n - j < NR ? n - j : NR;
         for (int64_t ib = ib0; ib < ib1; ib++) {
           int64_t i = ib * 32, rows = m - i < 32 ? m - i : 32;
           float *ct = c + i * ldc + j, tmp[32 * NR];
           int edge = rows < 32 || cols < NR;
-          const uint32_t *a0 = apack + 2 * ib * kpad * 16;
+          const uint32_t *a0 = apack + 2 * (ib - ib0) * kpad * 16;
           amx_block(kt, a0, a0 + kpad * 16, pb->p + jp * kpad * NR, edge ? tmp : ct, edge ? NR : ldc);
           for (int64_t r = 0; edge && r < rows; r++) memcpy(ct + r * ldc, tmp + r * NR, (size_t)cols * sizeof(float));
           opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, ct, ldc, bias ? bias + j : NULL, gelu);
@@ -240,7 +257,7 @@ static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int
     }
     amx_tiles_off();
   }
-  return 1;
+  return !failed;
 }
 #endif
 

@@ -85,20 +85,29 @@ Q8_KERNEL(kernel_avx2, OPX_TARGET_AVX2, __m256i, 6, 16, 8, _mm256_setzero_si256,
 AMX_TARGET static void kernel_amx(int64_t kpad, const uint32_t *restrict ap, const uint32_t *restrict bp,
                                   int32_t *restrict c) {
   const uint32_t *a1 = ap + kpad * 16;
+  /* each load right after the last reader of its tile (a tile is not renamed: a load waits for them) */
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t t = 0; t < kpad / 16; t++) {
-    _tile_loadd(6, bp + t * 16 * 32, 32 * 4);
-    _tile_loadd(4, ap + t * 256, 64);
+  _tile_loadd(4, ap, 64);
+  _tile_loadd(6, bp, 32 * 4);
+  _tile_loadd(7, bp + 16, 32 * 4);
+  _tile_loadd(5, a1, 64);
+  for (int64_t t = 1; t < kpad / 16; t++) {
     _tile_dpbusd(0, 4, 6);
-    _tile_loadd(7, bp + t * 16 * 32 + 16, 32 * 4);
     _tile_dpbusd(1, 4, 7);
-    _tile_loadd(5, a1 + t * 256, 64);
+    _tile_loadd(4, ap + t * 256, 64);
     _tile_dpbusd(2, 5, 6);
+    _tile_loadd(6, bp + t * 16 * 32, 32 * 4);
     _tile_dpbusd(3, 5, 7);
+    _tile_loadd(5, a1 + t * 256, 64);
+    _tile_loadd(7, bp + t * 16 * 32 + 16, 32 * 4);
   }
+  _tile_dpbusd(0, 4, 6);
+  _tile_dpbusd(1, 4, 7);
+  _tile_dpbusd(2, 5, 6);
+  _tile_dpbusd(3, 5, 7);
   _tile_stored(0, c, 32 * 4);
   _tile_stored(1, c + 16, 32 * 4);
   _tile_stored(2, c + 16 * 32, 32 * 4);
