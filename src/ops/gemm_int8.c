@@ -268,8 +268,8 @@ static void pack_a_panel(const q8_cfg *g, int ta, const float *a, const uint8_t 
   }
 }
 
-/* per-thread buffers, grown only (no allocation per call at steady shapes): the calling
- * thread's A panels and row scales, each worker's row scratch */
+/* per-thread buffers, grown only (no allocation per call at steady shapes): each worker's A panels, their
+ * row scales and a row's scratch */
 typedef struct grow_buf {
   void *p;
   size_t n;
@@ -294,16 +294,15 @@ OPX_TARGET_AVX2 static void dequantize(int64_t cols, const int32_t *restrict acc
 
 enum { ROWBLK_ROWS = 96 /* rows of A per task */ };
 
-/* c = A x W^T: dequantized with bias/GELU into c (f32), or the raw int32 sums into c32 */
+/* c = A x W^T: dequantized with bias/GELU into c (f32), or the raw int32 sums into c32. Each task
+ * quantizes and packs its rows of A into its thread's buffers (in cache when the kernel reads them) and
+ * runs them against its chunk of weight panels. */
 static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const uint8_t *a8, int64_t lda, float *c,
                  int32_t *c32, int64_t ldc, const float *bias, int gelu) {
   q8_cfg g;
   if (!pb || !cfg_for(pb->isa, &g)) return 0;
   if (m <= 0) return 1;
   int64_t kpad = pb->kpad, n = pb->n, mpanels = (m + g.mr - 1) / g.mr, npanels = (n + g.nr - 1) / g.nr;
-  uint32_t *apack = reserve(&tl_a, (size_t)(mpanels * kpad * g.mr) * 4);
-  arow *par = reserve(&tl_rows, (size_t)(mpanels * g.mr) * sizeof(arow));
-  if (!apack || !par) return 0;
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
   int64_t rowblk = (ROWBLK_ROWS + g.mr - 1) / g.mr, nblk = (mpanels + rowblk - 1) / rowblk, nsplit = 1;
@@ -312,38 +311,42 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
-    /* one row as uint8 (padded to whole slots), then (transposed A only) as floats */
+    /* one row as uint8 (padded to whole slots), then (transposed A only) as floats; the task's A panels
+     * and their rows' scales */
     uint8_t *qa = reserve(&tl_row, (size_t)(kpad * 4) * 5);
-    if (!qa) {
+    uint32_t *apack = reserve(&tl_a, (size_t)(rowblk * kpad * g.mr) * 4);
+    arow *par = reserve(&tl_rows, (size_t)(rowblk * g.mr) * sizeof(arow));
+    int ok = qa && apack && par;
+    if (!ok) {
 #pragma omp atomic write
       failed = 1;
     }
-#pragma omp for schedule(static)
-    for (int64_t ip = 0; ip < mpanels; ip++)
-      if (qa)
-        pack_a_panel(&g, ta, a, a8, lda, pb->k, kpad, ip * g.mr, m - ip * g.mr < g.mr ? m - ip * g.mr : g.mr,
-                     apack + ip * kpad * g.mr, par + ip * g.mr, qa);
+    int64_t packed = -1; /* the first panel of the rows in apack */
 #if OPX_MULTI_ISA
     if (g.amx) amx_tiles_on();
 #endif
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < nblk * nsplit; t++) {
-      if (failed) continue;
+      if (!ok) continue;
       int64_t ip0 = t / nsplit * rowblk, ip1 = ip0 + rowblk < mpanels ? ip0 + rowblk : mpanels;
       int64_t jp0 = t % nsplit * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
+      for (int64_t ip = ip0; packed != ip0 && ip < ip1; ip++)
+        pack_a_panel(&g, ta, a, a8, lda, pb->k, kpad, ip * g.mr, m - ip * g.mr < g.mr ? m - ip * g.mr : g.mr,
+                     apack + (ip - ip0) * kpad * g.mr, par + (ip - ip0) * g.mr, qa);
+      packed = ip0;
       int32_t acc[32 * 32];
       for (int64_t jp = jp0; jp < jp1; jp++) {
         int64_t j = jp * g.nr, cols = n - j < g.nr ? n - j : g.nr;
         for (int64_t ip = ip0; ip < ip1; ip++) {
           int64_t i = ip * g.mr, rows = m - i < g.mr ? m - i : g.mr;
-          g.kernel(g.amx ? kpad : pb->kq, apack + ip * kpad * g.mr, pb->p + jp * kpad * g.nr, acc);
+          g.kernel(g.amx ? kpad : pb->kq, apack + (ip - ip0) * kpad * g.mr, pb->p + jp * kpad * g.nr, acc);
           for (int64_t r = 0; r < rows; r++) {
             const int32_t *ar = acc + r * g.nr;
             if (c32) {
               memcpy(c32 + (i + r) * ldc + j, ar, (size_t)cols * sizeof(int32_t));
               continue;
             }
-            dequantize(cols, ar, par[i + r], pb->colsum + j, pb->scale + j, c + (i + r) * ldc + j);
+            dequantize(cols, ar, par[(ip - ip0) * g.mr + r], pb->colsum + j, pb->scale + j, c + (i + r) * ldc + j);
           }
           if (!c32) opx_bias_act_rows(pb->isa, rows, cols, c + i * ldc + j, ldc, bias ? bias + j : NULL, gelu);
         }
