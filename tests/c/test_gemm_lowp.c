@@ -147,6 +147,34 @@ static void test_layers(int prec, const char *name, const char *other) {
   printf("%s on %s: %d layers checked%s\n", name, bl_cpu_isa(), (int)(2 * sizeof shapes / sizeof shapes[0]), vs);
 }
 
+/* A given transposed (ta = 1: a [k, m]) gives the very same outputs as row-major (both kernels of the path in
+ * use pack the same rounded or quantized values), with bias and GELU */
+static void test_transposed_a(const char *name) {
+  static const int64_t shapes[][3] = { { 1, 5, 3 }, { 33, 70, 45 }, { 17, 130, 64 } }; /* m, k, n */
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    int64_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
+    float *w = malloc(sizeof(float) * n * k), *a = malloc(sizeof(float) * m * k), *at = malloc(sizeof(float) * m * k);
+    float *bias = malloc(sizeof(float) * n), *c0 = malloc(sizeof(float) * m * n), *c1 = malloc(sizeof(float) * m * n);
+    for (int64_t i = 0; i < n * k; i++) w[i] = 0.1f * urand();
+    for (int64_t i = 0; i < n; i++) bias[i] = urand();
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t p = 0; p < k; p++) at[p * m + i] = a[i * k + p] = urand();
+    opx_bf16_b *pb = opx_bf16_pack(1, k, n, w, k);
+    opx_q8_b *pq = opx_q8_pack(OPX_ISA_AVX512, 1, k, n, w, k);
+    CHECK(pb && pq, "%s: packs %lldx%lld failed", name, (long long)n, (long long)k);
+    for (int q8 = 0; pb && pq && q8 < 2; q8++) {
+      int ok0 = q8 ? opx_q8_gemm(pq, 0, m, a, k, c0, n, bias, 1) : opx_bf16_gemm(pb, 0, m, a, k, c0, n, bias, 1);
+      int ok1 = q8 ? opx_q8_gemm(pq, 1, m, at, m, c1, n, bias, 1) : opx_bf16_gemm(pb, 1, m, at, m, c1, n, bias, 1);
+      CHECK(ok0 && ok1 && memcmp(c0, c1, sizeof(float) * m * n) == 0, "%s %s: transposed A %lldx%lld -> %lld differs",
+            name, q8 ? "int8" : "bf16", (long long)m, (long long)k, (long long)n);
+    }
+    opx_bf16_free(pb);
+    opx_q8_free(pq);
+    free(w), free(a), free(at), free(bias), free(c0), free(c1);
+  }
+  printf("%s: transposed A gives the row-major outputs\n", name);
+}
+
 /* the int32 sums of the int8 kernel of isa (on the path in use), bit for bit */
 static void test_int8_exact(int isa, const char *name) {
   /* m, k, n; for AMX: k under a tile (64), not a multiple of it, m and n off multiples of 16 / 32, threaded */
@@ -193,10 +221,12 @@ int main(void) {
     test_layers(BL_PACK_BF16, "bf16 amx", "avx512");
     test_layers(BL_PACK_INT8, "int8 amx", "avx512");
     test_int8_exact(OPX_ISA_AVX512, "int8 amx");
+    test_transposed_a("amx");
   }
-  if (bl_cpu_set_isa("avx512") == 0 && bl_cpu_has("avx512_bf16"))
+  if (bl_cpu_set_isa("avx512") == 0 && bl_cpu_has("avx512_bf16")) {
     test_layers(BL_PACK_BF16, "bf16", NULL);
-  else
+    if (bl_cpu_has("avx512_vnni")) test_transposed_a("avx512");
+  } else
     printf("bf16: no AVX512-BF16 on this CPU/build: skipped (%s)\n", bl_cpu_info());
   static const char *const paths[] = { "avx512", "avx2" };
   for (int i = 0; i < 2; i++) {
