@@ -220,8 +220,10 @@ typedef struct arow {
   int32_t za;
 } arow;
 
-/* x (k values) as uint8 into qa */
-OPX_TARGET_AVX2 static arow quantize_row(const float *restrict x, int64_t k, uint8_t *restrict qa) {
+/* x (k values) as uint8 into qa; compiled for AVX2 and AVX-512 (the VNNI and AMX kernels' path), the same
+ * operations on each element, so the same results */
+static inline __attribute__((always_inline)) arow quantize_row_body(const float *restrict x, int64_t k,
+                                                                    uint8_t *restrict qa) {
   float lo = 0.0f, hi = 0.0f, nonfinite = 0.0f;
 #pragma omp simd reduction(min : lo) reduction(max : hi) reduction(+ : nonfinite)
   for (int64_t p = 0; p < k; p++) {
@@ -239,6 +241,16 @@ OPX_TARGET_AVX2 static arow quantize_row(const float *restrict x, int64_t k, uin
   }
   return (arow){ s + nonfinite, (int32_t)z };
 }
+OPX_TARGET_AVX2 static arow quantize_row_avx2(const float *restrict x, int64_t k, uint8_t *restrict qa) {
+  return quantize_row_body(x, k, qa);
+}
+OPX_TARGET_AVX512 static arow quantize_row_avx512(const float *restrict x, int64_t k, uint8_t *restrict qa) {
+  return quantize_row_body(x, k, qa);
+}
+/* the variant for the kernel of g: AVX-512 for 4-byte groups (VNNI, AMX) */
+static arow quantize_row(const q8_cfg *g, const float *restrict x, int64_t k, uint8_t *restrict qa) {
+  return g->group == 4 ? quantize_row_avx512(x, k, qa) : quantize_row_avx2(x, k, qa);
+}
 
 /* rows [i0, i0 + rows) of A into one mr-row panel of kpad slots (rows and k past the end zero): from f32 a
  * (quantized here, scales into par) or from uint8 a8 (the test entry); qa: a row's scratch (kpad * 20 bytes).
@@ -254,9 +266,9 @@ static void pack_a_panel(const q8_cfg *g, int ta, const float *a, const uint8_t 
     } else if (ta) { /* a transposed view: gather the row first */
       float *row = (float *)(qa + kpad * 4);
       for (int64_t p = 0; p < k; p++) row[p] = AT(a, 1, lda, i0 + i, p);
-      par[i] = quantize_row(row, k, qa);
+      par[i] = quantize_row(g, row, k, qa);
     } else {
-      par[i] = quantize_row(a + (i0 + i) * lda, k, qa);
+      par[i] = quantize_row(g, a + (i0 + i) * lda, k, qa);
     }
     if (i < rows) memset(qa + k, 0, (size_t)(bytes - k));
     if (g->amx) {
@@ -285,12 +297,16 @@ static void *reserve(grow_buf *b, size_t bytes) {
   return b->p;
 }
 
-/* c[j] = sa sw_j (acc[j] - za colsum_j) for one row of a tile */
-OPX_TARGET_AVX2 static void dequantize(int64_t cols, const int32_t *restrict acc, arow rp,
-                                       const int32_t *restrict colsum, const float *restrict sw, float *restrict c) {
-#pragma omp simd
-  for (int64_t j = 0; j < cols; j++) c[j] = (float)(acc[j] - rp.za * colsum[j]) * (rp.sa * sw[j]);
-}
+/* c[j] = sa sw_j (acc[j] - za colsum_j) for one row of a tile (AVX2 and AVX-512 as quantize_row) */
+#define DEQUANTIZE(name, TARGET)                                                                              \
+  TARGET static void name(int64_t cols, const int32_t *restrict acc, arow rp, const int32_t *restrict colsum, \
+                          const float *restrict sw, float *restrict c) {                                      \
+    _Pragma("omp simd") for (int64_t j = 0; j < cols; j++) c[j] =                                             \
+        (float)(acc[j] - rp.za * colsum[j]) * (rp.sa * sw[j]);                                                \
+  }
+DEQUANTIZE(dequantize_avx2, OPX_TARGET_AVX2)
+DEQUANTIZE(dequantize_avx512, OPX_TARGET_AVX512)
+#undef DEQUANTIZE
 
 enum { ROWBLK_ROWS = 96 /* rows of A per task */ };
 
@@ -346,7 +362,8 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
               memcpy(c32 + (i + r) * ldc + j, ar, (size_t)cols * sizeof(int32_t));
               continue;
             }
-            dequantize(cols, ar, par[(ip - ip0) * g.mr + r], pb->colsum + j, pb->scale + j, c + (i + r) * ldc + j);
+            (g.group == 4 ? dequantize_avx512 : dequantize_avx2)(cols, ar, par[(ip - ip0) * g.mr + r], pb->colsum + j,
+                                                                 pb->scale + j, c + (i + r) * ldc + j);
           }
           if (!c32) opx_bias_act_rows(pb->isa, rows, cols, c + i * ldc + j, ldc, bias ? bias + j : NULL, gelu);
         }
