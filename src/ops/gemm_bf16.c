@@ -17,7 +17,9 @@
  * weight's pack serves both kernels; its k pairs are zero-padded to a multiple
  * of 16 (whole tiles). Each task packs its rows of A as 16-row panels of
  * [k/32][16 rows][16 pairs] (each A tile 1 KB contiguous) and runs 32 x 32 C
- * blocks (amx.h) over the whole K. tdpbf16ps keeps two f32 sums per lane in a
+ * blocks (amx.h) over the whole K: each 32-row block against a chunk of B
+ * panels that stays in L2 (up to 512 rows per task, so a chunk is read from
+ * memory once per 512 rows). tdpbf16ps keeps two f32 sums per lane in a
  * 16-pair step (even and odd k), adds them, then adds them to C, each step
  * rounded to nearest even; bf16 subnormal inputs and f32 subnormal results
  * count as zero. */
@@ -210,16 +212,19 @@ static uint32_t *reserve_a(size_t words) {
   return tl_a.p;
 }
 
-enum { AMX_ROWBLK = 4 /* 32-row blocks per task */ };
+/* 32-row blocks per task; the bytes of B panels a task's blocks run against (within L2, which holds them
+ * while each 32-row block, from L1 or L2, passes all of them) */
+enum { AMX_ROWBLK = 16, AMX_B_BYTES = 1 << 20 };
 
 /* each task packs its rows of A into its thread's buffer (in cache when the tiles read it) and runs
- * them against its chunk of B panels */
+ * them, one 32-row block after the other, against its chunk of B panels */
 static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
                     const float *bias, int gelu) {
   int64_t kpad = pb->kpad, kt = kpad / 16, n = pb->n, mblk = (m + 31) / 32, npanels = (n + NR - 1) / NR;
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
-  int64_t nblk = (mblk + AMX_ROWBLK - 1) / AMX_ROWBLK, nsplit = 1;
+  int64_t chunk = AMX_B_BYTES / (kpad * NR * 4), nblk = (mblk + AMX_ROWBLK - 1) / AMX_ROWBLK;
+  int64_t nsplit = (npanels + (chunk > 1 ? chunk : 1) - 1) / (chunk > 1 ? chunk : 1);
   while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
   int64_t per = (npanels + nsplit - 1) / nsplit;
   int failed = 0;
@@ -242,10 +247,10 @@ static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int
         pack_a_amx(ta, a, lda, pb->k, kpad, ip * 16, left < 16 ? left : 16, apack + (ip - 2 * ib0) * kpad * 16);
       }
       packed = ib0;
-      for (int64_t jp = jp0; jp < jp1; jp++) {
-        int64_t j = jp * NR, cols = n - j < NR ? n - j : NR;
-        for (int64_t ib = ib0; ib < ib1; ib++) {
-          int64_t i = ib * 32, rows = m - i < 32 ? m - i : 32;
+      for (int64_t ib = ib0; ib < ib1; ib++) {
+        int64_t i = ib * 32, rows = m - i < 32 ? m - i : 32;
+        for (int64_t jp = jp0; jp < jp1; jp++) {
+          int64_t j = jp * NR, cols = n - j < NR ? n - j : NR;
           float *ct = c + i * ldc + j, tmp[32 * NR];
           int edge = rows < 32 || cols < NR;
           const uint32_t *a0 = apack + 2 * (ib - ib0) * kpad * 16;

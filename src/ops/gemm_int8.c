@@ -308,7 +308,9 @@ DEQUANTIZE(dequantize_avx2, OPX_TARGET_AVX2)
 DEQUANTIZE(dequantize_avx512, OPX_TARGET_AVX512)
 #undef DEQUANTIZE
 
-enum { ROWBLK_ROWS = 96 /* rows of A per task */ };
+/* rows of A per task: vector kernels: their panels pass a B panel held in L2; AMX: each 32-row block passes
+ * a chunk of B panels (AMX_B_BYTES) held in L2, so a chunk is read from memory once per 512 rows */
+enum { ROWBLK_ROWS = 96, AMX_ROWBLK_ROWS = 512, AMX_B_BYTES = 1 << 20 };
 
 /* c = A x W^T: dequantized with bias/GELU into c (f32), or the raw int32 sums into c32. Each task
  * quantizes and packs its rows of A into its thread's buffers (in cache when the kernel reads them) and
@@ -321,7 +323,9 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
   int64_t kpad = pb->kpad, n = pb->n, mpanels = (m + g.mr - 1) / g.mr, npanels = (n + g.nr - 1) / g.nr;
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
-  int64_t rowblk = (ROWBLK_ROWS + g.mr - 1) / g.mr, nblk = (mpanels + rowblk - 1) / rowblk, nsplit = 1;
+  int64_t rowblk = ((g.amx ? AMX_ROWBLK_ROWS : ROWBLK_ROWS) + g.mr - 1) / g.mr, nblk = (mpanels + rowblk - 1) / rowblk;
+  int64_t chunk = g.amx ? AMX_B_BYTES / (kpad * g.nr * 4) : npanels;
+  int64_t nsplit = (npanels + (chunk > 1 ? chunk : 1) - 1) / (chunk > 1 ? chunk : 1);
   while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
   int64_t per = (npanels + nsplit - 1) / nsplit;
   int failed = 0;
@@ -351,22 +355,21 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
                      apack + (ip - ip0) * kpad * g.mr, par + (ip - ip0) * g.mr, qa);
       packed = ip0;
       int32_t acc[32 * 32];
-      for (int64_t jp = jp0; jp < jp1; jp++) {
-        int64_t j = jp * g.nr, cols = n - j < g.nr ? n - j : g.nr;
-        for (int64_t ip = ip0; ip < ip1; ip++) {
-          int64_t i = ip * g.mr, rows = m - i < g.mr ? m - i : g.mr;
-          g.kernel(g.amx ? kpad : pb->kq, apack + (ip - ip0) * kpad * g.mr, pb->p + jp * kpad * g.nr, acc);
-          for (int64_t r = 0; r < rows; r++) {
-            const int32_t *ar = acc + r * g.nr;
-            if (c32) {
-              memcpy(c32 + (i + r) * ldc + j, ar, (size_t)cols * sizeof(int32_t));
-              continue;
-            }
-            (g.group == 4 ? dequantize_avx512 : dequantize_avx2)(cols, ar, par[(ip - ip0) * g.mr + r], pb->colsum + j,
-                                                                 pb->scale + j, c + (i + r) * ldc + j);
+      int64_t nj = jp1 - jp0, ni = ip1 - ip0;
+      for (int64_t x = 0; x < ni * nj; x++) { /* AMX: the row panels outer; vector kernels: the B panels */
+        int64_t jp = g.amx ? jp0 + x % nj : jp0 + x / ni, ip = g.amx ? ip0 + x / nj : ip0 + x % ni;
+        int64_t j = jp * g.nr, cols = n - j < g.nr ? n - j : g.nr, i = ip * g.mr, rows = m - i < g.mr ? m - i : g.mr;
+        g.kernel(g.amx ? kpad : pb->kq, apack + (ip - ip0) * kpad * g.mr, pb->p + jp * kpad * g.nr, acc);
+        for (int64_t r = 0; r < rows; r++) {
+          const int32_t *ar = acc + r * g.nr;
+          if (c32) {
+            memcpy(c32 + (i + r) * ldc + j, ar, (size_t)cols * sizeof(int32_t));
+            continue;
           }
-          if (!c32) opx_bias_act_rows(pb->isa, rows, cols, c + i * ldc + j, ldc, bias ? bias + j : NULL, gelu);
+          (g.group == 4 ? dequantize_avx512 : dequantize_avx2)(cols, ar, par[(ip - ip0) * g.mr + r], pb->colsum + j,
+                                                               pb->scale + j, c + (i + r) * ldc + j);
         }
+        if (!c32) opx_bias_act_rows(pb->isa, rows, cols, c + i * ldc + j, ldc, bias ? bias + j : NULL, gelu);
       }
     }
 #if OPX_MULTI_ISA
