@@ -55,19 +55,22 @@ const char *bl_version(void);
 const char *bl_blas_info(void);
 /* The CPU and the vector ISA path of the CPU ops, e.g. "AMD EPYC 9R14;
  * kernels avx512 (CPU: avx512 avx512_bf16)". The path is the best the CPU
- * has (avx512, avx2, baseline), capped by the environment variable
+ * has (amx, avx512, avx2, baseline), capped by the environment variable
  * BL_CPU_ISA when the process starts, or by bl_cpu_set_isa (an error for an
  * unknown name or one the CPU lacks; process-wide, not thread-safe against
- * ops running at that moment). */
+ * ops running at that moment). amx is avx512 with the bf16 and int8
+ * inference GEMMs on AMX tiles (CPU with AMX-BF16/INT8 and AVX512-BF16/VNNI,
+ * and the OS's tile permission); BL_CPU_ISA=avx512 keeps them on
+ * vdpbf16ps / vpdpbusd. */
 const char *bl_cpu_info(void);
 /* The library that runs the linear layers' GEMMs: "oneDNN x.y.z" (the default in a build that found
  * libdnnl-dev), "OpenBLAS" (BL_GEMM=openblas, or no oneDNN) or "bertlua packed" (BL_GEMM=own). */
 const char *bl_gemm_backend(void);
 const char *bl_cpu_isa(void);
 int bl_cpu_set_isa(const char *name);
-/* 1 when the CPU ops can use feature now: "avx2", "avx512" (the path in use
- * is at least that), "avx512_bf16", "avx512_vnni" (the CPU has it and the
- * AVX-512 path is in use: the bf16 and VNNI int8 inference GEMMs) */
+/* 1 when the CPU ops can use feature now: "avx2", "avx512", "amx" (the path
+ * in use is at least that), "avx512_bf16", "avx512_vnni" (the CPU has it and
+ * the AVX-512 or amx path is in use: the bf16 and VNNI int8 inference GEMMs) */
 int bl_cpu_has(const char *feature);
 int bl_cuda_compiled(void); /* 1 when built with the CUDA backend */
 int bl_nccl_compiled(void);

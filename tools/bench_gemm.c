@@ -16,7 +16,9 @@
  * and M = 128 (one sequence), N/K in {768, 3072}.
  * The low-precision inference GEMMs (src/ops/gemm_lowp.h) on the forward products, weight packed once
  * as own-pre: own-bf16 (where the CPU has AVX512-BF16) and own-int8 (dynamic int8: the activations'
- * quantization is in the timing; GOP/s counted as 2 M N K like the f32 columns).
+ * quantization is in the timing; GOP/s counted as 2 M N K like the f32 columns); on a CPU with AMX
+ * (BL_CPU_ISA not capped below amx) also bf16-amx and int8-amx, the same packs on the tile kernels, the
+ * other two columns then on the avx512 path's vdpbf16ps / vpdpbusd.
  * The libraries take turns rep by rep (a shared machine's load hits them alike); the table gives
  * each one's best rep in GFLOP/s. The peak is a loop of 12 independent FMA chains per thread
  * (AVX-512 and AVX2 forms, those the CPU has), unrolled so the chains live in registers (rolled,
@@ -24,6 +26,7 @@
 #include "ops/gemm.h"
 #include "ops/gemm_lowp.h"
 #include "base/vecmath.h"
+#include "bl_base.h"
 #include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
@@ -75,7 +78,7 @@ static double peak(int isa512, int threads) {
   return best * 1e-9;
 }
 
-enum { PRE_F32 = 1, PRE_F32_BIAS, PRE_F32_GELU, PRE_BF16, PRE_INT8 };
+enum { PRE_F32 = 1, PRE_F32_BIAS, PRE_F32_GELU, PRE_BF16, PRE_INT8, PRE_BF16_AMX, PRE_INT8_AMX };
 typedef struct {
   const char *name;
   cblas_sgemm_fn cblas;
@@ -89,18 +92,23 @@ static opx_bf16_b *pre_bf16;
 static opx_q8_b *pre_int8;
 static float *bias; /* for own-pre's epilogues: N values */
 static int have_pre(int pre) {
-  return pre <= PRE_F32_GELU ? prepacked != NULL : pre == PRE_BF16 ? pre_bf16 != NULL : pre_int8 != NULL;
+  return pre <= PRE_F32_GELU                      ? prepacked != NULL
+         : pre == PRE_BF16 || pre == PRE_BF16_AMX ? pre_bf16 != NULL
+                                                  : pre_int8 != NULL;
 }
 
 static int ldb_of(int tb, int K, int N) { return tb ? K : N; }
 
+static int amx; /* the amx path is on: the other low-precision columns run capped to avx512 */
+
 static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *A, const float *B, float *C) {
   int lda = ta ? M : K, ldb = ldb_of(tb, K, N);
+  if (amx && l->pre >= PRE_BF16) bl_cpu_set_isa(l->pre >= PRE_BF16_AMX ? "amx" : "avx512");
   if (l->pre && l->pre <= PRE_F32_GELU)
     opx_sgemm_packed(prepacked, ta, M, A, lda, C, N, l->pre == PRE_F32 ? NULL : bias, l->pre == PRE_F32_GELU);
-  else if (l->pre == PRE_BF16)
+  else if (l->pre == PRE_BF16 || l->pre == PRE_BF16_AMX)
     opx_bf16_gemm(pre_bf16, ta, M, A, lda, C, N, NULL, 0);
-  else if (l->pre == PRE_INT8)
+  else if (l->pre == PRE_INT8 || l->pre == PRE_INT8_AMX)
     opx_q8_gemm(pre_int8, ta, M, A, lda, C, N, NULL, 0);
   else if (l->own_isa)
     opx_sgemm_isa(l->own_isa, ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, N);
@@ -113,7 +121,7 @@ static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 5;
   use_cpu_time = argc > 3 && strcmp(argv[3], "cpu") == 0;
-  lib libs[9];
+  lib libs[11];
   int nl = 0;
   void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
   if (h) {
@@ -146,6 +154,9 @@ int main(int argc, char **argv) {
   if (own == OPX_ISA_AVX512 && opx_bf16_ok()) libs[nl++] = (lib){ "own-bf16", NULL, NULL, own, PRE_BF16 };
   int q8isa = own == OPX_ISA_AVX512 && opx_vnni_ok() ? OPX_ISA_AVX512 : own ? OPX_ISA_AVX2 : 0;
   if (q8isa) libs[nl++] = (lib){ q8isa == OPX_ISA_AVX512 ? "int8-vnni" : "int8-avx2", NULL, NULL, own, PRE_INT8 };
+  amx = opx_amx_ok();
+  if (amx) libs[nl++] = (lib){ "bf16-amx", NULL, NULL, own, PRE_BF16_AMX };
+  if (amx) libs[nl++] = (lib){ "int8-amx", NULL, NULL, own, PRE_INT8_AMX };
   printf("FMA peak, %d threads (GFLOP/s):", threads);
   if (has512) printf(" AVX-512 %.1f", peak(1, threads));
   if (has256) printf(" AVX2 %.1f", peak(0, threads));
@@ -190,7 +201,7 @@ int main(int argc, char **argv) {
           tb = 0;
           what = "dW = dY^T X";
         }
-        double best[9] = { 0 };
+        double best[11] = { 0 };
         prepacked = own && kind == 0 ? opx_pack_b(own, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
         pre_bf16 = kind == 0 ? opx_bf16_pack(1, k, n, B, ldb_of(tb, k, n)) : NULL;
         pre_int8 = q8isa && kind == 0 ? opx_q8_pack(q8isa, 1, k, n, B, ldb_of(tb, k, n)) : NULL;

@@ -35,13 +35,13 @@ end
 function M.nccl_compiled() return C.bl_nccl_compiled() == 1 end
 function M.num_threads() return C.bl_num_threads() end
 function M.set_num_threads(n) C.bl_set_num_threads(n) end
--- set_cpu_isa(name): the vector path of our CPU ops (as BL_CPU_ISA: avx512, avx2, baseline); an error for
--- one this CPU lacks
+-- set_cpu_isa(name): the vector path of our CPU ops (as BL_CPU_ISA: amx, avx512, avx2, baseline; amx is avx512
+-- with the bf16/int8 inference GEMMs on AMX tiles); an error for one this CPU (or OS) lacks
 function M.set_cpu_isa(name) check(C.bl_cpu_set_isa(name)) end
--- cpu_has(feature) -> true when the CPU ops can use it now: "avx2", "avx512" (the path in use is at least
--- that), "avx512_bf16", "avx512_vnni" (on the CPU and the AVX-512 path in use)
+-- cpu_has(feature) -> true when the CPU ops can use it now: "avx2", "avx512", "amx" (the path in use is at
+-- least that), "avx512_bf16", "avx512_vnni" (on the CPU and the AVX-512 or amx path in use)
 function M.cpu_has(feature) return C.bl_cpu_has(feature) == 1 end
--- cpu_isa() -> "avx512", "avx2" or "baseline": the path in use
+-- cpu_isa() -> "amx", "avx512", "avx2" or "baseline": the path in use
 function M.cpu_isa() return ffi.string(C.bl_cpu_isa()) end
 -- SIGINT/SIGTERM recorded instead of killing: loops poll stop_signal() (0 or the signal) and stop together
 function M.stop_watch() C.bl_stop_watch() end

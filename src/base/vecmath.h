@@ -56,6 +56,8 @@ int opx_isa(void);
  * AVX-512 path in use (BL_CPU_ISA not capped below it). */
 int opx_bf16_ok(void);
 int opx_vnni_ok(void);
+/* do those two GEMMs run on AMX tiles now? (the amx path: CPU, OS permission, BL_CPU_ISA not capped below it) */
+int opx_amx_ok(void);
 
 #define OPX_BODY static inline __attribute__((always_inline)) void
 /* name(params) runs body(args) compiled for the ISA in use */

@@ -10,9 +10,22 @@
  * (28 accumulators + 2 B vectors + 1 broadcast = 31 of 32 zmm). K is not
  * blocked: a B panel (32 x K bf16, 192 KB at K = 3072) stays in L2 while a
  * block of A panels passes it. Bias and GELU are applied to each finished
- * tile by the f32 path's epilogue (opx_bias_act_rows). */
+ * tile by the f32 path's epilogue (opx_bias_act_rows).
+ *
+ * AMX (opx_amx_ok): tdpbf16ps takes a B tile of 16 k pairs x 16 columns,
+ * which is a half of 16 rows of the same panel (row stride 128 bytes), so the
+ * weight's pack serves both kernels; its k pairs are zero-padded to a multiple
+ * of 16 (whole tiles). Each task packs its rows of A as 16-row panels of
+ * [k/32][16 rows][16 pairs] (each A tile 1 KB contiguous) and runs 32 x 32 C
+ * blocks (amx.h) over the whole K: each 32-row block against a chunk of B
+ * panels that stays in L2 (up to 512 rows per task, so a chunk is read from
+ * memory once per 512 rows). tdpbf16ps keeps two f32 sums per lane in a
+ * 16-pair step (even and odd k), adds them, then adds them to C, each step
+ * rounded to nearest even; bf16 subnormal inputs and f32 subnormal results
+ * count as zero. */
 #include "gemm.h"
 #include "gemm_lowp.h"
+#include "amx.h"
 #include "base/vecmath.h"
 #include <omp.h>
 #include <stdlib.h>
@@ -26,7 +39,8 @@ enum { MR = 14, NR = 32, ROWBLK = 8 /* A panels per task: 8 x 14 rows */ };
 
 struct opx_bf16_b {
   int64_t k, n, kp; /* kp = k pairs (k rounded up to even, zero-padded) */
-  uint32_t *p;      /* ceil(n / NR) panels of kp x NR pairs */
+  int64_t kpad;     /* kp rounded up to whole AMX tiles (16 pairs), zero-padded */
+  uint32_t *p;      /* ceil(n / NR) panels of kpad x NR pairs */
 };
 
 /* round to nearest even, as vcvtne2ps2bf16 does for normal numbers (NaN stays NaN) */
@@ -43,22 +57,22 @@ static uint32_t bf16_bits(float f) {
 opx_bf16_b *opx_bf16_pack(int tb, int64_t k, int64_t n, const float *b, int64_t ldb) {
   if (!opx_bf16_ok() || k <= 0 || n <= 0) return NULL;
   opx_bf16_b *pb = malloc(sizeof *pb);
-  int64_t kp = (k + 1) / 2, panels = (n + NR - 1) / NR;
-  size_t bytes = (size_t)(panels * kp * NR) * 4;
+  int64_t kp = (k + 1) / 2, kpad = (kp + 15) / 16 * 16, panels = (n + NR - 1) / NR;
+  size_t bytes = (size_t)(panels * kpad * NR) * 4;
   uint32_t *p = pb ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
   if (!p) {
     free(pb);
     return NULL;
   }
-  *pb = (opx_bf16_b){ k, n, kp, p };
+  *pb = (opx_bf16_b){ k, n, kp, kpad, p };
 #pragma omp parallel for schedule(static)
   for (int64_t jp = 0; jp < panels; jp++)
-    for (int64_t q = 0; q < kp; q++)
+    for (int64_t q = 0; q < kpad; q++)
       for (int64_t jj = 0; jj < NR; jj++) {
         int64_t j = jp * NR + jj, k0 = 2 * q;
-        uint32_t lo = j < n ? bf16_bits(AT(b, !tb, ldb, j, k0)) : 0;
+        uint32_t lo = j < n && k0 < k ? bf16_bits(AT(b, !tb, ldb, j, k0)) : 0;
         uint32_t hi = j < n && k0 + 1 < k ? bf16_bits(AT(b, !tb, ldb, j, k0 + 1)) : 0;
-        p[(jp * kp + q) * NR + jj] = lo | hi << 16;
+        p[(jp * kpad + q) * NR + jj] = lo | hi << 16;
       }
   return pb;
 }
@@ -70,6 +84,15 @@ void opx_bf16_free(opx_bf16_b *pb) {
 }
 
 #if OPX_MULTI_ISA
+/* the 16 bf16 pairs of row r at k0 .. k0 + 31, rounded by vcvtne2ps2bf16 (past k: zero) */
+BF16_TARGET static inline __m512i pairs16(const float *r, int64_t k0, int64_t k) {
+  int64_t left = k - k0;
+  __mmask16 m0 = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+  __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+  __m512 lo = _mm512_maskz_loadu_ps(m0, r + k0), hi = _mm512_maskz_loadu_ps(m1, r + k0 + 16);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
 /* rows [i0, i0 + rows) of op(A) as one MR-row panel of bf16 pairs (rows past
  * the end zero): 16 pairs of a row at a time rounded by vcvtne2ps2bf16 */
 BF16_TARGET static void pack_a_panel(int ta, const float *a, int64_t lda, int64_t k, int64_t kp, int64_t i0,
@@ -89,12 +112,8 @@ BF16_TARGET static void pack_a_panel(int ta, const float *a, int64_t lda, int64_
     }
     const float *r = a + (i0 + i) * lda;
     for (int64_t q0 = 0; q0 < kp; q0 += 16) {
-      int64_t k0 = 2 * q0, left = k - k0;
-      __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-      __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-      __m512 lo = _mm512_maskz_loadu_ps(m0, r + k0), hi = _mm512_maskz_loadu_ps(m1, r + k0 + 16);
       uint32_t t[16];
-      _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      _mm512_storeu_si512(t, pairs16(r, 2 * q0, k));
       int64_t nq = kp - q0 < 16 ? kp - q0 : 16;
       for (int64_t q = 0; q < nq; q++) dst[(q0 + q) * MR + i] = t[q];
     }
@@ -122,11 +141,129 @@ BF16_TARGET static void ukernel(int64_t kp, const uint32_t *restrict ap, const u
   }
 }
 
+/* rows [i0, i0 + rows) of op(A) as one 16-row AMX panel [kpad / 16][16 rows][16 pairs] (rows past the end zero) */
+BF16_TARGET static void pack_a_amx(int ta, const float *a, int64_t lda, int64_t k, int64_t kpad, int64_t i0,
+                                   int64_t rows, uint32_t *dst) {
+  int64_t kt = kpad / 16;
+  for (int64_t i = 0; i < 16; i++)
+    for (int64_t t = 0; t < kt; t++) {
+      uint32_t *d = dst + (t * 16 + i) * 16;
+      if (i >= rows) {
+        _mm512_store_si512(d, _mm512_setzero_si512());
+      } else if (!ta) {
+        _mm512_store_si512(d, pairs16(a + (i0 + i) * lda, 32 * t, k));
+      } else {
+        for (int64_t q = 0; q < 16; q++) {
+          int64_t k0 = 32 * t + 2 * q;
+          uint32_t lo = k0 < k ? bf16_bits(AT(a, 1, lda, i0 + i, k0)) : 0;
+          uint32_t hi = k0 + 1 < k ? bf16_bits(AT(a, 1, lda, i0 + i, k0 + 1)) : 0;
+          d[q] = lo | hi << 16;
+        }
+      }
+    }
+}
+
+/* C block (32 x 32, row stride ldc) = two A panels (rows 0-15, 16-31) x one B panel over kt tiles of k */
+AMX_TARGET static void amx_block(int64_t kt, const uint32_t *a0, const uint32_t *a1, const uint32_t *b, float *c,
+                                 int64_t ldc) {
+  /* each load right after the last reader of its tile (a tile is not renamed: a load waits for them) */
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a0, 64);
+  _tile_loadd(6, b, NR * 4);
+  _tile_loadd(7, b + 16, NR * 4);
+  _tile_loadd(5, a1, 64);
+  for (int64_t t = 1; t < kt; t++) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(4, a0 + t * 256, 64);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(6, b + t * 16 * NR, NR * 4);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(5, a1 + t * 256, 64);
+    _tile_loadd(7, b + t * 16 * NR + 16, NR * 4);
+  }
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  _tile_stored(2, c + 16 * ldc, ldc * 4);
+  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+
 /* the calling thread's A pack, grown only (no allocation per call at steady shapes) */
 static _Thread_local struct {
   uint32_t *p;
   size_t n;
 } tl_a;
+
+static uint32_t *reserve_a(size_t words) {
+  if (words > tl_a.n) {
+    free(tl_a.p);
+    tl_a.n = 0;
+    tl_a.p = aligned_alloc(64, (words * 4 + 63) / 64 * 64);
+    if (!tl_a.p) return NULL;
+    tl_a.n = words;
+  }
+  return tl_a.p;
+}
+
+/* 32-row blocks per task; the bytes of B panels a task's blocks run against (within L2, which holds them
+ * while each 32-row block, from L1 or L2, passes all of them) */
+enum { AMX_ROWBLK = 16, AMX_B_BYTES = 1 << 20 };
+
+/* each task packs its rows of A into its thread's buffer (in cache when the tiles read it) and runs
+ * them, one 32-row block after the other, against its chunk of B panels */
+static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
+                    const float *bias, int gelu) {
+  int64_t kpad = pb->kpad, kt = kpad / 16, n = pb->n, mblk = (m + 31) / 32, npanels = (n + NR - 1) / NR;
+  int nthreads = omp_get_max_threads();
+  if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
+  int64_t chunk = AMX_B_BYTES / (kpad * NR * 4), nblk = (mblk + AMX_ROWBLK - 1) / AMX_ROWBLK;
+  int64_t nsplit = (npanels + (chunk > 1 ? chunk : 1) - 1) / (chunk > 1 ? chunk : 1);
+  while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
+  int64_t per = (npanels + nsplit - 1) / nsplit;
+  int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+  {
+    uint32_t *apack = reserve_a((size_t)(AMX_ROWBLK * 32 * kpad));
+    if (!apack) {
+#pragma omp atomic write
+      failed = 1;
+    }
+    int64_t packed = -1; /* the row block in apack */
+    amx_tiles_on();
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < nblk * nsplit; t++) {
+      if (!apack) continue;
+      int64_t ib0 = t / nsplit * AMX_ROWBLK, ib1 = ib0 + AMX_ROWBLK < mblk ? ib0 + AMX_ROWBLK : mblk;
+      int64_t jp0 = t % nsplit * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
+      for (int64_t ip = 2 * ib0; packed != ib0 && ip < 2 * ib1; ip++) {
+        int64_t left = m - ip * 16;
+        pack_a_amx(ta, a, lda, pb->k, kpad, ip * 16, left < 16 ? left : 16, apack + (ip - 2 * ib0) * kpad * 16);
+      }
+      packed = ib0;
+      for (int64_t ib = ib0; ib < ib1; ib++) {
+        int64_t i = ib * 32, rows = m - i < 32 ? m - i : 32;
+        for (int64_t jp = jp0; jp < jp1; jp++) {
+          int64_t j = jp * NR, cols = n - j < NR ? n - j : NR;
+          float *ct = c + i * ldc + j, tmp[32 * NR];
+          int edge = rows < 32 || cols < NR;
+          const uint32_t *a0 = apack + 2 * (ib - ib0) * kpad * 16;
+          amx_block(kt, a0, a0 + kpad * 16, pb->p + jp * kpad * NR, edge ? tmp : ct, edge ? NR : ldc);
+          for (int64_t r = 0; edge && r < rows; r++) memcpy(ct + r * ldc, tmp + r * NR, (size_t)cols * sizeof(float));
+          opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, ct, ldc, bias ? bias + j : NULL, gelu);
+        }
+      }
+    }
+    amx_tiles_off();
+  }
+  return !failed;
+}
 #endif
 
 int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
@@ -134,16 +271,10 @@ int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64
 #if OPX_MULTI_ISA
   if (!pb || !opx_bf16_ok()) return 0;
   if (m <= 0) return 1;
+  if (opx_amx_ok()) return amx_gemm(pb, ta, m, a, lda, c, ldc, bias, gelu);
   int64_t kp = pb->kp, n = pb->n, mpanels = (m + MR - 1) / MR, npanels = (n + NR - 1) / NR;
-  size_t need = (size_t)(mpanels * kp * MR);
-  if (need > tl_a.n) {
-    free(tl_a.p);
-    tl_a.n = 0;
-    tl_a.p = aligned_alloc(64, (need * 4 + 63) / 64 * 64);
-    if (!tl_a.p) return 0;
-    tl_a.n = need;
-  }
-  uint32_t *apack = tl_a.p;
+  uint32_t *apack = reserve_a((size_t)(mpanels * kp * MR));
+  if (!apack) return 0;
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
   /* tasks: a block of ROWBLK A panels x a chunk of B panels, at least 2 per thread where the shape allows */
@@ -165,7 +296,7 @@ int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64
           int64_t i = ip * MR, rows = m - i < MR ? m - i : MR;
           float *ct = c + i * ldc + j, tmp[MR * NR];
           int edge = rows < MR || cols < NR;
-          ukernel(kp, apack + ip * kp * MR, pb->p + jp * kp * NR, edge ? tmp : ct, edge ? NR : ldc);
+          ukernel(kp, apack + ip * kp * MR, pb->p + jp * pb->kpad * NR, edge ? tmp : ct, edge ? NR : ldc);
           for (int64_t r = 0; edge && r < rows; r++) memcpy(ct + r * ldc, tmp + r * NR, (size_t)cols * sizeof(float));
           opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, ct, ldc, bias ? bias + j : NULL, gelu);
         }

@@ -15,9 +15,16 @@
  *         32767; ORT's reduce_range and oneDNN avoid that by giving up a bit
  *         of the weight), so both operands are held as int16 instead and
  *         vpmaddwd sums the pairs into int32 exactly; NR = 16, MR = 6.
- * Both kernels therefore give the same int32 sums and the same outputs. */
+ *   AMX: tdpbusd does what vpdpbusd does (u8 A x s8 W quads into int32, no
+ *         saturation) on tiles: its B tile (16 k quads x 16 columns) is half
+ *         of 16 rows of the VNNI panel (row stride 128 bytes), so one pack
+ *         serves both (k quads zero-padded to whole tiles of 16); A is packed
+ *         per call as 32-row blocks of two [k/64][16 rows][64 bytes] panels
+ *         and each C block is 32 x 32 (amx.h).
+ * All kernels therefore give the same int32 sums and the same outputs. */
 #include "gemm.h"
 #include "gemm_lowp.h"
+#include "amx.h"
 #include "base/vecmath.h"
 #include <math.h>
 #include <omp.h>
@@ -28,17 +35,19 @@
 #define VNNI_TARGET __attribute__((target("arch=x86-64-v4,avx512vnni")))
 #endif
 
-/* group: k values per 32-bit slot (4 u8/s8 on VNNI, 2 int16 on AVX2) */
+/* group: k values per 32-bit slot (4 u8/s8 on VNNI and AMX, 2 int16 on AVX2); amx: the tile kernel, which
+ * runs over the padded slots kpad (the vector kernels over kq) */
 typedef void (*q8_kernel)(int64_t kq, const uint32_t *restrict ap, const uint32_t *restrict bp, int32_t *restrict c);
 typedef struct q8_cfg {
-  int mr, nr, group;
+  int mr, nr, group, amx;
   q8_kernel kernel;
 } q8_cfg;
 
 struct opx_q8_b {
   int isa;
   int64_t k, n, kq; /* kq = k / group, rounded up (zero-padded) */
-  uint32_t *p;      /* ceil(n / nr) panels of kq x nr slots */
+  int64_t kpad;     /* VNNI: kq rounded up to whole AMX tiles (16 slots), zero-padded; AVX2: kq */
+  uint32_t *p;      /* ceil(n / nr) panels of kpad x nr slots, A panels likewise (mr rows) */
   float *scale;     /* [n] sw_j */
   int32_t *colsum;  /* [n] sum_k Wq[j, k] */
 };
@@ -70,16 +79,51 @@ Q8_KERNEL(kernel_vnni, VNNI_TARGET, __m512i, 14, 32, 16, _mm512_setzero_si512, _
           VNNI_STEP, _mm512_storeu_si512)
 Q8_KERNEL(kernel_avx2, OPX_TARGET_AVX2, __m256i, 6, 16, 8, _mm256_setzero_si256, _mm256_load_si256, _mm256_set1_epi32,
           AVX2_STEP, _mm256_storeu_si256)
+
+/* c (32 x 32 int32, row stride 32) = one 32-row A block (two 16-row panels of kpad slots) x one B panel; the
+ * calling thread's tiles configured (amx_tiles_on) */
+AMX_TARGET static void kernel_amx(int64_t kpad, const uint32_t *restrict ap, const uint32_t *restrict bp,
+                                  int32_t *restrict c) {
+  const uint32_t *a1 = ap + kpad * 16;
+  /* each load right after the last reader of its tile (a tile is not renamed: a load waits for them) */
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ap, 64);
+  _tile_loadd(6, bp, 32 * 4);
+  _tile_loadd(7, bp + 16, 32 * 4);
+  _tile_loadd(5, a1, 64);
+  for (int64_t t = 1; t < kpad / 16; t++) {
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_loadd(4, ap + t * 256, 64);
+    _tile_dpbusd(2, 5, 6);
+    _tile_loadd(6, bp + t * 16 * 32, 32 * 4);
+    _tile_dpbusd(3, 5, 7);
+    _tile_loadd(5, a1 + t * 256, 64);
+    _tile_loadd(7, bp + t * 16 * 32 + 16, 32 * 4);
+  }
+  _tile_dpbusd(0, 4, 6);
+  _tile_dpbusd(1, 4, 7);
+  _tile_dpbusd(2, 5, 6);
+  _tile_dpbusd(3, 5, 7);
+  _tile_stored(0, c, 32 * 4);
+  _tile_stored(1, c + 16, 32 * 4);
+  _tile_stored(2, c + 16 * 32, 32 * 4);
+  _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
+}
 #endif
 
+/* the kernel for a weight packed for isa, on the path in use (AMX where it is on: same pack as VNNI) */
 static int cfg_for(int isa, q8_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512 && opx_vnni_ok()) {
-    *g = (q8_cfg){ 14, 32, 4, kernel_vnni };
+    *g = opx_amx_ok() ? (q8_cfg){ 32, 32, 4, 1, kernel_amx } : (q8_cfg){ 14, 32, 4, 0, kernel_vnni };
     return 1;
   }
   if (isa == OPX_ISA_AVX2 && opx_isa() >= OPX_ISA_AVX2) {
-    *g = (q8_cfg){ 6, 16, 2, kernel_avx2 };
+    *g = (q8_cfg){ 6, 16, 2, 0, kernel_avx2 };
     return 1;
   }
 #endif
@@ -110,12 +154,14 @@ opx_q8_b *opx_q8_pack(int isa, int tb, int64_t k, int64_t n, const float *b, int
   if (!cfg_for(isa, &g) || k <= 0 || n <= 0) return NULL;
   opx_q8_b *pb = calloc(1, sizeof *pb);
   if (!pb) return NULL;
-  int64_t kq = (k + g.group - 1) / g.group, panels = (n + g.nr - 1) / g.nr;
+  int64_t kq = (k + g.group - 1) / g.group, kpad = g.group == 4 ? (kq + 15) / 16 * 16 : kq;
+  int64_t panels = (n + g.nr - 1) / g.nr;
   *pb = (opx_q8_b){ isa,
                     k,
                     n,
                     kq,
-                    aligned_alloc(64, ((size_t)(panels * kq * g.nr) * 4 + 63) / 64 * 64),
+                    kpad,
+                    aligned_alloc(64, ((size_t)(panels * kpad * g.nr) * 4 + 63) / 64 * 64),
                     malloc((size_t)n * sizeof(float)),
                     malloc((size_t)n * sizeof(int32_t)) };
   int8_t *wq = malloc((size_t)(n * k));
@@ -145,13 +191,13 @@ opx_q8_b *opx_q8_pack(int isa, int tb, int64_t k, int64_t n, const float *b, int
   }
 #pragma omp parallel for schedule(static)
   for (int64_t jp = 0; jp < panels; jp++)
-    for (int64_t q = 0; q < kq; q++)
+    for (int64_t q = 0; q < kpad; q++)
       for (int64_t jj = 0; jj < g.nr; jj++) {
         int64_t j = jp * g.nr + jj;
         int32_t v[4] = { 0, 0, 0, 0 };
         for (int t = 0; t < g.group; t++)
           if (j < n && q * g.group + t < k) v[t] = wq[j * k + q * g.group + t];
-        pb->p[(jp * kq + q) * g.nr + jj] = slot(g.group, v);
+        pb->p[(jp * kpad + q) * g.nr + jj] = slot(g.group, v);
       }
   free(wq);
   return pb;
@@ -174,8 +220,10 @@ typedef struct arow {
   int32_t za;
 } arow;
 
-/* x (k values) as uint8 into qa */
-OPX_TARGET_AVX2 static arow quantize_row(const float *restrict x, int64_t k, uint8_t *restrict qa) {
+/* x (k values) as uint8 into qa; compiled for AVX2 and AVX-512 (the VNNI and AMX kernels' path), the same
+ * operations on each element, so the same results */
+static inline __attribute__((always_inline)) arow quantize_row_body(const float *restrict x, int64_t k,
+                                                                    uint8_t *restrict qa) {
   float lo = 0.0f, hi = 0.0f, nonfinite = 0.0f;
 #pragma omp simd reduction(min : lo) reduction(max : hi) reduction(+ : nonfinite)
   for (int64_t p = 0; p < k; p++) {
@@ -193,32 +241,47 @@ OPX_TARGET_AVX2 static arow quantize_row(const float *restrict x, int64_t k, uin
   }
   return (arow){ s + nonfinite, (int32_t)z };
 }
+OPX_TARGET_AVX2 static arow quantize_row_avx2(const float *restrict x, int64_t k, uint8_t *restrict qa) {
+  return quantize_row_body(x, k, qa);
+}
+OPX_TARGET_AVX512 static arow quantize_row_avx512(const float *restrict x, int64_t k, uint8_t *restrict qa) {
+  return quantize_row_body(x, k, qa);
+}
+/* the variant for the kernel of g: AVX-512 for 4-byte groups (VNNI, AMX) */
+static arow quantize_row(const q8_cfg *g, const float *restrict x, int64_t k, uint8_t *restrict qa) {
+  return g->group == 4 ? quantize_row_avx512(x, k, qa) : quantize_row_avx2(x, k, qa);
+}
 
-/* rows [i0, i0 + rows) of A into one MR-row panel of slots (rows past m zero): from f32 a (quantized
- * here, scales into par) or from uint8 a8 (the test entry); qa: a row's scratch */
-static void pack_a_panel(const q8_cfg *g, int ta, const float *a, const uint8_t *a8, int64_t lda, int64_t k, int64_t kq,
-                         int64_t i0, int64_t rows, uint32_t *dst, arow *par, uint8_t *qa) {
+/* rows [i0, i0 + rows) of A into one mr-row panel of kpad slots (rows and k past the end zero): from f32 a
+ * (quantized here, scales into par) or from uint8 a8 (the test entry); qa: a row's scratch (kpad * 20 bytes).
+ * Vector kernels: [kpad][mr] slots; AMX: two 16-row panels of [kpad / 16][16 rows][16 slots] */
+static void pack_a_panel(const q8_cfg *g, int ta, const float *a, const uint8_t *a8, int64_t lda, int64_t k,
+                         int64_t kpad, int64_t i0, int64_t rows, uint32_t *dst, arow *par, uint8_t *qa) {
+  int64_t bytes = kpad * g->group;
   for (int64_t i = 0; i < g->mr; i++) {
     if (i >= rows) {
-      for (int64_t q = 0; q < kq; q++) dst[q * g->mr + i] = 0;
-      continue;
-    }
-    if (a8) {
+      memset(qa, 0, (size_t)bytes);
+    } else if (a8) {
       memcpy(qa, a8 + (i0 + i) * lda, (size_t)k);
     } else if (ta) { /* a transposed view: gather the row first */
-      float *row = (float *)(qa + kq * 4);
+      float *row = (float *)(qa + kpad * 4);
       for (int64_t p = 0; p < k; p++) row[p] = AT(a, 1, lda, i0 + i, p);
-      par[i] = quantize_row(row, k, qa);
+      par[i] = quantize_row(g, row, k, qa);
     } else {
-      par[i] = quantize_row(a + (i0 + i) * lda, k, qa);
+      par[i] = quantize_row(g, a + (i0 + i) * lda, k, qa);
     }
-    memset(qa + k, 0, (size_t)(kq * g->group - k));
-    for (int64_t q = 0; q < kq; q++) dst[q * g->mr + i] = slot_u8(g->group, qa + q * g->group);
+    if (i < rows) memset(qa + k, 0, (size_t)(bytes - k));
+    if (g->amx) {
+      uint32_t *d = dst + i / 16 * kpad * 16 + i % 16 * 16;
+      for (int64_t t = 0; t < kpad / 16; t++) memcpy(d + t * 256, qa + t * 64, 64);
+    } else {
+      for (int64_t q = 0; q < kpad; q++) dst[q * g->mr + i] = slot_u8(g->group, qa + q * g->group);
+    }
   }
 }
 
-/* per-thread buffers, grown only (no allocation per call at steady shapes): the calling
- * thread's A panels and row scales, each worker's row scratch */
+/* per-thread buffers, grown only (no allocation per call at steady shapes): each worker's A panels, their
+ * row scales and a row's scratch */
 typedef struct grow_buf {
   void *p;
   size_t n;
@@ -234,67 +297,84 @@ static void *reserve(grow_buf *b, size_t bytes) {
   return b->p;
 }
 
-/* c[j] = sa sw_j (acc[j] - za colsum_j) for one row of a tile */
-OPX_TARGET_AVX2 static void dequantize(int64_t cols, const int32_t *restrict acc, arow rp,
-                                       const int32_t *restrict colsum, const float *restrict sw, float *restrict c) {
-#pragma omp simd
-  for (int64_t j = 0; j < cols; j++) c[j] = (float)(acc[j] - rp.za * colsum[j]) * (rp.sa * sw[j]);
-}
+/* c[j] = sa sw_j (acc[j] - za colsum_j) for one row of a tile (AVX2 and AVX-512 as quantize_row) */
+#define DEQUANTIZE(name, TARGET)                                                                              \
+  TARGET static void name(int64_t cols, const int32_t *restrict acc, arow rp, const int32_t *restrict colsum, \
+                          const float *restrict sw, float *restrict c) {                                      \
+    _Pragma("omp simd") for (int64_t j = 0; j < cols; j++) c[j] =                                             \
+        (float)(acc[j] - rp.za * colsum[j]) * (rp.sa * sw[j]);                                                \
+  }
+DEQUANTIZE(dequantize_avx2, OPX_TARGET_AVX2)
+DEQUANTIZE(dequantize_avx512, OPX_TARGET_AVX512)
+#undef DEQUANTIZE
 
-enum { ROWBLK_ROWS = 96 /* rows of A per task */ };
+/* rows of A per task: vector kernels: their panels pass a B panel held in L2; AMX: each 32-row block passes
+ * a chunk of B panels (AMX_B_BYTES) held in L2, so a chunk is read from memory once per 512 rows */
+enum { ROWBLK_ROWS = 96, AMX_ROWBLK_ROWS = 512, AMX_B_BYTES = 1 << 20 };
 
-/* c = A x W^T: dequantized with bias/GELU into c (f32), or the raw int32 sums into c32 */
+/* c = A x W^T: dequantized with bias/GELU into c (f32), or the raw int32 sums into c32. Each task
+ * quantizes and packs its rows of A into its thread's buffers (in cache when the kernel reads them) and
+ * runs them against its chunk of weight panels. */
 static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const uint8_t *a8, int64_t lda, float *c,
                  int32_t *c32, int64_t ldc, const float *bias, int gelu) {
   q8_cfg g;
   if (!pb || !cfg_for(pb->isa, &g)) return 0;
   if (m <= 0) return 1;
-  int64_t kq = pb->kq, n = pb->n, mpanels = (m + g.mr - 1) / g.mr, npanels = (n + g.nr - 1) / g.nr;
-  uint32_t *apack = reserve(&tl_a, (size_t)(mpanels * kq * g.mr) * 4);
-  arow *par = reserve(&tl_rows, (size_t)(mpanels * g.mr) * sizeof(arow));
-  if (!apack || !par) return 0;
+  int64_t kpad = pb->kpad, n = pb->n, mpanels = (m + g.mr - 1) / g.mr, npanels = (n + g.nr - 1) / g.nr;
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
-  int64_t rowblk = (ROWBLK_ROWS + g.mr - 1) / g.mr, nblk = (mpanels + rowblk - 1) / rowblk, nsplit = 1;
+  int64_t rowblk = ((g.amx ? AMX_ROWBLK_ROWS : ROWBLK_ROWS) + g.mr - 1) / g.mr, nblk = (mpanels + rowblk - 1) / rowblk;
+  int64_t chunk = g.amx ? AMX_B_BYTES / (kpad * g.nr * 4) : npanels;
+  int64_t nsplit = (npanels + (chunk > 1 ? chunk : 1) - 1) / (chunk > 1 ? chunk : 1);
   while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
   int64_t per = (npanels + nsplit - 1) / nsplit;
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
-    /* one row as uint8 (padded to whole slots), then (transposed A only) as floats */
-    uint8_t *qa = reserve(&tl_row, (size_t)(kq * 4) * 5);
-    if (!qa) {
+    /* one row as uint8 (padded to whole slots), then (transposed A only) as floats; the task's A panels
+     * and their rows' scales */
+    uint8_t *qa = reserve(&tl_row, (size_t)(kpad * 4) * 5);
+    uint32_t *apack = reserve(&tl_a, (size_t)(rowblk * kpad * g.mr) * 4);
+    arow *par = reserve(&tl_rows, (size_t)(rowblk * g.mr) * sizeof(arow));
+    int ok = qa && apack && par;
+    if (!ok) {
 #pragma omp atomic write
       failed = 1;
     }
-#pragma omp for schedule(static)
-    for (int64_t ip = 0; ip < mpanels; ip++)
-      if (qa)
-        pack_a_panel(&g, ta, a, a8, lda, pb->k, kq, ip * g.mr, m - ip * g.mr < g.mr ? m - ip * g.mr : g.mr,
-                     apack + ip * kq * g.mr, par + ip * g.mr, qa);
+    int64_t packed = -1; /* the first panel of the rows in apack */
+#if OPX_MULTI_ISA
+    if (g.amx) amx_tiles_on();
+#endif
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < nblk * nsplit; t++) {
-      if (failed) continue;
+      if (!ok) continue;
       int64_t ip0 = t / nsplit * rowblk, ip1 = ip0 + rowblk < mpanels ? ip0 + rowblk : mpanels;
       int64_t jp0 = t % nsplit * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
-      int32_t acc[14 * 32];
-      for (int64_t jp = jp0; jp < jp1; jp++) {
-        int64_t j = jp * g.nr, cols = n - j < g.nr ? n - j : g.nr;
-        for (int64_t ip = ip0; ip < ip1; ip++) {
-          int64_t i = ip * g.mr, rows = m - i < g.mr ? m - i : g.mr;
-          g.kernel(kq, apack + ip * kq * g.mr, pb->p + jp * kq * g.nr, acc);
-          for (int64_t r = 0; r < rows; r++) {
-            const int32_t *ar = acc + r * g.nr;
-            if (c32) {
-              memcpy(c32 + (i + r) * ldc + j, ar, (size_t)cols * sizeof(int32_t));
-              continue;
-            }
-            dequantize(cols, ar, par[i + r], pb->colsum + j, pb->scale + j, c + (i + r) * ldc + j);
+      for (int64_t ip = ip0; packed != ip0 && ip < ip1; ip++)
+        pack_a_panel(&g, ta, a, a8, lda, pb->k, kpad, ip * g.mr, m - ip * g.mr < g.mr ? m - ip * g.mr : g.mr,
+                     apack + (ip - ip0) * kpad * g.mr, par + (ip - ip0) * g.mr, qa);
+      packed = ip0;
+      int32_t acc[32 * 32];
+      int64_t nj = jp1 - jp0, ni = ip1 - ip0;
+      for (int64_t x = 0; x < ni * nj; x++) { /* AMX: the row panels outer; vector kernels: the B panels */
+        int64_t jp = g.amx ? jp0 + x % nj : jp0 + x / ni, ip = g.amx ? ip0 + x / nj : ip0 + x % ni;
+        int64_t j = jp * g.nr, cols = n - j < g.nr ? n - j : g.nr, i = ip * g.mr, rows = m - i < g.mr ? m - i : g.mr;
+        g.kernel(g.amx ? kpad : pb->kq, apack + (ip - ip0) * kpad * g.mr, pb->p + jp * kpad * g.nr, acc);
+        for (int64_t r = 0; r < rows; r++) {
+          const int32_t *ar = acc + r * g.nr;
+          if (c32) {
+            memcpy(c32 + (i + r) * ldc + j, ar, (size_t)cols * sizeof(int32_t));
+            continue;
           }
-          if (!c32) opx_bias_act_rows(pb->isa, rows, cols, c + i * ldc + j, ldc, bias ? bias + j : NULL, gelu);
+          (g.group == 4 ? dequantize_avx512 : dequantize_avx2)(cols, ar, par[(ip - ip0) * g.mr + r], pb->colsum + j,
+                                                               pb->scale + j, c + (i + r) * ldc + j);
         }
+        if (!c32) opx_bias_act_rows(pb->isa, rows, cols, c + i * ldc + j, ldc, bias ? bias + j : NULL, gelu);
       }
     }
+#if OPX_MULTI_ISA
+    if (g.amx) amx_tiles_off();
+#endif
   }
   return !failed;
 }

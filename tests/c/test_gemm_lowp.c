@@ -10,7 +10,14 @@
  * of the reference, u = 2^-24 (Higham 3.1); GELU as in test_linear_packed
  * (|gelu'| <= 1.13, vm_gelu_fast's error < 5e-7 |v|). Not rounding x (or
  * truncating instead of rounding) costs up to 2^-9 of each term: hundreds of
- * times the bound, so it fails.
+ * times the bound, so it fails. AMX's tdpbf16ps (SDM pseudocode) sums a
+ * 16-pair step in two f32 chains (even and odd k) of 16 exact-product FMAs,
+ * adds the two, then adds that to the accumulator, each rounded to nearest
+ * even: a term meets at most 16 + 2 + k/32 <= k + 1 roundings, so the same
+ * bound holds; it flushes subnormal results to zero, at most 2^-126 for each
+ * of the k + 2 roundings (added to the bound; the inputs here are not bf16
+ * subnormals). On an AMX machine the bf16 layers run on both kernels, each
+ * against the reference and the two against each other (2x the bound).
  *
  * int8, integer core: W = 2^e_j Q with Q in [-127, 127] and one |Q| = 127 per
  * row, so that the per-channel quantization recovers Q exactly; A uint8. The
@@ -19,7 +26,9 @@
  * the quantization bound per entry: |dx| <= sa / 2, |dw| <= sw / 2, so
  * |err| <= sa/2 sum|w| + sw/2 sum|x| + k sa sw / 4 (times 1 + 2^-12 for the
  * f32 roundings of the scales and of x / sa, w / sw), plus f32 rounding
- * (k + 4) u (sum|x w| + the bound) and, with GELU, 1.13 times that. */
+ * (k + 4) u (sum|x w| + the bound) and, with GELU, 1.13 times that. The AMX
+ * int8 kernel (tdpbusd) must give the VNNI kernel's int32 sums and therefore
+ * the very same outputs, bit for bit. */
 #include "bertlua.h"
 #include "ops/gemm_lowp.h"
 #include "base/vecmath.h"
@@ -40,8 +49,11 @@ static double bf16_round(double x) { /* to 8 significant bits, nearest even */
 
 static double gelu(double v) { return v * 0.5 * erfc(-v / sqrt(2.0)); }
 
-/* y = act(x W^T + b) packed as prec; returns the worst error as a fraction of its bound */
-static double check_layer(int prec, int64_t rows, int64_t in, int64_t out, int act) {
+/* y = act(x W^T + b) packed as prec; returns the worst error as a fraction of its bound. With `other`
+ * (an ISA path name) the forward runs there too: bf16 within twice the bound of the first, int8 identical
+ * (*differ counts the entries that are not) */
+static double check_layer(int prec, int64_t rows, int64_t in, int64_t out, int act, const char *other,
+                          int64_t *differ) {
   bl_tensor *x = rand_tensor(rows, in, 1.0f), *w = rand_tensor(out, in, 0.1f), *b = rand_tensor(1, out, 0.5f);
   bl_tensor *y = rand_tensor(rows, out, 1.0f), *bv = NULL;
   int64_t bshape[1] = { out };
@@ -50,7 +62,15 @@ static double check_layer(int prec, int64_t rows, int64_t in, int64_t out, int a
   OK(bl_linear_pack_as(&pw, w, prec));
   for (int64_t i = 0; i < rows * out; i++) ((float *)y->data)[i] = NAN; /* every entry must be written */
   OK(bl_linear_forward_packed(y, x, w, pw, bv, act));
-  const float *X = x->data, *W = w->data, *B = b->data, *Y = y->data;
+  bl_tensor *y2 = NULL;
+  if (other) {
+    const char *here = bl_cpu_isa();
+    y2 = rand_tensor(rows, out, 1.0f);
+    OK(bl_cpu_set_isa(other));
+    OK(bl_linear_forward_packed(y2, x, w, pw, bv, act));
+    OK(bl_cpu_set_isa(here));
+  }
+  const float *X = x->data, *W = w->data, *B = b->data, *Y = y->data, *Y2 = y2 ? y2->data : NULL;
   const double u = ldexp(1.0, -24);
   double worst = 0;
   for (int64_t i = 0; i < rows; i++) {
@@ -69,7 +89,7 @@ static double check_layer(int prec, int64_t rows, int64_t in, int64_t out, int a
           v += t;
           mag += fabs(t);
         }
-        bound = (double)(in + 1) * u * mag;
+        bound = (double)(in + 1) * u * mag + (double)(in + 2) * ldexp(1.0, -126);
       } else {
         double wmax = 0, sw = 0;
         for (int64_t p = 0; p < in; p++) {
@@ -90,30 +110,80 @@ static double check_layer(int prec, int64_t rows, int64_t in, int64_t out, int a
       }
       double got = Y[i * out + j], r = isfinite(got) ? fabs(got - ref) / (bound + 1e-30) : 1e30;
       if (r > worst) worst = r;
+      if (Y2 && prec == BL_PACK_BF16) {
+        double got2 = Y2[i * out + j];
+        r = isfinite(got2) ? fabs(got2 - got) / (2 * bound + 1e-30) : 1e30;
+        if (r > worst) worst = r;
+      }
+      if (Y2 && prec == BL_PACK_INT8) *differ += memcmp(&Y[i * out + j], &Y2[i * out + j], sizeof(float)) != 0;
     }
   }
   bl_linear_pack_free(pw);
-  bl_tensor *ts[] = { x, w, b, bv, y };
+  bl_tensor *ts[] = { x, w, b, bv, y, y2 };
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
   return worst;
 }
 
-static void test_layers(int prec, const char *name) {
-  /* rows, in, out: one element, batch 1, odd everything, K odd and not a multiple of 4, N over many panels */
-  static const int64_t shapes[][3] = { { 1, 1, 1 },      { 1, 768, 100 },  { 29, 45, 70 }, { 15, 801, 40 },
-                                       { 33, 43, 3100 }, { 130, 300, 97 }, { 7, 3, 33 } };
+/* on the path in use, and against the path `other` where given (see check_layer) */
+static void test_layers(int prec, const char *name, const char *other) {
+  /* rows, in, out: one element, batch 1, odd everything, K odd and not a multiple of 4, N over many panels;
+   * for AMX: M, N and K around and off multiples of 16 / 32 / 64, K under one tile, whole tiles, threaded,
+   * more rows than a task takes (512), more weight panels than a task's L2 chunk (1 MB) */
+  static const int64_t shapes[][3] = { { 1, 1, 1 },      { 1, 768, 100 },  { 29, 45, 70 },   { 15, 801, 40 },
+                                       { 33, 43, 3100 }, { 130, 300, 97 }, { 7, 3, 33 },     { 47, 65, 17 },
+                                       { 64, 128, 64 },  { 17, 31, 33 },   { 200, 777, 50 }, { 32, 63, 31 },
+                                       { 600, 40, 50 },  { 40, 3000, 200 } };
+  int64_t differ = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
     for (int act = 0; act < 2; act++) {
-      double r = check_layer(prec, shapes[s][0], shapes[s][1], shapes[s][2], act ? BL_LINEAR_GELU : 0);
-      CHECK(r <= 1.0, "%s on %s: %lldx%lld -> %lld, act %d: error %.3g x its bound", name, bl_cpu_isa(),
-            (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2], act, r);
+      double r = check_layer(prec, shapes[s][0], shapes[s][1], shapes[s][2], act ? BL_LINEAR_GELU : 0, other, &differ);
+      CHECK(r <= 1.0, "%s on %s%s%s: %lldx%lld -> %lld, act %d: error %.3g x its bound", name, bl_cpu_isa(),
+            other ? " and " : "", other ? other : "", (long long)shapes[s][0], (long long)shapes[s][1],
+            (long long)shapes[s][2], act, r);
     }
-  printf("%s on %s: %d layers checked\n", name, bl_cpu_isa(), (int)(2 * sizeof shapes / sizeof shapes[0]));
+  CHECK(differ == 0, "%s: %lld outputs differ between %s and %s", name, (long long)differ, bl_cpu_isa(),
+        other ? other : "-");
+  char vs[64] = "";
+  if (other)
+    snprintf(vs, sizeof vs, ", %s %s", prec == BL_PACK_INT8 ? "identical to" : "within 2x the bound of", other);
+  printf("%s on %s: %d layers checked%s\n", name, bl_cpu_isa(), (int)(2 * sizeof shapes / sizeof shapes[0]), vs);
 }
 
-/* the int32 sums of the int8 kernel of isa, bit for bit */
+/* A given transposed (ta = 1: a [k, m]) gives the very same outputs as row-major (both kernels of the path in
+ * use pack the same rounded or quantized values), with bias and GELU */
+static void test_transposed_a(const char *name) {
+  static const int64_t shapes[][3] = { { 1, 5, 3 }, { 33, 70, 45 }, { 17, 130, 64 } }; /* m, k, n */
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    int64_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
+    float *w = malloc(sizeof(float) * n * k), *a = malloc(sizeof(float) * m * k), *at = malloc(sizeof(float) * m * k);
+    float *bias = malloc(sizeof(float) * n), *c0 = malloc(sizeof(float) * m * n), *c1 = malloc(sizeof(float) * m * n);
+    for (int64_t i = 0; i < n * k; i++) w[i] = 0.1f * urand();
+    for (int64_t i = 0; i < n; i++) bias[i] = urand();
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t p = 0; p < k; p++) at[p * m + i] = a[i * k + p] = urand();
+    opx_bf16_b *pb = opx_bf16_pack(1, k, n, w, k);
+    opx_q8_b *pq = opx_q8_pack(OPX_ISA_AVX512, 1, k, n, w, k);
+    CHECK(pb && pq, "%s: packs %lldx%lld failed", name, (long long)n, (long long)k);
+    for (int q8 = 0; pb && pq && q8 < 2; q8++) {
+      int ok0 = q8 ? opx_q8_gemm(pq, 0, m, a, k, c0, n, bias, 1) : opx_bf16_gemm(pb, 0, m, a, k, c0, n, bias, 1);
+      int ok1 = q8 ? opx_q8_gemm(pq, 1, m, at, m, c1, n, bias, 1) : opx_bf16_gemm(pb, 1, m, at, m, c1, n, bias, 1);
+      CHECK(ok0 && ok1 && memcmp(c0, c1, sizeof(float) * m * n) == 0, "%s %s: transposed A %lldx%lld -> %lld differs",
+            name, q8 ? "int8" : "bf16", (long long)m, (long long)k, (long long)n);
+    }
+    opx_bf16_free(pb);
+    opx_q8_free(pq);
+    free(w), free(a), free(at), free(bias), free(c0), free(c1);
+  }
+  printf("%s: transposed A gives the row-major outputs\n", name);
+}
+
+/* the int32 sums of the int8 kernel of isa (on the path in use), bit for bit */
 static void test_int8_exact(int isa, const char *name) {
-  static const int64_t shapes[][3] = { { 1, 1, 1 }, { 1, 768, 64 }, { 17, 33, 45 }, { 100, 301, 70 }, { 6, 5, 16 } };
+  /* m, k, n; for AMX: k under a tile (64), not a multiple of it, m and n off multiples of 16 / 32, threaded,
+   * more rows than a task takes, more weight panels than a task's L2 chunk */
+  static const int64_t shapes[][3] = { { 1, 1, 1 },      { 1, 768, 64 }, { 17, 33, 45 },   { 100, 301, 70 },
+                                       { 6, 5, 16 },     { 33, 64, 33 }, { 47, 129, 100 }, { 32, 127, 32 },
+                                       { 200, 700, 50 }, { 1, 65, 17 },  { 600, 70, 33 },  { 40, 3000, 400 } };
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     int64_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
     float *w = malloc(sizeof(float) * n * k);
@@ -147,9 +217,19 @@ static void test_int8_exact(int isa, const char *name) {
 
 int main(void) {
   rng_state = 0xD1B54A32D192ED03ull;
-  if (bl_cpu_set_isa("avx512") == 0 && bl_cpu_has("avx512_bf16"))
-    test_layers(BL_PACK_BF16, "bf16");
-  else
+  /* amx: the tile kernels, each also against the avx512 path's vdpbf16ps / vpdpbusd kernels */
+  int amx = bl_cpu_set_isa("amx") == 0;
+  if (!amx) printf("amx: not on this CPU/OS/build, AMX kernels skipped (%s; %s)\n", bl_last_error(), bl_cpu_info());
+  if (amx) {
+    test_layers(BL_PACK_BF16, "bf16 amx", "avx512");
+    test_layers(BL_PACK_INT8, "int8 amx", "avx512");
+    test_int8_exact(OPX_ISA_AVX512, "int8 amx");
+    test_transposed_a("amx");
+  }
+  if (bl_cpu_set_isa("avx512") == 0 && bl_cpu_has("avx512_bf16")) {
+    test_layers(BL_PACK_BF16, "bf16", NULL);
+    if (bl_cpu_has("avx512_vnni")) test_transposed_a("avx512");
+  } else
     printf("bf16: no AVX512-BF16 on this CPU/build: skipped (%s)\n", bl_cpu_info());
   static const char *const paths[] = { "avx512", "avx2" };
   for (int i = 0; i < 2; i++) {
@@ -159,7 +239,7 @@ int main(void) {
     }
     int vnni = bl_cpu_has("avx512_vnni");
     if (i == 0 && !vnni) printf("int8 on avx512: no VNNI, the AVX2 kernel runs\n");
-    test_layers(BL_PACK_INT8, "int8");
+    test_layers(BL_PACK_INT8, "int8", NULL);
     test_int8_exact(vnni ? OPX_ISA_AVX512 : OPX_ISA_AVX2, vnni ? "int8 vnni" : "int8 avx2");
   }
   /* what the CPU cannot do is a clear error, not a crash */

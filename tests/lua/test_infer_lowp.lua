@@ -99,8 +99,10 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
   end
   local batch, S = batch_of(rows)
   local tested = 0
-  for _, isa in ipairs({ "avx512", "avx2" }) do
-    if pcall(bl.set_cpu_isa, isa) then
+  for _, isa in ipairs({ "amx", "avx512", "avx2" }) do
+    if not pcall(bl.set_cpu_isa, isa) then
+      print(isa .. ": not on this CPU/OS/build, not checked")
+    else
       infer.unpack(model)
       model:eval()
       local h0 = hidden(model, batch)
@@ -120,7 +122,7 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
     end
   end
   if tested == 0 then T.skip("no AVX2 or AVX-512 path on this CPU") end
-  for _, isa in ipairs({ "avx512", "avx2", "baseline" }) do if pcall(bl.set_cpu_isa, isa) then break end end
+  T.best_cpu_path()
 end)
 
 T.test("a precision the CPU path lacks is a clear error or a stated fallback", function()
@@ -132,7 +134,7 @@ T.test("a precision the CPU path lacks is a clear error or a stated fallback", f
   T.truthy(line:find("no AVX512-BF16", 1, true), line)
   T.raises(function() infer.check_precision("predict", "int8", 0) end, "CPU inference only")
   T.raises(function() infer.check_precision("predict", "int4", -1) end, "fp16 or int8, got int4")
-  for _, isa in ipairs({ "avx512", "avx2" }) do if pcall(bl.set_cpu_isa, isa) then break end end
+  T.best_cpu_path()
 end)
 
 -- the real model's directory, or a skip

@@ -37,7 +37,7 @@ function M.check_precision(recipe, p, dev)
 end
 
 -- plan(precision) -> the pack's precision ("fp32", "bf16" or "int8") and a line saying what runs:
---   int8: dynamic quantization, weights per output channel, activations per row (VNNI or AVX2 kernel);
+--   int8: dynamic quantization, weights per output channel, activations per row (AMX, VNNI or AVX2 kernel);
 --   bf16: weights and activations rounded to bf16, f32 sums, where the CPU has AVX512-BF16; elsewhere the
 --         f32 GEMM on the bf16-rounded weights (what the recipes' weight rounding already gives);
 --   anything else: fp32 (tf32/fp16 round the weights only, as before).
@@ -47,10 +47,12 @@ function M.plan(precision)
       error("int8 inference needs the avx2 or avx512 CPU path (this one: " .. runtime.cpu_isa() .. ")", 0)
     end
     return "int8", "int8 dynamic quantization (weights per output channel, activations per row), "
-      .. (runtime.cpu_has("avx512_vnni") and "VNNI vpdpbusd" or "AVX2 vpmaddwd") .. " int32 sums"
+      .. (runtime.cpu_has("amx") and "AMX tdpbusd" or runtime.cpu_has("avx512_vnni") and "VNNI vpdpbusd"
+        or "AVX2 vpmaddwd") .. " int32 sums"
   elseif precision == "bf16" then
     if runtime.cpu_has("avx512_bf16") then
-      return "bf16", "bf16 GEMM (weights and activations rounded to bf16, vdpbf16ps, f32 sums)"
+      return "bf16", "bf16 GEMM (weights and activations rounded to bf16, "
+        .. (runtime.cpu_has("amx") and "AMX tdpbf16ps" or "vdpbf16ps") .. ", f32 sums)"
     end
     return "fp32", "bf16: no AVX512-BF16 on this CPU path (" .. runtime.cpu_isa()
       .. "): f32 GEMM on bf16-rounded weights"

@@ -86,7 +86,8 @@ function M.at_exit(fn) finalizers[#finalizers + 1] = fn end
 
 -- exe(): path of the bertlua executable: $BL_BUILD_DIR/bertlua (ctest sets it), else build/bertlua.
 -- each_cpu_path(fn): fn(isa) on every CPU kernel path this build and CPU can set (avx512, avx2, baseline; the
--- sanitizer build has only baseline), at least one; the best path is set again afterwards.
+-- sanitizer build has only baseline), at least one; the best path is set again afterwards (best_cpu_path: amx
+-- where there is one, avx512 with the bf16/int8 GEMMs on tiles, which the tests of those GEMMs run themselves).
 local CPU_PATHS = { "avx512", "avx2", "baseline" }
 function M.each_cpu_path(fn)
   local bl = require "bertlua"
@@ -98,7 +99,17 @@ function M.each_cpu_path(fn)
     end
   end
   M.truthy(tested >= 1, "no CPU path could be set")
-  for _, isa in ipairs(CPU_PATHS) do if pcall(bl.set_cpu_isa, isa) then break end end
+  M.best_cpu_path()
+end
+
+-- best_cpu_path(): sets the best CPU path this build and CPU have again (amx, avx512, avx2 or baseline), under
+-- BL_CPU_ISA's cap as at start-up
+function M.best_cpu_path()
+  local bl = require "bertlua"
+  local cap, paths = os.getenv("BL_CPU_ISA"), { "amx", "avx512", "avx2", "baseline" }
+  local from = 1
+  for i, isa in ipairs(paths) do if isa == cap then from = i end end
+  for i = from, #paths do if pcall(bl.set_cpu_isa, paths[i]) then return paths[i] end end
 end
 
 function M.exe() return (os.getenv("BL_BUILD_DIR") or "build") .. "/bertlua" end
