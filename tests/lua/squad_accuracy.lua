@@ -284,11 +284,16 @@ for _, seed in ipairs(seeds) do
       print(("seed %d %s: running (logs in %s)"):format(seed, side, dir))
       local t0 = os.time()
       r = run[side](dir, seed)
-      r = { nbest = result_of(r.nbest), exhaustive = result_of(r.exhaustive), questions = n_eval }
+      if r.questions and r.questions ~= n_eval then
+        fail("seed %d %s answered %d questions of %d", seed, side, r.questions, n_eval)
+      end
+      r = { nbest = result_of(r.nbest), exhaustive = result_of(r.exhaustive), questions = n_eval,
+        seconds = os.time() - t0, train_features = r.train_features or #train_feats, steps = r.steps or steps }
       ft.write_json(path, r)
-      note = (" (%d s)"):format(os.time() - t0)
+      note = (" (%d s)"):format(r.seconds)
     end
-    runs[#runs + 1] = { seed = seed, side = side, nbest = r.nbest, exhaustive = r.exhaustive }
+    runs[#runs + 1] = { seed = seed, side = side, nbest = r.nbest, exhaustive = r.exhaustive, seconds = r.seconds,
+      train_features = r.train_features }
     print(line(seed, side, r, note))
   end
 end
@@ -337,11 +342,13 @@ local md = { ("SQuAD v1.1, %s: train %d questions (articles 1-%d, %d features), 
   "S=%d/stride %d, %d epochs, batch %d, lr %g, warmup %g; F1/EM by the official metric, empty = questions " ..
   "without a valid span"):format(opt.squad:match("[^/]*$"), n_train, opt.train_articles, #train_feats, n_eval,
   opt.train_articles + 1, need, opt.max_seq_length, opt.doc_stride, opt.epochs, opt.batch, opt.lr, opt.warmup), "",
-  "| seed | side | F1 n-best | EM n-best | empty n-best | F1 exhaustive | EM exhaustive | empty exhaustive |",
-  "|---|---|---|---|---|---|---|---|" }
+  "| seed | side | F1 n-best | EM n-best | empty n-best | F1 exhaustive | EM exhaustive | empty exhaustive | " ..
+    "train features | wall s |",
+  "|---|---|---|---|---|---|---|---|---|---|" }
 for _, r in ipairs(runs) do
-  md[#md + 1] = ("| %d | %s | %.2f | %.2f | %d | %.2f | %.2f | %d |"):format(r.seed, r.side, r.nbest.f1,
-    r.nbest.exact_match, r.nbest.empty, r.exhaustive.f1, r.exhaustive.exact_match, r.exhaustive.empty)
+  md[#md + 1] = ("| %d | %s | %.2f | %.2f | %d | %.2f | %.2f | %d | %s | %s |"):format(r.seed, r.side, r.nbest.f1,
+    r.nbest.exact_match, r.nbest.empty, r.exhaustive.f1, r.exhaustive.exact_match, r.exhaustive.empty,
+    tostring(r.train_features or "?"), tostring(r.seconds or "?"))
 end
 local function ms(s) return ("%.2f ± %s (%.2f-%.2f)"):format(s.mean, s.sd and ("%.2f"):format(s.sd) or "n/a",
   s.min, s.max) end

@@ -94,7 +94,10 @@ T.test("2 seeds x bertlua and native: both span searches, counts that add up", f
   end
   local md = T.slurp(out .. "/summary.md")
   T.truthy(md:find("| seed | side | F1 n-best | EM n-best | empty n-best | F1 exhaustive | EM exhaustive | " ..
-    "empty exhaustive |", 1, true), md)
+    "empty exhaustive | train features | wall s |", 1, true), md)
+  for _, r in ipairs(s.runs) do
+    T.truthy(r.seconds >= 0 and r.train_features >= 16, cjson.encode(r))
+  end
   T.eq(count(md, "\n| [12] | "), 4, md)
   T.truthy(md:find("\n| native | 2 | ", 1, true) and md:find("exhaustive: bertlua's mean F1 ", 1, true), md)
 end)
