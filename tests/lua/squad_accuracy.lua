@@ -99,7 +99,7 @@ if want.transformers or want.native then
   end
 end
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = require("bertlua.util.shell").quote   -- one shell word; --bertlua-args/--ref-args stay split
 local function sh(cmd, what, log)
   local ok = os.execute(cmd)
   if ok ~= 0 and ok ~= true then fail("%s failed: see %s", what, log) end
