@@ -57,6 +57,8 @@ local opt = options.parse(arg, {
   { "max_query_length", 64, "QA: question tokens kept", int = true, min = 1 },
   { "max_answer_length", 30, "QA: longest answer", int = true, min = 1 },
   { "n_best", 20, "QA: n-best spans per question", int = true, min = 1 },
+  { "span_search", "nbest", "QA: answer spans searched: nbest (the --n-best best starts x ends of each window) " ..
+    "or exhaustive (every valid start/end pair)", choices = { "nbest", "exhaustive" } },
   { "version_2_with_negative", false, "squad: SQuAD 2.0 (unanswerable questions)" },
   { "null_score_diff_threshold", 0.0, "squad v2: predict no answer when null score - best > this", int = false },
   { "precision", "fp32",
@@ -152,7 +154,7 @@ local function answer_questions(src, name)
         function(i) return "question " .. tostring(examples[feats[i].example_index + 1].qas_id) end)
     end,
     { tokenizer = tok, n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
-      version_2_with_negative = opt.version_2_with_negative,
+      span_search = opt.span_search, version_2_with_negative = opt.version_2_with_negative,
         null_score_diff_threshold = opt.null_score_diff_threshold })
   return preds, nbest, odds, stats, rep.skipped, #examples
 end

@@ -1,7 +1,8 @@
 -- SQuAD v1.1 / v2.0 fine-tuning and prediction, as google-research/bert's
 -- run_squad.py and NVIDIA's recipe do it: features with doc_stride windows,
 -- AdamW with linear warmup and decay, n-best span search with the reference's
--- text recovery, the official metrics at the end.
+-- text recovery (or --span-search=exhaustive: every valid span), the official
+-- metrics at the end.
 --
 --   bertlua recipes/squad.lua --model=DIR --train-file=train-v1.1.json --predict-file=dev-v1.1.json \
 --       --output=runs/squad --do-train --do-predict
@@ -53,6 +54,8 @@ local opt = options.parse(arg, {
   { "max_grad_norm", 1.0, "clip the global gradient norm to this (0: off)", min = 0, int = false },
   { "predict_batch", 32, "sequences per forward when predicting", int = true, min = 1 },
   { "n_best", 20, "n-best spans per question", int = true, min = 1 },
+  { "span_search", "nbest", "answer spans searched: nbest (the --n-best best starts x ends of each window, " ..
+    "run_squad.py) or exhaustive (every valid start/end pair)", choices = { "nbest", "exhaustive" } },
   { "max_answer_length", 30, "longest answer in tokens", int = true, min = 1 },
   { "null_score_diff_threshold", 0.0, "v2: predict no answer when null score - best > this", int = false },
   { "max_steps", 0, "stop training after this many steps (0: all)", int = true, min = 0 },
@@ -159,11 +162,12 @@ if opt.do_predict then
     run(#feats)
     return
   end
-  local _, _, _, stats = squad.predict(examples, feats, run, { tokenizer = tok, output_dir = opt.output,
-    n_best_size = opt.n_best, max_answer_length = opt.max_answer_length,
+  local _, _, _, stats, empty = squad.predict(examples, feats, run, { tokenizer = tok, output_dir = opt.output,
+    n_best_size = opt.n_best, max_answer_length = opt.max_answer_length, span_search = opt.span_search,
     version_2_with_negative = opt.version_2_with_negative, null_score_diff_threshold = opt.null_score_diff_threshold })
   print("predict: " .. batched.format_latency(stats))
-  print("predict: wrote " .. opt.output .. "/predictions.json")
+  print(("predict: wrote %s/predictions.json (%s span search; %d of %d questions without a valid span)")
+    :format(opt.output, opt.span_search, empty, #examples))
   if squad.has_answers(dataset) then
     local preds = cjson.decode(io.open(opt.output .. "/predictions.json"):read("*a"))
     local eopts = {}
@@ -183,6 +187,7 @@ if opt.do_predict then
     print("evaluation: " .. squad.format_eval(result, data_version))
     result.predict_seq_per_s, result.predict_p50_ms, result.predict_p99_ms = stats.seq_per_s, stats.p50_ms, stats.p99_ms
     result.skipped_questions = rep.skipped
+    result.span_search, result.empty_answers = opt.span_search, empty
     ft.write_json(opt.output .. "/eval_results.json", result)
   end
 end

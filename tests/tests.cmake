@@ -46,6 +46,8 @@ set_tests_properties(lua_test_cuda_squad PROPERTIES TIMEOUT 1200)
 set_tests_properties(lua_test_cuda_graph_dp PROPERTIES TIMEOUT 1800)
 # a real MiniLM fine-tuned twice (bertlua, then transformers): ~2.5 min in Release, 8-10 min in the ASan build
 set_tests_properties(lua_test_finetune_f1 PROPERTIES TIMEOUT 1200)
+# squad_accuracy.lua at a tiny scale: 6 real-MiniLM fine-tunings of 5 steps (3 sides x 2 seeds), ~2.5 min idle
+set_tests_properties(lua_test_squad_seeds PROPERTIES TIMEOUT 1200)
 # today's CPU peers (.venv-peers) end to end, 9 peer processes, a torch.compile of 2-3 min at load 12
 set_tests_properties(lua_test_benchmark_peers PROPERTIES TIMEOUT 1200)
 # the GELU epilogue ops, a gelu_new BERT step and a graphed gelu_new pre-training pair: ~45 s on the emulated device

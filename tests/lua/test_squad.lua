@@ -349,6 +349,60 @@ T.test("features: doc stride windows, max context, out-of-span answers -> 0/0 (h
   T.raises(function() squad.convert_examples_to_features(ex, tok, { max_seq_length = 4 }) end, "leaves no room")
 end)
 
+-- one question, one window (1 [CLS] + 18 question tokens + 2 [SEP] + 12
+-- context words), logits made by hand
+local function span_case(logits_of)
+  local tok = fake_tokenizer()
+  local words = {}
+  for i = 1, 18 do words[i] = "q" .. i; tok.vocab["q" .. i] = 200 + i end
+  for i = 1, 12 do tok.vocab["w" .. i] = 300 + i end
+  local ex = squad.read_examples({ version = "1.1", data = { { paragraphs = { {
+    context = "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12",
+    qas = { { id = "x", question = table.concat(words, " "), answers = { { text = "w5", answer_start = 12 } } } },
+  } } } } },
+    { is_training = false, quiet = true })
+  local f = squad.convert_examples_to_features(ex, tok, { is_training = false, max_seq_length = 40,
+    doc_stride = 8, max_query_length = 24 })
+  T.eq(#f, 1); T.eq(#f[1].tokens, 33)
+  local sl, el = logits_of(#f[1].tokens)
+  local res = { { start_logits = sl, end_logits = el } }
+  local out = {}
+  for _, search in ipairs { "nbest", "exhaustive" } do
+    local preds, _, _, empty = squad.write_predictions(ex, f, res, { tokenizer = tok, span_search = search,
+      max_answer_length = 5 })
+    out[search] = { text = preds.x, empty = empty }
+  end
+  return out
+end
+
+-- positions: 0 [CLS], 1-18 the question, 19 [SEP], 20-31 w1..w12, 32 [SEP]
+T.test("span search: top-20 starts and ends outside the context: n-best answers empty, exhaustive finds the span",
+  function()
+  local r = span_case(function(n)
+    local sl, el = {}, {}
+    for k = 1, n do sl[k] = 10 + k / 100; el[k] = 10 + k / 100 end  -- every non-context position scores high
+    for k = 21, 32 do sl[k] = -5; el[k] = -5 end                    -- the context lower
+    sl[20 + 5] = 1; el[20 + 7] = 2                                   -- w5 .. w7 the best valid span
+    el[20 + 12] = 3                                                  -- a better end 8 tokens away: too long
+    return sl, el
+  end)
+  T.eq(r.nbest.text, "empty"); T.eq(r.nbest.empty, 1)
+  T.eq(r.exhaustive.text, "w5 w6 w7"); T.eq(r.exhaustive.empty, 0)
+end)
+
+T.test("span search: top logits in the context: n-best and exhaustive agree", function()
+  local r = span_case(function(n)
+    local sl, el = {}, {}
+    for k = 1, n do sl[k] = math.sin(k); el[k] = math.cos(k) end
+    sl[20 + 3] = 6; el[20 + 4] = 5; el[20 + 2] = 7                  -- end before start is not a span
+    return sl, el
+  end)
+  T.eq(r.nbest.text, "w3 w4"); T.eq(r.exhaustive.text, "w3 w4")
+  T.eq(r.nbest.empty, 0); T.eq(r.exhaustive.empty, 0)
+  T.raises(function() squad.write_predictions({}, {}, {}, { tokenizer = {}, span_search = "all" }) end,
+    "span_search must be nbest or exhaustive, got all")
+end)
+
 T.test("get_final_text and softmax (hand-computed)", function()
   local tok = fake_tokenizer()
   T.eq(squad.get_final_text("steve smith", "Steve Smith's", tok), "Steve Smith")

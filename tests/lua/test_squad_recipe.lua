@@ -93,6 +93,22 @@ T.test("v1.1 slice: train with accumulation, predict, files parse, official eval
   T.eq(rc3, 0, out2)
   local preds2 = read_json(tmp .. "/run1b/predictions.json")
   for _, id in ipairs(ids1) do T.eq(preds2[id], preds[id], id) end
+
+  -- --span-search=exhaustive searches a superset of the n-best spans: each best score is at least the n-best one
+  local out3, rc4 = sh(("%s recipes/squad.lua --model=%s/run1/model --predict-file=%s/v1.json --output=%s/run1c " ..
+    "--do-predict --span-search=exhaustive %s"):format(exe, tmp, tmp, tmp, common))
+  T.eq(rc4, 0, out3)
+  T.truthy(out3:find("(exhaustive span search; 0 of " .. #ids1 .. " questions without a valid span)", 1, true), out3)
+  local nb3 = read_json(tmp .. "/run1c/nbest_predictions.json")
+  for _, id in ipairs(ids1) do
+    local a, b = nb3[id][1], nbest[id][1]
+    local nonce = b.text == "empty" and b.start_logit == 0 and b.end_logit == 0  -- n-best found no valid span
+    T.truthy(nonce or a.start_logit + a.end_logit >= b.start_logit + b.end_logit - 1e-6,
+      "exhaustive below n-best for " .. id)
+  end
+  local res3 = read_json(tmp .. "/run1c/eval_results.json")
+  T.eq(res3.span_search, "exhaustive"); T.eq(res3.empty_answers, 0)
+  T.eq(res.span_search, "nbest"); T.truthy(res.empty_answers >= 0, "n-best empty answers recorded")
 end)
 
 -- The issue's CPU accuracy check: a tiny model fine-tuned on a slice of the

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sys
+import time
 
 try:
     import torch
@@ -125,7 +126,8 @@ def fit(model, a, order, make_batch):
     model.train()
     log = []
     micro = getattr(a, "micro_batch", 0) or 1 << 30
-    for idx in order:
+    t0, seen = time.time(), 0
+    for step, idx in enumerate(order, 1):
         b, loss = make_batch(idx), 0.0  # one padded length for the whole batch: pad logits are in the softmax
         for i in range(0, len(idx), micro):
             out = model(**{k: v[i:i + micro] for k, v in b.items()})
@@ -137,6 +139,9 @@ def fit(model, a, order, make_batch):
         opt.step()
         sched.step()
         model.zero_grad(set_to_none=True)
+        seen += len(idx)
+        if step % 10 == 0 or step == len(order):  # progress, as bertlua's trainer prints it
+            print(f"step {step}/{len(order)}  loss {loss:.4f}  seq_per_s {seen / (time.time() - t0):.2f}", flush=True)
     with open(os.path.join(a.dir, "ref_log.json"), "w") as f:
         json.dump(log, f)
 

@@ -4,16 +4,19 @@ truncation="only_second", `stride` = overlap between windows, answer labels
 from the offsets, [CLS] when a window misses the answer), its own QA head
 initialisation from --seed, torch AdamW + clip_grad_norm_ + linear warmup and
 decay (qa_finetune_reference.fit), and the simple best-span post-processing of
-transformers' run_qa.py example, scored by the official v1.1 metric.
+transformers' run_qa.py example (top --n-best starts x ends), and beside it an
+exhaustive search of every valid span, both scored by the official v1.1 metric.
 
 usage: /usr/bin/python3 tests/py/qa_transformers_native.py TRAIN.json EVAL.json MODEL_DIR OUT_DIR [options]
-  Writes OUT_DIR/predictions.json, OUT_DIR/ref_log.json and OUT_DIR/eval_results.json
-  ({exact_match, f1, train_features, eval_features, steps}); prints the last.
+  Writes OUT_DIR/predictions.json (n-best), OUT_DIR/predictions_exhaustive.json, OUT_DIR/ref_log.json and,
+  last, OUT_DIR/eval_results.json ({nbest: {exact_match, f1, empty}, exhaustive: {...}, exact_match and f1 of
+  nbest, questions, train_features, eval_features, steps}; empty: questions without a valid span); prints it.
 Exit code 77 (skip) when torch or transformers is missing.
 """
 import argparse
 import collections
 import json
+import math
 import os
 import sys
 
@@ -23,6 +26,8 @@ from squad_official_eval import evaluate_v1  # noqa: E402
 
 import torch  # noqa: E402
 from transformers import BertForQuestionAnswering, BertTokenizerFast  # noqa: E402
+
+SEARCHES = ("nbest", "exhaustive")
 
 
 def flatten(path, first_answer_only):
@@ -73,28 +78,50 @@ def train_features(tok, qs, a):
     return feats
 
 
-def best_spans(enc, qs, start, end, a):
-    """The best span per question over its windows (run_qa.py's postprocess_qa_predictions without null answers):
-    enc = encode(tok, qs, a), start and end the windows' logits (one row per window). Returns {id: answer text}."""
+def window_candidates(sl, el, seq, a, search):
+    """(score, start, end) of the spans searched in one window: start and end in the context, start <= end, at
+    most --max-answer-length tokens. nbest: the --n-best best starts x the --n-best best ends (run_qa.py);
+    exhaustive: the best of every such pair."""
+    if search == "nbest":
+        top_s = sorted(range(len(sl)), key=lambda k: -sl[k])[:a.n_best]
+        top_e = sorted(range(len(el)), key=lambda k: -el[k])[:a.n_best]
+        for s in top_s:
+            for e in top_e:
+                if seq[s] == 1 and seq[e] == 1 and s <= e and e - s + 1 <= a.max_answer_length:
+                    yield sl[s] + el[e], s, e
+        return
+    n = len(sl)
+    ctx = torch.tensor([x == 1 for x in seq])
+    pos = torch.arange(n)
+    length = pos[None, :] - pos[:, None] + 1
+    valid = ctx[:, None] & ctx[None, :] & (length >= 1) & (length <= a.max_answer_length)
+    if not bool(valid.any()):
+        return
+    scores = torch.tensor(sl, dtype=torch.float64)[:, None] + torch.tensor(el, dtype=torch.float64)[None, :]
+    k = int(torch.argmax(scores.masked_fill(~valid, -math.inf)))
+    s, e = divmod(k, n)
+    yield sl[s] + el[e], s, e
+
+
+def best_spans(enc, qs, start, end, a, search):
+    """The best span per question over its windows (run_qa.py's postprocess_qa_predictions without null answers;
+    window_candidates says which spans are searched): enc = encode(tok, qs, a), start and end the windows' logits
+    (one row per window). Returns {id: answer text} and the number of questions without a valid span (answer "")."""
     best = collections.OrderedDict((q[0], (None, "")) for q in qs)
     for i, (sl, el) in enumerate(zip(start, end)):
         q = qs[enc["overflow_to_sample_mapping"][i]]
         seq, offsets = enc.sequence_ids(i), enc["offset_mapping"][i]
         sl, el = list(map(float, sl)), list(map(float, el))
-        top_s = sorted(range(len(sl)), key=lambda k: -sl[k])[:a.n_best]
-        top_e = sorted(range(len(el)), key=lambda k: -el[k])[:a.n_best]
-        for s in top_s:
-            for e in top_e:
-                if seq[s] != 1 or seq[e] != 1 or e < s or e - s + 1 > a.max_answer_length:
-                    continue
-                score = sl[s] + el[e]
-                if best[q[0]][0] is None or score > best[q[0]][0]:
-                    best[q[0]] = (score, q[2][offsets[s][0]:offsets[e][1]])
-    return {k: v[1] for k, v in best.items()}
+        for score, s, e in window_candidates(sl, el, seq, a, search):
+            if best[q[0]][0] is None or score > best[q[0]][0]:
+                best[q[0]] = (score, q[2][offsets[s][0]:offsets[e][1]])
+    empty = sum(1 for v in best.values() if v[0] is None)
+    return {k: v[1] for k, v in best.items()}, empty
 
 
 def predict(model, tok, qs, a):
-    """Best span per question over its windows (best_spans of the model's logits) and the number of windows."""
+    """The windows' logits through best_spans with each search: {search: (predictions, empty)}, and the number of
+    windows."""
     enc = encode(tok, qs, a)
     ids = torch.tensor(enc["input_ids"])
     tt, am = torch.tensor(enc["token_type_ids"]), torch.tensor(enc["attention_mask"])
@@ -105,7 +132,7 @@ def predict(model, tok, qs, a):
             out = model(input_ids=ids[b:b + 64], token_type_ids=tt[b:b + 64], attention_mask=am[b:b + 64])
             start += out.start_logits.tolist()
             end += out.end_logits.tolist()
-    return best_spans(enc, qs, start, end, a), ids.shape[0]
+    return {search: best_spans(enc, qs, start, end, a, search) for search in SEARCHES}, ids.shape[0]
 
 
 def main():
@@ -129,14 +156,22 @@ def main():
     feats = train_features(tok, flatten(a.train_file, True), a)
     order = shuffled_order(feats["input_ids"].shape[0], a)
     fit(model, a, order, lambda idx: batch_of(feats, idx))
-    preds, n_eval = predict(model, tok, flatten(a.eval_file, False), a)
-    with open(os.path.join(a.out, "predictions.json"), "w") as f:
-        json.dump(preds, f)
+    by_search, n_eval = predict(model, tok, flatten(a.eval_file, False), a)
     with open(a.eval_file) as f:
-        r = evaluate_v1(json.load(f)["data"], preds)
-    r.update(train_features=int(feats["input_ids"].shape[0]), eval_features=n_eval, steps=len(order))
-    with open(os.path.join(a.out, "eval_results.json"), "w") as f:
+        data = json.load(f)["data"]
+    r = {}
+    for search, (preds, empty) in by_search.items():
+        name = "predictions.json" if search == "nbest" else f"predictions_{search}.json"
+        with open(os.path.join(a.out, name), "w") as f:
+            json.dump(preds, f)
+        r[search] = dict(evaluate_v1(data, preds), empty=empty)
+    r.update(r["nbest"])
+    r.update(questions=len(by_search["nbest"][0]), train_features=int(feats["input_ids"].shape[0]),
+             eval_features=n_eval, steps=len(order))
+    path = os.path.join(a.out, "eval_results.json")
+    with open(path + ".tmp", "w") as f:  # whole or absent: its presence marks the run done
         json.dump(r, f)
+    os.replace(path + ".tmp", path)
     print(json.dumps(r))
 
 

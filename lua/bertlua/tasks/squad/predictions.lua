@@ -1,5 +1,7 @@
 -- bertlua.tasks.squad.predictions: logits -> answer texts, as run_squad.py's
--- write_predictions (n-best spans, get_final_text, null odds for v2.0).
+-- write_predictions (n-best spans, get_final_text, null odds for v2.0), or
+-- with an exhaustive search of every valid span instead of the n-best starts
+-- x ends.
 local pystr = require "bertlua.util.pystr"
 local json = require "bertlua.util.json"
 local slice = require("bertlua.util.list").slice
@@ -26,6 +28,13 @@ local function best_indexes(logits, n)
   end)
   local out = {}
   for i = 1, math.min(n, #idx) do out[i] = idx[i] - 1 end
+  return out
+end
+
+-- 0 .. n-1: every position (the exhaustive span search)
+local function all_indexes(n)
+  local out = {}
+  for i = 1, n do out[i] = i - 1 end
   return out
 end
 
@@ -76,13 +85,21 @@ end
 
 local function write_text(path, text) require("bertlua.util.fs").write_atomic(path, text) end
 
--- write_predictions(examples, features, results, opts) -> predictions, nbest, null_odds
+-- write_predictions(examples, features, results, opts) -> predictions, nbest, null_odds, empty
 -- results: one per feature, {start_logits = {...}, end_logits = {...}} (Lua
 -- arrays over the sequence) with an optional unique_id (else aligned with features).
 -- opts: tokenizer (required), n_best_size 20, max_answer_length 30,
--- version_2_with_negative false, null_score_diff_threshold 0.0, and
+-- span_search "nbest" (run_squad.py: the n_best_size best starts x the
+-- n_best_size best ends of each window) or "exhaustive" (every start x every
+-- end), version_2_with_negative false, null_score_diff_threshold 0.0, and
 -- output_dir, or prediction_file / nbest_file / null_odds_file, to write
 -- predictions.json, nbest_predictions.json, null_odds.json (json.dumps indent=4).
+-- Either search keeps the same valid spans: start and end in the context,
+-- start <= end, at most max_answer_length tokens, the start in the window
+-- where it has the most context; the best score over all windows wins. The
+-- n-best search misses a question when every top start or end sits outside
+-- its context; its answer is then run_squad.py's "empty" nonce, and `empty`
+-- counts such questions (questions with no valid span found).
 -- Returned tables are ordered JSON objects (qas_id in example order).
 function M.write_predictions(examples, features, results, opts)
   opts = opts or {}
@@ -90,6 +107,11 @@ function M.write_predictions(examples, features, results, opts)
   if not tok then error("squad.write_predictions: opts.tokenizer is required (for get_final_text)", 2) end
   local n_best_size = opts.n_best_size or 20
   local max_answer_length = opts.max_answer_length or 30
+  local span_search = opts.span_search or "nbest"
+  if span_search ~= "nbest" and span_search ~= "exhaustive" then
+    error(("squad.write_predictions: span_search must be nbest or exhaustive, got %s"):format(tostring(span_search)),
+      2)
+  end
   local v2 = opts.version_2_with_negative or false
   local null_thresh = opts.null_score_diff_threshold or 0.0
   if #results ~= #features then
@@ -110,6 +132,7 @@ function M.write_predictions(examples, features, results, opts)
   end
   local ids = {}
   local all_predictions, all_nbest, scores_diff = {}, {}, {}
+  local empty = 0
   for example_index0, example in ipairs(examples) do
     local feats = ex_feats[example_index0 - 1] or {}
     local prelim = {}
@@ -121,8 +144,12 @@ function M.write_predictions(examples, features, results, opts)
         error(("squad.write_predictions: no result for feature %s"):format(tostring(feature.unique_id)), 2)
       end
       local sl, el = result.start_logits, result.end_logits
-      local starts = best_indexes(sl, n_best_size)
-      local ends = best_indexes(el, n_best_size)
+      local starts, ends
+      if span_search == "nbest" then
+        starts, ends = best_indexes(sl, n_best_size), best_indexes(el, n_best_size)
+      else
+        starts, ends = all_indexes(#sl), all_indexes(#el)
+      end
       if v2 then
         local fns = sl[1] + el[1]
         if fns < score_null then score_null, min_null_fi, null_start, null_end = fns, fi, sl[1], el[1] end
@@ -137,6 +164,7 @@ function M.write_predictions(examples, features, results, opts)
         end
       end
     end
+    if #prelim == 0 then empty = empty + 1 end
     if v2 then
       prelim[#prelim + 1] = { fi = min_null_fi, s = 0, e = 0, sl = null_start, el = null_end, order = #prelim + 1 }
     end
@@ -209,7 +237,7 @@ function M.write_predictions(examples, features, results, opts)
   if pf then write_text(pf, json.dumps(all_predictions, { indent = 4 }) .. "\n") end
   if nf then write_text(nf, json.dumps(all_nbest, { indent = 4 }) .. "\n") end
   if of and v2 then write_text(of, json.dumps(scores_diff, { indent = 4 }) .. "\n") end
-  return all_predictions, all_nbest, v2 and scores_diff or nil
+  return all_predictions, all_nbest, v2 and scores_diff or nil, empty
 end
 
 -- feature_result(feature, st, en, first, S): write_predictions' record of one feature from flat start/end logit arrays
@@ -220,7 +248,7 @@ function M.feature_result(feature, st, en, first, S)
   return { unique_id = feature.unique_id, start_logits = slice(st, first, last), end_logits = slice(en, first, last) }
 end
 
--- predict(examples, features, run, opts) -> predictions, nbest, null_odds, stats:
+-- predict(examples, features, run, opts) -> predictions, nbest, null_odds, stats, empty:
 -- the QA model's logits for every feature, then write_predictions(opts).
 -- run(n, consume) runs the model over features 1..n in batches (the caller
 -- chooses batching and timing) and calls consume(idx, out) with the features'
@@ -233,8 +261,8 @@ function M.predict(examples, features, run, opts)
     local st, en = out.start_logits:totable(), out.end_logits:totable()
     for r, i in ipairs(idx) do results[i] = M.feature_result(features[i], st, en, (r - 1) * S + 1, S) end
   end)
-  local preds, nbest, odds = M.write_predictions(examples, features, results, opts)
-  return preds, nbest, odds, stats
+  local preds, nbest, odds, empty = M.write_predictions(examples, features, results, opts)
+  return preds, nbest, odds, stats, empty
 end
 
 return M
