@@ -137,7 +137,8 @@ def main(argv):
         what, count = "f1", f"{len(qs)} questions, {len(feed['input_ids'])} windows of {a.seq}"
 
         def score(out):
-            return evaluate_v1(data, best_spans(enc, qs, out[0], out[1], qa))["f1"]
+            # run_qa.py's n-best search, as bertlua's recipes/predict.lua searches by default
+            return evaluate_v1(data, best_spans(enc, qs, out[0], out[1], qa, "nbest")[0])["f1"]
     calibration = [{k: v[i:i + 1] for k, v in calib.items()} for i in range(len(calib["input_ids"]))] or None
     res = {k: score(v) for k, v in peer_outputs(model, feed, calibration, a.threads, names).items()}
     for kv in filter(None, a.ours.split(",")):
