@@ -91,12 +91,16 @@ ft.input_file("squad_accuracy", opt.squad, "--squad")
 if opt.doc_stride >= opt.max_seq_length then fail("--doc-stride must be below --max-seq-length") end
 local exe = arg[-1] or "bertlua"
 local py = os.getenv("BL_PYTHON") or "/usr/bin/python3"
+local stack  -- the transformers sides' versions, for the summary
 if want.transformers or want.native then
-  local p = io.popen(py .. [[ -c "import torch, transformers, safetensors" 2>&1]])
+  local p = io.popen(py .. [[ -c "import torch, transformers, safetensors; ]]
+    .. [[print('torch %s, transformers %s' % (torch.__version__, transformers.__version__))" 2>&1]])
   local msg = p:read("*a"); p:close()
-  if msg:find("%S") then
+  stack = msg:match("^(torch [^\n]*, transformers [^\n]*)\n?$")
+  if not stack then
     fail("%s cannot import torch/transformers/safetensors (set BL_PYTHON): %s", py, msg:match("([^\n]*)\n*$"))
   end
+  stack = stack .. " (" .. py .. ")"
 end
 
 local q = require("bertlua.util.shell").quote   -- one shell word; --bertlua-args/--ref-args stay split
@@ -335,13 +339,14 @@ end
 local summary = { settings = settings, seeds = seeds, sides = sides,
   split = { train_questions = n_train, eval_questions = n_eval, train_features = #train_feats,
     eval_features = #eval_feats, train_articles = opt.train_articles, eval_articles = opt.eval_articles },
-  runs = runs, per_side = per_side, bertlua_mean_f1_inside = inside }
+  runs = runs, per_side = per_side, bertlua_mean_f1_inside = inside, reference_stack = stack }
 ft.write_json(opt.out .. "/summary.json", summary)
 
 local md = { ("SQuAD v1.1, %s: train %d questions (articles 1-%d, %d features), eval %d questions (articles %d-%d), " ..
   "S=%d/stride %d, %d epochs, batch %d, lr %g, warmup %g; F1/EM by the official metric, empty = questions " ..
   "without a valid span"):format(opt.squad:match("[^/]*$"), n_train, opt.train_articles, #train_feats, n_eval,
-  opt.train_articles + 1, need, opt.max_seq_length, opt.doc_stride, opt.epochs, opt.batch, opt.lr, opt.warmup), "",
+  opt.train_articles + 1, need, opt.max_seq_length, opt.doc_stride, opt.epochs, opt.batch, opt.lr, opt.warmup)
+  .. (stack and "; transformers sides: " .. stack or ""), "",
   "| seed | side | F1 n-best | EM n-best | empty n-best | F1 exhaustive | EM exhaustive | empty exhaustive | " ..
     "train features | wall s |",
   "|---|---|---|---|---|---|---|---|---|---|" }

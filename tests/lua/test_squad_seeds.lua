@@ -92,7 +92,9 @@ T.test("2 seeds x bertlua and native: both span searches, counts that add up", f
     for _ in pairs(json(out .. "/" .. f)) do n = n + 1 end
     T.eq(n, 10, f)
   end
+  T.truthy(s.reference_stack:match("^torch %S+, transformers %S+ %(.+%)$"), tostring(s.reference_stack))
   local md = T.slurp(out .. "/summary.md")
+  T.truthy(md:find("; transformers sides: " .. s.reference_stack, 1, true), md)
   T.truthy(md:find("| seed | side | F1 n-best | EM n-best | empty n-best | F1 exhaustive | EM exhaustive | " ..
     "empty exhaustive | train features | wall s |", 1, true), md)
   for _, r in ipairs(s.runs) do
