@@ -22,10 +22,10 @@ enum { LEVEL_AMX = OPX_ISA_AVX512 + 1 }; /* levels: the OPX_ISA_* values, then A
 static const char *const isa_names[] = { "baseline", "avx2", "avx512", "amx" };
 #define ISA_LIST "amx, avx512, avx2 or baseline"
 
+#if OPX_MULTI_ISA
 /* AMX-TILE, -BF16 and -INT8 (CPUID 7.0 EDX bits 24, 22, 25) with the tile
  * state enabled by the OS in XCR0 (TILECFG bit 17, TILEDATA bit 18) */
 static int cpu_amx(void) {
-#if OPX_MULTI_ISA
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE: xgetbv is allowed */
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
@@ -34,10 +34,8 @@ static int cpu_amx(void) {
   unsigned lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (lo & (3u << 17)) == (3u << 17);
-#else
-  return 0;
-#endif
 }
+#endif
 
 /* Linux hands out the 8 KB tile data state only to a process that asks for it
  * (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 18), once for all its
