@@ -29,5 +29,40 @@ static const struct {
 AMX_TARGET static inline void amx_tiles_on(void) { _tile_loadconfig(&amx_cfg); }
 
 AMX_TARGET static inline void amx_tiles_off(void) { _tile_release(); }
+
+/* name(kt, a0, a1, b, c, ldc): C (32 x 32 of CT, row stride ldc) = the A panels a0 (rows 0-15) and a1 (16-31),
+ * [kt][16 rows][64 bytes] each, x one 32-column B panel b (row stride 128 bytes) over kt tiles of k, by the tile
+ * product DP (_tile_dpbf16ps, _tile_dpbusd). Each load comes right after the last reader of its tile (a tile is
+ * not renamed: a load waits for them). */
+#define AMX_BLOCK(name, DP, CT)                                                                             \
+  AMX_TARGET static void name(int64_t kt, const uint32_t *a0, const uint32_t *a1, const uint32_t *b, CT *c, \
+                              int64_t ldc) {                                                                \
+    _tile_zero(0);                                                                                          \
+    _tile_zero(1);                                                                                          \
+    _tile_zero(2);                                                                                          \
+    _tile_zero(3);                                                                                          \
+    _tile_loadd(4, a0, 64);                                                                                 \
+    _tile_loadd(6, b, 128);                                                                                 \
+    _tile_loadd(7, b + 16, 128);                                                                            \
+    _tile_loadd(5, a1, 64);                                                                                 \
+    for (int64_t t = 1; t < kt; t++) {                                                                      \
+      DP(0, 4, 6);                                                                                          \
+      DP(1, 4, 7);                                                                                          \
+      _tile_loadd(4, a0 + t * 256, 64);                                                                     \
+      DP(2, 5, 6);                                                                                          \
+      _tile_loadd(6, b + t * 16 * 32, 128);                                                                 \
+      DP(3, 5, 7);                                                                                          \
+      _tile_loadd(5, a1 + t * 256, 64);                                                                     \
+      _tile_loadd(7, b + t * 16 * 32 + 16, 128);                                                            \
+    }                                                                                                       \
+    DP(0, 4, 6);                                                                                            \
+    DP(1, 4, 7);                                                                                            \
+    DP(2, 5, 6);                                                                                            \
+    DP(3, 5, 7);                                                                                            \
+    _tile_stored(0, c, ldc * 4);                                                                            \
+    _tile_stored(1, c + 16, ldc * 4);                                                                       \
+    _tile_stored(2, c + 16 * ldc, ldc * 4);                                                                 \
+    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);                                                            \
+  }
 #endif
 #endif

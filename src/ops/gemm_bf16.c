@@ -163,37 +163,8 @@ BF16_TARGET static void pack_a_amx(int ta, const float *a, int64_t lda, int64_t 
     }
 }
 
-/* C block (32 x 32, row stride ldc) = two A panels (rows 0-15, 16-31) x one B panel over kt tiles of k */
-AMX_TARGET static void amx_block(int64_t kt, const uint32_t *a0, const uint32_t *a1, const uint32_t *b, float *c,
-                                 int64_t ldc) {
-  /* each load right after the last reader of its tile (a tile is not renamed: a load waits for them) */
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_loadd(4, a0, 64);
-  _tile_loadd(6, b, NR * 4);
-  _tile_loadd(7, b + 16, NR * 4);
-  _tile_loadd(5, a1, 64);
-  for (int64_t t = 1; t < kt; t++) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(4, a0 + t * 256, 64);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_loadd(6, b + t * 16 * NR, NR * 4);
-    _tile_dpbf16ps(3, 5, 7);
-    _tile_loadd(5, a1 + t * 256, 64);
-    _tile_loadd(7, b + t * 16 * NR + 16, NR * 4);
-  }
-  _tile_dpbf16ps(0, 4, 6);
-  _tile_dpbf16ps(1, 4, 7);
-  _tile_dpbf16ps(2, 5, 6);
-  _tile_dpbf16ps(3, 5, 7);
-  _tile_stored(0, c, ldc * 4);
-  _tile_stored(1, c + 16, ldc * 4);
-  _tile_stored(2, c + 16 * ldc, ldc * 4);
-  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
-}
+/* C block (32 x 32 f32) = two A panels x one B panel (amx.h) */
+AMX_BLOCK(amx_block, _tile_dpbf16ps, float)
 
 /* the calling thread's A pack, grown only (no allocation per call at steady shapes) */
 static _Thread_local struct {
@@ -212,9 +183,8 @@ static uint32_t *reserve_a(size_t words) {
   return tl_a.p;
 }
 
-/* 32-row blocks per task; the bytes of B panels a task's blocks run against (within L2, which holds them
- * while each 32-row block, from L1 or L2, passes all of them) */
-enum { AMX_ROWBLK = 16, AMX_B_BYTES = 1 << 20 };
+/* 32-row blocks per task (each passes the task's OPX_AMX_B_BYTES of B panels, from L1 or L2) */
+enum { AMX_ROWBLK = 16 };
 
 /* each task packs its rows of A into its thread's buffer (in cache when the tiles read it) and runs
  * them, one 32-row block after the other, against its chunk of B panels */
@@ -223,10 +193,8 @@ static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int
   int64_t kpad = pb->kpad, kt = kpad / 16, n = pb->n, mblk = (m + 31) / 32, npanels = (n + NR - 1) / NR;
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
-  int64_t chunk = AMX_B_BYTES / (kpad * NR * 4), nblk = (mblk + AMX_ROWBLK - 1) / AMX_ROWBLK;
-  int64_t nsplit = (npanels + (chunk > 1 ? chunk : 1) - 1) / (chunk > 1 ? chunk : 1);
-  while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
-  int64_t per = (npanels + nsplit - 1) / nsplit;
+  int64_t nblk = (mblk + AMX_ROWBLK - 1) / AMX_ROWBLK, per;
+  int64_t nsplit = opx_lowp_split(npanels, OPX_AMX_B_BYTES / (kpad * NR * 4), nblk, nthreads, &per);
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -278,9 +246,8 @@ int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
   /* tasks: a block of ROWBLK A panels x a chunk of B panels, at least 2 per thread where the shape allows */
-  int64_t nblk = (mpanels + ROWBLK - 1) / ROWBLK, nsplit = 1;
-  while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
-  int64_t per = (npanels + nsplit - 1) / nsplit;
+  int64_t nblk = (mpanels + ROWBLK - 1) / ROWBLK, per;
+  int64_t nsplit = opx_lowp_split(npanels, npanels, nblk, nthreads, &per);
 #pragma omp parallel num_threads(nthreads)
   {
 #pragma omp for schedule(static)

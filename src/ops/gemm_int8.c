@@ -80,38 +80,12 @@ Q8_KERNEL(kernel_vnni, VNNI_TARGET, __m512i, 14, 32, 16, _mm512_setzero_si512, _
 Q8_KERNEL(kernel_avx2, OPX_TARGET_AVX2, __m256i, 6, 16, 8, _mm256_setzero_si256, _mm256_load_si256, _mm256_set1_epi32,
           AVX2_STEP, _mm256_storeu_si256)
 
+AMX_BLOCK(amx_block_s32, _tile_dpbusd, int32_t)
 /* c (32 x 32 int32, row stride 32) = one 32-row A block (two 16-row panels of kpad slots) x one B panel; the
  * calling thread's tiles configured (amx_tiles_on) */
 AMX_TARGET static void kernel_amx(int64_t kpad, const uint32_t *restrict ap, const uint32_t *restrict bp,
                                   int32_t *restrict c) {
-  const uint32_t *a1 = ap + kpad * 16;
-  /* each load right after the last reader of its tile (a tile is not renamed: a load waits for them) */
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_loadd(4, ap, 64);
-  _tile_loadd(6, bp, 32 * 4);
-  _tile_loadd(7, bp + 16, 32 * 4);
-  _tile_loadd(5, a1, 64);
-  for (int64_t t = 1; t < kpad / 16; t++) {
-    _tile_dpbusd(0, 4, 6);
-    _tile_dpbusd(1, 4, 7);
-    _tile_loadd(4, ap + t * 256, 64);
-    _tile_dpbusd(2, 5, 6);
-    _tile_loadd(6, bp + t * 16 * 32, 32 * 4);
-    _tile_dpbusd(3, 5, 7);
-    _tile_loadd(5, a1 + t * 256, 64);
-    _tile_loadd(7, bp + t * 16 * 32 + 16, 32 * 4);
-  }
-  _tile_dpbusd(0, 4, 6);
-  _tile_dpbusd(1, 4, 7);
-  _tile_dpbusd(2, 5, 6);
-  _tile_dpbusd(3, 5, 7);
-  _tile_stored(0, c, 32 * 4);
-  _tile_stored(1, c + 16, 32 * 4);
-  _tile_stored(2, c + 16 * 32, 32 * 4);
-  _tile_stored(3, c + 16 * 32 + 16, 32 * 4);
+  amx_block_s32(kpad / 16, ap, ap + kpad * 16, bp, c, 32);
 }
 #endif
 
@@ -309,8 +283,8 @@ DEQUANTIZE(dequantize_avx512, OPX_TARGET_AVX512)
 #undef DEQUANTIZE
 
 /* rows of A per task: vector kernels: their panels pass a B panel held in L2; AMX: each 32-row block passes
- * a chunk of B panels (AMX_B_BYTES) held in L2, so a chunk is read from memory once per 512 rows */
-enum { ROWBLK_ROWS = 96, AMX_ROWBLK_ROWS = 512, AMX_B_BYTES = 1 << 20 };
+ * a chunk of B panels (OPX_AMX_B_BYTES) held in L2, so a chunk is read from memory once per 512 rows */
+enum { ROWBLK_ROWS = 96, AMX_ROWBLK_ROWS = 512 };
 
 /* c = A x W^T: dequantized with bias/GELU into c (f32), or the raw int32 sums into c32. Each task
  * quantizes and packs its rows of A into its thread's buffers (in cache when the kernel reads them) and
@@ -324,10 +298,8 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
   int64_t rowblk = ((g.amx ? AMX_ROWBLK_ROWS : ROWBLK_ROWS) + g.mr - 1) / g.mr, nblk = (mpanels + rowblk - 1) / rowblk;
-  int64_t chunk = g.amx ? AMX_B_BYTES / (kpad * g.nr * 4) : npanels;
-  int64_t nsplit = (npanels + (chunk > 1 ? chunk : 1) - 1) / (chunk > 1 ? chunk : 1);
-  while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
-  int64_t per = (npanels + nsplit - 1) / nsplit;
+  int64_t per,
+      nsplit = opx_lowp_split(npanels, g.amx ? OPX_AMX_B_BYTES / (kpad * g.nr * 4) : npanels, nblk, nthreads, &per);
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {

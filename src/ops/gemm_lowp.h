@@ -30,4 +30,18 @@ int opx_q8_gemm(const opx_q8_b *pb, int ta, int64_t m, const float *a, int64_t l
 int opx_q8_gemm_s32(const opx_q8_b *pb, int64_t m, const uint8_t *a, int64_t lda, int32_t *c, int64_t ldc);
 /* the per-channel weight scale of output j (W ~ scale_j * Wq[j, :]) */
 float opx_q8_scale(const opx_q8_b *pb, int64_t j);
+
+/* For the two GEMMs' drivers: how the npanels weight panels are split among tasks of nblk row blocks each.
+ * Chunks of at most `chunk` panels (an AMX task's L2-sized share; npanels: no limit), split further until there
+ * are at least 2 tasks per thread where the shape allows. Returns the splits; *per = panels per split. */
+static inline int64_t opx_lowp_split(int64_t npanels, int64_t chunk, int64_t nblk, int nthreads, int64_t *per) {
+  if (chunk < 1) chunk = 1;
+  int64_t nsplit = (npanels + chunk - 1) / chunk;
+  while (nblk * nsplit < 2 * nthreads && nsplit < npanels) nsplit++;
+  *per = (npanels + nsplit - 1) / nsplit;
+  return nsplit;
+}
+
+/* bytes of weight panels an AMX task runs its row blocks against (held in L2 while each 32-row block passes) */
+enum { OPX_AMX_B_BYTES = 1 << 20 };
 #endif
