@@ -49,6 +49,15 @@ T.test("torch.compile: the training step, compile time printed apart", function(
     "torch%-compile peer: compile %(first call%) [%d%.]+ s, not in the rate" })
 end)
 
+-- accuracy_delta.sh's line for every side and precision: "METRIC SIDE PRECISION" then fp32_tail (fp32) or
+-- delta_tail (the others: the delta from the side's own fp32)
+local function expect_rows(out, metric, fp32_tail, delta_tail)
+  for _, side in ipairs({ "bertlua fp32", "bertlua bf16", "bertlua int8", "torch fp32", "torch bf16",
+    "onnxruntime fp32", "onnxruntime int8", "openvino fp32", "openvino bf16", "openvino int8" }) do
+    T.truthy(out:find(metric .. " " .. side .. (side:match("fp32$") and fp32_tail or delta_tail)), side .. ": " .. out)
+  end
+end
+
 T.test("accuracy rows: bertlua and each peer at fp32, bf16 and int8 on one classifier", function()
   local dir = T.tmpdir("acc")
   local words = { "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "good", "bad", "film", "slow", "fine", "very",
@@ -63,11 +72,7 @@ T.test("accuracy rows: bertlua and each peer at fp32, bf16 and int8 on one class
   local out, rc = T.sh(("BERTLUA=%s BL_PEER_PYTHON=%s bash tools/peers/accuracy_delta.sh %s/model %s/dev.tsv 8 1 2>&1")
     :format(exe, py, dir, dir))
   T.eq(rc, 0, out)
-  for _, side in ipairs({ "bertlua fp32", "bertlua bf16", "bertlua int8", "torch fp32", "torch bf16",
-    "onnxruntime fp32", "onnxruntime int8", "openvino fp32", "openvino bf16", "openvino int8" }) do
-    local p = side:match("fp32$") and ": [%d%.]+ %%, 8 rows" or ": [%d%.]+ %%, [-+][%d%.]+ points from its fp32, 8 rows"
-    T.truthy(out:find("accuracy " .. side .. p), side .. ": " .. out)
-  end
+  expect_rows(out, "accuracy", ": [%d%.]+ %%, 8 rows", ": [%d%.]+ %%, [-+][%d%.]+ points from its fp32, 8 rows")
   -- every fp32 side computes the same model on the same rows
   local fp32 = {}
   for a in out:gmatch("accuracy %a+ fp32: ([%d%.]+) %%") do fp32[#fp32 + 1] = a end
@@ -99,11 +104,7 @@ T.test("accuracy rows: SQuAD F1 of bertlua and each peer at fp32, bf16 and int8 
   local out, rc = T.sh(("BERTLUA=%s BL_PEER_PYTHON=%s bash tools/peers/accuracy_delta.sh %s/model %s/eval.json 0 1 "
     .. "%s/train.json 2>&1"):format(exe, py, dir, dir, dir))
   T.eq(rc, 0, out)
-  for _, side in ipairs({ "bertlua fp32", "bertlua bf16", "bertlua int8", "torch fp32", "torch bf16",
-    "onnxruntime fp32", "onnxruntime int8", "openvino fp32", "openvino bf16", "openvino int8" }) do
-    local p = side:match("fp32$") and ": [%d%.]+, 6 questions" or ": [%d%.]+, [-+][%d%.]+ points from its fp32, 6"
-    T.truthy(out:find("f1 " .. side .. p), side .. ": " .. out)
-  end
+  expect_rows(out, "f1", ": [%d%.]+, 6 questions", ": [%d%.]+, [-+][%d%.]+ points from its fp32, 6")
   -- the peers compute the same model on the same windows (bertlua makes its own windows)
   local fp32 = {}
   for a in out:gmatch("f1 %a+ fp32: ([%d%.]+),") do fp32[#fp32 + 1] = a end
