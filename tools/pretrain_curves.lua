@@ -415,12 +415,6 @@ local function eval_reference(s, side)
 end
 
 local METRICS = { "mlm_acc", "mlm_loss", "nsp_acc" }
-local function mean_sd(v)
-  local m, q = 0, 0
-  for _, x in ipairs(v) do m = m + x / #v end
-  for _, x in ipairs(v) do q = q + (x - m) ^ 2 end
-  return m, #v > 1 and math.sqrt(q / (#v - 1)) or 0
-end
 
 -- this run's bertlua phase ends against --baseline's (its summary.json): per phase and metric both sides' seeds,
 -- means, the baseline's spread and how many of this run's seeds lie within it; into summary.baseline
@@ -472,7 +466,8 @@ local function baseline_against(summary, every, by)
       end
       local function ms(t)
         if #t == 0 then return "-" end
-        return ("%.4f ± %.4f"):format(mean_sd(vals(t)))
+        local st = require("bertlua.util.list").stats(vals(t))
+        return ("%.4f ± %.4f"):format(st.mean, st.sd or 0)
       end
       local within = #theirs >= 2 and #mine > 0 and ("%d of %d"):format(n, #mine) or "n/a"
       summary.baseline.phases[p][k] = { mine = mine, baseline = theirs, within = within }

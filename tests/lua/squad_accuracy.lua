@@ -303,13 +303,7 @@ for _, seed in ipairs(seeds) do
 end
 
 -- the summary
-local function stats(xs)
-  local n, sum, lo, hi = #xs, 0, math.huge, -math.huge
-  for _, x in ipairs(xs) do sum = sum + x; lo = math.min(lo, x); hi = math.max(hi, x) end
-  local mean, ss = sum / n, 0
-  for _, x in ipairs(xs) do ss = ss + (x - mean) ^ 2 end
-  return { n = n, mean = mean, sd = n > 1 and math.sqrt(ss / (n - 1)) or nil, min = lo, max = hi }
-end
+local stats = require("bertlua.util.list").stats
 local per_side = {}
 for _, side in ipairs(sides) do
   local s = {}

@@ -19,4 +19,13 @@ function M.sorted_keys(t)
   return ks
 end
 
+-- stats(xs) -> {n, mean, sd (sample standard deviation; nil for one value), min, max} of a list of numbers
+function M.stats(xs)
+  local n, sum, lo, hi = #xs, 0, math.huge, -math.huge
+  for _, x in ipairs(xs) do sum = sum + x; lo = math.min(lo, x); hi = math.max(hi, x) end
+  local mean, ss = sum / n, 0
+  for _, x in ipairs(xs) do ss = ss + (x - mean) ^ 2 end
+  return { n = n, mean = mean, sd = n > 1 and math.sqrt(ss / (n - 1)) or nil, min = lo, max = hi }
+end
+
 return M
