@@ -263,7 +263,7 @@ end
 
 function run.native(dir, seed)
   sh(("HF_HUB_OFFLINE=1 %s tests/py/qa_transformers_native.py %s %s %s %s --max-seq-length %d --doc-stride %d " ..
-    "%s --seed %d --threads %d --n-best %d --max-answer-length %d > %s/log.txt 2>&1"):format(py, q(train_file),
+    "%s --seed %d --threads %d --n-best %d --max-answer-length %d >> %s/log.txt 2>&1"):format(py, q(train_file),
     q(eval_file), q(opt.model), q(dir), opt.max_seq_length, opt.doc_stride, train_opts:gsub("=", " "), seed,
     opt.threads, opt.n_best, opt.max_answer_length, q(dir)), "native transformers", dir .. "/log.txt")
   return read_json(dir .. "/eval_results.json")

@@ -126,8 +126,12 @@ def fit(model, a, order, make_batch):
     model.train()
     log = []
     micro = getattr(a, "micro_batch", 0) or 1 << 30
+    every = getattr(a, "checkpoint_every", 0)
+    done = resume(model, opt, sched, log, a.dir) if every else 0
     t0, seen = time.time(), 0
     for step, idx in enumerate(order, 1):
+        if step <= done:
+            continue
         b, loss = make_batch(idx), 0.0  # one padded length for the whole batch: pad logits are in the softmax
         for i in range(0, len(idx), micro):
             out = model(**{k: v[i:i + micro] for k, v in b.items()})
@@ -142,8 +146,37 @@ def fit(model, a, order, make_batch):
         seen += len(idx)
         if step % 10 == 0 or step == len(order):  # progress, as bertlua's trainer prints it
             print(f"step {step}/{len(order)}  loss {loss:.4f}  seq_per_s {seen / (time.time() - t0):.2f}", flush=True)
+        if every and step % every == 0 and step < len(order):
+            save_resume(model, opt, sched, log, step, a.dir)
     with open(os.path.join(a.dir, "ref_log.json"), "w") as f:
         json.dump(log, f)
+
+
+RESUME = "resume.pt"
+
+
+def save_resume(model, opt, sched, log, step, dir_):
+    """Everything the loop needs to go on exactly (weights, AdamW moments, schedule, the log, the dropout RNG),
+    written whole or not at all: a run killed at any point resumes from its last checkpoint."""
+    path = os.path.join(dir_, RESUME)
+    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                "log": log, "rng": torch.get_rng_state()}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def resume(model, opt, sched, log, dir_):
+    """The steps already done by an earlier run into dir_ (0 without a checkpoint); its state is loaded."""
+    path = os.path.join(dir_, RESUME)
+    if not os.path.exists(path):
+        return 0
+    c = torch.load(path, weights_only=False)
+    model.load_state_dict(c["model"])
+    opt.load_state_dict(c["opt"])
+    sched.load_state_dict(c["sched"])
+    log.extend(c["log"])
+    torch.set_rng_state(c["rng"])
+    print(f"resumed from {path} after step {c['step']}", flush=True)
+    return c["step"]
 
 
 def write_eval_logits(model, dir_):

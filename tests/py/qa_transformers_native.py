@@ -11,6 +11,8 @@ usage: /usr/bin/python3 tests/py/qa_transformers_native.py TRAIN.json EVAL.json 
   Writes OUT_DIR/predictions.json (n-best), OUT_DIR/predictions_exhaustive.json, OUT_DIR/ref_log.json and,
   last, OUT_DIR/eval_results.json ({nbest: {exact_match, f1, empty}, exhaustive: {...}, exact_match and f1 of
   nbest, questions, train_features, eval_features, steps}; empty: questions without a valid span); prints it.
+  Every --checkpoint-every steps (0: never) OUT_DIR/resume.pt holds the training state: a run started again into
+  OUT_DIR goes on from there, with the same results as one uninterrupted run.
 Exit code 77 (skip) when torch or transformers is missing.
 """
 import argparse
@@ -143,7 +145,7 @@ def main():
                                ("epochs", int, 2), ("batch", int, 32), ("micro-batch", int, 8), ("warmup", float, 0.1),
                                ("weight-decay", float, 0.01), ("eps", float, 1e-8), ("clip", float, 1.0),
                                ("dropout", float, 0.1), ("seed", int, 1), ("threads", int, 2), ("n-best", int, 20),
-                               ("max-answer-length", int, 30)):
+                               ("max-answer-length", int, 30), ("checkpoint-every", int, 50)):
         ap.add_argument("--" + name, type=typ, default=default)
     a = ap.parse_args()
     a.dir = a.out
@@ -172,6 +174,8 @@ def main():
     with open(path + ".tmp", "w") as f:  # whole or absent: its presence marks the run done
         json.dump(r, f)
     os.replace(path + ".tmp", path)
+    if os.path.exists(os.path.join(a.out, "resume.pt")):
+        os.remove(os.path.join(a.out, "resume.pt"))
     print(json.dumps(r))
 
 
