@@ -15,6 +15,7 @@ local shell = require "bertlua.util.shell"
 local fs = require "bertlua.util.fs"
 local squad = require "bertlua.tasks.squad"
 local cjson = require "cjson"
+local list_stats = require("bertlua.util.list").stats
 
 local opt = options.parse(arg, {
   { "curves", "runs/pretrain_curves", "tools/pretrain_curves.lua's --output (seedS/{init,bertlua,reference})" },
@@ -177,15 +178,11 @@ for _, task in ipairs(tasks) do
     table.insert(by[task][m.side], v)
   end
 end
--- per task and side: mean, min, max; the margin pre-training buys over the random model
+-- per task and side: mean, sd, min, max; the margin pre-training buys over the random model
 local summary = {}
 for _, task in ipairs(tasks) do
   local t = { metric = task == "sst2" and "accuracy %" or "F1", split = split[task] }
-  for side, vs in pairs(by[task]) do
-    local sum, lo, hi = 0, math.huge, -math.huge
-    for _, v in ipairs(vs) do sum, lo, hi = sum + v, math.min(lo, v), math.max(hi, v) end
-    t[side] = { n = #vs, mean = sum / #vs, min = lo, max = hi }
-  end
+  for side, vs in pairs(by[task]) do t[side] = list_stats(vs) end
   local rnd = t["random init"].mean
   for _, side in ipairs { "bertlua", "reference" } do
     if t[side] then t[side].over_random = t[side].mean - rnd end
