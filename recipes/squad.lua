@@ -68,6 +68,7 @@ local opt = options.parse(arg, {
         "activations) and tf32 = fp32; prediction in the same precision" },
   { "threads", 0, "CPU threads (0: default)" },
   bert.CHECKPOINT_OPTION,
+  trainer.SAVE_STEPS_OPTION, trainer.RESUME_OPTION,
   { "bucket_mb", 25, "data parallel: gradient all-reduce bucket size in MB", min = 0, above = true, int = false },
   { "allreduce_dtype", "fp32", dist.ALLREDUCE_HELP },
   device.OPTION,
@@ -129,6 +130,7 @@ if opt.do_train then
     precision = opt.precision, log_path = logm.path_for(opt.output, "train_log", opt.log_format),
     log_format = opt.log_format, config = { options = opt },
     bucket_mb = opt.bucket_mb, allreduce_dtype = opt.allreduce_dtype,
+    checkpoints = { dir = opt.output .. "/checkpoints", every = opt.save_steps, resume = opt.resume },
     make_batch = function(idx) return (squad.feature_batch(feats, idx, opt.max_seq_length, true)) end }
   if dist.is_main() then
     pretrained.save_pretrained(model, opt.output .. "/model", { vocab = vocab })

@@ -28,7 +28,9 @@
 -- ends of each window; exhaustive: every valid span) with the official v1.1
 -- metric and the number of questions left without a valid span ("empty").
 -- A run whose OUT/seed<N>/<side>/eval_results.json exists is done and skipped,
--- so an interrupted sweep resumes; OUT keeps the settings it was made with and
+-- so an interrupted sweep resumes, and a run interrupted while training goes on
+-- from its last checkpoint (every 50 steps: bertlua's --save-steps/--resume, the
+-- native script's resume.pt); OUT keeps the settings it was made with and
 -- refuses others. Children inherit the caller's nice level. At the end
 -- OUT/summary.json and OUT/summary.md hold every run, each side's mean ± sd
 -- and range, and whether bertlua's mean lies inside each other side's range.
@@ -203,8 +205,9 @@ function run.bertlua(dir, seed)
   local first = dir .. "/run"   -- training and the n-best search (the recipe's default)
   if not fs.exists(first .. "/eval_results.json") then
     sh(("%s recipes/squad.lua --model=%s --train-file=%s --predict-file=%s --output=%s --do-train --do-predict " ..
-      "%s %s --seed=%d %s > %s/run.log 2>&1"):format(q(exe), q(opt.model), q(train_file), q(eval_file), q(first),
-      common, train_opts, seed, opt.bertlua_args, q(dir)), "bertlua training", dir .. "/run.log")
+      "%s %s --seed=%d --save-steps=50 --resume %s >> %s/run.log 2>&1"):format(q(exe), q(opt.model), q(train_file),
+      q(eval_file), q(first), common, train_opts, seed, opt.bertlua_args, q(dir)), "bertlua training",
+      dir .. "/run.log")
   end
   local second = dir .. "/exhaustive"
   sh(("%s recipes/squad.lua --model=%s --predict-file=%s --output=%s --do-predict --span-search=exhaustive " ..

@@ -265,6 +265,55 @@ T.test("bad input: batch and micro-batch, too little data, input checks", functi
   T.eq(ft.model_dir("x", tmp .. "/m", tmp .. "/v.txt"), tmp .. "/v.txt")
 end)
 
+-- what fn prints (print only), fn's errors raised after print is restored
+local function capture(fn)
+  local lines, real = {}, print
+  print = function(...) lines[#lines + 1] = table.concat({ ... }, "\t") end   -- luacheck: ignore 121
+  local ok, err = pcall(fn)
+  print = real   -- luacheck: ignore 121
+  if not ok then error(err, 0) end
+  return table.concat(lines, "\n")
+end
+
+T.test("checkpoints: a stopped run resumed equals the uninterrupted one bitwise; another run's are refused",
+  function()
+  local dcfg = {}
+  for k, v in pairs(cfg) do dcfg[k] = v end
+  dcfg.hidden_dropout_prob, dcfg.attention_probs_dropout_prob = 0.1, 0.1   -- dropout streams must line up too
+  -- 24 rows, batch 8: 3 steps an epoch, 9 in all; stops mid-epoch (every 2, stop after 5: resumed from 4) and at an
+  -- epoch's end (every 3, stop after 7: resumed from 6, the third epoch's shuffle still to come)
+  local function run(precision, dir, every, stop_after, resume, lr)
+    local m = bert.BertForSequenceClassification(dcfg, { seed = 9, num_labels = 2 })
+    local r = trainer.fit{ model = m, n = #rows, batch = 8, micro_batch = 4, epochs = 3, lr = lr or 1e-2,
+      warmup = 0.2, seed = 4, precision = precision, make_batch = batch_of,
+      log_path = dir and dir .. "/train_log.jsonl",
+      checkpoints = dir and { dir = dir .. "/checkpoints", every = every, resume = resume },
+      stop = stop_after and function(_, ran) return ran >= stop_after and "test" or nil end }
+    return m.flat_params:totable(), r
+  end
+  for _, precision in ipairs { "fp32", "fp16" } do
+    local whole, rw = run(precision)
+    for _, c in ipairs { { every = 2, stop = 5, from = 4 }, { every = 3, stop = 7, from = 6 } } do
+      local dir = ("%s/resume_%s_%d"):format(tmp, precision, c.every)
+      local part = run(precision, dir, c.every, c.stop)
+      T.truthy(part[1] ~= whole[1] or part[#part] ~= whole[#whole], "the stopped run is not yet the whole one")
+      local out = capture(function()
+        local resumed, r = run(precision, dir, c.every, nil, true)
+        T.near(resumed, whole, 0, 0)
+        T.eq(r.loss_scale, rw.loss_scale)
+      end)
+      T.truthy(out:find(("resumed from %s/checkpoints/ckpt%%-0*%d at step %d of 9"):format(dir:gsub("%p", "%%%0"),
+        c.from, c.from)), out)
+    end
+  end
+  -- checkpoints left without --resume, and another run's, are refused; nothing to resume starts at 0
+  local dir = tmp .. "/resume_fp32_2"
+  T.raises(function() run("fp32", dir, 2) end, "holds checkpoints of an earlier run")
+  T.raises(function() run("fp32", dir, 2, nil, true, 2e-2) end, "a different run: lr = 0.01 there, 0.02 now")
+  local out = capture(function() run("fp32", tmp .. "/fresh", 2, 1, true) end)
+  T.truthy(out:find("nothing to resume", 1, true), out)
+end)
+
 T.test("loop.run: hook order, resume offset, stop reason, a missing batch", function()
   local seen = {}
   local function rec(...) seen[#seen + 1] = table.concat({ ... }, " ") end

@@ -192,6 +192,23 @@ T.test("v2.0 slice: null_odds.json, no-answer metrics, best threshold as the off
   T.truthy(out:find("is SQuAD 2.0 but --version-2-with-negative is off", 1, true), out)
 end)
 
+T.test("--save-steps / --resume: checkpoints refused without --resume, continued exactly with it", function()
+  local cmd = ("%s recipes/squad.lua --model=%s/init --train-file=%s/v2_train.json --output=%s/ckpt --do-train " ..
+    "--version-2-with-negative --batch=8 --max-steps=3 --save-steps=1 %s"):format(exe, tmp, tmp, tmp, common)
+  local out, rc = sh(cmd)
+  T.eq(rc, 0, out)
+  os.execute(("cp %s/ckpt/model/model.safetensors %s/ckpt_whole.safetensors"):format(tmp, tmp))
+  out, rc = sh(cmd)
+  T.truthy(rc ~= 0 and out:find("holds checkpoints of an earlier run", 1, true) and
+    out:find("--resume continues it", 1, true), out)
+  out, rc = sh(cmd .. " --resume")
+  T.eq(rc, 0, out)
+  T.truthy(out:find("resumed from " .. tmp .. "/ckpt/checkpoints/ckpt-00000002 at step 2 of 3", 1, true), out)
+  T.eq(#step_lines(tmp .. "/ckpt/train_log.jsonl"), 4, "3 steps, then the resumed run's one appended")
+  T.truthy(T.slurp(tmp .. "/ckpt/model/model.safetensors") == T.slurp(tmp .. "/ckpt_whole.safetensors"),
+    "the resumed run's model is the uninterrupted one's, byte for byte")
+end)
+
 T.test("malformed SQuAD entries (missing fields, offsets outside the context, empty contexts, non-string ids, " ..
   "wrong JSON types): located, skipped, counted; never a crash", function()
   local d = read_json(tmp .. "/v1_train.json")

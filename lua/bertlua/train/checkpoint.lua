@@ -20,6 +20,7 @@
 -- anything that must round-trip bit-exactly (RNG states, moments) go in the
 -- safetensors files or as integers.
 local cjson = require "cjson"
+local bl = require "bertlua.tensor"
 local st = require "bertlua.io.safetensors"
 local fs = require "bertlua.util.fs"
 
@@ -162,6 +163,27 @@ function M.load(path, opts)
     end
   end
   return c
+end
+
+-- The trainer's part of a checkpoint, one rule for pre-training and fine-tuning: trainer_state(optimizer, amp) ->
+-- tensors, state (the optimizer's moments as "optimizer.<name>"; its step and rate, the loss scaler) for save's
+-- c.tensors and c.state; restore_trainer(c, optimizer, amp) puts a loaded checkpoint's back (in a restore hook).
+function M.trainer_state(optimizer, amp)
+  local tensors = {}
+  for k, v in pairs(optimizer:state_dict()) do
+    if bl.is_tensor(v) then tensors["optimizer." .. k] = v end
+  end
+  return tensors, { optimizer_step = optimizer.step_count, lr = optimizer.last_lr, scaler = amp:state_dict() }
+end
+
+function M.restore_trainer(c, optimizer, amp)
+  local sd = { optimizer = optimizer.kind, step = c.state.optimizer_step, lr = c.state.lr }
+  for k, t in pairs(c.tensors) do
+    local name = k:match("^optimizer%.(.+)$")
+    if name then sd[name] = t end
+  end
+  optimizer:load_state_dict(sd)
+  amp:load_state_dict(c.state.scaler, c.state.optimizer_step)
 end
 
 -- claim(dir, identity, resume, who): at the start of a run whose checkpoints go to dir. Checkpoints already

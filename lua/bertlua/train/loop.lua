@@ -29,7 +29,15 @@
 --                log_every = 1,         -- on a GPU: a log line (and the step's one host wait) every N steps
 --                log_format = "jsonl",  -- or "dllogger" (bertlua.util.log); the run ends with a summary line
 --                synchronous = false,   -- true: on a GPU too, the step that reads every loss back (comparisons)
---                bucket_mb = 25, allreduce_dtype = "fp32" }   -- data parallel (below)
+--                bucket_mb = 25, allreduce_dtype = "fp32",   -- data parallel (below)
+--                checkpoints = { dir = "OUT/checkpoints", every = N, resume = false, keep = 2 } }   -- (below)
+--
+-- Checkpoints (`checkpoints`, as transformers' Trainer save_steps / resume_from_checkpoint): every `every` steps
+-- the f32 weights, the AdamW moments and step, the loss scaler (bertlua.train.checkpoint, atomic, the newest
+-- `keep` kept); with `resume` the newest one that loads is continued from, and the run goes on exactly as the
+-- uninterrupted one (the epochs' shuffles are replayed from the seed; dropout streams depend on the step alone).
+-- A checkpoint of another run (model, batch, data size, epochs, rate, warmup, seed or precision differ) is refused,
+-- and checkpoints left in dir without `resume` too.
 --
 -- Data parallel under mpirun (bertlua.train.dist): `batch` is the global
 -- batch. Micro-batch j of a step (j = rank * accumulation + a) is the same
@@ -58,8 +66,15 @@ local device = require "bertlua.train.device"
 local tstep = require "bertlua.train.step"
 local dist = require "bertlua.train.dist"
 local prefetch = require "bertlua.device.prefetch"
+local ckpt = require "bertlua.train.checkpoint"
 
 local M = {}
+
+-- the recipes' options for fit's checkpoints (recipes/squad.lua, recipes/glue.lua): o.checkpoints from them is
+-- { dir = OUTPUT .. "/checkpoints", every = opt.save_steps, resume = opt.resume }
+M.SAVE_STEPS_OPTION = { "save_steps", 0, "a training checkpoint every N steps in --output/checkpoints (the newest 2 "
+  .. "kept; 0: none)", int = true, min = 0 }
+M.RESUME_OPTION = { "resume", false, "continue the training from the newest checkpoint in --output/checkpoints" }
 
 function M.run(h)
   local step, ran, name = h.start or 0, 0, h.name or "train"
@@ -119,19 +134,38 @@ function M.fit(o)
   local reducer = dist.Reducer{ grads = model.flat_grads, bucket_mb = o.bucket_mb, dtype = o.allreduce_dtype }
   reducer:on_final(function(lo, hi) mp:round_grads(lo, hi) end)
   if world > 1 then reducer:attach(model) end
+  local saves = o.checkpoints or {}
+  local identity = { model_config = model.cfg, optimizer = "adamw", global_batch = o.batch, micro_batch = micro,
+    run = { examples = o.n, epochs = o.epochs, total = total, lr = o.lr, warmup = o.warmup_steps or o.warmup or 0.1,
+      seed = o.seed or 42, precision = precision, weight_decay = o.weight_decay or 0.01 } }
+  if saves.dir and rank == 0 then ckpt.claim(saves.dir, identity, saves.resume, "trainer") end
+  local start = 0
+  if saves.dir and saves.resume then
+    local c = ckpt.load_latest(saves.dir, { model = model, identity = identity,
+      restore = function(c) ckpt.restore_trainer(c, adamw, mp) end })
+    if c then
+      start = c.step
+      if rank == 0 then print(("train: resumed from %s at step %d of %d"):format(c.path, start, total)) end
+    elseif rank == 0 then
+      print(("train: --resume: nothing to resume in %s (no complete checkpoint); training starts at step 0")
+        :format(saves.dir))
+    end
+  end
   local log = logm.open{ path = o.log_path, total = total, fields = { "loss", "lr", "grad_norm", "seq_per_s" },
-    config = o.config, rank = rank, format = o.log_format }
+    config = o.config, rank = rank, format = o.log_format, append = start > 0 }
   local draw = rng(o.seed or 42)
   local order = {}
   for i = 1, o.n do order[i] = i end
+  local function shuffle()
+    for i = #order, 2, -1 do local j = draw(i); order[i], order[j] = order[j], order[i] end
+  end
+  for _ = 1, math.ceil(start / steps_per_epoch) do shuffle() end   -- the epochs a resumed run has begun
   model:train()
   -- the epoch's order is shuffled on its first step (the draws the old per-epoch loop made)
   -- micro-batch a of a step on the host; called in the order of the micro-batches
   local function host_batch(step, a)
     local s = (step - 1) % steps_per_epoch
-    if s == 0 and a == 1 then
-      for i = #order, 2, -1 do local j = draw(i); order[i], order[j] = order[j], order[i] end
-    end
+    if s == 0 and a == 1 then shuffle() end
     local first = s * o.batch + (rank * accum + a - 1) * micro
     return o.make_batch(slice(order, first + 1, first + micro))
   end
@@ -166,12 +200,20 @@ function M.fit(o)
       return b
     end
   end
+  local function save(step)
+    if not (saves.dir and saves.every and saves.every > 0 and step % saves.every == 0 and step < total) then return end
+    reducer:wait()
+    if rank ~= 0 then return end
+    local tensors, state = ckpt.trainer_state(adamw, mp)
+    ckpt.save(saves.dir, { step = step, model = model, tensors = tensors, identity = identity, state = state },
+      { keep = saves.keep or 2 })
+  end
   local t_train = logm.clock()
-  local steps = M.run{ name = "trainer", total = total, batch = batch, step = train_step,
-    log = function(rec) if rec then log:step(rec) end end }
+  local steps = M.run{ name = "trainer", start = start, total = total, batch = batch, step = train_step,
+    stop = o.stop, log = function(rec) if rec then log:step(rec) end end, checkpoint = save }
   if stage then stage:close() end
   local f = ts:finish()
-  log:summary{ steps = steps, sequences = steps * o.batch, train_time = logm.clock() - t_train }
+  log:summary{ steps = steps, sequences = (steps - start) * o.batch, train_time = logm.clock() - t_train }
   log:close()
   if f.skipped > 0 and rank == 0 then
     print(("train: %d of %d steps skipped for fp16 overflow (loss scale now %g)"):format(f.skipped, steps,

@@ -16,7 +16,6 @@
 -- ph: the phase's settings {phase, seq, pred, batch, lr, warmup, steps, data}; opt: the recipe's options (seed,
 -- vocab, micro_batch, bin_lengths, eval_data, eval_batches, dump_batches, output, optimizer, resume,
 -- keep_checkpoints, precision).
-local bl = require "bertlua.tensor"
 local fs = require "bertlua.util.fs"
 local data = require "bertlua.data.loader"
 local shards = require "bertlua.data.shards"
@@ -209,14 +208,8 @@ function Checkpoints:resume()
   if self.opt.resume then
     local optimizer, amp, d = self.optimizer, self.amp, self.data
     local function restore(c)
-      local sd = { optimizer = optimizer.kind, step = c.state.optimizer_step, lr = c.state.lr }
-      for k, t in pairs(c.tensors) do
-        local name = k:match("^optimizer%.(.+)$")
-        if name then sd[name] = t end
-      end
       d:set_state(c.state.loader)
-      optimizer:load_state_dict(sd)
-      amp:load_state_dict(c.state.scaler, c.state.optimizer_step)
+      ckpt.restore_trainer(c, optimizer, amp)
     end
     local c = ckpt.load_latest(self.dir, { model = self.model, identity = self.identity, restore = restore })
     if not c then
@@ -235,12 +228,10 @@ end
 function Checkpoints:save(at)
   self.reducer:wait()   -- the reads below wait for the device: under the watchdog (a step's finish did not wait)
   if self.rank ~= 0 then return end
-  local optimizer, tensors = self.optimizer, {}
-  for k, v in pairs(optimizer:state_dict()) do if bl.is_tensor(v) then tensors["optimizer." .. k] = v end end
-  ckpt.save(self.dir, { step = at, model = self.model, tensors = tensors, identity = self.identity,
-    state = { phase = self.ph.phase, optimizer_step = optimizer.step_count, lr = optimizer.last_lr,
-      scaler = self.amp:state_dict(), loader = self.data:state(), world_size = self.world,
-      accumulation = self.data.accum } },
+  local tensors, state = ckpt.trainer_state(self.optimizer, self.amp)
+  state.phase, state.loader, state.world_size, state.accumulation = self.ph.phase, self.data:state(), self.world,
+    self.data.accum
+  ckpt.save(self.dir, { step = at, model = self.model, tensors = tensors, identity = self.identity, state = state },
     { keep = self.opt.keep_checkpoints })
 end
 
