@@ -24,10 +24,10 @@
  * into L2 while the tiles run, and the C blocks, bias and GELU applied, are
  * streamed past the caches: at 4096 x 768 x 768 the 12 MB of f32 A read and
  * the 12 MB of C written, not the tiles, take most of the time unless they
- * overlap the tiles and keep the B panels in L2. tdpbf16ps keeps two f32 sums per lane in a
- * 16-pair step (even and odd k), adds them, then adds them to C, each step
- * rounded to nearest even; bf16 subnormal inputs and f32 subnormal results
- * count as zero. */
+ * overlap the tiles and keep the B panels in L2. tdpbf16ps keeps two f32
+ * sums per lane in a 16-pair step (even and odd k), adds them, then adds them
+ * to C, each step rounded to nearest even; bf16 subnormal inputs and f32
+ * subnormal results count as zero. */
 #include "gemm.h"
 #include "gemm_lowp.h"
 #include "amx.h"
