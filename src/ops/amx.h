@@ -34,10 +34,10 @@ AMX_TARGET static inline void amx_tiles_on(void) { _tile_loadconfig(&amx_cfg); }
 
 AMX_TARGET static inline void amx_tiles_off(void) { _tile_release(); }
 
-/* A prefetch stream run inside a block's tile loop, `per_step` 64-byte lines per step of k, into L2: what the
- * driver reads next (the f32 rows of A it converts, or the next packed A block when they were converted for an
- * earlier chunk of B), so that it is found in L2 instead of waited for while the tiles stand idle. `rows` rows of
- * `bytes` bytes, `stride` bytes apart. */
+/* A prefetch stream run inside a block's tile loop, `per_step` 64-byte lines per step of k, into L2: the f32 rows
+ * of A the driver converts next, so that the conversion finds them in L2 instead of waiting on memory while the
+ * tiles stand idle. `rows` rows of `bytes` bytes, `stride` bytes apart. (The next packed block of a later chunk
+ * of B is better left to the hardware: prefetched too, it cost 6 % at 4096 x 768 x 3072.) */
 typedef struct amx_pf {
   const char *p;
   int64_t stride, bytes, rows, r, off, per_step;

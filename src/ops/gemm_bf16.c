@@ -228,10 +228,8 @@ AMX_TARGET static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const fl
           pack_a_amx(ta, a, lda, k, kpad, i, rows < 16 ? rows : 16, a0);
           pack_a_amx(ta, a, lda, k, kpad, i + 16, rows - 16, a0 + kpad * 16);
         }
-        if (big_a && ib + 1 < ib1 && (!pack || !ta)) {
-          int64_t steps = (jp1 - jp0) * (kt - 1), next = m - i < 64 ? m - i - 32 : 32;
-          pf = pack ? amx_pf_of(a + (i + 32) * lda, lda * 4, k * 4, next, steps)
-                    : amx_pf_of(a0 + 2 * kpad * 16, 0, 2 * kpad * 16 * 4, 1, steps);
+        if (pack && big_a && !ta && ib + 1 < ib1) { /* the next block's rows */
+          pf = amx_pf_of(a + (i + 32) * lda, lda * 4, k * 4, m - i < 64 ? m - i - 32 : 32, (jp1 - jp0) * (kt - 1));
           pfp = &pf;
         }
         for (int64_t jp = jp0; jp < jp1; jp++) {

@@ -354,10 +354,8 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
         if (x % nj == 0) {
           if (pack) pack_a_panel(&g, ta, a, a8, lda, pb->k, kpad, i, rows, ap, pr, qa);
           pfp = NULL;
-          if (big_a && ip + 1 < ip1 && (!pack || (a && !ta))) {
-            int64_t steps = nj * (kpad / 16 - 1), next = m - i < 64 ? m - i - 32 : 32;
-            pf = pack ? amx_pf_of(a + (i + 32) * lda, lda * 4, pb->k * 4, next, steps)
-                      : amx_pf_of(ap + kpad * 32, 0, kpad * 32 * 4, 1, steps);
+          if (pack && big_a && a && !ta && ip + 1 < ip1) { /* the next block's rows */
+            pf = amx_pf_of(a + (i + 32) * lda, lda * 4, pb->k * 4, m - i < 64 ? m - i - 32 : 32, nj * (kpad / 16 - 1));
             pfp = &pf;
           }
         }
