@@ -15,14 +15,19 @@
  * AMX (opx_amx_ok): tdpbf16ps takes a B tile of 16 k pairs x 16 columns,
  * which is a half of 16 rows of the same panel (row stride 128 bytes), so the
  * weight's pack serves both kernels; its k pairs are zero-padded to a multiple
- * of 16 (whole tiles). Each task packs its rows of A as 16-row panels of
- * [k/32][16 rows][16 pairs] (each A tile 1 KB contiguous) and runs 32 x 32 C
- * blocks (amx.h) over the whole K: each 32-row block against a chunk of B
- * panels that stays in L2 (up to 512 rows per task, so a chunk is read from
- * memory once per 512 rows). tdpbf16ps keeps two f32 sums per lane in a
- * 16-pair step (even and odd k), adds them, then adds them to C, each step
- * rounded to nearest even; bf16 subnormal inputs and f32 subnormal results
- * count as zero. */
+ * of 16 (whole tiles). Each task packs its rows of A as 32-row blocks of two
+ * 16-row panels of [k/32][16 rows][16 pairs] (each A tile 1 KB contiguous), a
+ * block right before its first use, and runs 32 x 32 C blocks (amx.h) over
+ * the whole K: each 32-row block against a chunk of B panels that stays in L2
+ * (up to 512 rows per task, so a chunk is read from memory once per 512
+ * rows). Past AMX_BIG_BYTES (amx.h) the rows of A packed next are prefetched
+ * into L2 while the tiles run, and the C blocks, bias and GELU applied, are
+ * streamed past the caches: at 4096 x 768 x 768 the 12 MB of f32 A read and
+ * the 12 MB of C written, not the tiles, take most of the time unless they
+ * overlap the tiles and keep the B panels in L2. tdpbf16ps keeps two f32
+ * sums per lane in a 16-pair step (even and odd k), adds them, then adds them
+ * to C, each step rounded to nearest even; bf16 subnormal inputs and f32
+ * subnormal results count as zero. */
 #include "gemm.h"
 #include "gemm_lowp.h"
 #include "amx.h"
@@ -186,15 +191,18 @@ static uint32_t *reserve_a(size_t words) {
 /* 32-row blocks per task (each passes the task's OPX_AMX_B_BYTES of B panels, from L1 or L2) */
 enum { AMX_ROWBLK = 16 };
 
-/* each task packs its rows of A into its thread's buffer (in cache when the tiles read it) and runs
- * them, one 32-row block after the other, against its chunk of B panels */
-static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
-                    const float *bias, int gelu) {
-  int64_t kpad = pb->kpad, kt = kpad / 16, n = pb->n, mblk = (m + 31) / 32, npanels = (n + NR - 1) / NR;
+/* Each task packs its rows of A into its thread's buffer, a 32-row block right before its first use (its f32
+ * rows prefetched into L2 while the tiles run the block before: amx_pf), and runs them, one block after the
+ * other, against its chunk of B panels. Bias and GELU are applied to each C block while it is in L1 (past
+ * AMX_BIG_BYTES of output in a tile of its own, then streamed to C). */
+AMX_TARGET static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c,
+                               int64_t ldc, const float *bias, int gelu) {
+  int64_t kpad = pb->kpad, kt = kpad / 16, k = pb->k, n = pb->n, mblk = (m + 31) / 32, npanels = (n + NR - 1) / NR;
   int nthreads = omp_get_max_threads();
-  if ((double)m * (double)n * (double)pb->k < 4e6) nthreads = 1; /* too small to pay a fork */
+  if ((double)m * (double)n * (double)k < 4e6) nthreads = 1; /* too small to pay a fork */
   int64_t nblk = (mblk + AMX_ROWBLK - 1) / AMX_ROWBLK, per;
   int64_t nsplit = opx_lowp_split(npanels, OPX_AMX_B_BYTES / (kpad * NR * 4), nblk, nthreads, &per);
+  int stream = (double)m * (double)n * 4 > AMX_BIG_BYTES, big_a = (double)m * (double)k * 4 > AMX_BIG_BYTES;
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -203,31 +211,44 @@ static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int
 #pragma omp atomic write
       failed = 1;
     }
-    int64_t packed = -1; /* the row block in apack */
+    int64_t packed = -1; /* the row blocks in apack */
     amx_tiles_on();
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < nblk * nsplit; t++) {
       if (!apack) continue;
       int64_t ib0 = t / nsplit * AMX_ROWBLK, ib1 = ib0 + AMX_ROWBLK < mblk ? ib0 + AMX_ROWBLK : mblk;
       int64_t jp0 = t % nsplit * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
-      for (int64_t ip = 2 * ib0; packed != ib0 && ip < 2 * ib1; ip++) {
-        int64_t left = m - ip * 16;
-        pack_a_amx(ta, a, lda, pb->k, kpad, ip * 16, left < 16 ? left : 16, apack + (ip - 2 * ib0) * kpad * 16);
-      }
+      int pack = packed != ib0;
       packed = ib0;
       for (int64_t ib = ib0; ib < ib1; ib++) {
         int64_t i = ib * 32, rows = m - i < 32 ? m - i : 32;
+        uint32_t *a0 = apack + 2 * (ib - ib0) * kpad * 16;
+        amx_pf pf, *pfp = NULL;
+        if (pack) {
+          pack_a_amx(ta, a, lda, k, kpad, i, rows < 16 ? rows : 16, a0);
+          pack_a_amx(ta, a, lda, k, kpad, i + 16, rows - 16, a0 + kpad * 16);
+        }
+        if (pack && big_a && !ta && ib + 1 < ib1) { /* the next block's rows */
+          pf = amx_pf_of(a + (i + 32) * lda, lda * 4, k * 4, m - i < 64 ? m - i - 32 : 32, (jp1 - jp0) * (kt - 1));
+          pfp = &pf;
+        }
         for (int64_t jp = jp0; jp < jp1; jp++) {
           int64_t j = jp * NR, cols = n - j < NR ? n - j : NR;
-          float *ct = c + i * ldc + j, tmp[32 * NR];
+          float *ct = c + i * ldc + j, tmp[32 * NR] __attribute__((aligned(64)));
+          if (amx_streams(stream, ct, ldc, rows, cols)) { /* bias and GELU on the block in L1 */
+            amx_block(kt, a0, a0 + kpad * 16, pb->p + jp * kpad * NR, tmp, NR, pfp);
+            opx_bias_act_rows(OPX_ISA_AVX512, 32, 32, tmp, NR, bias ? bias + j : NULL, gelu);
+            amx_stream(ct, ldc, tmp);
+            continue;
+          }
           int edge = rows < 32 || cols < NR;
-          const uint32_t *a0 = apack + 2 * (ib - ib0) * kpad * 16;
-          amx_block(kt, a0, a0 + kpad * 16, pb->p + jp * kpad * NR, edge ? tmp : ct, edge ? NR : ldc);
+          amx_block(kt, a0, a0 + kpad * 16, pb->p + jp * kpad * NR, edge ? tmp : ct, edge ? NR : ldc, pfp);
           for (int64_t r = 0; edge && r < rows; r++) memcpy(ct + r * ldc, tmp + r * NR, (size_t)cols * sizeof(float));
           opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, ct, ldc, bias ? bias + j : NULL, gelu);
         }
       }
     }
+    _mm_sfence(); /* the streamed stores, before the caller reads C */
     amx_tiles_off();
   }
   return !failed;

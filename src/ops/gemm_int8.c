@@ -20,7 +20,9 @@
  *         of 16 rows of the VNNI panel (row stride 128 bytes), so one pack
  *         serves both (k quads zero-padded to whole tiles of 16); A is packed
  *         per call as 32-row blocks of two [k/64][16 rows][64 bytes] panels
- *         and each C block is 32 x 32 (amx.h).
+ *         and each C block is 32 x 32 (amx.h), driven as the bf16 GEMM's
+ *         (gemm_bf16.c: blocks packed right before their first use, large A
+ *         prefetched, large C streamed).
  * All kernels therefore give the same int32 sums and the same outputs. */
 #include "gemm.h"
 #include "gemm_lowp.h"
@@ -35,8 +37,8 @@
 #define VNNI_TARGET __attribute__((target("arch=x86-64-v4,avx512vnni")))
 #endif
 
-/* group: k values per 32-bit slot (4 u8/s8 on VNNI and AMX, 2 int16 on AVX2); amx: the tile kernel, which
- * runs over the padded slots kpad (the vector kernels over kq) */
+/* group: k values per 32-bit slot (4 u8/s8 on VNNI and AMX, 2 int16 on AVX2); amx: the tile kernel (amx.h,
+ * kernel NULL), which runs over the padded slots kpad (the vector kernels over kq) */
 typedef void (*q8_kernel)(int64_t kq, const uint32_t *restrict ap, const uint32_t *restrict bp, int32_t *restrict c);
 typedef struct q8_cfg {
   int mr, nr, group, amx;
@@ -80,20 +82,15 @@ Q8_KERNEL(kernel_vnni, VNNI_TARGET, __m512i, 14, 32, 16, _mm512_setzero_si512, _
 Q8_KERNEL(kernel_avx2, OPX_TARGET_AVX2, __m256i, 6, 16, 8, _mm256_setzero_si256, _mm256_load_si256, _mm256_set1_epi32,
           AVX2_STEP, _mm256_storeu_si256)
 
+/* c (32 x 32 int32, row stride 32) = one 32-row A block (two 16-row panels of kpad slots) x one B panel */
 AMX_BLOCK(amx_block_s32, _tile_dpbusd, int32_t)
-/* c (32 x 32 int32, row stride 32) = one 32-row A block (two 16-row panels of kpad slots) x one B panel; the
- * calling thread's tiles configured (amx_tiles_on) */
-AMX_TARGET static void kernel_amx(int64_t kpad, const uint32_t *restrict ap, const uint32_t *restrict bp,
-                                  int32_t *restrict c) {
-  amx_block_s32(kpad / 16, ap, ap + kpad * 16, bp, c, 32);
-}
 #endif
 
 /* the kernel for a weight packed for isa, on the path in use (AMX where it is on: same pack as VNNI) */
 static int cfg_for(int isa, q8_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512 && opx_vnni_ok()) {
-    *g = opx_amx_ok() ? (q8_cfg){ 32, 32, 4, 1, kernel_amx } : (q8_cfg){ 14, 32, 4, 0, kernel_vnni };
+    *g = opx_amx_ok() ? (q8_cfg){ 32, 32, 4, 1, NULL } : (q8_cfg){ 14, 32, 4, 0, kernel_vnni };
     return 1;
   }
   if (isa == OPX_ISA_AVX2 && opx_isa() >= OPX_ISA_AVX2) {
@@ -303,6 +300,10 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
+#if OPX_MULTI_ISA
+    amx_pf pf, *pfp = NULL;
+    int stream = (double)m * (double)n * 4 > AMX_BIG_BYTES, big_a = (double)m * (double)pb->k * 4 > AMX_BIG_BYTES;
+#endif
     /* one row as uint8 (padded to whole slots), then (transposed A only) as floats; the task's A panels
      * and their rows' scales */
     uint8_t *qa = reserve(&tl_row, (size_t)(kpad * 4) * 5);
@@ -322,30 +323,63 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
       if (!ok) continue;
       int64_t ip0 = t / nsplit * rowblk, ip1 = ip0 + rowblk < mpanels ? ip0 + rowblk : mpanels;
       int64_t jp0 = t % nsplit * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
-      for (int64_t ip = ip0; packed != ip0 && ip < ip1; ip++)
+      int pack = packed != ip0;
+      packed = ip0;
+      /* vector kernels: all the task's panels now; AMX: each one right before its first use (below) */
+      for (int64_t ip = ip0; pack && !g.amx && ip < ip1; ip++)
         pack_a_panel(&g, ta, a, a8, lda, pb->k, kpad, ip * g.mr, m - ip * g.mr < g.mr ? m - ip * g.mr : g.mr,
                      apack + (ip - ip0) * kpad * g.mr, par + (ip - ip0) * g.mr, qa);
-      packed = ip0;
       int32_t acc[32 * 32];
       int64_t nj = jp1 - jp0, ni = ip1 - ip0;
       for (int64_t x = 0; x < ni * nj; x++) { /* AMX: the row panels outer; vector kernels: the B panels */
         int64_t jp = g.amx ? jp0 + x % nj : jp0 + x / ni, ip = g.amx ? ip0 + x / nj : ip0 + x % ni;
         int64_t j = jp * g.nr, cols = n - j < g.nr ? n - j : g.nr, i = ip * g.mr, rows = m - i < g.mr ? m - i : g.mr;
-        g.kernel(g.amx ? kpad : pb->kq, apack + (ip - ip0) * kpad * g.mr, pb->p + jp * kpad * g.nr, acc);
-        for (int64_t r = 0; r < rows; r++) {
-          const int32_t *ar = acc + r * g.nr;
-          if (c32) {
-            memcpy(c32 + (i + r) * ldc + j, ar, (size_t)cols * sizeof(int32_t));
-            continue;
+        uint32_t *ap = apack + (ip - ip0) * kpad * g.mr;
+        const uint32_t *bp = pb->p + jp * kpad * g.nr;
+        arow *pr = par + (ip - ip0) * g.mr;
+        if (!g.amx) {
+          g.kernel(pb->kq, ap, bp, acc);
+          for (int64_t r = 0; r < rows; r++) {
+            if (c32)
+              memcpy(c32 + (i + r) * ldc + j, acc + r * g.nr, (size_t)cols * sizeof(int32_t));
+            else
+              (g.group == 4 ? dequantize_avx512 : dequantize_avx2)(cols, acc + r * g.nr, pr[r], pb->colsum + j,
+                                                                   pb->scale + j, c + (i + r) * ldc + j);
           }
-          (g.group == 4 ? dequantize_avx512 : dequantize_avx2)(cols, ar, par[(ip - ip0) * g.mr + r], pb->colsum + j,
-                                                               pb->scale + j, c + (i + r) * ldc + j);
+          if (!c32) opx_bias_act_rows(pb->isa, rows, cols, c + i * ldc + j, ldc, bias ? bias + j : NULL, gelu);
+          continue;
         }
-        if (!c32) opx_bias_act_rows(pb->isa, rows, cols, c + i * ldc + j, ldc, bias ? bias + j : NULL, gelu);
+#if OPX_MULTI_ISA
+        /* AMX: as the bf16 GEMM (gemm_bf16.c's amx_gemm) */
+        if (x % nj == 0) {
+          if (pack) pack_a_panel(&g, ta, a, a8, lda, pb->k, kpad, i, rows, ap, pr, qa);
+          pfp = NULL;
+          if (pack && big_a && a && !ta && ip + 1 < ip1) { /* the next block's rows */
+            pf = amx_pf_of(a + (i + 32) * lda, lda * 4, pb->k * 4, m - i < 64 ? m - i - 32 : 32, nj * (kpad / 16 - 1));
+            pfp = &pf;
+          }
+        }
+        amx_block_s32(kpad / 16, ap, ap + kpad * 16, bp, acc, 32, pfp);
+        if (c32) {
+          for (int64_t r = 0; r < rows; r++)
+            memcpy(c32 + (i + r) * ldc + j, acc + r * 32, (size_t)cols * sizeof(int32_t));
+          continue;
+        }
+        float *ct = c + i * ldc + j, tile[32 * 32] __attribute__((aligned(64)));
+        int st = amx_streams(stream, ct, ldc, rows, cols);
+        for (int64_t r = 0; r < rows; r++)
+          dequantize_avx512(cols, acc + r * 32, pr[r], pb->colsum + j, pb->scale + j,
+                            st ? tile + r * 32 : ct + r * ldc);
+        opx_bias_act_rows(pb->isa, rows, cols, st ? tile : ct, st ? 32 : ldc, bias ? bias + j : NULL, gelu);
+        if (st) amx_stream(ct, ldc, tile);
+#endif
       }
     }
 #if OPX_MULTI_ISA
-    if (g.amx) amx_tiles_off();
+    if (g.amx) {
+      _mm_sfence(); /* the streamed stores, before the caller reads C */
+      amx_tiles_off();
+    }
 #endif
   }
   return !failed;

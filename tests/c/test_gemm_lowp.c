@@ -128,11 +128,13 @@ static double check_layer(int prec, int64_t rows, int64_t in, int64_t out, int a
 static void test_layers(int prec, const char *name, const char *other) {
   /* rows, in, out: one element, batch 1, odd everything, K odd and not a multiple of 4, N over many panels;
    * for AMX: M, N and K around and off multiples of 16 / 32 / 64, K under one tile, whole tiles, threaded,
-   * more rows than a task takes (512), more weight panels than a task's L2 chunk (1 MB) */
-  static const int64_t shapes[][3] = { { 1, 1, 1 },      { 1, 768, 100 },  { 29, 45, 70 },   { 15, 801, 40 },
-                                       { 33, 43, 3100 }, { 130, 300, 97 }, { 7, 3, 33 },     { 47, 65, 17 },
-                                       { 64, 128, 64 },  { 17, 31, 33 },   { 200, 777, 50 }, { 32, 63, 31 },
-                                       { 600, 40, 50 },  { 40, 3000, 200 } };
+   * more rows than a task takes (512), more weight panels than a task's L2 chunk (1 MB); past 4 MB of output
+   * (streamed; with rows that are not 64-byte aligned: written as the others) and of A (prefetched) */
+  static const int64_t shapes[][3] = { { 1, 1, 1 },      { 1, 768, 100 },   { 29, 45, 70 },    { 15, 801, 40 },
+                                       { 33, 43, 3100 }, { 130, 300, 97 },  { 7, 3, 33 },      { 47, 65, 17 },
+                                       { 64, 128, 64 },  { 17, 31, 33 },    { 200, 777, 50 },  { 32, 63, 31 },
+                                       { 600, 40, 50 },  { 40, 3000, 200 }, { 1100, 8, 1024 }, { 1030, 9, 1001 },
+                                       { 520, 2050, 33 } };
   int64_t differ = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
     for (int act = 0; act < 2; act++) {
@@ -180,10 +182,11 @@ static void test_transposed_a(const char *name) {
 /* the int32 sums of the int8 kernel of isa (on the path in use), bit for bit */
 static void test_int8_exact(int isa, const char *name) {
   /* m, k, n; for AMX: k under a tile (64), not a multiple of it, m and n off multiples of 16 / 32, threaded,
-   * more rows than a task takes, more weight panels than a task's L2 chunk */
+   * more rows than a task takes, more weight panels than a task's L2 chunk, past 4 MB of A */
   static const int64_t shapes[][3] = { { 1, 1, 1 },      { 1, 768, 64 }, { 17, 33, 45 },   { 100, 301, 70 },
                                        { 6, 5, 16 },     { 33, 64, 33 }, { 47, 129, 100 }, { 32, 127, 32 },
-                                       { 200, 700, 50 }, { 1, 65, 17 },  { 600, 70, 33 },  { 40, 3000, 400 } };
+                                       { 200, 700, 50 }, { 1, 65, 17 },  { 600, 70, 33 },  { 40, 3000, 400 },
+                                       { 520, 2050, 33 } };
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     int64_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
     float *w = malloc(sizeof(float) * n * k);
