@@ -3,20 +3,34 @@
  * PyTorch's CPU argmax; NaN counts as the maximum so it is not hidden. */
 #include "ops_internal.h"
 #include "device/dispatch.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
+/* The first index of the row maximum, or of the first NaN when the row has one: the NaN test and the max are
+ * one vectorised pass, the search for the first index holding that value a second one that stops at the
+ * 16-element block holding it (the row is in cache by then). Max is exact, so the result is the scalar
+ * loop's "first x[j] > every earlier one, NaN wins". */
+OPX_BODY argmax_row_body(int64_t c, const float *restrict x, int64_t *out) {
+  int nan = 0;
+#pragma omp simd reduction(| : nan)
+  for (int64_t j = 0; j < c; j++) nan |= x[j] != x[j];
+  const float mx = vm_row_max(c, x);
+  int64_t j = 0;
+  for (; j + 16 <= c; j += 16) {
+    int hit = 0;
+#pragma omp simd reduction(| : hit)
+    for (int l = 0; l < 16; l++) hit |= nan ? x[j + l] != x[j + l] : x[j + l] == mx;
+    if (hit) break;
+  }
+  while (j < c && !(nan ? x[j] != x[j] : x[j] == mx)) j++;
+  *out = j < c ? j : 0;
+}
+OPX_ISA_FN(argmax_row, (int64_t c, const float *restrict x, int64_t *out), (c, x, out))
+
 static void argmax_rows(const float *x, int64_t rows, int64_t c, int64_t *out) {
 #pragma omp parallel for schedule(static) if (rows * c > 65536)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * c;
-    int64_t best = 0;
-    for (int64_t j = 1; j < c; j++) {
-      if (isnan(xr[best])) break;
-      if (xr[j] > xr[best] || isnan(xr[j])) best = j;
-    }
-    out[r] = best;
-  }
+  for (int64_t r = 0; r < rows; r++) argmax_row(c, x + r * c, out + r);
 }
 
 int bl_argmax(bl_tensor *out, const bl_tensor *x) {

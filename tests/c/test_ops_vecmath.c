@@ -1,9 +1,9 @@
 /* Accuracy of the vectorised f32 math used by the CPU ops (src/base/vecmath.h)
  * against double-precision libm over dense grids, the inline Philox against
  * bl_philox4x32 and the dropout masks of the ops against the documented
- * stream, and GELU / its derivative through the public ops against a
- * double-precision formula. The bounds checked here are the ones documented
- * in vecmath.h; the loops are compiled with the same OPX_ISA_FN dispatch as
+ * stream, GELU / its derivative through the public ops against a
+ * double-precision formula, and argmax against its scalar rule. The bounds
+ * checked here are the ones documented in vecmath.h; the loops are compiled with the same OPX_ISA_FN dispatch as
  * the library, and every check runs on each ISA path the CPU has (AVX-512,
  * AVX2, baseline), selected with bl_cpu_set_isa. */
 #include "bertlua.h"
@@ -297,6 +297,56 @@ static int check_path(float *x, float *y, float *d) {
     bl_tensor_free(tdy);
     bl_tensor_free(tdx);
     bl_tensor_free(tdr);
+  }
+  /* argmax (and accuracy through it) against the scalar rule "first x[j] above every earlier one, the first NaN
+   * wins", on rows of 77 classes (4 vector blocks and a tail) with ties, +-0, -inf and NaN placed at random */
+  {
+    const int64_t rows = 400, c = 77;
+    int64_t s2[] = { rows, c }, s1[] = { rows };
+    bl_tensor *tl = NULL, *ta = NULL, *tt = NULL;
+    if (bl_tensor_empty(2, s2, BL_F32, -1, &tl) || bl_tensor_empty(1, s1, BL_I64, -1, &ta) ||
+        bl_tensor_empty(1, s1, BL_I64, -1, &tt))
+      return 1;
+    float *lg = tl->data;
+    const float special[] = { 3.0f, 3.0f, 0.0f, -0.0f, -INFINITY, INFINITY, NAN };
+    uint32_t r[4];
+    for (int64_t i = 0; i < rows; i++) {
+      float *row = lg + i * c;
+      bl_philox4x32(7, (uint64_t)i, r);
+      int kind = (int)(r[0] % 5); /* 0: random, 1: ties at the max, 2: +-0 only, 3: all -inf, 4: specials */
+      for (int64_t j = 0; j < c; j++) {
+        bl_philox4x32(8, (uint64_t)(i * c + j), r);
+        float u = (float)(r[0] >> 8) * (1.0f / 16777216.0f);
+        row[j] = kind == 2 ? (r[1] & 1 ? 0.0f : -0.0f) : kind == 3 ? -INFINITY : u * 2.0f - 1.0f;
+        if (kind == 1 && r[1] % 9 == 0) row[j] = 3.0f;
+        if (kind == 4 && r[1] % 23 == 0) row[j] = special[r[2] % 7];
+      }
+      ((int64_t *)tt->data)[i] = i % 11 == 0 ? -100 : (int64_t)(r[3] % 3 == 0 ? 0 : r[3] % (uint32_t)c);
+    }
+    CHECK(bl_argmax(ta, tl) == 0, "argmax: %s", bl_last_error());
+    int bad = 0;
+    int64_t ok = 0, cnt = 0, got_ok = -1, got_cnt = -1;
+    for (int64_t i = 0; i < rows; i++) {
+      const float *row = lg + i * c;
+      int64_t best = 0;
+      for (int64_t j = 1; j < c; j++) {
+        if (isnan(row[best])) break;
+        if (row[j] > row[best] || isnan(row[j])) best = j;
+      }
+      bad += ((int64_t *)ta->data)[i] != best;
+      int64_t t = ((int64_t *)tt->data)[i];
+      if (t != -100) {
+        cnt++;
+        ok += t == best;
+      }
+    }
+    CHECK(bad == 0, "argmax: %d of %lld rows differ from the scalar rule", bad, (long long)rows);
+    CHECK(bl_accuracy(tl, tt, -100, &got_ok, &got_cnt) == 0, "accuracy: %s", bl_last_error());
+    CHECK(got_ok == ok && got_cnt == cnt && ok > 0, "accuracy %lld/%lld, the scalar rule %lld/%lld", (long long)got_ok,
+          (long long)got_cnt, (long long)ok, (long long)cnt);
+    bl_tensor_free(tl);
+    bl_tensor_free(ta);
+    bl_tensor_free(tt);
   }
   return 0;
 }
