@@ -295,7 +295,9 @@ OPX_TARGET_AVX2 static inline void philox8_keep(uint32_t k0, uint32_t k1, uint64
 
 /* The same on AVX-512, 16 counters per vector: twice the loop above's counters per instruction (it runs the
  * 64-bit-lane form, 8 per vector), the blends as mask moves, the three-way XORs as one ternary-logic op and
- * the threshold as an unsigned compare into a mask (the masks were 4 % of a BERT-mini training step). */
+ * the threshold as an unsigned compare into a mask (the masks were 4 % of a BERT-mini training step). The
+ * last nblk % 16 blocks are one more vector with a masked store (attention rows of 112 keys are 28 blocks);
+ * only a vector whose counters' low words would wrap goes to the loop above. */
 OPX_TARGET_AVX512 static inline void philox16_keep(uint32_t k0, uint32_t k1, uint64_t ctr, int64_t nblk, uint32_t thr,
                                                    uint8_t *restrict keep) {
   const __m512i m0 = _mm512_set1_epi32((int)BL_PHILOX_M0), m1 = _mm512_set1_epi32((int)BL_PHILOX_M1);
@@ -303,9 +305,10 @@ OPX_TARGET_AVX512 static inline void philox16_keep(uint32_t k0, uint32_t k1, uin
   const __m512i t = _mm512_set1_epi32((int)thr);
   const __mmask16 odd = 0xAAAA;
   int64_t l = 0;
-  for (; l + 16 <= nblk; l += 16) {
+  for (; l < nblk; l += 16) {
+    const int64_t left = nblk - l < 16 ? nblk - l : 16; /* the last vector's lanes past nblk are not stored */
     uint64_t c = ctr + (uint64_t)l;
-    if ((uint32_t)c > 0xFFFFFFFFu - 15) break;
+    if ((uint32_t)c > 0xFFFFFFFFu - (uint32_t)(left - 1)) break;
     __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)c), lane);
     __m512i c1 = _mm512_set1_epi32((int)(uint32_t)(c >> 32)), c2 = _mm512_setzero_si512(), c3 = c2;
     uint32_t a = k0, b = k1;
@@ -326,7 +329,10 @@ OPX_TARGET_AVX512 static inline void philox16_keep(uint32_t k0, uint32_t k1, uin
     w = _mm512_mask_or_epi32(w, _mm512_cmpge_epu32_mask(_mm512_srli_epi32(c1, 8), t), w, _mm512_slli_epi32(one, 8));
     w = _mm512_mask_or_epi32(w, _mm512_cmpge_epu32_mask(_mm512_srli_epi32(c2, 8), t), w, _mm512_slli_epi32(one, 16));
     w = _mm512_mask_or_epi32(w, _mm512_cmpge_epu32_mask(_mm512_srli_epi32(c3, 8), t), w, _mm512_slli_epi32(one, 24));
-    _mm512_storeu_si512((void *)(keep + 4 * l), w);
+    if (left == 16)
+      _mm512_storeu_si512((void *)(keep + 4 * l), w);
+    else
+      _mm512_mask_storeu_epi32((void *)(keep + 4 * l), (__mmask16)((1u << left) - 1), w);
   }
   if (l < nblk) keep_blocks_body(k0, k1, ctr + (uint64_t)l, nblk - l, thr, keep + 4 * l);
 }
