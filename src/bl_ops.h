@@ -283,6 +283,11 @@ int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logit
  * (nothing read back, and a replayed CUDA graph counts its new targets), otherwise as bl_cross_entropy. */
 int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
                              int64_t ignore_index, double grad_scale, int64_t count);
+/* bl_cross_entropy_counted and bl_accuracy_add(acc, logits, targets, ignore_index) in one call: acc (i64 [2],
+ * contiguous, on the logits' device) += {correct, count}. On the CPU both come from one pass over the logits (the
+ * row max the loss takes decides the argmax too); on a GPU the two ops run in turn. */
+int bl_cross_entropy_accuracy(bl_tensor *loss, bl_tensor *dlogits, bl_tensor *acc, const bl_tensor *logits,
+                              const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count);
 /* ---- mean squared error (STS-B regression): pred and target of equal numel
  * (pred [N] or [N,1]); loss = mean (pred - target)^2; dpred (optional,
  * overwritten) = 2 (pred - target) * grad_scale / N. */

@@ -3,20 +3,58 @@
  * PyTorch's CPU argmax; NaN counts as the maximum so it is not hidden. */
 #include "ops_internal.h"
 #include "device/dispatch.h"
+#include "base/vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
+/* The first j < c with x[j] == v (or x[j] NaN when nan), c when none: vector blocks of 16 until one holds
+ * it, then the elements of that block. */
+OPX_BODY first_hit_body(int64_t c, const float *restrict x, float v, int nan, int64_t *out) {
+  int64_t j = 0;
+  for (; j + 16 <= c; j += 16) {
+    int hit = 0;
+#pragma omp simd reduction(| : hit)
+    for (int l = 0; l < 16; l++) hit |= nan ? x[j + l] != x[j + l] : x[j + l] == v;
+    if (hit) break;
+  }
+  while (j < c && !(nan ? x[j] != x[j] : x[j] == v)) j++;
+  *out = j;
+}
+
+/* The first index of the row maximum, or of the first NaN when the row has one: the NaN test and the max are
+ * one vectorised pass, the search for the first index holding that value a second one (the row is in cache
+ * by then). Max is exact, so the result is the scalar rule "first x[j] above every earlier one, NaN wins". */
+OPX_BODY argmax_row_body(int64_t c, const float *restrict x, int64_t *out) {
+  int nan = 0;
+#pragma omp simd reduction(| : nan)
+  for (int64_t j = 0; j < c; j++) nan |= x[j] != x[j];
+  first_hit_body(c, x, vm_row_max(c, x), nan, out);
+}
+OPX_ISA_FN(argmax_row, (int64_t c, const float *restrict x, int64_t *out), (c, x, out))
+OPX_ISA_FN(first_hit, (int64_t c, const float *restrict x, float v, int nan, int64_t *out), (c, x, v, nan, out))
+
 static void argmax_rows(const float *x, int64_t rows, int64_t c, int64_t *out) {
 #pragma omp parallel for schedule(static) if (rows * c > 65536)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * c;
-    int64_t best = 0;
-    for (int64_t j = 1; j < c; j++) {
-      if (isnan(xr[best])) break;
-      if (xr[j] > xr[best] || isnan(xr[j])) best = j;
-    }
-    out[r] = best;
-  }
+  for (int64_t r = 0; r < rows; r++) argmax_row(c, x + r * c, out + r);
+}
+
+int opx_is_argmax(int64_t c, const float *x, int64_t t, float mx, float sum) {
+  int64_t a;
+  if (!isfinite(sum))
+    argmax_row(c, x, &a);
+  else if (x[t] != mx)
+    return 0;
+  else
+    first_hit(t, x, mx, 0, &a); /* t when no earlier element holds the max */
+  return a == t;
+}
+
+int opx_check_counts(const char *op, const bl_tensor *acc, const bl_tensor *logits) {
+  BL_CHECK(bl_tensor_check(acc, op));
+  if (acc->dtype != BL_I64 || acc->numel != 2 || !bl_tensor_is_contiguous(acc))
+    return BL_ERR("%s: the accumulator must be a contiguous i64 tensor of 2 elements {correct, count}", op);
+  if (acc->device != logits->device) return BL_ERR("%s: the accumulator is not on the logits' device", op);
+  return 0;
 }
 
 int bl_argmax(bl_tensor *out, const bl_tensor *x) {
@@ -95,11 +133,8 @@ int bl_accuracy(const bl_tensor *logits, const bl_tensor *targets, int64_t ignor
 
 int bl_accuracy_add(bl_tensor *acc, const bl_tensor *logits, const bl_tensor *targets, int64_t ignore_index) {
   const char *op = "accuracy";
-  BL_CHECK(bl_tensor_check(acc, op));
-  if (acc->dtype != BL_I64 || acc->numel != 2 || !bl_tensor_is_contiguous(acc))
-    return BL_ERR("%s: the accumulator must be a contiguous i64 tensor of 2 elements {correct, count}", op);
   BL_CHECK(opx_check_float(op, logits, "logits"));
-  if (acc->device != logits->device) return BL_ERR("%s: the accumulator is not on the logits' device", op);
+  BL_CHECK(opx_check_counts(op, acc, logits));
   if (acc->device >= 0) {
     BL_CHECK(opx_check_index(op, targets, "targets"));
     return BL_ON_CUDA(op, acc->device, bl_cuda_accuracy_add(acc, logits, targets, ignore_index));

@@ -6,6 +6,7 @@
  * libm's expf, and the exp sum in 16 lane accumulators combined in a fixed
  * order (also more accurate than one running f32 sum over 30k classes). */
 #include "ops_internal.h"
+#include "bl_ops.h"
 #include "device/dispatch.h"
 #include "base/vecmath.h"
 #include <math.h>
@@ -60,12 +61,14 @@ OPX_BODY ce_row_body(int64_t c, const float *restrict x, float *restrict dr, flo
 OPX_ISA_FN(ce_row, (int64_t c, const float *restrict x, float *restrict dr, float *mx_out, float *sum_out),
            (c, x, dr, mx_out, sum_out))
 
+/* correct (optional): the rows whose argmax is their target, decided from the row max of the same pass */
 static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
-                  int64_t ignore_index, double grad_scale, int64_t *count) {
+                  int64_t ignore_index, double grad_scale, int64_t *count, int64_t *correct) {
   const char *op = "cross_entropy";
   int64_t n = opx_rows(logits), c = opx_cols(logits), cnt = 0;
   int64_t *t = NULL;
   double *rl = NULL;
+  uint8_t *hit = NULL;
   opx_buf bx = { 0 }, bd = { 0 };
   int rc = opx_load_ids(op, targets, &t);
   if (rc) return rc;
@@ -79,7 +82,8 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
     cnt++;
   }
   rl = malloc((size_t)(n ? n : 1) * sizeof(double));
-  if (!rl) {
+  if (correct) hit = calloc((size_t)(n ? n : 1), 1);
+  if (!rl || (correct && !hit)) {
     rc = bl_set_error(BL_ENOMEM, "%s: out of memory", op);
     goto done;
   }
@@ -97,6 +101,7 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
     float mx, sum;
     ce_row(c, x, dr, &mx, &sum);
     rl[i] = (double)mx + log((double)sum) - (double)x[t[i]];
+    if (hit) hit[i] = (uint8_t)opx_is_argmax(c, x, t[i], mx, sum);
     if (dr) {
       opx_scale_row(c, dr, g / sum);
       dr[t[i]] -= g;
@@ -107,9 +112,15 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
   store_scalar(loss, cnt ? total / (double)cnt : 0.0);
   if (dlogits) opx_store(dlogits, &bd);
   if (count) *count = cnt;
+  if (correct) {
+    int64_t ok = 0;
+    for (int64_t i = 0; i < n; i++) ok += hit[i];
+    *correct = ok;
+  }
 done:
   free(t);
   free(rl);
+  free(hit);
   opx_free(&bx);
   opx_free(&bd);
   return rc;
@@ -141,7 +152,18 @@ int bl_cross_entropy(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logit
   BL_CHECK(ce_args(op, loss, dlogits, logits, targets, &dev));
   if (dev >= 0)
     return BL_ON_CUDA(op, dev, bl_cuda_cross_entropy(loss, dlogits, logits, targets, ignore_index, grad_scale, count));
-  return ce_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count);
+  return ce_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count, NULL);
+}
+
+/* the CPU cross-entropy with the caller's count checked; correct as ce_cpu's */
+static int ce_counted_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
+                          int64_t ignore_index, double grad_scale, int64_t count, int64_t *counted, int64_t *correct) {
+  const char *op = "cross_entropy";
+  BL_CHECK(ce_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, counted, correct));
+  if (count >= 0 && *counted != count)
+    return BL_ERR("%s: %lld targets are counted (not ignore_index %lld), the caller said %lld", op, (long long)*counted,
+                  (long long)ignore_index, (long long)count);
+  return 0;
 }
 
 int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, const bl_tensor *targets,
@@ -153,10 +175,24 @@ int bl_cross_entropy_counted(bl_tensor *loss, bl_tensor *dlogits, const bl_tenso
     return BL_ON_CUDA(op, dev,
                       bl_cuda_cross_entropy_counted(loss, dlogits, logits, targets, ignore_index, grad_scale, count));
   int64_t n = 0;
-  BL_CHECK(bl_cross_entropy(loss, dlogits, logits, targets, ignore_index, grad_scale, &n));
-  if (count >= 0 && n != count)
-    return BL_ERR("%s: %lld targets are counted (not ignore_index %lld), the caller said %lld", op, (long long)n,
-                  (long long)ignore_index, (long long)count);
+  return ce_counted_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count, &n, NULL);
+}
+
+int bl_cross_entropy_accuracy(bl_tensor *loss, bl_tensor *dlogits, bl_tensor *acc, const bl_tensor *logits,
+                              const bl_tensor *targets, int64_t ignore_index, double grad_scale, int64_t count) {
+  const char *op = "cross_entropy";
+  int dev;
+  BL_CHECK(ce_args(op, loss, dlogits, logits, targets, &dev));
+  BL_CHECK(opx_check_counts(op, acc, logits));
+  if (dev >= 0) {
+    BL_CHECK(bl_cross_entropy_counted(loss, dlogits, logits, targets, ignore_index, grad_scale, count));
+    return bl_accuracy_add(acc, logits, targets, ignore_index);
+  }
+  int64_t n = 0, ok = 0;
+  BL_CHECK(ce_counted_cpu(loss, dlogits, logits, targets, ignore_index, grad_scale, count, &n, &ok));
+  int64_t *a = acc->data;
+  a[0] += ok;
+  a[1] += n;
   return 0;
 }
 

@@ -378,25 +378,39 @@ int bl_linear_forward_packed(bl_tensor *y, const bl_tensor *x, const bl_tensor *
   return linear_forward_cpu(y, x, w, pw, b, act == BL_LINEAR_GELU);
 }
 
-/* db[j] += sum_r dy[r, j]: columns split in fixed blocks, rows summed in
- * order inside each block, so the result does not depend on the thread count. */
+/* db[j] += sum_r dy[r, j] over w <= 64 columns: each column summed over the rows in order (the lanes are
+ * columns, so every ISA adds the same numbers in the same order). */
+OPX_BODY bias_cols_body(int64_t rows, int64_t w, const float *restrict p, int64_t ld, int trans, float *restrict db) {
+  float acc[64] = { 0 };
+  if (!trans && w == 64) {
+    for (int64_t r = 0; r < rows; r++) {
+#pragma omp simd
+      for (int64_t j = 0; j < 64; j++) acc[j] += p[r * ld + j];
+    }
+  } else if (!trans) {
+    for (int64_t r = 0; r < rows; r++) {
+#pragma omp simd
+      for (int64_t j = 0; j < w; j++) acc[j] += p[r * ld + j];
+    }
+  } else {
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t j = 0; j < w; j++) acc[j] += p[j * ld + r];
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < w; j++) db[j] += acc[j];
+}
+OPX_ISA_FN(bias_cols, (int64_t rows, int64_t w, const float *restrict p, int64_t ld, int trans, float *restrict db),
+           (rows, w, p, ld, trans, db))
+
+/* db[j] += sum_r dy[r, j]: columns split in fixed blocks of 64, rows summed in order inside each block, so the
+ * result does not depend on the thread count. */
 static void bias_grad(float *db, const mat *dy) {
   int64_t n = dy->cols, rows = dy->rows;
   int64_t nblk = (n + 63) / 64;
 #pragma omp parallel for schedule(static) if (rows * n > 65536)
   for (int64_t blk = 0; blk < nblk; blk++) {
-    int64_t j0 = blk * 64, j1 = j0 + 64 < n ? j0 + 64 : n;
-    float acc[64] = { 0 };
-    if (!dy->trans) {
-      for (int64_t r = 0; r < rows; r++) {
-        const float *row = dy->p + r * dy->ld;
-        for (int64_t j = j0; j < j1; j++) acc[j - j0] += row[j];
-      }
-    } else {
-      for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = j0; j < j1; j++) acc[j - j0] += dy->p[j * dy->ld + r];
-    }
-    for (int64_t j = j0; j < j1; j++) db[j] += acc[j - j0];
+    int64_t j0 = blk * 64, w = j0 + 64 < n ? 64 : n - j0;
+    bias_cols(rows, w, dy->p + (dy->trans ? j0 * dy->ld : j0), dy->ld, dy->trans, db + j0);
   }
 }
 

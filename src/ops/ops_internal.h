@@ -65,6 +65,14 @@ int opx_check_p(const char *op, double p);
 /* x *= s over n floats (one rounding each: the same bits on every ISA path) */
 void opx_scale_row(int64_t n, float *x, float s);
 
+/* Is t the argmax of the row x[0..c) (bl_argmax's rule: the first maximum, the first NaN when there is one)?
+ * mx and sum: the row's max and sum of exp(x - mx) from the cross-entropy pass. A finite sum means a row without
+ * NaN or +inf (either makes the sum NaN) and with a finite max, whose argmax is the first x[j] == mx: only the
+ * elements before t are searched, and only when x[t] is the max; any other row is searched whole. */
+int opx_is_argmax(int64_t c, const float *x, int64_t t, float mx, float sum);
+/* 0, or an error naming op unless acc is a contiguous i64 [2] tensor {correct, count} on the logits' device */
+int opx_check_counts(const char *op, const bl_tensor *acc, const bl_tensor *logits);
+
 /* Packed sequences: offsets [B+1] (i32/i64) delimit B sequences in T tokens. opx_load_offsets checks they rise
  * from 0 to T and copies them (free with free()); *maxlen gets the longest sequence. opx_packed_rows gives each
  * token's row in the padded [B, seq] batch it came from (b*seq + its position, the row's real tokens being its

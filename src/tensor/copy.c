@@ -166,12 +166,40 @@ static int check_fits(const bl_tensor *t, double v, const char *op, int64_t at) 
                       range);
 }
 
+/* n elements of es bytes from `one`, in chunks across the OpenMP threads when large (a model's flat
+ * gradient buffer is zeroed every step): memset when every byte is 0 (0.0 and integer 0, not -0.0), else
+ * the element's bits stored in a loop the compiler vectorises. */
+#define FILL_CHUNK (1 << 18) /* bytes per work item */
+static void fill_contiguous(void *data, int64_t n, int es, const char *one) {
+  int zero = 1;
+  for (int k = 0; k < es; k++) zero &= one[k] == 0;
+  const int64_t bytes = n * es, nch = (bytes + FILL_CHUNK - 1) / FILL_CHUNK;
+#pragma omp parallel for schedule(static) if (nch > 4)
+  for (int64_t c = 0; c < nch; c++) {
+    int64_t b0 = c * FILL_CHUNK, b1 = b0 + FILL_CHUNK < bytes ? b0 + FILL_CHUNK : bytes; /* multiples of es */
+    char *d = (char *)data + b0;
+    int64_t m = (b1 - b0) / es;
+    if (zero)
+      memset(d, 0, (size_t)(b1 - b0));
+    else if (es == 4) {
+      uint32_t v;
+      memcpy(&v, one, 4);
+      for (int64_t i = 0; i < m; i++) ((uint32_t *)d)[i] = v;
+    } else
+      for (int64_t i = 0; i < m; i++) memcpy(d + i * es, one, (size_t)es);
+  }
+}
+
 int bl_tensor_fill(bl_tensor *t, double value) {
   BL_CHECK(bl_tensor_check(t, "fill"));
   BL_CHECK(check_fits(t, value, "fill", -1));
   if (t->device >= 0) return BL_ON_CUDA("fill", t->device, bl_cuda_tensor_fill(t, value));
   char one[8];
   bl_store(t->dtype, one, value);
+  if (bl_tensor_is_contiguous(t)) {
+    fill_contiguous(t->data, t->numel, bl_dtype_size(t->dtype), one);
+    return 0;
+  }
   bl_tensor src = *t;
   src.ndim = 0;
   src.data = one;

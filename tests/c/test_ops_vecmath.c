@@ -1,10 +1,11 @@
 /* Accuracy of the vectorised f32 math used by the CPU ops (src/base/vecmath.h)
  * against double-precision libm over dense grids, the inline Philox against
  * bl_philox4x32 and the dropout masks of the ops against the documented
- * stream, and GELU / its derivative through the public ops against a
- * double-precision formula. The bounds checked here are the ones documented
- * in vecmath.h; the loops are compiled with the same OPX_ISA_FN dispatch as
- * the library, and every check runs on each ISA path the CPU has (AVX-512,
+ * stream, GELU / its derivative through the public ops against a
+ * double-precision formula, and argmax and the accuracy counts against their
+ * scalar rule. The bounds checked here are the ones documented in vecmath.h;
+ * the loops are compiled with the same OPX_ISA_FN dispatch as the library,
+ * and every check runs on each ISA path the CPU has (AVX-512,
  * AVX2, baseline), selected with bl_cpu_set_isa. */
 #include "bertlua.h"
 #include "base/vecmath.h"
@@ -297,6 +298,102 @@ static int check_path(float *x, float *y, float *d) {
     bl_tensor_free(tdy);
     bl_tensor_free(tdx);
     bl_tensor_free(tdr);
+  }
+  /* argmax, accuracy and the accuracy counted in the cross-entropy pass against the scalar rule "first x[j]
+   * above every earlier one, the first NaN wins", on rows of 77 classes (4 vector blocks and a tail) with ties,
+   * +-0, -inf and NaN placed at random; every third target is the row's argmax (the fused count then searches the
+   * elements before it), and the fused op's loss and gradient are the plain cross-entropy's bits. */
+  {
+    const int64_t rows = 400, c = 77;
+    int64_t s2[] = { rows, c }, s1[] = { rows }, s0[] = { 1 }, sa[] = { 2 };
+    bl_tensor *tl = NULL, *ta = NULL, *tt = NULL, *l1 = NULL, *l2 = NULL, *d1 = NULL, *d2 = NULL, *acc = NULL;
+    if (bl_tensor_empty(2, s2, BL_F32, -1, &tl) || bl_tensor_empty(1, s1, BL_I64, -1, &ta) ||
+        bl_tensor_empty(1, s1, BL_I64, -1, &tt) || bl_tensor_empty(1, s0, BL_F64, -1, &l1) ||
+        bl_tensor_empty(1, s0, BL_F64, -1, &l2) || bl_tensor_empty(2, s2, BL_F32, -1, &d1) ||
+        bl_tensor_empty(2, s2, BL_F32, -1, &d2) || bl_tensor_empty(1, sa, BL_I64, -1, &acc))
+      return 1;
+    float *lg = tl->data;
+    const float special[] = { 3.0f, 3.0f, 0.0f, -0.0f, -INFINITY, INFINITY, NAN };
+    uint32_t r[4];
+    int64_t *best = malloc((size_t)rows * sizeof(int64_t));
+    if (!best) return 1;
+    for (int64_t i = 0; i < rows; i++) {
+      float *row = lg + i * c;
+      bl_philox4x32(7, (uint64_t)i, r);
+      int kind = (int)(r[0] % 5); /* 0: random, 1: ties at the max, 2: +-0 only, 3: all -inf, 4: specials */
+      for (int64_t j = 0; j < c; j++) {
+        bl_philox4x32(8, (uint64_t)(i * c + j), r);
+        float u = (float)(r[0] >> 8) * (1.0f / 16777216.0f);
+        row[j] = kind == 2 ? (r[1] & 1 ? 0.0f : -0.0f) : kind == 3 ? -INFINITY : u * 2.0f - 1.0f;
+        if (kind == 1 && r[1] % 9 == 0) row[j] = 3.0f;
+        if (kind == 4 && r[1] % 23 == 0) row[j] = special[r[2] % 7];
+      }
+      best[i] = 0;
+      for (int64_t j = 1; j < c; j++) {
+        if (isnan(row[best[i]])) break;
+        if (row[j] > row[best[i]] || isnan(row[j])) best[i] = j;
+      }
+      ((int64_t *)tt->data)[i] = i % 11 == 0  ? -100
+                                 : i % 3 == 0 ? best[i]
+                                              : (int64_t)(r[3] % 3 == 0 ? 0 : r[3] % (uint32_t)c);
+    }
+    CHECK(bl_argmax(ta, tl) == 0, "argmax: %s", bl_last_error());
+    int bad = 0;
+    int64_t ok = 0, cnt = 0, got_ok = -1, got_cnt = -1;
+    for (int64_t i = 0; i < rows; i++) {
+      bad += ((int64_t *)ta->data)[i] != best[i];
+      int64_t t = ((int64_t *)tt->data)[i];
+      if (t != -100) {
+        cnt++;
+        ok += t == best[i];
+      }
+    }
+    CHECK(bad == 0, "argmax: %d of %lld rows differ from the scalar rule", bad, (long long)rows);
+    CHECK(bl_accuracy(tl, tt, -100, &got_ok, &got_cnt) == 0, "accuracy: %s", bl_last_error());
+    CHECK(got_ok == ok && got_cnt == cnt && ok > 0, "accuracy %lld/%lld, the scalar rule %lld/%lld", (long long)got_ok,
+          (long long)got_cnt, (long long)ok, (long long)cnt);
+    int64_t *a = acc->data;
+    a[0] = 5;
+    a[1] = 7;
+    CHECK(bl_cross_entropy_counted(l1, d1, tl, tt, -100, 0.5, cnt) == 0, "cross_entropy: %s", bl_last_error());
+    CHECK(bl_cross_entropy_accuracy(l2, d2, acc, tl, tt, -100, 0.5, cnt) == 0, "cross_entropy_accuracy: %s",
+          bl_last_error());
+    CHECK(a[0] == 5 + ok && a[1] == 7 + cnt, "cross_entropy_accuracy counted %lld/%lld, the scalar rule %lld/%lld",
+          (long long)(a[0] - 5), (long long)(a[1] - 7), (long long)ok, (long long)cnt);
+    CHECK(!memcmp(l1->data, l2->data, 8) && !memcmp(d1->data, d2->data, (size_t)(rows * c) * 4),
+          "cross_entropy_accuracy: the loss or gradient differs from cross_entropy's");
+    CHECK(bl_cross_entropy_accuracy(l2, d2, acc, tl, tt, -100, 0.5, cnt + 1) != 0 &&
+              strstr(bl_last_error(), "the caller said"),
+          "a wrong count: %s", bl_last_error());
+    free(best);
+    bl_tensor *ts[] = { tl, ta, tt, l1, l2, d1, d2, acc };
+    for (int k = 0; k < 8; k++) bl_tensor_free(ts[k]);
+  }
+  /* rows of a clean softmax (no NaN or inf) whose argmax is often the target: the fused count's short path */
+  {
+    const int64_t rows = 64, c = 100;
+    int64_t s2[] = { rows, c }, s1[] = { rows }, s0[] = { 1 }, sa[] = { 2 };
+    bl_tensor *tl = NULL, *tt = NULL, *l = NULL, *acc = NULL;
+    if (bl_tensor_empty(2, s2, BL_F32, -1, &tl) || bl_tensor_empty(1, s1, BL_I32, -1, &tt) ||
+        bl_tensor_empty(1, s0, BL_F64, -1, &l) || bl_tensor_empty(1, sa, BL_I64, -1, &acc))
+      return 1;
+    int64_t ok = 0;
+    for (int64_t i = 0; i < rows; i++) {
+      float *row = (float *)tl->data + i * c;
+      for (int64_t j = 0; j < c; j++) row[j] = (float)((i * 7 + j * 13) % 17); /* max 16, ties */
+      int64_t first = 0;
+      while (row[first] != 16.0f) first++;
+      int64_t t = i % 4 == 0 ? first : i % 4 == 1 ? first + 17 : (i * 5) % c; /* the first max, a later tie, other */
+      ((int32_t *)tt->data)[i] = (int32_t)t;
+      ok += t == first;
+    }
+    int64_t *a = acc->data;
+    a[0] = a[1] = 0;
+    CHECK(bl_cross_entropy_accuracy(l, NULL, acc, tl, tt, -100, 1.0, -1) == 0, "%s", bl_last_error());
+    CHECK(a[0] == ok && a[1] == rows && ok >= rows / 4, "cross_entropy_accuracy %lld/%lld, want %lld/%lld",
+          (long long)a[0], (long long)a[1], (long long)ok, (long long)rows);
+    bl_tensor *ts[] = { tl, tt, l, acc };
+    for (int k = 0; k < 4; k++) bl_tensor_free(ts[k]);
   }
   return 0;
 }

@@ -98,6 +98,52 @@ static void test_philox(void) {
   bl_tensor_free(z);
 }
 
+/* fill: every element gets the value's bits (as the strided path stores them into a transposed view), whatever
+ * the dtype, size (small, and large enough to be cut in chunks across threads, with a ragged end) and layout,
+ * and nothing outside the tensor is touched; -0.0 keeps its sign (the all-zero-bytes shortcut must not take it). */
+static void test_fill(void) {
+  const int dts[] = { BL_F32, BL_F64, BL_F16, BL_BF16, BL_I32, BL_I64, BL_U8 };
+  const double vals[] = { 0.0, -0.0, 1.5, 7.0 };
+  const int64_t sizes[] = { 5, 3 * 262144 + 7 }, s22[2] = { 2, 2 };
+  for (int d = 0; d < 7; d++)
+    for (int v = 0; v < 4; v++) {
+      int is_int = dts[d] == BL_I32 || dts[d] == BL_I64 || dts[d] == BL_U8;
+      if (is_int && vals[v] != 7.0 && vals[v] != 0.0) continue;
+      bl_tensor *r = mk(2, s22, dts[d]), *rt = NULL;
+      CHECK(bl_tensor_transpose(r, 0, 1, &rt) == 0 && !bl_tensor_is_contiguous(rt) && bl_tensor_fill(rt, vals[v]) == 0,
+            "reference fill: %s", bl_last_error());
+      const int es = bl_dtype_size(dts[d]);
+      const char *want = r->data;
+      for (int z = 0; z < 2; z++) {
+        int64_t n = sizes[z] + 2, inner = sizes[z];
+        bl_tensor *t = mk(1, &n, dts[d]), *mid = NULL;
+        CHECK(bl_tensor_fill(t, 3.0) == 0 && bl_tensor_narrow(t, 0, 1, inner, &mid) == 0 &&
+                  bl_tensor_fill(mid, vals[v]) == 0,
+              "fill: %s", bl_last_error());
+        int bad = 0;
+        for (int64_t i = 1; i <= inner; i++) bad += memcmp((char *)t->data + i * es, want, (size_t)es) != 0;
+        double e0, e1;
+        int64_t i0 = 0, i1 = n - 1;
+        bl_tensor_get(t, &i0, &e0);
+        bl_tensor_get(t, &i1, &e1);
+        CHECK(bad == 0 && e0 == 3.0 && e1 == 3.0, "fill %s with %g, %lld elements: %d wrong, ends %g %g",
+              bl_dtype_name(dts[d]), vals[v], (long long)inner, bad, e0, e1);
+        bl_tensor_free(mid);
+        bl_tensor_free(t);
+      }
+      bl_tensor_free(rt);
+      bl_tensor_free(r);
+    }
+  int64_t s2[2] = { 300, 5000 };
+  bl_tensor *m = mk(2, s2, BL_F32), *tr = NULL;
+  CHECK(bl_tensor_transpose(m, 0, 1, &tr) == 0 && bl_tensor_fill(tr, -2.25) == 0, "%s", bl_last_error());
+  int bad = 0;
+  for (int64_t i = 0; i < 300 * 5000; i++) bad += ((float *)m->data)[i] != -2.25f;
+  CHECK(bad == 0, "fill of a transposed view: %d wrong", bad);
+  bl_tensor_free(tr);
+  bl_tensor_free(m);
+}
+
 static void test_views(void) {
   int64_t s[2] = { 3, 4 };
   bl_tensor *t = mk(2, s, BL_F32);
@@ -266,6 +312,7 @@ static void test_flat_paths(void) {
 int main(void) {
   test_half();
   test_philox();
+  test_fill();
   test_views();
   test_math();
   test_flat_paths();

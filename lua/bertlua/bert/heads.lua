@@ -25,19 +25,21 @@ end
 -- scratch scalars for the loss ops
 local function f64_scalar(self, key) return buf(self, key, { 1 }, "f64") end
 
--- cross_entropy into module buffers: returns loss, count; dlogits kept in self[dkey]
+-- cross_entropy and its accuracy into module buffers: returns loss, count, accuracy; dlogits kept in self[dkey]
 local function cross_entropy(self, dkey, logits, targets, ignore)
-  local loss, _, cnt = ops.cross_entropy(logits, targets, { ignore_index = ignore,
-    loss = f64_scalar(self, "_loss_" .. dkey), dlogits = buf(self, dkey, logits:shape()) })
-  return loss, cnt
+  local loss, acc = f64_scalar(self, "_loss_" .. dkey), buf(self, "_acc_" .. dkey, { 2 }, "i64")
+  acc:zero_()
+  ops.cross_entropy_accuracy(logits, targets, ignore, -1, loss, buf(self, dkey, logits:shape()), acc)
+  local a = acc:totable()
+  return loss:item(), a[2], a[2] > 0 and a[1] / a[2] or 0
 end
 
 -- The same into device-side sums (forward's stats): count = the targets not ignored, known to the caller, so
--- nothing is read back; the loss (an f64 [1] buffer on the model's device) is added to `sum` and returned.
--- grad_scale multiplies the gradient in the same pass.
-local function cross_entropy_into(self, dkey, logits, targets, ignore, count, sum, grad_scale)
-  local loss = ops.cross_entropy_counted(logits, targets, ignore, count, f64_scalar(self, "_loss_" .. dkey),
-    buf(self, dkey, logits:shape()), grad_scale)
+-- nothing is read back; the loss (an f64 [1] buffer on the model's device) is added to `sum` and returned, the
+-- accuracy's {correct, counted} to `counts`. grad_scale multiplies the gradient in the same pass.
+local function cross_entropy_into(self, dkey, logits, targets, ignore, count, sum, counts, grad_scale)
+  local loss = ops.cross_entropy_accuracy(logits, targets, ignore, count, f64_scalar(self, "_loss_" .. dkey),
+    buf(self, dkey, logits:shape()), counts, grad_scale)
   ops.add(sum, loss, sum)
   return loss
 end
@@ -238,12 +240,10 @@ function BertForPreTraining:forward(batch, stats)
     res.mlm_logits = logits
     if stats then
       mlm_t = cross_entropy_into(self, "_dmlm", logits, lab, self.ignore_index, npos, stats.losses:narrow(1, 2, 1),
-        self._dscale)
-      ops.accuracy_add(stats.counts:narrow(1, 1, 2), logits, lab, self.ignore_index)
+        stats.counts:narrow(1, 1, 2), self._dscale)
     else
-      local loss, cnt = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index)
-      res.mlm_loss, res.mlm_count = loss, cnt
-      res.mlm_accuracy = accuracy(logits, lab, self.ignore_index)
+      local loss, cnt, acc = cross_entropy(self, "_dmlm", logits, lab, self.ignore_index)
+      res.mlm_loss, res.mlm_count, res.mlm_accuracy = loss, cnt, acc
       res.loss = res.loss + loss
     end
   end
@@ -263,12 +263,10 @@ function BertForPreTraining:forward(batch, stats)
     self._nsp_t = t
     if stats then
       nsp_t = cross_entropy_into(self, "_dnsp", nlog, t, self.ignore_index, counted, stats.losses:narrow(1, 3, 1),
-        self._dscale)
-      ops.accuracy_add(stats.counts:narrow(1, 3, 2), nlog, t, self.ignore_index)
+        stats.counts:narrow(1, 3, 2), self._dscale)
     else
-      local loss = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index)
-      res.nsp_loss = loss
-      res.nsp_accuracy = accuracy(nlog, t, self.ignore_index)
+      local loss, _, acc = cross_entropy(self, "_dnsp", nlog, t, self.ignore_index)
+      res.nsp_loss, res.nsp_accuracy = loss, acc
       res.loss = res.loss + loss
     end
   else

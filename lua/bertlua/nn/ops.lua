@@ -351,6 +351,13 @@ function M.cross_entropy_counted(logits, targets, ignore_index, count, loss, dlo
   return loss
 end
 
+-- cross_entropy_counted that also adds {correct, counted} to `counts` (i64 [2] on the logits' device), as
+-- accuracy_add: on the CPU in the same pass over the logits.
+function M.cross_entropy_accuracy(logits, targets, ignore_index, count, loss, dlogits, counts, grad_scale)
+  check(C.bl_cross_entropy_accuracy(loss, dlogits, counts, logits, targets, ignore_index, grad_scale or 1, count))
+  return loss
+end
+
 -- The same for the mean squared error (regression heads): its mean into `loss`, its gradient into `dpred`.
 function M.mse_loss_into(pred, target, loss, dpred, grad_scale)
   check(C.bl_mse_loss(loss, dpred, pred, target, grad_scale or 1))

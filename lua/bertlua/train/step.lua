@@ -164,11 +164,12 @@ function M.head_loss(model)
       d[k] = buf(grads, "d" .. k, x:shape(), x:dtype())
       if head.mse then
         ops.mse_loss_into(x, t, slot, d[k], p.weight)
+      elseif head.ncounts > 0 then
+        ops.cross_entropy_accuracy(x, t, p.ignore, p.count, slot, d[k], stats.counts, p.weight)
       else
         ops.cross_entropy_counted(x, t, p.ignore, p.count, slot, d[k], p.weight)
       end
       ops.scale_(d[k], seed)
-      if head.ncounts > 0 then ops.accuracy_add(stats.counts, x, t, p.ignore) end
     end
   end
   function L.backward(m) head.backward(m, d) end
