@@ -41,13 +41,33 @@ typedef struct gemm_cfg {
  * speed. beta == 0 never reads C (it may hold garbage or NaN). A bias (NULL:
  * none) is added to the finished sums before the store, in the order a
  * separate pass over the stored tile would add it (same bits, one L1 round
- * trip and a row loop less per tile). */
-#define UKERNEL(name, TARGET, VT, P, MR, W)                                                                  \
+ * trip and a row loop less per tile).
+ *
+ * PF = 1 adds software prefetches (the large-L2 blocking, cfg_for): the C
+ * tile into L2 at the start and into L1 PF_C_LATE k steps before the stores
+ * (its lines are usually new: the stores waited on memory), the B panel
+ * PF_B_AHEAD floats ahead into L1, and the same k step of the next B panel
+ * (2 W kc floats on: a pack holds its panels back to back; past the last one
+ * a prefetch reads nothing it may not) into L2, which the first tile of each
+ * panel otherwise waited on from L3. */
+enum { PF_B_AHEAD = 512, PF_C_LATE = 32 };
+#define PREFETCH_ROW(x, W, hint) \
+  _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 2 * (W); q_ += 16) _mm_prefetch((const char *)((x) + q_), hint)
+#define UKERNEL(name, TARGET, VT, P, MR, W, PF)                                                              \
   TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c, \
                           int64_t ldc, float beta, const float *restrict bias) {                             \
     VT acc0[MR], acc1[MR];                                                                                   \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();              \
+    if (PF) _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T1); \
+    const float *bnext = bp + kc * 2 * W;                                                                    \
     for (int64_t p = 0; p < kc; p++) {                                                                       \
+      if (PF) {                                                                                              \
+        PREFETCH_ROW(bp + PF_B_AHEAD, W, _MM_HINT_T0);                                                       \
+        PREFETCH_ROW(bnext, W, _MM_HINT_T1);                                                                 \
+        bnext += 2 * W;                                                                                      \
+        if (p == kc - PF_C_LATE)                                                                             \
+          _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T0);   \
+      }                                                                                                      \
       VT b0 = P##_load_ps(bp), b1 = P##_load_ps(bp + W);                                                     \
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
         VT a = P##_set1_ps(ap[i]);                                                                           \
@@ -76,18 +96,21 @@ typedef struct gemm_cfg {
       P##_storeu_ps(r + W, acc1[i]);                                                                         \
     }                                                                                                        \
   }
-UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16)
-UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8)
+UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 0)
+UKERNEL(ukernel_avx512_pf, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 1)
+UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8, 0)
 #endif
 
 /* Block sizes: the A block (MC x KC, 440-520 KB) stays in Zen 4's 1 MB L2,
  * the B block (KC x NC) in L3. KC = 768 beat 384 by 2-10 % per core on
  * every BERT shape, both ISAs (fewer passes over C; the whole K of most
- * layers in one block), 1024 was no better (BENCHMARKS.md). */
+ * layers in one block), 1024 was no better (BENCHMARKS.md). A CPU with at
+ * least 2 MB of L2 per core (Intel Xeon since Sapphire Rapids; Zen 4 and 5
+ * have 1 MB) runs the AVX-512 kernel with its prefetches. */
 static int cfg_for(int isa, gemm_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512) {
-    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, ukernel_avx512 };
+    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, opx_l2_bytes() >= (2 << 20) ? ukernel_avx512_pf : ukernel_avx512 };
     return 1;
   }
   if (isa == OPX_ISA_AVX2) {
