@@ -143,6 +143,47 @@ static float *pack_reserve(pack_buf *b, size_t n) {
 /* element (r, c) of op(X): X stored row-major with leading dim ld, transposed when t */
 #define AT(x, t, ld, r, c) ((t) ? (x)[(int64_t)(c) * (ld) + (r)] : (x)[(int64_t)(r) * (ld) + (c)])
 
+#if OPX_MULTI_ISA
+/* The 14 x kb panel of a row-major A (rows lda apart) transposed into dst
+ * (dst[p * 14 + i] = src[i * lda + p]) for the AVX-512 kernel: 16 columns at
+ * a time as a 16 x 16 transpose in registers (rows 14 and 15 zero), each
+ * column stored as 14 floats under a mask. On the 2 MB-L2 Xeon, where the
+ * A pack took 4-5 % of a GEMM with N = 768, 1.5x as fast as opx_transpose's
+ * SSE 4 x 4 blocks on a panel in L2 and 1.1-1.2x on one in memory. */
+OPX_TARGET_AVX512 static void pack_panel14_avx512(int64_t kb, const float *restrict src, int64_t lda,
+                                                  float *restrict dst) {
+  int64_t p = 0;
+  for (; p + 16 <= kb; p += 16) {
+    __m512 r[16], t[16];
+    _Pragma("GCC unroll 16") for (int i = 0; i < 14; i++) r[i] = _mm512_loadu_ps(src + i * lda + p);
+    r[14] = r[15] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int i = 0; i < 16; i += 2) { /* pairs of rows interleaved */
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 16; i += 4) { /* then pairs of pairs: 4 rows per 128-bit lane */
+      r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+      r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+      r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+      r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) { /* lanes: rows 0-3 with 4-7, 8-11 with 12-15 */
+      t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+      t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+      t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+      t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) { /* r[j]: column p + j, 16 rows */
+      r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+      r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) _mm512_mask_storeu_ps(dst + (p + j) * 14, 0x3fff, r[j]);
+  }
+  for (; p < kb; p++)
+    for (int i = 0; i < 14; i++) dst[p * 14 + i] = src[i * lda + p];
+}
+#endif
+
 /* rows [i0, i0+mb) x cols [p0, p0+kb) of op(A) into MR-row panels, zero-padded */
 static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64_t i0, int64_t mb, int64_t p0,
                    int64_t kb, float *dst) {
@@ -150,6 +191,12 @@ static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64
   for (int64_t ir = 0; ir < mb; ir += mr, dst += mr * kb) {
     int64_t rows = mb - ir < mr ? mb - ir : mr;
     if (!ta && rows == mr) { /* a full panel of a row-major A: its transpose */
+#if OPX_MULTI_ISA
+      if (mr == 14) { /* the AVX-512 kernel's */
+        pack_panel14_avx512(kb, a + (i0 + ir) * lda + p0, lda, dst);
+        continue;
+      }
+#endif
       opx_transpose(mr, kb, a + (i0 + ir) * lda + p0, lda, dst, mr);
       continue;
     }
