@@ -31,6 +31,7 @@ typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *re
 typedef struct gemm_cfg {
   int mr, nr, kc, mc, nc;
   ukernel_fn kernel;
+  int pack14; /* A's full row-major panels through pack_panel14_avx512 */
 } gemm_cfg;
 
 #if OPX_MULTI_ISA
@@ -106,15 +107,17 @@ UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8, 0)
  * every BERT shape, both ISAs (fewer passes over C; the whole K of most
  * layers in one block), 1024 was no better (BENCHMARKS.md). A CPU with at
  * least 2 MB of L2 per core (Intel Xeon since Sapphire Rapids; Zen 4 and 5
- * have 1 MB) runs the AVX-512 kernel with its prefetches. */
+ * have 1 MB) runs the AVX-512 kernel with its prefetches and packs A in zmm
+ * registers, both measured there; Zen 4 keeps what it was tuned with. */
 static int cfg_for(int isa, gemm_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512) {
-    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, opx_l2_bytes() >= (2 << 20) ? ukernel_avx512_pf : ukernel_avx512 };
+    int big_l2 = opx_l2_bytes() >= (2 << 20);
+    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, big_l2 ? ukernel_avx512_pf : ukernel_avx512, big_l2 };
     return 1;
   }
   if (isa == OPX_ISA_AVX2) {
-    *g = (gemm_cfg){ 6, 16, 768, 6 * 24, 3072, ukernel_avx2 };
+    *g = (gemm_cfg){ 6, 16, 768, 6 * 24, 3072, ukernel_avx2, 0 };
     return 1;
   }
 #endif
@@ -192,7 +195,7 @@ static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64
     int64_t rows = mb - ir < mr ? mb - ir : mr;
     if (!ta && rows == mr) { /* a full panel of a row-major A: its transpose */
 #if OPX_MULTI_ISA
-      if (mr == 14) { /* the AVX-512 kernel's */
+      if (g->pack14) {
         pack_panel14_avx512(kb, a + (i0 + ir) * lda + p0, lda, dst);
         continue;
       }
