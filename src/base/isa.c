@@ -153,6 +153,29 @@ int bl_cpu_has(const char *feature) {
   return want > OPX_ISA_BASE && level() >= want;
 }
 
+/* The L2 cache per core in bytes, from CPUID's deterministic cache
+ * parameters (leaf 4 on Intel, 0x8000001D on AMD: the same layout), 0 when
+ * the CPU does not say. Asked once. */
+int64_t opx_l2_bytes(void) {
+  static _Atomic int64_t l2 = -1;
+  int64_t v = atomic_load(&l2);
+  if (v >= 0) return v;
+  v = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a = 0, b = 0, c, d, leaf = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u /* "Auth"enticAMD */) {
+    if (__get_cpuid(0x80000001u, &a, &b, &c, &d) && (c & (1u << 22))) leaf = 0x8000001Du; /* topology extensions */
+  } else if (a >= 4) {
+    leaf = 4;
+  }
+  for (unsigned i = 0; leaf && i < 16 && __get_cpuid_count(leaf, i, &a, &b, &c, &d) && (a & 31); i++)
+    if ((a >> 5 & 7) == 2 && (a & 31) != 2) /* level 2, data or unified */
+      v = (int64_t)((b >> 22) + 1) * ((b >> 12 & 1023) + 1) * ((b & 4095) + 1) * ((int64_t)c + 1);
+#endif
+  atomic_store(&l2, v);
+  return v;
+}
+
 /* "AMD EPYC 9R14; kernels avx512 (CPU: avx512 avx512_bf16 avx512_vnni)": the brand string
  * from CPUID, the path in use, and the CPU's own best level (amx: with the OS's tile state
  * enabled; the permission is asked only when the amx path is set) and BF16/VNNI flags. */

@@ -31,6 +31,7 @@ typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *re
 typedef struct gemm_cfg {
   int mr, nr, kc, mc, nc;
   ukernel_fn kernel;
+  int pack14; /* A's full row-major panels through pack_panel14_avx512 */
 } gemm_cfg;
 
 #if OPX_MULTI_ISA
@@ -41,13 +42,33 @@ typedef struct gemm_cfg {
  * speed. beta == 0 never reads C (it may hold garbage or NaN). A bias (NULL:
  * none) is added to the finished sums before the store, in the order a
  * separate pass over the stored tile would add it (same bits, one L1 round
- * trip and a row loop less per tile). */
-#define UKERNEL(name, TARGET, VT, P, MR, W)                                                                  \
+ * trip and a row loop less per tile).
+ *
+ * PF = 1 adds software prefetches (the large-L2 blocking, cfg_for): the C
+ * tile into L2 at the start and into L1 PF_C_LATE k steps before the stores
+ * (its lines are usually new: the stores waited on memory), the B panel
+ * PF_B_AHEAD floats ahead into L1, and the same k step of the next B panel
+ * (2 W kc floats on: a pack holds its panels back to back; past the last one
+ * a prefetch reads nothing it may not) into L2, which the first tile of each
+ * panel otherwise waited on from L3. */
+enum { PF_B_AHEAD = 512, PF_C_LATE = 32 };
+#define PREFETCH_ROW(x, W, hint) \
+  _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 2 * (W); q_ += 16) _mm_prefetch((const char *)((x) + q_), hint)
+#define UKERNEL(name, TARGET, VT, P, MR, W, PF)                                                              \
   TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c, \
                           int64_t ldc, float beta, const float *restrict bias) {                             \
     VT acc0[MR], acc1[MR];                                                                                   \
     _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();              \
+    if (PF) _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T1); \
+    const float *bnext = bp + kc * 2 * W;                                                                    \
     for (int64_t p = 0; p < kc; p++) {                                                                       \
+      if (PF) {                                                                                              \
+        PREFETCH_ROW(bp + PF_B_AHEAD, W, _MM_HINT_T0);                                                       \
+        PREFETCH_ROW(bnext, W, _MM_HINT_T1);                                                                 \
+        bnext += 2 * W;                                                                                      \
+        if (p == kc - PF_C_LATE)                                                                             \
+          _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T0);   \
+      }                                                                                                      \
       VT b0 = P##_load_ps(bp), b1 = P##_load_ps(bp + W);                                                     \
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
         VT a = P##_set1_ps(ap[i]);                                                                           \
@@ -76,22 +97,27 @@ typedef struct gemm_cfg {
       P##_storeu_ps(r + W, acc1[i]);                                                                         \
     }                                                                                                        \
   }
-UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16)
-UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8)
+UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 0)
+UKERNEL(ukernel_avx512_pf, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 1)
+UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8, 0)
 #endif
 
 /* Block sizes: the A block (MC x KC, 440-520 KB) stays in Zen 4's 1 MB L2,
  * the B block (KC x NC) in L3. KC = 768 beat 384 by 2-10 % per core on
  * every BERT shape, both ISAs (fewer passes over C; the whole K of most
- * layers in one block), 1024 was no better (BENCHMARKS.md). */
+ * layers in one block), 1024 was no better (BENCHMARKS.md). A CPU with at
+ * least 2 MB of L2 per core (Intel Xeon since Sapphire Rapids; Zen 4 and 5
+ * have 1 MB) runs the AVX-512 kernel with its prefetches and packs A in zmm
+ * registers, both measured there; Zen 4 keeps what it was tuned with. */
 static int cfg_for(int isa, gemm_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512) {
-    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, ukernel_avx512 };
+    int big_l2 = opx_l2_bytes() >= (2 << 20);
+    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, big_l2 ? ukernel_avx512_pf : ukernel_avx512, big_l2 };
     return 1;
   }
   if (isa == OPX_ISA_AVX2) {
-    *g = (gemm_cfg){ 6, 16, 768, 6 * 24, 3072, ukernel_avx2 };
+    *g = (gemm_cfg){ 6, 16, 768, 6 * 24, 3072, ukernel_avx2, 0 };
     return 1;
   }
 #endif
@@ -120,6 +146,47 @@ static float *pack_reserve(pack_buf *b, size_t n) {
 /* element (r, c) of op(X): X stored row-major with leading dim ld, transposed when t */
 #define AT(x, t, ld, r, c) ((t) ? (x)[(int64_t)(c) * (ld) + (r)] : (x)[(int64_t)(r) * (ld) + (c)])
 
+#if OPX_MULTI_ISA
+/* The 14 x kb panel of a row-major A (rows lda apart) transposed into dst
+ * (dst[p * 14 + i] = src[i * lda + p]) for the AVX-512 kernel: 16 columns at
+ * a time as a 16 x 16 transpose in registers (rows 14 and 15 zero), each
+ * column stored as 14 floats under a mask. On the 2 MB-L2 Xeon, where the
+ * A pack took 4-5 % of a GEMM with N = 768, 1.5x as fast as opx_transpose's
+ * SSE 4 x 4 blocks on a panel in L2 and 1.1-1.2x on one in memory. */
+OPX_TARGET_AVX512 static void pack_panel14_avx512(int64_t kb, const float *restrict src, int64_t lda,
+                                                  float *restrict dst) {
+  int64_t p = 0;
+  for (; p + 16 <= kb; p += 16) {
+    __m512 r[16], t[16];
+    _Pragma("GCC unroll 16") for (int i = 0; i < 14; i++) r[i] = _mm512_loadu_ps(src + i * lda + p);
+    r[14] = r[15] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int i = 0; i < 16; i += 2) { /* pairs of rows interleaved */
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 16; i += 4) { /* then pairs of pairs: 4 rows per 128-bit lane */
+      r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+      r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+      r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+      r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) { /* lanes: rows 0-3 with 4-7, 8-11 with 12-15 */
+      t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+      t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+      t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+      t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) { /* r[j]: column p + j, 16 rows */
+      r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+      r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) _mm512_mask_storeu_ps(dst + (p + j) * 14, 0x3fff, r[j]);
+  }
+  for (; p < kb; p++)
+    for (int i = 0; i < 14; i++) dst[p * 14 + i] = src[i * lda + p];
+}
+#endif
+
 /* rows [i0, i0+mb) x cols [p0, p0+kb) of op(A) into MR-row panels, zero-padded */
 static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64_t i0, int64_t mb, int64_t p0,
                    int64_t kb, float *dst) {
@@ -127,6 +194,12 @@ static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64
   for (int64_t ir = 0; ir < mb; ir += mr, dst += mr * kb) {
     int64_t rows = mb - ir < mr ? mb - ir : mr;
     if (!ta && rows == mr) { /* a full panel of a row-major A: its transpose */
+#if OPX_MULTI_ISA
+      if (g->pack14) {
+        pack_panel14_avx512(kb, a + (i0 + ir) * lda + p0, lda, dst);
+        continue;
+      }
+#endif
       opx_transpose(mr, kb, a + (i0 + ir) * lda + p0, lda, dst, mr);
       continue;
     }
