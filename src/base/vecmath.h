@@ -58,7 +58,7 @@ int opx_bf16_ok(void);
 int opx_vnni_ok(void);
 /* do those two GEMMs run on AMX tiles now? (the amx path: CPU, OS permission, BL_CPU_ISA not capped below it) */
 int opx_amx_ok(void);
-/* the L2 cache per core in bytes (CPUID), 0 when unknown: the f32 GEMM's blocking (src/ops/gemm.c) */
+/* the L2 cache per core in bytes (CPUID, or BL_CPU_L2_KB), 0 when unknown: the f32 GEMM's blocking (src/ops/gemm.c) */
 int64_t opx_l2_bytes(void);
 
 #define OPX_BODY static inline __attribute__((always_inline)) void
