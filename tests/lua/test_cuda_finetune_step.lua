@@ -205,4 +205,23 @@ T.test("at most one host wait per logged step, no allocation after step 1", func
   T.truthy(waits >= STEPS * BATCH / MICRO, ("the synchronous step waited %d times in %d steps"):format(waits, STEPS))
 end)
 
+T.test("checkpoints on the device step: stopped after 3 steps, resumed from step 2, the uninterrupted weights",
+  function()
+  for _, precision in ipairs { "fp32", "fp16" } do
+    local function run(dir, stop_after, resume)
+      local model = HEADS.qa()
+      model:to{ device = 0 }
+      trainer.fit{ model = model, n = N, batch = BATCH, micro_batch = MICRO, epochs = 2, max_steps = STEPS,
+        lr = 1e-3, warmup = 0.2, seed = 3, device = 0, precision = precision,
+        make_batch = function(idx) return batch_of(idx) end,
+        checkpoints = dir and { dir = dir, every = 2, resume = resume },
+        stop = stop_after and function(_, ran) return ran >= stop_after and "test" or nil end }
+      return model.flat_params:to("cpu"):totable()
+    end
+    local whole, dir = run(), ("%s/ckpt_%s"):format(tmp, precision)
+    run(dir, 3)
+    T.near(run(dir, nil, true), whole, 0, 0)
+  end
+end)
+
 T.run()
