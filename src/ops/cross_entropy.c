@@ -68,7 +68,6 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
   int64_t n = opx_rows(logits), c = opx_cols(logits), cnt = 0;
   int64_t *t = NULL;
   double *rl = NULL;
-  uint8_t *hit = NULL;
   opx_buf bx = { 0 }, bd = { 0 };
   int rc = opx_load_ids(op, targets, &t);
   if (rc) return rc;
@@ -82,14 +81,14 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
     cnt++;
   }
   rl = malloc((size_t)(n ? n : 1) * sizeof(double));
-  if (correct) hit = calloc((size_t)(n ? n : 1), 1);
-  if (!rl || (correct && !hit)) {
+  if (!rl) {
     rc = bl_set_error(BL_ENOMEM, "%s: out of memory", op);
     goto done;
   }
   if ((rc = opx_load(op, logits, &bx)) || (dlogits && (rc = opx_out(op, dlogits, &bd, 0)))) goto done;
   const float g = cnt ? (float)(grad_scale / (double)cnt) : 0.0f;
-#pragma omp parallel for schedule(static) if (n * c > 16384)
+  int64_t ok = 0;
+#pragma omp parallel for schedule(static) reduction(+ : ok) if (n * c > 16384)
   for (int64_t i = 0; i < n; i++) {
     const float *x = bx.p + i * c;
     float *dr = bd.p ? bd.p + i * c : NULL;
@@ -101,7 +100,7 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
     float mx, sum;
     ce_row(c, x, dr, &mx, &sum);
     rl[i] = (double)mx + log((double)sum) - (double)x[t[i]];
-    if (hit) hit[i] = (uint8_t)opx_is_argmax(c, x, t[i], mx, sum);
+    if (correct) ok += opx_is_argmax(c, x, t[i], mx, sum);
     if (dr) {
       opx_scale_row(c, dr, g / sum);
       dr[t[i]] -= g;
@@ -112,15 +111,10 @@ static int ce_cpu(bl_tensor *loss, bl_tensor *dlogits, const bl_tensor *logits, 
   store_scalar(loss, cnt ? total / (double)cnt : 0.0);
   if (dlogits) opx_store(dlogits, &bd);
   if (count) *count = cnt;
-  if (correct) {
-    int64_t ok = 0;
-    for (int64_t i = 0; i < n; i++) ok += hit[i];
-    *correct = ok;
-  }
+  if (correct) *correct = ok;
 done:
   free(t);
   free(rl);
-  free(hit);
   opx_free(&bx);
   opx_free(&bd);
   return rc;
