@@ -66,8 +66,8 @@ local SPEC = {
   { "init_seed", 0, "seed of the initial weights of every run (0: each run's own seed)", int = true, min = 0 },
   { "batches_only", false, "write each seed's initial weights and the batches pretrain.lua will train on (from the "
     .. "same loader, without training), for a reference run elsewhere; bertlua's run checks them later" },
-  { "max_steps", 0, "stop bertlua's runs after this many steps of this invocation (pretrain.lua's --max-steps: "
-    .. "with a checkpoint, which a later invocation resumes from; 0: run to the end)", int = true, min = 0 },
+  { "max_steps", 0, "stop each run after this many steps of this invocation (with a checkpoint, which a later "
+    .. "invocation resumes from; 0: run to the end)", int = true, min = 0 },
   { "train", true, "train the runs not finished yet (false: score the snapshots already there, a run in progress "
     .. "or stopped included)" },
   { "report_only", false, "only write the report from the results in OUTPUT" },
@@ -300,17 +300,20 @@ local function train_reference(s)
     fail(("the reference's seed %d replays bertlua's batches of seed %d: run --sides=bertlua (or --batches-only) "
       .. "--seeds=%d first"):format(s, s, s))
   end
-  fs.remove_tree(sd .. "/reference")
+  -- a run that stopped resumes from its newest checkpoint; anything else left there is started afresh
+  if not fs.exists(sd .. "/reference/resume.pt") then fs.remove_tree(sd .. "/reference") end
+  local every = math.min(opt.eval_every1, opt.eval_every2)
   local argv = { opt.python, here .. "/peers/nvidia_pretrain_reference.py", "--init=" .. sd .. "/init",
     "--batches=" .. sd .. "/batches", "--output=" .. sd .. "/reference", "--seed=" .. s,
-    "--threads=" .. opt.threads, "--save-every=" .. math.min(opt.eval_every1, opt.eval_every2),
+    "--threads=" .. opt.threads, "--save-every=" .. every, "--checkpoint-every=" .. every, "--resume",
+    "--max-steps=" .. opt.max_steps,
     "--max-grad-norm=" .. (run.max_grad_norm or 1), "--weight-decay=" .. (run.weight_decay or 0.01),
     "--power=" .. (run.power or 0.5) }
   for p = 1, 2 do
     for _, k in ipairs { "steps", "lr", "warmup" } do argv[#argv + 1] = ("--%s%d=%.17g"):format(k, p, run[k .. p]) end
   end
   say("reference seed " .. s .. ": " .. shell.command(argv))
-  local ok, code = shell.run(argv, { stdout = sd .. "/reference.log", stderr = "stdout" })
+  local ok, code = shell.run(argv, { stdout = sd .. "/reference.log", stderr = "stdout", append = true })
   if code == 77 then
     say("pretrain_curves: " .. opt.python .. " cannot import torch/transformers: the reference is skipped")
     os.exit(77)
@@ -318,6 +321,7 @@ local function train_reference(s)
   if not ok then
     fail(("reference seed %d failed (exit code %s); see %s/reference.log"):format(s, tostring(code), sd))
   end
+  if done(sd .. "/reference/phase2/model.safetensors") then fs.remove_tree(sd .. "/reference/resume.pt") end
 end
 
 local function read_jsonl(path)

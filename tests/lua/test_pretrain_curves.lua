@@ -73,6 +73,36 @@ T.test("both sides' curves, scored by the same evaluators, which agree", functio
   T.truthy(ok and not out:find("bertlua seed", 1, true) and not out:find("evaluator,", 1, true), out)
 end)
 
+T.test("a reference run stopped by --max-steps resumes to the uninterrupted run, bit for bit", function()
+  local function ref(extra)
+    return shell.read({ T.exe(), "tools/pretrain_curves.lua", "--pretrain-config=" .. cfg, "--output=" .. tmp
+      .. "/stopped", "--data=" .. tmp .. "/out/data", "--seeds=1", "--sides=reference", "--eval-every1=2",
+      "--eval-every2=1", "--eval-instances1=16", "--eval-instances2=8", "--python=" .. PY, extra },
+      { stderr = "stdout" })
+  end
+  fs.mkdir_p(tmp .. "/stopped/seed1")
+  for _, d in ipairs { "init", "batches" } do
+    T.truthy(shell.run({ "cp", "-r", tmp .. "/out/seed1/" .. d, tmp .. "/stopped/seed1/" .. d }))
+  end
+  local run = tmp .. "/stopped/seed1/reference"
+  -- 3 steps (mid phase 1), then 2 (phase 1's end and phase 2's first), then the rest
+  local out, ok = ref({ "--max-steps=3" })
+  T.truthy(ok and fs.exists(run .. "/resume.pt") and not fs.exists(run .. "/phase1/model.safetensors"), out)
+  out, ok = ref({ "--max-steps=2" })
+  T.truthy(ok and fs.exists(run .. "/phase1/model.safetensors") and fs.exists(run .. "/phase2/step_000001")
+    and not fs.exists(run .. "/phase2/model.safetensors"), out)
+  T.truthy(T.slurp(tmp .. "/stopped/seed1/reference.log"):find("resumed from .* phase 1 step 3"), out)
+  out, ok = ref({})
+  T.truthy(ok, out)
+  T.truthy(not fs.exists(run .. "/resume.pt"), "the finished run's checkpoint is removed")
+  local whole = tmp .. "/out/seed1/reference"
+  T.eq(T.slurp(run .. "/log.jsonl"), T.slurp(whole .. "/log.jsonl"))
+  for _, f in ipairs { "phase1/model.safetensors", "phase2/model.safetensors",
+    "phase1/step_000002/model.safetensors" } do
+    T.truthy(T.slurp(run .. "/" .. f) == T.slurp(whole .. "/" .. f), f .. " differs from the uninterrupted run's")
+  end
+end)
+
 T.test("downstream: every phase-2 model and the random one fine-tuned the same way", function()
   local function downstream(extra)
     return shell.read({ T.exe(), "tools/pretrain_downstream.lua", "--curves=" .. tmp .. "/out",

@@ -5,7 +5,7 @@ usage:
   /usr/bin/python3 tools/peers/nvidia_pretrain_reference.py --init=MODEL_DIR --batches=DIR --output=OUT
       [--steps1=N --lr1=6e-3 --warmup1=0.2843 --total1=N] [--steps2=N --lr2=4e-3 --warmup2=0.128 --total2=N]
       [--dropout=0] [--max-grad-norm=1.0] [--weight-decay=0.01] [--power=0.5] [--threads=1]
-      [--seed=12439] [--save-every=N] [--device=cpu|cuda]
+      [--seed=12439] [--save-every=N] [--device=cpu|cuda] [--checkpoint-every=N] [--resume] [--max-steps=N]
 
   MODEL_DIR  config.json + model.safetensors as bertlua's pretrained.save_pretrained writes them (the
              initial weights of phase 1)
@@ -14,7 +14,9 @@ usage:
              same order; the instances themselves can be read with tools/peers/blshard.py)
   OUT        OUT/log.jsonl (per step: phase, step, loss, mlm_loss, nsp_loss, grad_norm, lr) and
              OUT/phaseP/{model.safetensors,config.json} after each phase (with --save-every=N also
-             OUT/phaseP/step_NNNNNN/ every N steps)
+             OUT/phaseP/step_NNNNNN/ every N steps); with --checkpoint-every=N also OUT/resume.pt (weights,
+             optimizer, dropout generator, phase and step) every N steps and at each phase end, which --resume
+             continues from: the resumed run writes the log and weights of the uninterrupted one, bit for bit
 
 What it reproduces (the parts of NVIDIA's recipe that decide the numbers):
   - transformers' BertForPreTraining (its word embedding without padding_idx, as NVIDIA's): the MLM head applied to the masked positions only (NVIDIA gathers
@@ -162,7 +164,13 @@ def run_phase(model, phase, a, log):
     if any(s not in by_step for s in range(1, steps + 1)):
         fail(f"{a.batches}/phase{phase}: batches for steps 1..{steps} expected, found {len(by_step)} steps")
     opt = NVLAMB([(n, p) for n, p in model.named_parameters()], a.weight_decay, a.max_grad_norm)
-    for step in range(1, steps + 1):
+    first = 1
+    if a.state and a.state["phase"] == phase:
+        restore(model, opt, a.state)
+        first = a.state["step"] + 1
+    for step in range(first, steps + 1):
+        if a.max_steps and a.done >= a.max_steps:
+            return False
         micro = [f for _, f in sorted(by_step[step])]
         for p in model.parameters():
             p.grad = None
@@ -179,7 +187,55 @@ def run_phase(model, phase, a, log):
         log.flush()
         if a.save_every and step % a.save_every == 0 and step < steps:
             save(model, os.path.join(a.output, f"phase{phase}", f"step_{step:06d}"), a.init)
+        a.done += 1
+        if a.checkpoint_every and (step % a.checkpoint_every == 0 or step == steps):
+            checkpoint(model, opt, phase, step, a.output)
     save(model, os.path.join(a.output, f"phase{phase}"), a.init)
+    return True
+
+
+def checkpoint(model, opt, phase, step, out):
+    """OUT/resume.pt, atomically: what the next step needs to be the uninterrupted run's (the log's length too)."""
+    with open(os.path.join(out, "log.jsonl"), "rb") as f:
+        lines = f.read().count(b"\n")
+    state = {"phase": phase, "step": step, "log_lines": lines, "t": opt.t, "rng": torch.get_rng_state(),
+             "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+             "m": [x.cpu() for x in opt.m], "v": [x.cpu() for x in opt.v]}
+    torch.save(state, os.path.join(out, "resume.pt.tmp"))
+    os.replace(os.path.join(out, "resume.pt.tmp"), os.path.join(out, "resume.pt"))
+
+
+def restore(model, opt, state):
+    dev = next(model.parameters()).device
+    model.load_state_dict({k: v.to(dev) for k, v in state["model"].items()})
+    model.tie_weights()
+    opt.t = state["t"]
+    for dst, src in zip(opt.m + opt.v, state["m"] + state["v"]):
+        dst.copy_(src)
+    torch.set_rng_state(state["rng"])
+
+
+def load_checkpoint(a):
+    """The state --resume continues from (None: start afresh), its log cut to the steps it covers."""
+    path = os.path.join(a.output, "resume.pt")
+    if not a.resume or not os.path.isfile(path):
+        return None
+    try:
+        state = torch.load(path, weights_only=False)
+    except TypeError:  # torch before 1.13's weights_only
+        state = torch.load(path)
+    except Exception as e:  # noqa: BLE001
+        fail(f"{path}: not a checkpoint of this script ({e}); remove it to start afresh")
+    log = os.path.join(a.output, "log.jsonl")
+    with open(log, "rb") as f:
+        lines = f.read().split(b"\n")
+    if len(lines) - 1 < state["log_lines"]:
+        fail(f"{log}: shorter than {path} says ({state['log_lines']} lines); remove both to start afresh")
+    with open(log + ".tmp", "wb") as f:
+        f.write(b"".join(x + b"\n" for x in lines[:state["log_lines"]]))
+    os.replace(log + ".tmp", log)
+    print(f"resumed from {path}: phase {state['phase']} step {state['step']}", flush=True)
+    return state
 
 
 def save(model, out, init):
@@ -210,10 +266,17 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (fp32: TF32 off)")
     ap.add_argument("--seed", type=int, default=12439, help="dropout stream")
+    ap.add_argument("--checkpoint-every", type=int, default=0,
+                    help="write OUT/resume.pt every N steps and at each phase end (0: never)")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/resume.pt when there is one")
+    ap.add_argument("--max-steps", type=int, default=0,
+                    help="stop after N optimizer steps of this invocation (with --checkpoint-every, to --resume)")
     ap.add_argument("--save-every", type=int, default=0,
                     help="also save the weights every N steps of a phase to OUT/phaseP/step_NNNNNN/ "
                     "(0: only at the end)")
     a = ap.parse_args()
+    if a.max_steps and not a.checkpoint_every:
+        fail("--max-steps needs --checkpoint-every (a run stopped without a checkpoint could not be resumed)")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     for f in ("config.json", "model.safetensors"):
@@ -221,10 +284,13 @@ def main():
             fail(f"--init={a.init}: no {f} (a directory written by bertlua's pretrained.save_pretrained)")
     model = load_model(a.init, a.dropout).to(use_device(a.device))
     os.makedirs(a.output, exist_ok=True)
-    with open(os.path.join(a.output, "log.jsonl"), "w") as log:
+    a.state, a.done = load_checkpoint(a), 0
+    start = a.state["phase"] if a.state else 1
+    with open(os.path.join(a.output, "log.jsonl"), "a" if a.state else "w") as log:
         for phase in (1, 2):
-            if getattr(a, f"steps{phase}") > 0:
-                run_phase(model, phase, a, log)
+            if phase >= start and getattr(a, f"steps{phase}") > 0 and not run_phase(model, phase, a, log):
+                print(f"stopped by --max-steps after {a.done} steps", flush=True)
+                return
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@
 --   shell.read({ "du", "-sb", dir }, { stderr = "/dev/null" })      -> stdout, ok, code
 --   for l in shell.popen({ "find", dir, "-type", "f" }):lines() do ... end
 --   shell.command(argv[, redirect]) -> the command line, to join with "&", "|" or ";"
--- redirect: { stdin = path, stdout = path, stderr = path or "stdout" } (paths are quoted too).
+-- redirect: { stdin = path, stdout = path, stderr = path or "stdout", append = true (stdout appended to) }
+-- (paths are quoted too).
 local M = {}
 
 -- quote(s): s as one shell word
@@ -28,7 +29,7 @@ function M.command(argv, redirect)
   if #words == 0 then error("shell: empty command", 2) end
   redirect = redirect or {}
   if redirect.stdin then words[#words + 1] = "< " .. M.quote(redirect.stdin) end
-  if redirect.stdout then words[#words + 1] = "> " .. M.quote(redirect.stdout) end
+  if redirect.stdout then words[#words + 1] = (redirect.append and ">> " or "> ") .. M.quote(redirect.stdout) end
   if redirect.stderr == "stdout" then words[#words + 1] = "2>&1"
   elseif redirect.stderr then words[#words + 1] = "2> " .. M.quote(redirect.stderr) end
   return table.concat(words, " ")
