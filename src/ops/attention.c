@@ -336,6 +336,17 @@ static inline float *seq_at(const bsh *m, const packed_seqs *ps, int64_t b) {
   return m->p + (ps->off ? ps->off[b] * m->ss : b * m->sb);
 }
 
+/* n rows of d f32 (row stride d) into bf16 rows (row stride ld), rounded to nearest even (as the bf16 GEMM rounds
+ * an f32 A: the bits it reads are the same, bf16 subnormals counting as zero there) */
+OPX_BODY rows_to_bf16_body(int64_t n, int64_t d, const float *restrict f, uint16_t *restrict o, int64_t ld) {
+  for (int64_t r = 0; r < n; r++) {
+#pragma omp simd
+    for (int64_t j = 0; j < d; j++) o[r * ld + j] = opx_f2bf(f[r * d + j]);
+  }
+}
+OPX_ISA_FN(rows_to_bf16, (int64_t n, int64_t d, const float *restrict f, uint16_t *restrict o, int64_t ld),
+           (n, d, f, o, ld))
+
 static void packed_free(packed_seqs *ps) {
   free(ps->off);
   free(ps->poff);
@@ -398,9 +409,13 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
   bsh mq, mk, mv, mc;
   int rc = 0, oom = 0;
   mq.buf.owned = mk.buf.owned = mv.buf.owned = mc.buf.owned = 0;
+  mc.buf.p = NULL;
+  /* a bf16 ctx with unit stride in H: each item's context rounded into it from a per-thread f32 scratch */
+  const int cbf = ctx->dtype == BL_BF16 && (ctx->shape[2] == 1 || ctx->stride[2] == 1);
   if ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)) ||
-      (rc = bsh_out(op, ctx, &mc)))
+      (!cbf && (rc = bsh_out(op, ctx, &mc))))
     goto done;
+  if (cbf) mc = (bsh){ NULL, ctx->stride[0], ctx->stride[1], { 0 } };
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
 #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
@@ -412,7 +427,8 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
     float *pd = p > 0 ? malloc(ss * sizeof(float)) : NULL;
     float *inv = infer ? malloc(INFER_ROWS * sizeof(float)) : NULL;
     uint8_t *keep = p > 0 ? malloc(ss) : NULL;
-    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (!infer || inv);
+    float *cs = cbf ? malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float)) : NULL;
+    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (!infer || inv) && (!cbf || cs);
     if (!ok) {
 #pragma omp atomic write
       oom = 1;
@@ -424,8 +440,11 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
       float *pb = probs ? (float *)probs->data + seq_probs(ps, b, heads) + h * n * n : pr;
       if (keep) head_keep(seed, offset, bh, seq, n, p, keep);
       head_forward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
-                   seq_at(&mc, ps, b) + c, mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale, kt, pd, inv);
+                   cbf ? cs : seq_at(&mc, ps, b) + c, cbf ? d : mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale,
+                   kt, pd, inv);
+      if (cbf) rows_to_bf16(n, d, cs, (uint16_t *)ctx->data + (ps->off ? ps->off[b] * mc.ss : b * mc.sb) + c, mc.ss);
     }
+    free(cs);
     free(kt);
     free(pr);
     free(pd);

@@ -18,6 +18,11 @@
 -- matrix, with attention per sequence over its own tokens; the hidden states
 -- of padded positions are zeros (see BertModel:forward). Heads and recipes
 -- read real positions only.
+--
+-- With a bf16 pack, the activations whose only reader is a bf16-packed linear
+-- (the attention context, the FFN's GELU output) are written in bf16 (their
+-- modules' bf16_out): the GEMM reads them in place instead of rounding an f32
+-- copy, and the bits it reads, so the outputs, are the same.
 local ops = require "bertlua.nn.ops"
 local runtime = require "bertlua.runtime"
 
@@ -89,6 +94,12 @@ function M.pack(model, precision, opts)
     for _, c in ipairs(m._children) do visit(c.module) end
   end
   visit(model)
+  if kind == "bf16" then
+    model:apply(function(m)
+      if m.__name == "BertAttention" and m.output.dense.packed then m.self.bf16_out = true end
+      if m.__name == "BertLayer" and m.output.dense.packed then m.intermediate.bf16_out = true end
+    end)
+  end
   return model, n, line
 end
 
@@ -97,6 +108,7 @@ function M.unpack(model)
   model:apply(function(m)
     m.packed = nil
     m.unpad = nil
+    m.bf16_out = nil
     local qkv = qkv_of(m)
     if qkv then qkv.packed = nil end
   end)

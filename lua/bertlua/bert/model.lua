@@ -209,7 +209,8 @@ function BertSelfAttention:forward(x, mask)
     self._q, self._k, self._v, self._qkv_src = q, k, v, nil
     self._used_fused = false
   end
-  local ctx = buf(self, "output", { B, S, H })
+  -- bf16 (bertlua.bert.infer) in inference: the output linear's bf16 GEMM reads it in place
+  local ctx = buf(self, "output", { B, S, H }, not self.training and self.bf16_out and "bf16" or nil)
   self._plan = nil
   if type(mask) == "table" and not self.training then  -- packed sequences (BertModel's unpadded inference)
     return ops.attention_packed(q, k, v, mask.offsets, self.heads, ctx)
