@@ -7,7 +7,8 @@
 --      cost BENCHMARKS.md reports.
 -- Tolerances. The GEMM-level bounds are in tests/c/test_gemm_lowp.c; through a network they only hold
 -- statistically, so these are measured-and-margin, with the reasoning:
---   bf16: each GEMM operand rounded to 8 bits (relative 2^-9 each) makes a product term's error ~2^-8
+--   bf16: each GEMM operand (on AMX with heads of 32 or 64 also the attention's q, k, v and probabilities)
+--         rounded to 8 bits (relative 2^-9 each) makes a product term's error ~2^-8
 --         relative, random in sign, so a K-term sum is off by ~2^-8 sqrt(K) |x||w|: ~0.5 % of the output
 --         scale. Measured max |diff|: 0.0044 (fixture), 0.023 (MiniLM, 6 layers). Checked: fixture max |diff|
 --         <= 0.03 and token cosine >= 0.999; MiniLM cosines >= 0.999.
@@ -89,8 +90,18 @@ local function precisions()
   return list
 end
 
-T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (random model, every path)", function()
-  local model = bert.BertModel(CFG, { seed = 3 })
+-- the random model's config, heads of 16 (f32 attention) or, heads = 2, of 32 (bf16 attention on AMX)
+local function random_cfg(heads)
+  local cfg = require("fixtures").tiny_config()
+  cfg.num_attention_heads = heads or cfg.num_attention_heads
+  return cfg
+end
+
+for _, heads in ipairs({ 4, 2 }) do
+T.test(("bf16 and int8 packed forwards stay within their tolerance of fp32 (random model, %d heads, every path)")
+    :format(heads), function()
+  local cfg = random_cfg(heads)
+  local model = bert.BertModel(cfg, { seed = 3 })
   for i, p in ipairs(model:parameters()) do
     if p.name:match("bias$") then p.param:normal_(11, 1000 * i, 0, 0.5)
     elseif p.name:match("LayerNorm%.weight$") then p.param:normal_(12, 1000 * i, 1, 0.2)
@@ -100,7 +111,7 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
   local rows, lens = {}, { 37, 30, 1 }
   for b, len in ipairs(lens) do
     rows[b] = {}
-    for s = 1, len do rows[b][s] = math.floor(u[(b - 1) * 37 + s] * CFG.vocab_size) end
+    for s = 1, len do rows[b][s] = math.floor(u[(b - 1) * 37 + s] * cfg.vocab_size) end
   end
   local batch, S = batch_of(rows)
   local tested = 0
@@ -113,8 +124,8 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
       local h0 = hidden(model, batch)
       for _, p in ipairs(precisions()) do
         local _, n, line = infer.pack(model, p)
-        T.eq(n, 4 * CFG.num_hidden_layers + 1, "weights packed")
-        local r = compare(h0, hidden(model, batch), lens, S, CFG.hidden_size)
+        T.eq(n, 4 * cfg.num_hidden_layers + 1, "weights packed")
+        local r = compare(h0, hidden(model, batch), lens, S, cfg.hidden_size)
         print(("%s %s (%s): token cosine min %.5f mean %.5f, max |diff| %.3g"):format(isa, p, line, r.min_tok,
           r.mean_tok, r.max_abs))
         local ok = p == "bf16" and r.min_tok >= 0.999 and r.max_abs <= 0.03
@@ -122,6 +133,13 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
         T.truthy(ok, ("%s %s: outside its tolerance: min cosine %.5f, max |diff| %.3g"):format(isa, p, r.min_tok,
           r.max_abs))
         T.truthy(r.max_abs > 0, p .. ": the low-precision path ran (outputs differ from fp32)")
+        if p == "bf16" then  -- q, k, v in bf16 (the attention on tiles) exactly where infer.pack says
+          local want, n16 = isa == "amx" and heads == 2, 0
+          model:apply(function(m)
+            if m.__name == "BertSelfAttention" and m.qkv:dtype() == "bf16" then n16 = n16 + 1 end
+          end)
+          T.eq(n16, want and cfg.num_hidden_layers or 0, isa .. ": attention layers with bf16 q, k, v")
+        end
         tested = tested + 1
       end
     end
@@ -129,6 +147,7 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
   if tested == 0 then T.skip("no AVX2 or AVX-512 path on this CPU") end
   T.best_cpu_path()
 end)
+end
 
 -- h0 and h1 ([B, S, H] f32) equal byte for byte
 local function same_bytes(h0, h1)

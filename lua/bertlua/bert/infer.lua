@@ -22,7 +22,11 @@
 -- With a bf16 pack, the activations whose only reader is a bf16-packed linear
 -- (the attention context, the FFN's GELU output) are written in bf16 (their
 -- modules' bf16_out): the GEMM reads them in place instead of rounding an f32
--- copy, and the bits it reads, so the outputs, are the same.
+-- copy, and the bits it reads, so the outputs, are the same. On AMX the fused
+-- QKV linear also writes bf16 (bf16_qkv) where heads are 32 or 64 wide: the
+-- packed attention then runs its products on tiles (bf16 q, k, v and
+-- probabilities, f32 sums and softmax): not the same bits; the accuracy cost
+-- is tests/lua/test_infer_lowp.lua's and BENCHMARKS'.
 local ops = require "bertlua.nn.ops"
 local runtime = require "bertlua.runtime"
 
@@ -98,6 +102,10 @@ function M.pack(model, precision, opts)
     model:apply(function(m)
       if m.__name == "BertAttention" and m.output.dense.packed then m.self.bf16_out = true end
       if m.__name == "BertLayer" and m.output.dense.packed then m.intermediate.bf16_out = true end
+      local d = m.__name == "BertSelfAttention" and m.cfg.hidden_size / m.heads
+      if d and (d == 32 or d == 64) and qkv_of(m) and qkv_of(m).packed and runtime.cpu_has("amx") then
+        m.bf16_qkv = true
+      end
     end)
   end
   return model, n, line
@@ -108,7 +116,7 @@ function M.unpack(model)
   model:apply(function(m)
     m.packed = nil
     m.unpad = nil
-    m.bf16_out = nil
+    m.bf16_out, m.bf16_qkv = nil, nil
     local qkv = qkv_of(m)
     if qkv then qkv.packed = nil end
   end)
