@@ -385,22 +385,30 @@ AMX_TARGET static void amx_head_forward(int64_t n, int64_t d, const uint16_t *qb
                                         int64_t ldk, const uint16_t *vb, int64_t ldv, void *cb, int cbf, int64_t ldc,
                                         float sc, amx_ws *w) {
   const int64_t n32 = (n + 31) / 32 * 32, kt = d / 32;
-  for (int64_t jb = 0; jb < n32 / 16; jb++)
+  /* k^T: row p of tile (jb, t) gathers dim pair 32 t + 2 p, + 1 of the 16 keys of jb (keys past n: 0) */
+  const __m512i kidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32((int)(ldk / 2)));
+  for (int64_t jb = 0; jb < n32 / 16; jb++) {
+    int64_t left = n - jb * 16;
+    __mmask16 m = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    const uint16_t *k0 = kb + (m ? jb * 16 * ldk : 0);
     for (int64_t t = 0; t < kt; t++)
-      for (int64_t p = 0; p < 16; p++) {
-        uint32_t *row = w->kt + ((jb * kt + t) * 16 + p) * 16;
-        for (int64_t j = 0; j < 16; j++) {
-          int64_t key = jb * 16 + j;
-          uint32_t v = 0;
-          if (key < n) memcpy(&v, kb + key * ldk + 32 * t + 2 * p, 4);
-          row[j] = v;
-        }
-      }
-  for (int64_t pp = 0; pp < n32 / 2; pp++) {
-    const uint16_t *v0 = vb + 2 * pp * ldv, *v1 = v0 + ldv;
-    uint32_t *row = w->vp + pp * d;
-    for (int64_t c = 0; c < d; c++) row[c] = (2 * pp < n ? v0[c] : 0u) | (2 * pp + 1 < n ? (uint32_t)v1[c] << 16 : 0u);
+      for (int64_t p = 0; p < 16; p++)
+        _mm512_store_si512(w->kt + ((jb * kt + t) * 16 + p) * 16,
+                           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, kidx, k0 + 32 * t + 2 * p, 4));
   }
+  /* v: row pp of pairs interleaves keys 2 pp and 2 pp + 1 (past n: 0), 16 columns per vpermt2w */
+  static const uint16_t il[32] = { 0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47 };
+  const __m512i lo = _mm512_loadu_si512(il);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t pp = 0; pp < n32 / 2; pp++)
+    for (int64_t c = 0; c < d; c += 32) {
+      __m512i a = 2 * pp < n ? _mm512_loadu_si512(vb + 2 * pp * ldv + c) : _mm512_setzero_si512();
+      __m512i b = 2 * pp + 1 < n ? _mm512_loadu_si512(vb + (2 * pp + 1) * ldv + c) : _mm512_setzero_si512();
+      _mm512_store_si512(w->vp + pp * d + c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(w->vp + pp * d + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
   for (int64_t i0 = 0; i0 < n; i0 += 16) {
     const int64_t rows = n - i0 < 16 ? n - i0 : 16;
     const uint16_t *qa = qb + i0 * ldq;
@@ -545,7 +553,7 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
   const int cbf = bf16_rows(ctx);
   /* packed inference with bf16 q, k, v on AMX: amx_head_forward reads them in place */
   const int amx = OPX_MULTI_ISA && ps->off && !probs && p <= 0 && (d == 32 || d == 64) && opx_amx_ok() &&
-                  bf16_rows(q) && bf16_rows(k) && bf16_rows(v);
+                  bf16_rows(q) && bf16_rows(k) && bf16_rows(v) && k->stride[1] % 2 == 0; /* k gathered in pairs */
   if (amx) {
     mq = (bsh){ NULL, q->stride[0], q->stride[1], { 0 } };
     mk = (bsh){ NULL, k->stride[0], k->stride[1], { 0 } };
