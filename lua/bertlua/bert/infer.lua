@@ -47,7 +47,8 @@ end
 
 -- plan(precision) -> the pack's precision ("fp32", "bf16" or "int8") and a line saying what runs:
 --   int8: dynamic quantization, weights per output channel, activations per row (AMX, VNNI or AVX2 kernel);
---   bf16: weights and activations rounded to bf16, f32 sums, where the CPU has AVX512-BF16; elsewhere the
+--   bf16: weights and activations rounded to bf16, f32 sums, where the CPU has AVX512-BF16 (on AMX the
+--         unpadded attention's products too, see pack); elsewhere the
 --         f32 GEMM on the bf16-rounded weights (what the recipes' weight rounding already gives);
 --   anything else: fp32 (tf32/fp16 round the weights only, as before).
 function M.plan(precision)
@@ -61,7 +62,8 @@ function M.plan(precision)
   elseif precision == "bf16" then
     if runtime.cpu_has("avx512_bf16") then
       return "bf16", "bf16 GEMM (weights and activations rounded to bf16, "
-        .. (runtime.cpu_has("amx") and "AMX tdpbf16ps" or "vdpbf16ps") .. ", f32 sums)"
+        .. (runtime.cpu_has("amx") and "AMX tdpbf16ps; attention products on tiles where heads are 32 or 64 wide"
+          or "vdpbf16ps") .. ", f32 sums)"
     end
     return "fp32", "bf16: no AVX512-BF16 on this CPU path (" .. runtime.cpu_isa()
       .. "): f32 GEMM on bf16-rounded weights"
