@@ -65,7 +65,10 @@ int bl_linear_backward(bl_tensor *dx, bl_tensor *dw, bl_tensor *db, const bl_ten
  * bl_linear_forward with W given together with its pack (*pw must have been
  * packed from this w, and on the same CPU path, else an error): y = act(x W^T
  * + b), act BL_LINEAR_NONE or BL_LINEAR_GELU (exact erf GELU, as
- * bl_bias_gelu_forward), bias and GELU applied in the GEMM's epilogue. The
+ * bl_bias_gelu_forward), bias and GELU applied in the GEMM's epilogue. With a
+ * bf16 pack, a bf16 x or y with unit column stride is read / written in
+ * place (y rounded to nearest even: a bf16 y fed to the next bf16 GEMM gives
+ * the bits an f32 y would); any other x or y is converted. The
  * pack is a snapshot: pack again after changing W. Forward only (no backward:
  * training runs the ordinary GEMM). Free with bl_linear_pack_free. A separate
  * entry, not an option: it takes a different operand (the pack) and an epilogue. */
@@ -212,7 +215,9 @@ int bl_softmax_backward(bl_tensor *dx, const bl_tensor *dy, const bl_tensor *y);
 /* ---- fused scaled dot-product self-attention, layout [B, S, H] with H = heads*d
  * (what the Q/K/V linears produce, so no permute copies; Q/K/V may be strided
  * views such as column slices of one fused [B,S,3H] QKV output as long as the
- * last dim has unit stride). Per batch b and head h:
+ * last dim has unit stride; on the CPU a bf16 ctx with unit stride in H is
+ * written in place, each head's f32 rows rounded to nearest even). Per batch b
+ * and head h:
  *   scores = Q_bh K_bh^T * scale + (1 - key_mask[b, :]) * -10000
  *   P = softmax(scores); ctx_bh = dropout_p(P) V_bh
  * The dropout mask has shape [B, heads, S, S]; each row starts a Philox call:

@@ -18,7 +18,8 @@
  * as own-pre: own-bf16 (where the CPU has AVX512-BF16) and own-int8 (dynamic int8: the activations'
  * quantization is in the timing; GOP/s counted as 2 M N K like the f32 columns); on a CPU with AMX
  * (BL_CPU_ISA not capped below amx) also bf16-amx and int8-amx, the same packs on the tile kernels, the
- * other two columns then on the avx512 path's vdpbf16ps / vpdpbusd.
+ * other two columns then on the avx512 path's vdpbf16ps / vpdpbusd, and bf16-io: bf16-amx with A in bf16 (read
+ * in place) and C written in bf16, as the inference graph's bf16 activations run.
  * The libraries take turns rep by rep (a shared machine's load hits them alike); the table gives
  * each one's best rep in GFLOP/s. The peak is a loop of 12 independent FMA chains per thread
  * (AVX-512 and AVX2 forms, those the CPU has), unrolled so the chains live in registers (rolled,
@@ -78,7 +79,7 @@ static double peak(int isa512, int threads) {
   return best * 1e-9;
 }
 
-enum { PRE_F32 = 1, PRE_F32_BIAS, PRE_F32_GELU, PRE_BF16, PRE_INT8, PRE_BF16_AMX, PRE_INT8_AMX };
+enum { PRE_F32 = 1, PRE_F32_BIAS, PRE_F32_GELU, PRE_BF16, PRE_INT8, PRE_BF16_AMX, PRE_INT8_AMX, PRE_BF16_AMX_IO };
 typedef struct {
   const char *name;
   cblas_sgemm_fn cblas;
@@ -90,11 +91,12 @@ typedef struct {
 static opx_packed_b *prepacked;
 static opx_bf16_b *pre_bf16;
 static opx_q8_b *pre_int8;
-static float *bias; /* for own-pre's epilogues: N values */
+static float *bias;   /* for own-pre's epilogues: N values */
+static uint16_t *A16; /* A in bf16, for bf16-io */
 static int have_pre(int pre) {
-  return pre <= PRE_F32_GELU                      ? prepacked != NULL
-         : pre == PRE_BF16 || pre == PRE_BF16_AMX ? pre_bf16 != NULL
-                                                  : pre_int8 != NULL;
+  return pre <= PRE_F32_GELU                                                ? prepacked != NULL
+         : pre == PRE_BF16 || pre == PRE_BF16_AMX || pre == PRE_BF16_AMX_IO ? pre_bf16 != NULL
+                                                                            : pre_int8 != NULL;
 }
 
 static int ldb_of(int tb, int K, int N) { return tb ? K : N; }
@@ -108,6 +110,8 @@ static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *
     opx_sgemm_packed(prepacked, ta, M, A, lda, C, N, l->pre == PRE_F32 ? NULL : bias, l->pre == PRE_F32_GELU);
   else if (l->pre == PRE_BF16 || l->pre == PRE_BF16_AMX)
     opx_bf16_gemm(pre_bf16, ta, M, A, lda, C, N, NULL, 0);
+  else if (l->pre == PRE_BF16_AMX_IO)
+    opx_bf16_gemm_io(pre_bf16, ta, M, A16, 1, lda, C, 1, N, NULL, 0);
   else if (l->pre == PRE_INT8 || l->pre == PRE_INT8_AMX)
     opx_q8_gemm(pre_int8, ta, M, A, lda, C, N, NULL, 0);
   else if (l->own_isa)
@@ -121,7 +125,7 @@ static void run(const lib *l, int ta, int tb, int M, int N, int K, const float *
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 5;
   use_cpu_time = argc > 3 && strcmp(argv[3], "cpu") == 0;
-  lib libs[11];
+  lib libs[12];
   int nl = 0;
   void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
   if (h) {
@@ -157,6 +161,7 @@ int main(int argc, char **argv) {
   amx = opx_amx_ok();
   if (amx) libs[nl++] = (lib){ "bf16-amx", NULL, NULL, own, PRE_BF16_AMX };
   if (amx) libs[nl++] = (lib){ "int8-amx", NULL, NULL, own, PRE_INT8_AMX };
+  if (amx) libs[nl++] = (lib){ "bf16-io", NULL, NULL, own, PRE_BF16_AMX_IO };
   printf("FMA peak, %d threads (GFLOP/s):", threads);
   if (has512) printf(" AVX-512 %.1f", peak(1, threads));
   if (has256) printf(" AVX2 %.1f", peak(0, threads));
@@ -170,6 +175,13 @@ int main(int argc, char **argv) {
   if (!A || !B || !C || !bias) return 1;
   for (int j = 0; j < 3072; j++) bias[j] = (float)(j % 17) * 0.01f - 0.08f;
   for (long i = 0; i < 4096L * 3072; i++) A[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+  A16 = malloc(sizeof(uint16_t) * 4096 * 3072);
+  if (!A16) return 1;
+  for (long i = 0; i < 4096L * 3072; i++) {
+    uint32_t u;
+    memcpy(&u, &A[i], 4);
+    A16[i] = (uint16_t)(u >> 16);
+  }
   for (long i = 0; i < 3072L * 3072; i++) B[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
   printf("\n%-6s %-28s", "M", "product");
   for (int l = 0; l < nl; l++) printf(" %10s", libs[l].name);
@@ -201,7 +213,7 @@ int main(int argc, char **argv) {
           tb = 0;
           what = "dW = dY^T X";
         }
-        double best[11] = { 0 };
+        double best[sizeof libs / sizeof libs[0]] = { 0 };
         prepacked = own && kind == 0 ? opx_pack_b(own, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
         pre_bf16 = kind == 0 ? opx_bf16_pack(1, k, n, B, ldb_of(tb, k, n)) : NULL;
         pre_int8 = q8isa && kind == 0 ? opx_q8_pack(q8isa, 1, k, n, B, ldb_of(tb, k, n)) : NULL;
@@ -225,6 +237,7 @@ int main(int argc, char **argv) {
         opx_q8_free(pre_int8);
       }
   free(A);
+  free(A16);
   free(B);
   free(C);
   free(bias);

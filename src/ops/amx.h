@@ -72,40 +72,42 @@ AMX_TARGET static inline void amx_stream(float *c, int64_t ldc, const float *t) 
   }
 }
 
-/* name(kt, a0, a1, b, c, ldc, pf): C (32 x 32 of CT, row stride ldc) = the A panels a0 (rows 0-15) and a1
- * (16-31), [kt][16 rows][64 bytes] each, x one 32-column B panel b (row stride 128 bytes) over kt tiles of k, by
+/* name(kt, a0, a1, as, ars, b, c, ldc, pf): C (32 x 32 of CT, row stride ldc) = the A tiles from a0 (rows 0-15)
+ * and a1 (16-31), tile t at a0 + t * as (32-bit words) with a row stride of ars bytes (a packed panel
+ * [kt][16 rows][64 bytes]: as = 256, ars = 64; row-major rows of A: as = 16, ars = A's row bytes), x one
+ * 32-column B panel b (row stride 128 bytes) over kt tiles of k, by
  * the tile product DP (_tile_dpbf16ps, _tile_dpbusd), with a step of pf (NULL: none) at each k. Each load comes
  * right after the last reader of its tile (a tile is not renamed: a load waits for them). */
-#define AMX_BLOCK(name, DP, CT)                                                                             \
-  AMX_TARGET static void name(int64_t kt, const uint32_t *a0, const uint32_t *a1, const uint32_t *b, CT *c, \
-                              int64_t ldc, amx_pf *pf) {                                                    \
-    _tile_zero(0);                                                                                          \
-    _tile_zero(1);                                                                                          \
-    _tile_zero(2);                                                                                          \
-    _tile_zero(3);                                                                                          \
-    _tile_loadd(4, a0, 64);                                                                                 \
-    _tile_loadd(6, b, 128);                                                                                 \
-    _tile_loadd(7, b + 16, 128);                                                                            \
-    _tile_loadd(5, a1, 64);                                                                                 \
-    for (int64_t t = 1; t < kt; t++) {                                                                      \
-      DP(0, 4, 6);                                                                                          \
-      DP(1, 4, 7);                                                                                          \
-      _tile_loadd(4, a0 + t * 256, 64);                                                                     \
-      DP(2, 5, 6);                                                                                          \
-      _tile_loadd(6, b + t * 16 * 32, 128);                                                                 \
-      DP(3, 5, 7);                                                                                          \
-      _tile_loadd(5, a1 + t * 256, 64);                                                                     \
-      _tile_loadd(7, b + t * 16 * 32 + 16, 128);                                                            \
-      if (pf) amx_pf_step(pf);                                                                              \
-    }                                                                                                       \
-    DP(0, 4, 6);                                                                                            \
-    DP(1, 4, 7);                                                                                            \
-    DP(2, 5, 6);                                                                                            \
-    DP(3, 5, 7);                                                                                            \
-    _tile_stored(0, c, ldc * 4);                                                                            \
-    _tile_stored(1, c + 16, ldc * 4);                                                                       \
-    _tile_stored(2, c + 16 * ldc, ldc * 4);                                                                 \
-    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);                                                            \
+#define AMX_BLOCK(name, DP, CT)                                                                            \
+  AMX_TARGET static void name(int64_t kt, const uint32_t *a0, const uint32_t *a1, int64_t as, int64_t ars, \
+                              const uint32_t *b, CT *c, int64_t ldc, amx_pf *pf) {                         \
+    _tile_zero(0);                                                                                         \
+    _tile_zero(1);                                                                                         \
+    _tile_zero(2);                                                                                         \
+    _tile_zero(3);                                                                                         \
+    _tile_loadd(4, a0, ars);                                                                               \
+    _tile_loadd(6, b, 128);                                                                                \
+    _tile_loadd(7, b + 16, 128);                                                                           \
+    _tile_loadd(5, a1, ars);                                                                               \
+    for (int64_t t = 1; t < kt; t++) {                                                                     \
+      DP(0, 4, 6);                                                                                         \
+      DP(1, 4, 7);                                                                                         \
+      _tile_loadd(4, a0 + t * as, ars);                                                                    \
+      DP(2, 5, 6);                                                                                         \
+      _tile_loadd(6, b + t * 16 * 32, 128);                                                                \
+      DP(3, 5, 7);                                                                                         \
+      _tile_loadd(5, a1 + t * as, ars);                                                                    \
+      _tile_loadd(7, b + t * 16 * 32 + 16, 128);                                                           \
+      if (pf) amx_pf_step(pf);                                                                             \
+    }                                                                                                      \
+    DP(0, 4, 6);                                                                                           \
+    DP(1, 4, 7);                                                                                           \
+    DP(2, 5, 6);                                                                                           \
+    DP(3, 5, 7);                                                                                           \
+    _tile_stored(0, c, ldc * 4);                                                                           \
+    _tile_stored(1, c + 16, ldc * 4);                                                                      \
+    _tile_stored(2, c + 16 * ldc, ldc * 4);                                                                \
+    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);                                                           \
   }
 #endif
 #endif

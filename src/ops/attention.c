@@ -22,8 +22,10 @@
 #include "device/dispatch.h"
 #include "transpose.h"
 #include "base/vecmath.h"
+#include "amx.h"
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* [B, S, H] operand with unit stride in H: element (b, s, c) at p[b*sb + s*ss + c]. */
 typedef struct bsh {
@@ -336,6 +338,154 @@ static inline float *seq_at(const bsh *m, const packed_seqs *ps, int64_t b) {
   return m->p + (ps->off ? ps->off[b] * m->ss : b * m->sb);
 }
 
+/* n rows of d f32 (row stride d) into bf16 rows (row stride ld), rounded to nearest even (as the bf16 GEMM rounds
+ * an f32 A: the bits it reads are the same, bf16 subnormals counting as zero there) */
+OPX_BODY rows_to_bf16_body(int64_t n, int64_t d, const float *restrict f, uint16_t *restrict o, int64_t ld) {
+  for (int64_t r = 0; r < n; r++) {
+#pragma omp simd
+    for (int64_t j = 0; j < d; j++) o[r * ld + j] = opx_f2bf(f[r * d + j]);
+  }
+}
+OPX_ISA_FN(rows_to_bf16, (int64_t n, int64_t d, const float *restrict f, uint16_t *restrict o, int64_t ld),
+           (n, d, f, o, ld))
+
+#if OPX_MULTI_ISA
+/* Packed inference on AMX tiles for bf16 q, k, v (bl_ops.h; d 32 or 64: one or two A tiles of q per 16 rows):
+ * scores = q k^T by tdpbf16ps (f32 sums), each row through softmax_exp_row (f32), the unnormalised probabilities
+ * rounded to bf16 (nearest even), ctx = P v by tdpbf16ps, then scaled by 1 / sum (the f32 sum of the unrounded
+ * probabilities). Keys are padded with zeros to n32 (whole 32-key tiles: their scores and probabilities are 0
+ * and add nothing), query rows to 16. A thread's scratch for sequences of up to S tokens: */
+typedef struct amx_ws {
+  uint32_t *kt; /* k^T tiles [n32 / 16][d / 32][16 pairs of dims][16 keys] */
+  uint32_t *vp; /* v as pairs of keys [n32 / 2][d] */
+  float *sc;    /* scores, then probabilities, [16][n32] */
+  uint16_t *p;  /* the probabilities in bf16 [16][n32] */
+  float *cb;    /* the context block [16][d] */
+  uint16_t *q;  /* a last block of fewer than 16 query rows, zero-padded [16][d] */
+} amx_ws;
+
+static void amx_ws_free(amx_ws *w) {
+  free(w->kt), free(w->vp), free(w->sc), free(w->p), free(w->cb), free(w->q);
+  memset(w, 0, sizeof *w);
+}
+
+static int amx_ws_alloc(amx_ws *w, int64_t S, int64_t d) {
+  size_t n32 = (size_t)((S + 31) / 32 * 32), dd = (size_t)d;
+  w->kt = aligned_alloc(64, n32 * dd * 2), w->vp = aligned_alloc(64, n32 * dd * 2);
+  w->sc = aligned_alloc(64, 16 * n32 * 4), w->p = aligned_alloc(64, 16 * n32 * 2);
+  w->cb = aligned_alloc(64, 16 * dd * 4), w->q = aligned_alloc(64, 16 * dd * 2);
+  if (w->kt && w->vp && w->sc && w->p && w->cb && w->q) return 1;
+  amx_ws_free(w);
+  return 0;
+}
+
+/* One (sequence, head) item over n tokens: q, k, v bf16 rows (row strides in elements); the context rows into cb
+ * (f32, or bf16 when cbf), row stride ldc */
+AMX_TARGET static void amx_head_forward(int64_t n, int64_t d, const uint16_t *qb, int64_t ldq, const uint16_t *kb,
+                                        int64_t ldk, const uint16_t *vb, int64_t ldv, void *cb, int cbf, int64_t ldc,
+                                        float sc, amx_ws *w) {
+  const int64_t n32 = (n + 31) / 32 * 32, kt = d / 32;
+  /* k^T: row p of tile (jb, t) gathers dim pair 32 t + 2 p, + 1 of the 16 keys of jb (keys past n: 0) */
+  const __m512i kidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32((int)(ldk / 2)));
+  for (int64_t jb = 0; jb < n32 / 16; jb++) {
+    int64_t left = n - jb * 16;
+    __mmask16 m = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    const uint16_t *k0 = kb + (m ? jb * 16 * ldk : 0);
+    for (int64_t t = 0; t < kt; t++)
+      for (int64_t p = 0; p < 16; p++)
+        _mm512_store_si512(w->kt + ((jb * kt + t) * 16 + p) * 16,
+                           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, kidx, k0 + 32 * t + 2 * p, 4));
+  }
+  /* v: row pp of pairs interleaves keys 2 pp and 2 pp + 1 (past n: 0), 16 columns per vpermt2w */
+  static const uint16_t il[32] = { 0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47 };
+  const __m512i lo = _mm512_loadu_si512(il);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t pp = 0; pp < n32 / 2; pp++)
+    for (int64_t c = 0; c < d; c += 32) {
+      __m512i a = 2 * pp < n ? _mm512_loadu_si512(vb + 2 * pp * ldv + c) : _mm512_setzero_si512();
+      __m512i b = 2 * pp + 1 < n ? _mm512_loadu_si512(vb + (2 * pp + 1) * ldv + c) : _mm512_setzero_si512();
+      _mm512_store_si512(w->vp + pp * d + c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(w->vp + pp * d + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  for (int64_t i0 = 0; i0 < n; i0 += 16) {
+    const int64_t rows = n - i0 < 16 ? n - i0 : 16;
+    const uint16_t *qa = qb + i0 * ldq;
+    int64_t qs = ldq * 2;
+    if (rows < 16) {
+      memset(w->q, 0, (size_t)(16 * d) * 2);
+      for (int64_t r = 0; r < rows; r++) memcpy(w->q + r * d, qa + r * ldq, (size_t)d * 2);
+      qa = w->q, qs = d * 2;
+    }
+    _tile_loadd(4, qa, qs);
+    if (kt == 2) _tile_loadd(5, qa + 32, qs);
+    for (int64_t jb = 0; jb < n32 / 16; jb += 2) {
+      const uint32_t *k0 = w->kt + jb * kt * 256, *k1 = k0 + kt * 256;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(6, k0, 64);
+      _tile_loadd(7, k1, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (kt == 2) {
+        _tile_loadd(6, k0 + 256, 64);
+        _tile_loadd(7, k1 + 256, 64);
+        _tile_dpbf16ps(0, 5, 6);
+        _tile_dpbf16ps(1, 5, 7);
+      }
+      _tile_stored(0, w->sc + jb * 16, n32 * 4);
+      _tile_stored(1, w->sc + jb * 16 + 16, n32 * 4);
+    }
+    float inv[16];
+    for (int64_t r = 0; r < rows; r++) softmax_exp_row(n, w->sc + r * n32, sc, inv + r);
+    for (int64_t r = 0; r < 16; r++) /* keys past n: scores of zero keys, 0; rows past `rows`: 0 */
+      for (int64_t j = 0; j < n32; j += 32) {
+        const float *f = w->sc + r * n32 + j;
+        _mm512_store_si512(w->p + r * n32 + j,
+                           (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + 16), _mm512_loadu_ps(f)));
+      }
+    _tile_zero(0);
+    _tile_zero(1);
+    if (d == 64) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t s = 0; s < n32 / 32; s++) {
+      const uint32_t *vs = w->vp + s * 16 * d;
+      _tile_loadd(4, w->p + s * 32, n32 * 2);
+      _tile_loadd(6, vs, d * 4);
+      _tile_loadd(7, vs + 16, d * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (d == 64) {
+        _tile_loadd(6, vs + 32, d * 4);
+        _tile_loadd(7, vs + 48, d * 4);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_dpbf16ps(3, 4, 7);
+      }
+    }
+    _tile_stored(0, w->cb, d * 4);
+    _tile_stored(1, w->cb + 16, d * 4);
+    if (d == 64) {
+      _tile_stored(2, w->cb + 32, d * 4);
+      _tile_stored(3, w->cb + 48, d * 4);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+      float *f = w->cb + r * d;
+      opx_scale_row(d, f, inv[r]);
+      if (cbf)
+        rows_to_bf16(1, d, f, (uint16_t *)cb + (i0 + r) * ldc, ldc);
+      else
+        memcpy((float *)cb + (i0 + r) * ldc, f, (size_t)d * 4);
+    }
+  }
+}
+#endif
+
+/* t is bf16 with unit stride in H */
+static int bf16_rows(const bl_tensor *t) { return t->dtype == BL_BF16 && (t->shape[2] == 1 || t->stride[2] == 1); }
+
 static void packed_free(packed_seqs *ps) {
   free(ps->off);
   free(ps->poff);
@@ -398,9 +548,21 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
   bsh mq, mk, mv, mc;
   int rc = 0, oom = 0;
   mq.buf.owned = mk.buf.owned = mv.buf.owned = mc.buf.owned = 0;
-  if ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)) ||
-      (rc = bsh_out(op, ctx, &mc)))
+  mc.buf.p = NULL;
+  /* a bf16 ctx with unit stride in H: each item's context rounded into it from a per-thread f32 scratch */
+  const int cbf = bf16_rows(ctx);
+  /* packed inference with bf16 q, k, v on AMX: amx_head_forward reads them in place */
+  const int amx = OPX_MULTI_ISA && ps->off && !probs && p <= 0 && (d == 32 || d == 64) && opx_amx_ok() &&
+                  bf16_rows(q) && bf16_rows(k) && bf16_rows(v) && k->stride[1] % 2 == 0; /* k gathered in pairs */
+  if (amx) {
+    mq = (bsh){ NULL, q->stride[0], q->stride[1], { 0 } };
+    mk = (bsh){ NULL, k->stride[0], k->stride[1], { 0 } };
+    mv = (bsh){ NULL, v->stride[0], v->stride[1], { 0 } };
+  }
+  if ((!amx && ((rc = bsh_load(op, q, &mq)) || (rc = bsh_load(op, k, &mk)) || (rc = bsh_load(op, v, &mv)))) ||
+      (!cbf && (rc = bsh_out(op, ctx, &mc))))
     goto done;
+  if (cbf) mc = (bsh){ NULL, ctx->stride[0], ctx->stride[1], { 0 } };
   const float sc = (float)scale, dscale = p > 0 ? (float)(1.0 / (1.0 - p)) : 1.0f;
 #pragma omp parallel if (nb * heads > 1 && nb * heads * S * S * d > 32768)
   {
@@ -412,7 +574,13 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
     float *pd = p > 0 ? malloc(ss * sizeof(float)) : NULL;
     float *inv = infer ? malloc(INFER_ROWS * sizeof(float)) : NULL;
     uint8_t *keep = p > 0 ? malloc(ss) : NULL;
-    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (!infer || inv);
+    float *cs = cbf && !amx ? malloc((size_t)(d * S > 0 ? d * S : 1) * sizeof(float)) : NULL;
+    int ok = kt && (probs || pr) && (p <= 0 || (pd && keep)) && (!infer || inv) && (!cbf || amx || cs);
+#if OPX_MULTI_ISA
+    amx_ws ws = { 0 };
+    if (amx && ok) ok = amx_ws_alloc(&ws, S, d);
+    if (amx && ok) amx_tiles_on();
+#endif
     if (!ok) {
 #pragma omp atomic write
       oom = 1;
@@ -421,11 +589,29 @@ static int seqs_fwd_cpu(const char *op, bl_tensor *ctx, bl_tensor *probs, const 
     for (int64_t bh = 0; bh < nb * heads; bh++) {
       int64_t b = bh / heads, h = bh % heads, n = seq_len(ps, b), c = h * d;
       if (!ok || n == 0) continue;
+#if OPX_MULTI_ISA
+      if (amx) {
+        const int64_t o = ps->off[b];
+        amx_head_forward(n, d, (const uint16_t *)q->data + o * mq.ss + c, mq.ss,
+                         (const uint16_t *)k->data + o * mk.ss + c, mk.ss, (const uint16_t *)v->data + o * mv.ss + c,
+                         mv.ss,
+                         cbf ? (void *)((uint16_t *)ctx->data + o * mc.ss + c) : (void *)(seq_at(&mc, ps, b) + c), cbf,
+                         mc.ss, sc, &ws);
+        continue;
+      }
+#endif
       float *pb = probs ? (float *)probs->data + seq_probs(ps, b, heads) + h * n * n : pr;
       if (keep) head_keep(seed, offset, bh, seq, n, p, keep);
       head_forward(n, d, seq_at(&mq, ps, b) + c, mq.ss, seq_at(&mk, ps, b) + c, mk.ss, seq_at(&mv, ps, b) + c, mv.ss,
-                   seq_at(&mc, ps, b) + c, mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale, kt, pd, inv);
+                   cbf ? cs : seq_at(&mc, ps, b) + c, cbf ? d : mc.ss, pb, madd ? madd + b * S : NULL, sc, keep, dscale,
+                   kt, pd, inv);
+      if (cbf) rows_to_bf16(n, d, cs, (uint16_t *)ctx->data + (ps->off ? ps->off[b] * mc.ss : b * mc.sb) + c, mc.ss);
     }
+#if OPX_MULTI_ISA
+    if (amx && ws.kt) amx_tiles_off();
+    amx_ws_free(&ws);
+#endif
+    free(cs);
     free(kt);
     free(pr);
     free(pd);

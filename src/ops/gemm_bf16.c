@@ -17,7 +17,8 @@
  * weight's pack serves both kernels; its k pairs are zero-padded to a multiple
  * of 16 (whole tiles). Each task packs its rows of A as 32-row blocks of two
  * 16-row panels of [k/32][16 rows][16 pairs] (each A tile 1 KB contiguous), a
- * block right before its first use, and runs 32 x 32 C blocks (amx.h) over
+ * block right before its first use (a bf16 A whose k is whole tiles is not
+ * packed: a tile is 16 of its rows of 32 bf16, loaded with its row stride), and runs 32 x 32 C blocks (amx.h) over
  * the whole K: each 32-row block against a chunk of B panels that stays in L2
  * (up to 512 rows per task, so a chunk is read from memory once per 512
  * rows). Past AMX_BIG_BYTES (amx.h) the rows of A packed next are prefetched
@@ -98,9 +99,38 @@ BF16_TARGET static inline __m512i pairs16(const float *r, int64_t k0, int64_t k)
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
+/* the 16 bf16 pairs of row r of A (not transposed) at k0 .. k0 + 31 (past k: zero): f32 rounded by pairs16, or
+ * bf16 (a_bf16) as it is */
+BF16_TARGET static inline __m512i row_pairs16(const void *a, int a_bf16, int64_t lda, int64_t r, int64_t k0,
+                                              int64_t k) {
+  if (!a_bf16) return pairs16((const float *)a + r * lda, k0, k);
+  int64_t left = k - k0;
+  __mmask32 m = left >= 32 ? ~(__mmask32)0 : left <= 0 ? 0 : (__mmask32)((1u << left) - 1);
+  return _mm512_maskz_loadu_epi16(m, (const uint16_t *)a + r * lda + k0);
+}
+
+/* rows x cols (cols <= 32) of the f32 block t (row stride ldt) into the bf16 C c (row stride ldc), rounded as
+ * pairs16 rounds A (so a GEMM reading this C gets the bits it would pack from the f32 C); whole 64-byte-aligned
+ * rows past the caches when stream */
+BF16_TARGET static void store_bf16(uint16_t *c, int64_t ldc, const float *t, int64_t ldt, int64_t rows, int64_t cols,
+                                   int stream) {
+  __mmask16 m0 = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1);
+  __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+  __mmask32 m = cols >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << cols) - 1);
+  for (int64_t r = 0; r < rows; r++) {
+    __m512 lo = _mm512_maskz_loadu_ps(m0, t + r * ldt), hi = _mm512_maskz_loadu_ps(m1, t + r * ldt + 16);
+    __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    uint16_t *d = c + r * ldc;
+    if (stream && cols == 32 && (uintptr_t)d % 64 == 0)
+      _mm512_stream_si512((void *)d, v);
+    else
+      _mm512_mask_storeu_epi16(d, m, v);
+  }
+}
+
 /* rows [i0, i0 + rows) of op(A) as one MR-row panel of bf16 pairs (rows past
  * the end zero): 16 pairs of a row at a time rounded by vcvtne2ps2bf16 */
-BF16_TARGET static void pack_a_panel(int ta, const float *a, int64_t lda, int64_t k, int64_t kp, int64_t i0,
+BF16_TARGET static void pack_a_panel(int ta, const void *a, int a_bf16, int64_t lda, int64_t k, int64_t kp, int64_t i0,
                                      int64_t rows, uint32_t *dst) {
   for (int64_t i = 0; i < MR; i++) {
     if (i >= rows) {
@@ -109,16 +139,15 @@ BF16_TARGET static void pack_a_panel(int ta, const float *a, int64_t lda, int64_
     }
     if (ta) {
       for (int64_t q = 0; q < kp; q++) {
-        uint32_t lo = bf16_bits(AT(a, 1, lda, i0 + i, 2 * q));
-        uint32_t hi = 2 * q + 1 < k ? bf16_bits(AT(a, 1, lda, i0 + i, 2 * q + 1)) : 0;
+        uint32_t lo = bf16_bits(AT((const float *)a, 1, lda, i0 + i, 2 * q));
+        uint32_t hi = 2 * q + 1 < k ? bf16_bits(AT((const float *)a, 1, lda, i0 + i, 2 * q + 1)) : 0;
         dst[q * MR + i] = lo | hi << 16;
       }
       continue;
     }
-    const float *r = a + (i0 + i) * lda;
     for (int64_t q0 = 0; q0 < kp; q0 += 16) {
       uint32_t t[16];
-      _mm512_storeu_si512(t, pairs16(r, 2 * q0, k));
+      _mm512_storeu_si512(t, row_pairs16(a, a_bf16, lda, i0 + i, 2 * q0, k));
       int64_t nq = kp - q0 < 16 ? kp - q0 : 16;
       for (int64_t q = 0; q < nq; q++) dst[(q0 + q) * MR + i] = t[q];
     }
@@ -147,7 +176,7 @@ BF16_TARGET static void ukernel(int64_t kp, const uint32_t *restrict ap, const u
 }
 
 /* rows [i0, i0 + rows) of op(A) as one 16-row AMX panel [kpad / 16][16 rows][16 pairs] (rows past the end zero) */
-BF16_TARGET static void pack_a_amx(int ta, const float *a, int64_t lda, int64_t k, int64_t kpad, int64_t i0,
+BF16_TARGET static void pack_a_amx(int ta, const void *a, int a_bf16, int64_t lda, int64_t k, int64_t kpad, int64_t i0,
                                    int64_t rows, uint32_t *dst) {
   int64_t kt = kpad / 16;
   for (int64_t i = 0; i < 16; i++)
@@ -156,12 +185,12 @@ BF16_TARGET static void pack_a_amx(int ta, const float *a, int64_t lda, int64_t 
       if (i >= rows) {
         _mm512_store_si512(d, _mm512_setzero_si512());
       } else if (!ta) {
-        _mm512_store_si512(d, pairs16(a + (i0 + i) * lda, 32 * t, k));
+        _mm512_store_si512(d, row_pairs16(a, a_bf16, lda, i0 + i, 32 * t, k));
       } else {
         for (int64_t q = 0; q < 16; q++) {
           int64_t k0 = 32 * t + 2 * q;
-          uint32_t lo = k0 < k ? bf16_bits(AT(a, 1, lda, i0 + i, k0)) : 0;
-          uint32_t hi = k0 + 1 < k ? bf16_bits(AT(a, 1, lda, i0 + i, k0 + 1)) : 0;
+          uint32_t lo = k0 < k ? bf16_bits(AT((const float *)a, 1, lda, i0 + i, k0)) : 0;
+          uint32_t hi = k0 + 1 < k ? bf16_bits(AT((const float *)a, 1, lda, i0 + i, k0 + 1)) : 0;
           d[q] = lo | hi << 16;
         }
       }
@@ -191,18 +220,22 @@ static uint32_t *reserve_a(size_t words) {
 /* 32-row blocks per task (each passes the task's OPX_AMX_B_BYTES of B panels, from L1 or L2) */
 enum { AMX_ROWBLK = 16 };
 
-/* Each task packs its rows of A into its thread's buffer, a 32-row block right before its first use (its f32
- * rows prefetched into L2 while the tiles run the block before: amx_pf), and runs them, one block after the
- * other, against its chunk of B panels. Bias and GELU are applied to each C block while it is in L1 (past
- * AMX_BIG_BYTES of output in a tile of its own, then streamed to C). */
-AMX_TARGET static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c,
-                               int64_t ldc, const float *bias, int gelu) {
+/* Each task packs its rows of A into its thread's buffer, a 32-row block right before its first use (its rows
+ * prefetched into L2 while the tiles run the block before: amx_pf), and runs them, one block after the other,
+ * against its chunk of B panels. A bf16 A whose K is whole tiles is not packed: its whole 32-row blocks feed
+ * the tiles in place (an AMX bf16 A tile is 16 rows of 16 pairs, row-major). Bias and GELU are applied to each
+ * C block while it is in L1 (past AMX_BIG_BYTES of output, or for a bf16 C, in a tile of its own, then stored:
+ * streamed, or rounded to bf16). */
+AMX_TARGET static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const void *a, int a_bf16, int64_t lda, void *c,
+                               int c_bf16, int64_t ldc, const float *bias, int gelu) {
   int64_t kpad = pb->kpad, kt = kpad / 16, k = pb->k, n = pb->n, mblk = (m + 31) / 32, npanels = (n + NR - 1) / NR;
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)k < 4e6) nthreads = 1; /* too small to pay a fork */
   int64_t nblk = (mblk + AMX_ROWBLK - 1) / AMX_ROWBLK, per;
   int64_t nsplit = opx_lowp_split(npanels, OPX_AMX_B_BYTES / (kpad * NR * 4), nblk, nthreads, &per);
-  int stream = (double)m * (double)n * 4 > AMX_BIG_BYTES, big_a = (double)m * (double)k * 4 > AMX_BIG_BYTES;
+  int64_t asz = a_bf16 ? 2 : 4, csz = c_bf16 ? 2 : 4;
+  int stream = (double)m * (double)n * csz > AMX_BIG_BYTES, big_a = (double)m * (double)k * asz > AMX_BIG_BYTES;
+  int direct = a_bf16 && !ta && k % 32 == 0 && lda % 2 == 0; /* whole tiles of k: 2 * kpad == k */
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -222,27 +255,41 @@ AMX_TARGET static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const fl
       packed = ib0;
       for (int64_t ib = ib0; ib < ib1; ib++) {
         int64_t i = ib * 32, rows = m - i < 32 ? m - i : 32;
-        uint32_t *a0 = apack + 2 * (ib - ib0) * kpad * 16;
-        amx_pf pf, *pfp = NULL;
-        if (pack) {
-          pack_a_amx(ta, a, lda, k, kpad, i, rows < 16 ? rows : 16, a0);
-          pack_a_amx(ta, a, lda, k, kpad, i + 16, rows - 16, a0 + kpad * 16);
+        const uint32_t *a0 = apack + 2 * (ib - ib0) * kpad * 16, *a1 = a0 + kpad * 16;
+        int64_t as = 256, ars = 64; /* a packed panel's tile step (words) and row stride (bytes) */
+        if (direct && rows == 32) {
+          a0 = (const uint32_t *)((const uint16_t *)a + i * lda);
+          a1 = (const uint32_t *)((const uint16_t *)a + (i + 16) * lda);
+          as = 16, ars = lda * 2;
+        } else if (pack) {
+          pack_a_amx(ta, a, a_bf16, lda, k, kpad, i, rows < 16 ? rows : 16, apack + 2 * (ib - ib0) * kpad * 16);
+          pack_a_amx(ta, a, a_bf16, lda, k, kpad, i + 16, rows - 16, apack + (2 * (ib - ib0) + 1) * kpad * 16);
         }
+        amx_pf pf, *pfp = NULL;
         if (pack && big_a && !ta && ib + 1 < ib1) { /* the next block's rows */
-          pf = amx_pf_of(a + (i + 32) * lda, lda * 4, k * 4, m - i < 64 ? m - i - 32 : 32, (jp1 - jp0) * (kt - 1));
+          pf = amx_pf_of((const char *)a + (i + 32) * lda * asz, lda * asz, k * asz, m - i < 64 ? m - i - 32 : 32,
+                         (jp1 - jp0) * (kt - 1));
           pfp = &pf;
         }
         for (int64_t jp = jp0; jp < jp1; jp++) {
           int64_t j = jp * NR, cols = n - j < NR ? n - j : NR;
-          float *ct = c + i * ldc + j, tmp[32 * NR] __attribute__((aligned(64)));
+          float tmp[32 * NR] __attribute__((aligned(64)));
+          const uint32_t *bp = pb->p + jp * kpad * NR;
+          if (c_bf16) {
+            amx_block(kt, a0, a1, as, ars, bp, tmp, NR, pfp);
+            opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, tmp, NR, bias ? bias + j : NULL, gelu);
+            store_bf16((uint16_t *)c + i * ldc + j, ldc, tmp, NR, rows, cols, stream);
+            continue;
+          }
+          float *ct = (float *)c + i * ldc + j;
           if (amx_streams(stream, ct, ldc, rows, cols)) { /* bias and GELU on the block in L1 */
-            amx_block(kt, a0, a0 + kpad * 16, pb->p + jp * kpad * NR, tmp, NR, pfp);
+            amx_block(kt, a0, a1, as, ars, bp, tmp, NR, pfp);
             opx_bias_act_rows(OPX_ISA_AVX512, 32, 32, tmp, NR, bias ? bias + j : NULL, gelu);
             amx_stream(ct, ldc, tmp);
             continue;
           }
           int edge = rows < 32 || cols < NR;
-          amx_block(kt, a0, a0 + kpad * 16, pb->p + jp * kpad * NR, edge ? tmp : ct, edge ? NR : ldc, pfp);
+          amx_block(kt, a0, a1, as, ars, bp, edge ? tmp : ct, edge ? NR : ldc, pfp);
           for (int64_t r = 0; edge && r < rows; r++) memcpy(ct + r * ldc, tmp + r * NR, (size_t)cols * sizeof(float));
           opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, ct, ldc, bias ? bias + j : NULL, gelu);
         }
@@ -257,10 +304,15 @@ AMX_TARGET static int amx_gemm(const opx_bf16_b *pb, int ta, int64_t m, const fl
 
 int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
                   const float *bias, int gelu) {
+  return opx_bf16_gemm_io(pb, ta, m, a, 0, lda, c, 0, ldc, bias, gelu);
+}
+
+int opx_bf16_gemm_io(const opx_bf16_b *pb, int ta, int64_t m, const void *a, int a_bf16, int64_t lda, void *c,
+                     int c_bf16, int64_t ldc, const float *bias, int gelu) {
 #if OPX_MULTI_ISA
-  if (!pb || !opx_bf16_ok()) return 0;
+  if (!pb || !opx_bf16_ok() || (a_bf16 && ta)) return 0;
   if (m <= 0) return 1;
-  if (opx_amx_ok()) return amx_gemm(pb, ta, m, a, lda, c, ldc, bias, gelu);
+  if (opx_amx_ok()) return amx_gemm(pb, ta, m, a, a_bf16, lda, c, c_bf16, ldc, bias, gelu);
   int64_t kp = pb->kp, n = pb->n, mpanels = (m + MR - 1) / MR, npanels = (n + NR - 1) / NR;
   uint32_t *apack = reserve_a((size_t)(mpanels * kp * MR));
   if (!apack) return 0;
@@ -273,7 +325,7 @@ int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64
   {
 #pragma omp for schedule(static)
     for (int64_t ip = 0; ip < mpanels; ip++)
-      pack_a_panel(ta, a, lda, pb->k, kp, ip * MR, m - ip * MR < MR ? m - ip * MR : MR, apack + ip * kp * MR);
+      pack_a_panel(ta, a, a_bf16, lda, pb->k, kp, ip * MR, m - ip * MR < MR ? m - ip * MR : MR, apack + ip * kp * MR);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < nblk * nsplit; t++) {
       int64_t ip0 = t / nsplit * ROWBLK, ip1 = ip0 + ROWBLK < mpanels ? ip0 + ROWBLK : mpanels;
@@ -282,9 +334,17 @@ int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64
         int64_t j = jp * NR, cols = n - j < NR ? n - j : NR;
         for (int64_t ip = ip0; ip < ip1; ip++) {
           int64_t i = ip * MR, rows = m - i < MR ? m - i : MR;
-          float *ct = c + i * ldc + j, tmp[MR * NR];
+          float tmp[MR * NR];
+          const uint32_t *ap = apack + ip * kp * MR, *bp = pb->p + jp * pb->kpad * NR;
+          if (c_bf16) {
+            ukernel(kp, ap, bp, tmp, NR);
+            opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, tmp, NR, bias ? bias + j : NULL, gelu);
+            store_bf16((uint16_t *)c + i * ldc + j, ldc, tmp, NR, rows, cols, 0);
+            continue;
+          }
+          float *ct = (float *)c + i * ldc + j;
           int edge = rows < MR || cols < NR;
-          ukernel(kp, apack + ip * kp * MR, pb->p + jp * pb->kpad * NR, edge ? tmp : ct, edge ? NR : ldc);
+          ukernel(kp, ap, bp, edge ? tmp : ct, edge ? NR : ldc);
           for (int64_t r = 0; edge && r < rows; r++) memcpy(ct + r * ldc, tmp + r * NR, (size_t)cols * sizeof(float));
           opx_bias_act_rows(OPX_ISA_AVX512, rows, cols, ct, ldc, bias ? bias + j : NULL, gelu);
         }
@@ -293,7 +353,8 @@ int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64
   }
   return 1;
 #else
-  (void)pb, (void)ta, (void)m, (void)a, (void)lda, (void)c, (void)ldc, (void)bias, (void)gelu;
+  (void)pb, (void)ta, (void)m, (void)a, (void)a_bf16, (void)lda, (void)c, (void)c_bf16, (void)ldc, (void)bias,
+      (void)gelu;
   return 0;
 #endif
 }

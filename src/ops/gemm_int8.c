@@ -359,7 +359,7 @@ static int drive(const opx_q8_b *pb, int ta, int64_t m, const float *a, const ui
             pfp = &pf;
           }
         }
-        amx_block_s32(kpad / 16, ap, ap + kpad * 16, bp, acc, 32, pfp);
+        amx_block_s32(kpad / 16, ap, ap + kpad * 16, 256, 64, bp, acc, 32, pfp);
         if (c32) {
           for (int64_t r = 0; r < rows; r++)
             memcpy(c32 + (i + r) * ldc + j, acc + r * 32, (size_t)cols * sizeof(int32_t));

@@ -18,6 +18,13 @@ opx_bf16_b *opx_bf16_pack(int tb, int64_t k, int64_t n, const float *b, int64_t 
 void opx_bf16_free(opx_bf16_b *pb);
 int opx_bf16_gemm(const opx_bf16_b *pb, int ta, int64_t m, const float *a, int64_t lda, float *c, int64_t ldc,
                   const float *bias, int gelu);
+/* opx_bf16_gemm with A and C each f32 or, when a_bf16 / c_bf16, bf16 (uint16_t bits, lda / ldc in elements; a
+ * bf16 A is not transposed: ta = 0, else 0 is returned). A bf16 A goes to the products as it is (on AMX, K a
+ * multiple of 32 and lda even: loaded into the tiles in place, no pack). A bf16 C is the f32 result, bias and
+ * GELU applied, rounded to nearest even by the instruction that rounds an f32 A, so a bf16 C fed to the next
+ * GEMM as its A gives the same bits as the f32 C would. */
+int opx_bf16_gemm_io(const opx_bf16_b *pb, int ta, int64_t m, const void *a, int a_bf16, int64_t lda, void *c,
+                     int c_bf16, int64_t ldc, const float *bias, int gelu);
 
 /* isa: OPX_ISA_AVX512 (VNNI kernel, needs opx_vnni_ok) or OPX_ISA_AVX2 */
 typedef struct opx_q8_b opx_q8_b;

@@ -87,10 +87,10 @@ typedef struct mat {
   opx_buf buf; /* scratch when the tensor could not be used in place */
 } mat;
 
-/* Can t (f32) be read as a rows x cols matrix without copying? Leading dims
- * must collapse into one strided row index. */
-static int in_place(const bl_tensor *t, int64_t *ld, int *trans) {
-  if (t->dtype != BL_F32) return 0;
+/* Can t (of dtype) be read as a rows x cols matrix without copying? Leading
+ * dims must collapse into one strided row index. */
+static int in_place_as(const bl_tensor *t, int dtype, int64_t *ld, int *trans) {
+  if (t->dtype != dtype) return 0;
   int nd = t->ndim;
   int64_t cols = nd ? t->shape[nd - 1] : 1, cst = nd ? t->stride[nd - 1] : 1;
   int64_t rows = t->numel / (cols ? cols : 1);
@@ -129,6 +129,20 @@ static int in_place(const bl_tensor *t, int64_t *ld, int *trans) {
     return 1;
   } /* a strided vector */
   return 0;
+}
+
+static int in_place(const bl_tensor *t, int64_t *ld, int *trans) { return in_place_as(t, BL_F32, ld, trans); }
+
+/* t, a bf16 tensor, as a row-major matrix in place (p then holds bf16 bits), for the bf16 GEMM; 0 when it is not
+ * one (then it is loaded as f32) */
+static int mat_bf16(const bl_tensor *t, mat *m) {
+  m->buf.owned = 0;
+  m->buf.p = NULL;
+  if (!in_place_as(t, BL_BF16, &m->ld, &m->trans) || m->trans) return 0;
+  m->cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+  m->rows = m->cols ? t->numel / m->cols : opx_rows(t);
+  m->p = (float *)t->data;
+  return 1;
 }
 
 static int mat_load(const char *op, const bl_tensor *t, mat *m) {
@@ -231,7 +245,9 @@ struct bl_packed_weight {
 };
 
 /* y = x W^T (+ b) (then GELU when gelu): through the packed weight when there
- * is one, the bias and GELU in its epilogue; else the GEMM and a row pass. */
+ * is one, the bias and GELU in its epilogue; else the GEMM and a row pass. A
+ * bf16 pack reads a row-major bf16 x and writes a row-major bf16 y as they
+ * are; any other x or y is converted from / to f32. */
 static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor *w, const bl_packed_weight *pw,
                               const bl_tensor *b, int gelu) {
   const char *op = pw ? "linear_packed" : "linear";
@@ -240,10 +256,11 @@ static int linear_forward_cpu(bl_tensor *y, const bl_tensor *x, const bl_tensor 
   int rc = 0;
   mx.buf.owned = mw.buf.owned = my.buf.owned = 0;
   mw.buf.p = NULL;
-  if ((rc = mat_load(op, x, &mx)) || (rc = mat_out(op, y, &my, 0))) goto done;
+  int xbf = pw && pw->bf && mat_bf16(x, &mx), ybf = pw && pw->bf && mat_bf16(y, &my);
+  if ((!xbf && (rc = mat_load(op, x, &mx))) || (!ybf && (rc = mat_out(op, y, &my, 0)))) goto done;
   if (b && (rc = opx_load(op, b, &bb))) goto done;
   if (pw && (pw->pb || pw->bf || pw->q8)) {
-    int ok = pw->bf   ? opx_bf16_gemm(pw->bf, mx.trans, my.rows, mx.p, mx.ld, my.p, my.ld, bb.p, gelu)
+    int ok = pw->bf   ? opx_bf16_gemm_io(pw->bf, mx.trans, my.rows, mx.p, xbf, mx.ld, my.p, ybf, my.ld, bb.p, gelu)
              : pw->q8 ? opx_q8_gemm(pw->q8, mx.trans, my.rows, mx.p, mx.ld, my.p, my.ld, bb.p, gelu)
                       : opx_sgemm_packed(pw->pb, mx.trans, my.rows, mx.p, mx.ld, my.p, my.ld, bb.p, gelu);
     if (!ok) {

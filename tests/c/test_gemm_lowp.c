@@ -28,7 +28,31 @@
  * f32 roundings of the scales and of x / sa, w / sw), plus f32 rounding
  * (k + 4) u (sum|x w| + the bound) and, with GELU, 1.13 times that. The AMX
  * int8 kernel (tdpbusd) must give the VNNI kernel's int32 sums and therefore
- * the very same outputs, bit for bit. */
+ * the very same outputs, bit for bit.
+ *
+ * bf16 activations (test_bf16_io): a bf16 x must give the f32 x of the same
+ * values' outputs bit for bit (the GEMM reads the same bf16 values), and a
+ * bf16 y must be the f32 y rounded to nearest even, on both kernels, for
+ * A read in place (K a multiple of 32) and packed, whole and partial row
+ * blocks, strided rows, streamed outputs; with an f32 or int8 pack a bf16 x
+ * or y is converted.
+ *
+ * bf16 attention (packed inference with bf16 q, k, v; on AMX: tdpbf16ps
+ * products, test_bf16_attention): against softmax(q k^T sc) v in double on
+ * the same bf16 values. A score is a d-term f32 sum of exact products:
+ * within (d + 1) u sum|q k| (as above), so exp's argument within
+ * ds_j = sc (d + 1) u sum|q k| + 2 u (|sc s_j| + max_j |sc s_j|) (its own
+ * roundings; the shift by the row's max cancels in the ratio), and
+ * e_j = exp(.) within e_j (ds_j + 2 ulp) (vm_exp) + 2^-126. The numerator
+ * takes e_j rounded to bf16 (2^-8 relative: 8 significant bits) in an n-term f32 sum ((n + 1) u
+ * of the sum of |terms|), the denominator the f32 sum of the unrounded e_j
+ * (n u relative), then one division and one product (u each). So, p_j the
+ * exact probabilities and c the exact context entry, |err| <=
+ * sum_j p_j |v_j| (eps_j + 2^-8 + (n + 1) u) + |c| (max_j eps_j + (n + 3) u),
+ * eps_j = 1.01 (ds_j + 2^-22), with 1 % for the products of small terms.
+ * Rounding P by truncation costs up to 2^-7 of each term, biased: it fails
+ * where the probabilities and values line up. A bf16 ctx must be the f32
+ * ctx rounded to nearest even, bit for bit. */
 #include "bertlua.h"
 #include "ops/gemm_lowp.h"
 #include "base/vecmath.h"
@@ -179,6 +203,172 @@ static void test_transposed_a(const char *name) {
   printf("%s: transposed A gives the row-major outputs\n", name);
 }
 
+static bl_tensor *bf16_tensor(int64_t r, int64_t c) {
+  bl_tensor *t = NULL;
+  int64_t shape[2] = { r, c };
+  OK(bl_tensor_empty(2, shape, BL_BF16, -1, &t));
+  return t;
+}
+static float bf16_val(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint16_t bf16_of_exact(float f) { /* f already a bf16 value */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16);
+}
+
+/* y = act(x W^T + b) with x and y each f32 or bf16 (see the top), on the path in use, with pack prec; x is
+ * [rows, in] of row stride ldx (>= in); returns the number of outputs that differ */
+static int64_t check_io(int prec, int64_t rows, int64_t in, int64_t ldx, int64_t out, int act) {
+  bl_tensor *xs = rand_tensor(rows, ldx, 1.0f), *w = rand_tensor(out, in, 0.1f), *b = rand_tensor(1, out, 0.5f);
+  bl_tensor *xb = bf16_tensor(rows, ldx), *y = rand_tensor(rows, out, 1.0f), *yb = bf16_tensor(rows, out);
+  bl_tensor *yb2 = bf16_tensor(rows, out), *y2 = rand_tensor(rows, out, 1.0f), *bv = NULL, *x = NULL, *xbv = NULL;
+  int64_t bshape[1] = { out }, xshape[2] = { rows, in }, xstride[2] = { ldx, 1 };
+  OK(bl_tensor_view(b, 1, bshape, &bv));
+  float *XS = xs->data;
+  uint16_t *XB = xb->data;
+  for (int64_t i = 0; i < rows * ldx; i++) XB[i] = bf16_of_exact(XS[i] = (float)bf16_round(XS[i]));
+  OK(bl_tensor_as_strided(xs, 2, xshape, xstride, 0, &x));
+  OK(bl_tensor_as_strided(xb, 2, xshape, xstride, 0, &xbv));
+  bl_packed_weight *pw = NULL;
+  OK(bl_linear_pack_as(&pw, w, prec));
+  for (int64_t i = 0; i < rows * out; i++) ((uint16_t *)yb->data)[i] = ((uint16_t *)yb2->data)[i] = 0x7fc1;
+  OK(bl_linear_forward_packed(y, x, w, pw, bv, act));     /* the reference: f32 in and out */
+  OK(bl_linear_forward_packed(y2, xbv, w, pw, bv, act));  /* bf16 x */
+  OK(bl_linear_forward_packed(yb, x, w, pw, bv, act));    /* bf16 y */
+  OK(bl_linear_forward_packed(yb2, xbv, w, pw, bv, act)); /* both */
+  const float *Y = y->data, *Y2 = y2->data;
+  const uint16_t *YB = yb->data, *YB2 = yb2->data;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < rows * out; i++) {
+    float r = (float)bf16_round(Y[i]);
+    differ += memcmp(&Y[i], &Y2[i], 4) != 0 || memcmp(&r, &(float){ bf16_val(YB[i]) }, 4) != 0 ||
+              memcmp(&r, &(float){ bf16_val(YB2[i]) }, 4) != 0;
+  }
+  bl_linear_pack_free(pw);
+  bl_tensor *ts[] = { xs, xb, x, xbv, w, b, bv, y, y2, yb, yb2 };
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
+  return differ;
+}
+
+static void test_bf16_io(int prec, const char *name) {
+  /* rows, in, row stride of x, out: K a multiple of 32 (in place on AMX) with whole and partial 32-row blocks,
+   * odd N; K not one (packed); strided rows (even and odd stride); more rows than a task takes; past 4 MB of
+   * bf16 A (prefetched) and of bf16 output (streamed) */
+  static const int64_t shapes[][4] = { { 1, 1, 1, 1 },           { 1, 64, 64, 33 },     { 32, 64, 64, 64 },
+                                       { 45, 96, 96, 70 },       { 33, 45, 45, 17 },    { 64, 128, 160, 100 },
+                                       { 40, 64, 65, 31 },       { 600, 96, 96, 40 },   { 70, 2048, 2048, 48 },
+                                       { 1100, 2048, 2048, 40 }, { 1030, 64, 64, 2100 } };
+  int64_t differ = 0;
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int act = 0; act < 2; act++) {
+      int64_t d = check_io(prec, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], act ? BL_LINEAR_GELU : 0);
+      CHECK(d == 0, "%s on %s: %lldx%lld (stride %lld) -> %lld, act %d: %lld bf16-activation outputs differ", name,
+            bl_cpu_isa(), (long long)shapes[s][0], (long long)shapes[s][1], (long long)shapes[s][2],
+            (long long)shapes[s][3], act, (long long)d);
+      differ += d;
+    }
+  printf("%s on %s: bf16 x / y give the f32 path's outputs (y rounded to nearest even)%s\n", name, bl_cpu_isa(),
+         differ ? ": NOT" : "");
+}
+
+/* one packed inference attention over lens[] sequences of `heads` heads of d, q, k, v column slices of one bf16
+ * [1, T, 3H] tensor (as the fused QKV linear writes them), on the path in use; returns the worst error as a
+ * fraction of its bound (see the top) and counts the bf16-ctx entries that are not the f32 ctx rounded */
+static double check_attention(const int64_t *lens, int nb, int heads, int64_t d, double scale, int64_t *differ) {
+  int64_t T = 0, H = heads * d;
+  for (int b = 0; b < nb; b++) T += lens[b];
+  int64_t s3[3] = { 1, T, 3 * H }, s1[1] = { nb + 1 }, sh[3] = { 1, T, H }, st[3] = { T * 3 * H, 3 * H, 1 };
+  bl_tensor *qkv = NULL, *off = NULL, *q = NULL, *k = NULL, *v = NULL, *c32 = NULL, *c16 = NULL;
+  OK(bl_tensor_empty(3, s3, BL_BF16, -1, &qkv));
+  OK(bl_tensor_empty(1, s1, BL_I32, -1, &off));
+  OK(bl_tensor_empty(3, sh, BL_F32, -1, &c32));
+  OK(bl_tensor_empty(3, sh, BL_BF16, -1, &c16));
+  uint16_t *X = qkv->data;
+  for (int64_t i = 0; i < T * 3 * H; i++) X[i] = bf16_of_exact((float)bf16_round(2.0 * urand()));
+  int32_t *O = off->data;
+  O[0] = 0;
+  for (int b = 0; b < nb; b++) O[b + 1] = O[b] + (int32_t)lens[b];
+  OK(bl_tensor_as_strided(qkv, 3, sh, st, 0, &q));
+  OK(bl_tensor_as_strided(qkv, 3, sh, st, H, &k));
+  OK(bl_tensor_as_strided(qkv, 3, sh, st, 2 * H, &v));
+  bl_attention_args a = { 0 };
+  a.q = q, a.k = k, a.v = v, a.offsets = off, a.heads = heads, a.scale = scale;
+  a.ctx = c32;
+  OK(bl_attention_forward(&a));
+  a.ctx = c16;
+  OK(bl_attention_forward(&a));
+  const float *C = c32->data;
+  const uint16_t *C16 = c16->data;
+  const double u = ldexp(1.0, -24);
+  double worst = 0;
+  double *sc = malloc(sizeof(double) * 512), *e = malloc(sizeof(double) * 512), *eps = malloc(sizeof(double) * 512);
+  for (int b = 0; b < nb; b++)
+    for (int h = 0; h < heads; h++)
+      for (int64_t i = O[b]; i < O[b + 1]; i++) {
+        int64_t n = lens[b];
+        double mx = -INFINITY, amx = 0, sum = 0, emax = 0;
+        for (int64_t j = 0; j < n; j++) {
+          const uint16_t *qi = X + i * 3 * H + h * d, *kj = X + (O[b] + j) * 3 * H + H + h * d;
+          double s = 0, mag = 0;
+          for (int64_t t = 0; t < d; t++) {
+            double p = (double)bf16_val(qi[t]) * bf16_val(kj[t]);
+            s += p;
+            mag += fabs(p);
+          }
+          sc[j] = s * scale;
+          eps[j] = scale * (double)(d + 1) * u * mag;
+          mx = fmax(mx, sc[j]);
+          amx = fmax(amx, fabs(sc[j]));
+        }
+        for (int64_t j = 0; j < n; j++) {
+          e[j] = exp(sc[j] - mx);
+          sum += e[j];
+          eps[j] = 1.01 * (eps[j] + 2 * u * (fabs(sc[j]) + amx) + ldexp(1.0, -22));
+          emax = fmax(emax, eps[j]);
+        }
+        for (int64_t c = 0; c < d; c++) {
+          double ref = 0, mag = 0;
+          for (int64_t j = 0; j < n; j++) {
+            double vv = bf16_val(X[(O[b] + j) * 3 * H + 2 * H + h * d + c]), pj = e[j] / sum;
+            ref += pj * vv;
+            mag += pj * fabs(vv) * (eps[j] + ldexp(1.0, -8) + (double)(n + 1) * u);
+          }
+          double bound = mag + fabs(ref) * (emax + (double)(n + 3) * u) + 1e-30;
+          double got = C[i * H + h * d + c], r = isfinite(got) ? fabs(got - ref) / bound : 1e30;
+          if (r > worst) worst = r;
+          float rr = (float)bf16_round(got);
+          *differ += memcmp(&rr, &(float){ bf16_val(C16[i * H + h * d + c]) }, 4) != 0;
+        }
+      }
+  free(sc), free(e), free(eps);
+  bl_tensor *ts[] = { qkv, off, q, k, v, c32, c16 };
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) bl_tensor_free(ts[i]);
+  return worst;
+}
+
+static void test_bf16_attention(const char *name) {
+  /* sequence lengths around and off 16 / 32-key tiles, one token, the longest 128; d 64 and 32 (AMX) and 16 (the
+   * f32 products on the bf16 values); scale 1/sqrt(d) and a sharper one */
+  static const int64_t lens[] = { 1, 15, 16, 17, 33, 112, 128, 5, 31, 64 };
+  static const int64_t ds[][2] = { { 2, 64 }, { 3, 32 }, { 2, 16 } }; /* heads, d */
+  int64_t differ = 0;
+  for (size_t s = 0; s < sizeof ds / sizeof ds[0]; s++)
+    for (int sharp = 0; sharp < 2; sharp++) {
+      double scale = (sharp ? 4.0 : 1.0) / sqrt((double)ds[s][1]);
+      double r = check_attention(lens, (int)(sizeof lens / sizeof lens[0]), (int)ds[s][0], ds[s][1], scale, &differ);
+      CHECK(r <= 1.0, "%s on %s: bf16 attention, %lld heads of %lld, scale %.3g: error %.3g x its bound", name,
+            bl_cpu_isa(), (long long)ds[s][0], (long long)ds[s][1], scale, r);
+    }
+  CHECK(differ == 0, "%s on %s: %lld bf16 context entries are not the f32 context rounded", name, bl_cpu_isa(),
+        (long long)differ);
+  printf("%s on %s: bf16 attention within its bound\n", name, bl_cpu_isa());
+}
+
 /* the int32 sums of the int8 kernel of isa (on the path in use), bit for bit */
 static void test_int8_exact(int isa, const char *name) {
   /* m, k, n; for AMX: k under a tile (64), not a multiple of it, m and n off multiples of 16 / 32, threaded,
@@ -228,9 +418,12 @@ int main(void) {
     test_layers(BL_PACK_INT8, "int8 amx", "avx512");
     test_int8_exact(OPX_ISA_AVX512, "int8 amx");
     test_transposed_a("amx");
+    test_bf16_io(BL_PACK_BF16, "bf16 amx");
+    test_bf16_attention("amx");
   }
   if (bl_cpu_set_isa("avx512") == 0 && bl_cpu_has("avx512_bf16")) {
     test_layers(BL_PACK_BF16, "bf16", NULL);
+    test_bf16_io(BL_PACK_BF16, "bf16");
     if (bl_cpu_has("avx512_vnni")) test_transposed_a("avx512");
   } else
     printf("bf16: no AVX512-BF16 on this CPU/build: skipped (%s)\n", bl_cpu_info());
@@ -244,6 +437,9 @@ int main(void) {
     if (i == 0 && !vnni) printf("int8 on avx512: no VNNI, the AVX2 kernel runs\n");
     test_layers(BL_PACK_INT8, "int8", NULL);
     test_int8_exact(vnni ? OPX_ISA_AVX512 : OPX_ISA_AVX2, vnni ? "int8 vnni" : "int8 avx2");
+    test_bf16_io(BL_PACK_F32, "fp32 pack");
+    test_bf16_attention("f32 products");
+    test_bf16_io(BL_PACK_INT8, "int8 pack");
   }
   /* what the CPU cannot do is a clear error, not a crash */
   bl_tensor *w = rand_tensor(4, 8, 1.0f);

@@ -7,7 +7,8 @@
 --      cost BENCHMARKS.md reports.
 -- Tolerances. The GEMM-level bounds are in tests/c/test_gemm_lowp.c; through a network they only hold
 -- statistically, so these are measured-and-margin, with the reasoning:
---   bf16: each GEMM operand rounded to 8 bits (relative 2^-9 each) makes a product term's error ~2^-8
+--   bf16: each GEMM operand (on AMX with heads of 32 or 64 also the attention's q, k, v and probabilities)
+--         rounded to 8 bits (relative 2^-9 each) makes a product term's error ~2^-8
 --         relative, random in sign, so a K-term sum is off by ~2^-8 sqrt(K) |x||w|: ~0.5 % of the output
 --         scale. Measured max |diff|: 0.0044 (fixture), 0.023 (MiniLM, 6 layers). Checked: fixture max |diff|
 --         <= 0.03 and token cosine >= 0.999; MiniLM cosines >= 0.999.
@@ -15,12 +16,17 @@
 --         each GEMM output. Measured: fixture max |diff| 0.013; MiniLM sentence cosine >= 0.9967, mean
 --         token cosine 0.9986. Checked: fixture max |diff| <= 0.1 and token cosine >= 0.99; MiniLM sentence
 --         and mean token cosines >= 0.99.
+-- bf16 activations (infer.pack's bf16_out: the attention context and the FFN's GELU output written in bf16 for
+-- the bf16 GEMM that reads them) must change no bit of the outputs: the forward with them and without them (the
+-- flags cleared: f32 activations rounded by the GEMM's packing) are compared byte for byte, on the random model
+-- (K a multiple of 32 and not, padded and unpadded) and on MiniLM.
 local T = require "testing"
 local bl = require "bertlua"
 local bert = require "bertlua.bert"
 local pretrained = require "bertlua.pretrained"
 local infer = require "bertlua.bert.infer"
 
+local ffi = require "ffi"
 local CFG = require("fixtures").tiny_config()
 
 -- a batch of token rows (tables of ids), padded with 0 to the longest; types 0
@@ -84,8 +90,18 @@ local function precisions()
   return list
 end
 
-T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (random model, every path)", function()
-  local model = bert.BertModel(CFG, { seed = 3 })
+-- the random model's config, heads of 16 (f32 attention) or, heads = 2, of 32 (bf16 attention on AMX)
+local function random_cfg(heads)
+  local cfg = require("fixtures").tiny_config()
+  cfg.num_attention_heads = heads or cfg.num_attention_heads
+  return cfg
+end
+
+for _, heads in ipairs({ 4, 2 }) do
+T.test(("bf16 and int8 packed forwards stay within their tolerance of fp32 (random model, %d heads, every path)")
+    :format(heads), function()
+  local cfg = random_cfg(heads)
+  local model = bert.BertModel(cfg, { seed = 3 })
   for i, p in ipairs(model:parameters()) do
     if p.name:match("bias$") then p.param:normal_(11, 1000 * i, 0, 0.5)
     elseif p.name:match("LayerNorm%.weight$") then p.param:normal_(12, 1000 * i, 1, 0.2)
@@ -95,7 +111,7 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
   local rows, lens = {}, { 37, 30, 1 }
   for b, len in ipairs(lens) do
     rows[b] = {}
-    for s = 1, len do rows[b][s] = math.floor(u[(b - 1) * 37 + s] * CFG.vocab_size) end
+    for s = 1, len do rows[b][s] = math.floor(u[(b - 1) * 37 + s] * cfg.vocab_size) end
   end
   local batch, S = batch_of(rows)
   local tested = 0
@@ -108,8 +124,8 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
       local h0 = hidden(model, batch)
       for _, p in ipairs(precisions()) do
         local _, n, line = infer.pack(model, p)
-        T.eq(n, 4 * CFG.num_hidden_layers + 1, "weights packed")
-        local r = compare(h0, hidden(model, batch), lens, S, CFG.hidden_size)
+        T.eq(n, 4 * cfg.num_hidden_layers + 1, "weights packed")
+        local r = compare(h0, hidden(model, batch), lens, S, cfg.hidden_size)
         print(("%s %s (%s): token cosine min %.5f mean %.5f, max |diff| %.3g"):format(isa, p, line, r.min_tok,
           r.mean_tok, r.max_abs))
         local ok = p == "bf16" and r.min_tok >= 0.999 and r.max_abs <= 0.03
@@ -117,11 +133,74 @@ T.test("bf16 and int8 packed forwards stay within their tolerance of fp32 (rando
         T.truthy(ok, ("%s %s: outside its tolerance: min cosine %.5f, max |diff| %.3g"):format(isa, p, r.min_tok,
           r.max_abs))
         T.truthy(r.max_abs > 0, p .. ": the low-precision path ran (outputs differ from fp32)")
+        if p == "bf16" then  -- q, k, v in bf16 (the attention on tiles) exactly where infer.pack says
+          local want, n16 = isa == "amx" and heads == 2, 0
+          model:apply(function(m)
+            if m.__name == "BertSelfAttention" and m.qkv:dtype() == "bf16" then n16 = n16 + 1 end
+          end)
+          T.eq(n16, want and cfg.num_hidden_layers or 0, isa .. ": attention layers with bf16 q, k, v")
+        end
         tested = tested + 1
       end
     end
   end
   if tested == 0 then T.skip("no AVX2 or AVX-512 path on this CPU") end
+  T.best_cpu_path()
+end)
+end
+
+-- h0 and h1 ([B, S, H] f32) equal byte for byte
+local function same_bytes(h0, h1)
+  local n = h0:numel()
+  if h1:numel() ~= n then return false end
+  local a, b = ffi.cast("const uint32_t *", h0:ptr()), ffi.cast("const uint32_t *", h1:ptr())
+  for i = 0, n - 1 do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+-- the bf16 forward with its bf16 activations and without (bf16_out cleared): byte for byte; opts: infer.pack's
+local function bf16_act_check(model, batch, what, opts)
+  infer.pack(model, "bf16", opts)
+  local with, flagged, halves = hidden(model, batch), 0, 0
+  model:apply(function(m)
+    if m.bf16_out then
+      flagged, m.bf16_out = flagged + 1, nil
+      local out = m.__name == "BertIntermediate" and m.intermediate_act_fn.output or m.output
+      if out and out:dtype() == "bf16" then halves = halves + 1 end
+    end
+  end)
+  local layers = model.cfg.num_hidden_layers
+  T.eq(flagged, 2 * layers, what .. ": bf16 activations per layer (context, GELU output)")
+  T.eq(halves, 2 * layers, what .. ": activations that ran in bf16")
+  local without = hidden(model, batch)
+  T.truthy(same_bytes(with, without), what .. ": bf16 activations changed the outputs")
+  print(("%s on %s: bf16 activations give the f32 activations' outputs byte for byte"):format(what, bl.cpu_isa()))
+end
+
+T.test("bf16 activations: the same outputs, byte for byte (random model)", function()
+  if not bl.cpu_has("avx512_bf16") then T.skip("no AVX512-BF16 here") end
+  local u = bl.rand({ 3 * 37 }, { seed = 9, offset = 0 }):totable()
+  local tested = 0
+  for _, isa in ipairs({ "amx", "avx512" }) do
+    if pcall(bl.set_cpu_isa, isa) then
+      -- K = 64 / 256 (multiples of 32: AMX reads them in place) and 48 / 100 (packed)
+      for _, cfg in ipairs({ CFG, { vocab_size = 211, hidden_size = 48, num_hidden_layers = 2,
+          num_attention_heads = 4, intermediate_size = 100, max_position_embeddings = 64, type_vocab_size = 2 } }) do
+        local model = bert.BertModel(cfg, { seed = 5 })
+        local rows = {}
+        for b, len in ipairs({ 37, 30, 1 }) do
+          rows[b] = {}
+          for s = 1, len do rows[b][s] = math.floor(u[(b - 1) * 37 + s] * cfg.vocab_size) end
+        end
+        local batch = batch_of(rows)
+        local what = ("H %d I %d"):format(cfg.hidden_size, cfg.intermediate_size)
+        bf16_act_check(model, batch, what .. " unpadded")
+        bf16_act_check(model, batch, what .. " padded", { unpad = false })
+        tested = tested + 1
+      end
+    end
+  end
+  if tested == 0 then T.skip("no amx or avx512 path here") end
   T.best_cpu_path()
 end)
 
@@ -178,6 +257,7 @@ T.test("the accuracy cost on all-MiniLM-L6-v2: sentence and token cosines vs fp3
   local h0 = hidden(model, batch)
   local ps = precisions()
   if #ps == 0 then T.skip("no AVX2 or AVX-512 path on this CPU") end
+  if bl.cpu_has("avx512_bf16") then bf16_act_check(model, batch, "MiniLM") end
   for _, p in ipairs(ps) do
     local _, _, line = infer.pack(model, p)
     local r = compare(h0, hidden(model, batch), lens, S, H)

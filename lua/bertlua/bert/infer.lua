@@ -18,6 +18,15 @@
 -- matrix, with attention per sequence over its own tokens; the hidden states
 -- of padded positions are zeros (see BertModel:forward). Heads and recipes
 -- read real positions only.
+--
+-- With a bf16 pack, the activations whose only reader is a bf16-packed linear
+-- (the attention context, the FFN's GELU output) are written in bf16 (their
+-- modules' bf16_out): the GEMM reads them in place instead of rounding an f32
+-- copy, and the bits it reads, so the outputs, are the same. On AMX the fused
+-- QKV linear also writes bf16 (bf16_qkv) where heads are 32 or 64 wide: the
+-- packed attention then runs its products on tiles (bf16 q, k, v and
+-- probabilities, f32 sums and softmax): not the same bits; the accuracy cost
+-- is tests/lua/test_infer_lowp.lua's and BENCHMARKS'.
 local ops = require "bertlua.nn.ops"
 local runtime = require "bertlua.runtime"
 
@@ -38,7 +47,8 @@ end
 
 -- plan(precision) -> the pack's precision ("fp32", "bf16" or "int8") and a line saying what runs:
 --   int8: dynamic quantization, weights per output channel, activations per row (AMX, VNNI or AVX2 kernel);
---   bf16: weights and activations rounded to bf16, f32 sums, where the CPU has AVX512-BF16; elsewhere the
+--   bf16: weights and activations rounded to bf16, f32 sums, where the CPU has AVX512-BF16 (on AMX the
+--         unpadded attention's products too, see pack); elsewhere the
 --         f32 GEMM on the bf16-rounded weights (what the recipes' weight rounding already gives);
 --   anything else: fp32 (tf32/fp16 round the weights only, as before).
 function M.plan(precision)
@@ -52,7 +62,8 @@ function M.plan(precision)
   elseif precision == "bf16" then
     if runtime.cpu_has("avx512_bf16") then
       return "bf16", "bf16 GEMM (weights and activations rounded to bf16, "
-        .. (runtime.cpu_has("amx") and "AMX tdpbf16ps" or "vdpbf16ps") .. ", f32 sums)"
+        .. (runtime.cpu_has("amx") and "AMX tdpbf16ps; attention products on tiles where heads are 32 or 64 wide"
+          or "vdpbf16ps") .. ", f32 sums)"
     end
     return "fp32", "bf16: no AVX512-BF16 on this CPU path (" .. runtime.cpu_isa()
       .. "): f32 GEMM on bf16-rounded weights"
@@ -89,6 +100,16 @@ function M.pack(model, precision, opts)
     for _, c in ipairs(m._children) do visit(c.module) end
   end
   visit(model)
+  if kind == "bf16" then
+    model:apply(function(m)
+      if m.__name == "BertAttention" and m.output.dense.packed then m.self.bf16_out = true end
+      if m.__name == "BertLayer" and m.output.dense.packed then m.intermediate.bf16_out = true end
+      local d = m.__name == "BertSelfAttention" and m.cfg.hidden_size / m.heads
+      if d and (d == 32 or d == 64) and qkv_of(m) and qkv_of(m).packed and runtime.cpu_has("amx") then
+        m.bf16_qkv = true
+      end
+    end)
+  end
   return model, n, line
 end
 
@@ -97,6 +118,7 @@ function M.unpack(model)
   model:apply(function(m)
     m.packed = nil
     m.unpad = nil
+    m.bf16_out, m.bf16_qkv = nil, nil
     local qkv = qkv_of(m)
     if qkv then qkv.packed = nil end
   end)

@@ -196,7 +196,9 @@ function BertSelfAttention:forward(x, mask)
   local B, S, H = x:size(1), x:size(2), x:size(3)
   local q, k, v
   if self.fused and self._qkv then
-    local qkv = buf(self, "qkv", { B, S, 3 * H })
+    -- bf16 (bertlua.bert.infer) for packed inference: the attention reads it in place on AMX tiles
+    local half = not self.training and self.bf16_qkv and type(mask) == "table"
+    local qkv = buf(self, "qkv", { B, S, 3 * H }, half and "bf16" or nil)
     ops.linear(x, self._qkv.w, self._qkv.b, qkv, not self.training and self._qkv.packed or nil)
     if self._qkv_src ~= qkv then
       self._q, self._k, self._v = qkv:narrow(3, 1, H), qkv:narrow(3, H + 1, H), qkv:narrow(3, 2 * H + 1, H)
@@ -209,7 +211,8 @@ function BertSelfAttention:forward(x, mask)
     self._q, self._k, self._v, self._qkv_src = q, k, v, nil
     self._used_fused = false
   end
-  local ctx = buf(self, "output", { B, S, H })
+  -- bf16 (bertlua.bert.infer) in inference: the output linear's bf16 GEMM reads it in place
+  local ctx = buf(self, "output", { B, S, H }, not self.training and self.bf16_out and "bf16" or nil)
   self._plan = nil
   if type(mask) == "table" and not self.training then  -- packed sequences (BertModel's unpadded inference)
     return ops.attention_packed(q, k, v, mask.offsets, self.heads, ctx)

@@ -475,8 +475,9 @@ end
 function M.dense_act_forward(self, dense, act, x)
   if dense.packed and not self.training and getmetatable(act) == M.GELU then  -- GELU in the packed GEMM's epilogue
     self._fused = "packed"
-    return ops.linear(x, dense.weight, dense.bias, buf(act, "output", with_last(x, dense.out_features)), dense.packed,
-      "gelu")
+    -- self.bf16_out (bertlua.bert.infer): rounded to bf16 in the epilogue, for the next bf16 GEMM
+    local out = buf(act, "output", with_last(x, dense.out_features), self.bf16_out and "bf16" or nil)
+    return ops.linear(x, dense.weight, dense.bias, out, dense.packed, "gelu")
   end
   if getmetatable(act) == M.GELUTanh and dense.bias ~= nil and x:is_cuda() and getmetatable(dense) == Linear then
     self._fused = "epilogue"
