@@ -28,10 +28,18 @@
 typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
                            int64_t ldc, float beta, const float *restrict bias);
 
+/* rows [0, nrows) of a matrix whose rows are ld apart and hold width floats
+ * side by side, cut into panels of w columns: panel q's row p goes to
+ * dst + q * w * pstride + p * w, zero-padded to w (pack_rows_*) */
+typedef void (*pack_rows_fn)(int64_t nrows, const float *restrict src, int64_t ld, int64_t width, int w,
+                             float *restrict dst, int64_t pstride);
+
 typedef struct gemm_cfg {
   int mr, nr, kc, mc, nc;
   ukernel_fn kernel;
-  int pack14; /* A's full row-major panels through pack_panel14_avx512 */
+  int pack14;  /* A's full row-major panels through pack_panel14_avx512 */
+  int pf_next; /* A^T stored: the next A block's source prefetched into L2 while this block's tiles run */
+  pack_rows_fn pack_rows;
 } gemm_cfg;
 
 #if OPX_MULTI_ISA
@@ -100,6 +108,50 @@ enum { PF_B_AHEAD = 512, PF_C_LATE = 32 };
 UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 0)
 UKERNEL(ukernel_avx512_pf, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 1)
 UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8, 0)
+
+/* The panels of a matrix whose panel rows lie side by side in memory: op(A)
+ * = A^T stored (the weight gradient dY^T X) and op(B) = B stored (dX = dY W,
+ * dY^T X). A whole panel at a time, each short piece of its rows a whole row
+ * (3-12 KB) from the last, the reads waited on memory one after the other;
+ * here groups of PACK_GROUP rows go panel by panel (each panel's piece of the
+ * group written in one run), the next group's rows prefetched into L2 as the
+ * pieces are read. W-float vectors (prefix P), under a mask (VMASK(n): the
+ * first n lanes) at a panel's or the matrix's right edge, zeros past width. */
+enum { PACK_GROUP = 16 };
+#define PACK_ROWS(name, TARGET, P, W, VMASK, LOAD, STORE)                                                        \
+  TARGET static void name(int64_t nrows, const float *restrict src, int64_t ld, int64_t width, int w,            \
+                          float *restrict dst, int64_t pstride) {                                                \
+    int64_t npanels = (width + w - 1) / w;                                                                       \
+    for (int64_t g0 = 0; g0 < nrows; g0 += PACK_GROUP) {                                                         \
+      int64_t g1 = nrows - g0 < PACK_GROUP ? nrows : g0 + PACK_GROUP;                                            \
+      for (int64_t q = 0; q < npanels; q++)                                                                      \
+        for (int64_t p = g0; p < g1; p++) {                                                                      \
+          const float *s = src + p * ld + q * w;                                                                 \
+          float *d = dst + q * w * pstride + p * w;                                                              \
+          for (int c = 0; c < w; c += W) {                                                                       \
+            int64_t valid = width - q * w - c;                                                                   \
+            int keep = w - c < W ? w - c : W;                                                                    \
+            _mm_prefetch((const char *)(s + c + PACK_GROUP * ld), _MM_HINT_T1);                                  \
+            if (keep == W && valid >= W)                                                                         \
+              P##_storeu_ps(d + c, P##_loadu_ps(s + c));                                                         \
+            else                                                                                                 \
+              STORE(d + c, VMASK(keep), LOAD(VMASK(valid < keep ? (valid > 0 ? (int)valid : 0) : keep), s + c)); \
+          }                                                                                                      \
+        }                                                                                                        \
+    }                                                                                                            \
+  }
+#define MASK16(n)         ((__mmask16)((1u << (n)) - 1))
+#define LOAD512(m, x)     _mm512_maskz_loadu_ps(m, x)
+#define MASK8(n)          _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define LOAD256(m, x)     _mm256_maskload_ps(x, m)
+#define STORE256(x, m, v) _mm256_maskstore_ps(x, m, v)
+PACK_ROWS(pack_rows_avx512, OPX_TARGET_AVX512, _mm512, 16, MASK16, LOAD512, _mm512_mask_storeu_ps)
+PACK_ROWS(pack_rows_avx2, OPX_TARGET_AVX2, _mm256, 8, MASK8, LOAD256, STORE256)
+#undef MASK16
+#undef LOAD512
+#undef MASK8
+#undef LOAD256
+#undef STORE256
 #endif
 
 /* Block sizes: the A block (MC x KC, 440-520 KB) stays in Zen 4's 1 MB L2,
@@ -108,16 +160,28 @@ UKERNEL(ukernel_avx2, OPX_TARGET_AVX2, __m256, _mm256, 6, 8, 0)
  * layers in one block), 1024 was no better (BENCHMARKS.md). A CPU with at
  * least 2 MB of L2 per core (Intel Xeon since Sapphire Rapids; Zen 4 and 5
  * have 1 MB) runs the AVX-512 kernel with its prefetches and packs A in zmm
- * registers, both measured there; Zen 4 keeps what it was tuned with. */
+ * registers, both measured there, and prefetches the next A^T block (the
+ * weight gradient's, about 0.5 MB) into L2 beside the current one; Zen 4
+ * keeps what it was tuned with. */
 static int cfg_for(int isa, gemm_cfg *g) {
 #if OPX_MULTI_ISA
   if (isa == OPX_ISA_AVX512) {
     int big_l2 = opx_l2_bytes() >= (2 << 20);
-    *g = (gemm_cfg){ 14, 32, 768, 14 * 12, 3072, big_l2 ? ukernel_avx512_pf : ukernel_avx512, big_l2 };
+    *g = (gemm_cfg){ .mr = 14,
+                     .nr = 32,
+                     .kc = 768,
+                     .mc = 14 * 12,
+                     .nc = 3072,
+                     .kernel = big_l2 ? ukernel_avx512_pf : ukernel_avx512,
+                     .pack14 = big_l2,
+                     .pf_next = big_l2,
+                     .pack_rows = pack_rows_avx512 };
     return 1;
   }
   if (isa == OPX_ISA_AVX2) {
-    *g = (gemm_cfg){ 6, 16, 768, 6 * 24, 3072, ukernel_avx2, 0 };
+    *g = (gemm_cfg){
+      .mr = 6, .nr = 16, .kc = 768, .mc = 6 * 24, .nc = 3072, .kernel = ukernel_avx2, .pack_rows = pack_rows_avx2
+    };
     return 1;
   }
 #endif
@@ -142,9 +206,6 @@ static float *pack_reserve(pack_buf *b, size_t n) {
   if (b->p) b->n = n;
   return b->p;
 }
-
-/* element (r, c) of op(X): X stored row-major with leading dim ld, transposed when t */
-#define AT(x, t, ld, r, c) ((t) ? (x)[(int64_t)(c) * (ld) + (r)] : (x)[(int64_t)(r) * (ld) + (c)])
 
 #if OPX_MULTI_ISA
 /* The 14 x kb panel of a row-major A (rows lda apart) transposed into dst
@@ -191,9 +252,13 @@ OPX_TARGET_AVX512 static void pack_panel14_avx512(int64_t kb, const float *restr
 static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64_t i0, int64_t mb, int64_t p0,
                    int64_t kb, float *dst) {
   int mr = g->mr;
+  if (ta) { /* A^T stored: op(A)'s rows side by side */
+    g->pack_rows(kb, a + p0 * lda + i0, lda, mb, mr, dst, kb);
+    return;
+  }
   for (int64_t ir = 0; ir < mb; ir += mr, dst += mr * kb) {
     int64_t rows = mb - ir < mr ? mb - ir : mr;
-    if (!ta && rows == mr) { /* a full panel of a row-major A: its transpose */
+    if (rows == mr) { /* a full panel of a row-major A: its transpose */
 #if OPX_MULTI_ISA
       if (g->pack14) {
         pack_panel14_avx512(kb, a + (i0 + ir) * lda + p0, lda, dst);
@@ -206,31 +271,39 @@ static void pack_a(const gemm_cfg *g, const float *a, int64_t lda, int ta, int64
     for (int64_t p = 0; p < kb; p++) {
       float *d = dst + p * mr;
       int64_t i = 0;
-      for (; i < rows; i++) d[i] = AT(a, ta, lda, i0 + ir + i, p0 + p);
+      for (; i < rows; i++) d[i] = a[(i0 + ir + i) * lda + p0 + p];
       for (; i < mr; i++) d[i] = 0.0f;
     }
   }
 }
 
-/* one NR-column panel (panel index jp of the block at j0) of op(B) rows [p0, p0+kb) */
-static void pack_b_panel(const gemm_cfg *g, const float *b, int64_t ldb, int tb, int64_t p0, int64_t kb, int64_t j0,
-                         int64_t nb, int64_t jp, float *dst) {
+/* one NR-column panel (panel index jp of the block at j0) of op(B) = B^T stored, rows [p0, p0+kb): the
+ * panel's rows of B read side by side, each k's NR values written in turn */
+static void pack_bt_panel(const gemm_cfg *g, const float *b, int64_t ldb, int64_t p0, int64_t kb, int64_t j0,
+                          int64_t nb, int64_t jp, float *dst) {
   int nr = g->nr;
   int64_t jj = jp * nr, cols = nb - jj < nr ? nb - jj : nr;
   float *d = dst + jp * nr * kb;
-  if (!tb) {
-    for (int64_t p = 0; p < kb; p++) {
-      const float *s = b + (p0 + p) * ldb + j0 + jj;
-      int64_t j = 0;
-      for (; j < cols; j++) d[p * nr + j] = s[j];
-      for (; j < nr; j++) d[p * nr + j] = 0.0f;
-    }
-  } else { /* B^T stored: read the panel's rows side by side, write each k's NR values in turn */
-    for (int64_t p = 0; p < kb; p++) {
-      int64_t j = 0;
-      for (; j < cols; j++) d[p * nr + j] = b[(j0 + jj + j) * ldb + p0 + p];
-      for (; j < nr; j++) d[p * nr + j] = 0.0f;
-    }
+  for (int64_t p = 0; p < kb; p++) {
+    int64_t j = 0;
+    for (; j < cols; j++) d[p * nr + j] = b[(j0 + jj + j) * ldb + p0 + p];
+    for (; j < nr; j++) d[p * nr + j] = 0.0f;
+  }
+}
+
+enum { PACK_RUN = 16 };
+
+/* The KC x NC block (p0, j0) of op(B) (kb x nb, npanels NR panels) into dst, shared among the threads of the
+ * enclosing parallel region (a work-sharing loop: every thread calls it) */
+static void pack_b_block(const gemm_cfg *g, const float *b, int64_t ldb, int tb, int64_t p0, int64_t kb, int64_t j0,
+                         int64_t nb, int64_t npanels, float *dst) {
+  if (tb) {
+#pragma omp for schedule(static)
+    for (int64_t jp = 0; jp < npanels; jp++) pack_bt_panel(g, b, ldb, p0, kb, j0, nb, jp, dst);
+  } else { /* B stored: the panels' rows side by side, in runs of PACK_RUN rows */
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < kb; r += PACK_RUN)
+      g->pack_rows(kb - r < PACK_RUN ? kb - r : PACK_RUN, b + (p0 + r) * ldb + j0, ldb, nb, g->nr, dst + r * g->nr, kb);
   }
 }
 
@@ -362,7 +435,32 @@ typedef struct pass {
   const epilogue *ep;
 } pass;
 
-static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t t, float *apack, int64_t *packed_blk) {
+/* Prefetches into L2 of rows [0, rows) x `lines` cache lines from p (rows ld floats apart), a few at a time */
+typedef struct src_prefetch {
+  const float *p;
+  int64_t ld, rows, lines, r, l;
+} src_prefetch;
+
+static void prefetch_some(src_prefetch *s, int64_t n) {
+#if OPX_MULTI_ISA
+  for (; n > 0 && s->r < s->rows; n--) {
+    _mm_prefetch((const char *)(s->p + s->r * s->ld + s->l * 16), _MM_HINT_T1);
+    if (++s->l == s->lines) {
+      s->l = 0;
+      s->r++;
+    }
+  }
+#else
+  (void)s;
+  (void)n;
+#endif
+}
+
+/* next: the task this thread runs after t, in the pass at K offset next_p0 (-1: none). With A^T stored
+ * (g->pf_next), when that task packs another A block, the block's source is prefetched over t's tiles:
+ * the pack then reads it from L2 instead of waiting on memory row after row. */
+static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t k, int64_t t, int64_t next,
+                     int64_t next_p0, float *apack, int64_t *packed_blk) {
   const gemm_cfg *g = ps->g;
   int64_t blk = t / ps->nsplit, i0, mb;
   row_block(rb, m, blk, &i0, &mb);
@@ -372,6 +470,15 @@ static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t t,
     *packed_blk = blk;
   }
   int64_t jp0 = t % ps->nsplit * ps->per, jp1 = jp0 + ps->per < ps->npanels ? jp0 + ps->per : ps->npanels;
+  src_prefetch pf = { 0 };
+  int64_t pf_per_tile = 0;
+  if (g->pf_next && ps->ta && next >= 0 && (next / ps->nsplit != blk || next_p0 != ps->p0)) {
+    int64_t ni0, nmb, nkb = k - next_p0 < g->kc ? k - next_p0 : g->kc;
+    row_block(rb, m, next / ps->nsplit, &ni0, &nmb);
+    pf = (src_prefetch){ ps->a + next_p0 * ps->lda + ni0, ps->lda, nkb, (nmb * 4 + 63) / 64 + 1, 0, 0 };
+    int64_t tiles = (jp1 - jp0) * ((mb + g->mr - 1) / g->mr);
+    pf_per_tile = (pf.rows * pf.lines + tiles - 1) / (tiles > 0 ? tiles : 1);
+  }
   for (int64_t jp = jp0; jp < jp1; jp++) {
     int64_t jj = jp * g->nr, cols = ps->nb - jj < g->nr ? ps->nb - jj : g->nr;
     const float *bias = ps->ep && ps->ep->bias ? ps->ep->bias + ps->j0 + jj : NULL;
@@ -379,6 +486,7 @@ static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t t,
       int64_t rows = mb - ir < g->mr ? mb - ir : g->mr;
       tile(g, ps->kb, apack + ir * ps->kb, ps->bblk + jp * g->nr * ps->kb, ps->c + (i0 + ir) * ps->ldc + ps->j0 + jj,
            ps->ldc, rows, cols, ps->beta, ps->ep, bias);
+      prefetch_some(&pf, pf_per_tile);
     }
   }
 }
@@ -427,16 +535,18 @@ static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, con
                     .ldc = ldc,
                     .ep = p0 + kb == k ? ep : NULL,
                     .bblk = bs->pre ? bs->pre + pre_offset(g, k, j0, p0, npanels) : bpack };
-        if (bs->pre) {
-          /* B is read-only, and each pass of this j0 block has the same tasks, which the static schedule gives
-           * to the same threads: a thread's next K pass only adds to its own tiles, so no barrier between. */
-#pragma omp for schedule(static) nowait
-          for (int64_t t = 0; t < ntasks; t++) run_task(&ps, &rb, m, t, apack, &packed_blk);
-        } else {
-#pragma omp for schedule(static)
-          for (int64_t jp = 0; jp < npanels; jp++) pack_b_panel(g, bs->b, bs->ldb, bs->tb, p0, kb, j0, nb, jp, bpack);
-#pragma omp for schedule(static)
-          for (int64_t t = 0; t < ntasks; t++) run_task(&ps, &rb, m, t, apack, &packed_blk);
+        /* this thread's tasks: the same ones in every pass of this j0 block */
+        int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        int64_t t_lo = ntasks * tid / nth, t_hi = ntasks * (tid + 1) / nth;
+        /* B is read-only when prepacked, and a thread's next K pass only adds to its own tiles: no barrier */
+        if (!bs->pre) pack_b_block(g, bs->b, bs->ldb, bs->tb, p0, kb, j0, nb, npanels, bpack);
+        for (int64_t t = t_lo; t < t_hi; t++) {
+          int last = t + 1 == t_hi; /* then the next is this thread's first task of the next pass */
+          int64_t next_p0 = last ? p0 + g->kc : p0;
+          run_task(&ps, &rb, m, k, t, next_p0 < k ? (last ? t_lo : t + 1) : -1, next_p0, apack, &packed_blk);
+        }
+        if (!bs->pre) {
+#pragma omp barrier /* the next pass repacks B */
         }
       }
     }
@@ -476,8 +586,8 @@ opx_packed_b *opx_pack_b(int isa, int tb, int64_t k, int64_t n, const float *b, 
     for (int64_t p0 = 0; p0 < k; p0 += g.kc) {
       int64_t kb = k - p0 < g.kc ? k - p0 : g.kc;
       float *dst = p + pre_offset(&g, k, j0, p0, npanels);
-#pragma omp parallel for schedule(static)
-      for (int64_t jp = 0; jp < npanels; jp++) pack_b_panel(&g, b, ldb, tb, p0, kb, j0, nb, jp, dst);
+#pragma omp parallel
+      pack_b_block(&g, b, ldb, tb, p0, kb, j0, nb, npanels, dst);
     }
   }
   return pb;
