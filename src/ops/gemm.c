@@ -26,7 +26,7 @@
 #endif
 
 typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
-                           int64_t ldc, float beta, const float *restrict bias);
+                           int64_t ldc, float beta, const float *restrict bias, const float *pf, int64_t pfn);
 
 typedef struct gemm_cfg {
   int mr, nr, kc, mc, nc;
@@ -47,55 +47,63 @@ typedef struct gemm_cfg {
  * PF = 1 adds software prefetches (the large-L2 blocking, cfg_for): the C
  * tile into L2 at the start and into L1 PF_C_LATE k steps before the stores
  * (its lines are usually new: the stores waited on memory), the B panel
- * PF_B_AHEAD floats ahead into L1, and the same k step of the next B panel
- * (2 W kc floats on: a pack holds its panels back to back; past the last one
- * a prefetch reads nothing it may not) into L2, which the first tile of each
- * panel otherwise waited on from L3. */
+ * PF_B_AHEAD floats ahead into L1, and pfn lines from pf (the caller's share
+ * of the next B panel for this tile, see run_task) into L2, spread evenly
+ * over the k steps. The first tile of each panel otherwise waits on L3 or
+ * memory: at batch 1 every weight comes from memory once per forward, and
+ * fetching the whole next panel during one tile (2 lines a k step) queued
+ * more misses than a core keeps in flight, so the GEMMs there ran at half
+ * the rate they reach on a weight in cache. */
 enum { PF_B_AHEAD = 512, PF_C_LATE = 32 };
 #define PREFETCH_ROW(x, W, hint) \
   _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 2 * (W); q_ += 16) _mm_prefetch((const char *)((x) + q_), hint)
-#define UKERNEL(name, TARGET, VT, P, MR, W, PF)                                                              \
-  TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c, \
-                          int64_t ldc, float beta, const float *restrict bias) {                             \
-    VT acc0[MR], acc1[MR];                                                                                   \
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();              \
-    if (PF) _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T1); \
-    const float *bnext = bp + kc * 2 * W;                                                                    \
-    for (int64_t p = 0; p < kc; p++) {                                                                       \
-      if (PF) {                                                                                              \
-        PREFETCH_ROW(bp + PF_B_AHEAD, W, _MM_HINT_T0);                                                       \
-        PREFETCH_ROW(bnext, W, _MM_HINT_T1);                                                                 \
-        bnext += 2 * W;                                                                                      \
-        if (p == kc - PF_C_LATE)                                                                             \
-          _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T0);   \
-      }                                                                                                      \
-      VT b0 = P##_load_ps(bp), b1 = P##_load_ps(bp + W);                                                     \
-      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
-        VT a = P##_set1_ps(ap[i]);                                                                           \
-        acc0[i] = P##_fmadd_ps(a, b0, acc0[i]);                                                              \
-        acc1[i] = P##_fmadd_ps(a, b1, acc1[i]);                                                              \
-      }                                                                                                      \
-      ap += MR;                                                                                              \
-      bp += 2 * W;                                                                                           \
-    }                                                                                                        \
-    VT vb = P##_set1_ps(beta), bias0 = P##_setzero_ps(), bias1 = bias0;                                      \
-    if (bias) {                                                                                              \
-      bias0 = P##_loadu_ps(bias);                                                                            \
-      bias1 = P##_loadu_ps(bias + W);                                                                        \
-    }                                                                                                        \
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                  \
-      float *r = c + i * ldc;                                                                                \
-      if (beta != 0.0f) {                                                                                    \
-        acc0[i] = P##_fmadd_ps(vb, P##_loadu_ps(r), acc0[i]);                                                \
-        acc1[i] = P##_fmadd_ps(vb, P##_loadu_ps(r + W), acc1[i]);                                            \
-      }                                                                                                      \
-      if (bias) {                                                                                            \
-        acc0[i] = P##_add_ps(acc0[i], bias0);                                                                \
-        acc1[i] = P##_add_ps(acc1[i], bias1);                                                                \
-      }                                                                                                      \
-      P##_storeu_ps(r, acc0[i]);                                                                             \
-      P##_storeu_ps(r + W, acc1[i]);                                                                         \
-    }                                                                                                        \
+#define UKERNEL(name, TARGET, VT, P, MR, W, PF)                                                                \
+  TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,   \
+                          int64_t ldc, float beta, const float *restrict bias, const float *pf, int64_t pfn) { \
+    VT acc0[MR], acc1[MR];                                                                                     \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();                \
+    if (PF) _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T1);   \
+    const int64_t pfevery = pf && pfn > 0 ? (kc + pfn - 1) / pfn : kc + 1;                                     \
+    int64_t pfcount = pfevery;                                                                                 \
+    for (int64_t p = 0; p < kc; p++) {                                                                         \
+      if (PF) {                                                                                                \
+        PREFETCH_ROW(bp + PF_B_AHEAD, W, _MM_HINT_T0);                                                         \
+        if (--pfcount == 0) {                                                                                  \
+          _mm_prefetch((const char *)pf, _MM_HINT_T1);                                                         \
+          pf += 16;                                                                                            \
+          pfcount = pfevery;                                                                                   \
+        }                                                                                                      \
+        if (p == kc - PF_C_LATE)                                                                               \
+          _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T0);     \
+      }                                                                                                        \
+      VT b0 = P##_load_ps(bp), b1 = P##_load_ps(bp + W);                                                       \
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                  \
+        VT a = P##_set1_ps(ap[i]);                                                                             \
+        acc0[i] = P##_fmadd_ps(a, b0, acc0[i]);                                                                \
+        acc1[i] = P##_fmadd_ps(a, b1, acc1[i]);                                                                \
+      }                                                                                                        \
+      ap += MR;                                                                                                \
+      bp += 2 * W;                                                                                             \
+    }                                                                                                          \
+    (void)pfcount;                                                                                             \
+    VT vb = P##_set1_ps(beta), bias0 = P##_setzero_ps(), bias1 = bias0;                                        \
+    if (bias) {                                                                                                \
+      bias0 = P##_loadu_ps(bias);                                                                              \
+      bias1 = P##_loadu_ps(bias + W);                                                                          \
+    }                                                                                                          \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                    \
+      float *r = c + i * ldc;                                                                                  \
+      if (beta != 0.0f) {                                                                                      \
+        acc0[i] = P##_fmadd_ps(vb, P##_loadu_ps(r), acc0[i]);                                                  \
+        acc1[i] = P##_fmadd_ps(vb, P##_loadu_ps(r + W), acc1[i]);                                              \
+      }                                                                                                        \
+      if (bias) {                                                                                              \
+        acc0[i] = P##_add_ps(acc0[i], bias0);                                                                  \
+        acc1[i] = P##_add_ps(acc1[i], bias1);                                                                  \
+      }                                                                                                        \
+      P##_storeu_ps(r, acc0[i]);                                                                               \
+      P##_storeu_ps(r + W, acc1[i]);                                                                           \
+    }                                                                                                          \
   }
 UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 0)
 UKERNEL(ukernel_avx512_pf, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 1)
@@ -297,14 +305,14 @@ typedef struct epilogue {
  * is in L1, so the output is never read again by a separate pass. bias
  * points at the tile's first column. */
 static void tile(const gemm_cfg *g, int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t rows,
-                 int64_t cols, float beta, const epilogue *ep, const float *bias) {
+                 int64_t cols, float beta, const epilogue *ep, const float *bias, const float *pf, int64_t pfn) {
   if (rows == g->mr && cols == g->nr) { /* the kernel adds the bias */
-    g->kernel(kb, ap, bp, c, ldc, beta, ep ? bias : NULL);
+    g->kernel(kb, ap, bp, c, ldc, beta, ep ? bias : NULL, pf, pfn);
     if (ep && ep->gelu) ep->gelu_tile(c, ldc);
     return;
   }
   float t[14 * 32];
-  g->kernel(kb, ap, bp, t, g->nr, 0.0f, NULL);
+  g->kernel(kb, ap, bp, t, g->nr, 0.0f, NULL, pf, pfn);
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++)
       c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
@@ -351,18 +359,22 @@ static void row_block(const row_blocks *rb, int64_t m, int64_t b, int64_t *i0, i
 }
 
 /* One pass's task t: a row block x a chunk of `per` NR panels of the B block bblk (k rows [p0, p0 + kb),
- * columns [j0, j0 + nb)); A's block is packed unless *packed_blk says this thread already holds it. */
+ * columns [j0, j0 + nb)); A's block is packed unless *packed_blk says this thread already holds it. bnext:
+ * the next K block of a prepacked B (kbn rows), where the thread goes on with the same panels; else NULL. */
 typedef struct pass {
   const gemm_cfg *g;
-  const float *a, *bblk;
-  int64_t lda, p0, kb, j0, nb, npanels, nsplit, per, ldc;
+  const float *a, *bblk, *bnext;
+  int64_t lda, p0, kb, kbn, j0, nb, npanels, nsplit, per, ldc;
   int ta;
   float beta;
   float *c;
   const epilogue *ep;
 } pass;
 
-static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t t, float *apack, int64_t *packed_blk) {
+/* tnext: the task this thread runs after t in this pass (-1: none), tfirst: its first task (the next K block's
+ * first panels) */
+static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t t, int64_t tnext, int64_t tfirst,
+                     float *apack, int64_t *packed_blk) {
   const gemm_cfg *g = ps->g;
   int64_t blk = t / ps->nsplit, i0, mb;
   row_block(rb, m, blk, &i0, &mb);
@@ -372,13 +384,22 @@ static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t t,
     *packed_blk = blk;
   }
   int64_t jp0 = t % ps->nsplit * ps->per, jp1 = jp0 + ps->per < ps->npanels ? jp0 + ps->per : ps->npanels;
+  /* the panel this thread runs next (the block's panels lie back to back; after the chunk's last, the next task's
+   * first, or its first task's first in the next K block), its lines shared out among this panel's tiles */
+  const int64_t panel = g->nr * ps->kb, lines = panel / 16, ntiles = (mb + g->mr - 1) / g->mr;
+  const int64_t share = (lines + ntiles - 1) / ntiles;
+  const int64_t jpn = tnext >= 0 ? tnext % ps->nsplit * ps->per : ps->npanels;
+  const float *after = jpn < ps->npanels          ? ps->bblk + jpn * panel
+                       : ps->bnext && tfirst >= 0 ? ps->bnext + tfirst % ps->nsplit * ps->per * g->nr * ps->kbn
+                                                  : NULL;
   for (int64_t jp = jp0; jp < jp1; jp++) {
     int64_t jj = jp * g->nr, cols = ps->nb - jj < g->nr ? ps->nb - jj : g->nr;
     const float *bias = ps->ep && ps->ep->bias ? ps->ep->bias + ps->j0 + jj : NULL;
-    for (int64_t ir = 0; ir < mb; ir += g->mr) {
-      int64_t rows = mb - ir < g->mr ? mb - ir : g->mr;
-      tile(g, ps->kb, apack + ir * ps->kb, ps->bblk + jp * g->nr * ps->kb, ps->c + (i0 + ir) * ps->ldc + ps->j0 + jj,
-           ps->ldc, rows, cols, ps->beta, ps->ep, bias);
+    const float *bp = ps->bblk + jp * panel, *next = jp + 1 < jp1 ? bp + panel : after;
+    for (int64_t ir = 0, ti = 0; ir < mb; ir += g->mr, ti++) {
+      int64_t rows = mb - ir < g->mr ? mb - ir : g->mr, pfn = lines - ti * share;
+      tile(g, ps->kb, apack + ir * ps->kb, bp, ps->c + (i0 + ir) * ps->ldc + ps->j0 + jj, ps->ldc, rows, cols, ps->beta,
+           ps->ep, bias, next ? next + ti * share * 16 : NULL, pfn < share ? pfn : share);
     }
   }
 }
@@ -426,17 +447,21 @@ static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, con
                     .c = c,
                     .ldc = ldc,
                     .ep = p0 + kb == k ? ep : NULL,
-                    .bblk = bs->pre ? bs->pre + pre_offset(g, k, j0, p0, npanels) : bpack };
+                    .bblk = bs->pre ? bs->pre + pre_offset(g, k, j0, p0, npanels) : bpack,
+                    .bnext = bs->pre && p0 + kb < k ? bs->pre + pre_offset(g, k, j0, p0 + kb, npanels) : NULL,
+                    .kbn = k - p0 - kb < g->kc ? k - p0 - kb : g->kc };
         if (bs->pre) {
-          /* B is read-only, and each pass of this j0 block has the same tasks, which the static schedule gives
-           * to the same threads: a thread's next K pass only adds to its own tiles, so no barrier between. */
-#pragma omp for schedule(static) nowait
-          for (int64_t t = 0; t < ntasks; t++) run_task(&ps, &rb, m, t, apack, &packed_blk);
+          /* B is read-only, and each pass of this j0 block gives each thread the same run of tasks: a thread's
+           * next K pass only adds to its own tiles, so no barrier between. */
+          int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+          int64_t t0 = ntasks * tid / nt, t1 = ntasks * (tid + 1) / nt;
+          for (int64_t t = t0; t < t1; t++) run_task(&ps, &rb, m, t, t + 1 < t1 ? t + 1 : -1, t0, apack, &packed_blk);
         } else {
 #pragma omp for schedule(static)
           for (int64_t jp = 0; jp < npanels; jp++) pack_b_panel(g, bs->b, bs->ldb, bs->tb, p0, kb, j0, nb, jp, bpack);
 #pragma omp for schedule(static)
-          for (int64_t t = 0; t < ntasks; t++) run_task(&ps, &rb, m, t, apack, &packed_blk);
+          for (int64_t t = 0; t < ntasks; t++)
+            run_task(&ps, &rb, m, t, t + 1 < ntasks ? t + 1 : -1, -1, apack, &packed_blk);
         }
       }
     }
