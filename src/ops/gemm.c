@@ -8,8 +8,9 @@
  * zmm), AVX2+FMA 6 x 16 (12 + 2 + 1 of 16 ymm). The baseline path has no
  * kernel of its own (callers fall back to OpenBLAS). Threads share the packed
  * B block and split A into even row blocks of at most MC rows (and the NR
- * panels when A has too few rows, as at batch 1). Pack buffers are kept per
- * thread and grow only, so a steady workload allocates nothing per call.
+ * panels when A has too few rows; at batch 1, a prepacked B's panels go out
+ * in chunks by a dynamic schedule, see drive_small). Pack buffers are kept
+ * per thread and grow only, so a steady workload allocates nothing per call.
  *
  * For inference a weight can be packed once (opx_pack_b: every KC x NC block
  * of B laid out as the driver reads it) and reused by every call
@@ -139,7 +140,7 @@ typedef struct {
   float *p;
   size_t n;
 } pack_buf;
-static _Thread_local pack_buf tl_apack, tl_bpack;
+static _Thread_local pack_buf tl_apack, tl_bpack, tl_ashared;
 
 static float *pack_reserve(pack_buf *b, size_t n) {
   if (n <= b->n) return b->p;
@@ -404,6 +405,53 @@ static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t t,
   }
 }
 
+/* drive for an A of one row block (at most MC rows: batch-1 inference) on a prepacked B with several threads:
+ * the threads pack A once into one shared buffer (all its K blocks, a panel each at a time), then take chunks of
+ * NR panels from a dynamic schedule, each chunk through all K blocks. drive's static split has every thread pack
+ * the whole of A and keep a fixed half of the panels, so a thread held up (a shared machine) kept the other
+ * waiting at the end of each GEMM. Each tile's sums are drive's: K blocks in order, C carried between them. */
+static int drive_small(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                       const float *pre, float *c, int64_t ldc, const epilogue *ep, int nthreads) {
+  const int64_t mpan = (m + g->mr - 1) / g->mr, rows = mpan * g->mr, nkb = (k + g->kc - 1) / g->kc;
+  float *ap = pack_reserve(&tl_ashared, (size_t)rows * (size_t)k); /* K block p0 at ap + p0 * rows */
+  if (!ap) return 0;
+#pragma omp parallel num_threads(nthreads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < nkb * mpan; q++) {
+      int64_t p0 = q / mpan * g->kc, kb = k - p0 < g->kc ? k - p0 : g->kc, i0 = q % mpan * g->mr;
+      pack_a(g, a, lda, ta, i0, m - i0 < g->mr ? m - i0 : g->mr, p0, kb, ap + p0 * rows + i0 * kb);
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += g->nc) {
+      const int64_t nb = n - j0 < g->nc ? n - j0 : g->nc, npanels = (nb + g->nr - 1) / g->nr;
+      const int64_t per = (npanels + 4 * nthreads - 1) / (4 * nthreads), nchunks = (npanels + per - 1) / per;
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t t = 0; t < nchunks; t++) {
+        const int64_t jp0 = t * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
+        for (int64_t p0 = 0; p0 < k; p0 += g->kc) {
+          const int64_t kb = k - p0 < g->kc ? k - p0 : g->kc, kbn = k - p0 - kb < g->kc ? k - p0 - kb : g->kc;
+          const int64_t panel = g->nr * kb, lines = panel / 16, share = (lines + mpan - 1) / mpan;
+          const float *blk = pre + pre_offset(g, k, j0, p0, npanels);
+          /* after the chunk's last panel, its first in the next K block (run_task's prefetch) */
+          const float *after = p0 + kb < k ? pre + pre_offset(g, k, j0, p0 + kb, npanels) + jp0 * g->nr * kbn : NULL;
+          const epilogue *e = p0 + kb == k ? ep : NULL;
+          for (int64_t jp = jp0; jp < jp1; jp++) {
+            const int64_t jj = jp * g->nr, cols = nb - jj < g->nr ? nb - jj : g->nr;
+            const float *bias = ep && ep->bias ? ep->bias + j0 + jj : NULL;
+            const float *bp = blk + jp * panel, *next = jp + 1 < jp1 ? bp + panel : after;
+            for (int64_t i0 = 0, ti = 0; i0 < m; i0 += g->mr, ti++) {
+              int64_t r = m - i0 < g->mr ? m - i0 : g->mr, pfn = lines - ti * share;
+              tile(g, kb, ap + p0 * rows + i0 * kb, bp, c + i0 * ldc + j0 + jj, ldc, r, cols, p0 == 0 ? 0.0f : 1.0f, e,
+                   bias, next ? next + ti * share * 16 : NULL, pfn < share ? pfn : share);
+            }
+          }
+        }
+      }
+    }
+  }
+  return 1;
+}
+
 static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                  const bsource *bs, float beta, float *c, int64_t ldc, const epilogue *ep) {
   int64_t ncb = n < g->nc ? n : g->nc, kcb = k < g->kc ? k : g->kc;
@@ -415,6 +463,8 @@ static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, con
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)k < 4e6) nthreads = 1; /* too small to pay a fork */
   row_blocks rb = split_rows(g, m, nthreads);
+  if (bs->pre && rb.n == 1 && nthreads > 1 && beta == 0.0f)
+    return drive_small(g, ta, m, n, k, a, lda, bs->pre, c, ldc, ep, nthreads);
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
