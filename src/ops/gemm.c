@@ -425,6 +425,7 @@ static int drive_small(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t 
     for (int64_t j0 = 0; j0 < n; j0 += g->nc) {
       const int64_t nb = n - j0 < g->nc ? n - j0 : g->nc, npanels = (nb + g->nr - 1) / g->nr;
       const int64_t per = (npanels + 4 * nthreads - 1) / (4 * nthreads), nchunks = (npanels + per - 1) / per;
+      const int64_t kb0 = k < g->kc ? k : g->kc;
 #pragma omp for schedule(dynamic, 1) nowait
       for (int64_t t = 0; t < nchunks; t++) {
         const int64_t jp0 = t * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
@@ -432,8 +433,12 @@ static int drive_small(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t 
           const int64_t kb = k - p0 < g->kc ? k - p0 : g->kc, kbn = k - p0 - kb < g->kc ? k - p0 - kb : g->kc;
           const int64_t panel = g->nr * kb, lines = panel / 16, share = (lines + mpan - 1) / mpan;
           const float *blk = pre + pre_offset(g, k, j0, p0, npanels);
-          /* after the chunk's last panel, its first in the next K block (run_task's prefetch) */
-          const float *after = p0 + kb < k ? pre + pre_offset(g, k, j0, p0 + kb, npanels) + jp0 * g->nr * kbn : NULL;
+          /* after the chunk's last panel: its first in the next K block, or after the last K block the first of
+           * chunk t + nthreads, which this thread takes next when the threads keep pace */
+          const int64_t tn = t + nthreads;
+          const float *after = p0 + kb < k    ? pre + pre_offset(g, k, j0, p0 + kb, npanels) + jp0 * g->nr * kbn
+                               : tn < nchunks ? pre + pre_offset(g, k, j0, 0, npanels) + tn * per * g->nr * kb0
+                                              : NULL;
           const epilogue *e = p0 + kb == k ? ep : NULL;
           for (int64_t jp = jp0; jp < jp1; jp++) {
             const int64_t jj = jp * g->nr, cols = nb - jj < g->nr ? nb - jj : g->nr;
