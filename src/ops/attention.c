@@ -127,6 +127,15 @@ static int load_key_mask(const char *op, const bl_tensor *m, int64_t b, int64_t 
 #undef AG_NAME
 #undef AG_LANES
 #undef AG_MR
+#define AG_NAME  gemm_w16 /* inference's copy: tiles 4 vectors wide where they fit */
+#define AG_LANES 16
+#define AG_MR    4
+#define AG_WIDE  1
+#include "attention_gemm.h"
+#undef AG_NAME
+#undef AG_LANES
+#undef AG_MR
+#undef AG_WIDE
 #define AG_NAME  gemm_v8
 #define AG_LANES 8
 #define AG_MR    6
@@ -156,6 +165,8 @@ GEMM_WIDTH(8)
 GEMM_WIDTH(4)
 OPX_ISA_DISPATCH(gemm_nn, GEMM_PARAMS, GEMM_ARGS, gemm_nn_v16, gemm_nn_v8, gemm_nn_v4)
 OPX_ISA_DISPATCH(gemm_tn, GEMM_PARAMS, GEMM_ARGS, gemm_tn_v16, gemm_tn_v8, gemm_tn_v4)
+OPX_BODY gemm_nn_w16 GEMM_PARAMS { gemm_w16(0, M, N, K, A, lda, B, ldb, C, ldc, acc); }
+OPX_ISA_DISPATCH(gemm_nn_infer, GEMM_PARAMS, GEMM_ARGS, gemm_nn_w16, gemm_nn_v8, gemm_nn_v4)
 #undef GEMM_PARAMS
 #undef GEMM_ARGS
 #undef GEMM_WIDTH
@@ -287,9 +298,9 @@ static void head_forward(int64_t n, int64_t d, const float *qb, int64_t ldq, con
   if (inv) {
     for (int64_t i = 0; i < n; i += INFER_ROWS) {
       int64_t r = n - i < INFER_ROWS ? n - i : INFER_ROWS;
-      gemm_nn(r, n, d, qb + i * ldq, ldq, kt, n, pb, n, 0);
+      gemm_nn_infer(r, n, d, qb + i * ldq, ldq, kt, n, pb, n, 0);
       for (int64_t q = 0; q < r; q++) softmax_exp_row(n, pb + q * n, sc, inv + q);
-      gemm_nn(r, d, n, pb, n, vb, ldv, cb + i * ldc, ldc, 0);
+      gemm_nn_infer(r, d, n, pb, n, vb, ldv, cb + i * ldc, ldc, 0);
       for (int64_t q = 0; q < r; q++) opx_scale_row(d, cb + (i + q) * ldc, inv[q]);
     }
     return;

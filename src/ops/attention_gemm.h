@@ -13,7 +13,11 @@
  * same k order, so every element is the same sum for any width and tile
  * up to FMA contraction. AVX2 takes 6 rows (12 of its 16 registers): each
  * B row it loads serves 6 rows of A instead of 4, and attention_fwd at
- * S=384 ran 8-10 % faster; AVX-512 keeps 4 (6 and 8 ran 5-25 % slower). */
+ * S=384 ran 8-10 % faster; AVX-512 keeps 4 (6 and 8 ran 5-25 % slower).
+ * AG_WIDE (defined to 1) first runs 4-row tiles 4 vectors wide, 16 sums in
+ * registers (AVX-512 only: AVX2 has 16 registers); the inference copy of the
+ * AVX-512 product takes it (attention.c: the scores and context of packed
+ * inference 3-5 % faster at 336 tokens, the same bits). */
 #define AG_V          AG_CAT(ag_vec, AG_LANES)
 #define AG_CAT(a, b)  AG_CAT_(a, b)
 #define AG_CAT_(a, b) a##b
@@ -44,6 +48,38 @@ static inline __attribute__((always_inline)) void AG_CAT(AG_NAME, _rows)(int R, 
   const float *ar[8];
   _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ar[r] = A + (i + r) * si;
   int64_t j = 0;
+#if defined(AG_WIDE) && AG_WIDE
+  /* 4 vectors a tile where the registers allow it (AG_WIDE: 4 rows on AVX-512, 16 sums): each A element
+   * broadcast serves 4 vectors instead of 2, and 16 independent chains cover the FMA latency */
+  if (R == 4)
+    for (; j + 4 * L <= N; j += 4 * L) {
+      AG_V c0[4], c1[4], c2[4], c3[4];
+      _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) c0[r] = c1[r] = c2[r] = c3[r] = (AG_V){ 0 };
+      const float *bp = B + j;
+      for (int64_t k = 0; k < K; k++, bp += ldb) {
+        AG_V b0, b1, b2, b3;
+        AG_LD(b0, bp);
+        AG_LD(b1, bp + L);
+        AG_LD(b2, bp + 2 * L);
+        AG_LD(b3, bp + 3 * L);
+        int64_t ko = k * sk;
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+          AG_V x = AG_SPLAT(ar[r][ko]);
+          c0[r] += x * b0;
+          c1[r] += x * b1;
+          c2[r] += x * b2;
+          c3[r] += x * b3;
+        }
+      }
+      float *cp = C + i * ldc + j;
+      _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+        AG_OUT(cp + r * ldc, c0[r]);
+        AG_OUT(cp + r * ldc + L, c1[r]);
+        AG_OUT(cp + r * ldc + 2 * L, c2[r]);
+        AG_OUT(cp + r * ldc + 3 * L, c3[r]);
+      }
+    }
+#endif
   for (; j + 2 * L <= N; j += 2 * L) {
     AG_V c0[8], c1[8];
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) c0[r] = c1[r] = (AG_V){ 0 };

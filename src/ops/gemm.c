@@ -8,8 +8,9 @@
  * zmm), AVX2+FMA 6 x 16 (12 + 2 + 1 of 16 ymm). The baseline path has no
  * kernel of its own (callers fall back to OpenBLAS). Threads share the packed
  * B block and split A into even row blocks of at most MC rows (and the NR
- * panels when A has too few rows, as at batch 1). Pack buffers are kept per
- * thread and grow only, so a steady workload allocates nothing per call.
+ * panels when A has too few rows; at batch 1, a prepacked B's panels go out
+ * in chunks by a dynamic schedule, see drive_small). Pack buffers are kept
+ * per thread and grow only, so a steady workload allocates nothing per call.
  *
  * For inference a weight can be packed once (opx_pack_b: every KC x NC block
  * of B laid out as the driver reads it) and reused by every call
@@ -26,7 +27,7 @@
 #endif
 
 typedef void (*ukernel_fn)(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,
-                           int64_t ldc, float beta, const float *restrict bias);
+                           int64_t ldc, float beta, const float *restrict bias, const float *pf, int64_t pfn);
 
 /* rows [0, nrows) of a matrix whose rows are ld apart and hold width floats
  * side by side, cut into panels of w columns: panel q's row p goes to
@@ -55,55 +56,63 @@ typedef struct gemm_cfg {
  * PF = 1 adds software prefetches (the large-L2 blocking, cfg_for): the C
  * tile into L2 at the start and into L1 PF_C_LATE k steps before the stores
  * (its lines are usually new: the stores waited on memory), the B panel
- * PF_B_AHEAD floats ahead into L1, and the same k step of the next B panel
- * (2 W kc floats on: a pack holds its panels back to back; past the last one
- * a prefetch reads nothing it may not) into L2, which the first tile of each
- * panel otherwise waited on from L3. */
+ * PF_B_AHEAD floats ahead into L1, and pfn lines from pf (the caller's share
+ * of the next B panel for this tile, see run_task) into L2, spread evenly
+ * over the k steps. The first tile of each panel otherwise waits on L3 or
+ * memory: at batch 1 every weight comes from memory once per forward, and
+ * fetching the whole next panel during one tile (2 lines a k step) queued
+ * more misses than a core keeps in flight, so the GEMMs there ran at half
+ * the rate they reach on a weight in cache. */
 enum { PF_B_AHEAD = 512, PF_C_LATE = 32 };
 #define PREFETCH_ROW(x, W, hint) \
   _Pragma("GCC unroll 4") for (int q_ = 0; q_ < 2 * (W); q_ += 16) _mm_prefetch((const char *)((x) + q_), hint)
-#define UKERNEL(name, TARGET, VT, P, MR, W, PF)                                                              \
-  TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c, \
-                          int64_t ldc, float beta, const float *restrict bias) {                             \
-    VT acc0[MR], acc1[MR];                                                                                   \
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();              \
-    if (PF) _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T1); \
-    const float *bnext = bp + kc * 2 * W;                                                                    \
-    for (int64_t p = 0; p < kc; p++) {                                                                       \
-      if (PF) {                                                                                              \
-        PREFETCH_ROW(bp + PF_B_AHEAD, W, _MM_HINT_T0);                                                       \
-        PREFETCH_ROW(bnext, W, _MM_HINT_T1);                                                                 \
-        bnext += 2 * W;                                                                                      \
-        if (p == kc - PF_C_LATE)                                                                             \
-          _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T0);   \
-      }                                                                                                      \
-      VT b0 = P##_load_ps(bp), b1 = P##_load_ps(bp + W);                                                     \
-      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                \
-        VT a = P##_set1_ps(ap[i]);                                                                           \
-        acc0[i] = P##_fmadd_ps(a, b0, acc0[i]);                                                              \
-        acc1[i] = P##_fmadd_ps(a, b1, acc1[i]);                                                              \
-      }                                                                                                      \
-      ap += MR;                                                                                              \
-      bp += 2 * W;                                                                                           \
-    }                                                                                                        \
-    VT vb = P##_set1_ps(beta), bias0 = P##_setzero_ps(), bias1 = bias0;                                      \
-    if (bias) {                                                                                              \
-      bias0 = P##_loadu_ps(bias);                                                                            \
-      bias1 = P##_loadu_ps(bias + W);                                                                        \
-    }                                                                                                        \
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                  \
-      float *r = c + i * ldc;                                                                                \
-      if (beta != 0.0f) {                                                                                    \
-        acc0[i] = P##_fmadd_ps(vb, P##_loadu_ps(r), acc0[i]);                                                \
-        acc1[i] = P##_fmadd_ps(vb, P##_loadu_ps(r + W), acc1[i]);                                            \
-      }                                                                                                      \
-      if (bias) {                                                                                            \
-        acc0[i] = P##_add_ps(acc0[i], bias0);                                                                \
-        acc1[i] = P##_add_ps(acc1[i], bias1);                                                                \
-      }                                                                                                      \
-      P##_storeu_ps(r, acc0[i]);                                                                             \
-      P##_storeu_ps(r + W, acc1[i]);                                                                         \
-    }                                                                                                        \
+#define UKERNEL(name, TARGET, VT, P, MR, W, PF)                                                                \
+  TARGET static void name(int64_t kc, const float *restrict ap, const float *restrict bp, float *restrict c,   \
+                          int64_t ldc, float beta, const float *restrict bias, const float *pf, int64_t pfn) { \
+    VT acc0[MR], acc1[MR];                                                                                     \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc0[i] = acc1[i] = P##_setzero_ps();                \
+    if (PF) _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T1);   \
+    const int64_t pfevery = pf && pfn > 0 ? (kc + pfn - 1) / pfn : kc + 1;                                     \
+    int64_t pfcount = pfevery;                                                                                 \
+    for (int64_t p = 0; p < kc; p++) {                                                                         \
+      if (PF) {                                                                                                \
+        PREFETCH_ROW(bp + PF_B_AHEAD, W, _MM_HINT_T0);                                                         \
+        if (--pfcount == 0) {                                                                                  \
+          _mm_prefetch((const char *)pf, _MM_HINT_T1);                                                         \
+          pf += 16;                                                                                            \
+          pfcount = pfevery;                                                                                   \
+        }                                                                                                      \
+        if (p == kc - PF_C_LATE)                                                                               \
+          _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) PREFETCH_ROW(c + i * ldc, W, _MM_HINT_T0);     \
+      }                                                                                                        \
+      VT b0 = P##_load_ps(bp), b1 = P##_load_ps(bp + W);                                                       \
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                  \
+        VT a = P##_set1_ps(ap[i]);                                                                             \
+        acc0[i] = P##_fmadd_ps(a, b0, acc0[i]);                                                                \
+        acc1[i] = P##_fmadd_ps(a, b1, acc1[i]);                                                                \
+      }                                                                                                        \
+      ap += MR;                                                                                                \
+      bp += 2 * W;                                                                                             \
+    }                                                                                                          \
+    (void)pfcount;                                                                                             \
+    VT vb = P##_set1_ps(beta), bias0 = P##_setzero_ps(), bias1 = bias0;                                        \
+    if (bias) {                                                                                                \
+      bias0 = P##_loadu_ps(bias);                                                                              \
+      bias1 = P##_loadu_ps(bias + W);                                                                          \
+    }                                                                                                          \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                                                    \
+      float *r = c + i * ldc;                                                                                  \
+      if (beta != 0.0f) {                                                                                      \
+        acc0[i] = P##_fmadd_ps(vb, P##_loadu_ps(r), acc0[i]);                                                  \
+        acc1[i] = P##_fmadd_ps(vb, P##_loadu_ps(r + W), acc1[i]);                                              \
+      }                                                                                                        \
+      if (bias) {                                                                                              \
+        acc0[i] = P##_add_ps(acc0[i], bias0);                                                                  \
+        acc1[i] = P##_add_ps(acc1[i], bias1);                                                                  \
+      }                                                                                                        \
+      P##_storeu_ps(r, acc0[i]);                                                                               \
+      P##_storeu_ps(r + W, acc1[i]);                                                                           \
+    }                                                                                                          \
   }
 UKERNEL(ukernel_avx512, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 0)
 UKERNEL(ukernel_avx512_pf, OPX_TARGET_AVX512, __m512, _mm512, 14, 16, 1)
@@ -195,7 +204,7 @@ typedef struct {
   float *p;
   size_t n;
 } pack_buf;
-static _Thread_local pack_buf tl_apack, tl_bpack;
+static _Thread_local pack_buf tl_apack, tl_bpack, tl_ashared;
 
 static float *pack_reserve(pack_buf *b, size_t n) {
   if (n <= b->n) return b->p;
@@ -370,14 +379,14 @@ typedef struct epilogue {
  * is in L1, so the output is never read again by a separate pass. bias
  * points at the tile's first column. */
 static void tile(const gemm_cfg *g, int64_t kb, const float *ap, const float *bp, float *c, int64_t ldc, int64_t rows,
-                 int64_t cols, float beta, const epilogue *ep, const float *bias) {
+                 int64_t cols, float beta, const epilogue *ep, const float *bias, const float *pf, int64_t pfn) {
   if (rows == g->mr && cols == g->nr) { /* the kernel adds the bias */
-    g->kernel(kb, ap, bp, c, ldc, beta, ep ? bias : NULL);
+    g->kernel(kb, ap, bp, c, ldc, beta, ep ? bias : NULL, pf, pfn);
     if (ep && ep->gelu) ep->gelu_tile(c, ldc);
     return;
   }
   float t[14 * 32];
-  g->kernel(kb, ap, bp, t, g->nr, 0.0f, NULL);
+  g->kernel(kb, ap, bp, t, g->nr, 0.0f, NULL, pf, pfn);
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++)
       c[i * ldc + j] = beta == 0.0f ? t[i * g->nr + j] : beta * c[i * ldc + j] + t[i * g->nr + j];
@@ -424,11 +433,12 @@ static void row_block(const row_blocks *rb, int64_t m, int64_t b, int64_t *i0, i
 }
 
 /* One pass's task t: a row block x a chunk of `per` NR panels of the B block bblk (k rows [p0, p0 + kb),
- * columns [j0, j0 + nb)); A's block is packed unless *packed_blk says this thread already holds it. */
+ * columns [j0, j0 + nb)); A's block is packed unless *packed_blk says this thread already holds it. bnext:
+ * the next K block of a prepacked B (kbn rows), where the thread goes on with the same panels; else NULL. */
 typedef struct pass {
   const gemm_cfg *g;
-  const float *a, *bblk;
-  int64_t lda, p0, kb, j0, nb, npanels, nsplit, per, ldc;
+  const float *a, *bblk, *bnext;
+  int64_t lda, p0, kb, kbn, j0, nb, npanels, nsplit, per, ldc;
   int ta;
   float beta;
   float *c;
@@ -458,7 +468,8 @@ static void prefetch_some(src_prefetch *s, int64_t n) {
 
 /* next: the task this thread runs after t, in the pass at K offset next_p0 (-1: none). With A^T stored
  * (g->pf_next), when that task packs another A block, the block's source is prefetched over t's tiles:
- * the pack then reads it from L2 instead of waiting on memory row after row. */
+ * the pack then reads it from L2 instead of waiting on memory row after row. The B panel the thread runs
+ * next (this pass's, or the next K block's of a prepacked B) is prefetched over each panel's tiles. */
 static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t k, int64_t t, int64_t next,
                      int64_t next_p0, float *apack, int64_t *packed_blk) {
   const gemm_cfg *g = ps->g;
@@ -479,16 +490,77 @@ static void run_task(const pass *ps, const row_blocks *rb, int64_t m, int64_t k,
     int64_t tiles = (jp1 - jp0) * ((mb + g->mr - 1) / g->mr);
     pf_per_tile = (pf.rows * pf.lines + tiles - 1) / (tiles > 0 ? tiles : 1);
   }
+  /* the panel this thread runs after the chunk's last (the block's panels lie back to back), its lines shared
+   * out among a panel's tiles */
+  const int64_t panel = g->nr * ps->kb, lines = panel / 16, ntiles = (mb + g->mr - 1) / g->mr;
+  const int64_t share = (lines + ntiles - 1) / ntiles, jpn = next >= 0 ? next % ps->nsplit * ps->per : -1;
+  const float *after = jpn < 0             ? NULL
+                       : next_p0 == ps->p0 ? (jpn < ps->npanels ? ps->bblk + jpn * panel : NULL)
+                       : ps->bnext         ? ps->bnext + jpn * g->nr * ps->kbn
+                                           : NULL;
   for (int64_t jp = jp0; jp < jp1; jp++) {
     int64_t jj = jp * g->nr, cols = ps->nb - jj < g->nr ? ps->nb - jj : g->nr;
     const float *bias = ps->ep && ps->ep->bias ? ps->ep->bias + ps->j0 + jj : NULL;
-    for (int64_t ir = 0; ir < mb; ir += g->mr) {
-      int64_t rows = mb - ir < g->mr ? mb - ir : g->mr;
-      tile(g, ps->kb, apack + ir * ps->kb, ps->bblk + jp * g->nr * ps->kb, ps->c + (i0 + ir) * ps->ldc + ps->j0 + jj,
-           ps->ldc, rows, cols, ps->beta, ps->ep, bias);
+    const float *bp = ps->bblk + jp * panel, *nextp = jp + 1 < jp1 ? bp + panel : after;
+    for (int64_t ir = 0, ti = 0; ir < mb; ir += g->mr, ti++) {
+      int64_t rows = mb - ir < g->mr ? mb - ir : g->mr, pfn = lines - ti * share;
+      tile(g, ps->kb, apack + ir * ps->kb, bp, ps->c + (i0 + ir) * ps->ldc + ps->j0 + jj, ps->ldc, rows, cols, ps->beta,
+           ps->ep, bias, nextp ? nextp + ti * share * 16 : NULL, pfn < share ? pfn : share);
       prefetch_some(&pf, pf_per_tile);
     }
   }
+}
+
+/* drive for an A of one row block (at most MC rows: batch-1 inference) on a prepacked B with several threads:
+ * the threads pack A once into one shared buffer (all its K blocks, a panel each at a time), then take chunks of
+ * NR panels from a dynamic schedule, each chunk through all K blocks. drive's static split has every thread pack
+ * the whole of A and keep a fixed half of the panels, so a thread held up (a shared machine) kept the other
+ * waiting at the end of each GEMM. Each tile's sums are drive's: K blocks in order, C carried between them. */
+static int drive_small(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                       const float *pre, float *c, int64_t ldc, const epilogue *ep, int nthreads) {
+  const int64_t mpan = (m + g->mr - 1) / g->mr, rows = mpan * g->mr, nkb = (k + g->kc - 1) / g->kc;
+  float *ap = pack_reserve(&tl_ashared, (size_t)rows * (size_t)k); /* K block p0 at ap + p0 * rows */
+  if (!ap) return 0;
+#pragma omp parallel num_threads(nthreads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < nkb * mpan; q++) {
+      int64_t p0 = q / mpan * g->kc, kb = k - p0 < g->kc ? k - p0 : g->kc, i0 = q % mpan * g->mr;
+      pack_a(g, a, lda, ta, i0, m - i0 < g->mr ? m - i0 : g->mr, p0, kb, ap + p0 * rows + i0 * kb);
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += g->nc) {
+      const int64_t nb = n - j0 < g->nc ? n - j0 : g->nc, npanels = (nb + g->nr - 1) / g->nr;
+      const int64_t per = (npanels + 4 * nthreads - 1) / (4 * nthreads), nchunks = (npanels + per - 1) / per;
+      const int64_t kb0 = k < g->kc ? k : g->kc;
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t t = 0; t < nchunks; t++) {
+        const int64_t jp0 = t * per, jp1 = jp0 + per < npanels ? jp0 + per : npanels;
+        for (int64_t p0 = 0; p0 < k; p0 += g->kc) {
+          const int64_t kb = k - p0 < g->kc ? k - p0 : g->kc, kbn = k - p0 - kb < g->kc ? k - p0 - kb : g->kc;
+          const int64_t panel = g->nr * kb, lines = panel / 16, share = (lines + mpan - 1) / mpan;
+          const float *blk = pre + pre_offset(g, k, j0, p0, npanels);
+          /* after the chunk's last panel: its first in the next K block, or after the last K block the first of
+           * chunk t + nthreads, which this thread takes next when the threads keep pace */
+          const int64_t tn = t + nthreads;
+          const float *after = p0 + kb < k    ? pre + pre_offset(g, k, j0, p0 + kb, npanels) + jp0 * g->nr * kbn
+                               : tn < nchunks ? pre + pre_offset(g, k, j0, 0, npanels) + tn * per * g->nr * kb0
+                                              : NULL;
+          const epilogue *e = p0 + kb == k ? ep : NULL;
+          for (int64_t jp = jp0; jp < jp1; jp++) {
+            const int64_t jj = jp * g->nr, cols = nb - jj < g->nr ? nb - jj : g->nr;
+            const float *bias = ep && ep->bias ? ep->bias + j0 + jj : NULL;
+            const float *bp = blk + jp * panel, *next = jp + 1 < jp1 ? bp + panel : after;
+            for (int64_t i0 = 0, ti = 0; i0 < m; i0 += g->mr, ti++) {
+              int64_t r = m - i0 < g->mr ? m - i0 : g->mr, pfn = lines - ti * share;
+              tile(g, kb, ap + p0 * rows + i0 * kb, bp, c + i0 * ldc + j0 + jj, ldc, r, cols, p0 == 0 ? 0.0f : 1.0f, e,
+                   bias, next ? next + ti * share * 16 : NULL, pfn < share ? pfn : share);
+            }
+          }
+        }
+      }
+    }
+  }
+  return 1;
 }
 
 static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -502,6 +574,8 @@ static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, con
   int nthreads = omp_get_max_threads();
   if ((double)m * (double)n * (double)k < 4e6) nthreads = 1; /* too small to pay a fork */
   row_blocks rb = split_rows(g, m, nthreads);
+  if (bs->pre && rb.n == 1 && nthreads > 1 && beta == 0.0f)
+    return drive_small(g, ta, m, n, k, a, lda, bs->pre, c, ldc, ep, nthreads);
   int failed = 0;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -534,7 +608,9 @@ static int drive(const gemm_cfg *g, int ta, int64_t m, int64_t n, int64_t k, con
                     .c = c,
                     .ldc = ldc,
                     .ep = p0 + kb == k ? ep : NULL,
-                    .bblk = bs->pre ? bs->pre + pre_offset(g, k, j0, p0, npanels) : bpack };
+                    .bblk = bs->pre ? bs->pre + pre_offset(g, k, j0, p0, npanels) : bpack,
+                    .bnext = bs->pre && p0 + kb < k ? bs->pre + pre_offset(g, k, j0, p0 + kb, npanels) : NULL,
+                    .kbn = k - p0 - kb < g->kc ? k - p0 - kb : g->kc };
         /* this thread's tasks: the same ones in every pass of this j0 block */
         int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         int64_t t_lo = ntasks * tid / nth, t_hi = ntasks * (tid + 1) / nth;

@@ -21,10 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 HINT = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 
 
-def compiled(raw, inputs, threads, precision, calibration=None):
+def compiled(raw, inputs, threads, precision, calibration=None, extra=None):
     """The ONNX BERT at raw compiled by OpenVINO for the CPU, static shapes of inputs (name -> array), `threads`
     threads, one stream, the precision hint of `precision` and, int8, NNCF's quantization calibrated on
-    `calibration` (a list of such inputs; default [inputs]). Returns the compiled model and a line saying what runs."""
+    `calibration` (a list of such inputs; default [inputs]); extra: more compile properties (e.g. PERF_COUNT).
+    Returns the compiled model and a line saying what runs."""
     import openvino as ov
     core = ov.Core()
     model = core.read_model(raw)
@@ -37,7 +38,7 @@ def compiled(raw, inputs, threads, precision, calibration=None):
         what = f"int8 nncf {nncf.__version__} post-training quantization (transformer preset), rest " + what
     c = core.compile_model(model, "CPU", {
         "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_PRECISION_HINT": HINT[precision]})
+        "INFERENCE_PRECISION_HINT": HINT[precision], **(extra or {})})
     got = c.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     return c, f"openvino {ov.__version__}, {what} (compiled: {got}, {c.get_property('INFERENCE_NUM_THREADS')} threads)"
 
