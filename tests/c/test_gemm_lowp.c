@@ -9,7 +9,7 @@
  * is a k-term f32 sum of exact terms plus the bias: within (k + 1) u sum|terms|
  * of the reference, u = 2^-24 (Higham 3.1); GELU as in test_linear_packed
  * (|gelu'| <= 1.13, vm_gelu_fast's error < 5e-7 |v|). Not rounding x (or
- * truncating instead of rounding) costs up to 2^-9 of each term: hundreds of
+ * truncating instead of rounding) costs up to 2^-8 of each term: hundreds of
  * times the bound, so it fails. AMX's tdpbf16ps (SDM pseudocode) sums a
  * 16-pair step in two f32 chains (even and odd k) of 16 exact-product FMAs,
  * adds the two, then adds that to the accumulator, each rounded to nearest
